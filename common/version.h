@@ -1,0 +1,16 @@
+// Versions that peers compare at registration.
+#ifndef GRADSYNC_COMMON_VERSION_H_
+#define GRADSYNC_COMMON_VERSION_H_
+
+#include <cstdint>
+
+namespace gradsync {
+
+// Bumped on any incompatible change to wire/gradsync.fbs or its meaning.
+constexpr uint32_t kProtocolVersion = 1;
+// The release this binary was built from; peers of another build are refused.
+constexpr const char* kBuildId = "gradsync-0.1.0";
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_VERSION_H_
