@@ -1,0 +1,208 @@
+#include "wire/message.h"
+
+#include <cctype>
+#include <cstring>
+
+#include "common/version.h"
+
+namespace gradsync::wire {
+namespace {
+
+using flatbuffers::FlatBufferBuilder;
+using flatbuffers::Offset;
+
+Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type,
+               Offset<void> body, uint64_t step = 0, uint64_t seq = 0,
+               uint32_t protocol_version = kProtocolVersion) {
+  HeaderBuilder hb(fbb);
+  hb.add_job_id(from.job_id);
+  hb.add_step(step);
+  hb.add_seq(seq);
+  hb.add_body(body);
+  hb.add_protocol_version(protocol_version);
+  hb.add_sender_rank(from.rank);
+  hb.add_type(type);
+  hb.add_sender_role(from.role);
+  hb.add_body_type(ExpectedBody(type));
+  fbb.Finish(hb.Finish());
+  Message msg;
+  msg.header.assign(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  return msg;
+}
+
+Offset<NodeAddress> BuildAddress(FlatBufferBuilder& fbb, const NodeInfo& n) {
+  return CreateNodeAddress(fbb, n.role, n.rank, fbb.CreateString(n.host), n.data_port,
+                           n.metrics_port);
+}
+
+}  // namespace
+
+Payload Payload::Copy(const void* data, size_t size) {
+  auto copy = std::make_shared<std::vector<uint8_t>>(
+      static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
+  return Payload{copy->data(), size, copy};
+}
+
+Payload Payload::Borrow(const void* data, size_t size, std::shared_ptr<const void> owner) {
+  return Payload{static_cast<const uint8_t*>(data), size, std::move(owner)};
+}
+
+size_t Message::PayloadBytes() const {
+  size_t total = 0;
+  for (const Payload& p : payloads) total += p.size;
+  return total;
+}
+
+std::string NodeInfo::Name() const {
+  if (role == Role::Scheduler) return "scheduler";
+  return std::string(RoleName(role)) + " " + std::to_string(rank);
+}
+
+std::string NodeInfo::DataEndpoint() const {
+  return "tcp://" + host + ":" + std::to_string(data_port);
+}
+
+Body ExpectedBody(MsgType type) {
+  switch (type) {
+    case MsgType::Register: return Body::RegisterBody;
+    case MsgType::RankAssignment: return Body::RankAssignmentBody;
+    case MsgType::Heartbeat: return Body::HeartbeatBody;
+    case MsgType::Leave: return Body::LeaveBody;
+    case MsgType::Barrier:
+    case MsgType::BarrierRelease: return Body::BarrierBody;
+    case MsgType::Error: return Body::ErrorBody;
+    case MsgType::NodeDead: return Body::NodeDeadBody;
+    case MsgType::ReachReport: return Body::ReachReportBody;
+    case MsgType::JobState: return Body::JobStateBody;
+    case MsgType::NcclIdOffer:
+    case MsgType::NcclIdRequest:
+    case MsgType::NcclId: return Body::NcclIdBody;
+    case MsgType::Push:
+    case MsgType::Pull:
+    case MsgType::Reply:
+    case MsgType::Ack: return Body::DataBody;
+  }
+  return Body::NONE;
+}
+
+const char* MsgTypeName(MsgType type) {
+  if (type < MsgType::MIN || type > MsgType::MAX) return "invalid";
+  return EnumNameMsgType(type);
+}
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::Scheduler: return "scheduler";
+    case Role::Worker: return "worker";
+    case Role::Server: return "server";
+  }
+  return "invalid-role";
+}
+
+std::string ErrorCodeLabel(ErrorCode code) {
+  if (code < ErrorCode::MIN || code > ErrorCode::MAX) return "invalid";
+  std::string camel = EnumNameErrorCode(code), out;
+  for (size_t i = 0; i < camel.size(); ++i) {
+    if (i > 0 && std::isupper(static_cast<unsigned char>(camel[i]))) out += '_';
+    out += static_cast<char>(std::tolower(static_cast<unsigned char>(camel[i])));
+  }
+  return out;
+}
+
+Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& build_id,
+                     uint32_t pid, uint32_t protocol_version) {
+  FlatBufferBuilder fbb(256);
+  auto body = CreateRegisterBody(fbb, me.role, me.rank, fbb.CreateString(build_id),
+                                 fbb.CreateString(me.host), me.data_port, me.metrics_port,
+                                 pid);
+  return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
+}
+
+Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
+                           int32_t num_servers, const std::vector<NodeInfo>& peers,
+                           uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats) {
+  FlatBufferBuilder fbb(256 + 64 * peers.size());
+  std::vector<Offset<NodeAddress>> addrs;
+  addrs.reserve(peers.size());
+  for (const NodeInfo& p : peers) addrs.push_back(BuildAddress(fbb, p));
+  auto body = CreateRankAssignmentBody(fbb, rank, num_workers, num_servers,
+                                       fbb.CreateVector(addrs), heartbeat_interval_ms,
+                                       missed_heartbeats);
+  return Finish(fbb, from, MsgType::RankAssignment, body.Union());
+}
+
+Message MakeHeartbeat(const Sender& from) {
+  FlatBufferBuilder fbb(64);
+  return Finish(fbb, from, MsgType::Heartbeat, CreateHeartbeatBody(fbb).Union());
+}
+
+Message MakeLeave(const Sender& from, const std::string& reason) {
+  FlatBufferBuilder fbb(128);
+  auto body = CreateLeaveBody(fbb, fbb.CreateString(reason));
+  return Finish(fbb, from, MsgType::Leave, body.Union());
+}
+
+Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group) {
+  FlatBufferBuilder fbb(64);
+  return Finish(fbb, from, type, CreateBarrierBody(fbb, barrier_id, group).Union());
+}
+
+Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
+                  MsgType in_reply_to) {
+  FlatBufferBuilder fbb(128 + message.size());
+  auto body = CreateErrorBody(fbb, code, fbb.CreateString(message), in_reply_to);
+  return Finish(fbb, from, MsgType::Error, body.Union());
+}
+
+Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason) {
+  FlatBufferBuilder fbb(128);
+  auto body = CreateNodeDeadBody(fbb, dead.role, dead.rank, fbb.CreateString(reason));
+  return Finish(fbb, from, MsgType::NodeDead, body.Union());
+}
+
+Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& results) {
+  FlatBufferBuilder fbb(256);
+  std::vector<Offset<ReachResult>> rs;
+  for (const ReachOutcome& r : results) {
+    rs.push_back(CreateReachResult(fbb, BuildAddress(fbb, r.peer), r.ok,
+                                   fbb.CreateString(r.detail)));
+  }
+  auto body = CreateReachReportBody(fbb, fbb.CreateVector(rs));
+  return Finish(fbb, from, MsgType::ReachReport, body.Union());
+}
+
+Message MakeJobState(const Sender& from, JobPhase phase, const std::string& message) {
+  FlatBufferBuilder fbb(128 + message.size());
+  auto body = CreateJobStateBody(fbb, phase, fbb.CreateString(message));
+  return Finish(fbb, from, MsgType::JobState, body.Union());
+}
+
+Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>& id) {
+  FlatBufferBuilder fbb(256);
+  auto body = CreateNcclIdBody(fbb, fbb.CreateVector(id));
+  return Finish(fbb, from, type, body.Union());
+}
+
+Message MakeData(const Sender& from, MsgType type, const DataFields& f,
+                 std::vector<Payload> payloads, uint64_t step, uint64_t seq) {
+  uint64_t wire_bytes = 0;
+  for (const Payload& p : payloads) wire_bytes += p.size;
+  FlatBufferBuilder fbb(128);
+  auto body = CreateDataBody(fbb, f.bucket, f.partition, f.dtype, f.num_elements,
+                             f.compression, wire_bytes, f.fingerprint, f.round, f.version);
+  Message msg = Finish(fbb, from, type, body.Union(), step, seq);
+  msg.payloads = std::move(payloads);
+  return msg;
+}
+
+NodeInfo ToNodeInfo(const NodeAddress& a) {
+  NodeInfo n;
+  n.role = a.role();
+  n.rank = a.rank();
+  n.host = a.host() ? a.host()->str() : "";
+  n.data_port = a.data_port();
+  n.metrics_port = a.metrics_port();
+  return n;
+}
+
+}  // namespace gradsync::wire

@@ -1,0 +1,118 @@
+// Messages as they travel: one FlatBuffers header frame plus raw payload
+// frames, and builders for every message type in gradsync.fbs.
+//
+// Payload bytes are never copied on the way out: a Payload points at the
+// caller's bytes and holds `owner` until the transport has sent them. On the
+// way in, payload frames are not aligned; read floats with memcpy.
+//
+// Thread-safety: plain values; a Message may be moved between threads.
+#ifndef GRADSYNC_WIRE_MESSAGE_H_
+#define GRADSYNC_WIRE_MESSAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "wire/gradsync_generated.h"
+
+namespace gradsync::wire {
+
+constexpr int kNumMsgTypes = static_cast<int>(MsgType::MAX) + 1;
+constexpr size_t kNcclIdBytes = 128;
+
+// A run of bytes kept alive by `owner` (null when the bytes are static).
+struct Payload {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;
+
+  // A payload holding its own copy of `size` bytes.
+  static Payload Copy(const void* data, size_t size);
+  // A payload that points at `data`, which `owner` keeps alive.
+  static Payload Borrow(const void* data, size_t size,
+                        std::shared_ptr<const void> owner);
+};
+
+struct Message {
+  // The verified-on-receipt FlatBuffers Header. Heap storage, so suitably
+  // aligned for the verifier and for reading the fields in place.
+  std::vector<uint8_t> header;
+  std::vector<Payload> payloads;
+
+  size_t PayloadBytes() const;
+  // The header, without verification. Only after Validate() said ok.
+  const Header* header_view() const { return GetHeader(header.data()); }
+};
+
+// Who sends: filled into every header.
+struct Sender {
+  Role role = Role::Worker;
+  int32_t rank = -1;
+  uint64_t job_id = 0;
+};
+
+// A node as registered with the scheduler.
+struct NodeInfo {
+  Role role = Role::Worker;
+  int32_t rank = -1;
+  std::string host;
+  uint16_t data_port = 0;
+  uint16_t metrics_port = 0;
+
+  // "worker 3", "server 0", "scheduler".
+  std::string Name() const;
+  // "tcp://host:data_port".
+  std::string DataEndpoint() const;
+};
+
+// Fields of Push / Pull / Reply / Ack.
+struct DataFields {
+  uint32_t bucket = 0;
+  uint32_t partition = 0;
+  DType dtype = DType::F32;
+  uint64_t num_elements = 0;
+  Compression compression = Compression::None;
+  uint64_t fingerprint = 0;
+  uint64_t round = 0;
+  uint64_t version = 0;
+};
+
+// The body table each message type must carry.
+Body ExpectedBody(MsgType type);
+const char* MsgTypeName(MsgType type);
+const char* RoleName(Role role);
+// "malformed", "wrong_version", ...: stable, for metric labels.
+std::string ErrorCodeLabel(ErrorCode code);
+
+Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& build_id,
+                     uint32_t pid, uint32_t protocol_version);
+Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
+                           int32_t num_servers, const std::vector<NodeInfo>& peers,
+                           uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats);
+Message MakeHeartbeat(const Sender& from);
+Message MakeLeave(const Sender& from, const std::string& reason);
+Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group);
+Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
+                  MsgType in_reply_to);
+Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason);
+struct ReachOutcome {
+  NodeInfo peer;
+  bool ok = false;
+  std::string detail;
+};
+Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& results);
+Message MakeJobState(const Sender& from, JobPhase phase, const std::string& message);
+// NcclIdOffer / NcclId carry the id; NcclIdRequest carries an empty one.
+Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>& id);
+// Push / Reply carry `payloads`; `wire_bytes` is their total size.
+Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
+                 std::vector<Payload> payloads, uint64_t step = 0, uint64_t seq = 0);
+
+// Reads a NodeAddress table into a NodeInfo.
+NodeInfo ToNodeInfo(const NodeAddress& address);
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_MESSAGE_H_

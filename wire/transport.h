@@ -1,0 +1,79 @@
+// The transport: how a node sends and receives messages.
+//
+// A Transport has at most one listening endpoint (Listen) that any peer may
+// send to, and any number of outgoing connections (Connect). A message that
+// arrives on the listening endpoint comes from an Inbound route (the peer's
+// identity) and can be answered on it; a message on an outgoing connection
+// comes from that Connection.
+//
+// Implementations: ZmqTransport (ROUTER + DEALERs over TCP, zmq_transport.h)
+// and InProcTransport (in memory, for ranks-as-threads tests,
+// inproc_transport.h). Both have the same semantics:
+//   - Send blocks until the message is handed to the network, or the deadline
+//     passes; sending to an identity that is not connected fails at once
+//     with Unavailable (nothing is dropped silently).
+//   - Receive blocks until a message arrives, or the deadline passes
+//     (DeadlineExceeded), or the transport is shut down (Cancelled).
+//   - Messages on one route arrive in the order they were sent.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef GRADSYNC_WIRE_TRANSPORT_H_
+#define GRADSYNC_WIRE_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "wire/message.h"
+
+namespace gradsync::wire {
+
+using ConnId = int32_t;
+
+// Where a message comes from or goes to.
+struct Route {
+  enum class Kind { kConnection, kInbound };
+  Kind kind = Kind::kConnection;
+  ConnId conn = -1;      // kConnection: the handle Connect returned
+  std::string identity;  // kInbound: the peer's transport identity
+
+  static Route Connection(ConnId id) { return Route{Kind::kConnection, id, ""}; }
+  static Route Inbound(std::string identity) {
+    return Route{Kind::kInbound, -1, std::move(identity)};
+  }
+  std::string ToString() const;
+};
+
+struct Incoming {
+  Route from;
+  Message message;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // This transport's identity, as peers see it on an Inbound route.
+  virtual const std::string& identity() const = 0;
+  // Binds the listening endpoint ("tcp://*:5000"; port 0 picks a free one).
+  // Returns the bound endpoint with the real port. At most once.
+  virtual StatusOr<std::string> Listen(const std::string& endpoint) = 0;
+  // Opens an outgoing connection. Does not wait for the peer: messages queue
+  // until it is reachable, and a lost connection is re-established.
+  virtual StatusOr<ConnId> Connect(const std::string& endpoint) = 0;
+  virtual Status Send(const Route& to, Message message, Deadline deadline) = 0;
+  virtual StatusOr<Incoming> Receive(Deadline deadline) = 0;
+  // Checks that a peer listens at `endpoint`: OK once a connection and
+  // protocol handshake succeed, DeadlineExceeded naming the endpoint if not.
+  virtual Status Probe(const std::string& endpoint, Deadline deadline) = 0;
+  // Stops I/O; blocked and later calls return Cancelled. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+// A random identity for a transport ("<prefix>-<16 hex digits>").
+std::string RandomIdentity(const std::string& prefix);
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_TRANSPORT_H_

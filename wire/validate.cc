@@ -1,0 +1,233 @@
+#include "wire/validate.h"
+
+#include "common/version.h"
+
+namespace gradsync::wire {
+namespace {
+
+template <typename E>
+bool InRange(E value) {
+  return value >= E::MIN && value <= E::MAX;
+}
+
+Verdict Reject(ErrorCode code, std::string detail, MsgType type = MsgType::Error) {
+  Verdict v;
+  v.code = code;
+  v.detail = std::move(detail);
+  v.type = type;
+  return v;
+}
+
+bool StringOk(const flatbuffers::String* s, const Limits& limits) {
+  return s == nullptr || s->size() <= limits.max_string_bytes;
+}
+
+// Checks of a NodeAddress; empty string when it is fine.
+std::string CheckAddress(const NodeAddress* a, const Limits& limits) {
+  if (a == nullptr) return "missing peer address";
+  if (!InRange(a->role())) return "peer role out of range";
+  if (!StringOk(a->host(), limits)) return "peer host too long";
+  return "";
+}
+
+// Body-specific checks of enums, counts and string lengths.
+Verdict CheckBody(const Header& h, const Limits& limits) {
+  const MsgType t = h.type();
+  auto bad_enum = [t](const std::string& field) {
+    return Reject(ErrorCode::BadEnum, std::string(MsgTypeName(t)) + "." + field +
+                                          " is out of range", t);
+  };
+  auto too_long = [t]() {
+    return Reject(ErrorCode::Oversized, std::string(MsgTypeName(t)) +
+                                            " has a string longer than allowed", t);
+  };
+  switch (h.body_type()) {
+    case Body::RegisterBody: {
+      const auto* b = h.body_as_RegisterBody();
+      if (!InRange(b->role()) || b->role() == Role::Scheduler) return bad_enum("role");
+      if (b->requested_rank() < -1) return Reject(ErrorCode::BadSender, "negative requested rank", t);
+      if (!StringOk(b->host(), limits) || !StringOk(b->build_id(), limits)) return too_long();
+      break;
+    }
+    case Body::RankAssignmentBody: {
+      const auto* b = h.body_as_RankAssignmentBody();
+      if (b->peers() && b->peers()->size() > limits.max_peers) {
+        return Reject(ErrorCode::Oversized, "peer list of " +
+                      std::to_string(b->peers()->size()) + " entries", t);
+      }
+      if (b->peers()) {
+        for (const NodeAddress* a : *b->peers()) {
+          std::string why = CheckAddress(a, limits);
+          if (!why.empty()) return Reject(ErrorCode::BadEnum, why, t);
+        }
+      }
+      break;
+    }
+    case Body::BarrierBody:
+      if (!InRange(h.body_as_BarrierBody()->group())) return bad_enum("group");
+      break;
+    case Body::ErrorBody: {
+      const auto* b = h.body_as_ErrorBody();
+      if (!InRange(b->code())) return bad_enum("code");
+      if (!InRange(b->in_reply_to())) return bad_enum("in_reply_to");
+      if (!StringOk(b->message(), limits)) return too_long();
+      break;
+    }
+    case Body::NodeDeadBody:
+      if (!InRange(h.body_as_NodeDeadBody()->role())) return bad_enum("role");
+      if (!StringOk(h.body_as_NodeDeadBody()->reason(), limits)) return too_long();
+      break;
+    case Body::LeaveBody:
+      if (!StringOk(h.body_as_LeaveBody()->reason(), limits)) return too_long();
+      break;
+    case Body::ReachReportBody: {
+      const auto* rs = h.body_as_ReachReportBody()->results();
+      if (rs && rs->size() > limits.max_peers) return Reject(ErrorCode::Oversized, "reach report too long", t);
+      if (rs) {
+        for (const ReachResult* r : *rs) {
+          std::string why = CheckAddress(r->peer(), limits);
+          if (!why.empty()) return Reject(ErrorCode::BadEnum, why, t);
+          if (!StringOk(r->detail(), limits)) return too_long();
+        }
+      }
+      break;
+    }
+    case Body::JobStateBody:
+      if (!InRange(h.body_as_JobStateBody()->phase())) return bad_enum("phase");
+      if (!StringOk(h.body_as_JobStateBody()->message(), limits)) return too_long();
+      break;
+    case Body::NcclIdBody: {
+      const auto* id = h.body_as_NcclIdBody()->id();
+      size_t n = id ? id->size() : 0;
+      size_t want = t == MsgType::NcclIdRequest ? 0 : kNcclIdBytes;
+      if (n != want) {
+        return Reject(ErrorCode::SizeMismatch, std::string(MsgTypeName(t)) + " carries " +
+                      std::to_string(n) + " id bytes, expected " + std::to_string(want), t);
+      }
+      break;
+    }
+    case Body::DataBody: {
+      const auto* b = h.body_as_DataBody();
+      if (!InRange(b->dtype())) return bad_enum("dtype");
+      if (!InRange(b->compression())) return bad_enum("compression");
+      break;
+    }
+    default:
+      break;
+  }
+  return Verdict();
+}
+
+size_t ElementSize(DType d) {
+  switch (d) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+// Payload frames against what the header says they hold.
+Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) {
+  const MsgType t = h.type();
+  const std::string name = MsgTypeName(t);
+  const size_t frames = msg.payloads.size();
+  const uint64_t bytes = msg.PayloadBytes();
+  if (frames > limits.max_payload_frames) {
+    return Reject(ErrorCode::Oversized, name + " has " + std::to_string(frames) +
+                  " payload frames, at most " + std::to_string(limits.max_payload_frames) +
+                  " allowed", t);
+  }
+  if (bytes > limits.max_payload_bytes) {
+    return Reject(ErrorCode::Oversized, name + " payload of " + std::to_string(bytes) +
+                  " bytes exceeds the limit of " + std::to_string(limits.max_payload_bytes), t);
+  }
+  const bool carries = t == MsgType::Push || t == MsgType::Reply;
+  if (!carries) {
+    if (frames != 0) {
+      return Reject(ErrorCode::SizeMismatch, name + " carries " + std::to_string(frames) +
+                    " payload frame(s), expected none", t);
+    }
+    return Verdict();
+  }
+  const auto* d = h.body_as_DataBody();
+  if (d->wire_bytes() != bytes) {
+    return Reject(ErrorCode::SizeMismatch, name + " says wire_bytes=" +
+                  std::to_string(d->wire_bytes()) + " but its payload frames hold " +
+                  std::to_string(bytes) + " bytes", t);
+  }
+  if (d->compression() == Compression::None) {
+    const uint64_t size = ElementSize(d->dtype());
+    if (d->num_elements() > limits.max_payload_bytes / size ||
+        d->num_elements() * size != bytes) {
+      return Reject(ErrorCode::SizeMismatch, name + " of " +
+                    std::to_string(d->num_elements()) + " " + EnumNameDType(d->dtype()) +
+                    " elements needs " + std::to_string(d->num_elements() * size) +
+                    " bytes, payload holds " + std::to_string(bytes), t);
+    }
+  }
+  return Verdict();
+}
+
+}  // namespace
+
+Policy Policy::Accepting(std::initializer_list<MsgType> types) {
+  Policy p;
+  for (MsgType t : types) p.accepted.set(static_cast<size_t>(t));
+  return p;
+}
+
+Verdict Validate(const Message& msg, const Policy& policy) {
+  const Limits& limits = policy.limits;
+  const size_t size = msg.header.size();
+  if (size == 0) return Reject(ErrorCode::Malformed, "empty header frame");
+  if (size > limits.max_header_bytes) {
+    return Reject(ErrorCode::Oversized, "header frame of " + std::to_string(size) +
+                  " bytes exceeds the limit of " + std::to_string(limits.max_header_bytes));
+  }
+  flatbuffers::Verifier verifier(msg.header.data(), size, /*max_depth=*/8,
+                                 /*max_tables=*/limits.max_peers * 2 + 64);
+  if (!VerifyHeaderBuffer(verifier)) {
+    return Reject(ErrorCode::Malformed, "header frame of " + std::to_string(size) +
+                  " bytes is not a valid gradsync header");
+  }
+  const Header* h = GetHeader(msg.header.data());
+  if (h->protocol_version() != kProtocolVersion) {
+    return Reject(ErrorCode::WrongVersion, "peer speaks protocol version " +
+                  std::to_string(h->protocol_version()) + ", this node speaks " +
+                  std::to_string(kProtocolVersion), InRange(h->type()) ? h->type() : MsgType::Error);
+  }
+  if (!InRange(h->type())) {
+    return Reject(ErrorCode::BadEnum, "message type " +
+                  std::to_string(static_cast<int>(h->type())) + " is out of range");
+  }
+  const MsgType t = h->type();
+  if (h->body() == nullptr || h->body_type() != ExpectedBody(t)) {
+    return Reject(ErrorCode::WrongType, std::string(MsgTypeName(t)) + " must carry a " +
+                  EnumNameBody(ExpectedBody(t)) + ", found " +
+                  (InRange(h->body_type()) ? EnumNameBody(h->body_type()) : "an unknown body"), t);
+  }
+  if (!policy.accepted.test(static_cast<size_t>(t))) {
+    return Reject(ErrorCode::WrongType, std::string(MsgTypeName(t)) +
+                  " is not accepted by this endpoint", t);
+  }
+  if (!InRange(h->sender_role())) return Reject(ErrorCode::BadEnum, "sender_role is out of range", t);
+  if (h->sender_rank() < -1 || h->sender_rank() >= static_cast<int32_t>(limits.max_peers)) {
+    return Reject(ErrorCode::BadSender, "sender rank " + std::to_string(h->sender_rank()) +
+                  " is impossible", t);
+  }
+  if (policy.job_id != 0 && t != MsgType::Register && h->job_id() != policy.job_id) {
+    return Reject(ErrorCode::WrongJob, "message of job " + std::to_string(h->job_id()) +
+                  ", this is job " + std::to_string(policy.job_id), t);
+  }
+  Verdict body = CheckBody(*h, limits);
+  if (body.code != ErrorCode::Unknown) return body;
+  Verdict payload = CheckPayload(*h, msg, limits);
+  if (payload.code != ErrorCode::Unknown) return payload;
+  Verdict ok;
+  ok.header = h;
+  ok.type = t;
+  return ok;
+}
+
+}  // namespace gradsync::wire

@@ -1,0 +1,452 @@
+#include "wire/zmq_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/blocking_queue.h"
+#include "common/logging.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace gradsync::wire {
+namespace {
+
+// Result of a command run on the I/O thread.
+struct Result {
+  Status status;
+  std::string endpoint;
+  ConnId conn = -1;
+};
+
+struct Command {
+  enum class Kind { kListen, kConnect, kSend };
+  Kind kind = Kind::kSend;
+  std::string endpoint;
+  Route route;
+  Message message;
+  Deadline deadline = Deadline::Infinite();
+  std::promise<Result> done;
+};
+
+void FreePayload(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
+
+zmq::message_t ZeroCopyFrame(const Payload& p) {
+  if (p.size == 0) return zmq::message_t();
+  auto* keep = new std::shared_ptr<const void>(p.owner);
+  return zmq::message_t(const_cast<uint8_t*>(p.data), p.size, FreePayload, keep);
+}
+
+Status ZmqError(const std::string& what, const zmq::error_t& e) {
+  return UnavailableError(what + ": " + e.what());
+}
+
+}  // namespace
+
+class ZmqTransport::Impl {
+ public:
+  Impl(ZmqOptions options)
+      : options_(std::move(options)), incoming_(options_.max_queued_incoming) {
+    if (options_.identity.empty()) options_.identity = RandomIdentity("node");
+  }
+
+  Status Start() {
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return InternalError("eventfd failed");
+    io_thread_ = std::thread([this] { IoLoop(); });
+    return OkStatus();
+  }
+
+  ~Impl() {
+    Shutdown();
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  const std::string& identity() const { return options_.identity; }
+  zmq::context_t& context() { return context_; }
+
+  Result Submit(std::unique_ptr<Command> cmd) {
+    std::future<Result> result = cmd->done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return Result{CancelledError("transport is shut down"), "", -1};
+      commands_.push_back(std::move(cmd));
+    }
+    Wake();
+    return result.get();
+  }
+
+  StatusOr<Incoming> Receive(Deadline deadline) {
+    auto item = incoming_.Pop(deadline);
+    if (item.ok()) Wake();  // room again: resume reading if it had paused
+    if (!item.ok() && item.status().code() == StatusCode::kCancelled) {
+      return CancelledError("transport is shut down");
+    }
+    return item;
+  }
+
+  void Shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    Wake();
+    if (io_thread_.joinable()) io_thread_.join();
+    incoming_.Close();
+  }
+
+ private:
+  struct Pending {
+    std::unique_ptr<Command> cmd;
+  };
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof(one));
+    (void)n;
+  }
+
+  void IoLoop();
+  void RunCommands();
+  void Execute(std::unique_ptr<Command> cmd);
+  void DoListen(Command& cmd);
+  void DoConnect(Command& cmd);
+  // Tries to hand the message to ZeroMQ; false when it would block.
+  bool TrySend(Command& cmd);
+  void RetryPending();
+  void ReadSocket(zmq::socket_t& socket, const Route* fixed_route);
+  void Configure(zmq::socket_t& socket);
+  void CloseAll();
+
+  ZmqOptions options_;
+  zmq::context_t context_{1};
+  BlockingQueue<Incoming> incoming_;
+  int wake_fd_ = -1;
+  std::thread io_thread_;
+
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Command>> commands_;  // guarded by mu_
+  bool stopping_ = false;                          // guarded by mu_
+
+  // Owned by the I/O thread.
+  std::unique_ptr<zmq::socket_t> router_;
+  std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
+  std::map<std::string, ConnId> conn_by_endpoint_;
+  std::deque<std::unique_ptr<Command>> pending_;
+  ConnId next_conn_ = 0;
+};
+
+void ZmqTransport::Impl::Configure(zmq::socket_t& socket) {
+  socket.set(zmq::sockopt::maxmsgsize, options_.max_frame_bytes);
+  socket.set(zmq::sockopt::sndhwm, options_.send_hwm);
+  socket.set(zmq::sockopt::rcvhwm, options_.recv_hwm);
+  socket.set(zmq::sockopt::linger, options_.linger_ms);
+  socket.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ivl_ms);
+  socket.set(zmq::sockopt::reconnect_ivl_max, options_.reconnect_ivl_max_ms);
+}
+
+void ZmqTransport::Impl::IoLoop() {
+  for (;;) {
+    RunCommands();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+    }
+    std::vector<zmq::pollitem_t> items;
+    items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    const bool room = !incoming_.full();
+    const short in = room ? ZMQ_POLLIN : 0;
+    if (router_) items.push_back({router_->handle(), 0, in, 0});
+    std::vector<ConnId> ids;
+    for (auto& [id, sock] : dealers_) {
+      items.push_back({sock->handle(), 0, in, 0});
+      ids.push_back(id);
+    }
+    long timeout_ms = pending_.empty() ? -1 : 1;
+    try {
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+      continue;  // EINTR
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+      uint64_t drained;
+      ssize_t n = read(wake_fd_, &drained, sizeof(drained));
+      (void)n;
+    }
+    size_t next = 1;
+    if (router_) {
+      if (items[next].revents & ZMQ_POLLIN) ReadSocket(*router_, nullptr);
+      ++next;
+    }
+    for (ConnId id : ids) {
+      Route route = Route::Connection(id);
+      if ((items[next++].revents & ZMQ_POLLIN) && dealers_.count(id)) {
+        ReadSocket(*dealers_[id], &route);
+      }
+    }
+    RetryPending();
+  }
+  CloseAll();
+}
+
+void ZmqTransport::Impl::RunCommands() {
+  std::deque<std::unique_ptr<Command>> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(commands_);
+  }
+  for (auto& cmd : batch) Execute(std::move(cmd));
+}
+
+void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
+  switch (cmd->kind) {
+    case Command::Kind::kListen: DoListen(*cmd); return;
+    case Command::Kind::kConnect: DoConnect(*cmd); return;
+    case Command::Kind::kSend:
+      // Keep per-transport order: queue behind anything already waiting.
+      if (!pending_.empty() || !TrySend(*cmd)) {
+        pending_.push_back(std::move(cmd));
+      }
+      return;
+  }
+}
+
+void ZmqTransport::Impl::DoListen(Command& cmd) {
+  if (router_) {
+    cmd.done.set_value({FailedPreconditionError("already listening"), "", -1});
+    return;
+  }
+  try {
+    auto router = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::router);
+    Configure(*router);
+    router->set(zmq::sockopt::router_mandatory, 1);
+    router->set(zmq::sockopt::router_handover, 1);
+    router->set(zmq::sockopt::routing_id, options_.identity);
+    router->bind(cmd.endpoint);
+    std::string bound = router->get(zmq::sockopt::last_endpoint);
+    router_ = std::move(router);
+    cmd.done.set_value({OkStatus(), bound, -1});
+  } catch (const zmq::error_t& e) {
+    cmd.done.set_value({ZmqError("cannot listen on " + cmd.endpoint, e), "", -1});
+  }
+}
+
+void ZmqTransport::Impl::DoConnect(Command& cmd) {
+  auto known = conn_by_endpoint_.find(cmd.endpoint);
+  if (known != conn_by_endpoint_.end()) {
+    cmd.done.set_value({OkStatus(), cmd.endpoint, known->second});
+    return;
+  }
+  try {
+    auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    Configure(*dealer);
+    dealer->set(zmq::sockopt::routing_id, options_.identity);
+    dealer->connect(cmd.endpoint);
+    ConnId id = next_conn_++;
+    dealers_[id] = std::move(dealer);
+    conn_by_endpoint_[cmd.endpoint] = id;
+    cmd.done.set_value({OkStatus(), cmd.endpoint, id});
+  } catch (const zmq::error_t& e) {
+    cmd.done.set_value({ZmqError("cannot connect to " + cmd.endpoint, e), "", -1});
+  }
+}
+
+bool ZmqTransport::Impl::TrySend(Command& cmd) {
+  const Route& to = cmd.route;
+  zmq::socket_t* socket = nullptr;
+  if (to.kind == Route::Kind::kInbound) {
+    socket = router_.get();
+  } else if (dealers_.count(to.conn)) {
+    socket = dealers_[to.conn].get();
+  }
+  if (socket == nullptr) {
+    cmd.done.set_value({UnavailableError("no socket for " + to.ToString()), "", -1});
+    return true;
+  }
+  const Message& m = cmd.message;
+  const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+  try {
+    if (to.kind == Route::Kind::kInbound) {
+      if (!socket->send(zmq::buffer(to.identity), more)) return false;
+    }
+    auto header_flags = m.payloads.empty() ? zmq::send_flags::dontwait : more;
+    if (!socket->send(zmq::message_t(m.header.data(), m.header.size()), header_flags)) {
+      return false;
+    }
+    for (size_t i = 0; i < m.payloads.size(); ++i) {
+      bool last = i + 1 == m.payloads.size();
+      socket->send(ZeroCopyFrame(m.payloads[i]), last ? zmq::send_flags::none
+                                                      : zmq::send_flags::sndmore);
+    }
+    cmd.done.set_value({OkStatus(), "", -1});
+  } catch (const zmq::error_t& e) {
+    Status s = e.num() == EHOSTUNREACH
+                   ? UnavailableError(to.ToString() + " is not connected")
+                   : ZmqError("send to " + to.ToString() + " failed", e);
+    cmd.done.set_value({s, "", -1});
+  }
+  return true;
+}
+
+void ZmqTransport::Impl::RetryPending() {
+  while (!pending_.empty()) {
+    Command& cmd = *pending_.front();
+    if (cmd.deadline.Expired()) {
+      cmd.done.set_value({DeadlineExceededError("send to " + cmd.route.ToString() +
+                                                " did not complete before the deadline "
+                                                "(peer not connected or not reading)"),
+                          "", -1});
+    } else if (!TrySend(cmd)) {
+      return;
+    }
+    pending_.pop_front();
+  }
+}
+
+void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_route) {
+  for (int budget = 64; budget > 0 && !incoming_.full(); --budget) {
+    std::vector<zmq::message_t> frames;
+    std::optional<size_t> got;
+    try {
+      got = zmq::recv_multipart(socket, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      GS_LOG(WARNING) << "receive failed: " << e.what();
+      return;
+    }
+    if (!got) return;
+    Incoming in;
+    size_t first = 0;
+    if (fixed_route) {
+      in.from = *fixed_route;
+    } else {
+      in.from = Route::Inbound(frames[0].to_string());
+      first = 1;
+    }
+    if (frames.size() > first) {
+      const auto* h = frames[first].data<uint8_t>();
+      in.message.header.assign(h, h + frames[first].size());
+      for (size_t i = first + 1; i < frames.size(); ++i) {
+        auto owned = std::make_shared<zmq::message_t>(std::move(frames[i]));
+        in.message.payloads.push_back(
+            Payload::Borrow(owned->data(), owned->size(), owned));
+      }
+    }
+    // The queue has room (checked above) and only this thread pushes.
+    incoming_.Push(std::move(in), Deadline::Infinite()).IgnoreError();
+  }
+}
+
+void ZmqTransport::Impl::CloseAll() {
+  std::deque<std::unique_ptr<Command>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(commands_);
+  }
+  for (auto& cmd : pending_) left.push_back(std::move(cmd));
+  pending_.clear();
+  for (auto& cmd : left) cmd->done.set_value({CancelledError("transport is shut down"), "", -1});
+  router_.reset();
+  dealers_.clear();
+}
+
+StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(ZmqOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  GS_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<ZmqTransport>(new ZmqTransport(std::move(impl)));
+}
+
+ZmqTransport::ZmqTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ZmqTransport::~ZmqTransport() { Shutdown(); }
+
+const std::string& ZmqTransport::identity() const { return impl_->identity(); }
+
+StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kListen;
+  cmd->endpoint = endpoint;
+  Result r = impl_->Submit(std::move(cmd));
+  if (!r.status.ok()) return r.status;
+  return r.endpoint;
+}
+
+StatusOr<ConnId> ZmqTransport::Connect(const std::string& endpoint) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kConnect;
+  cmd->endpoint = endpoint;
+  Result r = impl_->Submit(std::move(cmd));
+  if (!r.status.ok()) return r.status;
+  return r.conn;
+}
+
+Status ZmqTransport::Send(const Route& to, Message message, Deadline deadline) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kSend;
+  cmd->route = to;
+  cmd->message = std::move(message);
+  cmd->deadline = deadline;
+  return impl_->Submit(std::move(cmd)).status;
+}
+
+StatusOr<Incoming> ZmqTransport::Receive(Deadline deadline) {
+  return impl_->Receive(deadline);
+}
+
+void ZmqTransport::Shutdown() { impl_->Shutdown(); }
+
+Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
+  static std::atomic<uint64_t> next_probe{0};
+  const std::string monitor_addr = "inproc://gradsync-probe-" + std::to_string(next_probe++);
+  int retries = 0;
+  try {
+    zmq::socket_t dealer(impl_->context(), zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::reconnect_ivl, 100);
+    const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    if (zmq_socket_monitor(dealer.handle(), monitor_addr.c_str(), events) != 0) {
+      return InternalError("cannot monitor probe socket");
+    }
+    zmq::socket_t monitor(impl_->context(), zmq::socket_type::pair);
+    monitor.set(zmq::sockopt::linger, 0);
+    monitor.connect(monitor_addr);
+    dealer.connect(endpoint);
+    while (!deadline.Expired()) {
+      zmq::pollitem_t item{monitor.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::min<Millis>(deadline.Remaining(), Millis(100)));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(monitor, std::back_inserter(frames))) continue;
+      if (frames.empty() || frames[0].size() < sizeof(uint16_t)) continue;
+      uint16_t event;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) return OkStatus();
+      if (event == ZMQ_EVENT_CONNECT_RETRIED) ++retries;
+      if (event != ZMQ_EVENT_CONNECT_RETRIED) {
+        return UnavailableError(endpoint + " answered but is not a gradsync (ZeroMQ) peer");
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return ZmqError("cannot probe " + endpoint, e);
+  }
+  return DeadlineExceededError("cannot reach " + endpoint + ": no connection within the "
+                               "deadline (" + std::to_string(retries) +
+                               " connection attempts refused or unanswered)");
+}
+
+}  // namespace gradsync::wire

@@ -1,0 +1,60 @@
+// Transport over ZeroMQ: one ROUTER socket for the listening endpoint and one
+// DEALER per outgoing connection, all owned by a single I/O thread. Callers on
+// other threads hand work to it through a queue and an eventfd wake-up.
+//
+// - ROUTER_MANDATORY: a send to an unknown identity fails with Unavailable.
+// - ROUTER_HANDOVER: a peer that reconnects under the same identity takes
+//   over its route.
+// - ZMQ_MAXMSGSIZE: frames larger than max_frame_bytes are refused by ZeroMQ
+//   itself (the connection is dropped); validate.h limits apply below that.
+// - Payload frames are sent zero-copy (zmq_msg_init_data with a free
+//   callback that releases Payload::owner).
+// - Incoming messages wait in a bounded queue; when it is full the I/O thread
+//   stops reading and ZeroMQ's high-water marks push back on the senders.
+//
+// Thread-safety: all public methods are thread-safe.
+#ifndef GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
+#define GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "wire/transport.h"
+
+namespace gradsync::wire {
+
+struct ZmqOptions {
+  std::string identity;                        // empty: RandomIdentity("node")
+  int64_t max_frame_bytes = (int64_t{1} << 30) + (64 << 10);
+  int send_hwm = 1000;                         // messages per connection
+  int recv_hwm = 1000;
+  int reconnect_ivl_ms = 100;
+  int reconnect_ivl_max_ms = 2000;
+  int linger_ms = 1000;                        // flush time at shutdown
+  size_t max_queued_incoming = 4096;
+};
+
+class ZmqTransport : public Transport {
+ public:
+  // Starts the I/O thread. Fails only if ZeroMQ cannot be initialised.
+  static StatusOr<std::unique_ptr<ZmqTransport>> Create(ZmqOptions options);
+  ~ZmqTransport() override;  // Shutdown()
+
+  const std::string& identity() const override;
+  StatusOr<std::string> Listen(const std::string& endpoint) override;
+  StatusOr<ConnId> Connect(const std::string& endpoint) override;
+  Status Send(const Route& to, Message message, Deadline deadline) override;
+  StatusOr<Incoming> Receive(Deadline deadline) override;
+  Status Probe(const std::string& endpoint, Deadline deadline) override;
+  void Shutdown() override;
+
+  class Impl;
+
+ private:
+  explicit ZmqTransport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
