@@ -110,11 +110,12 @@ std::string ErrorCodeLabel(ErrorCode code) {
 }
 
 Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& build_id,
-                     uint32_t pid, uint32_t protocol_version) {
+                     uint32_t pid, uint32_t protocol_version, int32_t num_workers,
+                     int32_t num_servers) {
   FlatBufferBuilder fbb(256);
   auto body = CreateRegisterBody(fbb, me.role, me.rank, fbb.CreateString(build_id),
                                  fbb.CreateString(me.host), me.data_port, me.metrics_port,
-                                 pid);
+                                 pid, num_workers, num_servers);
   return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
 }
 

@@ -22,12 +22,12 @@ bool StringOk(const flatbuffers::String* s, const Limits& limits) {
   return s == nullptr || s->size() <= limits.max_string_bytes;
 }
 
-// Checks of a NodeAddress; empty string when it is fine.
-std::string CheckAddress(const NodeAddress* a, const Limits& limits) {
-  if (a == nullptr) return "missing peer address";
-  if (!InRange(a->role())) return "peer role out of range";
-  if (!StringOk(a->host(), limits)) return "peer host too long";
-  return "";
+// Checks of a NodeAddress; a Verdict with code Unknown when it is fine.
+Verdict CheckAddress(const NodeAddress* a, const Limits& limits, MsgType t) {
+  if (a == nullptr) return Reject(ErrorCode::Malformed, "missing peer address", t);
+  if (!InRange(a->role())) return Reject(ErrorCode::BadEnum, "peer role out of range", t);
+  if (!StringOk(a->host(), limits)) return Reject(ErrorCode::Oversized, "peer host too long", t);
+  return Verdict();
 }
 
 // Body-specific checks of enums, counts and string lengths.
@@ -57,8 +57,8 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       }
       if (b->peers()) {
         for (const NodeAddress* a : *b->peers()) {
-          std::string why = CheckAddress(a, limits);
-          if (!why.empty()) return Reject(ErrorCode::BadEnum, why, t);
+          Verdict bad = CheckAddress(a, limits, t);
+          if (bad.code != ErrorCode::Unknown) return bad;
         }
       }
       break;
@@ -85,8 +85,8 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       if (rs && rs->size() > limits.max_peers) return Reject(ErrorCode::Oversized, "reach report too long", t);
       if (rs) {
         for (const ReachResult* r : *rs) {
-          std::string why = CheckAddress(r->peer(), limits);
-          if (!why.empty()) return Reject(ErrorCode::BadEnum, why, t);
+          Verdict bad = CheckAddress(r->peer(), limits, t);
+          if (bad.code != ErrorCode::Unknown) return bad;
           if (!StringOk(r->detail(), limits)) return too_long();
         }
       }
@@ -158,12 +158,15 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
   }
   if (d->compression() == Compression::None) {
     const uint64_t size = ElementSize(d->dtype());
-    if (d->num_elements() > limits.max_payload_bytes / size ||
-        d->num_elements() * size != bytes) {
+    const bool too_many = d->num_elements() > limits.max_payload_bytes / size;
+    if (too_many || d->num_elements() * size != bytes) {
+      // Past the limit the product may wrap: do not print it.
+      const std::string needs = too_many ? "more than " + std::to_string(limits.max_payload_bytes)
+                                         : std::to_string(d->num_elements() * size);
       return Reject(ErrorCode::SizeMismatch, name + " of " +
                     std::to_string(d->num_elements()) + " " + EnumNameDType(d->dtype()) +
-                    " elements needs " + std::to_string(d->num_elements() * size) +
-                    " bytes, payload holds " + std::to_string(bytes), t);
+                    " elements needs " + needs + " bytes, payload holds " +
+                    std::to_string(bytes), t);
     }
   }
   return Verdict();
@@ -216,7 +219,10 @@ Verdict Validate(const Message& msg, const Policy& policy) {
     return Reject(ErrorCode::BadSender, "sender rank " + std::to_string(h->sender_rank()) +
                   " is impossible", t);
   }
-  if (policy.job_id != 0 && t != MsgType::Register && h->job_id() != policy.job_id) {
+  // Registrations, and heartbeats sent while waiting for the assignment,
+  // carry job id 0.
+  const bool before_job = t == MsgType::Register || (t == MsgType::Heartbeat && h->job_id() == 0);
+  if (policy.job_id != 0 && !before_job && h->job_id() != policy.job_id) {
     return Reject(ErrorCode::WrongJob, "message of job " + std::to_string(h->job_id()) +
                   ", this is job " + std::to_string(policy.job_id), t);
   }

@@ -1,0 +1,350 @@
+#include "cluster/node_agent.h"
+
+#include <unistd.h>
+
+#include "common/logging.h"
+#include "common/version.h"
+
+namespace gradsync::cluster {
+namespace {
+
+using wire::MsgType;
+
+constexpr uint32_t kDefaultMissedHeartbeats = 6;
+constexpr Millis kProbeTimeout{5000};
+
+std::string Seconds(Millis ms) { return std::to_string(ms.count() / 1000.0).substr(0, 4) + " s"; }
+
+}  // namespace
+
+StatusOr<NodeOptions> NodeOptions::FromConfig(const Config& config) {
+  NodeOptions o;
+  GS_ASSIGN_OR_RETURN(o.scheduler, config.GetString("scheduler", ""));
+  if (o.scheduler.empty()) {
+    return InvalidArgumentError("no scheduler address: set GRADSYNC_SCHEDULER=host:port or "
+                                "--scheduler=host:port");
+  }
+  if (o.scheduler.find(':') == std::string::npos) {
+    return InvalidArgumentError("scheduler address '" + o.scheduler + "' has no port (want host:port)");
+  }
+  GS_ASSIGN_OR_RETURN(int64_t rank, config.GetInt("rank", -1));
+  GS_ASSIGN_OR_RETURN(int64_t workers, config.GetInt("num_workers", -1));
+  GS_ASSIGN_OR_RETURN(int64_t servers, config.GetInt("num_servers", -1));
+  GS_ASSIGN_OR_RETURN(o.host, config.GetString("host", "127.0.0.1"));
+  GS_ASSIGN_OR_RETURN(int64_t connect_ms, config.GetInt("connect_timeout_ms", 10000));
+  GS_ASSIGN_OR_RETURN(int64_t rendezvous_ms, config.GetInt("rendezvous_timeout_ms", 120000));
+  GS_ASSIGN_OR_RETURN(int64_t heartbeat_ms, config.GetInt("heartbeat_ms", 500));
+  if (heartbeat_ms <= 0) return InvalidArgumentError("heartbeat_ms must be positive");
+  o.rank = static_cast<int32_t>(rank);
+  o.num_workers = static_cast<int32_t>(workers);
+  o.num_servers = static_cast<int32_t>(servers);
+  o.connect_timeout = Millis(connect_ms);
+  o.rendezvous_timeout = Millis(rendezvous_ms);
+  o.heartbeat_interval = Millis(heartbeat_ms);
+  return o;
+}
+
+NodeAgent::NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport> transport)
+    : options_(options), transport_(std::move(transport)) {
+  scheduler_endpoint_ = "tcp://" + options_.scheduler;
+  policy_ = wire::Policy::Accepting({MsgType::RankAssignment, MsgType::Heartbeat,
+                                     MsgType::BarrierRelease, MsgType::Error,
+                                     MsgType::NodeDead, MsgType::JobState, MsgType::NcclId});
+  assignment_.self.role = options_.role;
+  assignment_.self.rank = options_.rank;
+  assignment_.self.host = options_.host;
+  assignment_.self.data_port = options_.data_port;
+  assignment_.self.metrics_port = options_.metrics_port;
+  assignment_.heartbeat_interval = options_.heartbeat_interval;
+  assignment_.missed_heartbeats = kDefaultMissedHeartbeats;
+  last_heard_ = std::chrono::steady_clock::now();
+}
+
+StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Join(const NodeOptions& options,
+                                                     std::unique_ptr<wire::Transport> transport,
+                                                     Deadline deadline) {
+  std::unique_ptr<NodeAgent> agent(new NodeAgent(options, std::move(transport)));
+  GS_RETURN_IF_ERROR(agent->Register(deadline));
+  GS_RETURN_IF_ERROR(agent->AwaitAssignment(deadline.Min(Deadline::After(options.rendezvous_timeout))));
+  agent->thread_ = std::thread([a = agent.get()] { a->Run(); });
+  return agent;
+}
+
+NodeAgent::~NodeAgent() {
+  Leave("exit");
+  transport_->Shutdown();
+}
+
+wire::Sender NodeAgent::sender() const {
+  return wire::Sender{assignment_.self.role, assignment_.self.rank, assignment_.job_id};
+}
+
+Status NodeAgent::Register(Deadline deadline) {
+  Status reach = transport_->Probe(
+      scheduler_endpoint_, deadline.Min(Deadline::After(options_.connect_timeout)));
+  if (!reach.ok()) {
+    return UnavailableError("cannot reach the scheduler at " + options_.scheduler +
+                            " (GRADSYNC_SCHEDULER): " + reach.message());
+  }
+  GS_ASSIGN_OR_RETURN(scheduler_conn_, transport_->Connect(scheduler_endpoint_));
+  uint32_t version = options_.protocol_version ? options_.protocol_version : kProtocolVersion;
+  std::string build = options_.build_id.empty() ? kBuildId : options_.build_id;
+  return Send(wire::MakeRegister(sender(), assignment_.self, build,
+                                 static_cast<uint32_t>(getpid()), version,
+                                 options_.num_workers, options_.num_servers),
+              deadline);
+}
+
+Status NodeAgent::AwaitAssignment(Deadline deadline) {
+  SteadyTime next_beat = std::chrono::steady_clock::now();
+  for (;;) {
+    if (std::chrono::steady_clock::now() >= next_beat) {
+      Send(wire::MakeHeartbeat(sender()), deadline).IgnoreError();
+      next_beat += options_.heartbeat_interval;
+    }
+    auto in = transport_->Receive(deadline.Min(Deadline::At(next_beat)));
+    if (!in.ok()) {
+      if (in.status().code() == StatusCode::kDeadlineExceeded && !deadline.Expired()) continue;
+      if (in.status().code() != StatusCode::kDeadlineExceeded) return in.status();
+      return DeadlineExceededError(
+          "no rank assignment from the scheduler at " + options_.scheduler +
+          " before the deadline: the job has not assembled (are all workers and servers "
+          "started with the same GRADSYNC_NUM_WORKERS / GRADSYNC_NUM_SERVERS?)");
+    }
+    wire::Verdict v = wire::Validate(in->message, policy_);
+    if (!v.ok()) {
+      GS_LOG(WARNING) << "rejected a message from the scheduler: " << v.detail;
+      continue;
+    }
+    if (v.header->type() == MsgType::Error) {
+      const auto* e = v.header->body_as_ErrorBody();
+      return FailedPreconditionError("the scheduler at " + options_.scheduler +
+                                     " refused this node: " + e->message()->str());
+    }
+    if (v.header->type() == MsgType::JobState) {
+      return FailedPreconditionError("job failed before it started: " +
+                                     v.header->body_as_JobStateBody()->message()->str());
+    }
+    if (v.header->type() != MsgType::RankAssignment) continue;
+    const auto* a = v.header->body_as_RankAssignmentBody();
+    assignment_.job_id = v.header->job_id();
+    assignment_.self.rank = a->rank();
+    assignment_.num_workers = a->num_workers();
+    assignment_.num_servers = a->num_servers();
+    assignment_.heartbeat_interval = Millis(a->heartbeat_interval_ms());
+    assignment_.missed_heartbeats = a->missed_heartbeats();
+    if (a->peers()) {
+      for (const wire::NodeAddress* p : *a->peers()) assignment_.peers.push_back(wire::ToNodeInfo(*p));
+    }
+    policy_.job_id = assignment_.job_id;
+    std::lock_guard<std::mutex> lock(mu_);
+    last_heard_ = std::chrono::steady_clock::now();
+    return OkStatus();
+  }
+}
+
+Status NodeAgent::Send(wire::Message msg, Deadline deadline) {
+  return transport_->Send(wire::Route::Connection(scheduler_conn_), std::move(msg), deadline);
+}
+
+void NodeAgent::Run() {
+  const Millis interval = assignment_.heartbeat_interval;
+  const Millis silence_limit = interval * assignment_.missed_heartbeats;
+  SteadyTime next_beat = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      if (job_status_.ok() && std::chrono::steady_clock::now() - last_heard_ > silence_limit) {
+        job_status_ = UnavailableError("the scheduler at " + options_.scheduler +
+                                       " stopped answering (silent for more than " +
+                                       Seconds(silence_limit) + ")");
+        cv_.notify_all();
+      }
+    }
+    if (std::chrono::steady_clock::now() >= next_beat) {
+      Send(wire::MakeHeartbeat(sender()), Deadline::After(interval)).IgnoreError();
+      next_beat += interval;
+    }
+    auto in = transport_->Receive(Deadline::At(next_beat));
+    if (!in.ok()) {
+      if (in.status().code() == StatusCode::kCancelled) return;
+      continue;
+    }
+    wire::Verdict v = wire::Validate(in->message, policy_);
+    if (!v.ok()) {
+      GS_LOG(WARNING) << "rejected a message from the scheduler: " << v.detail;
+      if (v.type != MsgType::Error) {
+        Send(wire::MakeError(sender(), v.code, v.detail, v.type), Deadline::After(interval))
+            .IgnoreError();
+      }
+      continue;
+    }
+    Dispatch(in->message, *v.header);
+  }
+}
+
+void NodeAgent::Dispatch(const wire::Message& /*msg*/, const wire::Header& h) {
+  std::vector<DeadCallback> callbacks;
+  wire::NodeInfo dead;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_heard_ = std::chrono::steady_clock::now();
+    switch (h.type()) {
+      case MsgType::BarrierRelease: {
+        const auto* b = h.body_as_BarrierBody();
+        uint64_t& released = barrier_released_[b->group()];
+        released = std::max(released, b->barrier_id());
+        break;
+      }
+      case MsgType::Error:
+        HandleError(*h.body_as_ErrorBody());
+        break;
+      case MsgType::NodeDead: {
+        const auto* d = h.body_as_NodeDeadBody();
+        dead.role = d->role();
+        dead.rank = d->rank();
+        why = d->reason() ? d->reason()->str() : "";
+        dead_.push_back(dead);
+        callbacks = dead_callbacks_;
+        GS_LOG(WARNING) << "scheduler reports " << dead.Name() << " dead: " << why;
+        break;
+      }
+      case MsgType::JobState: {
+        const auto* j = h.body_as_JobStateBody();
+        std::string text = j->message() ? j->message()->str() : "";
+        if (j->phase() == wire::JobPhase::Ready) ready_ = true;
+        if (j->phase() == wire::JobPhase::Failed) FailJob(FailedPreconditionError("job failed: " + text));
+        if (j->phase() == wire::JobPhase::Shutdown) FailJob(AbortedError("job shut down: " + text));
+        break;
+      }
+      case MsgType::NcclId: {
+        const auto* id = h.body_as_NcclIdBody()->id();
+        nccl_id_ = std::vector<uint8_t>(id->begin(), id->end());
+        break;
+      }
+      default:
+        break;  // heartbeat acknowledgements only refresh last_heard_
+    }
+    cv_.notify_all();
+  }
+  for (auto& cb : callbacks) cb(dead, why);
+}
+
+void NodeAgent::HandleError(const wire::ErrorBody& e) {
+  std::string text = e.message() ? e.message()->str() : "";
+  if (e.in_reply_to() == MsgType::Barrier) {
+    barrier_error_[wire::Group::All] = AbortedError("barrier failed: " + text);
+    return;
+  }
+  if (e.in_reply_to() == MsgType::NcclIdRequest || e.in_reply_to() == MsgType::NcclIdOffer) {
+    FailJob(FailedPreconditionError("NCCL id exchange failed: " + text));
+    return;
+  }
+  GS_LOG(ERROR) << "scheduler error (" << wire::ErrorCodeLabel(e.code()) << ", in reply to "
+                << wire::MsgTypeName(e.in_reply_to()) << "): " << text;
+  if (e.code() == wire::ErrorCode::NotRegistered || e.code() == wire::ErrorCode::Unreachable ||
+      e.code() == wire::ErrorCode::ShuttingDown) {
+    FailJob(FailedPreconditionError(text));
+  }
+}
+
+void NodeAgent::FailJob(Status why) {
+  if (job_status_.ok()) job_status_ = std::move(why);
+}
+
+Status NodeAgent::WaitFor(std::unique_lock<std::mutex>& lock, Deadline deadline,
+                          const std::function<bool()>& done, const std::string& what) {
+  cv_.wait_until(lock, deadline.at(), [&] { return done() || !job_status_.ok(); });
+  if (done()) return OkStatus();
+  if (!job_status_.ok()) return job_status_;
+  return DeadlineExceededError("timed out waiting for " + what);
+}
+
+Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers,
+                                    Deadline deadline) {
+  std::vector<wire::ReachOutcome> outcomes;
+  for (const wire::NodeInfo& peer : peers) {
+    Status s = transport_->Probe(peer.DataEndpoint(),
+                                 deadline.Min(Deadline::After(kProbeTimeout)));
+    outcomes.push_back({peer, s.ok(), s.ok() ? "" : s.message()});
+    if (!s.ok()) GS_LOG(ERROR) << "cannot reach " << peer.Name() << ": " << s.message();
+  }
+  GS_RETURN_IF_ERROR(Send(wire::MakeReachReport(sender(), outcomes), deadline));
+  std::unique_lock<std::mutex> lock(mu_);
+  return WaitFor(lock, deadline, [this] { return ready_; },
+                 "the scheduler to confirm that every node reaches its peers");
+}
+
+Status NodeAgent::Barrier(wire::Group group, Deadline deadline) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = ++barrier_called_[group];
+  }
+  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [&] {
+    return barrier_released_[group] >= id || barrier_error_.count(wire::Group::All) > 0;
+  };
+  GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
+                             "barrier " + std::to_string(id) + " of " +
+                                 wire::EnumNameGroup(group)));
+  if (barrier_released_[group] >= id) return OkStatus();
+  Status error = barrier_error_[wire::Group::All];
+  barrier_error_.erase(wire::Group::All);
+  return error;
+}
+
+StatusOr<std::vector<uint8_t>> NodeAgent::ShareNcclId(std::optional<std::vector<uint8_t>> mine,
+                                                      Deadline deadline) {
+  if (mine) {
+    GS_RETURN_IF_ERROR(Send(wire::MakeNcclId(sender(), MsgType::NcclIdOffer, *mine), deadline));
+    return *mine;
+  }
+  GS_RETURN_IF_ERROR(Send(wire::MakeNcclId(sender(), MsgType::NcclIdRequest, {}), deadline));
+  std::unique_lock<std::mutex> lock(mu_);
+  GS_RETURN_IF_ERROR(WaitFor(lock, deadline, [this] { return nccl_id_.has_value(); },
+                             "the NCCL unique id from worker 0"));
+  return *nccl_id_;
+}
+
+Status NodeAgent::job_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return job_status_;
+}
+
+Status NodeAgent::WaitForJobEnd(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline.at(), [this] { return !job_status_.ok(); });
+  return job_status_;
+}
+
+std::vector<wire::NodeInfo> NodeAgent::dead_peers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dead_;
+}
+
+void NodeAgent::OnPeerDead(DeadCallback callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_callbacks_.push_back(std::move(callback));
+}
+
+void NodeAgent::Leave(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_) return;
+    left_ = true;
+  }
+  Send(wire::MakeLeave(sender(), reason), Deadline::AfterMs(1000)).IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    FailJob(CancelledError("this node left the job: " + reason));
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace gradsync::cluster

@@ -1,0 +1,140 @@
+// NodeAgent: a worker's or server's link to the scheduler.
+//
+// Join() registers with the scheduler and returns once every node of the job
+// has registered and this node has its rank, the job id and the peer list.
+// The agent then keeps a thread that sends heartbeats and receives the
+// scheduler's notices (a peer declared dead, the job failed or shut down).
+//
+// Every call takes a deadline. A scheduler address that is wrong or not
+// answering fails Join within `connect_timeout` with a message naming the
+// address; a scheduler that stops answering heartbeats is reported through
+// job_status() within heartbeat_interval x missed_heartbeats.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef GRADSYNC_CLUSTER_NODE_AGENT_H_
+#define GRADSYNC_CLUSTER_NODE_AGENT_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "wire/message.h"
+#include "wire/transport.h"
+#include "wire/validate.h"
+
+namespace gradsync::cluster {
+
+struct NodeOptions {
+  std::string scheduler;            // "host:port" (GRADSYNC_SCHEDULER)
+  wire::Role role = wire::Role::Worker;
+  int32_t rank = -1;                // -1: the scheduler assigns one
+  int32_t num_workers = -1;         // what this node expects; -1: ask nobody
+  int32_t num_servers = -1;
+  std::string host = "127.0.0.1";   // how peers reach this node
+  uint16_t data_port = 0;           // the node's bound data port
+  uint16_t metrics_port = 0;
+  Millis connect_timeout{10000};    // to reach the scheduler at all
+  Millis rendezvous_timeout{120000};
+  Millis heartbeat_interval{500};
+  uint32_t protocol_version = 0;    // 0: this build's; tests set others
+  std::string build_id;             // empty: this build's
+
+  // Reads scheduler, role, rank, num_workers, num_servers, host,
+  // connect_timeout_ms, rendezvous_timeout_ms and heartbeat_ms.
+  static StatusOr<NodeOptions> FromConfig(const Config& config);
+};
+
+struct Assignment {
+  uint64_t job_id = 0;
+  wire::NodeInfo self;
+  int32_t num_workers = 0;
+  int32_t num_servers = 0;
+  std::vector<wire::NodeInfo> peers;  // every node, self included
+  Millis heartbeat_interval{0};
+  uint32_t missed_heartbeats = 0;
+};
+
+class NodeAgent {
+ public:
+  using DeadCallback = std::function<void(const wire::NodeInfo& dead, const std::string& why)>;
+
+  // Registers and waits for the rank assignment. `transport` is this agent's
+  // own transport to the scheduler (ZmqTransport in production).
+  static StatusOr<std::unique_ptr<NodeAgent>> Join(const NodeOptions& options,
+                                                   std::unique_ptr<wire::Transport> transport,
+                                                   Deadline deadline);
+  ~NodeAgent();  // Leave("exit") unless already left
+
+  const Assignment& assignment() const { return assignment_; }
+  wire::Sender sender() const;
+
+  // Probes the data endpoints of `peers`, reports the outcome to the
+  // scheduler and waits for its verdict on the whole job: OK when every node
+  // can reach its peers, FailedPrecondition listing every pair that cannot.
+  Status CheckReachability(const std::vector<wire::NodeInfo>& peers, Deadline deadline);
+  // Blocks until every live member of `group` reached barrier number n (this
+  // node's n-th call for that group). Fails if a member is dead.
+  Status Barrier(wire::Group group, Deadline deadline);
+  // Worker rank 0 passes its NCCL unique id; the others pass nullopt and get
+  // rank 0's id.
+  StatusOr<std::vector<uint8_t>> ShareNcclId(std::optional<std::vector<uint8_t>> mine,
+                                             Deadline deadline);
+  // OK while the job runs; the reason once it failed, was shut down, or the
+  // scheduler stopped answering.
+  Status job_status() const;
+  // Blocks until job_status() is not OK, or the deadline.
+  Status WaitForJobEnd(Deadline deadline);
+  std::vector<wire::NodeInfo> dead_peers() const;
+  void OnPeerDead(DeadCallback callback);
+  // Tells the scheduler this node leaves on purpose, then stops the agent.
+  void Leave(const std::string& reason);
+
+ private:
+  NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport> transport);
+  Status Register(Deadline deadline);
+  Status AwaitAssignment(Deadline deadline);
+  void Run();
+  void Dispatch(const wire::Message& msg, const wire::Header& h);
+  void HandleError(const wire::ErrorBody& e);
+  void FailJob(Status why);
+  Status Send(wire::Message msg, Deadline deadline);
+  // Waits on cv_ until `done` or the job fails or the deadline passes.
+  Status WaitFor(std::unique_lock<std::mutex>& lock, Deadline deadline,
+                 const std::function<bool()>& done, const std::string& what);
+
+  const NodeOptions options_;
+  std::unique_ptr<wire::Transport> transport_;
+  wire::ConnId scheduler_conn_ = -1;
+  std::string scheduler_endpoint_;
+  Assignment assignment_;
+  wire::Policy policy_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Status job_status_;                                  // guarded by mu_
+  bool ready_ = false;                                 // guarded by mu_
+  std::map<wire::Group, uint64_t> barrier_called_;     // guarded by mu_
+  std::map<wire::Group, uint64_t> barrier_released_;   // guarded by mu_
+  std::map<wire::Group, Status> barrier_error_;        // guarded by mu_
+  std::optional<std::vector<uint8_t>> nccl_id_;        // guarded by mu_
+  std::vector<wire::NodeInfo> dead_;                   // guarded by mu_
+  std::vector<DeadCallback> dead_callbacks_;           // guarded by mu_
+  SteadyTime last_heard_;                              // guarded by mu_
+  bool left_ = false;                                  // guarded by mu_
+  bool stop_ = false;                                  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace gradsync::cluster
+
+#endif  // GRADSYNC_CLUSTER_NODE_AGENT_H_

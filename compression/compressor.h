@@ -1,0 +1,77 @@
+// Compressor: turns a bucket of fp32 gradients into bytes for the wire and
+// back.
+//
+// A Compressor knows the exact compressed size of n elements before it
+// compresses anything (WireBytes), so callers allocate wire buffers and
+// header fields up front. Compressed bytes are raw, unaligned byte buffers
+// (ZeroMQ frames, slices of a bucket): implementations read and write them
+// with memcpy and never cast them in place to wider types.
+//
+// Errors: Compress and Decompress return InvalidArgument when a buffer size
+// does not match what WireBytes promises; the message names both sizes. They
+// never abort on anything that came from a peer.
+//
+// Thread-safety: the const methods may be called concurrently. Compress and
+// Decompress may update internal state (an RNG, a residual), so one instance
+// must not be used from several threads without external synchronisation;
+// give each comm engine thread its own instance (see CompressorRegistry).
+//
+// Ownership: Compressors never keep pointers to the buffers they are given;
+// every buffer only has to outlive the call. Input and output must not
+// overlap.
+#ifndef GRADSYNC_COMPRESSION_COMPRESSOR_H_
+#define GRADSYNC_COMPRESSION_COMPRESSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace gradsync {
+namespace compression {
+
+// Per-call inputs shared by all ranks, so that seeded compressors (random-k)
+// pick the same coordinates everywhere. Stateless compressors ignore it.
+struct CompressContext {
+  uint64_t seed = 0;       // Job-wide seed, agreed at rendezvous.
+  uint64_t step = 0;       // Training step of the gradients.
+  uint32_t bucket_id = 0;  // Bucket the elements belong to.
+};
+
+class Compressor {
+ public:
+  Compressor() = default;
+  Compressor(const Compressor&) = delete;
+  Compressor& operator=(const Compressor&) = delete;
+  virtual ~Compressor() = default;
+
+  // The name this compressor is registered under ("none", "fp16").
+  virtual std::string name() const = 0;
+
+  // True if the element-wise sum of compressed buffers decompresses to the
+  // sum of the inputs, so the bytes can ride an all-reduce. False means the
+  // buffers must be all-gathered and decompressed one by one.
+  virtual bool summable() const = 0;
+
+  // Exact number of bytes Compress writes for `num_elements` floats.
+  // Depends only on `num_elements`, never on the values or the context.
+  virtual size_t WireBytes(size_t num_elements) const = 0;
+
+  // Compresses in[0, n) into out[0, WireBytes(n)). `out_size` is the size of
+  // the caller's buffer; bytes past WireBytes(n) are left untouched.
+  // InvalidArgument if out_size < WireBytes(n) (nothing is written then).
+  virtual Status Compress(const float* in, size_t n, const CompressContext& ctx,
+                          uint8_t* out, size_t out_size) = 0;
+
+  // Decompresses in[0, in_size) into out[0, n). InvalidArgument, naming
+  // both sizes, if in_size != WireBytes(n) (nothing is written then).
+  // `ctx` must equal the one given to Compress.
+  virtual Status Decompress(const uint8_t* in, size_t in_size, size_t n,
+                            const CompressContext& ctx, float* out) = 0;
+};
+
+}  // namespace compression
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMPRESSION_COMPRESSOR_H_

@@ -1,0 +1,482 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <random>
+#include <sstream>
+
+#include "common/logging.h"
+#include "common/version.h"
+
+namespace gradsync::server {
+namespace {
+
+using wire::ErrorCode;
+using wire::MsgType;
+using wire::Role;
+
+std::string Join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+uint64_t NewJobId() {
+  std::random_device rd;
+  uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id == 0 ? 1 : id;
+}
+
+std::string Secs(std::chrono::nanoseconds d) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed << std::chrono::duration<double>(d).count() << " s";
+  return os.str();
+}
+
+}  // namespace
+
+StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
+  SchedulerOptions o;
+  GS_ASSIGN_OR_RETURN(std::string address, config.GetString("scheduler", ""));
+  int64_t default_port = 9000;
+  size_t colon = address.rfind(':');
+  if (colon != std::string::npos) default_port = std::atoll(address.c_str() + colon + 1);
+  GS_ASSIGN_OR_RETURN(int64_t port, config.GetInt("port", default_port));
+  GS_ASSIGN_OR_RETURN(int64_t workers, config.GetInt("num_workers", 1));
+  GS_ASSIGN_OR_RETURN(int64_t servers, config.GetInt("num_servers", 0));
+  GS_ASSIGN_OR_RETURN(int64_t heartbeat_ms, config.GetInt("heartbeat_ms", 500));
+  GS_ASSIGN_OR_RETURN(int64_t missed, config.GetInt("missed_heartbeats", 6));
+  GS_ASSIGN_OR_RETURN(int64_t rendezvous_ms, config.GetInt("rendezvous_timeout_ms", 120000));
+  if (port < 0 || port > 65535) return InvalidArgumentError("port " + std::to_string(port) + " out of range");
+  if (workers < 1) return InvalidArgumentError("num_workers must be at least 1");
+  if (servers < 0) return InvalidArgumentError("num_servers must not be negative");
+  if (heartbeat_ms <= 0 || missed <= 0) {
+    return InvalidArgumentError("heartbeat_ms and missed_heartbeats must be positive");
+  }
+  o.listen = "tcp://*:" + std::to_string(port);
+  o.num_workers = static_cast<int32_t>(workers);
+  o.num_servers = static_cast<int32_t>(servers);
+  o.heartbeat_interval = Millis(heartbeat_ms);
+  o.missed_heartbeats = static_cast<uint32_t>(missed);
+  o.rendezvous_timeout = Millis(rendezvous_ms);
+  return o;
+}
+
+Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<wire::Transport> transport,
+                     SchedulerMetrics* metrics, const Clock* clock)
+    : options_(std::move(options)),
+      transport_(std::move(transport)),
+      metrics_(metrics),
+      clock_(clock) {
+  policy_ = wire::Policy::Accepting({MsgType::Register, MsgType::Heartbeat, MsgType::Leave,
+                                     MsgType::Barrier, MsgType::ReachReport, MsgType::Error,
+                                     MsgType::NcclIdOffer, MsgType::NcclIdRequest});
+  if (metrics_) {
+    metrics_->expected_nodes[static_cast<int>(Role::Worker)]->Set(options_.num_workers);
+    metrics_->expected_nodes[static_cast<int>(Role::Server)]->Set(options_.num_servers);
+  }
+}
+
+StatusOr<std::string> Scheduler::Start() {
+  started_ = clock_->Now();
+  return transport_->Listen(options_.listen);
+}
+
+Status Scheduler::Run() {
+  const Millis tick = std::max(Millis(10), options_.heartbeat_interval / 4);
+  while (phase_ != Phase::kDone) {
+    if (stop_requested_.load()) {
+      GS_LOG(INFO) << "stopping: telling every node the job is shut down";
+      Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
+                                                "the scheduler was stopped"); });
+      return OkStatus();
+    }
+    auto in = transport_->Receive(Deadline::After(tick));
+    if (in.ok()) {
+      Handle(std::move(*in));
+    } else if (in.status().code() == StatusCode::kCancelled) {
+      return CancelledError("scheduler transport shut down");
+    }
+    Tick();
+  }
+  return result_;
+}
+
+void Scheduler::Handle(wire::Incoming in) {
+  const std::string& identity = in.from.identity;
+  wire::Verdict v = wire::Validate(in.message, policy_);
+  if (!v.ok()) {
+    if (metrics_) metrics_->rejected[static_cast<int>(v.code)]->Increment();
+    GS_LOG(WARNING) << "rejected a message from '" << identity << "' ("
+                    << wire::ErrorCodeLabel(v.code) << "): " << v.detail;
+    if (v.type != MsgType::Error) ReplyError(identity, v.code, v.detail, v.type);
+    return;
+  }
+  const wire::Header& h = *v.header;
+  if (h.type() == MsgType::Register) {
+    OnRegister(identity, *h.body_as_RegisterBody());
+    return;
+  }
+  auto it = nodes_.find(identity);
+  if (it == nodes_.end() || !it->second.alive || it->second.left) {
+    if (metrics_) metrics_->rejected[static_cast<int>(ErrorCode::NotRegistered)]->Increment();
+    if (h.type() != MsgType::Error) {
+      ReplyError(identity, ErrorCode::NotRegistered,
+                 it == nodes_.end() ? "this node is not registered with the scheduler"
+                                    : "this node was declared dead or left the job",
+                 h.type());
+    }
+    return;
+  }
+  it->second.last_seen = clock_->Now();
+  Dispatch(it->second, in.message, h);
+}
+
+void Scheduler::Dispatch(Node& node, const wire::Message& /*msg*/, const wire::Header& h) {
+  switch (h.type()) {
+    case MsgType::Heartbeat:
+      Reply(node.identity, wire::MakeHeartbeat(sender()));
+      break;
+    case MsgType::Leave:
+      OnLeave(node, *h.body_as_LeaveBody());
+      break;
+    case MsgType::Barrier:
+      OnBarrier(node, *h.body_as_BarrierBody());
+      break;
+    case MsgType::ReachReport:
+      OnReachReport(node, *h.body_as_ReachReportBody());
+      break;
+    case MsgType::NcclIdOffer:
+      OnNcclOffer(node, *h.body_as_NcclIdBody());
+      break;
+    case MsgType::NcclIdRequest:
+      if (nccl_id_.empty()) {
+        nccl_waiters_.push_back(node.identity);
+      } else {
+        Reply(node.identity, wire::MakeNcclId(sender(), MsgType::NcclId, nccl_id_));
+      }
+      break;
+    case MsgType::Error: {
+      const auto* e = h.body_as_ErrorBody();
+      GS_LOG(WARNING) << node.info.Name() << " reports an error ("
+                      << wire::ErrorCodeLabel(e->code()) << "): "
+                      << (e->message() ? e->message()->str() : "");
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+Status Scheduler::CheckRegistration(const wire::RegisterBody& r) const {
+  std::string build = r.build_id() ? r.build_id()->str() : "";
+  if (build != kBuildId) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "build mismatch: peer is '" + build + "', scheduler is '" + kBuildId + "'");
+  }
+  const char* role = wire::RoleName(r.role());
+  if ((r.num_workers() >= 0 && r.num_workers() != options_.num_workers) ||
+      (r.num_servers() >= 0 && r.num_servers() != options_.num_servers)) {
+    return InvalidArgumentError(
+        std::string("job size mismatch: this ") + role + " expects " +
+        std::to_string(r.num_workers()) + " workers and " + std::to_string(r.num_servers()) +
+        " servers, the scheduler expects " + std::to_string(options_.num_workers) +
+        " and " + std::to_string(options_.num_servers));
+  }
+  if (phase_ != Phase::kRendezvous) {
+    return UnavailableError("the job has already assembled; no more nodes are accepted");
+  }
+  const int expected = r.role() == Role::Worker ? options_.num_workers : options_.num_servers;
+  if (Count(r.role()) >= expected) {
+    return UnavailableError("the job already has all " + std::to_string(expected) + " " +
+                             role + "s");
+  }
+  if (r.requested_rank() >= expected) {
+    return OutOfRangeError(std::string(role) + " rank " + std::to_string(r.requested_rank()) +
+                           " is out of range (the job has " + std::to_string(expected) + ")");
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.role == r.role() && r.requested_rank() >= 0 && n.info.rank == r.requested_rank()) {
+      return AlreadyExistsError(std::string(role) + " rank " + std::to_string(r.requested_rank()) +
+                                " is already taken by pid " + std::to_string(n.pid) + " on " +
+                                n.info.host);
+    }
+  }
+  return OkStatus();
+}
+
+void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
+  if (nodes_.count(identity)) return;  // a resent registration
+  Status ok = CheckRegistration(r);
+  if (!ok.ok()) {
+    ErrorCode code = ok.code() == StatusCode::kFailedPrecondition ? ErrorCode::WrongBuild
+                     : ok.code() == StatusCode::kInvalidArgument ? ErrorCode::WrongJob
+                     : ok.code() == StatusCode::kAlreadyExists   ? ErrorCode::RankTaken
+                     : ok.code() == StatusCode::kOutOfRange      ? ErrorCode::BadSender
+                                                                 : ErrorCode::JobFull;
+    if (metrics_) metrics_->rejected[static_cast<int>(code)]->Increment();
+    GS_LOG(WARNING) << "refused a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
+                    << (r.host() ? r.host()->str() : "?") << "): " << ok.message();
+    ReplyError(identity, code, ok.message(), MsgType::Register);
+    return;
+  }
+  Node node;
+  node.identity = identity;
+  node.info.role = r.role();
+  node.info.rank = r.requested_rank();
+  node.info.host = r.host() ? r.host()->str() : "";
+  node.info.data_port = r.data_port();
+  node.info.metrics_port = r.metrics_port();
+  node.pid = r.pid();
+  node.last_seen = clock_->Now();
+  nodes_[identity] = node;
+  order_.push_back(identity);
+  if (metrics_) metrics_->registrations->Increment();
+  UpdateLiveGauges();
+  GS_LOG(INFO) << "registered a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
+               << node.info.host << ":" << node.info.data_port << "): "
+               << Count(Role::Worker) << "/" << options_.num_workers << " workers, "
+               << Count(Role::Server) << "/" << options_.num_servers << " servers";
+  if (Count(Role::Worker) == options_.num_workers &&
+      Count(Role::Server) == options_.num_servers) {
+    AssignRanks();
+  }
+}
+
+void Scheduler::AssignRanks() {
+  job_id_ = NewJobId();
+  policy_.job_id = job_id_;
+  for (Role role : {Role::Worker, Role::Server}) {
+    std::set<int> taken;
+    for (const auto& id : order_) {
+      if (nodes_[id].info.role == role && nodes_[id].info.rank >= 0) taken.insert(nodes_[id].info.rank);
+    }
+    int next = 0;
+    for (const auto& id : order_) {
+      Node& n = nodes_[id];
+      if (n.info.role != role || n.info.rank >= 0) continue;
+      while (taken.count(next)) ++next;
+      n.info.rank = next++;
+    }
+  }
+  std::vector<wire::NodeInfo> peers;
+  for (const auto& id : order_) peers.push_back(nodes_[id].info);
+  std::sort(peers.begin(), peers.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+    return std::make_pair(a.role, a.rank) < std::make_pair(b.role, b.rank);
+  });
+  for (const auto& id : order_) {
+    const Node& n = nodes_[id];
+    Reply(id, wire::MakeRankAssignment(sender(), n.info.rank, options_.num_workers,
+                                       options_.num_servers, peers,
+                                       static_cast<uint32_t>(options_.heartbeat_interval.count()),
+                                       options_.missed_heartbeats));
+  }
+  phase_ = Phase::kReachability;
+  reach_started_ = clock_->Now();
+  GS_LOG(INFO) << "job " << job_id_ << " assembled: " << options_.num_workers << " workers, "
+               << options_.num_servers << " servers; waiting for reachability reports";
+}
+
+void Scheduler::OnReachReport(Node& node, const wire::ReachReportBody& report) {
+  if (phase_ != Phase::kReachability || node.reported) return;
+  node.reported = true;
+  if (report.results()) {
+    for (const wire::ReachResult* r : *report.results()) {
+      if (r->ok()) continue;
+      wire::NodeInfo peer = wire::ToNodeInfo(*r->peer());
+      unreachable_.push_back(node.info.Name() + " (" + node.info.host + ") cannot reach " +
+                             peer.Name() + " at " + peer.DataEndpoint() + ": " +
+                             (r->detail() ? r->detail()->str() : ""));
+    }
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (!n.reported) return;
+  }
+  FinishReachability("");
+}
+
+void Scheduler::FinishReachability(const std::string& timeout_note) {
+  std::vector<std::string> problems = unreachable_;
+  if (!timeout_note.empty()) problems.push_back(timeout_note);
+  if (!problems.empty()) {
+    FailJob("nodes cannot reach their peers: " + Join(problems, "; "));
+    return;
+  }
+  phase_ = Phase::kRunning;
+  GS_LOG(INFO) << "job " << job_id_ << " ready: every node reaches the peers it needs";
+  Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Ready, "ready"); });
+}
+
+bool Scheduler::InGroup(const Node& node, wire::Group group) const {
+  if (group == wire::Group::All) return true;
+  return (group == wire::Group::Workers) == (node.info.role == Role::Worker);
+}
+
+void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
+  if (!InGroup(node, b.group())) {
+    ReplyError(node.identity, ErrorCode::BadSender,
+               node.info.Name() + " is not a member of group " + wire::EnumNameGroup(b.group()),
+               MsgType::Barrier);
+    return;
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (!n.alive && InGroup(n, b.group())) {
+      ReplyError(node.identity, ErrorCode::PeerDead,
+                 "barrier " + std::to_string(b.barrier_id()) + " of " +
+                     wire::EnumNameGroup(b.group()) + " cannot complete: " + n.info.Name() +
+                     " is dead",
+                 MsgType::Barrier);
+      return;
+    }
+  }
+  BarrierKey key{b.group(), b.barrier_id()};
+  barriers_[key].insert(node.identity);
+  TryRelease(key);
+}
+
+void Scheduler::TryRelease(const BarrierKey& key) {
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) return;
+  for (const auto& [id, n] : nodes_) {
+    if (n.alive && !n.left && InGroup(n, key.first) && !it->second.count(id)) return;
+  }
+  for (const std::string& id : it->second) {
+    Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
+  }
+  barriers_.erase(it);
+  if (metrics_) metrics_->barriers_completed->Increment();
+}
+
+void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
+  if (node.info.role != Role::Worker || node.info.rank != 0) {
+    ReplyError(node.identity, ErrorCode::BadSender,
+               "only worker 0 offers the NCCL id, not " + node.info.Name(),
+               MsgType::NcclIdOffer);
+    return;
+  }
+  nccl_id_.assign(body.id()->begin(), body.id()->end());
+  for (const std::string& id : nccl_waiters_) {
+    Reply(id, wire::MakeNcclId(sender(), MsgType::NcclId, nccl_id_));
+  }
+  nccl_waiters_.clear();
+}
+
+void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
+  node.left = true;
+  GS_LOG(INFO) << node.info.Name() << " left the job: "
+               << (body.reason() ? body.reason()->str() : "");
+  UpdateLiveGauges();
+  std::vector<BarrierKey> keys;
+  for (const auto& kv : barriers_) keys.push_back(kv.first);
+  for (const BarrierKey& k : keys) TryRelease(k);
+}
+
+void Scheduler::Tick() {
+  const SteadyTime now = clock_->Now();
+  const auto limit = options_.heartbeat_interval * options_.missed_heartbeats;
+  for (const std::string& id : order_) {
+    Node& n = nodes_[id];
+    if (n.alive && !n.left && now - n.last_seen > limit) DeclareDead(n, std::chrono::duration_cast<Millis>(now - n.last_seen));
+  }
+  if (phase_ == Phase::kRendezvous && now - started_ > options_.rendezvous_timeout) {
+    FailJob("rendezvous timed out after " + Secs(options_.rendezvous_timeout) + ": " +
+            std::to_string(Count(Role::Worker)) + " of " + std::to_string(options_.num_workers) +
+            " workers and " + std::to_string(Count(Role::Server)) + " of " +
+            std::to_string(options_.num_servers) + " servers registered");
+  } else if (phase_ == Phase::kReachability && now - reach_started_ > options_.rendezvous_timeout) {
+    std::vector<std::string> silent;
+    for (const auto& [id, n] : nodes_) {
+      if (!n.reported) silent.push_back(n.info.Name());
+    }
+    FinishReachability("no reachability report from " + Join(silent, ", "));
+  }
+  bool anyone = false, any_worker = false;
+  for (const auto& [id, n] : nodes_) {
+    anyone |= n.alive && !n.left;
+    any_worker |= n.alive && !n.left && n.info.role == Role::Worker;
+  }
+  if (phase_ == Phase::kRunning && anyone && !any_worker && !servers_released_) {
+    servers_released_ = true;
+    GS_LOG(INFO) << "every worker is gone: releasing the servers";
+    Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
+                                              "every worker has finished"); });
+  }
+  if (phase_ == Phase::kRunning && !anyone) {
+    phase_ = Phase::kDone;
+    if (dead_.empty()) {
+      GS_LOG(INFO) << "job " << job_id_ << " finished: every node left";
+    } else {
+      result_ = AbortedError("job ended after node failures: " + Join(dead_, "; "));
+    }
+  }
+}
+
+void Scheduler::DeclareDead(Node& node, Millis silent) {
+  node.alive = false;
+  const std::string why = "no message for " + Secs(silent) + " (" +
+                          std::to_string(options_.missed_heartbeats) + " heartbeats of " +
+                          Secs(options_.heartbeat_interval) + " missed)";
+  GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << node.info.host
+                << ") is dead: " << why;
+  dead_.push_back(node.info.Name() + " dead: " + why);
+  if (metrics_) metrics_->heartbeat_timeouts[static_cast<int>(node.info.role)]->Increment();
+  UpdateLiveGauges();
+  if (phase_ == Phase::kRendezvous) return;
+  const wire::NodeInfo info = node.info;
+  Broadcast([&] { return wire::MakeNodeDead(sender(), info, why); });
+  std::vector<BarrierKey> broken;
+  for (const auto& kv : barriers_) {
+    if (InGroup(node, kv.first.first)) broken.push_back(kv.first);
+  }
+  for (const BarrierKey& k : broken) {
+    for (const std::string& id : barriers_[k]) {
+      ReplyError(id, ErrorCode::PeerDead,
+                 "barrier " + std::to_string(k.second) + " cannot complete: " + info.Name() +
+                     " is dead",
+                 MsgType::Barrier);
+    }
+    barriers_.erase(k);
+  }
+}
+
+void Scheduler::FailJob(const std::string& why) {
+  GS_LOG(ERROR) << "job failed: " << why;
+  Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Failed, why); });
+  result_ = FailedPreconditionError(why);
+  phase_ = Phase::kDone;
+}
+
+void Scheduler::Reply(const std::string& identity, wire::Message msg) {
+  Status s = transport_->Send(wire::Route::Inbound(identity), std::move(msg),
+                              Deadline::After(options_.heartbeat_interval));
+  if (!s.ok()) GS_LOG(WARNING) << "cannot answer '" << identity << "': " << s.message();
+}
+
+void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const std::string& text,
+                           MsgType in_reply_to) {
+  Reply(identity, wire::MakeError(sender(), code, text, in_reply_to));
+}
+
+void Scheduler::Broadcast(const std::function<wire::Message()>& make) {
+  for (const std::string& id : order_) {
+    const Node& n = nodes_[id];
+    if (n.alive && !n.left) Reply(id, make());
+  }
+}
+
+int Scheduler::Count(Role role) const {
+  int c = 0;
+  for (const auto& [id, n] : nodes_) c += n.info.role == role;
+  return c;
+}
+
+void Scheduler::UpdateLiveGauges() {
+  if (!metrics_) return;
+  for (Role role : {Role::Worker, Role::Server}) {
+    int live = 0;
+    for (const auto& [id, n] : nodes_) live += n.info.role == role && n.alive && !n.left;
+    metrics_->live_nodes[static_cast<int>(role)]->Set(live);
+  }
+}
+
+}  // namespace gradsync::server

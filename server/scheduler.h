@@ -1,0 +1,125 @@
+// The scheduler: rendezvous, barriers, heartbeats and membership of a job.
+//
+// Workers and servers register (wire Register); once the expected number of
+// each has registered, every node gets its rank, the job id and the full peer
+// list. Nodes then report whether they reach the peers they need; the job is
+// declared Ready, or Failed with every pair that cannot connect named.
+// While the job runs the scheduler answers heartbeats, releases barriers,
+// passes worker 0's NCCL unique id to the other workers and declares a node
+// dead, by role and rank, when it has been silent for
+// heartbeat_interval x missed_heartbeats. Refusals (another protocol version
+// or build, a rank taken, a full job, a malformed message) are answered with
+// an Error naming what was wrong and counted.
+//
+// Thread-safety: Run() on one thread; Stop() from any thread or a signal
+// handler's flag.
+#ifndef GRADSYNC_SERVER_SCHEDULER_H_
+#define GRADSYNC_SERVER_SCHEDULER_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "server/scheduler_metrics.h"
+#include "wire/message.h"
+#include "wire/transport.h"
+#include "wire/validate.h"
+
+namespace gradsync::server {
+
+struct SchedulerOptions {
+  std::string listen = "tcp://*:9000";
+  int32_t num_workers = 1;
+  int32_t num_servers = 0;
+  Millis heartbeat_interval{500};
+  uint32_t missed_heartbeats = 6;
+  Millis rendezvous_timeout{120000};
+
+  // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
+  // rendezvous_timeout_ms; the port comes from `scheduler` (host:port) or
+  // `port`.
+  static StatusOr<SchedulerOptions> FromConfig(const Config& config);
+};
+
+class Scheduler {
+ public:
+  // `metrics` may be null (no metrics); it and `clock` must outlive this.
+  Scheduler(SchedulerOptions options, std::unique_ptr<wire::Transport> transport,
+            SchedulerMetrics* metrics, const Clock* clock);
+
+  // Binds the listening endpoint; returns it with the real port.
+  StatusOr<std::string> Start();
+  // Serves until the job ends: OK when every node left or Stop() was called,
+  // an error naming the cause when the job failed or a node died.
+  Status Run();
+  // Ends Run() soon, telling every node the job is shut down for `reason`.
+  void Stop() { stop_requested_.store(true); }
+
+ private:
+  enum class Phase { kRendezvous, kReachability, kRunning, kDone };
+  struct Node {
+    std::string identity;
+    wire::NodeInfo info;
+    uint32_t pid = 0;
+    SteadyTime last_seen;
+    bool alive = true;
+    bool left = false;
+    bool reported = false;
+  };
+  using BarrierKey = std::pair<wire::Group, uint64_t>;
+
+  void Handle(wire::Incoming in);
+  void Dispatch(Node& node, const wire::Message& msg, const wire::Header& h);
+  void OnRegister(const std::string& identity, const wire::RegisterBody& r);
+  Status CheckRegistration(const wire::RegisterBody& r) const;
+  void AssignRanks();
+  void OnReachReport(Node& node, const wire::ReachReportBody& report);
+  void FinishReachability(const std::string& timeout_note);
+  void OnBarrier(Node& node, const wire::BarrierBody& b);
+  void TryRelease(const BarrierKey& key);
+  void OnNcclOffer(Node& node, const wire::NcclIdBody& body);
+  void OnLeave(Node& node, const wire::LeaveBody& body);
+  void Tick();
+  void DeclareDead(Node& node, Millis silent);
+  void FailJob(const std::string& why);
+  void Reply(const std::string& identity, wire::Message msg);
+  void ReplyError(const std::string& identity, wire::ErrorCode code, const std::string& text,
+                  wire::MsgType in_reply_to);
+  void Broadcast(const std::function<wire::Message()>& make);
+  bool InGroup(const Node& node, wire::Group group) const;
+  int Count(wire::Role role) const;
+  void UpdateLiveGauges();
+  wire::Sender sender() const { return {wire::Role::Scheduler, -1, job_id_}; }
+
+  const SchedulerOptions options_;
+  std::unique_ptr<wire::Transport> transport_;
+  SchedulerMetrics* const metrics_;
+  const Clock* const clock_;
+  std::atomic<bool> stop_requested_{false};
+
+  Phase phase_ = Phase::kRendezvous;
+  wire::Policy policy_;
+  uint64_t job_id_ = 0;
+  SteadyTime started_;
+  SteadyTime reach_started_;
+  std::map<std::string, Node> nodes_;   // by transport identity
+  std::vector<std::string> order_;      // registration order
+  std::map<BarrierKey, std::set<std::string>> barriers_;
+  std::vector<uint8_t> nccl_id_;
+  std::vector<std::string> nccl_waiters_;
+  std::vector<std::string> unreachable_;  // "worker 1 (...) cannot reach ..."
+  std::vector<std::string> dead_;         // names of nodes declared dead
+  bool servers_released_ = false;
+  Status result_;
+};
+
+}  // namespace gradsync::server
+
+#endif  // GRADSYNC_SERVER_SCHEDULER_H_

@@ -1,0 +1,367 @@
+// Conformance tests that every Transport passes, run against ZmqTransport
+// (TCP on loopback) and InProcTransport, plus ZeroMQ-specific behaviour.
+#include "wire/transport.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "wire/inproc_transport.h"
+#include "wire/validate.h"
+#include "wire/zmq_transport.h"
+
+namespace gradsync::wire {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// Makes transports of one kind and the endpoints they use.
+class Factory {
+ public:
+  virtual ~Factory() = default;
+  virtual std::unique_ptr<Transport> New(const std::string& identity) = 0;
+  // What to pass to Listen.
+  virtual std::string ListenAddress() = 0;
+  // An endpoint nobody listens on.
+  virtual std::string DeadEndpoint() = 0;
+};
+
+class ZmqFactory : public Factory {
+ public:
+  ~ZmqFactory() override {
+    for (int fd : fds_) close(fd);
+  }
+  std::unique_ptr<Transport> New(const std::string& identity) override {
+    ZmqOptions options;
+    options.identity = identity;
+    options.linger_ms = 0;
+    auto t = ZmqTransport::Create(options);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  std::string ListenAddress() override { return "tcp://127.0.0.1:0"; }
+  // A port bound but not listening: connections are refused, and nobody
+  // else can take the port while the factory lives.
+  std::string DeadEndpoint() override {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    fds_.push_back(fd);
+    return "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+
+class InProcFactory : public Factory {
+ public:
+  std::unique_ptr<Transport> New(const std::string& identity) override {
+    return network_.NewTransport(identity);
+  }
+  std::string ListenAddress() override { return "inproc://node-" + std::to_string(next_++); }
+  std::string DeadEndpoint() override { return "inproc://nobody-" + std::to_string(next_++); }
+
+ private:
+  InProcNetwork network_;
+  int next_ = 0;
+};
+
+struct Kind {
+  std::string name;
+  std::function<std::unique_ptr<Factory>()> make;
+};
+
+Sender Me() {
+  Sender s;
+  s.rank = 0;
+  return s;
+}
+
+Message Numbered(uint64_t seq) {
+  DataFields f;
+  f.dtype = DType::U8;
+  return MakeData(Me(), MsgType::Pull, f, {}, /*step=*/0, seq);
+}
+
+int64_t MillisSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+class TransportTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    factory_ = GetParam().make();
+    server_ = factory_->New("server");
+    client_ = factory_->New("client");
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(client_, nullptr);
+    auto bound = server_->Listen(factory_->ListenAddress());
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    endpoint_ = *bound;
+    auto conn = client_->Connect(endpoint_);
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    conn_ = *conn;
+  }
+
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  static Incoming MustReceive(Transport& t) {
+    auto in = t.Receive(Deadline::AfterMs(10000));
+    EXPECT_TRUE(in.ok()) << in.status();
+    return in.ok() ? std::move(in).value() : Incoming();
+  }
+
+  std::unique_ptr<Factory> factory_;
+  std::unique_ptr<Transport> server_;
+  std::unique_ptr<Transport> client_;
+  std::string endpoint_;
+  ConnId conn_ = -1;
+};
+
+TEST_P(TransportTest, RequestAndReplyOnConnectionAndInboundRoutes) {
+  ASSERT_TRUE(client_->Send(Route::Connection(conn_), MakeHeartbeat(Me()),
+                            Deadline::AfterMs(5000)).ok());
+  Incoming request = MustReceive(*server_);
+  EXPECT_EQ(request.from.kind, Route::Kind::kInbound);
+  EXPECT_EQ(request.from.identity, client_->identity());
+  Verdict v = Validate(request.message, Policy::Accepting({MsgType::Heartbeat}));
+  ASSERT_TRUE(v.ok()) << v.detail;
+
+  Message reply = MakeLeave(Me(), "bye");
+  const std::vector<uint8_t> sent_header = reply.header;
+  ASSERT_TRUE(server_->Send(request.from, std::move(reply), Deadline::AfterMs(5000)).ok());
+  Incoming answer = MustReceive(*client_);
+  EXPECT_EQ(answer.from.kind, Route::Kind::kConnection);
+  EXPECT_EQ(answer.from.conn, conn_);
+  EXPECT_EQ(answer.message.header, sent_header);
+  Verdict w = Validate(answer.message, Policy::Accepting({MsgType::Leave}));
+  ASSERT_TRUE(w.ok()) << w.detail;
+  EXPECT_EQ(w.header->body_as_LeaveBody()->reason()->str(), "bye");
+}
+
+TEST_P(TransportTest, ConnectTwiceToOneEndpointGivesOneConnection) {
+  auto again = client_->Connect(endpoint_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, conn_);
+}
+
+TEST_P(TransportTest, PayloadBytesArriveIntact) {
+  const std::vector<size_t> sizes = {1, 4093, size_t{16} << 20, 64};
+  std::vector<std::vector<uint8_t>> frames;
+  std::vector<Payload> payloads;
+  uint64_t total = 0;
+  for (size_t f = 0; f < sizes.size(); ++f) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(sizes[f]);
+    for (size_t i = 0; i < sizes[f]; ++i) (*bytes)[i] = static_cast<uint8_t>(i * 31 + f * 7);
+    frames.push_back(*bytes);
+    payloads.push_back(Payload::Borrow(bytes->data(), bytes->size(), bytes));
+    total += sizes[f];
+  }
+  DataFields fields;
+  fields.dtype = DType::U8;
+  fields.num_elements = total;
+  Message msg = MakeData(Me(), MsgType::Push, fields, std::move(payloads), 1, 2);
+  ASSERT_TRUE(client_->Send(Route::Connection(conn_), std::move(msg),
+                            Deadline::AfterMs(10000)).ok());
+  Incoming in = MustReceive(*server_);
+  ASSERT_EQ(in.message.payloads.size(), sizes.size());
+  for (size_t f = 0; f < sizes.size(); ++f) {
+    const Payload& p = in.message.payloads[f];
+    ASSERT_EQ(p.size, sizes[f]) << "frame " << f;
+    EXPECT_EQ(std::memcmp(p.data, frames[f].data(), p.size), 0) << "frame " << f;
+  }
+  Verdict v = Validate(in.message, Policy::Accepting({MsgType::Push}));
+  EXPECT_TRUE(v.ok()) << v.detail;
+
+  // And back on the Inbound route.
+  Message echo;
+  echo.header = in.message.header;
+  echo.payloads = in.message.payloads;
+  ASSERT_TRUE(server_->Send(in.from, std::move(echo), Deadline::AfterMs(10000)).ok());
+  Incoming back = MustReceive(*client_);
+  ASSERT_EQ(back.message.payloads.size(), sizes.size());
+  for (size_t f = 0; f < sizes.size(); ++f) {
+    ASSERT_EQ(back.message.payloads[f].size, sizes[f]);
+    EXPECT_EQ(std::memcmp(back.message.payloads[f].data, frames[f].data(), sizes[f]), 0);
+  }
+}
+
+TEST_P(TransportTest, MessagesOnOneRouteArriveInOrder) {
+  constexpr uint64_t kCount = 1000;
+  for (uint64_t i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(client_->Send(Route::Connection(conn_), Numbered(i),
+                              Deadline::AfterMs(10000)).ok());
+  }
+  Route back;
+  for (uint64_t i = 0; i < kCount; ++i) {
+    Incoming in = MustReceive(*server_);
+    ASSERT_FALSE(in.message.header.empty());
+    ASSERT_EQ(in.message.header_view()->seq(), i);
+    back = in.from;
+  }
+  for (uint64_t i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(server_->Send(back, Numbered(i), Deadline::AfterMs(10000)).ok());
+  }
+  for (uint64_t i = 0; i < kCount; ++i) {
+    Incoming in = MustReceive(*client_);
+    ASSERT_FALSE(in.message.header.empty());
+    ASSERT_EQ(in.message.header_view()->seq(), i);
+  }
+}
+
+TEST_P(TransportTest, ReceiveGivesUpAtItsDeadline) {
+  const auto start = Clock::now();
+  auto in = server_->Receive(Deadline::AfterMs(200));
+  const int64_t took = MillisSince(start);
+  ASSERT_FALSE(in.ok());
+  EXPECT_EQ(in.status().code(), StatusCode::kDeadlineExceeded) << in.status();
+  EXPECT_GE(took, 190);
+  EXPECT_LT(took, 1500);
+  auto now = client_->Receive(Deadline::Past());
+  EXPECT_EQ(now.status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(TransportTest, SendToUnknownInboundIdentityFailsAtOnce) {
+  const auto start = Clock::now();
+  Status s = server_->Send(Route::Inbound("nobody"), MakeHeartbeat(Me()),
+                           Deadline::AfterMs(10000));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("nobody"));
+  EXPECT_LT(MillisSince(start), 1000);
+  // A transport that does not listen has no inbound peers at all.
+  Status c = client_->Send(Route::Inbound(server_->identity()), MakeHeartbeat(Me()),
+                           Deadline::AfterMs(10000));
+  EXPECT_EQ(c.code(), StatusCode::kUnavailable) << c;
+}
+
+TEST_P(TransportTest, ShutdownUnblocksReceive) {
+  std::atomic<bool> returned{false};
+  Status got;
+  std::thread receiver([&] {
+    auto in = server_->Receive(Deadline::Infinite());
+    got = in.ok() ? InternalError("received a message") : in.status();
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(returned);
+  const auto start = Clock::now();
+  server_->Shutdown();
+  receiver.join();
+  EXPECT_LT(MillisSince(start), 3000);
+  EXPECT_EQ(got.code(), StatusCode::kCancelled) << got;
+  // Later calls are cancelled too, and Shutdown is idempotent.
+  EXPECT_EQ(server_->Receive(Deadline::AfterMs(10)).status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(server_->Send(Route::Inbound(client_->identity()), MakeHeartbeat(Me()),
+                          Deadline::AfterMs(10)).code(),
+            StatusCode::kCancelled);
+  server_->Shutdown();
+}
+
+TEST_P(TransportTest, ProbeFindsListenerAndNamesAnUnreachableEndpoint) {
+  EXPECT_TRUE(client_->Probe(endpoint_, Deadline::AfterMs(5000)).ok());
+  const std::string dead = factory_->DeadEndpoint();
+  const auto start = Clock::now();
+  Status s = client_->Probe(dead, Deadline::AfterMs(500));
+  const int64_t took = MillisSince(start);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr(dead));
+  EXPECT_LT(took, 1500);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, TransportTest,
+    ::testing::Values(Kind{"Zmq", [] { return std::unique_ptr<Factory>(new ZmqFactory); }},
+                      Kind{"InProc",
+                           [] { return std::unique_ptr<Factory>(new InProcFactory); }}),
+    [](const ::testing::TestParamInfo<Kind>& info) { return info.param.name; });
+
+// ZeroMQ only: sending zero-copy hands the payload owners to ZeroMQ, which
+// lets them go once the bytes are on the wire.
+TEST(ZmqTransportTest, ZeroCopyPayloadOwnersAreReleasedAfterSending) {
+  ZmqFactory factory;
+  auto server = factory.New("server");
+  auto client = factory.New("client");
+  auto bound = server->Listen(factory.ListenAddress());
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_THAT(*bound, HasSubstr("tcp://127.0.0.1:"));
+  EXPECT_THAT(*bound, ::testing::Not(::testing::EndsWith(":0")));
+  auto conn = client->Connect(*bound);
+  ASSERT_TRUE(conn.ok());
+
+  auto owner = std::make_shared<std::vector<uint8_t>>(size_t{4} << 20, 0xab);
+  DataFields f;
+  f.dtype = DType::U8;
+  f.num_elements = owner->size();
+  Message msg = MakeData(Me(), MsgType::Push, f,
+                         {Payload::Borrow(owner->data(), owner->size(), owner)});
+  EXPECT_EQ(owner.use_count(), 2);
+  ASSERT_TRUE(client->Send(Route::Connection(*conn), std::move(msg),
+                           Deadline::AfterMs(10000)).ok());
+  auto in = server->Receive(Deadline::AfterMs(10000));
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_EQ(in->message.payloads.size(), 1u);
+  EXPECT_NE(in->message.payloads[0].data, owner->data());  // it crossed a socket
+  const auto start = Clock::now();
+  while (owner.use_count() > 1 && MillisSince(start) < 5000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(owner.use_count(), 1);
+}
+
+// ZeroMQ only: a peer that comes back under the same identity (a restarted
+// process) takes over its route and gets the replies.
+TEST(ZmqTransportTest, PeerThatReconnectsUnderItsIdentityGetsReplies) {
+  ZmqFactory factory;
+  auto server = factory.New("server");
+  auto bound = server->Listen(factory.ListenAddress());
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  for (int life = 0; life < 2; ++life) {
+    SCOPED_TRACE("life " + std::to_string(life));
+    auto peer = factory.New("worker-7");
+    auto conn = peer->Connect(*bound);
+    ASSERT_TRUE(conn.ok());
+    ASSERT_TRUE(peer->Send(Route::Connection(*conn), Numbered(life),
+                           Deadline::AfterMs(5000)).ok());
+    auto in = server->Receive(Deadline::AfterMs(10000));
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_EQ(in->from.identity, "worker-7");
+    ASSERT_TRUE(server->Send(in->from, Numbered(100 + life), Deadline::AfterMs(5000)).ok());
+    auto reply = peer->Receive(Deadline::AfterMs(10000));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->message.header_view()->seq(), static_cast<uint64_t>(100 + life));
+    peer->Shutdown();
+  }
+}
+
+TEST(ZmqTransportTest, ListenTwiceFails) {
+  ZmqFactory factory;
+  auto server = factory.New("server");
+  ASSERT_TRUE(server->Listen(factory.ListenAddress()).ok());
+  auto again = server->Listen(factory.ListenAddress());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace gradsync::wire
