@@ -174,7 +174,7 @@ void NodeAgent::Run() {
     wire::Verdict v = wire::Validate(in->message, policy_);
     if (!v.ok()) {
       GS_LOG(WARNING) << "rejected a message from the scheduler: " << v.detail;
-      if (v.type != MsgType::Error) {
+      if (v.ShouldAnswer()) {
         Send(wire::MakeError(sender(), v.code, v.detail, v.type), Deadline::After(interval))
             .IgnoreError();
       }

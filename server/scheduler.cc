@@ -82,10 +82,10 @@ StatusOr<std::string> Scheduler::Start() {
   return transport_->Listen(options_.listen);
 }
 
-Status Scheduler::Run() {
+Status Scheduler::Run(const std::atomic<bool>& stop) {
   const Millis tick = std::max(Millis(10), options_.heartbeat_interval / 4);
   while (phase_ != Phase::kDone) {
-    if (stop_requested_.load()) {
+    if (stop.load()) {
       GS_LOG(INFO) << "stopping: telling every node the job is shut down";
       Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
                                                 "the scheduler was stopped"); });
@@ -109,7 +109,7 @@ void Scheduler::Handle(wire::Incoming in) {
     if (metrics_) metrics_->rejected[static_cast<int>(v.code)]->Increment();
     GS_LOG(WARNING) << "rejected a message from '" << identity << "' ("
                     << wire::ErrorCodeLabel(v.code) << "): " << v.detail;
-    if (v.type != MsgType::Error) ReplyError(identity, v.code, v.detail, v.type);
+    if (v.ShouldAnswer()) ReplyError(identity, v.code, v.detail, v.type);
     return;
   }
   const wire::Header& h = *v.header;

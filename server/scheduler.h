@@ -11,8 +11,7 @@
 // or build, a rank taken, a full job, a malformed message) are answered with
 // an Error naming what was wrong and counted.
 //
-// Thread-safety: Run() on one thread; Stop() from any thread or a signal
-// handler's flag.
+// Thread-safety: Run() on one thread.
 #ifndef GRADSYNC_SERVER_SCHEDULER_H_
 #define GRADSYNC_SERVER_SCHEDULER_H_
 
@@ -56,11 +55,11 @@ class Scheduler {
 
   // Binds the listening endpoint; returns it with the real port.
   StatusOr<std::string> Start();
-  // Serves until the job ends: OK when every node left or Stop() was called,
-  // an error naming the cause when the job failed or a node died.
-  Status Run();
-  // Ends Run() soon, telling every node the job is shut down for `reason`.
-  void Stop() { stop_requested_.store(true); }
+  // Serves until the job ends: OK when every node left or `stop` became
+  // true (then every node is told the job is shut down), an error naming the
+  // cause when the job failed or a node died. `stop` is polled a few times
+  // per heartbeat interval and may be set from any thread.
+  Status Run(const std::atomic<bool>& stop);
 
  private:
   enum class Phase { kRendezvous, kReachability, kRunning, kDone };
@@ -102,7 +101,6 @@ class Scheduler {
   std::unique_ptr<wire::Transport> transport_;
   SchedulerMetrics* const metrics_;
   const Clock* const clock_;
-  std::atomic<bool> stop_requested_{false};
 
   Phase phase_ = Phase::kRendezvous;
   wire::Policy policy_;

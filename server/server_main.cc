@@ -49,7 +49,7 @@ bool UnknownFlags(const Config& config) {
   return !unknown.empty();
 }
 
-int RunScheduler(const Config& config) {
+int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   SetLogTag("scheduler");
   auto options = SchedulerOptions::FromConfig(config);
   if (!options.ok()) return Fail(options.status(), 2);
@@ -66,17 +66,13 @@ int RunScheduler(const Config& config) {
   if (!bound.ok()) return Fail(bound.status(), 1);
   GS_LOG(INFO) << "listening on " << *bound << " for " << options->num_workers
                << " workers and " << options->num_servers << " servers (pid " << getpid() << ")";
-  SignalWatcher signals([&](int sig) {
-    GS_LOG(INFO) << "received signal " << sig;
-    scheduler.Stop();
-  });
-  Status result = scheduler.Run();
+  Status result = scheduler.Run(stop);
   if (!result.ok()) return Fail(result, 1);
   GS_LOG(INFO) << "scheduler exiting";
   return 0;
 }
 
-int RunServer(const Config& config) {
+int RunServer(const Config& config, const std::atomic<bool>& stop) {
   SetLogTag("server");
   auto options = cluster::NodeOptions::FromConfig(config);
   if (!options.ok()) return Fail(options.status(), 2);
@@ -84,11 +80,6 @@ int RunServer(const Config& config) {
   if (UnknownFlags(config)) return 2;
   ProcessMetrics metrics("server");
   MaybeServeMetrics(config, metrics, 0);
-  std::atomic<bool> stop{false};
-  SignalWatcher signals([&](int sig) {
-    GS_LOG(INFO) << "received signal " << sig;
-    stop.store(true);
-  });
   auto node = cluster::StartNode(config, wire::Role::Server, Deadline::AfterMs(180000));
   if (!node.ok()) return Fail(node.status(), 1);
   GS_LOG(INFO) << "ready";
@@ -104,10 +95,16 @@ int RunServer(const Config& config) {
 }
 
 int Main(int argc, char** argv) {
+  // Before any thread starts, so that every thread has the signals blocked.
+  std::atomic<bool> stop{false};
+  SignalWatcher signals([&](int sig) {
+    GS_LOG(INFO) << "received signal " << sig << ", stopping";
+    stop.store(true);
+  });
   auto config = Config::FromArgs(argc, argv, environ);
   if (!config.ok()) return Fail(config.status(), 2);
   auto role = config->GetString("role", "");
-  int (*run)(const Config&) = nullptr;
+  int (*run)(const Config&, const std::atomic<bool>&) = nullptr;
   if (*role == "scheduler") run = RunScheduler;
   if (*role == "server") run = RunServer;
   if (run == nullptr) {
@@ -115,7 +112,7 @@ int Main(int argc, char** argv) {
                          "'server', not '%s'\n", role->c_str());
     return 2;
   }
-  return run(*config);
+  return run(*config, stop);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // A worker process for the cluster tests: joins through the client Session,
 // passes barriers, exchanges an NCCL-style id, then stays in the job for a
-// while. Prints one line per milestone on stdout.
+// while (until a peer is reported dead, or the job ends). Prints one line per
+// milestone on stdout.
 //
 //   rendezvous_worker --scheduler=host:port --num_workers=4 --num_servers=2
 //       [--barriers=2] [--hold_ms=0] [--nccl_id]
@@ -56,7 +57,7 @@ int Main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const Deadline hold = Deadline::AfterMs(hold_ms);
-  while (!hold.Expired() && s.job_status().ok()) {
+  while (!hold.Expired() && s.job_status().ok() && s.dead_peers().empty()) {
     std::this_thread::sleep_for(Millis(20));
   }
   for (const wire::NodeInfo& dead : s.dead_peers()) {

@@ -1,5 +1,7 @@
 #include "wire/validate.h"
 
+#include <optional>
+
 #include "common/version.h"
 
 namespace gradsync::wire {
@@ -10,11 +12,12 @@ bool InRange(E value) {
   return value >= E::MIN && value <= E::MAX;
 }
 
-Verdict Reject(ErrorCode code, std::string detail, MsgType type = MsgType::Error) {
+Verdict Reject(ErrorCode code, std::string detail, std::optional<MsgType> type = std::nullopt) {
   Verdict v;
   v.code = code;
   v.detail = std::move(detail);
-  v.type = type;
+  v.type_known = type.has_value();
+  if (type) v.type = *type;
   return v;
 }
 
@@ -198,7 +201,8 @@ Verdict Validate(const Message& msg, const Policy& policy) {
   if (h->protocol_version() != kProtocolVersion) {
     return Reject(ErrorCode::WrongVersion, "peer speaks protocol version " +
                   std::to_string(h->protocol_version()) + ", this node speaks " +
-                  std::to_string(kProtocolVersion), InRange(h->type()) ? h->type() : MsgType::Error);
+                  std::to_string(kProtocolVersion),
+                  InRange(h->type()) ? std::optional(h->type()) : std::nullopt);
   }
   if (!InRange(h->type())) {
     return Reject(ErrorCode::BadEnum, "message type " +
@@ -233,6 +237,7 @@ Verdict Validate(const Message& msg, const Policy& policy) {
   Verdict ok;
   ok.header = h;
   ok.type = t;
+  ok.type_known = true;
   return ok;
 }
 

@@ -41,9 +41,13 @@ struct Verdict {
   const Header* header = nullptr;  // points into the message; set iff ok
   ErrorCode code = ErrorCode::Unknown;
   std::string detail;
-  MsgType type = MsgType::Error;   // best known type, for the error reply
+  MsgType type = MsgType::Error;   // the message's type, if type_known
+  bool type_known = false;
 
   bool ok() const { return header != nullptr; }
+  // Whether the sender gets an Error reply: always, unless the rejected
+  // message is itself an Error (no error ping-pong between two peers).
+  bool ShouldAnswer() const { return !(type_known && type == MsgType::Error); }
 };
 
 // Verifies `msg` for an endpoint with `policy`.

@@ -193,7 +193,7 @@ TEST(ValidateTest, StringsListsAndHostsLongerThanAllowed) {
   far.host = long_text;
   ExpectRejected(Check(MakeRegister(TestSender(), far, kBuildId, 1, kProtocolVersion)),
                  ErrorCode::Oversized, "Register has a string");
-  ExpectRejected(Check(MakeNodeDead(TestSender(), far, "x")), ErrorCode::Oversized,
+  ExpectRejected(Check(MakeNodeDead(TestSender(), NodeInfo(), long_text)), ErrorCode::Oversized,
                  "NodeDead has a string");
   ExpectRejected(Check(MakeRankAssignment(TestSender(), 0, 1, 0, {far}, 100, 3)),
                  ErrorCode::Oversized, "peer host too long");
@@ -204,11 +204,14 @@ TEST(ValidateTest, StringsListsAndHostsLongerThanAllowed) {
 
   Policy p = AcceptAllPolicy();
   p.limits.max_peers = 2;
+  Sender scheduler;
+  scheduler.role = Role::Scheduler;
   std::vector<NodeInfo> three(3);
-  ExpectRejected(Validate(MakeRankAssignment(TestSender(), 0, 3, 0, three, 100, 3), p),
+  ExpectRejected(Validate(MakeRankAssignment(scheduler, 0, 3, 0, three, 100, 3), p),
                  ErrorCode::Oversized, "peer list of 3 entries");
+  EXPECT_TRUE(Validate(MakeRankAssignment(scheduler, 0, 2, 0, {{}, {}}, 100, 3), p).ok());
   std::vector<ReachOutcome> outcomes(3);
-  ExpectRejected(Validate(MakeReachReport(TestSender(), outcomes), p), ErrorCode::Oversized,
+  ExpectRejected(Validate(MakeReachReport(scheduler, outcomes), p), ErrorCode::Oversized,
                  "reach report too long");
 }
 
