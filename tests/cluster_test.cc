@@ -3,7 +3,8 @@
 #include <signal.h>
 
 #include <chrono>
-#include <regex>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -47,10 +48,12 @@ class ClusterTest : public ::testing::Test {
     EXPECT_TRUE(p.ok()) << p.status();
     scheduler_ = std::make_unique<Subprocess>(std::move(*p));
     EXPECT_TRUE(scheduler_->WaitForOutput("listening on", Deadline::AfterMs(10000)));
-    std::smatch m;
-    std::string out = scheduler_->Output();
-    EXPECT_TRUE(std::regex_search(out, m, std::regex("listening on tcp://[0-9.]+:([0-9]+)")));
-    address_ = "127.0.0.1:" + m[1].str();
+    // "listening on tcp://0.0.0.0:PORT for ..."
+    const std::string out = scheduler_->Output();
+    const size_t at = out.find("listening on tcp://");
+    EXPECT_NE(at, std::string::npos) << out;
+    const size_t colon = out.find(':', at + std::strlen("listening on tcp://"));
+    address_ = "127.0.0.1:" + std::to_string(std::atoi(out.c_str() + colon + 1));
     return address_;
   }
 

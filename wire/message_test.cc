@@ -68,7 +68,7 @@ void ExpectAddress(const NodeAddress* a, const NodeInfo& want) {
 TEST(MessageTest, RegisterRoundTrip) {
   const Sender from = From(Role::Server, -1, 0);
   const NodeInfo me = Node(Role::Server, 2, "host-a", 5002, 9102);
-  Message msg = MakeRegister(from, me, "build-x", 777, kProtocolVersion);
+  Message msg = MakeRegister(from, me, "build-x", 777, kProtocolVersion, 8, 3);
   const Header* h = Accepted(msg, MsgType::Register);
   ASSERT_NE(h, nullptr);
   ExpectCommon(*h, MsgType::Register, from);
@@ -81,15 +81,19 @@ TEST(MessageTest, RegisterRoundTrip) {
   EXPECT_EQ(b->data_port(), 5002);
   EXPECT_EQ(b->metrics_port(), 9102);
   EXPECT_EQ(b->pid(), 777u);
+  EXPECT_EQ(b->num_workers(), 8);
+  EXPECT_EQ(b->num_servers(), 3);
   EXPECT_TRUE(msg.payloads.empty());
 }
 
-TEST(MessageTest, RegisterWithoutRequestedRankReadsMinusOne) {
+TEST(MessageTest, RegisterDefaultsReadMinusOne) {
   Message msg = MakeRegister(From(Role::Worker, -1, 0), Node(Role::Worker, -1, "h", 1, 2),
                              kBuildId, 1, kProtocolVersion);
   const Header* h = Accepted(msg, MsgType::Register);
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->body_as_RegisterBody()->requested_rank(), -1);
+  EXPECT_EQ(h->body_as_RegisterBody()->num_workers(), -1);  // job size unknown
+  EXPECT_EQ(h->body_as_RegisterBody()->num_servers(), -1);
   EXPECT_EQ(h->sender_rank(), -1);
 }
 

@@ -62,7 +62,8 @@ void DumpBody(std::ostream& os, const Header& h) {
       os << "role=" << static_cast<int>(b->role()) << " requested_rank=" << b->requested_rank()
          << " build_id=" << Str(b->build_id()) << " host=" << Str(b->host())
          << " data_port=" << b->data_port() << " metrics_port=" << b->metrics_port()
-         << " pid=" << b->pid();
+         << " pid=" << b->pid() << " num_workers=" << b->num_workers()
+         << " num_servers=" << b->num_servers();
       break;
     }
     case Body::RankAssignmentBody: {
@@ -164,7 +165,8 @@ Message SampleMessage(MsgType type) {
   const Sender from = TestSender();
   switch (type) {
     case MsgType::Register:
-      return MakeRegister(from, Node(Role::Worker, 3), kBuildId, 4321, kProtocolVersion);
+      return MakeRegister(from, Node(Role::Worker, 3), kBuildId, 4321, kProtocolVersion,
+                          /*num_workers=*/4, /*num_servers=*/2);
     case MsgType::RankAssignment:
       return MakeRankAssignment(from, 3, 4, 2,
                                 {Node(Role::Worker, 0), Node(Role::Worker, 1),

@@ -77,6 +77,7 @@ TEST(ValidateTest, EverySampleVerifies) {
     Verdict v = Validate(msg, Policy::Accepting({type}));
     ASSERT_TRUE(v.ok()) << MsgTypeName(type) << ": " << v.detail;
     EXPECT_EQ(v.type, type);
+    EXPECT_TRUE(v.type_known);
     EXPECT_EQ(v.header->type(), type);
     EXPECT_EQ(v.code, ErrorCode::Unknown);
   }
@@ -222,7 +223,44 @@ TEST(ValidateTest, WrongProtocolVersion) {
   Verdict v = Check(msg);
   ExpectRejected(v, ErrorCode::WrongVersion, "version");
   EXPECT_THAT(v.detail, AllOf(HasSubstr("2"), HasSubstr("1")));
-  EXPECT_EQ(v.type, MsgType::Register);  // known, for the error reply
+  EXPECT_TRUE(v.type_known);  // for the error reply
+  EXPECT_EQ(v.type, MsgType::Register);
+}
+
+// A refused Error is not answered (no error ping-pong between two peers);
+// anything else is, including what cannot be parsed at all.
+TEST(ValidateTest, EveryRefusalButAnErrorIsAnswered) {
+  Verdict empty = Check(Message());
+  EXPECT_FALSE(empty.type_known);
+  EXPECT_TRUE(empty.ShouldAnswer());
+
+  Spec spec;
+  spec.type = static_cast<MsgType>(99);
+  Verdict unknown = Check(HandBuilt(spec, [](FlatBufferBuilder& fbb) {
+    return CreateHeartbeatBody(fbb).Union();
+  }));
+  EXPECT_FALSE(unknown.type_known);
+  EXPECT_TRUE(unknown.ShouldAnswer());
+
+  Verdict heartbeat = Validate(MakeHeartbeat(TestSender()), Policy());
+  EXPECT_TRUE(heartbeat.type_known);
+  EXPECT_EQ(heartbeat.type, MsgType::Heartbeat);
+  EXPECT_TRUE(heartbeat.ShouldAnswer());
+
+  Verdict error = Validate(SampleMessage(MsgType::Error), Policy());
+  ASSERT_FALSE(error.ok());
+  EXPECT_TRUE(error.type_known);
+  EXPECT_EQ(error.type, MsgType::Error);
+  EXPECT_FALSE(error.ShouldAnswer());
+
+  spec.type = MsgType::Error;
+  spec.protocol_version = 9;
+  spec.body_type = Body::ErrorBody;
+  Verdict old_error = Check(HandBuilt(spec, [](FlatBufferBuilder& fbb) {
+    return CreateErrorBody(fbb, ErrorCode::Timeout).Union();
+  }));
+  EXPECT_EQ(old_error.code, ErrorCode::WrongVersion);
+  EXPECT_FALSE(old_error.ShouldAnswer());
 }
 
 TEST(ValidateTest, TypeNotAcceptedByPolicy) {

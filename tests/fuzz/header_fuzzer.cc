@@ -16,7 +16,7 @@ namespace gradsync::fuzz {
 namespace {
 
 // A verdict must be either a readable header of the type it names, or a
-// refusal with a known code and a detail.
+// refusal with a known code and a detail, whose type (if known) is real.
 void CheckVerdict(const wire::Message& msg, const wire::Verdict& v) {
   if (!v.ok()) {
     if (v.code == wire::ErrorCode::Unknown || v.code > wire::ErrorCode::MAX ||
@@ -24,10 +24,11 @@ void CheckVerdict(const wire::Message& msg, const wire::Verdict& v) {
       std::abort();
     }
     if (wire::ErrorCodeLabel(v.code) == "invalid") std::abort();
+    if (v.type_known && v.type > wire::MsgType::MAX) std::abort();
     return;
   }
   const wire::Header& h = *v.header;
-  if (h.type() != v.type || h.body_type() != wire::ExpectedBody(h.type())) std::abort();
+  if (!v.type_known || h.type() != v.type || h.body_type() != wire::ExpectedBody(h.type())) std::abort();
   if (wire::DumpHeader(h).empty()) std::abort();
   uint8_t sum = 0;
   for (const wire::Payload& p : msg.payloads) {
