@@ -77,6 +77,7 @@ class ZmqTransport::Impl {
 
   const std::string& identity() const { return options_.identity; }
   zmq::context_t& context() { return context_; }
+  uint64_t NextProbeId() { return next_probe_++; }
 
   Result Submit(std::unique_ptr<Command> cmd) {
     std::future<Result> result = cmd->done.get_future();
@@ -134,6 +135,7 @@ class ZmqTransport::Impl {
 
   ZmqOptions options_;
   zmq::context_t context_{1};
+  std::atomic<uint64_t> next_probe_{0};
   BlockingQueue<Incoming> incoming_;
   int wake_fd_ = -1;
   std::thread io_thread_;
@@ -409,8 +411,8 @@ StatusOr<Incoming> ZmqTransport::Receive(Deadline deadline) {
 void ZmqTransport::Shutdown() { impl_->Shutdown(); }
 
 Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
-  static std::atomic<uint64_t> next_probe{0};
-  const std::string monitor_addr = "inproc://gradsync-probe-" + std::to_string(next_probe++);
+  const std::string monitor_addr =
+      "inproc://gradsync-probe-" + std::to_string(impl_->NextProbeId());
   int retries = 0;
   try {
     zmq::socket_t dealer(impl_->context(), zmq::socket_type::dealer);
