@@ -13,8 +13,6 @@ using wire::MsgType;
 constexpr uint32_t kDefaultMissedHeartbeats = 6;
 constexpr Millis kProbeTimeout{5000};
 
-std::string Seconds(Millis ms) { return std::to_string(ms.count() / 1000.0).substr(0, 4) + " s"; }
-
 }  // namespace
 
 StatusOr<NodeOptions> NodeOptions::FromConfig(const Config& config) {
@@ -158,7 +156,7 @@ void NodeAgent::Run() {
       if (job_status_.ok() && std::chrono::steady_clock::now() - last_heard_ > silence_limit) {
         job_status_ = UnavailableError("the scheduler at " + options_.scheduler +
                                        " stopped answering (silent for more than " +
-                                       Seconds(silence_limit) + ")");
+                                       FormatSeconds(silence_limit) + ")");
         cv_.notify_all();
       }
     }
@@ -180,11 +178,11 @@ void NodeAgent::Run() {
       }
       continue;
     }
-    Dispatch(in->message, *v.header);
+    Dispatch(*v.header);
   }
 }
 
-void NodeAgent::Dispatch(const wire::Message& /*msg*/, const wire::Header& h) {
+void NodeAgent::Dispatch(const wire::Header& h) {
   std::vector<DeadCallback> callbacks;
   wire::NodeInfo dead;
   std::string why;
@@ -235,7 +233,7 @@ void NodeAgent::Dispatch(const wire::Message& /*msg*/, const wire::Header& h) {
 void NodeAgent::HandleError(const wire::ErrorBody& e) {
   std::string text = e.message() ? e.message()->str() : "";
   if (e.in_reply_to() == MsgType::Barrier) {
-    barrier_error_[wire::Group::All] = AbortedError("barrier failed: " + text);
+    barrier_error_ = AbortedError("barrier failed: " + text);
     return;
   }
   if (e.in_reply_to() == MsgType::NcclIdRequest || e.in_reply_to() == MsgType::NcclIdOffer) {
@@ -286,14 +284,14 @@ Status NodeAgent::Barrier(wire::Group group, Deadline deadline) {
   GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] {
-    return barrier_released_[group] >= id || barrier_error_.count(wire::Group::All) > 0;
+    return barrier_released_[group] >= id || !barrier_error_.ok();
   };
   GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
                              "barrier " + std::to_string(id) + " of " +
                                  wire::EnumNameGroup(group)));
   if (barrier_released_[group] >= id) return OkStatus();
-  Status error = barrier_error_[wire::Group::All];
-  barrier_error_.erase(wire::Group::All);
+  Status error = barrier_error_;
+  barrier_error_ = OkStatus();
   return error;
 }
 

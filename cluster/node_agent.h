@@ -104,7 +104,7 @@ class NodeAgent {
   Status Register(Deadline deadline);
   Status AwaitAssignment(Deadline deadline);
   void Run();
-  void Dispatch(const wire::Message& msg, const wire::Header& h);
+  void Dispatch(const wire::Header& h);
   void HandleError(const wire::ErrorBody& e);
   void FailJob(Status why);
   Status Send(wire::Message msg, Deadline deadline);
@@ -125,7 +125,7 @@ class NodeAgent {
   bool ready_ = false;                                 // guarded by mu_
   std::map<wire::Group, uint64_t> barrier_called_;     // guarded by mu_
   std::map<wire::Group, uint64_t> barrier_released_;   // guarded by mu_
-  std::map<wire::Group, Status> barrier_error_;        // guarded by mu_
+  Status barrier_error_;                               // guarded by mu_
   std::optional<std::vector<uint8_t>> nccl_id_;        // guarded by mu_
   std::vector<wire::NodeInfo> dead_;                   // guarded by mu_
   std::vector<DeadCallback> dead_callbacks_;           // guarded by mu_

@@ -1,5 +1,7 @@
 #include "common/time.h"
 
+#include <cstdio>
+
 namespace gradsync {
 
 Millis Deadline::Remaining() const {
@@ -7,6 +9,12 @@ Millis Deadline::Remaining() const {
   auto left = at_ - std::chrono::steady_clock::now();
   if (left <= SteadyTime::duration::zero()) return Millis(0);
   return std::chrono::ceil<Millis>(left);
+}
+
+std::string FormatSeconds(std::chrono::nanoseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f s", std::chrono::duration<double>(d).count());
+  return buf;
 }
 
 double WallSeconds() {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace gradsync {
 
@@ -51,6 +52,9 @@ class RealClock : public Clock {
 
 // Seconds since the Unix epoch (wall time), for metrics and logs.
 double WallSeconds();
+
+// "1.50 s": a duration for messages.
+std::string FormatSeconds(std::chrono::nanoseconds d);
 
 }  // namespace gradsync
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <random>
-#include <sstream>
 
 #include "common/logging.h"
 #include "common/version.h"
@@ -24,13 +23,6 @@ uint64_t NewJobId() {
   std::random_device rd;
   uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return id == 0 ? 1 : id;
-}
-
-std::string Secs(std::chrono::nanoseconds d) {
-  std::ostringstream os;
-  os.precision(2);
-  os << std::fixed << std::chrono::duration<double>(d).count() << " s";
-  return os.str();
 }
 
 }  // namespace
@@ -106,10 +98,7 @@ void Scheduler::Handle(wire::Incoming in) {
   const std::string& identity = in.from.identity;
   wire::Verdict v = wire::Validate(in.message, policy_);
   if (!v.ok()) {
-    if (metrics_) metrics_->rejected[static_cast<int>(v.code)]->Increment();
-    GS_LOG(WARNING) << "rejected a message from '" << identity << "' ("
-                    << wire::ErrorCodeLabel(v.code) << "): " << v.detail;
-    if (v.ShouldAnswer()) ReplyError(identity, v.code, v.detail, v.type);
+    Refuse(identity, v.code, v.detail, v.type, v.ShouldAnswer());
     return;
   }
   const wire::Header& h = *v.header;
@@ -119,20 +108,17 @@ void Scheduler::Handle(wire::Incoming in) {
   }
   auto it = nodes_.find(identity);
   if (it == nodes_.end() || !it->second.alive || it->second.left) {
-    if (metrics_) metrics_->rejected[static_cast<int>(ErrorCode::NotRegistered)]->Increment();
-    if (h.type() != MsgType::Error) {
-      ReplyError(identity, ErrorCode::NotRegistered,
-                 it == nodes_.end() ? "this node is not registered with the scheduler"
-                                    : "this node was declared dead or left the job",
-                 h.type());
-    }
+    Refuse(identity, ErrorCode::NotRegistered,
+           it == nodes_.end() ? "this node is not registered with the scheduler"
+                              : "this node was declared dead or left the job",
+           h.type(), h.type() != MsgType::Error);
     return;
   }
   it->second.last_seen = clock_->Now();
-  Dispatch(it->second, in.message, h);
+  Dispatch(it->second, h);
 }
 
-void Scheduler::Dispatch(Node& node, const wire::Message& /*msg*/, const wire::Header& h) {
+void Scheduler::Dispatch(Node& node, const wire::Header& h) {
   switch (h.type()) {
     case MsgType::Heartbeat:
       Reply(node.identity, wire::MakeHeartbeat(sender()));
@@ -168,56 +154,49 @@ void Scheduler::Dispatch(Node& node, const wire::Message& /*msg*/, const wire::H
   }
 }
 
-Status Scheduler::CheckRegistration(const wire::RegisterBody& r) const {
+std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
+    const wire::RegisterBody& r) const {
   std::string build = r.build_id() ? r.build_id()->str() : "";
   if (build != kBuildId) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "build mismatch: peer is '" + build + "', scheduler is '" + kBuildId + "'");
+    return Refusal{ErrorCode::WrongBuild,
+                   "build mismatch: peer is '" + build + "', scheduler is '" + kBuildId + "'"};
   }
   const char* role = wire::RoleName(r.role());
   if ((r.num_workers() >= 0 && r.num_workers() != options_.num_workers) ||
       (r.num_servers() >= 0 && r.num_servers() != options_.num_servers)) {
-    return InvalidArgumentError(
-        std::string("job size mismatch: this ") + role + " expects " +
+    return Refusal{ErrorCode::WrongJob, std::string("job size mismatch: this ") + role + " expects " +
         std::to_string(r.num_workers()) + " workers and " + std::to_string(r.num_servers()) +
         " servers, the scheduler expects " + std::to_string(options_.num_workers) +
-        " and " + std::to_string(options_.num_servers));
+        " and " + std::to_string(options_.num_servers)};
   }
   if (phase_ != Phase::kRendezvous) {
-    return UnavailableError("the job has already assembled; no more nodes are accepted");
+    return Refusal{ErrorCode::JobFull, "the job has already assembled; no more nodes are accepted"};
   }
   const int expected = r.role() == Role::Worker ? options_.num_workers : options_.num_servers;
   if (Count(r.role()) >= expected) {
-    return UnavailableError("the job already has all " + std::to_string(expected) + " " +
-                             role + "s");
+    return Refusal{ErrorCode::JobFull,
+                   "the job already has all " + std::to_string(expected) + " " + role + "s"};
   }
   if (r.requested_rank() >= expected) {
-    return OutOfRangeError(std::string(role) + " rank " + std::to_string(r.requested_rank()) +
-                           " is out of range (the job has " + std::to_string(expected) + ")");
+    return Refusal{ErrorCode::BadSender,
+                   std::string(role) + " rank " + std::to_string(r.requested_rank()) +
+                       " is out of range (the job has " + std::to_string(expected) + ")"};
   }
   for (const auto& [id, n] : nodes_) {
     if (n.info.role == r.role() && r.requested_rank() >= 0 && n.info.rank == r.requested_rank()) {
-      return AlreadyExistsError(std::string(role) + " rank " + std::to_string(r.requested_rank()) +
-                                " is already taken by pid " + std::to_string(n.pid) + " on " +
-                                n.info.host);
+      return Refusal{ErrorCode::RankTaken,
+                     std::string(role) + " rank " + std::to_string(r.requested_rank()) +
+                         " is already taken by pid " + std::to_string(n.pid) + " on " +
+                         n.info.host};
     }
   }
-  return OkStatus();
+  return std::nullopt;
 }
 
 void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
   if (nodes_.count(identity)) return;  // a resent registration
-  Status ok = CheckRegistration(r);
-  if (!ok.ok()) {
-    ErrorCode code = ok.code() == StatusCode::kFailedPrecondition ? ErrorCode::WrongBuild
-                     : ok.code() == StatusCode::kInvalidArgument ? ErrorCode::WrongJob
-                     : ok.code() == StatusCode::kAlreadyExists   ? ErrorCode::RankTaken
-                     : ok.code() == StatusCode::kOutOfRange      ? ErrorCode::BadSender
-                                                                 : ErrorCode::JobFull;
-    if (metrics_) metrics_->rejected[static_cast<int>(code)]->Increment();
-    GS_LOG(WARNING) << "refused a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
-                    << (r.host() ? r.host()->str() : "?") << "): " << ok.message();
-    ReplyError(identity, code, ok.message(), MsgType::Register);
+  if (auto refusal = CheckRegistration(r)) {
+    Refuse(identity, refusal->code, refusal->text, MsgType::Register);
     return;
   }
   Node node;
@@ -314,9 +293,9 @@ bool Scheduler::InGroup(const Node& node, wire::Group group) const {
 
 void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
   if (!InGroup(node, b.group())) {
-    ReplyError(node.identity, ErrorCode::BadSender,
-               node.info.Name() + " is not a member of group " + wire::EnumNameGroup(b.group()),
-               MsgType::Barrier);
+    Refuse(node.identity, ErrorCode::BadSender,
+           node.info.Name() + " is not a member of group " + wire::EnumNameGroup(b.group()),
+           MsgType::Barrier);
     return;
   }
   for (const auto& [id, n] : nodes_) {
@@ -349,9 +328,8 @@ void Scheduler::TryRelease(const BarrierKey& key) {
 
 void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
   if (node.info.role != Role::Worker || node.info.rank != 0) {
-    ReplyError(node.identity, ErrorCode::BadSender,
-               "only worker 0 offers the NCCL id, not " + node.info.Name(),
-               MsgType::NcclIdOffer);
+    Refuse(node.identity, ErrorCode::BadSender,
+           "only worker 0 offers the NCCL id, not " + node.info.Name(), MsgType::NcclIdOffer);
     return;
   }
   nccl_id_.assign(body.id()->begin(), body.id()->end());
@@ -379,7 +357,7 @@ void Scheduler::Tick() {
     if (n.alive && !n.left && now - n.last_seen > limit) DeclareDead(n, std::chrono::duration_cast<Millis>(now - n.last_seen));
   }
   if (phase_ == Phase::kRendezvous && now - started_ > options_.rendezvous_timeout) {
-    FailJob("rendezvous timed out after " + Secs(options_.rendezvous_timeout) + ": " +
+    FailJob("rendezvous timed out after " + FormatSeconds(options_.rendezvous_timeout) + ": " +
             std::to_string(Count(Role::Worker)) + " of " + std::to_string(options_.num_workers) +
             " workers and " + std::to_string(Count(Role::Server)) + " of " +
             std::to_string(options_.num_servers) + " servers registered");
@@ -413,9 +391,9 @@ void Scheduler::Tick() {
 
 void Scheduler::DeclareDead(Node& node, Millis silent) {
   node.alive = false;
-  const std::string why = "no message for " + Secs(silent) + " (" +
+  const std::string why = "no message for " + FormatSeconds(silent) + " (" +
                           std::to_string(options_.missed_heartbeats) + " heartbeats of " +
-                          Secs(options_.heartbeat_interval) + " missed)";
+                          FormatSeconds(options_.heartbeat_interval) + " missed)";
   GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << node.info.host
                 << ") is dead: " << why;
   dead_.push_back(node.info.Name() + " dead: " + why);
@@ -455,6 +433,14 @@ void Scheduler::Reply(const std::string& identity, wire::Message msg) {
 void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const std::string& text,
                            MsgType in_reply_to) {
   Reply(identity, wire::MakeError(sender(), code, text, in_reply_to));
+}
+
+void Scheduler::Refuse(const std::string& identity, ErrorCode code, const std::string& text,
+                       MsgType in_reply_to, bool answer) {
+  if (metrics_) metrics_->rejected[static_cast<int>(code)]->Increment();
+  GS_LOG(WARNING) << "refused a message from '" << identity << "' ("
+                  << wire::ErrorCodeLabel(code) << "): " << text;
+  if (answer) ReplyError(identity, code, text, in_reply_to);
 }
 
 void Scheduler::Broadcast(const std::function<wire::Message()>& make) {

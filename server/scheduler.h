@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -75,9 +76,15 @@ class Scheduler {
   using BarrierKey = std::pair<wire::Group, uint64_t>;
 
   void Handle(wire::Incoming in);
-  void Dispatch(Node& node, const wire::Message& msg, const wire::Header& h);
+  // Why a registration is refused.
+  struct Refusal {
+    wire::ErrorCode code;
+    std::string text;
+  };
+
+  void Dispatch(Node& node, const wire::Header& h);
   void OnRegister(const std::string& identity, const wire::RegisterBody& r);
-  Status CheckRegistration(const wire::RegisterBody& r) const;
+  std::optional<Refusal> CheckRegistration(const wire::RegisterBody& r) const;
   void AssignRanks();
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
   void FinishReachability(const std::string& timeout_note);
@@ -91,6 +98,10 @@ class Scheduler {
   void Reply(const std::string& identity, wire::Message msg);
   void ReplyError(const std::string& identity, wire::ErrorCode code, const std::string& text,
                   wire::MsgType in_reply_to);
+  // A message a peer should not have sent: counted by reason, logged, and
+  // answered with an Error (unless it was an Error itself).
+  void Refuse(const std::string& identity, wire::ErrorCode code, const std::string& text,
+              wire::MsgType in_reply_to, bool answer = true);
   void Broadcast(const std::function<wire::Message()>& make);
   bool InGroup(const Node& node, wire::Group group) const;
   int Count(wire::Role role) const;

@@ -2,10 +2,15 @@
 
 #include <optional>
 
+#include "common/dtype.h"
 #include "common/version.h"
 
 namespace gradsync::wire {
 namespace {
+
+static_assert(static_cast<int>(DType::BF16) == static_cast<int>(gradsync::DType::kBF16) &&
+                  static_cast<int>(DType::MAX) + 1 == gradsync::kNumDTypes,
+              "wire::DType and gradsync::DType must agree");
 
 template <typename E>
 bool InRange(E value) {
@@ -121,15 +126,6 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
   return Verdict();
 }
 
-size_t ElementSize(DType d) {
-  switch (d) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::U8: return 1;
-  }
-  return 0;
-}
-
 // Payload frames against what the header says they hold.
 Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) {
   const MsgType t = h.type();
@@ -160,7 +156,8 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
                   std::to_string(bytes) + " bytes", t);
   }
   if (d->compression() == Compression::None) {
-    const uint64_t size = ElementSize(d->dtype());
+    // wire::DType and gradsync::DType share their values (common/dtype.h).
+    const uint64_t size = DTypeSize(static_cast<gradsync::DType>(d->dtype()));
     const bool too_many = d->num_elements() > limits.max_payload_bytes / size;
     if (too_many || d->num_elements() * size != bytes) {
       // Past the limit the product may wrap: do not print it.

@@ -111,10 +111,6 @@ class ZmqTransport::Impl {
   }
 
  private:
-  struct Pending {
-    std::unique_ptr<Command> cmd;
-  };
-
   void Wake() {
     uint64_t one = 1;
     ssize_t n = write(wake_fd_, &one, sizeof(one));
