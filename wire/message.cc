@@ -80,7 +80,10 @@ Body ExpectedBody(MsgType type) {
     case MsgType::Push:
     case MsgType::Pull:
     case MsgType::Reply:
-    case MsgType::Ack: return Body::DataBody;
+    case MsgType::Ack:
+    case MsgType::RingData: return Body::DataBody;
+    case MsgType::RingAbort: return Body::RingAbortBody;
+    case MsgType::Layout: return Body::LayoutBody;
   }
   return Body::NONE;
 }
@@ -194,6 +197,26 @@ Message MakeData(const Sender& from, MsgType type, const DataFields& f,
   Message msg = Finish(fbb, from, type, body.Union(), step, seq);
   msg.payloads = std::move(payloads);
   return msg;
+}
+
+Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t step,
+                      uint64_t seq) {
+  FlatBufferBuilder fbb(256);
+  auto message = fbb.CreateString(f.message);
+  auto body = CreateRingAbortBody(fbb, f.origin_rank, f.blamed_rank, f.received, f.timed_out,
+                                  f.code, message);
+  return Finish(fbb, from, MsgType::RingAbort, body.Union(), step, seq);
+}
+
+Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& tensors) {
+  FlatBufferBuilder fbb(1024);
+  std::vector<Offset<TensorSpec>> specs;
+  specs.reserve(tensors.size());
+  for (const TensorSpecFields& t : tensors) {
+    specs.push_back(CreateTensorSpec(fbb, fbb.CreateString(t.name), t.num_elements, t.dtype));
+  }
+  auto body = CreateLayoutBody(fbb, fbb.CreateVector(specs));
+  return Finish(fbb, from, MsgType::Layout, body.Union());
 }
 
 NodeInfo ToNodeInfo(const NodeAddress& a) {

@@ -79,6 +79,23 @@ struct DataFields {
   uint64_t version = 0;
 };
 
+// Fields of RingAbort (see gradsync.fbs).
+struct RingAbortFields {
+  int32_t origin_rank = -1;
+  int32_t blamed_rank = -1;
+  uint64_t received = 0;
+  bool timed_out = false;
+  ErrorCode code = ErrorCode::Unknown;
+  std::string message;
+};
+
+// One registered tensor, as Layout carries it.
+struct TensorSpecFields {
+  std::string name;
+  uint64_t num_elements = 0;
+  DType dtype = DType::F32;
+};
+
 // The body table each message type must carry.
 Body ExpectedBody(MsgType type);
 const char* MsgTypeName(MsgType type);
@@ -108,9 +125,13 @@ Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& res
 Message MakeJobState(const Sender& from, JobPhase phase, const std::string& message);
 // NcclIdOffer / NcclId carry the id; NcclIdRequest carries an empty one.
 Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>& id);
-// Push / Reply carry `payloads`; `wire_bytes` is their total size.
+// Push / Reply / RingData carry `payloads`; `wire_bytes` is their total size.
 Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
                  std::vector<Payload> payloads, uint64_t step = 0, uint64_t seq = 0);
+
+Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
+                      uint64_t seq = 0);
+Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& tensors);
 
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);

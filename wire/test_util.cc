@@ -34,7 +34,7 @@ Message SampleData(MsgType type) {
   f.round = 11;
   f.version = 12;
   std::vector<Payload> payloads;
-  if (type == MsgType::Push || type == MsgType::Reply) {
+  if (type == MsgType::Push || type == MsgType::Reply || type == MsgType::RingData) {
     const float a[4] = {1.5f, -2.0f, 3.25f, 0.0f};
     const float b[2] = {7.0f, -8.5f};
     payloads.push_back(Payload::Copy(a, sizeof(a)));
@@ -133,6 +133,25 @@ void DumpBody(std::ostream& os, const Header& h) {
          << " round=" << b->round() << " version=" << b->version();
       break;
     }
+    case Body::RingAbortBody: {
+      const auto* b = h.body_as_RingAbortBody();
+      os << "origin_rank=" << b->origin_rank() << " blamed_rank=" << b->blamed_rank()
+         << " received=" << b->received() << " timed_out=" << b->timed_out()
+         << " code=" << static_cast<int>(b->code()) << " message=" << Str(b->message());
+      break;
+    }
+    case Body::LayoutBody: {
+      os << "tensors=[";
+      const auto* ts = h.body_as_LayoutBody()->tensors();
+      if (ts) {
+        for (const TensorSpec* t : *ts) {
+          os << "{" << Str(t->name()) << " " << t->num_elements() << " "
+             << static_cast<int>(t->dtype()) << "}";
+        }
+      }
+      os << "]";
+      break;
+    }
     default:
       os << "body_type=" << static_cast<int>(h.body_type());
       break;
@@ -197,7 +216,20 @@ Message SampleMessage(MsgType type) {
     case MsgType::Pull:
     case MsgType::Reply:
     case MsgType::Ack:
+    case MsgType::RingData:
       return SampleData(type);
+    case MsgType::RingAbort: {
+      RingAbortFields f;
+      f.origin_rank = 2;
+      f.blamed_rank = 1;
+      f.received = 7;
+      f.timed_out = true;
+      f.code = ErrorCode::Timeout;
+      f.message = "rank 2 got nothing from rank 1 for 5 s";
+      return MakeRingAbort(from, f, /*step=*/9, /*seq=*/10);
+    }
+    case MsgType::Layout:
+      return MakeLayout(from, {{"fc1.weight", 200704, DType::F32}, {"fc1.bias", 256, DType::BF16}});
   }
   return MakeHeartbeat(from);
 }

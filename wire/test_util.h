@@ -24,7 +24,7 @@ Policy AcceptAllPolicy();
 Sender TestSender();
 
 // A valid message of `type` from TestSender(), with every field of its body
-// set to a value other than the default. Push and Reply carry two payload
+// set to a value other than the default. Push, Reply and RingData carry two payload
 // frames.
 Message SampleMessage(MsgType type);
 

@@ -1,5 +1,6 @@
 #include "wire/validate.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "common/dtype.h"
@@ -28,6 +29,27 @@ Verdict Reject(ErrorCode code, std::string detail, std::optional<MsgType> type =
 
 bool StringOk(const flatbuffers::String* s, const Limits& limits) {
   return s == nullptr || s->size() <= limits.max_string_bytes;
+}
+
+Verdict CheckLayout(const LayoutBody& b, const Limits& limits, MsgType t) {
+  if (b.tensors() == nullptr) return Verdict();
+  if (b.tensors()->size() > limits.max_tensors) {
+    return Reject(ErrorCode::Oversized, "layout lists " + std::to_string(b.tensors()->size()) +
+                  " tensors, at most " + std::to_string(limits.max_tensors) + " allowed", t);
+  }
+  for (const TensorSpec* spec : *b.tensors()) {
+    if (spec == nullptr || spec->name() == nullptr) {
+      return Reject(ErrorCode::Malformed, "layout entry without a name", t);
+    }
+    if (!StringOk(spec->name(), limits)) {
+      return Reject(ErrorCode::Oversized, "tensor name too long", t);
+    }
+    if (!InRange(spec->dtype())) {
+      return Reject(ErrorCode::BadEnum, "dtype of tensor '" + spec->name()->str() +
+                    "' is out of range", t);
+    }
+  }
+  return Verdict();
 }
 
 // Checks of a NodeAddress; a Verdict with code Unknown when it is fine.
@@ -120,6 +142,14 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       if (!InRange(b->compression())) return bad_enum("compression");
       break;
     }
+    case Body::RingAbortBody: {
+      const auto* b = h.body_as_RingAbortBody();
+      if (!InRange(b->code())) return bad_enum("code");
+      if (!StringOk(b->message(), limits)) return too_long();
+      break;
+    }
+    case Body::LayoutBody:
+      return CheckLayout(*h.body_as_LayoutBody(), limits, t);
     default:
       break;
   }
@@ -141,7 +171,7 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
     return Reject(ErrorCode::Oversized, name + " payload of " + std::to_string(bytes) +
                   " bytes exceeds the limit of " + std::to_string(limits.max_payload_bytes), t);
   }
-  const bool carries = t == MsgType::Push || t == MsgType::Reply;
+  const bool carries = t == MsgType::Push || t == MsgType::Reply || t == MsgType::RingData;
   if (!carries) {
     if (frames != 0) {
       return Reject(ErrorCode::SizeMismatch, name + " carries " + std::to_string(frames) +
@@ -189,7 +219,7 @@ Verdict Validate(const Message& msg, const Policy& policy) {
                   " bytes exceeds the limit of " + std::to_string(limits.max_header_bytes));
   }
   flatbuffers::Verifier verifier(msg.header.data(), size, /*max_depth=*/8,
-                                 /*max_tables=*/limits.max_peers * 2 + 64);
+                                 /*max_tables=*/std::max(limits.max_peers * 2, limits.max_tensors) + 64);
   if (!VerifyHeaderBuffer(verifier)) {
     return Reject(ErrorCode::Malformed, "header frame of " + std::to_string(size) +
                   " bytes is not a valid gradsync header");

@@ -27,6 +27,7 @@ struct Limits {
   size_t max_payload_frames = 64;
   uint32_t max_peers = 4096;           // entries in a peer list or report
   uint32_t max_string_bytes = 4096;    // hosts, reasons, messages
+  uint32_t max_tensors = 16384;        // entries in a Layout
 };
 
 struct Policy {
