@@ -1,0 +1,620 @@
+#include "client/ring.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+#include "client/ring_plan.h"
+#include "common/half.h"
+#include "common/logging.h"
+#include "kernels/reduce.h"
+#include "wire/validate.h"
+
+namespace gradsync::client {
+namespace {
+
+using wire::ErrorCode;
+using wire::Message;
+using wire::MsgType;
+
+// Counts the sends that still point into each segment of the caller's
+// buffer; a segment is overwritten only once its count is back to zero.
+// Shared with the payload owners, which may outlive the operation.
+class SendHolds {
+ public:
+  explicit SendHolds(int segments) : held_(static_cast<size_t>(segments), 0) {}
+
+  std::shared_ptr<const void> Hold(const std::shared_ptr<SendHolds>& self, int seg) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++held_[static_cast<size_t>(seg)];
+    }
+    return std::shared_ptr<const void>(nullptr, [self, seg](const void*) { self->Release(seg); });
+  }
+
+  // Waits until no send points into `seg` (all segments if seg < 0).
+  bool WaitReleased(int seg, Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto done = [&] {
+      if (seg >= 0) return held_[static_cast<size_t>(seg)] == 0;
+      return std::all_of(held_.begin(), held_.end(), [](int h) { return h == 0; });
+    };
+    if (deadline.infinite()) {
+      cv_.wait(lock, done);
+      return true;
+    }
+    return cv_.wait_until(lock, deadline.at(), done);
+  }
+
+ private:
+  void Release(int seg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --held_[static_cast<size_t>(seg)];
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> held_;
+};
+
+std::string DescribeData(const wire::Header& h) {
+  const auto* d = h.body_as_DataBody();
+  return "step " + std::to_string(h.step()) + " bucket " + std::to_string(d->bucket()) +
+         " seq " + std::to_string(d->round()) + " " + wire::EnumNameDType(d->dtype()) +
+         " names-hash " + std::to_string(d->version());
+}
+
+// dst[0, n) += src[0, n) in dtype; src may be unaligned.
+void AddInto(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
+  switch (dtype) {
+    case DType::kF16: AddHalfInto(dst, src, n); return;
+    case DType::kBF16: AddBf16Into(dst, src, n); return;
+    default: break;
+  }
+  if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
+    kernels::SumIntoCpu(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), n);
+    return;
+  }
+  float tmp[1024];
+  for (size_t i = 0; i < n; i += 1024) {
+    const size_t m = std::min<size_t>(1024, n - i);
+    std::memcpy(tmp, src + 4 * i, 4 * m);
+    kernels::SumIntoCpu(reinterpret_cast<float*>(dst) + i, tmp, m);
+  }
+}
+
+void DivideBy(uint8_t* data, size_t n, DType dtype, int world) {
+  switch (dtype) {
+    case DType::kF16: ScaleHalf(data, 1.0f / static_cast<float>(world), n); return;
+    case DType::kBF16: ScaleBf16(data, 1.0f / static_cast<float>(world), n); return;
+    default: break;
+  }
+  auto* f = reinterpret_cast<float*>(data);
+  const float w = static_cast<float>(world);
+  for (size_t i = 0; i < n; ++i) f[i] /= w;
+}
+
+std::string SpecText(const std::string& name, uint64_t count, wire::DType dtype) {
+  return "'" + name + "' (" + std::to_string(count) + " x " +
+         DTypeName(static_cast<DType>(dtype)) + ")";
+}
+
+// "" when equal; otherwise the first tensor that differs, both sides.
+std::string CompareLayout(const wire::LayoutBody* theirs,
+                          const std::vector<wire::TensorSpecFields>& mine, int left, int me) {
+  const size_t n = theirs && theirs->tensors() ? theirs->tensors()->size() : 0;
+  const std::string l = "rank " + std::to_string(left);
+  const std::string m = "rank " + std::to_string(me);
+  for (size_t i = 0; i < std::max(n, mine.size()); ++i) {
+    std::string a = l + " has no tensor #" + std::to_string(i);
+    std::string b = m + " has no tensor #" + std::to_string(i);
+    if (i < n) {
+      const wire::TensorSpec* t = theirs->tensors()->Get(static_cast<flatbuffers::uoffset_t>(i));
+      a = l + " has " + SpecText(t->name()->str(), t->num_elements(), t->dtype());
+    }
+    if (i < mine.size()) b = m + " has " + SpecText(mine[i].name, mine[i].num_elements, mine[i].dtype);
+    if (a.substr(l.size()) != b.substr(m.size())) {
+      return "first difference at tensor #" + std::to_string(i) + ": " + a + ", " + b;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// One collective in flight: numbered sends to the right, verified receives
+// from the left, and the failure protocol.
+class RingCollectives::Op {
+ public:
+  Op(RingCollectives* ring, RingOpKind kind, const OpTag& tag, DType dtype, uint64_t count,
+     uint64_t extra, int segments, Deadline deadline)
+      : ring_(ring), kind_(kind), tag_(tag), dtype_(dtype),
+        fingerprint_(RingFingerprint(kind, tag, dtype, count, extra)),
+        deadline_(deadline), holds_(std::make_shared<SendHolds>(segments)) {}
+
+  int rank() const { return ring_->peers_.rank; }
+  int left() const { return RingIndex(rank() - 1, ring_->peers_.world_size); }
+
+  // Sends bytes [data, data + elems) of segment `seg` without copying.
+  Status SendFromBuffer(const uint8_t* data, size_t elems, int seg) {
+    return SendPayload(wire::Payload::Borrow(data, elems * DTypeSize(dtype_),
+                                             holds_->Hold(holds_, seg)), elems);
+  }
+  // Forwards a payload as it came from the left.
+  Status Forward(wire::Payload payload, size_t elems) { return SendPayload(std::move(payload), elems); }
+  // Every message of the operation, data or not, takes the next index.
+  Status SendMessage(Message msg) {
+    ++sent_;
+    ring_->messages_sent_.fetch_add(1, std::memory_order_relaxed);
+    ring_->bytes_sent_.fetch_add(msg.PayloadBytes(), std::memory_order_relaxed);
+    return ring_->transport_->Send(wire::Route::Connection(ring_->right_), std::move(msg),
+                                   deadline_);
+  }
+
+  // The next message of this operation from the left: a RingData of `elems`
+  // elements (its single payload frame), or a Layout when `want` says so.
+  StatusOr<Message> Receive(MsgType want, size_t elems);
+
+  bool WaitReleased(int seg) { return holds_->WaitReleased(seg, deadline_); }
+  Status WaitAllReleased() {
+    if (!holds_->WaitReleased(-1, deadline_)) {
+      return DeadlineExceededError(std::string(RingOpName(kind_)) +
+                                   ": the transport did not release the buffer in time");
+    }
+    return Status();
+  }
+
+  // Records `why`, tells the right neighbour (which passes it on), returns it.
+  Status Fail(Status why, ErrorCode code, int blamed);
+  std::string Describe() const {
+    return std::string(RingOpName(kind_)) + " step " + std::to_string(tag_.step) + " bucket " +
+           std::to_string(tag_.bucket) + " seq " + std::to_string(tag_.seq);
+  }
+
+ private:
+  Status SendPayload(wire::Payload payload, size_t elems);
+  // Handles a message that is not the expected one; OK means "keep waiting".
+  Status HandleOther(const wire::Incoming& in, const wire::Verdict& v);
+  Status CheckData(const wire::Header& h, size_t elems);
+  Status FromAbort(const wire::RingAbortBody& abort);
+  struct Report {
+    int origin = -1;
+    uint64_t received = 0;
+  };
+  // After a timeout: gathers the other ranks' progress for abort_grace and
+  // names the rank that stopped contributing.
+  Status TimedOut(std::optional<Report> from_left = std::nullopt);
+  std::string Blame(const std::vector<Report>& reports) const;
+  void Refuse(const wire::Incoming& in, ErrorCode code, const std::string& detail, MsgType type);
+
+  RingCollectives* const ring_;
+  const RingOpKind kind_;
+  const OpTag tag_;
+  const DType dtype_;
+  const uint64_t fingerprint_;
+  const Deadline deadline_;
+  std::shared_ptr<SendHolds> holds_;
+  uint64_t sent_ = 0;
+  uint64_t received_ = 0;
+};
+
+Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
+  wire::DataFields f;
+  f.bucket = tag_.bucket;
+  f.partition = static_cast<uint32_t>(sent_);
+  f.dtype = static_cast<wire::DType>(dtype_);
+  f.num_elements = elems;
+  f.fingerprint = fingerprint_;
+  f.round = tag_.seq;
+  f.version = tag_.names_hash;
+  std::vector<wire::Payload> payloads;
+  payloads.push_back(std::move(payload));
+  Message msg = wire::MakeData(ring_->peers_.sender, MsgType::RingData, f, std::move(payloads),
+                               tag_.step, tag_.seq);
+  Status s = SendMessage(std::move(msg));
+  if (!s.ok()) {
+    return Fail(UnavailableError(Describe() + ": sending to rank " +
+                                 std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
+                                 " failed: " + s.message()),
+                ErrorCode::Unreachable, -1);
+  }
+  return s;
+}
+
+StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
+  const Deadline soft = Deadline::At(deadline_.at() - ring_->options_.abort_grace);
+  for (;;) {
+    const Deadline poll = soft.Min(Deadline::After(ring_->options_.poll_interval));
+    StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
+    if (!got.ok()) {
+      if (got.status().code() != StatusCode::kDeadlineExceeded) return got.status();
+      if (ring_->health_) {
+        Status health = ring_->health_();
+        if (!health.ok()) {
+          return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
+                      ErrorCode::PeerDead, -1);
+        }
+      }
+      if (soft.Expired()) return TimedOut();
+      continue;
+    }
+    wire::Incoming in = std::move(*got);
+    wire::Verdict v = wire::Validate(in.message, ring_->policy_);
+    const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
+                           v.header->sender_rank() == left() &&
+                           in.from.kind == wire::Route::Kind::kInbound;
+    if (!from_left || v.type != want) {
+      GS_RETURN_IF_ERROR(HandleOther(in, v));
+      continue;
+    }
+    if (want == MsgType::RingData) {
+      GS_RETURN_IF_ERROR(CheckData(*v.header, elems));
+      if (in.message.payloads.size() != 1) {
+        Refuse(in, ErrorCode::SizeMismatch, "a RingData message carries exactly one payload frame",
+               v.type);
+        continue;
+      }
+    }
+    ++received_;
+    ring_->messages_received_.fetch_add(1, std::memory_order_relaxed);
+    ring_->bytes_received_.fetch_add(in.message.PayloadBytes(), std::memory_order_relaxed);
+    return std::move(in.message);
+  }
+}
+
+void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
+                                 const std::string& detail, MsgType type) {
+  ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
+  GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
+                  << ": " << detail;
+  ring_->transport_
+      ->Send(in.from, wire::MakeError(ring_->peers_.sender, code, detail, type),
+             Deadline::After(Millis(100)))
+      .IgnoreError();
+}
+
+Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Verdict& v) {
+  if (!v.ok()) {
+    if (v.ShouldAnswer()) Refuse(in, v.code, v.detail, v.type);
+    else ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
+    return Status();
+  }
+  const wire::Header& h = *v.header;
+  const bool from_right_conn = in.from.kind == wire::Route::Kind::kConnection;
+  if (v.type == MsgType::Error && from_right_conn) {
+    const auto* e = h.body_as_ErrorBody();
+    return Fail(AbortedError(Describe() + ": rank " + std::to_string(h.sender_rank()) +
+                             " refused this rank's message: " +
+                             (e->message() ? e->message()->str() : "")),
+                e->code(), -1);
+  }
+  if (h.sender_role() != wire::Role::Worker || h.sender_rank() != left() || from_right_conn) {
+    Refuse(in, ErrorCode::BadSender,
+           std::string(wire::RoleName(h.sender_role())) + " " + std::to_string(h.sender_rank()) +
+               " is not this worker's left neighbour (rank " + std::to_string(left()) + ")",
+           v.type);
+    return Status();
+  }
+  if (v.type == MsgType::RingAbort) return FromAbort(*h.body_as_RingAbortBody());
+  // The left neighbour runs a different kind of operation.
+  const std::string theirs = v.type == MsgType::Layout ? "a layout check" : "a collective";
+  return Fail(AbortedError("ranks disagree: rank " + std::to_string(left()) + " sent " + theirs +
+                           " (" + wire::MsgTypeName(v.type) + ") while rank " +
+                           std::to_string(rank()) + " runs " + Describe()),
+              ErrorCode::Mismatch, -1);
+}
+
+Status RingCollectives::Op::CheckData(const wire::Header& h, size_t elems) {
+  const auto* d = h.body_as_DataBody();
+  if (d->fingerprint() != fingerprint_) {
+    std::string mine = "step " + std::to_string(tag_.step) + " bucket " +
+                       std::to_string(tag_.bucket) + " seq " + std::to_string(tag_.seq) + " " +
+                       DTypeName(dtype_) + " names-hash " + std::to_string(tag_.names_hash);
+    std::string theirs = DescribeData(h);
+    std::string why = mine == theirs ? " (same fields: the operation or its size differ)" : "";
+    return Fail(AbortedError("ranks disagree on collective seq " + std::to_string(tag_.seq) +
+                             ": rank " + std::to_string(left()) + " sent " + theirs + ", rank " +
+                             std::to_string(rank()) + " runs " + RingOpName(kind_) + " " +
+                             mine + why),
+                ErrorCode::Mismatch, -1);
+  }
+  if (d->partition() != received_ || d->num_elements() != elems) {
+    return Fail(AbortedError(Describe() + ": rank " + std::to_string(left()) + " sent message #" +
+                             std::to_string(d->partition()) + " of " +
+                             std::to_string(d->num_elements()) + " elements, rank " +
+                             std::to_string(rank()) + " expected #" +
+                             std::to_string(received_) + " of " + std::to_string(elems)),
+                ErrorCode::Mismatch, -1);
+  }
+  return Status();
+}
+
+Status RingCollectives::Op::Fail(Status why, ErrorCode code, int blamed) {
+  if (ring_->peers_.world_size > 1) {
+    wire::RingAbortFields f;
+    f.origin_rank = rank();
+    f.blamed_rank = blamed;
+    f.received = received_;
+    f.code = code;
+    f.message = why.message();
+    ring_->transport_
+        ->Send(wire::Route::Connection(ring_->right_),
+               wire::MakeRingAbort(ring_->peers_.sender, f, tag_.step, tag_.seq),
+               Deadline::After(Millis(200)))
+        .IgnoreError();
+  }
+  return why;
+}
+
+Status RingCollectives::Op::FromAbort(const wire::RingAbortBody& a) {
+  const std::string msg = a.message() ? a.message()->str() : "";
+  // Pass it on unless it has been all the way round.
+  if (a.origin_rank() != rank()) {
+    wire::RingAbortFields f{a.origin_rank(), a.blamed_rank(), a.received(), a.timed_out(),
+                            a.code(), msg};
+    ring_->transport_
+        ->Send(wire::Route::Connection(ring_->right_),
+               wire::MakeRingAbort(ring_->peers_.sender, f, tag_.step, tag_.seq),
+               Deadline::After(Millis(200)))
+        .IgnoreError();
+  }
+  if (a.timed_out()) return TimedOut(Report{a.origin_rank(), a.received()});
+  if (a.code() == ErrorCode::Mismatch) {
+    return kind_ == RingOpKind::kLayout ? FailedPreconditionError(msg) : AbortedError(msg);
+  }
+  if (a.code() == ErrorCode::Timeout) return DeadlineExceededError(msg);
+  return UnavailableError(msg);
+}
+
+Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
+  std::vector<Report> reports{{rank(), received_}};
+  wire::RingAbortFields mine;
+  mine.origin_rank = rank();
+  mine.received = received_;
+  mine.timed_out = true;
+  mine.code = ErrorCode::Timeout;
+  mine.message = Describe() + " timed out";
+  ring_->transport_
+      ->Send(wire::Route::Connection(ring_->right_),
+             wire::MakeRingAbort(ring_->peers_.sender, mine, tag_.step, tag_.seq),
+             Deadline::After(Millis(200)))
+      .IgnoreError();
+  if (from_left) reports.push_back(*from_left);
+  const Deadline end = Deadline::After(ring_->options_.abort_grace).Min(deadline_);
+  for (;;) {
+    StatusOr<wire::Incoming> got = ring_->transport_->Receive(end);
+    if (!got.ok()) break;
+    wire::Verdict v = wire::Validate(got->message, ring_->policy_);
+    if (!v.ok() || v.type != MsgType::RingAbort || v.header->sender_rank() != left()) continue;
+    const auto* a = v.header->body_as_RingAbortBody();
+    if (!a->timed_out()) return FromAbort(*a);
+    if (a->origin_rank() == rank()) continue;
+    wire::RingAbortFields f{a->origin_rank(), a->blamed_rank(), a->received(), true, a->code(),
+                            a->message() ? a->message()->str() : ""};
+    ring_->transport_
+        ->Send(wire::Route::Connection(ring_->right_),
+               wire::MakeRingAbort(ring_->peers_.sender, f, tag_.step, tag_.seq),
+               Deadline::After(Millis(200)))
+        .IgnoreError();
+    reports.push_back(Report{a->origin_rank(), a->received()});
+  }
+  return DeadlineExceededError(Blame(reports));
+}
+
+// The rank that received least from its left neighbour (on a tie the one
+// furthest upstream) waits on the rank that stopped contributing.
+std::string RingCollectives::Op::Blame(const std::vector<Report>& reports) const {
+  const int n = ring_->peers_.world_size;
+  const Report* worst = &reports[0];
+  for (const Report& r : reports) {
+    const bool fewer = r.received < worst->received;
+    const bool further = r.received == worst->received &&
+                         RingIndex(rank() - r.origin, n) > RingIndex(rank() - worst->origin, n);
+    if (fewer || further) worst = &r;
+  }
+  const int blamed = RingIndex(worst->origin - 1, n);
+  return Describe() + ": rank " + std::to_string(blamed) +
+         " stopped contributing; rank " + std::to_string(worst->origin) + " received " +
+         std::to_string(worst->received) + " message(s) of this operation from it before the deadline";
+}
+
+RingCollectives::RingCollectives(wire::Transport* transport, const RingPeers& peers,
+                                 const RingOptions& options, HealthCheck health)
+    : transport_(transport), peers_(peers), options_(options), health_(std::move(health)) {
+  policy_ = wire::Policy::Accepting(
+      {MsgType::RingData, MsgType::RingAbort, MsgType::Layout, MsgType::Error});
+  policy_.job_id = peers.sender.job_id;
+  policy_.limits.max_header_bytes = 4 << 20;  // a Layout of a large model
+}
+
+RingCollectives::~RingCollectives() = default;
+
+StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(wire::Transport* transport,
+                                                                   const RingPeers& peers,
+                                                                   const RingOptions& options,
+                                                                   HealthCheck health) {
+  if (peers.world_size < 1 || peers.rank < 0 || peers.rank >= peers.world_size) {
+    return InvalidArgumentError("ring rank " + std::to_string(peers.rank) + " of " +
+                                std::to_string(peers.world_size) + " is impossible");
+  }
+  if (options.chunk_bytes < 64) {
+    return InvalidArgumentError("ring chunk_bytes must be at least 64, got " +
+                                std::to_string(options.chunk_bytes));
+  }
+  std::unique_ptr<RingCollectives> ring(
+      new RingCollectives(transport, peers, options, std::move(health)));
+  if (peers.world_size > 1) {
+    GS_ASSIGN_OR_RETURN(ring->right_, transport->Connect(peers.right_endpoint));
+  }
+  return ring;
+}
+
+RingStats RingCollectives::stats() const {
+  RingStats s;
+  s.messages_sent = messages_sent_.load();
+  s.messages_received = messages_received_.load();
+  s.bytes_sent = bytes_sent_.load();
+  s.bytes_received = bytes_received_.load();
+  s.rejected = rejected_.load();
+  return s;
+}
+
+Status RingCollectives::Finish(Op& op, Status result) {
+  if (result.ok()) result = op.WaitAllReleased();
+  if (!result.ok()) broken_ = result;
+  return result;
+}
+
+Status RingCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceOp reduce,
+                                  const OpTag& tag, Deadline deadline) {
+  if (!broken_.ok()) return broken_;
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return InvalidArgumentError(std::string("allreduce supports f32, f16 and bf16, not ") +
+                                DTypeName(dtype));
+  }
+  const int n = peers_.world_size;
+  if (n == 1 || count == 0) return Status();
+  Op op(this, RingOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(reduce), n,
+        deadline);
+  return Finish(op, RunAllReduce(op, static_cast<uint8_t*>(data), count, dtype, reduce));
+}
+
+Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
+                                     ReduceOp reduce) {
+  const int n = peers_.world_size;
+  const int r = peers_.rank;
+  const size_t es = DTypeSize(dtype);
+  const size_t ce = std::max<size_t>(1, options_.chunk_bytes / es);
+  const Span own = Segment(count, n, r);
+  for (size_t j = 0; j < NumChunks(own, ce); ++j) {
+    const Span c = Chunk(own, ce, j);
+    GS_RETURN_IF_ERROR(op.SendFromBuffer(base + c.begin * es, c.size(), r));
+  }
+  // Reduce-scatter: at step s, segment r-s-1 arrives, is added to, and goes on.
+  for (int s = 0; s + 1 < n; ++s) {
+    const int seg = RingIndex(r - s - 1, n);
+    const Span span = Segment(count, n, seg);
+    for (size_t j = 0; j < NumChunks(span, ce); ++j) {
+      const Span c = Chunk(span, ce, j);
+      GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::RingData, c.size()));
+      uint8_t* dst = base + c.begin * es;
+      AddInto(dst, msg.payloads[0].data, c.size(), dtype);
+      if (s + 2 == n && reduce == ReduceOp::kAverage) DivideBy(dst, c.size(), dtype, n);
+      GS_RETURN_IF_ERROR(op.SendFromBuffer(dst, c.size(), seg));
+    }
+  }
+  // All-gather: at step s, the finished segment r-s arrives and is passed on.
+  for (int s = 0; s + 1 < n; ++s) {
+    const int seg = RingIndex(r - s, n);
+    if (!op.WaitReleased(seg)) {
+      return op.Fail(DeadlineExceededError(op.Describe() + ": sends did not complete in time"),
+                     ErrorCode::Timeout, -1);
+    }
+    const Span span = Segment(count, n, seg);
+    for (size_t j = 0; j < NumChunks(span, ce); ++j) {
+      const Span c = Chunk(span, ce, j);
+      GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::RingData, c.size()));
+      std::memcpy(base + c.begin * es, msg.payloads[0].data, c.size() * es);
+      if (s + 2 < n) GS_RETURN_IF_ERROR(op.Forward(std::move(msg.payloads[0]), c.size()));
+    }
+  }
+  return Status();
+}
+
+Status RingCollectives::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                                  Deadline deadline) {
+  if (!broken_.ok()) return broken_;
+  const int n = peers_.world_size;
+  const int r = peers_.rank;
+  auto* base = static_cast<uint8_t*>(out);
+  if (bytes > 0) std::memcpy(base + static_cast<size_t>(r) * bytes, in, bytes);
+  if (n == 1 || bytes == 0) return Status();
+  Op op(this, RingOpKind::kAllGather, tag, DType::kU8, bytes, 0, n, deadline);
+  return Finish(op, RunAllGather(op, bytes, base));
+}
+
+// out[r * bytes, (r + 1) * bytes) already holds this rank's block.
+Status RingCollectives::RunAllGather(Op& op, size_t bytes, uint8_t* base) {
+  const int n = peers_.world_size;
+  const int r = peers_.rank;
+  const size_t ce = options_.chunk_bytes;
+  const Span own{static_cast<size_t>(r) * bytes, static_cast<size_t>(r + 1) * bytes};
+  for (size_t j = 0; j < NumChunks(own, ce); ++j) {
+    const Span c = Chunk(own, ce, j);
+    GS_RETURN_IF_ERROR(op.SendFromBuffer(base + c.begin, c.size(), 0));
+  }
+  for (int s = 0; s + 1 < n; ++s) {
+    const size_t block = static_cast<size_t>(RingIndex(r - s - 1, n));
+    const Span span{block * bytes, (block + 1) * bytes};
+    for (size_t j = 0; j < NumChunks(span, ce); ++j) {
+      const Span c = Chunk(span, ce, j);
+      GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::RingData, c.size()));
+      std::memcpy(base + c.begin, msg.payloads[0].data, c.size());
+      if (s + 2 < n) GS_RETURN_IF_ERROR(op.Forward(std::move(msg.payloads[0]), c.size()));
+    }
+  }
+  return Status();
+}
+
+Status RingCollectives::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                                  Deadline deadline) {
+  if (!broken_.ok()) return broken_;
+  const int n = peers_.world_size;
+  if (root < 0 || root >= n) {
+    return InvalidArgumentError("broadcast root " + std::to_string(root) + " is not a rank of " +
+                                std::to_string(n));
+  }
+  if (n == 1 || bytes == 0) return Status();
+  const int r = peers_.rank;
+  auto* base = static_cast<uint8_t*>(data);
+  Op op(this, RingOpKind::kBroadcast, tag, DType::kU8, bytes, static_cast<uint64_t>(root), 1,
+        deadline);
+  Status s = [&]() -> Status {
+    const size_t ce = options_.chunk_bytes;
+    const Span all{0, bytes};
+    const bool forward = RingIndex(r + 1, n) != root;
+    for (size_t j = 0; j < NumChunks(all, ce); ++j) {
+      const Span c = Chunk(all, ce, j);
+      if (r == root) {
+        GS_RETURN_IF_ERROR(op.SendFromBuffer(base + c.begin, c.size(), 0));
+        continue;
+      }
+      GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::RingData, c.size()));
+      std::memcpy(base + c.begin, msg.payloads[0].data, c.size());
+      if (forward) GS_RETURN_IF_ERROR(op.Forward(std::move(msg.payloads[0]), c.size()));
+    }
+    return Status();
+  }();
+  return Finish(op, s);
+}
+
+Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& tensors,
+                                    Deadline deadline) {
+  if (!broken_.ok()) return broken_;
+  const int n = peers_.world_size;
+  if (n == 1) return Status();
+  Op op(this, RingOpKind::kLayout, OpTag{}, DType::kU8, tensors.size(), 0, n, deadline);
+  Status s = [&]() -> Status {
+    GS_RETURN_IF_ERROR(op.SendMessage(wire::MakeLayout(peers_.sender, tensors)));
+    GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::Layout, 0));
+    std::string diff = CompareLayout(msg.header_view()->body_as_LayoutBody(), tensors,
+                                     op.left(), peers_.rank);
+    if (diff.empty()) {
+      // Every rank compared with its left neighbour; a one-byte all-gather
+      // finishes only if all of them agreed (a rank that found a difference
+      // sends its RingAbort round instead).
+      std::vector<uint8_t> votes(static_cast<size_t>(n), 1);
+      return RunAllGather(op, 1, votes.data());
+    }
+    return op.Fail(FailedPreconditionError("tensor layouts differ between rank " +
+                                           std::to_string(op.left()) + " and rank " +
+                                           std::to_string(peers_.rank) + ": " + diff),
+                   ErrorCode::Mismatch, -1);
+  }();
+  return Finish(op, s);
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,129 @@
+// RingCollectives: all-reduce, all-gather and broadcast over a ring of
+// workers, each sending to its right neighbour (rank + 1) and receiving from
+// its left (rank - 1) through a wire::Transport (ZeroMQ between processes,
+// in-process in tests).
+//
+// All-reduce is a reduce-scatter followed by an all-gather. The buffer is cut
+// into world_size segments and every segment into chunks of at most
+// `chunk_bytes`, so a rank forwards a chunk as soon as it has summed it:
+// sending, receiving and summing overlap. Sends are zero-copy (payload frames
+// point into the caller's buffer, and received frames are forwarded as they
+// came); a region of the buffer is not overwritten until the transport has
+// released every send that points into it.
+//
+// Every RingData message carries the operation's fingerprint (op, step,
+// bucket, seq, dtype, count, names hash). A message that does not match what
+// this rank expects, or that fails verification, is refused with an Error
+// reply; a mismatch from the left neighbour fails the operation on every
+// rank: the detecting rank sends a RingAbort around the ring, naming both
+// ranks and the differing fields. When nothing arrives before the deadline,
+// the ranks pass their progress around the ring and all name the same
+// missing rank (the left neighbour of the rank that received least). A
+// `health` check, polled while waiting, fails the operation at once when the
+// job already knows a peer died.
+//
+// The ring must be the only reader of `transport` (it calls Receive).
+//
+// Buffers: a call that succeeds returns only after the transport has let go
+// of every send pointing into the caller's buffer. After a failure the
+// transport may still hold such sends (a dead peer never takes them), so the
+// buffer must stay allocated until the transport is shut down.
+//
+// Thread-safety: as Collectives (one operation at a time). stats() may be
+// called from any thread.
+#ifndef GRADSYNC_CLIENT_RING_H_
+#define GRADSYNC_CLIENT_RING_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/collectives.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "wire/message.h"
+#include "wire/transport.h"
+#include "wire/validate.h"
+
+namespace gradsync::client {
+
+struct RingOptions {
+  size_t chunk_bytes = size_t{1} << 20;  // pipelining granularity
+  Millis poll_interval{20};              // how often a waiting rank runs `health`
+  Millis abort_grace{300};  // after a timeout: how long to gather other ranks' progress
+};
+
+struct RingPeers {
+  int rank = 0;
+  int world_size = 1;
+  std::string right_endpoint;  // data endpoint of rank + 1; unused when world_size == 1
+  wire::Sender sender;         // this worker, as headers name it
+};
+
+struct RingStats {
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bytes_sent = 0;      // payload bytes
+  uint64_t bytes_received = 0;  // payload bytes
+  uint64_t rejected = 0;        // messages refused (malformed, mismatched, unexpected)
+};
+
+// Returns an error when the job already knows the ring cannot finish (a
+// worker died, the job failed); OK otherwise.
+using HealthCheck = std::function<Status()>;
+
+class RingCollectives : public Collectives {
+ public:
+  // Connects to the right neighbour. `transport` must be listening and must
+  // outlive the ring. `health` may be null.
+  static StatusOr<std::unique_ptr<RingCollectives>> Create(wire::Transport* transport,
+                                                           const RingPeers& peers,
+                                                           const RingOptions& options,
+                                                           HealthCheck health);
+  ~RingCollectives() override;
+
+  const char* name() const override { return "ring"; }
+  int rank() const override { return peers_.rank; }
+  int world_size() const override { return peers_.world_size; }
+
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                   Deadline deadline) override;
+  Status AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                   Deadline deadline) override;
+  Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                   Deadline deadline) override;
+
+  // Sends this rank's tensor list to the right neighbour and compares the
+  // left neighbour's with it. On a difference every rank fails with
+  // FailedPrecondition naming both ranks and the first tensor that differs.
+  Status CheckLayout(const std::vector<wire::TensorSpecFields>& tensors, Deadline deadline);
+
+  RingStats stats() const;
+
+ private:
+  class Op;  // one collective in flight (ring.cc)
+  RingCollectives(wire::Transport* transport, const RingPeers& peers, const RingOptions& options,
+                  HealthCheck health);
+  Status RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
+  Status RunAllGather(Op& op, size_t bytes, uint8_t* base);
+  // Waits until no send points into the caller's buffer; a failure breaks
+  // the ring for good.
+  Status Finish(Op& op, Status result);
+
+  wire::Transport* const transport_;
+  const RingPeers peers_;
+  const RingOptions options_;
+  const HealthCheck health_;
+  wire::Policy policy_;
+  wire::ConnId right_ = -1;
+  Status broken_;  // the first error; sticky
+  std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0};
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_RING_H_

@@ -1,0 +1,172 @@
+// The ring when ranks disagree, stop, die, or receive garbage: every rank
+// fails in time with the same explanation, and bad messages are refused.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include "client/ring.h"
+#include "client/ring_test_util.h"
+#include "gtest/gtest.h"
+#include "wire/test_util.h"
+
+namespace gradsync::client {
+namespace {
+
+using std::chrono::steady_clock;
+
+double SecondsSince(steady_clock::time_point t) {
+  return std::chrono::duration<double>(steady_clock::now() - t).count();
+}
+
+RingOptions FastOptions() {
+  RingOptions o = SmallChunks();
+  o.abort_grace = Millis(300);
+  return o;
+}
+
+TEST(RingFaultTest, DisagreeingStepFailsEveryRankWithinASecondNamingBothRanks) {
+  const int n = 4;
+  Ring ring(n, FastOptions());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(5000, 1.0f));
+  const auto start = steady_clock::now();
+  auto st = ring.Run([&](int r) {
+    OpTag tag = Tag(1);
+    if (r == 2) tag.step = 4;  // rank 2 is a step ahead
+    return ring[r].AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum, tag,
+                             Deadline::After(std::chrono::seconds(30)));
+  });
+  EXPECT_LT(SecondsSince(start), 1.0);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kAborted) << r << ": " << st[r].ToString();
+    EXPECT_NE(st[r].message().find("ranks disagree"), std::string::npos) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("step 4"), std::string::npos) << st[r].ToString();
+  }
+  // The ring stays broken: later calls return the same error at once.
+  Status again = ring[0].AllReduce(bufs[0].data(), 1, DType::kF32, ReduceOp::kSum, Tag(2), Soon());
+  EXPECT_EQ(again.message(), st[0].message());
+}
+
+TEST(RingFaultTest, DifferentSizesAreAMismatchNotAHang) {
+  const int n = 3;
+  Ring ring(n, FastOptions());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(9000, 1.0f));
+  const auto start = steady_clock::now();
+  auto st = ring.Run([&](int r) {
+    const size_t count = r == 1 ? 8000 : 9000;
+    return ring[r].AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(1),
+                             Deadline::After(std::chrono::seconds(30)));
+  });
+  EXPECT_LT(SecondsSince(start), 1.0);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(st[r].code(), StatusCode::kAborted) << st[r].ToString();
+}
+
+TEST(RingFaultTest, AStalledRankIsNamedByEveryOtherRankByTheDeadline) {
+  for (int stalled : {0, 2}) {
+    const int n = 4;
+    Ring ring(n, FastOptions());
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(20000, 1.0f));
+    const auto start = steady_clock::now();
+    auto st = ring.Run([&](int r) {
+      if (r == stalled) return Status();  // never takes part
+      return ring[r].AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum,
+                               Tag(1), Deadline::After(Millis(1500)));
+    });
+    const double took = SecondsSince(start);
+    EXPECT_GE(took, 1.0);
+    EXPECT_LT(took, 2.0);
+    const std::string want = "rank " + std::to_string(stalled) + " stopped contributing";
+    for (int r = 0; r < n; ++r) {
+      if (r == stalled) continue;
+      EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
+      EXPECT_NE(st[r].message().find(want), std::string::npos)
+          << "rank " << r << ": " << st[r].ToString();
+    }
+  }
+}
+
+TEST(RingFaultTest, AHealthFailureEndsTheWaitAtOnce) {
+  const int n = 3;
+  std::atomic<bool> dead{false};
+  Ring ring(n, FastOptions(), [&]() -> Status {
+    if (dead) return UnavailableError("worker 2 died (missed 5 heartbeats)");
+    return Status();
+  });
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(100, 1.0f));
+  const auto start = steady_clock::now();
+  auto st = ring.Run([&](int r) {
+    if (r == 2) {
+      dead = true;  // as the scheduler would announce
+      return Status();
+    }
+    return ring[r].AllReduce(bufs[r].data(), 100, DType::kF32, ReduceOp::kSum, Tag(1),
+                             Deadline::After(std::chrono::seconds(30)));
+  });
+  EXPECT_LT(SecondsSince(start), 1.0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("worker 2 died"), std::string::npos) << st[r].ToString();
+  }
+}
+
+TEST(RingFaultTest, LayoutDifferenceNamesTheFirstDifferingTensorOnEveryRank) {
+  const int n = 3;
+  Ring ring(n, FastOptions());
+  auto st = ring.Run([&](int r) {
+    std::vector<wire::TensorSpecFields> layout = {{"fc1.weight", 1000, wire::DType::F32},
+                                                  {"fc1.bias", 10, wire::DType::F32},
+                                                  {"fc2.weight", 100, wire::DType::F32}};
+    if (r == 1) layout[1].num_elements = 20;
+    return ring[r].CheckLayout(layout, Deadline::After(std::chrono::seconds(10)));
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kFailedPrecondition) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("'fc1.bias' (20 x f32)"), std::string::npos) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("tensor #1"), std::string::npos) << st[r].ToString();
+  }
+}
+
+TEST(RingFaultTest, EqualLayoutsPass) {
+  Ring ring(4, FastOptions());
+  auto st = ring.Run([&](int r) {
+    return ring[r].CheckLayout({{"w", 7, wire::DType::BF16}}, Deadline::After(std::chrono::seconds(10)));
+  });
+  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// Garbage and impostors sent to a rank during an operation are refused with
+// an Error reply and counted; the operation still completes correctly.
+TEST(RingFaultTest, BadMessagesAreRefusedCountedAndAnsweredWhileTheOpCompletes) {
+  const int n = 2;
+  Ring ring(n, FastOptions());
+  auto intruder = ring.net().NewTransport("intruder");
+  auto conn = intruder->Connect(Ring::Endpoint(1));
+  ASSERT_TRUE(conn.ok());
+  wire::Message garbage;
+  garbage.header = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(intruder->Send(wire::Route::Connection(*conn), garbage, Soon()).ok());
+  // A well-formed RingData claiming to be rank 0, from the wrong peer: its
+  // sender rank is right but it comes from rank 3's role in another job.
+  wire::Message other_job = wire::SampleMessage(wire::MsgType::RingData);
+  ASSERT_TRUE(intruder->Send(wire::Route::Connection(*conn), other_job, Soon()).ok());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(3000));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < 3000; ++i) bufs[r][i] = static_cast<float>(i + r);
+  }
+  auto st = ring.Run([&](int r) {
+    return ring[r].AllReduce(bufs[r].data(), 3000, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  });
+  ASSERT_TRUE(st[0].ok()) << st[0].ToString();
+  ASSERT_TRUE(st[1].ok()) << st[1].ToString();
+  for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(bufs[1][i], static_cast<float>(2 * i + 1));
+  EXPECT_EQ(ring[1].stats().rejected, 2u);
+  for (int i = 0; i < 2; ++i) {
+    auto reply = intruder->Receive(Deadline::After(std::chrono::seconds(5)));
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    wire::Verdict v = wire::Validate(reply->message, wire::AcceptAllPolicy());
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v.type, wire::MsgType::Error);
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::client

@@ -1,0 +1,176 @@
+// The ring collectives with every rank as a thread of this process, over the
+// in-process transport.
+#include "client/ring.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "client/ring_plan.h"
+#include "common/half.h"
+#include "gtest/gtest.h"
+#include "client/ring_test_util.h"
+#include "wire/inproc_transport.h"
+
+namespace gradsync::client {
+namespace {
+
+// Integer values in [-8, 8]: every sum is exact in f32, f16 and bf16.
+float IntValue(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8); }
+
+void Encode(const std::vector<float>& in, DType dtype, std::vector<uint8_t>* out) {
+  out->resize(in.size() * DTypeSize(dtype));
+  if (dtype == DType::kF32 && !in.empty()) std::memcpy(out->data(), in.data(), 4 * in.size());
+  if (dtype == DType::kF16) FloatToHalf(in.data(), out->data(), in.size());
+  if (dtype == DType::kBF16) FloatToBf16(in.data(), out->data(), in.size());
+}
+
+struct Case {
+  int world;
+  size_t count;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  const size_t chunk = kChunkBytes / 4;
+  for (int n = 1; n <= 8; ++n) {
+    std::set<size_t> counts{0, 1, 1009, chunk - 1, chunk + 1, n * chunk - 1, n * chunk + 1,
+                            3 * n * chunk + 17};
+    for (size_t count : counts) {
+      cases.push_back({n, count});
+    }
+  }
+  return cases;
+}
+
+class RingSizesTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RingSizesTest, AllReduceOfIntegersIsExactForEveryDtypeAndOp) {
+  const Case c = GetParam();
+  Ring ring(c.world, SmallChunks());
+  uint64_t seq = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<float> want(c.count, 0.0f);
+      for (int r = 0; r < c.world; ++r) {
+        for (size_t i = 0; i < c.count; ++i) want[i] += IntValue(r, i);
+      }
+      if (op == ReduceOp::kAverage) {
+        for (float& w : want) w = (dtype == DType::kF32) ? w / c.world : w * (1.0f / c.world);
+      }
+      std::vector<std::vector<uint8_t>> bufs(c.world);
+      for (int r = 0; r < c.world; ++r) {
+        std::vector<float> mine(c.count);
+        for (size_t i = 0; i < c.count; ++i) mine[i] = IntValue(r, i);
+        Encode(mine, dtype, &bufs[r]);
+      }
+      std::vector<uint8_t> want_bytes;
+      Encode(want, dtype, &want_bytes);
+      ++seq;
+      auto st = ring.Run([&](int r) {
+        return ring[r].AllReduce(bufs[r].data(), c.count, dtype, op, Tag(seq), Soon());
+      });
+      for (int r = 0; r < c.world; ++r) {
+        ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+        // Sums of integers are exact; the average is one rounding of them,
+        // the same on every rank.
+        ASSERT_EQ(bufs[r], want_bytes) << "rank " << r << " dtype " << DTypeName(dtype)
+                                       << (op == ReduceOp::kSum ? " sum" : " average");
+      }
+    }
+  }
+}
+
+TEST_P(RingSizesTest, AllReduceOfRandomFloatsIsCloseAndIdenticalOnEveryRank) {
+  const Case c = GetParam();
+  Ring ring(c.world, SmallChunks());
+  std::mt19937 rng(c.world * 1000 + c.count);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<std::vector<float>> bufs(c.world, std::vector<float>(c.count));
+  std::vector<double> want(c.count, 0.0);
+  for (int r = 0; r < c.world; ++r) {
+    for (size_t i = 0; i < c.count; ++i) {
+      bufs[r][i] = dist(rng);
+      want[i] += bufs[r][i];
+    }
+  }
+  auto st = ring.Run([&](int r) {
+    return ring[r].AllReduce(bufs[r].data(), c.count, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  });
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    ASSERT_EQ(bufs[r], bufs[0]) << "rank " << r << " differs from rank 0";
+  }
+  for (size_t i = 0; i < c.count; ++i) {
+    ASSERT_NEAR(bufs[0][i], want[i], 1e-5 * c.world * (1 + std::fabs(want[i]))) << i;
+  }
+}
+
+TEST_P(RingSizesTest, AllGatherAndBroadcastDeliverExactBytes) {
+  const Case c = GetParam();
+  Ring ring(c.world, SmallChunks());
+  const size_t bytes = c.count * 3 + 1;  // odd byte counts too
+  std::vector<std::vector<uint8_t>> in(c.world, std::vector<uint8_t>(bytes));
+  std::vector<uint8_t> want;
+  for (int r = 0; r < c.world; ++r) {
+    for (size_t i = 0; i < bytes; ++i) in[r][i] = static_cast<uint8_t>(i * 31 + r * 7);
+    want.insert(want.end(), in[r].begin(), in[r].end());
+  }
+  std::vector<std::vector<uint8_t>> out(c.world, std::vector<uint8_t>(bytes * c.world));
+  auto st = ring.Run([&](int r) {
+    return ring[r].AllGather(in[r].data(), bytes, out[r].data(), Tag(1), Soon());
+  });
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    ASSERT_EQ(out[r], want) << "rank " << r;
+  }
+  for (int root = 0; root < c.world; ++root) {
+    std::vector<std::vector<uint8_t>> data = in;
+    st = ring.Run([&](int r) {
+      return ring[r].Broadcast(data[r].data(), bytes, root, Tag(2 + root), Soon());
+    });
+    for (int r = 0; r < c.world; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+      ASSERT_EQ(data[r], in[root]) << "rank " << r << " root " << root;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, RingSizesTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return "world" + std::to_string(info.param.world) + "_count" +
+                                  std::to_string(info.param.count);
+                         });
+
+// 64 MiB per rank with the default 1 MiB chunks.
+class RingLargeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingLargeTest, AllReduce64MiB) {
+  const int n = GetParam();
+  const size_t count = (size_t{64} << 20) / 4;
+  Ring ring(n);
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < count; ++i) bufs[r][i] = IntValue(r, i);
+  }
+  auto st = ring.Run([&](int r) {
+    return ring[r].AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += IntValue(q, i);
+      ASSERT_EQ(bufs[r][i], want) << "rank " << r << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, RingLargeTest, ::testing::Values(1, 2, 3, 4, 8));
+
+}  // namespace
+}  // namespace gradsync::client

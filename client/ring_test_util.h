@@ -1,0 +1,73 @@
+// Test helpers: a ring of RingCollectives over the in-process transport,
+// one thread per rank.
+#ifndef GRADSYNC_CLIENT_RING_TEST_UTIL_H_
+#define GRADSYNC_CLIENT_RING_TEST_UTIL_H_
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/ring.h"
+#include "gtest/gtest.h"
+#include "wire/inproc_transport.h"
+
+namespace gradsync::client {
+
+constexpr uint64_t kJob = 77;
+constexpr size_t kChunkBytes = 4096;  // 1024 f32 elements per chunk
+
+class Ring {
+ public:
+  Ring(int n, RingOptions options = RingOptions(), HealthCheck health = nullptr) : n_(n) {
+    for (int r = 0; r < n; ++r) {
+      transports_.push_back(net_.NewTransport("w" + std::to_string(r)));
+      EXPECT_TRUE(transports_.back()->Listen(Endpoint(r)).ok());
+    }
+    for (int r = 0; r < n; ++r) {
+      RingPeers p;
+      p.rank = r;
+      p.world_size = n;
+      p.right_endpoint = Endpoint((r + 1) % n);
+      p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+      auto ring = RingCollectives::Create(transports_[r].get(), p, options, health);
+      EXPECT_TRUE(ring.ok()) << ring.status().ToString();
+      rings_.push_back(std::move(*ring));
+    }
+  }
+
+  static std::string Endpoint(int r) { return "inproc://rank" + std::to_string(r); }
+  RingCollectives& operator[](int r) { return *rings_[r]; }
+  wire::InProcNetwork& net() { return net_; }
+
+  // Runs fn(rank) on one thread per rank; returns each rank's status.
+  std::vector<Status> Run(const std::function<Status(int)>& fn) {
+    std::vector<Status> out(n_);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n_; ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+ private:
+  int n_;
+  wire::InProcNetwork net_;
+  std::vector<std::unique_ptr<wire::InProcTransport>> transports_;
+  std::vector<std::unique_ptr<RingCollectives>> rings_;
+};
+
+inline RingOptions SmallChunks() {
+  RingOptions o;
+  o.chunk_bytes = kChunkBytes;
+  return o;
+}
+
+inline OpTag Tag(uint64_t seq) { return OpTag{3, 1, seq, 0xabc}; }
+
+inline Deadline Soon() { return Deadline::After(std::chrono::seconds(60)); }
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_RING_TEST_UTIL_H_
