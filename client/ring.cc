@@ -146,26 +146,50 @@ class RingCollectives::Op {
   // Forwards a payload as it came from the left.
   Status Forward(wire::Payload payload, size_t elems) { return SendPayload(std::move(payload), elems); }
   // Every message of the operation, data or not, takes the next index.
+  // A send that cannot be handed over (the right neighbour is gone) is
+  // retried in slices, checking `health` in between; a send whose slice
+  // expired was not sent, so retrying keeps the order.
   Status SendMessage(Message msg) {
     ++sent_;
     ring_->messages_sent_.fetch_add(1, std::memory_order_relaxed);
     ring_->bytes_sent_.fetch_add(msg.PayloadBytes(), std::memory_order_relaxed);
-    return ring_->transport_->Send(wire::Route::Connection(ring_->right_), std::move(msg),
-                                   deadline_);
+    const wire::Route right = wire::Route::Connection(ring_->right_);
+    for (;;) {
+      const Deadline slice = deadline_.Min(Deadline::After(ring_->options_.poll_interval * 5));
+      Status s = ring_->transport_->Send(right, msg, slice);
+      if (s.ok() || s.code() != StatusCode::kDeadlineExceeded || deadline_.Expired()) return s;
+      if (ring_->health_) {
+        Status health = ring_->health_();
+        if (!health.ok()) return UnavailableError(health.message());
+      }
+    }
   }
 
   // The next message of this operation from the left: a RingData of `elems`
   // elements (its single payload frame), or a Layout when `want` says so.
   StatusOr<Message> Receive(MsgType want, size_t elems);
 
-  bool WaitReleased(int seg) { return holds_->WaitReleased(seg, deadline_); }
-  Status WaitAllReleased() {
-    if (!holds_->WaitReleased(-1, deadline_)) {
-      return DeadlineExceededError(std::string(RingOpName(kind_)) +
-                                   ": the transport did not release the buffer in time");
+  // Waits until no send points into `seg`, checking `health` meanwhile.
+  Status WaitReleased(int seg) {
+    for (;;) {
+      const Deadline slice = deadline_.Min(Deadline::After(ring_->options_.poll_interval));
+      if (holds_->WaitReleased(seg, slice)) return Status();
+      if (ring_->health_) {
+        Status health = ring_->health_();
+        if (!health.ok()) {
+          return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
+                      ErrorCode::PeerDead, -1);
+        }
+      }
+      if (deadline_.Expired()) {
+        return Fail(DeadlineExceededError(Describe() + ": rank " +
+                                          std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
+                                          " did not take this rank's messages in time"),
+                    ErrorCode::Timeout, -1);
+      }
     }
-    return Status();
   }
+  Status WaitAllReleased() { return WaitReleased(-1); }
 
   // Records `why`, tells the right neighbour (which passes it on), returns it.
   Status Fail(Status why, ErrorCode code, int blamed);
@@ -509,10 +533,7 @@ Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType 
   // All-gather: at step s, the finished segment r-s arrives and is passed on.
   for (int s = 0; s + 1 < n; ++s) {
     const int seg = RingIndex(r - s, n);
-    if (!op.WaitReleased(seg)) {
-      return op.Fail(DeadlineExceededError(op.Describe() + ": sends did not complete in time"),
-                     ErrorCode::Timeout, -1);
-    }
+    GS_RETURN_IF_ERROR(op.WaitReleased(seg));
     const Span span = Segment(count, n, seg);
     for (size_t j = 0; j < NumChunks(span, ce); ++j) {
       const Span c = Chunk(span, ce, j);

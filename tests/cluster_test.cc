@@ -11,6 +11,7 @@
 #include "cluster/node_agent.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "tests/local_job.h"
 #include "wire/message.h"
 #include "wire/transport.h"
 #include "wire/validate.h"
@@ -21,42 +22,11 @@ namespace {
 
 using std::chrono::steady_clock;
 
-constexpr int kHeartbeatMs = 200;
-constexpr int kMissed = 5;
+constexpr int kHeartbeatMs = LocalJob::kHeartbeatMs;
+constexpr int kMissed = LocalJob::kMissed;
 
-std::string Runfile(const std::string& path) {
-  const char* dir = std::getenv("TEST_SRCDIR");
-  return std::string(dir ? dir : ".") + "/gradsync/" + path;
-}
-
-std::string TmpFile(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
-
-class ClusterTest : public ::testing::Test {
+class ClusterTest : public ::testing::Test, public LocalJob {
  protected:
-  // Starts a scheduler on a free port and returns "127.0.0.1:port".
-  std::string StartScheduler(int workers, int servers, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {Runfile("server/gradsync_server"), "--role=scheduler",
-                                     "--port=0", "--num_workers=" + std::to_string(workers),
-                                     "--num_servers=" + std::to_string(servers),
-                                     "--heartbeat_ms=" + std::to_string(kHeartbeatMs),
-                                     "--missed_heartbeats=" + std::to_string(kMissed)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto p = Subprocess::Spawn(argv, {}, TmpFile(Name("scheduler")));
-    EXPECT_TRUE(p.ok()) << p.status();
-    scheduler_ = std::make_unique<Subprocess>(std::move(*p));
-    EXPECT_TRUE(scheduler_->WaitForOutput("listening on", Deadline::AfterMs(10000)));
-    // "listening on tcp://0.0.0.0:PORT for ..."
-    const std::string out = scheduler_->Output();
-    const size_t at = out.find("listening on tcp://");
-    EXPECT_NE(at, std::string::npos) << out;
-    const size_t colon = out.find(':', at + std::strlen("listening on tcp://"));
-    address_ = "127.0.0.1:" + std::to_string(std::atoi(out.c_str() + colon + 1));
-    return address_;
-  }
-
   Subprocess& StartServer() {
     return Start({Runfile("server/gradsync_server"), "--role=server"}, "server");
   }
@@ -66,18 +36,6 @@ class ClusterTest : public ::testing::Test {
                                      "--rank=" + std::to_string(rank)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return Start(argv, "worker" + std::to_string(rank));
-  }
-
-  Subprocess& Start(const std::vector<std::string>& argv, const std::string& name) {
-    auto p = Subprocess::Spawn(argv, env_, TmpFile(Name(name)));
-    EXPECT_TRUE(p.ok()) << p.status();
-    nodes_.push_back(std::make_unique<Subprocess>(std::move(*p)));
-    return *nodes_.back();
-  }
-
-  std::string Name(const std::string& what) {
-    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "." +
-           what + ".log";
   }
 
   // A node in this test process, speaking as a worker.
@@ -91,18 +49,6 @@ class ClusterTest : public ::testing::Test {
     o.heartbeat_interval = Millis(kHeartbeatMs);
     return o;
   }
-
-  void SetJob(int workers, int servers) {
-    env_ = {{"GRADSYNC_SCHEDULER", address_},
-            {"GRADSYNC_NUM_WORKERS", std::to_string(workers)},
-            {"GRADSYNC_NUM_SERVERS", std::to_string(servers)},
-            {"GRADSYNC_HEARTBEAT_MS", std::to_string(kHeartbeatMs)}};
-  }
-
-  std::unique_ptr<Subprocess> scheduler_;
-  std::vector<std::unique_ptr<Subprocess>> nodes_;
-  std::map<std::string, std::string> env_;
-  std::string address_;
 };
 
 TEST_F(ClusterTest, RendezvousBarrierAndDeadWorkerReportedByRank) {

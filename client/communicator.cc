@@ -1,0 +1,522 @@
+#include "client/communicator.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "client/bucketer.h"
+#include "client/nccl_factory.h"
+#include "client/ring.h"
+#include "client/session.h"
+#include "common/half.h"
+#include "common/logging.h"
+#include "kernels/reduce.h"
+
+namespace gradsync::client {
+
+struct SyncHandle::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  Communicator::Callback callback;
+
+  void Complete(const Status& s) {
+    Callback cb;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (done) return;
+      done = true;
+      status = s;
+      cb = std::move(callback);
+    }
+    cv.notify_all();
+    if (cb) cb(s);
+  }
+  using Callback = Communicator::Callback;
+};
+
+SyncHandle::SyncHandle() : state_(std::make_shared<State>()) {}
+
+Status SyncHandle::Wait(Deadline deadline) const {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  auto done = [&] { return state_->done; };
+  if (deadline.infinite()) {
+    state_->cv.wait(lock, done);
+  } else if (!state_->cv.wait_until(lock, deadline.at(), done)) {
+    return DeadlineExceededError("gradient not synchronised before the deadline");
+  }
+  return state_->status;
+}
+
+bool SyncHandle::Done() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+namespace {
+
+struct CommOptions {
+  std::string path;
+  std::string backend;
+  size_t first_bucket_bytes = 0;
+  size_t bucket_bytes = 0;
+  Millis op_timeout{0};
+  RingOptions ring;
+  int cuda_device = 0;
+
+  static StatusOr<CommOptions> FromConfig(const Config& config) {
+    CommOptions o;
+    GS_ASSIGN_OR_RETURN(o.path, config.GetString("path", "allreduce"));
+    GS_ASSIGN_OR_RETURN(o.backend, config.GetString("backend", "ring"));
+    GS_ASSIGN_OR_RETURN(int64_t first, config.GetInt("first_bucket_bytes", 1 << 20));
+    GS_ASSIGN_OR_RETURN(int64_t bucket, config.GetInt("bucket_bytes", 25 << 20));
+    GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
+    GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
+    GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
+    if (o.path != "allreduce" && o.path != "ps") {
+      return InvalidArgumentError("path must be allreduce or ps, got '" + o.path + "'");
+    }
+    if (o.backend != "ring" && o.backend != "nccl") {
+      return InvalidArgumentError("backend must be ring or nccl, got '" + o.backend + "'");
+    }
+    if (first <= 0 || bucket <= 0 || timeout <= 0 || chunk < 64) {
+      return InvalidArgumentError(
+          "first_bucket_bytes, bucket_bytes and op_timeout_ms must be positive and "
+          "ring_chunk_bytes at least 64");
+    }
+    o.first_bucket_bytes = static_cast<size_t>(first);
+    o.bucket_bytes = static_cast<size_t>(bucket);
+    o.op_timeout = Millis(timeout);
+    o.ring.chunk_bytes = static_cast<size_t>(chunk);
+    o.cuda_device = static_cast<int>(device);
+    return o;
+  }
+};
+
+// Fails when the job already knows that a collective cannot finish.
+HealthCheck SessionHealth(Session* session) {
+  return [session]() -> Status {
+    GS_RETURN_IF_ERROR(session->job_status());
+    for (const wire::NodeInfo& dead : session->dead_peers()) {
+      if (dead.role == wire::Role::Worker) {
+        return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
+      }
+    }
+    return Status();
+  };
+}
+
+// dst += src in dtype (both aligned bucket memory or user memory).
+void Accumulate(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
+  if (dtype == DType::kF16) return AddHalfInto(dst, src, n);
+  if (dtype == DType::kBF16) return AddBf16Into(dst, src, n);
+  float tmp[1024];
+  for (size_t i = 0; i < n; i += 1024) {
+    const size_t m = std::min<size_t>(1024, n - i);
+    std::memcpy(tmp, src + 4 * i, 4 * m);
+    kernels::SumIntoCpu(reinterpret_cast<float*>(dst) + i, tmp, m);
+  }
+}
+
+}  // namespace
+
+class Communicator::Impl {
+ public:
+  Impl(std::unique_ptr<Session> session, CommOptions options)
+      : session_(std::move(session)), options_(std::move(options)) {}
+  ~Impl() { Shutdown(); }
+
+  Status Start(Deadline deadline);
+  void Shutdown();
+
+  int rank() const { return session_->rank(); }
+  int world_size() const { return session_->num_workers(); }
+  const char* backend() const { return backend_->name(); }
+
+  StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype);
+  StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done);
+  Status Synchronize(Deadline deadline);
+  void SetNoSync(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    no_sync_depth_ += on ? 1 : -1;
+  }
+  Status Barrier(Deadline deadline);
+  // Runs `op` on the comm engine thread after everything queued before it.
+  Status RunOnEngine(std::function<Status(Collectives&, uint64_t seq)> op);
+  CommunicatorStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  using Job = std::function<void()>;
+  void EngineLoop();
+  void Enqueue(Job job);  // requires mu_
+  Status FinalizeLocked();
+  void LaunchReadyLocked();
+  void ReduceBucket(int bucket, uint64_t step);
+  void FailLocked(const Status& why);
+
+  std::unique_ptr<Session> session_;
+  const CommOptions options_;
+  std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<Collectives> nccl_;
+  Collectives* backend_ = nullptr;
+  std::thread engine_;
+  uint64_t seq_ = 0;  // engine thread only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;                  // guarded by mu_
+  bool stop_ = false;                     // guarded by mu_
+  Status failed_;                         // guarded by mu_
+  Bucketer bucketer_;                     // guarded by mu_
+  bool finalized_ = false;                // guarded by mu_
+  uint64_t step_ = 0;                     // guarded by mu_
+  int no_sync_depth_ = 0;                 // guarded by mu_
+  size_t next_launch_ = 0;                // guarded by mu_
+  SteadyTime step_start_{};               // guarded by mu_
+  CommunicatorStats stats_;               // guarded by mu_
+};
+
+Status Communicator::Impl::Start(Deadline deadline) {
+  if (options_.path == "ps") {
+    return FailedPreconditionError(
+        "path=ps needs the parameter-server client, which this build does not have; use "
+        "path=allreduce");
+  }
+  const int n = session_->num_workers();
+  const int r = session_->rank();
+  RingPeers peers;
+  peers.rank = r;
+  peers.world_size = n;
+  peers.sender = wire::Sender{wire::Role::Worker, r, session_->job_id()};
+  for (const wire::NodeInfo& p : session_->peers()) {
+    if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
+  }
+  GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(&session_->data(), peers, options_.ring,
+                                                     SessionHealth(session_.get())));
+  backend_ = ring_.get();
+  if (options_.backend == "nccl") {
+    GS_ASSIGN_OR_RETURN(nccl_, MakeNcclCollectives(session_.get(), options_.cuda_device, deadline));
+    backend_ = nccl_.get();
+  }
+  bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
+  engine_ = std::thread([this] { EngineLoop(); });
+  return Status();
+}
+
+void Communicator::Impl::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+    if (failed_.ok()) FailLocked(CancelledError("the communicator was shut down"));
+  }
+  cv_.notify_all();
+  // An operation in flight ends at its deadline, or at once when the
+  // transport goes away.
+  session_->data().Shutdown();
+  if (engine_.joinable()) engine_.join();
+  session_->Leave("communicator shut down");
+}
+
+void Communicator::Impl::EngineLoop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+void Communicator::Impl::Enqueue(Job job) {
+  jobs_.push_back(std::move(job));
+  cv_.notify_all();
+}
+
+void Communicator::Impl::FailLocked(const Status& why) {
+  if (!failed_.ok()) return;
+  failed_ = why;
+  if (why.code() != StatusCode::kCancelled) {
+    GS_LOG(ERROR) << "worker " << session_->rank() << ": " << why.ToString();
+  }
+  for (Bucket& b : bucketer_.buckets()) {
+    for (TensorId id : b.tensors) {
+      Tensor& t = bucketer_.tensor(id);
+      if (t.handle) t.handle->Complete(why);
+      t.handle.reset();
+    }
+    b.in_flight = false;
+  }
+  cv_.notify_all();
+}
+
+StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t n, DType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finalized_) {
+    return FailedPreconditionError("tensor '" + name +
+                                   "' registered after the first MarkReady; register every "
+                                   "tensor before training starts");
+  }
+  return bucketer_.Add(name, n, dtype);
+}
+
+Status Communicator::Impl::FinalizeLocked() {
+  if (finalized_) return Status();
+  if (bucketer_.tensors().empty()) return FailedPreconditionError("no tensor is registered");
+  bucketer_.Build();
+  finalized_ = true;
+  step_start_ = std::chrono::steady_clock::now();
+  std::vector<wire::TensorSpecFields> layout;
+  for (const Tensor& t : bucketer_.tensors()) {
+    layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
+  }
+  Enqueue([this, layout = std::move(layout)] {
+    Status s = ring_->CheckLayout(layout, Deadline::After(options_.op_timeout));
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      FailLocked(s);
+    }
+  });
+  return Status();
+}
+
+StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Callback done) {
+  if (data == nullptr) return InvalidArgumentError("MarkReady needs the gradient's data");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!failed_.ok()) return failed_;
+  if (id < 0 || static_cast<size_t>(id) >= bucketer_.tensors().size()) {
+    return InvalidArgumentError("tensor id " + std::to_string(id) + " is not registered");
+  }
+  GS_RETURN_IF_ERROR(FinalizeLocked());
+  Tensor& t = bucketer_.tensor(id);
+  Bucket& b = bucketer_.buckets()[static_cast<size_t>(t.bucket)];
+  if (t.marked) {
+    return FailedPreconditionError("tensor '" + t.name + "' was already marked ready in step " +
+                                   std::to_string(step_));
+  }
+  // The bucket's previous reduction must be done with its buffer.
+  cv_.wait(lock, [&] { return !b.in_flight || !failed_.ok(); });
+  if (!failed_.ok()) return failed_;
+  t.marked = true;
+  const bool add = t.holds_sum;
+  uint8_t* region = b.data() + t.offset * DTypeSize(t.dtype);
+  lock.unlock();
+  if (add) {
+    Accumulate(region, static_cast<const uint8_t*>(data), t.count, t.dtype);
+  } else {
+    std::memcpy(region, data, t.count * DTypeSize(t.dtype));
+  }
+  SyncHandle handle;
+  handle.state_->callback = std::move(done);
+  lock.lock();
+  if (!failed_.ok()) {
+    lock.unlock();
+    handle.state_->Complete(failed_);
+    return handle;
+  }
+  if (no_sync_depth_ > 0) {
+    t.holds_sum = true;
+    lock.unlock();
+    handle.state_->Complete(Status());
+    return handle;
+  }
+  t.holds_sum = false;
+  t.data = data;
+  t.handle = handle.state_;
+  if (--b.pending == 0) LaunchReadyLocked();
+  return handle;
+}
+
+// Buckets go to the engine strictly in bucket order, the same on every rank.
+void Communicator::Impl::LaunchReadyLocked() {
+  auto& buckets = bucketer_.buckets();
+  while (next_launch_ < buckets.size() && buckets[next_launch_].pending == 0) {
+    Bucket& b = buckets[next_launch_];
+    b.launched = true;
+    b.in_flight = true;
+    const int index = static_cast<int>(next_launch_++);
+    const uint64_t step = step_;
+    Enqueue([this, index, step] { ReduceBucket(index, step); });
+  }
+}
+
+void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
+  Bucket* b;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    b = &bucketer_.buckets()[static_cast<size_t>(index)];
+  }
+  const OpTag tag{step, b->id, seq_++, b->names_hash};
+  Status s = backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag,
+                                 Deadline::After(options_.op_timeout));
+  std::vector<std::shared_ptr<SyncHandle::State>> handles;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok()) return FailLocked(s);
+    const size_t es = DTypeSize(b->dtype);
+    for (TensorId id : b->tensors) {
+      Tensor& t = bucketer_.tensor(id);
+      std::memcpy(t.data, b->data() + t.offset * es, t.count * es);
+      handles.push_back(std::move(t.handle));
+      t.handle.reset();
+    }
+  }
+  // Callbacks run before Synchronize can see the bucket finished.
+  for (auto& h : handles) h->Complete(Status());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    b->in_flight = false;
+    b->pending = static_cast<int>(b->tensors.size());
+    stats_.buckets_reduced++;
+    stats_.bytes_reduced += b->bytes();
+  }
+  cv_.notify_all();
+}
+
+Status Communicator::Impl::Synchronize(Deadline deadline) {
+  const SteadyTime start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!failed_.ok()) return failed_;
+  std::vector<std::string> missing;
+  for (const Tensor& t : bucketer_.tensors()) {
+    if (!t.marked) missing.push_back("'" + t.name + "'");
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 5) list += " and " + std::to_string(missing.size() - 5) + " more";
+    return FailedPreconditionError("step " + std::to_string(step_) +
+                                   ": tensors never marked ready: " + list);
+  }
+  auto& buckets = bucketer_.buckets();
+  if (no_sync_depth_ == 0) {
+    auto done = [&] {
+      if (!failed_.ok()) return true;
+      for (const Bucket& b : buckets) {
+        if (!b.launched || b.in_flight) return false;
+      }
+      return true;
+    };
+    if (deadline.infinite()) {
+      cv_.wait(lock, done);
+    } else if (!cv_.wait_until(lock, deadline.at(), done)) {
+      return DeadlineExceededError("step " + std::to_string(step_) +
+                                   ": gradients not synchronised before the deadline");
+    }
+    if (!failed_.ok()) return failed_;
+    for (Bucket& b : buckets) b.launched = false;
+    next_launch_ = 0;
+    ++step_;
+    stats_.steps++;
+    stats_.last_sync_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  for (Tensor& t : bucketer_.tensors()) t.marked = false;
+  return Status();
+}
+
+Status Communicator::Impl::Barrier(Deadline deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok()) return failed_;
+  }
+  return session_->Barrier(deadline);
+}
+
+Status Communicator::Impl::RunOnEngine(std::function<Status(Collectives&, uint64_t)> op) {
+  auto result = std::make_shared<std::promise<Status>>();
+  std::future<Status> done = result->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok()) return failed_;
+    Enqueue([this, op = std::move(op), result] {
+      Status s = op(*backend_, seq_++);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        FailLocked(s);
+      }
+      result->set_value(s);
+    });
+  }
+  return done.get();
+}
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() { Shutdown(); }
+
+StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& config,
+                                                             Deadline deadline) {
+  GS_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromConfig(config));
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Join(config, deadline));
+  auto impl = std::make_unique<Impl>(std::move(session), std::move(options));
+  GS_RETURN_IF_ERROR(impl->Start(deadline));
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+int Communicator::rank() const { return impl_->rank(); }
+int Communicator::world_size() const { return impl_->world_size(); }
+const char* Communicator::backend() const { return impl_->backend(); }
+
+StatusOr<TensorId> Communicator::RegisterTensor(const std::string& name, size_t num_elements,
+                                                DType dtype) {
+  return impl_->Register(name, num_elements, dtype);
+}
+
+StatusOr<SyncHandle> Communicator::MarkReady(TensorId id, void* data, Callback done) {
+  return impl_->MarkReady(id, data, std::move(done));
+}
+
+Status Communicator::Synchronize(Deadline deadline) { return impl_->Synchronize(deadline); }
+
+Communicator::NoSync Communicator::StartNoSync() {
+  impl_->SetNoSync(true);
+  return NoSync(this);
+}
+
+Communicator::NoSync::~NoSync() {
+  if (comm_ != nullptr) comm_->impl_->SetNoSync(false);
+}
+
+Status Communicator::Barrier(Deadline deadline) { return impl_->Barrier(deadline); }
+
+namespace {
+constexpr uint32_t kDirectBucket = 0xFFFFFFFFu;
+}  // namespace
+
+Status Communicator::Broadcast(void* data, size_t num_elements, DType dtype, int root,
+                               Deadline deadline) {
+  const size_t bytes = num_elements * DTypeSize(dtype);
+  return impl_->RunOnEngine([=](Collectives& c, uint64_t seq) {
+    return c.Broadcast(data, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline);
+  });
+}
+
+Status Communicator::AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op,
+                               Deadline deadline) {
+  return impl_->RunOnEngine([=](Collectives& c, uint64_t seq) {
+    return c.AllReduce(data, num_elements, dtype, op, OpTag{0, kDirectBucket, seq, 0}, deadline);
+  });
+}
+
+Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline deadline) {
+  return impl_->RunOnEngine([=](Collectives& c, uint64_t seq) {
+    return c.AllGather(in, bytes, out, OpTag{0, kDirectBucket, seq, 0}, deadline);
+  });
+}
+
+CommunicatorStats Communicator::stats() const { return impl_->stats(); }
+void Communicator::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace gradsync::client

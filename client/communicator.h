@@ -1,0 +1,155 @@
+// Communicator: the gradsync client SDK. A training process creates one,
+// registers its gradient tensors, and marks each gradient ready as the
+// backward pass produces it; the Communicator averages the gradients over all
+// workers of the job and writes the result back in place.
+//
+//   auto comm = Communicator::Create(config, Deadline::AfterMs(60000));
+//   TensorId w = (*comm)->RegisterTensor("fc1.weight", 784 * 256, DType::kF32);
+//   ...                                           // each step:
+//   (*comm)->MarkReady(w, grad_w);                 // as backward produces it
+//   (*comm)->Synchronize(deadline);                // before the optimizer step
+//
+// Configuration (flags `--name=value` or GRADSYNC_NAME; only `scheduler` is
+// required): scheduler, num_workers, rank, host, data_port (see Session),
+// path=allreduce|ps, backend=ring|nccl, first_bucket_bytes (1 MiB),
+// bucket_bytes (25 MiB), op_timeout_ms (60000: how long a collective may take
+// before the missing rank is named), ring_chunk_bytes (1 MiB), cuda_device.
+//
+// Bucketing follows PyTorch DDP: tensors are packed into buckets in reverse
+// registration order (gradients of the last layers come first in the
+// backward pass), the first bucket up to first_bucket_bytes, the others up to
+// bucket_bytes, one dtype per bucket. A bucket is handed to the comm engine
+// thread as soon as all its tensors are ready and every earlier bucket has
+// been, so communication overlaps the rest of the backward pass; buckets go
+// out in the same order on every rank.
+//
+// Every step, every registered tensor is marked ready exactly once. Inside a
+// NoSync scope, MarkReady only accumulates the gradient locally; the first
+// MarkReady outside it synchronises the sum of the accumulated gradients
+// (averaged over workers, summed over micro-steps: divide the loss by the
+// number of micro-steps to get the large-batch gradient).
+//
+// Errors: registration errors are InvalidArgument / FailedPrecondition.
+// A failed collective (a peer died, ranks disagree, a deadline passed) fails
+// every pending and later operation with the same Status, naming the rank
+// and what happened; the job cannot continue after it.
+//
+// Thread-safety: all methods are thread-safe; MarkReady may be called from
+// several backward threads. Blocking: only Wait, Synchronize, Barrier,
+// Broadcast, AllReduce and AllGather block, each until its deadline.
+// Ownership: the data pointer given to MarkReady must stay valid and
+// untouched until its handle completes; the Communicator owns its threads,
+// sockets and buffers, and destroying it leaves the job.
+#ifndef GRADSYNC_CLIENT_COMMUNICATOR_H_
+#define GRADSYNC_CLIENT_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "client/collectives.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/time.h"
+
+namespace gradsync::client {
+
+using TensorId = int32_t;
+
+// Completion of one MarkReady. Copyable; all copies share the state.
+class SyncHandle {
+ public:
+  SyncHandle();
+  // Blocks until the gradient has been synchronised and written back (OK),
+  // the operation failed (its Status), or the deadline passed
+  // (DeadlineExceeded; the operation goes on).
+  Status Wait(Deadline deadline) const;
+  bool Done() const;
+
+  struct State;  // communicator.cc
+
+ private:
+  friend class Communicator;
+  std::shared_ptr<State> state_;
+};
+
+struct CommunicatorStats {
+  uint64_t steps = 0;              // Synchronize calls completed
+  uint64_t buckets_reduced = 0;
+  uint64_t bytes_reduced = 0;      // bucket bytes handed to the backend
+  double last_sync_seconds = 0;    // duration of the last Synchronize
+};
+
+class Communicator {
+ public:
+  using Callback = std::function<void(const Status&)>;
+
+  // Joins the job described by `config` and builds the backend.
+  static StatusOr<std::unique_ptr<Communicator>> Create(const Config& config, Deadline deadline);
+  ~Communicator();
+
+  int rank() const;
+  int world_size() const;
+  const char* backend() const;  // "ring" or "nccl"
+
+  // Registers a gradient tensor. Only before the first MarkReady.
+  // InvalidArgument for an empty or duplicate name, zero elements or a dtype
+  // other than f32/f16/bf16.
+  StatusOr<TensorId> RegisterTensor(const std::string& name, size_t num_elements, DType dtype);
+
+  // Hands over the gradient of `id` for this step. `data` holds the tensor's
+  // elements and receives the synchronised gradient. `done`, if set, runs on
+  // the comm engine thread when the handle completes; it must not block.
+  // Every callback of a step has run when Synchronize returns.
+  // InvalidArgument for an unregistered id or null data; FailedPrecondition
+  // when `id` was already marked ready this step (or micro-step).
+  StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done = nullptr);
+
+  // Waits until every gradient of this step is synchronised and ends the
+  // step. FailedPrecondition naming the tensors never marked ready.
+  Status Synchronize(Deadline deadline);
+
+  // While a NoSync is alive, MarkReady accumulates locally and its handle
+  // completes at once; Synchronize ends the micro-step without
+  // communicating (call it once per micro-step, as outside the scope).
+  // Scopes may nest; the outermost one ends accumulation.
+  class NoSync {
+   public:
+    NoSync(NoSync&& other) noexcept : comm_(other.comm_) { other.comm_ = nullptr; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    ~NoSync();
+
+   private:
+    friend class Communicator;
+    explicit NoSync(Communicator* comm) : comm_(comm) {}
+    Communicator* comm_;
+  };
+  NoSync StartNoSync();
+
+  // Blocks until every worker reached its n-th Barrier.
+  Status Barrier(Deadline deadline);
+  // Copies rank `root`'s data[0, num_elements) to every rank (initial
+  // parameters).
+  Status Broadcast(void* data, size_t num_elements, DType dtype, int root, Deadline deadline);
+  // Direct collectives outside the bucket machinery (metrics, evaluation).
+  Status AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op, Deadline deadline);
+  Status AllGather(const void* in, size_t bytes, void* out, Deadline deadline);
+
+  CommunicatorStats stats() const;
+  // Leaves the job; pending operations fail with Cancelled. Idempotent.
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_COMMUNICATOR_H_

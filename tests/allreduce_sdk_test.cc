@@ -1,0 +1,111 @@
+// The client SDK on the all-reduce path across real processes: a scheduler
+// and 4 worker processes (tests/sdk_worker) on loopback, with bucketing over
+// tensors of mixed sizes and dtypes; ranks that disagree; a worker that is
+// killed; a worker that stops contributing.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "gtest/gtest.h"
+#include "tests/local_job.h"
+
+namespace gradsync {
+namespace {
+
+using std::chrono::steady_clock;
+
+class AllReduceSdkTest : public ::testing::Test, public LocalJob {
+ protected:
+  std::vector<Subprocess*> StartWorkers(int n, std::vector<std::string> extra) {
+    StartScheduler(n, 0);
+    SetJob(n, 0);
+    std::vector<Subprocess*> workers;
+    for (int r = 0; r < n; ++r) {
+      std::vector<std::string> argv = {Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r),
+                                       "--bucket_bytes=2097152"};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      workers.push_back(&Start(argv, "worker" + std::to_string(r)));
+    }
+    return workers;
+  }
+
+  // The "error after N ms" a worker printed, or -1.
+  static long ErrorAfterMs(const std::string& out) {
+    const size_t at = out.find("error after ");
+    if (at == std::string::npos) return -1;
+    return std::atol(out.c_str() + at + std::strlen("error after "));
+  }
+};
+
+TEST_F(AllReduceSdkTest, FourWorkersBucketedMixedDtypesExactAverageBroadcastAndAccumulation) {
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"});
+  for (int r = 0; r < 4; ++r) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(120000));
+    ASSERT_TRUE(code.has_value()) << "worker " << r << " still running:\n" << workers[r]->Output();
+    EXPECT_EQ(*code, 0) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("backend ring"), std::string::npos);
+    EXPECT_NE(workers[r]->Output().find("finished step 3"), std::string::npos);
+    EXPECT_NE(workers[r]->Output().find("broadcast ok"), std::string::npos);
+    EXPECT_NE(workers[r]->Output().find("accumulation ok"), std::string::npos)
+        << workers[r]->Output();
+  }
+}
+
+TEST_F(AllReduceSdkTest, RanksThatDisagreeAllFailWithinASecondNamingTheTensor) {
+  auto workers = StartWorkers(4, {"--mode=mismatch", "--victim=2", "--steps=2"});
+  for (int r = 0; r < 4; ++r) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(60000));
+    ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_EQ(*code, 3) << out;
+    // Ranks 2 (whose left is 1) and 3 (whose left is 2) both see it.
+    EXPECT_NE(out.find("tensor layouts differ between rank"), std::string::npos) << out;
+    EXPECT_NE(out.find("tensor #2: "), std::string::npos) << out;
+    EXPECT_NE(out.find("rank 2 has 'fc1.bias' (1002 x f32)"), std::string::npos) << out;
+    const long ms = ErrorAfterMs(out);
+    EXPECT_GE(ms, 0) << out;
+    EXPECT_LT(ms, 1000) << out;
+  }
+}
+
+TEST_F(AllReduceSdkTest, AKilledWorkerIsNamedByTheOthers) {
+  auto workers = StartWorkers(4, {"--mode=stall", "--victim=3", "--victim_step=2",
+                                  "--steps=5", "--op_timeout_ms=30000"});
+  ASSERT_TRUE(workers[3]->WaitForOutput("stops contributing", Deadline::AfterMs(60000)))
+      << workers[3]->Output();
+  workers[3]->Signal(SIGKILL);
+  const auto killed = steady_clock::now();
+  for (int r = 0; r < 3; ++r) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(20000));
+    ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
+    EXPECT_EQ(*code, 3) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("worker 3 died"), std::string::npos)
+        << workers[r]->Output();
+  }
+  // Declared dead after heartbeat_ms x missed_heartbeats (1 s), then seen by
+  // the waiting ranks at their next poll.
+  EXPECT_LT(std::chrono::duration<double>(steady_clock::now() - killed).count(), 3.0);
+}
+
+TEST_F(AllReduceSdkTest, AWorkerThatStopsContributingIsNamedByTheDeadline) {
+  auto workers = StartWorkers(3, {"--mode=stall", "--victim=1", "--victim_step=1",
+                                  "--steps=3", "--op_timeout_ms=2000"});
+  for (int r : {0, 2}) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(30000));
+    ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_EQ(*code, 3) << out;
+    EXPECT_NE(out.find("rank 1 stopped contributing"), std::string::npos) << out;
+    const long ms = ErrorAfterMs(out);
+    EXPECT_GE(ms, 1900) << out;
+    EXPECT_LT(ms, 3000) << out;
+  }
+  workers[1]->Signal(SIGKILL);
+}
+
+}  // namespace
+}  // namespace gradsync
