@@ -618,6 +618,8 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
   const int n = peers_.world_size;
   if (n == 1) return Status();
   Op op(this, RingOpKind::kLayout, OpTag{}, DType::kU8, tensors.size(), 0, n, deadline);
+  // Outlives Finish(), which waits until no send points into it.
+  std::vector<uint8_t> votes(static_cast<size_t>(n), 1);
   Status s = [&]() -> Status {
     GS_RETURN_IF_ERROR(op.SendMessage(wire::MakeLayout(peers_.sender, tensors)));
     GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::Layout, 0));
@@ -627,7 +629,6 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
       // Every rank compared with its left neighbour; a one-byte all-gather
       // finishes only if all of them agreed (a rank that found a difference
       // sends its RingAbort round instead).
-      std::vector<uint8_t> votes(static_cast<size_t>(n), 1);
       return RunAllGather(op, 1, votes.data());
     }
     return op.Fail(FailedPreconditionError("tensor layouts differ between rank " +

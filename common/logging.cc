@@ -34,7 +34,10 @@ char SeverityLetter(LogSeverity s) {
 
 }  // namespace
 
-void SetLogTag(const std::string& tag) { LogTag() = tag; }
+void SetLogTag(const std::string& tag) {
+  std::lock_guard<std::mutex> lock(LogMutex());
+  LogTag() = tag;
+}
 
 LogMessage::LogMessage(LogSeverity severity, const char* file, int line)
     : severity_(severity) {
