@@ -112,14 +112,14 @@ Deadline ToDeadline(int64_t timeout_ms) {
   return timeout_ms < 0 ? Deadline::Infinite() : Deadline::AfterMs(timeout_ms);
 }
 
-StatusOr<DType> ToDType(gs_dtype dtype) {
+StatusOr<DType> ToDType(int dtype) {
   const int v = static_cast<int>(dtype);
   if (v == GS_F32 || v == GS_F16 || v == GS_BF16) return static_cast<DType>(v);
   return InvalidArgumentError("dtype is " + std::to_string(v) +
                               ", not GS_F32 (0), GS_F16 (1) or GS_BF16 (2)");
 }
 
-StatusOr<ReduceOp> ToReduceOp(gs_reduce_op op) {
+StatusOr<ReduceOp> ToReduceOp(int op) {
   const int v = static_cast<int>(op);
   if (v == GS_SUM) return ReduceOp::kSum;
   if (v == GS_AVERAGE) return ReduceOp::kAverage;
@@ -215,7 +215,7 @@ int gs_world_size(const gs_comm* comm, int* out) {
 }
 
 int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
-                       gs_dtype dtype, int32_t* out_id) {
+                       int dtype, int32_t* out_id) {
   return Guard("gs_register_tensor", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(name, "name"));
@@ -314,7 +314,7 @@ int gs_barrier(gs_comm* comm, int64_t timeout_ms) {
   });
 }
 
-int gs_broadcast(gs_comm* comm, void* data, size_t count, gs_dtype dtype,
+int gs_broadcast(gs_comm* comm, void* data, size_t count, int dtype,
                  int root, int64_t timeout_ms) {
   return Guard("gs_broadcast", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
@@ -330,8 +330,8 @@ int gs_broadcast(gs_comm* comm, void* data, size_t count, gs_dtype dtype,
   });
 }
 
-int gs_allreduce(gs_comm* comm, void* data, size_t count, gs_dtype dtype,
-                 gs_reduce_op op, int64_t timeout_ms) {
+int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype,
+                 int op, int64_t timeout_ms) {
   return Guard("gs_allreduce", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(data, "data"));

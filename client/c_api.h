@@ -72,7 +72,8 @@ typedef enum gs_code {
   GS_DATA_LOSS = 12
 } gs_code;
 
-/* Element types; values match gradsync::DType. */
+/* Element types; values match gradsync::DType. Functions take the value as
+   an int, so an out-of-range value is reported, not undefined. */
 typedef enum gs_dtype { GS_F32 = 0, GS_F16 = 1, GS_BF16 = 2 } gs_dtype;
 
 typedef enum gs_reduce_op { GS_SUM = 0, GS_AVERAGE = 1 } gs_reduce_op;
@@ -130,7 +131,7 @@ int gs_world_size(const gs_comm* comm, int* out);
  * for an empty or duplicate name, zero elements or a bad dtype;
  * GS_FAILED_PRECONDITION after the first gs_mark_ready. */
 int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
-                       gs_dtype dtype, int32_t* out_id);
+                       int dtype, int32_t* out_id);
 
 /* Hands over the gradient of tensor `id` for this step; does not block.
  * `data` holds the tensor's elements and receives the gradient averaged over
@@ -178,12 +179,12 @@ int gs_barrier(gs_comm* comm, int64_t timeout_ms);
 
 /* Copies rank `root`'s data[0, count) to every worker's `data`.
  * GS_INVALID_ARGUMENT for a root outside [0, world size). */
-int gs_broadcast(gs_comm* comm, void* data, size_t count, gs_dtype dtype,
+int gs_broadcast(gs_comm* comm, void* data, size_t count, int dtype,
                  int root, int64_t timeout_ms);
 
 /* In place: data[0, count) becomes the sum or the average over workers. */
-int gs_allreduce(gs_comm* comm, void* data, size_t count, gs_dtype dtype,
-                 gs_reduce_op op, int64_t timeout_ms);
+int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype,
+                 int op, int64_t timeout_ms);
 
 /* Every worker contributes in[0, bytes); out[r * bytes, (r + 1) * bytes)
  * receives rank r's. `out` holds world size * bytes and does not overlap

@@ -326,7 +326,7 @@ TEST_F(CApiTest, ArgumentErrorsReturnTheCodeAndNameTheProblem) {
 
   EXPECT_EQ(gs_synchronize(nullptr, 0), GS_INVALID_ARGUMENT);
   EXPECT_STREQ(gs_last_error(), "gs_synchronize: comm is NULL");
-  EXPECT_EQ(gs_register_tensor(comm, "w", 4, static_cast<gs_dtype>(7), &id),
+  EXPECT_EQ(gs_register_tensor(comm, "w", 4, 7, &id),
             GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("dtype is 7"));
   EXPECT_EQ(gs_register_tensor(comm, nullptr, 4, GS_F32, &id),
@@ -353,7 +353,7 @@ TEST_F(CApiTest, ArgumentErrorsReturnTheCodeAndNameTheProblem) {
   ASSERT_EQ(gs_synchronize(comm, GS_NO_TIMEOUT), GS_OK) << gs_last_error();
 
   EXPECT_EQ(
-      gs_allreduce(comm, data, 4, GS_F32, static_cast<gs_reduce_op>(5), 1000),
+      gs_allreduce(comm, data, 4, GS_F32, 5, 1000),
       GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("op is 5"));
   EXPECT_EQ(gs_broadcast(comm, data, 4, GS_F32, 1, 1000), GS_INVALID_ARGUMENT);
