@@ -9,12 +9,11 @@
 #include <vector>
 
 #include "client/bucketer.h"
+#include "client/elementwise.h"
 #include "client/nccl_factory.h"
 #include "client/ring.h"
 #include "client/session.h"
-#include "common/half.h"
 #include "common/logging.h"
-#include "kernels/reduce.h"
 
 namespace gradsync::client {
 
@@ -109,18 +108,6 @@ HealthCheck SessionHealth(Session* session) {
     }
     return Status();
   };
-}
-
-// dst += src in dtype (both aligned bucket memory or user memory).
-void Accumulate(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
-  if (dtype == DType::kF16) return AddHalfInto(dst, src, n);
-  if (dtype == DType::kBF16) return AddBf16Into(dst, src, n);
-  float tmp[1024];
-  for (size_t i = 0; i < n; i += 1024) {
-    const size_t m = std::min<size_t>(1024, n - i);
-    std::memcpy(tmp, src + 4 * i, 4 * m);
-    kernels::SumIntoCpu(reinterpret_cast<float*>(dst) + i, tmp, m);
-  }
 }
 
 }  // namespace
@@ -314,7 +301,7 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   uint8_t* region = b.data() + t.offset * DTypeSize(t.dtype);
   lock.unlock();
   if (add) {
-    Accumulate(region, static_cast<const uint8_t*>(data), t.count, t.dtype);
+    AddInto(region, static_cast<const uint8_t*>(data), t.count, t.dtype);
   } else {
     std::memcpy(region, data, t.count * DTypeSize(t.dtype));
   }

@@ -6,10 +6,9 @@
 #include <mutex>
 #include <optional>
 
+#include "client/elementwise.h"
 #include "client/ring_plan.h"
-#include "common/half.h"
 #include "common/logging.h"
-#include "kernels/reduce.h"
 #include "wire/validate.h"
 
 namespace gradsync::client {
@@ -65,36 +64,6 @@ std::string DescribeData(const wire::Header& h) {
   return "step " + std::to_string(h.step()) + " bucket " + std::to_string(d->bucket()) +
          " seq " + std::to_string(d->round()) + " " + wire::EnumNameDType(d->dtype()) +
          " names-hash " + std::to_string(d->version());
-}
-
-// dst[0, n) += src[0, n) in dtype; src may be unaligned.
-void AddInto(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
-  switch (dtype) {
-    case DType::kF16: AddHalfInto(dst, src, n); return;
-    case DType::kBF16: AddBf16Into(dst, src, n); return;
-    default: break;
-  }
-  if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
-    kernels::SumIntoCpu(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), n);
-    return;
-  }
-  float tmp[1024];
-  for (size_t i = 0; i < n; i += 1024) {
-    const size_t m = std::min<size_t>(1024, n - i);
-    std::memcpy(tmp, src + 4 * i, 4 * m);
-    kernels::SumIntoCpu(reinterpret_cast<float*>(dst) + i, tmp, m);
-  }
-}
-
-void DivideBy(uint8_t* data, size_t n, DType dtype, int world) {
-  switch (dtype) {
-    case DType::kF16: ScaleHalf(data, 1.0f / static_cast<float>(world), n); return;
-    case DType::kBF16: ScaleBf16(data, 1.0f / static_cast<float>(world), n); return;
-    default: break;
-  }
-  auto* f = reinterpret_cast<float*>(data);
-  const float w = static_cast<float>(world);
-  for (size_t i = 0; i < n; ++i) f[i] /= w;
 }
 
 std::string SpecText(const std::string& name, uint64_t count, wire::DType dtype) {
