@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/error_feedback.h"
 #include "compression/none_compressor.h"
 #include "gtest/gtest.h"
 
@@ -15,14 +16,109 @@ CompressorRegistry::Factory NoneFactory() {
   return [] { return std::make_unique<NoneCompressor>(); };
 }
 
-TEST(CompressorRegistryTest, BuiltinsIncludeNone) {
+const std::vector<std::string> kBuiltins = {
+    "bf16", "fp16", "none",      "qsgd",         "randomk",
+    "sign", "topk", "topk_fp16", "topk_sampled", "topk_sampled_fp16"};
+
+TEST(CompressorRegistryTest, BuiltinsAreRegisteredUnderTheirNames) {
   CompressorRegistry registry;
   RegisterBuiltins(&registry);
-  EXPECT_EQ(registry.Names(), std::vector<std::string>{"none"});
-  StatusOr<std::unique_ptr<Compressor>> c = registry.Create("none");
+  EXPECT_EQ(registry.Names(), kBuiltins);
+  for (const std::string& name : kBuiltins) {
+    StatusOr<std::unique_ptr<Compressor>> c = registry.Create(name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->name(), name);
+    const bool summable =
+        name == "none" || name == "fp16" || name == "bf16" || name == "randomk";
+    EXPECT_EQ((*c)->summable(), summable) << name;
+  }
+}
+
+// Defaults: ratio 0.01, chunk 512, levels 127 (seen through WireBytes).
+TEST(CompressorRegistryTest, DefaultsAndOptionsReachTheCompressors) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  struct Case {
+    std::string spec;
+    size_t n, bytes;
+  };
+  const Case cases[] = {
+      {"topk", 1000, 10 * 8},
+      {"topk:ratio=0.1", 1000, 100 * 8},
+      {"topk_sampled_fp16:ratio=0.5", 10, 5 * 6},
+      {"randomk", 1000, 10 * 4},
+      {"randomk:ratio=0.25", 1000, 250 * 4},
+      {"sign", 1024, 2 * 4 + 128},
+      {"sign:chunk=8", 1024, 128 * 4 + 128},
+      {"qsgd", 1024, 2 * 4 + 1024},
+      {"qsgd:chunk=256,levels=15", 1024, 4 * 4 + 1024},
+      {"fp16:ef=1", 10, 20},
+  };
+  for (const Case& c : cases) {
+    StatusOr<std::unique_ptr<Compressor>> made = registry.Create(c.spec);
+    ASSERT_TRUE(made.ok()) << c.spec << ": " << made.status();
+    EXPECT_EQ((*made)->WireBytes(c.n), c.bytes) << c.spec;
+  }
+}
+
+TEST(CompressorRegistryTest, EfWrapsInErrorFeedback) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  StatusOr<std::unique_ptr<Compressor>> c = registry.Create("sign:ef=1");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ((*c)->name(), "none");
-  EXPECT_TRUE((*c)->summable());
+  EXPECT_NE(dynamic_cast<ErrorFeedback*>(c->get()), nullptr);
+  EXPECT_EQ((*c)->name(), "sign");
+  StatusOr<std::unique_ptr<Compressor>> plain = registry.Create("sign:ef=0");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(dynamic_cast<ErrorFeedback*>(plain->get()), nullptr);
+}
+
+TEST(CompressorRegistryTest, BadSpecsAreInvalidArgumentsNamingTheProblem) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  const std::pair<std::string, std::string> cases[] = {
+      {"fp16:ratio=0.1", "takes no option \"ratio\""},
+      {"sign:levels=3", "takes no option \"levels\""},
+      {"topk:ratio=2", "ratio must be in (0, 1]"},
+      {"topk:ratio=0", "ratio must be in (0, 1]"},
+      {"topk:ratio=abc", "bad value \"abc\""},
+      {"topk:ratio=", "bad value"},
+      {"qsgd:levels=128", "levels must be in [1, 127]"},
+      {"qsgd:chunk=12", "multiple of 8"},
+      {"sign:chunk=-8", "bad value"},
+      {"topk:speed=1", "unknown option \"speed\""},
+      {"topk:ratio", "not key=value"},
+      {"topk:ratio=0.1,ratio=0.2", "given twice"},
+      {"topk:ef=2", "bad value"},
+      {":ratio=0.1", "no compressor name"},
+  };
+  for (const auto& [spec, why] : cases) {
+    StatusOr<std::unique_ptr<Compressor>> c = registry.Create(spec);
+    ASSERT_FALSE(c.ok()) << spec;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << spec;
+    EXPECT_NE(c.status().message().find(why), std::string::npos)
+        << spec << ": " << c.status();
+  }
+}
+
+TEST(CompressorRegistryTest, ParseCompressorSpecReportsKeysInOrder) {
+  StatusOr<CompressorSpec> s =
+      ParseCompressorSpec("qsgd:levels=7,ef=1,chunk=64");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "qsgd");
+  EXPECT_EQ(s->options.levels, 7);
+  EXPECT_EQ(s->options.chunk, 64u);
+  EXPECT_TRUE(s->options.error_feedback);
+  EXPECT_EQ(s->options.ratio, 0.01);
+  EXPECT_EQ(s->keys, (std::vector<std::string>{"levels", "ef", "chunk"}));
+}
+
+TEST(CompressorRegistryTest, NamesWithSpecCharactersAreRejected) {
+  CompressorRegistry registry;
+  EXPECT_EQ(registry.Register("a:b", NoneFactory()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("a=b", NoneFactory()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(CompressorRegistryTest, CreateReturnsAFreshInstanceEachTime) {
@@ -47,7 +143,7 @@ TEST(CompressorRegistryTest, RegisterBuiltinsTwiceIsHarmless) {
   CompressorRegistry registry;
   RegisterBuiltins(&registry);
   RegisterBuiltins(&registry);
-  EXPECT_EQ(registry.Names(), std::vector<std::string>{"none"});
+  EXPECT_EQ(registry.Names(), kBuiltins);
 }
 
 TEST(CompressorRegistryTest, EmptyNameAndNullFactoryAreRejected) {
@@ -61,9 +157,9 @@ TEST(CompressorRegistryTest, EmptyNameAndNullFactoryAreRejected) {
 
 TEST(CompressorRegistryTest, UnknownNameErrorListsKnownNames) {
   CompressorRegistry registry;
-  RegisterBuiltins(&registry);
+  ASSERT_TRUE(registry.Register("none", NoneFactory()).ok());
   ASSERT_TRUE(registry.Register("fake", NoneFactory()).ok());
-  StatusOr<std::unique_ptr<Compressor>> c = registry.Create("topk");
+  StatusOr<std::unique_ptr<Compressor>> c = registry.Create("topk:ratio=0.1");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(c.status().message(),

@@ -1,0 +1,738 @@
+// allreduce_bench: our CPU ring all-reduce (client::RingCollectives over
+// wire::ZmqTransport) against Gloo's AllreduceRing and AllreduceRingChunked,
+// fp32 sum, on loopback.
+//
+// The parent process re-executes itself once per rank (--child) for each
+// world size N (2 and 4 by default). The ranks of one group share a
+// gloo::rendezvous::FileStore in a temporary directory: Gloo connects its TCP
+// full mesh through it, and each rank publishes there the endpoint its
+// ZeroMQ transport bound (tcp://127.0.0.1, port 0), so that it can connect to
+// its right neighbour. For every size, in the same processes on the same data:
+//   1. check: each implementation all-reduces known integer-valued data once;
+//      the result must equal the exact sum, or the rank exits loudly;
+//   2. time: warm-up rounds, then timed rounds. In each round every
+//      implementation runs once (interleaved, so that noise on this shared
+//      machine hits all of them alike): restore the input, Gloo barrier, time
+//      one all-reduce. Per round the time is the max over ranks; the reported
+//      latency is the median over rounds.
+// Rank 0 writes the medians to a file; the parent prints a table per N
+// (algbw = bytes / time, busbw = algbw * 2(N-1)/N, GB/s = 1e9 bytes/s, and
+// ours / best Gloo), whether the targets were met, and one JSON line per
+// (impl, ranks, bytes). --verbose adds min / p90 and the CPU time per
+// all-reduce (process CPU of every thread, summed over ranks).
+//
+// Every wait has a deadline (Gloo's and our ring's per operation, the
+// parent's per group): a child that fails or hangs is killed and reported by
+// rank with the tail of its output; a wrong sum exits with its own code and
+// the bench aborts naming the rank and the implementation.
+//
+//   bazel run --config=opt //bench:allreduce_bench -- --quick
+//   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
+//          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked --chunk_bytes=N
+//          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
+
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/ring.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "common/time.h"
+#include "gloo/allreduce_ring.h"
+#include "gloo/allreduce_ring_chunked.h"
+#include "gloo/barrier_all_to_all.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/file_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "wire/zmq_transport.h"
+
+extern char** environ;
+
+namespace gradsync::bench {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+constexpr const char* kImplNames[] = {"gradsync_ring", "gloo_ring", "gloo_ring_chunked"};
+constexpr int kNumImpls = 3;
+constexpr int kOurs = 0;
+constexpr int kExitFailed = 3;    // a child's exit code when something failed
+constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
+
+// ---------------------------------------------------------------------------
+// Settings shared by parent and children.
+
+struct Settings {
+  bool quick = false;
+  std::vector<int> ranks;
+  std::vector<size_t> sizes;
+  std::vector<bool> impl_on;  // by index into kImplNames
+  int64_t iters = 0;          // 0: by size
+  int64_t warmup = -1;        // -1: by size
+  int64_t chunk_bytes = 0;    // 0: RingOptions default
+  int64_t op_timeout_s = 60;
+  int64_t group_timeout_s = 0;  // 0: by plan
+  bool keep_tmp = false;
+  bool verbose = false;  // also print min / p50 / p90 per row
+};
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "allreduce_bench: FATAL: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+template <typename T>
+T OrDie(StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(what + ": " + v.status().ToString());
+  return std::move(v).value();
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// "4K", "16M", "4096" -> bytes.
+StatusOr<size_t> ParseSize(const std::string& s) {
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  std::string unit = end;
+  size_t scale = unit.empty() ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : 0;
+  if (end == s.c_str() || scale == 0) return InvalidArgumentError("bad size '" + s + "'");
+  size_t bytes = v * scale;
+  if (bytes == 0 || bytes % 4 != 0 || bytes > (size_t{1} << 30)) {
+    return InvalidArgumentError("size '" + s + "' must be a multiple of 4, at most 1 GiB");
+  }
+  return bytes;
+}
+
+// "4 KiB", "256 MiB".
+std::string SizeName(size_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= (1 << 10) && bytes % (1 << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+std::string DefaultSizes(bool quick) {
+  return quick ? "4K,16K,64K,256K,1M,4M,16M" : "4K,16K,64K,256K,1M,4M,16M,64M,256M";
+}
+
+Status ParseLists(const Config& config, Settings* s) {
+  GS_ASSIGN_OR_RETURN(std::string ranks, config.GetString("ranks", "2,4"));
+  GS_ASSIGN_OR_RETURN(std::string sizes, config.GetString("sizes", DefaultSizes(s->quick)));
+  GS_ASSIGN_OR_RETURN(std::string impls,
+                      config.GetString("impls", "gradsync_ring,gloo_ring,gloo_ring_chunked"));
+  for (const auto& r : Split(ranks)) {
+    int n = std::atoi(r.c_str());
+    if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
+    s->ranks.push_back(n);
+  }
+  for (const auto& z : Split(sizes)) {
+    GS_ASSIGN_OR_RETURN(size_t bytes, ParseSize(z));
+    s->sizes.push_back(bytes);
+  }
+  s->impl_on.assign(kNumImpls, false);
+  for (const auto& name : Split(impls)) {
+    auto it = std::find_if(std::begin(kImplNames), std::end(kImplNames),
+                           [&](const char* n) { return name == n; });
+    if (it == std::end(kImplNames)) return InvalidArgumentError("--impls: unknown '" + name + "'");
+    s->impl_on[it - std::begin(kImplNames)] = true;
+  }
+  return OkStatus();
+}
+
+StatusOr<Settings> ParseSettings(const Config& config) {
+  Settings s;
+  GS_ASSIGN_OR_RETURN(s.quick, config.GetBool("quick", false));
+  GS_RETURN_IF_ERROR(ParseLists(config, &s));
+  GS_ASSIGN_OR_RETURN(s.iters, config.GetInt("iters", 0));
+  GS_ASSIGN_OR_RETURN(s.warmup, config.GetInt("warmup", -1));
+  GS_ASSIGN_OR_RETURN(s.chunk_bytes, config.GetInt("chunk_bytes", 0));
+  GS_ASSIGN_OR_RETURN(s.op_timeout_s, config.GetInt("op_timeout_s", 60));
+  GS_ASSIGN_OR_RETURN(s.group_timeout_s, config.GetInt("group_timeout_s", 0));
+  GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
+  GS_ASSIGN_OR_RETURN(s.verbose, config.GetBool("verbose", false));
+  return s;
+}
+
+int TimedIters(const Settings& s, size_t bytes) {
+  if (s.iters > 0) return static_cast<int>(s.iters);
+  if (bytes <= (256 << 10)) return s.quick ? 20 : 50;
+  if (bytes <= (4 << 20)) return s.quick ? 10 : 20;
+  if (bytes <= (64 << 20)) return s.quick ? 5 : 10;
+  return 5;
+}
+
+int WarmupIters(const Settings& s, size_t bytes) {
+  if (s.warmup >= 0) return static_cast<int>(s.warmup);
+  if (bytes <= (256 << 10)) return s.quick ? 3 : 5;
+  return bytes <= (4 << 20) ? 2 : 1;
+}
+
+// ---------------------------------------------------------------------------
+// Child: one rank.
+
+// Gloo throws; the bench turns that into a Status at each call site.
+Status GlooCall(const char* what, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return InternalError(std::string("gloo ") + what + ": " + e.what());
+  }
+  return OkStatus();
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<float[], FreeDeleter>;
+
+Buffer AllocBuffer(size_t bytes) {
+  size_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded);
+  if (p == nullptr) Die("out of memory allocating " + std::to_string(bytes) + " bytes");
+  std::memset(p, 0, rounded);
+  return Buffer(static_cast<float*>(p));
+}
+
+// The input of `rank` at element i is pattern[i % kPeriod] of a small integer
+// pattern, so that every sum over ranks is exact in fp32.
+constexpr size_t kPeriod = 509;
+
+// One period of the inputs of ranks [first, end) summed: the input of one
+// rank, or the all-reduce's expected result.
+std::vector<float> Period(int first, int end) {
+  std::vector<float> out(kPeriod, 0.0f);
+  for (size_t j = 0; j < kPeriod; ++j) {
+    for (int k = first; k < end; ++k) out[j] += static_cast<float>((j * 7 + k * 131) % kPeriod);
+  }
+  return out;
+}
+
+void FillInput(float* x, size_t count, int rank) {
+  const std::vector<float> period = Period(rank, rank + 1);
+  for (size_t i = 0, j = 0; i < count; ++i, j = j + 1 == kPeriod ? 0 : j + 1) x[i] = period[j];
+}
+
+class Impl {
+ public:
+  virtual ~Impl() = default;
+  virtual Status Run() = 0;  // one in-place all-reduce of the bound buffer
+};
+
+class OursImpl : public Impl {
+ public:
+  OursImpl(client::RingCollectives* ring, float* data, size_t count, uint64_t* seq, int timeout_s)
+      : ring_(ring), data_(data), count_(count), seq_(seq), timeout_s_(timeout_s) {}
+  Status Run() override {
+    client::OpTag tag;
+    tag.seq = (*seq_)++;
+    tag.step = tag.seq;
+    return ring_->AllReduce(data_, count_, DType::kF32, client::ReduceOp::kSum, tag,
+                            Deadline::After(std::chrono::seconds(timeout_s_)));
+  }
+
+ private:
+  client::RingCollectives* ring_;
+  float* data_;
+  size_t count_;
+  uint64_t* seq_;
+  int timeout_s_;
+};
+
+template <typename Algo>
+class GlooImpl : public Impl {
+ public:
+  GlooImpl(const std::shared_ptr<gloo::Context>& ctx, float* data, size_t count)
+      : algo_(std::make_unique<Algo>(ctx, std::vector<float*>{data}, static_cast<int>(count))) {}
+  Status Run() override {
+    return GlooCall("all-reduce", [&] { algo_->run(); });
+  }
+
+ private:
+  std::unique_ptr<Algo> algo_;  // held by pointer: Gloo's destructors are noexcept(false)
+};
+
+struct ChildArgs {
+  int rank = 0;
+  int world = 0;
+  uint64_t job_id = 0;
+  std::string dir;
+  std::string results;
+};
+
+// What one rank holds for its whole life.
+struct Rank {
+  ChildArgs args;
+  Settings settings;
+  std::unique_ptr<gloo::rendezvous::FileStore> store;
+  std::shared_ptr<gloo::Context> ctx;
+  std::unique_ptr<gloo::BarrierAllToAll> barrier;
+  std::unique_ptr<wire::ZmqTransport> transport;
+  std::unique_ptr<client::RingCollectives> ring;
+  uint64_t seq = 0;
+};
+
+Status ConnectGloo(Rank* r) {
+  return GlooCall("connect", [&] {
+    r->store = std::make_unique<gloo::rendezvous::FileStore>(r->args.dir);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    attr.ai_family = AF_INET;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(r->args.rank, r->args.world);
+    ctx->setTimeout(std::chrono::seconds(r->settings.op_timeout_s));
+    ctx->connectFullMesh(*r->store, device);
+    r->ctx = ctx;
+    r->barrier = std::make_unique<gloo::BarrierAllToAll>(r->ctx);
+  });
+}
+
+// Publishes `mine` under this rank's key and returns the right neighbour's.
+StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine) {
+  std::string right_key = "zmq_endpoint_" + std::to_string((r->args.rank + 1) % r->args.world);
+  std::vector<char> got;
+  Status s = GlooCall("store", [&] {
+    r->store->set("zmq_endpoint_" + std::to_string(r->args.rank), {mine.begin(), mine.end()});
+    r->store->wait({right_key}, std::chrono::seconds(r->settings.op_timeout_s));
+    got = r->store->get(right_key);
+  });
+  if (!s.ok()) return s;
+  return std::string(got.begin(), got.end());
+}
+
+Status ConnectOurs(Rank* r) {
+  GS_ASSIGN_OR_RETURN(r->transport, wire::ZmqTransport::Create(wire::ZmqOptions{}));
+  GS_ASSIGN_OR_RETURN(std::string endpoint, r->transport->Listen("tcp://127.0.0.1:0"));
+  GS_ASSIGN_OR_RETURN(std::string right, SwapEndpoints(r, endpoint));
+  client::RingPeers peers;
+  peers.rank = r->args.rank;
+  peers.world_size = r->args.world;
+  peers.right_endpoint = right;
+  peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
+  client::RingOptions options;
+  if (r->settings.chunk_bytes > 0) options.chunk_bytes = r->settings.chunk_bytes;
+  GS_ASSIGN_OR_RETURN(r->ring,
+                      client::RingCollectives::Create(r->transport.get(), peers, options, nullptr));
+  return OkStatus();
+}
+
+Status Barrier(Rank* r) {
+  return GlooCall("barrier", [&] { r->barrier->run(); });
+}
+
+std::vector<std::unique_ptr<Impl>> MakeImpls(Rank* r, float* data, size_t count) {
+  std::vector<std::unique_ptr<Impl>> impls(kNumImpls);
+  const auto& on = r->settings.impl_on;
+  if (on[0]) {
+    impls[0] = std::make_unique<OursImpl>(r->ring.get(), data, count, &r->seq,
+                                          static_cast<int>(r->settings.op_timeout_s));
+  }
+  if (on[1]) impls[1] = std::make_unique<GlooImpl<gloo::AllreduceRing<float>>>(r->ctx, data, count);
+  if (on[2]) {
+    impls[2] = std::make_unique<GlooImpl<gloo::AllreduceRingChunked<float>>>(r->ctx, data, count);
+  }
+  return impls;
+}
+
+Status Verify(const Rank& r, const char* impl, const float* data, size_t count) {
+  const std::vector<float> sum = Period(0, r.args.world);
+  for (size_t i = 0, j = 0; i < count; ++i, j = j + 1 == kPeriod ? 0 : j + 1) {
+    const float want = sum[j];
+    if (data[i] != want) {
+      return DataLossError(std::string(impl) + " gave a wrong sum on rank " +
+                           std::to_string(r.args.rank) + " at element " + std::to_string(i) +
+                           " of " + std::to_string(count) + ": got " + std::to_string(data[i]) +
+                           ", want " + std::to_string(want));
+    }
+  }
+  return OkStatus();
+}
+
+// CPU time of the whole process (every thread: ours, ZeroMQ's, Gloo's).
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+struct Sample {
+  double wall = 0;  // seconds, from the end of the barrier to the end of the all-reduce
+  double cpu = 0;   // process CPU seconds over the same span
+};
+
+// Runs `impl` once on fresh input, timed from the end of a barrier.
+StatusOr<Sample> TimedRun(Rank* r, Impl* impl, float* data, const float* input, size_t bytes) {
+  std::memcpy(data, input, bytes);
+  GS_RETURN_IF_ERROR(Barrier(r));
+  const double cpu0 = ProcessCpuSeconds();
+  const auto t0 = Steady::now();
+  GS_RETURN_IF_ERROR(impl->Run());
+  Sample sample;
+  sample.wall = std::chrono::duration<double>(Steady::now() - t0).count();
+  sample.cpu = ProcessCpuSeconds() - cpu0;
+  return sample;
+}
+
+// Reduces `v` over ranks in place with Gloo (max or sum).
+Status ReduceOverRanks(Rank* r, std::vector<double>* v, const gloo::ReductionFunction<double>* fn) {
+  return GlooCall("reduce over ranks", [&] {
+    gloo::AllreduceRing<double> reduce(r->ctx, {v->data()}, static_cast<int>(v->size()), fn);
+    reduce.run();
+  });
+}
+
+// wall[impl * iters + i]: round i's time, max over ranks; cpu: sum over ranks.
+struct Samples {
+  std::vector<double> wall, cpu;
+};
+
+StatusOr<Samples> TimeAll(Rank* r, std::vector<std::unique_ptr<Impl>>& impls, float* data,
+                          const float* input, size_t bytes) {
+  const int iters = TimedIters(r->settings, bytes);
+  const int warmup = WarmupIters(r->settings, bytes);
+  Samples out{std::vector<double>(kNumImpls * iters), std::vector<double>(kNumImpls * iters)};
+  for (int round = 0; round < warmup + iters; ++round) {
+    for (int k = 0; k < kNumImpls; ++k) {
+      if (!impls[k]) continue;
+      GS_ASSIGN_OR_RETURN(Sample t, TimedRun(r, impls[k].get(), data, input, bytes));
+      if (round < warmup) continue;
+      out.wall[k * iters + round - warmup] = t.wall;
+      out.cpu[k * iters + round - warmup] = t.cpu;
+    }
+  }
+  GS_RETURN_IF_ERROR(ReduceOverRanks(r, &out.wall, gloo::ReductionFunction<double>::max));
+  GS_RETURN_IF_ERROR(ReduceOverRanks(r, &out.cpu, gloo::ReductionFunction<double>::sum));
+  return out;
+}
+
+// Quantile q in [0, 1] of `v`, interpolating between neighbours (0.5: median).
+double Quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  double pos = q * (v.size() - 1);
+  size_t lo = static_cast<size_t>(pos);
+  size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+}
+
+Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
+  const size_t count = bytes / sizeof(float);
+  Buffer input = AllocBuffer(bytes), data = AllocBuffer(bytes);
+  FillInput(input.get(), count, r->args.rank);
+  auto impls = MakeImpls(r, data.get(), count);
+  for (int k = 0; k < kNumImpls; ++k) {
+    if (!impls[k]) continue;
+    GS_RETURN_IF_ERROR(TimedRun(r, impls[k].get(), data.get(), input.get(), bytes).status());
+    GS_RETURN_IF_ERROR(Verify(*r, kImplNames[k], data.get(), count));
+  }
+  GS_ASSIGN_OR_RETURN(Samples samples, TimeAll(r, impls, data.get(), input.get(), bytes));
+  if (results == nullptr) return OkStatus();
+  const int iters = TimedIters(r->settings, bytes);
+  for (int k = 0; k < kNumImpls; ++k) {
+    if (!impls[k]) continue;
+    auto slice = [&](const std::vector<double>& v) {
+      return std::vector<double>(v.begin() + k * iters, v.begin() + (k + 1) * iters);
+    };
+    const std::vector<double> wall = slice(samples.wall);
+    *results << kImplNames[k] << " " << bytes << " " << Quantile(wall, 0.5) * 1e6 << " "
+             << Quantile(wall, 0) * 1e6 << " " << Quantile(wall, 0.9) * 1e6 << " "
+             << Quantile(slice(samples.cpu), 0.5) * 1e6 << "\n";
+  }
+  results->flush();
+  return OkStatus();
+}
+
+Status RunChild(Rank* r) {
+  GS_RETURN_IF_ERROR(ConnectGloo(r));
+  if (r->settings.impl_on[kOurs]) GS_RETURN_IF_ERROR(ConnectOurs(r));
+  std::ofstream results;
+  if (r->args.rank == 0) {
+    results.open(r->args.results);
+    if (!results) return UnavailableError("cannot write " + r->args.results);
+  }
+  for (size_t bytes : r->settings.sizes) {
+    Status s = RunSize(r, bytes, r->args.rank == 0 ? &results : nullptr);
+    if (!s.ok()) return s.WithPrefix("all-reduce of " + SizeName(bytes));
+  }
+  return Barrier(r);  // nobody tears down while a peer still needs it
+}
+
+int ChildMain(const Config& config, Settings settings) {
+  Rank r;
+  r.settings = std::move(settings);
+  r.args.rank = static_cast<int>(OrDie(config.GetInt("rank", -1), "--rank"));
+  r.args.world = static_cast<int>(OrDie(config.GetInt("world", 0), "--world"));
+  r.args.job_id = static_cast<uint64_t>(OrDie(config.GetInt("job_id", 1), "--job_id"));
+  r.args.dir = OrDie(config.GetString("dir", ""), "--dir");
+  r.args.results = OrDie(config.GetString("results", ""), "--results");
+  Status s = RunChild(&r);
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", r.args.rank, s.ToString().c_str());
+    std::fflush(stderr);
+    // Skip destructors: peers may be gone mid-operation.
+    std::_Exit(s.code() == StatusCode::kDataLoss ? kExitWrongSum : kExitFailed);
+  }
+  r.ring.reset();
+  if (r.transport) r.transport->Shutdown();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Parent.
+
+struct Row {
+  int impl = 0;
+  int ranks = 0;
+  size_t bytes = 0;
+  double p50_us = 0;
+  double min_us = 0;  // spread over the timed rounds, for --verbose
+  double p90_us = 0;
+  double cpu_us = 0;  // process CPU time summed over ranks, median over rounds
+  double algbw() const { return bytes / (p50_us * 1e-6) / 1e9; }
+  double busbw() const { return algbw() * 2.0 * (ranks - 1) / ranks; }
+};
+
+std::string SelfPath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) Die("cannot read /proc/self/exe");
+  return std::string(buf, n);
+}
+
+std::vector<std::string> ChildArgv(const Config& config, int rank, int world, uint64_t job_id,
+                                   const std::string& dir) {
+  std::vector<std::string> argv = {SelfPath(), "--child", "--rank=" + std::to_string(rank),
+                                   "--world=" + std::to_string(world),
+                                   "--job_id=" + std::to_string(job_id), "--dir=" + dir,
+                                   "--results=" + dir + "/results.txt"};
+  for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
+                           "op_timeout_s"}) {
+    auto v = config.Lookup(name);
+    if (v) argv.push_back(std::string("--") + name + "=" + *v);
+  }
+  return argv;
+}
+
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() <= n ? s : "[...]\n" + s.substr(s.size() - n);
+}
+
+// Waits for every child; on the first failure or at the deadline kills the
+// rest and returns an error that names each rank and shows its output.
+Status WaitAll(std::vector<Subprocess>& kids, Deadline deadline) {
+  std::vector<std::optional<int>> codes(kids.size());
+  int first_failed = -1;
+  for (bool all_done = false; !all_done && first_failed < 0 && !deadline.Expired();) {
+    std::this_thread::sleep_for(Millis(20));
+    all_done = true;
+    for (size_t i = 0; i < kids.size(); ++i) {
+      if (!codes[i]) codes[i] = kids[i].Wait(Deadline::Past());
+      all_done = all_done && codes[i].has_value();
+      if (first_failed < 0 && codes[i] && *codes[i] != 0) first_failed = static_cast<int>(i);
+    }
+  }
+  if (first_failed >= 0) std::this_thread::sleep_for(Millis(500));  // peers print their side
+  std::string report;
+  for (size_t i = 0; i < kids.size(); ++i) {
+    if (!codes[i]) codes[i] = kids[i].Wait(Deadline::Past());
+    if (codes[i] && *codes[i] == 0) continue;
+    const char* killed = first_failed >= 0 ? "was killed after a peer failed"
+                                           : "did not finish in time (killed)";
+    std::string what = codes[i] ? "exited with code " + std::to_string(*codes[i]) : killed;
+    if (!codes[i]) kids[i].Signal(SIGKILL);
+    report += "\n--- rank " + std::to_string(i) + " " + what + "; its output (" +
+              kids[i].output_path() + "):\n" + Tail(kids[i].Output(), 4000);
+  }
+  if (report.empty()) return OkStatus();
+  if (first_failed < 0) return DeadlineExceededError("ranks did not finish in time:" + report);
+  for (size_t i = 0; i < kids.size(); ++i) {
+    if (codes[i] == kExitWrongSum) {
+      return DataLossError("WRONG RESULT on rank " + std::to_string(i) + ":" + report);
+    }
+  }
+  return AbortedError("rank " + std::to_string(first_failed) + " failed first:" + report);
+}
+
+int64_t GroupTimeoutS(const Settings& s, int world) {
+  if (s.group_timeout_s > 0) return s.group_timeout_s;
+  double total_mib = 0;
+  for (size_t b : s.sizes) total_mib += b / 1048576.0 * (TimedIters(s, b) + WarmupIters(s, b) + 1);
+  // Generous: ~20 MiB/s per implementation and rank at worst, plus start-up.
+  return 60 + static_cast<int64_t>(total_mib * kNumImpls * world / 20.0);
+}
+
+StatusOr<std::vector<Row>> ReadResults(const std::string& path, int world) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("no results file " + path);
+  std::vector<Row> rows;
+  std::string impl;
+  Row row;
+  row.ranks = world;
+  while (in >> impl >> row.bytes >> row.p50_us >> row.min_us >> row.p90_us >> row.cpu_us) {
+    row.impl = static_cast<int>(std::find(std::begin(kImplNames), std::end(kImplNames), impl) -
+                                std::begin(kImplNames));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+StatusOr<std::vector<Row>> RunGroup(const Config& config, const Settings& s,
+                                    const std::string& tmp, int world, uint64_t job_id) {
+  std::string dir = tmp + "/n" + std::to_string(world);
+  std::filesystem::create_directories(dir);
+  std::vector<Subprocess> kids;
+  for (int r = 0; r < world; ++r) {
+    auto argv = ChildArgv(config, r, world, job_id, dir);
+    GS_ASSIGN_OR_RETURN(Subprocess kid,
+                        Subprocess::Spawn(argv, {}, dir + "/rank" + std::to_string(r) + ".log"));
+    kids.push_back(std::move(kid));
+  }
+  int64_t timeout_s = GroupTimeoutS(s, world);
+  GS_RETURN_IF_ERROR(WaitAll(kids, Deadline::After(std::chrono::seconds(timeout_s)))
+                         .WithPrefix(std::to_string(world) + " ranks"));
+  return ReadResults(dir + "/results.txt", world);
+}
+
+const Row* Find(const std::vector<Row>& rows, int impl, int ranks, size_t bytes) {
+  for (const Row& r : rows) {
+    if (r.impl == impl && r.ranks == ranks && r.bytes == bytes) return &r;
+  }
+  return nullptr;
+}
+
+// The faster Gloo row at `bytes` (lower latency is higher busbw).
+const Row* BestGloo(const std::vector<Row>& rows, int ranks, size_t bytes) {
+  const Row* a = Find(rows, 1, ranks, bytes);
+  const Row* b = Find(rows, 2, ranks, bytes);
+  if (a == nullptr || b == nullptr) return a != nullptr ? a : b;
+  return a->p50_us <= b->p50_us ? a : b;
+}
+
+void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
+  std::printf("\nall-reduce, fp32 sum, %d ranks on loopback: median over rounds of the max over "
+              "ranks; GB/s = 1e9 B/s\n", world);
+  std::printf("%9s", "size");
+  for (const char* n : kImplNames) std::printf(" | %-26s", n);
+  std::printf(" | ours/best gloo\n%9s", "");
+  for (int k = 0; k < kNumImpls; ++k) std::printf(" | %8s %8s %8s", "algbw", "busbw", "p50 us");
+  std::printf(" | %6s %7s\n", "busbw", "latency");
+  for (size_t bytes : s.sizes) {
+    std::printf("%9s", SizeName(bytes).c_str());
+    for (int k = 0; k < kNumImpls; ++k) {
+      const Row* r = Find(rows, k, world, bytes);
+      if (r == nullptr) std::printf(" | %26s", "-");
+      else std::printf(" | %8.3f %8.3f %8.1f", r->algbw(), r->busbw(), r->p50_us);
+    }
+    const Row* ours = Find(rows, kOurs, world, bytes);
+    const Row* gloo = BestGloo(rows, world, bytes);
+    if (ours && gloo) {
+      std::printf(" | %5.2fx %6.2fx (%s)\n", ours->busbw() / gloo->busbw(),
+                  ours->p50_us / gloo->p50_us, gloo->impl == 1 ? "ring" : "chunked");
+    } else {
+      std::printf(" | -\n");
+    }
+  }
+}
+
+std::string Verdict(int checked, const std::string& missed) {
+  if (checked == 0) return "not measured";
+  return missed.empty() ? "met" : "MISSED at" + missed;
+}
+
+// The targets: busbw >= 1.0x best Gloo from 1 MiB up; 4 KiB latency <= 1.5x.
+void PrintTargets(const std::vector<Row>& rows) {
+  std::string bw_missed, lat_missed;
+  int bw_checked = 0, lat_checked = 0;
+  for (const Row& r : rows) {
+    const Row* gloo = r.impl == kOurs ? BestGloo(rows, r.ranks, r.bytes) : nullptr;
+    if (gloo == nullptr) continue;
+    const std::string at = " " + SizeName(r.bytes) + "/N=" + std::to_string(r.ranks);
+    if (r.bytes >= (1 << 20) && ++bw_checked && r.busbw() < gloo->busbw()) bw_missed += at;
+    if (r.bytes == 4096 && ++lat_checked && r.p50_us > 1.5 * gloo->p50_us) lat_missed += at;
+  }
+  std::printf("\ntarget busbw >= 1.0x best Gloo from 1 MiB up: %s\n",
+              Verdict(bw_checked, bw_missed).c_str());
+  std::printf("target 4 KiB latency <= 1.5x best Gloo: %s\n",
+              Verdict(lat_checked, lat_missed).c_str());
+}
+
+void PrintSpread(const std::vector<Row>& rows) {
+  std::printf("\nspread over timed rounds (us), and CPU time per all-reduce (all threads, "
+              "summed over ranks, median):\n");
+  for (const Row& r : rows) {
+    std::printf("  %-18s N=%d %8s  min %10.1f  p50 %10.1f  p90 %10.1f  cpu %10.1f\n",
+                kImplNames[r.impl], r.ranks, SizeName(r.bytes).c_str(), r.min_us, r.p50_us,
+                r.p90_us, r.cpu_us);
+  }
+}
+
+void PrintJson(const std::vector<Row>& rows) {
+  std::printf("\n");
+  for (const Row& r : rows) {
+    std::printf("{\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"algbw_gbps\":%.4f,"
+                "\"busbw_gbps\":%.4f,\"p50_us\":%.2f}\n",
+                kImplNames[r.impl], r.ranks, r.bytes, r.algbw(), r.busbw(), r.p50_us);
+  }
+}
+
+int ParentMain(const Config& config, const Settings& s) {
+  std::string tmp = (std::filesystem::temp_directory_path() / "allreduce_bench.XXXXXX").string();
+  if (mkdtemp(tmp.data()) == nullptr) Die("mkdtemp " + tmp + ": " + std::strerror(errno));
+  uint64_t job_id = std::random_device{}() & 0x7fffffff;
+  std::vector<Row> all;
+  for (int world : s.ranks) {
+    auto t0 = Steady::now();
+    auto rows = RunGroup(config, s, tmp, world, job_id);
+    if (!rows.ok()) Die(rows.status().ToString() + "\n(logs kept in " + tmp + ")");
+    PrintTable(s, world, *rows);
+    std::printf("(%d ranks took %.1f s)\n", world,
+                std::chrono::duration<double>(Steady::now() - t0).count());
+    std::fflush(stdout);
+    all.insert(all.end(), rows->begin(), rows->end());
+  }
+  if (s.verbose) PrintSpread(all);
+  PrintTargets(all);
+  PrintJson(all);
+  if (!s.keep_tmp) std::filesystem::remove_all(tmp);
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsync::bench
+
+int main(int argc, char** argv) {
+  using namespace gradsync;
+  Config config = bench::OrDie(Config::FromArgs(argc, argv, environ), "flags");
+  bench::Settings settings = bench::OrDie(bench::ParseSettings(config), "flags");
+  if (bench::OrDie(config.GetBool("child", false), "--child")) {
+    return bench::ChildMain(config, std::move(settings));
+  }
+  std::vector<std::string> unknown = config.UnknownFlags();
+  for (const auto& f : unknown) std::fprintf(stderr, "allreduce_bench: unknown flag %s\n",
+                                             f.c_str());
+  if (!unknown.empty()) return 2;
+  return bench::ParentMain(config, settings);
+}

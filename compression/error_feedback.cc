@@ -1,0 +1,63 @@
+#include "compression/error_feedback.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <utility>
+
+namespace gradsync {
+namespace compression {
+namespace {
+
+// Separate loops over plain arrays, so the compiler vectorises them.
+void Add(const float* a, const float* b, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void Subtract(const float* a, const float* b, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+}
+
+}  // namespace
+
+ErrorFeedback::ErrorFeedback(std::unique_ptr<Compressor> inner)
+    : inner_(std::move(inner)) {
+  if (inner_ == nullptr) {
+    std::cerr << "ErrorFeedback: the wrapped compressor is null" << std::endl;
+    std::abort();  // Programmer error.
+  }
+}
+
+Status ErrorFeedback::Compress(const float* in, size_t n,
+                               const CompressContext& ctx, uint8_t* out,
+                               size_t out_size) {
+  auto it = residuals_.find(ctx.bucket_id);
+  corrected_.resize(n);
+  if (it != residuals_.end() && it->second.size() == n) {
+    Add(in, it->second.data(), corrected_.data(), n);
+  } else if (n > 0) {
+    std::copy(in, in + n, corrected_.begin());  // New or resized bucket.
+  }
+  GS_RETURN_IF_ERROR(
+      inner_->Compress(corrected_.data(), n, ctx, out, out_size));
+  decompressed_.resize(n);
+  GS_RETURN_IF_ERROR(inner_->Decompress(out, inner_->WireBytes(n), n, ctx,
+                                        decompressed_.data()));
+  std::vector<float>& residual = residuals_[ctx.bucket_id];
+  residual.resize(n);
+  Subtract(corrected_.data(), decompressed_.data(), residual.data(), n);
+  return OkStatus();
+}
+
+Status ErrorFeedback::Decompress(const uint8_t* in, size_t in_size, size_t n,
+                                 const CompressContext& ctx, float* out) {
+  return inner_->Decompress(in, in_size, n, ctx, out);
+}
+
+const std::vector<float>* ErrorFeedback::Residual(uint32_t bucket_id) const {
+  auto it = residuals_.find(bucket_id);
+  return it == residuals_.end() ? nullptr : &it->second;
+}
+
+}  // namespace compression
+}  // namespace gradsync

@@ -1,0 +1,199 @@
+#include "compression/error_feedback.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compression/half_compressor.h"
+#include "compression/qsgd_compressor.h"
+#include "compression/randomk_compressor.h"
+#include "compression/sign_compressor.h"
+#include "compression/test_util.h"
+#include "compression/topk_compressor.h"
+#include "gtest/gtest.h"
+
+namespace gradsync {
+namespace compression {
+namespace {
+
+using testing_util::CompressUnaligned;
+using testing_util::DecompressUnaligned;
+using testing_util::Gaussian;
+using testing_util::Laplace;
+
+constexpr double kU = 5.9604644775390625e-08;  // 2^-24, float unit roundoff.
+
+using Factory = std::function<std::unique_ptr<Compressor>()>;
+
+std::vector<std::pair<std::string, Factory>> Inners() {
+  return {
+      {"topk",
+       [] {
+         return std::unique_ptr<Compressor>(
+             TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.05)
+                 .value());
+       }},
+      {"topk_sampled_fp16",
+       [] {
+         return std::unique_ptr<Compressor>(
+             TopKCompressor::Create(TopKMethod::kSampled, TopKValues::kFp16,
+                                    0.01)
+                 .value());
+       }},
+      {"sign",
+       [] {
+         return std::unique_ptr<Compressor>(SignCompressor::Create(64).value());
+       }},
+      {"qsgd",
+       [] {
+         return std::unique_ptr<Compressor>(
+             QsgdCompressor::Create(64, 4).value());
+       }},
+      {"randomk",
+       [] {
+         return std::unique_ptr<Compressor>(
+             RandomKCompressor::Create(0.1).value());
+       }},
+      {"fp16",
+       [] { return std::make_unique<HalfCompressor>(HalfFormat::kFp16); }},
+  };
+}
+
+// One step, checked against its definition: with c = fl(g + e_old) and
+// d = Decompress(wire), e_new = fl(c - d), so d + e_new == c up to the one
+// rounding of that subtraction: |d + e_new - c| <= u |e_new| (in double,
+// where d + e_new is exact).
+TEST(ErrorFeedbackTest, DecompressedPlusNewResidualIsTheCorrectedInput) {
+  for (const auto& [name, make] : Inners()) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{70001}}) {
+      ErrorFeedback ef(make());
+      for (uint64_t step = 0; step < 4; ++step) {
+        const CompressContext ctx{9, step, 2};
+        const std::vector<float> g = Laplace(n, 1.0f, n + step);
+        std::vector<float> c = g;
+        if (const std::vector<float>* e = ef.Residual(2)) {
+          for (size_t i = 0; i < n; ++i) c[i] = g[i] + (*e)[i];
+        }
+        const std::vector<uint8_t> wire = CompressUnaligned(ef, g, ctx);
+        auto plain = make();
+        const std::vector<float> d = DecompressUnaligned(*plain, wire, n, ctx);
+        const std::vector<float>& e_new = *ef.Residual(2);
+        ASSERT_EQ(e_new.size(), n);
+        for (size_t i = 0; i < n; ++i) {
+          const double lhs = double{d[i]} + e_new[i];
+          ASSERT_LE(std::fabs(lhs - c[i]), kU * std::fabs(e_new[i]))
+              << name << " n=" << n << " step=" << step << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+// Over T steps the decompressed outputs plus the final residual add up to
+// the inputs. Exactly, sum_t d_t + e_T = sum_t g_t telescopes; in floats
+// each step rounds c_t = g_t + e_{t-1} and e_t = c_t - d_t once each, so
+// the gap is at most u * sum_t (|c_t| + |e_t|) per element.
+TEST(ErrorFeedbackTest, OutputsPlusFinalResidualSumToInputs) {
+  constexpr int kSteps = 50;
+  for (const auto& [name, make] : Inners()) {
+    const size_t n = 5003;
+    ErrorFeedback ef(make());
+    auto plain = make();
+    std::vector<double> sum_g(n, 0), sum_d(n, 0), bound(n, 0);
+    std::vector<float> e_old(n, 0.0f);
+    for (int t = 0; t < kSteps; ++t) {
+      const CompressContext ctx{1, static_cast<uint64_t>(t), 7};
+      const std::vector<float> g = Gaussian(n, 1.0f, 100 + t);
+      const std::vector<uint8_t> wire = CompressUnaligned(ef, g, ctx);
+      const std::vector<float> d = DecompressUnaligned(*plain, wire, n, ctx);
+      const std::vector<float>& e = *ef.Residual(7);
+      for (size_t i = 0; i < n; ++i) {
+        const float c = g[i] + e_old[i];  // What the decorator compressed.
+        sum_g[i] += g[i];
+        sum_d[i] += d[i];
+        bound[i] += std::fabs(c) + std::fabs(e[i]);
+      }
+      e_old = e;
+    }
+    const std::vector<float>& e_final = *ef.Residual(7);
+    for (size_t i = 0; i < n; ++i) {
+      const double gap = std::fabs(sum_d[i] + e_final[i] - sum_g[i]);
+      // 1.01 and 1e-12 cover the double sums of this test (relative 2^-50).
+      ASSERT_LE(gap, 1.01 * kU * bound[i] + 1e-12) << name << " i=" << i;
+    }
+  }
+}
+
+TEST(ErrorFeedbackTest, ResidualsArePerBucketAndResetOnSizeChange) {
+  ErrorFeedback ef(SignCompressor::Create(8).value());
+  const std::vector<float> g = Gaussian(64, 1.0f, 1);
+  CompressUnaligned(ef, g, {0, 0, 1});
+  const std::vector<float> e1 = *ef.Residual(1);
+  EXPECT_EQ(ef.Residual(2), nullptr);
+  CompressUnaligned(ef, Gaussian(32, 1.0f, 2), {0, 0, 2});
+  EXPECT_EQ(*ef.Residual(1), e1);  // Bucket 1 untouched by bucket 2.
+
+  // Bucket 1 at a new size starts from zero: same as a fresh instance.
+  const std::vector<float> h = Gaussian(40, 1.0f, 3);
+  CompressUnaligned(ef, h, {0, 1, 1});
+  ErrorFeedback fresh(SignCompressor::Create(8).value());
+  CompressUnaligned(fresh, h, {0, 1, 1});
+  EXPECT_EQ(*ef.Residual(1), *fresh.Residual(1));
+
+  ef.ClearResiduals();
+  EXPECT_EQ(ef.Residual(1), nullptr);
+}
+
+TEST(ErrorFeedbackTest, ForwardsTheWrappedCompressorsDescription) {
+  ErrorFeedback ef(RandomKCompressor::Create(0.5).value());
+  EXPECT_EQ(ef.name(), "randomk");
+  EXPECT_TRUE(ef.summable());
+  EXPECT_EQ(ef.WireBytes(10), 20u);
+  ErrorFeedback sign(SignCompressor::Create(8).value());
+  EXPECT_FALSE(sign.summable());
+}
+
+TEST(ErrorFeedbackTest, FailedCompressLeavesTheResidualUnchanged) {
+  ErrorFeedback ef(SignCompressor::Create(8).value());
+  const std::vector<float> g = Gaussian(16, 1.0f, 1);
+  CompressUnaligned(ef, g, {});
+  const std::vector<float> before = *ef.Residual(0);
+  std::vector<uint8_t> small(ef.WireBytes(16) - 1);
+  Status s = ef.Compress(g.data(), 16, {}, small.data(), small.size());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ef.Residual(0), before);
+}
+
+// What error feedback is for: with top-k, every coordinate is eventually
+// sent and the residual stays bounded instead of growing with the steps.
+TEST(ErrorFeedbackTest, TopKWithFeedbackSendsEveryCoordinateEventually) {
+  ErrorFeedback ef(
+      TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.1)
+          .value());
+  const size_t n = 200;
+  const std::vector<float> g = Gaussian(n, 1.0f, 5);  // The same every step.
+  float g_max = 0;
+  for (float x : g) g_max = std::max(g_max, std::fabs(x));
+  std::vector<bool> sent(n, false);
+  for (int t = 0; t < 400; ++t) {
+    const CompressContext ctx{0, static_cast<uint64_t>(t), 0};
+    const std::vector<float> d = testing_util::RoundTrip(ef, g, ctx);
+    for (size_t i = 0; i < n; ++i) sent[i] = sent[i] || d[i] != 0;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // A coordinate is sent once its residual is among the top 10%, which
+    // takes about (threshold / |g_i|) steps: every one but the tiniest has
+    // been sent, and no residual has grown past a few gradients.
+    if (std::fabs(g[i]) > 0.05f * g_max) {
+      EXPECT_TRUE(sent[i]) << i;
+    }
+    EXPECT_LE(std::fabs((*ef.Residual(0))[i]), 10 * g_max) << i;
+  }
+}
+
+}  // namespace
+}  // namespace compression
+}  // namespace gradsync

@@ -1,0 +1,115 @@
+// Top-k sparsification: only the k = ceil(ratio * n) elements of largest
+// magnitude travel, with their indices. Not summable (every rank picks its
+// own indices): the buffers are all-gathered and decompressed one by one.
+// Meant to be used with error feedback (ErrorFeedback), which carries what
+// is dropped into the next step.
+//
+// Selection: the k elements of largest |x|, ties broken by the lower index;
+// NaN counts as larger than infinity. Both methods select exactly this set:
+//   kExact:   std::nth_element over all n magnitudes.
+//   kSampled: the sampled threshold of Deep Gradient Compression (Lin et
+//     al. 2018). It draws m magnitudes (SampleSize: about max(n / 100,
+//     640 / ratio)) as runs of 64 at random positions, from an RNG seeded
+//     by the CompressContext, takes the one of rank ceil(1.12 * k * m / n) as
+//     the threshold and collects every element at or above it (the
+//     "candidates", about 1.12 k, within a few percent for m this large).
+//     If there are at least k candidates they are truncated to the k
+//     largest, which is then exactly the top-k. If there are fewer, the
+//     threshold is lowered (the sample rank scaled by 1.12 k / candidates)
+//     up to 3 times. It uses kExact when SampleSize is 0 (a sample of at
+//     most n / 2 would hold fewer than 400 elements above the threshold:
+//     too imprecise), when candidates would exceed 4k + 64 (many equal
+//     magnitudes), or after the retries.
+//
+// Wire format (no header), with k = ceil(ratio * n) computed in double:
+//   k int32 indices, strictly ascending, each < n        (4k bytes)
+//   k values, in the same order, fp32 or fp16            (4k or 2k bytes)
+// WireBytes(n) = k * (4 + value bytes). fp16 values are rounded to nearest
+// even; magnitudes >= 65520 become +-infinity (see half_compressor.h).
+// Decompress writes zeros everywhere else.
+//
+// Errors: as compressor.h; also InvalidArgument for n > 2^31 - 1 (indices
+// are int32) and, from Decompress, for indices that are out of range or not
+// strictly ascending (nothing is written then).
+// Thread-safety: one instance per thread (scratch buffers, statistics).
+#ifndef GRADSYNC_COMPRESSION_TOPK_COMPRESSOR_H_
+#define GRADSYNC_COMPRESSION_TOPK_COMPRESSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "compression/compressor.h"
+
+namespace gradsync {
+namespace compression {
+
+enum class TopKMethod { kExact, kSampled };
+enum class TopKValues { kFp32, kFp16 };
+
+class TopKCompressor : public Compressor {
+ public:
+  static constexpr double kDefaultRatio = 0.01;
+
+  // What the last kSampled Compress did (all zero after a kExact one).
+  struct SampledStats {
+    size_t sample_size = 0;  // m; 0 when it went straight to kExact.
+    size_t candidates = 0;   // Elements at or above the final threshold,
+                             // before truncation to k.
+    int retries = 0;         // Times the threshold was lowered.
+    bool fell_back = false;  // Whether kExact chose the result.
+  };
+
+  // InvalidArgument unless 0 < ratio <= 1.
+  static StatusOr<std::unique_ptr<TopKCompressor>> Create(TopKMethod method,
+                                                          TopKValues values,
+                                                          double ratio);
+
+  // "topk", "topk_fp16", "topk_sampled", "topk_sampled_fp16".
+  std::string name() const override;
+  bool summable() const override { return false; }
+  size_t WireBytes(size_t num_elements) const override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx,
+                  uint8_t* out, size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
+                    const CompressContext& ctx, float* out) override;
+
+  // k for n elements.
+  size_t KeepCount(size_t n) const;
+  // m, the sample size kSampled draws for n elements: max(n / 100,
+  // 640 / ratio), at most n / 2, rounded down to a multiple of 64; 0 (use
+  // kExact) if ratio * m < 400, and always 0 for kExact.
+  size_t SampleSize(size_t n) const;
+  const SampledStats& last_sampled_stats() const { return stats_; }
+
+ private:
+  TopKCompressor(TopKMethod method, TopKValues values, double ratio)
+      : method_(method), values_(values), ratio_(ratio) {}
+
+  size_t ValueBytes() const { return values_ == TopKValues::kFp32 ? 4 : 2; }
+  // Fills indices_[0, k) for in[0, n).
+  void Select(const float* in, size_t n, size_t k, const CompressContext& ctx);
+  void DrawSample(const float* in, size_t n, size_t m,
+                  const CompressContext& ctx);
+  bool TrySampled(const float* in, size_t n, size_t k,
+                  const CompressContext& ctx);
+  Status CheckIndices(const uint8_t* in, size_t k, size_t n) const;
+
+  const TopKMethod method_;
+  const TopKValues values_;
+  const double ratio_;
+  SampledStats stats_;
+  std::vector<uint32_t> indices_;  // Scratch, reused across calls.
+  std::vector<uint32_t> keys_;     // Magnitude keys (sample or all).
+  std::vector<uint32_t> candidate_keys_;
+  std::vector<uint32_t> scratch_;  // Selection scratch.
+  std::vector<float> values_scratch_;
+};
+
+}  // namespace compression
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMPRESSION_TOPK_COMPRESSOR_H_

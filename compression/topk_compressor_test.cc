@@ -1,0 +1,307 @@
+#include "compression/topk_compressor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "common/half.h"
+#include "compression/test_util.h"
+#include "compression/topk_select.h"
+#include "gtest/gtest.h"
+
+namespace gradsync {
+namespace compression {
+namespace {
+
+using testing_util::CompressUnaligned;
+using testing_util::DecompressUnaligned;
+using testing_util::Gaussian;
+using testing_util::Laplace;
+using testing_util::TestSizes;
+
+struct Variant {
+  TopKMethod method;
+  TopKValues values;
+  const char* name;
+};
+
+const Variant kVariants[] = {
+    {TopKMethod::kExact, TopKValues::kFp32, "topk"},
+    {TopKMethod::kExact, TopKValues::kFp16, "topk_fp16"},
+    {TopKMethod::kSampled, TopKValues::kFp32, "topk_sampled"},
+    {TopKMethod::kSampled, TopKValues::kFp16, "topk_sampled_fp16"},
+};
+
+std::unique_ptr<TopKCompressor> Make(const Variant& v, double ratio) {
+  StatusOr<std::unique_ptr<TopKCompressor>> c =
+      TopKCompressor::Create(v.method, v.values, ratio);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(c).value();
+}
+
+// The reference: sort all indices by (|x| descending, index ascending) with
+// the magnitude key, keep k, return them ascending.
+std::vector<uint32_t> ReferenceTopK(const std::vector<float>& in, size_t k) {
+  std::vector<uint32_t> order(in.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const uint32_t ka = MagnitudeKey(in[a]), kb = MagnitudeKey(in[b]);
+    return ka != kb ? ka > kb : a < b;
+  });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+// Inputs of several shapes, including heavy ties and special values.
+std::vector<std::vector<float>> Inputs(size_t n, uint32_t seed) {
+  std::vector<std::vector<float>> inputs = {Gaussian(n, 1e-3f, seed),
+                                            Laplace(n, 1.0f, seed + 1)};
+  std::vector<float> ties = Gaussian(n, 2.0f, seed + 2);
+  for (float& x : ties) x = std::round(x);  // Few distinct magnitudes.
+  inputs.push_back(ties);
+  inputs.push_back(std::vector<float>(n, -0.5f));  // All equal.
+  std::vector<float> specials = Gaussian(n, 1.0f, seed + 3);
+  const float s[] = {std::numeric_limits<float>::infinity(), -0.0f,
+                     std::nanf(""), -std::numeric_limits<float>::infinity()};
+  for (size_t i = 0; i < n && i < 4; ++i) specials[(i * 7919) % n] = s[i];
+  inputs.push_back(specials);
+  return inputs;
+}
+
+std::vector<uint32_t> WireIndices(const std::vector<uint8_t>& wire, size_t k) {
+  std::vector<uint32_t> idx(k);
+  if (k > 0) std::memcpy(idx.data(), wire.data(), 4 * k);
+  return idx;
+}
+
+float Expected(const Variant& v, float x) {
+  return v.values == TopKValues::kFp32 ? x : HalfToFloat(FloatToHalf(x));
+}
+
+bool SameFloat(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+TEST(TopKCompressorTest, NamesAndSummable) {
+  for (const Variant& v : kVariants) {
+    auto c = Make(v, 0.01);
+    EXPECT_EQ(c->name(), v.name);
+    EXPECT_FALSE(c->summable());
+  }
+}
+
+TEST(TopKCompressorTest, RejectsBadRatios) {
+  for (double r : {0.0, -0.1, 1.5, std::nan("")}) {
+    EXPECT_EQ(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, r)
+                  .status()
+                  .code(),
+              StatusCode::kInvalidArgument)
+        << r;
+  }
+}
+
+// WireBytes(n) == ceil(ratio * n) * (4 + value bytes), no header.
+TEST(TopKCompressorTest, WireBytesIsExactlyKTimesEntrySize) {
+  struct Case {
+    double ratio;
+    size_t n, k;
+  };
+  const Case cases[] = {
+      {0.01, 0, 0},           {0.01, 1, 1},      {0.01, 100, 1}, {0.01, 101, 2},
+      {0.01, 1000, 10},       {0.01, 1001, 11},  {0.5, 7, 4},    {1.0, 9, 9},
+      {0.001, 1 << 20, 1049}, {0.1, 65537, 6554}};
+  for (const Case& tc : cases) {
+    for (const Variant& v : kVariants) {
+      auto c = Make(v, tc.ratio);
+      const size_t entry = v.values == TopKValues::kFp32 ? 8 : 6;
+      EXPECT_EQ(c->KeepCount(tc.n), tc.k) << tc.ratio << " " << tc.n;
+      EXPECT_EQ(c->WireBytes(tc.n), tc.k * entry) << v.name << " " << tc.n;
+      const std::vector<float> in = Gaussian(tc.n, 1.0f, 5);
+      EXPECT_EQ(CompressUnaligned(*c, in, {}).size(), tc.k * entry);
+    }
+  }
+}
+
+TEST(TopKCompressorTest, SizeChecks) {
+  for (const Variant& v : kVariants) {
+    auto c = Make(v, 0.1);
+    for (size_t n : {size_t{1}, size_t{10}, size_t{1000}}) {
+      testing_util::ExpectSizeChecks(*c, n);
+    }
+  }
+}
+
+void ExpectReferenceRoundTrip(TopKCompressor& c, const Variant& v,
+                              const std::vector<float>& in) {
+  const size_t n = in.size();
+  const CompressContext ctx{3, n, 1};
+  const size_t k = c.KeepCount(n);
+  const std::vector<uint8_t> wire = CompressUnaligned(c, in, ctx);
+  const std::vector<uint32_t> idx = WireIndices(wire, k);
+  ASSERT_EQ(idx, ReferenceTopK(in, k)) << v.name << " n=" << n;
+  const std::vector<float> out = DecompressUnaligned(c, wire, n, ctx);
+  std::vector<bool> kept(n, false);
+  for (uint32_t i : idx) kept[i] = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float want = kept[i] ? Expected(v, in[i]) : 0.0f;
+    ASSERT_TRUE(SameFloat(out[i], want)) << v.name << " n=" << n << " i=" << i;
+  }
+}
+
+// Every variant sends exactly the reference set (ties to the lower index),
+// ascending, with the element values; Decompress puts them back and zeros
+// everything else.
+TEST(TopKCompressorTest, SelectsTheReferenceSetAndRoundTrips) {
+  for (const Variant& v : kVariants) {
+    for (double ratio : {0.01, 0.1, 1.0}) {
+      auto c = Make(v, ratio);
+      for (size_t n : TestSizes()) {
+        if (n > 100000) continue;  // Below, for fewer inputs.
+        for (const std::vector<float>& in : Inputs(n, n + 11)) {
+          ExpectReferenceRoundTrip(*c, v, in);
+        }
+      }
+    }
+  }
+}
+
+TEST(TopKCompressorTest, SelectsTheReferenceSetForLargeBuckets) {
+  for (const Variant& v : kVariants) {
+    auto c = Make(v, 0.01);
+    ExpectReferenceRoundTrip(*c, v, Laplace((1 << 20) + 3, 1.0f, 17));
+    if (v.method == TopKMethod::kSampled) {
+      EXPECT_FALSE(c->last_sampled_stats().fell_back);
+    }
+  }
+}
+
+// On gradient-like data the sampled threshold keeps 0.8k..1.3k candidates
+// without falling back, over many contexts (different samples).
+TEST(TopKCompressorTest, SampledCandidateCountIsNearK) {
+  int sampled = 0;
+  for (double ratio : {0.001, 0.01, 0.05}) {
+    auto c = Make(kVariants[2], ratio);
+    for (size_t n : {size_t{1} << 18, size_t{1} << 20, size_t{3} << 20}) {
+      for (uint32_t seed = 0; seed < 6; ++seed) {
+        const std::vector<float> in =
+            seed % 2 == 0 ? Gaussian(n, 1e-2f, seed) : Laplace(n, 1e-2f, seed);
+        std::vector<uint8_t> wire(c->WireBytes(n));
+        const CompressContext ctx{seed * 77 + 1, seed, 4};
+        ASSERT_TRUE(
+            c->Compress(in.data(), n, ctx, wire.data(), wire.size()).ok());
+        const TopKCompressor::SampledStats& stats = c->last_sampled_stats();
+        const double k = static_cast<double>(c->KeepCount(n));
+        SCOPED_TRACE(testing::Message()
+                     << "ratio=" << ratio << " n=" << n << " seed=" << seed);
+        ASSERT_EQ(stats.sample_size, c->SampleSize(n));
+        if (stats.sample_size == 0) continue;  // Exact by design.
+        ++sampled;
+        EXPECT_FALSE(stats.fell_back);
+        EXPECT_GE(static_cast<double>(stats.candidates), 0.8 * k);
+        EXPECT_LE(static_cast<double>(stats.candidates), 1.3 * k);
+      }
+    }
+  }
+  EXPECT_EQ(sampled, 8 * 6);  // All but ratio 0.001 at n = 2^18.
+}
+
+TEST(TopKCompressorTest, SampleSizeFollowsTheDocumentedRule) {
+  auto c = Make(kVariants[2], 0.01);
+  EXPECT_EQ(c->SampleSize(1 << 20), 64000u / 64 * 64);
+  EXPECT_EQ(c->SampleSize(10'000'000), 100'000u / 64 * 64);
+  EXPECT_EQ(c->SampleSize(100'000), 50'000u / 64 * 64);
+  EXPECT_EQ(c->SampleSize(50'000), 0u);  // 0.01 * 24'960 < 400.
+  EXPECT_EQ(Make(kVariants[0], 0.01)->SampleSize(1 << 20), 0u);
+}
+
+TEST(TopKCompressorTest, SampledIsDeterministicPerContext) {
+  auto a = Make(kVariants[3], 0.01);
+  auto b = Make(kVariants[3], 0.01);
+  const std::vector<float> in = Laplace(1 << 20, 1.0f, 8);
+  const CompressContext ctx{42, 9, 2};
+  EXPECT_EQ(CompressUnaligned(*a, in, ctx), CompressUnaligned(*b, in, ctx));
+}
+
+// Falls back to exact when the threshold cannot separate (mostly zeros).
+TEST(TopKCompressorTest, SampledFallsBackOnHeavyTies) {
+  auto c = Make(kVariants[2], 0.01);
+  std::vector<float> in(1 << 20, 0.0f);
+  for (size_t i = 0; i < in.size(); i += 1000) in[i] = 1.0f;  // ~0.1% nonzero
+  const std::vector<uint8_t> wire = CompressUnaligned(*c, in, {1, 2, 3});
+  EXPECT_TRUE(c->last_sampled_stats().fell_back);
+  EXPECT_EQ(WireIndices(wire, c->KeepCount(in.size())),
+            ReferenceTopK(in, c->KeepCount(in.size())));
+}
+
+TEST(TopKCompressorTest, DecompressRejectsBadIndicesAndWritesNothing) {
+  auto c = Make(kVariants[0], 0.5);
+  const size_t n = 8;  // k = 4.
+  const std::vector<std::vector<int32_t>> bad = {{0, 1, 2, 8},
+                                                 {-1, 1, 2, 3},
+                                                 {0, 2, 2, 3},
+                                                 {3, 2, 1, 0},
+                                                 {0, 1, 2, 1 << 30}};
+  for (const std::vector<int32_t>& idx : bad) {
+    std::vector<uint8_t> wire(c->WireBytes(n), 0);
+    std::memcpy(wire.data(), idx.data(), 16);
+    std::vector<float> out(n, 9.0f);
+    Status s = c->Decompress(wire.data(), wire.size(), n, {}, out.data());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << idx[3];
+    EXPECT_EQ(out, std::vector<float>(n, 9.0f));
+  }
+}
+
+TEST(TopKCompressorTest, Fp16ValuesOverflowToSignedInfinity) {
+  auto c = Make(kVariants[1], 1.0);
+  const std::vector<float> in = {1e5f, -7e4f, 65504.0f, 1.0f};
+  const std::vector<float> out =
+      DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 4, {});
+  EXPECT_EQ(out[0], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[1], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[2], 65504.0f);
+  EXPECT_EQ(out[3], 1.0f);
+}
+
+// The vector scan and the scalar one agree, including the cap.
+TEST(TopKSelectTest, CollectAtLeastMatchesScalar) {
+  for (size_t n : TestSizes()) {
+    const std::vector<float> in = Laplace(n, 1.0f, n + 5);
+    for (float t : {0.0f, 0.5f, 3.0f, std::numeric_limits<float>::infinity(),
+                    std::nanf("")}) {
+      for (size_t cap : {size_t{0}, size_t{5}, n}) {
+        std::vector<uint32_t> a(cap + 8), b(cap + 8), ka(cap + 8), kb(cap + 8);
+        const uint32_t key = MagnitudeKey(t);
+        const size_t ca =
+            CollectAtLeast(in.data(), n, key, a.data(), ka.data(), cap);
+        const size_t cb =
+            CollectAtLeastScalar(in.data(), n, key, b.data(), kb.data(), cap);
+        ASSERT_EQ(ca, cb) << n << " " << t << " " << cap;
+        const size_t valid = std::min(ca, cap);
+        ASSERT_TRUE(std::equal(a.begin(), a.begin() + valid, b.begin()));
+        ASSERT_TRUE(std::equal(ka.begin(), ka.begin() + valid, kb.begin()));
+        // And the scalar result is the definition.
+        size_t want = 0;
+        for (size_t i = 0; i < n; ++i) {
+          if (MagnitudeKey(in[i]) >= key) {
+            if (want < cap) {
+              ASSERT_EQ(b[want], i);
+              ASSERT_EQ(kb[want], MagnitudeKey(in[i]));
+            }
+            ++want;
+          }
+        }
+        ASSERT_EQ(cb, std::min(want, cap + 1));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace compression
+}  // namespace gradsync
