@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/bucket_compression.h"
 #include "client/bucketer.h"
 #include "client/elementwise.h"
 #include "client/nccl_factory.h"
@@ -114,8 +115,10 @@ HealthCheck SessionHealth(Session* session) {
 
 class Communicator::Impl {
  public:
-  Impl(std::unique_ptr<Session> session, CommOptions options)
-      : session_(std::move(session)), options_(std::move(options)) {}
+  Impl(std::unique_ptr<Session> session, CommOptions options,
+       std::unique_ptr<BucketCompression> compression)
+      : session_(std::move(session)), options_(std::move(options)),
+        compression_(std::move(compression)) {}
   ~Impl() { Shutdown(); }
 
   Status Start(Deadline deadline);
@@ -151,6 +154,7 @@ class Communicator::Impl {
 
   std::unique_ptr<Session> session_;
   const CommOptions options_;
+  std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<Collectives> nccl_;
   Collectives* backend_ = nullptr;
@@ -263,6 +267,13 @@ Status Communicator::Impl::FinalizeLocked() {
   if (finalized_) return Status();
   if (bucketer_.tensors().empty()) return FailedPreconditionError("no tensor is registered");
   bucketer_.Build();
+  std::vector<BucketInfo> infos;
+  for (const Bucket& b : bucketer_.buckets()) {
+    BucketInfo info{b.id, b.dtype, b.bytes(), {}};
+    for (TensorId id : b.tensors) info.tensor_names.push_back(bucketer_.tensor(id).name);
+    infos.push_back(std::move(info));
+  }
+  GS_RETURN_IF_ERROR(compression_->Assign(infos));
   finalized_ = true;
   step_start_ = std::chrono::steady_clock::now();
   std::vector<wire::TensorSpecFields> layout;
@@ -346,8 +357,13 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     b = &bucketer_.buckets()[static_cast<size_t>(index)];
   }
   const OpTag tag{step, b->id, seq_++, b->names_hash};
-  Status s = backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag,
-                                 Deadline::After(options_.op_timeout));
+  const Deadline deadline = Deadline::After(options_.op_timeout);
+  size_t wire_bytes = b->bytes();
+  Status s = b->dtype == DType::kF32
+                 ? compression_->Reduce(*backend_, b->id, reinterpret_cast<float*>(b->data()),
+                                        b->count, tag, session_->job_id(), deadline, &wire_bytes)
+                 : backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag,
+                                       deadline);
   std::vector<std::shared_ptr<SyncHandle::State>> handles;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -368,6 +384,7 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     b->pending = static_cast<int>(b->tensors.size());
     stats_.buckets_reduced++;
     stats_.bytes_reduced += b->bytes();
+    stats_.wire_bytes += wire_bytes;
   }
   cv_.notify_all();
 }
@@ -446,8 +463,10 @@ Communicator::~Communicator() { Shutdown(); }
 StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& config,
                                                              Deadline deadline) {
   GS_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromConfig(config));
+  GS_ASSIGN_OR_RETURN(auto compression, BucketCompression::FromConfig(config));
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Join(config, deadline));
-  auto impl = std::make_unique<Impl>(std::move(session), std::move(options));
+  auto impl = std::make_unique<Impl>(std::move(session), std::move(options),
+                                     std::move(compression));
   GS_RETURN_IF_ERROR(impl->Start(deadline));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }

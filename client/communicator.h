@@ -13,7 +13,9 @@
 // required): scheduler, num_workers, rank, host, data_port (see Session),
 // path=allreduce|ps, backend=ring|nccl, first_bucket_bytes (1 MiB),
 // bucket_bytes (25 MiB), op_timeout_ms (60000: how long a collective may take
-// before the missing rank is named), ring_chunk_bytes (1 MiB), cuda_device.
+// before the missing rank is named), ring_chunk_bytes (1 MiB), cuda_device,
+// and compression, compression_min_bytes, compression_overrides (see
+// client/bucket_compression.h).
 //
 // Bucketing follows PyTorch DDP: tensors are packed into buckets in reverse
 // registration order (gradients of the last layers come first in the
@@ -79,7 +81,8 @@ class SyncHandle {
 struct CommunicatorStats {
   uint64_t steps = 0;              // Synchronize calls completed
   uint64_t buckets_reduced = 0;
-  uint64_t bytes_reduced = 0;      // bucket bytes handed to the backend
+  uint64_t bytes_reduced = 0;      // bucket bytes synchronised (before compression)
+  uint64_t wire_bytes = 0;         // what this rank contributed after compression
   double last_sync_seconds = 0;    // duration of the last Synchronize
 };
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace gradsync {
@@ -53,6 +54,10 @@ class Compressor {
   // sum of the inputs, so the bytes can ride an all-reduce. False means the
   // buffers must be all-gathered and decompressed one by one.
   virtual bool summable() const = 0;
+
+  // For summable compressors: the element type the all-reduce adds the
+  // compressed bytes as (fp16 for "fp16", fp32 for "none" and "randomk").
+  virtual DType summable_dtype() const { return DType::kF32; }
 
   // Exact number of bytes Compress writes for `num_elements` floats.
   // Depends only on `num_elements`, never on the values or the context.

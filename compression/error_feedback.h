@@ -39,6 +39,7 @@ class ErrorFeedback : public Compressor {
 
   std::string name() const override { return inner_->name(); }
   bool summable() const override { return inner_->summable(); }
+  DType summable_dtype() const override { return inner_->summable_dtype(); }
   size_t WireBytes(size_t num_elements) const override {
     return inner_->WireBytes(num_elements);
   }

@@ -41,6 +41,9 @@ class HalfCompressor : public Compressor {
 
   std::string name() const override;
   bool summable() const override { return true; }
+  DType summable_dtype() const override {
+    return format_ == HalfFormat::kFp16 ? DType::kF16 : DType::kBF16;
+  }
   // 2 * num_elements.
   size_t WireBytes(size_t num_elements) const override;
   Status Compress(const float* in, size_t n, const CompressContext& ctx,

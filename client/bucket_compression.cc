@@ -1,0 +1,127 @@
+#include "client/bucket_compression.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "client/elementwise.h"
+
+namespace gradsync::client {
+namespace {
+
+std::map<std::string, std::string> ParseOverrides(const std::string& list) {
+  std::map<std::string, std::string> out;
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t end = list.find(';', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string entry = list.substr(start, end - start);
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) out[entry.substr(0, eq)] = entry.substr(eq + 1);
+    else if (!entry.empty()) out[entry] = "";
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<BucketCompression>> BucketCompression::FromConfig(const Config& config) {
+  std::unique_ptr<BucketCompression> bc(new BucketCompression());
+  compression::RegisterBuiltins(&bc->registry_);
+  GS_ASSIGN_OR_RETURN(bc->default_spec_, config.GetString("compression", "none"));
+  GS_ASSIGN_OR_RETURN(int64_t min_bytes, config.GetInt("compression_min_bytes", 65536));
+  GS_ASSIGN_OR_RETURN(std::string overrides, config.GetString("compression_overrides", ""));
+  if (min_bytes < 0) return InvalidArgumentError("compression_min_bytes must not be negative");
+  bc->min_bytes_ = static_cast<size_t>(min_bytes);
+  bc->overrides_ = ParseOverrides(overrides);
+  // Refuse bad specs now, not at the first step.
+  Status bad = bc->registry_.Create(bc->default_spec_).status();
+  if (!bad.ok()) return InvalidArgumentError("compression: " + bad.message());
+  for (const auto& [key, spec] : bc->overrides_) {
+    if (spec.empty()) {
+      return InvalidArgumentError("compression_overrides entry '" + key + "' has no '=SPEC'");
+    }
+    Status s = bc->registry_.Create(spec).status();
+    if (!s.ok()) return InvalidArgumentError("compression_overrides " + key + ": " + s.message());
+  }
+  return bc;
+}
+
+Status BucketCompression::Assign(const std::vector<BucketInfo>& buckets) {
+  for (const BucketInfo& b : buckets) {
+    std::string spec = default_spec_;
+    auto own = overrides_.find(std::to_string(b.id));
+    if (own != overrides_.end()) {
+      spec = own->second;
+    } else {
+      for (const std::string& name : b.tensor_names) {
+        auto it = overrides_.find(name);
+        if (it != overrides_.end()) {
+          spec = it->second;
+          break;
+        }
+      }
+    }
+    if (b.dtype != DType::kF32 || b.bytes < min_bytes_) spec = "none";
+    specs_[b.id] = spec;
+    if (spec == "none") continue;
+    GS_ASSIGN_OR_RETURN(compressors_[b.id], registry_.Create(spec));
+  }
+  return Status();
+}
+
+std::string BucketCompression::SpecOf(uint32_t id) const {
+  auto it = specs_.find(id);
+  return it == specs_.end() ? "none" : it->second;
+}
+
+Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* data,
+                                 size_t count, const OpTag& tag, uint64_t seed,
+                                 Deadline deadline, size_t* wire_bytes) {
+  auto it = compressors_.find(bucket);
+  if (it == compressors_.end()) {
+    *wire_bytes = count * sizeof(float);
+    return backend.AllReduce(data, count, DType::kF32, ReduceOp::kAverage, tag, deadline);
+  }
+  compression::Compressor& c = *it->second;
+  const compression::CompressContext ctx{seed, tag.step, bucket};
+  *wire_bytes = c.WireBytes(count);
+  wire_.resize(*wire_bytes);
+  GS_RETURN_IF_ERROR(c.Compress(data, count, ctx, wire_.data(), wire_.size()));
+  if (c.summable()) return ReduceSummable(backend, c, data, count, tag, ctx, deadline);
+  return ReduceGathered(backend, c, data, count, tag, ctx, deadline);
+}
+
+Status BucketCompression::ReduceSummable(Collectives& backend, compression::Compressor& c,
+                                         float* data, size_t count, const OpTag& tag,
+                                         const compression::CompressContext& ctx,
+                                         Deadline deadline) {
+  const DType dtype = c.summable_dtype();
+  const size_t elems = wire_.size() / DTypeSize(dtype);
+  GS_RETURN_IF_ERROR(backend.AllReduce(wire_.data(), elems, dtype, ReduceOp::kSum, tag, deadline));
+  GS_RETURN_IF_ERROR(c.Decompress(wire_.data(), wire_.size(), count, ctx, data));
+  DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
+  return Status();
+}
+
+Status BucketCompression::ReduceGathered(Collectives& backend, compression::Compressor& c,
+                                         float* data, size_t count, const OpTag& tag,
+                                         const compression::CompressContext& ctx,
+                                         Deadline deadline) {
+  const int n = backend.world_size();
+  const size_t wb = wire_.size();
+  gathered_.resize(wb * static_cast<size_t>(n));
+  GS_RETURN_IF_ERROR(backend.AllGather(wire_.data(), wb, gathered_.data(), tag, deadline));
+  scratch_.resize(count);
+  std::fill(data, data + count, 0.0f);
+  for (int r = 0; r < n; ++r) {
+    GS_RETURN_IF_ERROR(c.Decompress(gathered_.data() + static_cast<size_t>(r) * wb, wb, count,
+                                    ctx, scratch_.data()));
+    AddInto(reinterpret_cast<uint8_t*>(data), reinterpret_cast<const uint8_t*>(scratch_.data()),
+            count, DType::kF32);
+  }
+  DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, n);
+  return Status();
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,84 @@
+// BucketCompression: which compressor each bucket uses, and how a compressed
+// bucket is synchronised on the all-reduce path.
+//
+// Settings (flags or GRADSYNC_*):
+//   compression=SPEC            job-wide ("none", "fp16", "topk:ratio=0.01,ef=1";
+//                               see compression/registry.h for the specs)
+//   compression_min_bytes=N     buckets smaller than N bytes go uncompressed
+//                               (default 65536)
+//   compression_overrides=LIST  "KEY=SPEC;KEY=SPEC": KEY is a bucket id or a
+//                               tensor name; a bucket takes its own override,
+//                               else that of its first tensor that has one.
+// Only f32 buckets are compressed; f16 and bf16 buckets travel as they are.
+//
+// Summable compressors (none, fp16, bf16, randomk) compress, all-reduce the
+// compressed values (summed in fp32), decompress and divide by the number
+// of workers. The others (top-k, sign, qsgd) compress, all-gather every
+// rank's bytes, decompress each and sum them in rank order, so every rank
+// ends with the same bits. Each bucket has its own compressor instance, so
+// error-feedback residuals are per bucket.
+//
+// Thread-safety: none; the comm engine thread is the only user.
+#ifndef GRADSYNC_CLIENT_BUCKET_COMPRESSION_H_
+#define GRADSYNC_CLIENT_BUCKET_COMPRESSION_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/collectives.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "compression/compressor.h"
+#include "compression/registry.h"
+
+namespace gradsync::client {
+
+struct BucketInfo {
+  uint32_t id = 0;
+  DType dtype = DType::kF32;
+  size_t bytes = 0;
+  std::vector<std::string> tensor_names;
+};
+
+class BucketCompression {
+ public:
+  // Reads the settings above; InvalidArgument naming a bad spec or override.
+  static StatusOr<std::unique_ptr<BucketCompression>> FromConfig(const Config& config);
+
+  // Chooses and creates each bucket's compressor. Once, before Reduce.
+  Status Assign(const std::vector<BucketInfo>& buckets);
+  // The spec bucket `id` uses ("none" when uncompressed).
+  std::string SpecOf(uint32_t id) const;
+
+  // Averages the f32 bucket `data` over all ranks through `backend`, using
+  // the bucket's compressor; uncompressed buckets are one AllReduce.
+  // `wire_bytes` receives the bytes this rank contributed (compressed).
+  Status Reduce(Collectives& backend, uint32_t bucket, float* data, size_t count,
+                const OpTag& tag, uint64_t seed, Deadline deadline, size_t* wire_bytes);
+
+ private:
+  BucketCompression() = default;
+  Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data,
+                        size_t count, const OpTag& tag, const compression::CompressContext& ctx,
+                        Deadline deadline);
+  Status ReduceGathered(Collectives& backend, compression::Compressor& c, float* data,
+                        size_t count, const OpTag& tag, const compression::CompressContext& ctx,
+                        Deadline deadline);
+
+  compression::CompressorRegistry registry_;
+  std::string default_spec_ = "none";
+  size_t min_bytes_ = 65536;
+  std::map<std::string, std::string> overrides_;  // key -> spec
+  std::map<uint32_t, std::string> specs_;         // bucket -> spec
+  std::map<uint32_t, std::unique_ptr<compression::Compressor>> compressors_;
+  std::vector<uint8_t> wire_;
+  std::vector<uint8_t> gathered_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_BUCKET_COMPRESSION_H_
