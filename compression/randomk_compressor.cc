@@ -20,12 +20,13 @@ bool SameContext(const CompressContext& a, const CompressContext& b) {
 }  // namespace
 
 StatusOr<std::unique_ptr<RandomKCompressor>> RandomKCompressor::Create(
-    double ratio) {
+    double ratio, bool unbiased) {
   if (!(ratio > 0.0 && ratio <= 1.0)) {
     return InvalidArgumentError("randomk: ratio must be in (0, 1], got " +
                                 std::to_string(ratio));
   }
-  return std::unique_ptr<RandomKCompressor>(new RandomKCompressor(ratio));
+  return std::unique_ptr<RandomKCompressor>(
+      new RandomKCompressor(ratio, unbiased));
 }
 
 size_t RandomKCompressor::KeepCount(size_t n) const {
@@ -85,8 +86,10 @@ Status RandomKCompressor::Decompress(const uint8_t* in, size_t in_size,
   GS_RETURN_IF_ERROR(CheckInSize(kName, n, WireBytes(n), in_size));
   const std::vector<uint32_t>& idx = Indices(ctx, n);
   if (n > 0) std::memset(out, 0, n * sizeof(float));
-  const float scale = static_cast<float>(static_cast<double>(n) /
-                                         static_cast<double>(idx.size()));
+  const float scale =
+      unbiased_ ? static_cast<float>(static_cast<double>(n) /
+                                     static_cast<double>(idx.size()))
+                : 1.0f;
   for (size_t j = 0; j < idx.size(); ++j) {
     out[idx[j]] = LoadAt<float>(in, j) * scale;
   }

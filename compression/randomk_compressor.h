@@ -41,7 +41,8 @@ class RandomKCompressor : public Compressor {
   static constexpr double kDefaultRatio = 0.01;
 
   // InvalidArgument unless 0 < ratio <= 1.
-  static StatusOr<std::unique_ptr<RandomKCompressor>> Create(double ratio);
+  static StatusOr<std::unique_ptr<RandomKCompressor>> Create(double ratio,
+                                                             bool unbiased = true);
 
   std::string name() const override { return kName; }
   bool summable() const override { return true; }
@@ -57,9 +58,11 @@ class RandomKCompressor : public Compressor {
   const std::vector<uint32_t>& Indices(const CompressContext& ctx, size_t n);
 
  private:
-  explicit RandomKCompressor(double ratio) : ratio_(ratio) {}
+  RandomKCompressor(double ratio, bool unbiased)
+      : ratio_(ratio), unbiased_(unbiased) {}
 
   const double ratio_;
+  const bool unbiased_;
   // Cache of the last Indices() call.
   bool cached_ = false;
   CompressContext cached_ctx_;

@@ -201,7 +201,10 @@ void RegisterBuiltins(CompressorRegistry* registry) {
   registry
       ->RegisterWithOptions(RandomKCompressor::kName, {"ratio"},
                             [](const CompressorOptions& o) {
-                              return Upcast(RandomKCompressor::Create(o.ratio));
+                              // Unbiased scaling and error feedback do
+                              // not mix (randomk_compressor.h).
+                              return Upcast(RandomKCompressor::Create(
+                                  o.ratio, /*unbiased=*/!o.error_feedback));
                             })
       .IgnoreError();
   registry

@@ -29,6 +29,9 @@ inline std::string TmpFile(const std::string& name) {
 
 class LocalJob {
  public:
+  // `tag` tells apart the logs of several jobs in one test.
+  explicit LocalJob(std::string tag = "") : tag_(std::move(tag)) {}
+
   static constexpr int kHeartbeatMs = 200;
   static constexpr int kMissed = 5;
 
@@ -68,10 +71,10 @@ class LocalJob {
     return *nodes_.back();
   }
 
-  // "<test name>.<what>.log"
-  static std::string Name(const std::string& what) {
-    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "." +
-           what + ".log";
+  // "<test name>[.<tag>].<what>.log"
+  std::string Name(const std::string& what) const {
+    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+           (tag_.empty() ? "" : "." + tag_) + "." + what + ".log";
   }
 
  protected:
@@ -79,6 +82,7 @@ class LocalJob {
   std::vector<std::unique_ptr<Subprocess>> nodes_;
   std::map<std::string, std::string> env_;
   std::string address_;
+  std::string tag_;
 };
 
 }  // namespace gradsync
