@@ -12,9 +12,11 @@
 #include "client/bucketer.h"
 #include "client/elementwise.h"
 #include "client/nccl_factory.h"
+#include "client/ps_client.h"
 #include "client/ring.h"
 #include "client/session.h"
 #include "common/logging.h"
+#include "wire/zmq_transport.h"
 
 namespace gradsync::client {
 
@@ -68,6 +70,7 @@ struct CommOptions {
   Millis op_timeout{0};
   RingOptions ring;
   int cuda_device = 0;
+  PsClientOptions ps;
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
     CommOptions o;
@@ -94,6 +97,9 @@ struct CommOptions {
     o.op_timeout = Millis(timeout);
     o.ring.chunk_bytes = static_cast<size_t>(chunk);
     o.cuda_device = static_cast<int>(device);
+    if (o.path == "ps") {
+      GS_ASSIGN_OR_RETURN(o.ps, PsClientOptions::FromConfig(config));
+    }
     return o;
   }
 };
@@ -140,7 +146,9 @@ class Communicator::Impl {
   Status RunOnEngine(std::function<Status(Collectives&, uint64_t seq)> op);
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    CommunicatorStats s = stats_;
+    if (backend_ == ring_.get()) s.sent_bytes = ring_->stats().bytes_sent;
+    return s;
   }
 
  private:
@@ -157,6 +165,7 @@ class Communicator::Impl {
   std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<Collectives> nccl_;
+  std::unique_ptr<Collectives> ps_;
   Collectives* backend_ = nullptr;
   std::thread engine_;
   uint64_t seq_ = 0;  // engine thread only
@@ -176,11 +185,6 @@ class Communicator::Impl {
 };
 
 Status Communicator::Impl::Start(Deadline deadline) {
-  if (options_.path == "ps") {
-    return FailedPreconditionError(
-        "path=ps needs the parameter-server client, which this build does not have; use "
-        "path=allreduce");
-  }
   const int n = session_->num_workers();
   const int r = session_->rank();
   RingPeers peers;
@@ -193,7 +197,34 @@ Status Communicator::Impl::Start(Deadline deadline) {
   GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(&session_->data(), peers, options_.ring,
                                                      SessionHealth(session_.get())));
   backend_ = ring_.get();
-  if (options_.backend == "nccl") {
+  if (options_.path == "ps") {
+    // The shards answer on a transport of the PS client's own; the ring
+    // keeps the session's for the layout check and the direct collectives.
+    PsPeers ps_peers{r, n, {}, peers.sender};
+    ps_peers.server_endpoints.resize(static_cast<size_t>(session_->num_servers()));
+    for (const wire::NodeInfo& p : session_->peers()) {
+      if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session_->num_servers()) {
+        ps_peers.server_endpoints[static_cast<size_t>(p.rank)] = p.DataEndpoint();
+      }
+    }
+    auto health = [this, session = session_.get()]() -> Status {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return CancelledError("the communicator was shut down");
+      }
+      GS_RETURN_IF_ERROR(session->job_status());
+      for (const wire::NodeInfo& dead : session->dead_peers()) {
+        if (dead.role == wire::Role::Server) {
+          return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
+        }
+      }
+      return Status();
+    };
+    GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create({}));
+    GS_ASSIGN_OR_RETURN(ps_, PsClient::Create(std::move(ps_transport), ps_peers, options_.ps,
+                                              ring_.get(), health));
+    backend_ = ps_.get();
+  } else if (options_.backend == "nccl") {
     GS_ASSIGN_OR_RETURN(nccl_, MakeNcclCollectives(session_.get(), options_.cuda_device, deadline));
     backend_ = nccl_.get();
   }

@@ -1,0 +1,319 @@
+#include "client/ps_client.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "common/placement.h"
+
+namespace gradsync::client {
+namespace {
+
+using wire::MsgType;
+
+// Counts the sends that still point into the caller's buffer. Shared with
+// the payload owners, which may outlive the operation.
+class SendHolds {
+ public:
+  static std::shared_ptr<const void> Hold(const std::shared_ptr<SendHolds>& self) {
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      ++self->held_;
+    }
+    return std::shared_ptr<const void>(nullptr, [self](const void*) { self->Release(); });
+  }
+
+  bool WaitReleased(Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_until(lock, deadline.at(), [&] { return held_ == 0; });
+  }
+
+ private:
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --held_;
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int held_ = 0;
+};
+
+}  // namespace
+
+StatusOr<PsClientOptions> PsClientOptions::FromConfig(const Config& config) {
+  PsClientOptions o;
+  GS_ASSIGN_OR_RETURN(int64_t partition, config.GetInt("partition_bytes", 4 << 20));
+  GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
+  GS_ASSIGN_OR_RETURN(int64_t resend, config.GetInt("ps_resend_ms", 1000));
+  if (partition < 4) return InvalidArgumentError("partition_bytes must be at least 4");
+  if (resend <= 0) return InvalidArgumentError("ps_resend_ms must be positive");
+  o.partition_bytes = static_cast<size_t>(partition);
+  o.server_optimizer = optimizer != "none";
+  o.resend_after = Millis(resend);
+  return o;
+}
+
+// One AllReduce: pushes and pulls for every partition, resends, answers.
+class PsClient::Exchange {
+ public:
+  Exchange(PsClient* client, uint32_t bucket, uint8_t* data, uint64_t round, const OpTag& tag,
+           Deadline deadline)
+      : c_(client), bucket_(bucket), data_(data), round_(round), tag_(tag),
+        deadline_(deadline), holds_(std::make_shared<SendHolds>()) {}
+
+  Status Run(std::vector<PartitionSpan> plan, std::vector<uint64_t>* versions);
+
+ private:
+  struct Part {
+    bool acked = false;
+    bool replied = false;
+    wire::Message reply;
+    uint64_t version = 0;
+  };
+
+  Status SendAll(const std::vector<uint64_t>& versions, bool resend);
+  Status Send(const PartitionSpan& span, MsgType type, uint64_t version);
+  Status OnMessage(wire::Incoming in);
+  std::string Missing() const;
+  int ShardOf(const wire::Route& from) const;
+
+  PsClient* const c_;
+  const uint32_t bucket_;
+  uint8_t* const data_;
+  const uint64_t round_;
+  const OpTag tag_;
+  const Deadline deadline_;
+  std::shared_ptr<SendHolds> holds_;
+  std::vector<PartitionSpan> plan_;
+  std::vector<Part> parts_;
+  size_t remaining_ = 0;
+  bool push_ = true;
+};
+
+Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan,
+                               std::vector<uint64_t>* versions) {
+  plan_ = std::move(plan);
+  parts_.resize(plan_.size());
+  remaining_ = plan_.size();
+  push_ = round_ > 0 || c_->peers_.rank == 0;
+  GS_RETURN_IF_ERROR(SendAll(*versions, false));
+  Millis interval = c_->options_.resend_after;
+  SteadyTime next_resend = std::chrono::steady_clock::now() + interval;
+  while (remaining_ > 0) {
+    if (c_->health_) GS_RETURN_IF_ERROR(c_->health_());
+    const SteadyTime now = std::chrono::steady_clock::now();
+    if (deadline_.Expired()) {
+      return DeadlineExceededError("bucket " + std::to_string(bucket_) + " round " +
+                                   std::to_string(round_) + ": no answer from " + Missing());
+    }
+    if (now >= next_resend) {
+      GS_RETURN_IF_ERROR(SendAll(*versions, true));
+      interval = std::min(interval * 2, c_->options_.resend_after * 8);
+      next_resend = now + interval;
+    }
+    const SteadyTime until = std::min({next_resend, now + c_->options_.poll_interval,
+                                       deadline_.at()});
+    auto in = c_->transport_->Receive(Deadline::At(until));
+    if (!in.ok() && in.status().code() == StatusCode::kDeadlineExceeded) continue;
+    if (!in.ok()) return in.status();
+    GS_RETURN_IF_ERROR(OnMessage(std::move(*in)));
+  }
+  if (!holds_->WaitReleased(deadline_)) {
+    return DeadlineExceededError("the transport did not release the pushes of bucket " +
+                                 std::to_string(bucket_) + " before the deadline");
+  }
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    uint8_t* dst = data_ + plan_[p].offset * sizeof(float);
+    for (const wire::Payload& frame : parts_[p].reply.payloads) {
+      std::memcpy(dst, frame.data, frame.size);
+      dst += frame.size;
+    }
+    (*versions)[p] = parts_[p].version;
+  }
+  return Status();
+}
+
+Status PsClient::Exchange::SendAll(const std::vector<uint64_t>& versions, bool resend) {
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    const Part& part = parts_[p];
+    if (part.replied) continue;
+    if (push_ && !part.acked) GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Push, versions[p]));
+    if (resend) c_->resent_ += push_ && !part.acked ? 2 : 1;
+  }
+  // Pulls after every push, so a shard sees the pushes first.
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    if (!parts_[p].replied) GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Pull, versions[p]));
+  }
+  return Status();
+}
+
+Status PsClient::Exchange::Send(const PartitionSpan& span, MsgType type, uint64_t version) {
+  wire::DataFields f;
+  f.bucket = bucket_;
+  f.partition = span.partition;
+  f.dtype = wire::DType::F32;
+  f.num_elements = span.count;
+  f.fingerprint = tag_.names_hash;
+  f.round = round_;
+  f.version = version;
+  std::vector<wire::Payload> payloads;
+  if (type == MsgType::Push) {
+    payloads.push_back(wire::Payload::Borrow(data_ + span.offset * sizeof(float),
+                                             span.count * sizeof(float),
+                                             SendHolds::Hold(holds_)));
+    c_->pushes_++;
+  } else {
+    c_->pulls_++;
+  }
+  wire::Message msg = wire::MakeData(c_->peers_.sender, type, f, std::move(payloads), tag_.step,
+                                     ++c_->seq_);
+  const wire::Route to = wire::Route::Connection(c_->conns_[static_cast<size_t>(span.shard)]);
+  return c_->transport_->Send(to, std::move(msg), deadline_);
+}
+
+Status PsClient::Exchange::OnMessage(wire::Incoming in) {
+  wire::Verdict v = wire::Validate(in.message, c_->policy_);
+  if (!v.ok()) {
+    c_->rejected_++;
+    if (v.ShouldAnswer()) {
+      c_->transport_->Send(in.from, wire::MakeError(c_->peers_.sender, v.code, v.detail,
+                                                    v.type_known ? v.type : MsgType::Error),
+                           Deadline::AfterMs(1000)).IgnoreError();
+    }
+    return Status();
+  }
+  const int shard = ShardOf(in.from);
+  if (v.type == MsgType::Error) {
+    const auto* e = v.header->body_as_ErrorBody();
+    return AbortedError("server " + std::to_string(shard) + " refused: " +
+                        (e->message() ? e->message()->str() : "no reason given"));
+  }
+  const wire::DataBody* d = v.header->body_as_DataBody();
+  if (d->bucket() != bucket_ || d->round() != round_ || d->partition() >= plan_.size() ||
+      plan_[d->partition()].shard != shard) {
+    c_->stray_++;
+    return Status();
+  }
+  Part& part = parts_[d->partition()];
+  part.acked = true;
+  if (v.type != MsgType::Reply || part.replied) return Status();
+  const PartitionSpan& span = plan_[d->partition()];
+  if (d->num_elements() != span.count || in.message.PayloadBytes() != span.count * 4 ||
+      d->dtype() != wire::DType::F32 || d->compression() != wire::Compression::None) {
+    return AbortedError("server " + std::to_string(shard) + " answered partition " +
+                        std::to_string(span.partition) + " of bucket " +
+                        std::to_string(bucket_) + " with " +
+                        std::to_string(d->num_elements()) + " elements, expected " +
+                        std::to_string(span.count) + " f32");
+  }
+  part.replied = true;
+  part.version = d->version();
+  part.reply = std::move(in.message);
+  --remaining_;
+  return Status();
+}
+
+std::string PsClient::Exchange::Missing() const {
+  std::vector<bool> waiting(c_->conns_.size(), false);
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    if (!parts_[p].replied) waiting[static_cast<size_t>(plan_[p].shard)] = true;
+  }
+  std::string out;
+  for (size_t s = 0; s < waiting.size(); ++s) {
+    if (waiting[s]) out += (out.empty() ? "server " : ", server ") + std::to_string(s);
+  }
+  return out;
+}
+
+int PsClient::Exchange::ShardOf(const wire::Route& from) const {
+  for (size_t s = 0; s < c_->conns_.size(); ++s) {
+    if (from.kind == wire::Route::Kind::kConnection && c_->conns_[s] == from.conn) {
+      return static_cast<int>(s);
+    }
+  }
+  return -1;
+}
+
+PsClient::PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
+                   const PsClientOptions& options, Collectives* fallback, Health health)
+    : transport_(std::move(transport)), peers_(peers), options_(options), fallback_(fallback),
+      health_(std::move(health)),
+      policy_(wire::Policy::Accepting({MsgType::Ack, MsgType::Reply, MsgType::Error})) {
+  policy_.job_id = peers.sender.job_id;
+}
+
+StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Transport> transport,
+                                                     const PsPeers& peers,
+                                                     const PsClientOptions& options,
+                                                     Collectives* fallback, Health health) {
+  if (peers.server_endpoints.empty()) {
+    return FailedPreconditionError("path=ps needs server shards, and the job has none "
+                                   "(num_servers=0)");
+  }
+  std::unique_ptr<PsClient> c(
+      new PsClient(std::move(transport), peers, options, fallback, std::move(health)));
+  for (const std::string& endpoint : peers.server_endpoints) {
+    GS_ASSIGN_OR_RETURN(wire::ConnId id, c->transport_->Connect(endpoint));
+    c->conns_.push_back(id);
+  }
+  return c;
+}
+
+PsClient::~PsClient() { transport_->Shutdown(); }
+
+Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
+                           const OpTag& tag, Deadline deadline) {
+  if (tag.bucket == kDirectOpBucket) {
+    if (fallback_ == nullptr) return UnimplementedError("no collectives for direct operations");
+    return fallback_->AllReduce(data, count, dtype, op, tag, deadline);
+  }
+  if (!broken_.ok()) return broken_;
+  if (dtype != DType::kF32 || op != ReduceOp::kAverage) {
+    return InvalidArgumentError(std::string("the parameter-server path averages f32 buckets "
+                                            "only; bucket ") + std::to_string(tag.bucket) +
+                                " is " + DTypeName(dtype));
+  }
+  BucketState& b = buckets_[tag.bucket];
+  const int32_t shards = static_cast<int32_t>(conns_.size());
+  auto plan = PlanPartitions(tag.bucket, count, sizeof(float), options_.partition_bytes, shards);
+  if (b.count == 0) {
+    b.count = count;
+    b.next_round = options_.server_optimizer ? 0 : 1;
+    b.versions.assign(plan.size(), 0);
+  }
+  if (b.count != count) {
+    return InvalidArgumentError("bucket " + std::to_string(tag.bucket) + " had " +
+                                std::to_string(b.count) + " elements, now " +
+                                std::to_string(count));
+  }
+  Exchange exchange(this, tag.bucket, static_cast<uint8_t*>(data), b.next_round, tag, deadline);
+  Status s = exchange.Run(std::move(plan), &b.versions);
+  if (!s.ok()) {
+    broken_ = s;
+    return s;
+  }
+  b.next_round++;
+  return Status();
+}
+
+Status PsClient::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                           Deadline deadline) {
+  if (fallback_ == nullptr) return UnimplementedError("no collectives for AllGather");
+  return fallback_->AllGather(in, bytes, out, tag, deadline);
+}
+
+Status PsClient::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                           Deadline deadline) {
+  if (fallback_ == nullptr) return UnimplementedError("no collectives for Broadcast");
+  return fallback_->Broadcast(data, bytes, root, tag, deadline);
+}
+
+PsClientStats PsClient::stats() const {
+  return PsClientStats{pushes_.load(), pulls_.load(), resent_.load(), rejected_.load(),
+                       stray_.load()};
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,135 @@
+// PsClient: the parameter-server path of the Communicator (path=ps), behind
+// the Collectives interface its comm engine calls.
+//
+// AllReduce(bucket, kAverage) cuts the bucket into partitions of
+// `partition_bytes` (common/placement.h), pushes each partition to its shard
+// (payload frames point into the caller's buffer: zero-copy), pulls the
+// round's result back and writes it into the buffer:
+//   - optimizer=none (the shards aggregate only; ps_mode=sync): the buffer
+//     receives the average of every live worker's gradient for the round,
+//     exactly what the all-reduce path gives.
+//   - a server-side optimizer (optimizer=sgd|momentum|adam): the buffer
+//     receives the new parameters, not a gradient. The first AllReduce of
+//     each bucket initialises the shards: its buffer must hold the initial
+//     parameters; worker 0 pushes them (round 0) and every worker receives
+//     worker 0's values back (a broadcast). Every later AllReduce of the
+//     bucket pushes a gradient computed from the parameters it last received.
+// Only f32 buckets travel to the shards. Broadcast, AllGather and the
+// Communicator's direct AllReduce (tag.bucket == kDirectOpBucket) go to the
+// `fallback` collectives (the ring).
+//
+// Every push carries (worker, bucket, partition, round, seq) so the shard
+// applies it once; a push or pull that is not answered within `resend_after`
+// is sent again, the wait doubling up to 8 x resend_after. Every received
+// message is verified; a bad one is answered with an Error and counted.
+//
+// Errors: InvalidArgument (a dtype other than f32, a bucket whose size
+// changed; nothing was sent), Aborted (a shard answered with an Error; the
+// message is the shard's), DeadlineExceeded (naming the shards that did not
+// answer), Unavailable (the health check failed). After an error every later
+// call returns it again.
+//
+// Settings: partition_bytes (4 MiB), optimizer (none), ps_resend_ms (1000).
+//
+// Thread-safety: as Collectives, one operation at a time.
+#ifndef GRADSYNC_CLIENT_PS_CLIENT_H_
+#define GRADSYNC_CLIENT_PS_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/collectives.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "wire/message.h"
+#include "wire/transport.h"
+#include "wire/validate.h"
+
+namespace gradsync::client {
+
+// The bucket id the Communicator gives its direct collectives.
+constexpr uint32_t kDirectOpBucket = 0xFFFFFFFFu;
+
+struct PsClientOptions {
+  size_t partition_bytes = size_t{4} << 20;
+  bool server_optimizer = false;  // optimizer != none
+  Millis resend_after{1000};
+  Millis poll_interval{20};       // how often a waiting call runs `health`
+
+  // Reads partition_bytes, optimizer and ps_resend_ms.
+  static StatusOr<PsClientOptions> FromConfig(const Config& config);
+};
+
+struct PsPeers {
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> server_endpoints;  // data endpoint of shard i at [i]
+  wire::Sender sender;                        // this worker, as headers name it
+};
+
+struct PsClientStats {
+  uint64_t pushes = 0;
+  uint64_t pulls = 0;
+  uint64_t resent = 0;    // pushes and pulls sent again after a timeout
+  uint64_t rejected = 0;  // received messages refused
+  uint64_t stray = 0;     // answers to an earlier round, ignored
+};
+
+class PsClient : public Collectives {
+ public:
+  using Health = std::function<Status()>;
+
+  // Connects `transport` (this client's own, read by nobody else) to every
+  // shard. `fallback` must outlive the client; `health` may be null.
+  static StatusOr<std::unique_ptr<PsClient>> Create(std::unique_ptr<wire::Transport> transport,
+                                                    const PsPeers& peers,
+                                                    const PsClientOptions& options,
+                                                    Collectives* fallback, Health health);
+  ~PsClient() override;  // shuts the transport down
+
+  const char* name() const override { return "ps"; }
+  int rank() const override { return peers_.rank; }
+  int world_size() const override { return peers_.world_size; }
+
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                   Deadline deadline) override;
+  Status AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                   Deadline deadline) override;
+  Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                   Deadline deadline) override;
+
+  PsClientStats stats() const;
+
+ private:
+  struct BucketState {
+    size_t count = 0;
+    uint64_t next_round = 0;
+    std::vector<uint64_t> versions;  // per partition: of the last Reply
+  };
+  class Exchange;  // one AllReduce in flight (ps_client.cc)
+
+  PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
+           const PsClientOptions& options, Collectives* fallback, Health health);
+
+  std::unique_ptr<wire::Transport> transport_;
+  const PsPeers peers_;
+  const PsClientOptions options_;
+  Collectives* const fallback_;
+  const Health health_;
+  wire::Policy policy_;
+  std::vector<wire::ConnId> conns_;  // per shard
+  std::map<uint32_t, BucketState> buckets_;
+  uint64_t seq_ = 0;
+  Status broken_;
+  std::atomic<uint64_t> pushes_{0}, pulls_{0}, resent_{0}, rejected_{0}, stray_{0};
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_PS_CLIENT_H_

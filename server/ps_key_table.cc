@@ -1,0 +1,316 @@
+#include "server/ps_key_table.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace gradsync::server {
+
+using wire::ErrorCode;
+using wire::MsgType;
+
+const char* PsModeName(PsMode mode) {
+  switch (mode) {
+    case PsMode::kSync: return "sync";
+    case PsMode::kAsync: return "async";
+    case PsMode::kSsp: return "ssp";
+  }
+  return "invalid";
+}
+
+void ShardCounters::Applied(uint64_t staleness) {
+  applied_.fetch_add(1, std::memory_order_relaxed);
+  staleness_sum_.fetch_add(staleness, std::memory_order_relaxed);
+  uint64_t seen = max_staleness_.load(std::memory_order_relaxed);
+  while (staleness > seen && !max_staleness_.compare_exchange_weak(seen, staleness)) {
+  }
+}
+
+PsShardStats ShardCounters::Snapshot() const {
+  PsShardStats s;
+  s.pushes_applied = applied_.load();
+  s.duplicates = duplicates.load();
+  s.rejected = rejected.load();
+  s.rounds_closed = rounds_closed.load();
+  s.replies = replies.load();
+  s.max_staleness = max_staleness_.load();
+  s.staleness_sum = staleness_sum_.load();
+  return s;
+}
+
+void TakenRounds::Add(uint64_t round) {
+  if (Contains(round)) return;
+  above.insert(round);
+  while (!above.empty() && *above.begin() == floor + 1) {
+    ++floor;
+    above.erase(above.begin());
+  }
+}
+
+struct KeyTable::Request {
+  wire::Route from;
+  MsgType type;
+  int32_t worker;
+  Key key;
+  uint64_t num_elements, round, version, step, seq;
+  wire::DType dtype;
+  wire::Compression compression;
+
+  std::string Name() const {
+    return std::string(wire::MsgTypeName(type)) + " of bucket " + std::to_string(key.first) +
+           " partition " + std::to_string(key.second) + " round " + std::to_string(round) +
+           " from worker " + std::to_string(worker);
+  }
+};
+
+namespace {
+
+std::vector<float> CopyFloats(const wire::Message& msg, uint64_t n) {
+  std::vector<float> out(n);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(out.data());
+  size_t at = 0;
+  for (const wire::Payload& p : msg.payloads) {
+    const size_t m = std::min(p.size, n * sizeof(float) - at);
+    std::memcpy(dst + at, p.data, m);
+    at += m;
+  }
+  return out;
+}
+
+Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
+  return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
+}
+
+}  // namespace
+
+KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
+                   ShardCounters* counters)
+    : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters) {}
+
+void KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
+                      std::vector<Outgoing>* out) {
+  const wire::DataBody& d = *h.body_as_DataBody();
+  Request r{from, h.type(), h.sender_rank(), {d.bucket(), d.partition()}, d.num_elements(),
+            d.round(), d.version(), h.step(), h.seq(), d.dtype(), d.compression()};
+  if (h.sender_role() != wire::Role::Worker || r.worker < 0 ||
+      r.worker >= rules_.num_workers) {
+    return Reject(r, ErrorCode::BadSender, "the sender is not a worker of this job", out);
+  }
+  if (r.dtype != wire::DType::F32 || r.compression != wire::Compression::None) {
+    return Reject(r, ErrorCode::WrongType,
+                  "this shard takes uncompressed f32 data only", out);
+  }
+  KeyState& k = keys_[r.key];
+  if (r.num_elements == 0 || (k.num_elements != 0 && r.num_elements != k.num_elements)) {
+    return Reject(r, ErrorCode::SizeMismatch, "carries " + std::to_string(r.num_elements) +
+                  " elements, the key holds " + std::to_string(k.num_elements), out);
+  }
+  if (r.type == MsgType::Push) return OnPush(r, msg, out);
+  if (r.type == MsgType::Pull) return OnPull(r, out);
+  Reject(r, ErrorCode::WrongType, "a shard takes Push and Pull only", out);
+}
+
+void KeyTable::OnPush(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out) {
+  if (r.round == 0) return OnInit(r, msg, out);
+  KeyState& k = keys_[r.key];
+  if (optimizer_ != nullptr && !k.initialised) {
+    return Reject(r, ErrorCode::BadSequence,
+                  "the key has no parameters yet: worker 0 pushes them first (round 0)", out);
+  }
+  if (k.taken[r.worker].Contains(r.round)) {
+    counters_->Add(counters_->duplicates);
+    return Ack(r, k, out);
+  }
+  if (rules_.mode == PsMode::kAsync) return PushAsync(r, msg, out);
+  PushRound(r, msg, out);
+}
+
+void KeyTable::OnInit(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out) {
+  if (optimizer_ == nullptr) {
+    return Reject(r, ErrorCode::WrongType,
+                  "this shard only aggregates (optimizer=none) and takes no initial "
+                  "parameters", out);
+  }
+  if (r.worker != 0) {
+    return Reject(r, ErrorCode::BadSender, "only worker 0 pushes initial parameters", out);
+  }
+  KeyState& k = keys_[r.key];
+  if (k.initialised) {
+    counters_->Add(counters_->duplicates);
+    return Ack(r, k, out);
+  }
+  k.num_elements = r.num_elements;
+  k.params = CopyFloats(msg, r.num_elements);
+  k.initialised = true;
+  k.results[0] = k.latest = MakeSnapshot(k.params, k.version);
+  Ack(r, k, out);
+  AnswerHeld(r.key, k, out);
+}
+
+void KeyTable::PushRound(const Request& r, const wire::Message& msg,
+                         std::vector<Outgoing>* out) {
+  KeyState& k = keys_[r.key];
+  const uint64_t limit = k.closed + rules_.staleness + 1;
+  if (r.round > limit) {
+    return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (" +
+                  std::to_string(k.closed) + " closed, at most round " +
+                  std::to_string(limit) + " may be pushed)", out);
+  }
+  k.num_elements = r.num_elements;
+  k.open[r.round][r.worker] = Contribution{CopyFloats(msg, r.num_elements), r.version};
+  k.taken[r.worker].Add(r.round);
+  Ack(r, k, out);
+  TryClose(k);
+  AnswerHeld(r.key, k, out);
+}
+
+void KeyTable::PushAsync(const Request& r, const wire::Message& msg,
+                         std::vector<Outgoing>* out) {
+  KeyState& k = keys_[r.key];
+  const TakenRounds& taken = k.taken[r.worker];
+  if (r.round > taken.floor + rules_.async_window || r.version > k.version) {
+    return Reject(r, ErrorCode::BadSequence, "is implausible (key version " +
+                  std::to_string(k.version) + ", push version " + std::to_string(r.version) +
+                  ", rounds up to " + std::to_string(taken.floor) + " taken)", out);
+  }
+  const uint64_t staleness = k.version - r.version;
+  const float scale =
+      rules_.staleness_lr ? 1.0f / static_cast<float>(std::max<uint64_t>(1, staleness)) : 1.0f;
+  std::vector<float> grad = CopyFloats(msg, r.num_elements);
+  optimizer_->Step(k.params.data(), grad.data(), k.params.size(), &k.slots, scale);
+  k.version++;
+  k.latest = Snapshot{};
+  k.taken[r.worker].Add(r.round);
+  counters_->Applied(staleness);
+  Ack(r, k, out);
+  AnswerHeld(r.key, k, out);
+}
+
+void KeyTable::TryClose(KeyState& k) {
+  while (!k.open.empty() && k.open.begin()->first == k.closed + 1) {
+    const auto& contributions = k.open.begin()->second;
+    for (int32_t w = 0; w < rules_.num_workers; ++w) {
+      if (Live(w) && contributions.count(w) == 0) return;
+    }
+    Close(k, k.closed + 1);
+  }
+}
+
+void KeyTable::Close(KeyState& k, uint64_t round) {
+  auto& contributions = k.open[round];
+  std::vector<float> avg(k.num_elements, 0.0f);
+  for (auto& [worker, c] : contributions) {  // rank order
+    for (size_t i = 0; i < avg.size(); ++i) avg[i] += c.grad[i];
+    counters_->Applied(k.version >= c.version ? k.version - c.version : 0);
+  }
+  const float n = static_cast<float>(contributions.size());
+  for (float& v : avg) v /= n;
+  k.open.erase(round);
+  k.closed = round;
+  k.version++;
+  if (optimizer_ != nullptr) {
+    optimizer_->Step(k.params.data(), avg.data(), avg.size(), &k.slots, 1.0f);
+    k.results[round] = MakeSnapshot(k.params, k.version);
+  } else {
+    k.results[round] = MakeSnapshot(std::move(avg), k.version);
+  }
+  while (k.results.size() > rules_.kept_results) k.results.erase(k.results.begin());
+  counters_->Add(counters_->rounds_closed);
+}
+
+void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
+  KeyState& k = keys_[r.key];
+  if (r.round == 0 && optimizer_ == nullptr) {
+    return Reject(r, ErrorCode::WrongType,
+                  "this shard only aggregates (optimizer=none): there is no round 0", out);
+  }
+  const bool async = rules_.mode == PsMode::kAsync;
+  const uint64_t limit = async ? k.taken[r.worker].floor + rules_.async_window
+                               : k.closed + rules_.staleness + 1;
+  if (r.round > limit) {
+    return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (at most " +
+                  std::to_string(limit) + ")", out);
+  }
+  HeldPull pull{r.from, r.worker, r.round, r.step, r.seq};
+  if (Answer(r.key, k, pull, out)) return;
+  for (HeldPull& h : k.held) {
+    if (h.worker == pull.worker && h.round == pull.round) {
+      h = pull;  // a resent pull replaces the one held
+      return;
+    }
+  }
+  k.held.push_back(pull);
+}
+
+bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
+                      std::vector<Outgoing>* out) {
+  if (optimizer_ != nullptr && !k.initialised) return false;
+  Snapshot snap;
+  auto initial = pull.round == 0 ? k.results.find(0) : k.results.end();
+  if (initial != k.results.end()) {
+    snap = initial->second;  // round 0 answers with the initial parameters
+  } else if (rules_.mode == PsMode::kAsync) {
+    if (pull.round != 0 && !k.taken[pull.worker].Contains(pull.round)) return false;
+    if (!k.latest.values) k.latest = MakeSnapshot(k.params, k.version);
+    snap = k.latest;
+  } else if (rules_.mode == PsMode::kSsp) {
+    if (k.closed + rules_.staleness < pull.round || k.results.empty()) return false;
+    snap = k.results.rbegin()->second;
+  } else {
+    if (k.closed < pull.round) return false;
+    auto it = k.results.find(pull.round);
+    if (it == k.results.end()) {
+      out->push_back({pull.to, wire::MakeError(self_, ErrorCode::BadSequence,
+                      "round " + std::to_string(pull.round) + " of bucket " +
+                      std::to_string(key.first) + " partition " + std::to_string(key.second) +
+                      " is too old to be answered again", MsgType::Pull)});
+      counters_->Add(counters_->rejected);
+      return true;
+    }
+    snap = it->second;
+  }
+  wire::DataFields f;
+  f.bucket = key.first;
+  f.partition = key.second;
+  f.num_elements = k.num_elements;
+  f.round = pull.round;
+  f.version = snap.version;
+  const auto& values = snap.values;
+  out->push_back({pull.to, wire::MakeData(self_, MsgType::Reply, f,
+                                          {wire::Payload::Borrow(values->data(),
+                                                                 values->size() * sizeof(float),
+                                                                 values)},
+                                          pull.step, pull.seq)});
+  counters_->Add(counters_->replies);
+  return true;
+}
+
+void KeyTable::AnswerHeld(const Key& key, KeyState& k, std::vector<Outgoing>* out) {
+  auto answered = [&](const HeldPull& p) { return Answer(key, k, p, out); };
+  k.held.erase(std::remove_if(k.held.begin(), k.held.end(), answered), k.held.end());
+}
+
+void KeyTable::SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out) {
+  dead_ = dead;
+  for (auto& [key, k] : keys_) {
+    if (rules_.mode != PsMode::kAsync) TryClose(k);
+    AnswerHeld(key, k, out);
+  }
+}
+
+void KeyTable::Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* out) {
+  wire::DataFields f;
+  f.bucket = r.key.first;
+  f.partition = r.key.second;
+  f.num_elements = r.num_elements;
+  f.round = r.round;
+  f.version = k.version;
+  out->push_back({r.from, wire::MakeData(self_, MsgType::Ack, f, {}, r.step, r.seq)});
+}
+
+void KeyTable::Reject(const Request& r, ErrorCode code, const std::string& why,
+                      std::vector<Outgoing>* out) {
+  counters_->Add(counters_->rejected);
+  out->push_back({r.from, wire::MakeError(self_, code, r.Name() + " " + why, r.type)});
+}
+
+}  // namespace gradsync::server

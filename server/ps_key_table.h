@@ -1,0 +1,188 @@
+// KeyTable: the state and consistency rules of the parameter-server keys one
+// shard thread owns. A key is (bucket, partition) (see common/placement.h).
+// The table turns verified Push and Pull messages into Ack, Reply and Error
+// messages; it does no I/O and takes no locks, so it is tested directly.
+//
+// Protocol (DataBody fields; header step and seq are echoed in answers):
+//   Push  round 0:   initial parameters (server-side optimizer only), taken
+//                    from worker 0 only; version ignored.
+//   Push  round r>0: a worker's fp32 gradient for round r, computed from the
+//                    parameters of `version` (the version of the Reply it
+//                    last got for this key). Answered with an Ack (version =
+//                    the key's version) once recorded; a push seen before is
+//                    acknowledged again and not applied twice.
+//   Pull  round 0:   answered with the initial parameters once worker 0
+//                    pushed them.
+//   Pull  round r:   answered with a Reply (payload: num_elements fp32,
+//                    version: the version of those values) when the rules
+//                    allow; held until then.
+//
+// Rules:
+//   sync: round r closes when every live worker pushed it; the gradients are
+//         summed in rank order and divided by the number of contributors.
+//         Without optimizer the Reply of round r is that average; with one,
+//         the optimizer steps once and the Reply is the new parameters.
+//         Pulls of round r wait for round r to close.
+//   ssp:  rounds close as in sync and in round order; a pull of round r is
+//         answered with the latest parameters once round r - s is closed, so
+//         no worker runs more than s rounds ahead of the slowest live one
+//         and every gradient is at most s versions stale when applied.
+//         s = 0 gives the same bits as sync.
+//   async: every push is applied at once (version + 1); a pull of round r is
+//         answered with the latest parameters once the worker's push of
+//         round r is applied. Staleness-aware lr divides lr by the staleness.
+// Staleness of a push = key version when applied - the push's version.
+//
+// Errors (answered with an Error naming the key, counted, state unchanged):
+// sender not a worker of the job; dtype other than f32 or a compressed
+// payload (WrongType); a size other than the key's (SizeMismatch); a round
+// outside the plausible window, or a gradient before the initial parameters
+// (BadSequence); initial parameters from a worker other than 0 or to a shard
+// without optimizer (BadSender / WrongType).
+//
+// Thread-safety: none; one thread owns a table.
+#ifndef GRADSYNC_SERVER_PS_KEY_TABLE_H_
+#define GRADSYNC_SERVER_PS_KEY_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/optimizer.h"
+#include "wire/message.h"
+#include "wire/transport.h"
+
+namespace gradsync::server {
+
+enum class PsMode { kSync, kAsync, kSsp };
+const char* PsModeName(PsMode mode);
+
+struct PsRules {
+  PsMode mode = PsMode::kSync;
+  uint64_t staleness = 0;        // ssp: the bound s
+  bool staleness_lr = false;     // async: lr / max(1, staleness)
+  int32_t num_workers = 1;
+  uint64_t async_window = 1024;  // async: rounds a push may run ahead
+  uint64_t kept_results = 4;     // sync: closed rounds kept for late pulls
+};
+
+struct PsShardStats {
+  uint64_t pushes_applied = 0;
+  uint64_t duplicates = 0;       // pushes acknowledged again, not applied
+  uint64_t rejected = 0;         // messages answered with an Error
+  uint64_t rounds_closed = 0;    // sync/ssp
+  uint64_t replies = 0;
+  uint64_t max_staleness = 0;
+  uint64_t staleness_sum = 0;    // over applied pushes
+};
+
+// Counters shared by a shard's threads.
+class ShardCounters {
+ public:
+  void Applied(uint64_t staleness);
+  void Add(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+  PsShardStats Snapshot() const;
+
+  std::atomic<uint64_t> duplicates{0}, rejected{0}, rounds_closed{0}, replies{0};
+
+ private:
+  std::atomic<uint64_t> applied_{0}, max_staleness_{0}, staleness_sum_{0};
+};
+
+// Rounds of one worker on one key already taken: every round <= floor, plus
+// `above`.
+struct TakenRounds {
+  uint64_t floor = 0;
+  std::set<uint64_t> above;
+
+  bool Contains(uint64_t round) const { return round <= floor || above.count(round) > 0; }
+  void Add(uint64_t round);
+};
+
+struct Contribution {
+  std::vector<float> grad;
+  uint64_t version = 0;
+};
+
+struct Snapshot {
+  std::shared_ptr<const std::vector<float>> values;
+  uint64_t version = 0;
+};
+
+struct HeldPull {
+  wire::Route to;
+  int32_t worker = 0;
+  uint64_t round = 0;
+  uint64_t step = 0;
+  uint64_t seq = 0;
+};
+
+// Everything a shard knows about one key, in one place so it can be saved.
+struct KeyState {
+  uint64_t num_elements = 0;  // 0 until the first push
+  bool initialised = false;   // optimizer: parameters set by round 0
+  std::vector<float> params;
+  OptimizerSlots slots;
+  uint64_t version = 0;       // updates applied
+  uint64_t closed = 0;        // sync/ssp: rounds 1..closed applied
+  std::map<uint64_t, std::map<int32_t, Contribution>> open;  // round -> worker
+  std::map<uint64_t, Snapshot> results;                      // sync/ssp, by round
+  Snapshot latest;                                           // async
+  std::map<int32_t, TakenRounds> taken;                      // per worker
+  std::vector<HeldPull> held;
+};
+
+struct Outgoing {
+  wire::Route to;
+  wire::Message message;
+};
+
+class KeyTable {
+ public:
+  using Key = std::pair<uint32_t, uint32_t>;  // (bucket, partition)
+
+  // `optimizer` may be null (aggregate only) and must outlive the table.
+  KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
+           ShardCounters* counters);
+
+  // `h` is the verified header of `msg`, a Push or a Pull.
+  void Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
+              std::vector<Outgoing>* out);
+  // Workers declared dead no longer hold rounds back.
+  void SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out);
+
+  const std::map<Key, KeyState>& keys() const { return keys_; }
+
+ private:
+  struct Request;  // one decoded Push or Pull
+  void OnPush(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
+  void OnInit(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
+  void OnPull(const Request& r, std::vector<Outgoing>* out);
+  void PushRound(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
+  void PushAsync(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
+  void TryClose(KeyState& k);
+  void Close(KeyState& k, uint64_t round);
+  void AnswerHeld(const Key& key, KeyState& k, std::vector<Outgoing>* out);
+  // The answer to `pull` if the rules allow one now.
+  bool Answer(const Key& key, KeyState& k, const HeldPull& pull, std::vector<Outgoing>* out);
+  bool Live(int32_t worker) const { return dead_.count(worker) == 0; }
+  void Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* out);
+  void Reject(const Request& r, wire::ErrorCode code, const std::string& why,
+              std::vector<Outgoing>* out);
+
+  const PsRules rules_;
+  const Optimizer* const optimizer_;
+  const wire::Sender self_;
+  ShardCounters* const counters_;
+  std::set<int32_t> dead_;
+  std::map<Key, KeyState> keys_;
+};
+
+}  // namespace gradsync::server
+
+#endif  // GRADSYNC_SERVER_PS_KEY_TABLE_H_

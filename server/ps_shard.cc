@@ -1,0 +1,150 @@
+#include "server/ps_shard.h"
+
+#include "common/logging.h"
+#include "common/placement.h"
+
+namespace gradsync::server {
+
+struct PsShard::KeyThread {
+  KeyThread(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
+            ShardCounters* counters)
+      : table(rules, optimizer, self, counters), queue(4096) {}
+  KeyTable table;
+  BlockingQueue<Work> queue;
+  std::thread thread;
+};
+
+namespace {
+
+StatusOr<PsMode> ParseMode(const std::string& name) {
+  if (name == "sync") return PsMode::kSync;
+  if (name == "async") return PsMode::kAsync;
+  if (name == "ssp") return PsMode::kSsp;
+  return InvalidArgumentError("ps_mode must be sync, async or ssp, got '" + name + "'");
+}
+
+}  // namespace
+
+StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
+  PsShardOptions o;
+  GS_ASSIGN_OR_RETURN(std::string mode, config.GetString("ps_mode", "sync"));
+  GS_ASSIGN_OR_RETURN(o.rules.mode, ParseMode(mode));
+  GS_ASSIGN_OR_RETURN(int64_t staleness, config.GetInt("staleness", 0));
+  GS_ASSIGN_OR_RETURN(o.rules.staleness_lr, config.GetBool("staleness_lr", false));
+  GS_ASSIGN_OR_RETURN(int64_t threads, config.GetInt("ps_threads", 2));
+  GS_ASSIGN_OR_RETURN(o.optimizer, OptimizerOptions::FromConfig(config));
+  if (staleness < 0 || staleness > 1000000) {
+    return InvalidArgumentError("staleness must be in [0, 1000000], got " +
+                                std::to_string(staleness));
+  }
+  if (threads < 1 || threads > 64) {
+    return InvalidArgumentError("ps_threads must be in [1, 64], got " + std::to_string(threads));
+  }
+  if (o.rules.mode != PsMode::kSync && o.optimizer.kind == OptimizerKind::kNone) {
+    return InvalidArgumentError(std::string("ps_mode=") + PsModeName(o.rules.mode) +
+                                " needs a server-side optimizer (optimizer=sgd|momentum|adam)");
+  }
+  o.rules.staleness = o.rules.mode == PsMode::kSsp ? static_cast<uint64_t>(staleness) : 0;
+  o.threads = static_cast<int>(threads);
+  return o;
+}
+
+PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self)
+    : transport_(transport), options_(options), self_(self),
+      optimizer_(MakeOptimizer(options.optimizer)),
+      policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})) {
+  policy_.job_id = self.job_id;
+}
+
+StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
+                                                  const PsShardOptions& options,
+                                                  wire::Sender self) {
+  if (options.rules.num_workers < 1) return InvalidArgumentError("a shard needs workers");
+  std::unique_ptr<PsShard> shard(new PsShard(transport, options, self));
+  for (int i = 0; i < options.threads; ++i) {
+    shard->key_threads_.push_back(std::make_unique<KeyThread>(
+        options.rules, shard->optimizer_.get(), self, &shard->counters_));
+  }
+  for (auto& t : shard->key_threads_) {
+    t->thread = std::thread([s = shard.get(), k = t.get()] { s->KeyLoop(k); });
+  }
+  shard->receiver_ = std::thread([s = shard.get()] { s->ReceiveLoop(); });
+  return shard;
+}
+
+PsShard::~PsShard() { Shutdown(); }
+
+void PsShard::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  stop_.store(true);
+  if (receiver_.joinable()) receiver_.join();
+  for (auto& t : key_threads_) t->queue.Close();
+  for (auto& t : key_threads_) {
+    if (t->thread.joinable()) t->thread.join();
+  }
+}
+
+void PsShard::WorkerDied(int32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_ || !dead_.insert(rank).second) return;
+  for (auto& t : key_threads_) t->queue.Push(Work{nullptr, dead_}, Deadline::Infinite()).IgnoreError();
+}
+
+void PsShard::ReceiveLoop() {
+  while (!stop_.load()) {
+    auto in = transport_->Receive(Deadline::AfterMs(100));
+    if (!in.ok()) {
+      if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+      if (!stop_.load()) GS_LOG(WARNING) << "shard stops receiving: " << in.status();
+      return;
+    }
+    Dispatch(std::move(*in));
+  }
+}
+
+void PsShard::Dispatch(wire::Incoming in) {
+  wire::Verdict v = wire::Validate(in.message, policy_);
+  if (!v.ok()) {
+    counters_.Add(counters_.rejected);
+    if (v.ShouldAnswer()) {
+      const wire::MsgType type = v.type_known ? v.type : wire::MsgType::Error;
+      Send(in.from, wire::MakeError(self_, v.code, v.detail, type));
+    }
+    return;
+  }
+  const wire::DataBody* d = v.header->body_as_DataBody();
+  const uint64_t key = PartitionKey(d->bucket(), d->partition());
+  KeyThread& t = *key_threads_[key % key_threads_.size()];
+  // A full queue pushes back on the transport; the key threads keep
+  // draining it until Shutdown closes it.
+  t.queue.Push(Work{std::make_unique<wire::Incoming>(std::move(in)), {}}, Deadline::Infinite())
+      .IgnoreError();
+}
+
+void PsShard::KeyLoop(KeyThread* t) {
+  std::vector<Outgoing> out;
+  for (;;) {
+    auto work = t->queue.Pop(Deadline::Infinite());
+    if (!work.ok()) return;
+    out.clear();
+    if (work->in == nullptr) {
+      t->table.SetDead(work->dead, &out);
+    } else {
+      const wire::Incoming& in = *work->in;
+      t->table.Handle(in.from, *in.message.header_view(), in.message, &out);
+    }
+    for (Outgoing& o : out) Send(o.to, std::move(o.message));
+  }
+}
+
+void PsShard::Send(const wire::Route& to, wire::Message msg) {
+  Status s = transport_->Send(to, std::move(msg), Deadline::After(options_.send_timeout));
+  if (!s.ok() && !stop_.load()) GS_LOG(WARNING) << "shard reply to " << to.ToString()
+                                                << " failed: " << s;
+}
+
+}  // namespace gradsync::server
