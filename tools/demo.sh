@@ -1,47 +1,88 @@
 #!/usr/bin/env bash
-# The main job on one machine: a scheduler, 2 parameter-server shards and 4
-# workers rendezvous over TCP on loopback, check that every node reaches its
-# peers, pass barriers, share an NCCL-style id, and shut down cleanly.
+# The main job on one machine: for each mode, gradsync_launch starts a
+# scheduler (and parameter-server shards where the mode uses them) and
+# WORKERS data-parallel trainers of an MLP on Fashion-MNIST
+# (examples/fmnist_trainer); every trainer ends with a JSON line, and the
+# script prints one table row per mode.
+#
+#   tools/demo.sh                        # every mode in MODES
+#   MODE=allreduce-ring tools/demo.sh    # one mode
+#
+# WORKERS (4), SERVERS (2, for the modes that use servers), PORT (29500; 0
+# picks a free port) and EPOCHS (3) override the defaults; TRAINER_FLAGS adds
+# flags to every trainer (--batch=, --lr=, --momentum=, --seed=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install_deps.sh
-bazel build //server:gradsync_server //tests:rendezvous_worker
 
 WORKERS=${WORKERS:-4}
 SERVERS=${SERVERS:-2}
 PORT=${PORT:-29500}
-logs=$(mktemp -d)
-export GRADSYNC_SCHEDULER=127.0.0.1:${PORT}
-export GRADSYNC_NUM_WORKERS=${WORKERS}
-export GRADSYNC_NUM_SERVERS=${SERVERS}
-bin=bazel-bin
+EPOCHS=${EPOCHS:-3}
+MODE=${MODE:-}
+TRAINER_FLAGS=${TRAINER_FLAGS:-}
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT INT TERM
+# One mode per entry: name|uses servers (0 or 1)|trainer flags.
+MODES=(
+  "allreduce-ring|0|--path=allreduce --backend=ring"
+  "allreduce-fp16|0|--path=allreduce --backend=ring --compression=fp16"
+  "allreduce-topk-ef|0|--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
+)
 
-"$bin/server/gradsync_server" --role=scheduler --port="$PORT" >"$logs/scheduler.log" 2>&1 &
-scheduler=$!
-pids+=("$scheduler")
-for s in $(seq 0 $((SERVERS - 1))); do
-  "$bin/server/gradsync_server" --role=server >"$logs/server$s.log" 2>&1 &
-  pids+=($!)
+selected=()
+for entry in "${MODES[@]}"; do
+  [ -z "$MODE" ] || [ "${entry%%|*}" = "$MODE" ] && selected+=("$entry")
 done
-workers=()
-for w in $(seq 0 $((WORKERS - 1))); do
-  "$bin/tests/rendezvous_worker" --barriers=3 --nccl_id >"$logs/worker$w.log" 2>&1 &
-  workers+=($!)
-  pids+=($!)
-done
-status=0
-for p in "${workers[@]}"; do wait "$p" || status=1; done
-wait "$scheduler" || status=1
-for f in "$logs"/*.log; do sed "s/^/[$(basename "$f" .log)] /" "$f"; done
-echo
-if [ "$status" -eq 0 ]; then
-  echo "demo: scheduler on $GRADSYNC_SCHEDULER, $SERVERS servers and $WORKERS workers rendezvoused,"
-  echo "      checked reachability, passed 3 barriers, shared the NCCL id and shut down cleanly."
-else
-  echo "demo: FAILED (logs in $logs)"
+if [ ${#selected[@]} -eq 0 ]; then
+  echo "demo: unknown MODE '$MODE'; known: $(printf '%s ' "${MODES[@]%%|*}")" >&2
+  exit 2
 fi
+
+tools/install_deps.sh
+bazel build --config=opt //server:gradsync_server //launcher:gradsync_launch \
+    //examples:fmnist_trainer
+bin=$(bazel info --config=opt bazel-bin 2>/dev/null)
+logs=$(mktemp -d "${TMPDIR:-/tmp}/gradsync_demo.XXXXXX")
+
+# The value of "key" in a one-line JSON object.
+field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" <<<"$2"; }
+
+run_mode() {
+  local name=$1 uses_servers=$2 flags=$3 servers=0
+  [ "$uses_servers" = 1 ] && servers=$SERVERS
+  echo
+  echo "=== $name: $WORKERS workers, $servers servers, $EPOCHS epochs ==="
+  # shellcheck disable=SC2086  # flags are words
+  "$bin/launcher/gradsync_launch" --workers="$WORKERS" --servers="$servers" --port="$PORT" \
+      --log_dir="$logs/$name" -- "$bin/examples/fmnist_trainer" --mode="$name" \
+      --epochs="$EPOCHS" $flags $TRAINER_FLAGS 2>&1 | tee "$logs/$name.out"
+}
+
+rows=()
+status=0
+for entry in "${selected[@]}"; do
+  IFS='|' read -r name uses_servers flags <<<"$entry"
+  if run_mode "$name" "$uses_servers" "$flags"; then
+    rows+=("$(sed -n 's/^\[worker 0\] \({.*}\)$/\1/p' "$logs/$name.out" | tail -n 1)")
+  else
+    rows+=("{\"mode\":\"$name\",\"failed\":true}")
+    status=1
+  fi
+done
+
+echo
+printf '%-16s %9s %8s %10s %14s %11s %8s %8s %9s\n' mode test_acc wall_s samples/s \
+    wire_bytes compression p50_ms p99_ms staleness
+for row in "${rows[@]}"; do
+  if [ -n "$(field failed "$row")" ] || [ -z "$(field test_accuracy "$row")" ]; then
+    printf '%-16s FAILED (logs in %s)\n' "$(field mode "$row")" "$logs"
+    status=1
+    continue
+  fi
+  printf '%-16s %9s %8s %10s %14s %11s %8s %8s %9s\n' "$(field mode "$row")" \
+      "$(field test_accuracy "$row")" "$(field wall_s "$row")" "$(field samples_per_s "$row")" \
+      "$(field wire_bytes "$row")" "$(field compression_ratio "$row")" "$(field p50_ms "$row")" \
+      "$(field p99_ms "$row")" "$(field max_staleness "$row")"
+done
+echo "(wire_bytes: gradient bytes one worker sent during training; p50/p99: Synchronize"
+echo " latency on worker 0; wall_s: training time; logs in $logs)"
 exit "$status"

@@ -9,7 +9,7 @@ PACKAGES=(
   libflatbuffers-dev flatbuffers-compiler
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  libeigen3-dev
+  libeigen3-dev zlib1g-dev
   clang-14 libclang-rt-14-dev
   prometheus
   dataset-fashion-mnist

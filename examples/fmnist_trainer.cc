@@ -1,0 +1,369 @@
+// fmnist_trainer: data-parallel training of an MLP (784-256-128-10) on
+// Fashion-MNIST through the gradsync client SDK.
+//
+//   GRADSYNC_SCHEDULER=host:port GRADSYNC_NUM_WORKERS=4 GRADSYNC_RANK=r
+//   fmnist_trainer [--epochs=3] [--batch=64] [--lr=0.05] [--momentum=0.9]
+//                      [--seed=1] [--mode=allreduce-ring] [--data_dir=...]
+//
+// Every worker reads the whole data set and trains on its shard: each epoch
+// all ranks draw the same permutation (seeded with seed + epoch) and rank r
+// takes elements r, r + N, r + 2N, ... (the permutation is padded with its
+// first elements so that every rank runs the same number of steps). Rank 0's
+// initial parameters are broadcast. Each step runs forward and backward on
+// `batch` local samples, hands every gradient to the Communicator as soon as
+// the backward pass produced it (last layer first), waits in Synchronize for
+// the average over all workers, and takes an SGD step with momentum.
+//
+// Rank 0 shows progress on stderr (one line redrawn in place on a terminal,
+// a few plain lines otherwise). At the end the ranks evaluate a slice of the
+// 10k test images each and sum the counts; rank 0 prints one JSON line on
+// stdout:
+//   mode, test_accuracy, wall_s (training time, from the first step to the
+//   last), samples_per_s (training samples of all workers per second),
+//   wire_bytes (payload bytes rank 0 sent during training, as its ring
+//   counted them), compression_ratio (gradient bytes before / after
+//   compression),
+//   p50_ms / p99_ms (duration of Synchronize on rank 0), max_staleness (0),
+//   workers, epochs, steps (per worker).
+// Exit status: 0 on success, 1 when training failed, 2 for bad flags.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "client/communicator.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "examples/idx_reader.h"
+#include "examples/mlp.h"
+
+extern char** environ;
+
+namespace gradsync::examples {
+namespace {
+
+using client::Communicator;
+using Clock = std::chrono::steady_clock;
+
+// Mean and standard deviation of the Fashion-MNIST training pixels in [0, 1].
+constexpr float kPixelMean = 0.2860f;
+constexpr float kPixelStd = 0.3530f;
+constexpr int64_t kOpDeadlineMs = 300000;
+
+struct Options {
+  std::string data_dir;
+  std::string mode;
+  int64_t epochs = 0;
+  int64_t batch = 0;
+  double lr = 0;
+  double momentum = 0;
+  int64_t seed = 0;
+};
+
+StatusOr<Options> ReadOptions(const Config& config) {
+  Options o;
+  GS_ASSIGN_OR_RETURN(o.data_dir,
+                      config.GetString("data_dir", kFashionMnistDir));
+  GS_ASSIGN_OR_RETURN(o.mode, config.GetString("mode", "allreduce-ring"));
+  GS_ASSIGN_OR_RETURN(o.epochs, config.GetInt("epochs", 3));
+  GS_ASSIGN_OR_RETURN(o.batch, config.GetInt("batch", 64));
+  GS_ASSIGN_OR_RETURN(o.lr, config.GetDouble("lr", 0.05));
+  GS_ASSIGN_OR_RETURN(o.momentum, config.GetDouble("momentum", 0.9));
+  GS_ASSIGN_OR_RETURN(o.seed, config.GetInt("seed", 1));
+  if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 ||
+      o.momentum >= 1) {
+    return InvalidArgumentError(
+        "need --epochs >= 1, --batch >= 1, --lr > 0, 0 <= --momentum < 1");
+  }
+  for (char c : o.mode) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
+        c != '.') {
+      return InvalidArgumentError(
+          "--mode may hold letters, digits and -_. only");
+    }
+  }
+  return o;
+}
+
+// This rank's sample indices for one epoch (DistributedSampler semantics).
+std::vector<size_t> ShardOfEpoch(size_t n, int rank, int world, uint64_t seed,
+                                 int64_t epoch) {
+  std::vector<size_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  uint64_t state =
+      seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1;
+  for (size_t i = n; i > 1; --i) {  // Fisher-Yates with a splitmix64 stream
+    state += 0x9E3779B97F4A7C15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    std::swap(perm[i - 1], perm[(z ^ (z >> 31)) % i]);
+  }
+  const size_t per_rank = (n + world - 1) / world;
+  for (size_t i = 0; perm.size() < per_rank * world; ++i) {
+    perm.push_back(perm[i]);
+  }
+  std::vector<size_t> shard;
+  for (size_t i = rank; i < perm.size(); i += world) shard.push_back(perm[i]);
+  return shard;
+}
+
+// Normalised pixels and labels of the images indices[0, count).
+void Gather(const LabelledImages& set, const size_t* indices, size_t count,
+            std::vector<float>* inputs, std::vector<uint8_t>* labels) {
+  const size_t pixels = set.images.rows * set.images.cols;
+  inputs->resize(count * pixels);
+  labels->resize(count);
+  for (size_t j = 0; j < count; ++j) {
+    const uint8_t* image = set.images.pixels.data() + indices[j] * pixels;
+    for (size_t p = 0; p < pixels; ++p) {
+      (*inputs)[j * pixels + p] = (image[p] / 255.0f - kPixelMean) / kPixelStd;
+    }
+    (*labels)[j] = set.labels[indices[j]];
+  }
+}
+
+// Rank 0's progress display on stderr.
+class Progress {
+ public:
+  Progress(bool enabled, int64_t epochs)
+      : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0), epochs_(epochs) {}
+
+  void Update(int64_t epoch, size_t step, size_t steps, double loss,
+              double samples_per_s) {
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    const bool last = step == steps;
+    const int quarter = static_cast<int>(4 * step / steps);
+    if (tty_ && !last && now - drawn_ < std::chrono::milliseconds(100)) return;
+    if (!tty_ && !last && quarter == quarter_) return;
+    drawn_ = now;
+    quarter_ = last ? 0 : quarter;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * step / steps);
+    std::fprintf(
+        stderr, "%sepoch %lld/%lld [%s%s] %3d%% loss %.4f %.0f samples/s%s",
+        tty_ ? "\r" : "", static_cast<long long>(epoch + 1),
+        static_cast<long long>(epochs_), std::string(filled, '#').c_str(),
+        std::string(kWidth - filled, '.').c_str(),
+        static_cast<int>(100 * step / steps), loss, samples_per_s,
+        tty_ && !last ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+  bool tty_;
+  int64_t epochs_;
+  Clock::time_point drawn_;
+  int quarter_ = 0;  // of the epoch, last printed (plain lines)
+};
+
+struct RunStats {
+  double wall_s = 0;
+  uint64_t samples = 0;  // all workers
+  size_t steps = 0;      // per worker
+  std::vector<double> sync_ms;
+  uint64_t raw_bytes = 0;   // gradient bytes synchronised, before compression
+  uint64_t wire_bytes = 0;  // the same after compression
+  uint64_t sent_bytes = 0;  // payload bytes this rank sent
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank =
+      static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+class Trainer {
+ public:
+  Trainer(Options options, Communicator* comm, const LabelledImages* train)
+      : options_(std::move(options)),
+        comm_(comm),
+        train_(train),
+        model_({784, 256, 128, 10}, static_cast<uint64_t>(options_.seed)),
+        sgd_(model_, static_cast<float>(options_.lr),
+             static_cast<float>(options_.momentum)),
+        progress_(comm->rank() == 0, options_.epochs) {}
+
+  Mlp& model() { return model_; }
+
+  // Registers the gradients and starts every rank from rank 0's parameters.
+  Status Setup() {
+    for (size_t t = 0; t < model_.num_tensors(); ++t) {
+      GS_ASSIGN_OR_RETURN(
+          client::TensorId id,
+          comm_->RegisterTensor(model_.tensor_name(t), model_.tensor_size(t),
+                                DType::kF32));
+      ids_.push_back(id);
+    }
+    for (size_t t = 0; t < model_.num_tensors(); ++t) {
+      GS_RETURN_IF_ERROR(comm_->Broadcast(model_.param(t),
+                                          model_.tensor_size(t), DType::kF32, 0,
+                                          Deadline::AfterMs(kOpDeadlineMs)));
+    }
+    return OkStatus();
+  }
+
+  StatusOr<RunStats> Train() {
+    const auto start = Clock::now();
+    const client::CommunicatorStats before = comm_->stats();
+    for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
+      GS_RETURN_IF_ERROR(RunEpoch(epoch, start));
+    }
+    stats_.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+    const client::CommunicatorStats after = comm_->stats();
+    stats_.raw_bytes = after.bytes_reduced - before.bytes_reduced;
+    stats_.wire_bytes = after.wire_bytes - before.wire_bytes;
+    stats_.sent_bytes = after.sent_bytes - before.sent_bytes;
+    return stats_;
+  }
+
+ private:
+  Status RunEpoch(int64_t epoch, Clock::time_point start) {
+    const std::vector<size_t> shard =
+        ShardOfEpoch(train_->labels.size(), comm_->rank(), comm_->world_size(),
+                     static_cast<uint64_t>(options_.seed), epoch);
+    const size_t batch = static_cast<size_t>(options_.batch);
+    const size_t steps = (shard.size() + batch - 1) / batch;
+    double loss_sum = 0;
+    for (size_t s = 0; s < steps; ++s) {
+      const size_t count = std::min(batch, shard.size() - s * batch);
+      Gather(*train_, shard.data() + s * batch, count, &inputs_, &labels_);
+      GS_ASSIGN_OR_RETURN(float loss, Step(count));
+      loss_sum += loss;
+      stats_.samples += count * static_cast<size_t>(comm_->world_size());
+      const double elapsed =
+          std::chrono::duration<double>(Clock::now() - start).count();
+      progress_.Update(epoch, s + 1, steps,
+                       loss_sum / static_cast<double>(s + 1),
+                       static_cast<double>(stats_.samples) / elapsed);
+    }
+    return OkStatus();
+  }
+
+  StatusOr<float> Step(size_t count) {
+    const float loss =
+        model_.Forward(inputs_.data(), labels_.data(), static_cast<int>(count));
+    Status marked;
+    model_.Backward([&](size_t t) {
+      if (!marked.ok()) return;
+      auto handle = comm_->MarkReady(ids_[t], model_.grad(t));
+      if (!handle.ok()) marked = handle.status();
+    });
+    GS_RETURN_IF_ERROR(marked);
+    const auto sync_start = Clock::now();
+    GS_RETURN_IF_ERROR(comm_->Synchronize(Deadline::AfterMs(kOpDeadlineMs)));
+    stats_.sync_ms.push_back(
+        std::chrono::duration<double, std::milli>(Clock::now() - sync_start)
+            .count());
+    sgd_.Step(&model_);
+    ++stats_.steps;
+    return loss;
+  }
+
+  Options options_;
+  Communicator* comm_;
+  const LabelledImages* train_;
+  Mlp model_;
+  SgdMomentum sgd_;
+  Progress progress_;
+  std::vector<client::TensorId> ids_;
+  std::vector<float> inputs_;
+  std::vector<uint8_t> labels_;
+  RunStats stats_;
+};
+
+// Test accuracy over all ranks: each evaluates a contiguous slice.
+StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test,
+                          Communicator* comm) {
+  const size_t n = test.labels.size(),
+               world = static_cast<size_t>(comm->world_size());
+  const size_t rank = static_cast<size_t>(comm->rank());
+  std::vector<size_t> mine(n * (rank + 1) / world - n * rank / world);
+  std::iota(mine.begin(), mine.end(), n * rank / world);
+  float counts[2] = {0, static_cast<float>(mine.size())};
+  constexpr size_t kChunk = 1000;
+  std::vector<float> inputs;
+  std::vector<uint8_t> labels;
+  for (size_t at = 0; at < mine.size(); at += kChunk) {
+    const size_t count = std::min(kChunk, mine.size() - at);
+    Gather(test, mine.data() + at, count, &inputs, &labels);
+    counts[0] += static_cast<float>(model.CountCorrect(
+        inputs.data(), labels.data(), static_cast<int>(count)));
+  }
+  GS_RETURN_IF_ERROR(comm->AllReduce(counts, 2, DType::kF32,
+                                     client::ReduceOp::kSum,
+                                     Deadline::AfterMs(kOpDeadlineMs)));
+  return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
+}
+
+void PrintResult(const Options& o, const RunStats& run, double accuracy,
+                 Communicator* comm) {
+  const int n = comm->world_size();
+  const double wire = static_cast<double>(run.sent_bytes);
+  const double ratio = run.wire_bytes > 0 ? static_cast<double>(run.raw_bytes) /
+                                                static_cast<double>(run.wire_bytes)
+                                          : 1.0;
+  std::printf("{\"mode\":\"%s\",\"test_accuracy\":%.4f,\"wall_s\":%.3f,",
+              o.mode.c_str(), accuracy, run.wall_s);
+  std::printf("\"samples_per_s\":%.1f,\"wire_bytes\":%.0f,",
+              static_cast<double>(run.samples) / run.wall_s, wire);
+  std::printf("\"compression_ratio\":%.2f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,", ratio,
+              Percentile(run.sync_ms, 0.50), Percentile(run.sync_ms, 0.99));
+  std::printf("\"max_staleness\":0,\"workers\":%d,\"epochs\":%lld,", n,
+              static_cast<long long>(o.epochs));
+  std::printf("\"steps\":%zu}\n", run.steps);
+  std::fflush(stdout);
+}
+
+int Fail(const std::string& what, const Status& s, int code) {
+  std::fprintf(stderr, "fmnist_trainer: %s: %s\n", what.c_str(),
+               s.ToString().c_str());
+  return code;
+}
+
+int Run(const Config& config, const Options& options) {
+  auto train = ReadFashionMnist(options.data_dir, /*train=*/true);
+  if (!train.ok()) return Fail("reading the training set", train.status(), 1);
+  auto test = ReadFashionMnist(options.data_dir, /*train=*/false);
+  if (!test.ok()) return Fail("reading the test set", test.status(), 1);
+  auto comm = Communicator::Create(config, Deadline::AfterMs(kOpDeadlineMs));
+  if (!comm.ok()) return Fail("joining the job", comm.status(), 1);
+  if (const auto unknown = config.UnknownFlags(); !unknown.empty()) {
+    return Fail("flags", InvalidArgumentError("unknown flag " + unknown[0]), 2);
+  }
+  Trainer trainer(options, comm->get(), &*train);
+  Status setup = trainer.Setup();
+  if (!setup.ok()) return Fail("setting up", setup, 1);
+  auto run = trainer.Train();
+  if (!run.ok()) return Fail("training", run.status(), 1);
+  auto accuracy = Evaluate(trainer.model(), *test, comm->get());
+  if (!accuracy.ok()) return Fail("evaluating", accuracy.status(), 1);
+  if ((*comm)->rank() == 0) PrintResult(options, *run, *accuracy, comm->get());
+  (*comm)->Shutdown();
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  SetLogTag("worker");
+  auto config = Config::FromArgs(argc, argv, environ);
+  if (!config.ok()) return Fail("flags", config.status(), 2);
+  auto options = ReadOptions(*config);
+  if (!options.ok()) return Fail("flags", options.status(), 2);
+  return Run(*config, *options);
+}
+
+}  // namespace
+}  // namespace gradsync::examples
+
+int main(int argc, char** argv) { return gradsync::examples::Main(argc, argv); }

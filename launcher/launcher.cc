@@ -1,0 +1,386 @@
+#include "launcher/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "common/config.h"
+#include "common/subprocess.h"
+
+namespace gradsync::launcher {
+namespace {
+
+constexpr Millis kPoll{20};
+constexpr char kListening[] = "listening on tcp://";
+
+bool IsExecutable(const std::string& path) {
+  struct stat st;
+  return !path.empty() && stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         access(path.c_str(), X_OK) == 0;
+}
+
+std::string SelfPath() {
+  char buffer[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
+}
+
+// `name` itself when it holds a '/', else the first match in $PATH.
+StatusOr<std::string> FindCommand(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (IsExecutable(name)) return name;
+    return NotFoundError("worker command " + name +
+                         " is not an executable file");
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string candidate = dirs.substr(start, end - start) + "/" + name;
+    if (IsExecutable(candidate)) return candidate;
+    start = end + 1;
+  }
+  return NotFoundError("worker command '" + name + "' not found in PATH");
+}
+
+// "exited with code 3", or "killed by signal 9 (Killed)" for codes above 128.
+std::string Describe(int code) {
+  if (code <= 128) return "exited with code " + std::to_string(code);
+  const int sig = code - 128;
+  return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) +
+         ")";
+}
+
+Status Stopped(int sig) {
+  return CancelledError("stopped by signal " + std::to_string(sig) + " (" +
+                        strsignal(sig) + ")");
+}
+
+StatusOr<int> IntFlag(const Config& config, const char* name, int64_t def,
+                      int64_t lo, int64_t hi) {
+  GS_ASSIGN_OR_RETURN(int64_t v, config.GetInt(name, def));
+  if (v < lo || v > hi) {
+    return InvalidArgumentError("--" + std::string(name) + "=" +
+                                std::to_string(v) + " is out of range [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) +
+                                "]");
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+struct Launcher::Process {
+  Process(std::string n, bool worker, Subprocess s, int f)
+      : name(std::move(n)), is_worker(worker), sub(std::move(s)), fd(f) {}
+  ~Process() {
+    if (fd >= 0) close(fd);
+  }
+
+  std::string name;  // "worker 2"
+  bool is_worker;
+  Subprocess sub;
+  int fd;               // reads the log file
+  std::string pending;  // output after the last newline
+  std::optional<int> code;
+  bool reported = false;  // its exit was looked at
+};
+
+StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
+                                                const char* const* argv) {
+  int split = 1;
+  while (split < argc && std::strcmp(argv[split], "--") != 0) ++split;
+  GS_ASSIGN_OR_RETURN(Config config, Config::FromArgs(split, argv, nullptr));
+  LaunchOptions o;
+  GS_ASSIGN_OR_RETURN(o.workers, IntFlag(config, "workers", 1, 1, 4096));
+  GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
+  GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
+  GS_ASSIGN_OR_RETURN(int grace, IntFlag(config, "grace_ms", 5000, 0, 3600000));
+  o.grace = Millis(grace);
+  GS_ASSIGN_OR_RETURN(o.host, config.GetString("host", o.host));
+  GS_ASSIGN_OR_RETURN(o.server_binary, config.GetString("server_binary", ""));
+  GS_ASSIGN_OR_RETURN(o.log_dir, config.GetString("log_dir", ""));
+  for (const std::string& flag : config.UnknownFlags()) {
+    return InvalidArgumentError("unknown flag " + flag);
+  }
+  if (!config.positional().empty()) {
+    return InvalidArgumentError("unexpected argument '" +
+                                config.positional()[0] + "' before '--'");
+  }
+  for (int i = split + 1; i < argc; ++i) o.worker_command.push_back(argv[i]);
+  if (o.worker_command.empty()) {
+    return InvalidArgumentError(
+        "no worker command: gradsync_launch [flags] -- command [args]");
+  }
+  return o;
+}
+
+std::string DefaultServerBinary() {
+  const std::string rel = "/gradsync/server/gradsync_server";
+  std::vector<std::string> candidates;
+  for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* dir = std::getenv(var)) candidates.push_back(dir + rel);
+  }
+  const std::string self = SelfPath();
+  if (!self.empty()) {
+    candidates.push_back(self + ".runfiles" + rel);
+    const std::string dir = self.substr(0, self.rfind('/'));
+    candidates.push_back(dir + "/../server/gradsync_server");
+  }
+  for (const std::string& c : candidates) {
+    if (IsExecutable(c)) return c;
+  }
+  return "";
+}
+
+Launcher::Launcher(LaunchOptions options, std::FILE* out)
+    : options_(std::move(options)), out_(out) {}
+
+Launcher::~Launcher() = default;
+
+void Launcher::Say(const std::string& line) {
+  std::fprintf(out_, "[launcher] %s\n", line.c_str());
+  std::fflush(out_);
+}
+
+Status Launcher::Prepare() {
+  if (options_.server_binary.empty()) {
+    options_.server_binary = DefaultServerBinary();
+  }
+  if (!IsExecutable(options_.server_binary)) {
+    return NotFoundError(
+        "no gradsync_server binary at '" + options_.server_binary +
+        "': build //server:gradsync_server or pass --server_binary");
+  }
+  GS_ASSIGN_OR_RETURN(options_.worker_command[0],
+                      FindCommand(options_.worker_command[0]));
+  if (options_.log_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/gradsync_launch.XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return UnavailableError("cannot create a log directory " + pattern +
+                              ": " + std::strerror(errno));
+    }
+    options_.log_dir = pattern;
+  } else if (mkdir(options_.log_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return UnavailableError("cannot create the log directory " +
+                            options_.log_dir + ": " + std::strerror(errno));
+  }
+  Say("logs in " + options_.log_dir);
+  return OkStatus();
+}
+
+Status Launcher::Start(
+    const std::string& name, bool is_worker,
+    const std::vector<std::string>& argv,
+    const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string file = name;
+  for (char& c : file) c = c == ' ' ? '_' : c;
+  const std::string path = options_.log_dir + "/" + file + ".log";
+  const int created = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (created < 0) {
+    return UnavailableError("cannot create " + path + ": " +
+                            std::strerror(errno));
+  }
+  close(created);
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    return UnavailableError("cannot read " + path + ": " +
+                            std::strerror(errno));
+  }
+  std::map<std::string, std::string> env_map(env.begin(), env.end());
+  auto sub = Subprocess::Spawn(argv, env_map, path);
+  if (!sub.ok()) {
+    close(fd);
+    return sub.status().WithPrefix("starting " + name);
+  }
+  processes_.push_back(
+      std::make_unique<Process>(name, is_worker, std::move(*sub), fd));
+  return OkStatus();
+}
+
+Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
+  GS_RETURN_IF_ERROR(
+      Start("scheduler", false,
+            {options_.server_binary, "--role=scheduler",
+             "--port=" + std::to_string(options_.port),
+             "--num_workers=" + std::to_string(options_.workers),
+             "--num_servers=" + std::to_string(options_.servers)},
+            {}));
+  Process& scheduler = *processes_.back();
+  const Deadline deadline = Deadline::After(options_.startup_timeout);
+  for (;;) {
+    const std::string out = scheduler.sub.Output();
+    const size_t at = out.find(kListening);
+    const size_t colon = at == std::string::npos
+                             ? at
+                             : out.find(':', at + sizeof(kListening) - 1);
+    if (colon != std::string::npos &&
+        out.find('\n', colon) != std::string::npos) {
+      scheduler_address_ = options_.host + ":" +
+                           std::to_string(std::atoi(out.c_str() + colon + 1));
+      return OkStatus();
+    }
+    PumpAll(false);
+    if (stop_signal.load() != 0) return OkStatus();  // Supervise reports it
+    if (auto code = scheduler.sub.Wait(Deadline::Past())) {
+      scheduler.code = code;
+      scheduler.reported = true;
+      return AbortedError("scheduler " + Describe(*code) + " before listening");
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError("the scheduler did not listen within " +
+                                   FormatSeconds(options_.startup_timeout));
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+Status Launcher::StartNodes() {
+  const std::vector<std::pair<std::string, std::string>> job = {
+      {"GRADSYNC_SCHEDULER", scheduler_address_},
+      {"GRADSYNC_NUM_WORKERS", std::to_string(options_.workers)},
+      {"GRADSYNC_NUM_SERVERS", std::to_string(options_.servers)}};
+  Say("scheduler at " + scheduler_address_ + ", starting " +
+      std::to_string(options_.servers) + " servers and " +
+      std::to_string(options_.workers) + " workers");
+  for (int s = 0; s < options_.servers; ++s) {
+    GS_RETURN_IF_ERROR(Start("server " + std::to_string(s), false,
+                             {options_.server_binary, "--role=server"}, job));
+  }
+  for (int r = 0; r < options_.workers; ++r) {
+    auto env = job;
+    env.emplace_back("GRADSYNC_RANK", std::to_string(r));
+    GS_RETURN_IF_ERROR(Start("worker " + std::to_string(r), true,
+                             options_.worker_command, env));
+  }
+  return OkStatus();
+}
+
+Launcher::Process* Launcher::Reap() {
+  for (auto& p : processes_) {
+    if (!p->code) p->code = p->sub.Wait(Deadline::Past());
+    if (!p->code || p->reported) continue;
+    p->reported = true;
+    if (*p->code != 0) return p.get();
+  }
+  return nullptr;
+}
+
+Status Launcher::Failure(const Process& p,
+                         const std::atomic<int>& stop_signal) {
+  // A Ctrl-C reaches the children as well; let the launcher's own signal win.
+  const int code = *p.code;
+  if (code == 128 + SIGINT || code == 128 + SIGTERM) {
+    const Deadline settle = Deadline::AfterMs(300);
+    while (stop_signal.load() == 0 && !settle.Expired()) {
+      std::this_thread::sleep_for(kPoll);
+    }
+  }
+  if (int sig = stop_signal.load(); sig != 0) return Stopped(sig);
+  return AbortedError(p.name + " " + Describe(code));
+}
+
+Status Launcher::Supervise(const std::atomic<int>& stop_signal) {
+  for (;;) {
+    PumpAll(false);
+    if (int sig = stop_signal.load(); sig != 0) return Stopped(sig);
+    if (Process* failed = Reap()) return Failure(*failed, stop_signal);
+    bool workers_running = false;
+    for (const auto& p : processes_) {
+      workers_running |= p->is_worker && !p->code;
+    }
+    if (!workers_running) return FinishInfrastructure(stop_signal);
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+// Every worker exited 0: the scheduler and servers get the grace period to
+// notice the end of the job and exit by themselves.
+Status Launcher::FinishInfrastructure(const std::atomic<int>& stop_signal) {
+  Say("all " + std::to_string(options_.workers) +
+      " workers exited with code 0");
+  const Deadline deadline = Deadline::After(options_.grace);
+  for (;;) {
+    PumpAll(false);
+    if (Process* failed = Reap()) return Failure(*failed, stop_signal);
+    bool running = false;
+    for (const auto& p : processes_) running |= !p->code;
+    if (!running || deadline.Expired() || stop_signal.load() != 0) {
+      return OkStatus();
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+void Launcher::StopAll() {
+  std::vector<std::string> stopped;
+  for (auto& p : processes_) {
+    if (!p->code) p->code = p->sub.Wait(Deadline::Past());
+    if (p->code) continue;
+    p->sub.Signal(SIGTERM);
+    stopped.push_back(p->name);
+  }
+  if (stopped.empty()) return;
+  std::string names;
+  for (const std::string& n : stopped) names += (names.empty() ? "" : ", ") + n;
+  Say("stopping " + names);
+  const Deadline deadline = Deadline::After(options_.grace);
+  for (auto& p : processes_) {
+    if (!p->code) p->code = p->sub.Wait(deadline);
+    if (!p->code) {
+      Say(p->name + " did not stop within " + FormatSeconds(options_.grace) +
+          ", killing it");
+      p->sub.Signal(SIGKILL);
+      p->code = p->sub.Wait(Deadline::Infinite());
+    }
+    p->reported = true;
+  }
+}
+
+void Launcher::PumpAll(bool final) {
+  char buffer[1 << 16];
+  for (auto& p : processes_) {
+    ssize_t n;
+    while ((n = read(p->fd, buffer, sizeof(buffer))) > 0) {
+      p->pending.append(buffer, static_cast<size_t>(n));
+    }
+    size_t start = 0, end;
+    while ((end = p->pending.find('\n', start)) != std::string::npos) {
+      std::fprintf(out_, "[%s] %.*s\n", p->name.c_str(),
+                   static_cast<int>(end - start), p->pending.data() + start);
+      start = end + 1;
+    }
+    p->pending.erase(0, start);
+    if (final && !p->pending.empty()) {
+      std::fprintf(out_, "[%s] %s\n", p->name.c_str(), p->pending.c_str());
+      p->pending.clear();
+    }
+  }
+  std::fflush(out_);
+}
+
+Status Launcher::Run(const std::atomic<int>& stop_signal) {
+  GS_RETURN_IF_ERROR(Prepare());
+  Status status = StartScheduler(stop_signal);
+  if (status.ok() && stop_signal.load() == 0) status = StartNodes();
+  if (status.ok()) status = Supervise(stop_signal);
+  if (!status.ok()) Say(status.message());
+  StopAll();
+  PumpAll(true);
+  return status;
+}
+
+}  // namespace gradsync::launcher

@@ -1,0 +1,117 @@
+// The job launcher: starts a gradsync job on this machine, the way torchrun
+// starts a PyTorch job.
+//
+//   gradsync_launch --workers=4 [--servers=0] [--port=0] -- trainer --epochs=3
+//
+// starts the scheduler (gradsync_server --role=scheduler), `servers`
+// parameter-server shards (gradsync_server --role=server) and `workers`
+// copies of the command after "--", each with GRADSYNC_SCHEDULER,
+// GRADSYNC_NUM_WORKERS, GRADSYNC_NUM_SERVERS and (workers only)
+// GRADSYNC_RANK in its environment. Every process writes to a log file of
+// its own in the log directory; the launcher streams each file's lines to
+// its output with the process's name in front ("[worker 2] ...").
+//
+// The job succeeds when every worker exits 0; the scheduler and servers then
+// get a grace period to end by themselves before they are stopped. When any
+// process exits non-zero (or the stop signal comes), every other process is
+// sent SIGTERM, and SIGKILL after the grace period. Exit codes above 128 are
+// read as death by signal (code - 128), as a shell reports them.
+//
+// Thread-safety: a Launcher is used from one thread; `stop_signal` may be set
+// from any.
+#ifndef GRADSYNC_LAUNCHER_LAUNCHER_H_
+#define GRADSYNC_LAUNCHER_LAUNCHER_H_
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+
+namespace gradsync::launcher {
+
+struct LaunchOptions {
+  int workers = 1;
+  int servers = 0;
+  // The scheduler's port; 0: any free port.
+  int port = 0;
+  // The scheduler's address as the nodes reach it.
+  std::string host = "127.0.0.1";
+  // Empty: DefaultServerBinary().
+  std::string server_binary;
+  // Empty: a new directory under $TMPDIR or /tmp.
+  std::string log_dir;
+  // The worker's argv; a bare argv[0] is looked up in PATH.
+  std::vector<std::string> worker_command;
+  // How long processes get to end by themselves before SIGTERM, and to end
+  // after SIGTERM before SIGKILL.
+  Millis grace{5000};
+  // How long the scheduler may take to listen.
+  Millis startup_timeout{15000};
+
+  // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
+  // launcher). Flags: workers, servers, port, host, server_binary, log_dir,
+  // grace_ms. InvalidArgument for a missing command, an unknown flag, an
+  // argument before "--" or a value out of range.
+  static StatusOr<LaunchOptions> FromArgs(int argc, const char* const* argv);
+};
+
+// The gradsync_server beside the running executable: in its Bazel runfiles
+// ($RUNFILES_DIR, $TEST_SRCDIR or <exe>.runfiles), or in the sibling server/
+// directory of bazel-bin. Empty when none is found.
+std::string DefaultServerBinary();
+
+class Launcher {
+ public:
+  // Writes the processes' lines and its own ("[launcher] ...") to `out`,
+  // which must outlive the Launcher.
+  Launcher(LaunchOptions options, std::FILE* out);
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  // Runs the job and returns when every process has ended. OK when every
+  // worker exited 0. Aborted naming the first process that failed and how
+  // ("worker 2 exited with code 3", "server 0 killed by signal 9 (Killed)",
+  // "scheduler exited with code 1 before listening"). Cancelled when
+  // `stop_signal` became non-zero ("stopped by signal 2 (Interrupt)").
+  // NotFound when the server binary or the worker command is missing;
+  // Unavailable when the log directory or a process cannot be created;
+  // DeadlineExceeded when the scheduler does not listen in time. Blocks;
+  // polls `stop_signal` every few milliseconds.
+  Status Run(const std::atomic<int>& stop_signal);
+
+  // The directory holding the logs (known once Run started).
+  const std::string& log_dir() const { return options_.log_dir; }
+
+ private:
+  struct Process;
+
+  Status Prepare();
+  Status StartScheduler(const std::atomic<int>& stop_signal);
+  Status StartNodes();
+  Status Start(const std::string& name, bool is_worker,
+               const std::vector<std::string>& argv,
+               const std::vector<std::pair<std::string, std::string>>& env);
+  Status Supervise(const std::atomic<int>& stop_signal);
+  Status FinishInfrastructure(const std::atomic<int>& stop_signal);
+  // The first process that ended with a non-zero code since the last call.
+  Process* Reap();
+  Status Failure(const Process& p, const std::atomic<int>& stop_signal);
+  void StopAll();
+  void PumpAll(bool final);
+  void Say(const std::string& line);
+
+  LaunchOptions options_;
+  std::FILE* out_;
+  std::string scheduler_address_;
+  std::vector<std::unique_ptr<Process>> processes_;
+};
+
+}  // namespace gradsync::launcher
+
+#endif  // GRADSYNC_LAUNCHER_LAUNCHER_H_

@@ -1,0 +1,226 @@
+// The launcher with the real scheduler binary and small shell commands as
+// workers: a clean run, a failing or killed worker, Ctrl-C, flag parsing.
+#include "launcher/launcher.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "gtest/gtest.h"
+
+namespace gradsync::launcher {
+namespace {
+
+std::string Runfile(const std::string& path) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  return std::string(dir ? dir : ".") + "/gradsync/" + path;
+}
+
+std::string TmpPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+std::string TestName() {
+  return ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
+
+// Starts gradsync_launch with `flags`, then "--", then `command`.
+Subprocess Launch(std::vector<std::string> flags,
+                  const std::vector<std::string>& command) {
+  std::vector<std::string> argv = {
+      Runfile("launcher/gradsync_launch"),
+      "--log_dir=" + TmpPath(TestName() + ".logs")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back("--");
+  argv.insert(argv.end(), command.begin(), command.end());
+  auto p = Subprocess::Spawn(argv, {}, TmpPath(TestName() + ".out"));
+  EXPECT_TRUE(p.ok()) << p.status();
+  return std::move(*p);
+}
+
+// A worker that prints its pid and sleeps, except on rank `rank`, which runs
+// `action` after a moment.
+std::vector<std::string> SleeperExcept(int rank, const std::string& action) {
+  return {"sh", "-c",
+          "echo \"pid $$\"; if [ \"$GRADSYNC_RANK\" = " + std::to_string(rank) +
+              " ]; then sleep 0.5; " + action + "; fi; exec sleep 60"};
+}
+
+// The pids the workers printed ("[worker N] pid P").
+std::vector<pid_t> WorkerPids(const std::string& out) {
+  std::vector<pid_t> pids;
+  for (size_t at = out.find("] pid "); at != std::string::npos;
+       at = out.find("] pid ", at + 1)) {
+    pids.push_back(static_cast<pid_t>(std::atoi(out.c_str() + at + 6)));
+  }
+  return pids;
+}
+
+void ExpectGone(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    EXPECT_EQ(kill(pid, 0), -1) << "pid " << pid << " still exists";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+TEST(LauncherTest, CleanRunExitsZeroAndGivesEveryWorkerItsEnvironment) {
+  Subprocess p =
+      Launch({"--workers=3", "--grace_ms=1000"},
+             {"sh", "-c",
+              "echo rank $GRADSYNC_RANK of $GRADSYNC_NUM_WORKERS, "
+              "$GRADSYNC_NUM_SERVERS servers, scheduler $GRADSYNC_SCHEDULER"});
+  auto code = p.Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 0) << p.Output();
+  const std::string out = p.Output();
+  for (int r = 0; r < 3; ++r) {
+    const std::string line = "[worker " + std::to_string(r) + "] rank " +
+                             std::to_string(r) +
+                             " of 3, 0 servers, scheduler 127.0.0.1:";
+    EXPECT_NE(out.find(line), std::string::npos) << out;
+  }
+  EXPECT_NE(out.find("[scheduler] "), std::string::npos) << out;
+  EXPECT_NE(out.find("all 3 workers exited with code 0"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopping scheduler"), std::string::npos) << out;
+}
+
+TEST(LauncherTest, FailingWorkerStopsEverythingAndIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  Subprocess p =
+      Launch({"--workers=4", "--grace_ms=2000"}, SleeperExcept(2, "exit 3"));
+  auto code = p.Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 1) << p.Output();
+  const std::string out = p.Output();
+  EXPECT_NE(out.find("gradsync_launch: worker 2 exited with code 3"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopping scheduler, worker 0, worker 1, worker 3"),
+            std::string::npos)
+      << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  const auto pids = WorkerPids(out);
+  EXPECT_EQ(pids.size(), 4u) << out;
+  ExpectGone(pids);
+}
+
+TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
+  Subprocess p = Launch({"--workers=2", "--grace_ms=2000"},
+                        SleeperExcept(1, "kill -9 $$"));
+  auto code = p.Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 1) << p.Output();
+  EXPECT_NE(p.Output().find("gradsync_launch: worker 1 killed by signal 9"),
+            std::string::npos)
+      << p.Output();
+  ExpectGone(WorkerPids(p.Output()));
+}
+
+TEST(LauncherTest, InterruptStopsEverything) {
+  Subprocess p =
+      Launch({"--workers=3", "--grace_ms=2000"}, SleeperExcept(-1, "true"));
+  ASSERT_TRUE(p.WaitForOutput("[worker 2] pid", Deadline::AfterMs(30000)))
+      << p.Output();
+  ASSERT_TRUE(p.WaitForOutput("[worker 0] pid", Deadline::AfterMs(30000)))
+      << p.Output();
+  ASSERT_TRUE(p.WaitForOutput("[worker 1] pid", Deadline::AfterMs(30000)))
+      << p.Output();
+  p.Signal(SIGINT);
+  auto code = p.Wait(Deadline::AfterMs(30000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 128 + SIGINT) << p.Output();
+  EXPECT_NE(p.Output().find("stopped by signal 2"), std::string::npos)
+      << p.Output();
+  ExpectGone(WorkerPids(p.Output()));
+}
+
+// In process: the library with a server shard, its output in a file.
+TEST(LauncherTest, ServersGetTheJobAndAreStoppedAfterTheWorkers) {
+  LaunchOptions options;
+  options.workers = 1;
+  options.servers = 1;
+  options.grace = Millis(1000);
+  options.log_dir = TmpPath("servers.logs");
+  options.server_binary = Runfile("server/gradsync_server");
+  options.worker_command = {"sh", "-c", "sleep 1; echo done"};
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  Launcher launcher(options, out);
+  std::atomic<int> stop{0};
+  Status status = launcher.Run(stop);
+  EXPECT_TRUE(status.ok()) << status;
+  std::rewind(out);
+  std::string text;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), out)) > 0;) {
+    text.append(buffer, n);
+  }
+  std::fclose(out);
+  EXPECT_NE(text.find("[worker 0] done"), std::string::npos) << text;
+  EXPECT_NE(text.find("[server 0] "), std::string::npos) << text;
+  EXPECT_NE(text.find("stopping scheduler, server 0"), std::string::npos)
+      << text;
+}
+
+TEST(LauncherTest, SchedulerThatDoesNotStartIsNamed) {
+  LaunchOptions options;
+  options.server_binary = "/bin/false";
+  options.log_dir = TmpPath("false.logs");
+  options.worker_command = {"true"};
+  std::FILE* out = std::tmpfile();
+  Launcher launcher(options, out);
+  std::atomic<int> stop{0};
+  Status status = launcher.Run(stop);
+  std::fclose(out);
+  EXPECT_EQ(status.code(), StatusCode::kAborted);
+  EXPECT_EQ(status.message(), "scheduler exited with code 1 before listening");
+}
+
+TEST(LauncherTest, ParsesFlagsAndTheCommand) {
+  const char* argv[] = {"gradsync_launch", "--workers=4", "--servers=2",
+                        "--port=0",        "--",          "trainer",
+                        "--epochs=3"};
+  auto options = LaunchOptions::FromArgs(7, argv);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->workers, 4);
+  EXPECT_EQ(options->servers, 2);
+  EXPECT_EQ(options->worker_command,
+            (std::vector<std::string>{"trainer", "--epochs=3"}));
+
+  const char* no_command[] = {"gradsync_launch", "--workers=4"};
+  EXPECT_EQ(LaunchOptions::FromArgs(2, no_command).status().code(),
+            StatusCode::kInvalidArgument);
+  const char* typo[] = {"gradsync_launch", "--worker=4", "--", "true"};
+  EXPECT_NE(LaunchOptions::FromArgs(4, typo).status().message().find(
+                "unknown flag --worker"),
+            std::string::npos);
+  const char* zero[] = {"gradsync_launch", "--workers=0", "--", "true"};
+  EXPECT_FALSE(LaunchOptions::FromArgs(4, zero).ok());
+}
+
+TEST(LauncherTest, MissingWorkerCommandIsNotFound) {
+  LaunchOptions options;
+  options.server_binary = Runfile("server/gradsync_server");
+  options.log_dir = TmpPath("missing.logs");
+  options.worker_command = {"no-such-command-anywhere"};
+  std::FILE* out = std::tmpfile();
+  Launcher launcher(options, out);
+  std::atomic<int> stop{0};
+  Status status = launcher.Run(stop);
+  std::fclose(out);
+  EXPECT_EQ(status.code(), StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("no-such-command-anywhere"),
+            std::string::npos)
+      << status;
+}
+
+}  // namespace
+}  // namespace gradsync::launcher
