@@ -148,6 +148,7 @@ class Communicator::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     CommunicatorStats s = stats_;
     if (backend_ == ring_.get()) s.sent_bytes = ring_->stats().bytes_sent;
+    if (backend_ == ps_.get()) s.sent_bytes = s.wire_bytes;  // pushes
     return s;
   }
 

@@ -83,7 +83,8 @@ struct CommunicatorStats {
   uint64_t buckets_reduced = 0;
   uint64_t bytes_reduced = 0;      // bucket bytes synchronised (before compression)
   uint64_t wire_bytes = 0;         // what this rank contributed after compression
-  uint64_t sent_bytes = 0;         // payload bytes this rank sent (CPU ring; 0 for nccl)
+  uint64_t sent_bytes = 0;         // payload bytes sent: by the CPU ring, or pushed to
+                                   // the PS shards; 0 for nccl
   double last_sync_seconds = 0;    // duration of the last Synchronize
 };
 

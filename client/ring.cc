@@ -472,7 +472,41 @@ Status RingCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceO
   if (n == 1 || count == 0) return Status();
   Op op(this, RingOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(reduce), n,
         deadline);
-  return Finish(op, RunAllReduce(op, static_cast<uint8_t*>(data), count, dtype, reduce));
+  auto* base = static_cast<uint8_t*>(data);
+  if (count * DTypeSize(dtype) <= options_.small_bytes) {
+    return Finish(op, RunSmallAllReduce(op, base, count, dtype, reduce));
+  }
+  return Finish(op, RunAllReduce(op, base, count, dtype, reduce));
+}
+
+Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
+                                          ReduceOp reduce) {
+  const int n = peers_.world_size;
+  const int r = peers_.rank;
+  const size_t bytes = count * DTypeSize(dtype);
+  // Every rank's buffer, by rank; sends point into it, so it is released
+  // before it goes away.
+  std::vector<uint8_t> all(bytes * static_cast<size_t>(n));
+  auto block = [&](int q) { return all.data() + static_cast<size_t>(q) * bytes; };
+  std::memcpy(block(r), base, bytes);
+  Status s = [&]() -> Status {
+    GS_RETURN_IF_ERROR(op.SendFromBuffer(block(r), count, 0));
+    for (int step = 0; step + 1 < n; ++step) {
+      GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::RingData, count));
+      std::memcpy(block(RingIndex(r - 1 - step, n)), msg.payloads[0].data, bytes);
+      if (step + 2 < n) GS_RETURN_IF_ERROR(op.Forward(std::move(msg.payloads[0]), count));
+    }
+    return op.WaitAllReleased();
+  }();
+  if (!s.ok()) {
+    // The transport may still point into `all`: keep it until shutdown.
+    abandoned_.push_back(std::move(all));
+    return s;
+  }
+  std::memcpy(base, block(0), bytes);
+  for (int q = 1; q < n; ++q) AddInto(base, block(q), count, dtype);
+  if (reduce == ReduceOp::kAverage) DivideBy(base, count, dtype, n);
+  return Status();
 }
 
 Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,

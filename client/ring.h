@@ -3,7 +3,11 @@
 // its left (rank - 1) through a wire::Transport (ZeroMQ between processes,
 // in-process in tests).
 //
-// All-reduce is a reduce-scatter followed by an all-gather. The buffer is cut
+// All-reduce of small buffers (up to `small_bytes`): every rank's whole
+// buffer travels once around the ring (n - 1 steps), and each rank adds the n
+// buffers in rank order, so all ranks get the same bits.
+//
+// All-reduce of larger buffers is a reduce-scatter followed by an all-gather. The buffer is cut
 // into world_size segments and every segment into chunks of at most
 // `chunk_bytes`, so a rank forwards a chunk as soon as it has summed it:
 // sending, receiving and summing overlap. Sends are zero-copy (payload frames
@@ -52,6 +56,9 @@ namespace gradsync::client {
 
 struct RingOptions {
   size_t chunk_bytes = size_t{1} << 20;  // pipelining granularity
+  // All-reduces of at most this many bytes pass whole buffers around the
+  // ring instead (n - 1 steps rather than 2 (n - 1)); 0 turns that off.
+  size_t small_bytes = size_t{256} << 10;
   Millis poll_interval{20};              // how often a waiting rank runs `health`
   Millis abort_grace{300};  // after a timeout: how long to gather other ranks' progress
 };
@@ -109,6 +116,7 @@ class RingCollectives : public Collectives {
                   HealthCheck health);
   Status RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
   Status RunAllGather(Op& op, size_t bytes, uint8_t* base);
+  Status RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
   // Waits until no send points into the caller's buffer; a failure breaks
   // the ring for good.
   Status Finish(Op& op, Status result);
@@ -120,6 +128,7 @@ class RingCollectives : public Collectives {
   wire::Policy policy_;
   wire::ConnId right_ = -1;
   Status broken_;  // the first error; sticky
+  std::vector<std::vector<uint8_t>> abandoned_;  // buffers failed sends may still use
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0};
 };

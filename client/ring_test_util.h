@@ -61,6 +61,7 @@ class Ring {
 inline RingOptions SmallChunks() {
   RingOptions o;
   o.chunk_bytes = kChunkBytes;
+  o.small_bytes = 0;  // always the chunked reduce-scatter + all-gather
   return o;
 }
 

@@ -12,7 +12,10 @@
 // initial parameters are broadcast. Each step runs forward and backward on
 // `batch` local samples, hands every gradient to the Communicator as soon as
 // the backward pass produced it (last layer first), waits in Synchronize for
-// the average over all workers, and takes an SGD step with momentum.
+// the average over all workers, and takes an SGD step with momentum. With a
+// server-side optimizer (--optimizer=sgd|momentum|adam on the parameter-server
+// path) the shards hold the parameters: Synchronize returns the new
+// parameters, which replace the model's.
 //
 // Rank 0 shows progress on stderr (one line redrawn in place on a terminal,
 // a few plain lines otherwise). At the end the ranks evaluate a slice of the
@@ -27,6 +30,8 @@
 //   workers, epochs, steps (per worker).
 // Exit status: 0 on success, 1 when training failed, 2 for bad flags.
 #include <unistd.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <cctype>
@@ -65,6 +70,7 @@ struct Options {
   double lr = 0;
   double momentum = 0;
   int64_t seed = 0;
+  bool server_optimizer = false;  // the PS shards hold the parameters
 };
 
 StatusOr<Options> ReadOptions(const Config& config) {
@@ -77,6 +83,8 @@ StatusOr<Options> ReadOptions(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.lr, config.GetDouble("lr", 0.05));
   GS_ASSIGN_OR_RETURN(o.momentum, config.GetDouble("momentum", 0.9));
   GS_ASSIGN_OR_RETURN(o.seed, config.GetInt("seed", 1));
+  GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
+  o.server_optimizer = optimizer != "none";
   if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 ||
       o.momentum >= 1) {
     return InvalidArgumentError(
@@ -206,6 +214,14 @@ class Trainer {
                                 DType::kF32));
       ids_.push_back(id);
     }
+    if (options_.server_optimizer) {
+      // The first synchronisation hands the shards rank 0's parameters and
+      // gives every rank the same values back.
+      for (size_t t = 0; t < model_.num_tensors(); ++t) {
+        GS_RETURN_IF_ERROR(comm_->MarkReady(ids_[t], model_.param(t)).status());
+      }
+      return comm_->Synchronize(Deadline::AfterMs(kOpDeadlineMs));
+    }
     for (size_t t = 0; t < model_.num_tensors(); ++t) {
       GS_RETURN_IF_ERROR(comm_->Broadcast(model_.param(t),
                                           model_.tensor_size(t), DType::kF32, 0,
@@ -266,7 +282,14 @@ class Trainer {
     stats_.sync_ms.push_back(
         std::chrono::duration<double, std::milli>(Clock::now() - sync_start)
             .count());
-    sgd_.Step(&model_);
+    if (options_.server_optimizer) {
+      // The shards applied the update: the buffers hold the new parameters.
+      for (size_t t = 0; t < model_.num_tensors(); ++t) {
+        std::memcpy(model_.param(t), model_.grad(t), model_.tensor_size(t) * sizeof(float));
+      }
+    } else {
+      sgd_.Step(&model_);
+    }
     ++stats_.steps;
     return loss;
   }

@@ -21,11 +21,15 @@ EPOCHS=${EPOCHS:-3}
 MODE=${MODE:-}
 TRAINER_FLAGS=${TRAINER_FLAGS:-}
 
-# One mode per entry: name|uses servers (0 or 1)|trainer flags.
+# One mode per entry: name|uses servers (0 or 1)|job environment|trainer flags.
+# The environment reaches the scheduler, the shards and the trainers alike.
 MODES=(
-  "allreduce-ring|0|--path=allreduce --backend=ring"
-  "allreduce-fp16|0|--path=allreduce --backend=ring --compression=fp16"
-  "allreduce-topk-ef|0|--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
+  "allreduce-ring|0||--path=allreduce --backend=ring"
+  "ps-sync|1|GRADSYNC_PS_MODE=sync|--path=ps"
+  "ps-async|1|GRADSYNC_PS_MODE=async GRADSYNC_OPTIMIZER=momentum GRADSYNC_LR=0.0125|--path=ps"
+  "ps-ssp2|1|GRADSYNC_PS_MODE=ssp GRADSYNC_STALENESS=2 GRADSYNC_OPTIMIZER=momentum GRADSYNC_LR=0.05|--path=ps"
+  "allreduce-fp16|0||--path=allreduce --backend=ring --compression=fp16"
+  "allreduce-topk-ef|0||--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
 )
 
 selected=()
@@ -47,12 +51,12 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/gradsync_demo.XXXXXX")
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" <<<"$2"; }
 
 run_mode() {
-  local name=$1 uses_servers=$2 flags=$3 servers=0
+  local name=$1 uses_servers=$2 job_env=$3 flags=$4 servers=0
   [ "$uses_servers" = 1 ] && servers=$SERVERS
   echo
   echo "=== $name: $WORKERS workers, $servers servers, $EPOCHS epochs ==="
-  # shellcheck disable=SC2086  # flags are words
-  "$bin/launcher/gradsync_launch" --workers="$WORKERS" --servers="$servers" --port="$PORT" \
+  # shellcheck disable=SC2086  # the environment and flags are words
+  env $job_env "$bin/launcher/gradsync_launch" --workers="$WORKERS" --servers="$servers" --port="$PORT" \
       --log_dir="$logs/$name" -- "$bin/examples/fmnist_trainer" --mode="$name" \
       --epochs="$EPOCHS" $flags $TRAINER_FLAGS 2>&1 | tee "$logs/$name.out"
 }
@@ -60,9 +64,14 @@ run_mode() {
 rows=()
 status=0
 for entry in "${selected[@]}"; do
-  IFS='|' read -r name uses_servers flags <<<"$entry"
-  if run_mode "$name" "$uses_servers" "$flags"; then
-    rows+=("$(sed -n 's/^\[worker 0\] \({.*}\)$/\1/p' "$logs/$name.out" | tail -n 1)")
+  IFS='|' read -r name uses_servers job_env flags <<<"$entry"
+  if run_mode "$name" "$uses_servers" "$job_env" "$flags"; then
+    row=$(sed -n 's/^\[worker 0\] \({.*}\)$/\1/p' "$logs/$name.out" | tail -n 1)
+    # The shards measure staleness; take the largest any shard saw.
+    staleness=$(sed -n 's/.*shard stats:.*max staleness \([0-9]*\).*/\1/p' "$logs/$name.out" |
+                sort -n | tail -n 1)
+    [ -n "$staleness" ] && row=$(sed "s/\"max_staleness\":[0-9]*/\"max_staleness\":$staleness/" <<<"$row")
+    rows+=("$row")
   else
     rows+=("{\"mode\":\"$name\",\"failed\":true}")
     status=1
@@ -85,4 +94,6 @@ for row in "${rows[@]}"; do
 done
 echo "(wire_bytes: gradient bytes one worker sent during training; p50/p99: Synchronize"
 echo " latency on worker 0; wall_s: training time; logs in $logs)"
+echo
+printf '%s\n' "${rows[@]}"
 exit "$status"
