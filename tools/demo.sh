@@ -27,7 +27,7 @@ MODES=(
   "allreduce-ring|0||--path=allreduce --backend=ring"
   "ps-sync|1|GRADSYNC_PS_MODE=sync|--path=ps"
   "ps-async|1|GRADSYNC_PS_MODE=async GRADSYNC_OPTIMIZER=momentum GRADSYNC_LR=0.0125|--path=ps"
-  "ps-ssp2|1|GRADSYNC_PS_MODE=ssp GRADSYNC_STALENESS=2 GRADSYNC_OPTIMIZER=momentum GRADSYNC_LR=0.05|--path=ps"
+  "ps-ssp2|1|GRADSYNC_PS_MODE=ssp GRADSYNC_STALENESS=2 GRADSYNC_OPTIMIZER=momentum GRADSYNC_LR=0.025|--path=ps"
   "allreduce-fp16|0||--path=allreduce --backend=ring --compression=fp16"
   "allreduce-topk-ef|0||--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
 )
