@@ -1,6 +1,5 @@
 #include "client/bucket_compression.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "client/elementwise.h"
@@ -112,9 +111,10 @@ Status BucketCompression::ReduceGathered(Collectives& backend, compression::Comp
   const size_t wb = wire_.size();
   gathered_.resize(wb * static_cast<size_t>(n));
   GS_RETURN_IF_ERROR(backend.AllGather(wire_.data(), wb, gathered_.data(), tag, deadline));
+  // Rank 0's values land in `data`, the others are added in rank order.
+  GS_RETURN_IF_ERROR(c.Decompress(gathered_.data(), wb, count, ctx, data));
   scratch_.resize(count);
-  std::fill(data, data + count, 0.0f);
-  for (int r = 0; r < n; ++r) {
+  for (int r = 1; r < n; ++r) {
     GS_RETURN_IF_ERROR(c.Decompress(gathered_.data() + static_cast<size_t>(r) * wb, wb, count,
                                     ctx, scratch_.data()));
     AddInto(reinterpret_cast<uint8_t*>(data), reinterpret_cast<const uint8_t*>(scratch_.data()),

@@ -43,7 +43,6 @@ struct Bucket {
   size_t count = 0;               // elements
   uint64_t names_hash = 0;        // names, sizes and dtypes of its tensors
   int pending = 0;                // tensors not yet marked ready this step
-  bool launched = false;          // handed to the engine this step
   bool in_flight = false;         // the engine has not finished with it
   std::shared_ptr<uint8_t> storage;
 

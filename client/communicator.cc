@@ -1,5 +1,6 @@
 #include "client/communicator.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -104,17 +105,16 @@ struct CommOptions {
   }
 };
 
-// Fails when the job already knows that a collective cannot finish.
-HealthCheck SessionHealth(Session* session) {
-  return [session]() -> Status {
-    GS_RETURN_IF_ERROR(session->job_status());
-    for (const wire::NodeInfo& dead : session->dead_peers()) {
-      if (dead.role == wire::Role::Worker) {
-        return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
-      }
+// Fails when the job already knows that a collective cannot finish: the job
+// ended, or a node of `role` died.
+Status SessionHealth(const Session& session, wire::Role role) {
+  GS_RETURN_IF_ERROR(session.job_status());
+  for (const wire::NodeInfo& dead : session.dead_peers()) {
+    if (dead.role == role) {
+      return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
     }
-    return Status();
-  };
+  }
+  return Status();
 }
 
 }  // namespace
@@ -159,7 +159,10 @@ class Communicator::Impl {
   Status FinalizeLocked();
   void LaunchReadyLocked();
   void ReduceBucket(int bucket, uint64_t step);
-  void FailLocked(const Status& why);
+  // Records the first failure; returns the handles to complete with it,
+  // which the caller does after releasing mu_.
+  std::vector<std::shared_ptr<SyncHandle::State>> FailLocked(const Status& why);
+  void Fail(const Status& why);  // FailLocked, then completes the handles
 
   std::unique_ptr<Session> session_;
   const CommOptions options_;
@@ -181,7 +184,6 @@ class Communicator::Impl {
   uint64_t step_ = 0;                     // guarded by mu_
   int no_sync_depth_ = 0;                 // guarded by mu_
   size_t next_launch_ = 0;                // guarded by mu_
-  SteadyTime step_start_{};               // guarded by mu_
   CommunicatorStats stats_;               // guarded by mu_
 };
 
@@ -195,8 +197,11 @@ Status Communicator::Impl::Start(Deadline deadline) {
   for (const wire::NodeInfo& p : session_->peers()) {
     if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
   }
-  GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(&session_->data(), peers, options_.ring,
-                                                     SessionHealth(session_.get())));
+  GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(
+                                 &session_->data(), peers, options_.ring,
+                                 [session = session_.get()] {
+                                   return SessionHealth(*session, wire::Role::Worker);
+                                 }));
   backend_ = ring_.get();
   if (options_.path == "ps") {
     // The shards answer on a transport of the PS client's own; the ring
@@ -213,13 +218,8 @@ Status Communicator::Impl::Start(Deadline deadline) {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return CancelledError("the communicator was shut down");
       }
-      GS_RETURN_IF_ERROR(session->job_status());
-      for (const wire::NodeInfo& dead : session->dead_peers()) {
-        if (dead.role == wire::Role::Server) {
-          return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
-        }
-      }
-      return Status();
+      // The shards close rounds without dead workers; a dead shard ends it.
+      return SessionHealth(*session, wire::Role::Server);
     };
     GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create({}));
     GS_ASSIGN_OR_RETURN(ps_, PsClient::Create(std::move(ps_transport), ps_peers, options_.ps,
@@ -239,9 +239,9 @@ void Communicator::Impl::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    if (failed_.ok()) FailLocked(CancelledError("the communicator was shut down"));
   }
-  cv_.notify_all();
+  cv_.notify_all();  // the engine thread leaves once its queue is empty
+  Fail(CancelledError("the communicator was shut down"));
   // An operation in flight ends at its deadline, or at once when the
   // transport goes away.
   session_->data().Shutdown();
@@ -268,8 +268,10 @@ void Communicator::Impl::Enqueue(Job job) {
   cv_.notify_all();
 }
 
-void Communicator::Impl::FailLocked(const Status& why) {
-  if (!failed_.ok()) return;
+std::vector<std::shared_ptr<SyncHandle::State>> Communicator::Impl::FailLocked(
+    const Status& why) {
+  std::vector<std::shared_ptr<SyncHandle::State>> pending;
+  if (!failed_.ok()) return pending;
   failed_ = why;
   if (why.code() != StatusCode::kCancelled) {
     GS_LOG(ERROR) << "worker " << session_->rank() << ": " << why.ToString();
@@ -277,12 +279,23 @@ void Communicator::Impl::FailLocked(const Status& why) {
   for (Bucket& b : bucketer_.buckets()) {
     for (TensorId id : b.tensors) {
       Tensor& t = bucketer_.tensor(id);
-      if (t.handle) t.handle->Complete(why);
+      if (t.handle) pending.push_back(std::move(t.handle));
       t.handle.reset();
     }
     b.in_flight = false;
   }
   cv_.notify_all();
+  return pending;
+}
+
+void Communicator::Impl::Fail(const Status& why) {
+  std::vector<std::shared_ptr<SyncHandle::State>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending = FailLocked(why);
+  }
+  // Callbacks may call back into the Communicator: never under mu_.
+  for (auto& h : pending) h->Complete(why);
 }
 
 StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t n, DType dtype) {
@@ -307,17 +320,13 @@ Status Communicator::Impl::FinalizeLocked() {
   }
   GS_RETURN_IF_ERROR(compression_->Assign(infos));
   finalized_ = true;
-  step_start_ = std::chrono::steady_clock::now();
   std::vector<wire::TensorSpecFields> layout;
   for (const Tensor& t : bucketer_.tensors()) {
     layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
   }
   Enqueue([this, layout = std::move(layout)] {
     Status s = ring_->CheckLayout(layout, Deadline::After(options_.op_timeout));
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      FailLocked(s);
-    }
+    if (!s.ok()) Fail(s);
   });
   return Status();
 }
@@ -373,9 +382,7 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
 void Communicator::Impl::LaunchReadyLocked() {
   auto& buckets = bucketer_.buckets();
   while (next_launch_ < buckets.size() && buckets[next_launch_].pending == 0) {
-    Bucket& b = buckets[next_launch_];
-    b.launched = true;
-    b.in_flight = true;
+    buckets[next_launch_].in_flight = true;
     const int index = static_cast<int>(next_launch_++);
     const uint64_t step = step_;
     Enqueue([this, index, step] { ReduceBucket(index, step); });
@@ -396,20 +403,25 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
                                         b->count, tag, session_->job_id(), deadline, &wire_bytes)
                  : backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag,
                                        deadline);
+  if (!s.ok()) return Fail(s);
+  // The bucket is in flight: its tensors' destinations and handles are this
+  // thread's until it is handed back, so the copies need no lock.
   std::vector<std::shared_ptr<SyncHandle::State>> handles;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!s.ok()) return FailLocked(s);
-    const size_t es = DTypeSize(b->dtype);
-    for (TensorId id : b->tensors) {
-      Tensor& t = bucketer_.tensor(id);
-      std::memcpy(t.data, b->data() + t.offset * es, t.count * es);
-      handles.push_back(std::move(t.handle));
-      t.handle.reset();
+  const size_t es = DTypeSize(b->dtype);
+  for (TensorId id : b->tensors) {
+    Tensor* t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      t = &bucketer_.tensor(id);
+      handles.push_back(std::move(t->handle));
+      t->handle.reset();
     }
+    std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
   }
   // Callbacks run before Synchronize can see the bucket finished.
-  for (auto& h : handles) h->Complete(Status());
+  for (auto& h : handles) {
+    if (h) h->Complete(Status());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     b->in_flight = false;
@@ -438,12 +450,12 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
   }
   auto& buckets = bucketer_.buckets();
   if (no_sync_depth_ == 0) {
+    // Every tensor is marked, so every bucket was launched
+    // (next_launch_ == buckets.size()); wait for the last to come back.
     auto done = [&] {
       if (!failed_.ok()) return true;
-      for (const Bucket& b : buckets) {
-        if (!b.launched || b.in_flight) return false;
-      }
-      return true;
+      return std::none_of(buckets.begin(), buckets.end(),
+                          [](const Bucket& b) { return b.in_flight; });
     };
     if (deadline.infinite()) {
       cv_.wait(lock, done);
@@ -452,7 +464,6 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
                                    ": gradients not synchronised before the deadline");
     }
     if (!failed_.ok()) return failed_;
-    for (Bucket& b : buckets) b.launched = false;
     next_launch_ = 0;
     ++step_;
     stats_.steps++;
@@ -479,10 +490,7 @@ Status Communicator::Impl::RunOnEngine(std::function<Status(Collectives&, uint64
     if (!failed_.ok()) return failed_;
     Enqueue([this, op = std::move(op), result] {
       Status s = op(*backend_, seq_++);
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        FailLocked(s);
-      }
+      if (!s.ok()) Fail(s);
       result->set_value(s);
     });
   }

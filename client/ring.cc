@@ -143,13 +143,7 @@ class RingCollectives::Op {
     for (;;) {
       const Deadline slice = deadline_.Min(Deadline::After(ring_->options_.poll_interval));
       if (holds_->WaitReleased(seg, slice)) return Status();
-      if (ring_->health_) {
-        Status health = ring_->health_();
-        if (!health.ok()) {
-          return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
-                      ErrorCode::PeerDead, -1);
-        }
-      }
+      GS_RETURN_IF_ERROR(CheckHealth());
       if (deadline_.Expired()) {
         return Fail(DeadlineExceededError(Describe() + ": rank " +
                                           std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
@@ -162,6 +156,14 @@ class RingCollectives::Op {
 
   // Records `why`, tells the right neighbour (which passes it on), returns it.
   Status Fail(Status why, ErrorCode code, int blamed);
+  // Fails the operation when the job already knows a peer died.
+  Status CheckHealth() {
+    if (!ring_->health_) return Status();
+    Status health = ring_->health_();
+    if (health.ok()) return health;
+    return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
+                ErrorCode::PeerDead, -1);
+  }
   std::string Describe() const {
     return std::string(RingOpName(kind_)) + " step " + std::to_string(tag_.step) + " bucket " +
            std::to_string(tag_.bucket) + " seq " + std::to_string(tag_.seq);
@@ -182,6 +184,17 @@ class RingCollectives::Op {
   Status TimedOut(std::optional<Report> from_left = std::nullopt);
   std::string Blame(const std::vector<Report>& reports) const;
   void Refuse(const wire::Incoming& in, ErrorCode code, const std::string& detail, MsgType type);
+  // A message that failed verification: counted, and answered unless it is
+  // itself an Error.
+  void RefuseInvalid(const wire::Incoming& in, const wire::Verdict& v) {
+    if (v.ShouldAnswer()) {
+      Refuse(in, v.code, v.detail, v.type);
+    } else {
+      ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  // Best effort: a RingAbort to the right neighbour.
+  void SendAbort(const wire::RingAbortFields& fields);
 
   RingCollectives* const ring_;
   const RingOpKind kind_;
@@ -224,13 +237,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kDeadlineExceeded) return got.status();
-      if (ring_->health_) {
-        Status health = ring_->health_();
-        if (!health.ok()) {
-          return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
-                      ErrorCode::PeerDead, -1);
-        }
-      }
+      GS_RETURN_IF_ERROR(CheckHealth());
       if (soft.Expired()) return TimedOut();
       continue;
     }
@@ -271,8 +278,7 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
 
 Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Verdict& v) {
   if (!v.ok()) {
-    if (v.ShouldAnswer()) Refuse(in, v.code, v.detail, v.type);
-    else ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
+    RefuseInvalid(in, v);
     return Status();
   }
   const wire::Header& h = *v.header;
@@ -333,26 +339,24 @@ Status RingCollectives::Op::Fail(Status why, ErrorCode code, int blamed) {
     f.received = received_;
     f.code = code;
     f.message = why.message();
-    ring_->transport_
-        ->Send(wire::Route::Connection(ring_->right_),
-               wire::MakeRingAbort(ring_->peers_.sender, f, tag_.step, tag_.seq),
-               Deadline::After(Millis(200)))
-        .IgnoreError();
+    SendAbort(f);
   }
   return why;
+}
+
+void RingCollectives::Op::SendAbort(const wire::RingAbortFields& fields) {
+  ring_->transport_
+      ->Send(wire::Route::Connection(ring_->right_),
+             wire::MakeRingAbort(ring_->peers_.sender, fields, tag_.step, tag_.seq),
+             Deadline::After(Millis(200)))
+      .IgnoreError();
 }
 
 Status RingCollectives::Op::FromAbort(const wire::RingAbortBody& a) {
   const std::string msg = a.message() ? a.message()->str() : "";
   // Pass it on unless it has been all the way round.
   if (a.origin_rank() != rank()) {
-    wire::RingAbortFields f{a.origin_rank(), a.blamed_rank(), a.received(), a.timed_out(),
-                            a.code(), msg};
-    ring_->transport_
-        ->Send(wire::Route::Connection(ring_->right_),
-               wire::MakeRingAbort(ring_->peers_.sender, f, tag_.step, tag_.seq),
-               Deadline::After(Millis(200)))
-        .IgnoreError();
+    SendAbort({a.origin_rank(), a.blamed_rank(), a.received(), a.timed_out(), a.code(), msg});
   }
   if (a.timed_out()) return TimedOut(Report{a.origin_rank(), a.received()});
   if (a.code() == ErrorCode::Mismatch) {
@@ -370,28 +374,24 @@ Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
   mine.timed_out = true;
   mine.code = ErrorCode::Timeout;
   mine.message = Describe() + " timed out";
-  ring_->transport_
-      ->Send(wire::Route::Connection(ring_->right_),
-             wire::MakeRingAbort(ring_->peers_.sender, mine, tag_.step, tag_.seq),
-             Deadline::After(Millis(200)))
-      .IgnoreError();
+  SendAbort(mine);
   if (from_left) reports.push_back(*from_left);
   const Deadline end = Deadline::After(ring_->options_.abort_grace).Min(deadline_);
   for (;;) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(end);
     if (!got.ok()) break;
     wire::Verdict v = wire::Validate(got->message, ring_->policy_);
-    if (!v.ok() || v.type != MsgType::RingAbort || v.header->sender_rank() != left()) continue;
+    if (!v.ok()) {
+      RefuseInvalid(*got, v);  // still a peer's bad message: answered and counted
+      continue;
+    }
+    // Late data of this operation is dropped: every rank is failing it.
+    if (v.type != MsgType::RingAbort || v.header->sender_rank() != left()) continue;
     const auto* a = v.header->body_as_RingAbortBody();
     if (!a->timed_out()) return FromAbort(*a);
     if (a->origin_rank() == rank()) continue;
-    wire::RingAbortFields f{a->origin_rank(), a->blamed_rank(), a->received(), true, a->code(),
-                            a->message() ? a->message()->str() : ""};
-    ring_->transport_
-        ->Send(wire::Route::Connection(ring_->right_),
-               wire::MakeRingAbort(ring_->peers_.sender, f, tag_.step, tag_.seq),
-               Deadline::After(Millis(200)))
-        .IgnoreError();
+    SendAbort({a->origin_rank(), a->blamed_rank(), a->received(), true, a->code(),
+               a->message() ? a->message()->str() : ""});
     reports.push_back(Report{a->origin_rank(), a->received()});
   }
   return DeadlineExceededError(Blame(reports));
@@ -484,10 +484,9 @@ Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, D
   const int n = peers_.world_size;
   const int r = peers_.rank;
   const size_t bytes = count * DTypeSize(dtype);
-  // Every rank's buffer, by rank; sends point into it, so it is released
-  // before it goes away.
-  std::vector<uint8_t> all(bytes * static_cast<size_t>(n));
-  auto block = [&](int q) { return all.data() + static_cast<size_t>(q) * bytes; };
+  // Every rank's buffer, by rank, in the ring's scratch space.
+  scratch_.resize(bytes * static_cast<size_t>(n));
+  auto block = [&](int q) { return scratch_.data() + static_cast<size_t>(q) * bytes; };
   std::memcpy(block(r), base, bytes);
   Status s = [&]() -> Status {
     GS_RETURN_IF_ERROR(op.SendFromBuffer(block(r), count, 0));
@@ -498,11 +497,7 @@ Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, D
     }
     return op.WaitAllReleased();
   }();
-  if (!s.ok()) {
-    // The transport may still point into `all`: keep it until shutdown.
-    abandoned_.push_back(std::move(all));
-    return s;
-  }
+  if (!s.ok()) return s;
   std::memcpy(base, block(0), bytes);
   for (int q = 1; q < n; ++q) AddInto(base, block(q), count, dtype);
   if (reduce == ReduceOp::kAverage) DivideBy(base, count, dtype, n);
@@ -621,8 +616,6 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
   const int n = peers_.world_size;
   if (n == 1) return Status();
   Op op(this, RingOpKind::kLayout, OpTag{}, DType::kU8, tensors.size(), 0, n, deadline);
-  // Outlives Finish(), which waits until no send points into it.
-  std::vector<uint8_t> votes(static_cast<size_t>(n), 1);
   Status s = [&]() -> Status {
     GS_RETURN_IF_ERROR(op.SendMessage(wire::MakeLayout(peers_.sender, tensors)));
     GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::Layout, 0));
@@ -632,7 +625,8 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
       // Every rank compared with its left neighbour; a one-byte all-gather
       // finishes only if all of them agreed (a rank that found a difference
       // sends its RingAbort round instead).
-      return RunAllGather(op, 1, votes.data());
+      scratch_.assign(static_cast<size_t>(n), 1);
+      return RunAllGather(op, 1, scratch_.data());
     }
     return op.Fail(FailedPreconditionError("tensor layouts differ between rank " +
                                            std::to_string(op.left()) + " and rank " +

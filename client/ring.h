@@ -128,7 +128,10 @@ class RingCollectives : public Collectives {
   wire::Policy policy_;
   wire::ConnId right_ = -1;
   Status broken_;  // the first error; sticky
-  std::vector<std::vector<uint8_t>> abandoned_;  // buffers failed sends may still use
+  // Buffers of the ring's own (small all-reduce blocks, layout votes),
+  // reused across operations. After a failure sends may still point into
+  // it; the ring is broken then, so it is never resized again.
+  std::vector<uint8_t> scratch_;
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0};
 };
