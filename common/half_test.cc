@@ -112,6 +112,26 @@ TEST(HalfTest, AddIntoSumsInFloatAndRoundsOnce) {
   EXPECT_EQ(a16, want16);
 }
 
+TEST(HalfTest, ScaleRoundsEachElementOnce) {
+  const size_t n = 1303;  // several blocks and a tail
+  std::vector<uint16_t> h(n), b(n);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1000.0f, 1000.0f);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = FloatToHalf(dist(rng));
+    b[i] = FloatToBf16(dist(rng));
+  }
+  std::vector<uint16_t> want_h(n), want_b(n);
+  for (size_t i = 0; i < n; ++i) {
+    want_h[i] = FloatToHalf(HalfToFloat(h[i]) * 0.25f);
+    want_b[i] = FloatToBf16(Bf16ToFloat(b[i]) * (1.0f / 3));
+  }
+  ScaleHalf(h.data(), 0.25f, n);
+  ScaleBf16(b.data(), 1.0f / 3, n);
+  EXPECT_EQ(h, want_h);
+  EXPECT_EQ(b, want_b);
+}
+
 // Unaligned 16-bit buffers, as wire frames are.
 TEST(HalfTest, UnalignedBuffers) {
   const size_t n = 37;
