@@ -76,18 +76,23 @@ std::string BucketCompression::SpecOf(uint32_t id) const {
 
 Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* data,
                                  size_t count, const OpTag& tag, uint64_t seed,
-                                 Deadline deadline, size_t* wire_bytes) {
+                                 Deadline deadline, Traffic* traffic) {
   auto it = compressors_.find(bucket);
   if (it == compressors_.end()) {
-    *wire_bytes = count * sizeof(float);
+    *traffic = Traffic{count * sizeof(float), count * sizeof(float), false};
     return backend.AllReduce(data, count, DType::kF32, ReduceOp::kAverage, tag, deadline);
   }
   compression::Compressor& c = *it->second;
   const compression::CompressContext ctx{seed, tag.step, bucket};
-  *wire_bytes = c.WireBytes(count);
-  wire_.resize(*wire_bytes);
+  const size_t wire_bytes = c.WireBytes(count);
+  wire_.resize(wire_bytes);
   GS_RETURN_IF_ERROR(c.Compress(data, count, ctx, wire_.data(), wire_.size()));
-  if (c.summable()) return ReduceSummable(backend, c, data, count, tag, ctx, deadline);
+  if (c.summable()) {
+    *traffic = Traffic{wire_bytes, wire_bytes, false};
+    return ReduceSummable(backend, c, data, count, tag, ctx, deadline);
+  }
+  const size_t others = static_cast<size_t>(backend.world_size() - 1);
+  *traffic = Traffic{wire_bytes, wire_bytes * others, true};
   return ReduceGathered(backend, c, data, count, tag, ctx, deadline);
 }
 

@@ -53,11 +53,19 @@ class BucketCompression {
   // The spec bucket `id` uses ("none" when uncompressed).
   std::string SpecOf(uint32_t id) const;
 
+  // What one Reduce moved, in compressed form.
+  struct Traffic {
+    size_t sent = 0;        // the bytes this rank contributed
+    size_t received = 0;    // the bytes of the result it received: as much as it
+                            // sent through an all-reduce, the other ranks'
+                            // contributions through an all-gather
+    bool gathered = false;  // all-gather, not all-reduce
+  };
+
   // Averages the f32 bucket `data` over all ranks through `backend`, using
   // the bucket's compressor; uncompressed buckets are one AllReduce.
-  // `wire_bytes` receives the bytes this rank contributed (compressed).
   Status Reduce(Collectives& backend, uint32_t bucket, float* data, size_t count,
-                const OpTag& tag, uint64_t seed, Deadline deadline, size_t* wire_bytes);
+                const OpTag& tag, uint64_t seed, Deadline deadline, Traffic* traffic);
 
  private:
   BucketCompression() = default;

@@ -64,7 +64,7 @@ TEST_P(BucketCompressionTest, AverageMatchesTheReferenceOnEveryRank) {
     data.push_back(Gradient(r));
   }
   EXPECT_EQ(bcs[0]->SpecOf(0), spec);
-  std::vector<size_t> wire(kWorld);
+  std::vector<BucketCompression::Traffic> wire(kWorld);
   auto st = ring.Run([&](int r) {
     return bcs[r]->Reduce(ring[r], 0, data[r].data(), kCount, OpTag{3, 0, 1, 9}, /*seed=*/7,
                           Soon(), &wire[r]);
@@ -88,8 +88,14 @@ TEST_P(BucketCompressionTest, AverageMatchesTheReferenceOnEveryRank) {
       ASSERT_NEAR(data[0][i], want[i], tol * (1 + std::fabs(want[i]))) << i;
     }
   }
+  // Gathered compressors receive every other rank's contribution.
+  const bool gathered = spec == "sign" || spec == "qsgd" || spec.rfind("topk", 0) == 0;
+  EXPECT_EQ(wire[0].gathered, gathered);
+  EXPECT_EQ(wire[0].received, wire[0].sent * (gathered ? kWorld - 1 : 1));
   if (spec != "none") {
-    EXPECT_LT(wire[0], kCount * 4);
+    EXPECT_LT(wire[0].sent, kCount * 4);
+  } else {
+    EXPECT_EQ(wire[0].sent, kCount * 4);
   }
 }
 

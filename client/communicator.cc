@@ -11,12 +11,15 @@
 
 #include "client/bucket_compression.h"
 #include "client/bucketer.h"
+#include "client/client_metrics.h"
 #include "client/elementwise.h"
 #include "client/nccl_factory.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
 #include "client/session.h"
 #include "common/logging.h"
+#include "common/metrics.h"
+#include "wire/rejected_metrics.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::client {
@@ -72,6 +75,8 @@ struct CommOptions {
   RingOptions ring;
   int cuda_device = 0;
   PsClientOptions ps;
+  int64_t metrics_base_port = 0;
+  int64_t local_rank = -1;  // -1: the worker's rank
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
     CommOptions o;
@@ -82,6 +87,8 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
+    GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
+    GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
     if (o.path != "allreduce" && o.path != "ps") {
       return InvalidArgumentError("path must be allreduce or ps, got '" + o.path + "'");
     }
@@ -124,7 +131,9 @@ class Communicator::Impl {
   Impl(std::unique_ptr<Session> session, CommOptions options,
        std::unique_ptr<BucketCompression> compression)
       : session_(std::move(session)), options_(std::move(options)),
-        compression_(std::move(compression)) {}
+        compression_(std::move(compression)), metrics_(process_metrics_.registry()),
+        ring_rejected_(process_metrics_.registry(), "ring"),
+        ps_rejected_(process_metrics_.registry(), "ps") {}
   ~Impl() { Shutdown(); }
 
   Status Start(Deadline deadline);
@@ -142,8 +151,9 @@ class Communicator::Impl {
     no_sync_depth_ += on ? 1 : -1;
   }
   Status Barrier(Deadline deadline);
-  // Runs `op` on the comm engine thread after everything queued before it.
-  Status RunOnEngine(std::function<Status(Collectives&, uint64_t seq)> op);
+  // Runs `op` on the comm engine thread after everything queued before it;
+  // it is recorded in the metrics as `label`.
+  Status RunOnEngine(SyncOp label, std::function<Status(Collectives&, uint64_t seq)> op);
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     CommunicatorStats s = stats_;
@@ -163,16 +173,24 @@ class Communicator::Impl {
   // which the caller does after releasing mu_.
   std::vector<std::shared_ptr<SyncHandle::State>> FailLocked(const Status& why);
   void Fail(const Status& why);  // FailLocked, then completes the handles
+  // Records one operation of the engine thread, and the retries since the last.
+  void Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s);
 
   std::unique_ptr<Session> session_;
   const CommOptions options_;
   std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
+  ProcessMetrics process_metrics_{"worker"};
+  ClientMetrics metrics_;
+  wire::RejectedMetrics ring_rejected_;
+  wire::RejectedMetrics ps_rejected_;
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<Collectives> nccl_;
-  std::unique_ptr<Collectives> ps_;
+  std::unique_ptr<PsClient> ps_;
   Collectives* backend_ = nullptr;
+  SyncPath path_ = SyncPath::kRing;
   std::thread engine_;
-  uint64_t seq_ = 0;  // engine thread only
+  uint64_t seq_ = 0;          // engine thread only
+  uint64_t resent_seen_ = 0;  // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -184,6 +202,7 @@ class Communicator::Impl {
   uint64_t step_ = 0;                     // guarded by mu_
   int no_sync_depth_ = 0;                 // guarded by mu_
   size_t next_launch_ = 0;                // guarded by mu_
+  int64_t buckets_in_flight_ = 0;         // guarded by mu_
   CommunicatorStats stats_;               // guarded by mu_
 };
 
@@ -194,11 +213,17 @@ Status Communicator::Impl::Start(Deadline deadline) {
   peers.rank = r;
   peers.world_size = n;
   peers.sender = wire::Sender{wire::Role::Worker, r, session_->job_id()};
+  if (options_.metrics_base_port > 0) {
+    process_metrics_.ServeOrWarn(options_.metrics_base_port +
+                                 (options_.local_rank >= 0 ? options_.local_rank : r));
+  }
+  RingOptions ring_options = options_.ring;
+  ring_options.rejected = &ring_rejected_;
   for (const wire::NodeInfo& p : session_->peers()) {
     if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
   }
   GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(
-                                 &session_->data(), peers, options_.ring,
+                                 &session_->data(), peers, ring_options,
                                  [session = session_.get()] {
                                    return SessionHealth(*session, wire::Role::Worker);
                                  }));
@@ -222,13 +247,16 @@ Status Communicator::Impl::Start(Deadline deadline) {
       return SessionHealth(*session, wire::Role::Server);
     };
     GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create({}));
-    GS_ASSIGN_OR_RETURN(ps_, PsClient::Create(std::move(ps_transport), ps_peers, options_.ps,
+    PsClientOptions ps_options = options_.ps;
+    ps_options.rejected = &ps_rejected_;
+    GS_ASSIGN_OR_RETURN(ps_, PsClient::Create(std::move(ps_transport), ps_peers, ps_options,
                                               ring_.get(), health));
     backend_ = ps_.get();
   } else if (options_.backend == "nccl") {
     GS_ASSIGN_OR_RETURN(nccl_, MakeNcclCollectives(session_.get(), options_.cuda_device, deadline));
     backend_ = nccl_.get();
   }
+  path_ = SyncPathOf(backend_->name());
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
   engine_ = std::thread([this] { EngineLoop(); });
   return Status();
@@ -284,6 +312,8 @@ std::vector<std::shared_ptr<SyncHandle::State>> Communicator::Impl::FailLocked(
     }
     b.in_flight = false;
   }
+  buckets_in_flight_ = 0;
+  metrics_.SetBucketsInFlight(0);
   cv_.notify_all();
   return pending;
 }
@@ -383,6 +413,7 @@ void Communicator::Impl::LaunchReadyLocked() {
   auto& buckets = bucketer_.buckets();
   while (next_launch_ < buckets.size() && buckets[next_launch_].pending == 0) {
     buckets[next_launch_].in_flight = true;
+    metrics_.SetBucketsInFlight(++buckets_in_flight_);
     const int index = static_cast<int>(next_launch_++);
     const uint64_t step = step_;
     Enqueue([this, index, step] { ReduceBucket(index, step); });
@@ -396,14 +427,20 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     b = &bucketer_.buckets()[static_cast<size_t>(index)];
   }
   const OpTag tag{step, b->id, seq_++, b->names_hash};
+  const SteadyTime start = std::chrono::steady_clock::now();
   const Deadline deadline = Deadline::After(options_.op_timeout);
-  size_t wire_bytes = b->bytes();
+  BucketCompression::Traffic traffic{b->bytes(), b->bytes(), false};
   Status s = b->dtype == DType::kF32
                  ? compression_->Reduce(*backend_, b->id, reinterpret_cast<float*>(b->data()),
-                                        b->count, tag, session_->job_id(), deadline, &wire_bytes)
+                                        b->count, tag, session_->job_id(), deadline, &traffic)
                  : backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag,
                                        deadline);
+  const SyncOp op = path_ == SyncPath::kPs ? SyncOp::kPushPull
+                    : traffic.gathered     ? SyncOp::kAllGather
+                                           : SyncOp::kAllReduce;
+  Record(op, path_, start, s);
   if (!s.ok()) return Fail(s);
+  metrics_.Traffic(b->bytes(), traffic.sent, b->bytes(), traffic.received);
   // The bucket is in flight: its tensors' destinations and handles are this
   // thread's until it is handed back, so the copies need no lock.
   std::vector<std::shared_ptr<SyncHandle::State>> handles;
@@ -428,9 +465,21 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     b->pending = static_cast<int>(b->tensors.size());
     stats_.buckets_reduced++;
     stats_.bytes_reduced += b->bytes();
-    stats_.wire_bytes += wire_bytes;
+    stats_.wire_bytes += traffic.sent;
+    metrics_.SetBucketsInFlight(--buckets_in_flight_);
   }
   cv_.notify_all();
+}
+
+void Communicator::Impl::Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s) {
+  metrics_.Record(op, path,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  s);
+  if (ps_ != nullptr) {
+    const uint64_t resent = ps_->stats().resent;
+    metrics_.Retried(resent - resent_seen_);
+    resent_seen_ = resent;
+  }
 }
 
 Status Communicator::Impl::Synchronize(Deadline deadline) {
@@ -467,6 +516,7 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
     next_launch_ = 0;
     ++step_;
     stats_.steps++;
+    metrics_.SetLastCompletedStep(stats_.steps);
     stats_.last_sync_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
@@ -479,17 +529,26 @@ Status Communicator::Impl::Barrier(Deadline deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
   }
-  return session_->Barrier(deadline);
+  const SteadyTime start = std::chrono::steady_clock::now();
+  Status s = session_->Barrier(deadline);
+  metrics_.Record(SyncOp::kBarrier, path_,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  s);
+  return s;
 }
 
-Status Communicator::Impl::RunOnEngine(std::function<Status(Collectives&, uint64_t)> op) {
+Status Communicator::Impl::RunOnEngine(SyncOp label,
+                                       std::function<Status(Collectives&, uint64_t)> op) {
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
-    Enqueue([this, op = std::move(op), result] {
+    Enqueue([this, label, op = std::move(op), result] {
+      const SteadyTime start = std::chrono::steady_clock::now();
       Status s = op(*backend_, seq_++);
+      // The PS path runs its direct collectives on the ring.
+      Record(label, path_ == SyncPath::kPs ? SyncPath::kRing : path_, start, s);
       if (!s.ok()) Fail(s);
       result->set_value(s);
     });
@@ -544,20 +603,20 @@ constexpr uint32_t kDirectBucket = 0xFFFFFFFFu;
 Status Communicator::Broadcast(void* data, size_t num_elements, DType dtype, int root,
                                Deadline deadline) {
   const size_t bytes = num_elements * DTypeSize(dtype);
-  return impl_->RunOnEngine([=](Collectives& c, uint64_t seq) {
+  return impl_->RunOnEngine(SyncOp::kBroadcast, [=](Collectives& c, uint64_t seq) {
     return c.Broadcast(data, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline);
   });
 }
 
 Status Communicator::AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op,
                                Deadline deadline) {
-  return impl_->RunOnEngine([=](Collectives& c, uint64_t seq) {
+  return impl_->RunOnEngine(SyncOp::kAllReduce, [=](Collectives& c, uint64_t seq) {
     return c.AllReduce(data, num_elements, dtype, op, OpTag{0, kDirectBucket, seq, 0}, deadline);
   });
 }
 
 Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline deadline) {
-  return impl_->RunOnEngine([=](Collectives& c, uint64_t seq) {
+  return impl_->RunOnEngine(SyncOp::kAllGather, [=](Collectives& c, uint64_t seq) {
     return c.AllGather(in, bytes, out, OpTag{0, kDirectBucket, seq, 0}, deadline);
   });
 }

@@ -178,6 +178,7 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
   wire::Verdict v = wire::Validate(in.message, c_->policy_);
   if (!v.ok()) {
     c_->rejected_++;
+    if (c_->options_.rejected != nullptr) c_->options_.rejected->Count(v.code);
     if (v.ShouldAnswer()) {
       c_->transport_->Send(in.from, wire::MakeError(c_->peers_.sender, v.code, v.detail,
                                                     v.type_known ? v.type : MsgType::Error),

@@ -48,6 +48,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/message.h"
+#include "wire/rejected_metrics.h"
 #include "wire/transport.h"
 #include "wire/validate.h"
 
@@ -61,6 +62,7 @@ struct PsClientOptions {
   bool server_optimizer = false;  // optimizer != none
   Millis resend_after{1000};
   Millis poll_interval{20};       // how often a waiting call runs `health`
+  wire::RejectedMetrics* rejected = nullptr;  // refused messages by reason; may be null
 
   // Reads partition_bytes, optimizer and ps_resend_ms.
   static StatusOr<PsClientOptions> FromConfig(const Config& config);

@@ -216,7 +216,12 @@ TEST(PsClientTest, DuplicatedAndReorderedPushesAreAppliedOnce) {
   ExpectExactAverages(job, 3, 3);
   // 3 workers x 3 rounds x (7 + 3 partitions), each sent twice.
   EXPECT_EQ(job.ShardStats().pushes_applied, 3u * 3 * 10);
-  EXPECT_EQ(job.ShardStats().duplicates, 3u * 3 * 10);
+  // A loaded machine may also resend a push whose Ack was slow: that is a
+  // duplicate too, and still applied once.
+  uint64_t resent = 0;
+  for (int w = 0; w < 3; ++w) resent += job.client(w).stats().resent;
+  EXPECT_GE(job.ShardStats().duplicates, 3u * 3 * 10);
+  EXPECT_LE(job.ShardStats().duplicates, 3u * 3 * 10 + resent);
 }
 
 TEST(PsClientTest, LostMessagesAreResent) {

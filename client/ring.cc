@@ -191,6 +191,7 @@ class RingCollectives::Op {
       Refuse(in, v.code, v.detail, v.type);
     } else {
       ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
+      if (ring_->options_.rejected != nullptr) ring_->options_.rejected->Count(v.code);
     }
   }
   // Best effort: a RingAbort to the right neighbour.
@@ -268,6 +269,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
 void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
                                  const std::string& detail, MsgType type) {
   ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
+  if (ring_->options_.rejected != nullptr) ring_->options_.rejected->Count(code);
   GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
                   << ": " << detail;
   ring_->transport_

@@ -49,6 +49,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/message.h"
+#include "wire/rejected_metrics.h"
 #include "wire/transport.h"
 #include "wire/validate.h"
 
@@ -61,6 +62,7 @@ struct RingOptions {
   size_t small_bytes = size_t{256} << 10;
   Millis poll_interval{20};              // how often a waiting rank runs `health`
   Millis abort_grace{300};  // after a timeout: how long to gather other ranks' progress
+  wire::RejectedMetrics* rejected = nullptr;  // refused messages by reason; may be null
 };
 
 struct RingPeers {

@@ -1,15 +1,115 @@
 #include "common/metrics.h"
 
-#include <exception>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <sstream>
+
+#include "common/logging.h"
 #include "common/version.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
+#include "prometheus/text_serializer.h"
 
 namespace gradsync {
 
+const std::vector<double>& LatencyBuckets() {
+  static const std::vector<double> buckets = {
+      50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+      50e-3, 100e-3, 250e-3, 500e-3, 1,    2.5,    5,    10,    30};
+  return buckets;
+}
+
+namespace {
+
+prometheus::MetricFamily Family(const char* name, const char* help, prometheus::MetricType type,
+                                double value) {
+  prometheus::ClientMetric m;
+  if (type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return prometheus::MetricFamily{name, help, type, {m}};
+}
+
+// Fields of /proc/self/stat after the command name: state is field 3, so
+// fields[i] is field i + 3 of proc(5).
+std::vector<std::string> StatFields() {
+  std::ifstream in("/proc/self/stat");
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::string> fields;
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos) return fields;
+  std::istringstream rest(line.substr(paren + 1));
+  for (std::string f; rest >> f;) fields.push_back(f);
+  return fields;
+}
+
+double BootTimeSeconds() {
+  std::ifstream in("/proc/stat");
+  for (std::string key; in >> key;) {
+    if (key == "btime") {
+      double t = 0;
+      in >> t;
+      return t;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+double OpenFds() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  double n = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n - 1;  // the directory being read
+}
+
+}  // namespace
+
+std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> out;
+  const std::vector<std::string> f = StatFields();
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  // proc(5): utime 14, stime 15, starttime 22, vsize 23, rss 24.
+  if (f.size() > 21 && tick > 0) {
+    const double cpu = (std::stod(f[11]) + std::stod(f[12])) / tick;
+    out.push_back(Family("process_cpu_seconds_total", "User and system CPU time, in seconds.",
+                         MetricType::Counter, cpu));
+    out.push_back(Family("process_start_time_seconds",
+                         "Start time of the process since the Unix epoch, in seconds.",
+                         MetricType::Gauge, BootTimeSeconds() + std::stod(f[19]) / tick));
+    out.push_back(Family("process_virtual_memory_bytes", "Virtual memory size, in bytes.",
+                         MetricType::Gauge, std::stod(f[20])));
+    out.push_back(Family("process_resident_memory_bytes", "Resident memory size, in bytes.",
+                         MetricType::Gauge,
+                         std::stod(f[21]) * static_cast<double>(sysconf(_SC_PAGESIZE))));
+  }
+  out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge,
+                       OpenFds()));
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    out.push_back(Family("process_max_fds", "Limit on open file descriptors.",
+                         MetricType::Gauge, static_cast<double>(limit.rlim_cur)));
+  }
+  return out;
+}
+
 ProcessMetrics::ProcessMetrics(const std::string& role)
-    : registry_(std::make_shared<prometheus::Registry>()) {
+    : registry_(std::make_shared<prometheus::Registry>()),
+      process_(std::make_shared<ProcessCollector>()) {
   prometheus::BuildGauge()
       .Name("gradsync_build_info")
       .Help("Build of this process; the value is always 1.")
@@ -27,12 +127,34 @@ StatusOr<int> ProcessMetrics::Serve(const std::string& address) {
   try {
     auto exposer = std::make_unique<prometheus::Exposer>(address);
     exposer->RegisterCollectable(registry_);
+    exposer->RegisterCollectable(process_);
     auto ports = exposer->GetListeningPorts();
     exposer_ = std::move(exposer);
     return ports.empty() ? 0 : ports.front();
   } catch (const std::exception& e) {
     return UnavailableError("cannot serve metrics on " + address + ": " + e.what());
   }
+}
+
+int ProcessMetrics::ServeOrWarn(int64_t port) {
+  if (port <= 0) return 0;
+  if (port > 65535) {
+    GS_LOG(WARNING) << "metrics port " << port << " is not a port; continuing without /metrics";
+    return 0;
+  }
+  auto bound = Serve("0.0.0.0:" + std::to_string(port));
+  if (!bound.ok()) {
+    GS_LOG(WARNING) << bound.status().message() << " (port busy?); continuing without /metrics";
+    return 0;
+  }
+  GS_LOG(INFO) << "metrics on http://0.0.0.0:" << *bound << "/metrics";
+  return *bound;
+}
+
+std::string ProcessMetrics::Scrape() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (auto& f : process_->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace gradsync

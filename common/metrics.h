@@ -1,9 +1,17 @@
 // A process's Prometheus registry and its /metrics endpoint.
 //
 // Every gradsync process owns one ProcessMetrics: a registry that components
-// register their metric families in at setup, gradsync_build_info, and (when
-// a port is given) an HTTP exposer. A port that is busy is not fatal: Serve
-// returns the error and the caller logs a warning and carries on.
+// register their metric families in at setup, gradsync_build_info, the
+// process_* families (CPU seconds, resident and virtual memory, open and
+// maximum file descriptors, start time; read from /proc at scrape time), and
+// (when a port is given) an HTTP exposer. A port that is busy is not fatal:
+// Serve returns the error and the caller logs a warning and carries on.
+//
+// Conventions (see the metrics section of the design): names start with
+// gradsync_, carry their base unit, counters end in _total; latencies are
+// histograms over LatencyBuckets() so quantiles aggregate across processes.
+// Components resolve their metric references once at setup; observing on a
+// hot path allocates nothing.
 //
 // Thread-safety: registering and serving are thread-safe (prometheus-cpp).
 #ifndef GRADSYNC_COMMON_METRICS_H_
@@ -11,8 +19,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
+#include "prometheus/collectable.h"
 #include "prometheus/registry.h"
 
 namespace prometheus {
@@ -20,6 +30,22 @@ class Exposer;
 }
 
 namespace gradsync {
+
+// Default /metrics ports: the scheduler, a server shard, and the base of the
+// workers' (a worker serves on base + its local rank). gradsync_launch gives
+// shard i base + 1 + i and the workers base + 10 + local rank.
+constexpr int kSchedulerMetricsPort = 9400;
+constexpr int kServerMetricsPort = 9401;
+constexpr int kWorkerMetricsBasePort = 9410;
+
+// Latency buckets in seconds, 50 us to 30 s.
+const std::vector<double>& LatencyBuckets();
+
+// process_* families of the calling process, read when collected.
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override;
+};
 
 class ProcessMetrics {
  public:
@@ -31,9 +57,17 @@ class ProcessMetrics {
   // Serves /metrics on `address` ("0.0.0.0:9100"). Port 0 in the address
   // picks a free port. Returns the bound port.
   StatusOr<int> Serve(const std::string& address);
+  // Serves on 0.0.0.0:`port` when `port` > 0 and logs where; a failure is
+  // logged as a warning naming the port, and the process goes on without
+  // /metrics. Returns the bound port, or 0 when not serving.
+  int ServeOrWarn(int64_t port);
+
+  // Everything this process exports, in the text exposition format.
+  std::string Scrape() const;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ProcessCollector> process_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/config.h"
+#include "common/metrics.h"
 #include "common/subprocess.h"
 
 namespace gradsync::launcher {
@@ -106,6 +107,10 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   GS_ASSIGN_OR_RETURN(o.workers, IntFlag(config, "workers", 1, 1, 4096));
   GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
   GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
+  int metrics_default = kSchedulerMetricsPort;
+  if (const char* env = std::getenv("GRADSYNC_METRICS_PORT")) metrics_default = std::atoi(env);
+  GS_ASSIGN_OR_RETURN(o.metrics_port,
+                      IntFlag(config, "metrics_port", metrics_default, 0, 65535 - 10 - o.workers));
   GS_ASSIGN_OR_RETURN(int grace, IntFlag(config, "grace_ms", 5000, 0, 3600000));
   o.grace = Millis(grace);
   GS_ASSIGN_OR_RETURN(o.host, config.GetString("host", o.host));
@@ -216,6 +221,7 @@ Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
       Start("scheduler", false,
             {options_.server_binary, "--role=scheduler",
              "--port=" + std::to_string(options_.port),
+             "--metrics_port=" + std::to_string(options_.metrics_port),
              "--num_workers=" + std::to_string(options_.workers),
              "--num_servers=" + std::to_string(options_.servers)},
             {}));
@@ -257,12 +263,18 @@ Status Launcher::StartNodes() {
       std::to_string(options_.servers) + " servers and " +
       std::to_string(options_.workers) + " workers");
   for (int s = 0; s < options_.servers; ++s) {
+    const int metrics = options_.metrics_port > 0 ? options_.metrics_port + 1 + s : 0;
     GS_RETURN_IF_ERROR(Start("server " + std::to_string(s), false,
-                             {options_.server_binary, "--role=server"}, job));
+                             {options_.server_binary, "--role=server",
+                              "--metrics_port=" + std::to_string(metrics)},
+                             job));
   }
   for (int r = 0; r < options_.workers; ++r) {
     auto env = job;
     env.emplace_back("GRADSYNC_RANK", std::to_string(r));
+    env.emplace_back("GRADSYNC_LOCAL_RANK", std::to_string(r));
+    env.emplace_back("GRADSYNC_METRICS_BASE_PORT",
+                     std::to_string(options_.metrics_port > 0 ? options_.metrics_port + 10 : 0));
     GS_RETURN_IF_ERROR(Start("worker " + std::to_string(r), true,
                              options_.worker_command, env));
   }

@@ -7,7 +7,8 @@
 // parameter-server shards (gradsync_server --role=server) and `workers`
 // copies of the command after "--", each with GRADSYNC_SCHEDULER,
 // GRADSYNC_NUM_WORKERS, GRADSYNC_NUM_SERVERS and (workers only)
-// GRADSYNC_RANK in its environment. Every process writes to a log file of
+// GRADSYNC_RANK and GRADSYNC_LOCAL_RANK in its environment, and /metrics
+// ports that do not collide (see LaunchOptions::metrics_port). Every process writes to a log file of
 // its own in the log directory; the launcher streams each file's lines to
 // its output with the process's name in front ("[worker 2] ...").
 //
@@ -39,6 +40,10 @@ struct LaunchOptions {
   int servers = 0;
   // The scheduler's port; 0: any free port.
   int port = 0;
+  // /metrics ports: the scheduler on `metrics_port`, shard i on
+  // metrics_port + 1 + i, the worker of local rank r on metrics_port + 10 + r;
+  // 0 turns them off. Default: $GRADSYNC_METRICS_PORT, else 9400.
+  int metrics_port = 9400;
   // The scheduler's address as the nodes reach it.
   std::string host = "127.0.0.1";
   // Empty: DefaultServerBinary().
@@ -54,8 +59,8 @@ struct LaunchOptions {
   Millis startup_timeout{15000};
 
   // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
-  // launcher). Flags: workers, servers, port, host, server_binary, log_dir,
-  // grace_ms. InvalidArgument for a missing command, an unknown flag, an
+  // launcher). Flags: workers, servers, port, metrics_port, host,
+  // server_binary, log_dir, grace_ms. InvalidArgument for a missing command, an unknown flag, an
   // argument before "--" or a value out of range.
   static StatusOr<LaunchOptions> FromArgs(int argc, const char* const* argv);
 };

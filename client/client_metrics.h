@@ -1,0 +1,84 @@
+// A worker's Prometheus metrics, resolved once at setup so that recording
+// an operation allocates nothing:
+//   gradsync_client_sync_latency_seconds{op,path}  histogram (LatencyBuckets)
+//   gradsync_client_requests_total{op,path}        operations started
+//   gradsync_client_failures_total{reason}         timeout, peer_dead, mismatch,
+//                                                  rejected, unavailable, other
+//   gradsync_client_retries_total                  messages sent again
+//   gradsync_client_raw_bytes_total{direction}     gradient bytes before compression
+//   gradsync_client_wire_bytes_total{direction}    the same after compression
+//   gradsync_client_buckets_in_flight              buckets handed to the engine
+//   gradsync_client_last_completed_step            steps synchronised
+// op: push, pull, push_pull, allreduce, allgather, broadcast, barrier;
+// path: ring, nccl, ps; direction: sent, received. raw / wire of `sent` is
+// the compression ratio.
+//
+// Thread-safety: every method is thread-safe.
+#ifndef GRADSYNC_CLIENT_CLIENT_METRICS_H_
+#define GRADSYNC_CLIENT_CLIENT_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace gradsync::client {
+
+enum class SyncOp { kPush, kPull, kPushPull, kAllReduce, kAllGather, kBroadcast, kBarrier };
+constexpr int kNumSyncOps = 7;
+enum class SyncPath { kRing, kNccl, kPs };
+constexpr int kNumSyncPaths = 3;
+enum class FailureReason { kTimeout, kPeerDead, kMismatch, kRejected, kUnavailable, kOther };
+constexpr int kNumFailureReasons = 6;
+
+const char* SyncOpLabel(SyncOp op);
+const char* SyncPathLabel(SyncPath path);
+const char* FailureReasonLabel(FailureReason reason);
+// "ring", "nccl" or "ps" (a Collectives name) to its path; ring otherwise.
+SyncPath SyncPathOf(const std::string& backend_name);
+// The reason an operation on `path` failed with `s`. A peer's refusal on
+// the PS path arrives as Aborted (rejected); on the ring, Aborted and
+// FailedPrecondition are ranks that disagree (mismatch); Unavailable
+// naming a dead node is peer_dead.
+FailureReason ReasonOf(const Status& s, SyncPath path);
+
+class ClientMetrics {
+ public:
+  explicit ClientMetrics(prometheus::Registry& registry);
+
+  // One operation that took `seconds`; `s` not OK counts a failure by
+  // reason, except Cancelled (a shutdown).
+  void Record(SyncOp op, SyncPath path, double seconds, const Status& s);
+  void Traffic(uint64_t raw_sent, uint64_t wire_sent, uint64_t raw_received,
+               uint64_t wire_received);
+  void Retried(uint64_t n) { retries_->Increment(static_cast<double>(n)); }
+  void SetBucketsInFlight(int64_t n) { in_flight_->Set(static_cast<double>(n)); }
+  void SetLastCompletedStep(uint64_t step) { last_step_->Set(static_cast<double>(step)); }
+
+  // For tests.
+  prometheus::Histogram& latency(SyncOp op, SyncPath path) {
+    return *latency_[static_cast<int>(op)][static_cast<int>(path)];
+  }
+  prometheus::Counter& failures(FailureReason r) { return *failures_[static_cast<int>(r)]; }
+
+ private:
+  std::array<std::array<prometheus::Histogram*, kNumSyncPaths>, kNumSyncOps> latency_{};
+  std::array<std::array<prometheus::Counter*, kNumSyncPaths>, kNumSyncOps> requests_{};
+  std::array<prometheus::Counter*, kNumFailureReasons> failures_{};
+  prometheus::Counter* retries_ = nullptr;
+  prometheus::Counter* raw_sent_ = nullptr;
+  prometheus::Counter* raw_received_ = nullptr;
+  prometheus::Counter* wire_sent_ = nullptr;
+  prometheus::Counter* wire_received_ = nullptr;
+  prometheus::Gauge* in_flight_ = nullptr;
+  prometheus::Gauge* last_step_ = nullptr;
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_CLIENT_METRICS_H_

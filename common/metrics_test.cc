@@ -1,0 +1,108 @@
+#include "common/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "prometheus/histogram.h"
+
+namespace gradsync {
+namespace {
+
+// name -> value of every sample without labels in an exposition.
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line.find('{') != std::string::npos) continue;
+    const size_t space = line.find(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+// A plain HTTP GET of /metrics on loopback.
+std::string Get(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string body;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return body;
+}
+
+TEST(MetricsTest, LatencyBucketsSpan50usTo30sAscending) {
+  const auto& b = LatencyBuckets();
+  ASSERT_GE(b.size(), 10u);
+  EXPECT_DOUBLE_EQ(b.front(), 50e-6);
+  EXPECT_DOUBLE_EQ(b.back(), 30.0);
+  for (size_t i = 1; i < b.size(); ++i) EXPECT_LT(b[i - 1], b[i]);
+}
+
+TEST(MetricsTest, ProcessFamiliesArePlausible) {
+  ProcessMetrics metrics("worker");
+  auto s = Samples(metrics.Scrape());
+  ASSERT_EQ(s.count("process_cpu_seconds_total"), 1u);
+  EXPECT_GE(s["process_cpu_seconds_total"], 0.0);
+  EXPECT_GT(s["process_resident_memory_bytes"], 1 << 20);
+  EXPECT_GE(s["process_virtual_memory_bytes"], s["process_resident_memory_bytes"]);
+  EXPECT_GE(s["process_open_fds"], 3.0);  // stdin, stdout, stderr at least
+  EXPECT_GE(s["process_max_fds"], s["process_open_fds"]);
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+  // Started within the last hour, not in the future (clock ticks: 10 ms).
+  EXPECT_LE(s["process_start_time_seconds"], now + 1);
+  EXPECT_GT(s["process_start_time_seconds"], now - 3600);
+}
+
+TEST(MetricsTest, ServesBuildInfoAndComponentsOverHttp) {
+  ProcessMetrics metrics("server");
+  auto& h = prometheus::BuildHistogram()
+                .Name("gradsync_test_latency_seconds")
+                .Help("test")
+                .Register(metrics.registry())
+                .Add({}, LatencyBuckets());
+  h.Observe(0.003);
+  auto port = metrics.Serve("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const std::string body = Get(*port);
+  EXPECT_NE(body.find("200 OK"), std::string::npos) << body;
+  EXPECT_NE(body.find("gradsync_build_info{"), std::string::npos);
+  EXPECT_NE(body.find("role=\"server\""), std::string::npos);
+  EXPECT_NE(body.find("gradsync_test_latency_seconds_bucket{le=\"0.005\"} 1"), std::string::npos)
+      << body;
+  EXPECT_NE(body.find("process_open_fds "), std::string::npos);
+}
+
+TEST(MetricsTest, BusyPortIsAnErrorNamingTheAddressAndServeOrWarnGoesOn) {
+  ProcessMetrics first("server");
+  auto port = first.Serve("0.0.0.0:0");
+  ASSERT_TRUE(port.ok());
+  ProcessMetrics second("server");
+  auto again = second.Serve("0.0.0.0:" + std::to_string(*port));
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find(std::to_string(*port)), std::string::npos);
+  ProcessMetrics third("server");
+  EXPECT_EQ(third.ServeOrWarn(*port), 0);
+  EXPECT_EQ(third.ServeOrWarn(0), 0);
+}
+
+}  // namespace
+}  // namespace gradsync
