@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   libeigen3-dev zlib1g-dev
   clang-14 libclang-rt-14-dev
-  prometheus
+  prometheus python3
   dataset-fashion-mnist
 )
 
