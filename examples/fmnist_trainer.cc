@@ -4,6 +4,7 @@
 //   GRADSYNC_SCHEDULER=host:port GRADSYNC_NUM_WORKERS=4 GRADSYNC_RANK=r
 //   fmnist_trainer [--epochs=3] [--batch=64] [--lr=0.05] [--momentum=0.9]
 //                      [--seed=1] [--mode=allreduce-ring] [--data_dir=...]
+//                      [--max_steps=0]
 //
 // Every worker reads the whole data set and trains on its shard: each epoch
 // all ranks draw the same permutation (seeded with seed + epoch) and rank r
@@ -15,7 +16,8 @@
 // the average over all workers, and takes an SGD step with momentum. With a
 // server-side optimizer (--optimizer=sgd|momentum|adam on the parameter-server
 // path) the shards hold the parameters: Synchronize returns the new
-// parameters, which replace the model's.
+// parameters, which replace the model's. --max_steps > 0 ends training after
+// that many steps per worker, within an epoch if need be.
 //
 // Rank 0 shows progress on stderr (one line redrawn in place on a terminal,
 // a few plain lines otherwise). At the end the ranks evaluate a slice of the
@@ -27,7 +29,9 @@
 //   counted them), compression_ratio (gradient bytes before / after
 //   compression),
 //   p50_ms / p99_ms (duration of Synchronize on rank 0), max_staleness (0),
-//   workers, epochs, steps (per worker).
+//   workers, epochs, steps (per worker), first_loss / last_loss (the mean
+//   training loss of all workers over the first and the last kLossWindow
+//   steps, or over every step when there are fewer).
 // Exit status: 0 on success, 1 when training failed, 2 for bad flags.
 #include <unistd.h>
 
@@ -61,6 +65,7 @@ using Clock = std::chrono::steady_clock;
 constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
 constexpr int64_t kOpDeadlineMs = 300000;
+constexpr size_t kLossWindow = 20;  // steps
 
 struct Options {
   std::string data_dir;
@@ -70,6 +75,7 @@ struct Options {
   double lr = 0;
   double momentum = 0;
   int64_t seed = 0;
+  int64_t max_steps = 0;          // per worker; 0: no limit
   bool server_optimizer = false;  // the PS shards hold the parameters
 };
 
@@ -83,12 +89,14 @@ StatusOr<Options> ReadOptions(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.lr, config.GetDouble("lr", 0.05));
   GS_ASSIGN_OR_RETURN(o.momentum, config.GetDouble("momentum", 0.9));
   GS_ASSIGN_OR_RETURN(o.seed, config.GetInt("seed", 1));
+  GS_ASSIGN_OR_RETURN(o.max_steps, config.GetInt("max_steps", 0));
   GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
   o.server_optimizer = optimizer != "none";
   if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 ||
-      o.momentum >= 1) {
+      o.momentum >= 1 || o.max_steps < 0) {
     return InvalidArgumentError(
-        "need --epochs >= 1, --batch >= 1, --lr > 0, 0 <= --momentum < 1");
+        "need --epochs >= 1, --batch >= 1, --lr > 0, 0 <= --momentum < 1, "
+        "--max_steps >= 0");
   }
   for (char c : o.mode) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
@@ -182,6 +190,11 @@ struct RunStats {
   uint64_t raw_bytes = 0;   // gradient bytes synchronised, before compression
   uint64_t wire_bytes = 0;  // the same after compression
   uint64_t sent_bytes = 0;  // payload bytes this rank sent
+  // This rank's training loss, one per step.
+  std::vector<float> losses;
+  // The mean over all ranks of the first and of the last kLossWindow losses.
+  double first_loss = 0;
+  double last_loss = 0;
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -233,7 +246,8 @@ class Trainer {
   StatusOr<RunStats> Train() {
     const auto start = Clock::now();
     const client::CommunicatorStats before = comm_->stats();
-    for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
+    for (int64_t epoch = 0; epoch < options_.epochs && !StepLimitReached();
+         ++epoch) {
       GS_RETURN_IF_ERROR(RunEpoch(epoch, start));
     }
     stats_.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -245,12 +259,21 @@ class Trainer {
   }
 
  private:
+  bool StepLimitReached() const {
+    return options_.max_steps > 0 &&
+           stats_.steps >= static_cast<size_t>(options_.max_steps);
+  }
+
   Status RunEpoch(int64_t epoch, Clock::time_point start) {
     const std::vector<size_t> shard =
         ShardOfEpoch(train_->labels.size(), comm_->rank(), comm_->world_size(),
                      static_cast<uint64_t>(options_.seed), epoch);
     const size_t batch = static_cast<size_t>(options_.batch);
-    const size_t steps = (shard.size() + batch - 1) / batch;
+    size_t steps = (shard.size() + batch - 1) / batch;
+    if (options_.max_steps > 0) {
+      steps = std::min(steps,
+                       static_cast<size_t>(options_.max_steps) - stats_.steps);
+    }
     double loss_sum = 0;
     for (size_t s = 0; s < steps; ++s) {
       const size_t count = std::min(batch, shard.size() - s * batch);
@@ -291,6 +314,7 @@ class Trainer {
       sgd_.Step(&model_);
     }
     ++stats_.steps;
+    stats_.losses.push_back(loss);
     return loss;
   }
 
@@ -330,6 +354,25 @@ StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test,
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
 
+// Sets the mean training loss of all ranks over the first and the last
+// kLossWindow steps (every rank ran the same number of steps).
+Status AverageLossWindows(Communicator* comm, RunStats* run) {
+  const std::vector<float>& losses = run->losses;
+  const size_t window = std::min(kLossWindow, losses.size());
+  float sums[2] = {0, 0};
+  for (size_t i = 0; i < window; ++i) {
+    sums[0] += losses[i];
+    sums[1] += losses[losses.size() - window + i];
+  }
+  GS_RETURN_IF_ERROR(comm->AllReduce(sums, 2, DType::kF32,
+                                     client::ReduceOp::kSum,
+                                     Deadline::AfterMs(kOpDeadlineMs)));
+  const double count = static_cast<double>(window * comm->world_size());
+  run->first_loss = count > 0 ? sums[0] / count : 0;
+  run->last_loss = count > 0 ? sums[1] / count : 0;
+  return OkStatus();
+}
+
 void PrintResult(const Options& o, const RunStats& run, double accuracy,
                  Communicator* comm) {
   const int n = comm->world_size();
@@ -345,7 +388,8 @@ void PrintResult(const Options& o, const RunStats& run, double accuracy,
               Percentile(run.sync_ms, 0.50), Percentile(run.sync_ms, 0.99));
   std::printf("\"max_staleness\":0,\"workers\":%d,\"epochs\":%lld,", n,
               static_cast<long long>(o.epochs));
-  std::printf("\"steps\":%zu}\n", run.steps);
+  std::printf("\"steps\":%zu,\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+              run.steps, run.first_loss, run.last_loss);
   std::fflush(stdout);
 }
 
@@ -372,6 +416,8 @@ int Run(const Config& config, const Options& options) {
   if (!run.ok()) return Fail("training", run.status(), 1);
   auto accuracy = Evaluate(trainer.model(), *test, comm->get());
   if (!accuracy.ok()) return Fail("evaluating", accuracy.status(), 1);
+  Status losses = AverageLossWindows(comm->get(), &*run);
+  if (!losses.ok()) return Fail("averaging the losses", losses, 1);
   if ((*comm)->rank() == 0) PrintResult(options, *run, *accuracy, comm->get());
   (*comm)->Shutdown();
   return 0;

@@ -3,6 +3,7 @@
 #include "launcher/launcher.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <chrono>
@@ -53,8 +54,22 @@ std::vector<std::string> SleeperExcept(int rank, const std::string& action) {
               " ]; then sleep 0.5; " + action + "; fi; exec sleep 60"};
 }
 
-// The pids the workers printed ("[worker N] pid P").
-std::vector<pid_t> WorkerPids(const std::string& out) {
+// A gradsync_server that prints its pid ("pid P") and then becomes the real
+// one, so that a test can see it gone.
+std::string PidPrintingServer() {
+  const std::string path = TmpPath(TestName() + ".server.sh");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f == nullptr) return "";
+  std::fprintf(f, "#!/bin/sh\necho \"pid $$\"\nexec '%s' \"$@\"\n",
+               Runfile("server/gradsync_server").c_str());
+  std::fclose(f);
+  EXPECT_EQ(chmod(path.c_str(), 0755), 0) << path;
+  return path;
+}
+
+// The pids the processes printed ("[worker N] pid P", "[server N] pid P").
+std::vector<pid_t> PrintedPids(const std::string& out) {
   std::vector<pid_t> pids;
   for (size_t at = out.find("] pid "); at != std::string::npos;
        at = out.find("] pid ", at + 1)) {
@@ -107,8 +122,32 @@ TEST(LauncherTest, FailingWorkerStopsEverythingAndIsNamed) {
             std::string::npos)
       << out;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
-  const auto pids = WorkerPids(out);
+  const auto pids = PrintedPids(out);
   EXPECT_EQ(pids.size(), 4u) << out;
+  ExpectGone(pids);
+}
+
+TEST(LauncherTest, FailingWorkerAlsoStopsTheSchedulerAndTheServers) {
+  Subprocess p = Launch({"--workers=3", "--servers=2", "--grace_ms=2000",
+                         "--server_binary=" + PidPrintingServer()},
+                        SleeperExcept(1, "exit 7"));
+  auto code = p.Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 1) << p.Output();
+  const std::string out = p.Output();
+  EXPECT_NE(out.find("gradsync_launch: worker 1 exited with code 7"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(
+      out.find("stopping scheduler, server 0, server 1, worker 0, worker 2"),
+      std::string::npos)
+      << out;
+  for (const char* name : {"[scheduler] pid ", "[server 0] pid ",
+                           "[server 1] pid ", "[worker 1] pid "}) {
+    EXPECT_NE(out.find(name), std::string::npos) << name << "\n" << out;
+  }
+  const auto pids = PrintedPids(out);
+  EXPECT_EQ(pids.size(), 6u) << out;
   ExpectGone(pids);
 }
 
@@ -121,7 +160,7 @@ TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
   EXPECT_NE(p.Output().find("gradsync_launch: worker 1 killed by signal 9"),
             std::string::npos)
       << p.Output();
-  ExpectGone(WorkerPids(p.Output()));
+  ExpectGone(PrintedPids(p.Output()));
 }
 
 TEST(LauncherTest, InterruptStopsEverything) {
@@ -139,7 +178,7 @@ TEST(LauncherTest, InterruptStopsEverything) {
   EXPECT_EQ(*code, 128 + SIGINT) << p.Output();
   EXPECT_NE(p.Output().find("stopped by signal 2"), std::string::npos)
       << p.Output();
-  ExpectGone(WorkerPids(p.Output()));
+  ExpectGone(PrintedPids(p.Output()));
 }
 
 // In process: the library with a server shard, its output in a file.
