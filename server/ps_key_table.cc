@@ -23,6 +23,26 @@ void ShardCounters::Applied(uint64_t staleness) {
   uint64_t seen = max_staleness_.load(std::memory_order_relaxed);
   while (staleness > seen && !max_staleness_.compare_exchange_weak(seen, staleness)) {
   }
+  if (metrics != nullptr) metrics->staleness->Observe(static_cast<double>(staleness));
+}
+
+void ShardCounters::Duplicate() {
+  Add(duplicates);
+  if (metrics != nullptr) metrics->duplicates->Increment();
+}
+
+void ShardCounters::Rejected(wire::ErrorCode code) {
+  Add(rejected);
+  if (metrics != nullptr) metrics->rejected.Count(code);
+}
+
+void ShardCounters::RoundClosed(SteadyTime first, SteadyTime last) {
+  Add(rounds_closed);
+  if (metrics == nullptr) return;
+  using Seconds = std::chrono::duration<double>;
+  metrics->rounds_completed->Increment();
+  metrics->straggler_wait->Observe(Seconds(last - first).count());
+  metrics->round_duration->Observe(Seconds(std::chrono::steady_clock::now() - first).count());
 }
 
 PsShardStats ShardCounters::Snapshot() const {
@@ -86,27 +106,76 @@ KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sende
                    ShardCounters* counters)
     : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters) {}
 
-void KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
+bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
                       std::vector<Outgoing>* out) {
+  took_ = false;
   const wire::DataBody& d = *h.body_as_DataBody();
   Request r{from, h.type(), h.sender_rank(), {d.bucket(), d.partition()}, d.num_elements(),
             d.round(), d.version(), h.step(), h.seq(), d.dtype(), d.compression()};
   if (h.sender_role() != wire::Role::Worker || r.worker < 0 ||
       r.worker >= rules_.num_workers) {
-    return Reject(r, ErrorCode::BadSender, "the sender is not a worker of this job", out);
+    Reject(r, ErrorCode::BadSender, "the sender is not a worker of this job", out);
+    return false;
   }
   if (r.dtype != wire::DType::F32 || r.compression != wire::Compression::None) {
-    return Reject(r, ErrorCode::WrongType,
-                  "this shard takes uncompressed f32 data only", out);
+    Reject(r, ErrorCode::WrongType, "this shard takes uncompressed f32 data only", out);
+    return false;
   }
   KeyState& k = keys_[r.key];
   if (r.num_elements == 0 || (k.num_elements != 0 && r.num_elements != k.num_elements)) {
-    return Reject(r, ErrorCode::SizeMismatch, "carries " + std::to_string(r.num_elements) +
-                  " elements, the key holds " + std::to_string(k.num_elements), out);
+    Reject(r, ErrorCode::SizeMismatch, "carries " + std::to_string(r.num_elements) +
+           " elements, the key holds " + std::to_string(k.num_elements), out);
+    return false;
   }
-  if (r.type == MsgType::Push) return OnPush(r, msg, out);
-  if (r.type == MsgType::Pull) return OnPull(r, out);
-  Reject(r, ErrorCode::WrongType, "a shard takes Push and Pull only", out);
+  if (r.type == MsgType::Push) {
+    OnPush(r, msg, out);
+  } else if (r.type == MsgType::Pull) {
+    OnPull(r, out);
+  } else {
+    Reject(r, ErrorCode::WrongType, "a shard takes Push and Pull only", out);
+  }
+  return took_;
+}
+
+std::map<KeyTable::Key, KeyState> KeyTable::SaveKeys() const {
+  std::map<Key, KeyState> out;
+  for (const auto& [key, k] : keys_) {
+    KeyState& saved = out.emplace_hint(out.end(), key, k)->second;
+    saved.held.clear();
+  }
+  return out;
+}
+
+void KeyTable::RestoreKeys(std::map<Key, KeyState> keys) { keys_ = std::move(keys); }
+
+Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t version,
+                        const std::vector<float>& values) {
+  const std::string name = "push of bucket " + std::to_string(key.first) + " partition " +
+                           std::to_string(key.second) + " round " + std::to_string(round) +
+                           " from worker " + std::to_string(worker);
+  const auto it = keys_.find(key);
+  const uint64_t held = it == keys_.end() ? 0 : it->second.num_elements;
+  if (worker < 0 || worker >= rules_.num_workers || values.empty() ||
+      (held != 0 && values.size() != held)) {
+    return DataLossError("cannot replay the " + name + ": " + std::to_string(values.size()) +
+                         " elements, the key holds " + std::to_string(held) + ", the job has " +
+                         std::to_string(rules_.num_workers) + " workers");
+  }
+  Request r{wire::Route{}, MsgType::Push, worker, key, values.size(), round, version, 0, 0,
+            wire::DType::F32, wire::Compression::None};
+  wire::Message msg;
+  msg.payloads.push_back(
+      wire::Payload::Borrow(values.data(), values.size() * sizeof(float), nullptr));
+  std::vector<Outgoing> answers;
+  OnPush(r, msg, &answers);
+  for (const Outgoing& o : answers) {
+    const wire::Header* h = o.message.header_view();
+    if (h->type() != MsgType::Error) continue;
+    const auto* e = h->body_as_ErrorBody();
+    return DataLossError("cannot replay the " + name + ": " +
+                         (e->message() ? e->message()->str() : "refused"));
+  }
+  return OkStatus();
 }
 
 void KeyTable::OnPush(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out) {
@@ -117,7 +186,7 @@ void KeyTable::OnPush(const Request& r, const wire::Message& msg, std::vector<Ou
                   "the key has no parameters yet: worker 0 pushes them first (round 0)", out);
   }
   if (k.taken[r.worker].Contains(r.round)) {
-    counters_->Add(counters_->duplicates);
+    counters_->Duplicate();
     return Ack(r, k, out);
   }
   if (rules_.mode == PsMode::kAsync) return PushAsync(r, msg, out);
@@ -135,12 +204,13 @@ void KeyTable::OnInit(const Request& r, const wire::Message& msg, std::vector<Ou
   }
   KeyState& k = keys_[r.key];
   if (k.initialised) {
-    counters_->Add(counters_->duplicates);
+    counters_->Duplicate();
     return Ack(r, k, out);
   }
   k.num_elements = r.num_elements;
   k.params = CopyFloats(msg, r.num_elements);
   k.initialised = true;
+  took_ = true;
   k.results[0] = k.latest = MakeSnapshot(k.params, k.version);
   Ack(r, k, out);
   AnswerHeld(r.key, k, out);
@@ -157,7 +227,11 @@ void KeyTable::PushRound(const Request& r, const wire::Message& msg,
   }
   k.num_elements = r.num_elements;
   k.open[r.round][r.worker] = Contribution{CopyFloats(msg, r.num_elements), r.version};
+  const SteadyTime now = std::chrono::steady_clock::now();
+  auto arrived = k.arrivals.try_emplace(r.round, RoundArrivals{now, now});
+  arrived.first->second.last = now;
   k.taken[r.worker].Add(r.round);
+  took_ = true;
   Ack(r, k, out);
   TryClose(k);
   AnswerHeld(r.key, k, out);
@@ -180,6 +254,7 @@ void KeyTable::PushAsync(const Request& r, const wire::Message& msg,
   k.version++;
   k.latest = Snapshot{};
   k.taken[r.worker].Add(r.round);
+  took_ = true;
   counters_->Applied(staleness);
   Ack(r, k, out);
   AnswerHeld(r.key, k, out);
@@ -197,14 +272,32 @@ void KeyTable::TryClose(KeyState& k) {
 
 void KeyTable::Close(KeyState& k, uint64_t round) {
   auto& contributions = k.open[round];
-  std::vector<float> avg(k.num_elements, 0.0f);
+  // The rank-order sum starts from the first gradient itself (moved, not
+  // added to zeros) and the division by n is done in the pass of the last
+  // addition; with one contributor the average is its gradient.
+  const size_t n = contributions.size();
+  std::vector<float> avg;
+  size_t added = 0;
   for (auto& [worker, c] : contributions) {  // rank order
-    for (size_t i = 0; i < avg.size(); ++i) avg[i] += c.grad[i];
     counters_->Applied(k.version >= c.version ? k.version - c.version : 0);
+    if (++added == 1) {
+      avg = std::move(c.grad);
+    } else if (added < n) {
+      for (size_t i = 0; i < avg.size(); ++i) avg[i] += c.grad[i];
+    } else {
+      const float divisor = static_cast<float>(n);
+      for (size_t i = 0; i < avg.size(); ++i) avg[i] = (avg[i] + c.grad[i]) / divisor;
+    }
   }
-  const float n = static_cast<float>(contributions.size());
-  for (float& v : avg) v /= n;
   k.open.erase(round);
+  auto arrived = k.arrivals.find(round);
+  if (arrived != k.arrivals.end()) {
+    counters_->RoundClosed(arrived->second.first, arrived->second.last);
+    k.arrivals.erase(arrived);
+  } else {  // restored from a checkpoint: the arrival times are gone
+    const SteadyTime now = std::chrono::steady_clock::now();
+    counters_->RoundClosed(now, now);
+  }
   k.closed = round;
   k.version++;
   if (optimizer_ != nullptr) {
@@ -214,7 +307,6 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
     k.results[round] = MakeSnapshot(std::move(avg), k.version);
   }
   while (k.results.size() > rules_.kept_results) k.results.erase(k.results.begin());
-  counters_->Add(counters_->rounds_closed);
 }
 
 void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
@@ -263,7 +355,7 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
                       "round " + std::to_string(pull.round) + " of bucket " +
                       std::to_string(key.first) + " partition " + std::to_string(key.second) +
                       " is too old to be answered again", MsgType::Pull)});
-      counters_->Add(counters_->rejected);
+      counters_->Rejected(ErrorCode::BadSequence);
       return true;
     }
     snap = it->second;
@@ -309,7 +401,7 @@ void KeyTable::Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* o
 
 void KeyTable::Reject(const Request& r, ErrorCode code, const std::string& why,
                       std::vector<Outgoing>* out) {
-  counters_->Add(counters_->rejected);
+  counters_->Rejected(code);
   out->push_back({r.from, wire::MakeError(self_, code, r.Name() + " " + why, r.type)});
 }
 

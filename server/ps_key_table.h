@@ -53,7 +53,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/status.h"
+#include "common/time.h"
 #include "server/optimizer.h"
+#include "server/ps_metrics.h"
 #include "wire/message.h"
 #include "wire/transport.h"
 
@@ -86,7 +89,16 @@ class ShardCounters {
  public:
   void Applied(uint64_t staleness);
   void Add(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+  void Duplicate();
+  void Rejected(wire::ErrorCode code);
+  // A round opened by its first push at `first` and completed by its last at
+  // `last` was closed now.
+  void RoundClosed(SteadyTime first, SteadyTime last);
   PsShardStats Snapshot() const;
+
+  // Where the counts are exported as well; null: nowhere. Set before the
+  // shard serves.
+  ShardMetrics* metrics = nullptr;
 
   std::atomic<uint64_t> duplicates{0}, rejected{0}, rounds_closed{0}, replies{0};
 
@@ -107,6 +119,12 @@ struct TakenRounds {
 struct Contribution {
   std::vector<float> grad;
   uint64_t version = 0;
+};
+
+// When the pushes of an open round arrived (for the metrics; not saved).
+struct RoundArrivals {
+  SteadyTime first;
+  SteadyTime last;
 };
 
 struct Snapshot {
@@ -131,6 +149,7 @@ struct KeyState {
   uint64_t version = 0;       // updates applied
   uint64_t closed = 0;        // sync/ssp: rounds 1..closed applied
   std::map<uint64_t, std::map<int32_t, Contribution>> open;  // round -> worker
+  std::map<uint64_t, RoundArrivals> arrivals;                 // open rounds
   std::map<uint64_t, Snapshot> results;                      // sync/ssp, by round
   Snapshot latest;                                           // async
   std::map<int32_t, TakenRounds> taken;                      // per worker
@@ -150,13 +169,27 @@ class KeyTable {
   KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
            ShardCounters* counters);
 
-  // `h` is the verified header of `msg`, a Push or a Pull.
-  void Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
+  // `h` is the verified header of `msg`, a Push or a Pull. Returns true when
+  // a push was taken (recorded or applied): the state changed, and a replay
+  // of this push (Replay) changes it again the same way.
+  bool Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
               std::vector<Outgoing>* out);
   // Workers declared dead no longer hold rounds back.
   void SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out);
 
   const std::map<Key, KeyState>& keys() const { return keys_; }
+  const std::set<int32_t>& dead() const { return dead_; }
+
+  // Saving and restoring (server/ps_checkpoint.h, server/ps_journal.h).
+  // The keys without their held pulls.
+  std::map<Key, KeyState> SaveKeys() const;
+  // Replaces every key; only before the table serves anyone.
+  void RestoreKeys(std::map<Key, KeyState> keys);
+  // Takes a push again as Handle took it, answers dropped; a push the table
+  // already holds is a duplicate and changes nothing. DataLoss when the
+  // table refuses it (the saved state and the push disagree).
+  Status Replay(const Key& key, int32_t worker, uint64_t round, uint64_t version,
+                const std::vector<float>& values);
 
  private:
   struct Request;  // one decoded Push or Pull
@@ -177,6 +210,7 @@ class KeyTable {
 
   const PsRules rules_;
   const Optimizer* const optimizer_;
+  bool took_ = false;  // the message being handled was a push taken
   const wire::Sender self_;
   ShardCounters* const counters_;
   std::set<int32_t> dead_;

@@ -5,15 +5,6 @@
 
 namespace gradsync::server {
 
-struct PsShard::KeyThread {
-  KeyThread(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
-            ShardCounters* counters)
-      : table(rules, optimizer, self, counters), queue(4096) {}
-  KeyTable table;
-  BlockingQueue<Work> queue;
-  std::thread thread;
-};
-
 namespace {
 
 StatusOr<PsMode> ParseMode(const std::string& name) {
@@ -32,6 +23,7 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t staleness, config.GetInt("staleness", 0));
   GS_ASSIGN_OR_RETURN(o.rules.staleness_lr, config.GetBool("staleness_lr", false));
   GS_ASSIGN_OR_RETURN(int64_t threads, config.GetInt("ps_threads", 2));
+  GS_ASSIGN_OR_RETURN(o.checkpoint_dir, config.GetString("checkpoint_dir", ""));
   GS_ASSIGN_OR_RETURN(o.optimizer, OptimizerOptions::FromConfig(config));
   if (staleness < 0 || staleness > 1000000) {
     return InvalidArgumentError("staleness must be in [0, 1000000], got " +
@@ -54,6 +46,8 @@ PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire
       optimizer_(MakeOptimizer(options.optimizer)),
       policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})) {
   policy_.job_id = self.job_id;
+  counters_.metrics = options.metrics;
+  if (options.metrics != nullptr) options.metrics->SetWorkers(options.rules.num_workers, 0);
 }
 
 StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
@@ -63,8 +57,9 @@ StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
   std::unique_ptr<PsShard> shard(new PsShard(transport, options, self));
   for (int i = 0; i < options.threads; ++i) {
     shard->key_threads_.push_back(std::make_unique<KeyThread>(
-        options.rules, shard->optimizer_.get(), self, &shard->counters_));
+        i, options.rules, shard->optimizer_.get(), self, &shard->counters_));
   }
+  if (!options.checkpoint_dir.empty()) GS_RETURN_IF_ERROR(shard->Restore());
   for (auto& t : shard->key_threads_) {
     t->thread = std::thread([s = shard.get(), k = t.get()] { s->KeyLoop(k); });
   }
@@ -82,16 +77,23 @@ void PsShard::Shutdown() {
   }
   stop_.store(true);
   if (receiver_.joinable()) receiver_.join();
+  std::lock_guard<std::mutex> checkpoint(checkpoint_mu_);  // lets one in progress finish
   for (auto& t : key_threads_) t->queue.Close();
   for (auto& t : key_threads_) {
     if (t->thread.joinable()) t->thread.join();
   }
+  if (journal_) journal_->Shutdown();
 }
 
 void PsShard::WorkerDied(int32_t rank) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_ || !dead_.insert(rank).second) return;
-  for (auto& t : key_threads_) t->queue.Push(Work{nullptr, dead_}, Deadline::Infinite()).IgnoreError();
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetWorkers(options_.rules.num_workers, static_cast<int>(dead_.size()));
+  }
+  for (auto& t : key_threads_) {
+    t->queue.Push(Work{nullptr, dead_, {}}, Deadline::Infinite()).IgnoreError();
+  }
 }
 
 void PsShard::ReceiveLoop() {
@@ -109,7 +111,7 @@ void PsShard::ReceiveLoop() {
 void PsShard::Dispatch(wire::Incoming in) {
   wire::Verdict v = wire::Validate(in.message, policy_);
   if (!v.ok()) {
-    counters_.Add(counters_.rejected);
+    counters_.Rejected(v.code);
     if (v.ShouldAnswer()) {
       const wire::MsgType type = v.type_known ? v.type : wire::MsgType::Error;
       Send(in.from, wire::MakeError(self_, v.code, v.detail, type));
@@ -121,24 +123,61 @@ void PsShard::Dispatch(wire::Incoming in) {
   KeyThread& t = *key_threads_[key % key_threads_.size()];
   // A full queue pushes back on the transport; the key threads keep
   // draining it until Shutdown closes it.
-  t.queue.Push(Work{std::make_unique<wire::Incoming>(std::move(in)), {}}, Deadline::Infinite())
-      .IgnoreError();
+  if (ShardMetrics* m = options_.metrics) {
+    (v.type == wire::MsgType::Push ? m->pushes : m->pulls)->Increment();
+    m->queue_depth->Set(static_cast<double>(queued_.fetch_add(1) + 1));
+  }
+  Work work;
+  work.in = std::make_unique<wire::Incoming>(std::move(in));
+  t.queue.Push(std::move(work), Deadline::Infinite()).IgnoreError();
 }
 
 void PsShard::KeyLoop(KeyThread* t) {
-  std::vector<Outgoing> out;
   for (;;) {
     auto work = t->queue.Pop(Deadline::Infinite());
     if (!work.ok()) return;
-    out.clear();
+    if (work->visit) {
+      work->visit(t->table);
+      continue;
+    }
+    std::vector<Outgoing> out;
+    std::optional<JournalRecord> record;
+    if (work->in != nullptr && options_.metrics != nullptr) {
+      options_.metrics->queue_depth->Set(static_cast<double>(queued_.fetch_sub(1) - 1));
+    }
     if (work->in == nullptr) {
       t->table.SetDead(work->dead, &out);
+      record = JournalRecord{};
+      record->kind = JournalRecord::Kind::kDead;
+      record->thread = static_cast<uint32_t>(t->index);
+      record->threads = static_cast<uint32_t>(key_threads_.size());
+      record->dead = work->dead;
     } else {
-      const wire::Incoming& in = *work->in;
-      t->table.Handle(in.from, *in.message.header_view(), in.message, &out);
+      wire::Incoming& in = *work->in;
+      const wire::Header& h = *in.message.header_view();
+      if (t->table.Handle(in.from, h, in.message, &out)) {
+        const wire::DataBody& d = *h.body_as_DataBody();
+        record = JournalRecord{};
+        record->bucket = d.bucket();
+        record->partition = d.partition();
+        record->worker = h.sender_rank();
+        record->round = d.round();
+        record->version = d.version();
+        record->num_elements = d.num_elements();
+        record->payloads = std::move(in.message.payloads);
+      }
     }
-    for (Outgoing& o : out) Send(o.to, std::move(o.message));
+    Emit(std::move(record), std::move(out));
   }
+}
+
+// With a journal, answers wait until the push they depend on is on disk.
+void PsShard::Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out) {
+  if (journal_) {
+    journal_->Append(std::move(record), std::move(out));
+    return;
+  }
+  for (Outgoing& o : out) Send(o.to, std::move(o.message));
 }
 
 void PsShard::Send(const wire::Route& to, wire::Message msg) {

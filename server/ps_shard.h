@@ -12,10 +12,24 @@
 // problem (never an Error to an Error), counted in stats().rejected, and the
 // shard keeps serving.
 //
+// Durability (checkpoint_dir set): the shard keeps every push it takes in a
+// journal (server/ps_journal.h) and answers nothing that depends on a push
+// before the push is on disk, so an Ack means the push survives a crash.
+// Checkpoint() writes every key's state (server/ps_checkpoint.h) and drops
+// the journal before it. Start() first restores: it loads
+// <checkpoint_dir>/shard-<rank>.ckpt if it is of this job, replays the
+// journal after it, writes a fresh checkpoint and only then serves. A shard
+// restarted this way stands where the old process stood when it last
+// answered; held pulls are lost and the workers send them again. Replayed
+// pushes count in stats() as they did in the first process. A checkpoint of
+// another job is not loaded (warning) and is replaced; a damaged checkpoint
+// or journal fails Start with the error naming it.
+//
 // Settings (flags or GRADSYNC_ variables, as every setting):
 //   ps_mode=sync|async|ssp (sync), staleness=s (ssp; 0), staleness_lr
 //   (async; false), ps_threads (2), optimizer=none|sgd|momentum|adam (none),
-//   lr (0.01), momentum (0.9), beta1 (0.9), beta2 (0.999), eps (1e-8).
+//   lr (0.01), momentum (0.9), beta1 (0.9), beta2 (0.999), eps (1e-8),
+//   checkpoint_dir (empty: no checkpoints and no journal).
 //   async and ssp need a server-side optimizer.
 //
 // Thread-safety: all methods are thread-safe.
@@ -23,9 +37,12 @@
 #define GRADSYNC_SERVER_PS_SHARD_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,6 +51,8 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "server/optimizer.h"
+#include "server/ps_checkpoint.h"
+#include "server/ps_journal.h"
 #include "server/ps_key_table.h"
 #include "wire/transport.h"
 #include "wire/validate.h"
@@ -45,15 +64,30 @@ struct PsShardOptions {
   OptimizerOptions optimizer;
   int threads = 2;
   Millis send_timeout{5000};
+  std::string checkpoint_dir;  // empty: no checkpoints, no journal
+  ShardMetrics* metrics = nullptr;  // where to export; may be null; outlives the shard
 
   // Reads the settings listed above; InvalidArgument naming a bad one.
   static StatusOr<PsShardOptions> FromConfig(const Config& config);
 };
 
+// Checkpoints written by one shard, for its metrics.
+struct CheckpointStats {
+  uint64_t written = 0;
+  uint64_t failed = 0;
+  double last_duration_seconds = 0;      // of the last one, written or failed
+  double duration_sum_seconds = 0;       // over the written ones
+  double last_success_unix_seconds = 0;  // wall time; 0 until one is written
+  uint64_t last_bytes = 0;
+  uint64_t last_keys = 0;
+};
+
 class PsShard {
  public:
-  // Starts serving on `transport`, which must be listening, must outlive the
-  // shard, and is read by the shard only. `self` names the shard in headers.
+  // Restores from options.checkpoint_dir (if set) and starts serving on
+  // `transport`, which must be listening, must outlive the shard, and is
+  // read by the shard only. `self` names the shard in headers; its rank and
+  // job id name the checkpoint.
   static StatusOr<std::unique_ptr<PsShard>> Start(wire::Transport* transport,
                                                   const PsShardOptions& options,
                                                   wire::Sender self);
@@ -62,20 +96,46 @@ class PsShard {
   // The worker of rank `rank` was declared dead: rounds stop waiting for it.
   void WorkerDied(int32_t rank);
   PsShardStats stats() const { return counters_.Snapshot(); }
-  // Stops and joins the threads; held pulls are dropped. Idempotent.
+  // Writes a checkpoint of every key now and blocks until it is durable; the
+  // key threads pause only to copy their keys. One at a time.
+  // FailedPrecondition without checkpoint_dir, Cancelled after Shutdown.
+  Status Checkpoint();
+  CheckpointStats checkpoint_stats() const;
+  // OK unless the journal failed; then the shard answers nothing more.
+  Status health() const;
+  // Stops and joins the threads (after a checkpoint in progress); held pulls
+  // are dropped. Idempotent.
   void Shutdown();
 
  private:
   struct Work {
-    std::unique_ptr<wire::Incoming> in;  // null: a membership change
+    std::unique_ptr<wire::Incoming> in;  // null: a membership change or a visit
     std::set<int32_t> dead;
+    std::function<void(const KeyTable&)> visit;  // runs on the key's thread
   };
-  struct KeyThread;
+  struct KeyThread {
+    KeyThread(int i, const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
+              ShardCounters* counters)
+        : index(i), table(rules, optimizer, self, counters), queue(4096) {}
+    const int index;
+    KeyTable table;
+    BlockingQueue<Work> queue;
+    std::thread thread;
+  };
 
   PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self);
+  Status Restore();
+  void Load(ShardState saved);
+  Status ApplyRecord(const JournalRecord& record);
+  ShardState StateHeader(uint64_t journal_start) const;
+  StatusOr<ShardState> TakeSnapshot(uint64_t journal_start);
+  Status Save(const ShardState& state);
+  // Records a checkpoint's outcome in checkpoint_stats_; returns `s`.
+  Status Finish(Status s, SteadyTime began);
   void ReceiveLoop();
   void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
+  void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
   void Send(const wire::Route& to, wire::Message msg);
 
   wire::Transport* const transport_;
@@ -87,10 +147,17 @@ class PsShard {
   std::vector<std::unique_ptr<KeyThread>> key_threads_;
   std::thread receiver_;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> queued_{0};  // messages in the key threads' queues
+
+  std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
 
   std::mutex mu_;
   std::set<int32_t> dead_;  // guarded by mu_
   bool shut_down_ = false;  // guarded by mu_
+
+  std::mutex checkpoint_mu_;  // held by the checkpoint being written
+  mutable std::mutex stats_mu_;
+  CheckpointStats checkpoint_stats_;  // guarded by stats_mu_
 };
 
 }  // namespace gradsync::server

@@ -1,7 +1,14 @@
 #include "server/ps_shard.h"
 
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -17,25 +24,36 @@ constexpr uint64_t kJob = 77;
 // A shard on an in-process transport and raw workers that talk to it.
 class ShardHarness {
  public:
-  ShardHarness(PsMode mode, OptimizerKind opt, int workers, uint64_t staleness = 0) {
-    PsShardOptions o;
-    o.rules.mode = mode;
-    o.rules.staleness = staleness;
-    o.rules.num_workers = workers;
-    o.optimizer.kind = opt;
-    o.optimizer.lr = 0.5f;
-    o.optimizer.momentum = 0.5f;
+  ShardHarness(PsMode mode, OptimizerKind opt, int workers, uint64_t staleness = 0,
+               const std::string& checkpoint_dir = "", uint64_t job = kJob,
+               ShardMetrics* metrics = nullptr)
+      : job_(job) {
+    options_.metrics = metrics;
+    options_.rules.mode = mode;
+    options_.rules.staleness = staleness;
+    options_.rules.num_workers = workers;
+    options_.optimizer.kind = opt;
+    options_.optimizer.lr = 0.5f;
+    options_.optimizer.momentum = 0.5f;
+    options_.checkpoint_dir = checkpoint_dir;
     server_ = net_.NewTransport("shard");
     EXPECT_TRUE(server_->Listen("inproc://shard").ok());
-    auto shard = PsShard::Start(server_.get(), o, wire::Sender{wire::Role::Server, 0, kJob});
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    shard_ = std::move(*shard);
+    StartShard();
     for (int w = 0; w < workers; ++w) {
       workers_.push_back(net_.NewTransport("worker" + std::to_string(w)));
       conns_.push_back(*workers_.back()->Connect("inproc://shard"));
     }
   }
   ~ShardHarness() { shard_->Shutdown(); }
+
+  // Stops the shard and starts a new one on the same endpoint and options,
+  // as a restarted process would (of job `job`, 0: the same).
+  void Restart(uint64_t job = 0) {
+    shard_->Shutdown();
+    shard_.reset();
+    if (job != 0) job_ = job;
+    StartShard();
+  }
 
   void Send(int w, wire::Message msg) {
     ASSERT_TRUE(workers_[w]->Send(wire::Route::Connection(conns_[w]), std::move(msg),
@@ -97,8 +115,15 @@ class ShardHarness {
   PsShard& shard() { return *shard_; }
 
  private:
-  static wire::Sender Sender(int rank) { return wire::Sender{wire::Role::Worker, rank, kJob}; }
+  void StartShard() {
+    auto shard = PsShard::Start(server_.get(), options_, wire::Sender{wire::Role::Server, 0, job_});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    shard_ = std::move(*shard);
+  }
+  wire::Sender Sender(int rank) const { return wire::Sender{wire::Role::Worker, rank, job_}; }
 
+  uint64_t job_;
+  PsShardOptions options_;
   wire::InProcNetwork net_;
   std::unique_ptr<wire::InProcTransport> server_;
   std::unique_ptr<PsShard> shard_;
@@ -122,6 +147,66 @@ TEST(PsShardTest, SyncAnswersTheAverageOnceEveryWorkerPushed) {
   EXPECT_EQ(version, 1u);
   EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
   EXPECT_EQ(h.shard().stats().max_staleness, 0u);
+}
+
+uint64_t Count(prometheus::Histogram& h) {
+  return h.Collect().histogram.sample_count;
+}
+
+TEST(PsShardTest, ExportsRoundsStragglersStalenessRefusalsAndMembership) {
+  prometheus::Registry registry;
+  ShardMetrics m(registry);
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2, 0, "", kJob, &m);
+  EXPECT_EQ(m.expected_workers->Value(), 2);
+  EXPECT_EQ(m.connected_workers->Value(), 2);
+  EXPECT_EQ(m.missing_workers->Value(), 0);
+  h.Push(0, 1, 0, {1, 2});
+  EXPECT_EQ(h.NextType(0), MsgType::Ack);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  h.Push(1, 1, 0, {3, 4});
+  h.Pull(1, 1, 2);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{2, 3}));
+  h.Push(0, 1, 0, {1, 2});  // again
+  EXPECT_EQ(h.NextType(0), MsgType::Ack);
+  h.Push(0, 2, 1, {1, 2, 3});  // the key has 2 elements
+  EXPECT_NE(h.NextError(0).find("2"), std::string::npos);
+
+  EXPECT_EQ(m.pushes->Value(), 4);
+  EXPECT_EQ(m.pulls->Value(), 1);
+  EXPECT_EQ(m.duplicates->Value(), 1);
+  EXPECT_EQ(m.rounds_completed->Value(), 1);
+  EXPECT_EQ(m.rejected.counter(wire::ErrorCode::SizeMismatch).Value(), 1);
+  EXPECT_EQ(m.queue_depth->Value(), 0);
+  // Worker 1 pushed 30 ms after worker 0: the straggler wait, and the round
+  // lasted at least that long.
+  const auto wait = m.straggler_wait->Collect().histogram;
+  ASSERT_EQ(wait.sample_count, 1u);
+  EXPECT_GE(wait.sample_sum, 0.03);
+  EXPECT_LT(wait.sample_sum, 5.0);
+  EXPECT_GE(m.round_duration->Collect().histogram.sample_sum, wait.sample_sum);
+  EXPECT_EQ(Count(*m.staleness), 2u);  // both gradients, staleness 0
+  EXPECT_EQ(m.staleness->Collect().histogram.bucket[0].cumulative_count, 2u);
+
+  h.shard().WorkerDied(1);
+  EXPECT_EQ(m.connected_workers->Value(), 1);
+  EXPECT_EQ(m.missing_workers->Value(), 1);
+  EXPECT_EQ(Count(*m.checkpoint_duration), 0u);
+  EXPECT_EQ(m.last_checkpoint->Value(), 0);
+}
+
+TEST(PsShardCheckpointTest, ACheckpointIsExported) {
+  char dir[] = "/tmp/gradsync_shard_metrics_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  prometheus::Registry registry;
+  ShardMetrics m(registry);
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 1, 0, dir, kJob, &m);
+  h.Push(0, 1, 0, {5});
+  EXPECT_EQ(h.NextType(0), MsgType::Ack);
+  const double before = std::chrono::duration<double>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  ASSERT_TRUE(h.shard().Checkpoint().ok());
+  EXPECT_GE(Count(*m.checkpoint_duration), 1u);
+  EXPECT_GE(m.last_checkpoint->Value(), before - 1);
 }
 
 TEST(PsShardTest, ADeadWorkerNoLongerHoldsTheRoundBack) {
@@ -229,9 +314,14 @@ TEST(PsShardTest, SspLetsAWorkerRunAtMostSRoundsAhead) {
   EXPECT_LE(h.shard().stats().max_staleness, s);
 }
 
-// The replies of rounds 1..n to worker 0 for a fixed gradient sequence.
-std::vector<std::vector<float>> Trajectory(PsMode mode, int rounds) {
-  ShardHarness h(mode, OptimizerKind::kMomentum, 3, 0);
+// The replies of rounds 1..n to worker 0 for a fixed gradient sequence; the
+// shard restarts from `checkpoint_dir` after the rounds in `restarts` and
+// writes a checkpoint after those in `checkpoints`.
+std::vector<std::vector<float>> Trajectory(PsMode mode, int rounds,
+                                           const std::string& checkpoint_dir = "",
+                                           std::set<int> checkpoints = {},
+                                           std::set<int> restarts = {}) {
+  ShardHarness h(mode, OptimizerKind::kMomentum, 3, 0, checkpoint_dir);
   h.Push(0, 0, 0, {0.1f, -0.7f});
   std::vector<std::vector<float>> replies;
   for (int w = 0; w < 3; ++w) h.Pull(w, 0, 2);
@@ -246,6 +336,10 @@ std::vector<std::vector<float>> Trajectory(PsMode mode, int rounds) {
       auto v = h.Reply(w, &version[w]);
       if (w == 0) replies.push_back(v);
     }
+    if (checkpoints.count(r)) {
+      EXPECT_TRUE(h.shard().Checkpoint().ok());
+    }
+    if (restarts.count(r)) h.Restart();
   }
   return replies;
 }
@@ -260,6 +354,92 @@ TEST(PsShardTest, SspWithZeroStalenessIsSyncBitForBit) {
   }
 }
 
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  return std::string(base ? base : "/tmp") + "/" + name;
+}
+
+TEST(PsShardCheckpointTest, AnAcknowledgedPushSurvivesARestart) {
+  const std::string dir = TempDir("acked");
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2, 0, dir);
+  h.Push(0, 1, 0, {1, 2});
+  h.Pull(0, 1, 2);
+  ASSERT_EQ(h.NextType(0), MsgType::Ack);
+  h.Restart();  // the held pull is gone with the old shard; the push is not
+  h.Push(1, 1, 0, {3, 4});
+  h.Pull(1, 1, 2);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{2, 3}));
+  h.Push(0, 1, 0, {1, 2});  // worker 0 resends: a duplicate
+  h.Pull(0, 1, 2);
+  EXPECT_EQ(h.Reply(0), (std::vector<float>{2, 3}));
+  EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
+}
+
+TEST(PsShardCheckpointTest, RestartsFromCheckpointAndJournalContinueBitForBit) {
+  const auto clean = Trajectory(PsMode::kSync, 12);
+  // Restarts right after a checkpoint, between checkpoints and with no
+  // checkpoint but the initial one.
+  const auto restarted = Trajectory(PsMode::kSync, 12, TempDir("bits"), {3, 6}, {2, 6, 9, 10});
+  ASSERT_EQ(restarted.size(), clean.size());
+  for (size_t r = 0; r < clean.size(); ++r) {
+    ASSERT_EQ(std::memcmp(clean[r].data(), restarted[r].data(), 8), 0) << "round " << r + 1;
+  }
+  const auto ssp = Trajectory(PsMode::kSsp, 12, TempDir("bits_ssp"), {4}, {5, 11});
+  for (size_t r = 0; r < clean.size(); ++r) {
+    ASSERT_EQ(std::memcmp(clean[r].data(), ssp[r].data(), 8), 0) << "round " << r + 1;
+  }
+}
+
+TEST(PsShardCheckpointTest, ACheckpointCountsAndIsReadableWithItsJournalStart) {
+  const std::string dir = TempDir("stats");
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 1, 0, dir);
+  const CheckpointStats initial = h.shard().checkpoint_stats();
+  EXPECT_EQ(initial.written, 1u);  // the one Start writes
+  h.Push(0, 1, 0, {5});
+  h.Pull(0, 1, 1);
+  EXPECT_EQ(h.Reply(0), (std::vector<float>{5}));
+  ASSERT_TRUE(h.shard().Checkpoint().ok());
+  const CheckpointStats s = h.shard().checkpoint_stats();
+  EXPECT_EQ(s.written, 2u);
+  EXPECT_EQ(s.failed, 0u);
+  EXPECT_GT(s.last_success_unix_seconds, 1.6e9);
+  EXPECT_GE(s.duration_sum_seconds, s.last_duration_seconds);
+  EXPECT_EQ(s.last_keys, 1u);
+  auto saved = ReadCheckpoint(dir, {kJob, 0, PsMode::kSync, OptimizerKind::kNone, 1});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->keys.at({0, 0}).closed, 1u);
+  auto segments = ListJournalSegments(dir, 0);
+  ASSERT_TRUE(segments.ok());
+  EXPECT_EQ(*segments, std::vector<uint64_t>{saved->journal_start});
+}
+
+TEST(PsShardCheckpointTest, ACheckpointOfAnotherJobIsNotLoaded) {
+  const std::string dir = TempDir("other_job");
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 1, 0, dir);
+  h.Push(0, 1, 0, {5});
+  ASSERT_EQ(h.NextType(0), MsgType::Ack);
+  h.Restart(kJob + 1);
+  auto saved = ReadCheckpoint(dir, {kJob + 1, 0, PsMode::kSync, OptimizerKind::kNone, 1});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(saved->keys.empty());
+}
+
+TEST(PsShardCheckpointTest, ADamagedCheckpointFailsStartNamingIt) {
+  const std::string dir = TempDir("damaged");
+  ::mkdir(dir.c_str(), 0755);
+  std::ofstream(CheckpointPath(dir, 0)) << "GSPSCKPT and then nonsense";
+  wire::InProcNetwork net;
+  auto t = net.NewTransport("shard");
+  ASSERT_TRUE(t->Listen("inproc://damaged").ok());
+  PsShardOptions o;
+  o.checkpoint_dir = dir;
+  auto shard = PsShard::Start(t.get(), o, wire::Sender{wire::Role::Server, 0, kJob});
+  ASSERT_FALSE(shard.ok());
+  EXPECT_EQ(shard.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(shard.status().message().find(CheckpointPath(dir, 0)), std::string::npos)
+      << shard.status();
+}
+
 TEST(PsShardOptionsTest, ReadsTheModeAndRefusesAsyncWithoutOptimizer) {
   auto o = PsShardOptions::FromConfig(Config::FromMap(
       {{"ps_mode", "ssp"}, {"staleness", "3"}, {"optimizer", "adam"}, {"ps_threads", "4"}}));
@@ -267,6 +447,7 @@ TEST(PsShardOptionsTest, ReadsTheModeAndRefusesAsyncWithoutOptimizer) {
   EXPECT_EQ(o->rules.mode, PsMode::kSsp);
   EXPECT_EQ(o->rules.staleness, 3u);
   EXPECT_EQ(o->threads, 4);
+  EXPECT_EQ(o->checkpoint_dir, "");
   auto bad = PsShardOptions::FromConfig(Config::FromMap({{"ps_mode", "async"}}));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("needs a server-side optimizer"), std::string::npos);

@@ -39,18 +39,21 @@ StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t heartbeat_ms, config.GetInt("heartbeat_ms", 500));
   GS_ASSIGN_OR_RETURN(int64_t missed, config.GetInt("missed_heartbeats", 6));
   GS_ASSIGN_OR_RETURN(int64_t rendezvous_ms, config.GetInt("rendezvous_timeout_ms", 120000));
+  GS_ASSIGN_OR_RETURN(int64_t grace_ms, config.GetInt("server_grace_ms", 0));
   if (port < 0 || port > 65535) return InvalidArgumentError("port " + std::to_string(port) + " out of range");
   if (workers < 1) return InvalidArgumentError("num_workers must be at least 1");
   if (servers < 0) return InvalidArgumentError("num_servers must not be negative");
   if (heartbeat_ms <= 0 || missed <= 0) {
     return InvalidArgumentError("heartbeat_ms and missed_heartbeats must be positive");
   }
+  if (grace_ms < 0) return InvalidArgumentError("server_grace_ms must not be negative");
   o.listen = "tcp://*:" + std::to_string(port);
   o.num_workers = static_cast<int32_t>(workers);
   o.num_servers = static_cast<int32_t>(servers);
   o.heartbeat_interval = Millis(heartbeat_ms);
   o.missed_heartbeats = static_cast<uint32_t>(missed);
   o.rendezvous_timeout = Millis(rendezvous_ms);
+  o.server_grace = Millis(grace_ms);
   return o;
 }
 
@@ -115,6 +118,10 @@ void Scheduler::Handle(wire::Incoming in) {
     return;
   }
   it->second.last_seen = clock_->Now();
+  if (it->second.missing) {
+    it->second.missing = false;
+    GS_LOG(INFO) << it->second.info.Name() << " is heard from again";
+  }
   Dispatch(it->second, h);
 }
 
@@ -155,7 +162,7 @@ void Scheduler::Dispatch(Node& node, const wire::Header& h) {
 }
 
 std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
-    const wire::RegisterBody& r) const {
+    const wire::RegisterBody& r, std::string* replaces) const {
   std::string build = r.build_id() ? r.build_id()->str() : "";
   if (build != kBuildId) {
     return Refusal{ErrorCode::WrongBuild,
@@ -169,6 +176,7 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
         " servers, the scheduler expects " + std::to_string(options_.num_workers) +
         " and " + std::to_string(options_.num_servers)};
   }
+  if (phase_ == Phase::kRunning && r.role() == Role::Server) return CheckRejoin(r, replaces);
   if (phase_ != Phase::kRendezvous) {
     return Refusal{ErrorCode::JobFull, "the job has already assembled; no more nodes are accepted"};
   }
@@ -193,10 +201,50 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
   return std::nullopt;
 }
 
+// A server of the running job restarted: it registers with the address the
+// workers know it by.
+std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBody& r,
+                                                         std::string* replaces) const {
+  const std::string host = r.host() ? r.host()->str() : "";
+  const std::string address = host + ":" + std::to_string(r.data_port());
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.role != Role::Server) continue;
+    const bool same_address = n.info.host == host && n.info.data_port == r.data_port();
+    const bool same_rank = r.requested_rank() == n.info.rank;
+    const std::string known = n.info.host + ":" + std::to_string(n.info.data_port);
+    if (!same_address && same_rank) {
+      return Refusal{ErrorCode::BadSender,
+                     n.info.Name() + " can only rejoin at " + known + ", where the workers "
+                     "reach it (start it there with --data_port=" +
+                     std::to_string(n.info.data_port) + "), not at " + address};
+    }
+    if (!same_address) continue;
+    if (r.requested_rank() >= 0 && !same_rank) {
+      return Refusal{ErrorCode::RankTaken, address + " is the address of " + n.info.Name() +
+                     ", not of server " + std::to_string(r.requested_rank())};
+    }
+    if (!n.alive) {
+      return Refusal{ErrorCode::PeerDead, n.info.Name() + " was declared dead and the workers "
+                     "were told; the job cannot take it back"};
+    }
+    *replaces = id;
+    return std::nullopt;
+  }
+  return Refusal{ErrorCode::JobFull,
+                 "the job has already assembled; no more nodes are accepted (a restarted "
+                 "server rejoins with the host and data port it first had, " + address +
+                 " is not one of them)"};
+}
+
 void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
   if (nodes_.count(identity)) return;  // a resent registration
-  if (auto refusal = CheckRegistration(r)) {
+  std::string replaces;
+  if (auto refusal = CheckRegistration(r, &replaces)) {
     Refuse(identity, refusal->code, refusal->text, MsgType::Register);
+    return;
+  }
+  if (!replaces.empty()) {
+    Rejoin(replaces, identity, r);
     return;
   }
   Node node;
@@ -238,26 +286,61 @@ void Scheduler::AssignRanks() {
       n.info.rank = next++;
     }
   }
-  std::vector<wire::NodeInfo> peers;
-  for (const auto& id : order_) peers.push_back(nodes_[id].info);
-  std::sort(peers.begin(), peers.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
-    return std::make_pair(a.role, a.rank) < std::make_pair(b.role, b.rank);
-  });
-  for (const auto& id : order_) {
-    const Node& n = nodes_[id];
-    Reply(id, wire::MakeRankAssignment(sender(), n.info.rank, options_.num_workers,
-                                       options_.num_servers, peers,
-                                       static_cast<uint32_t>(options_.heartbeat_interval.count()),
-                                       options_.missed_heartbeats));
-  }
+  for (const auto& id : order_) SendAssignment(id);
   phase_ = Phase::kReachability;
   reach_started_ = clock_->Now();
   GS_LOG(INFO) << "job " << job_id_ << " assembled: " << options_.num_workers << " workers, "
                << options_.num_servers << " servers; waiting for reachability reports";
 }
 
+void Scheduler::SendAssignment(const std::string& identity) {
+  std::vector<wire::NodeInfo> peers;
+  for (const auto& id : order_) peers.push_back(nodes_[id].info);
+  std::sort(peers.begin(), peers.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+    return std::make_pair(a.role, a.rank) < std::make_pair(b.role, b.rank);
+  });
+  const auto heartbeat_ms = static_cast<uint32_t>(options_.heartbeat_interval.count());
+  Reply(identity, wire::MakeRankAssignment(sender(), nodes_[identity].info.rank,
+                                           options_.num_workers, options_.num_servers, peers,
+                                           heartbeat_ms, options_.missed_heartbeats));
+}
+
+// The new process takes the old one's place: same rank and address, so the
+// peer list every node holds stays true.
+void Scheduler::Rejoin(const std::string& old_identity, const std::string& identity,
+                       const wire::RegisterBody& r) {
+  Node node = nodes_[old_identity];
+  const uint32_t old_pid = node.pid;
+  const std::string was =
+      node.left ? "it had left" : "silent for " + FormatSeconds(clock_->Now() - node.last_seen);
+  node.identity = identity;
+  node.pid = r.pid();
+  node.info.metrics_port = r.metrics_port();
+  node.last_seen = clock_->Now();
+  node.left = node.missing = node.reported = false;
+  nodes_.erase(old_identity);
+  nodes_[identity] = node;
+  std::replace(order_.begin(), order_.end(), old_identity, identity);
+  for (auto& [key, waiting] : barriers_) waiting.erase(old_identity);
+  if (metrics_) metrics_->registrations->Increment();
+  UpdateLiveGauges();
+  GS_LOG(INFO) << node.info.Name() << " rejoined the job: pid " << node.pid << " on "
+               << node.info.host << ":" << node.info.data_port << " replaces pid " << old_pid
+               << " (" << was << ")";
+  SendAssignment(identity);
+  for (const auto& [id, n] : nodes_) {
+    if (!n.alive) {
+      Reply(identity, wire::MakeNodeDead(sender(), n.info,
+                                         "declared dead before " + node.info.Name() +
+                                             " rejoined"));
+    }
+  }
+}
+
 void Scheduler::OnReachReport(Node& node, const wire::ReachReportBody& report) {
-  if (phase_ != Phase::kReachability || node.reported) return;
+  if (node.reported) return;
+  const bool rejoined = phase_ == Phase::kRunning;
+  if (phase_ != Phase::kReachability && !rejoined) return;
   node.reported = true;
   if (report.results()) {
     for (const wire::ReachResult* r : *report.results()) {
@@ -267,6 +350,14 @@ void Scheduler::OnReachReport(Node& node, const wire::ReachReportBody& report) {
                              peer.Name() + " at " + peer.DataEndpoint() + ": " +
                              (r->detail() ? r->detail()->str() : ""));
     }
+  }
+  if (rejoined) {
+    if (!unreachable_.empty()) {
+      FailJob("nodes cannot reach their peers: " + Join(unreachable_, "; "));
+    } else {
+      Reply(node.identity, wire::MakeJobState(sender(), wire::JobPhase::Ready, "ready"));
+    }
+    return;
   }
   for (const auto& [id, n] : nodes_) {
     if (!n.reported) return;
@@ -354,7 +445,19 @@ void Scheduler::Tick() {
   const auto limit = options_.heartbeat_interval * options_.missed_heartbeats;
   for (const std::string& id : order_) {
     Node& n = nodes_[id];
-    if (n.alive && !n.left && now - n.last_seen > limit) DeclareDead(n, std::chrono::duration_cast<Millis>(now - n.last_seen));
+    if (!n.alive || n.left || now - n.last_seen <= limit) continue;
+    const bool may_restart = n.info.role == Role::Server && phase_ == Phase::kRunning &&
+                             options_.server_grace.count() > 0;
+    if (may_restart && now - n.last_seen <= limit + options_.server_grace) {
+      if (!n.missing) {
+        n.missing = true;
+        GS_LOG(WARNING) << n.info.Name() << " (pid " << n.pid << " on " << n.info.host
+                        << ") is silent: waiting up to " << FormatSeconds(options_.server_grace)
+                        << " for it to restart and rejoin";
+      }
+      continue;
+    }
+    DeclareDead(n, std::chrono::duration_cast<Millis>(now - n.last_seen));
   }
   if (phase_ == Phase::kRendezvous && now - started_ > options_.rendezvous_timeout) {
     FailJob("rendezvous timed out after " + FormatSeconds(options_.rendezvous_timeout) + ": " +
@@ -393,7 +496,11 @@ void Scheduler::DeclareDead(Node& node, Millis silent) {
   node.alive = false;
   const std::string why = "no message for " + FormatSeconds(silent) + " (" +
                           std::to_string(options_.missed_heartbeats) + " heartbeats of " +
-                          FormatSeconds(options_.heartbeat_interval) + " missed)";
+                          FormatSeconds(options_.heartbeat_interval) + " missed" +
+                          (node.missing ? ", and it did not rejoin within the grace of " +
+                                              FormatSeconds(options_.server_grace)
+                                        : std::string()) +
+                          ")";
   GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << node.info.host
                 << ") is dead: " << why;
   dead_.push_back(node.info.Name() + " dead: " + why);
@@ -437,7 +544,7 @@ void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const st
 
 void Scheduler::Refuse(const std::string& identity, ErrorCode code, const std::string& text,
                        MsgType in_reply_to, bool answer) {
-  if (metrics_) metrics_->rejected[static_cast<int>(code)]->Increment();
+  if (metrics_) metrics_->rejected.Count(code);
   GS_LOG(WARNING) << "refused a message from '" << identity << "' ("
                   << wire::ErrorCodeLabel(code) << "): " << text;
   if (answer) ReplyError(identity, code, text, in_reply_to);

@@ -11,6 +11,16 @@
 // or build, a rank taken, a full job, a malformed message) are answered with
 // an Error naming what was wrong and counted.
 //
+// Server restarts: while the job runs, a server that registers with the host
+// and data port of one of the job's servers replaces it (the old process
+// cannot still be listening there); a requested rank, if any, must be that
+// server's. The new process gets the same rank, the job id, the peer list
+// and the nodes already dead, and is Ready once its reachability report is
+// in; the workers' connections to that address reconnect to it. A silent
+// server is given server_grace to come back this way before it is declared
+// dead (0: declared dead at once, as any node). A server declared dead is
+// not taken back.
+//
 // Thread-safety: Run() on one thread.
 #ifndef GRADSYNC_SERVER_SCHEDULER_H_
 #define GRADSYNC_SERVER_SCHEDULER_H_
@@ -41,10 +51,11 @@ struct SchedulerOptions {
   Millis heartbeat_interval{500};
   uint32_t missed_heartbeats = 6;
   Millis rendezvous_timeout{120000};
+  Millis server_grace{0};  // a silent server's time to restart, after the heartbeats
 
   // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
-  // rendezvous_timeout_ms; the port comes from `scheduler` (host:port) or
-  // `port`.
+  // rendezvous_timeout_ms, server_grace_ms; the port comes from `scheduler`
+  // (host:port) or `port`.
   static StatusOr<SchedulerOptions> FromConfig(const Config& config);
 };
 
@@ -72,6 +83,7 @@ class Scheduler {
     bool alive = true;
     bool left = false;
     bool reported = false;
+    bool missing = false;  // silent, within server_grace
   };
   using BarrierKey = std::pair<wire::Group, uint64_t>;
 
@@ -84,8 +96,14 @@ class Scheduler {
 
   void Dispatch(Node& node, const wire::Header& h);
   void OnRegister(const std::string& identity, const wire::RegisterBody& r);
-  std::optional<Refusal> CheckRegistration(const wire::RegisterBody& r) const;
+  // `replaces`: set to the identity of the server a registration replaces.
+  std::optional<Refusal> CheckRegistration(const wire::RegisterBody& r,
+                                           std::string* replaces) const;
+  std::optional<Refusal> CheckRejoin(const wire::RegisterBody& r, std::string* replaces) const;
+  void Rejoin(const std::string& old_identity, const std::string& identity,
+              const wire::RegisterBody& r);
   void AssignRanks();
+  void SendAssignment(const std::string& identity);
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
   void FinishReachability(const std::string& timeout_note);
   void OnBarrier(Node& node, const wire::BarrierBody& b);

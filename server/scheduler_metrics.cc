@@ -2,7 +2,8 @@
 
 namespace gradsync::server {
 
-SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
+SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
+    : rejected(registry, "scheduler") {
   auto& live = prometheus::BuildGauge()
                    .Name("gradsync_scheduler_live_nodes")
                    .Help("Registered nodes that are alive, by role.")
@@ -31,15 +32,6 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry) {
                             .Help("Barriers released.")
                             .Register(registry)
                             .Add({});
-  auto& rejected_family = prometheus::BuildCounter()
-                              .Name("gradsync_messages_rejected_total")
-                              .Help("Received messages refused, by reason.")
-                              .Register(registry);
-  for (int c = 0; c <= static_cast<int>(wire::ErrorCode::MAX); ++c) {
-    auto code = static_cast<wire::ErrorCode>(c);
-    rejected[c] = &rejected_family.Add(
-        {{"component", "scheduler"}, {"reason", wire::ErrorCodeLabel(code)}});
-  }
 }
 
 }  // namespace gradsync::server

@@ -8,6 +8,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "wire/message.h"
+#include "wire/rejected_metrics.h"
 
 namespace gradsync::server {
 
@@ -20,8 +21,7 @@ struct SchedulerMetrics {
   std::array<prometheus::Counter*, 3> heartbeat_timeouts{};
   prometheus::Counter* registrations = nullptr;
   prometheus::Counter* barriers_completed = nullptr;
-  // By wire::ErrorCode.
-  std::array<prometheus::Counter*, static_cast<int>(wire::ErrorCode::MAX) + 1> rejected{};
+  wire::RejectedMetrics rejected;
 };
 
 }  // namespace gradsync::server

@@ -3,6 +3,7 @@
 #include "server/scheduler.h"
 
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -18,8 +19,9 @@ constexpr char kScheduler[] = "scheduler:1";
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  void StartScheduler(int workers, int servers) {
+  void StartScheduler(int workers, int servers, Millis server_grace = Millis(0)) {
     SchedulerOptions o;
+    o.server_grace = server_grace;
     o.listen = std::string("tcp://") + kScheduler;
     o.num_workers = workers;
     o.num_servers = servers;
@@ -77,6 +79,35 @@ class SchedulerTest : public ::testing::Test {
 
   static Status UnknownError() { return InternalError("not joined"); }
 
+  // Starts a job of `workers` workers and one server, all through
+  // reachability; raw_[i] is node i's transport to the scheduler (the server
+  // is the last node).
+  std::vector<std::unique_ptr<cluster::NodeAgent>> RunningJob(int workers, Millis grace) {
+    StartScheduler(workers, 1, grace);
+    for (int r = 0; r < workers; ++r) options_.push_back(Options(wire::Role::Worker, r));
+    options_.push_back(Options(wire::Role::Server, -1));
+    std::vector<std::unique_ptr<cluster::NodeAgent>> agents(options_.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < options_.size(); ++i) {
+      ListenData(options_[i]);
+      auto t = NewTransport();
+      raw_.push_back(t.get());
+      threads.emplace_back([&, i, t = std::move(t)]() mutable {
+        auto a = cluster::NodeAgent::Join(options_[i], std::move(t), Deadline::AfterMs(5000));
+        ASSERT_TRUE(a.ok()) << a.status();
+        agents[i] = std::move(*a);
+        const auto& self = agents[i]->assignment().self;
+        std::vector<wire::NodeInfo> others;
+        for (const auto& p : agents[i]->assignment().peers) {
+          if (p.role != self.role || p.rank != self.rank) others.push_back(p);
+        }
+        EXPECT_TRUE(agents[i]->CheckReachability(others, Deadline::AfterMs(5000)).ok());
+      });
+    }
+    for (auto& t : threads) t.join();
+    return agents;
+  }
+
   wire::InProcNetwork network_;
   prometheus::Registry registry_;
   SchedulerMetrics metrics_{registry_};
@@ -87,6 +118,8 @@ class SchedulerTest : public ::testing::Test {
   Status result_;
   int next_port_ = 1000;
   std::vector<std::unique_ptr<wire::Transport>> data_;
+  std::vector<cluster::NodeOptions> options_;  // RunningJob's nodes
+  std::vector<wire::Transport*> raw_;
 };
 
 TEST_F(SchedulerTest, AssignsRequestedAndFreeRanksAndOnePeerList) {
@@ -142,8 +175,8 @@ TEST_F(SchedulerTest, TakenAndOutOfRangeRanksAreRefused) {
   EXPECT_NE(errors[1].find("worker rank 7 is out of range (the job has 2)"), std::string::npos)
       << errors[1];
   EXPECT_NE(errors[2].find("the job already has all 0 servers"), std::string::npos) << errors[2];
-  EXPECT_EQ(metrics_.rejected[static_cast<int>(wire::ErrorCode::RankTaken)]->Value(), 1);
-  EXPECT_EQ(metrics_.rejected[static_cast<int>(wire::ErrorCode::JobFull)]->Value(), 1);
+  EXPECT_EQ(metrics_.rejected.counter(wire::ErrorCode::RankTaken).Value(), 1);
+  EXPECT_EQ(metrics_.rejected.counter(wire::ErrorCode::JobFull).Value(), 1);
 }
 
 TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
@@ -190,6 +223,62 @@ TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0].Name(), "worker 2");
   EXPECT_EQ(metrics_.heartbeat_timeouts[static_cast<int>(wire::Role::Worker)]->Value(), 1);
+}
+
+TEST_F(SchedulerTest, ASilentServerThatRejoinsAtItsAddressKeepsItsRankAndTheJobGoesOn) {
+  auto agents = RunningJob(2, Millis(5000));
+  ASSERT_EQ(agents.size(), 3u);
+  const uint64_t job = agents[0]->assignment().job_id;
+  raw_[2]->Shutdown();  // the server dies without a word
+  std::this_thread::sleep_for(Millis(600));  // well past 4 heartbeats of 50 ms
+  EXPECT_TRUE(agents[0]->dead_peers().empty());
+  EXPECT_TRUE(agents[0]->job_status().ok()) << agents[0]->job_status();
+  // Restarted with the same flags: the same host and data port.
+  auto back = cluster::NodeAgent::Join(options_[2], NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->assignment().job_id, job);
+  EXPECT_EQ((*back)->assignment().self.rank, 0);
+  EXPECT_EQ((*back)->assignment().peers.size(), 3u);
+  EXPECT_TRUE((*back)->CheckReachability({}, Deadline::AfterMs(5000)).ok());
+  std::this_thread::sleep_for(Millis(400));
+  EXPECT_TRUE(agents[0]->dead_peers().empty());
+  EXPECT_TRUE((*back)->job_status().ok()) << (*back)->job_status();
+  EXPECT_EQ(metrics_.heartbeat_timeouts[static_cast<int>(wire::Role::Server)]->Value(), 0);
+  // Another server at that address now is refused: the rank is held.
+  cluster::NodeOptions elsewhere = options_[2];
+  elsewhere.data_port = 4242;
+  elsewhere.rank = 0;
+  auto wrong = cluster::NodeAgent::Join(elsewhere, NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("server 0 can only rejoin at 127.0.0.1:1002"),
+            std::string::npos) << wrong.status();
+}
+
+TEST_F(SchedulerTest, AServerThatDoesNotComeBackWithinTheGraceIsDeclaredDeadNamingIt) {
+  auto agents = RunningJob(1, Millis(300));
+  std::mutex mu;
+  std::string why;
+  agents[0]->OnPeerDead([&](const wire::NodeInfo& dead, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu);
+    why = dead.Name() + ": " + reason;
+  });
+  raw_[1]->Shutdown();
+  std::vector<wire::NodeInfo> dead;
+  for (Deadline d = Deadline::AfterMs(3000); dead.empty() && !d.Expired();) {
+    std::this_thread::sleep_for(Millis(10));
+    dead = agents[0]->dead_peers();
+  }
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].Name(), "server 0");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_NE(why.find("server 0: no message for"), std::string::npos) << why;
+    EXPECT_NE(why.find("did not rejoin within the grace of"), std::string::npos) << why;
+  }
+  auto late = cluster::NodeAgent::Join(options_[1], NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_FALSE(late.ok());
+  EXPECT_NE(late.status().message().find("server 0 was declared dead"), std::string::npos)
+      << late.status();
 }
 
 }  // namespace

@@ -5,7 +5,11 @@
 //       [--ps_mode=sync|async|ssp --staleness=s --optimizer=none|sgd|momentum|adam --lr=...]
 //
 // A server is one parameter-server shard (server/ps_shard.h lists its
-// settings).
+// settings). With --checkpoint_dir=DIR it restores from DIR at start, writes
+// a checkpoint every --checkpoint_interval_s (30) seconds and one more
+// before it exits, SIGTERM/SIGINT included. Restarted with the same flags
+// (the same --data_port) it rejoins the running job in its old place
+// (server/scheduler.h: the scheduler's --server_grace_ms).
 //
 // Every flag can also be given as an environment variable: --num_workers as
 // GRADSYNC_NUM_WORKERS, --role as GRADSYNC_ROLE, and so on. Exit status: 0
@@ -13,8 +17,10 @@
 // bad flags.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "cluster/node.h"
 #include "common/config.h"
@@ -35,16 +41,12 @@ int Fail(const Status& s, int code) {
   return code;
 }
 
-// Serves /metrics when --metrics_port is set; a busy port is only a warning.
-void MaybeServeMetrics(const Config& config, ProcessMetrics& metrics, int64_t default_port) {
-  auto port = config.GetInt("metrics_port", default_port);
-  if (!port.ok() || *port == 0) return;
-  auto bound = metrics.Serve("0.0.0.0:" + std::to_string(*port));
-  if (!bound.ok()) {
-    GS_LOG(WARNING) << bound.status().message() << "; continuing without /metrics";
-  } else {
-    GS_LOG(INFO) << "metrics on http://0.0.0.0:" << *bound << "/metrics";
-  }
+// Serves /metrics on --metrics_port (`default_port` when unset, 0 turns it
+// off). A busy port is only a warning; a port that is not a number is an error.
+Status ServeMetrics(const Config& config, ProcessMetrics& metrics, int64_t default_port) {
+  GS_ASSIGN_OR_RETURN(int64_t port, config.GetInt("metrics_port", default_port));
+  metrics.ServeOrWarn(port);
+  return Status();
 }
 
 // Flags that nothing asked for are typos: refuse to start.
@@ -58,11 +60,11 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   SetLogTag("scheduler");
   auto options = SchedulerOptions::FromConfig(config);
   if (!options.ok()) return Fail(options.status(), 2);
-  (void)config.Lookup("metrics_port");
-  if (UnknownFlags(config)) return 2;
   ProcessMetrics metrics("scheduler");
   SchedulerMetrics scheduler_metrics(metrics.registry());
-  MaybeServeMetrics(config, metrics, 0);
+  Status served = ServeMetrics(config, metrics, kSchedulerMetricsPort);
+  if (!served.ok()) return Fail(served, 2);
+  if (UnknownFlags(config)) return 2;
   auto transport = wire::ZmqTransport::Create({"scheduler"});
   if (!transport.ok()) return Fail(transport.status(), 1);
   RealClock clock;
@@ -99,6 +101,18 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, PsShardOption
   return shard;
 }
 
+// Writes a checkpoint now and logs the outcome.
+void CheckpointNow(PsShard& shard, const std::string& when) {
+  Status s = shard.Checkpoint();
+  if (!s.ok()) {
+    GS_LOG(ERROR) << "checkpoint " << when << " failed: " << s.message();
+    return;
+  }
+  const CheckpointStats c = shard.checkpoint_stats();
+  GS_LOG(INFO) << "checkpoint written " << when << ": " << c.last_keys << " keys, "
+               << c.last_bytes << " bytes in " << c.last_duration_seconds << " s";
+}
+
 void LogShardStats(const PsShardStats& s) {
   GS_LOG(INFO) << "shard stats: pushes applied " << s.pushes_applied << ", duplicates "
                << s.duplicates << ", rejected " << s.rejected << ", rounds closed "
@@ -112,20 +126,42 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   if (!options.ok()) return Fail(options.status(), 2);
   auto ps_options = PsShardOptions::FromConfig(config);
   if (!ps_options.ok()) return Fail(ps_options.status(), 2);
-  for (const char* name : {"data_port", "metrics_port"}) (void)config.Lookup(name);
-  if (UnknownFlags(config)) return 2;
+  auto interval_s = config.GetDouble("checkpoint_interval_s", 30);
+  if (!interval_s.ok()) return Fail(interval_s.status(), 2);
+  if (!(*interval_s > 0)) {
+    return Fail(InvalidArgumentError("checkpoint_interval_s must be positive"), 2);
+  }
+  (void)config.Lookup("data_port");
   ProcessMetrics metrics("server");
-  MaybeServeMetrics(config, metrics, 0);
+  Status served = ServeMetrics(config, metrics, kServerMetricsPort);
+  if (!served.ok()) return Fail(served, 2);
+  if (UnknownFlags(config)) return 2;
+  ShardMetrics shard_metrics(metrics.registry());
+  ps_options->metrics = &shard_metrics;
   auto node = cluster::StartNode(config, wire::Role::Server, Deadline::AfterMs(180000));
   if (!node.ok()) return Fail(node.status(), 1);
   auto shard = StartShard(*node, *ps_options);
   if (!shard.ok()) return Fail(shard.status(), 1);
+  const bool checkpoints = !ps_options->checkpoint_dir.empty();
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(*interval_s));
+  if (checkpoints) {
+    GS_LOG(INFO) << "checkpoints in " << ps_options->checkpoint_dir << " every " << *interval_s
+                 << " s";
+  }
   GS_LOG(INFO) << "ready";
   Status end;
+  SteadyTime next_checkpoint = std::chrono::steady_clock::now() + interval;
   while (!stop.load()) {
     end = node->agent->WaitForJobEnd(Deadline::AfterMs(100));
+    if (end.ok()) end = (*shard)->health();
     if (!end.ok()) break;
+    if (checkpoints && std::chrono::steady_clock::now() >= next_checkpoint) {
+      CheckpointNow(**shard, "periodically");
+      next_checkpoint = std::chrono::steady_clock::now() + interval;
+    }
   }
+  if (checkpoints) CheckpointNow(**shard, stop.load() ? "on exit (signal)" : "on exit");
   (*shard)->Shutdown();
   LogShardStats((*shard)->stats());
   node->agent->Leave(stop.load() ? "stopped by signal" : "job ended");

@@ -4,7 +4,9 @@
 // 1 on a wrong result.
 //
 //   ps_worker --scheduler=host:port --num_workers=4 --path=ps|allreduce
-//       [--mode=average|train] [--steps=4] [--slow_ms=0]
+//       [--mode=average|train] [--steps=4] [--slow_ms=0] [--size_divisor=1]
+//
+// size_divisor=d gives every tensor 1/d of its elements (at least one).
 //
 // mode=average: f32 tensors of mixed sizes (several buckets and partitions)
 // carry integer-valued gradients; every step checks the exact average.
@@ -12,7 +14,9 @@
 // mode=train: with a server-side optimizer. Step 0 hands in the initial
 // parameters (worker 0's are used), every later step a gradient computed
 // from the parameters the previous step returned. Rank r sleeps r x slow_ms
-// per step. Prints "params H", a hash of the final parameters' bits.
+// per step. Prints "step s" after each step and "params H", a hash of the
+// final parameters' bits.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -57,10 +61,18 @@ int Fail(const Status& s) {
   return 3;
 }
 
-StatusOr<std::vector<TensorId>> RegisterAll(Communicator& comm) {
+// The element count of each tensor of kSpecs.
+std::vector<size_t> Sizes(int64_t divisor) {
+  const size_t d = static_cast<size_t>(std::max<int64_t>(1, divisor));
+  std::vector<size_t> sizes;
+  for (const Spec& s : kSpecs) sizes.push_back(std::max<size_t>(1, s.count / d));
+  return sizes;
+}
+
+StatusOr<std::vector<TensorId>> RegisterAll(Communicator& comm, const std::vector<size_t>& sizes) {
   std::vector<TensorId> ids;
-  for (const Spec& s : kSpecs) {
-    GS_ASSIGN_OR_RETURN(TensorId id, comm.RegisterTensor(s.name, s.count, DType::kF32));
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    GS_ASSIGN_OR_RETURN(TensorId id, comm.RegisterTensor(kSpecs[t].name, sizes[t], DType::kF32));
     ids.push_back(id);
   }
   return ids;
@@ -76,16 +88,16 @@ Status SyncAll(Communicator& comm, const std::vector<TensorId>& ids,
   return comm.Synchronize(Deadline::AfterMs(60000));
 }
 
-int RunAverage(Communicator& comm, int64_t steps) {
-  auto ids = RegisterAll(comm);
+int RunAverage(Communicator& comm, int64_t steps, const std::vector<size_t>& sizes) {
+  auto ids = RegisterAll(comm, sizes);
   if (!ids.ok()) return Fail(ids.status());
   const int rank = comm.rank(), world = comm.world_size();
   uint64_t checksum = 1469598103934665603ULL;
   for (int64_t step = 0; step < steps; ++step) {
     std::vector<std::vector<float>> data;
-    for (size_t t = 0; t < std::size(kSpecs); ++t) {
-      data.emplace_back(kSpecs[t].count);
-      for (size_t i = 0; i < kSpecs[t].count; ++i) data[t][i] = Value(rank, step, t, i);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      data.emplace_back(sizes[t]);
+      for (size_t i = 0; i < sizes[t]; ++i) data[t][i] = Value(rank, step, t, i);
     }
     Status s = SyncAll(comm, *ids, data);
     if (!s.ok()) return Fail(s);
@@ -116,19 +128,20 @@ void Gradient(const std::vector<float>& p, int rank, int64_t step, size_t t,
   }
 }
 
-int RunTrain(Communicator& comm, int64_t steps, int64_t slow_ms) {
-  auto ids = RegisterAll(comm);
+int RunTrain(Communicator& comm, int64_t steps, int64_t slow_ms,
+             const std::vector<size_t>& sizes) {
+  auto ids = RegisterAll(comm, sizes);
   if (!ids.ok()) return Fail(ids.status());
   const int rank = comm.rank();
   std::vector<std::vector<float>> params, buf;
-  for (size_t t = 0; t < std::size(kSpecs); ++t) {
-    params.emplace_back(kSpecs[t].count, rank == 0 ? 0.5f : -7.0f);
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    params.emplace_back(sizes[t], rank == 0 ? 0.5f : -7.0f);
   }
   buf = params;
   Status s = SyncAll(comm, *ids, buf);  // initial parameters: worker 0's
   if (!s.ok()) return Fail(s);
   for (size_t t = 0; t < buf.size(); ++t) {
-    if (buf[t] != std::vector<float>(kSpecs[t].count, 0.5f)) {
+    if (buf[t] != std::vector<float>(sizes[t], 0.5f)) {
       std::printf("worker %d WRONG initial parameters\n", rank);
       return 1;
     }
@@ -139,6 +152,8 @@ int RunTrain(Communicator& comm, int64_t steps, int64_t slow_ms) {
     s = SyncAll(comm, *ids, buf);  // buf receives the new parameters
     if (!s.ok()) return Fail(s);
     params = buf;
+    std::printf("worker %d step %lld\n", rank, static_cast<long long>(step));
+    std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms * rank));
   }
   uint64_t h = 1469598103934665603ULL;
@@ -154,11 +169,13 @@ int Main(int argc, char** argv) {
   const std::string mode = config->GetString("mode", "average").value();
   const int64_t steps = config->GetInt("steps", 4).value();
   const int64_t slow_ms = config->GetInt("slow_ms", 0).value();
+  const std::vector<size_t> sizes = Sizes(config->GetInt("size_divisor", 1).value());
   auto comm = Communicator::Create(*config, Deadline::AfterMs(60000));
   if (!comm.ok()) return Fail(comm.status());
   std::printf("worker %d joined, backend %s\n", (*comm)->rank(), (*comm)->backend());
   std::fflush(stdout);
-  const int rc = mode == "train" ? RunTrain(**comm, steps, slow_ms) : RunAverage(**comm, steps);
+  const int rc = mode == "train" ? RunTrain(**comm, steps, slow_ms, sizes)
+                                  : RunAverage(**comm, steps, sizes);
   std::fflush(stdout);
   return rc;
 }
