@@ -29,7 +29,11 @@ def cuda_library(name, srcs, hdrs = [], cu_deps = [], deps = [], visibility = No
             name = "%s_%s_nvcc" % (name, src.replace("/", "_").replace(".", "_")),
             srcs = [src] + hdrs + cu_deps,
             outs = [obj],
-            cmd = "%s %s -I. -I$(GENDIR) -c $(location %s) -o $@" % (NVCC, NVCC_FLAGS, src),
+            # nvcc's temporary files get a directory of their own: parallel
+            # sandboxed nvcc processes share a pid and would collide in /tmp.
+            cmd = ("TMP=$$(mktemp -d $(@D)/nvcc_tmp.XXXXXX) && " +
+                   "TMPDIR=$$TMP %s %s -I. -I$(GENDIR) -c $(location %s) -o $@; " +
+                   "rc=$$?; rm -rf $$TMP; exit $$rc") % (NVCC, NVCC_FLAGS, src),
             target_compatible_with = cuda_only(),
         )
         objs.append(obj)
