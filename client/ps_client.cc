@@ -137,15 +137,16 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan,
 }
 
 Status PsClient::Exchange::SendAll(const std::vector<uint64_t>& versions, bool resend) {
+  // Each partition's pull goes right behind its push (the shard still sees
+  // the push first), so a shard can answer one partition while the pushes
+  // of the next ones are still arriving.
   for (size_t p = 0; p < plan_.size(); ++p) {
     const Part& part = parts_[p];
     if (part.replied) continue;
-    if (push_ && !part.acked) GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Push, versions[p]));
-    if (resend) c_->resent_ += push_ && !part.acked ? 2 : 1;
-  }
-  // Pulls after every push, so a shard sees the pushes first.
-  for (size_t p = 0; p < plan_.size(); ++p) {
-    if (!parts_[p].replied) GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Pull, versions[p]));
+    const bool push = push_ && !part.acked;
+    if (push) GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Push, versions[p]));
+    GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Pull, versions[p]));
+    if (resend) c_->resent_ += push ? 2 : 1;
   }
   return Status();
 }
