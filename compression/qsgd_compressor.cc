@@ -15,7 +15,6 @@ namespace compression {
 namespace {
 
 constexpr size_t kMaxElements = std::numeric_limits<size_t>::max() / 8;
-constexpr uint64_t kQsgdSalt = 0x7173676452616E64ull;  // "qsgdRand"
 constexpr float kTwoTo64 = 18446744073709551616.0f;
 
 float FromBits(uint32_t u) {

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/seeded_random.h"
+
 namespace gradsync {
 namespace compression {
 namespace {
@@ -32,18 +34,6 @@ constexpr float kTwoToMinus24 = 5.9604644775390625e-08f;
 
 float ReduceLanes(const float* l) {
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-}
-
-// One keyed round of a 32-bit mixer (2 multiplies): uniform enough for
-// stochastic rounding, and cheap in 8 lanes.
-uint32_t RoundingHash(uint64_t key, uint32_t index) {
-  uint32_t x = index ^ static_cast<uint32_t>(key);
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x ^ static_cast<uint32_t>(key >> 32);
 }
 
 // Stochastic rounding as floor(r + u), u uniform in [0, 1): rounds up with

@@ -11,7 +11,6 @@ namespace compression {
 namespace {
 
 constexpr size_t kMaxElements = 0xFFFFFFFFu;              // Indices are uint32.
-constexpr uint64_t kRandomKSalt = 0x72616E646F6D6B21ull;  // "randomk!"
 
 bool SameContext(const CompressContext& a, const CompressContext& b) {
   return a.seed == b.seed && a.step == b.step && a.bucket_id == b.bucket_id;

@@ -14,7 +14,6 @@ namespace compression {
 namespace {
 
 constexpr size_t kMaxElements = 0x7FFFFFFF;              // Indices are int32.
-constexpr uint64_t kSampleSalt = 0x746F706B53616D70ull;  // "topkSamp"
 constexpr double kSampleFraction = 0.01;
 // Sample elements expected above the threshold: the relative spread of the
 // candidate count is about 1 / sqrt(ratio * m).
@@ -62,7 +61,7 @@ size_t TopKCompressor::WireBytes(size_t num_elements) const {
 
 void TopKCompressor::DrawSample(const float* in, size_t n, size_t m,
                                 const CompressContext& ctx) {
-  Xoshiro256 rng(StreamKey(ctx, kSampleSalt));
+  Xoshiro256 rng(StreamKey(ctx, kTopKSampleSalt));
   const uint32_t blocks = static_cast<uint32_t>(n / kBlock);
   keys_.resize(m);
   for (size_t j = 0; j < m; j += kBlock) {

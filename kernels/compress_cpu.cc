@@ -13,48 +13,6 @@ namespace gradsync {
 namespace kernels {
 namespace {
 
-// xoshiro256** seeded through SplitMix64, as compression/seeded_rng.h.
-class Xoshiro256 {
- public:
-  explicit Xoshiro256(uint64_t key) {
-    for (uint64_t& word : s_) {
-      key = math::SplitMix64(key);
-      word = key;
-    }
-  }
-
-  uint64_t Next() {
-    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = Rotl(s_[3], 45);
-    return result;
-  }
-
-  // Uniform in [0, bound), bound > 0: Lemire's multiply-shift with
-  // rejection.
-  uint64_t Below(uint64_t bound) {
-    __uint128_t m = static_cast<__uint128_t>(Next()) * bound;
-    uint64_t low = static_cast<uint64_t>(m);
-    if (low < bound) {
-      const uint64_t threshold = (0 - bound) % bound;
-      while (low < threshold) {
-        m = static_cast<__uint128_t>(Next()) * bound;
-        low = static_cast<uint64_t>(m);
-      }
-    }
-    return static_cast<uint64_t>(m >> 64);
-  }
-
- private:
-  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
-};
-
 // Sign bits and scale of one chunk of len elements; bits[0, ceil(len / 8)).
 float SignEncodeChunk(const float* x, size_t len, uint8_t* bits) {
   float lanes[8] = {};

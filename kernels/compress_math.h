@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/seeded_random.h"
+
 #if defined(__CUDACC__)
 #define GRADSYNC_HD __host__ __device__ __forceinline__
 #else
@@ -31,9 +33,11 @@ namespace gradsync {
 namespace kernels {
 namespace math {
 
-// Salts of compression/randomk_compressor.cc and qsgd_compressor.cc.
-constexpr uint64_t kRandomKSalt = 0x72616E646F6D6B21ull;  // "randomk!"
-constexpr uint64_t kQsgdSalt = 0x7173676452616E64ull;     // "qsgdRand"
+// The seeded streams and the rounding hash (common/seeded_random.h).
+using ::gradsync::kQsgdSalt;
+using ::gradsync::kRandomKSalt;
+using ::gradsync::RoundingHash;
+using ::gradsync::StreamKey;
 
 constexpr float kTwoToMinus24 = 5.9604644775390625e-08f;
 constexpr float kTwoTo24 = 16777216.0f;
@@ -168,22 +172,6 @@ GRADSYNC_HD uint32_t MagnitudeKey(float x) {
   return FloatBits(x) & 0x7FFFFFFFu;
 }
 
-// ---- Seeded streams (compression/seeded_rng.h) ----
-
-GRADSYNC_HD uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-GRADSYNC_HD uint64_t StreamKey(uint64_t seed, uint64_t step, uint32_t bucket_id,
-                               uint64_t salt) {
-  uint64_t h = SplitMix64(seed ^ salt);
-  h = SplitMix64(h ^ step);
-  return SplitMix64(h ^ bucket_id);
-}
-
 // ---- Sign (compression/quantize_kernels.cc) ----
 
 // The decoded value of one element: the scale with its sign bit flipped
@@ -200,17 +188,6 @@ GRADSYNC_HD float ReduceLanes(const float* l) {
 }
 
 // ---- QSGD (compression/qsgd_compressor.cc, quantize_kernels.cc) ----
-
-// The keyed 32-bit hash behind the stochastic rounding of element `index`.
-GRADSYNC_HD uint32_t RoundingHash(uint64_t key, uint32_t index) {
-  uint32_t x = index ^ static_cast<uint32_t>(key);
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x ^ static_cast<uint32_t>(key >> 32);
-}
 
 // How one chunk is quantised, from its norm M = max |x|: every element is
 // first multiplied by `prescale` (1, or 2^64 when levels / M overflows,
