@@ -54,6 +54,7 @@
 
 #include "client/ring.h"
 #include "common/config.h"
+#include "bench/bench_util.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "common/time.h"
@@ -93,27 +94,6 @@ struct Settings {
   bool keep_tmp = false;
   bool verbose = false;  // also print min / p50 / p90 per row
 };
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "allreduce_bench: FATAL: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
-template <typename T>
-T OrDie(StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(what + ": " + v.status().ToString());
-  return std::move(v).value();
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 // "4K", "16M", "4096" -> bytes.
 StatusOr<size_t> ParseSize(const std::string& s) {
@@ -429,15 +409,6 @@ StatusOr<Samples> TimeAll(Rank* r, std::vector<std::unique_ptr<Impl>>& impls, fl
   return out;
 }
 
-// Quantile q in [0, 1] of `v`, interpolating between neighbours (0.5: median).
-double Quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  double pos = q * (v.size() - 1);
-  size_t lo = static_cast<size_t>(pos);
-  size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
-}
-
 Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
   const size_t count = bytes / sizeof(float);
   Buffer input = AllocBuffer(bytes), data = AllocBuffer(bytes);
@@ -514,13 +485,6 @@ struct Row {
   double algbw() const { return bytes / (p50_us * 1e-6) / 1e9; }
   double busbw() const { return algbw() * 2.0 * (ranks - 1) / ranks; }
 };
-
-std::string SelfPath() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) Die("cannot read /proc/self/exe");
-  return std::string(buf, n);
-}
 
 std::vector<std::string> ChildArgv(const Config& config, int rank, int world, uint64_t job_id,
                                    const std::string& dir) {

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "compression/compressor.h"
 #include "compression/registry.h"
 
@@ -55,22 +56,6 @@ double Now() {
       .count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t end = std::min(s.find(sep, start), s.size());
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 bool ParseFlags(int argc, char** argv, Flags* flags) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -79,13 +64,13 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->reps = 5;
     } else if (arg.rfind("--elements=", 0) == 0) {
       flags->elements.clear();
-      for (const std::string& n : Split(arg.substr(11), ',')) {
+      for (const std::string& n : bench::Split(arg.substr(11), ',')) {
         flags->elements.push_back(std::stoull(n));
       }
     } else if (arg.rfind("--reps=", 0) == 0) {
       flags->reps = std::max(1, std::stoi(arg.substr(7)));
     } else if (arg.rfind("--compressors=", 0) == 0) {
-      flags->specs = Split(arg.substr(14), ';');
+      flags->specs = bench::Split(arg.substr(14), ';');
     } else {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return false;
@@ -129,7 +114,7 @@ double TimeParallel(int threads, int reps,
     if (g > 1) times.push_back(end - start);  // g == 1 warms up.
   }
   for (std::thread& th : pool) th.join();
-  return Median(times);
+  return bench::Quantile(times, 0.5);
 }
 
 // One compressor on `threads` threads: per-thread instances, slices, wires.

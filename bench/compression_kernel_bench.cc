@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "common/status.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_kernels.h"
@@ -52,17 +53,6 @@ struct Row {
   bool elementwise = false;
 };
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t end = std::min(s.find(',', start), s.size());
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 bool ParseFlags(int argc, char** argv, Flags* flags) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -71,13 +61,13 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->reps = 10;
     } else if (arg.rfind("--elements=", 0) == 0) {
       flags->elements.clear();
-      for (const std::string& n : Split(arg.substr(11))) {
+      for (const std::string& n : bench::Split(arg.substr(11))) {
         flags->elements.push_back(std::stoull(n));
       }
     } else if (arg.rfind("--reps=", 0) == 0) {
       flags->reps = std::max(1, std::stoi(arg.substr(7)));
     } else if (arg.rfind("--kernels=", 0) == 0) {
-      flags->kernels = Split(arg.substr(10));
+      flags->kernels = bench::Split(arg.substr(10));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return false;
@@ -86,18 +76,13 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
   return true;
 }
 
-void Die(const std::string& what) {
-  std::fprintf(stderr, "compression_kernel_bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
 void Check(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    Die(std::string(what) + ": " + cudaGetErrorString(err));
+    bench::Die(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 void Check(const Status& s) {
-  if (!s.ok()) Die(s.ToString());
+  if (!s.ok()) bench::Die(s.ToString());
 }
 
 template <typename T>
@@ -413,7 +398,7 @@ int Main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &flags)) return 2;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    Die("no usable CUDA device");
+    bench::Die("no usable CUDA device");
   }
   cudaDeviceProp prop;
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");

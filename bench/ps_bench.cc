@@ -89,6 +89,7 @@
 #include "client/session.h"
 #include "common/config.h"
 #include "common/placement.h"
+#include "bench/bench_util.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "common/time.h"
@@ -105,34 +106,6 @@ using Steady = std::chrono::steady_clock;
 constexpr size_t kPartitionBytes = size_t{4} << 20;
 constexpr int kPs = 0, kRaw = 1;
 constexpr auto kOpTimeout = std::chrono::seconds(60);
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "ps_bench: FATAL: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
-template <typename T>
-T OrDie(StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(what + ": " + v.status().ToString());
-  return std::move(v).value();
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-std::string SelfPath() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) Die("cannot read /proc/self/exe");
-  return std::string(buf, static_cast<size_t>(n));
-}
 
 // ---------------------------------------------------------------------------
 // Settings.
@@ -560,13 +533,6 @@ Status StopAll(Procs* procs) {
 
 // ---------------------------------------------------------------------------
 // Results.
-
-double Quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
 
 struct Row {
   int shards = 0, workers = 0;
