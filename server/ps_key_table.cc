@@ -227,9 +227,6 @@ void KeyTable::PushRound(const Request& r, const wire::Message& msg,
   }
   k.num_elements = r.num_elements;
   k.open[r.round][r.worker] = Contribution{CopyFloats(msg, r.num_elements), r.version};
-  const SteadyTime now = std::chrono::steady_clock::now();
-  auto arrived = k.arrivals.try_emplace(r.round, RoundArrivals{now, now});
-  arrived.first->second.last = now;
   k.taken[r.worker].Add(r.round);
   took_ = true;
   Ack(r, k, out);
@@ -278,7 +275,10 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
   const size_t n = contributions.size();
   std::vector<float> avg;
   size_t added = 0;
+  SteadyTime first = SteadyTime::max(), last = SteadyTime::min();
   for (auto& [worker, c] : contributions) {  // rank order
+    first = std::min(first, c.arrived);
+    last = std::max(last, c.arrived);
     counters_->Applied(k.version >= c.version ? k.version - c.version : 0);
     if (++added == 1) {
       avg = std::move(c.grad);
@@ -290,14 +290,7 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
     }
   }
   k.open.erase(round);
-  auto arrived = k.arrivals.find(round);
-  if (arrived != k.arrivals.end()) {
-    counters_->RoundClosed(arrived->second.first, arrived->second.last);
-    k.arrivals.erase(arrived);
-  } else {  // restored from a checkpoint: the arrival times are gone
-    const SteadyTime now = std::chrono::steady_clock::now();
-    counters_->RoundClosed(now, now);
-  }
+  counters_->RoundClosed(first, last);
   k.closed = round;
   k.version++;
   if (optimizer_ != nullptr) {

@@ -91,8 +91,8 @@ class ShardCounters {
   void Add(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
   void Duplicate();
   void Rejected(wire::ErrorCode code);
-  // A round opened by its first push at `first` and completed by its last at
-  // `last` was closed now.
+  // A round whose first push arrived at `first` and last at `last` was
+  // closed now.
   void RoundClosed(SteadyTime first, SteadyTime last);
   PsShardStats Snapshot() const;
 
@@ -119,12 +119,8 @@ struct TakenRounds {
 struct Contribution {
   std::vector<float> grad;
   uint64_t version = 0;
-};
-
-// When the pushes of an open round arrived (for the metrics; not saved).
-struct RoundArrivals {
-  SteadyTime first;
-  SteadyTime last;
+  // For the round metrics; not saved (a restored one arrived at restore).
+  SteadyTime arrived = std::chrono::steady_clock::now();
 };
 
 struct Snapshot {
@@ -149,7 +145,6 @@ struct KeyState {
   uint64_t version = 0;       // updates applied
   uint64_t closed = 0;        // sync/ssp: rounds 1..closed applied
   std::map<uint64_t, std::map<int32_t, Contribution>> open;  // round -> worker
-  std::map<uint64_t, RoundArrivals> arrivals;                 // open rounds
   std::map<uint64_t, Snapshot> results;                      // sync/ssp, by round
   Snapshot latest;                                           // async
   std::map<int32_t, TakenRounds> taken;                      // per worker
