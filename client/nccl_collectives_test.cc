@@ -16,6 +16,7 @@
 
 #include "common/half.h"
 #include "gtest/gtest.h"
+#include "kernels/gpu_test_util.h"
 
 namespace gradsync::client {
 namespace {
@@ -43,12 +44,7 @@ std::vector<uint8_t> RandomElements(DType dtype, size_t n, uint32_t seed) {
 class NcclCollectivesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int devices = 0;
-    const cudaError_t err = cudaGetDeviceCount(&devices);
-    ASSERT_TRUE(err == cudaSuccess && devices > 0)
-        << "no usable CUDA device (" << cudaGetErrorString(err)
-        << "); this test is tagged \"gpu\": run it on a GPU machine or pass "
-           "--test_tag_filters=-gpu";
+    ASSERT_TRUE(kernels::HaveCudaDevice());
     StatusOr<std::vector<uint8_t>> id = kernels::NcclComm::MakeUniqueId();
     ASSERT_TRUE(id.ok()) << id.status();
     StatusOr<std::unique_ptr<NcclCollectives>> c =

@@ -18,6 +18,7 @@
 
 #include "common/half.h"
 #include "gtest/gtest.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_test_util.h"
 
@@ -133,12 +134,7 @@ std::vector<std::vector<float>> Inputs(size_t n, uint64_t seed) {
 class CompressKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int devices = 0;
-    const cudaError_t err = cudaGetDeviceCount(&devices);
-    ASSERT_TRUE(err == cudaSuccess && devices > 0)
-        << "no usable CUDA device (" << cudaGetErrorString(err)
-        << "); this test is tagged \"gpu\": run it on a GPU machine or pass "
-           "--test_tag_filters=-gpu";
+    ASSERT_TRUE(kernels::HaveCudaDevice());
     ASSERT_CUDA_OK(cudaStreamCreate(&stream_));
   }
   void TearDown() override {

@@ -17,6 +17,7 @@
 
 #include "common/half.h"
 #include "gtest/gtest.h"
+#include "kernels/gpu_test_util.h"
 
 namespace gradsync {
 namespace kernels {
@@ -79,12 +80,7 @@ void Upload(const std::vector<uint8_t>& bytes, const DeviceBuffer& buffer) {
 class NcclCommTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int devices = 0;
-    const cudaError_t err = cudaGetDeviceCount(&devices);
-    ASSERT_TRUE(err == cudaSuccess && devices > 0)
-        << "no usable CUDA device (" << cudaGetErrorString(err)
-        << "); this test is tagged \"gpu\": run it on a GPU machine or pass "
-           "--test_tag_filters=-gpu";
+    ASSERT_TRUE(HaveCudaDevice());
     ASSERT_CUDA_OK(cudaSetDevice(kDevice));
   }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/reduce.h"
 
 namespace gradsync {
@@ -53,12 +54,7 @@ void PrintTo(const Case& c, std::ostream* os) {
 class SumIntoCudaTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    int devices = 0;
-    const cudaError_t err = cudaGetDeviceCount(&devices);
-    ASSERT_TRUE(err == cudaSuccess && devices > 0)
-        << "no usable CUDA device (" << cudaGetErrorString(err)
-        << "); this test is tagged \"gpu\": run it on a GPU machine or pass "
-           "--test_tag_filters=-gpu";
+    ASSERT_TRUE(HaveCudaDevice());
   }
 };
 
