@@ -108,7 +108,15 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
   GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
   int metrics_default = kSchedulerMetricsPort;
-  if (const char* env = std::getenv("GRADSYNC_METRICS_PORT")) metrics_default = std::atoi(env);
+  if (const char* env = std::getenv("GRADSYNC_METRICS_PORT")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*env == '\0' || *end != '\0' || v < 0 || v > 65535) {
+      return InvalidArgumentError(std::string("GRADSYNC_METRICS_PORT='") + env +
+                                  "' is not a port");
+    }
+    metrics_default = static_cast<int>(v);
+  }
   GS_ASSIGN_OR_RETURN(o.metrics_port,
                       IntFlag(config, "metrics_port", metrics_default, 0, 65535 - 10 - o.workers));
   GS_ASSIGN_OR_RETURN(int grace, IntFlag(config, "grace_ms", 5000, 0, 3600000));
