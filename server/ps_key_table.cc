@@ -74,6 +74,7 @@ struct KeyTable::Request {
   uint64_t num_elements, round, version, step, seq;
   wire::DType dtype;
   wire::Compression compression;
+  std::string codec;
 
   std::string Name() const {
     return std::string(wire::MsgTypeName(type)) + " of bucket " + std::to_string(key.first) +
@@ -84,17 +85,9 @@ struct KeyTable::Request {
 
 namespace {
 
-std::vector<float> CopyFloats(const wire::Message& msg, uint64_t n) {
-  std::vector<float> out(n);
-  uint8_t* dst = reinterpret_cast<uint8_t*>(out.data());
-  size_t at = 0;
-  for (const wire::Payload& p : msg.payloads) {
-    const size_t m = std::min(p.size, n * sizeof(float) - at);
-    std::memcpy(dst + at, p.data, m);
-    at += m;
-  }
-  return out;
-}
+// The encodings a Reply may have besides fp32: element-wise, so they need
+// no state and no context.
+bool IsReplyCodec(const std::string& codec) { return codec == "fp16" || codec == "bf16"; }
 
 Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
   return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
@@ -104,21 +97,25 @@ Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
 
 KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
                    ShardCounters* counters)
-    : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters) {}
+    : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters) {
+  compression::RegisterBuiltins(&reply_codecs_);
+}
 
 bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
-                      std::vector<Outgoing>* out) {
+                      std::vector<Outgoing>* out, std::vector<float>* decoded) {
   took_ = false;
   const wire::DataBody& d = *h.body_as_DataBody();
-  Request r{from, h.type(), h.sender_rank(), {d.bucket(), d.partition()}, d.num_elements(),
-            d.round(), d.version(), h.step(), h.seq(), d.dtype(), d.compression()};
+  Request r{from,      h.type(),  h.sender_rank(), {d.bucket(), d.partition()},
+            d.num_elements(), d.round(), d.version(), h.step(), h.seq(), d.dtype(),
+            d.compression(), d.codec() != nullptr ? d.codec()->str() : std::string()};
   if (h.sender_role() != wire::Role::Worker || r.worker < 0 ||
       r.worker >= rules_.num_workers) {
     Reject(r, ErrorCode::BadSender, "the sender is not a worker of this job", out);
     return false;
   }
-  if (r.dtype != wire::DType::F32 || r.compression != wire::Compression::None) {
-    Reject(r, ErrorCode::WrongType, "this shard takes uncompressed f32 data only", out);
+  if (r.dtype != wire::DType::F32) {
+    Reject(r, ErrorCode::WrongType, std::string("carries ") + wire::EnumNameDType(r.dtype) +
+           " data; this shard takes f32 (compressed or not)", out);
     return false;
   }
   KeyState& k = keys_[r.key];
@@ -128,7 +125,19 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
     return false;
   }
   if (r.type == MsgType::Push) {
-    OnPush(r, msg, out);
+    std::vector<float> values(r.num_elements);
+    ErrorCode code = ErrorCode::Unknown;
+    const compression::CompressContext ctx =
+        compression::PartitionContext(h.job_id(), r.step, r.key.first, r.key.second);
+    Status s = decoder_.Decode(d, msg.payloads, ctx, values.data(), &code);
+    if (!s.ok()) {
+      Reject(r, code, s.message(), out);
+      return false;
+    }
+    const bool keep = decoded != nullptr && r.compression != wire::Compression::None;
+    if (keep) *decoded = values;
+    OnPush(r, std::move(values), out);
+    if (keep && !took_) decoded->clear();
   } else if (r.type == MsgType::Pull) {
     OnPull(r, out);
   } else {
@@ -162,12 +171,9 @@ Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t
                          std::to_string(rules_.num_workers) + " workers");
   }
   Request r{wire::Route{}, MsgType::Push, worker, key, values.size(), round, version, 0, 0,
-            wire::DType::F32, wire::Compression::None};
-  wire::Message msg;
-  msg.payloads.push_back(
-      wire::Payload::Borrow(values.data(), values.size() * sizeof(float), nullptr));
+            wire::DType::F32, wire::Compression::None, std::string()};
   std::vector<Outgoing> answers;
-  OnPush(r, msg, &answers);
+  OnPush(r, values, &answers);
   for (const Outgoing& o : answers) {
     const wire::Header* h = o.message.header_view();
     if (h->type() != MsgType::Error) continue;
@@ -178,8 +184,8 @@ Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t
   return OkStatus();
 }
 
-void KeyTable::OnPush(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out) {
-  if (r.round == 0) return OnInit(r, msg, out);
+void KeyTable::OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
+  if (r.round == 0) return OnInit(r, std::move(values), out);
   KeyState& k = keys_[r.key];
   if (optimizer_ != nullptr && !k.initialised) {
     return Reject(r, ErrorCode::BadSequence,
@@ -189,11 +195,11 @@ void KeyTable::OnPush(const Request& r, const wire::Message& msg, std::vector<Ou
     counters_->Duplicate();
     return Ack(r, k, out);
   }
-  if (rules_.mode == PsMode::kAsync) return PushAsync(r, msg, out);
-  PushRound(r, msg, out);
+  if (rules_.mode == PsMode::kAsync) return PushAsync(r, std::move(values), out);
+  PushRound(r, std::move(values), out);
 }
 
-void KeyTable::OnInit(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out) {
+void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
   if (optimizer_ == nullptr) {
     return Reject(r, ErrorCode::WrongType,
                   "this shard only aggregates (optimizer=none) and takes no initial "
@@ -208,7 +214,7 @@ void KeyTable::OnInit(const Request& r, const wire::Message& msg, std::vector<Ou
     return Ack(r, k, out);
   }
   k.num_elements = r.num_elements;
-  k.params = CopyFloats(msg, r.num_elements);
+  k.params = std::move(values);
   k.initialised = true;
   took_ = true;
   k.results[0] = k.latest = MakeSnapshot(k.params, k.version);
@@ -216,7 +222,7 @@ void KeyTable::OnInit(const Request& r, const wire::Message& msg, std::vector<Ou
   AnswerHeld(r.key, k, out);
 }
 
-void KeyTable::PushRound(const Request& r, const wire::Message& msg,
+void KeyTable::PushRound(const Request& r, std::vector<float> values,
                          std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
   const uint64_t limit = k.closed + rules_.staleness + 1;
@@ -226,7 +232,7 @@ void KeyTable::PushRound(const Request& r, const wire::Message& msg,
                   std::to_string(limit) + " may be pushed)", out);
   }
   k.num_elements = r.num_elements;
-  k.open[r.round][r.worker] = Contribution{CopyFloats(msg, r.num_elements), r.version};
+  k.open[r.round][r.worker] = Contribution{std::move(values), r.version};
   k.taken[r.worker].Add(r.round);
   took_ = true;
   Ack(r, k, out);
@@ -234,7 +240,7 @@ void KeyTable::PushRound(const Request& r, const wire::Message& msg,
   AnswerHeld(r.key, k, out);
 }
 
-void KeyTable::PushAsync(const Request& r, const wire::Message& msg,
+void KeyTable::PushAsync(const Request& r, std::vector<float> grad,
                          std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
   const TakenRounds& taken = k.taken[r.worker];
@@ -246,7 +252,6 @@ void KeyTable::PushAsync(const Request& r, const wire::Message& msg,
   const uint64_t staleness = k.version - r.version;
   const float scale =
       rules_.staleness_lr ? 1.0f / static_cast<float>(std::max<uint64_t>(1, staleness)) : 1.0f;
-  std::vector<float> grad = CopyFloats(msg, r.num_elements);
   optimizer_->Step(k.params.data(), grad.data(), k.params.size(), &k.slots, scale);
   k.version++;
   k.latest = Snapshot{};
@@ -315,7 +320,11 @@ void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
     return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (at most " +
                   std::to_string(limit) + ")", out);
   }
-  HeldPull pull{r.from, r.worker, r.round, r.step, r.seq};
+  if (r.compression != wire::Compression::None && !IsReplyCodec(r.codec)) {
+    return Reject(r, ErrorCode::WrongType, "asks for replies encoded as \"" + r.codec +
+                  "\"; replies are fp32, fp16 or bf16", out);
+  }
+  HeldPull pull{r.from, r.worker, r.round, r.step, r.seq, r.codec};
   if (Answer(r.key, k, pull, out)) return;
   for (HeldPull& h : k.held) {
     if (h.worker == pull.worker && h.round == pull.round) {
@@ -359,14 +368,32 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
   f.num_elements = k.num_elements;
   f.round = pull.round;
   f.version = snap.version;
-  const auto& values = snap.values;
+  if (!pull.codec.empty()) {
+    f.compression = *compression::WireCompressionOf(pull.codec);
+    f.codec = pull.codec;
+  }
   out->push_back({pull.to, wire::MakeData(self_, MsgType::Reply, f,
-                                          {wire::Payload::Borrow(values->data(),
-                                                                 values->size() * sizeof(float),
-                                                                 values)},
-                                          pull.step, pull.seq)});
+                                          {ReplyPayload(k, snap, pull.codec)}, pull.step,
+                                          pull.seq)});
   counters_->Add(counters_->replies);
   return true;
+}
+
+wire::Payload KeyTable::ReplyPayload(KeyState& k, const Snapshot& snap,
+                                     const std::string& codec) {
+  const auto& values = snap.values;
+  if (codec.empty()) {
+    return wire::Payload::Borrow(values->data(), values->size() * sizeof(float), values);
+  }
+  EncodedReply& cached = k.encoded[codec];
+  if (cached.source != values) {
+    // fp16/bf16 take every size and need no context: Compress cannot fail.
+    std::unique_ptr<compression::Compressor> c = std::move(reply_codecs_.Create(codec)).value();
+    auto bytes = std::make_shared<std::vector<uint8_t>>(c->WireBytes(values->size()));
+    c->Compress(values->data(), values->size(), {}, bytes->data(), bytes->size()).IgnoreError();
+    cached = EncodedReply{values, wire::Payload::Borrow(bytes->data(), bytes->size(), bytes)};
+  }
+  return cached.payload;
 }
 
 void KeyTable::AnswerHeld(const Key& key, KeyState& k, std::vector<Outgoing>* out) {

@@ -6,16 +6,21 @@
 // Protocol (DataBody fields; header step and seq are echoed in answers):
 //   Push  round 0:   initial parameters (server-side optimizer only), taken
 //                    from worker 0 only; version ignored.
-//   Push  round r>0: a worker's fp32 gradient for round r, computed from the
+//   Push  round r>0: a worker's gradient for round r, computed from the
 //                    parameters of `version` (the version of the Reply it
-//                    last got for this key). Answered with an Ack (version =
+//                    last got for this key): fp32, or compressed by the
+//                    compressor its codec names (compression/wire_codec.h),
+//                    which the table decompresses; the sum and the optimizer
+//                    run in fp32 either way. Answered with an Ack (version =
 //                    the key's version) once recorded; a push seen before is
 //                    acknowledged again and not applied twice.
 //   Pull  round 0:   answered with the initial parameters once worker 0
 //                    pushed them.
 //   Pull  round r:   answered with a Reply (payload: num_elements fp32,
 //                    version: the version of those values) when the rules
-//                    allow; held until then.
+//                    allow; held until then. A pull whose codec is "fp16" or
+//                    "bf16" gets the values in that encoding (half the
+//                    bytes; encoded once per result and codec).
 //
 // Rules:
 //   sync: round r closes when every live worker pushed it; the gradients are
@@ -34,8 +39,11 @@
 // Staleness of a push = key version when applied - the push's version.
 //
 // Errors (answered with an Error naming the key, counted, state unchanged):
-// sender not a worker of the job; dtype other than f32 or a compressed
-// payload (WrongType); a size other than the key's (SizeMismatch); a round
+// sender not a worker of the job; dtype other than f32, a codec that is
+// unknown, of another family than the message says, or (on a pull) not a
+// reply encoding (WrongType); a size other than the key's, or compressed
+// bytes of another size than the codec writes (SizeMismatch); compressed
+// bytes that do not decode (Malformed); a round
 // outside the plausible window, or a gradient before the initial parameters
 // (BadSequence); initial parameters from a worker other than 0 or to a shard
 // without optimizer (BadSender / WrongType).
@@ -55,6 +63,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "compression/wire_codec.h"
 #include "server/optimizer.h"
 #include "server/ps_metrics.h"
 #include "wire/message.h"
@@ -134,6 +143,13 @@ struct HeldPull {
   uint64_t round = 0;
   uint64_t step = 0;
   uint64_t seq = 0;
+  std::string codec;  // the Reply's encoding; empty: fp32
+};
+
+// A result already encoded for a Reply, kept with the values it encodes.
+struct EncodedReply {
+  std::shared_ptr<const std::vector<float>> source;
+  wire::Payload payload;
 };
 
 // Everything a shard knows about one key, in one place so it can be saved.
@@ -149,6 +165,7 @@ struct KeyState {
   Snapshot latest;                                           // async
   std::map<int32_t, TakenRounds> taken;                      // per worker
   std::vector<HeldPull> held;
+  std::map<std::string, EncodedReply> encoded;  // by codec; not saved
 };
 
 struct Outgoing {
@@ -166,9 +183,11 @@ class KeyTable {
 
   // `h` is the verified header of `msg`, a Push or a Pull. Returns true when
   // a push was taken (recorded or applied): the state changed, and a replay
-  // of this push (Replay) changes it again the same way.
+  // of this push (Replay) with the values it carried changes it again the
+  // same way. When `decoded` is not null and the push taken was compressed,
+  // it receives the decompressed values.
   bool Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
-              std::vector<Outgoing>* out);
+              std::vector<Outgoing>* out, std::vector<float>* decoded = nullptr);
   // Workers declared dead no longer hold rounds back.
   void SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out);
 
@@ -188,11 +207,13 @@ class KeyTable {
 
  private:
   struct Request;  // one decoded Push or Pull
-  void OnPush(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
-  void OnInit(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
+  void OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
+  void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
-  void PushRound(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
-  void PushAsync(const Request& r, const wire::Message& msg, std::vector<Outgoing>* out);
+  void PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
+  void PushAsync(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
+  // The payload of a Reply of `snap` in `codec` (empty: fp32).
+  wire::Payload ReplyPayload(KeyState& k, const Snapshot& snap, const std::string& codec);
   void TryClose(KeyState& k);
   void Close(KeyState& k, uint64_t round);
   void AnswerHeld(const Key& key, KeyState& k, std::vector<Outgoing>* out);
@@ -210,6 +231,8 @@ class KeyTable {
   ShardCounters* const counters_;
   std::set<int32_t> dead_;
   std::map<Key, KeyState> keys_;
+  compression::PayloadDecoder decoder_;
+  compression::CompressorRegistry reply_codecs_;
 };
 
 }  // namespace gradsync::server

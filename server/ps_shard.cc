@@ -155,7 +155,10 @@ void PsShard::KeyLoop(KeyThread* t) {
     } else {
       wire::Incoming& in = *work->in;
       const wire::Header& h = *in.message.header_view();
-      if (t->table.Handle(in.from, h, in.message, &out)) {
+      // The journal keeps what the table took: the fp32 values, so a
+      // compressed push is journalled decompressed.
+      std::vector<float> decoded;
+      if (t->table.Handle(in.from, h, in.message, &out, journal_ ? &decoded : nullptr)) {
         const wire::DataBody& d = *h.body_as_DataBody();
         record = JournalRecord{};
         record->bucket = d.bucket();
@@ -164,7 +167,13 @@ void PsShard::KeyLoop(KeyThread* t) {
         record->round = d.round();
         record->version = d.version();
         record->num_elements = d.num_elements();
-        record->payloads = std::move(in.message.payloads);
+        if (decoded.empty()) {
+          record->payloads = std::move(in.message.payloads);
+        } else {
+          auto values = std::make_shared<std::vector<float>>(std::move(decoded));
+          record->payloads.push_back(wire::Payload::Borrow(
+              values->data(), values->size() * sizeof(float), values));
+        }
       }
     }
     Emit(std::move(record), std::move(out));

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/half.h"
+#include "compression/wire_codec.h"
 #include "gtest/gtest.h"
 #include "wire/inproc_transport.h"
 
@@ -69,11 +72,38 @@ class ShardHarness {
     Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Push, f,
                            {wire::Payload::Copy(v.data(), v.size() * 4)}, 0, round));
   }
-  void Pull(int w, uint64_t round, size_t n, uint32_t partition = 0) {
+  // A push of `v` compressed by `spec`, as a PS client sends it.
+  void PushCompressed(int w, uint64_t round, uint64_t version, const std::vector<float>& v,
+                      const std::string& spec, uint32_t partition = 0) {
+    compression::CompressorRegistry registry;
+    compression::RegisterBuiltins(&registry);
+    auto encoder = compression::PayloadEncoder::Create(registry, spec);
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    wire::DataFields f;
+    f.partition = partition;
+    f.num_elements = v.size();
+    f.round = round;
+    f.version = version;
+    auto payload = (*encoder)->Encode(v.data(), v.size(), Context(round, partition), &f);
+    ASSERT_TRUE(payload.ok()) << payload.status();
+    Send(w, wire::MakeData(Sender(w), MsgType::Push, f, {*payload}, round, round));
+  }
+  // The context a push of `round` (sent as step `round`) is compressed with.
+  compression::CompressContext Context(uint64_t round, uint32_t partition = 0) const {
+    return compression::PartitionContext(job_, round, 0, partition);
+  }
+  // `codec`: the encoding the Reply should have ("": fp32).
+  void Pull(int w, uint64_t round, size_t n, uint32_t partition = 0,
+            const std::string& codec = "") {
     wire::DataFields f;
     f.partition = partition;
     f.num_elements = n;
     f.round = round;
+    if (!codec.empty()) {
+      const std::string name = compression::ParseCompressorSpec(codec)->name;
+      f.compression = *compression::WireCompressionOf(name);
+      f.codec = codec;
+    }
     Send(w, wire::MakeData(Sender(w), MsgType::Pull, f, {}, 0, round));
   }
   // The next message worker w receives, or nullopt after `ms`.
@@ -97,9 +127,13 @@ class ShardHarness {
       if (h->type() == MsgType::Ack) continue;
       EXPECT_EQ(h->type(), MsgType::Reply) << ErrorText(*m);
       if (h->type() != MsgType::Reply) return {};
-      if (version) *version = h->body_as_DataBody()->version();
-      std::vector<float> out(m->PayloadBytes() / 4);
-      std::memcpy(out.data(), m->payloads[0].data, out.size() * 4);
+      const wire::DataBody* d = h->body_as_DataBody();
+      if (version) *version = d->version();
+      std::vector<float> out(d->num_elements());
+      compression::PayloadDecoder decoder;
+      wire::ErrorCode code;
+      Status s = decoder.Decode(*d, m->payloads, {}, out.data(), &code);
+      EXPECT_TRUE(s.ok()) << s;
       return out;
     }
   }
@@ -113,6 +147,7 @@ class ShardHarness {
     return e && e->message() ? e->message()->str() : "";
   }
   PsShard& shard() { return *shard_; }
+  wire::Sender Sender(int rank) const { return wire::Sender{wire::Role::Worker, rank, job_}; }
 
  private:
   void StartShard() {
@@ -120,7 +155,6 @@ class ShardHarness {
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = std::move(*shard);
   }
-  wire::Sender Sender(int rank) const { return wire::Sender{wire::Role::Worker, rank, job_}; }
 
   uint64_t job_;
   PsShardOptions options_;
@@ -288,6 +322,142 @@ TEST(PsShardTest, BadMessagesAreAnsweredNamingTheProblemAndTheShardKeepsServing)
   EXPECT_EQ(h.Reply(1), (std::vector<float>{2, 3, 4}));
 }
 
+// What the shard must make of a push of `v` compressed by `spec` with `ctx`.
+std::vector<float> Decompressed(const std::vector<float>& v, const std::string& spec,
+                                const compression::CompressContext& ctx) {
+  compression::CompressorRegistry registry;
+  compression::RegisterBuiltins(&registry);
+  auto c = std::move(registry.Create(spec)).value();
+  std::vector<uint8_t> bytes(c->WireBytes(v.size()));
+  EXPECT_TRUE(c->Compress(v.data(), v.size(), ctx, bytes.data(), bytes.size()).ok());
+  std::vector<float> out(v.size());
+  EXPECT_TRUE(c->Decompress(bytes.data(), bytes.size(), v.size(), ctx, out.data()).ok());
+  return out;
+}
+
+std::vector<float> Ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * std::sin(static_cast<float>(i) * 0.37f + scale);
+  return v;
+}
+
+TEST(PsShardTest, CompressedPushesAreDecompressedAndAveragedInFp32) {
+  const size_t n = 1000;
+  const std::vector<std::string> specs = {"topk:ratio=0.1,ef=1", "qsgd:chunk=128",
+                                          "randomk:ratio=0.3", "fp16"};
+  for (uint32_t partition : {0u, 2u}) {
+    ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 4);
+    std::vector<std::vector<float>> got(4);
+    for (uint64_t round = 1; round <= 2; ++round) {
+      // Each worker its own compressor, worker 1 none: they mix in a round.
+      std::vector<float> expect(n, 0.0f);
+      for (int w = 0; w < 4; ++w) {
+        const std::vector<float> g = Ramp(n, static_cast<float>(w + round));
+        std::vector<float> d = g;
+        if (w == 1) {
+          h.Push(w, round, round - 1, g, partition);
+        } else {
+          h.PushCompressed(w, round, round - 1, g, specs[w], partition);
+          d = Decompressed(g, specs[w], h.Context(round, partition));
+        }
+        for (size_t i = 0; i < n; ++i) expect[i] = w == 0 ? d[i] : expect[i] + d[i];
+      }
+      for (size_t i = 0; i < n; ++i) expect[i] /= 4.0f;
+      for (int w = 0; w < 4; ++w) h.Pull(w, round, n, partition);
+      for (int w = 0; w < 4; ++w) {
+        got[w] = h.Reply(w);
+        ASSERT_EQ(got[w].size(), n);
+        EXPECT_EQ(std::memcmp(got[w].data(), expect.data(), n * 4), 0)
+            << "worker " << w << " round " << round << " partition " << partition;
+      }
+    }
+    EXPECT_EQ(h.shard().stats().rejected, 0u);
+    EXPECT_EQ(h.shard().stats().rounds_closed, 2u);
+  }
+}
+
+TEST(PsShardTest, BadCompressedPushesAreRefusedCountedAndChangeNothing) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  const size_t n = 100;
+  const std::vector<float> g = Ramp(n, 1.0f);
+  auto push = [&](const std::string& codec, wire::Compression family, size_t bytes) {
+    std::vector<uint8_t> junk(bytes, 0);
+    wire::DataFields f;
+    f.num_elements = n;
+    f.round = 1;
+    f.compression = family;
+    f.codec = codec;
+    h.Send(1, wire::MakeData(h.Sender(1), MsgType::Push, f,
+                             {wire::Payload::Copy(junk.data(), junk.size())}, 1, 1));
+  };
+  push("fp16", wire::Compression::Fp16, 198);
+  EXPECT_NE(h.NextError(1).find("holds 198 bytes, \"fp16\" writes 200 for 100 elements"),
+            std::string::npos);
+  push("bf16", wire::Compression::Fp16, 200);
+  EXPECT_NE(h.NextError(1).find("codec \"bf16\" is Bf16, the message says Fp16"),
+            std::string::npos);
+  push("lz4", wire::Compression::Fp16, 200);
+  EXPECT_NE(h.NextError(1).find("\"lz4\" has no wire encoding"), std::string::npos);
+  push("sign:chunk=7", wire::Compression::Sign, 200);
+  EXPECT_NE(h.NextError(1).find("chunk"), std::string::npos);
+  std::vector<uint8_t> bad(n * 4 / 2 * 2, 0);  // topk ratio 0.5: 50 indices + 50 values
+  const int32_t far = 100;
+  std::memcpy(bad.data() + 4, &far, 4);
+  {
+    wire::DataFields f;
+    f.num_elements = n;
+    f.round = 1;
+    f.compression = wire::Compression::TopK;
+    f.codec = "topk:ratio=0.5";
+    h.Send(1, wire::MakeData(h.Sender(1), MsgType::Push, f,
+                             {wire::Payload::Copy(bad.data(), bad.size())}, 1, 1));
+  }
+  EXPECT_NE(h.NextError(1).find("does not decode as \"topk:ratio=0.5\""), std::string::npos);
+  h.Pull(1, 1, n, 0, "topk:ratio=0.5");
+  EXPECT_NE(h.NextError(1).find("replies are fp32, fp16 or bf16"), std::string::npos);
+  EXPECT_EQ(h.shard().stats().rejected, 6u);
+  EXPECT_EQ(h.shard().stats().pushes_applied, 0u);
+  // None of it counted as worker 1's push: the round still waits for it.
+  h.Push(0, 1, 0, g);
+  h.Pull(0, 1, n);
+  EXPECT_EQ(h.NextType(0), MsgType::Ack);
+  EXPECT_FALSE(h.Next(0, 200).has_value()) << "a refused push closed the round";
+  h.PushCompressed(1, 1, 0, g, "fp16");
+  h.Pull(1, 1, n);
+  const std::vector<float> half = Decompressed(g, "fp16", {});
+  std::vector<float> expect(n);
+  for (size_t i = 0; i < n; ++i) expect[i] = (g[i] + half[i]) / 2.0f;
+  EXPECT_EQ(h.Reply(0), expect);
+}
+
+TEST(PsShardTest, RepliesComeInTheEncodingEachPullAsksFor) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kMomentum, 3);
+  const size_t n = 333;
+  const std::vector<float> init = Ramp(n, 70000.0f);  // past fp16's range too
+  h.Push(0, 0, 0, init);
+  for (int w = 0; w < 3; ++w) h.Pull(w, 0, n, 0, w == 0 ? "" : w == 1 ? "fp16" : "bf16");
+  const std::vector<float> exact = h.Reply(0);
+  EXPECT_EQ(exact, init);
+  EXPECT_EQ(h.Reply(1), Decompressed(init, "fp16", {}));
+  EXPECT_EQ(h.Reply(2), Decompressed(init, "bf16", {}));
+  std::vector<float> rounded;
+  for (uint64_t round = 1; round <= 3; ++round) {
+    for (int w = 0; w < 3; ++w) {
+      h.PushCompressed(w, round, round - 1, Ramp(n, 0.1f * static_cast<float>(w + 1)), "sign");
+      h.Pull(w, round, n, 0, "fp16");
+    }
+    rounded = h.Reply(0);
+    EXPECT_EQ(h.Reply(1), rounded);
+    EXPECT_EQ(h.Reply(2), rounded);
+  }
+  // The shard keeps fp32 parameters; the fp16 reply was their rounding.
+  h.Pull(0, 3, n);
+  const std::vector<float> params = h.Reply(0);
+  EXPECT_NE(params, rounded);
+  EXPECT_EQ(Decompressed(params, "fp16", {}), rounded);
+  EXPECT_EQ(h.shard().stats().rejected, 0u);
+}
+
 TEST(PsShardTest, SspLetsAWorkerRunAtMostSRoundsAhead) {
   const uint64_t s = 2;
   ShardHarness h(PsMode::kSsp, OptimizerKind::kSgd, 2, s);
@@ -373,6 +543,21 @@ TEST(PsShardCheckpointTest, AnAcknowledgedPushSurvivesARestart) {
   h.Pull(0, 1, 2);
   EXPECT_EQ(h.Reply(0), (std::vector<float>{2, 3}));
   EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
+}
+
+TEST(PsShardCheckpointTest, ACompressedPushIsJournalledDecompressed) {
+  const std::string dir = TempDir("compressed");
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2, 0, dir);
+  const std::vector<float> g = Ramp(64, 3.0f);
+  h.PushCompressed(0, 1, 0, g, "qsgd:chunk=16");
+  ASSERT_EQ(h.NextType(0), MsgType::Ack);
+  h.Restart();
+  h.Push(1, 1, 0, std::vector<float>(64, 1.0f));
+  h.Pull(1, 1, 64);
+  const std::vector<float> d = Decompressed(g, "qsgd:chunk=16", h.Context(1));
+  std::vector<float> expect(64);
+  for (size_t i = 0; i < 64; ++i) expect[i] = (d[i] + 1.0f) / 2.0f;
+  EXPECT_EQ(h.Reply(1), expect);
 }
 
 TEST(PsShardCheckpointTest, RestartsFromCheckpointAndJournalContinueBitForBit) {

@@ -192,8 +192,10 @@ Message MakeData(const Sender& from, MsgType type, const DataFields& f,
   uint64_t wire_bytes = 0;
   for (const Payload& p : payloads) wire_bytes += p.size;
   FlatBufferBuilder fbb(128);
+  auto codec = f.codec.empty() ? 0 : fbb.CreateString(f.codec);
   auto body = CreateDataBody(fbb, f.bucket, f.partition, f.dtype, f.num_elements,
-                             f.compression, wire_bytes, f.fingerprint, f.round, f.version);
+                             f.compression, wire_bytes, f.fingerprint, f.round, f.version,
+                             codec);
   Message msg = Finish(fbb, from, type, body.Union(), step, seq);
   msg.payloads = std::move(payloads);
   return msg;

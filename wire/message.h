@@ -77,6 +77,7 @@ struct DataFields {
   uint64_t fingerprint = 0;
   uint64_t round = 0;
   uint64_t version = 0;
+  std::string codec;  // see DataBody.codec
 };
 
 // Fields of RingAbort (see gradsync.fbs).

@@ -278,6 +278,7 @@ TEST(MessageTest, PullAndAckRoundTripWithoutPayload) {
   f.dtype = DType::I32;
   f.num_elements = 1 << 20;
   f.compression = Compression::TopK;
+  f.codec = "topk:ratio=0.5";
   f.round = 3;
   for (MsgType type : {MsgType::Pull, MsgType::Ack}) {
     Message msg = MakeData(from, type, f, {}, 8, 9);
@@ -290,6 +291,8 @@ TEST(MessageTest, PullAndAckRoundTripWithoutPayload) {
     EXPECT_EQ(b->dtype(), DType::I32);
     EXPECT_EQ(b->num_elements(), uint64_t{1} << 20);
     EXPECT_EQ(b->compression(), Compression::TopK);
+    ASSERT_NE(b->codec(), nullptr);
+    EXPECT_EQ(b->codec()->str(), "topk:ratio=0.5");
     EXPECT_EQ(b->wire_bytes(), 0u);
     EXPECT_EQ(b->round(), 3u);
   }

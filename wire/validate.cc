@@ -140,6 +140,13 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       const auto* b = h.body_as_DataBody();
       if (!InRange(b->dtype())) return bad_enum("dtype");
       if (!InRange(b->compression())) return bad_enum("compression");
+      if (!StringOk(b->codec(), limits)) return too_long();
+      const bool has_codec = b->codec() != nullptr && b->codec()->size() > 0;
+      if ((b->compression() == Compression::None) == has_codec) {
+        return Reject(ErrorCode::Malformed, std::string(MsgTypeName(t)) + " has compression " +
+                      EnumNameCompression(b->compression()) +
+                      (has_codec ? " with" : " without") + " a codec spec", t);
+      }
       break;
     }
     case Body::RingAbortBody: {

@@ -63,6 +63,7 @@ Message DataMessage(MsgType type, DType dtype, uint64_t n, Compression c,
   f.dtype = dtype;
   f.num_elements = n;
   f.compression = c;
+  if (c != Compression::None) f.codec = EnumNameCompression(c);
   std::vector<Payload> payloads;
   for (size_t size : frame_sizes) {
     std::vector<uint8_t> bytes(size, 0x5a);
@@ -442,6 +443,24 @@ TEST(ValidateTest, PayloadThatDisagreesWithDtypeAndCount) {
                  ErrorCode::SizeMismatch, "F32 elements needs more than 1073741824 bytes");
   // Compressed payloads are sized by the compressor: only wire_bytes binds.
   EXPECT_TRUE(Check(DataMessage(MsgType::Push, DType::F32, 1000, Compression::TopK, {77})).ok());
+}
+
+TEST(ValidateTest, CompressionAndCodecMustAgree) {
+  DataFields f;
+  f.num_elements = 10;
+  f.compression = Compression::Fp16;
+  std::vector<uint8_t> bytes(20, 0);
+  ExpectRejected(Check(MakeData(TestSender(), MsgType::Push, f,
+                                {Payload::Copy(bytes.data(), bytes.size())})),
+                 ErrorCode::Malformed, "Push has compression Fp16 without a codec spec");
+  f.compression = Compression::None;
+  f.codec = "fp16";
+  ExpectRejected(Check(MakeData(TestSender(), MsgType::Pull, f, {})), ErrorCode::Malformed,
+                 "Pull has compression None with a codec spec");
+  f.compression = Compression::Fp16;
+  EXPECT_TRUE(Check(MakeData(TestSender(), MsgType::Pull, f, {})).ok());
+  f.codec = std::string(5000, 'x');
+  EXPECT_FALSE(Check(MakeData(TestSender(), MsgType::Pull, f, {})).ok());
 }
 
 TEST(ValidateTest, WireBytesThatDisagreeWithFrames) {

@@ -1,0 +1,147 @@
+#include "compression/wire_codec.h"
+
+#include <cstring>
+
+#include "common/seeded_random.h"
+
+namespace gradsync {
+namespace compression {
+namespace {
+
+// Keys the partition streams apart from the job-wide seed.
+constexpr uint64_t kPartitionSalt = 0x7061727469746E21ull;  // "partitn!"
+
+}  // namespace
+
+StatusOr<wire::Compression> WireCompressionOf(const std::string& name) {
+  using wire::Compression;
+  static const std::map<std::string, Compression> kFamilies = {
+      {"fp16", Compression::Fp16},
+      {"bf16", Compression::Bf16},
+      {"topk", Compression::TopK},
+      {"topk_fp16", Compression::TopK},
+      {"topk_sampled", Compression::TopK},
+      {"topk_sampled_fp16", Compression::TopK},
+      {"randomk", Compression::RandomK},
+      {"sign", Compression::Sign},
+      {"qsgd", Compression::Qsgd},
+  };
+  auto it = kFamilies.find(name);
+  if (it == kFamilies.end()) {
+    return NotFoundError("compressor \"" + name +
+                         "\" has no wire encoding on the "
+                         "parameter-server path");
+  }
+  return it->second;
+}
+
+CompressContext PartitionContext(uint64_t seed, uint64_t step, uint32_t bucket,
+                                 uint32_t partition) {
+  return CompressContext{
+      SplitMix64(seed ^ kPartitionSalt ^ SplitMix64(partition)), step, bucket};
+}
+
+PayloadDecoder::PayloadDecoder() { RegisterBuiltins(&registry_); }
+
+StatusOr<Compressor*> PayloadDecoder::Find(const std::string& codec,
+                                           wire::Compression family,
+                                           wire::ErrorCode* code) {
+  auto it = codecs_.find(codec);
+  if (it != codecs_.end()) return it->second.get();
+  *code = wire::ErrorCode::WrongType;
+  StatusOr<CompressorSpec> spec = ParseCompressorSpec(codec);
+  if (!spec.ok()) return spec.status();
+  StatusOr<wire::Compression> want = WireCompressionOf(spec->name);
+  if (!want.ok()) return InvalidArgumentError(want.status().message());
+  if (*want != family) {
+    return InvalidArgumentError(
+        "codec \"" + codec + "\" is " + wire::EnumNameCompression(*want) +
+        ", the message says " + wire::EnumNameCompression(family));
+  }
+  StatusOr<std::unique_ptr<Compressor>> made = registry_.Create(codec);
+  if (!made.ok()) return InvalidArgumentError(made.status().message());
+  if (codecs_.size() >= kMaxCodecs) codecs_.clear();
+  Compressor* c = made->get();
+  codecs_[codec] = std::move(made).value();
+  return c;
+}
+
+Status PayloadDecoder::Decode(const wire::DataBody& d,
+                              const std::vector<wire::Payload>& payloads,
+                              const CompressContext& ctx, float* out,
+                              wire::ErrorCode* code) {
+  const size_t n = d.num_elements();
+  if (d.dtype() != wire::DType::F32) {
+    *code = wire::ErrorCode::WrongType;
+    return InvalidArgumentError(std::string("carries ") +
+                                wire::EnumNameDType(d.dtype()) +
+                                " data; only f32 is taken");
+  }
+  size_t total = 0;
+  for (const wire::Payload& p : payloads) total += p.size;
+  if (d.compression() == wire::Compression::None) {
+    if (total != n * sizeof(float)) {
+      *code = wire::ErrorCode::SizeMismatch;
+      return InvalidArgumentError("holds " + std::to_string(total) +
+                                  " bytes for " + std::to_string(n) +
+                                  " f32 elements");
+    }
+    uint8_t* dst = reinterpret_cast<uint8_t*>(out);
+    for (const wire::Payload& p : payloads) {
+      std::memcpy(dst, p.data, p.size);
+      dst += p.size;
+    }
+    return OkStatus();
+  }
+  const std::string codec = d.codec() != nullptr ? d.codec()->str() : "";
+  GS_ASSIGN_OR_RETURN(Compressor * c, Find(codec, d.compression(), code));
+  const size_t want = c->WireBytes(n);
+  if (total != want) {
+    *code = wire::ErrorCode::SizeMismatch;
+    return InvalidArgumentError(
+        "holds " + std::to_string(total) + " bytes, \"" + codec + "\" writes " +
+        std::to_string(want) + " for " + std::to_string(n) + " elements");
+  }
+  const uint8_t* in = payloads.size() == 1 ? payloads[0].data : nullptr;
+  if (payloads.size() != 1) {
+    joined_.resize(total);
+    size_t at = 0;
+    for (const wire::Payload& p : payloads) {
+      std::memcpy(joined_.data() + at, p.data, p.size);
+      at += p.size;
+    }
+    in = joined_.data();
+  }
+  Status s = c->Decompress(in, total, n, ctx, out);
+  if (!s.ok()) {
+    *code = wire::ErrorCode::Malformed;
+    return InvalidArgumentError("does not decode as \"" + codec +
+                                "\": " + s.message());
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(
+    const CompressorRegistry& registry, const std::string& spec) {
+  GS_ASSIGN_OR_RETURN(CompressorSpec parsed, ParseCompressorSpec(spec));
+  StatusOr<wire::Compression> family = WireCompressionOf(parsed.name);
+  if (!family.ok()) return InvalidArgumentError(family.status().message());
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, registry.Create(spec));
+  return std::unique_ptr<PayloadEncoder>(
+      new PayloadEncoder(std::move(c), spec, *family));
+}
+
+StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
+                                               const CompressContext& ctx,
+                                               wire::DataFields* fields) {
+  auto bytes =
+      std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
+  GS_RETURN_IF_ERROR(
+      compressor_->Compress(in, n, ctx, bytes->data(), bytes->size()));
+  fields->compression = family_;
+  fields->codec = spec_;
+  return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
+}
+
+}  // namespace compression
+}  // namespace gradsync

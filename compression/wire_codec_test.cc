@@ -1,0 +1,252 @@
+#include "compression/wire_codec.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "compression/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "wire/validate.h"
+
+namespace gradsync {
+namespace compression {
+namespace {
+
+using ::testing::HasSubstr;
+using wire::Compression;
+using wire::ErrorCode;
+
+const wire::Sender kWorker{wire::Role::Worker, 2, 77};
+
+// A Push with `fields` and `payloads`, as a receiver sees it after Validate.
+struct Received {
+  wire::Message msg;
+  const wire::DataBody* body = nullptr;
+};
+
+Received Receive(wire::DataFields f, std::vector<wire::Payload> payloads) {
+  Received r;
+  r.msg = wire::MakeData(kWorker, wire::MsgType::Push, f, std::move(payloads),
+                         5, 1);
+  wire::Verdict v =
+      wire::Validate(r.msg, wire::Policy::Accepting({wire::MsgType::Push}));
+  EXPECT_TRUE(v.ok()) << v.detail;
+  if (v.ok()) r.body = v.header->body_as_DataBody();
+  return r;
+}
+
+const char* const kSpecs[] = {"fp16",
+                              "bf16",
+                              "topk:ratio=0.1",
+                              "topk_fp16:ratio=0.2",
+                              "topk_sampled:ratio=0.05",
+                              "topk_sampled_fp16:ratio=0.05,ef=1",
+                              "randomk:ratio=0.25",
+                              "randomk:ratio=0.25,ef=1",
+                              "sign:chunk=64",
+                              "sign:ef=1",
+                              "qsgd:chunk=128,levels=15",
+                              "qsgd:ef=1"};
+
+TEST(WireCodecTest, DecodeGivesWhatTheSendersCompressorDecompresses) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  PayloadDecoder decoder;
+  for (const char* spec : kSpecs) {
+    for (size_t n : {size_t{1}, size_t{513}, size_t{4097}}) {
+      SCOPED_TRACE(std::string(spec) + " n=" + std::to_string(n));
+      auto encoder = PayloadEncoder::Create(registry, spec);
+      ASSERT_TRUE(encoder.ok()) << encoder.status().ToString();
+      auto reference = registry.Create(spec);
+      ASSERT_TRUE(reference.ok());
+      const std::vector<float> g =
+          testing_util::Gaussian(n, 1.0f, static_cast<uint32_t>(n));
+      for (uint32_t partition : {0u, 3u}) {
+        const CompressContext ctx = PartitionContext(99, 7, 4, partition);
+        wire::DataFields f;
+        f.num_elements = n;
+        auto payload = (*encoder)->Encode(g.data(), n, ctx, &f);
+        ASSERT_TRUE(payload.ok()) << payload.status().ToString();
+        EXPECT_EQ(f.codec, spec);
+        EXPECT_EQ(payload->size, (*encoder)->WireBytes(n));
+        // The sender's own compressor, on the same input and context.
+        std::vector<uint8_t> bytes((*reference)->WireBytes(n));
+        ASSERT_TRUE((*reference)
+                        ->Compress(g.data(), n, ctx, bytes.data(), bytes.size())
+                        .ok());
+        ASSERT_EQ(std::memcmp(bytes.data(), payload->data, bytes.size()), 0);
+        std::vector<float> want(n), got(n, -1.0f);
+        ASSERT_TRUE(
+            (*reference)
+                ->Decompress(bytes.data(), bytes.size(), n, ctx, want.data())
+                .ok());
+        Received r = Receive(f, {*payload});
+        ASSERT_NE(r.body, nullptr);
+        ErrorCode code = ErrorCode::Unknown;
+        Status s =
+            decoder.Decode(*r.body, r.msg.payloads, ctx, got.data(), &code);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), n * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+TEST(WireCodecTest, PartitionsGetTheirOwnRandomCoordinates) {
+  EXPECT_EQ(PartitionContext(1, 2, 3, 4).seed,
+            PartitionContext(1, 2, 3, 4).seed);
+  EXPECT_NE(PartitionContext(1, 2, 3, 4).seed,
+            PartitionContext(1, 2, 3, 5).seed);
+  EXPECT_NE(PartitionContext(1, 2, 3, 4).seed,
+            PartitionContext(2, 2, 3, 4).seed);
+  EXPECT_EQ(PartitionContext(1, 2, 3, 4).step, 2u);
+  EXPECT_EQ(PartitionContext(1, 2, 3, 4).bucket_id, 3u);
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  auto c = registry.Create("randomk:ratio=0.1");
+  ASSERT_TRUE(c.ok());
+  const size_t n = 1000;
+  const std::vector<float> ones(n, 1.0f);
+  std::vector<std::vector<float>> kept;
+  for (uint32_t p : {0u, 1u}) {
+    std::vector<uint8_t> bytes((*c)->WireBytes(n));
+    const CompressContext ctx = PartitionContext(5, 1, 0, p);
+    ASSERT_TRUE(
+        (*c)->Compress(ones.data(), n, ctx, bytes.data(), bytes.size()).ok());
+    kept.emplace_back(n);
+    ASSERT_TRUE(
+        (*c)->Decompress(bytes.data(), bytes.size(), n, ctx, kept.back().data())
+            .ok());
+  }
+  EXPECT_NE(kept[0], kept[1]);
+}
+
+TEST(WireCodecTest, UncompressedPayloadsAreCopiedAcrossFrames) {
+  const std::vector<float> g = {1.5f, -2.0f, 3.25f, 8.0f, -0.5f};
+  wire::DataFields f;
+  f.num_elements = g.size();
+  Received r = Receive(
+      f, {wire::Payload::Copy(g.data(), 8), wire::Payload::Copy(&g[2], 12)});
+  PayloadDecoder decoder;
+  std::vector<float> got(g.size());
+  ErrorCode code = ErrorCode::Unknown;
+  ASSERT_TRUE(
+      decoder.Decode(*r.body, r.msg.payloads, {}, got.data(), &code).ok());
+  EXPECT_EQ(got, g);
+}
+
+TEST(WireCodecTest, CompressedPayloadsSplitAcrossFramesDecode) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  auto encoder = PayloadEncoder::Create(registry, "qsgd:chunk=64");
+  ASSERT_TRUE(encoder.ok());
+  const size_t n = 300;
+  const std::vector<float> g = testing_util::Gaussian(n, 2.0f, 3);
+  wire::DataFields f;
+  f.num_elements = n;
+  auto payload = (*encoder)->Encode(g.data(), n, {}, &f);
+  ASSERT_TRUE(payload.ok());
+  PayloadDecoder decoder;
+  std::vector<float> whole(n), split(n);
+  ErrorCode code;
+  Received one = Receive(f, {*payload});
+  ASSERT_TRUE(
+      decoder.Decode(*one.body, one.msg.payloads, {}, whole.data(), &code)
+          .ok());
+  Received two =
+      Receive(f, {wire::Payload::Copy(payload->data, 11),
+                  wire::Payload::Copy(payload->data + 11, payload->size - 11)});
+  ASSERT_TRUE(
+      decoder.Decode(*two.body, two.msg.payloads, {}, split.data(), &code)
+          .ok());
+  EXPECT_EQ(whole, split);
+}
+
+// Decode failures: what the code and the message say.
+void ExpectRefused(wire::DataFields f, std::vector<wire::Payload> payloads,
+                   ErrorCode want, const std::string& says) {
+  Received r = Receive(f, std::move(payloads));
+  ASSERT_NE(r.body, nullptr);
+  PayloadDecoder decoder;
+  std::vector<float> out(f.num_elements);
+  ErrorCode code = ErrorCode::Unknown;
+  Status s = decoder.Decode(*r.body, r.msg.payloads, {}, out.data(), &code);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(code, want) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr(says));
+}
+
+TEST(WireCodecTest, BadPayloadsAreRefusedNamingWhatIsWrong) {
+  std::vector<uint8_t> bytes(400, 0);
+  auto frame = [&](size_t size) {
+    return wire::Payload::Copy(bytes.data(), size);
+  };
+  wire::DataFields f;
+  f.num_elements = 100;
+  f.dtype = wire::DType::F16;
+  ExpectRefused(f, {frame(200)}, ErrorCode::WrongType, "F16");
+  f.dtype = wire::DType::F32;
+  f.compression = Compression::Fp16;
+  f.codec = "zip";
+  ExpectRefused(f, {frame(200)}, ErrorCode::WrongType,
+                "compressor \"zip\" has no wire encoding");
+  f.codec = "bf16";
+  ExpectRefused(f, {frame(200)}, ErrorCode::WrongType,
+                "codec \"bf16\" is Bf16, the message says Fp16");
+  f.codec = "fp16:ratio=0.5";
+  ExpectRefused(f, {frame(200)}, ErrorCode::WrongType, "takes no option");
+  f.codec = "fp16";
+  ExpectRefused(f, {frame(198)}, ErrorCode::SizeMismatch,
+                "holds 198 bytes, \"fp16\" writes 200 for 100 elements");
+  f.compression = Compression::TopK;
+  f.codec = "topk:ratio=0.5";
+  ExpectRefused(f, {frame(399)}, ErrorCode::SizeMismatch, "writes 400");
+  // 50 int32 indices then 50 values: index 4096 is out of range.
+  const int32_t far = 4096;
+  std::memcpy(bytes.data() + 8, &far, sizeof(far));
+  ExpectRefused(f, {frame(400)}, ErrorCode::Malformed,
+                "does not decode as \"topk:ratio=0.5\"");
+  f.compression = Compression::TopK;
+  f.codec = "topk:ratio=7";
+  ExpectRefused(f, {frame(400)}, ErrorCode::WrongType, "ratio");
+}
+
+TEST(WireCodecTest, ManyDistinctCodecsStillDecode) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  PayloadDecoder decoder;
+  const size_t n = 256;
+  const std::vector<float> g = testing_util::Gaussian(n, 1.0f, 8);
+  for (size_t i = 1; i <= 2 * PayloadDecoder::kMaxCodecs + 3; ++i) {
+    const std::string spec =
+        "topk:ratio=" + std::to_string(static_cast<double>(i) / 100);
+    auto encoder = PayloadEncoder::Create(registry, spec);
+    ASSERT_TRUE(encoder.ok()) << spec;
+    wire::DataFields f;
+    f.num_elements = n;
+    auto payload = (*encoder)->Encode(g.data(), n, {}, &f);
+    ASSERT_TRUE(payload.ok());
+    Received r = Receive(f, {*payload});
+    std::vector<float> out(n);
+    ErrorCode code;
+    ASSERT_TRUE(
+        decoder.Decode(*r.body, r.msg.payloads, {}, out.data(), &code).ok())
+        << spec;
+  }
+}
+
+TEST(WireCodecTest, EncoderRefusesWhatHasNoWireFamily) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  EXPECT_FALSE(PayloadEncoder::Create(registry, "none").ok());
+  EXPECT_FALSE(PayloadEncoder::Create(registry, "zip").ok());
+  EXPECT_FALSE(PayloadEncoder::Create(registry, "topk:ratio=0").ok());
+  for (const std::string& name : registry.Names()) {
+    EXPECT_EQ(WireCompressionOf(name).ok(), name != "none") << name;
+  }
+}
+
+}  // namespace
+}  // namespace compression
+}  // namespace gradsync
