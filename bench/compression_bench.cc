@@ -10,9 +10,14 @@
 // memory bandwidth on a small machine). Then one JSON line per measurement:
 //   {"compressor","op","threads","gelem_s","memcpy_gelem_s","elements"}
 //
+// PowerSGD ("powersgd:rank=R", not a Compressor) has one op, "reduce": a
+// single rank's Reduce with the all-reduces left out (both matrix products,
+// the orthogonalisation, the residual and the rebuilt bucket).
+//
 // Usage: compression_bench [--quick] [--elements=N[,N...]] [--reps=R]
 //                          [--compressors=spec;spec;...]
-// Default: every builtin name with default options, 15 repetitions.
+// Default: every builtin name with default options and powersgd:rank=4,
+// 15 repetitions.
 // --quick: 5 repetitions (finishes in well under a minute).
 #include <algorithm>
 #include <atomic>
@@ -28,6 +33,7 @@
 
 #include "bench/bench_util.h"
 #include "compression/compressor.h"
+#include "compression/powersgd.h"
 #include "compression/registry.h"
 
 namespace gradsync {
@@ -147,6 +153,11 @@ void Check(const Status& s) {
   }
 }
 
+// Small buckets take more repetitions (up to 16x) for a stable median.
+int Repetitions(const Flags& flags, size_t n) {
+  return flags.reps * static_cast<int>(std::clamp<size_t>((size_t{1} << 22) / n, 1, 16));
+}
+
 std::vector<Row> BenchOne(const CompressorRegistry& registry,
                           const std::string& spec, int threads,
                           const Flags& flags, const std::vector<float>& in,
@@ -175,9 +186,7 @@ std::vector<Row> BenchOne(const CompressorRegistry& registry,
                 s.count[t] * sizeof(float));
   };
   const double n = static_cast<double>(in.size());
-  // Small buckets take more repetitions (up to 16x) for a stable median.
-  const int reps = flags.reps * static_cast<int>(std::clamp<size_t>(
-                                    (size_t{1} << 22) / in.size(), 1, 16));
+  const int reps = Repetitions(flags, in.size());
   const double c_time = TimeParallel(threads, reps, compress);
   const double m_time = TimeParallel(threads, reps, copy);
   const double d_time = TimeParallel(threads, reps, decompress);
@@ -185,6 +194,35 @@ std::vector<Row> BenchOne(const CompressorRegistry& registry,
            in.size()},
           {spec, "decompress", threads, n / d_time / 1e9, n / m_time / 1e9,
            in.size()}};
+}
+
+// PowerSGD on one rank: each thread reduces its own slice as one bucket,
+// in place in its own copy, with sums that leave the factors as they are.
+Row BenchPowerSgd(const std::string& spec, int threads, const Flags& flags,
+                  const std::vector<float>& in, std::vector<float>* out) {
+  std::vector<std::unique_ptr<PowerSgd>> psgd;
+  std::vector<std::vector<float>> work;
+  const size_t n = in.size();
+  for (int t = 0; t < threads; ++t) {
+    StatusOr<std::unique_ptr<PowerSgd>> p = PowerSgd::Create(spec);
+    Check(p.status());
+    psgd.push_back(std::move(p).value());
+    work.emplace_back(in.begin() + n * t / threads, in.begin() + n * (t + 1) / threads);
+  }
+  std::vector<uint64_t> steps(threads, 0);
+  auto reduce = [&](int t) {
+    Check(psgd[t]->Reduce(work[t].data(), work[t].size(), CompressContext{42, steps[t]++, 3},
+                          1, [](float*, size_t) { return Status(); }));
+  };
+  auto copy = [&](int t) {
+    std::memcpy(out->data() + n * t / threads, in.data() + n * t / threads,
+                work[t].size() * sizeof(float));
+  };
+  const int reps = Repetitions(flags, n);
+  const double r_time = TimeParallel(threads, reps, reduce);
+  const double m_time = TimeParallel(threads, reps, copy);
+  const double elems = static_cast<double>(n);
+  return {spec, "reduce", threads, elems / r_time / 1e9, elems / m_time / 1e9, n};
 }
 
 const Row* Find(const std::vector<Row>& rows, const std::string& compressor,
@@ -257,7 +295,10 @@ int Main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &flags)) return 2;
   CompressorRegistry registry;
   RegisterBuiltins(&registry);
-  if (flags.specs.empty()) flags.specs = registry.Names();
+  if (flags.specs.empty()) {
+    flags.specs = registry.Names();
+    flags.specs.push_back("powersgd:rank=4");
+  }
   std::vector<Row> all;
   for (size_t n : flags.elements) {
     std::vector<float> in(n), out(n, 0.0f);
@@ -267,6 +308,10 @@ int Main(int argc, char** argv) {
     std::vector<Row> rows;
     for (const std::string& spec : flags.specs) {
       for (int threads : {1, 2}) {
+        if (PowerSgd::Names(spec)) {
+          rows.push_back(BenchPowerSgd(spec, threads, flags, in, &out));
+          continue;
+        }
         for (Row& r : BenchOne(registry, spec, threads, flags, in, &out)) {
           rows.push_back(std::move(r));
         }

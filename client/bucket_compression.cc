@@ -34,13 +34,13 @@ StatusOr<std::unique_ptr<BucketCompression>> BucketCompression::FromConfig(const
   bc->min_bytes_ = static_cast<size_t>(min_bytes);
   bc->overrides_ = ParseOverrides(overrides);
   // Refuse bad specs now, not at the first step.
-  Status bad = bc->registry_.Create(bc->default_spec_).status();
+  Status bad = bc->CheckSpec(bc->default_spec_);
   if (!bad.ok()) return InvalidArgumentError("compression: " + bad.message());
   for (const auto& [key, spec] : bc->overrides_) {
     if (spec.empty()) {
       return InvalidArgumentError("compression_overrides entry '" + key + "' has no '=SPEC'");
     }
-    Status s = bc->registry_.Create(spec).status();
+    Status s = bc->CheckSpec(spec);
     if (!s.ok()) return InvalidArgumentError("compression_overrides " + key + ": " + s.message());
   }
   return bc;
@@ -64,9 +64,18 @@ Status BucketCompression::Assign(const std::vector<BucketInfo>& buckets) {
     if (b.dtype != DType::kF32 || b.bytes < min_bytes_) spec = "none";
     specs_[b.id] = spec;
     if (spec == "none") continue;
+    if (compression::PowerSgd::Names(spec)) {
+      GS_ASSIGN_OR_RETURN(powersgd_[b.id], compression::PowerSgd::Create(spec));
+      continue;
+    }
     GS_ASSIGN_OR_RETURN(compressors_[b.id], registry_.Create(spec));
   }
   return Status();
+}
+
+Status BucketCompression::CheckSpec(const std::string& spec) const {
+  if (compression::PowerSgd::Names(spec)) return compression::PowerSgd::Create(spec).status();
+  return registry_.Create(spec).status();
 }
 
 std::string BucketCompression::SpecOf(uint32_t id) const {
@@ -77,13 +86,17 @@ std::string BucketCompression::SpecOf(uint32_t id) const {
 Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* data,
                                  size_t count, const OpTag& tag, uint64_t seed,
                                  Deadline deadline, Traffic* traffic) {
+  const compression::CompressContext ctx{seed, tag.step, bucket};
+  auto ps = powersgd_.find(bucket);
+  if (ps != powersgd_.end()) {
+    return ReducePowerSgd(backend, *ps->second, data, count, tag, ctx, deadline, traffic);
+  }
   auto it = compressors_.find(bucket);
   if (it == compressors_.end()) {
     *traffic = Traffic{count * sizeof(float), count * sizeof(float), false};
     return backend.AllReduce(data, count, DType::kF32, ReduceOp::kAverage, tag, deadline);
   }
   compression::Compressor& c = *it->second;
-  const compression::CompressContext ctx{seed, tag.step, bucket};
   const size_t wire_bytes = c.WireBytes(count);
   wire_.resize(wire_bytes);
   GS_RETURN_IF_ERROR(c.Compress(data, count, ctx, wire_.data(), wire_.size()));
@@ -94,6 +107,19 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
   const size_t others = static_cast<size_t>(backend.world_size() - 1);
   *traffic = Traffic{wire_bytes, wire_bytes * others, true};
   return ReduceGathered(backend, c, data, count, tag, ctx, deadline);
+}
+
+Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::PowerSgd& p,
+                                         float* data, size_t count, const OpTag& tag,
+                                         const compression::CompressContext& ctx,
+                                         Deadline deadline, Traffic* traffic) {
+  const size_t bytes = p.WireBytes(count);
+  *traffic = Traffic{bytes, bytes, false};
+  // Both factors travel under the bucket's tag, one after the other.
+  auto sum = [&](float* factor, size_t elems) {
+    return backend.AllReduce(factor, elems, DType::kF32, ReduceOp::kSum, tag, deadline);
+  };
+  return p.Reduce(data, count, ctx, backend.world_size(), sum);
 }
 
 Status BucketCompression::ReduceSummable(Collectives& backend, compression::Compressor& c,

@@ -15,8 +15,12 @@
 // compressed values (summed in fp32), decompress and divide by the number
 // of workers. The others (top-k, sign, qsgd) compress, all-gather every
 // rank's bytes, decompress each and sum them in rank order, so every rank
-// ends with the same bits. Each bucket has its own compressor instance, so
-// error-feedback residuals are per bucket.
+// ends with the same bits. PowerSGD ("powersgd:rank=R", compression/
+// powersgd.h; always with error feedback and warm start) all-reduces its two
+// rank-R factors in fp32, (rows + cols) * R floats for a bucket viewed as a
+// rows x cols matrix, and every rank rebuilds the same average from them.
+// Each bucket has its own compressor instance, so error-feedback residuals
+// are per bucket.
 //
 // Thread-safety: none; the comm engine thread is the only user.
 #ifndef GRADSYNC_CLIENT_BUCKET_COMPRESSION_H_
@@ -32,6 +36,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "compression/compressor.h"
+#include "compression/powersgd.h"
 #include "compression/registry.h"
 
 namespace gradsync::client {
@@ -69,6 +74,11 @@ class BucketCompression {
 
  private:
   BucketCompression() = default;
+  // OK if `spec` would create a compressor (or a PowerSgd).
+  Status CheckSpec(const std::string& spec) const;
+  Status ReducePowerSgd(Collectives& backend, compression::PowerSgd& p, float* data,
+                        size_t count, const OpTag& tag, const compression::CompressContext& ctx,
+                        Deadline deadline, Traffic* traffic);
   Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data,
                         size_t count, const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline);
@@ -82,6 +92,7 @@ class BucketCompression {
   std::map<std::string, std::string> overrides_;  // key -> spec
   std::map<uint32_t, std::string> specs_;         // bucket -> spec
   std::map<uint32_t, std::unique_ptr<compression::Compressor>> compressors_;
+  std::map<uint32_t, std::unique_ptr<compression::PowerSgd>> powersgd_;
   std::vector<uint8_t> wire_;
   std::vector<uint8_t> gathered_;
   std::vector<float> scratch_;

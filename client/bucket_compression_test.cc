@@ -7,6 +7,7 @@
 #include <random>
 
 #include "client/ring_test_util.h"
+#include "compression/powersgd.h"
 #include "compression/registry.h"
 #include "gtest/gtest.h"
 
@@ -111,6 +112,77 @@ INSTANTIATE_TEST_SUITE_P(Compressors, BucketCompressionTest,
                            return n;
                          });
 
+// PowerSGD over the ring, two steps (the second warm-started): every rank
+// ends with the same bits, equal to standalone PowerSgd instances summing
+// over another ring; at full rank (rank 64 of a 64 x 64 bucket) that is the
+// plain average.
+class PowerSgdBucketTest : public ::testing::TestWithParam<std::tuple<std::string, size_t>> {};
+
+TEST_P(PowerSgdBucketTest, SameBitsOnEveryRankAsStandalonePowerSgd) {
+  const auto [spec, count] = GetParam();
+  Ring ring(kWorld), reference_ring(kWorld);
+  std::vector<std::unique_ptr<BucketCompression>> bcs;
+  std::vector<std::unique_ptr<compression::PowerSgd>> reference;
+  for (int r = 0; r < kWorld; ++r) {
+    bcs.push_back(Make({{"compression", spec}, {"compression_min_bytes", "0"}}));
+    ASSERT_TRUE(bcs.back()->Assign({{5, DType::kF32, count * 4, {"w"}}}).ok());
+    reference.push_back(compression::PowerSgd::Create(spec).value());
+  }
+  for (uint64_t step = 1; step <= 2; ++step) {
+    std::vector<std::vector<float>> data, want;
+    for (int r = 0; r < kWorld; ++r) data.push_back(Gradient(r + 10 * static_cast<int>(step)));
+    for (auto& d : data) d.resize(count);
+    want = data;
+    std::vector<BucketCompression::Traffic> wire(kWorld);
+    const OpTag tag{step, 5, step, 9};
+    auto st = ring.Run([&](int r) {
+      return bcs[r]->Reduce(ring[r], 5, data[r].data(), count, tag, /*seed=*/7, Soon(), &wire[r]);
+    });
+    auto ref_st = reference_ring.Run([&](int r) {
+      auto sum = [&](float* v, size_t n) {
+        return reference_ring[r].AllReduce(v, n, DType::kF32, ReduceOp::kSum, tag, Soon());
+      };
+      return reference[r]->Reduce(want[r].data(), count, {7, step, 5}, kWorld, sum);
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+      ASSERT_TRUE(ref_st[r].ok()) << ref_st[r].ToString();
+      ASSERT_EQ(data[r], want[0]) << "rank " << r << " step " << step;
+    }
+    const size_t bytes = reference[0]->WireBytes(count);
+    EXPECT_EQ(wire[0].sent, bytes);
+    EXPECT_EQ(wire[0].received, bytes);
+    EXPECT_FALSE(wire[0].gathered);
+  }
+}
+
+TEST(PowerSgdBucketTest, FullRankIsThePlainAverage) {
+  constexpr size_t kSquare = 64 * 64;
+  Ring ring(kWorld);
+  std::vector<std::unique_ptr<BucketCompression>> bcs;
+  std::vector<std::vector<float>> data;
+  std::vector<double> avg(kSquare, 0.0);
+  for (int r = 0; r < kWorld; ++r) {
+    bcs.push_back(Make({{"compression", "powersgd:rank=64"}, {"compression_min_bytes", "0"}}));
+    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kSquare * 4, {"w"}}}).ok());
+    data.push_back(Gradient(r));
+    data.back().resize(kSquare);
+    for (size_t i = 0; i < kSquare; ++i) avg[i] += data.back()[i] / kWorld;
+  }
+  std::vector<BucketCompression::Traffic> wire(kWorld);
+  auto st = ring.Run([&](int r) {
+    return bcs[r]->Reduce(ring[r], 0, data[r].data(), kSquare, OpTag{3, 0, 1, 9}, 7, Soon(),
+                          &wire[r]);
+  });
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+  for (size_t i = 0; i < kSquare; ++i) ASSERT_NEAR(data[1][i], avg[i], 1e-4) << i;
+  EXPECT_EQ(wire[0].sent, (64u + 64u) * 64 * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, PowerSgdBucketTest,
+                         ::testing::Values(std::make_tuple("powersgd:rank=4", kCount),
+                                           std::make_tuple("powersgd:rank=1,ef=1", size_t{997})));
+
 TEST(BucketCompressionChoiceTest, ThresholdDtypeAndOverrides) {
   auto bc = Make({{"compression", "topk:ratio=0.01,ef=1"},
                   {"compression_min_bytes", "1000"},
@@ -135,6 +207,25 @@ TEST(BucketCompressionChoiceTest, BadSpecsAreRefusedAtStart) {
       Config::FromMap({{"compression_overrides", "w=topk:ratio=7"}}));
   EXPECT_EQ(bad_override.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad_override.status().message().find("compression_overrides w"), std::string::npos);
+  auto no_ef = BucketCompression::FromConfig(Config::FromMap({{"compression", "powersgd:ef=0"}}));
+  EXPECT_EQ(no_ef.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_ef.status().message().find("error feedback"), std::string::npos);
+  auto bad_rank = BucketCompression::FromConfig(
+      Config::FromMap({{"compression_overrides", "3=powersgd:rank=65"}}));
+  EXPECT_EQ(bad_rank.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BucketCompressionChoiceTest, PowerSgdIsAChoiceLikeAnyCompressor) {
+  auto bc = Make({{"compression", "powersgd:rank=2"},
+                  {"compression_min_bytes", "1000"},
+                  {"compression_overrides", "b=powersgd:rank=8,ef=1;2=fp16"}});
+  ASSERT_TRUE(bc->Assign({{0, DType::kF32, 4000, {"a"}},
+                          {1, DType::kF32, 4000, {"b"}},
+                          {2, DType::kF32, 4000, {"c"}}})
+                  .ok());
+  EXPECT_EQ(bc->SpecOf(0), "powersgd:rank=2");
+  EXPECT_EQ(bc->SpecOf(1), "powersgd:rank=8,ef=1");
+  EXPECT_EQ(bc->SpecOf(2), "fp16");
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ namespace compression {
 namespace {
 
 constexpr char kEf[] = "ef";
+constexpr char kPowerSgd[] = "powersgd";  // PowerSgd::kName
 
 Status BadSpec(const std::string& spec, const std::string& why) {
   return InvalidArgumentError("compressor spec \"" + spec + "\": " + why);
@@ -53,6 +54,10 @@ bool SetOption(const std::string& key, const std::string& value,
     options->levels = static_cast<int>(std::min<unsigned long long>(u, 1000));
     return true;
   }
+  if (key == "rank" && ParseUnsigned(value, &u)) {
+    options->rank = static_cast<int>(std::min<unsigned long long>(u, 1000));
+    return true;
+  }
   if (key == kEf && (value == "0" || value == "1")) {
     options->error_feedback = value == "1";
     return true;
@@ -61,7 +66,8 @@ bool SetOption(const std::string& key, const std::string& value,
 }
 
 bool IsKnownKey(const std::string& key) {
-  return key == "ratio" || key == "chunk" || key == "levels" || key == kEf;
+  return key == "ratio" || key == "chunk" || key == "levels" || key == "rank" ||
+         key == kEf;
 }
 
 std::string JoinKeys(const std::vector<std::string>& keys) {
@@ -145,6 +151,11 @@ StatusOr<std::unique_ptr<Compressor>> CompressorRegistry::Create(
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(parsed.name);
     if (it != entries_.end()) entry = it->second;
+  }
+  if (!entry.factory && parsed.name == kPowerSgd) {
+    return NotFoundError(
+        "compressor \"powersgd\" is not a byte compressor: it runs on the "
+        "all-reduce path (compression/powersgd.h)");
   }
   if (!entry.factory) {
     return NotFoundError("unknown compressor \"" + parsed.name +

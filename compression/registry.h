@@ -12,7 +12,9 @@
 //           topk_sampled_fp16, randomk)
 //   chunk   elements per scale / norm (sign, qsgd)
 //   levels  quantisation levels s (qsgd)
-//   ef      0 or 1: wrap the compressor in ErrorFeedback (every name)
+//   rank    rank R of the approximation (powersgd)
+//   ef      0 or 1: wrap the compressor in ErrorFeedback (every name;
+//           powersgd always has error feedback and refuses ef=0)
 // A key a compressor does not take is an error, not ignored.
 //
 // Builtin names and wire formats (details in each compressor's header):
@@ -24,6 +26,11 @@
 //   sign               4 ceil(n/chunk) scales + ceil(n/8) bytes of bits
 //   qsgd               4 ceil(n/chunk) norms + n int8 levels
 // with k = ceil(ratio * n).
+//
+// "powersgd" (keys rank and ef) is a valid spec name but not a Compressor:
+// it needs collectives between its two factors, so the all-reduce path
+// builds it from the spec (compression/powersgd.h, client/
+// bucket_compression.h) and Create returns NotFound for it, saying so.
 //
 // Errors: Register returns AlreadyExists for a name taken before and
 // InvalidArgument for an empty name or factory; Create returns NotFound,
@@ -54,6 +61,7 @@ struct CompressorOptions {
   double ratio = 0.01;          // In (0, 1].
   size_t chunk = 512;           // A positive multiple of 8.
   int levels = 127;             // In [1, 127].
+  int rank = 4;                 // In [1, 64] (powersgd).
   bool error_feedback = false;  // Wrap in ErrorFeedback.
 };
 

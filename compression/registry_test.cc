@@ -79,6 +79,8 @@ TEST(CompressorRegistryTest, BadSpecsAreInvalidArgumentsNamingTheProblem) {
   const std::pair<std::string, std::string> cases[] = {
       {"fp16:ratio=0.1", "takes no option \"ratio\""},
       {"sign:levels=3", "takes no option \"levels\""},
+      {"qsgd:rank=2", "takes no option \"rank\""},
+      {"topk:rank=x", "bad value \"x\""},
       {"topk:ratio=2", "ratio must be in (0, 1]"},
       {"topk:ratio=0", "ratio must be in (0, 1]"},
       {"topk:ratio=abc", "bad value \"abc\""},
@@ -164,6 +166,18 @@ TEST(CompressorRegistryTest, UnknownNameErrorListsKnownNames) {
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(c.status().message(),
             "unknown compressor \"topk\"; known: [fake, none]");
+}
+
+TEST(CompressorRegistryTest, PowerSgdIsNamedButNotCreatedHere) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  StatusOr<std::unique_ptr<Compressor>> c = registry.Create("powersgd:rank=2");
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(c.status().message().find("all-reduce path"), std::string::npos);
+  StatusOr<CompressorSpec> spec = ParseCompressorSpec("powersgd:rank=8,ef=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->options.rank, 8);
+  EXPECT_EQ(ParseCompressorSpec("powersgd").value().options.rank, 4);
 }
 
 TEST(CompressorRegistryTest, NullFromFactoryIsAnInternalError) {
