@@ -350,6 +350,18 @@ Status Communicator::Impl::FinalizeLocked() {
   }
   GS_RETURN_IF_ERROR(compression_->Assign(infos));
   finalized_ = true;
+  if (ps_ != nullptr) {
+    // The PS client compresses each partition itself, so the shards can
+    // decompress what they own; on the engine thread, before any bucket.
+    std::vector<std::pair<uint32_t, std::string>> specs;
+    for (const BucketInfo& info : infos) specs.emplace_back(info.id, compression_->SpecOf(info.id));
+    Enqueue([this, specs = std::move(specs)] {
+      for (const auto& [id, spec] : specs) {
+        Status s = ps_->SetCompression(id, spec);
+        if (!s.ok()) return Fail(s);
+      }
+    });
+  }
   std::vector<wire::TensorSpecFields> layout;
   for (const Tensor& t : bucketer_.tensors()) {
     layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
@@ -430,11 +442,17 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   const SteadyTime start = std::chrono::steady_clock::now();
   const Deadline deadline = Deadline::After(options_.op_timeout);
   BucketCompression::Traffic traffic{b->bytes(), b->bytes(), false};
-  Status s = b->dtype == DType::kF32
-                 ? compression_->Reduce(*backend_, b->id, reinterpret_cast<float*>(b->data()),
-                                        b->count, tag, session_->job_id(), deadline, &traffic)
-                 : backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag,
-                                       deadline);
+  Status s;
+  if (ps_ != nullptr) {
+    s = ps_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag, deadline);
+    const PsClient::Traffic moved = ps_->last_traffic();
+    traffic = BucketCompression::Traffic{moved.sent, moved.received, false};
+  } else if (b->dtype == DType::kF32) {
+    s = compression_->Reduce(*backend_, b->id, reinterpret_cast<float*>(b->data()), b->count,
+                             tag, session_->job_id(), deadline, &traffic);
+  } else {
+    s = backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag, deadline);
+  }
   const SyncOp op = path_ == SyncPath::kPs ? SyncOp::kPushPull
                     : traffic.gathered     ? SyncOp::kAllGather
                                            : SyncOp::kAllReduce;

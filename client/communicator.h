@@ -15,7 +15,9 @@
 // bucket_bytes (25 MiB), op_timeout_ms (60000: how long a collective may take
 // before the missing rank is named), ring_chunk_bytes (1 MiB), cuda_device,
 // and compression, compression_min_bytes, compression_overrides (see
-// client/bucket_compression.h).
+// client/bucket_compression.h). On path=ps the chosen compressor compresses
+// each partition a shard owns, and the shard decompresses it
+// (client/ps_client.h); ps_reply_compression=fp16|bf16 halves the pulls.
 //
 // Bucketing follows PyTorch DDP: tensors are packed into buckets in reverse
 // registration order (gradients of the last layers come first in the

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "common/placement.h"
 
@@ -48,6 +49,12 @@ StatusOr<PsClientOptions> PsClientOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t partition, config.GetInt("partition_bytes", 4 << 20));
   GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
   GS_ASSIGN_OR_RETURN(int64_t resend, config.GetInt("ps_resend_ms", 1000));
+  GS_ASSIGN_OR_RETURN(std::string reply, config.GetString("ps_reply_compression", "none"));
+  if (reply != "none" && reply != "fp16" && reply != "bf16") {
+    return InvalidArgumentError("ps_reply_compression must be none, fp16 or bf16, got '" +
+                                reply + "'");
+  }
+  o.reply_codec = reply == "none" ? "" : reply;
   if (partition < 4) return InvalidArgumentError("partition_bytes must be at least 4");
   if (resend <= 0) return InvalidArgumentError("ps_resend_ms must be positive");
   o.partition_bytes = static_cast<size_t>(partition);
@@ -64,7 +71,9 @@ class PsClient::Exchange {
       : c_(client), bucket_(bucket), data_(data), round_(round), tag_(tag),
         deadline_(deadline), holds_(std::make_shared<SendHolds>()) {}
 
-  Status Run(std::vector<PartitionSpan> plan, std::vector<uint64_t>* versions);
+  // `encoders`: one per partition, or none (uncompressed).
+  Status Run(std::vector<PartitionSpan> plan, BucketState* bucket);
+  Traffic traffic() const { return traffic_; }
 
  private:
   struct Part {
@@ -72,10 +81,15 @@ class PsClient::Exchange {
     bool replied = false;
     wire::Message reply;
     uint64_t version = 0;
+    // A compressed push: its bytes and how they are encoded.
+    std::optional<wire::Payload> compressed;
+    wire::DataFields encoding;
   };
 
+  Status Compress(BucketState* bucket);
   Status SendAll(const std::vector<uint64_t>& versions, bool resend);
-  Status Send(const PartitionSpan& span, MsgType type, uint64_t version);
+  Status Send(size_t p, MsgType type, uint64_t version);
+  Status Decode(size_t p);
   Status OnMessage(wire::Incoming in);
   std::string Missing() const;
   int ShardOf(const wire::Route& from) const;
@@ -91,14 +105,16 @@ class PsClient::Exchange {
   std::vector<Part> parts_;
   size_t remaining_ = 0;
   bool push_ = true;
+  Traffic traffic_;
 };
 
-Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan,
-                               std::vector<uint64_t>* versions) {
+Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* bucket) {
   plan_ = std::move(plan);
   parts_.resize(plan_.size());
   remaining_ = plan_.size();
   push_ = round_ > 0 || c_->peers_.rank == 0;
+  std::vector<uint64_t>* versions = &bucket->versions;
+  if (push_ && round_ > 0) GS_RETURN_IF_ERROR(Compress(bucket));
   GS_RETURN_IF_ERROR(SendAll(*versions, false));
   Millis interval = c_->options_.resend_after;
   SteadyTime next_resend = std::chrono::steady_clock::now() + interval;
@@ -126,12 +142,48 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan,
                                  std::to_string(bucket_) + " before the deadline");
   }
   for (size_t p = 0; p < plan_.size(); ++p) {
-    uint8_t* dst = data_ + plan_[p].offset * sizeof(float);
-    for (const wire::Payload& frame : parts_[p].reply.payloads) {
+    GS_RETURN_IF_ERROR(Decode(p));
+    (*versions)[p] = parts_[p].version;
+  }
+  return Status();
+}
+
+// Every partition once, before the first send: a resend sends the same bytes
+// and the error-feedback residuals move once per round.
+Status PsClient::Exchange::Compress(BucketState* bucket) {
+  if (bucket->encoders.empty()) return Status();
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    const PartitionSpan& span = plan_[p];
+    const compression::CompressContext ctx = compression::PartitionContext(
+        c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
+    const float* values = reinterpret_cast<const float*>(data_) + span.offset;
+    GS_ASSIGN_OR_RETURN(wire::Payload payload,
+                        bucket->encoders[p]->Encode(values, span.count, ctx,
+                                                    &parts_[p].encoding));
+    parts_[p].compressed = std::move(payload);
+  }
+  return Status();
+}
+
+// The reply of partition p into the caller's buffer.
+Status PsClient::Exchange::Decode(size_t p) {
+  const wire::Message& reply = parts_[p].reply;
+  uint8_t* dst = data_ + plan_[p].offset * sizeof(float);
+  traffic_.received += reply.PayloadBytes();
+  if (c_->reply_family_ == wire::Compression::None) {
+    for (const wire::Payload& frame : reply.payloads) {
       std::memcpy(dst, frame.data, frame.size);
       dst += frame.size;
     }
-    (*versions)[p] = parts_[p].version;
+    return Status();
+  }
+  wire::ErrorCode code;
+  Status s = c_->decoder_.Decode(*reply.header_view()->body_as_DataBody(), reply.payloads, {},
+                                 reinterpret_cast<float*>(dst), &code);
+  if (!s.ok()) {
+    return AbortedError("server " + std::to_string(plan_[p].shard) + " answered partition " +
+                        std::to_string(plan_[p].partition) + " of bucket " +
+                        std::to_string(bucket_) + " with a reply that " + s.message());
   }
   return Status();
 }
@@ -144,14 +196,16 @@ Status PsClient::Exchange::SendAll(const std::vector<uint64_t>& versions, bool r
     const Part& part = parts_[p];
     if (part.replied) continue;
     const bool push = push_ && !part.acked;
-    if (push) GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Push, versions[p]));
-    GS_RETURN_IF_ERROR(Send(plan_[p], MsgType::Pull, versions[p]));
+    if (push) GS_RETURN_IF_ERROR(Send(p, MsgType::Push, versions[p]));
+    GS_RETURN_IF_ERROR(Send(p, MsgType::Pull, versions[p]));
     if (resend) c_->resent_ += push ? 2 : 1;
   }
   return Status();
 }
 
-Status PsClient::Exchange::Send(const PartitionSpan& span, MsgType type, uint64_t version) {
+Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
+  const PartitionSpan& span = plan_[p];
+  const Part& part = parts_[p];
   wire::DataFields f;
   f.bucket = bucket_;
   f.partition = span.partition;
@@ -161,11 +215,21 @@ Status PsClient::Exchange::Send(const PartitionSpan& span, MsgType type, uint64_
   f.round = round_;
   f.version = version;
   std::vector<wire::Payload> payloads;
-  if (type == MsgType::Push) {
+  if (type == MsgType::Push && part.compressed) {
+    payloads.push_back(*part.compressed);
+    f.compression = part.encoding.compression;
+    f.codec = part.encoding.codec;
+  } else if (type == MsgType::Push) {
     payloads.push_back(wire::Payload::Borrow(data_ + span.offset * sizeof(float),
                                              span.count * sizeof(float),
                                              SendHolds::Hold(holds_)));
+  } else if (!c_->options_.reply_codec.empty()) {
+    f.compression = c_->reply_family_;
+    f.codec = c_->options_.reply_codec;
+  }
+  if (type == MsgType::Push) {
     c_->pushes_++;
+    if (!part.acked) traffic_.sent += payloads.back().size;
   } else {
     c_->pulls_++;
   }
@@ -203,13 +267,19 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
   part.acked = true;
   if (v.type != MsgType::Reply || part.replied) return Status();
   const PartitionSpan& span = plan_[d->partition()];
-  if (d->num_elements() != span.count || in.message.PayloadBytes() != span.count * 4 ||
-      d->dtype() != wire::DType::F32 || d->compression() != wire::Compression::None) {
+  const std::string codec = d->codec() != nullptr ? d->codec()->str() : "";
+  if (d->num_elements() != span.count ||
+      in.message.PayloadBytes() != span.count * c_->reply_elem_bytes_ ||
+      d->dtype() != wire::DType::F32 || d->compression() != c_->reply_family_ ||
+      codec != c_->options_.reply_codec) {
+    const std::string want = c_->options_.reply_codec.empty() ? "f32" : c_->options_.reply_codec;
     return AbortedError("server " + std::to_string(shard) + " answered partition " +
                         std::to_string(span.partition) + " of bucket " +
                         std::to_string(bucket_) + " with " +
-                        std::to_string(d->num_elements()) + " elements, expected " +
-                        std::to_string(span.count) + " f32");
+                        std::to_string(d->num_elements()) + " elements in " +
+                        std::to_string(in.message.PayloadBytes()) + " bytes" +
+                        (codec.empty() ? "" : " of " + codec) + ", expected " +
+                        std::to_string(span.count) + " " + want);
   }
   part.replied = true;
   part.version = d->version();
@@ -245,6 +315,11 @@ PsClient::PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& pe
       health_(std::move(health)),
       policy_(wire::Policy::Accepting({MsgType::Ack, MsgType::Reply, MsgType::Error})) {
   policy_.job_id = peers.sender.job_id;
+  compression::RegisterBuiltins(&registry_);
+  if (!options_.reply_codec.empty()) {
+    reply_elem_bytes_ = 2;  // fp16, bf16
+    reply_family_ = *compression::WireCompressionOf(options_.reply_codec);
+  }
 }
 
 StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Transport> transport,
@@ -291,8 +366,15 @@ Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
                                 std::to_string(b.count) + " elements, now " +
                                 std::to_string(count));
   }
+  if (b.encoders.empty() && b.spec != "none") {
+    for (size_t p = 0; p < plan.size(); ++p) {
+      GS_ASSIGN_OR_RETURN(auto encoder, compression::PayloadEncoder::Create(registry_, b.spec));
+      b.encoders.push_back(std::move(encoder));
+    }
+  }
   Exchange exchange(this, tag.bucket, static_cast<uint8_t*>(data), b.next_round, tag, deadline);
-  Status s = exchange.Run(std::move(plan), &b.versions);
+  Status s = exchange.Run(std::move(plan), &b);
+  last_traffic_ = exchange.traffic();
   if (!s.ok()) {
     broken_ = s;
     return s;
@@ -311,6 +393,25 @@ Status PsClient::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
                            Deadline deadline) {
   if (fallback_ == nullptr) return UnimplementedError("no collectives for Broadcast");
   return fallback_->Broadcast(data, bytes, root, tag, deadline);
+}
+
+Status PsClient::SetCompression(uint32_t bucket, const std::string& spec) {
+  BucketState& b = buckets_[bucket];
+  if (b.count != 0) {
+    return FailedPreconditionError("bucket " + std::to_string(bucket) +
+                                   " was pushed already; its compression is set before");
+  }
+  if (spec != "none") {
+    StatusOr<std::unique_ptr<compression::PayloadEncoder>> made =
+        compression::PayloadEncoder::Create(registry_, spec);
+    if (!made.ok()) {
+      return InvalidArgumentError("bucket " + std::to_string(bucket) + ": compression \"" +
+                                  spec + "\" is not available on the parameter-server path: " +
+                                  made.status().message());
+    }
+  }
+  b.spec = spec;
+  return Status();
 }
 
 PsClientStats PsClient::stats() const {

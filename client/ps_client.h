@@ -18,6 +18,14 @@
 // Communicator's direct AllReduce (tag.bucket == kDirectOpBucket) go to the
 // `fallback` collectives (the ring).
 //
+// Compression (SetCompression): each partition of a gradient push is
+// compressed on its own, by a compressor instance of its own (so with its own
+// error-feedback residual), and the shard decompresses it and aggregates in
+// fp32 (compression/wire_codec.h). Initial parameters (round 0) travel
+// uncompressed. A resent push resends the same bytes: it is compressed once.
+// With reply_codec "fp16" or "bf16" the shards answer in that encoding (half
+// the pull bytes; the values are rounded, the shards keep fp32).
+//
 // Every push carries (worker, bucket, partition, round, seq) so the shard
 // applies it once; a push or pull that is not answered within `resend_after`
 // is sent again, the wait doubling up to 8 x resend_after. Every received
@@ -29,7 +37,8 @@
 // answer), Unavailable (the health check failed). After an error every later
 // call returns it again.
 //
-// Settings: partition_bytes (4 MiB), optimizer (none), ps_resend_ms (1000).
+// Settings: partition_bytes (4 MiB), optimizer (none), ps_resend_ms (1000),
+// ps_reply_compression (none | fp16 | bf16; none).
 //
 // Thread-safety: as Collectives, one operation at a time.
 #ifndef GRADSYNC_CLIENT_PS_CLIENT_H_
@@ -47,6 +56,8 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "compression/registry.h"
+#include "compression/wire_codec.h"
 #include "wire/message.h"
 #include "wire/rejected_metrics.h"
 #include "wire/transport.h"
@@ -63,8 +74,9 @@ struct PsClientOptions {
   Millis resend_after{1000};
   Millis poll_interval{20};       // how often a waiting call runs `health`
   wire::RejectedMetrics* rejected = nullptr;  // refused messages by reason; may be null
+  std::string reply_codec;        // "", "fp16" or "bf16"
 
-  // Reads partition_bytes, optimizer and ps_resend_ms.
+  // Reads partition_bytes, optimizer, ps_resend_ms and ps_reply_compression.
   static StatusOr<PsClientOptions> FromConfig(const Config& config);
 };
 
@@ -108,11 +120,26 @@ class PsClient : public Collectives {
 
   PsClientStats stats() const;
 
+  // Compresses the gradient pushes of `bucket` with `spec` (see
+  // compression/registry.h; "none": uncompressed). Before the bucket's
+  // first AllReduce. InvalidArgument for a spec the shards cannot decode.
+  Status SetCompression(uint32_t bucket, const std::string& spec);
+
+  // The payload bytes the last AllReduce pushed and received.
+  struct Traffic {
+    size_t sent = 0;
+    size_t received = 0;
+  };
+  Traffic last_traffic() const { return last_traffic_; }
+
  private:
   struct BucketState {
     size_t count = 0;
     uint64_t next_round = 0;
     std::vector<uint64_t> versions;  // per partition: of the last Reply
+    std::string spec = "none";
+    // Per partition; empty: uncompressed.
+    std::vector<std::unique_ptr<compression::PayloadEncoder>> encoders;
   };
   class Exchange;  // one AllReduce in flight (ps_client.cc)
 
@@ -127,6 +154,11 @@ class PsClient : public Collectives {
   wire::Policy policy_;
   std::vector<wire::ConnId> conns_;  // per shard
   std::map<uint32_t, BucketState> buckets_;
+  compression::CompressorRegistry registry_;
+  compression::PayloadDecoder decoder_;
+  size_t reply_elem_bytes_ = 4;  // of a reply element in reply_codec
+  wire::Compression reply_family_ = wire::Compression::None;
+  Traffic last_traffic_;
   uint64_t seq_ = 0;
   Status broken_;
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, resent_{0}, rejected_{0}, stray_{0};

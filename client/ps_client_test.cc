@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/placement.h"
+#include "compression/registry.h"
+#include "compression/wire_codec.h"
 #include "gtest/gtest.h"
 #include "server/ps_shard.h"
 #include "wire/inproc_transport.h"
@@ -90,6 +94,7 @@ struct JobSpec {
   OptimizerKind optimizer = OptimizerKind::kNone;
   std::function<HookTransport::Hook()> make_hook;  // one hook per worker
   bool client_thinks_optimizer = false;
+  std::string reply_codec;
 };
 
 JobSpec Spec(int workers, int shards, PsMode mode = PsMode::kSync, uint64_t staleness = 0,
@@ -128,6 +133,7 @@ class PsJob {
     co.partition_bytes = 64;
     co.server_optimizer = spec.optimizer != OptimizerKind::kNone || spec.client_thinks_optimizer;
     co.resend_after = Millis(30);
+    co.reply_codec = spec.reply_codec;
     for (int w = 0; w < spec.workers; ++w) {
       peers.rank = w;
       peers.sender = wire::Sender{wire::Role::Worker, w, kJob};
@@ -279,6 +285,146 @@ TEST(PsClientTest, RefusesOtherDtypesAndChangedSizesAndSendsDirectOpsElsewhere) 
   EXPECT_EQ(job.client(0).AllReduce(f.data(), 8, DType::kF32, ReduceOp::kSum,
                                     {0, kDirectOpBucket, 2, 0}, Deadline::AfterMs(100)).code(),
             StatusCode::kUnimplemented);
+}
+
+// What the shards must compute from compressed pushes: each worker's
+// compressor mirrored here (one instance per partition, residuals included),
+// decompressed, summed in rank order and divided, partition by partition.
+class CompressedAverage {
+ public:
+  CompressedAverage(const std::string& spec, int workers, size_t count, uint32_t bucket,
+                    int shards)
+      : plan_(PlanPartitions(bucket, count, sizeof(float), 64, shards)), bucket_(bucket) {
+    compression::RegisterBuiltins(&registry_);
+    mirrors_.resize(static_cast<size_t>(workers));
+    for (auto& per_worker : mirrors_) {
+      for (size_t p = 0; p < plan_.size(); ++p) {
+        per_worker.push_back(std::move(registry_.Create(spec)).value());
+      }
+    }
+  }
+
+  // The average of the workers' `inputs` of `step` as the shards make it.
+  std::vector<float> Next(const std::vector<std::vector<float>>& inputs, uint64_t step) {
+    const size_t n = inputs[0].size();
+    std::vector<float> avg(n, 0.0f);
+    for (size_t w = 0; w < inputs.size(); ++w) {
+      for (size_t p = 0; p < plan_.size(); ++p) {
+        const PartitionSpan& span = plan_[p];
+        compression::Compressor& c = *mirrors_[w][p];
+        const auto ctx = compression::PartitionContext(kJob, step, bucket_, span.partition);
+        std::vector<uint8_t> bytes(c.WireBytes(span.count));
+        std::vector<float> d(span.count);
+        EXPECT_TRUE(c.Compress(inputs[w].data() + span.offset, span.count, ctx, bytes.data(),
+                               bytes.size()).ok());
+        EXPECT_TRUE(c.Decompress(bytes.data(), bytes.size(), span.count, ctx, d.data()).ok());
+        for (size_t i = 0; i < span.count; ++i) avg[span.offset + i] += d[i];
+        wire_bytes_ += w == 0 ? bytes.size() : 0;
+      }
+    }
+    for (float& v : avg) v /= static_cast<float>(inputs.size());
+    return avg;
+  }
+  size_t wire_bytes_per_round() const { return wire_bytes_; }
+
+ private:
+  std::vector<PartitionSpan> plan_;
+  uint32_t bucket_;
+  compression::CompressorRegistry registry_;
+  std::vector<std::vector<std::unique_ptr<compression::Compressor>>> mirrors_;
+  size_t wire_bytes_ = 0;
+};
+
+std::vector<float> Gradient(int rank, int round, size_t n) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = std::sin(0.3f * static_cast<float>(i) + static_cast<float>(rank * 7 + round));
+  }
+  return g;
+}
+
+TEST(PsClientTest, CompressedPushesAverageWhatEveryWorkersCompressorSent) {
+  const int workers = 3, shards = 2, rounds = 4;
+  const size_t n = 150;  // 10 partitions of 16 floats, the last short
+  for (const std::string spec : {"topk:ratio=0.25,ef=1", "qsgd:chunk=8", "sign:chunk=8,ef=1",
+                                 "randomk:ratio=0.5,ef=1", "fp16", "bf16:ef=1"}) {
+    SCOPED_TRACE(spec);
+    JobSpec js = Spec(workers, shards);
+    // Lost messages are resent as the same bytes: residuals move once a round.
+    js.make_hook = [] { return DropFirst(3); };
+    PsJob job(js);
+    std::vector<std::vector<float>> want;
+    CompressedAverage mirror(spec, workers, n, 2, shards);
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<float>> inputs;
+      for (int w = 0; w < workers; ++w) inputs.push_back(Gradient(w, round, n));
+      want.push_back(mirror.Next(inputs, static_cast<uint64_t>(round)));
+    }
+    std::vector<PsClient::Traffic> traffic(workers);
+    job.Run([&](int rank, PsClient& c) {
+      ASSERT_TRUE(c.SetCompression(2, spec).ok());
+      for (int round = 0; round < rounds; ++round) {
+        std::vector<float> g = Gradient(rank, round, n);
+        OpTag tag{static_cast<uint64_t>(round), 2, static_cast<uint64_t>(round), 0};
+        ASSERT_TRUE(c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag,
+                                Deadline::AfterMs(10000)).ok());
+        ASSERT_EQ(g, want[static_cast<size_t>(round)]) << "rank " << rank << " round " << round;
+      }
+      traffic[static_cast<size_t>(rank)] = c.last_traffic();
+    });
+    EXPECT_EQ(job.ShardStats().rejected, 0u);
+    for (const PsClient::Traffic& t : traffic) {
+      EXPECT_EQ(t.sent * rounds, mirror.wire_bytes_per_round());
+      EXPECT_EQ(t.received, n * sizeof(float));
+    }
+  }
+}
+
+TEST(PsClientTest, RepliesInFp16AreTheRoundedAverage) {
+  JobSpec js = Spec(2, 3);
+  js.reply_codec = "fp16";
+  PsJob job(js);
+  const size_t n = 77;
+  job.Run([&](int rank, PsClient& c) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<float> g = Gradient(rank, round, n), want(n);
+      for (size_t i = 0; i < n; ++i) {
+        want[i] = (Gradient(0, round, n)[i] + Gradient(1, round, n)[i]) / 2.0f;
+      }
+      compression::CompressorRegistry registry;
+      compression::RegisterBuiltins(&registry);
+      auto fp16 = std::move(registry.Create("fp16")).value();
+      std::vector<uint8_t> bytes(2 * n);
+      ASSERT_TRUE(fp16->Compress(want.data(), n, {}, bytes.data(), bytes.size()).ok());
+      ASSERT_TRUE(fp16->Decompress(bytes.data(), bytes.size(), n, {}, want.data()).ok());
+      OpTag tag{static_cast<uint64_t>(round), 0, static_cast<uint64_t>(round), 0};
+      ASSERT_TRUE(c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag,
+                              Deadline::AfterMs(10000)).ok());
+      ASSERT_EQ(g, want) << "rank " << rank << " round " << round;
+      EXPECT_EQ(c.last_traffic().received, 2 * n);
+      EXPECT_EQ(c.last_traffic().sent, 4 * n);
+    }
+  });
+}
+
+TEST(PsClientTest, SetCompressionRefusesWhatTheShardsCannotDecode) {
+  PsJob job(Spec(1, 1));
+  EXPECT_TRUE(job.client(0).SetCompression(0, "none").ok());
+  for (const char* bad : {"zip", "topk:ratio=2", "none:ef=1", "powersgd:rank=2"}) {
+    Status s = job.client(0).SetCompression(0, bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("not available on the parameter-server path"), std::string::npos)
+        << s;
+  }
+  std::vector<float> f(8, 1.0f);
+  ASSERT_TRUE(job.client(0).AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage,
+                                      {0, 1, 0, 0}, Deadline::AfterMs(5000)).ok());
+  EXPECT_EQ(job.client(0).SetCompression(1, "fp16").code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(PsClientOptions::FromConfig(Config::FromMap({{"ps_reply_compression", "topk"}}))
+                   .ok());
+  auto fp16 = PsClientOptions::FromConfig(Config::FromMap({{"ps_reply_compression", "fp16"}}));
+  ASSERT_TRUE(fp16.ok());
+  EXPECT_EQ(fp16->reply_codec, "fp16");
 }
 
 // Workers of uneven speed train for `rounds` rounds; returns the largest
