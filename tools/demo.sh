@@ -24,7 +24,8 @@ TRAINER_FLAGS=${TRAINER_FLAGS:-}
 # One mode per entry: name|uses servers (0 or 1)|job environment|trainer flags.
 # Stale gradients act as momentum of their own: the asynchronous mode keeps
 # less server-side momentum (0.5) and SSP none, each with the learning rate
-# that reached the synchronous accuracy in 3 epochs.
+# that reached the synchronous accuracy in 3 epochs. PowerSGD's error
+# feedback with the trainer's momentum 0.9 diverges; it runs plain SGD.
 # The environment reaches the scheduler, the shards and the trainers alike.
 MODES=(
   "allreduce-ring|0||--path=allreduce --backend=ring"
@@ -33,6 +34,8 @@ MODES=(
   "ps-ssp2|1|GRADSYNC_PS_MODE=ssp GRADSYNC_STALENESS=2 GRADSYNC_OPTIMIZER=sgd GRADSYNC_LR=0.15|--path=ps"
   "allreduce-fp16|0||--path=allreduce --backend=ring --compression=fp16"
   "allreduce-topk-ef|0||--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
+  "allreduce-powersgd|0||--path=allreduce --backend=ring --compression=powersgd:rank=4 --momentum=0 --lr=0.1"
+  "ps-topk-ef|1|GRADSYNC_PS_MODE=sync|--path=ps --compression=topk:ratio=0.01,ef=1 --ps_reply_compression=fp16"
 )
 
 selected=()
