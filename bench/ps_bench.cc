@@ -63,12 +63,23 @@
 // busy machine measures the data path rather than resends); resends, if
 // any, are shown in the table.
 //
+// With --compression=SPEC (compression/registry.h) the PsClients compress
+// every push partition with SPEC and the shards decompress it; with
+// --reply=fp16|bf16 the shards answer in that encoding. Goodput still counts
+// the uncompressed gradient bytes synchronised, so against raw ZeroMQ moving
+// those bytes uncompressed the ratio is the effective speed-up (or cost) of
+// compressing. The workers' values then vary along the bucket (rank + 1 plus
+// a ripple, so top-k has real work), and the check before timing only
+// requires finite results; the JSON lines carry "compression" and "reply".
+//
 //   bazel run --config=opt //bench:ps_bench -- --quick
 //   flags: --quick --shards=1,2,4 --workers=1,2,3,4 --reps=N --warmup=N
 //          --rounds=N --parts=k --resend_ms=N --server_bin=PATH --keep_tmp
+//          --compression=SPEC --reply=none|fp16|bf16
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -117,6 +128,8 @@ struct Settings {
   int64_t resend_ms = 10000;
   std::string server_bin;
   bool keep_tmp = false;
+  std::string compression = "none";
+  std::string reply = "none";
 };
 
 StatusOr<std::vector<int>> IntList(const Config& config, const std::string& name,
@@ -159,6 +172,11 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.resend_ms, config.GetInt("resend_ms", 10000));
   GS_ASSIGN_OR_RETURN(s.server_bin, config.GetString("server_bin", FindServer()));
   GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
+  GS_ASSIGN_OR_RETURN(s.compression, config.GetString("compression", "none"));
+  GS_ASSIGN_OR_RETURN(s.reply, config.GetString("reply", "none"));
+  if (s.reply != "none" && s.reply != "fp16" && s.reply != "bf16") {
+    return InvalidArgumentError("--reply must be none, fp16 or bf16");
+  }
   if (reps < 1 || warmup < 0 || rounds < 1 || parts < 1 || parts > 8 || s.resend_ms < 1) {
     return InvalidArgumentError("--reps, --rounds, --parts and --resend_ms must be positive, "
                                 "--warmup not negative, --parts at most 8");
@@ -215,6 +233,8 @@ struct Plan {
   int shards = 1, workers = 1, parts = 1, rounds = 1, reps = 1, warmup = 0;
   uint32_t bucket = 0;
   int64_t resend_ms = 0;
+  std::string compression, reply;
+  bool lossy() const { return compression != "none" || reply != "none"; }
   size_t bucket_bytes() const { return kPartitionBytes * parts * shards; }
   size_t count() const { return bucket_bytes() / sizeof(float); }
 };
@@ -356,8 +376,12 @@ StatusOr<std::unique_ptr<client::PsClient>> MakePsClient(client::Session& sessio
   client::PsClientOptions options;
   options.partition_bytes = kPartitionBytes;
   options.resend_after = Millis(plan.resend_ms);
+  options.reply_codec = plan.reply == "none" ? "" : plan.reply;
   GS_ASSIGN_OR_RETURN(auto transport, wire::ZmqTransport::Create({}));
-  return client::PsClient::Create(std::move(transport), peers, options, nullptr, nullptr);
+  GS_ASSIGN_OR_RETURN(auto client, client::PsClient::Create(std::move(transport), peers, options,
+                                                            nullptr, nullptr));
+  GS_RETURN_IF_ERROR(client->SetCompression(plan.bucket, plan.compression));
+  return client;
 }
 
 class WorkerThread {
@@ -373,6 +397,9 @@ class WorkerThread {
     GS_ASSIGN_OR_RETURN(ps_, MakePsClient(*session_, p));
     GS_RETURN_IF_ERROR(raw_.Connect(sh_->raw, w_));
     std::fill(data_.begin(), data_.end(), static_cast<float>(session_->rank() + 1));
+    if (p.lossy()) {
+      for (size_t i = 0; i < data_.size(); ++i) data_[i] += 0.5f * std::sin(0.001f * i);
+    }
     if (!sh_->barrier.Wait()) return AbortedError("another worker failed");
     GS_RETURN_IF_ERROR(Check());
     for (int rep = 0; rep < p.warmup + p.reps; ++rep) {
@@ -399,7 +426,7 @@ class WorkerThread {
     GS_RETURN_IF_ERROR(PsRound());
     const float want = (sh_->plan.workers + 1) / 2.0f;
     for (size_t i = 0; i < data_.size(); ++i) {
-      if (data_[i] != want) {
+      if (sh_->plan.lossy() ? !std::isfinite(data_[i]) : data_[i] != want) {
         return DataLossError("worker " + std::to_string(w_) + ": element " + std::to_string(i) +
                              " is " + std::to_string(data_[i]) + ", want " +
                              std::to_string(want));
@@ -570,6 +597,8 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
   p.reps = s.reps;
   p.warmup = s.warmup;
   p.resend_ms = s.resend_ms;
+  p.compression = s.compression;
+  p.reply = s.reply;
   GS_ASSIGN_OR_RETURN(p.bucket, BalancedBucket(shards, s.parts));
   const std::string dir = tmp + "/s" + std::to_string(shards) + "w" + std::to_string(workers);
   std::filesystem::create_directories(dir);
@@ -623,6 +652,7 @@ void PrintHeader(const Settings& s) {
               "per shard per worker, %d rounds per repetition, median of %d (p10..p90); "
               "GB/s = 1e9 B/s\n",
               s.parts, s.rounds, s.reps);
+  std::printf("ps pushes compressed with %s, replies %s\n", s.compression.c_str(), s.reply.c_str());
   std::printf("%6s %7s %9s | %8s %17s %9s | %8s %17s | %6s %6s\n", "shards", "workers",
               "bucket", "ps GB/s", "(p10..p90)", "per shard", "raw GB/s", "(p10..p90)", "ratio",
               "paired");
@@ -676,13 +706,14 @@ void PrintTargets(const Settings& s, const std::vector<Row>& rows) {
               verdict(growth_checked, flat).c_str());
 }
 
-void PrintJson(const std::vector<Row>& rows) {
+void PrintJson(const Settings& s, const std::vector<Row>& rows) {
   std::printf("\n");
   for (const Row& r : rows) {
     std::printf("{\"impl\":\"gradsync_ps\",\"shards\":%d,\"workers\":%d,\"bytes\":%zu,"
                 "\"goodput_gbps\":%.4f,\"raw_zmq_gbps\":%.4f,\"ratio\":%.4f,"
-                "\"per_shard_gbps\":%.4f}\n",
-                r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard());
+                "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\"}\n",
+                r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard(),
+                s.compression.c_str(), s.reply.c_str());
   }
 }
 
@@ -705,7 +736,7 @@ int BenchMain(const Settings& s) {
   }
   std::printf("(took %.1f s)\n", std::chrono::duration<double>(Steady::now() - t0).count());
   PrintTargets(s, rows);
-  PrintJson(rows);
+  PrintJson(s, rows);
   if (!s.keep_tmp) std::filesystem::remove_all(tmp);
   return 0;
 }
