@@ -168,19 +168,13 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
 // The reply of partition p into the caller's buffer.
 Status PsClient::Exchange::Decode(size_t p) {
   const wire::Message& reply = parts_[p].reply;
-  uint8_t* dst = data_ + plan_[p].offset * sizeof(float);
+  float* dst = reinterpret_cast<float*>(data_) + plan_[p].offset;
   traffic_.received += reply.PayloadBytes();
-  if (c_->reply_family_ == wire::Compression::None) {
-    for (const wire::Payload& frame : reply.payloads) {
-      std::memcpy(dst, frame.data, frame.size);
-      dst += frame.size;
-    }
-    return Status();
-  }
   wire::ErrorCode code;
   Status s = c_->decoder_.Decode(*reply.header_view()->body_as_DataBody(), reply.payloads, {},
-                                 reinterpret_cast<float*>(dst), &code);
+                                 dst, &code);
   if (!s.ok()) {
+    c_->CountRejected(code);
     return AbortedError("server " + std::to_string(plan_[p].shard) + " answered partition " +
                         std::to_string(plan_[p].partition) + " of bucket " +
                         std::to_string(bucket_) + " with a reply that " + s.message());
@@ -242,8 +236,7 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
 Status PsClient::Exchange::OnMessage(wire::Incoming in) {
   wire::Verdict v = wire::Validate(in.message, c_->policy_);
   if (!v.ok()) {
-    c_->rejected_++;
-    if (c_->options_.rejected != nullptr) c_->options_.rejected->Count(v.code);
+    c_->CountRejected(v.code);
     if (v.ShouldAnswer()) {
       c_->transport_->Send(in.from, wire::MakeError(c_->peers_.sender, v.code, v.detail,
                                                     v.type_known ? v.type : MsgType::Error),
@@ -272,6 +265,7 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
       in.message.PayloadBytes() != span.count * c_->reply_elem_bytes_ ||
       d->dtype() != wire::DType::F32 || d->compression() != c_->reply_family_ ||
       codec != c_->options_.reply_codec) {
+    c_->CountRejected(wire::ErrorCode::SizeMismatch);
     const std::string want = c_->options_.reply_codec.empty() ? "f32" : c_->options_.reply_codec;
     return AbortedError("server " + std::to_string(shard) + " answered partition " +
                         std::to_string(span.partition) + " of bucket " +
@@ -412,6 +406,11 @@ Status PsClient::SetCompression(uint32_t bucket, const std::string& spec) {
   }
   b.spec = spec;
   return Status();
+}
+
+void PsClient::CountRejected(wire::ErrorCode code) {
+  rejected_++;
+  if (options_.rejected != nullptr) options_.rejected->Count(code);
 }
 
 PsClientStats PsClient::stats() const {

@@ -91,7 +91,7 @@ struct PsClientStats {
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   uint64_t resent = 0;    // pushes and pulls sent again after a timeout
-  uint64_t rejected = 0;  // received messages refused
+  uint64_t rejected = 0;  // received messages refused, replies that do not decode included
   uint64_t stray = 0;     // answers to an earlier round, ignored
 };
 
@@ -145,6 +145,8 @@ class PsClient : public Collectives {
 
   PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
            const PsClientOptions& options, Collectives* fallback, Health health);
+  // A received message refused: counted, and exported by reason.
+  void CountRejected(wire::ErrorCode code);
 
   std::unique_ptr<wire::Transport> transport_;
   const PsPeers peers_;

@@ -388,7 +388,8 @@ wire::Payload KeyTable::ReplyPayload(KeyState& k, const Snapshot& snap,
   EncodedReply& cached = k.encoded[codec];
   if (cached.source != values) {
     // fp16/bf16 take every size and need no context: Compress cannot fail.
-    std::unique_ptr<compression::Compressor> c = std::move(reply_codecs_.Create(codec)).value();
+    std::unique_ptr<compression::Compressor>& c = reply_encoders_[codec];
+    if (c == nullptr) c = std::move(reply_codecs_.Create(codec)).value();
     auto bytes = std::make_shared<std::vector<uint8_t>>(c->WireBytes(values->size()));
     c->Compress(values->data(), values->size(), {}, bytes->data(), bytes->size()).IgnoreError();
     cached = EncodedReply{values, wire::Payload::Borrow(bytes->data(), bytes->size(), bytes)};

@@ -233,6 +233,7 @@ class KeyTable {
   std::map<Key, KeyState> keys_;
   compression::PayloadDecoder decoder_;
   compression::CompressorRegistry reply_codecs_;
+  std::map<std::string, std::unique_ptr<compression::Compressor>> reply_encoders_;
 };
 
 }  // namespace gradsync::server
