@@ -66,10 +66,9 @@ StatusOr<Compressor*> PayloadDecoder::Find(const std::string& codec,
   return c;
 }
 
-Status PayloadDecoder::Decode(const wire::DataBody& d,
-                              const std::vector<wire::Payload>& payloads,
-                              const CompressContext& ctx, float* out,
-                              wire::ErrorCode* code) {
+Status PayloadDecoder::Check(const wire::DataBody& d,
+                             const std::vector<wire::Payload>& payloads,
+                             wire::ErrorCode* code) {
   const size_t n = d.num_elements();
   if (d.dtype() != wire::DType::F32) {
     *code = wire::ErrorCode::WrongType;
@@ -80,16 +79,11 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
   size_t total = 0;
   for (const wire::Payload& p : payloads) total += p.size;
   if (d.compression() == wire::Compression::None) {
-    if (total != n * sizeof(float)) {
+    if (n > total / sizeof(float) || total != n * sizeof(float)) {
       *code = wire::ErrorCode::SizeMismatch;
       return InvalidArgumentError("holds " + std::to_string(total) +
                                   " bytes for " + std::to_string(n) +
                                   " f32 elements");
-    }
-    uint8_t* dst = reinterpret_cast<uint8_t*>(out);
-    for (const wire::Payload& p : payloads) {
-      std::memcpy(dst, p.data, p.size);
-      dst += p.size;
     }
     return OkStatus();
   }
@@ -102,6 +96,27 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
         "holds " + std::to_string(total) + " bytes, \"" + codec + "\" writes " +
         std::to_string(want) + " for " + std::to_string(n) + " elements");
   }
+  return OkStatus();
+}
+
+Status PayloadDecoder::Decode(const wire::DataBody& d,
+                              const std::vector<wire::Payload>& payloads,
+                              const CompressContext& ctx, float* out,
+                              wire::ErrorCode* code) {
+  GS_RETURN_IF_ERROR(Check(d, payloads, code));
+  const size_t n = d.num_elements();
+  size_t total = 0;
+  for (const wire::Payload& p : payloads) total += p.size;
+  if (d.compression() == wire::Compression::None) {
+    uint8_t* dst = reinterpret_cast<uint8_t*>(out);
+    for (const wire::Payload& p : payloads) {
+      std::memcpy(dst, p.data, p.size);
+      dst += p.size;
+    }
+    return OkStatus();
+  }
+  const std::string codec = d.codec()->str();
+  GS_ASSIGN_OR_RETURN(Compressor * c, Find(codec, d.compression(), code));
   const uint8_t* in = payloads.size() == 1 ? payloads[0].data : nullptr;
   if (payloads.size() != 1) {
     joined_.resize(total);

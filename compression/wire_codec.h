@@ -50,6 +50,15 @@ class PayloadDecoder {
 
   PayloadDecoder();
 
+  // Verifies what Decode verifies before it writes anything (the dtype, the
+  // codec, and that the payload holds exactly the bytes the codec writes for
+  // d.num_elements()), so a receiver can refuse a message before it
+  // allocates room for the decoded values. Errors as Decode's, but never
+  // Malformed.
+  Status Check(const wire::DataBody& d,
+               const std::vector<wire::Payload>& payloads,
+               wire::ErrorCode* code);
+
   // Writes the `d.num_elements()` floats that `payloads` hold into `out`
   // (room for num_elements floats): copied when uncompressed (dtype f32),
   // decompressed with `ctx` otherwise. On failure nothing is promised about

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/placement.h"
+
 namespace gradsync::server {
 
 using wire::ErrorCode;
@@ -89,6 +91,10 @@ namespace {
 // no state and no context.
 bool IsReplyCodec(const std::string& codec) { return codec == "fp16" || codec == "bf16"; }
 
+bool SameRoute(const wire::Route& a, const wire::Route& b) {
+  return a.kind == b.kind && a.conn == b.conn && a.identity == b.identity;
+}
+
 Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
   return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
 }
@@ -108,22 +114,8 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
   Request r{from,      h.type(),  h.sender_rank(), {d.bucket(), d.partition()},
             d.num_elements(), d.round(), d.version(), h.step(), h.seq(), d.dtype(),
             d.compression(), d.codec() != nullptr ? d.codec()->str() : std::string()};
-  if (h.sender_role() != wire::Role::Worker || r.worker < 0 ||
-      r.worker >= rules_.num_workers) {
-    Reject(r, ErrorCode::BadSender, "the sender is not a worker of this job", out);
-    return false;
-  }
-  if (r.dtype != wire::DType::F32) {
-    Reject(r, ErrorCode::WrongType, std::string("carries ") + wire::EnumNameDType(r.dtype) +
-           " data; this shard takes f32 (compressed or not)", out);
-    return false;
-  }
-  KeyState& k = keys_[r.key];
-  if (r.num_elements == 0 || (k.num_elements != 0 && r.num_elements != k.num_elements)) {
-    Reject(r, ErrorCode::SizeMismatch, "carries " + std::to_string(r.num_elements) +
-           " elements, the key holds " + std::to_string(k.num_elements), out);
-    return false;
-  }
+  if (!Admit(r, h.sender_role(), d, msg, out)) return false;
+  keys_[r.key];  // admitted: the key exists from now on
   if (r.type == MsgType::Push) {
     std::vector<float> values(r.num_elements);
     ErrorCode code = ErrorCode::Unknown;
@@ -138,12 +130,68 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
     if (keep) *decoded = values;
     OnPush(r, std::move(values), out);
     if (keep && !took_) decoded->clear();
-  } else if (r.type == MsgType::Pull) {
-    OnPull(r, out);
   } else {
-    Reject(r, ErrorCode::WrongType, "a shard takes Push and Pull only", out);
+    OnPull(r, out);
   }
   return took_;
+}
+
+bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
+                     const wire::Message& msg, std::vector<Outgoing>* out) {
+  if (role != wire::Role::Worker || r.worker < 0 || r.worker >= rules_.num_workers) {
+    Reject(r, ErrorCode::BadSender, "the sender is not a worker of this job", out);
+    return false;
+  }
+  if (r.type != MsgType::Push && r.type != MsgType::Pull) {
+    Reject(r, ErrorCode::WrongType, "a shard takes Push and Pull only", out);
+    return false;
+  }
+  // A worker speaks over one connection: the one its first admitted message
+  // came over.
+  const auto route = routes_.find(r.worker);
+  if (route != routes_.end() && !SameRoute(route->second, r.from)) {
+    Reject(r, ErrorCode::BadSender, "comes over another connection than worker " +
+           std::to_string(r.worker) + "'s own", out);
+    return false;
+  }
+  if (r.dtype != wire::DType::F32) {
+    Reject(r, ErrorCode::WrongType, std::string("carries ") + wire::EnumNameDType(r.dtype) +
+           " data; this shard takes f32 (compressed or not)", out);
+    return false;
+  }
+  if (rules_.num_shards > 0 && ShardOf(r.key.first, r.key.second, rules_.num_shards) != rules_.shard) {
+    Reject(r, ErrorCode::Mismatch, "names a key placed on shard " +
+           std::to_string(ShardOf(r.key.first, r.key.second, rules_.num_shards)) +
+           ", this is shard " + std::to_string(rules_.shard), out);
+    return false;
+  }
+  const auto it = keys_.find(r.key);
+  const uint64_t held = it == keys_.end() ? 0 : it->second.num_elements;
+  if (r.num_elements == 0 || r.num_elements > rules_.max_elements ||
+      (held != 0 && r.num_elements != held)) {
+    const std::string limit = held != 0 ? "the key holds " + std::to_string(held)
+                                        : "a partition holds at most " +
+                                              std::to_string(rules_.max_elements) +
+                                              " (partition_bytes)";
+    Reject(r, ErrorCode::SizeMismatch,
+           "carries " + std::to_string(r.num_elements) + " elements, " + limit, out);
+    return false;
+  }
+  if (it == keys_.end() && keys_.size() >= rules_.max_keys) {
+    Reject(r, ErrorCode::Oversized, "would be key number " + std::to_string(keys_.size() + 1) +
+           " of a table that holds at most " + std::to_string(rules_.max_keys), out);
+    return false;
+  }
+  if (r.type == MsgType::Push) {
+    ErrorCode code = ErrorCode::Unknown;
+    Status s = decoder_.Check(d, msg.payloads, &code);
+    if (!s.ok()) {
+      Reject(r, code, s.message(), out);
+      return false;
+    }
+  }
+  routes_.emplace(r.worker, r.from);
+  return true;
 }
 
 std::map<KeyTable::Key, KeyState> KeyTable::SaveKeys() const {
@@ -225,6 +273,12 @@ void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<O
 void KeyTable::PushRound(const Request& r, std::vector<float> values,
                          std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
+  if (r.round <= k.closed) {
+    // Taken rounds were acknowledged as duplicates before this point: the
+    // round closed without this worker, which was then declared dead.
+    return Reject(r, ErrorCode::BadSequence, "is for a round this key closed without it (" +
+                  std::to_string(k.closed) + " closed)", out);
+  }
   const uint64_t limit = k.closed + rules_.staleness + 1;
   if (r.round > limit) {
     return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (" +

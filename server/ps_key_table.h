@@ -39,12 +39,16 @@
 // Staleness of a push = key version when applied - the push's version.
 //
 // Errors (answered with an Error naming the key, counted, state unchanged):
-// sender not a worker of the job; dtype other than f32, a codec that is
+// sender not a worker of the job, or a worker speaking over another
+// connection than the one it first used (BadSender); a key placed on another shard
+// (Mismatch); more elements than a partition holds, or a new key past
+// max_keys (SizeMismatch / Oversized); dtype other than f32, a codec that is
 // unknown, of another family than the message says, or (on a pull) not a
 // reply encoding (WrongType); a size other than the key's, or compressed
 // bytes of another size than the codec writes (SizeMismatch); compressed
 // bytes that do not decode (Malformed); a round
-// outside the plausible window, or a gradient before the initial parameters
+// outside the plausible window, one already closed without the sender, or a
+// gradient before the initial parameters
 // (BadSequence); initial parameters from a worker other than 0 or to a shard
 // without optimizer (BadSender / WrongType).
 //
@@ -61,6 +65,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/placement.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "compression/wire_codec.h"
@@ -81,6 +86,13 @@ struct PsRules {
   int32_t num_workers = 1;
   uint64_t async_window = 1024;  // async: rounds a push may run ahead
   uint64_t kept_results = 4;     // sync: closed rounds kept for late pulls
+  // Placement: with num_shards > 0, a key that common/placement.h puts on
+  // another shard than `shard` is refused.
+  int32_t shard = 0;
+  int32_t num_shards = 0;
+  // Per-key and per-table bounds, checked before anything is allocated.
+  uint64_t max_elements = kDefaultPartitionBytes / sizeof(float);  // partition_bytes / 4
+  size_t max_keys = 65536;
 };
 
 struct PsShardStats {
@@ -207,6 +219,11 @@ class KeyTable {
 
  private:
   struct Request;  // one decoded Push or Pull
+  // Whether `r` may touch the table: every check that needs no key state
+  // beyond the key's size, done before anything is allocated; refuses it
+  // otherwise.
+  bool Admit(const Request& r, wire::Role role, const wire::DataBody& d, const wire::Message& msg,
+             std::vector<Outgoing>* out);
   void OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
@@ -230,6 +247,7 @@ class KeyTable {
   const wire::Sender self_;
   ShardCounters* const counters_;
   std::set<int32_t> dead_;
+  std::map<int32_t, wire::Route> routes_;  // each worker's connection, from its first message
   std::map<Key, KeyState> keys_;
   compression::PayloadDecoder decoder_;
   compression::CompressorRegistry reply_codecs_;

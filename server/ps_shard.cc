@@ -24,7 +24,20 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.rules.staleness_lr, config.GetBool("staleness_lr", false));
   GS_ASSIGN_OR_RETURN(int64_t threads, config.GetInt("ps_threads", 2));
   GS_ASSIGN_OR_RETURN(o.checkpoint_dir, config.GetString("checkpoint_dir", ""));
+  GS_ASSIGN_OR_RETURN(int64_t partition,
+                      config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
+  GS_ASSIGN_OR_RETURN(int64_t max_keys, config.GetInt("ps_max_keys", 65536));
   GS_ASSIGN_OR_RETURN(o.optimizer, OptimizerOptions::FromConfig(config));
+  if (partition < 4 || partition > (int64_t{1} << 30)) {
+    return InvalidArgumentError("partition_bytes must be in [4, 2^30], got " +
+                                std::to_string(partition));
+  }
+  if (max_keys < 1 || max_keys > (int64_t{1} << 24)) {
+    return InvalidArgumentError("ps_max_keys must be in [1, 2^24], got " +
+                                std::to_string(max_keys));
+  }
+  o.rules.max_elements = static_cast<uint64_t>(partition) / sizeof(float);
+  o.rules.max_keys = static_cast<size_t>(max_keys);
   if (staleness < 0 || staleness > 1000000) {
     return InvalidArgumentError("staleness must be in [0, 1000000], got " +
                                 std::to_string(staleness));

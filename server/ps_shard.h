@@ -29,7 +29,9 @@
 //   ps_mode=sync|async|ssp (sync), staleness=s (ssp; 0), staleness_lr
 //   (async; false), ps_threads (2), optimizer=none|sgd|momentum|adam (none),
 //   lr (0.01), momentum (0.9), beta1 (0.9), beta2 (0.999), eps (1e-8),
-//   checkpoint_dir (empty: no checkpoints and no journal).
+//   checkpoint_dir (empty: no checkpoints and no journal), partition_bytes
+//   (4 MiB: the largest partition a push may carry; workers use the same
+//   setting or a smaller one), ps_max_keys (65536 keys per shard thread).
 //   async and ssp need a server-side optimizer.
 //
 // Thread-safety: all methods are thread-safe.
@@ -101,6 +103,9 @@ class PsShard {
   // FailedPrecondition without checkpoint_dir, Cancelled after Shutdown.
   Status Checkpoint();
   CheckpointStats checkpoint_stats() const;
+  // A copy of every key as a checkpoint would save it (no held pulls),
+  // taken on the key threads between messages. Cancelled after Shutdown.
+  StatusOr<std::map<KeyTable::Key, KeyState>> Keys();
   // OK unless the journal failed; then the shard answers nothing more.
   Status health() const;
   // Stops and joins the threads (after a checkpoint in progress); held pulls

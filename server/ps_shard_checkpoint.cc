@@ -155,6 +155,11 @@ StatusOr<ShardState> PsShard::TakeSnapshot(uint64_t journal_start) {
   return st;
 }
 
+StatusOr<std::map<KeyTable::Key, KeyState>> PsShard::Keys() {
+  GS_ASSIGN_OR_RETURN(ShardState st, TakeSnapshot(0));
+  return std::move(st.keys);
+}
+
 Status PsShard::Save(const ShardState& state) {
   GS_ASSIGN_OR_RETURN(uint64_t bytes, WriteCheckpoint(options_.checkpoint_dir, state));
   GS_RETURN_IF_ERROR(journal_->DropBefore(state.journal_start));

@@ -83,6 +83,8 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
 // declares dead stop holding rounds back.
 StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, PsShardOptions options) {
   options.rules.num_workers = node.agent->assignment().num_workers;
+  options.rules.shard = node.agent->sender().rank;
+  options.rules.num_shards = node.agent->assignment().num_servers;
   GS_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> started,
                       PsShard::Start(node.data.get(), options, node.agent->sender()));
   std::shared_ptr<PsShard> shard = std::move(started);
