@@ -252,12 +252,22 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
       continue;
     }
     if (want == MsgType::RingData) {
-      GS_RETURN_IF_ERROR(CheckData(*v.header, elems));
-      if (in.message.payloads.size() != 1) {
-        Refuse(in, ErrorCode::SizeMismatch, "a RingData message carries exactly one payload frame",
+      // What the bytes are must match before the fingerprint is even read:
+      // with this dtype, uncompressed, Validate has checked the payload size
+      // against num_elements, and CheckData checks num_elements.
+      const auto* d = v.header->body_as_DataBody();
+      if (d->dtype() != static_cast<wire::DType>(dtype_) ||
+          d->compression() != wire::Compression::None || in.message.payloads.size() != 1) {
+        Refuse(in, ErrorCode::WrongType,
+               std::string("a RingData of ") + RingOpName(kind_) + " carries one uncompressed " +
+                   DTypeName(dtype_) + " payload frame, not " +
+                   std::to_string(in.message.payloads.size()) + " frame(s) of " +
+                   wire::EnumNameDType(d->dtype()) + " compressed as " +
+                   wire::EnumNameCompression(d->compression()),
                v.type);
         continue;
       }
+      GS_RETURN_IF_ERROR(CheckData(*v.header, elems));
     }
     ++received_;
     ring_->messages_received_.fetch_add(1, std::memory_order_relaxed);

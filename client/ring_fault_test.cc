@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "client/ring.h"
+#include "client/ring_plan.h"
 #include "client/ring_test_util.h"
 #include "gtest/gtest.h"
 #include "wire/test_util.h"
@@ -166,6 +167,52 @@ TEST(RingFaultTest, BadMessagesAreRefusedCountedAndAnsweredWhileTheOpCompletes) 
     ASSERT_TRUE(v.ok());
     EXPECT_EQ(v.type, wire::MsgType::Error);
   }
+}
+
+// A RingData that claims the left neighbour, the operation's fingerprint and
+// the chunk's element count, but holds bytes of another type or compressed
+// bytes of another size, used to be added from past the end of its frame.
+TEST(RingFaultTest, DataOfAnotherTypeOrCompressedIsRefusedBeforeItIsRead) {
+  const int n = 2;
+  RingOptions options = FastOptions();
+  options.small_bytes = 0;
+  options.chunk_bytes = 4096;  // rank 1 first expects 1024 elements
+  Ring ring(n, options);
+  auto intruder = ring.net().NewTransport("intruder");
+  auto conn = intruder->Connect(Ring::Endpoint(1));
+  ASSERT_TRUE(conn.ok());
+  auto forge = [&](wire::DType dtype, wire::Compression compression, size_t bytes) {
+    wire::DataFields f;
+    f.dtype = dtype;
+    f.compression = compression;
+    if (compression != wire::Compression::None) f.codec = "topk:ratio=0.01";
+    f.num_elements = 1024;
+    f.fingerprint = RingFingerprint(RingOpKind::kAllReduce, Tag(1), DType::kF32, 3000,
+                                    static_cast<uint64_t>(ReduceOp::kSum));
+    f.round = Tag(1).seq;
+    f.version = Tag(1).names_hash;
+    std::vector<uint8_t> bytes_of(bytes, 0x7f);
+    wire::Message m = wire::MakeData(wire::Sender{wire::Role::Worker, 0, kJob},
+                                     wire::MsgType::RingData, f,
+                                     {wire::Payload::Copy(bytes_of.data(), bytes)}, Tag(1).step,
+                                     Tag(1).seq);
+    ASSERT_TRUE(intruder->Send(wire::Route::Connection(*conn), std::move(m), Soon()).ok());
+  };
+  forge(wire::DType::U8, wire::Compression::None, 1024);
+  forge(wire::DType::F32, wire::Compression::TopK, 16);
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(3000));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < 3000; ++i) bufs[r][i] = static_cast<float>(i + r);
+  }
+  auto st = ring.Run([&](int r) {
+    return ring[r].AllReduce(bufs[r].data(), 3000, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  });
+  ASSERT_TRUE(st[0].ok()) << st[0].ToString();
+  ASSERT_TRUE(st[1].ok()) << st[1].ToString();
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(bufs[r][i], static_cast<float>(2 * i + 1));
+  }
+  EXPECT_EQ(ring[1].stats().rejected, 2u);
 }
 
 }  // namespace
