@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/c_api_guard.h"
 #include "client/communicator.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -78,29 +79,9 @@ namespace {
 
 thread_local std::string last_error;
 
-void SetError(const char* function, const std::string& message) noexcept {
-  try {
-    last_error = std::string(function) + ": " + message;
-  } catch (...) {
-    last_error.clear();
-  }
-}
-
-// Runs `body` with every exception caught; records its message.
 template <typename F>
 int Guard(const char* function, F&& body) noexcept {
-  last_error.clear();
-  try {
-    Status s = body();
-    if (s.ok()) return GS_OK;
-    SetError(function, s.message());
-    return static_cast<int>(s.code());
-  } catch (const std::exception& e) {
-    SetError(function, std::string("internal error: ") + e.what());
-  } catch (...) {
-    SetError(function, "internal error: unknown exception");
-  }
-  return GS_INTERNAL;
+  return gradsync::client::CApiGuard(function, std::forward<F>(body));
 }
 
 Status NotNull(const void* p, const char* name) {
@@ -159,6 +140,20 @@ Status CheckUnknownFlags(const Config& config) {
 Status CheckComm(const gs_comm* comm) { return NotNull(comm, "comm"); }
 
 }  // namespace
+
+namespace gradsync::client {
+
+void SetCApiError(const char* function, const std::string& message) noexcept {
+  try {
+    last_error = std::string(function) + ": " + message;
+  } catch (...) {
+    last_error.clear();
+  }
+}
+
+void ClearCApiError() noexcept { last_error.clear(); }
+
+}  // namespace gradsync::client
 
 extern "C" {
 

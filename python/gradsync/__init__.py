@@ -1,0 +1,135 @@
+"""gradsync for Python: join a gradsync job and synchronise gradients.
+
+    import gradsync
+    gradsync.init()            # from GRADSYNC_* (gradsync_launch) or torchrun
+    print(gradsync.rank(), gradsync.size())
+    ...
+    gradsync.shutdown()
+
+Settings are keyword arguments named as gradsync's flags (path="ps",
+compression="fp16", op_timeout_ms=30000, ...); those not given come from
+the GRADSYNC_* environment. Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR
+and MASTER_PORT set, no GRADSYNC_SCHEDULER), rank 0 hosts the job's
+scheduler in its own process on port MASTER_PORT + 1 and the other ranks
+join it there. The PyTorch integration is gradsync.torch.
+"""
+import atexit
+import os
+
+from gradsync._comm import Communicator, EmbeddedScheduler
+from gradsync._lib import GradsyncError
+
+__all__ = ["GradsyncError", "init", "is_initialized", "rank", "size",
+           "local_rank", "communicator", "shutdown", "TORCHRUN_PORT_OFFSET"]
+
+# Under torchrun the scheduler listens on MASTER_PORT + this.
+TORCHRUN_PORT_OFFSET = 1
+_SCHEDULER_SETTINGS = ("num_servers", "heartbeat_ms", "missed_heartbeats",
+                       "rendezvous_timeout_ms", "server_grace_ms")
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+# The process's job membership (as torch.distributed keeps its default group).
+_state = {"comm": None, "scheduler": None, "local_rank": 0}
+
+
+def _env_int(name):
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise GradsyncError("%s is '%s', not an integer" % (name, value))
+
+
+def _torchrun_settings(settings):
+    """Settings for a torchrun job; starts the scheduler on rank 0."""
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    port = _env_int("MASTER_PORT") + TORCHRUN_PORT_OFFSET
+    settings.setdefault("rank", rank)
+    settings.setdefault("num_workers", world)
+    if "LOCAL_RANK" in os.environ:
+        settings.setdefault("local_rank", _env_int("LOCAL_RANK"))
+    if rank == 0:
+        job = {k: settings[k] for k in _SCHEDULER_SETTINGS if k in settings}
+        job.update(port=port, num_workers=world)
+        _state["scheduler"] = EmbeddedScheduler(job)
+    settings["scheduler"] = "%s:%d" % (os.environ["MASTER_ADDR"], port)
+    return settings
+
+
+def _job_settings(settings):
+    if "scheduler" in settings or "GRADSYNC_SCHEDULER" in os.environ:
+        return settings
+    if all(v in os.environ for v in _TORCHRUN_VARS):
+        return _torchrun_settings(settings)
+    raise GradsyncError(
+        "no job to join: set GRADSYNC_SCHEDULER (gradsync_launch does), pass "
+        "scheduler='host:port', or start under torchrun (RANK, WORLD_SIZE, "
+        "MASTER_ADDR, MASTER_PORT)")
+
+
+def init(timeout_s=120.0, **settings):
+    """Joins the job; returns the Communicator. Blocks until every worker
+    joined or `timeout_s`. Raises GradsyncError for a bad or unknown
+    setting, an unreachable scheduler, or a second init."""
+    if _state["comm"] is not None:
+        raise GradsyncError("gradsync.init() was already called",
+                            "failed_precondition")
+    settings = _job_settings(dict(settings))
+    local = settings.get("local_rank", os.environ.get("GRADSYNC_LOCAL_RANK"))
+    try:
+        comm = Communicator(settings, int(timeout_s * 1000))
+    except BaseException:
+        _stop_scheduler(0)
+        raise
+    _state["comm"] = comm
+    _state["local_rank"] = int(local) if local is not None else comm.rank
+    return comm
+
+
+def is_initialized():
+    return _state["comm"] is not None
+
+
+def communicator():
+    """The Communicator of gradsync.init(); GradsyncError before it."""
+    if _state["comm"] is None:
+        raise GradsyncError("gradsync.init() has not been called",
+                            "failed_precondition")
+    return _state["comm"]
+
+
+def rank():
+    return communicator().rank
+
+
+def size():
+    return communicator().size
+
+
+def local_rank():
+    communicator()
+    return _state["local_rank"]
+
+
+def _stop_scheduler(timeout_ms):
+    scheduler, _state["scheduler"] = _state["scheduler"], None
+    if scheduler is not None:
+        scheduler.stop(timeout_ms)
+
+
+def shutdown(timeout_s=30.0):
+    """Leaves the job. On a torchrun rank 0, waits up to `timeout_s` for the
+    other ranks to leave before stopping the scheduler, and raises
+    GradsyncError if the job failed. Idempotent."""
+    comm, _state["comm"] = _state["comm"], None
+    if comm is not None:
+        comm.close()
+    _stop_scheduler(int(timeout_s * 1000))
+
+
+atexit.register(lambda: shutdown(timeout_s=5.0))
+
+
+def _env_setting(name, default):
+    """A setting's value from the GRADSYNC_* environment."""
+    return os.environ.get("GRADSYNC_" + name.upper(), default)

@@ -1,0 +1,106 @@
+"""Communicator: one member of a gradsync job (client/c_api.h's gs_comm)."""
+import ctypes
+import threading
+
+from gradsync import _lib
+from gradsync._lib import GradsyncError
+
+_DEFAULT_OP_TIMEOUT_MS = 60000
+# Python-side waits outlast gradsync's own deadline (op_timeout_ms), so that
+# gradsync's message naming the missing rank is what the caller sees.
+_WAIT_SLACK_MS = 10000
+
+
+class Communicator:
+    """A joined job member. Made by gradsync.init(); thread-safe.
+
+    Tensors are handed over by address (`data_ptr`): gradsync reads and
+    writes them in place, without a copy on the Python side."""
+
+    def __init__(self, settings, timeout_ms):
+        array, count = _lib.argv(settings)
+        handle = ctypes.c_void_p()
+        _lib.call("create", array, count, int(timeout_ms),
+                  ctypes.byref(handle))
+        self._handle = handle
+        self._lock = threading.Lock()
+        op_timeout = int(settings.get("op_timeout_ms", _DEFAULT_OP_TIMEOUT_MS))
+        self.timeout_ms = op_timeout + _WAIT_SLACK_MS
+        self.settings = dict(settings)
+        self.rank = self._query("rank")
+        self.size = self._query("world_size")
+
+    def _query(self, name):
+        out = ctypes.c_int()
+        _lib.call(name, self._live(), ctypes.byref(out))
+        return out.value
+
+    def _live(self):
+        if self._handle is None:
+            raise GradsyncError("gradsync was shut down", "failed_precondition")
+        return self._handle
+
+    def register(self, name, num_elements, dtype):
+        """Registers a gradient tensor; returns its id (int)."""
+        out = ctypes.c_int32()
+        _lib.call("register_tensor", self._live(), name.encode(),
+                  int(num_elements), dtype, ctypes.byref(out))
+        return out.value
+
+    def mark_ready(self, tensor_id, address):
+        """Hands over the gradient at `address` for this step (no wait)."""
+        _lib.call("mark_ready", self._live(), tensor_id, address, None, None,
+                  None)
+
+    def synchronize(self):
+        _lib.call("synchronize", self._live(), self.timeout_ms)
+
+    def barrier(self):
+        _lib.call("barrier", self._live(), self.timeout_ms)
+
+    def broadcast(self, address, count, dtype, root):
+        _lib.call("broadcast", self._live(), address, count, dtype, root,
+                  self.timeout_ms)
+
+    def allreduce(self, address, count, dtype, average=True):
+        op = _lib.GS_AVERAGE if average else _lib.GS_SUM
+        _lib.call("allreduce", self._live(), address, count, dtype, op,
+                  self.timeout_ms)
+
+    def allgather(self, in_address, nbytes, out_address):
+        _lib.call("allgather", self._live(), in_address, nbytes, out_address,
+                  self.timeout_ms)
+
+    def stats(self):
+        """{"steps", "buckets_reduced", "bytes_reduced", "last_sync_seconds"}."""
+        out = _lib.stats_struct()
+        _lib.call("get_stats", self._live(), ctypes.byref(out))
+        return {name: getattr(out, name) for name, _ in out._fields_}
+
+    def close(self):
+        """Leaves the job and frees the member. Idempotent."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            _lib.lib().gs_destroy(handle)
+
+
+class EmbeddedScheduler:
+    """The job's scheduler on a thread of this process (torchrun's rank 0)."""
+
+    def __init__(self, settings):
+        array, count = _lib.argv(settings)
+        handle = ctypes.c_void_p()
+        port = ctypes.c_int()
+        _lib.call("scheduler_start", array, count, ctypes.byref(handle),
+                  ctypes.byref(port))
+        self._handle = handle
+        self.port = port.value
+
+    def stop(self, timeout_ms):
+        """Waits up to `timeout_ms` for the job to end, then stops it.
+
+        Raises GradsyncError when the job failed (a worker died, ...)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _lib.call("scheduler_stop", handle, int(timeout_ms))
