@@ -1,5 +1,7 @@
 #include "cluster/node_agent.h"
 
+#include <set>
+
 #include <unistd.h>
 
 #include "common/logging.h"
@@ -93,6 +95,45 @@ Status NodeAgent::Register(Deadline deadline) {
               deadline);
 }
 
+std::string NodeAgent::ImpossibleAssignment(const wire::RankAssignmentBody& a) const {
+  constexpr int32_t kMaxNodes = 4096;
+  const int32_t workers = a.num_workers(), servers = a.num_servers();
+  if (workers < 1 || workers > kMaxNodes || servers < 0 || servers > kMaxNodes) {
+    return std::to_string(workers) + " workers and " + std::to_string(servers) + " servers";
+  }
+  if ((options_.num_workers >= 0 && workers != options_.num_workers) ||
+      (options_.num_servers >= 0 && servers != options_.num_servers)) {
+    return "a job of " + std::to_string(workers) + " workers and " + std::to_string(servers) +
+           " servers, this node expects " + std::to_string(options_.num_workers) + " and " +
+           std::to_string(options_.num_servers);
+  }
+  const int32_t of_role = options_.role == wire::Role::Worker ? workers : servers;
+  if (a.rank() < 0 || a.rank() >= of_role || (options_.rank >= 0 && a.rank() != options_.rank)) {
+    return "rank " + std::to_string(a.rank()) + " of " + std::to_string(of_role);
+  }
+  if (a.heartbeat_interval_ms() < 1 || a.heartbeat_interval_ms() > 600000 ||
+      a.missed_heartbeats() < 1 || a.missed_heartbeats() > 1000) {
+    return "heartbeats every " + std::to_string(a.heartbeat_interval_ms()) + " ms, " +
+           std::to_string(a.missed_heartbeats()) + " missed allowed";
+  }
+  const size_t n = a.peers() ? a.peers()->size() : 0;
+  if (n != static_cast<size_t>(workers) + static_cast<size_t>(servers)) {
+    return std::to_string(n) + " peers for " + std::to_string(workers + servers) + " nodes";
+  }
+  std::set<std::pair<wire::Role, int32_t>> seen;
+  for (const wire::NodeAddress* p : *a.peers()) {
+    const int32_t limit = p->role() == wire::Role::Worker   ? workers
+                          : p->role() == wire::Role::Server ? servers
+                                                            : 0;
+    if (p->rank() < 0 || p->rank() >= limit || p->host() == nullptr ||
+        !seen.insert({p->role(), p->rank()}).second) {
+      return "a peer list naming " + std::string(wire::RoleName(p->role())) + " " +
+             std::to_string(p->rank()) + " out of place";
+    }
+  }
+  return "";
+}
+
 Status NodeAgent::AwaitAssignment(Deadline deadline) {
   SteadyTime next_beat = std::chrono::steady_clock::now();
   for (;;) {
@@ -117,23 +158,27 @@ Status NodeAgent::AwaitAssignment(Deadline deadline) {
     if (v.header->type() == MsgType::Error) {
       const auto* e = v.header->body_as_ErrorBody();
       return FailedPreconditionError("the scheduler at " + options_.scheduler +
-                                     " refused this node: " + e->message()->str());
+                                     " refused this node: " + wire::Escaped(e->message()));
     }
     if (v.header->type() == MsgType::JobState) {
-      return FailedPreconditionError("job failed before it started: " +
-                                     v.header->body_as_JobStateBody()->message()->str());
+      return FailedPreconditionError(
+          "job failed before it started: " +
+          wire::Escaped(v.header->body_as_JobStateBody()->message()));
     }
     if (v.header->type() != MsgType::RankAssignment) continue;
     const auto* a = v.header->body_as_RankAssignmentBody();
+    const std::string impossible = ImpossibleAssignment(*a);
+    if (!impossible.empty()) {
+      GS_LOG(WARNING) << "refused a rank assignment: " << impossible;
+      continue;
+    }
     assignment_.job_id = v.header->job_id();
     assignment_.self.rank = a->rank();
     assignment_.num_workers = a->num_workers();
     assignment_.num_servers = a->num_servers();
     assignment_.heartbeat_interval = Millis(a->heartbeat_interval_ms());
     assignment_.missed_heartbeats = a->missed_heartbeats();
-    if (a->peers()) {
-      for (const wire::NodeAddress* p : *a->peers()) assignment_.peers.push_back(wire::ToNodeInfo(*p));
-    }
+    for (const wire::NodeAddress* p : *a->peers()) assignment_.peers.push_back(wire::ToNodeInfo(*p));
     policy_.job_id = assignment_.job_id;
     std::lock_guard<std::mutex> lock(mu_);
     last_heard_ = std::chrono::steady_clock::now();

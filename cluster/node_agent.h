@@ -108,6 +108,10 @@ class NodeAgent {
   void HandleError(const wire::ErrorBody& e);
   void FailJob(Status why);
   Status Send(wire::Message msg, Deadline deadline);
+  // "" when `a` can be this node's assignment: sizes in range and as this
+  // node expects, its rank among them, sane heartbeats, and a peer list of
+  // every node once. Otherwise what is wrong with it.
+  std::string ImpossibleAssignment(const wire::RankAssignmentBody& a) const;
   // Waits on cv_ until `done` or the job fails or the deadline passes.
   Status WaitFor(std::unique_lock<std::mutex>& lock, Deadline deadline,
                  const std::function<bool()>& done, const std::string& what);

@@ -1,5 +1,7 @@
 #include "wire/message.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cstring>
 
@@ -229,6 +231,29 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   n.data_port = a.data_port();
   n.metrics_port = a.metrics_port();
   return n;
+}
+
+std::string Escaped(const std::string& text, size_t max_bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  const size_t n = std::min(text.size(), max_bytes);
+  out.reserve(n + 8);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  if (text.size() > n) out += "...";
+  return out;
+}
+
+std::string Escaped(const flatbuffers::String* text, size_t max_bytes) {
+  return text == nullptr ? std::string() : Escaped(text->str(), max_bytes);
 }
 
 }  // namespace gradsync::wire

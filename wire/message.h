@@ -137,6 +137,12 @@ Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& tens
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);
 
+// Text a peer supplied, fit for a log line or an error message: printable
+// ASCII kept, backslash and every other byte written as \xHH, cut
+// after `max_bytes` of input (marked "..."). Null is "".
+std::string Escaped(const std::string& text, size_t max_bytes = 512);
+std::string Escaped(const flatbuffers::String* text, size_t max_bytes = 512);
+
 }  // namespace gradsync::wire
 
 #endif  // GRADSYNC_WIRE_MESSAGE_H_

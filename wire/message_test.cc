@@ -334,5 +334,12 @@ TEST(MessageTest, PayloadCopyOwnsItsBytes) {
   EXPECT_EQ(empty.size, 0u);
 }
 
+TEST(EscapedTest, PeerTextCannotForgeLogLines) {
+  EXPECT_EQ(Escaped("ok \"fp16\""), "ok \"fp16\"");
+  EXPECT_EQ(Escaped("a\nW fake line\x1b[0m\\"), "a\\x0aW fake line\\x1b[0m\\x5c");
+  EXPECT_EQ(Escaped(std::string(600, 'x')).size(), 515u);
+  EXPECT_EQ(Escaped(static_cast<const flatbuffers::String*>(nullptr)), "");
+}
+
 }  // namespace
 }  // namespace gradsync::wire
