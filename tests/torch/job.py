@@ -1,0 +1,144 @@
+"""Real multi-process gradsync jobs for the Python tests: N worker processes
+of /usr/bin/python3 on loopback, joined either as torchrun joins them (its
+environment; rank 0 hosts the scheduler) or through a gradsync_server
+scheduler process (and shards), as gradsync_launch runs them."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir,
+                                    os.pardir))
+
+
+
+def _binary(path):
+    """A built binary: in Bazel's runfiles, else under bazel-bin/."""
+    here = os.path.join(ROOT, path)
+    return here if os.path.exists(here) else os.path.join(ROOT, "bazel-bin",
+                                                          path)
+
+
+SERVER = _binary("server/gradsync_server")
+HEARTBEAT_MS = 200
+MISSED_HEARTBEATS = 5
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(extra=None):
+    env = dict(os.environ)
+    env.update(PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1",
+               PYTHONDONTWRITEBYTECODE="1",
+               GRADSYNC_METRICS_BASE_PORT="0",
+               GRADSYNC_HEARTBEAT_MS=str(HEARTBEAT_MS),
+               GRADSYNC_MISSED_HEARTBEATS=str(MISSED_HEARTBEATS))
+    for key in [k for k in env if k.startswith("GRADSYNC_SCHEDULER")] + \
+            ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]:
+        env.pop(key, None)
+    env.update(extra or {})
+    return env
+
+
+def _log(name):
+    directory = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or \
+        tempfile.gettempdir()
+    return open(os.path.join(directory, name + ".log"), "w+")
+
+
+class Job:
+    """Processes of one job; stop() ends every one still running."""
+
+    def __init__(self, tag):
+        self.tag = tag
+        self.procs = []
+        self.env = {}
+
+    def spawn(self, name, argv, env):
+        log = _log("%s.%s" % (self.tag, name))
+        proc = subprocess.Popen(argv, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def start_scheduler(self, workers, servers):
+        """A gradsync_server scheduler; sets GRADSYNC_* for later nodes."""
+        port = free_port()
+        env = base_env()
+        self.spawn("scheduler", [SERVER, "--role=scheduler", "--port=%d" % port,
+                                 "--num_workers=%d" % workers,
+                                 "--num_servers=%d" % servers,
+                                 "--metrics_port=0"], env)
+        self.env = dict(GRADSYNC_SCHEDULER="127.0.0.1:%d" % port,
+                        GRADSYNC_NUM_WORKERS=str(workers),
+                        GRADSYNC_NUM_SERVERS=str(servers))
+        for s in range(servers):
+            self.spawn("server%d" % s, [SERVER, "--role=server",
+                                        "--metrics_port=0"],
+                       base_env(self.env))
+
+    def start_workers(self, argv, workers, torchrun=False, extra_env=None):
+        master_port = free_port()
+        for rank in range(workers):
+            env = base_env(self.env)
+            if torchrun:
+                env.update(RANK=str(rank), LOCAL_RANK=str(rank),
+                           WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(master_port))
+            else:
+                env.update(GRADSYNC_RANK=str(rank))
+            env.update(extra_env or {})
+            self.spawn("worker%d" % rank, [sys.executable] + argv, env)
+
+    def wait_workers(self, timeout_s):
+        """{rank: (exit code, RESULT dict or None, log text)}."""
+        deadline = time.monotonic() + timeout_s
+        results = {}
+        for name, proc, log in self.procs:
+            if not name.startswith("worker"):
+                continue
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+            log.seek(0)
+            text = log.read()
+            found = [json.loads(line[len("RESULT "):])
+                     for line in text.splitlines() if line.startswith("RESULT ")]
+            results[int(name[len("worker"):])] = (
+                code, found[-1] if found else None, text)
+        return results
+
+    def stop(self):
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for _, _, log in self.procs:
+            log.close()
+
+
+def run_workers(tag, argv, workers=4, torchrun=True, servers=0,
+                timeout_s=90, extra_env=None):
+    """Runs a job to its end; returns wait_workers()'s map."""
+    job = Job(tag)
+    try:
+        if not torchrun:
+            job.start_scheduler(workers, servers)
+        job.start_workers(argv, workers, torchrun, extra_env)
+        return job.wait_workers(timeout_s)
+    finally:
+        job.stop()
+
+
+def describe(results):
+    """The logs of the workers, for a failing assertion's message."""
+    return "\n".join("--- worker %d (exit %s)\n%s" % (r, c, text[-3000:])
+                     for r, (c, _, text) in sorted(results.items()))
