@@ -153,7 +153,10 @@ class Communicator::Impl {
   Status Barrier(Deadline deadline);
   // Runs `op` on the comm engine thread after everything queued before it;
   // it is recorded in the metrics as `label`.
-  Status RunOnEngine(SyncOp label, std::function<Status(Collectives&, uint64_t seq)> op);
+  // Runs `op` on the engine thread, in order with the buckets, on a buffer
+  // of `staged_bytes` that the caller's data is copied into and out of.
+  Status RunOnEngine(SyncOp label, size_t staged_bytes,
+                     std::function<Status(Collectives&, uint64_t seq, uint8_t* staged)> op);
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     CommunicatorStats s = stats_;
@@ -197,6 +200,8 @@ class Communicator::Impl {
   std::deque<Job> jobs_;                  // guarded by mu_
   bool stop_ = false;                     // guarded by mu_
   Status failed_;                         // guarded by mu_
+  // Buffers of failed direct collectives that sends may still point into.
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> retired_;  // guarded by mu_
   Bucketer bucketer_;                     // guarded by mu_
   bool finalized_ = false;                // guarded by mu_
   uint64_t step_ = 0;                     // guarded by mu_
@@ -436,6 +441,7 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   Bucket* b;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok()) return;  // its handles were completed with the failure
     b = &bucketer_.buckets()[static_cast<size_t>(index)];
   }
   const OpTag tag{step, b->id, seq_++, b->names_hash};
@@ -460,31 +466,35 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   if (!s.ok()) return Fail(s);
   metrics_.Traffic(b->bytes(), traffic.sent, b->bytes(), traffic.received);
   // The bucket is in flight: its tensors' destinations and handles are this
-  // thread's until it is handed back, so the copies need no lock.
+  // thread's until it is handed back, so the copies need no lock. A failure
+  // meanwhile (Shutdown, a dead peer) completed the handles with it and gave
+  // the tensors back to the caller: nothing is copied into them then.
   std::vector<std::shared_ptr<SyncHandle::State>> handles;
-  const size_t es = DTypeSize(b->dtype);
-  for (TensorId id : b->tensors) {
-    Tensor* t;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      t = &bucketer_.tensor(id);
+  std::vector<Tensor*> tensors;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok() || !b->in_flight) return;
+    for (TensorId id : b->tensors) {
+      Tensor* t = &bucketer_.tensor(id);
       handles.push_back(std::move(t->handle));
       t->handle.reset();
+      tensors.push_back(t);
     }
-    std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
   }
+  const size_t es = DTypeSize(b->dtype);
+  for (Tensor* t : tensors) std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
   // Callbacks run before Synchronize can see the bucket finished.
   for (auto& h : handles) {
     if (h) h->Complete(Status());
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (b->in_flight) metrics_.SetBucketsInFlight(--buckets_in_flight_);  // else failed meanwhile
     b->in_flight = false;
     b->pending = static_cast<int>(b->tensors.size());
     stats_.buckets_reduced++;
     stats_.bytes_reduced += b->bytes();
     stats_.wire_bytes += traffic.sent;
-    metrics_.SetBucketsInFlight(--buckets_in_flight_);
   }
   cv_.notify_all();
 }
@@ -555,23 +565,32 @@ Status Communicator::Impl::Barrier(Deadline deadline) {
   return s;
 }
 
-Status Communicator::Impl::RunOnEngine(SyncOp label,
-                                       std::function<Status(Collectives&, uint64_t)> op) {
+Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
+                                       std::function<Status(Collectives&, uint64_t, uint8_t*)> op) {
+  // The operation runs on a copy: the sends of an operation that fails may
+  // still point into its buffer after the call returned, when the caller's
+  // buffer is the caller's again. A failed operation's copy is kept.
+  auto staged = std::make_shared<std::vector<uint8_t>>(staged_bytes);
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
-    Enqueue([this, label, op = std::move(op), result] {
+    if (stop_) return CancelledError("the communicator was shut down");
+    Enqueue([this, label, op = std::move(op), result, staged] {
       const SteadyTime start = std::chrono::steady_clock::now();
-      Status s = op(*backend_, seq_++);
+      Status s = op(*backend_, seq_++, staged->data());
       // The PS path runs its direct collectives on the ring.
       Record(label, path_ == SyncPath::kPs ? SyncPath::kRing : path_, start, s);
-      if (!s.ok()) Fail(s);
+      if (!s.ok()) {
+        Fail(s);
+        std::lock_guard<std::mutex> lock(mu_);
+        retired_.push_back(staged);
+      }
       result->set_value(s);
     });
   }
-  return done.get();
+  return done.get();  // the engine runs every job queued before it stops
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -621,21 +640,38 @@ constexpr uint32_t kDirectBucket = 0xFFFFFFFFu;
 Status Communicator::Broadcast(void* data, size_t num_elements, DType dtype, int root,
                                Deadline deadline) {
   const size_t bytes = num_elements * DTypeSize(dtype);
-  return impl_->RunOnEngine(SyncOp::kBroadcast, [=](Collectives& c, uint64_t seq) {
-    return c.Broadcast(data, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline);
+  return impl_->RunOnEngine(SyncOp::kBroadcast, bytes, [=](Collectives& c, uint64_t seq,
+                                                           uint8_t* staged) {
+    if (bytes > 0) std::memcpy(staged, data, bytes);
+    GS_RETURN_IF_ERROR(
+        c.Broadcast(staged, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline));
+    if (bytes > 0) std::memcpy(data, staged, bytes);
+    return Status();
   });
 }
 
 Status Communicator::AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op,
                                Deadline deadline) {
-  return impl_->RunOnEngine(SyncOp::kAllReduce, [=](Collectives& c, uint64_t seq) {
-    return c.AllReduce(data, num_elements, dtype, op, OpTag{0, kDirectBucket, seq, 0}, deadline);
+  const size_t bytes = num_elements * DTypeSize(dtype);
+  return impl_->RunOnEngine(SyncOp::kAllReduce, bytes, [=](Collectives& c, uint64_t seq,
+                                                           uint8_t* staged) {
+    if (bytes > 0) std::memcpy(staged, data, bytes);
+    GS_RETURN_IF_ERROR(
+        c.AllReduce(staged, num_elements, dtype, op, OpTag{0, kDirectBucket, seq, 0}, deadline));
+    if (bytes > 0) std::memcpy(data, staged, bytes);
+    return Status();
   });
 }
 
 Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline deadline) {
-  return impl_->RunOnEngine(SyncOp::kAllGather, [=](Collectives& c, uint64_t seq) {
-    return c.AllGather(in, bytes, out, OpTag{0, kDirectBucket, seq, 0}, deadline);
+  const size_t gathered = bytes * static_cast<size_t>(world_size());
+  return impl_->RunOnEngine(SyncOp::kAllGather, bytes + gathered,
+                            [=](Collectives& c, uint64_t seq, uint8_t* staged) {
+    if (bytes > 0) std::memcpy(staged, in, bytes);
+    GS_RETURN_IF_ERROR(
+        c.AllGather(staged, bytes, staged + bytes, OpTag{0, kDirectBucket, seq, 0}, deadline));
+    if (gathered > 0) std::memcpy(out, staged + bytes, gathered);
+    return Status();
   });
 }
 

@@ -99,14 +99,35 @@ void PsShard::Shutdown() {
 }
 
 void PsShard::WorkerDied(int32_t rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shut_down_ || !dead_.insert(rank).second) return;
-  if (options_.metrics != nullptr) {
-    options_.metrics->SetWorkers(options_.rules.num_workers, static_cast<int>(dead_.size()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_ || !dead_.insert(rank).second) return;
+    ++dead_epoch_;
+    if (options_.metrics != nullptr) {
+      options_.metrics->SetWorkers(options_.rules.num_workers, static_cast<int>(dead_.size()));
+    }
   }
-  for (auto& t : key_threads_) {
-    t->queue.Push(Work{nullptr, dead_, {}}, Deadline::Infinite()).IgnoreError();
+  // Never waits (this is the heartbeat thread): a thread whose queue is full
+  // takes the change before its next message anyway.
+  for (auto& t : key_threads_) t->queue.Push(Work{}, Deadline::After(Millis(0))).IgnoreError();
+}
+
+void PsShard::CatchUpDeaths(KeyThread* t) {
+  std::set<int32_t> dead;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (t->dead_seen == dead_epoch_) return;
+    t->dead_seen = dead_epoch_;
+    dead = dead_;
   }
+  std::vector<Outgoing> out;
+  t->table.SetDead(dead, &out);
+  JournalRecord record;
+  record.kind = JournalRecord::Kind::kDead;
+  record.thread = static_cast<uint32_t>(t->index);
+  record.threads = static_cast<uint32_t>(key_threads_.size());
+  record.dead = std::move(dead);
+  Emit(std::move(record), std::move(out));
 }
 
 void PsShard::ReceiveLoop() {
@@ -149,23 +170,18 @@ void PsShard::KeyLoop(KeyThread* t) {
   for (;;) {
     auto work = t->queue.Pop(Deadline::Infinite());
     if (!work.ok()) return;
+    CatchUpDeaths(t);
     if (work->visit) {
       work->visit(t->table);
       continue;
     }
+    if (work->in == nullptr) continue;  // a wake-up for CatchUpDeaths
     std::vector<Outgoing> out;
     std::optional<JournalRecord> record;
-    if (work->in != nullptr && options_.metrics != nullptr) {
+    if (options_.metrics != nullptr) {
       options_.metrics->queue_depth->Set(static_cast<double>(queued_.fetch_sub(1) - 1));
     }
-    if (work->in == nullptr) {
-      t->table.SetDead(work->dead, &out);
-      record = JournalRecord{};
-      record->kind = JournalRecord::Kind::kDead;
-      record->thread = static_cast<uint32_t>(t->index);
-      record->threads = static_cast<uint32_t>(key_threads_.size());
-      record->dead = work->dead;
-    } else {
+    {
       wire::Incoming& in = *work->in;
       const wire::Header& h = *in.message.header_view();
       // The journal keeps what the table took: the fp32 values, so a

@@ -114,8 +114,7 @@ class PsShard {
 
  private:
   struct Work {
-    std::unique_ptr<wire::Incoming> in;  // null: a membership change or a visit
-    std::set<int32_t> dead;
+    std::unique_ptr<wire::Incoming> in;  // null: a visit, or a wake-up after a death
     std::function<void(const KeyTable&)> visit;  // runs on the key's thread
   };
   struct KeyThread {
@@ -126,6 +125,7 @@ class PsShard {
     KeyTable table;
     BlockingQueue<Work> queue;
     std::thread thread;
+    uint64_t dead_seen = 0;  // the shard's dead_epoch_ this table has taken
   };
 
   PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self);
@@ -140,6 +140,8 @@ class PsShard {
   void ReceiveLoop();
   void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
+  // Gives `t`'s table the dead workers it has not taken yet (journalled).
+  void CatchUpDeaths(KeyThread* t);
   void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
   void Send(const wire::Route& to, wire::Message msg);
 
@@ -158,6 +160,7 @@ class PsShard {
 
   std::mutex mu_;
   std::set<int32_t> dead_;  // guarded by mu_
+  uint64_t dead_epoch_ = 0;  // changes of dead_ since start; guarded by mu_
   bool shut_down_ = false;  // guarded by mu_
 
   std::mutex checkpoint_mu_;  // held by the checkpoint being written
