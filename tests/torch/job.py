@@ -23,6 +23,7 @@ def _binary(path):
 
 
 SERVER = _binary("server/gradsync_server")
+LAUNCH = _binary("launcher/gradsync_launch")
 HEARTBEAT_MS = 200
 MISSED_HEARTBEATS = 5
 
@@ -136,6 +137,29 @@ def run_workers(tag, argv, workers=4, torchrun=True, servers=0,
         return job.wait_workers(timeout_s)
     finally:
         job.stop()
+
+
+def launch(argv, workers, servers, timeout_s, extra_env=None):
+    """Runs `argv` as a gradsync_launch job; returns (exit code, output)."""
+    command = [LAUNCH, "--workers=%d" % workers, "--servers=%d" % servers,
+               "--metrics_port=0", "--"] + argv
+    try:
+        done = subprocess.run(command, env=base_env(extra_env),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        return None, (e.stdout or b"").decode("utf-8", "replace")
+    return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def json_lines(output):
+    """The JSON objects printed by the job's processes ("[worker 0] {...}")."""
+    found = []
+    for line in output.splitlines():
+        text = line.split("] ", 1)[-1]
+        if text.startswith("{"):
+            found.append(json.loads(text))
+    return found
 
 
 def describe(results):
