@@ -109,6 +109,7 @@ void Scheduler::Handle(wire::Incoming in) {
     OnRegister(identity, *h.body_as_RegisterBody());
     return;
   }
+  if (rejoins_.count(identity)) return;  // a claimant's heartbeats while it waits
   auto it = nodes_.find(identity);
   if (it == nodes_.end() || !it->second.alive || it->second.left) {
     Refuse(identity, ErrorCode::NotRegistered,
@@ -118,6 +119,7 @@ void Scheduler::Handle(wire::Incoming in) {
     return;
   }
   it->second.last_seen = clock_->Now();
+  if (!rejoins_.empty()) RefuseClaimsOn(it->second);
   if (it->second.missing) {
     it->second.missing = false;
     GS_LOG(INFO) << it->second.info.Name() << " is heard from again";
@@ -144,7 +146,7 @@ void Scheduler::Dispatch(Node& node, const wire::Header& h) {
       break;
     case MsgType::NcclIdRequest:
       if (nccl_id_.empty()) {
-        nccl_waiters_.push_back(node.identity);
+        nccl_waiters_.insert(node.identity);  // once per node, however often it asks
       } else {
         Reply(node.identity, wire::MakeNcclId(sender(), MsgType::NcclId, nccl_id_));
       }
@@ -237,14 +239,14 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBod
 }
 
 void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
-  if (nodes_.count(identity)) return;  // a resent registration
+  if (nodes_.count(identity) || rejoins_.count(identity)) return;  // a resent registration
   std::string replaces;
   if (auto refusal = CheckRegistration(r, &replaces)) {
     Refuse(identity, refusal->code, refusal->text, MsgType::Register);
     return;
   }
   if (!replaces.empty()) {
-    Rejoin(replaces, identity, r);
+    ClaimRejoin(replaces, identity, r);
     return;
   }
   Node node;
@@ -305,17 +307,72 @@ void Scheduler::SendAssignment(const std::string& identity) {
                                            heartbeat_ms, options_.missed_heartbeats));
 }
 
+// A claim to be a restarted server is taken at once when the old process
+// left or has been silent for two heartbeat intervals. Otherwise it waits:
+// a live server speaks again within an interval, and then the claim is
+// refused; a dead one stays silent, and then the claim is taken (Tick).
+void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& identity,
+                            const wire::RegisterBody& r) {
+  const Node& old = nodes_[old_identity];
+  if (old.left || clock_->Now() - old.last_seen > 2 * options_.heartbeat_interval) {
+    Rejoin(old_identity, identity, r.pid(), r.metrics_port());
+    return;
+  }
+  for (const auto& [claimant, claim] : rejoins_) {
+    if (claim.old_identity == old_identity && claimant != identity) {
+      Refuse(identity, ErrorCode::RankTaken,
+             "another process already claims to be " + old.info.Name() + " restarted",
+             MsgType::Register);
+      return;
+    }
+  }
+  rejoins_[identity] = PendingRejoin{old_identity, r.pid(), r.metrics_port()};
+}
+
+// The old process of a pending claim spoke: it is alive, the claim is false.
+void Scheduler::RefuseClaimsOn(const Node& node) {
+  for (auto it = rejoins_.begin(); it != rejoins_.end();) {
+    if (it->second.old_identity != node.identity) {
+      ++it;
+      continue;
+    }
+    Refuse(it->first, ErrorCode::RankTaken,
+           node.info.Name() + " at " + node.info.host + ":" + std::to_string(node.info.data_port) +
+               " is alive; a restarted server takes its place only after the old process stopped",
+           MsgType::Register);
+    it = rejoins_.erase(it);
+  }
+}
+
+void Scheduler::TakeSilentClaims() {
+  for (auto it = rejoins_.begin(); it != rejoins_.end();) {
+    const auto old = nodes_.find(it->second.old_identity);
+    if (old == nodes_.end() || !old->second.alive) {  // declared dead meanwhile
+      Refuse(it->first, ErrorCode::PeerDead, "the server it replaces was declared dead",
+             MsgType::Register);
+      it = rejoins_.erase(it);
+    } else if (clock_->Now() - old->second.last_seen > 2 * options_.heartbeat_interval) {
+      const PendingRejoin claim = it->second;
+      const std::string identity = it->first;
+      it = rejoins_.erase(it);
+      Rejoin(claim.old_identity, identity, claim.pid, claim.metrics_port);
+    } else {
+      ++it;
+    }
+  }
+}
+
 // The new process takes the old one's place: same rank and address, so the
 // peer list every node holds stays true.
 void Scheduler::Rejoin(const std::string& old_identity, const std::string& identity,
-                       const wire::RegisterBody& r) {
+                       uint32_t pid, uint16_t metrics_port) {
   Node node = nodes_[old_identity];
   const uint32_t old_pid = node.pid;
   const std::string was =
       node.left ? "it had left" : "silent for " + FormatSeconds(clock_->Now() - node.last_seen);
   node.identity = identity;
-  node.pid = r.pid();
-  node.info.metrics_port = r.metrics_port();
+  node.pid = pid;
+  node.info.metrics_port = metrics_port;
   node.last_seen = clock_->Now();
   node.left = node.missing = node.reported = false;
   nodes_.erase(old_identity);
@@ -399,7 +456,14 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
       return;
     }
   }
+  // A node waits in one barrier at a time: entering this one leaves any
+  // other, so the barriers held are at most one per node, whatever ids
+  // the nodes send.
   BarrierKey key{b.group(), b.barrier_id()};
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    if (it->first != key) it->second.erase(node.identity);
+    it = it->second.empty() && it->first != key ? barriers_.erase(it) : std::next(it);
+  }
   barriers_[key].insert(node.identity);
   TryRelease(key);
 }
@@ -441,6 +505,7 @@ void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
 }
 
 void Scheduler::Tick() {
+  TakeSilentClaims();
   const SteadyTime now = clock_->Now();
   const auto limit = options_.heartbeat_interval * options_.missed_heartbeats;
   for (const std::string& id : order_) {

@@ -12,9 +12,10 @@
 // an Error naming what was wrong and counted.
 //
 // Server restarts: while the job runs, a server that registers with the host
-// and data port of one of the job's servers replaces it (the old process
-// cannot still be listening there); a requested rank, if any, must be that
-// server's. The new process gets the same rank, the job id, the peer list
+// and data port of one of the job's servers replaces it once the old
+// process is silent for two heartbeat intervals (the claim waits until
+// then; if the old process speaks meanwhile it is alive, and the claim is
+// refused with RankTaken); a requested rank, if any, must be that server's. The new process gets the same rank, the job id, the peer list
 // and the nodes already dead, and is Ready once its reachability report is
 // in; the workers' connections to that address reconnect to it. A silent
 // server is given server_grace to come back this way before it is declared
@@ -100,8 +101,12 @@ class Scheduler {
   std::optional<Refusal> CheckRegistration(const wire::RegisterBody& r,
                                            std::string* replaces) const;
   std::optional<Refusal> CheckRejoin(const wire::RegisterBody& r, std::string* replaces) const;
-  void Rejoin(const std::string& old_identity, const std::string& identity,
-              const wire::RegisterBody& r);
+  void ClaimRejoin(const std::string& old_identity, const std::string& identity,
+                   const wire::RegisterBody& r);
+  void RefuseClaimsOn(const Node& node);
+  void TakeSilentClaims();
+  void Rejoin(const std::string& old_identity, const std::string& identity, uint32_t pid,
+              uint16_t metrics_port);
   void AssignRanks();
   void SendAssignment(const std::string& identity);
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
@@ -138,9 +143,17 @@ class Scheduler {
   SteadyTime reach_started_;
   std::map<std::string, Node> nodes_;   // by transport identity
   std::vector<std::string> order_;      // registration order
+  // Claims to be a restarted server, waiting to see whether the old process
+  // is silent; by the claimant's identity, at most one per server.
+  struct PendingRejoin {
+    std::string old_identity;
+    uint32_t pid = 0;
+    uint16_t metrics_port = 0;
+  };
+  std::map<std::string, PendingRejoin> rejoins_;
   std::map<BarrierKey, std::set<std::string>> barriers_;
   std::vector<uint8_t> nccl_id_;
-  std::vector<std::string> nccl_waiters_;
+  std::set<std::string> nccl_waiters_;
   std::vector<std::string> unreachable_;  // "worker 1 (...) cannot reach ..."
   std::vector<std::string> dead_;         // names of nodes declared dead
   bool servers_released_ = false;

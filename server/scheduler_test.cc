@@ -295,5 +295,21 @@ TEST_F(SchedulerTest, AServerThatDoesNotComeBackWithinTheGraceIsDeclaredDeadNami
       << late.status();
 }
 
+// A process claiming the address of a server that is alive used to take
+// its place at once.
+TEST_F(SchedulerTest, AClaimOnALiveServersAddressIsRefusedAndTheServerKeepsItsPlace) {
+  auto agents = RunningJob(2, Millis(5000));
+  ASSERT_EQ(agents.size(), 3u);
+  auto impostor = cluster::NodeAgent::Join(options_[2], NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_FALSE(impostor.ok());
+  EXPECT_EQ(impostor.status().code(), StatusCode::kFailedPrecondition) << impostor.status();
+  EXPECT_NE(impostor.status().message().find("server 0 at 127.0.0.1:1002 is alive"),
+            std::string::npos) << impostor.status();
+  std::this_thread::sleep_for(Millis(300));
+  EXPECT_TRUE(agents[0]->dead_peers().empty());
+  EXPECT_TRUE(agents[2]->job_status().ok()) << agents[2]->job_status();
+  EXPECT_EQ(metrics_.registrations->Value(), 3);
+}
+
 }  // namespace
 }  // namespace gradsync::server

@@ -233,7 +233,8 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
     auto router = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::router);
     Configure(*router);
     router->set(zmq::sockopt::router_mandatory, 1);
-    router->set(zmq::sockopt::router_handover, 1);
+    // No ROUTER_HANDOVER: a second connection under an identity already
+    // connected is refused, so it cannot take that peer's route.
     router->set(zmq::sockopt::routing_id, options_.identity);
     router->bind(cmd.endpoint);
     std::string bound = router->get(zmq::sockopt::last_endpoint);

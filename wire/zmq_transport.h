@@ -3,8 +3,9 @@
 // other threads hand work to it through a queue and an eventfd wake-up.
 //
 // - ROUTER_MANDATORY: a send to an unknown identity fails with Unavailable.
-// - ROUTER_HANDOVER: a peer that reconnects under the same identity takes
-//   over its route.
+// - No ROUTER_HANDOVER: a connection under an identity that is already
+//   connected is refused (it cannot take that peer's route); a peer that
+//   reconnects gets its route back once its old connection is gone.
 // - ZMQ_MAXMSGSIZE: frames larger than max_frame_bytes are refused by ZeroMQ
 //   itself (the connection is dropped); validate.h limits apply below that.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
