@@ -280,8 +280,11 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
                                  const std::string& detail, MsgType type) {
   ring_->rejected_.fetch_add(1, std::memory_order_relaxed);
   if (ring_->options_.rejected != nullptr) ring_->options_.rejected->Count(code);
-  GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
-                  << ": " << detail;
+  uint64_t left_out = 0;
+  if (ring_->refusal_log_.Admit(in.from.ToString(), wire::ErrorCodeLabel(code), &left_out)) {
+    GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
+                    << ": " << wire::Escaped(detail) << LeftOutNote(left_out);
+  }
   ring_->transport_
       ->Send(in.from, wire::MakeError(ring_->peers_.sender, code, detail, type),
              Deadline::After(Millis(100)))

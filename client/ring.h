@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "client/collectives.h"
+#include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/message.h"
@@ -136,6 +137,7 @@ class RingCollectives : public Collectives {
   std::vector<uint8_t> scratch_;
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0};
+  RefusalLog refusal_log_;
 };
 
 }  // namespace gradsync::client

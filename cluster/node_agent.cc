@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "common/logging.h"
+#include "common/refusal_log.h"
 #include "common/version.h"
 
 namespace gradsync::cluster {
@@ -95,6 +96,14 @@ Status NodeAgent::Register(Deadline deadline) {
               deadline);
 }
 
+void NodeAgent::LogRejected(const wire::Verdict& v) {
+  uint64_t left_out = 0;
+  if (refusal_log_.Admit("scheduler", wire::ErrorCodeLabel(v.code), &left_out)) {
+    GS_LOG(WARNING) << "rejected a message from the scheduler: " << wire::Escaped(v.detail)
+                    << LeftOutNote(left_out);
+  }
+}
+
 std::string NodeAgent::ImpossibleAssignment(const wire::RankAssignmentBody& a) const {
   constexpr int32_t kMaxNodes = 4096;
   const int32_t workers = a.num_workers(), servers = a.num_servers();
@@ -152,7 +161,7 @@ Status NodeAgent::AwaitAssignment(Deadline deadline) {
     }
     wire::Verdict v = wire::Validate(in->message, policy_);
     if (!v.ok()) {
-      GS_LOG(WARNING) << "rejected a message from the scheduler: " << v.detail;
+      LogRejected(v);
       continue;
     }
     if (v.header->type() == MsgType::Error) {
@@ -216,7 +225,7 @@ void NodeAgent::Run() {
     }
     wire::Verdict v = wire::Validate(in->message, policy_);
     if (!v.ok()) {
-      GS_LOG(WARNING) << "rejected a message from the scheduler: " << v.detail;
+      LogRejected(v);
       if (v.ShouldAnswer()) {
         Send(wire::MakeError(sender(), v.code, v.detail, v.type), Deadline::After(interval))
             .IgnoreError();

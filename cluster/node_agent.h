@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/message.h"
@@ -112,6 +113,8 @@ class NodeAgent {
   // node expects, its rank among them, sane heartbeats, and a peer list of
   // every node once. Otherwise what is wrong with it.
   std::string ImpossibleAssignment(const wire::RankAssignmentBody& a) const;
+  // A line for a message that failed verification, rate-limited.
+  void LogRejected(const wire::Verdict& v);
   // Waits on cv_ until `done` or the job fails or the deadline passes.
   Status WaitFor(std::unique_lock<std::mutex>& lock, Deadline deadline,
                  const std::function<bool()>& done, const std::string& what);
@@ -137,6 +140,7 @@ class NodeAgent {
   bool left_ = false;                                  // guarded by mu_
   bool stop_ = false;                                  // guarded by mu_
   std::thread thread_;
+  RefusalLog refusal_log_;
 };
 
 }  // namespace gradsync::cluster

@@ -610,8 +610,12 @@ void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const st
 void Scheduler::Refuse(const std::string& identity, ErrorCode code, const std::string& text,
                        MsgType in_reply_to, bool answer) {
   if (metrics_) metrics_->rejected.Count(code);
-  GS_LOG(WARNING) << "refused a message from '" << identity << "' ("
-                  << wire::ErrorCodeLabel(code) << "): " << text;
+  uint64_t left_out = 0;
+  if (refusal_log_.Admit(identity, wire::ErrorCodeLabel(code), &left_out)) {
+    GS_LOG(WARNING) << "refused a message from '" << wire::Escaped(identity, 64) << "' ("
+                    << wire::ErrorCodeLabel(code) << "): " << wire::Escaped(text)
+                    << LeftOutNote(left_out);
+  }
   if (answer) ReplyError(identity, code, text, in_reply_to);
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "server/scheduler_metrics.h"
@@ -158,6 +159,7 @@ class Scheduler {
   std::vector<std::string> dead_;         // names of nodes declared dead
   bool servers_released_ = false;
   Status result_;
+  RefusalLog refusal_log_;
 };
 
 }  // namespace gradsync::server

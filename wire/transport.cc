@@ -7,7 +7,7 @@ namespace gradsync::wire {
 
 std::string Route::ToString() const {
   if (kind == Kind::kConnection) return "connection " + std::to_string(conn);
-  return "peer '" + identity + "'";
+  return "peer '" + Escaped(identity, 64) + "'";
 }
 
 std::string RandomIdentity(const std::string& prefix) {
