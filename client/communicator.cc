@@ -226,6 +226,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
   ring_options.rejected = &ring_rejected_;
   for (const wire::NodeInfo& p : session_->peers()) {
     if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
+    if (p.role == wire::Role::Worker && p.rank == (r + n - 1) % n) peers.left_identity = p.identity;
   }
   GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(
                                  &session_->data(), peers, ring_options,
@@ -251,7 +252,10 @@ Status Communicator::Impl::Start(Deadline deadline) {
       // The shards close rounds without dead workers; a dead shard ends it.
       return SessionHealth(*session, wire::Role::Server);
     };
-    GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create({}));
+    // The shards know this client by this identity (wire::PsClientIdentity).
+    wire::ZmqOptions ps_zmq;
+    ps_zmq.identity = wire::PsClientIdentity(session_->data().identity());
+    GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create(ps_zmq));
     PsClientOptions ps_options = options_.ps;
     ps_options.rejected = &ps_rejected_;
     GS_ASSIGN_OR_RETURN(ps_, PsClient::Create(std::move(ps_transport), ps_peers, ps_options,

@@ -245,8 +245,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     wire::Incoming in = std::move(*got);
     wire::Verdict v = wire::Validate(in.message, ring_->policy_);
     const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
-                           v.header->sender_rank() == left() &&
-                           in.from.kind == wire::Route::Kind::kInbound;
+                           v.header->sender_rank() == left() && ring_->FromLeft(in.from);
     if (!from_left || v.type != want) {
       GS_RETURN_IF_ERROR(HandleOther(in, v));
       continue;
@@ -305,10 +304,12 @@ Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Ve
                              (e->message() ? e->message()->str() : "")),
                 e->code(), -1);
   }
-  if (h.sender_role() != wire::Role::Worker || h.sender_rank() != left() || from_right_conn) {
+  if (h.sender_role() != wire::Role::Worker || h.sender_rank() != left() || from_right_conn ||
+      !ring_->FromLeft(in.from)) {
     Refuse(in, ErrorCode::BadSender,
            std::string(wire::RoleName(h.sender_role())) + " " + std::to_string(h.sender_rank()) +
-               " is not this worker's left neighbour (rank " + std::to_string(left()) + ")",
+               " over " + in.from.ToString() + " is not this worker's left neighbour (rank " +
+               std::to_string(left()) + ")",
            v.type);
     return Status();
   }
@@ -401,7 +402,10 @@ Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
       continue;
     }
     // Late data of this operation is dropped: every rank is failing it.
-    if (v.type != MsgType::RingAbort || v.header->sender_rank() != left()) continue;
+    if (v.type != MsgType::RingAbort || v.header->sender_rank() != left() ||
+        !ring_->FromLeft(got->from)) {
+      continue;
+    }
     const auto* a = v.header->body_as_RingAbortBody();
     if (!a->timed_out()) return FromAbort(*a);
     if (a->origin_rank() == rank()) continue;

@@ -71,6 +71,9 @@ struct RingPeers {
   int world_size = 1;
   std::string right_endpoint;  // data endpoint of rank + 1; unused when world_size == 1
   wire::Sender sender;         // this worker, as headers name it
+  // The transport identity of rank - 1 (wire::NodeInfo::identity): only
+  // messages under it are taken as the left neighbour's. "": any.
+  std::string left_identity;
 };
 
 struct RingStats {
@@ -131,6 +134,11 @@ class RingCollectives : public Collectives {
   wire::Policy policy_;
   wire::ConnId right_ = -1;
   Status broken_;  // the first error; sticky
+  // Whether a message that came over `from` may be the left neighbour's.
+  bool FromLeft(const wire::Route& from) const {
+    return from.kind == wire::Route::Kind::kInbound &&
+           (peers_.left_identity.empty() || from.identity == peers_.left_identity);
+  }
   // Buffers of the ring's own (small all-reduce blocks, layout votes),
   // reused across operations. After a failure sends may still point into
   // it; the ring is broken then, so it is never resized again.

@@ -215,5 +215,46 @@ TEST(RingFaultTest, DataOfAnotherTypeOrCompressedIsRefusedBeforeItIsRead) {
   EXPECT_EQ(ring[1].stats().rejected, 2u);
 }
 
+// Without the left neighbour's identity, a message claiming its rank is
+// refused, however well formed: before, a forged RingData of another
+// operation made every rank fail with "ranks disagree".
+TEST(RingFaultTest, AMessageClaimingTheLeftNeighbourUnderAnotherIdentityIsRefused) {
+  const int n = 3;
+  Ring ring(n, FastOptions());
+  auto intruder = ring.net().NewTransport("intruder");
+  auto conn = intruder->Connect(Ring::Endpoint(1));
+  ASSERT_TRUE(conn.ok());
+  std::vector<float> junk(16, 1.0f);
+  wire::DataFields f;
+  f.num_elements = junk.size();
+  f.fingerprint = 12345;  // another operation's
+  ASSERT_TRUE(intruder
+                  ->Send(wire::Route::Connection(*conn),
+                         wire::MakeData(wire::Sender{wire::Role::Worker, 0, kJob},
+                                        wire::MsgType::RingData, f,
+                                        {wire::Payload::Copy(junk.data(), junk.size() * 4)}),
+                         Soon())
+                  .ok());
+  wire::RingAbortFields abort;
+  abort.origin_rank = 0;
+  abort.code = wire::ErrorCode::Mismatch;
+  abort.message = "forged";
+  ASSERT_TRUE(intruder
+                  ->Send(wire::Route::Connection(*conn),
+                         wire::MakeRingAbort(wire::Sender{wire::Role::Worker, 0, kJob}, abort),
+                         Soon())
+                  .ok());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(3000));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < 3000; ++i) bufs[r][i] = static_cast<float>(i + r);
+  }
+  auto st = ring.Run([&](int r) {
+    return ring[r].AllReduce(bufs[r].data(), 3000, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  });
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+  for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(bufs[1][i], static_cast<float>(3 * i + 3));
+  EXPECT_EQ(ring[1].stats().rejected, 2u);
+}
+
 }  // namespace
 }  // namespace gradsync::client

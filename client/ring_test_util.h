@@ -32,6 +32,7 @@ class Ring {
       p.world_size = n;
       p.right_endpoint = Endpoint((r + 1) % n);
       p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+      p.left_identity = "w" + std::to_string((r + n - 1) % n);
       auto ring = RingCollectives::Create(transports_[r].get(), p, options, health);
       EXPECT_TRUE(ring.ok()) << ring.status().ToString();
       rings_.push_back(std::move(*ring));

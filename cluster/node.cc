@@ -15,6 +15,7 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   GS_ASSIGN_OR_RETURN(std::string bound,
                       node.data->Listen("tcp://*:" + std::to_string(data_port)));
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
+  options.identity = node.data->identity();
   GS_ASSIGN_OR_RETURN(auto agent_transport, wire::ZmqTransport::Create({}));
   GS_ASSIGN_OR_RETURN(node.agent, NodeAgent::Join(options, std::move(agent_transport), deadline));
   const Assignment& a = node.agent->assignment();

@@ -56,6 +56,7 @@ NodeAgent::NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport
   assignment_.self.host = options_.host;
   assignment_.self.data_port = options_.data_port;
   assignment_.self.metrics_port = options_.metrics_port;
+  assignment_.self.identity = options_.identity;
   assignment_.heartbeat_interval = options_.heartbeat_interval;
   assignment_.missed_heartbeats = kDefaultMissedHeartbeats;
   last_heard_ = std::chrono::steady_clock::now();

@@ -44,6 +44,7 @@ struct NodeOptions {
   std::string host = "127.0.0.1";   // how peers reach this node
   uint16_t data_port = 0;           // the node's bound data port
   uint16_t metrics_port = 0;
+  std::string identity;             // of the node's data transport
   Millis connect_timeout{10000};    // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};

@@ -91,9 +91,6 @@ namespace {
 // no state and no context.
 bool IsReplyCodec(const std::string& codec) { return codec == "fp16" || codec == "bf16"; }
 
-bool SameRoute(const wire::Route& a, const wire::Route& b) {
-  return a.kind == b.kind && a.conn == b.conn && a.identity == b.identity;
-}
 
 Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
   return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
@@ -146,10 +143,10 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
     Reject(r, ErrorCode::WrongType, "a shard takes Push and Pull only", out);
     return false;
   }
-  // A worker speaks over one connection: the one its first admitted message
-  // came over.
-  const auto route = routes_.find(r.worker);
-  if (route != routes_.end() && !SameRoute(route->second, r.from)) {
+  const auto w = static_cast<size_t>(r.worker);
+  if (w < rules_.worker_identities.size() && !rules_.worker_identities[w].empty() &&
+      (r.from.kind != wire::Route::Kind::kInbound ||
+       r.from.identity != rules_.worker_identities[w])) {
     Reject(r, ErrorCode::BadSender, "comes over another connection than worker " +
            std::to_string(r.worker) + "'s own", out);
     return false;
@@ -190,7 +187,6 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
       return false;
     }
   }
-  routes_.emplace(r.worker, r.from);
   return true;
 }
 

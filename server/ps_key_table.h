@@ -39,8 +39,8 @@
 // Staleness of a push = key version when applied - the push's version.
 //
 // Errors (answered with an Error naming the key, counted, state unchanged):
-// sender not a worker of the job, or a worker speaking over another
-// connection than the one it first used (BadSender); a key placed on another shard
+// sender not a worker of the job, or a message claiming a worker that does
+// not come under that worker's identity (BadSender); a key placed on another shard
 // (Mismatch); more elements than a partition holds, or a new key past
 // max_keys (SizeMismatch / Oversized); dtype other than f32, a codec that is
 // unknown, of another family than the message says, or (on a pull) not a
@@ -93,6 +93,11 @@ struct PsRules {
   // Per-key and per-table bounds, checked before anything is allocated.
   uint64_t max_elements = kDefaultPartitionBytes / sizeof(float);  // partition_bytes / 4
   size_t max_keys = 65536;
+  // By rank: the transport identity worker r's messages come under
+  // (wire::PsClientIdentity of the identity it registered); a message
+  // claiming worker r under another is refused. Empty, or "" for a rank:
+  // not checked.
+  std::vector<std::string> worker_identities;
 };
 
 struct PsShardStats {
@@ -247,7 +252,6 @@ class KeyTable {
   const wire::Sender self_;
   ShardCounters* const counters_;
   std::set<int32_t> dead_;
-  std::map<int32_t, wire::Route> routes_;  // each worker's connection, from its first message
   std::map<Key, KeyState> keys_;
   compression::PayloadDecoder decoder_;
   compression::CompressorRegistry reply_codecs_;

@@ -34,6 +34,9 @@ class ShardHarness {
     options_.optimizer.lr = 0.5f;
     options_.optimizer.momentum = 0.5f;
     options_.checkpoint_dir = checkpoint_dir;
+    for (int w = 0; w < workers; ++w) {
+      options_.rules.worker_identities.push_back("worker" + std::to_string(w));
+    }
     server_ = net_.NewTransport("shard");
     EXPECT_TRUE(server_->Listen("inproc://shard").ok());
     StartShard();

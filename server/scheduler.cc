@@ -256,6 +256,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   node.info.host = r.host() ? r.host()->str() : "";
   node.info.data_port = r.data_port();
   node.info.metrics_port = r.metrics_port();
+  node.info.identity = r.identity() ? r.identity()->str() : "";
   node.pid = r.pid();
   node.last_seen = clock_->Now();
   nodes_[identity] = node;
@@ -315,7 +316,8 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
                             const wire::RegisterBody& r) {
   const Node& old = nodes_[old_identity];
   if (old.left || clock_->Now() - old.last_seen > 2 * options_.heartbeat_interval) {
-    Rejoin(old_identity, identity, r.pid(), r.metrics_port());
+    Rejoin(old_identity, identity, PendingRejoin{old_identity, r.pid(), r.metrics_port(),
+                                                 r.identity() ? r.identity()->str() : ""});
     return;
   }
   for (const auto& [claimant, claim] : rejoins_) {
@@ -326,7 +328,8 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
       return;
     }
   }
-  rejoins_[identity] = PendingRejoin{old_identity, r.pid(), r.metrics_port()};
+  rejoins_[identity] = PendingRejoin{old_identity, r.pid(), r.metrics_port(),
+                                     r.identity() ? r.identity()->str() : ""};
 }
 
 // The old process of a pending claim spoke: it is alive, the claim is false.
@@ -355,7 +358,7 @@ void Scheduler::TakeSilentClaims() {
       const PendingRejoin claim = it->second;
       const std::string identity = it->first;
       it = rejoins_.erase(it);
-      Rejoin(claim.old_identity, identity, claim.pid, claim.metrics_port);
+      Rejoin(claim.old_identity, identity, claim);
     } else {
       ++it;
     }
@@ -365,14 +368,15 @@ void Scheduler::TakeSilentClaims() {
 // The new process takes the old one's place: same rank and address, so the
 // peer list every node holds stays true.
 void Scheduler::Rejoin(const std::string& old_identity, const std::string& identity,
-                       uint32_t pid, uint16_t metrics_port) {
+                       const PendingRejoin& claim) {
   Node node = nodes_[old_identity];
   const uint32_t old_pid = node.pid;
   const std::string was =
       node.left ? "it had left" : "silent for " + FormatSeconds(clock_->Now() - node.last_seen);
   node.identity = identity;
-  node.pid = pid;
-  node.info.metrics_port = metrics_port;
+  node.pid = claim.pid;
+  node.info.metrics_port = claim.metrics_port;
+  node.info.identity = claim.data_identity;
   node.last_seen = clock_->Now();
   node.left = node.missing = node.reported = false;
   nodes_.erase(old_identity);

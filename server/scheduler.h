@@ -106,8 +106,9 @@ class Scheduler {
                    const wire::RegisterBody& r);
   void RefuseClaimsOn(const Node& node);
   void TakeSilentClaims();
-  void Rejoin(const std::string& old_identity, const std::string& identity, uint32_t pid,
-              uint16_t metrics_port);
+  struct PendingRejoin;
+  void Rejoin(const std::string& old_identity, const std::string& identity,
+              const PendingRejoin& claim);
   void AssignRanks();
   void SendAssignment(const std::string& identity);
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
@@ -150,6 +151,7 @@ class Scheduler {
     std::string old_identity;
     uint32_t pid = 0;
     uint16_t metrics_port = 0;
+    std::string data_identity;
   };
   std::map<std::string, PendingRejoin> rejoins_;
   std::map<BarrierKey, std::set<std::string>> barriers_;

@@ -85,6 +85,13 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, PsShardOption
   options.rules.num_workers = node.agent->assignment().num_workers;
   options.rules.shard = node.agent->sender().rank;
   options.rules.num_shards = node.agent->assignment().num_servers;
+  options.rules.worker_identities.assign(static_cast<size_t>(options.rules.num_workers), "");
+  for (const wire::NodeInfo& p : node.agent->assignment().peers) {
+    if (p.role == wire::Role::Worker && !p.identity.empty()) {
+      options.rules.worker_identities[static_cast<size_t>(p.rank)] =
+          wire::PsClientIdentity(p.identity);
+    }
+  }
   GS_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> started,
                       PsShard::Start(node.data.get(), options, node.agent->sender()));
   std::shared_ptr<PsShard> shard = std::move(started);

@@ -34,7 +34,7 @@ Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type,
 
 Offset<NodeAddress> BuildAddress(FlatBufferBuilder& fbb, const NodeInfo& n) {
   return CreateNodeAddress(fbb, n.role, n.rank, fbb.CreateString(n.host), n.data_port,
-                           n.metrics_port);
+                           n.metrics_port, fbb.CreateString(n.identity));
 }
 
 }  // namespace
@@ -120,7 +120,8 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
   FlatBufferBuilder fbb(256);
   auto body = CreateRegisterBody(fbb, me.role, me.rank, fbb.CreateString(build_id),
                                  fbb.CreateString(me.host), me.data_port, me.metrics_port,
-                                 pid, num_workers, num_servers);
+                                 pid, num_workers, num_servers,
+                                 fbb.CreateString(me.identity));
   return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
 }
 
@@ -230,7 +231,12 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   n.host = a.host() ? a.host()->str() : "";
   n.data_port = a.data_port();
   n.metrics_port = a.metrics_port();
+  n.identity = a.identity() ? a.identity()->str() : "";
   return n;
+}
+
+std::string PsClientIdentity(const std::string& data_identity) {
+  return data_identity + "/ps";
 }
 
 std::string Escaped(const std::string& text, size_t max_bytes) {

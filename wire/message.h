@@ -60,6 +60,7 @@ struct NodeInfo {
   std::string host;
   uint16_t data_port = 0;
   uint16_t metrics_port = 0;
+  std::string identity;  // of its data transport; "" when unknown
 
   // "worker 3", "server 0", "scheduler".
   std::string Name() const;
@@ -133,6 +134,10 @@ Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
 Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
                       uint64_t seq = 0);
 Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& tensors);
+
+// The transport identity of a worker's parameter-server client, from the
+// identity of the worker's data transport.
+std::string PsClientIdentity(const std::string& data_identity);
 
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);

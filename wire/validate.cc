@@ -57,6 +57,9 @@ Verdict CheckAddress(const NodeAddress* a, const Limits& limits, MsgType t) {
   if (a == nullptr) return Reject(ErrorCode::Malformed, "missing peer address", t);
   if (!InRange(a->role())) return Reject(ErrorCode::BadEnum, "peer role out of range", t);
   if (!StringOk(a->host(), limits)) return Reject(ErrorCode::Oversized, "peer host too long", t);
+  if (!StringOk(a->identity(), limits)) {
+    return Reject(ErrorCode::Oversized, "peer identity too long", t);
+  }
   return Verdict();
 }
 
@@ -76,7 +79,10 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       const auto* b = h.body_as_RegisterBody();
       if (!InRange(b->role()) || b->role() == Role::Scheduler) return bad_enum("role");
       if (b->requested_rank() < -1) return Reject(ErrorCode::BadSender, "negative requested rank", t);
-      if (!StringOk(b->host(), limits) || !StringOk(b->build_id(), limits)) return too_long();
+      if (!StringOk(b->host(), limits) || !StringOk(b->build_id(), limits) ||
+          !StringOk(b->identity(), limits)) {
+        return too_long();
+      }
       break;
     }
     case Body::RankAssignmentBody: {

@@ -1,0 +1,251 @@
+// A real job (scheduler, 2 synchronous shards with a server-side optimizer,
+// 4 workers of tests/ps_worker) with a forger beside it that knows the job
+// id and the addresses: it sends each message a hostile peer was found to
+// hurt the job with. The job must finish with every worker exit 0 and the
+// same parameters, bit for bit, as the same job without the forger, and
+// every forged message must be refused and counted in
+// gradsync_messages_rejected_total.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "common/version.h"
+#include "gtest/gtest.h"
+#include "tests/local_job.h"
+#include "wire/message.h"
+#include "wire/validate.h"
+#include "wire/zmq_transport.h"
+
+namespace gradsync {
+namespace {
+
+constexpr int kWorkers = 4;
+constexpr int kServers = 2;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The body of GET /metrics on 127.0.0.1:port ("" when unreachable).
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The sum of gradsync_messages_rejected_total over its series.
+double Rejected(const std::string& exposition) {
+  const std::string name = "gradsync_messages_rejected_total{";
+  double sum = 0;
+  for (size_t at = 0; (at = exposition.find("\n" + name, at)) != std::string::npos; ++at) {
+    const size_t value = exposition.find("} ", at);
+    if (value != std::string::npos) sum += std::atof(exposition.c_str() + value + 2);
+  }
+  return sum;
+}
+
+class HostilePeerTest : public ::testing::Test, public LocalJob {
+ protected:
+  struct Result {
+    std::vector<std::string> params;  // each worker's "params H"
+    double rejected = 0;              // by the shards and the scheduler
+  };
+
+  Result RunJob(const std::string& tag, bool forge) {
+    tag_ = tag;
+    const int scheduler_metrics = FreePort();
+    StartScheduler(kWorkers, kServers, {"--metrics_port=" + std::to_string(scheduler_metrics)});
+    SetJob(kWorkers, kServers);
+    std::vector<int> shard_metrics;
+    for (int s = 0; s < kServers; ++s) {
+      shard_metrics.push_back(FreePort());
+      Start({Runfile("server/gradsync_server"), "--role=server", "--ps_mode=sync",
+             "--optimizer=momentum", "--lr=0.05", "--partition_bytes=262144",
+             "--metrics_port=" + std::to_string(shard_metrics.back())},
+            "server" + std::to_string(s));
+    }
+    std::vector<Subprocess*> workers;
+    for (int r = 0; r < kWorkers; ++r) {
+      workers.push_back(&Start({Runfile("tests/ps_worker"), "--rank=" + std::to_string(r),
+                                "--path=ps", "--mode=train", "--optimizer=momentum",
+                                "--steps=25", "--slow_ms=20", "--metrics_base_port=0",
+                                "--bucket_bytes=2097152", "--partition_bytes=262144"},
+                               "worker" + std::to_string(r)));
+    }
+    if (forge) Forge();
+    Result result;
+    for (int r = 0; r < kWorkers; ++r) {
+      auto code = workers[r]->Wait(Deadline::AfterMs(120000));
+      EXPECT_TRUE(code.has_value()) << "worker still running:\n" << workers[r]->Output();
+      if (code) {
+        EXPECT_EQ(*code, 0) << workers[r]->Output();
+      }
+      const std::string out = workers[r]->Output();
+      const std::string key = "worker " + std::to_string(r) + " params ";
+      const size_t at = out.find(key);
+      EXPECT_NE(at, std::string::npos) << out;
+      if (at != std::string::npos) result.params.push_back(out.substr(at + key.size(), 16));
+    }
+    for (int port : shard_metrics) result.rejected += Rejected(Scrape(port));
+    result.rejected += Rejected(Scrape(scheduler_metrics));
+    scheduler_->Signal(SIGTERM);
+    for (int s = 0; s < kServers; ++s) {
+      EXPECT_TRUE(nodes_[s]->Wait(Deadline::AfterMs(30000)).has_value());
+    }
+    scheduler_->Wait(Deadline::AfterMs(10000));
+    nodes_.clear();
+    return result;
+  }
+
+  // From the scheduler's log: the job id and every node's data address.
+  void ReadJob() {
+    ASSERT_TRUE(scheduler_->WaitForOutput("ready", Deadline::AfterMs(30000)))
+        << scheduler_->Output();
+    const std::string log = scheduler_->Output();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(job (\d+) assembled)")));
+    job_ = std::strtoull(m[1].str().c_str(), nullptr, 10);
+    const std::regex reg(R"(registered a (worker|server) \(pid \d+ on ([0-9.]+):(\d+)\))");
+    servers_.clear();
+    workers_.clear();
+    for (std::sregex_iterator it(log.begin(), log.end(), reg), end; it != end; ++it) {
+      const std::string address = (*it)[2].str() + ":" + (*it)[3].str();
+      ((*it)[1] == "server" ? servers_ : workers_).push_back(address);
+    }
+    ASSERT_EQ(servers_.size(), static_cast<size_t>(kServers)) << log;
+    ASSERT_EQ(workers_.size(), static_cast<size_t>(kWorkers)) << log;
+  }
+
+  // Sends `msg` to `address` and expects an Error back.
+  void ExpectRefused(wire::ZmqTransport& t, const std::string& address, wire::Message msg,
+                     const std::string& what) {
+    auto conn = t.Connect("tcp://" + address);
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    ASSERT_TRUE(t.Send(wire::Route::Connection(*conn), std::move(msg), Deadline::AfterMs(5000))
+                    .ok());
+    for (Deadline d = Deadline::AfterMs(15000); !d.Expired();) {
+      auto in = t.Receive(d);
+      if (!in.ok()) break;
+      wire::Verdict v = wire::Validate(in->message, wire::Policy::Accepting({wire::MsgType::Error,
+                                                                             wire::MsgType::Ack,
+                                                                             wire::MsgType::Reply}));
+      if (v.ok() && v.type == wire::MsgType::Error) {
+        ++refused_;
+        return;
+      }
+    }
+    ADD_FAILURE() << what << " was not refused";
+  }
+
+  wire::Message Push(int as_worker, uint32_t partition, uint64_t round, uint64_t elements,
+                     wire::Compression family, const std::string& codec, size_t bytes) {
+    std::vector<uint8_t> junk(bytes, 0x41);
+    wire::DataFields f;
+    f.partition = partition;
+    f.num_elements = elements;
+    f.round = round;
+    f.compression = family;
+    f.codec = codec;
+    return wire::MakeData(wire::Sender{wire::Role::Worker, as_worker, job_}, wire::MsgType::Push,
+                          f, {wire::Payload::Copy(junk.data(), junk.size())}, round, round);
+  }
+
+  void Forge() {
+    ReadJob();
+    auto t = std::move(wire::ZmqTransport::Create({})).value();
+    const auto None = wire::Compression::None;
+    for (const std::string& shard : servers_) {
+      // Seen live: ended a shard with std::bad_alloc.
+      ExpectRefused(*t, shard, Push(1, 0, 1, uint64_t{1} << 40, wire::Compression::TopK,
+                                    "topk:ratio=0.01", 64), "a 2^40-element top-k push");
+      // A closed round, impersonating a worker, over another connection.
+      ExpectRefused(*t, shard, Push(2, 0, 1, 4, None, "", 16), "a push for a closed round");
+      wire::DataFields pull;
+      pull.num_elements = 4;
+      pull.round = 3;
+      ExpectRefused(*t, shard,
+                    wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, wire::MsgType::Pull,
+                                   pull, {}, 3, 3),
+                    "a forged pull");
+      ExpectRefused(*t, shard, Push(3, 0, 2, 1, wire::Compression::None, "", 4096),
+                    "a push whose payload disagrees with its element count");
+    }
+    // A ring message of another type with a short payload, to each worker.
+    for (size_t r = 0; r < workers_.size(); ++r) {
+      wire::DataFields f;
+      f.dtype = wire::DType::U8;
+      f.num_elements = 8;
+      std::vector<uint8_t> bytes(8, 0x7f);
+      const int left = static_cast<int>((r + kWorkers - 1) % kWorkers);
+      auto conn = t->Connect("tcp://" + workers_[r]);
+      ASSERT_TRUE(conn.ok());
+      ASSERT_TRUE(t->Send(wire::Route::Connection(*conn),
+                          wire::MakeData(wire::Sender{wire::Role::Worker, left, job_},
+                                         wire::MsgType::RingData, f,
+                                         {wire::Payload::Copy(bytes.data(), bytes.size())}),
+                          Deadline::AfterMs(5000))
+                      .ok());
+    }
+    // A registration claiming a live shard's address.
+    wire::NodeInfo claim;
+    claim.role = wire::Role::Server;
+    claim.rank = 0;
+    const size_t colon = servers_[0].rfind(':');
+    claim.host = servers_[0].substr(0, colon);
+    claim.data_port = static_cast<uint16_t>(std::atoi(servers_[0].c_str() + colon + 1));
+    ExpectRefused(*t, address_,
+                  wire::MakeRegister(wire::Sender{wire::Role::Server, 0, 0}, claim, kBuildId,
+                                     4242, 1, kWorkers, kServers),
+                  "a registration claiming a live shard's address");
+    t->Shutdown();
+  }
+
+  uint64_t job_ = 0;
+  std::vector<std::string> servers_, workers_;
+  int refused_ = 0;
+};
+
+TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndCounted) {
+  const Result clean = RunJob("clean", false);
+  const Result attacked = RunJob("forged", true);
+  ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
+  EXPECT_EQ(attacked.params, clean.params);
+  EXPECT_EQ(refused_, 4 * kServers + 1);
+  EXPECT_EQ(clean.rejected, 0);
+  // Every refusal the forger saw, plus none unaccounted for on the shards
+  // and the scheduler (the workers' ring refusals are their own metric).
+  EXPECT_GE(attacked.rejected, refused_);
+}
+
+}  // namespace
+}  // namespace gradsync
