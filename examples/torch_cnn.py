@@ -101,13 +101,9 @@ def parse_args(argv):
     return args
 
 
-def torchrun_job():
-    return "RANK" in os.environ and "GRADSYNC_SCHEDULER" not in os.environ
-
-
 def join(args):
     """Joins the job; returns (rank, size, sum_counts)."""
-    if args.comm == "ddp-gloo" and torchrun_job():
+    if args.comm == "ddp-gloo" and gradsync.torchrun_job():
         torch.distributed.init_process_group("gloo")
     else:
         gradsync.init(**args.settings)

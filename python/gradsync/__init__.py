@@ -20,7 +20,8 @@ from gradsync._comm import Communicator, EmbeddedScheduler
 from gradsync._lib import GradsyncError
 
 __all__ = ["GradsyncError", "init", "is_initialized", "rank", "size",
-           "local_rank", "communicator", "shutdown", "TORCHRUN_PORT_OFFSET"]
+           "local_rank", "communicator", "shutdown", "torchrun_job",
+           "TORCHRUN_PORT_OFFSET"]
 
 # Under torchrun the scheduler listens on MASTER_PORT + this.
 TORCHRUN_PORT_OFFSET = 1
@@ -56,10 +57,17 @@ def _torchrun_settings(settings):
     return settings
 
 
+def torchrun_job():
+    """Whether this process was started as torchrun starts one (RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and not by gradsync_launch."""
+    return "GRADSYNC_SCHEDULER" not in os.environ and \
+        all(v in os.environ for v in _TORCHRUN_VARS)
+
+
 def _job_settings(settings):
     if "scheduler" in settings or "GRADSYNC_SCHEDULER" in os.environ:
         return settings
-    if all(v in os.environ for v in _TORCHRUN_VARS):
+    if torchrun_job():
         return _torchrun_settings(settings)
     raise GradsyncError(
         "no job to join: set GRADSYNC_SCHEDULER (gradsync_launch does), pass "

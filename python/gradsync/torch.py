@@ -16,6 +16,8 @@ or leave torch.distributed out altogether (Horovod's model):
         torch.optim.SGD(model.parameters(), lr=0.1),
         named_parameters=model.named_parameters())
 """
+import datetime
+import os
 import socket
 
 import torch
@@ -121,18 +123,17 @@ def _free_port():
 def init_process_group(backend="gloo", comm=None, timeout_s=60.0):
     """torch.distributed's default group for a gradsync job (DDP needs one
     even when gradsync moves the gradients). Under torchrun it uses the
-    environment torchrun set; otherwise rank 0 offers a TCP store on a free
-    port of MASTER_ADDR (default 127.0.0.1) and gradsync tells the others."""
-    import datetime
-    import os
+    environment torchrun set (env://); otherwise rank 0 offers a TCP store
+    on a free port of MASTER_ADDR (default 127.0.0.1) and gradsync tells the
+    others."""
     comm = _comm(comm)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if gradsync.torchrun_job():
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        return
+    offer = torch.tensor([float(_free_port() if comm.rank == 0 else 0)])
+    _tensors.broadcast_tensor(comm, offer, 0, "store port")
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" in os.environ and "RANK" in os.environ:
-        port = int(os.environ["MASTER_PORT"])
-    else:
-        offer = torch.tensor([float(_free_port() if comm.rank == 0 else 0)])
-        _tensors.broadcast_tensor(comm, offer, 0, "store port")
-        port = int(offer.item())
     dist.init_process_group(
-        backend, init_method="tcp://%s:%d" % (host, port), rank=comm.rank,
-        world_size=comm.size, timeout=datetime.timedelta(seconds=timeout_s))
+        backend, init_method="tcp://%s:%d" % (host, int(offer.item())),
+        rank=comm.rank, world_size=comm.size, timeout=timeout)

@@ -34,6 +34,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def master_port():
+    """A free MASTER_PORT whose successor (gradsync's scheduler under
+    torchrun) is free as well."""
+    while True:
+        port = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("", port + 1))
+            return port
+        except OSError:
+            continue
+
+
 def base_env(extra=None):
     env = dict(os.environ)
     env.update(PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1",
@@ -57,10 +70,11 @@ def _log(name):
 class Job:
     """Processes of one job; stop() ends every one still running."""
 
-    def __init__(self, tag):
+    def __init__(self, tag, extra_env=None):
         self.tag = tag
         self.procs = []
-        self.env = {}
+        self.extra_env = dict(extra_env or {})
+        self.env = dict(self.extra_env)
 
     def spawn(self, name, argv, env):
         log = _log("%s.%s" % (self.tag, name))
@@ -72,12 +86,12 @@ class Job:
     def start_scheduler(self, workers, servers):
         """A gradsync_server scheduler; sets GRADSYNC_* for later nodes."""
         port = free_port()
-        env = base_env()
+        env = base_env(self.extra_env)
         self.spawn("scheduler", [SERVER, "--role=scheduler", "--port=%d" % port,
                                  "--num_workers=%d" % workers,
                                  "--num_servers=%d" % servers,
                                  "--metrics_port=0"], env)
-        self.env = dict(GRADSYNC_SCHEDULER="127.0.0.1:%d" % port,
+        self.env.update(GRADSYNC_SCHEDULER="127.0.0.1:%d" % port,
                         GRADSYNC_NUM_WORKERS=str(workers),
                         GRADSYNC_NUM_SERVERS=str(servers))
         for s in range(servers):
@@ -85,17 +99,16 @@ class Job:
                                         "--metrics_port=0"],
                        base_env(self.env))
 
-    def start_workers(self, argv, workers, torchrun=False, extra_env=None):
-        master_port = free_port()
+    def start_workers(self, argv, workers, torchrun=False):
+        port = master_port()
         for rank in range(workers):
             env = base_env(self.env)
             if torchrun:
                 env.update(RANK=str(rank), LOCAL_RANK=str(rank),
                            WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(master_port))
+                           MASTER_PORT=str(port))
             else:
                 env.update(GRADSYNC_RANK=str(rank))
-            env.update(extra_env or {})
             self.spawn("worker%d" % rank, [sys.executable] + argv, env)
 
     def wait_workers(self, timeout_s):
@@ -128,12 +141,13 @@ class Job:
 
 def run_workers(tag, argv, workers=4, torchrun=True, servers=0,
                 timeout_s=90, extra_env=None):
-    """Runs a job to its end; returns wait_workers()'s map."""
-    job = Job(tag)
+    """Runs a job to its end; returns wait_workers()'s map. `extra_env`
+    goes to every process (servers too)."""
+    job = Job(tag, extra_env)
     try:
         if not torchrun:
             job.start_scheduler(workers, servers)
-        job.start_workers(argv, workers, torchrun, extra_env)
+        job.start_workers(argv, workers, torchrun)
         return job.wait_workers(timeout_s)
     finally:
         job.stop()
@@ -153,11 +167,13 @@ def launch(argv, workers, servers, timeout_s, extra_env=None):
 
 
 def json_lines(output):
-    """The JSON objects printed by the job's processes ("[worker 0] {...}")."""
+    """The JSON objects printed by the job's processes, each line prefixed
+    by its process ("[worker 0] {...}", torchrun's "[default0]:{...}")."""
     found = []
     for line in output.splitlines():
-        text = line.split("] ", 1)[-1]
-        if text.startswith("{"):
+        prefix, _, text = line.partition("]")
+        text = text.lstrip(": ")
+        if prefix.startswith("[") and text.startswith("{"):
             found.append(json.loads(text))
     return found
 

@@ -19,7 +19,7 @@ def torchrun_env(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(job.free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(job.master_port()))
     yield
     gradsync.shutdown()
 

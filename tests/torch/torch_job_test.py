@@ -42,6 +42,23 @@ def test_optimizer_k_steps_equal_one_process_on_the_whole_batch(scenario):
         assert r["steps"] == 4, r
 
 
+def test_server_side_optimizer_steps_equal_one_process():
+    env = {"GRADSYNC_PATH": "ps", "GRADSYNC_PS_MODE": "sync",
+           "GRADSYNC_OPTIMIZER": "sgd", "GRADSYNC_LR": "0.05"}
+    for rank, r in run("server_optimizer", torchrun=False, servers=2,
+                       extra_env=env).items():
+        assert r["max_difference"] <= 2e-6, (rank, r)
+        assert r["steps"] == 5, r  # the start from rank 0, then 4 steps
+
+
+def test_broadcast_optimizer_state():
+    results = run("optimizer_state")
+    assert results[0]["lr"] == 0.01
+    for rank, r in results.items():
+        assert r == results[0], (rank, r, results[0])
+    assert len(results[0]["state"]) == 3 * 6  # step, exp_avg, exp_avg_sq
+
+
 def test_unused_parameter_is_zero_filled_without_hang():
     results = run("unused")
     for rank, r in results.items():

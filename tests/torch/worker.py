@@ -148,6 +148,51 @@ class Branches(torch.nn.Module):
         return out + self.branch(x) if use_branch else out
 
 
+def server_optimizer():
+    """The shards hold the parameters and step (plain SGD, lr 0.05): k steps
+    equal one process stepping on the whole batch from rank 0's start."""
+    gradsync.init()
+    rank, size = gradsync.rank(), gradsync.size()
+    rows, steps = 8, 4
+    full = [batch(s, 0, rows * size) for s in range(steps)]
+    local = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
+             for x, y in full]
+    model = mlp(rank + 7)
+    unused = torch.optim.SGD(model.parameters(), lr=0.0)
+    opt = gst.DistributedOptimizer(unused,
+                                   named_parameters=model.named_parameters())
+    regression_steps(model, opt, local, 1)
+    reference = mlp(7)
+    regression_steps(reference, torch.optim.SGD(reference.parameters(),
+                                                lr=0.05), full, 1)
+    worst = max((a - b).abs().max().item() for a, b in
+                zip(model.parameters(), reference.parameters()))
+    report(max_difference=worst, steps=opt.comm.stats()["steps"])
+    gradsync.shutdown()
+
+
+def optimizer_state():
+    """Every rank's Adam has other state and learning rate; after the
+    broadcasts all hold rank 0's."""
+    gradsync.init()
+    rank = gradsync.rank()
+    model = mlp(rank)
+    adam = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
+    for step in range(rank + 1):
+        x, y = batch(step, rank, 8)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        adam.step()
+        adam.zero_grad()
+    gst.broadcast_parameters(model.state_dict(), root_rank=0)
+    gst.broadcast_optimizer_state(adam, root_rank=0)
+    state = adam.state_dict()
+    tensors = [v for s in state["state"].values() for v in s.values()]
+    report(lr=state["param_groups"][0]["lr"],
+           state=[float(t.double().sum()) for t in tensors],
+           params=[float(p.double().sum()) for p in model.parameters()])
+    gradsync.shutdown()
+
+
 def unused_parameter():
     """Only rank 0 takes the branch: the step must not hang, and the branch's
     averaged gradient is rank 0's divided by the world size."""
@@ -225,6 +270,8 @@ SCENARIOS = {
     "optimizer_no_sync": lambda: optimizer_vs_single("no_sync"),
     "unused": unused_parameter,
     "dtypes": dtypes,
+    "server_optimizer": server_optimizer,
+    "optimizer_state": optimizer_state,
     "killed": killed,
 }
 
