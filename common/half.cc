@@ -1,5 +1,6 @@
 #include "common/half.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -30,8 +31,13 @@ void Store16(void* p, size_t i, uint16_t v) {
   std::memcpy(static_cast<uint8_t*>(p) + 2 * i, &v, 2);
 }
 
+// F16C from CPUID leaf 1 (ECX bit 29): not every compiler's
+// __builtin_cpu_supports knows the name.
 bool HasAvx2F16c() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }();
   return has;
 }
 
