@@ -17,6 +17,7 @@
 
 #include "common/blocking_queue.h"
 #include "common/logging.h"
+#include "wire/zmq_curve.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -77,6 +78,7 @@ class ZmqTransport::Impl {
 
   const std::string& identity() const { return options_.identity; }
   zmq::context_t& context() { return context_; }
+  const std::optional<CurveKey>& curve() const { return options_.curve; }
   uint64_t NextProbeId() { return next_probe_++; }
 
   Result Submit(std::unique_ptr<Command> cmd) {
@@ -107,8 +109,11 @@ class ZmqTransport::Impl {
     }
     Wake();
     if (io_thread_.joinable()) io_thread_.join();
+    zap_.reset();  // its socket closes before the context does
     incoming_.Close();
   }
+
+  uint64_t auth_failures() const { return auth_failures_.load(); }
 
  private:
   void Wake() {
@@ -128,6 +133,9 @@ class ZmqTransport::Impl {
   void ReadSocket(zmq::socket_t& socket, const Route* fixed_route);
   void Configure(zmq::socket_t& socket);
   void CloseAll();
+  // Watches the listening socket's handshakes (CURVE only).
+  Status MonitorHandshakes(zmq::socket_t& router);
+  void ReadMonitor();
 
   ZmqOptions options_;
   zmq::context_t context_{1};
@@ -142,6 +150,9 @@ class ZmqTransport::Impl {
 
   // Owned by the I/O thread.
   std::unique_ptr<zmq::socket_t> router_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // handshake events of router_
+  std::unique_ptr<ZapHandler> zap_;
+  std::atomic<uint64_t> auth_failures_{0};
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::map<std::string, ConnId> conn_by_endpoint_;
   std::deque<std::unique_ptr<Command>> pending_;
@@ -169,6 +180,7 @@ void ZmqTransport::Impl::IoLoop() {
     const bool room = !incoming_.full();
     const short in = room ? ZMQ_POLLIN : 0;
     if (router_) items.push_back({router_->handle(), 0, in, 0});
+    if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
     std::vector<ConnId> ids;
     for (auto& [id, sock] : dealers_) {
       items.push_back({sock->handle(), 0, in, 0});
@@ -189,6 +201,10 @@ void ZmqTransport::Impl::IoLoop() {
     size_t next = 1;
     if (router_) {
       if (items[next].revents & ZMQ_POLLIN) ReadSocket(*router_, nullptr);
+      ++next;
+    }
+    if (monitor_) {
+      if (items[next].revents & ZMQ_POLLIN) ReadMonitor();
       ++next;
     }
     for (ConnId id : ids) {
@@ -236,6 +252,22 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
     // No ROUTER_HANDOVER: a second connection under an identity already
     // connected is refused, so it cannot take that peer's route.
     router->set(zmq::sockopt::routing_id, options_.identity);
+    if (options_.curve) {
+      if (!zap_) {
+        auto zap = ZapHandler::Start(context_, options_.curve->public_z85);
+        if (!zap.ok()) {
+          cmd.done.set_value({zap.status(), "", -1});
+          return;
+        }
+        zap_ = std::move(*zap);
+      }
+      ApplyCurveServer(*router, *options_.curve);
+      Status watched = MonitorHandshakes(*router);
+      if (!watched.ok()) {
+        cmd.done.set_value({watched, "", -1});
+        return;
+      }
+    }
     router->bind(cmd.endpoint);
     std::string bound = router->get(zmq::sockopt::last_endpoint);
     router_ = std::move(router);
@@ -255,6 +287,7 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
     auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
     Configure(*dealer);
     dealer->set(zmq::sockopt::routing_id, options_.identity);
+    if (options_.curve) ApplyCurveClient(*dealer, *options_.curve);
     dealer->connect(cmd.endpoint);
     ConnId id = next_conn_++;
     dealers_[id] = std::move(dealer);
@@ -359,8 +392,39 @@ void ZmqTransport::Impl::CloseAll() {
   for (auto& cmd : pending_) left.push_back(std::move(cmd));
   pending_.clear();
   for (auto& cmd : left) cmd->done.set_value({CancelledError("transport is shut down"), "", -1});
+  monitor_.reset();
   router_.reset();
   dealers_.clear();
+}
+
+Status ZmqTransport::Impl::MonitorHandshakes(zmq::socket_t& router) {
+  const std::string address = "inproc://gradsync-handshakes-" + options_.identity;
+  const int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+  if (zmq_socket_monitor(router.handle(), address.c_str(), events) != 0) {
+    return InternalError("cannot monitor the listening socket's handshakes");
+  }
+  monitor_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::pair);
+  monitor_->set(zmq::sockopt::linger, 0);
+  monitor_->connect(address);
+  return OkStatus();
+}
+
+// Event frames: 2 bytes event, 4 bytes value; then the peer's address.
+void ZmqTransport::Impl::ReadMonitor() {
+  for (;;) {
+    std::vector<zmq::message_t> frames;
+    try {
+      if (!zmq::recv_multipart(*monitor_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+        return;
+      }
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (frames.size() < 2) continue;
+    auth_failures_.fetch_add(1);
+    if (options_.on_auth_failure) options_.on_auth_failure(frames[1].to_string());
+  }
 }
 
 StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(ZmqOptions options) {
@@ -373,6 +437,7 @@ ZmqTransport::ZmqTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
 
 const std::string& ZmqTransport::identity() const { return impl_->identity(); }
+uint64_t ZmqTransport::auth_failures() const { return impl_->auth_failures(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
   auto cmd = std::make_unique<Command>();
@@ -415,9 +480,10 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
     zmq::socket_t dealer(impl_->context(), zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::linger, 0);
     dealer.set(zmq::sockopt::reconnect_ivl, 100);
+    if (impl_->curve()) ApplyCurveClient(dealer, *impl_->curve());
     const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED |
                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
     if (zmq_socket_monitor(dealer.handle(), monitor_addr.c_str(), events) != 0) {
       return InternalError("cannot monitor probe socket");
     }
@@ -436,6 +502,11 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
       std::memcpy(&event, frames[0].data(), sizeof(event));
       if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) return OkStatus();
       if (event == ZMQ_EVENT_CONNECT_RETRIED) ++retries;
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+          (impl_->curve() && event != ZMQ_EVENT_CONNECT_RETRIED)) {
+        return UnavailableError(endpoint + " refused the handshake: it does not run CURVE "
+                                "with this job's key (security, key_file)");
+      }
       if (event != ZMQ_EVENT_CONNECT_RETRIED) {
         return UnavailableError(endpoint + " answered but is not a gradsync (ZeroMQ) peer");
       }

@@ -8,6 +8,8 @@
 //   reconnects gets its route back once its old connection is gone.
 // - ZMQ_MAXMSGSIZE: frames larger than max_frame_bytes are refused by ZeroMQ
 //   itself (the connection is dropped); validate.h limits apply below that.
+// - With ZmqOptions::curve, CURVE on every socket and a ZAP handler that
+//   admits only the job's key (wire/zmq_curve.h).
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - Incoming messages wait in a bounded queue; when it is full the I/O thread
@@ -17,9 +19,13 @@
 #ifndef GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
 #define GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "wire/curve.h"
 #include "wire/transport.h"
 
 namespace gradsync::wire {
@@ -33,6 +39,11 @@ struct ZmqOptions {
   int reconnect_ivl_max_ms = 2000;
   int linger_ms = 1000;                        // flush time at shutdown
   size_t max_queued_incoming = 4096;
+  // Set: every socket runs CURVE with the job's key, and only peers holding
+  // it get in (wire/curve.h); a failed handshake on the listening socket
+  // calls on_auth_failure (on the I/O thread) with the peer's address.
+  std::optional<CurveKey> curve;
+  std::function<void(const std::string& peer)> on_auth_failure;
 };
 
 class ZmqTransport : public Transport {
@@ -48,6 +59,9 @@ class ZmqTransport : public Transport {
   StatusOr<Incoming> Receive(Deadline deadline) override;
   Status Probe(const std::string& endpoint, Deadline deadline) override;
   void Shutdown() override;
+  // Handshakes refused on the listening socket (no, wrong or another job's
+  // CURVE key, or not ZeroMQ at all).
+  uint64_t auth_failures() const;
 
   class Impl;
 

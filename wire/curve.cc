@@ -1,0 +1,95 @@
+#include "wire/curve.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "zmq.h"
+
+namespace gradsync::wire {
+
+namespace {
+
+bool IsZ85Key(const std::string& s) {
+  if (s.size() != 40) return false;
+  uint8_t binary[32];
+  return zmq_z85_decode(binary, s.c_str()) != nullptr;
+}
+
+}  // namespace
+
+StatusOr<CurveKey> GenerateCurveKey() {
+  char pub[41], sec[41];
+  if (zmq_curve_keypair(pub, sec) != 0) {
+    return UnavailableError("cannot make a CURVE key pair: libzmq has no CURVE support");
+  }
+  return CurveKey{pub, sec};
+}
+
+Status WriteKeyFile(const std::string& path, const CurveKey& key) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return UnavailableError("cannot create key file " + path);
+  const std::string text = "public " + key.public_z85 + "\nsecret " + key.secret_z85 + "\n";
+  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const bool closed = close(fd) == 0;
+  if (!ok || !closed) return UnavailableError("cannot write key file " + path);
+  return OkStatus();
+}
+
+StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return InvalidArgumentError("key_file " + path + " does not exist");
+  }
+  if (!S_ISREG(st.st_mode)) return InvalidArgumentError("key_file " + path + " is not a file");
+  if ((st.st_mode & 077) != 0) {
+    return InvalidArgumentError("key_file " + path + " may be read by others (mode " +
+                                std::to_string(st.st_mode & 0777) +
+                                " in decimal): make it readable by its owner only (chmod 600)");
+  }
+  std::ifstream in(path);
+  std::string word, value;
+  CurveKey key;
+  while (in >> word >> value) {
+    if (word == "public") key.public_z85 = value;
+    if (word == "secret") key.secret_z85 = value;
+  }
+  if (!IsZ85Key(key.public_z85) || !IsZ85Key(key.secret_z85)) {
+    return InvalidArgumentError("key_file " + path +
+                                " does not hold a 'public' and a 'secret' CURVE key (40 Z85 "
+                                "characters each)");
+  }
+  return key;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
+                                                     const std::string& host) {
+  GS_ASSIGN_OR_RETURN(std::string security, config.GetString("security", "auto"));
+  GS_ASSIGN_OR_RETURN(std::string key_file, config.GetString("key_file", ""));
+  if (security != "auto" && security != "curve" && security != "none") {
+    return InvalidArgumentError("security must be auto, curve or none, got '" + security + "'");
+  }
+  if (security == "none") return std::optional<CurveKey>();
+  if (!key_file.empty()) {
+    GS_ASSIGN_OR_RETURN(CurveKey key, ReadKeyFile(key_file));
+    return std::optional<CurveKey>(key);
+  }
+  if (security == "curve") {
+    return InvalidArgumentError("security=curve needs a key_file (GRADSYNC_KEY_FILE); "
+                                "gradsync_launch makes one for its job");
+  }
+  if (IsLoopback(host)) return std::optional<CurveKey>();
+  return InvalidArgumentError(
+      "host " + host + " is not loopback: a node others can reach runs with CURVE (give "
+      "key_file, the job's key file, which gradsync_launch makes) or, to run unencrypted "
+      "and unauthenticated, security=none");
+}
+
+}  // namespace gradsync::wire

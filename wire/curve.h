@@ -1,0 +1,54 @@
+// CurveZMQ for a job: one key pair per job, kept in a key file that every
+// process of the job reads. Every socket then runs CURVE with it: servers
+// (ROUTER) with its secret key, clients (DEALER) with its public key as the
+// server key and the pair as their own; a ZAP handler admits only clients
+// whose key is the job's. Traffic is encrypted, and only a process that
+// holds the job's secret key gets in: a peer with no key, another key or
+// another job's key fails the handshake and is counted.
+//
+// Key file: two lines, "public <40 Z85 chars>" and "secret <40 Z85 chars>";
+// a regular file that only its owner may read (mode 0600 or stricter).
+//
+// Settings (flags or GRADSYNC_ variables): security=auto|curve|none (auto),
+// key_file (GRADSYNC_KEY_FILE). auto: CURVE when a key file is given;
+// otherwise none when the node's host is loopback, and an error when it is
+// not (a node reachable from the network does not start insecure unless
+// told to with security=none).
+//
+// Thread-safety: pure functions.
+#ifndef GRADSYNC_WIRE_CURVE_H_
+#define GRADSYNC_WIRE_CURVE_H_
+
+#include <optional>
+#include <string>
+
+#include "common/config.h"
+#include "common/status.h"
+
+namespace gradsync::wire {
+
+struct CurveKey {
+  std::string public_z85;  // 40 characters
+  std::string secret_z85;  // 40 characters
+};
+
+// A new key pair (libzmq's zmq_curve_keypair).
+StatusOr<CurveKey> GenerateCurveKey();
+// Writes `key` to a new file at `path` with mode 0600; fails if it exists.
+Status WriteKeyFile(const std::string& path, const CurveKey& key);
+// Reads a key file, refusing one others may read or that is malformed.
+StatusOr<CurveKey> ReadKeyFile(const std::string& path);
+
+// Whether `host` names this machine's loopback (127.0.0.0/8, ::1, localhost).
+bool IsLoopback(const std::string& host);
+
+// The key this process's sockets use, from the settings above and the host
+// the node is reached at; nullopt: no CURVE. InvalidArgument naming the
+// setting for a bad value, a missing or unreadable key file, or an
+// insecure start on a host that is not loopback.
+StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
+                                                     const std::string& host);
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_CURVE_H_
