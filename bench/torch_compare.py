@@ -13,10 +13,11 @@ only to find its peers):
                   (2 shards)
 The repetitions interleave the configurations. Prints a table and one JSON
 line per configuration: {"impl","comm","settings","servers","epochs",
-"epoch_s","samples_per_s","test_accuracy","wall_ratio","accuracy_delta",
-"reps"}, medians over the repetitions; wall_ratio is epoch_s over
-ddp-gloo's, accuracy_delta the test accuracy minus ddp-gloo's (points are
-hundredths).
+"epoch_s","cpu_epoch_s","samples_per_s","test_accuracy","wall_ratio",
+"cpu_ratio","accuracy_delta","reps"}, medians over the repetitions;
+wall_ratio is epoch_s over ddp-gloo's, cpu_ratio the same for rank 0's CPU
+time per epoch (less sensitive to other load on the machine than wall time),
+accuracy_delta the test accuracy minus ddp-gloo's.
 """
 import argparse
 import json
@@ -67,10 +68,12 @@ def summary(impl, comm, settings, servers, runs, reference):
     med = lambda key: statistics.median(r[key] for r in runs)
     row = {"impl": impl, "comm": comm, "settings": settings, "servers": servers,
            "epochs": runs[0]["epochs"], "epoch_s": round(med("epoch_s"), 3),
+           "cpu_epoch_s": round(med("cpu_epoch_s"), 3),
            "samples_per_s": round(med("samples_per_s"), 1),
            "test_accuracy": round(med("test_accuracy"), 4), "reps": len(runs)}
     base = reference or row
     row["wall_ratio"] = round(row["epoch_s"] / base["epoch_s"], 3)
+    row["cpu_ratio"] = round(row["cpu_epoch_s"] / base["cpu_epoch_s"], 3)
     row["accuracy_delta"] = round(row["test_accuracy"] - base["test_accuracy"], 4)
     return row
 
@@ -94,12 +97,14 @@ def main():
     for impl, comm, settings, servers in CONFIGS:
         rows.append(summary(impl, comm, settings, servers, runs[impl], reference))
         reference = reference or rows[0]
-    print("%-15s %8s %10s %9s %10s %9s" % ("impl", "epoch_s", "samples/s",
-                                          "test_acc", "wall_ratio", "acc_delta"))
+    print("%-15s %8s %8s %10s %9s %10s %9s %9s" % (
+        "impl", "epoch_s", "cpu_s", "samples/s", "test_acc", "wall_ratio",
+        "cpu_ratio", "acc_delta"))
     for r in rows:
-        print("%-15s %8.3f %10.1f %9.4f %10.3f %+9.4f" % (
-            r["impl"], r["epoch_s"], r["samples_per_s"], r["test_accuracy"],
-            r["wall_ratio"], r["accuracy_delta"]))
+        print("%-15s %8.3f %8.3f %10.1f %9.4f %10.3f %9.3f %+9.4f" % (
+            r["impl"], r["epoch_s"], r["cpu_epoch_s"], r["samples_per_s"],
+            r["test_accuracy"], r["wall_ratio"], r["cpu_ratio"],
+            r["accuracy_delta"]))
     for r in rows:
         print(json.dumps(r))
 

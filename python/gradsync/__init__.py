@@ -15,6 +15,7 @@ join it there. The PyTorch integration is gradsync.torch.
 """
 import atexit
 import os
+import sys
 
 from gradsync._comm import Communicator, EmbeddedScheduler
 from gradsync._lib import GradsyncError
@@ -135,7 +136,14 @@ def shutdown(timeout_s=30.0):
     _stop_scheduler(int(timeout_s * 1000))
 
 
-atexit.register(lambda: shutdown(timeout_s=5.0))
+def _shutdown_at_exit():
+    try:
+        shutdown(timeout_s=5.0)
+    except GradsyncError as e:
+        print("gradsync: %s" % e, file=sys.stderr)
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def _env_setting(name, default):
