@@ -218,6 +218,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
   peers.rank = r;
   peers.world_size = n;
   peers.sender = wire::Sender{wire::Role::Worker, r, session_->job_id()};
+  process_metrics_.AddAuthFailures(session_->auth_failures());
   if (options_.metrics_base_port > 0) {
     process_metrics_.ServeOrWarn(options_.metrics_base_port +
                                  (options_.local_rank >= 0 ? options_.local_rank : r));
@@ -253,7 +254,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
       return SessionHealth(*session, wire::Role::Server);
     };
     // The shards know this client by this identity (wire::PsClientIdentity).
-    wire::ZmqOptions ps_zmq;
+    wire::ZmqOptions ps_zmq = cluster::TransportOptions(session_->curve(), nullptr);
     ps_zmq.identity = wire::PsClientIdentity(session_->data().identity());
     GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create(ps_zmq));
     PsClientOptions ps_options = options_.ps;

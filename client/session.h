@@ -47,6 +47,10 @@ class Session {
   Status job_status() const { return node_.agent->job_status(); }
   // The data transport, listening on this worker's data port.
   wire::Transport& data() { return *node_.data; }
+  // The job's CURVE key, when the job runs CURVE.
+  const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
+  // Handshakes refused on the data port.
+  std::shared_ptr<std::atomic<uint64_t>> auth_failures() const { return node_.auth_failures; }
   // Leaves the job on purpose (done, or failing) so nobody waits for us.
   void Leave(const std::string& reason) { node_.agent->Leave(reason); }
 

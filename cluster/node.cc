@@ -2,21 +2,42 @@
 
 #include "cluster/topology.h"
 #include "common/logging.h"
+#include "common/refusal_log.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::cluster {
+
+wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
+                                  std::shared_ptr<std::atomic<uint64_t>> auth_failures) {
+  wire::ZmqOptions o;
+  o.curve = curve;
+  auto log = std::make_shared<RefusalLog>();
+  o.on_auth_failure = [auth_failures, log](const std::string& peer) {
+    if (auth_failures) auth_failures->fetch_add(1);
+    uint64_t left_out = 0;
+    if (log->Admit(peer, "handshake", &left_out)) {
+      GS_LOG(WARNING) << "refused a connection from " << wire::Escaped(peer, 64)
+                      << ": its handshake failed (no, wrong or another job's CURVE key)"
+                      << LeftOutNote(left_out);
+    }
+  };
+  return o;
+}
 
 StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline) {
   GS_ASSIGN_OR_RETURN(NodeOptions options, NodeOptions::FromConfig(config));
   GS_ASSIGN_OR_RETURN(int64_t data_port, config.GetInt("data_port", 0));
   options.role = role;
   Node node;
-  GS_ASSIGN_OR_RETURN(node.data, wire::ZmqTransport::Create({}));
-  GS_ASSIGN_OR_RETURN(std::string bound,
-                      node.data->Listen("tcp://*:" + std::to_string(data_port)));
+  GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
+  node.auth_failures = std::make_shared<std::atomic<uint64_t>>(0);
+  GS_ASSIGN_OR_RETURN(node.data,
+                      wire::ZmqTransport::Create(TransportOptions(node.curve, node.auth_failures)));
+  GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(wire::ListenEndpoint(options.host, data_port)));
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   options.identity = node.data->identity();
-  GS_ASSIGN_OR_RETURN(auto agent_transport, wire::ZmqTransport::Create({}));
+  GS_ASSIGN_OR_RETURN(auto agent_transport,
+                      wire::ZmqTransport::Create(TransportOptions(node.curve, nullptr)));
   GS_ASSIGN_OR_RETURN(node.agent, NodeAgent::Join(options, std::move(agent_transport), deadline));
   const Assignment& a = node.agent->assignment();
   SetLogTag(a.self.Name());

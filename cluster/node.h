@@ -4,19 +4,35 @@
 #ifndef GRADSYNC_CLUSTER_NODE_H_
 #define GRADSYNC_CLUSTER_NODE_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "cluster/node_agent.h"
 #include "common/config.h"
+#include "wire/curve.h"
 #include "wire/transport.h"
+#include "wire/zmq_transport.h"
 
 namespace gradsync::cluster {
 
 struct Node {
-  // Listens on the node's data port; peers connect here.
+  // Listens on the node's data port (on its host address); peers connect here.
   std::unique_ptr<wire::Transport> data;
   std::unique_ptr<NodeAgent> agent;
+  // The job's key when the node runs CURVE (wire/curve.h); every transport
+  // of the process uses it.
+  std::optional<wire::CurveKey> curve;
+  // Handshakes the node's listening socket refused.
+  std::shared_ptr<std::atomic<uint64_t>> auth_failures;
 };
+
+// Transport options for a socket of this process: the node's key, and
+// refused handshakes counted in `auth_failures` and logged (rate-limited).
+wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
+                                  std::shared_ptr<std::atomic<uint64_t>> auth_failures);
 
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
 // data_port, 0 = any free port), binds, joins and checks reachability.

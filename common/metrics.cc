@@ -99,12 +99,26 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   }
   out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge,
                        OpenFds()));
+  uint64_t refused = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& c : auth_failures_) refused += c->load();
+  }
+  out.push_back(Family("gradsync_auth_failures_total",
+                       "Connections refused at the handshake: no, wrong or another job's "
+                       "CURVE key.",
+                       MetricType::Counter, static_cast<double>(refused)));
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
     out.push_back(Family("process_max_fds", "Limit on open file descriptors.",
                          MetricType::Gauge, static_cast<double>(limit.rlim_cur)));
   }
   return out;
+}
+
+void ProcessCollector::AddAuthFailures(std::shared_ptr<const std::atomic<uint64_t>> count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auth_failures_.push_back(std::move(count));
 }
 
 ProcessMetrics::ProcessMetrics(const std::string& role)

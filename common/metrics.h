@@ -17,7 +17,10 @@
 #ifndef GRADSYNC_COMMON_METRICS_H_
 #define GRADSYNC_COMMON_METRICS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,10 +44,17 @@ constexpr int kWorkerMetricsBasePort = 9410;
 // Latency buckets in seconds, 50 us to 30 s.
 const std::vector<double>& LatencyBuckets();
 
-// process_* families of the calling process, read when collected.
+// process_* families of the calling process, read when collected, and
+// gradsync_auth_failures_total: the sum of the counters added (handshakes a
+// listening socket refused; wire/zmq_transport.h).
 class ProcessCollector : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override;
+  void AddAuthFailures(std::shared_ptr<const std::atomic<uint64_t>> count);
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<const std::atomic<uint64_t>>> auth_failures_;  // guarded by mu_
 };
 
 class ProcessMetrics {
@@ -54,6 +64,10 @@ class ProcessMetrics {
   ~ProcessMetrics();
 
   prometheus::Registry& registry() { return *registry_; }
+  // Exports `count` (added to any counted before) as gradsync_auth_failures_total.
+  void AddAuthFailures(std::shared_ptr<const std::atomic<uint64_t>> count) {
+    process_->AddAuthFailures(std::move(count));
+  }
   // Serves /metrics on `address` ("0.0.0.0:9100"). Port 0 in the address
   // picks a free port. Returns the bound port.
   StatusOr<int> Serve(const std::string& address);

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/subprocess.h"
+#include "wire/curve.h"
 
 namespace gradsync::launcher {
 namespace {
@@ -124,6 +125,10 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   GS_ASSIGN_OR_RETURN(o.host, config.GetString("host", o.host));
   GS_ASSIGN_OR_RETURN(o.server_binary, config.GetString("server_binary", ""));
   GS_ASSIGN_OR_RETURN(o.log_dir, config.GetString("log_dir", ""));
+  GS_ASSIGN_OR_RETURN(o.security, config.GetString("security", o.security));
+  if (o.security != "auto" && o.security != "curve" && o.security != "none") {
+    return InvalidArgumentError("security must be auto, curve or none, got '" + o.security + "'");
+  }
   for (const std::string& flag : config.UnknownFlags()) {
     return InvalidArgumentError("unknown flag " + flag);
   }
@@ -192,6 +197,16 @@ Status Launcher::Prepare() {
                             options_.log_dir + ": " + std::strerror(errno));
   }
   Say("logs in " + options_.log_dir);
+  const bool curve = options_.security == "curve" ||
+                     (options_.security == "auto" && !wire::IsLoopback(options_.host));
+  security_ = {{"GRADSYNC_SECURITY", curve ? "curve" : "none"}};
+  if (curve) {
+    const std::string path = options_.log_dir + "/job.key";
+    GS_ASSIGN_OR_RETURN(wire::CurveKey key, wire::GenerateCurveKey());
+    GS_RETURN_IF_ERROR(wire::WriteKeyFile(path, key));
+    security_.emplace_back("GRADSYNC_KEY_FILE", path);
+    Say("CURVE with a new job key in " + path);
+  }
   return OkStatus();
 }
 
@@ -231,8 +246,9 @@ Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
              "--port=" + std::to_string(options_.port),
              "--metrics_port=" + std::to_string(options_.metrics_port),
              "--num_workers=" + std::to_string(options_.workers),
-             "--num_servers=" + std::to_string(options_.servers)},
-            {}));
+             "--num_servers=" + std::to_string(options_.servers),
+             "--host=" + options_.host},
+            security_));
   Process& scheduler = *processes_.back();
   const Deadline deadline = Deadline::After(options_.startup_timeout);
   for (;;) {
@@ -263,10 +279,11 @@ Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
 }
 
 Status Launcher::StartNodes() {
-  const std::vector<std::pair<std::string, std::string>> job = {
+  std::vector<std::pair<std::string, std::string>> job = {
       {"GRADSYNC_SCHEDULER", scheduler_address_},
       {"GRADSYNC_NUM_WORKERS", std::to_string(options_.workers)},
       {"GRADSYNC_NUM_SERVERS", std::to_string(options_.servers)}};
+  job.insert(job.end(), security_.begin(), security_.end());
   Say("scheduler at " + scheduler_address_ + ", starting " +
       std::to_string(options_.servers) + " servers and " +
       std::to_string(options_.workers) + " workers");

@@ -57,10 +57,14 @@ struct LaunchOptions {
   Millis grace{5000};
   // How long the scheduler may take to listen.
   Millis startup_timeout{15000};
+  // auto: CURVE when `host` is not loopback, none when it is; curve: always
+  // (a new key per job, in the log directory, mode 0600, handed to every
+  // process as GRADSYNC_KEY_FILE); none: never.
+  std::string security = "auto";
 
   // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
   // launcher). Flags: workers, servers, port, metrics_port, host,
-  // server_binary, log_dir, grace_ms. InvalidArgument for a missing command, an unknown flag, an
+  // server_binary, log_dir, grace_ms, security. InvalidArgument for a missing command, an unknown flag, an
   // argument before "--" or a value out of range.
   static StatusOr<LaunchOptions> FromArgs(int argc, const char* const* argv);
 };
@@ -114,6 +118,8 @@ class Launcher {
   LaunchOptions options_;
   std::FILE* out_;
   std::string scheduler_address_;
+  // GRADSYNC_SECURITY and, with CURVE, GRADSYNC_KEY_FILE for every process.
+  std::vector<std::pair<std::string, std::string>> security_;
   std::vector<std::unique_ptr<Process>> processes_;
 };
 

@@ -10,8 +10,11 @@ namespace gradsync::server {
 
 StatusOr<std::unique_ptr<EmbeddedScheduler>> EmbeddedScheduler::Start(const Config& config) {
   GS_ASSIGN_OR_RETURN(SchedulerOptions options, SchedulerOptions::FromConfig(config));
+  wire::ZmqOptions zmq;
+  zmq.identity = "scheduler";
+  zmq.curve = options.curve;
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::ZmqTransport> transport,
-                      wire::ZmqTransport::Create({"scheduler"}));
+                      wire::ZmqTransport::Create(zmq));
   std::unique_ptr<EmbeddedScheduler> s(new EmbeddedScheduler());
   s->scheduler_ = std::make_unique<Scheduler>(std::move(options), std::move(transport),
                                               /*metrics=*/nullptr, &s->clock_);

@@ -28,8 +28,8 @@
 
 #include <atomic>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -40,6 +40,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "server/scheduler_metrics.h"
+#include "wire/curve.h"
 #include "wire/message.h"
 #include "wire/transport.h"
 #include "wire/validate.h"
@@ -53,7 +54,8 @@ struct SchedulerOptions {
   Millis heartbeat_interval{500};
   uint32_t missed_heartbeats = 6;
   Millis rendezvous_timeout{120000};
-  Millis server_grace{0};  // a silent server's time to restart, after the heartbeats
+  Millis server_grace{0};
+  std::optional<wire::CurveKey> curve;  // CURVE with the job's key (wire/curve.h)  // a silent server's time to restart, after the heartbeats
 
   // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
   // rendezvous_timeout_ms, server_grace_ms; the port comes from `scheduler`

@@ -45,6 +45,11 @@ struct Route {
   std::string ToString() const;
 };
 
+// The endpoint to listen on at `host`: "tcp://HOST:PORT" for an IPv4 or
+// IPv6 address, "tcp://*:PORT" for a host name (ZeroMQ binds addresses and
+// interfaces, not names).
+std::string ListenEndpoint(const std::string& host, int64_t port);
+
 struct Incoming {
   Route from;
   Message message;
