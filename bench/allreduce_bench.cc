@@ -64,6 +64,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "wire/curve.h"
 #include "wire/zmq_transport.h"
 
 extern char** environ;
@@ -72,9 +73,12 @@ namespace gradsync::bench {
 namespace {
 
 using Steady = std::chrono::steady_clock;
-constexpr const char* kImplNames[] = {"gradsync_ring", "gloo_ring", "gloo_ring_chunked"};
-constexpr int kNumImpls = 3;
+// gradsync_ring_curve: our ring with CurveZMQ (wire/curve.h) on every socket.
+constexpr const char* kImplNames[] = {"gradsync_ring", "gloo_ring", "gloo_ring_chunked",
+                                      "gradsync_ring_curve"};
+constexpr int kNumImpls = 4;
 constexpr int kOurs = 0;
+constexpr int kOursCurve = 3;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -124,7 +128,8 @@ Status ParseLists(const Config& config, Settings* s) {
   GS_ASSIGN_OR_RETURN(std::string ranks, config.GetString("ranks", "2,4"));
   GS_ASSIGN_OR_RETURN(std::string sizes, config.GetString("sizes", DefaultSizes(s->quick)));
   GS_ASSIGN_OR_RETURN(std::string impls,
-                      config.GetString("impls", "gradsync_ring,gloo_ring,gloo_ring_chunked"));
+                      config.GetString("impls", "gradsync_ring,gloo_ring,gloo_ring_chunked,"
+                                                "gradsync_ring_curve"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -271,9 +276,10 @@ struct Rank {
   std::unique_ptr<gloo::rendezvous::FileStore> store;
   std::shared_ptr<gloo::Context> ctx;
   std::unique_ptr<gloo::BarrierAllToAll> barrier;
-  std::unique_ptr<wire::ZmqTransport> transport;
-  std::unique_ptr<client::RingCollectives> ring;
-  uint64_t seq = 0;
+  // Our ring, plain and with CURVE.
+  std::unique_ptr<wire::ZmqTransport> transport, transport_curve;
+  std::unique_ptr<client::RingCollectives> ring, ring_curve;
+  uint64_t seq = 0, seq_curve = 0;
 };
 
 Status ConnectGloo(Rank* r) {
@@ -291,12 +297,13 @@ Status ConnectGloo(Rank* r) {
   });
 }
 
-// Publishes `mine` under this rank's key and returns the right neighbour's.
-StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine) {
-  std::string right_key = "zmq_endpoint_" + std::to_string((r->args.rank + 1) % r->args.world);
+// Publishes `mine` under this rank's `prefix` key and returns the right
+// neighbour's.
+StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine, const std::string& prefix) {
+  std::string right_key = prefix + std::to_string((r->args.rank + 1) % r->args.world);
   std::vector<char> got;
   Status s = GlooCall("store", [&] {
-    r->store->set("zmq_endpoint_" + std::to_string(r->args.rank), {mine.begin(), mine.end()});
+    r->store->set(prefix + std::to_string(r->args.rank), {mine.begin(), mine.end()});
     r->store->wait({right_key}, std::chrono::seconds(r->settings.op_timeout_s));
     got = r->store->get(right_key);
   });
@@ -304,10 +311,34 @@ StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine) {
   return std::string(got.begin(), got.end());
 }
 
-Status ConnectOurs(Rank* r) {
-  GS_ASSIGN_OR_RETURN(r->transport, wire::ZmqTransport::Create(wire::ZmqOptions{}));
-  GS_ASSIGN_OR_RETURN(std::string endpoint, r->transport->Listen("tcp://127.0.0.1:0"));
-  GS_ASSIGN_OR_RETURN(std::string right, SwapEndpoints(r, endpoint));
+// The job's CURVE key: made by rank 0, shared through the store.
+StatusOr<wire::CurveKey> SharedKey(Rank* r) {
+  wire::CurveKey key;
+  if (r->args.rank == 0) {
+    GS_ASSIGN_OR_RETURN(key, wire::GenerateCurveKey());
+  }
+  const std::string mine = key.public_z85 + key.secret_z85;
+  std::vector<char> got;
+  GS_RETURN_IF_ERROR(GlooCall("store", [&] {
+    if (r->args.rank == 0) r->store->set("curve_key", {mine.begin(), mine.end()});
+    r->store->wait({"curve_key"}, std::chrono::seconds(r->settings.op_timeout_s));
+    got = r->store->get("curve_key");
+  }));
+  if (got.size() != 80) return DataLossError("the shared CURVE key is not 80 characters");
+  return wire::CurveKey{std::string(got.begin(), got.begin() + 40),
+                        std::string(got.begin() + 40, got.end())};
+}
+
+Status ConnectOurs(Rank* r, bool curve) {
+  wire::ZmqOptions zmq;
+  if (curve) {
+    GS_ASSIGN_OR_RETURN(zmq.curve, SharedKey(r));
+  }
+  auto& transport = curve ? r->transport_curve : r->transport;
+  GS_ASSIGN_OR_RETURN(transport, wire::ZmqTransport::Create(zmq));
+  GS_ASSIGN_OR_RETURN(std::string endpoint, transport->Listen("tcp://127.0.0.1:0"));
+  GS_ASSIGN_OR_RETURN(std::string right,
+                      SwapEndpoints(r, endpoint, curve ? "zmq_curve_endpoint_" : "zmq_endpoint_"));
   client::RingPeers peers;
   peers.rank = r->args.rank;
   peers.world_size = r->args.world;
@@ -315,8 +346,9 @@ Status ConnectOurs(Rank* r) {
   peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
   client::RingOptions options;
   if (r->settings.chunk_bytes > 0) options.chunk_bytes = r->settings.chunk_bytes;
-  GS_ASSIGN_OR_RETURN(r->ring,
-                      client::RingCollectives::Create(r->transport.get(), peers, options, nullptr));
+  auto& ring = curve ? r->ring_curve : r->ring;
+  GS_ASSIGN_OR_RETURN(ring,
+                      client::RingCollectives::Create(transport.get(), peers, options, nullptr));
   return OkStatus();
 }
 
@@ -334,6 +366,11 @@ std::vector<std::unique_ptr<Impl>> MakeImpls(Rank* r, float* data, size_t count)
   if (on[1]) impls[1] = std::make_unique<GlooImpl<gloo::AllreduceRing<float>>>(r->ctx, data, count);
   if (on[2]) {
     impls[2] = std::make_unique<GlooImpl<gloo::AllreduceRingChunked<float>>>(r->ctx, data, count);
+  }
+  if (on[kOursCurve]) {
+    impls[kOursCurve] = std::make_unique<OursImpl>(r->ring_curve.get(), data, count,
+                                                   &r->seq_curve,
+                                                   static_cast<int>(r->settings.op_timeout_s));
   }
   return impls;
 }
@@ -438,7 +475,8 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  if (r->settings.impl_on[kOurs]) GS_RETURN_IF_ERROR(ConnectOurs(r));
+  if (r->settings.impl_on[kOurs]) GS_RETURN_IF_ERROR(ConnectOurs(r, false));
+  if (r->settings.impl_on[kOursCurve]) GS_RETURN_IF_ERROR(ConnectOurs(r, true));
   std::ofstream results;
   if (r->args.rank == 0) {
     results.open(r->args.results);
@@ -613,10 +651,16 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     const Row* ours = Find(rows, kOurs, world, bytes);
     const Row* gloo = BestGloo(rows, world, bytes);
     if (ours && gloo) {
-      std::printf(" | %5.2fx %6.2fx (%s)\n", ours->busbw() / gloo->busbw(),
+      std::printf(" | %5.2fx %6.2fx (%s)", ours->busbw() / gloo->busbw(),
                   ours->p50_us / gloo->p50_us, gloo->impl == 1 ? "ring" : "chunked");
     } else {
-      std::printf(" | -\n");
+      std::printf(" | -");
+    }
+    const Row* curve = Find(rows, kOursCurve, world, bytes);
+    if (ours && curve) {
+      std::printf(" | curve/plain busbw %5.2fx\n", curve->busbw() / ours->busbw());
+    } else {
+      std::printf("\n");
     }
   }
 }
