@@ -75,7 +75,11 @@
 //   bazel run --config=opt //bench:ps_bench -- --quick
 //   flags: --quick --shards=1,2,4 --workers=1,2,3,4 --reps=N --warmup=N
 //          --rounds=N --parts=k --resend_ms=N --server_bin=PATH --keep_tmp
-//          --compression=SPEC --reply=none|fp16|bf16
+//          --compression=SPEC --reply=none|fp16|bf16 --curve
+//
+// --curve runs every configuration a second time with CurveZMQ on every
+// socket of the job (wire/curve.h), right after the plain one, and prints
+// the goodput ratio curve/plain.
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +108,7 @@
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "common/time.h"
+#include "wire/curve.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
@@ -130,6 +135,7 @@ struct Settings {
   bool keep_tmp = false;
   std::string compression = "none";
   std::string reply = "none";
+  bool curve = false;  // also run every configuration with CURVE, beside the plain one
 };
 
 StatusOr<std::vector<int>> IntList(const Config& config, const std::string& name,
@@ -174,6 +180,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
   GS_ASSIGN_OR_RETURN(s.compression, config.GetString("compression", "none"));
   GS_ASSIGN_OR_RETURN(s.reply, config.GetString("reply", "none"));
+  GS_ASSIGN_OR_RETURN(s.curve, config.GetBool("curve", false));
   if (s.reply != "none" && s.reply != "fp16" && s.reply != "bf16") {
     return InvalidArgumentError("--reply must be none, fp16 or bf16");
   }
@@ -234,6 +241,7 @@ struct Plan {
   uint32_t bucket = 0;
   int64_t resend_ms = 0;
   std::string compression, reply;
+  std::string key_file;  // the job runs CURVE with it; "": plain
   bool lossy() const { return compression != "none" || reply != "none"; }
   size_t bucket_bytes() const { return kPartitionBytes * parts * shards; }
   size_t count() const { return bucket_bytes() / sizeof(float); }
@@ -377,7 +385,10 @@ StatusOr<std::unique_ptr<client::PsClient>> MakePsClient(client::Session& sessio
   options.partition_bytes = kPartitionBytes;
   options.resend_after = Millis(plan.resend_ms);
   options.reply_codec = plan.reply == "none" ? "" : plan.reply;
-  GS_ASSIGN_OR_RETURN(auto transport, wire::ZmqTransport::Create({}));
+  wire::ZmqOptions zmq;
+  zmq.curve = session.curve();
+  zmq.identity = wire::PsClientIdentity(session.data().identity());  // how the shards know it
+  GS_ASSIGN_OR_RETURN(auto transport, wire::ZmqTransport::Create(zmq));
   GS_ASSIGN_OR_RETURN(auto client, client::PsClient::Create(std::move(transport), peers, options,
                                                             nullptr, nullptr));
   GS_RETURN_IF_ERROR(client->SetCompression(plan.bucket, plan.compression));
@@ -392,7 +403,8 @@ class WorkerThread {
     const Plan& p = sh_->plan;
     Config config = Config::FromMap({{"scheduler", sh_->scheduler},
                                      {"num_workers", std::to_string(p.workers)},
-                                     {"num_servers", std::to_string(p.shards)}});
+                                     {"num_servers", std::to_string(p.shards)},
+                                     {"key_file", p.key_file}});
     GS_ASSIGN_OR_RETURN(session_, client::Session::Join(config, Deadline::After(kOpTimeout)));
     GS_ASSIGN_OR_RETURN(ps_, MakePsClient(*session_, p));
     GS_RETURN_IF_ERROR(raw_.Connect(sh_->raw, w_));
@@ -487,7 +499,8 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
   GS_ASSIGN_OR_RETURN(Subprocess sched,
                       Subprocess::Spawn({s.server_bin, "--role=scheduler", "--port=0",
                                          "--num_workers=" + n, "--num_servers=" + m,
-                                         "--missed_heartbeats=40", "--metrics_port=0"},
+                                         "--missed_heartbeats=40", "--metrics_port=0",
+                                         "--key_file=" + p.key_file},
                                         {}, dir + "/scheduler.log"));
   procs->scheduler = std::make_unique<Subprocess>(std::move(sched));
   if (!procs->scheduler->WaitForOutput("listening on", Deadline::AfterMs(15000))) {
@@ -500,7 +513,8 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
   for (int i = 0; i < p.shards; ++i) {
     GS_ASSIGN_OR_RETURN(Subprocess shard,
                         Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync",
-                                           "--optimizer=none", "--metrics_port=0"},
+                                           "--optimizer=none", "--metrics_port=0",
+                                           "--key_file=" + p.key_file},
                                           env, dir + "/server" + std::to_string(i) + ".log"));
     procs->shards.push_back(std::move(shard));
   }
@@ -568,6 +582,7 @@ struct Row {
   double raw[3] = {0, 0, 0};
   double paired = 0;             // median over repetitions of ps / the raw one beside it
   uint64_t resent = 0;
+  bool curve = false;            // the job ran CURVE
   double ratio() const { return ps[1] / raw[1]; }
   double per_shard() const { return ps[1] / shards; }
 };
@@ -588,8 +603,10 @@ std::vector<double> Goodputs(const Shared& sh, int impl) {
   return out;
 }
 
-StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::string& tmp) {
+StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::string& tmp,
+                        const std::string& key_file) {
   Plan p;
+  p.key_file = key_file;
   p.shards = shards;
   p.workers = workers;
   p.parts = s.parts;
@@ -600,7 +617,8 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
   p.compression = s.compression;
   p.reply = s.reply;
   GS_ASSIGN_OR_RETURN(p.bucket, BalancedBucket(shards, s.parts));
-  const std::string dir = tmp + "/s" + std::to_string(shards) + "w" + std::to_string(workers);
+  const std::string dir = tmp + "/s" + std::to_string(shards) + "w" + std::to_string(workers) +
+                          (key_file.empty() ? "" : "-curve");
   std::filesystem::create_directories(dir);
   Procs procs;
   Status started = StartPs(s, p, dir, &procs);
@@ -631,6 +649,7 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
   }
   GS_RETURN_IF_ERROR(stopped);
   Row row;
+  row.curve = !key_file.empty();
   row.shards = shards;
   row.workers = workers;
   row.bytes = p.bucket_bytes();
@@ -653,15 +672,15 @@ void PrintHeader(const Settings& s) {
               "GB/s = 1e9 B/s\n",
               s.parts, s.rounds, s.reps);
   std::printf("ps pushes compressed with %s, replies %s\n", s.compression.c_str(), s.reply.c_str());
-  std::printf("%6s %7s %9s | %8s %17s %9s | %8s %17s | %6s %6s\n", "shards", "workers",
-              "bucket", "ps GB/s", "(p10..p90)", "per shard", "raw GB/s", "(p10..p90)", "ratio",
-              "paired");
+  std::printf("%6s %7s %5s %9s | %8s %17s %9s | %8s %17s | %6s %6s\n", "shards", "workers",
+              "curve", "bucket", "ps GB/s", "(p10..p90)", "per shard", "raw GB/s", "(p10..p90)",
+              "ratio", "paired");
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%6d %7d %5zu MiB | %8.3f (%6.3f..%6.3f) %9.3f | %8.3f (%6.3f..%6.3f) | %5.2fx "
-              "%5.2fx",
-              r.shards, r.workers, r.bytes >> 20, r.ps[1], r.ps[0], r.ps[2], r.per_shard(),
+  std::printf("%6d %7d %5s %5zu MiB | %8.3f (%6.3f..%6.3f) %9.3f | %8.3f (%6.3f..%6.3f) | "
+              "%5.2fx %5.2fx",
+              r.shards, r.workers, r.curve ? "yes" : "no", r.bytes >> 20, r.ps[1], r.ps[0], r.ps[2], r.per_shard(),
               r.raw[1], r.raw[0], r.raw[2], r.ratio(), r.paired);
   if (r.resent > 0) std::printf("  (%llu resent)", static_cast<unsigned long long>(r.resent));
   std::printf("\n");
@@ -670,7 +689,7 @@ void PrintRow(const Row& r) {
 
 const Row* Find(const std::vector<Row>& rows, int shards, int workers) {
   for (const Row& r : rows) {
-    if (r.shards == shards && r.workers == workers) return &r;
+    if (r.shards == shards && r.workers == workers && !r.curve) return &r;
   }
   return nullptr;
 }
@@ -679,7 +698,7 @@ void PrintTargets(const Settings& s, const std::vector<Row>& rows) {
   std::string low, flat;
   int ratio_checked = 0, growth_checked = 0;
   for (const Row& r : rows) {
-    if (r.shards == 1 && ++ratio_checked && r.ratio() < 0.7) {
+    if (r.shards == 1 && !r.curve && ++ratio_checked && r.ratio() < 0.7) {
       low += " W=" + std::to_string(r.workers);
     }
   }
@@ -711,9 +730,10 @@ void PrintJson(const Settings& s, const std::vector<Row>& rows) {
   for (const Row& r : rows) {
     std::printf("{\"impl\":\"gradsync_ps\",\"shards\":%d,\"workers\":%d,\"bytes\":%zu,"
                 "\"goodput_gbps\":%.4f,\"raw_zmq_gbps\":%.4f,\"ratio\":%.4f,"
-                "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\"}\n",
+                "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\","
+                "\"curve\":%s}\n",
                 r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard(),
-                s.compression.c_str(), s.reply.c_str());
+                s.compression.c_str(), s.reply.c_str(), r.curve ? "true" : "false");
   }
 }
 
@@ -721,17 +741,29 @@ int BenchMain(const Settings& s) {
   std::string tmp = (std::filesystem::temp_directory_path() / "ps_bench.XXXXXX").string();
   if (mkdtemp(tmp.data()) == nullptr) Die("mkdtemp " + tmp + ": " + std::strerror(errno));
   const auto t0 = Steady::now();
+  const std::string key_file = tmp + "/job.key";
+  if (s.curve) {
+    auto key = wire::GenerateCurveKey();
+    if (!key.ok() || !wire::WriteKeyFile(key_file, *key).ok()) Die("cannot write " + key_file);
+  }
   PrintHeader(s);
   std::vector<Row> rows;
   for (int shards : s.shards) {
     for (int workers : s.workers) {
-      auto row = RunConfig(s, shards, workers, tmp);
-      if (!row.ok()) {
-        Die(std::to_string(shards) + " shards, " + std::to_string(workers) +
-            " workers: " + row.status().ToString() + "\n(logs kept in " + tmp + ")");
+      for (const std::string& key : {std::string(), key_file}) {
+        if (!s.curve && !key.empty()) continue;
+        auto row = RunConfig(s, shards, workers, tmp, key);
+        if (!row.ok()) {
+          Die(std::to_string(shards) + " shards, " + std::to_string(workers) +
+              " workers: " + row.status().ToString() + "\n(logs kept in " + tmp + ")");
+        }
+        PrintRow(*row);
+        rows.push_back(*row);
       }
-      PrintRow(*row);
-      rows.push_back(*row);
+      const Row* plain = Find(rows, shards, workers);
+      if (s.curve && plain != nullptr) {
+        std::printf("%14s curve/plain goodput %.2fx\n", "", rows.back().ps[1] / plain->ps[1]);
+      }
     }
   }
   std::printf("(took %.1f s)\n", std::chrono::duration<double>(Steady::now() - t0).count());

@@ -144,7 +144,8 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   if (!(*interval_s > 0)) {
     return Fail(InvalidArgumentError("checkpoint_interval_s must be positive"), 2);
   }
-  (void)config.Lookup("data_port");
+  // Read by the node when it starts (cluster/node.h).
+  for (const char* later : {"data_port", "security", "key_file"}) (void)config.Lookup(later);
   ProcessMetrics metrics("server");
   Status served = ServeMetrics(config, metrics, kServerMetricsPort);
   if (!served.ok()) return Fail(served, 2);
