@@ -27,6 +27,14 @@ def test_hook_equals_ddp_gloo_bit_for_bit_on_integer_gradients():
         assert r["identical"], (rank, r["differences"])
 
 
+def test_hook_on_the_parameter_server_equals_ddp_gloo():
+    # gradsync_launch's way in: the gloo group found through gradsync.
+    for rank, r in run("hook_integer", torchrun=False, servers=2,
+                       extra_env={"GRADSYNC_PATH": "ps"}).items():
+        assert r["registered"] and r["buckets"] >= 2, r
+        assert r["identical"], (rank, r["differences"])
+
+
 def test_hook_equals_ddp_gloo_within_1e_6_on_float_gradients():
     for rank, r in run("hook_float").items():
         assert r["registered"], r
