@@ -84,6 +84,15 @@ def test_fp32_fp16_bf16_parameters():
         assert r["values"] == [[-5.0], [-5.0], [-5.0]], (rank, r)
 
 
+def test_python_threads_run_while_gradsync_waits():
+    r = run("gil")[0]
+    # Rank 0 waited most of rank 3's second in step(); its counter thread
+    # (a tick per millisecond at most) ran through it. With the GIL held
+    # for the wait it could not tick at all.
+    assert r["waited"] >= 0.5, r
+    assert r["ticks"] >= 50, r
+
+
 def test_killed_worker_is_named_by_every_other_rank(tmp_path):
     kill_file = str(tmp_path / "killed_at")
     results = job.run_workers("killed", [WORKER, "killed"], WORKERS,

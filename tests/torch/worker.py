@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 
@@ -236,6 +237,37 @@ def dtypes():
     gradsync.shutdown()
 
 
+def gil_released():
+    """While rank 0 waits in step() for rank 3 (which sleeps 1 s before its
+    backward pass), a Python thread of rank 0 keeps running: gradsync's
+    wait holds no GIL."""
+    gradsync.init()
+    rank = gradsync.rank()
+    model = mlp(5)
+    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    x, y = batch(0, rank, 8)
+    if rank == 3:
+        time.sleep(1.0)  # its gradients come a second late
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    ticks, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    started = time.monotonic()
+    counter.start()
+    opt.step()
+    waited = time.monotonic() - started
+    stop.set()
+    counter.join()
+    report(ticks=ticks[0], waited=waited)
+    gradsync.shutdown()
+
+
 def killed():
     """Rank 3 dies (SIGKILL) in the middle of step 3; every other rank must
     raise a GradsyncError naming it."""
@@ -273,6 +305,7 @@ SCENARIOS = {
     "server_optimizer": server_optimizer,
     "optimizer_state": optimizer_state,
     "killed": killed,
+    "gil": gil_released,
 }
 
 if __name__ == "__main__":
