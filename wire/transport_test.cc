@@ -363,5 +363,53 @@ TEST(ZmqTransportTest, ListenTwiceFails) {
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
 }
 
+// ZeroMQ only: a peer that stops reading holds back the sends to it and no
+// other. Before, every send of a transport waited in one queue behind the
+// first one that would block.
+TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
+  ZmqOptions stuck_options;
+  stuck_options.max_queued_incoming = 1;
+  stuck_options.recv_hwm = 1;
+  auto stuck = std::move(ZmqTransport::Create(stuck_options)).value();
+  auto reader = std::move(ZmqTransport::Create({})).value();
+  ZmqOptions sender_options;
+  sender_options.send_hwm = 1;
+  sender_options.linger_ms = 0;
+  auto sender = std::move(ZmqTransport::Create(sender_options)).value();
+  auto to_stuck = sender->Connect(*stuck->Listen("tcp://127.0.0.1:0"));
+  auto to_reader = sender->Connect(*reader->Listen("tcp://127.0.0.1:0"));
+  ASSERT_TRUE(to_stuck.ok() && to_reader.ok());
+  // Fill everything between the sender and the peer that never reads.
+  std::atomic<bool> stop{false};
+  std::atomic<int> blocked{0};
+  std::vector<std::thread> fillers;
+  for (int t = 0; t < 4; ++t) {
+    fillers.emplace_back([&] {
+      auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
+      while (!stop.load()) {
+        DataFields f;
+        f.dtype = DType::U8;
+        f.num_elements = big->size();
+        Status s = sender->Send(Route::Connection(*to_stuck),
+                                MakeData(Me(), MsgType::Push, f,
+                                         {Payload::Borrow(big->data(), big->size(), big)}),
+                                Deadline::AfterMs(3000));
+        if (!s.ok()) ++blocked;
+      }
+    });
+  }
+  while (blocked.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The stuck peer's sends are now waiting; another peer's go through.
+  const auto start = Clock::now();
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(sender->Send(Route::Connection(*to_reader), Numbered(i),
+                             Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(reader->Receive(Deadline::AfterMs(2000)).ok());
+  }
+  EXPECT_LT(MillisSince(start), 2000);
+  stop.store(true);
+  for (auto& t : fillers) t.join();
+}
+
 }  // namespace
 }  // namespace gradsync::wire

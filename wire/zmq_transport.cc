@@ -51,6 +51,11 @@ zmq::message_t ZeroCopyFrame(const Payload& p) {
   return zmq::message_t(const_cast<uint8_t*>(p.data), p.size, FreePayload, keep);
 }
 
+// The peer a send goes to: a connection, or an identity on the router.
+std::string RouteKey(const Route& r) {
+  return r.kind == Route::Kind::kConnection ? "c" + std::to_string(r.conn) : "i" + r.identity;
+}
+
 Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
@@ -94,7 +99,10 @@ class ZmqTransport::Impl {
 
   StatusOr<Incoming> Receive(Deadline deadline) {
     auto item = incoming_.Pop(deadline);
-    if (item.ok()) Wake();  // room again: resume reading if it had paused
+    if (item.ok()) {
+      queued_bytes_.fetch_sub(item->message.header.size() + item->message.PayloadBytes());
+      Wake();  // room again: resume reading if it had paused
+    }
     if (!item.ok() && item.status().code() == StatusCode::kCancelled) {
       return CancelledError("transport is shut down");
     }
@@ -123,6 +131,11 @@ class ZmqTransport::Impl {
   }
 
   void IoLoop();
+  // Whether another message may be read: the queue is below its count and
+  // byte bounds (one message may take it past the byte bound).
+  bool Room() const {
+    return !incoming_.full() && queued_bytes_.load() < options_.max_queued_incoming_bytes;
+  }
   void RunCommands();
   void Execute(std::unique_ptr<Command> cmd);
   void DoListen(Command& cmd);
@@ -130,6 +143,7 @@ class ZmqTransport::Impl {
   // Tries to hand the message to ZeroMQ; false when it would block.
   bool TrySend(Command& cmd);
   void RetryPending();
+  void RetryPeer(std::deque<std::unique_ptr<Command>>& pending);
   void ReadSocket(zmq::socket_t& socket, const Route* fixed_route);
   void Configure(zmq::socket_t& socket);
   void CloseAll();
@@ -153,9 +167,12 @@ class ZmqTransport::Impl {
   std::unique_ptr<zmq::socket_t> monitor_;  // handshake events of router_
   std::unique_ptr<ZapHandler> zap_;
   std::atomic<uint64_t> auth_failures_{0};
+  std::atomic<size_t> queued_bytes_{0};  // in incoming_
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::map<std::string, ConnId> conn_by_endpoint_;
-  std::deque<std::unique_ptr<Command>> pending_;
+  // Sends that would block, in order, per peer: one peer that stops reading
+  // holds back only the sends to it. Keyed by RouteKey.
+  std::map<std::string, std::deque<std::unique_ptr<Command>>> pending_;
   ConnId next_conn_ = 0;
 };
 
@@ -177,7 +194,7 @@ void ZmqTransport::Impl::IoLoop() {
     }
     std::vector<zmq::pollitem_t> items;
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    const bool room = !incoming_.full();
+    const bool room = Room();
     const short in = room ? ZMQ_POLLIN : 0;
     if (router_) items.push_back({router_->handle(), 0, in, 0});
     if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
@@ -232,11 +249,16 @@ void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
     case Command::Kind::kListen: DoListen(*cmd); return;
     case Command::Kind::kConnect: DoConnect(*cmd); return;
     case Command::Kind::kSend:
-      // Keep per-transport order: queue behind anything already waiting.
-      if (!pending_.empty() || !TrySend(*cmd)) {
-        pending_.push_back(std::move(cmd));
+    {
+      // Keep per-peer order: queue behind anything already waiting for it.
+      auto waiting = pending_.find(RouteKey(cmd->route));
+      if (waiting != pending_.end()) {
+        waiting->second.push_back(std::move(cmd));
+      } else if (!TrySend(*cmd)) {
+        pending_[RouteKey(cmd->route)].push_back(std::move(cmd));
       }
       return;
+    }
   }
 }
 
@@ -336,8 +358,27 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
 }
 
 void ZmqTransport::Impl::RetryPending() {
-  while (!pending_.empty()) {
-    Command& cmd = *pending_.front();
+  for (auto peer = pending_.begin(); peer != pending_.end();) {
+    RetryPeer(peer->second);
+    peer = peer->second.empty() ? pending_.erase(peer) : std::next(peer);
+  }
+}
+
+void ZmqTransport::Impl::RetryPeer(std::deque<std::unique_ptr<Command>>& pending) {
+  // Sends behind a blocked one still end at their own deadline.
+  for (size_t i = 1; i < pending.size();) {
+    if (!pending[i]->deadline.Expired()) {
+      ++i;
+      continue;
+    }
+    pending[i]->done.set_value({DeadlineExceededError("send to " + pending[i]->route.ToString() +
+                                                      " did not start before the deadline (the "
+                                                      "peer is not reading)"),
+                                "", -1});
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  while (!pending.empty()) {
+    Command& cmd = *pending.front();
     if (cmd.deadline.Expired()) {
       cmd.done.set_value({DeadlineExceededError("send to " + cmd.route.ToString() +
                                                 " did not complete before the deadline "
@@ -346,12 +387,12 @@ void ZmqTransport::Impl::RetryPending() {
     } else if (!TrySend(cmd)) {
       return;
     }
-    pending_.pop_front();
+    pending.pop_front();
   }
 }
 
 void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_route) {
-  for (int budget = 64; budget > 0 && !incoming_.full(); --budget) {
+  for (int budget = 64; budget > 0 && Room(); --budget) {
     std::vector<zmq::message_t> frames;
     std::optional<size_t> got;
     try {
@@ -379,6 +420,7 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
       }
     }
     // The queue has room (checked above) and only this thread pushes.
+    queued_bytes_.fetch_add(in.message.header.size() + in.message.PayloadBytes());
     incoming_.Push(std::move(in), Deadline::Infinite()).IgnoreError();
   }
 }
@@ -389,7 +431,9 @@ void ZmqTransport::Impl::CloseAll() {
     std::lock_guard<std::mutex> lock(mu_);
     left.swap(commands_);
   }
-  for (auto& cmd : pending_) left.push_back(std::move(cmd));
+  for (auto& [peer, cmds] : pending_) {
+    for (auto& cmd : cmds) left.push_back(std::move(cmd));
+  }
   pending_.clear();
   for (auto& cmd : left) cmd->done.set_value({CancelledError("transport is shut down"), "", -1});
   monitor_.reset();

@@ -12,8 +12,10 @@
 //   admits only the job's key (wire/zmq_curve.h).
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
-// - Incoming messages wait in a bounded queue; when it is full the I/O thread
-//   stops reading and ZeroMQ's high-water marks push back on the senders.
+// - Incoming messages wait in a queue bounded in messages and in bytes; when
+//   it is full the I/O thread stops reading and ZeroMQ's high-water marks
+//   push back on the senders, so what peers send cannot grow the process
+//   past the bound (plus one message of at most max_frame_bytes per frame).
 //
 // Thread-safety: all public methods are thread-safe.
 #ifndef GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
@@ -38,7 +40,8 @@ struct ZmqOptions {
   int reconnect_ivl_ms = 100;
   int reconnect_ivl_max_ms = 2000;
   int linger_ms = 1000;                        // flush time at shutdown
-  size_t max_queued_incoming = 4096;
+  size_t max_queued_incoming = 4096;           // messages received, not yet taken
+  size_t max_queued_incoming_bytes = size_t{256} << 20;  // their bytes
   // Set: every socket runs CURVE with the job's key, and only peers holding
   // it get in (wire/curve.h); a failed handshake on the listening socket
   // calls on_auth_failure (on the I/O thread) with the peer's address.
