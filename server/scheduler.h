@@ -54,12 +54,13 @@ struct SchedulerOptions {
   Millis heartbeat_interval{500};
   uint32_t missed_heartbeats = 6;
   Millis rendezvous_timeout{120000};
-  Millis server_grace{0};
-  std::optional<wire::CurveKey> curve;  // CURVE with the job's key (wire/curve.h)  // a silent server's time to restart, after the heartbeats
+  Millis server_grace{0};  // a silent server's time to restart, after the heartbeats
+  std::optional<wire::CurveKey> curve;  // CURVE with the job's key (wire/curve.h)
 
   // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
-  // rendezvous_timeout_ms, server_grace_ms; the port comes from `scheduler`
-  // (host:port) or `port`.
+  // rendezvous_timeout_ms, server_grace_ms, host (the address to listen on,
+  // 127.0.0.1), security and key_file (wire/curve.h); the port comes from
+  // `scheduler` (host:port) or `port`.
   static StatusOr<SchedulerOptions> FromConfig(const Config& config);
 };
 
