@@ -59,6 +59,9 @@ PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire
       optimizer_(MakeOptimizer(options.optimizer)),
       policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})) {
   policy_.job_id = self.job_id;
+  // No codec writes more than 8 bytes per element, and no push carries more
+  // than a partition's elements (KeyTable checks the exact size).
+  policy_.limits.max_payload_bytes = 8 * options.rules.max_elements + (64 << 10);
   counters_.metrics = options.metrics;
   if (options.metrics != nullptr) options.metrics->SetWorkers(options.rules.num_workers, 0);
 }
@@ -89,6 +92,10 @@ void PsShard::Shutdown() {
     shut_down_ = true;
   }
   stop_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(bytes_mu_);  // a receiver waiting for room sees stop_
+  }
+  room_.notify_all();
   if (receiver_.joinable()) receiver_.join();
   std::lock_guard<std::mutex> checkpoint(checkpoint_mu_);  // lets one in progress finish
   for (auto& t : key_threads_) t->queue.Close();
@@ -161,9 +168,29 @@ void PsShard::Dispatch(wire::Incoming in) {
     (v.type == wire::MsgType::Push ? m->pushes : m->pulls)->Increment();
     m->queue_depth->Set(static_cast<double>(queued_.fetch_add(1) + 1));
   }
+  // Messages waiting for the key threads are bounded in bytes too: past the
+  // bound the receiver waits, and the transport pushes back on the senders.
+  const size_t bytes = in.message.header.size() + in.message.PayloadBytes();
+  {
+    std::unique_lock<std::mutex> lock(bytes_mu_);
+    room_.wait(lock, [&] {
+      return stop_.load() || queued_bytes_ == 0 ||
+             queued_bytes_ + bytes <= options_.max_queued_bytes;
+    });
+    queued_bytes_ += bytes;
+  }
   Work work;
   work.in = std::make_unique<wire::Incoming>(std::move(in));
+  work.bytes = bytes;
   t.queue.Push(std::move(work), Deadline::Infinite()).IgnoreError();
+}
+
+void PsShard::Dequeued(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(bytes_mu_);
+    queued_bytes_ -= bytes;
+  }
+  room_.notify_all();
 }
 
 void PsShard::KeyLoop(KeyThread* t) {
@@ -176,6 +203,7 @@ void PsShard::KeyLoop(KeyThread* t) {
       continue;
     }
     if (work->in == nullptr) continue;  // a wake-up for CatchUpDeaths
+    Dequeued(work->bytes);
     std::vector<Outgoing> out;
     std::optional<JournalRecord> record;
     if (options_.metrics != nullptr) {

@@ -39,6 +39,7 @@
 #define GRADSYNC_SERVER_PS_SHARD_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -67,6 +68,7 @@ struct PsShardOptions {
   int threads = 2;
   Millis send_timeout{5000};
   std::string checkpoint_dir;  // empty: no checkpoints, no journal
+  size_t max_queued_bytes = size_t{256} << 20;  // received, waiting for the key threads
   ShardMetrics* metrics = nullptr;  // where to export; may be null; outlives the shard
 
   // Reads the settings listed above; InvalidArgument naming a bad one.
@@ -115,6 +117,7 @@ class PsShard {
  private:
   struct Work {
     std::unique_ptr<wire::Incoming> in;  // null: a visit, or a wake-up after a death
+    size_t bytes = 0;                    // of `in`, counted in queued_bytes_
     std::function<void(const KeyTable&)> visit;  // runs on the key's thread
   };
   struct KeyThread {
@@ -140,6 +143,8 @@ class PsShard {
   void ReceiveLoop();
   void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
+  // A message of `bytes` left the key threads' queues.
+  void Dequeued(size_t bytes);
   // Gives `t`'s table the dead workers it has not taken yet (journalled).
   void CatchUpDeaths(KeyThread* t);
   void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
@@ -155,6 +160,9 @@ class PsShard {
   std::thread receiver_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> queued_{0};  // messages in the key threads' queues
+  std::mutex bytes_mu_;
+  std::condition_variable room_;
+  size_t queued_bytes_ = 0;  // their bytes; guarded by bytes_mu_
 
   std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
 
