@@ -220,7 +220,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
   peers.sender = wire::Sender{wire::Role::Worker, r, session_->job_id()};
   process_metrics_.AddAuthFailures(session_->auth_failures());
   if (options_.metrics_base_port > 0) {
-    process_metrics_.ServeOrWarn(options_.metrics_base_port +
+    process_metrics_.ServeOrWarn(session_->host(), options_.metrics_base_port +
                                  (options_.local_rank >= 0 ? options_.local_rank : r));
   }
   RingOptions ring_options = options_.ring;

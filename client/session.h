@@ -47,6 +47,8 @@ class Session {
   Status job_status() const { return node_.agent->job_status(); }
   // The data transport, listening on this worker's data port.
   wire::Transport& data() { return *node_.data; }
+  // The address peers reach this node at (the `host` setting).
+  const std::string& host() const { return node_.agent->assignment().self.host; }
   // The job's CURVE key, when the job runs CURVE.
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
   // Handshakes refused on the data port.

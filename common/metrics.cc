@@ -1,5 +1,7 @@
 #include "common/metrics.h"
 
+#include <arpa/inet.h>
+
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -150,18 +152,20 @@ StatusOr<int> ProcessMetrics::Serve(const std::string& address) {
   }
 }
 
-int ProcessMetrics::ServeOrWarn(int64_t port) {
+int ProcessMetrics::ServeOrWarn(const std::string& host, int64_t port) {
   if (port <= 0) return 0;
   if (port > 65535) {
     GS_LOG(WARNING) << "metrics port " << port << " is not a port; continuing without /metrics";
     return 0;
   }
-  auto bound = Serve("0.0.0.0:" + std::to_string(port));
+  in_addr v4;
+  const std::string address = inet_pton(AF_INET, host.c_str(), &v4) == 1 ? host : "0.0.0.0";
+  auto bound = Serve(address + ":" + std::to_string(port));
   if (!bound.ok()) {
     GS_LOG(WARNING) << bound.status().message() << " (port busy?); continuing without /metrics";
     return 0;
   }
-  GS_LOG(INFO) << "metrics on http://0.0.0.0:" << *bound << "/metrics";
+  GS_LOG(INFO) << "metrics on http://" << address << ":" << *bound << "/metrics";
   return *bound;
 }
 

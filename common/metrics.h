@@ -71,10 +71,11 @@ class ProcessMetrics {
   // Serves /metrics on `address` ("0.0.0.0:9100"). Port 0 in the address
   // picks a free port. Returns the bound port.
   StatusOr<int> Serve(const std::string& address);
-  // Serves on 0.0.0.0:`port` when `port` > 0 and logs where; a failure is
+  // Serves on `host` (an IPv4 address; otherwise every interface) at `port`
+  // when `port` > 0 and logs where; a failure is
   // logged as a warning naming the port, and the process goes on without
   // /metrics. Returns the bound port, or 0 when not serving.
-  int ServeOrWarn(int64_t port);
+  int ServeOrWarn(const std::string& host, int64_t port);
 
   // Everything this process exports, in the text exposition format.
   std::string Scrape() const;

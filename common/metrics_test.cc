@@ -100,8 +100,8 @@ TEST(MetricsTest, BusyPortIsAnErrorNamingTheAddressAndServeOrWarnGoesOn) {
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find(std::to_string(*port)), std::string::npos);
   ProcessMetrics third("server");
-  EXPECT_EQ(third.ServeOrWarn(*port), 0);
-  EXPECT_EQ(third.ServeOrWarn(0), 0);
+  EXPECT_EQ(third.ServeOrWarn("0.0.0.0", *port), 0);
+  EXPECT_EQ(third.ServeOrWarn("127.0.0.1", 0), 0);
 }
 
 }  // namespace

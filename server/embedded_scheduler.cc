@@ -19,7 +19,7 @@ StatusOr<std::unique_ptr<EmbeddedScheduler>> EmbeddedScheduler::Start(const Conf
   s->scheduler_ = std::make_unique<Scheduler>(std::move(options), std::move(transport),
                                               /*metrics=*/nullptr, &s->clock_);
   GS_ASSIGN_OR_RETURN(std::string bound, s->scheduler_->Start());
-  // "tcp://0.0.0.0:PORT"
+  // "tcp://HOST:PORT"
   s->port_ = std::atoi(bound.c_str() + bound.rfind(':') + 1);
   s->thread_ = std::thread([p = s.get()] { p->Serve(); });
   return s;

@@ -45,7 +45,8 @@ int Fail(const Status& s, int code) {
 // off). A busy port is only a warning; a port that is not a number is an error.
 Status ServeMetrics(const Config& config, ProcessMetrics& metrics, int64_t default_port) {
   GS_ASSIGN_OR_RETURN(int64_t port, config.GetInt("metrics_port", default_port));
-  metrics.ServeOrWarn(port);
+  GS_ASSIGN_OR_RETURN(std::string host, config.GetString("host", "127.0.0.1"));
+  metrics.ServeOrWarn(host, port);
   return Status();
 }
 
