@@ -289,10 +289,13 @@ Status Launcher::StartNodes() {
       std::to_string(options_.workers) + " workers");
   for (int s = 0; s < options_.servers; ++s) {
     const int metrics = options_.metrics_port > 0 ? options_.metrics_port + 1 + s : 0;
+    // The rank is the label's: "[server 1]" is server 1 in every log line.
+    auto env = job;
+    env.emplace_back("GRADSYNC_RANK", std::to_string(s));
     GS_RETURN_IF_ERROR(Start("server " + std::to_string(s), false,
                              {options_.server_binary, "--role=server",
                               "--metrics_port=" + std::to_string(metrics)},
-                             job));
+                             env));
   }
   for (int r = 0; r < options_.workers; ++r) {
     auto env = job;
