@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <utility>
 
 namespace gradsync {
@@ -10,8 +11,14 @@ namespace compression {
 namespace {
 
 // Separate loops over plain arrays, so the compiler vectorises them.
+// A NaN sum becomes the canonical quiet NaN, as on the GPU
+// (kernels/compress_math.h: Corrected), so both put the same bits on the wire.
 void Add(const float* a, const float* b, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 0; i < n; ++i) {
+    const float c = a[i] + b[i];
+    out[i] = c == c ? c : nan;
+  }
 }
 
 void Subtract(const float* a, const float* b, float* out, size_t n) {

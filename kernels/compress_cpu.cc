@@ -36,7 +36,7 @@ std::vector<float> Corrected(const float* g, const float* residual,
                              bool has_residual, size_t n) {
   std::vector<float> c(g, g + n);
   if (has_residual) {
-    for (size_t i = 0; i < n; ++i) c[i] = math::Add(g[i], residual[i]);
+    for (size_t i = 0; i < n; ++i) c[i] = math::Corrected(g[i], residual[i]);
   }
   return c;
 }

@@ -96,6 +96,14 @@ GRADSYNC_HD float Div(float a, float b) {
 #endif
 }
 
+// Error feedback's corrected gradient c = g + e. A NaN sum is made the
+// canonical quiet NaN: the payload of a computed NaN differs between the CPU
+// and the GPU, and c's bits reach the wire.
+GRADSYNC_HD float Corrected(float g, float e) {
+  const float c = Add(g, e);
+  return c != c ? BitsFloat(kCanonicalNan) : c;
+}
+
 // Round to the nearest integer, ties to even (|x| < 2^23 here).
 GRADSYNC_HD float RoundEven(float x) {
 #if defined(__CUDA_ARCH__)

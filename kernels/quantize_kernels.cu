@@ -37,7 +37,7 @@ template <bool kEf>
 __device__ __forceinline__ float Input(const float* in, const float* residual,
                                        bool has_residual, size_t i) {
   if (!kEf || !has_residual) return in[i];
-  return math::Add(in[i], residual[i]);
+  return math::Corrected(in[i], residual[i]);
 }
 
 // 8 threads per chunk; `residual` is only touched when kEf.
