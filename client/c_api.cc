@@ -225,6 +225,13 @@ int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
 
 int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback,
                   void* user, gs_handle** out_handle) {
+  return gs_mark_ready_on_stream(comm, id, data, nullptr, callback, user,
+                                 out_handle);
+}
+
+int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data,
+                            void* stream, gs_callback callback, void* user,
+                            gs_handle** out_handle) {
   return Guard("gs_mark_ready", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(data, "data"));
@@ -238,7 +245,7 @@ int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback,
     auto handle =
         out_handle != nullptr ? std::make_unique<gs_handle>() : nullptr;
     GS_ASSIGN_OR_RETURN(SyncHandle h,
-                        comm->comm->MarkReady(id, data, std::move(done)));
+                        comm->comm->MarkReady(id, data, std::move(done), stream));
     if (out_handle != nullptr) {
       handle->handle = std::move(h);
       *out_handle = handle.release();

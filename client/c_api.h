@@ -145,6 +145,18 @@ int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
 int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback,
                   void* user, gs_handle** out_handle);
 
+/* gs_mark_ready for CUDA gradients (setting gradient_device=cuda): `data` is
+ * memory of the device cuda_device and `stream` the cudaStream_t (NULL: the
+ * default stream) on which the work producing the gradient was queued.
+ * gradsync's own stream waits for that work; `stream` itself is never
+ * synchronised and the call does not block. When the handle completes, the
+ * averaged gradient is in `data`. GS_INVALID_ARGUMENT for host memory or
+ * memory of another device, and for a non-NULL stream on a communicator of
+ * host gradients. */
+int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data,
+                            void* stream, gs_callback callback, void* user,
+                            gs_handle** out_handle);
+
 /* Blocks until the gradient of `handle` is synchronised (GS_OK), its
  * operation failed (that error), or `timeout_ms` passed
  * (GS_DEADLINE_EXCEEDED; the operation goes on). */

@@ -11,6 +11,7 @@
 
 #include "client/bucket_compression.h"
 #include "client/bucketer.h"
+#include "client/device_gradients.h"
 #include "client/client_metrics.h"
 #include "client/elementwise.h"
 #include "client/nccl_factory.h"
@@ -69,6 +70,7 @@ namespace {
 struct CommOptions {
   std::string path;
   std::string backend;
+  bool cuda_gradients = false;  // gradient_device=cuda
   size_t first_bucket_bytes = 0;
   size_t bucket_bytes = 0;
   Millis op_timeout{0};
@@ -82,6 +84,12 @@ struct CommOptions {
     CommOptions o;
     GS_ASSIGN_OR_RETURN(o.path, config.GetString("path", "allreduce"));
     GS_ASSIGN_OR_RETURN(o.backend, config.GetString("backend", "ring"));
+    GS_ASSIGN_OR_RETURN(std::string gradient_device, config.GetString("gradient_device", "cpu"));
+    if (gradient_device != "cpu" && gradient_device != "cuda") {
+      return InvalidArgumentError("gradient_device must be cpu or cuda, got '" + gradient_device +
+                                  "'");
+    }
+    o.cuda_gradients = gradient_device == "cuda";
     GS_ASSIGN_OR_RETURN(int64_t first, config.GetInt("first_bucket_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t bucket, config.GetInt("bucket_bytes", 25 << 20));
     GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
@@ -144,7 +152,16 @@ class Communicator::Impl {
   const char* backend() const { return backend_->name(); }
 
   StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype);
-  StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done);
+  StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done, void* stream);
+  // dst = src, each host memory or (with CUDA gradients) device memory.
+  Status CopyUser(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return Status();
+    if (device_ == nullptr) {
+      std::memcpy(dst, src, bytes);
+      return Status();
+    }
+    return device_->Copy(dst, src, bytes);
+  }
   Status Synchronize(Deadline deadline);
   void SetNoSync(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -172,6 +189,9 @@ class Communicator::Impl {
   Status FinalizeLocked();
   void LaunchReadyLocked();
   void ReduceBucket(int bucket, uint64_t step);
+  // Averages bucket `b` held in host memory at `data`.
+  Status ReduceOnHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
+                      BucketCompression::Traffic* traffic);
   // Records the first failure; returns the handles to complete with it,
   // which the caller does after releasing mu_.
   std::vector<std::shared_ptr<SyncHandle::State>> FailLocked(const Status& why);
@@ -189,6 +209,7 @@ class Communicator::Impl {
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<Collectives> nccl_;
   std::unique_ptr<PsClient> ps_;
+  std::unique_ptr<DeviceGradients> device_;  // gradient_device=cuda
   Collectives* backend_ = nullptr;
   SyncPath path_ = SyncPath::kRing;
   std::thread engine_;
@@ -265,6 +286,9 @@ Status Communicator::Impl::Start(Deadline deadline) {
   } else if (options_.backend == "nccl") {
     GS_ASSIGN_OR_RETURN(nccl_, MakeNcclCollectives(session_.get(), options_.cuda_device, deadline));
     backend_ = nccl_.get();
+  }
+  if (options_.cuda_gradients) {
+    GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(options_.cuda_device));
   }
   path_ = SyncPathOf(backend_->name());
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
@@ -352,6 +376,11 @@ Status Communicator::Impl::FinalizeLocked() {
   if (finalized_) return Status();
   if (bucketer_.tensors().empty()) return FailedPreconditionError("no tensor is registered");
   bucketer_.Build();
+  if (device_ != nullptr) {
+    std::vector<size_t> bytes;
+    for (const Bucket& b : bucketer_.buckets()) bytes.push_back(b.bytes());
+    GS_RETURN_IF_ERROR(device_->Allocate(bytes));
+  }
   std::vector<BucketInfo> infos;
   for (const Bucket& b : bucketer_.buckets()) {
     BucketInfo info{b.id, b.dtype, b.bytes(), {}};
@@ -383,8 +412,13 @@ Status Communicator::Impl::FinalizeLocked() {
   return Status();
 }
 
-StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Callback done) {
+StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Callback done,
+                                                   void* stream) {
   if (data == nullptr) return InvalidArgumentError("MarkReady needs the gradient's data");
+  if (stream != nullptr && device_ == nullptr) {
+    return InvalidArgumentError("MarkReady got a CUDA stream, but this communicator's gradients "
+                                "are host memory (set gradient_device=cuda)");
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
   if (id < 0 || static_cast<size_t>(id) >= bucketer_.tensors().size()) {
@@ -400,11 +434,20 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   // The bucket's previous reduction must be done with its buffer.
   cv_.wait(lock, [&] { return !b.in_flight || !failed_.ok(); });
   if (!failed_.ok()) return failed_;
+  if (device_ != nullptr) GS_RETURN_IF_ERROR(device_->CheckPointer(data, "tensor '" + t.name + "'"));
   t.marked = true;
   const bool add = t.holds_sum;
-  uint8_t* region = b.data() + t.offset * DTypeSize(t.dtype);
+  const size_t offset = t.offset * DTypeSize(t.dtype);
+  uint8_t* region = b.data() + offset;
   lock.unlock();
-  if (add) {
+  if (device_ != nullptr) {
+    // Queued on gradsync's stream after the trainer's work on `stream`.
+    Status s = device_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream);
+    if (!s.ok()) {
+      Fail(s);
+      return s;
+    }
+  } else if (add) {
     AddInto(region, static_cast<const uint8_t*>(data), t.count, t.dtype);
   } else {
     std::memcpy(region, data, t.count * DTypeSize(t.dtype));
@@ -454,15 +497,15 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   const Deadline deadline = Deadline::After(options_.op_timeout);
   BucketCompression::Traffic traffic{b->bytes(), b->bytes(), false};
   Status s;
-  if (ps_ != nullptr) {
-    s = ps_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag, deadline);
-    const PsClient::Traffic moved = ps_->last_traffic();
-    traffic = BucketCompression::Traffic{moved.sent, moved.received, false};
-  } else if (b->dtype == DType::kF32) {
-    s = compression_->Reduce(*backend_, b->id, reinterpret_cast<float*>(b->data()), b->count,
-                             tag, session_->job_id(), deadline, &traffic);
+  if (device_ == nullptr) {
+    s = ReduceOnHost(*b, b->data(), tag, deadline, &traffic);
   } else {
-    s = backend_->AllReduce(b->data(), b->count, b->dtype, ReduceOp::kAverage, tag, deadline);
+    auto host = [&](uint8_t* data, BucketCompression::Traffic* t) {
+      return ReduceOnHost(*b, data, tag, deadline, t);
+    };
+    // The parameter-server path takes the bucket in host memory.
+    const std::string spec = ps_ != nullptr ? "host" : compression_->SpecOf(b->id);
+    s = device_->Reduce(index, b->count, b->dtype, spec, *backend_, tag, deadline, &traffic, host);
   }
   const SyncOp op = path_ == SyncPath::kPs ? SyncOp::kPushPull
                     : traffic.gathered     ? SyncOp::kAllGather
@@ -487,7 +530,21 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     }
   }
   const size_t es = DTypeSize(b->dtype);
-  for (Tensor* t : tensors) std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
+  if (device_ == nullptr) {
+    for (Tensor* t : tensors) std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
+  } else {
+    Status copied;
+    for (Tensor* t : tensors) {
+      if (copied.ok()) copied = device_->Unstage(index, t->offset * es, t->data, t->count * es);
+    }
+    if (copied.ok()) copied = device_->Wait(deadline);
+    if (!copied.ok()) {
+      for (auto& h : handles) {
+        if (h) h->Complete(copied);
+      }
+      return Fail(copied);
+    }
+  }
   // Callbacks run before Synchronize can see the bucket finished.
   for (auto& h : handles) {
     if (h) h->Complete(Status());
@@ -502,6 +559,21 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     stats_.wire_bytes += traffic.sent;
   }
   cv_.notify_all();
+}
+
+Status Communicator::Impl::ReduceOnHost(const Bucket& b, uint8_t* data, const OpTag& tag,
+                                        Deadline deadline, BucketCompression::Traffic* traffic) {
+  if (ps_ != nullptr) {
+    Status s = ps_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
+    const PsClient::Traffic moved = ps_->last_traffic();
+    *traffic = BucketCompression::Traffic{moved.sent, moved.received, false};
+    return s;
+  }
+  if (b.dtype == DType::kF32) {
+    return compression_->Reduce(*backend_, b.id, reinterpret_cast<float*>(data), b.count, tag,
+                                session_->job_id(), deadline, traffic);
+  }
+  return backend_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
 }
 
 void Communicator::Impl::Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s) {
@@ -621,8 +693,9 @@ StatusOr<TensorId> Communicator::RegisterTensor(const std::string& name, size_t 
   return impl_->Register(name, num_elements, dtype);
 }
 
-StatusOr<SyncHandle> Communicator::MarkReady(TensorId id, void* data, Callback done) {
-  return impl_->MarkReady(id, data, std::move(done));
+StatusOr<SyncHandle> Communicator::MarkReady(TensorId id, void* data, Callback done,
+                                             void* stream) {
+  return impl_->MarkReady(id, data, std::move(done), stream);
 }
 
 Status Communicator::Synchronize(Deadline deadline) { return impl_->Synchronize(deadline); }
@@ -647,10 +720,10 @@ Status Communicator::Broadcast(void* data, size_t num_elements, DType dtype, int
   const size_t bytes = num_elements * DTypeSize(dtype);
   return impl_->RunOnEngine(SyncOp::kBroadcast, bytes, [=](Collectives& c, uint64_t seq,
                                                            uint8_t* staged) {
-    if (bytes > 0) std::memcpy(staged, data, bytes);
+    GS_RETURN_IF_ERROR(impl_->CopyUser(staged, data, bytes));
     GS_RETURN_IF_ERROR(
         c.Broadcast(staged, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline));
-    if (bytes > 0) std::memcpy(data, staged, bytes);
+    GS_RETURN_IF_ERROR(impl_->CopyUser(data, staged, bytes));
     return Status();
   });
 }
@@ -660,10 +733,10 @@ Status Communicator::AllReduce(void* data, size_t num_elements, DType dtype, Red
   const size_t bytes = num_elements * DTypeSize(dtype);
   return impl_->RunOnEngine(SyncOp::kAllReduce, bytes, [=](Collectives& c, uint64_t seq,
                                                            uint8_t* staged) {
-    if (bytes > 0) std::memcpy(staged, data, bytes);
+    GS_RETURN_IF_ERROR(impl_->CopyUser(staged, data, bytes));
     GS_RETURN_IF_ERROR(
         c.AllReduce(staged, num_elements, dtype, op, OpTag{0, kDirectBucket, seq, 0}, deadline));
-    if (bytes > 0) std::memcpy(data, staged, bytes);
+    GS_RETURN_IF_ERROR(impl_->CopyUser(data, staged, bytes));
     return Status();
   });
 }
@@ -672,10 +745,10 @@ Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline
   const size_t gathered = bytes * static_cast<size_t>(world_size());
   return impl_->RunOnEngine(SyncOp::kAllGather, bytes + gathered,
                             [=](Collectives& c, uint64_t seq, uint8_t* staged) {
-    if (bytes > 0) std::memcpy(staged, in, bytes);
+    GS_RETURN_IF_ERROR(impl_->CopyUser(staged, in, bytes));
     GS_RETURN_IF_ERROR(
         c.AllGather(staged, bytes, staged + bytes, OpTag{0, kDirectBucket, seq, 0}, deadline));
-    if (gathered > 0) std::memcpy(out, staged + bytes, gathered);
+    GS_RETURN_IF_ERROR(impl_->CopyUser(out, staged + bytes, gathered));
     return Status();
   });
 }

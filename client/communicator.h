@@ -14,6 +14,9 @@
 // path=allreduce|ps, backend=ring|nccl, first_bucket_bytes (1 MiB),
 // bucket_bytes (25 MiB), op_timeout_ms (60000: how long a collective may take
 // before the missing rank is named), ring_chunk_bytes (1 MiB), cuda_device,
+// gradient_device=cpu|cuda (cuda: the gradients are CUDA memory of
+// cuda_device; buckets, packing and compression stay on the GPU, see
+// client/device_gradients.h),
 // and compression, compression_min_bytes, compression_overrides (see
 // client/bucket_compression.h). On path=ps the chosen compressor compresses
 // each partition a shard owns, and the shard decompresses it
@@ -113,7 +116,15 @@ class Communicator {
   // Every callback of a step has run when Synchronize returns.
   // InvalidArgument for an unregistered id or null data; FailedPrecondition
   // when `id` was already marked ready this step (or micro-step).
-  StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done = nullptr);
+  //
+  // With gradient_device=cuda, `data` is memory of the CUDA device
+  // cuda_device and `stream` (a cudaStream_t; null: the default stream) the
+  // stream whose queued work produces the gradient: gradsync's own stream
+  // waits for it, the caller's is never synchronised. The synchronised
+  // gradient is in `data` when the handle completes. InvalidArgument for
+  // host memory, memory of another device, or a stream with host gradients.
+  StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done = nullptr,
+                                 void* stream = nullptr);
 
   // Waits until every gradient of this step is synchronised and ends the
   // step. FailedPrecondition naming the tensors never marked ready.

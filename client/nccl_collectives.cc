@@ -264,11 +264,14 @@ Status NcclCollectives::DoAllReduce(void* data, size_t count, DType dtype,
                 deadline));
   if (count == 0) return OkStatus();
   const size_t bytes = count * DTypeSize(dtype);
-  GS_RETURN_IF_ERROR(Reserve(bytes));
-  GS_RETURN_IF_ERROR(CopyIn(staging_, data, bytes));
   const kernels::NcclReduceOp nccl_op = op == ReduceOp::kAverage
                                             ? kernels::NcclReduceOp::kAverage
                                             : kernels::NcclReduceOp::kSum;
+  if (OnDevice(data)) {
+    return comm_->AllReduce(data, data, count, dtype, nccl_op, deadline);
+  }
+  GS_RETURN_IF_ERROR(Reserve(bytes));
+  GS_RETURN_IF_ERROR(CopyIn(staging_, data, bytes));
   GS_RETURN_IF_ERROR(
       comm_->AllReduce(staging_, staging_, count, dtype, nccl_op, deadline));
   return CopyOut(data, staging_, bytes, deadline);
@@ -289,6 +292,7 @@ Status NcclCollectives::DoAllGather(const void* in, size_t bytes, void* out,
       MakeCallRecord(NcclOpKind::kAllGather, tag, DType::kU8, bytes, 0),
       deadline));
   if (bytes == 0) return OkStatus();
+  if (OnDevice(in) && OnDevice(out)) return comm_->AllGather(in, out, bytes, deadline);
   GS_RETURN_IF_ERROR(Reserve(bytes * world));
   void* mine =
       static_cast<uint8_t*>(staging_) + static_cast<size_t>(rank()) * bytes;
@@ -312,6 +316,7 @@ Status NcclCollectives::DoBroadcast(void* data, size_t bytes, int root,
                                static_cast<uint64_t>(root)),
                 deadline));
   if (bytes == 0) return OkStatus();
+  if (OnDevice(data)) return comm_->Broadcast(data, data, bytes, root, deadline);
   GS_RETURN_IF_ERROR(Reserve(bytes));
   if (rank() == root) GS_RETURN_IF_ERROR(CopyIn(staging_, data, bytes));
   GS_RETURN_IF_ERROR(
@@ -331,6 +336,15 @@ Status NcclCollectives::CheckCall(const NcclCallRecord& mine,
   GS_RETURN_IF_ERROR(
       CopyOut(all.data(), records_, world * sizeof(mine), deadline));
   return CompareCallRecords(all, rank());
+}
+
+bool NcclCollectives::OnDevice(const void* p) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();  // not a pointer CUDA knows: host memory
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }
 
 Status NcclCollectives::Begin() {

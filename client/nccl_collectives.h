@@ -2,9 +2,11 @@
 // rank). Only built with --config=cuda; code that must also build without
 // CUDA goes through MakeNcclCollectives in nccl_factory.h.
 //
-// Host buffers are copied into a device staging buffer (grown as needed,
-// never shrunk) on the communicator's stream, reduced or gathered there by
-// NCCL, and copied back; a call returns once the result is in host memory.
+// Device buffers (CUDA device or managed memory) are reduced, gathered or
+// broadcast by NCCL in place, with no copy. Host buffers are copied into a
+// device staging buffer (grown as needed, never shrunk) on the
+// communicator's stream, reduced or gathered there, and copied back. A call
+// returns once the result is in the caller's buffer.
 //
 // Before every operation the ranks all-gather a record of what they are
 // about to do (operation, OpTag, dtype, count, reduce op or root, and a 64-bit
@@ -113,6 +115,8 @@ class NcclCollectives : public Collectives {
                      Deadline deadline);
   Status DoBroadcast(void* data, size_t bytes, int root, const OpTag& tag,
                      Deadline deadline);
+  // True for CUDA device or managed memory.
+  static bool OnDevice(const void* p);
   // All-gathers `mine` and compares the records of all ranks.
   Status CheckCall(const NcclCallRecord& mine, Deadline deadline);
   // Selects the comm's device for this thread; fails on a recorded error.

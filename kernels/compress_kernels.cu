@@ -100,7 +100,7 @@ Status Map(const char* fn, const In* in, Out* out, size_t n,
 template <bool kBf16>
 __device__ __forceinline__ void EfFloat16One(float g, float* e, bool has,
                                              uint16_t* w) {
-  const float c = has ? math::Add(g, *e) : g;
+  const float c = has ? math::Corrected(g, *e) : g;
   *w = To16<kBf16>(c);
   *e = math::Sub(c, From16<kBf16>(*w));
 }
@@ -137,11 +137,11 @@ __global__ void EfCorrectKernel(const float* __restrict__ g, float* residual,
     const Pack8<float> a = vg[i];
     Pack8<float> e = ve[i];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) e.v[j] = math::Add(a.v[j], e.v[j]);
+    for (int j = 0; j < 8; ++j) e.v[j] = math::Corrected(a.v[j], e.v[j]);
     ve[i] = e;
   }
   ForScalars(n, split,
-             [&](size_t i) { residual[i] = math::Add(g[i], residual[i]); });
+             [&](size_t i) { residual[i] = math::Corrected(g[i], residual[i]); });
 }
 
 Status EfCorrect(const char* fn, const float* g, float* residual,
@@ -180,8 +180,11 @@ __global__ void ScatterKernel(const float* __restrict__ values,
 template <bool kF16>
 __global__ void SparseDecompressKernel(const int32_t* __restrict__ indices,
                                        const void* __restrict__ values,
-                                       size_t k, float* __restrict__ out) {
+                                       size_t k, size_t n,
+                                       float* __restrict__ out) {
   for (size_t j = ThreadIndex(); j < k; j += GridStride()) {
+    // An index outside the tensor (from a faulty peer) writes nothing.
+    if (indices[j] < 0 || static_cast<size_t>(indices[j]) >= n) continue;
     out[indices[j]] =
         kF16 ? math::HalfBitsToFloat(static_cast<const uint16_t*>(values)[j])
              : static_cast<const float*>(values)[j];
@@ -318,10 +321,10 @@ Status SparseDecompressCuda(const int32_t* indices, const void* values,
   if (k == 0) return OkStatus();
   if (f16) {
     SparseDecompressKernel<true>
-        <<<Blocks(k), launch::kThreads, 0, stream>>>(indices, values, k, out);
+        <<<Blocks(k), launch::kThreads, 0, stream>>>(indices, values, k, n, out);
   } else {
     SparseDecompressKernel<false>
-        <<<Blocks(k), launch::kThreads, 0, stream>>>(indices, values, k, out);
+        <<<Blocks(k), launch::kThreads, 0, stream>>>(indices, values, k, n, out);
   }
   return LaunchStatus(kFn);
 }
@@ -468,6 +471,66 @@ Status EfRandomKCuda(const float* g, float* residual, bool has_residual,
   if (k == 0) return OkStatus();
   EfRandomKFixKernel<<<Blocks(k), launch::kThreads, 0, stream>>>(
       residual, indices, k, scale, values);
+  return LaunchStatus(kFn);
+}
+
+namespace {
+
+template <bool kBf16>
+__global__ void Add16Kernel(uint16_t* acc, const uint16_t* __restrict__ in,
+                            size_t n) {
+  for (size_t i = ThreadIndex(); i < n; i += GridStride()) {
+    acc[i] = To16<kBf16>(math::Add(From16<kBf16>(acc[i]), From16<kBf16>(in[i])));
+  }
+}
+
+__global__ void DivideKernel(float* data, size_t n, float divisor) {
+  for (size_t i = ThreadIndex(); i < n; i += GridStride()) {
+    data[i] = math::Div(data[i], divisor);
+  }
+}
+
+template <bool kBf16>
+__global__ void Scale16Kernel(uint16_t* data, size_t n, float scale) {
+  for (size_t i = ThreadIndex(); i < n; i += GridStride()) {
+    data[i] = To16<kBf16>(math::Mul(From16<kBf16>(data[i]), scale));
+  }
+}
+
+}  // namespace
+
+Status Add16IntoCuda(Float16Format format, uint16_t* acc, const uint16_t* in,
+                     size_t n, cudaStream_t stream) {
+  constexpr char kFn[] = "Add16IntoCuda";
+  if (n == 0) return OkStatus();
+  GS_RETURN_IF_ERROR(CheckPointers(kFn, {{"acc", acc, 2}, {"in", in, 2}}));
+  if (format == Float16Format::kBf16) {
+    Add16Kernel<true><<<Blocks(n), launch::kThreads, 0, stream>>>(acc, in, n);
+  } else {
+    Add16Kernel<false><<<Blocks(n), launch::kThreads, 0, stream>>>(acc, in, n);
+  }
+  return LaunchStatus(kFn);
+}
+
+Status DivideFloatCuda(float* data, size_t n, float divisor,
+                       cudaStream_t stream) {
+  constexpr char kFn[] = "DivideFloatCuda";
+  if (n == 0) return OkStatus();
+  GS_RETURN_IF_ERROR(CheckPointers(kFn, {{"data", data, 4}}));
+  DivideKernel<<<Blocks(n), launch::kThreads, 0, stream>>>(data, n, divisor);
+  return LaunchStatus(kFn);
+}
+
+Status Scale16Cuda(Float16Format format, uint16_t* data, size_t n, float scale,
+                   cudaStream_t stream) {
+  constexpr char kFn[] = "Scale16Cuda";
+  if (n == 0) return OkStatus();
+  GS_RETURN_IF_ERROR(CheckPointers(kFn, {{"data", data, 2}}));
+  if (format == Float16Format::kBf16) {
+    Scale16Kernel<true><<<Blocks(n), launch::kThreads, 0, stream>>>(data, n, scale);
+  } else {
+    Scale16Kernel<false><<<Blocks(n), launch::kThreads, 0, stream>>>(data, n, scale);
+  }
   return LaunchStatus(kFn);
 }
 

@@ -64,7 +64,8 @@ Status TopKCuda(const float* in, size_t n, size_t k, SparseValueFormat format,
                 int32_t* indices, void* values, void* workspace,
                 size_t workspace_bytes, cudaStream_t stream);
 // Top-k decompression: out[0, n) = 0, then out[indices[j]] = value j.
-// Indices distinct and < n (not checked on the device).
+// Indices distinct and < n (indices outside [0, n) are skipped on the
+// device; check peer data on the host where an error must be reported).
 Status SparseDecompressCuda(const int32_t* indices, const void* values,
                             SparseValueFormat format, size_t k, size_t n,
                             float* out, cudaStream_t stream);
@@ -156,6 +157,20 @@ Status EfTopKCuda(const float* g, float* residual, bool has_residual, size_t n,
 Status EfRandomKCuda(const float* g, float* residual, bool has_residual,
                      size_t n, const uint32_t* indices, size_t k, float scale,
                      float* values, cudaStream_t stream);
+
+// ---- Bucket arithmetic (client/elementwise.h on the device) ----
+//
+// Same bits as the CPU: each result is one rounding of the fp32 operation.
+
+// acc[i] = round16(widen(acc[i]) + widen(in[i])).
+Status Add16IntoCuda(Float16Format format, uint16_t* acc, const uint16_t* in,
+                     size_t n, cudaStream_t stream);
+// data[i] = data[i] / divisor.
+Status DivideFloatCuda(float* data, size_t n, float divisor,
+                       cudaStream_t stream);
+// data[i] = round16(widen(data[i]) * scale).
+Status Scale16Cuda(Float16Format format, uint16_t* data, size_t n, float scale,
+                   cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace gradsync

@@ -76,6 +76,19 @@ def _job_settings(settings):
         "MASTER_ADDR, MASTER_PORT)")
 
 
+def _default_cuda_device(settings):
+    """CUDA gradients default to torch's current device (torch.cuda.set_device
+    before init picks it)."""
+    device = settings.get("gradient_device",
+                          os.environ.get("GRADSYNC_GRADIENT_DEVICE", "cpu"))
+    if str(device) != "cuda" or "cuda_device" in settings or \
+            "GRADSYNC_CUDA_DEVICE" in os.environ:
+        return
+    import torch
+    if torch.cuda.is_available():
+        settings["cuda_device"] = torch.cuda.current_device()
+
+
 def init(timeout_s=120.0, **settings):
     """Joins the job; returns the Communicator. Blocks until every worker
     joined or `timeout_s`. Raises GradsyncError for a bad or unknown
@@ -84,6 +97,7 @@ def init(timeout_s=120.0, **settings):
         raise GradsyncError("gradsync.init() was already called",
                             "failed_precondition")
     settings = _job_settings(dict(settings))
+    _default_cuda_device(settings)
     local = settings.get("local_rank", os.environ.get("GRADSYNC_LOCAL_RANK"))
     try:
         comm = Communicator(settings, int(timeout_s * 1000))

@@ -1,5 +1,6 @@
 """Communicator: one member of a gradsync job (client/c_api.h's gs_comm)."""
 import ctypes
+import os
 import threading
 
 from gradsync import _lib
@@ -27,6 +28,10 @@ class Communicator:
         op_timeout = int(settings.get("op_timeout_ms", _DEFAULT_OP_TIMEOUT_MS))
         self.timeout_ms = op_timeout + _WAIT_SLACK_MS
         self.settings = dict(settings)
+        # CUDA gradients (gradient_device=cuda): tensors stay on the GPU.
+        self.cuda = str(settings.get(
+            "gradient_device",
+            os.environ.get("GRADSYNC_GRADIENT_DEVICE", "cpu"))) == "cuda"
         self.rank = self._query("rank")
         self.size = self._query("world_size")
 
@@ -47,10 +52,16 @@ class Communicator:
                   int(num_elements), dtype, ctypes.byref(out))
         return out.value
 
-    def mark_ready(self, tensor_id, address):
-        """Hands over the gradient at `address` for this step (no wait)."""
-        _lib.call("mark_ready", self._live(), tensor_id, address, None, None,
-                  None)
+    def mark_ready(self, tensor_id, address, stream=None):
+        """Hands over the gradient at `address` for this step (no wait).
+        For a CUDA gradient, `stream` is the cudaStream_t (int) whose queued
+        work produces it; gradsync's own stream waits for that work."""
+        if stream is None:
+            _lib.call("mark_ready", self._live(), tensor_id, address, None,
+                      None, None)
+        else:
+            _lib.call("mark_ready_on_stream", self._live(), tensor_id,
+                      address, stream, None, None, None)
 
     def synchronize(self):
         _lib.call("synchronize", self._live(), self.timeout_ms)

@@ -75,7 +75,8 @@ class HookState:
         future = torch.futures.Future()
         index = bucket.index()
         try:
-            code = _tensors.gs_dtype(buffer, "DDP bucket %d" % index)
+            code = _tensors.gs_dtype(buffer, "DDP bucket %d" % index,
+                                     self.comm)
             if self.registered:
                 self._mark_ready(index, buffer, code)
             else:
@@ -91,6 +92,7 @@ class HookState:
     def _reduce_direct(self, index, buffer, code):
         self._layout.append((index, buffer.numel(), code))
         comm = self.comm
+        _tensors.settle(buffer)
         self._completer.submit(
             lambda: comm.allreduce(buffer.data_ptr(), buffer.numel(), code),
             [])
@@ -102,7 +104,8 @@ class HookState:
                 "DDP bucket %d changed after registration: %s elements of "
                 "dtype %d, registered as %s" % (index, buffer.numel(), code,
                                                 expected), "failed_precondition")
-        self.comm.mark_ready(self._ids[index], buffer.data_ptr())
+        self.comm.mark_ready(self._ids[index], buffer.data_ptr(),
+                             _tensors.stream_of(buffer))
 
     def _end_iteration(self):
         pending, self._pending = self._pending, []

@@ -44,6 +44,8 @@ _SIGNATURES = {
     "gs_register_tensor": ([_P, ctypes.c_char_p, ctypes.c_size_t, _INT,
                             ctypes.POINTER(ctypes.c_int32)], _INT),
     "gs_mark_ready": ([_P, ctypes.c_int32, _P, _P, _P, _P], _INT),
+    "gs_mark_ready_on_stream": ([_P, ctypes.c_int32, _P, _P, _P, _P, _P],
+                                _INT),
     "gs_synchronize": ([_P, _I64], _INT),
     "gs_barrier": ([_P, _I64], _INT),
     "gs_broadcast": ([_P, _P, ctypes.c_size_t, _INT, _INT, _I64], _INT),

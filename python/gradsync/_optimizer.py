@@ -72,10 +72,10 @@ class DistributedOptimizer:
         self._params = [(n, p) for n, p in _named(optimizer, named_parameters)
                         if p.requires_grad]
         for name, p in self._params:
-            _tensors.gs_dtype(p, "parameter '%s'" % name)
+            _tensors.gs_dtype(p, "parameter '%s'" % name, self.comm)
         self._server_steps = _server_optimizer(self.comm.settings)
         self._ids = {p: self.comm.register(n, p.numel(),
-                                           _tensors.gs_dtype(p, n))
+                                           _tensors.gs_dtype(p, n, self.comm))
                      for n, p in self._params}
         self._names = {p: n for n, p in self._params}
         self._no_sync = 0
@@ -110,9 +110,10 @@ class DistributedOptimizer:
                 % (self._names[p], self.backward_passes_per_step),
                 "failed_precondition")
         what = "the gradient of '%s'" % self._names[p]
-        _tensors.gs_dtype(p.grad, what)
+        _tensors.gs_dtype(p.grad, what, self.comm)
         self._marked.add(p)
-        self.comm.mark_ready(self._ids[p], p.grad.data_ptr())
+        self.comm.mark_ready(self._ids[p], p.grad.data_ptr(),
+                             _tensors.stream_of(p.grad))
 
     def _mark_rest(self):
         unused = [p for _, p in self._params
@@ -137,7 +138,8 @@ class DistributedOptimizer:
         """First synchronisation on the shards: rank 0's parameters."""
         with torch.no_grad():
             for _, p in self._params:
-                self.comm.mark_ready(self._ids[p], p.data_ptr())
+                self.comm.mark_ready(self._ids[p], p.data_ptr(),
+                                     _tensors.stream_of(p))
             self.comm.synchronize()
 
     def synchronize(self):

@@ -84,7 +84,8 @@ def test_optimizer_arguments_refused_before_training(torchrun_env):
 def test_tensors_gradsync_cannot_take(torchrun_env):
     gradsync.init()
     on_meta = torch.nn.Parameter(torch.zeros(3, device="meta"))
-    with pytest.raises(gradsync.GradsyncError, match="no CUDA device path"):
+    with pytest.raises(gradsync.GradsyncError,
+                       match="gradsync takes CPU and CUDA tensors"):
         gst.DistributedOptimizer(torch.optim.SGD([on_meta], lr=0.1),
                                  [("w", on_meta)])
     doubles = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
@@ -103,3 +104,13 @@ def test_gradient_twice_before_step(torchrun_env):
     m(torch.ones(1, 4)).sum().backward()
     with pytest.raises(gradsync.GradsyncError, match="produced again"):
         m(torch.ones(1, 4)).sum().backward()
+
+
+def test_cuda_gradients_need_a_cuda_build(torchrun_env):
+    """This build has no CUDA: asking for CUDA gradients fails at init with
+    a message that says so, and a CUDA-less communicator names the setting
+    when handed a CUDA tensor."""
+    if os.environ.get("GRADSYNC_TEST_CUDA_BUILD"):
+        pytest.skip("gradsync under test was built with CUDA")
+    with pytest.raises(gradsync.GradsyncError, match="built without CUDA"):
+        gradsync.init(gradient_device="cuda")

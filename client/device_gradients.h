@@ -1,0 +1,86 @@
+// DeviceGradients: the gradient buckets of a Communicator whose tensors are
+// CUDA memory (gradient_device=cuda). The buckets live on the GPU; gradients
+// never pass through host memory except as the compressed bytes a host
+// backend must carry.
+//
+// - Stage copies a tensor's gradient into its bucket (device to device) on
+//   gradsync's own stream, ordered after the work the trainer queued on its
+//   stream so far (an event recorded there; the trainer's stream is never
+//   synchronised, the call never waits).
+// - Reduce averages a bucket over the ranks:
+//   * NCCL takes the device bucket itself (in place, no host staging).
+//   * A host backend (the CPU ring) gets only the bytes that travel: the
+//     bucket, or what the device compressor made of it, copied to pinned
+//     host memory and back; decompression happens on the device.
+//   * Compression runs on the device with the kernels of
+//     kernels/compress_kernels.h for fp16, bf16 and top-k (fp32 or fp16
+//     values), each with or without error feedback, with the same wire bytes
+//     and the same result bits as the CPU compressors (BucketCompression).
+//     Other specs (sign, qsgd, randomk, topk_sampled, powersgd) and the
+//     parameter-server path run `host` on a pinned copy of the bucket.
+// - Unstage copies the averaged bucket back into a tensor; Wait waits for
+//   gradsync's stream, bounded by a deadline.
+//
+// Errors: InvalidArgument for a pointer that is not memory of this device;
+// Internal naming the CUDA call that failed; DeadlineExceeded when the GPU
+// work does not finish in time; the backend's errors.
+// Thread-safety: Stage and CheckPointer may be called from any thread;
+// everything else from the comm engine thread only.
+#ifndef GRADSYNC_CLIENT_DEVICE_GRADIENTS_H_
+#define GRADSYNC_CLIENT_DEVICE_GRADIENTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/bucket_compression.h"
+#include "client/collectives.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/time.h"
+
+namespace gradsync::client {
+
+class DeviceGradients {
+ public:
+  // Averages a bucket held in host memory: the parameter-server path and
+  // the compressors without a device form.
+  using HostReduce = std::function<Status(uint8_t* data, BucketCompression::Traffic* traffic)>;
+
+  virtual ~DeviceGradients() = default;
+
+  virtual int device() const = 0;
+  // OK when `data` is memory of this device; InvalidArgument naming `what`
+  // and where the memory is otherwise.
+  virtual Status CheckPointer(const void* data, const std::string& what) const = 0;
+  // One device buffer per bucket, bucket_bytes[i] long. Once.
+  virtual Status Allocate(const std::vector<size_t>& bucket_bytes) = 0;
+  // bucket[offset, offset + count elements) = data (add: += data), after
+  // the work queued on `stream` (a cudaStream_t; null is the default
+  // stream). Never waits.
+  virtual Status Stage(int bucket, size_t offset_bytes, const void* data, size_t count,
+                       DType dtype, bool add, void* stream) = 0;
+  // Averages bucket[0, count) over the ranks through `backend` with the
+  // compressor `spec` (BucketCompression::SpecOf; "none" for f16 and bf16
+  // buckets); `host` when the work cannot stay on the device.
+  virtual Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
+                        Collectives& backend, const OpTag& tag, Deadline deadline,
+                        BucketCompression::Traffic* traffic, const HostReduce& host) = 0;
+  // data = bucket[offset, offset + bytes), queued on gradsync's stream.
+  virtual Status Unstage(int bucket, size_t offset_bytes, void* data, size_t bytes) = 0;
+  // Waits until gradsync's stream has done everything queued on it.
+  virtual Status Wait(Deadline deadline) = 0;
+  // dst = src for `bytes`, each host or device memory; returns when done.
+  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;
+};
+
+// The gradients of CUDA device `device`. FailedPrecondition when gradsync
+// was built without CUDA; Internal when the device cannot be used.
+StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int device);
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_DEVICE_GRADIENTS_H_

@@ -1,0 +1,11 @@
+#include "client/device_gradients.h"
+
+namespace gradsync::client {
+
+StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int /*device*/) {
+  return FailedPreconditionError(
+      "gradsync was built without CUDA, so it cannot take CUDA tensors "
+      "(gradient_device=cuda); rebuild with --config=cuda");
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,86 @@
+// CUDA gradients end to end (needs a GPU; tagged gpu): workers that are
+// members of a host-gradient job and a CUDA-gradient job at once
+// (tests/device_worker.cc) must get bit-identical synchronised gradients
+// from both, over the CPU ring with 4 processes sharing the GPU (with and
+// without compression, on the device or through the host fallback), the
+// parameter server, and NCCL at world size 1 (one GPU admits one NCCL rank).
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "gtest/gtest.h"
+#include "tests/local_job.h"
+
+namespace gradsync {
+namespace {
+
+class DeviceGradientsTest : public ::testing::Test {
+ protected:
+  // Runs `workers` device_workers with `settings` against two fresh jobs
+  // (and `servers` shards in each) and expects every one to pass.
+  void RunJobs(int workers, int servers, const std::vector<std::string>& settings) {
+    LocalJob host("host"), dev("cuda");
+    const std::string host_address = host.StartScheduler(workers, servers);
+    const std::string dev_address = dev.StartScheduler(workers, servers);
+    host.SetJob(workers, servers);
+    dev.SetJob(workers, servers);
+    for (int s = 0; s < servers; ++s) {
+      host.Start({Runfile("server/gradsync_server"), "--role=server"}, "server" + std::to_string(s));
+      dev.Start({Runfile("server/gradsync_server"), "--role=server"}, "server" + std::to_string(s));
+    }
+    std::vector<Subprocess*> procs;
+    for (int r = 0; r < workers; ++r) {
+      std::vector<std::string> argv = {Runfile("tests/device_worker"),
+                                       "--rank=" + std::to_string(r),
+                                       "--num_workers=" + std::to_string(workers),
+                                       "--num_servers=" + std::to_string(servers),
+                                       "--host_scheduler=" + host_address,
+                                       "--device_scheduler=" + dev_address,
+                                       "--bucket_bytes=2097152",
+                                       "--first_bucket_bytes=1048576",
+                                       "--metrics_base_port=0"};
+      argv.insert(argv.end(), settings.begin(), settings.end());
+      procs.push_back(&dev.Start(argv, "worker" + std::to_string(r)));
+    }
+    for (int r = 0; r < workers; ++r) {
+      auto code = procs[r]->Wait(Deadline::AfterMs(180000));
+      ASSERT_TRUE(code.has_value()) << "worker " << r << " still running:\n" << procs[r]->Output();
+      EXPECT_EQ(*code, 0) << procs[r]->Output();
+      EXPECT_NE(procs[r]->Output().find("device path ok"), std::string::npos) << procs[r]->Output();
+      EXPECT_NE(procs[r]->Output().find("is host memory"), std::string::npos) << procs[r]->Output();
+    }
+  }
+};
+
+TEST_F(DeviceGradientsTest, RingFourProcessesUncompressed) { RunJobs(4, 0, {}); }
+
+TEST_F(DeviceGradientsTest, RingFourProcessesFp16AndBf16OnTheDevice) {
+  RunJobs(4, 0, {"--compression=fp16", "--compression_overrides=fc2.weight=bf16"});
+}
+
+TEST_F(DeviceGradientsTest, RingFourProcessesFp16WithErrorFeedback) {
+  RunJobs(4, 0, {"--compression=fp16:ef=1"});
+}
+
+TEST_F(DeviceGradientsTest, RingFourProcessesTopKWithErrorFeedbackAndFp16Values) {
+  RunJobs(4, 0, {"--compression=topk:ratio=0.01,ef=1",
+                 "--compression_overrides=fc2.weight=topk_fp16:ratio=0.05"});
+}
+
+TEST_F(DeviceGradientsTest, RingFourProcessesHostOnlyCompressors) {
+  RunJobs(4, 0, {"--compression=sign:ef=1", "--compression_overrides=fc2.weight=qsgd"});
+}
+
+TEST_F(DeviceGradientsTest, ParameterServerTwoProcesses) {
+  RunJobs(2, 1, {"--path=ps"});
+}
+
+TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
+  RunJobs(1, 0, {"--backend=nccl", "--compression=topk:ratio=0.01,ef=1",
+                 "--compression_overrides=fc2.weight=fp16:ef=1;embedding=bf16"});
+}
+
+TEST_F(DeviceGradientsTest, NcclWorldOneUncompressed) { RunJobs(1, 0, {"--backend=nccl"}); }
+
+}  // namespace
+}  // namespace gradsync
