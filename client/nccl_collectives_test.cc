@@ -127,6 +127,28 @@ TEST_F(NcclCollectivesTest, WorldOfOneBroadcastKeepsTheRootsData) {
   EXPECT_EQ(data, input);
 }
 
+// Device memory goes to NCCL in place: no staging buffer is made for it.
+TEST_F(NcclCollectivesTest, DeviceBuffersAreReducedInPlaceWithoutStaging) {
+  const std::vector<uint8_t> input = RandomElements(DType::kF32, 4099, 6);
+  void* dev = nullptr;
+  void* gathered = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, input.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&gathered, input.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, input.data(), input.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  Status s = nccl_->AllReduce(dev, 4099, DType::kF32, ReduceOp::kSum, NextTag(), Soon());
+  ASSERT_TRUE(s.ok()) << s;
+  s = nccl_->Broadcast(dev, input.size(), 0, NextTag(), Soon());
+  ASSERT_TRUE(s.ok()) << s;
+  s = nccl_->AllGather(dev, input.size(), gathered, NextTag(), Soon());
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<uint8_t> out(input.size());
+  ASSERT_EQ(cudaMemcpy(out.data(), gathered, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(out, input);
+  EXPECT_EQ(nccl_->staging_bytes(), 0u);
+  cudaFree(dev);
+  cudaFree(gathered);
+}
+
 TEST_F(NcclCollectivesTest, EmptyOperationsSucceed) {
   EXPECT_TRUE(nccl_
                   ->AllReduce(nullptr, 0, DType::kF32, ReduceOp::kSum,

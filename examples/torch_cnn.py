@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 import gradsync  # noqa: E402
 import gradsync.torch as gst  # noqa: E402
 
-DATA_DIR = "/usr/share/datasets/fashion-mnist"
+DATA_DIR = os.environ.get("GRADSYNC_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 LOSS_WINDOW = 20
 MEAN, STD = 0.2860, 0.3530  # of the Fashion-MNIST training images
 
@@ -88,6 +88,9 @@ def parse_args(argv):
     p.add_argument("--max_steps", type=int, default=0,
                    help="> 0: stop after that many steps per worker")
     p.add_argument("--data_dir", default=DATA_DIR)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: model and gradients on the GPU of the local "
+                        "rank (gradsync then takes CUDA gradients)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per worker")
     p.add_argument("--setting", action="append", default=[],
@@ -99,6 +102,8 @@ def parse_args(argv):
         args.settings = dict(s.split("=", 1) for s in args.setting)
     except ValueError:
         p.error("--setting takes NAME=VALUE")
+    if args.device == "cuda":
+        args.settings.setdefault("gradient_device", "cuda")
     return args
 
 
@@ -124,14 +129,14 @@ def wrap(args, model):
         gst.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, gst.DistributedOptimizer(
             sgd, named_parameters=model.named_parameters())
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # on model's device
     if args.comm == "hook":
         ddp.register_comm_hook(gst.HookState(), gst.allreduce_hook)
     return ddp, torch.optim.SGD(ddp.parameters(), lr=args.lr,
                                 momentum=args.momentum)
 
 
-def train(args, rank, size, model, opt, data):
+def train(args, rank, size, model, opt, data, device):
     sampler = DistributedSampler(data, num_replicas=size, rank=rank,
                                  shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
@@ -142,6 +147,7 @@ def train(args, rank, size, model, opt, data):
         sampler.set_epoch(epoch)
         for x, y in loader:
             t0 = time.perf_counter()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -157,11 +163,12 @@ def train(args, rank, size, model, opt, data):
     return spent(), losses, step_ms
 
 
-def evaluate(model, rank, size, sum_counts, data):
+def evaluate(model, rank, size, sum_counts, data, device):
     sampler = DistributedSampler(data, num_replicas=size, rank=rank, shuffle=False)
     counts = torch.zeros(2)
     with torch.no_grad():
         for x, y in DataLoader(data, batch_size=500, sampler=sampler):
+            x, y = x.to(device), y.to(device)
             counts[0] += (model(x).argmax(1) == y).sum().item()
             counts[1] += len(y)
     sum_counts(counts)
@@ -172,15 +179,21 @@ def main(argv):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     train_set, test_set = load(args.data_dir, "train"), load(args.data_dir, "t10k")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("GRADSYNC_LOCAL_RANK", 0)))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     rank, size, sum_counts = join(args)
     torch.manual_seed(args.seed + rank)  # rank 0's parameters reach all ranks
-    model, opt = wrap(args, Net())
-    (wall, cpu), losses, step_ms = train(args, rank, size, model, opt, train_set)
-    accuracy = evaluate(model, rank, size, sum_counts, test_set)
+    model, opt = wrap(args, Net().to(device))
+    (wall, cpu), losses, step_ms = train(args, rank, size, model, opt, train_set, device)
+    accuracy = evaluate(model, rank, size, sum_counts, test_set, device)
     epochs = len(losses) * args.batch * size / len(train_set)
     if rank == 0:
         print(json.dumps({
-            "comm": args.comm, "test_accuracy": round(accuracy, 4),
+            "comm": args.comm, "device": args.device,
+            "test_accuracy": round(accuracy, 4),
             "wall_s": round(wall, 3), "epoch_s": round(wall / epochs, 3),
             "cpu_epoch_s": round(cpu / epochs, 3),
             "samples_per_s": round(len(losses) * args.batch * size / wall, 1),

@@ -9,10 +9,11 @@
 // and the direct collectives on device memory.
 //
 //   device_worker --rank=R --num_workers=N --host_scheduler=A
-//       --device_scheduler=B [--steps=4] [SETTING=...]
+//       --device_scheduler=B [--steps=4] [--f32_only] [SETTING=...]
 //
 // Every other --name=value is a Communicator setting for both jobs
-// (compression, backend, path, ...). Prints "device path ok" and exits 0
+// (compression, backend, path, ...). --f32_only leaves out the f16 and bf16
+// tensors (the parameter-server path averages f32 only). Prints "device path ok" and exits 0
 // when every check passed, 1 on a mismatch, 3 on a gradsync error.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -80,12 +81,17 @@ void CUDART_CB Delay(void*) { usleep(2000); }
 
 class Worker {
  public:
-  Worker(Communicator* host, Communicator* dev, int rank) : host_(host), dev_(dev), rank_(rank) {}
+  Worker(Communicator* host, Communicator* dev, int rank, bool f32_only)
+      : host_(host), dev_(dev), rank_(rank) {
+    for (const Spec& s : kSpecs) {
+      if (!f32_only || s.dtype == DType::kF32) specs_.push_back(s);
+    }
+  }
 
   int Run(int steps) {
     if (!CudaOk(cudaStreamCreate(&stream_), "cudaStreamCreate")) return 1;
-    for (size_t t = 0; t < std::size(kSpecs); ++t) {
-      const Spec& s = kSpecs[t];
+    for (size_t t = 0; t < specs_.size(); ++t) {
+      const Spec& s = specs_[t];
       auto a = host_->RegisterTensor(s.name, s.count, s.dtype);
       auto b = dev_->RegisterTensor(s.name, s.count, s.dtype);
       if (!a.ok() || !b.ok()) return Error(a.ok() ? b.status() : a.status());
@@ -126,9 +132,9 @@ class Worker {
 
   // One (micro-)step: backward order, the last tensor first.
   int Step(int step, bool compare) {
-    std::vector<std::vector<uint8_t>> host(std::size(kSpecs));
-    for (size_t i = std::size(kSpecs); i-- > 0;) {
-      const Spec& s = kSpecs[i];
+    std::vector<std::vector<uint8_t>> host(specs_.size());
+    for (size_t i = specs_.size(); i-- > 0;) {
+      const Spec& s = specs_[i];
       host[i] = Fill(s, i, rank_, step);
       // The CUDA gradient is produced on the trainer's stream, late.
       std::memcpy(pinned_[i], host[i].data(), host[i].size());
@@ -149,13 +155,13 @@ class Worker {
     if (!s.ok()) return Error(s);
     if (!CudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) return 1;
     if (!compare) return 0;
-    for (size_t i = 0; i < std::size(kSpecs); ++i) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
       std::vector<uint8_t> got(host[i].size());
       if (!CudaOk(cudaMemcpy(got.data(), device_[i], got.size(), cudaMemcpyDeviceToHost),
                   "cudaMemcpy")) {
         return 1;
       }
-      if (int rc = Compare(kSpecs[i], host[i], got, "step " + std::to_string(step)); rc != 0) {
+      if (int rc = Compare(specs_[i], host[i], got, "step " + std::to_string(step)); rc != 0) {
         return rc;
       }
     }
@@ -181,7 +187,7 @@ class Worker {
   }
 
   int CheckRefusals() {
-    std::vector<uint8_t> host(4 * kSpecs[0].count);
+    std::vector<uint8_t> host(4 * specs_[0].count);
     auto a = dev_->MarkReady(dev_ids_[0], host.data());
     if (a.ok() || a.status().code() != StatusCode::kInvalidArgument ||
         a.status().message().find("host memory") == std::string::npos) {
@@ -238,6 +244,7 @@ class Worker {
   Communicator* host_;
   Communicator* dev_;
   const int rank_;
+  std::vector<Spec> specs_;
   cudaStream_t stream_ = nullptr;
   std::vector<TensorId> host_ids_, dev_ids_;
   std::vector<void*> device_;
@@ -251,7 +258,8 @@ int Main(int argc, char** argv) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
     const std::string key = eq == std::string::npos ? arg : arg.substr(0, eq);
-    if (key == "--host_scheduler" || key == "--device_scheduler" || key == "--steps") {
+    if (key == "--host_scheduler" || key == "--device_scheduler" || key == "--steps" ||
+        key == "--f32_only") {
       own[key] = arg.substr(eq + 1);
     } else {
       shared.push_back(arg);
@@ -280,7 +288,7 @@ int Main(int argc, char** argv) {
   const int rank = (*dev)->rank();
   std::printf("worker %d: backend %s, %d workers\n", rank, (*dev)->backend(), (*dev)->world_size());
   const int steps = own.count("--steps") ? std::atoi(own["--steps"].c_str()) : 4;
-  Worker worker(host->get(), dev->get(), rank);
+  Worker worker(host->get(), dev->get(), rank, own.count("--f32_only") > 0);
   return worker.Run(steps);
 }
 
