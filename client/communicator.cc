@@ -79,6 +79,7 @@ struct CommOptions {
   PsClientOptions ps;
   int64_t metrics_base_port = 0;
   int64_t local_rank = -1;  // -1: the worker's rank
+  uint64_t compression_seed = 0;  // 0: the job id
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
     CommOptions o;
@@ -97,6 +98,8 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
     GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
+    GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));
+    o.compression_seed = static_cast<uint64_t>(seed);
     if (o.path != "allreduce" && o.path != "ps") {
       return InvalidArgumentError("path must be allreduce or ps, got '" + o.path + "'");
     }
@@ -189,6 +192,11 @@ class Communicator::Impl {
   Status FinalizeLocked();
   void LaunchReadyLocked();
   void ReduceBucket(int bucket, uint64_t step);
+  // The seed of the compressors' random draws: compression_seed, else the
+  // job id (the same on every worker).
+  uint64_t CompressionSeed() const {
+    return options_.compression_seed != 0 ? options_.compression_seed : session_->job_id();
+  }
   // Averages bucket `b` held in host memory at `data`.
   Status ReduceOnHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
                       BucketCompression::Traffic* traffic);
@@ -505,7 +513,8 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     };
     // The parameter-server path takes the bucket in host memory.
     const std::string spec = ps_ != nullptr ? "host" : compression_->SpecOf(b->id);
-    s = device_->Reduce(index, b->count, b->dtype, spec, *backend_, tag, deadline, &traffic, host);
+    s = device_->Reduce(index, b->count, b->dtype, spec, *backend_, tag, CompressionSeed(),
+                        deadline, &traffic, host);
   }
   const SyncOp op = path_ == SyncPath::kPs ? SyncOp::kPushPull
                     : traffic.gathered     ? SyncOp::kAllGather
@@ -571,7 +580,7 @@ Status Communicator::Impl::ReduceOnHost(const Bucket& b, uint8_t* data, const Op
   }
   if (b.dtype == DType::kF32) {
     return compression_->Reduce(*backend_, b.id, reinterpret_cast<float*>(data), b.count, tag,
-                                session_->job_id(), deadline, traffic);
+                                CompressionSeed(), deadline, traffic);
   }
   return backend_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
 }

@@ -16,7 +16,8 @@
 // before the missing rank is named), ring_chunk_bytes (1 MiB), cuda_device,
 // gradient_device=cpu|cuda (cuda: the gradients are CUDA memory of
 // cuda_device; buckets, packing and compression stay on the GPU, see
-// client/device_gradients.h),
+// client/device_gradients.h), compression_seed (the seed of the
+// compressors' random draws; 0, the default, takes the job id),
 // and compression, compression_min_bytes, compression_overrides (see
 // client/bucket_compression.h). On path=ps the chosen compressor compresses
 // each partition a shard owns, and the shard decompresses it

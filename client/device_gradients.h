@@ -13,10 +13,10 @@
 //     bucket, or what the device compressor made of it, copied to pinned
 //     host memory and back; decompression happens on the device.
 //   * Compression runs on the device with the kernels of
-//     kernels/compress_kernels.h for fp16, bf16 and top-k (fp32 or fp16
-//     values), each with or without error feedback, with the same wire bytes
-//     and the same result bits as the CPU compressors (BucketCompression).
-//     Other specs (sign, qsgd, randomk, topk_sampled, powersgd) and the
+//     kernels/compress_kernels.h for fp16, bf16, top-k (also topk_sampled,
+//     which selects the same set), random-k, sign and QSGD, each with or
+//     without error feedback, with the same wire bytes and the same result
+//     bits as the CPU compressors (BucketCompression). PowerSGD and the
 //     parameter-server path run `host` on a pinned copy of the bucket.
 // - Unstage copies the averaged bucket back into a tensor; Wait waits for
 //   gradsync's stream, bounded by a deadline.
@@ -65,9 +65,10 @@ class DeviceGradients {
                        DType dtype, bool add, void* stream) = 0;
   // Averages bucket[0, count) over the ranks through `backend` with the
   // compressor `spec` (BucketCompression::SpecOf; "none" for f16 and bf16
-  // buckets); `host` when the work cannot stay on the device.
+  // buckets); `host` when the work cannot stay on the device. `seed` is the
+  // compressors' job-wide seed (CompressContext::seed).
   virtual Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
-                        Collectives& backend, const OpTag& tag, Deadline deadline,
+                        Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
                         BucketCompression::Traffic* traffic, const HostReduce& host) = 0;
   // data = bucket[offset, offset + bytes), queued on gradsync's stream.
   virtual Status Unstage(int bucket, size_t offset_bytes, void* data, size_t bytes) = 0;

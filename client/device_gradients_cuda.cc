@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -56,10 +57,12 @@ using PinnedBuffer = Buffer<PinnedAlloc, cudaFreeHost>;
 
 // What a compressor spec becomes on the device.
 struct Codec {
-  enum Kind { kNone, kHalf, kTopK, kHost } kind = kNone;
+  enum Kind { kNone, kHalf, kTopK, kRandomK, kSign, kQsgd, kHost } kind = kNone;
   kernels::Float16Format half = kernels::Float16Format::kFp16;
   kernels::SparseValueFormat values = kernels::SparseValueFormat::kF32;
   double ratio = 0;
+  size_t chunk = 0;
+  int levels = 0;
   bool ef = false;
 };
 
@@ -67,17 +70,29 @@ StatusOr<Codec> CodecOf(const std::string& spec) {
   Codec c;
   if (spec == "none") return c;
   GS_ASSIGN_OR_RETURN(compression::CompressorSpec parsed, compression::ParseCompressorSpec(spec));
+  const std::string& name = parsed.name;
   c.ef = parsed.options.error_feedback;
   c.ratio = parsed.options.ratio;
-  if (parsed.name == "fp16" || parsed.name == "bf16") {
+  c.chunk = parsed.options.chunk;
+  c.levels = parsed.options.levels;
+  if (name == "fp16" || name == "bf16") {
     c.kind = Codec::kHalf;
-    c.half = parsed.name == "fp16" ? kernels::Float16Format::kFp16 : kernels::Float16Format::kBf16;
-  } else if (parsed.name == "topk" || parsed.name == "topk_fp16") {
+    c.half = name == "fp16" ? kernels::Float16Format::kFp16 : kernels::Float16Format::kBf16;
+  } else if (name == "topk" || name == "topk_fp16" || name == "topk_sampled" ||
+             name == "topk_sampled_fp16") {
+    // The sampled selection picks exactly the top-k set: same wire bytes.
     c.kind = Codec::kTopK;
-    c.values = parsed.name == "topk" ? kernels::SparseValueFormat::kF32
-                                     : kernels::SparseValueFormat::kF16;
+    c.values = name.size() > 5 && name.substr(name.size() - 5) == "_fp16"
+                   ? kernels::SparseValueFormat::kF16
+                   : kernels::SparseValueFormat::kF32;
+  } else if (name == "randomk") {
+    c.kind = Codec::kRandomK;
+  } else if (name == "sign") {
+    c.kind = Codec::kSign;
+  } else if (name == "qsgd") {
+    c.kind = Codec::kQsgd;
   } else {
-    c.kind = Codec::kHost;
+    c.kind = Codec::kHost;  // powersgd
   }
   return c;
 }
@@ -171,7 +186,7 @@ class CudaGradients : public DeviceGradients {
   }
 
   Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
-                Collectives& backend, const OpTag& tag, Deadline deadline,
+                Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
                 BucketCompression::Traffic* traffic, const HostReduce& host) override {
     GS_RETURN_IF_ERROR(Select());
     State& st = *state_.at(static_cast<size_t>(bucket));
@@ -196,8 +211,8 @@ class CudaGradients : public DeviceGradients {
     }
     auto* data = reinterpret_cast<float*>(Bucket(bucket));
     if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
-    Status s = kind == Codec::kHalf ? ReduceHalf(st, data, count, backend, nccl, tag, deadline, traffic)
-                                    : ReduceTopK(st, data, count, backend, nccl, tag, deadline, traffic);
+    const kernels::SeedContext ctx{seed, tag.step, tag.bucket};
+    Status s = ReduceCompressed(st, data, count, ctx, backend, nccl, tag, deadline, traffic);
     if (st.codec.ef) st.has_residual = true;
     return s;
   }
@@ -297,76 +312,199 @@ class CudaGradients : public DeviceGradients {
                 "copying to the GPU");
   }
 
-  // fp16 / bf16: summable; the 16-bit values are summed by the backend.
-  Status ReduceHalf(State& st, float* data, size_t n, Collectives& backend, bool nccl,
-                    const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic) {
-    const size_t wb = 2 * n;
-    GS_RETURN_IF_ERROR(wire_.Reserve(wb, "compressed bytes"));
-    auto* wire = reinterpret_cast<uint16_t*>(wire_.get());
-    const kernels::Float16Format f = st.codec.half;
-    if (st.codec.ef) {
-      GS_RETURN_IF_ERROR(kernels::EfFloat16Cuda(f, data, reinterpret_cast<float*>(st.residual.get()),
-                                                st.has_residual, n, wire, stream_));
-    } else if (f == kernels::Float16Format::kFp16) {
-      GS_RETURN_IF_ERROR(kernels::FloatToHalfCuda(data, wire, n, stream_));
-    } else {
-      GS_RETURN_IF_ERROR(kernels::FloatToBf16Cuda(data, wire, n, stream_));
+  // A summable code: `elems` values of `dtype` that the backend sums.
+  struct Summable {
+    size_t elems;
+    DType dtype;
+    std::function<Status(uint8_t* wire)> encode;
+    std::function<Status(const uint8_t* wire, float* out)> decode;
+  };
+
+  // A code every rank's bytes of which are gathered, decoded and summed in
+  // rank order, as the CPU path does. `check` vets a peer's bytes on the
+  // host before the GPU reads them.
+  struct Gathered {
+    size_t wire_bytes;
+    std::function<Status(uint8_t* wire)> encode;
+    std::function<Status(const uint8_t* host_wire, int rank)> check;
+    std::function<Status(const uint8_t* wire, float* out)> decode;
+  };
+
+  Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
+                          Collectives& backend, bool nccl, const OpTag& tag, Deadline deadline,
+                          BucketCompression::Traffic* traffic) {
+    const Codec& c = st.codec;
+    auto* residual = reinterpret_cast<float*>(st.residual.get());
+    const bool has = st.has_residual;
+    const size_t chunks = c.chunk > 0 ? kernels::NumChunks(n, c.chunk) : 0;
+    switch (c.kind) {
+      case Codec::kHalf: {
+        const bool fp16 = c.half == kernels::Float16Format::kFp16;
+        Summable code{n, fp16 ? DType::kF16 : DType::kBF16,
+                      [&](uint8_t* w) {
+                        auto* wire = reinterpret_cast<uint16_t*>(w);
+                        if (c.ef) return kernels::EfFloat16Cuda(c.half, data, residual, has, n, wire, stream_);
+                        return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream_)
+                                    : kernels::FloatToBf16Cuda(data, wire, n, stream_);
+                      },
+                      [&](const uint8_t* w, float* out) {
+                        auto* wire = reinterpret_cast<const uint16_t*>(w);
+                        return fp16 ? kernels::HalfToFloatCuda(wire, out, n, stream_)
+                                    : kernels::Bf16ToFloatCuda(wire, out, n, stream_);
+                      }};
+        return ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic);
+      }
+      case Codec::kRandomK: {
+        // Every rank draws the same indices from the context, on the host.
+        const size_t k = kernels::SparseKeepCount(c.ratio, n);
+        const std::vector<uint32_t> indices = kernels::RandomKIndicesCpu(ctx, n, k);
+        // Unbiased (n / k) alone; with error feedback the dropped part is
+        // carried instead (compression/registry.cc), so the scale is 1.
+        const float scale = c.ef ? 1.0f : kernels::RandomKScale(n, k);
+        GS_RETURN_IF_ERROR(indices_.Reserve(4 * k + 4, "random-k indices"));
+        auto* idx = reinterpret_cast<uint32_t*>(indices_.get());
+        GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice,
+                                                stream_),
+                                "copying random-k indices to the GPU"));
+        Summable code{k, DType::kF32,
+                      [&](uint8_t* w) {
+                        auto* values = reinterpret_cast<float*>(w);
+                        if (c.ef) {
+                          return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale,
+                                                        values, stream_);
+                        }
+                        return kernels::GatherCuda(data, idx, k, values, stream_);
+                      },
+                      [&](const uint8_t* w, float* out) {
+                        return kernels::ScatterCuda(reinterpret_cast<const float*>(w), idx, k,
+                                                    scale, n, out, stream_);
+                      }};
+        GS_RETURN_IF_ERROR(ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic));
+        return Wait(deadline);  // `indices` is read by the copy above
+      }
+      case Codec::kTopK: {
+        const size_t k = kernels::SparseKeepCount(c.ratio, n);
+        const size_t vb = c.values == kernels::SparseValueFormat::kF16 ? 2 : 4;
+        const size_t ws = kernels::TopKWorkspaceBytes(n);
+        GS_RETURN_IF_ERROR(workspace_.Reserve(ws, "the top-k workspace"));
+        Gathered code{k * (4 + vb),
+                      [&](uint8_t* w) {
+                        auto* idx = reinterpret_cast<int32_t*>(w);
+                        if (c.ef) {
+                          return kernels::EfTopKCuda(data, residual, has, n, k, c.values, idx,
+                                                     w + 4 * k, workspace_.get(), ws, stream_);
+                        }
+                        return kernels::TopKCuda(data, n, k, c.values, idx, w + 4 * k,
+                                                 workspace_.get(), ws, stream_);
+                      },
+                      [&](const uint8_t* w, int rank) { return CheckSparse(w, k, n, rank); },
+                      [&](const uint8_t* w, float* out) {
+                        return kernels::SparseDecompressCuda(reinterpret_cast<const int32_t*>(w),
+                                                             w + 4 * k, c.values, k, n, out,
+                                                             stream_);
+                      }};
+        return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+      }
+      case Codec::kSign: {
+        Gathered code{4 * chunks + (n + 7) / 8,
+                      [&](uint8_t* w) {
+                        auto* scales = reinterpret_cast<float*>(w);
+                        uint8_t* bits = w + 4 * chunks;
+                        if (c.ef) {
+                          return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits,
+                                                     stream_);
+                        }
+                        return kernels::SignEncodeCuda(data, n, c.chunk, scales, bits, stream_);
+                      },
+                      [](const uint8_t*, int) { return Status(); },  // every bit pattern decodes
+                      [&](const uint8_t* w, float* out) {
+                        return kernels::SignDecodeCuda(reinterpret_cast<const float*>(w),
+                                                       w + 4 * chunks, n, c.chunk, out, stream_);
+                      }};
+        return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+      }
+      case Codec::kQsgd: {
+        const uint64_t key = kernels::QsgdKey(ctx);
+        Gathered code{4 * chunks + n,
+                      [&](uint8_t* w) {
+                        auto* norms = reinterpret_cast<float*>(w);
+                        auto* q = reinterpret_cast<int8_t*>(w + 4 * chunks);
+                        if (c.ef) {
+                          return kernels::EfQsgdCuda(data, residual, has, n, c.chunk, c.levels,
+                                                     key, norms, q, stream_);
+                        }
+                        return kernels::QsgdEncodeCuda(data, n, c.chunk, c.levels, key, norms, q,
+                                                       stream_);
+                      },
+                      [&](const uint8_t* w, int rank) -> Status {
+                        const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks);
+                        for (size_t i = 0; i < n; ++i) {
+                          if (q[i] > c.levels || q[i] < -c.levels) {
+                            return InvalidArgumentError(
+                                "qsgd bytes of rank " + std::to_string(rank) + ": level " +
+                                std::to_string(q[i]) + " at " + std::to_string(i) +
+                                " exceeds " + std::to_string(c.levels));
+                          }
+                        }
+                        return Status();
+                      },
+                      [&](const uint8_t* w, float* out) {
+                        return kernels::QsgdDecodeCuda(reinterpret_cast<const float*>(w),
+                                                       reinterpret_cast<const int8_t*>(
+                                                           w + 4 * chunks),
+                                                       n, c.chunk, c.levels, out, stream_);
+                      }};
+        return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+      }
+      default:
+        return InternalError("no device form for this compressor");
     }
+  }
+
+  Status ReduceSummable(float* data, size_t n, const Summable& code, Collectives& backend,
+                        bool nccl, const OpTag& tag, Deadline deadline,
+                        BucketCompression::Traffic* traffic) {
+    const size_t wb = code.elems * DTypeSize(code.dtype);
+    GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
+    GS_RETURN_IF_ERROR(code.encode(wire_.get()));
     *traffic = BucketCompression::Traffic{wb, wb, false};
-    const DType wd = f == kernels::Float16Format::kFp16 ? DType::kF16 : DType::kBF16;
     if (nccl) {
       GS_RETURN_IF_ERROR(Wait(deadline));
-      GS_RETURN_IF_ERROR(backend.AllReduce(wire, n, wd, ReduceOp::kSum, tag, deadline));
+      GS_RETURN_IF_ERROR(
+          backend.AllReduce(wire_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
     } else {
-      GS_RETURN_IF_ERROR(wire_host_.Reserve(wb, "compressed bytes"));
+      GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
       GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
-      GS_RETURN_IF_ERROR(backend.AllReduce(wire_host_.get(), n, wd, ReduceOp::kSum, tag, deadline));
+      GS_RETURN_IF_ERROR(backend.AllReduce(wire_host_.get(), code.elems, code.dtype,
+                                           ReduceOp::kSum, tag, deadline));
       GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
     }
-    if (f == kernels::Float16Format::kFp16) {
-      GS_RETURN_IF_ERROR(kernels::HalfToFloatCuda(wire, data, n, stream_));
-    } else {
-      GS_RETURN_IF_ERROR(kernels::Bf16ToFloatCuda(wire, data, n, stream_));
-    }
+    GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
     return kernels::DivideFloatCuda(data, n, static_cast<float>(backend.world_size()), stream_);
   }
 
-  // Top-k: every rank's k (index, value) pairs are gathered, decompressed
-  // and summed in rank order, as the CPU path does.
-  Status ReduceTopK(State& st, float* data, size_t n, Collectives& backend, bool nccl,
-                    const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic) {
-    const size_t k = kernels::SparseKeepCount(st.codec.ratio, n);
-    const size_t vb = st.codec.values == kernels::SparseValueFormat::kF16 ? 2 : 4;
-    const size_t wb = k * (4 + vb);
+  Status ReduceGathered(float* data, size_t n, const Gathered& code, Collectives& backend,
+                        bool nccl, const OpTag& tag, Deadline deadline,
+                        BucketCompression::Traffic* traffic) {
+    const size_t wb = code.wire_bytes;
     const size_t world = static_cast<size_t>(backend.world_size());
-    const size_t ws = kernels::TopKWorkspaceBytes(n);
-    GS_RETURN_IF_ERROR(wire_.Reserve(wb, "compressed bytes"));
-    GS_RETURN_IF_ERROR(workspace_.Reserve(ws, "the top-k workspace"));
-    GS_RETURN_IF_ERROR(gathered_.Reserve(wb * world, "gathered compressed bytes"));
+    GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
+    GS_RETURN_IF_ERROR(gathered_.Reserve(wb * world + 4, "gathered compressed bytes"));
     GS_RETURN_IF_ERROR(scratch_.Reserve(n * sizeof(float) + wb + 16, "decompression scratch"));
-    auto* indices = reinterpret_cast<int32_t*>(wire_.get());
-    void* values = wire_.get() + 4 * k;
-    if (st.codec.ef) {
-      GS_RETURN_IF_ERROR(kernels::EfTopKCuda(data, reinterpret_cast<float*>(st.residual.get()),
-                                             st.has_residual, n, k, st.codec.values, indices,
-                                             values, workspace_.get(), ws, stream_));
-    } else {
-      GS_RETURN_IF_ERROR(kernels::TopKCuda(data, n, k, st.codec.values, indices, values,
-                                           workspace_.get(), ws, stream_));
-    }
+    GS_RETURN_IF_ERROR(code.encode(wire_.get()));
     *traffic = BucketCompression::Traffic{wb, wb * (world - 1), true};
     if (nccl) {
       GS_RETURN_IF_ERROR(Wait(deadline));
       GS_RETURN_IF_ERROR(backend.AllGather(wire_.get(), wb, gathered_.get(), tag, deadline));
     } else {
-      GS_RETURN_IF_ERROR(wire_host_.Reserve(wb, "compressed bytes"));
-      GS_RETURN_IF_ERROR(gathered_host_.Reserve(wb * world, "gathered compressed bytes"));
+      GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
+      GS_RETURN_IF_ERROR(gathered_host_.Reserve(wb * world + 4, "gathered compressed bytes"));
       GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
       GS_RETURN_IF_ERROR(
           backend.AllGather(wire_host_.get(), wb, gathered_host_.get(), tag, deadline));
-      // Peers' indices are checked before the GPU writes through them.
+      // Peers' bytes are checked before the GPU reads them.
       for (size_t r = 0; r < world; ++r) {
-        GS_RETURN_IF_ERROR(CheckSparse(gathered_host_.get() + r * wb, k, n, static_cast<int>(r)));
+        GS_RETURN_IF_ERROR(code.check(gathered_host_.get() + r * wb, static_cast<int>(r)));
       }
       GS_RETURN_IF_ERROR(ToDevice(gathered_.get(), gathered_host_.get(), wb * world));
     }
@@ -374,14 +512,12 @@ class CudaGradients : public DeviceGradients {
     uint8_t* aligned = scratch_.get() + n * sizeof(float);  // 4-byte aligned: n floats
     for (size_t r = 0; r < world; ++r) {
       const uint8_t* part = gathered_.get() + r * wb;
-      if ((r * wb) % 4 != 0) {  // fp16 values with odd k: realign the indices
+      if ((r * wb) % 4 != 0) {  // the 4-byte parts of this rank's bytes: realign
         GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(aligned, part, wb, cudaMemcpyDeviceToDevice, stream_),
-                                "realigning top-k bytes"));
+                                "realigning compressed bytes"));
         part = aligned;
       }
-      GS_RETURN_IF_ERROR(kernels::SparseDecompressCuda(
-          reinterpret_cast<const int32_t*>(part), part + 4 * k, st.codec.values, k, n,
-          r == 0 ? data : scratch, stream_));
+      GS_RETURN_IF_ERROR(code.decode(part, r == 0 ? data : scratch));
       if (r > 0) GS_RETURN_IF_ERROR(kernels::SumIntoCuda(data, scratch, n, stream_));
     }
     return kernels::DivideFloatCuda(data, n, static_cast<float>(world), stream_);
@@ -393,7 +529,7 @@ class CudaGradients : public DeviceGradients {
   std::mutex stage_mu_;  // Stage: event_ is recorded and waited on as one
   std::vector<std::unique_ptr<DeviceBuffer>> buckets_;
   std::vector<std::unique_ptr<State>> state_;
-  DeviceBuffer wire_, gathered_, workspace_, scratch_;
+  DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_;
   PinnedBuffer mirror_, wire_host_, gathered_host_;
 };
 

@@ -485,6 +485,8 @@ TEST(ErrorFeedbackCpuTest, WithoutResidualCompressesG) {
 // compressors write for the same inputs (Compress, then Decompress; for
 // error feedback, ErrorFeedback's wire and residual over four steps, the
 // third with infinities and NaNs), with context {seed 42, step 7, bucket 3}.
+// A NaN corrected gradient c is the canonical quiet NaN on both sides
+// (kernels/compress_math.h: Corrected).
 // The references must produce the same bytes: a change to either side's
 // wire format fails here.
 
@@ -637,7 +639,7 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
                            g.size(), w.data());
               Append(w, wire);
             }),
-            0x6ecf71721a7342a2ull);
+            0xd02b860509cbd9a2ull);
   EXPECT_EQ(EfDigest([](G g, R e, bool has, const SeedContext&, W wire) {
               std::vector<float> scales(NumChunks(g.size(), 64));
               std::vector<uint8_t> bits((g.size() + 7) / 8);
@@ -646,7 +648,7 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
               Append(scales, wire);
               Append(bits, wire);
             }),
-            0x9000ad1d9738313cull);
+            0x2add03088f9db098ull);
   EXPECT_EQ(EfDigest([](G g, R e, bool has, const SeedContext& ctx, W wire) {
               std::vector<float> norms(NumChunks(g.size(), 64));
               std::vector<int8_t> q(g.size());
@@ -665,17 +667,19 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
               Append(idx, wire);
               Append(values, wire);
             }),
-            0x52e2e8c40ced1941ull);
+            0xf0cf2ce7b353ba41ull);
   EXPECT_EQ(EfDigest([](G g, R e, bool has, const SeedContext& ctx, W wire) {
               const size_t n = g.size();
               const size_t k = SparseKeepCount(0.05, n);
               const std::vector<uint32_t> idx = RandomKIndicesCpu(ctx, n, k);
               std::vector<float> values(k);
-              EfRandomKCpu(g.data(), e->data(), has, n, idx.data(), k,
-                           RandomKScale(n, k), values.data());
+              // Error feedback takes random-k unscaled (compression/
+              // registry.cc: unbiased scaling and error feedback do not mix).
+              EfRandomKCpu(g.data(), e->data(), has, n, idx.data(), k, 1.0f,
+                           values.data());
               Append(values, wire);
             }),
-            0x52ef3b0a254e39baull);
+            0x0abf9c842ada11d4ull);
 }
 
 }  // namespace

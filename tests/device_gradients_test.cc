@@ -19,7 +19,8 @@ class DeviceGradientsTest : public ::testing::Test {
   // Runs `workers` device_workers with `settings` against two fresh jobs
   // (and `servers` shards in each) and expects every one to pass.
   void RunJobs(int workers, int servers, const std::vector<std::string>& settings) {
-    LocalJob host("host"), dev("cuda");
+    const std::string round = std::to_string(rounds_++);
+    LocalJob host("host" + round), dev("cuda" + round);
     const std::string host_address = host.StartScheduler(workers, servers);
     const std::string dev_address = dev.StartScheduler(workers, servers);
     host.SetJob(workers, servers);
@@ -50,6 +51,8 @@ class DeviceGradientsTest : public ::testing::Test {
       EXPECT_NE(procs[r]->Output().find("is host memory"), std::string::npos) << procs[r]->Output();
     }
   }
+
+  int rounds_ = 0;  // RunJobs calls: each round's logs are its own
 };
 
 TEST_F(DeviceGradientsTest, RingFourProcessesUncompressed) { RunJobs(4, 0, {}); }
@@ -67,12 +70,22 @@ TEST_F(DeviceGradientsTest, RingFourProcessesTopKWithErrorFeedbackAndFp16Values)
                  "--compression_overrides=fc2.weight=topk_fp16:ratio=0.05"});
 }
 
-// Compressors without a device form run on a pinned host copy. (Only
-// deterministic ones can be compared: QSGD, random-k and PowerSGD draw from
-// a seed of the job, which differs between the two jobs.)
-TEST_F(DeviceGradientsTest, RingFourProcessesHostOnlyCompressors) {
-  RunJobs(4, 0, {"--compression=sign:ef=1",
-                 "--compression_overrides=fc2.weight=topk_sampled:ratio=0.01,ef=1"});
+// Both jobs draw from the same seed (compression_seed), so that QSGD and
+// random-k draw the same numbers in both.
+TEST_F(DeviceGradientsTest, RingFourProcessesSignQsgdRandomK) {
+  RunJobs(4, 0, {"--compression=sign:ef=1", "--compression_seed=77",
+                 "--compression_overrides=fc2.weight=qsgd:ef=1;embedding=randomk:ratio=0.1,ef=1"});
+}
+
+TEST_F(DeviceGradientsTest, RingFourProcessesQsgdRandomKNoErrorFeedbackSampledTopK) {
+  RunJobs(4, 0, {"--compression=qsgd:chunk=256,levels=15", "--compression_seed=78",
+                 "--compression_overrides=fc2.weight=randomk:ratio=0.05;"
+                 "embedding=topk_sampled:ratio=0.01,ef=1"});
+}
+
+// PowerSGD has no device form: it runs on a pinned host copy.
+TEST_F(DeviceGradientsTest, RingFourProcessesPowerSgdOnTheHost) {
+  RunJobs(4, 0, {"--compression=powersgd:rank=2", "--compression_seed=79"});
 }
 
 TEST_F(DeviceGradientsTest, ParameterServerTwoProcesses) {
@@ -86,6 +99,8 @@ TEST_F(DeviceGradientsTest, ParameterServerTwoProcessesCompressed) {
 TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
   RunJobs(1, 0, {"--backend=nccl", "--compression=topk:ratio=0.01,ef=1",
                  "--compression_overrides=fc2.weight=fp16:ef=1;embedding=bf16"});
+  RunJobs(1, 0, {"--backend=nccl", "--compression=sign:ef=1", "--compression_seed=80",
+                 "--compression_overrides=fc2.weight=qsgd:ef=1;embedding=randomk:ratio=0.1"});
 }
 
 TEST_F(DeviceGradientsTest, NcclWorldOneUncompressed) { RunJobs(1, 0, {"--backend=nccl"}); }
