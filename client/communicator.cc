@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -218,6 +219,7 @@ class Communicator::Impl {
   std::unique_ptr<Collectives> nccl_;
   std::unique_ptr<PsClient> ps_;
   std::unique_ptr<DeviceGradients> device_;  // gradient_device=cuda
+  std::map<uint32_t, int> device_index_;     // bucket id -> index; fixed at Finalize
   Collectives* backend_ = nullptr;
   SyncPath path_ = SyncPath::kRing;
   std::thread engine_;
@@ -297,6 +299,20 @@ Status Communicator::Impl::Start(Deadline deadline) {
   }
   if (options_.cuda_gradients) {
     GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(options_.cuda_device));
+    if (ps_ != nullptr) {
+      // Compressed pushes are made on the GPU: only their bytes reach the host.
+      ps_->SetPartitionEncoder([this](uint32_t bucket, uint32_t partition, size_t offset,
+                                      size_t count, const compression::CompressContext& ctx)
+                                   -> StatusOr<wire::Payload> {
+        GS_ASSIGN_OR_RETURN(auto bytes,
+                            device_->EncodePartition(device_index_.at(bucket), partition, offset,
+                                                     count, compression_->SpecOf(bucket), ctx,
+                                                     Deadline::After(options_.op_timeout)));
+        const uint8_t* data = bytes->data();
+        const size_t size = bytes->size();
+        return wire::Payload::Borrow(data, size, std::move(bytes));
+      });
+    }
   }
   path_ = SyncPathOf(backend_->name());
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
@@ -386,7 +402,10 @@ Status Communicator::Impl::FinalizeLocked() {
   bucketer_.Build();
   if (device_ != nullptr) {
     std::vector<size_t> bytes;
-    for (const Bucket& b : bucketer_.buckets()) bytes.push_back(b.bytes());
+    for (const Bucket& b : bucketer_.buckets()) {
+      device_index_[b.id] = static_cast<int>(bytes.size());
+      bytes.push_back(b.bytes());
+    }
     GS_RETURN_IF_ERROR(device_->Allocate(bytes));
   }
   std::vector<BucketInfo> infos;
@@ -511,10 +530,15 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     auto host = [&](uint8_t* data, BucketCompression::Traffic* t) {
       return ReduceOnHost(*b, data, tag, deadline, t);
     };
-    // The parameter-server path takes the bucket in host memory.
-    const std::string spec = ps_ != nullptr ? "host" : compression_->SpecOf(b->id);
-    s = device_->Reduce(index, b->count, b->dtype, spec, *backend_, tag, CompressionSeed(),
-                        deadline, &traffic, host);
+    if (ps_ != nullptr) {
+      // The shards' results come back through host memory; the bucket goes
+      // there only when the pushes carry it uncompressed.
+      s = device_->ReduceOnHost(index, b->bytes(), ps_->PushesRaw(b->id), deadline, &traffic,
+                                host);
+    } else {
+      s = device_->Reduce(index, b->count, b->dtype, compression_->SpecOf(b->id), *backend_, tag,
+                          CompressionSeed(), deadline, &traffic, host);
+    }
   }
   const SyncOp op = path_ == SyncPath::kPs ? SyncOp::kPushPull
                     : traffic.gathered     ? SyncOp::kAllGather

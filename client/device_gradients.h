@@ -16,8 +16,12 @@
 //     kernels/compress_kernels.h for fp16, bf16, top-k (also topk_sampled,
 //     which selects the same set), random-k, sign and QSGD, each with or
 //     without error feedback, with the same wire bytes and the same result
-//     bits as the CPU compressors (BucketCompression). PowerSGD and the
-//     parameter-server path run `host` on a pinned copy of the bucket.
+//     bits as the CPU compressors (BucketCompression). PowerSGD runs `host`
+//     on a pinned copy of the bucket.
+//   * The parameter-server path: each partition of a compressed bucket is
+//     compressed on the device (EncodePartition) and only its bytes cross
+//     to the host; the shards' replies come back into a pinned copy that
+//     goes to the device.
 // - Unstage copies the averaged bucket back into a tensor; Wait waits for
 //   gradsync's stream, bounded by a deadline.
 //
@@ -70,6 +74,20 @@ class DeviceGradients {
   virtual Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
                         Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
                         BucketCompression::Traffic* traffic, const HostReduce& host) = 0;
+  // Averages bucket[0, bytes) through `host` on a pinned host copy, which
+  // `host` leaves the result in. `copy_in`: the copy first receives the
+  // bucket; otherwise `host` reads none of it (the parameter-server path
+  // when every push comes from EncodePartition).
+  virtual Status ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
+                              BucketCompression::Traffic* traffic, const HostReduce& host) = 0;
+  // Compresses elements [offset, offset + count) of bucket `bucket` (f32)
+  // with `spec` and `ctx` on the device, with an error-feedback residual of
+  // its own per (bucket, partition), and returns the compressed bytes in
+  // host memory: what compression::PayloadEncoder makes of the same values.
+  // InvalidArgument for a spec without a device form.
+  virtual StatusOr<std::shared_ptr<std::vector<uint8_t>>> EncodePartition(
+      int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
+      const compression::CompressContext& ctx, Deadline deadline) = 0;
   // data = bucket[offset, offset + bytes), queued on gradsync's stream.
   virtual Status Unstage(int bucket, size_t offset_bytes, void* data, size_t bytes) = 0;
   // Waits until gradsync's stream has done everything queued on it.

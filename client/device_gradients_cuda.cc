@@ -166,6 +166,7 @@ class CudaGradients : public DeviceGradients {
     GS_RETURN_IF_ERROR(Select());
     buckets_.clear();
     state_.clear();
+    partitions_.clear();
     for (size_t i = 0; i < bucket_bytes.size(); ++i) {
       buckets_.push_back(std::make_unique<DeviceBuffer>());
       GS_RETURN_IF_ERROR(buckets_.back()->Reserve(bucket_bytes[i], "a gradient bucket"));
@@ -215,6 +216,42 @@ class CudaGradients : public DeviceGradients {
     Status s = ReduceCompressed(st, data, count, ctx, backend, nccl, tag, deadline, traffic);
     if (st.codec.ef) st.has_residual = true;
     return s;
+  }
+
+  Status ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
+                      BucketCompression::Traffic* traffic, const HostReduce& host) override {
+    GS_RETURN_IF_ERROR(Select());
+    return ViaHost(bucket, bytes, deadline, traffic, host, copy_in);
+  }
+
+  StatusOr<std::shared_ptr<std::vector<uint8_t>>> EncodePartition(
+      int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
+      const compression::CompressContext& ctx, Deadline deadline) override {
+    GS_RETURN_IF_ERROR(Select());
+    std::unique_ptr<State>& slot = partitions_[{bucket, partition}];
+    if (slot == nullptr) slot = std::make_unique<State>();
+    State& st = *slot;
+    if (st.spec != spec) {
+      GS_ASSIGN_OR_RETURN(st.codec, CodecOf(spec));
+      st.spec = spec;
+    }
+    if (st.codec.kind == Codec::kNone || st.codec.kind == Codec::kHost) {
+      return InvalidArgumentError("compression \"" + spec + "\" has no device form");
+    }
+    if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
+    auto* data = reinterpret_cast<float*>(Bucket(bucket)) + offset;
+    GS_ASSIGN_OR_RETURN(Code code, MakeCode(st.codec, data, count,
+                                            reinterpret_cast<float*>(st.residual.get()),
+                                            st.has_residual,
+                                            kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}));
+    GS_RETURN_IF_ERROR(wire_.Reserve(code.wire_bytes + 4, "compressed bytes"));
+    GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+    if (st.codec.ef) st.has_residual = true;
+    auto bytes = std::make_shared<std::vector<uint8_t>>(code.wire_bytes);
+    GS_RETURN_IF_ERROR(wire_host_.Reserve(code.wire_bytes + 4, "compressed bytes"));
+    GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), code.wire_bytes, deadline));
+    if (!bytes->empty()) std::memcpy(bytes->data(), wire_host_.get(), bytes->size());
+    return bytes;
   }
 
   Status Unstage(int bucket, size_t offset, void* data, size_t bytes) override {
@@ -294,9 +331,13 @@ class CudaGradients : public DeviceGradients {
 
   // The bucket goes to `host` as a pinned copy and comes back.
   Status ViaHost(int bucket, size_t bytes, Deadline deadline, BucketCompression::Traffic* traffic,
-                 const HostReduce& host) {
+                 const HostReduce& host, bool copy_in = true) {
     GS_RETURN_IF_ERROR(mirror_.Reserve(bytes, "the host copy of a bucket"));
-    GS_RETURN_IF_ERROR(ToHost(mirror_.get(), Bucket(bucket), bytes, deadline));
+    if (copy_in) {
+      GS_RETURN_IF_ERROR(ToHost(mirror_.get(), Bucket(bucket), bytes, deadline));
+    } else {
+      GS_RETURN_IF_ERROR(Wait(deadline));  // earlier results still being copied from mirror_
+    }
     GS_RETURN_IF_ERROR(host(mirror_.get(), traffic));
     return ToDevice(Bucket(bucket), mirror_.get(), bytes);
   }
@@ -312,156 +353,157 @@ class CudaGradients : public DeviceGradients {
                 "copying to the GPU");
   }
 
-  // A summable code: `elems` values of `dtype` that the backend sums.
-  struct Summable {
-    size_t elems;
-    DType dtype;
-    std::function<Status(uint8_t* wire)> encode;
-    std::function<Status(const uint8_t* wire, float* out)> decode;
-  };
-
-  // A code every rank's bytes of which are gathered, decoded and summed in
-  // rank order, as the CPU path does. `check` vets a peer's bytes on the
-  // host before the GPU reads them.
-  struct Gathered {
-    size_t wire_bytes;
+  // What a codec makes of data[0, n): the bytes that travel, how they are
+  // combined (summed by the backend, or gathered and decoded rank by rank,
+  // as the CPU path does), and how they decode. `check` vets a peer's bytes
+  // on the host before the GPU reads them.
+  struct Code {
+    bool summable = false;
+    DType dtype = DType::kU8;  // summable: `elems` values of it travel
+    size_t elems = 0;
+    size_t wire_bytes = 0;
     std::function<Status(uint8_t* wire)> encode;
     std::function<Status(const uint8_t* host_wire, int rank)> check;
     std::function<Status(const uint8_t* wire, float* out)> decode;
   };
 
-  Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
-                          Collectives& backend, bool nccl, const OpTag& tag, Deadline deadline,
-                          BucketCompression::Traffic* traffic) {
-    const Codec& c = st.codec;
-    auto* residual = reinterpret_cast<float*>(st.residual.get());
-    const bool has = st.has_residual;
+  StatusOr<Code> MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
+                          const kernels::SeedContext& ctx) {
     const size_t chunks = c.chunk > 0 ? kernels::NumChunks(n, c.chunk) : 0;
+    const cudaStream_t stream = stream_;
+    Code code;
+    code.check = [](const uint8_t*, int) { return Status(); };
     switch (c.kind) {
       case Codec::kHalf: {
         const bool fp16 = c.half == kernels::Float16Format::kFp16;
-        Summable code{n, fp16 ? DType::kF16 : DType::kBF16,
-                      [&](uint8_t* w) {
-                        auto* wire = reinterpret_cast<uint16_t*>(w);
-                        if (c.ef) return kernels::EfFloat16Cuda(c.half, data, residual, has, n, wire, stream_);
-                        return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream_)
-                                    : kernels::FloatToBf16Cuda(data, wire, n, stream_);
-                      },
-                      [&](const uint8_t* w, float* out) {
-                        auto* wire = reinterpret_cast<const uint16_t*>(w);
-                        return fp16 ? kernels::HalfToFloatCuda(wire, out, n, stream_)
-                                    : kernels::Bf16ToFloatCuda(wire, out, n, stream_);
-                      }};
-        return ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic);
+        code.summable = true;
+        code.dtype = fp16 ? DType::kF16 : DType::kBF16;
+        code.elems = n;
+        code.wire_bytes = 2 * n;
+        code.encode = [=](uint8_t* w) {
+          auto* wire = reinterpret_cast<uint16_t*>(w);
+          if (c.ef) return kernels::EfFloat16Cuda(c.half, data, residual, has, n, wire, stream);
+          return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream)
+                      : kernels::FloatToBf16Cuda(data, wire, n, stream);
+        };
+        code.decode = [=](const uint8_t* w, float* out) {
+          auto* wire = reinterpret_cast<const uint16_t*>(w);
+          return fp16 ? kernels::HalfToFloatCuda(wire, out, n, stream)
+                      : kernels::Bf16ToFloatCuda(wire, out, n, stream);
+        };
+        return code;
       }
       case Codec::kRandomK: {
         // Every rank draws the same indices from the context, on the host.
-        const size_t k = kernels::SparseKeepCount(c.ratio, n);
-        const std::vector<uint32_t> indices = kernels::RandomKIndicesCpu(ctx, n, k);
         // Unbiased (n / k) alone; with error feedback the dropped part is
         // carried instead (compression/registry.cc), so the scale is 1.
+        const size_t k = kernels::SparseKeepCount(c.ratio, n);
+        const std::vector<uint32_t> indices = kernels::RandomKIndicesCpu(ctx, n, k);
         const float scale = c.ef ? 1.0f : kernels::RandomKScale(n, k);
         GS_RETURN_IF_ERROR(indices_.Reserve(4 * k + 4, "random-k indices"));
         auto* idx = reinterpret_cast<uint32_t*>(indices_.get());
+        // From pageable memory: staged before the call returns.
         GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice,
-                                                stream_),
+                                                stream),
                                 "copying random-k indices to the GPU"));
-        Summable code{k, DType::kF32,
-                      [&](uint8_t* w) {
-                        auto* values = reinterpret_cast<float*>(w);
-                        if (c.ef) {
-                          return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale,
-                                                        values, stream_);
-                        }
-                        return kernels::GatherCuda(data, idx, k, values, stream_);
-                      },
-                      [&](const uint8_t* w, float* out) {
-                        return kernels::ScatterCuda(reinterpret_cast<const float*>(w), idx, k,
-                                                    scale, n, out, stream_);
-                      }};
-        GS_RETURN_IF_ERROR(ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic));
-        return Wait(deadline);  // `indices` is read by the copy above
+        code.summable = true;
+        code.dtype = DType::kF32;
+        code.elems = k;
+        code.wire_bytes = 4 * k;
+        code.encode = [=](uint8_t* w) {
+          auto* values = reinterpret_cast<float*>(w);
+          if (c.ef) return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale, values, stream);
+          return kernels::GatherCuda(data, idx, k, values, stream);
+        };
+        code.decode = [=](const uint8_t* w, float* out) {
+          return kernels::ScatterCuda(reinterpret_cast<const float*>(w), idx, k, scale, n, out,
+                                      stream);
+        };
+        return code;
       }
       case Codec::kTopK: {
         const size_t k = kernels::SparseKeepCount(c.ratio, n);
         const size_t vb = c.values == kernels::SparseValueFormat::kF16 ? 2 : 4;
         const size_t ws = kernels::TopKWorkspaceBytes(n);
         GS_RETURN_IF_ERROR(workspace_.Reserve(ws, "the top-k workspace"));
-        Gathered code{k * (4 + vb),
-                      [&](uint8_t* w) {
-                        auto* idx = reinterpret_cast<int32_t*>(w);
-                        if (c.ef) {
-                          return kernels::EfTopKCuda(data, residual, has, n, k, c.values, idx,
-                                                     w + 4 * k, workspace_.get(), ws, stream_);
-                        }
-                        return kernels::TopKCuda(data, n, k, c.values, idx, w + 4 * k,
-                                                 workspace_.get(), ws, stream_);
-                      },
-                      [&](const uint8_t* w, int rank) { return CheckSparse(w, k, n, rank); },
-                      [&](const uint8_t* w, float* out) {
-                        return kernels::SparseDecompressCuda(reinterpret_cast<const int32_t*>(w),
-                                                             w + 4 * k, c.values, k, n, out,
-                                                             stream_);
-                      }};
-        return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+        uint8_t* workspace = workspace_.get();
+        code.wire_bytes = k * (4 + vb);
+        code.encode = [=](uint8_t* w) {
+          auto* idx = reinterpret_cast<int32_t*>(w);
+          if (c.ef) {
+            return kernels::EfTopKCuda(data, residual, has, n, k, c.values, idx, w + 4 * k,
+                                       workspace, ws, stream);
+          }
+          return kernels::TopKCuda(data, n, k, c.values, idx, w + 4 * k, workspace, ws, stream);
+        };
+        code.check = [=](const uint8_t* w, int rank) { return CheckSparse(w, k, n, rank); };
+        code.decode = [=](const uint8_t* w, float* out) {
+          return kernels::SparseDecompressCuda(reinterpret_cast<const int32_t*>(w), w + 4 * k,
+                                               c.values, k, n, out, stream);
+        };
+        return code;
       }
       case Codec::kSign: {
-        Gathered code{4 * chunks + (n + 7) / 8,
-                      [&](uint8_t* w) {
-                        auto* scales = reinterpret_cast<float*>(w);
-                        uint8_t* bits = w + 4 * chunks;
-                        if (c.ef) {
-                          return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits,
-                                                     stream_);
-                        }
-                        return kernels::SignEncodeCuda(data, n, c.chunk, scales, bits, stream_);
-                      },
-                      [](const uint8_t*, int) { return Status(); },  // every bit pattern decodes
-                      [&](const uint8_t* w, float* out) {
-                        return kernels::SignDecodeCuda(reinterpret_cast<const float*>(w),
-                                                       w + 4 * chunks, n, c.chunk, out, stream_);
-                      }};
-        return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+        code.wire_bytes = 4 * chunks + (n + 7) / 8;  // every bit pattern decodes
+        code.encode = [=](uint8_t* w) {
+          auto* scales = reinterpret_cast<float*>(w);
+          uint8_t* bits = w + 4 * chunks;
+          if (c.ef) return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits, stream);
+          return kernels::SignEncodeCuda(data, n, c.chunk, scales, bits, stream);
+        };
+        code.decode = [=](const uint8_t* w, float* out) {
+          return kernels::SignDecodeCuda(reinterpret_cast<const float*>(w), w + 4 * chunks, n,
+                                         c.chunk, out, stream);
+        };
+        return code;
       }
       case Codec::kQsgd: {
         const uint64_t key = kernels::QsgdKey(ctx);
-        Gathered code{4 * chunks + n,
-                      [&](uint8_t* w) {
-                        auto* norms = reinterpret_cast<float*>(w);
-                        auto* q = reinterpret_cast<int8_t*>(w + 4 * chunks);
-                        if (c.ef) {
-                          return kernels::EfQsgdCuda(data, residual, has, n, c.chunk, c.levels,
-                                                     key, norms, q, stream_);
-                        }
-                        return kernels::QsgdEncodeCuda(data, n, c.chunk, c.levels, key, norms, q,
-                                                       stream_);
-                      },
-                      [&](const uint8_t* w, int rank) -> Status {
-                        const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks);
-                        for (size_t i = 0; i < n; ++i) {
-                          if (q[i] > c.levels || q[i] < -c.levels) {
-                            return InvalidArgumentError(
-                                "qsgd bytes of rank " + std::to_string(rank) + ": level " +
-                                std::to_string(q[i]) + " at " + std::to_string(i) +
-                                " exceeds " + std::to_string(c.levels));
-                          }
-                        }
-                        return Status();
-                      },
-                      [&](const uint8_t* w, float* out) {
-                        return kernels::QsgdDecodeCuda(reinterpret_cast<const float*>(w),
-                                                       reinterpret_cast<const int8_t*>(
-                                                           w + 4 * chunks),
-                                                       n, c.chunk, c.levels, out, stream_);
-                      }};
-        return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+        code.wire_bytes = 4 * chunks + n;
+        code.encode = [=](uint8_t* w) {
+          auto* norms = reinterpret_cast<float*>(w);
+          auto* q = reinterpret_cast<int8_t*>(w + 4 * chunks);
+          if (c.ef) {
+            return kernels::EfQsgdCuda(data, residual, has, n, c.chunk, c.levels, key, norms, q,
+                                       stream);
+          }
+          return kernels::QsgdEncodeCuda(data, n, c.chunk, c.levels, key, norms, q, stream);
+        };
+        code.check = [=](const uint8_t* w, int rank) -> Status {
+          const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks);
+          for (size_t i = 0; i < n; ++i) {
+            if (q[i] > c.levels || q[i] < -c.levels) {
+              return InvalidArgumentError("qsgd bytes of rank " + std::to_string(rank) +
+                                          ": level " + std::to_string(q[i]) + " at " +
+                                          std::to_string(i) + " exceeds " +
+                                          std::to_string(c.levels));
+            }
+          }
+          return Status();
+        };
+        code.decode = [=](const uint8_t* w, float* out) {
+          return kernels::QsgdDecodeCuda(reinterpret_cast<const float*>(w),
+                                         reinterpret_cast<const int8_t*>(w + 4 * chunks), n,
+                                         c.chunk, c.levels, out, stream);
+        };
+        return code;
       }
       default:
         return InternalError("no device form for this compressor");
     }
   }
 
-  Status ReduceSummable(float* data, size_t n, const Summable& code, Collectives& backend,
+  Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
+                          Collectives& backend, bool nccl, const OpTag& tag, Deadline deadline,
+                          BucketCompression::Traffic* traffic) {
+    GS_ASSIGN_OR_RETURN(Code code,
+                        MakeCode(st.codec, data, n, reinterpret_cast<float*>(st.residual.get()),
+                                 st.has_residual, ctx));
+    if (code.summable) return ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic);
+    return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+  }
+
+  Status ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend,
                         bool nccl, const OpTag& tag, Deadline deadline,
                         BucketCompression::Traffic* traffic) {
     const size_t wb = code.elems * DTypeSize(code.dtype);
@@ -483,7 +525,7 @@ class CudaGradients : public DeviceGradients {
     return kernels::DivideFloatCuda(data, n, static_cast<float>(backend.world_size()), stream_);
   }
 
-  Status ReduceGathered(float* data, size_t n, const Gathered& code, Collectives& backend,
+  Status ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend,
                         bool nccl, const OpTag& tag, Deadline deadline,
                         BucketCompression::Traffic* traffic) {
     const size_t wb = code.wire_bytes;
@@ -529,6 +571,8 @@ class CudaGradients : public DeviceGradients {
   std::mutex stage_mu_;  // Stage: event_ is recorded and waited on as one
   std::vector<std::unique_ptr<DeviceBuffer>> buckets_;
   std::vector<std::unique_ptr<State>> state_;
+  // The parameter-server path compresses each partition with its own state.
+  std::map<std::pair<int, uint32_t>, std::unique_ptr<State>> partitions_;
   DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_;
   PinnedBuffer mirror_, wire_host_, gathered_host_;
 };

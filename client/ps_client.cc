@@ -156,6 +156,15 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
     const PartitionSpan& span = plan_[p];
     const compression::CompressContext ctx = compression::PartitionContext(
         c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
+    if (c_->partition_encoder_) {
+      GS_ASSIGN_OR_RETURN(wire::Payload payload,
+                          c_->partition_encoder_(bucket_, span.partition, span.offset,
+                                                 span.count, ctx));
+      parts_[p].encoding.compression = bucket->encoders[p]->family();
+      parts_[p].encoding.codec = bucket->encoders[p]->spec();
+      parts_[p].compressed = std::move(payload);
+      continue;
+    }
     const float* values = reinterpret_cast<const float*>(data_) + span.offset;
     GS_ASSIGN_OR_RETURN(wire::Payload payload,
                         bucket->encoders[p]->Encode(values, span.count, ctx,
@@ -406,6 +415,14 @@ Status PsClient::SetCompression(uint32_t bucket, const std::string& spec) {
   }
   b.spec = spec;
   return Status();
+}
+
+bool PsClient::PushesRaw(uint32_t bucket) const {
+  auto it = buckets_.find(bucket);
+  if (it == buckets_.end() || it->second.spec == "none") return true;
+  const BucketState& b = it->second;
+  const uint64_t round = b.count == 0 ? (options_.server_optimizer ? 0 : 1) : b.next_round;
+  return round == 0;
 }
 
 void PsClient::CountRejected(wire::ErrorCode code) {

@@ -125,6 +125,21 @@ class PsClient : public Collectives {
   // first AllReduce. InvalidArgument for a spec the shards cannot decode.
   Status SetCompression(uint32_t bucket, const std::string& spec);
 
+  // Compresses partition `partition` of bucket `bucket` (its `count`
+  // elements from element `offset` of the bucket) with the bucket's spec and
+  // context `ctx` into one payload, the bytes the host encoder would make.
+  using PartitionEncoder = std::function<StatusOr<wire::Payload>(
+      uint32_t bucket, uint32_t partition, size_t offset, size_t count,
+      const compression::CompressContext& ctx)>;
+  // Compressed pushes are made by `encoder` (the CUDA gradients' device
+  // compression) instead of on the host. Before the first AllReduce.
+  void SetPartitionEncoder(PartitionEncoder encoder) { partition_encoder_ = std::move(encoder); }
+  // Whether the next AllReduce of `bucket` reads the caller's buffer to
+  // push: uncompressed, or the round that initialises the shards. Otherwise
+  // every push comes from the partition encoder and the buffer only
+  // receives the result.
+  bool PushesRaw(uint32_t bucket) const;
+
   // The payload bytes the last AllReduce pushed and received.
   struct Traffic {
     size_t sent = 0;
@@ -161,6 +176,7 @@ class PsClient : public Collectives {
   size_t reply_elem_bytes_ = 4;  // of a reply element in reply_codec
   wire::Compression reply_family_ = wire::Compression::None;
   Traffic last_traffic_;
+  PartitionEncoder partition_encoder_;
   uint64_t seq_ = 0;
   Status broken_;
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, resent_{0}, rejected_{0}, stray_{0};

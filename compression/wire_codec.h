@@ -93,6 +93,9 @@ class PayloadEncoder {
                                  const CompressContext& ctx,
                                  wire::DataFields* fields);
   size_t WireBytes(size_t n) const { return compressor_->WireBytes(n); }
+  // What Encode puts in DataFields.compression and .codec.
+  wire::Compression family() const { return family_; }
+  const std::string& spec() const { return spec_; }
 
  private:
   PayloadEncoder(std::unique_ptr<Compressor> c, std::string spec,

@@ -92,8 +92,15 @@ TEST_F(DeviceGradientsTest, ParameterServerTwoProcesses) {
   RunJobs(2, 1, {"--path=ps", "--f32_only"});
 }
 
-TEST_F(DeviceGradientsTest, ParameterServerTwoProcessesCompressed) {
+// Compressed pushes are made on the GPU, partition by partition (fc1.weight's
+// bucket spans two 4 MiB partitions), each with its own residual. (QSGD and
+// random-k are left out: on this path they draw from the job id, which
+// differs between the two jobs.)
+TEST_F(DeviceGradientsTest, ParameterServerTwoProcessesCompressedOnTheDevice) {
   RunJobs(2, 1, {"--path=ps", "--f32_only", "--compression=fp16"});
+  RunJobs(2, 1, {"--path=ps", "--f32_only", "--compression=fp16:ef=1",
+                 "--compression_overrides=fc1.weight=topk:ratio=0.01,ef=1;"
+                 "fc2.weight=sign:ef=1;embedding=bf16"});
 }
 
 TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
