@@ -1,5 +1,6 @@
 #include "client/bucket_compression.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "client/elementwise.h"
@@ -66,6 +67,7 @@ Status BucketCompression::Assign(const std::vector<BucketInfo>& buckets) {
     if (spec == "none") continue;
     if (compression::PowerSgd::Names(spec)) {
       GS_ASSIGN_OR_RETURN(powersgd_[b.id], compression::PowerSgd::Create(spec));
+      layouts_[b.id] = b.tensors;
       continue;
     }
     GS_ASSIGN_OR_RETURN(compressors_[b.id], registry_.Create(spec));
@@ -113,6 +115,9 @@ Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::Powe
                                          float* data, size_t count, const OpTag& tag,
                                          const compression::CompressContext& ctx,
                                          Deadline deadline, Traffic* traffic) {
+  bool done = false;
+  GS_RETURN_IF_ERROR(ReducePowerSgdTensors(backend, p, data, tag, ctx, deadline, traffic, &done));
+  if (done) return Status();
   const size_t bytes = p.WireBytes(count);
   *traffic = Traffic{bytes, bytes, false};
   // Both factors travel under the bucket's tag, one after the other.
@@ -120,6 +125,48 @@ Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::Powe
     return backend.AllReduce(factor, elems, DType::kF32, ReduceOp::kSum, tag, deadline);
   };
   return p.Reduce(data, count, ctx, backend.world_size(), sum);
+}
+
+Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p,
+                                                float* data, const OpTag& tag,
+                                                const compression::CompressContext& ctx,
+                                                Deadline deadline, Traffic* traffic, bool* done) {
+  const std::vector<BucketTensor>& layout = layouts_[ctx.bucket_id];
+  auto is_matrix = [](const BucketTensor& t) { return t.rows >= 2 && t.cols >= 2; };
+  *done = std::any_of(layout.begin(), layout.end(), is_matrix);
+  if (!*done) return Status();
+  // Every factor, and then the vectors, travel under the bucket's tag, one
+  // after the other, in bucket order on every rank.
+  auto sum = [&](float* values, size_t elems) {
+    return backend.AllReduce(values, elems, DType::kF32, ReduceOp::kSum, tag, deadline);
+  };
+  size_t bytes = 0;
+  scratch_.clear();
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const BucketTensor& t = layout[i];
+    if (!is_matrix(t)) {
+      scratch_.insert(scratch_.end(), data + t.offset, data + t.offset + t.count);
+      continue;
+    }
+    const compression::PowerSgdShape shape{t.rows, t.cols};
+    GS_RETURN_IF_ERROR(
+        p.ReduceTensor(data + t.offset, shape, ctx, static_cast<uint32_t>(i), backend.world_size(), sum));
+    bytes += (t.rows + t.cols) * p.RankForMatrix(shape) * sizeof(float);
+  }
+  if (!scratch_.empty()) {
+    GS_RETURN_IF_ERROR(backend.AllReduce(scratch_.data(), scratch_.size(), DType::kF32,
+                                         ReduceOp::kAverage, tag, deadline));
+    size_t at = 0;
+    for (const BucketTensor& t : layout) {
+      if (is_matrix(t)) continue;
+      std::copy(scratch_.begin() + static_cast<std::ptrdiff_t>(at),
+                scratch_.begin() + static_cast<std::ptrdiff_t>(at + t.count), data + t.offset);
+      at += t.count;
+    }
+    bytes += scratch_.size() * sizeof(float);
+  }
+  *traffic = Traffic{bytes, bytes, false};
+  return Status();
 }
 
 Status BucketCompression::ReduceSummable(Collectives& backend, compression::Compressor& c,

@@ -19,6 +19,9 @@
 // powersgd.h; always with error feedback and warm start) all-reduces its two
 // rank-R factors in fp32, (rows + cols) * R floats for a bucket viewed as a
 // rows x cols matrix, and every rank rebuilds the same average from them.
+// When a bucket holds tensors whose shapes were registered, each such tensor
+// of at least 2 x 2 is its own matrix (rows = first dimension) and the
+// others (biases, norms) are all-reduced uncompressed, as one.
 // Each bucket has its own compressor instance, so error-feedback residuals
 // are per bucket.
 //
@@ -41,11 +44,21 @@
 
 namespace gradsync::client {
 
+// A tensor of a bucket: where it sits and, when the trainer registered its
+// shape, its matrix view (rows x cols; 0 x 0 without a shape).
+struct BucketTensor {
+  size_t offset = 0;  // elements into the bucket
+  size_t count = 0;
+  size_t rows = 0;
+  size_t cols = 0;
+};
+
 struct BucketInfo {
   uint32_t id = 0;
   DType dtype = DType::kF32;
   size_t bytes = 0;
   std::vector<std::string> tensor_names;
+  std::vector<BucketTensor> tensors;  // in bucket order
 };
 
 class BucketCompression {
@@ -79,6 +92,11 @@ class BucketCompression {
   Status ReducePowerSgd(Collectives& backend, compression::PowerSgd& p, float* data,
                         size_t count, const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline, Traffic* traffic);
+  // PowerSGD tensor by tensor (see above); false in *done when the bucket
+  // has no tensor with a matrix shape.
+  Status ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p, float* data,
+                               const OpTag& tag, const compression::CompressContext& ctx,
+                               Deadline deadline, Traffic* traffic, bool* done);
   Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data,
                         size_t count, const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline);
@@ -93,6 +111,7 @@ class BucketCompression {
   std::map<uint32_t, std::string> specs_;         // bucket -> spec
   std::map<uint32_t, std::unique_ptr<compression::Compressor>> compressors_;
   std::map<uint32_t, std::unique_ptr<compression::PowerSgd>> powersgd_;
+  std::map<uint32_t, std::vector<BucketTensor>> layouts_;  // bucket -> its tensors
   std::vector<uint8_t> wire_;
   std::vector<uint8_t> gathered_;
   std::vector<float> scratch_;

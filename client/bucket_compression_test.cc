@@ -61,7 +61,7 @@ TEST_P(BucketCompressionTest, AverageMatchesTheReferenceOnEveryRank) {
   std::vector<std::vector<float>> data;
   for (int r = 0; r < kWorld; ++r) {
     bcs.push_back(Make({{"compression", spec}}));
-    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kCount * 4, {"w"}}}).ok());
+    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kCount * 4, {"w"}, {}}}).ok());
     data.push_back(Gradient(r));
   }
   EXPECT_EQ(bcs[0]->SpecOf(0), spec);
@@ -125,7 +125,7 @@ TEST_P(PowerSgdBucketTest, SameBitsOnEveryRankAsStandalonePowerSgd) {
   std::vector<std::unique_ptr<compression::PowerSgd>> reference;
   for (int r = 0; r < kWorld; ++r) {
     bcs.push_back(Make({{"compression", spec}, {"compression_min_bytes", "0"}}));
-    ASSERT_TRUE(bcs.back()->Assign({{5, DType::kF32, count * 4, {"w"}}}).ok());
+    ASSERT_TRUE(bcs.back()->Assign({{5, DType::kF32, count * 4, {"w"}, {}}}).ok());
     reference.push_back(compression::PowerSgd::Create(spec).value());
   }
   for (uint64_t step = 1; step <= 2; ++step) {
@@ -164,7 +164,7 @@ TEST(PowerSgdBucketTest, FullRankIsThePlainAverage) {
   std::vector<double> avg(kSquare, 0.0);
   for (int r = 0; r < kWorld; ++r) {
     bcs.push_back(Make({{"compression", "powersgd:rank=64"}, {"compression_min_bytes", "0"}}));
-    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kSquare * 4, {"w"}}}).ok());
+    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kSquare * 4, {"w"}, {}}}).ok());
     data.push_back(Gradient(r));
     data.back().resize(kSquare);
     for (size_t i = 0; i < kSquare; ++i) avg[i] += data.back()[i] / kWorld;
@@ -187,11 +187,11 @@ TEST(BucketCompressionChoiceTest, ThresholdDtypeAndOverrides) {
   auto bc = Make({{"compression", "topk:ratio=0.01,ef=1"},
                   {"compression_min_bytes", "1000"},
                   {"compression_overrides", "2=fp16;fc.bias=sign"}});
-  ASSERT_TRUE(bc->Assign({{0, DType::kF32, 4000, {"a", "b"}},
-                          {1, DType::kF32, 400, {"tiny"}},
-                          {2, DType::kF32, 4000, {"c"}},
-                          {3, DType::kF32, 4000, {"d", "fc.bias"}},
-                          {4, DType::kBF16, 4000, {"e"}}})
+  ASSERT_TRUE(bc->Assign({{0, DType::kF32, 4000, {"a", "b"}, {}},
+                          {1, DType::kF32, 400, {"tiny"}, {}},
+                          {2, DType::kF32, 4000, {"c"}, {}},
+                          {3, DType::kF32, 4000, {"d", "fc.bias"}, {}},
+                          {4, DType::kBF16, 4000, {"e"}, {}}})
                   .ok());
   EXPECT_EQ(bc->SpecOf(0), "topk:ratio=0.01,ef=1");
   EXPECT_EQ(bc->SpecOf(1), "none");  // below compression_min_bytes
@@ -219,13 +219,57 @@ TEST(BucketCompressionChoiceTest, PowerSgdIsAChoiceLikeAnyCompressor) {
   auto bc = Make({{"compression", "powersgd:rank=2"},
                   {"compression_min_bytes", "1000"},
                   {"compression_overrides", "b=powersgd:rank=8,ef=1;2=fp16"}});
-  ASSERT_TRUE(bc->Assign({{0, DType::kF32, 4000, {"a"}},
-                          {1, DType::kF32, 4000, {"b"}},
-                          {2, DType::kF32, 4000, {"c"}}})
+  ASSERT_TRUE(bc->Assign({{0, DType::kF32, 4000, {"a"}, {}},
+                          {1, DType::kF32, 4000, {"b"}, {}},
+                          {2, DType::kF32, 4000, {"c"}, {}}})
                   .ok());
   EXPECT_EQ(bc->SpecOf(0), "powersgd:rank=2");
   EXPECT_EQ(bc->SpecOf(1), "powersgd:rank=8,ef=1");
   EXPECT_EQ(bc->SpecOf(2), "fp16");
+}
+
+}  // namespace
+}  // namespace gradsync::client
+
+namespace gradsync::client {
+namespace {
+
+// A bucket of a 40 x 30 weight of rank 2 on every rank, its bias and a
+// second 8 x 16 weight: each weight is its own matrix and comes back
+// exactly (rank 4 >= 2), the bias is averaged uncompressed, every rank ends
+// with the same bits, and the traffic is the factors plus the bias.
+TEST(PowerSgdBucketTest, RegisteredShapesMakeOneMatrixPerTensor) {
+  const size_t kW = 40 * 30, kB = 30, kV = 8 * 16;
+  const std::vector<BucketTensor> layout = {{0, kW, 40, 30}, {kW, kB, 0, 0}, {kW + kB, kV, 8, 16}};
+  const size_t n = kW + kB + kV;
+  Ring ring(kWorld);
+  std::vector<std::unique_ptr<BucketCompression>> bcs;
+  std::vector<std::vector<float>> data;
+  std::vector<double> avg(n, 0.0);
+  for (int r = 0; r < kWorld; ++r) {
+    bcs.push_back(Make({{"compression", "powersgd:rank=4"}, {"compression_min_bytes", "0"}}));
+    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, n * 4, {"w", "b", "v"}, layout}}).ok());
+    std::vector<float> g(n);
+    // Rank 2 per weight, the same column space on every rank.
+    for (size_t i = 0; i < kW; ++i) {
+      g[i] = static_cast<float>((i / 30 % 7) * (i % 30 % 5) + (r + 1) * (i / 30 % 3) * (i % 30 % 2));
+    }
+    for (size_t i = 0; i < kB; ++i) g[kW + i] = static_cast<float>(r * 3 + i);
+    for (size_t i = 0; i < kV; ++i) g[kW + kB + i] = static_cast<float>((i / 16 + 1) * (i % 16 % 4));
+    for (size_t i = 0; i < n; ++i) avg[i] += g[i] / kWorld;
+    data.push_back(std::move(g));
+  }
+  std::vector<BucketCompression::Traffic> wire(kWorld);
+  auto st = ring.Run([&](int r) {
+    return bcs[r]->Reduce(ring[r], 0, data[r].data(), n, OpTag{3, 0, 1, 9}, 7, Soon(), &wire[r]);
+  });
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(data[0][i], avg[i], 1e-3 * (1 + std::fabs(avg[i]))) << i;
+    ASSERT_EQ(data[0][i], data[kWorld - 1][i]) << i;
+  }
+  for (size_t i = 0; i < kB; ++i) ASSERT_EQ(data[0][kW + i], static_cast<float>(avg[kW + i])) << i;
+  EXPECT_EQ(wire[0].sent, ((40u + 30u) * 4 + (8u + 16u) * 4 + kB) * 4);
 }
 
 }  // namespace

@@ -29,6 +29,10 @@ struct Tensor {
   DType dtype = DType::kF32;
   int bucket = -1;
   size_t offset = 0;       // first element within its bucket
+  // The matrix view of a tensor whose shape was registered: rows = the
+  // first dimension, cols = the product of the others; 0 x 0 without one.
+  size_t rows = 0;
+  size_t cols = 0;
   // Per step:
   bool marked = false;     // marked ready in this (micro-)step
   bool holds_sum = false;  // its bucket region holds earlier micro-steps' sum

@@ -211,13 +211,26 @@ int gs_world_size(const gs_comm* comm, int* out) {
 
 int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
                        int dtype, int32_t* out_id) {
+  return gs_register_tensor_shaped(comm, name, num_elements, dtype, nullptr, 0,
+                                   out_id);
+}
+
+int gs_register_tensor_shaped(gs_comm* comm, const char* name,
+                              size_t num_elements, int dtype,
+                              const size_t* shape, int ndim,
+                              int32_t* out_id) {
   return Guard("gs_register_tensor", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(name, "name"));
     GS_RETURN_IF_ERROR(NotNull(out_id, "out_id"));
     GS_ASSIGN_OR_RETURN(DType d, ToDType(dtype));
+    if (ndim < 0 || ndim > 16 || (ndim > 0 && shape == nullptr)) {
+      return InvalidArgumentError("shape: " + std::to_string(ndim) +
+                                  " dimensions (0 to 16, with a shape array)");
+    }
+    const std::vector<size_t> dims(shape, shape + ndim);
     GS_ASSIGN_OR_RETURN(TensorId id,
-                        comm->comm->RegisterTensor(name, num_elements, d));
+                        comm->comm->RegisterTensor(name, num_elements, d, dims));
     *out_id = id;
     return OkStatus();
   });

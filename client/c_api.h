@@ -133,6 +133,15 @@ int gs_world_size(const gs_comm* comm, int* out);
 int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
                        int dtype, int32_t* out_id);
 
+/* gs_register_tensor with the tensor's shape: `ndim` (0 to 16) dimensions
+ * whose product is `num_elements`. PowerSGD then approximates a tensor of 2
+ * or more dimensions as its own shape[0] x (the rest) matrix. ndim 0 is no
+ * shape. GS_INVALID_ARGUMENT also for a shape whose product differs. */
+int gs_register_tensor_shaped(gs_comm* comm, const char* name,
+                              size_t num_elements, int dtype,
+                              const size_t* shape, int ndim,
+                              int32_t* out_id);
+
 /* Hands over the gradient of tensor `id` for this step; does not block.
  * `data` holds the tensor's elements and receives the gradient averaged over
  * the workers; it must stay valid and untouched until the operation

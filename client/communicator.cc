@@ -155,7 +155,8 @@ class Communicator::Impl {
   int world_size() const { return session_->num_workers(); }
   const char* backend() const { return backend_->name(); }
 
-  StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype);
+  StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype,
+                              const std::vector<size_t>& shape);
   StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done, void* stream);
   // dst = src, each host memory or (with CUDA gradients) device memory.
   Status CopyUser(void* dst, const void* src, size_t bytes) {
@@ -386,14 +387,29 @@ void Communicator::Impl::Fail(const Status& why) {
   for (auto& h : pending) h->Complete(why);
 }
 
-StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t n, DType dtype) {
+StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t n, DType dtype,
+                                                 const std::vector<size_t>& shape) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finalized_) {
     return FailedPreconditionError("tensor '" + name +
                                    "' registered after the first MarkReady; register every "
                                    "tensor before training starts");
   }
-  return bucketer_.Add(name, n, dtype);
+  size_t product = shape.empty() ? n : 1;
+  for (size_t d : shape) product *= d;
+  if (product != n) {
+    std::string dims;
+    for (size_t d : shape) dims += (dims.empty() ? "" : " x ") + std::to_string(d);
+    return InvalidArgumentError("tensor '" + name + "' has shape " + dims + " but " +
+                                std::to_string(n) + " elements");
+  }
+  GS_ASSIGN_OR_RETURN(TensorId id, bucketer_.Add(name, n, dtype));
+  if (shape.size() >= 2) {
+    Tensor& t = bucketer_.tensor(id);
+    t.rows = shape[0];
+    t.cols = n / shape[0];
+  }
+  return id;
 }
 
 Status Communicator::Impl::FinalizeLocked() {
@@ -410,8 +426,12 @@ Status Communicator::Impl::FinalizeLocked() {
   }
   std::vector<BucketInfo> infos;
   for (const Bucket& b : bucketer_.buckets()) {
-    BucketInfo info{b.id, b.dtype, b.bytes(), {}};
-    for (TensorId id : b.tensors) info.tensor_names.push_back(bucketer_.tensor(id).name);
+    BucketInfo info{b.id, b.dtype, b.bytes(), {}, {}};
+    for (TensorId id : b.tensors) {
+      const Tensor& t = bucketer_.tensor(id);
+      info.tensor_names.push_back(t.name);
+      info.tensors.push_back(BucketTensor{t.offset, t.count, t.rows, t.cols});
+    }
     infos.push_back(std::move(info));
   }
   GS_RETURN_IF_ERROR(compression_->Assign(infos));
@@ -723,7 +743,12 @@ const char* Communicator::backend() const { return impl_->backend(); }
 
 StatusOr<TensorId> Communicator::RegisterTensor(const std::string& name, size_t num_elements,
                                                 DType dtype) {
-  return impl_->Register(name, num_elements, dtype);
+  return impl_->Register(name, num_elements, dtype, {});
+}
+
+StatusOr<TensorId> Communicator::RegisterTensor(const std::string& name, size_t num_elements,
+                                                DType dtype, const std::vector<size_t>& shape) {
+  return impl_->Register(name, num_elements, dtype, shape);
 }
 
 StatusOr<SyncHandle> Communicator::MarkReady(TensorId id, void* data, Callback done,

@@ -56,6 +56,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "client/collectives.h"
 #include "common/config.h"
@@ -110,6 +111,11 @@ class Communicator {
   // InvalidArgument for an empty or duplicate name, zero elements or a dtype
   // other than f32/f16/bf16.
   StatusOr<TensorId> RegisterTensor(const std::string& name, size_t num_elements, DType dtype);
+  // The same with the tensor's shape (its product is num_elements), which
+  // lets PowerSGD approximate the tensor as its own matrix
+  // (client/bucket_compression.h). An empty shape is no shape.
+  StatusOr<TensorId> RegisterTensor(const std::string& name, size_t num_elements, DType dtype,
+                                    const std::vector<size_t>& shape);
 
   // Hands over the gradient of `id` for this step. `data` holds the tensor's
   // elements and receives the synchronised gradient. `done`, if set, runs on

@@ -173,19 +173,27 @@ const std::vector<float>* PowerSgd::Residual(uint32_t bucket_id) const {
   return it == buckets_.end() ? nullptr : &it->second.residual;
 }
 
-PowerSgd::BucketState& PowerSgd::StateFor(size_t n, const CompressContext& ctx) {
-  BucketState& state = buckets_[ctx.bucket_id];
-  if (state.n == n) return state;
+PowerSgd::BucketState& PowerSgd::StateFor(size_t n, PowerSgdShape s, size_t r,
+                                          const CompressContext& ctx, uint32_t tensor) {
+  // Buckets are keyed by their id; a bucket's tensors by id and index + 1.
+  const uint64_t key = tensor == kWholeBucket
+                           ? ctx.bucket_id
+                           : (uint64_t{1} << 63) | (uint64_t{ctx.bucket_id} << 24) | tensor;
+  BucketState& state = buckets_[key];
+  if (state.n == n && state.rows == s.rows && state.cols == s.cols) return state;
   state.n = n;
+  state.rows = s.rows;
+  state.cols = s.cols;
   state.residual.assign(n, 0.0f);
-  state.q.resize(PowerSgdShapeOf(n).cols * RankFor(n));
-  Xoshiro256 rng(::gradsync::StreamKey(ctx.seed, 0, ctx.bucket_id, kInitialQSalt));
+  state.q.resize(s.cols * r);
+  // The first Q of a tensor is drawn from its index in the step's place.
+  const uint64_t stream = tensor == kWholeBucket ? 0 : uint64_t{tensor} + 1;
+  Xoshiro256 rng(::gradsync::StreamKey(ctx.seed, stream, ctx.bucket_id, kInitialQSalt));
   FillUniform(rng, state.q.data(), state.q.size());
   return state;
 }
 
-void PowerSgd::LoadM(const float* g, size_t n, const BucketState& state) {
-  const PowerSgdShape s = PowerSgdShapeOf(n);
+void PowerSgd::LoadM(const float* g, size_t n, PowerSgdShape s, const BucketState& state) {
   m_.resize(s.rows * s.cols);
   for (size_t i = 0; i < n; ++i) m_[i] = g[i] + state.residual[i];
   std::fill(m_.begin() + static_cast<std::ptrdiff_t>(n), m_.end(), 0.0f);
@@ -194,10 +202,25 @@ void PowerSgd::LoadM(const float* g, size_t n, const BucketState& state) {
 Status PowerSgd::Reduce(float* data, size_t n, const CompressContext& ctx, int world_size,
                         const SumFn& sum) {
   if (n == 0) return OkStatus();
-  const PowerSgdShape s = PowerSgdShapeOf(n);
-  const size_t r = RankFor(n);
-  BucketState& state = StateFor(n, ctx);
-  LoadM(data, n, state);
+  return ReduceAs(data, n, PowerSgdShapeOf(n), RankFor(n), ctx, kWholeBucket, world_size, sum);
+}
+
+size_t PowerSgd::RankForMatrix(PowerSgdShape s) const {
+  return std::min({static_cast<size_t>(rank_), s.rows, s.cols});
+}
+
+Status PowerSgd::ReduceTensor(float* data, PowerSgdShape shape, const CompressContext& ctx,
+                              uint32_t tensor, int world_size, const SumFn& sum) {
+  const size_t n = shape.rows * shape.cols;
+  if (n == 0) return OkStatus();
+  return ReduceAs(data, n, shape, RankForMatrix(shape), ctx, tensor, world_size, sum);
+}
+
+Status PowerSgd::ReduceAs(float* data, size_t n, PowerSgdShape s, size_t r,
+                          const CompressContext& ctx, uint32_t tensor, int world_size,
+                          const SumFn& sum) {
+  BucketState& state = StateFor(n, s, r, ctx, tensor);
+  LoadM(data, n, s, state);
   MultiplyMQ(m_, state.q, s, r, &p_);
   GS_RETURN_IF_ERROR(sum(p_.data(), p_.size()));
   OrthonormaliseColumns(p_.data(), s.rows, r, StreamKey(ctx, kFillSalt));

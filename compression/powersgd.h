@@ -9,10 +9,14 @@
 // sum callback. The registry (registry.h) does not create it; specs name it
 // as "powersgd:rank=R" (R in [1, 64], default 4).
 //
-// Matrix view: the SDK has no tensor shapes, so a flat bucket of n floats is
-// viewed as a row-major rows x cols matrix with rows = ceil(sqrt(n)) and
-// cols = ceil(n / rows) (so cols <= rows), zero padded past n. The rank used
-// is r = min(R, cols): more columns than that cannot carry more.
+// Matrix view: a flat bucket of n floats is viewed as a row-major rows x
+// cols matrix with rows = ceil(sqrt(n)) and cols = ceil(n / rows) (so cols
+// <= rows), zero padded past n. The rank used is r = min(R, cols): more
+// columns than that cannot carry more. A tensor whose shape the trainer
+// registered is reduced as its own matrix instead (ReduceTensor), which is
+// what the low-rank approximation is meant for: one bucket of many layers
+// viewed as a square has no low-rank structure (momentum SGD diverged on
+// it).
 //
 // One Reduce of bucket b, every rank with its own gradient g:
 //   1. M = g + e, e this rank's residual of b (zero at first).
@@ -111,22 +115,41 @@ class PowerSgd {
   Status Reduce(float* data, size_t n, const CompressContext& ctx, int world_size,
                 const SumFn& sum);
 
+  // The same for one tensor of a bucket with a shape of its own: `data`
+  // holds shape.rows x shape.cols floats, row-major (a tensor of shape
+  // [d0, d1, ...] is d0 x (d1 * ...)), with rank r = min(rank(), rows,
+  // cols), and its
+  // own residual and Q, keyed by (ctx.bucket_id, tensor). The first Q is
+  // drawn from the seed, the bucket and the tensor index.
+  Status ReduceTensor(float* data, PowerSgdShape shape, const CompressContext& ctx,
+                      uint32_t tensor, int world_size, const SumFn& sum);
+  // min(rank(), rows, cols).
+  size_t RankForMatrix(PowerSgdShape s) const;
+
   // The residual of `bucket_id` (n floats), or null before its first
   // Reduce. Valid until the next Reduce.
   const std::vector<float>* Residual(uint32_t bucket_id) const;
 
  private:
+  static constexpr uint32_t kWholeBucket = 0xFFFFFFFFu;
+
   struct BucketState {
     size_t n = 0;
+    size_t rows = 0;
+    size_t cols = 0;
     std::vector<float> residual;  // n floats
     std::vector<float> q;         // cols x r, column-major
   };
 
-  BucketState& StateFor(size_t n, const CompressContext& ctx);
-  void LoadM(const float* g, size_t n, const BucketState& state);
+  BucketState& StateFor(size_t n, PowerSgdShape s, size_t r, const CompressContext& ctx,
+                        uint32_t tensor);
+  void LoadM(const float* g, size_t n, PowerSgdShape s, const BucketState& state);
+  // One Reduce of n floats viewed as s (n <= rows x cols, zero padded).
+  Status ReduceAs(float* data, size_t n, PowerSgdShape s, size_t r, const CompressContext& ctx,
+                  uint32_t tensor, int world_size, const SumFn& sum);
 
   const int rank_;
-  std::unordered_map<uint32_t, BucketState> buckets_;
+  std::unordered_map<uint64_t, BucketState> buckets_;
   std::vector<float> m_;         // rows x cols, row-major: g + e, zero padded
   std::vector<float> p_;         // rows x r, column-major
   std::vector<float> q_;         // cols x r, column-major

@@ -373,3 +373,52 @@ TEST(PowerSgdTest, SpecsAreCheckedAtCreate) {
 }  // namespace
 }  // namespace compression
 }  // namespace gradsync
+
+namespace gradsync {
+namespace compression {
+namespace {
+
+// A wide tensor (10 x 128, as a 10-class head) of rank 2 on every rank is
+// recovered by its own matrix, each tensor of a bucket keeping its own
+// residual and Q.
+TEST(PowerSgdTensorTest, EachTensorIsItsOwnMatrix) {
+  constexpr int kWorld = 2;
+  const PowerSgdShape wide{10, 128};
+  const PowerSgdShape tall{48, 6};
+  auto low_rank = [](PowerSgdShape s, uint64_t seed) {
+    const std::vector<float> a = Gaussian(s.rows * 2, 1.0f, seed);
+    const std::vector<float> b = Gaussian(s.cols * 2, 1.0f, seed + 1);
+    std::vector<float> m(s.rows * s.cols, 0.0f);
+    for (size_t i = 0; i < m.size(); ++i) {
+      for (size_t k = 0; k < 2; ++k) m[i] += a[k * s.rows + i / s.cols] * b[k * s.cols + i % s.cols];
+    }
+    return m;
+  };
+  const std::vector<float> g_wide = low_rank(wide, 11), g_tall = low_rank(tall, 21);
+  Ranks ranks(kWorld);
+  std::vector<std::unique_ptr<PowerSgd>> p;
+  for (int r = 0; r < kWorld; ++r) p.push_back(std::make_unique<PowerSgd>(4));
+  EXPECT_EQ(p[0]->RankForMatrix(wide), 4u);
+  EXPECT_EQ(p[0]->RankForMatrix({3, 50}), 3u);
+  for (uint64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> out_wide(kWorld, g_wide), out_tall(kWorld, g_tall);
+    ranks.Run([&](int r) {
+      const CompressContext ctx{kSeed, step, 7};
+      ASSERT_TRUE(p[r]->ReduceTensor(out_wide[r].data(), wide, ctx, 0, kWorld, ranks.SumFor(r)).ok());
+      ASSERT_TRUE(p[r]->ReduceTensor(out_tall[r].data(), tall, ctx, 1, kWorld, ranks.SumFor(r)).ok());
+    });
+    for (size_t i = 0; i < g_wide.size(); ++i) {
+      ASSERT_NEAR(out_wide[0][i], g_wide[i], 1e-3 * (1 + std::fabs(g_wide[i]))) << step << " " << i;
+      ASSERT_EQ(out_wide[0][i], out_wide[1][i]);
+    }
+    for (size_t i = 0; i < g_tall.size(); ++i) {
+      ASSERT_NEAR(out_tall[0][i], g_tall[i], 1e-3 * (1 + std::fabs(g_tall[i]))) << step << " " << i;
+    }
+  }
+  // Bucket-level state of the same bucket id is untouched by the tensors'.
+  EXPECT_EQ(p[0]->Residual(7), nullptr);
+}
+
+}  // namespace
+}  // namespace compression
+}  // namespace gradsync

@@ -45,11 +45,18 @@ class Communicator:
             raise GradsyncError("gradsync was shut down", "failed_precondition")
         return self._handle
 
-    def register(self, name, num_elements, dtype):
-        """Registers a gradient tensor; returns its id (int)."""
+    def register(self, name, num_elements, dtype, shape=None):
+        """Registers a gradient tensor; returns its id (int). `shape` (a
+        sequence of ints) lets PowerSGD treat the tensor as its own matrix."""
         out = ctypes.c_int32()
-        _lib.call("register_tensor", self._live(), name.encode(),
-                  int(num_elements), dtype, ctypes.byref(out))
+        if shape:
+            dims = (ctypes.c_size_t * len(shape))(*[int(d) for d in shape])
+            _lib.call("register_tensor_shaped", self._live(), name.encode(),
+                      int(num_elements), dtype, dims, len(shape),
+                      ctypes.byref(out))
+        else:
+            _lib.call("register_tensor", self._live(), name.encode(),
+                      int(num_elements), dtype, ctypes.byref(out))
         return out.value
 
     def mark_ready(self, tensor_id, address, stream=None):

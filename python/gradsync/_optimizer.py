@@ -75,7 +75,8 @@ class DistributedOptimizer:
             _tensors.gs_dtype(p, "parameter '%s'" % name, self.comm)
         self._server_steps = _server_optimizer(self.comm.settings)
         self._ids = {p: self.comm.register(n, p.numel(),
-                                           _tensors.gs_dtype(p, n, self.comm))
+                                           _tensors.gs_dtype(p, n, self.comm),
+                                           tuple(p.shape))
                      for n, p in self._params}
         self._names = {p: n for n, p in self._params}
         self._no_sync = 0
