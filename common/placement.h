@@ -2,11 +2,16 @@
 // a bucket. Workers and shards compute it independently and agree without
 // asking anyone.
 //
-// A bucket of `count` elements is cut into partitions of at most
-// `partition_bytes` bytes (rounded down to whole elements, at least one
-// element); partition p of bucket b lives on shard
-// JumpConsistentHash(PartitionKey(b, p), num_shards). When the number of
-// shards grows from n to n + 1, only about 1/(n + 1) of the partitions move.
+// A bucket of `count` elements is cut into partitions of equal size (to one
+// element) and at most `partition_bytes` bytes each (whole elements, at least
+// one), as many as a multiple of the number of shards, so that every shard
+// carries an equal share of every bucket, as ps-lite splits a key range
+// evenly over its servers. Partition p of bucket b lives on shard
+// (first(b) + p) mod num_shards, first(b) a hash of b, so that buckets too
+// small to split (partitions are not cut below kMinPartitionElements) still
+// spread over the shards. A change in the number of shards moves partitions
+// and changes their sizes: a checkpoint is restored with the shard count it
+// was written with.
 //
 // Thread-safety: pure functions.
 #ifndef GRADSYNC_COMMON_PLACEMENT_H_
@@ -19,10 +24,9 @@
 namespace gradsync {
 
 constexpr size_t kDefaultPartitionBytes = size_t{4} << 20;
-
-// Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm"
-// (2014): a bucket in [0, num_buckets) for `key`. num_buckets must be >= 1.
-int32_t JumpConsistentHash(uint64_t key, int32_t num_buckets);
+// Partitions are not cut smaller than this many elements to balance shards
+// (nor than partition_bytes allows).
+constexpr size_t kMinPartitionElements = 1024;
 
 // A well-mixed 64-bit key for (bucket, partition).
 uint64_t PartitionKey(uint32_t bucket, uint32_t partition);
