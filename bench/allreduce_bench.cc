@@ -26,9 +26,14 @@
 // rank with the tail of its output; a wrong sum exits with its own code and
 // the bench aborts naming the rank and the implementation.
 //
+// OpenMPI (openmpi_tcp, openmpi; bench/mpi_allreduce.cc) runs after the
+// others for each N, under mpirun in processes of its own, with the same
+// sizes, rounds and timing; its results join the same table and JSON lines.
+//
 //   bazel run --config=opt //bench:allreduce_bench -- --quick
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
-//          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked --chunk_bytes=N
+//          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
+//                  openmpi_tcp,openmpi --chunk_bytes=N
 //          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
 
 #include <sys/socket.h>
@@ -41,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -74,11 +80,15 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 // gradsync_ring_curve: our ring with CurveZMQ (wire/curve.h) on every socket.
+// openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
+// TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
 constexpr const char* kImplNames[] = {"gradsync_ring", "gloo_ring", "gloo_ring_chunked",
-                                      "gradsync_ring_curve"};
-constexpr int kNumImpls = 4;
+                                      "gradsync_ring_curve", "openmpi_tcp", "openmpi"};
+constexpr int kNumImpls = 6;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
+constexpr int kMpiTcp = 4;
+constexpr int kMpi = 5;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -129,7 +139,7 @@ Status ParseLists(const Config& config, Settings* s) {
   GS_ASSIGN_OR_RETURN(std::string sizes, config.GetString("sizes", DefaultSizes(s->quick)));
   GS_ASSIGN_OR_RETURN(std::string impls,
                       config.GetString("impls", "gradsync_ring,gloo_ring,gloo_ring_chunked,"
-                                                "gradsync_ring_curve"));
+                                                "gradsync_ring_curve,openmpi_tcp,openmpi"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -601,6 +611,59 @@ StatusOr<std::vector<Row>> ReadResults(const std::string& path, int world) {
   return rows;
 }
 
+std::string FindMpirun() {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin";
+  for (const std::string& d : Split(dirs, ':')) {
+    const std::string candidate = d + "/mpirun";
+    if (!d.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// MPI_Allreduce over `world` ranks under mpirun, the same sizes and rounds
+// as the others: TCP only (kMpiTcp) or OpenMPI's default (kMpi).
+StatusOr<std::vector<Row>> RunMpi(const Settings& s, const std::string& dir, int world,
+                                  int impl) {
+  const std::string mpirun = FindMpirun();
+  if (mpirun.empty()) {
+    std::printf("(%s skipped: no mpirun on PATH; tools/install_deps.sh installs openmpi-bin)\n",
+                kImplNames[impl]);
+    return std::vector<Row>{};
+  }
+  std::string plan;
+  for (size_t bytes : s.sizes) {
+    plan += (plan.empty() ? "" : ",") + std::to_string(bytes) + ":" +
+            std::to_string(WarmupIters(s, bytes)) + ":" + std::to_string(TimedIters(s, bytes));
+  }
+  const std::string self = SelfPath();
+  const std::string binary = self.substr(0, self.rfind('/') + 1) + "mpi_allreduce";
+  const std::string results = dir + "/" + kImplNames[impl] + ".txt";
+  std::vector<std::string> argv = {mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                                   "none", "-np", std::to_string(world)};
+  if (impl == kMpiTcp) {
+    for (const char* a : {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"}) {
+      argv.push_back(a);
+    }
+  }
+  for (const std::string& a : {binary, "--impl=" + std::string(kImplNames[impl]),
+                               "--results=" + results, "--plan=" + plan}) {
+    argv.push_back(a);
+  }
+  const std::map<std::string, std::string> env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                                                  {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                                                  {"OMPI_MCA_rmaps_base_oversubscribe", "1"}};
+  GS_ASSIGN_OR_RETURN(Subprocess run,
+                      Subprocess::Spawn(argv, env, dir + "/" + kImplNames[impl] + ".log"));
+  std::vector<Subprocess> one;
+  one.push_back(std::move(run));
+  GS_RETURN_IF_ERROR(
+      WaitAll(one, Deadline::After(std::chrono::seconds(GroupTimeoutS(s, world))))
+          .WithPrefix(std::string(kImplNames[impl]) + " with " + std::to_string(world) +
+                      " ranks"));
+  return ReadResults(results, world);
+}
+
 StatusOr<std::vector<Row>> RunGroup(const Config& config, const Settings& s,
                                     const std::string& tmp, int world, uint64_t job_id) {
   std::string dir = tmp + "/n" + std::to_string(world);
@@ -615,7 +678,13 @@ StatusOr<std::vector<Row>> RunGroup(const Config& config, const Settings& s,
   int64_t timeout_s = GroupTimeoutS(s, world);
   GS_RETURN_IF_ERROR(WaitAll(kids, Deadline::After(std::chrono::seconds(timeout_s)))
                          .WithPrefix(std::to_string(world) + " ranks"));
-  return ReadResults(dir + "/results.txt", world);
+  GS_ASSIGN_OR_RETURN(std::vector<Row> rows, ReadResults(dir + "/results.txt", world));
+  for (int impl : {kMpiTcp, kMpi}) {
+    if (!s.impl_on[impl]) continue;
+    GS_ASSIGN_OR_RETURN(std::vector<Row> mpi, RunMpi(s, dir, world, impl));
+    rows.insert(rows.end(), mpi.begin(), mpi.end());
+  }
+  return rows;
 }
 
 const Row* Find(const std::vector<Row>& rows, int impl, int ranks, size_t bytes) {
@@ -657,11 +726,15 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
       std::printf(" | -");
     }
     const Row* curve = Find(rows, kOursCurve, world, bytes);
-    if (ours && curve) {
-      std::printf(" | curve/plain busbw %5.2fx\n", curve->busbw() / ours->busbw());
-    } else {
-      std::printf("\n");
+    if (ours && curve) std::printf(" | curve/plain busbw %5.2fx", curve->busbw() / ours->busbw());
+    for (int impl : {kMpiTcp, kMpi}) {
+      const Row* mpi = Find(rows, impl, world, bytes);
+      if (ours && mpi) {
+        std::printf(" | ours/%s busbw %5.2fx latency %6.2fx", kImplNames[impl],
+                    ours->busbw() / mpi->busbw(), ours->p50_us / mpi->p50_us);
+      }
     }
+    std::printf("\n");
   }
 }
 
@@ -685,6 +758,26 @@ void PrintTargets(const std::vector<Row>& rows) {
               Verdict(bw_checked, bw_missed).c_str());
   std::printf("target 4 KiB latency <= 1.5x best Gloo: %s\n",
               Verdict(lat_checked, lat_missed).c_str());
+  // Against OpenMPI: over TCP, and on one host against its shared memory.
+  struct MpiTarget {
+    int impl;
+    double max_latency;  // ours / theirs at 4 KiB
+  };
+  for (const MpiTarget t : {MpiTarget{kMpiTcp, 3.0}, MpiTarget{kMpi, 5.0}}) {
+    std::string bw, lat;
+    int bw_n = 0, lat_n = 0;
+    for (const Row& r : rows) {
+      const Row* mpi = r.impl == kOurs ? Find(rows, t.impl, r.ranks, r.bytes) : nullptr;
+      if (mpi == nullptr) continue;
+      const std::string at = " " + SizeName(r.bytes) + "/N=" + std::to_string(r.ranks);
+      if (r.bytes >= (1 << 20) && ++bw_n && r.busbw() < mpi->busbw()) bw += at;
+      if (r.bytes == 4096 && ++lat_n && r.p50_us > t.max_latency * mpi->p50_us) lat += at;
+    }
+    std::printf("target busbw >= 1.0x %s from 1 MiB up: %s\n", kImplNames[t.impl],
+                Verdict(bw_n, bw).c_str());
+    std::printf("target 4 KiB latency <= %.0fx %s: %s\n", t.max_latency, kImplNames[t.impl],
+                Verdict(lat_n, lat).c_str());
+  }
 }
 
 void PrintSpread(const std::vector<Row>& rows) {
