@@ -4,6 +4,7 @@
 // topk_kernels.cu, sign and QSGD in quantize_kernels.cu.
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/compress_kernels.h"
 #include "kernels/compress_math.h"
@@ -236,12 +237,45 @@ __device__ __forceinline__ void CopyTile(const BucketSlice* slices,
       b = mid;
     }
   }
+  using Word = std::conditional_t<std::is_const_v<Bucket>, const uint32_t, uint32_t>;
+  constexpr bool kPairs = sizeof(Bucket) == 2;
+  // 16-bit buckets move two elements per 32-bit word where they can.
+  const bool pairs = kPairs && reinterpret_cast<uintptr_t>(bucket) % 4 == 0;
   for (size_t s = a; s < num_slices; ++s) {
     const BucketSlice slice = slices[s];
     if (slice.offset >= hi) break;
-    const size_t from = slice.offset > lo ? slice.offset : lo;
+    size_t from = slice.offset > lo ? slice.offset : lo;
     const size_t end = slice.offset + slice.count;
-    const size_t to = end < hi ? end : hi;
+    size_t to = end < hi ? end : hi;
+    if constexpr (kPairs) {
+      if (pairs && to - from >= 2) {
+        // An odd first and last element one by one, the pairs as words.
+        const size_t first = from + (from & 1);
+        const size_t last = to - ((to - first) & 1);
+        Word* words = reinterpret_cast<Word*>(bucket);
+        float* t = slice.tensor;
+        const size_t o = slice.offset;
+        for (size_t k = first + 2 * threadIdx.x; k < last; k += 2 * blockDim.x) {
+          if constexpr (kPack) {
+            words[k / 2] = static_cast<uint32_t>(conv(t[k - o])) |
+                           static_cast<uint32_t>(conv(t[k + 1 - o])) << 16;
+          } else {
+            const uint32_t w = words[k / 2];
+            t[k - o] = conv(static_cast<uint16_t>(w & 0xFFFFu));
+            t[k + 1 - o] = conv(static_cast<uint16_t>(w >> 16));
+          }
+        }
+        if (threadIdx.x == 0 && first != from) {
+          if constexpr (kPack) bucket[from] = conv(t[from - o]);
+          else t[from - o] = conv(bucket[from]);
+        }
+        if (threadIdx.x == blockDim.x - 1 && last != to) {
+          if constexpr (kPack) bucket[last] = conv(t[last - o]);
+          else t[last - o] = conv(bucket[last]);
+        }
+        continue;
+      }
+    }
 #pragma unroll 4
     for (size_t i = from + threadIdx.x; i < to; i += blockDim.x) {
       if constexpr (kPack) {
