@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# gradsync across simulated hosts (tools/simhosts.sh): a scheduler and 4
+# workers, each in a network namespace of its own with its own address,
+# every link shaped to 1 Gbit/s, started by hand as the README's multi-node
+# commands start them (a job key, --host, GRADSYNC_SCHEDULER; no launcher).
+#   1. The ring trains with exact checks on every step (tests/sdk_worker).
+#   2. The parameter server: 2 shards on hosts of their own, the same 4
+#      workers, sync, exact averages (tests/ps_worker); both shards carry
+#      part of every round (buckets are split over the shards).
+#   3. Partition: mid-training one worker host's link goes down. Every other
+#      worker names it and exits non-zero within the heartbeat deadline
+#      (heartbeat 200 ms, 5 missed), the cut worker exits non-zero too, and
+#      nothing hangs.
+# Skips (exit 0, saying so) where network namespaces cannot be made.
+set -euo pipefail
+
+if ! tools/simhosts.sh check; then
+  echo "SKIPPED: network namespaces cannot be made here (not root)"
+  exit 0
+fi
+
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+name="gsmh$$"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  tools/simhosts.sh down "$name"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAILED: $*"
+  for f in "$tmp"/*.log; do
+    echo "--- $f"
+    tail -20 "$f"
+  done
+  exit 1
+}
+
+tools/simhosts.sh up "$name" 7 1gbit
+key="$tmp/job.key"
+wire/gradsync_keygen "$key" > /dev/null
+sched_host=$(tools/simhosts.sh addr "$name" 0)
+common=(GRADSYNC_KEY_FILE="$key" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=0
+        GRADSYNC_HEARTBEAT_MS=200 GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_OP_TIMEOUT_MS=10000)
+
+# start_job TAG PORT STEPS: a scheduler on host 0, worker r on host r + 1.
+start_job() {
+  local tag=$1 port=$2 steps=$3
+  tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
+    --host="$sched_host" --port="$port" --num_workers=4 --num_servers=0 \
+    --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
+  pids+=($!)
+  workers=()
+  for r in 0 1 2 3; do
+    local host
+    host=$(tools/simhosts.sh addr "$name" $((r + 1)))
+    tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
+      GRADSYNC_SCHEDULER="$sched_host:$port" GRADSYNC_HOST="$host" \
+      tests/sdk_worker --rank=$r --mode=train --steps="$steps" --bucket_bytes=2097152 \
+      > "$tmp/$tag.worker$r.log" 2>&1 &
+    workers+=($!)
+    pids+=($!)
+  done
+}
+
+# wait_for PID SECONDS: the exit code, or 124 after SECONDS (then killed).
+wait_for() {
+  local pid=$1 limit=$2 waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$waited" -ge $((limit * 10)) ]; then
+      kill -9 "$pid" 2>/dev/null || true
+      return 124
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  wait "$pid"
+}
+
+echo "== 1. ring across 4 hosts at 1 Gbit/s, exact checks"
+start_job train 9000 4
+for r in 0 1 2 3; do
+  code=0
+  wait_for "${workers[$r]}" 120 || code=$?
+  [ "$code" -eq 0 ] || fail "worker $r exited $code"
+  grep -q "finished step 3" "$tmp/train.worker$r.log" || fail "worker $r did not finish step 3"
+done
+echo "4 workers on 4 hosts finished 4 steps with exact averages"
+
+echo "== 2. parameter server: 2 shards on hosts 5 and 6, sync, exact averages"
+port=9002
+tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
+  --host="$sched_host" --port=$port --num_workers=4 --num_servers=2 \
+  --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/ps.scheduler.log" 2>&1 &
+pids+=($!)
+shards=()
+for s in 0 1; do
+  tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
+    GRADSYNC_SCHEDULER="$sched_host:$port" server/gradsync_server --role=server \
+    --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
+    > "$tmp/ps.server$s.log" 2>&1 &
+  shards+=($!)
+  pids+=($!)
+done
+workers=()
+for r in 0 1 2 3; do
+  tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
+    GRADSYNC_SCHEDULER="$sched_host:$port" GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
+    tests/ps_worker --rank=$r --path=ps --mode=average --steps=4 > "$tmp/ps.worker$r.log" 2>&1 &
+  workers+=($!)
+  pids+=($!)
+done
+for r in 0 1 2 3; do
+  code=0
+  wait_for "${workers[$r]}" 120 || code=$?
+  [ "$code" -eq 0 ] || fail "ps worker $r exited $code"
+done
+applied=()
+for s in 0 1; do
+  code=0
+  wait_for "${shards[$s]}" 30 || code=$?
+  [ "$code" -eq 0 ] || fail "shard $s exited $code"
+  applied+=("$(grep -o "pushes applied [0-9]*" "$tmp/ps.server$s.log" | tail -1 | awk '{print $3}')")
+done
+for s in 0 1; do
+  [ -n "${applied[$s]}" ] && [ "${applied[$s]}" -gt 0 ] || fail "shard $s applied no pushes"
+done
+echo "4 workers, 2 shards on 6 hosts: exact averages; the shards applied ${applied[0]} and ${applied[1]} pushes"
+
+echo "== 3. worker 3's host loses its link mid-training"
+start_job cut 9001 100000
+for _ in $(seq 1 300); do
+  grep -q "finished step 2" "$tmp/cut.worker3.log" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q "finished step 2" "$tmp/cut.worker3.log" || fail "training did not start"
+tools/simhosts.sh link "$name" 4 down
+cut_at=$(date +%s%N)
+for r in 0 1 2; do
+  code=0
+  # The heartbeat deadline is about 1 s; 15 s is room for a loaded machine.
+  wait_for "${workers[$r]}" 15 || code=$?
+  [ "$code" -ne 124 ] || fail "worker $r still running 15 s after the cut"
+  [ "$code" -ne 0 ] || fail "worker $r exited 0 after the cut"
+  grep -qE "worker 3|rank 3" "$tmp/cut.worker$r.log" || fail "worker $r did not name worker 3"
+  echo "worker $r: exit $code after $((($(date +%s%N) - cut_at) / 1000000)) ms: $(grep -E "error" "$tmp/cut.worker$r.log" | head -1 | cut -c1-160)"
+done
+code=0
+wait_for "${workers[3]}" 60 || code=$?
+[ "$code" -ne 124 ] || fail "the cut worker still running 60 s after the cut"
+[ "$code" -ne 0 ] || fail "the cut worker exited 0"
+echo "worker 3 (cut off): exit $code: $(grep -E "error" "$tmp/cut.worker3.log" | head -1 | cut -c1-160)"
+grep -q "worker 3" "$tmp/cut.scheduler.log" || fail "the scheduler did not name worker 3"
+echo "PASSED"

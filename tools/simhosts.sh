@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Simulated hosts: N network namespaces, each with its own address on a
+# bridge that lives in a namespace of its own, each host's link shaped with
+# tbf. Only the namespaces it creates (NAME-br, NAME-h0, NAME-h1, ...) are
+# touched; nothing outside them changes. Needs root (CAP_NET_ADMIN).
+#
+#   tools/simhosts.sh up NAME N [RATE]     # hosts 0..N-1 at 10.77.0.1..N/24; RATE e.g. 1gbit
+#   tools/simhosts.sh addr NAME I          # prints host I's address
+#   tools/simhosts.sh run NAME I CMD...    # runs CMD on host I (in its namespace)
+#   tools/simhosts.sh shape NAME I RATE    # sets host I's link rate (both directions)
+#   tools/simhosts.sh link NAME I up|down  # cuts or restores host I's link
+#   tools/simhosts.sh down NAME            # deletes every namespace of NAME
+#   tools/simhosts.sh check                # exit 0 if namespaces can be made here
+#
+# Callers tear down with `trap 'tools/simhosts.sh down NAME' EXIT`, so the
+# namespaces go even after a failure. Each host's veth end in the bridge
+# namespace is shaped too, so the rate holds for traffic to the host as well
+# as from it.
+set -euo pipefail
+
+IP=$(command -v ip || echo /usr/sbin/ip)
+TC=$(command -v tc || echo /usr/sbin/tc)
+SUBNET=10.77.0
+
+die() {
+  echo "simhosts: $*" >&2
+  exit 1
+}
+
+ns_host() { echo "$1-h$2"; }
+ns_bridge() { echo "$1-br"; }
+addr() { echo "$SUBNET.$(($2 + 1))"; }
+
+# tbf on a device: the rate, a burst of at least one 64 KiB send, a queue
+# of 50 ms at the rate.
+shape_dev() {
+  local ns=$1 dev=$2 rate=$3
+  "$IP" netns exec "$ns" "$TC" qdisc replace dev "$dev" root tbf rate "$rate" \
+    burst 256kb latency 50ms
+}
+
+up() {
+  local name=$1 n=$2 rate=${3:-}
+  [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "N must be 1..200"
+  local br
+  br=$(ns_bridge "$name")
+  "$IP" netns add "$br"
+  "$IP" -n "$br" link add name br0 type bridge
+  "$IP" -n "$br" link set br0 up
+  for ((i = 0; i < n; i++)); do
+    local h
+    h=$(ns_host "$name" "$i")
+    "$IP" netns add "$h"
+    "$IP" -n "$h" link set lo up
+    # eth0 in the host, p$i in the bridge namespace.
+    "$IP" -n "$h" link add name eth0 type veth peer name "p$i" netns "$br"
+    "$IP" -n "$h" addr add "$(addr "$name" "$i")/24" dev eth0
+    "$IP" -n "$h" link set eth0 up
+    "$IP" -n "$br" link set "p$i" master br0
+    "$IP" -n "$br" link set "p$i" up
+    if [ -n "$rate" ]; then
+      shape_dev "$h" eth0 "$rate"
+      shape_dev "$br" "p$i" "$rate"
+    fi
+  done
+}
+
+down() {
+  local name=$1
+  for ns in $("$IP" netns list | awk '{print $1}' | grep -E "^$name-(br|h[0-9]+)$" || true); do
+    # Processes left in a host's namespace go with it.
+    for pid in $("$IP" netns pids "$ns" 2>/dev/null || true); do kill -9 "$pid" 2>/dev/null || true; done
+    "$IP" netns del "$ns" 2>/dev/null || true
+  done
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  up) up "$@" ;;
+  addr) addr "$@" ;;
+  run)
+    name=$1 i=$2
+    shift 2
+    exec "$IP" netns exec "$(ns_host "$name" "$i")" "$@"
+    ;;
+  shape)
+    shape_dev "$(ns_host "$1" "$2")" eth0 "$3"
+    shape_dev "$(ns_bridge "$1")" "p$2" "$3"
+    ;;
+  link)
+    [ "$3" = up ] || [ "$3" = down ] || die "link takes up or down"
+    "$IP" -n "$(ns_bridge "$1")" link set "p$2" "$3"
+    ;;
+  down) down "$@" ;;
+  check)
+    probe="gs-simhosts-probe-$$"
+    if "$IP" netns add "$probe" 2>/dev/null; then
+      "$IP" netns del "$probe"
+      exit 0
+    fi
+    echo "simhosts: cannot create network namespaces here (needs root / CAP_NET_ADMIN)" >&2
+    exit 1
+    ;;
+  *) die "usage: simhosts.sh up|addr|run|shape|link|down|check ..." ;;
+esac
