@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Step time of each mode of examples/fmnist_trainer across simulated hosts
+# (tools/simhosts.sh; needs root): a scheduler on host 0, 4 workers on hosts
+# 1-4 and, for the ps modes, 2 shards on hosts 5-6, every link shaped to each
+# RATE in turn. Beside each mode: the link-bound ideal of the uncompressed
+# ring, 2(n-1)/n x model bytes / rate per step.
+#
+#   bazel run --config=opt //bench:shaped_link_bench -- [RATES] [EPOCHS]
+#   RATES: "1gbit 10gbit" (default); EPOCHS: 1 (default)
+#
+# Per mode: step_ms = training wall time / steps (rank 0), sync_p50_ms =
+# median Synchronize time, wire KiB per step (what rank 0 sent), test
+# accuracy after EPOCHS, and ratios: step / ideal ring step, step / fp16 step.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/../examples/fmnist_trainer" ]; then
+  cd "$here/.."
+else
+  cd "$here/shaped_link_bench.runfiles/gradsync"
+fi
+RATES=${1:-"1gbit 10gbit"}
+EPOCHS=${2:-1}
+
+if ! tools/simhosts.sh check; then
+  echo "shaped_link_bench: needs network namespaces (root)" >&2
+  exit 1
+fi
+
+MODES=(
+  "ring|0||--path=allreduce --backend=ring"
+  "ps-sync|1|GRADSYNC_PS_MODE=sync|--path=ps"
+  "fp16|0||--path=allreduce --backend=ring --compression=fp16"
+  "topk-ef|0||--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
+  "powersgd|0||--path=allreduce --backend=ring --compression=powersgd:rank=4 --momentum=0 --lr=0.1"
+)
+
+tmp=$(mktemp -d)
+name="gssl$$"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  tools/simhosts.sh down "$name"
+}
+trap cleanup EXIT
+wire/gradsync_keygen "$tmp/job.key" > /dev/null
+sched=$(tools/simhosts.sh addr "$name" 0)
+results="$tmp/results.jsonl"
+port=9100
+
+for rate in $RATES; do
+  tools/simhosts.sh down "$name"
+  tools/simhosts.sh up "$name" 7 "$rate"
+  for entry in "${MODES[@]}"; do
+    IFS='|' read -r mode servers env flags <<< "$entry"
+    port=$((port + 1))
+    nserv=$((servers * 2))
+    common=(GRADSYNC_KEY_FILE="$tmp/job.key" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$nserv
+            GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port" $env)
+    tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
+      --host="$sched" --port=$port --num_workers=4 --num_servers=$nserv --metrics_port=0 \
+      > "$tmp/$rate.$mode.scheduler.log" 2>&1 &
+    pids+=($!)
+    for ((s = 0; s < nserv; s++)); do
+      tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" server/gradsync_server \
+        --role=server --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
+        > "$tmp/$rate.$mode.server$s.log" 2>&1 &
+      pids+=($!)
+    done
+    workers=()
+    for r in 0 1 2 3; do
+      tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
+        GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
+        examples/fmnist_trainer --rank=$r --mode="$mode" --epochs="$EPOCHS" $flags \
+        > "$tmp/$rate.$mode.worker$r.log" 2>&1 &
+      workers+=($!)
+      pids+=($!)
+    done
+    for w in "${workers[@]}"; do
+      if ! wait "$w"; then
+        echo "shaped_link_bench: $mode at $rate failed; logs in $tmp" >&2
+        tail -5 "$tmp/$rate.$mode.worker0.log" >&2
+        trap - EXIT
+        cleanup
+        exit 1
+      fi
+    done
+    wait || true  # the scheduler and shards end with the job
+    line=$(grep '^{' "$tmp/$rate.$mode.worker0.log" | tail -1)
+    echo "{\"rate\":\"$rate\",${line#\{}" >> "$results"
+    echo "$rate $mode done" >&2
+  done
+done
+
+/usr/bin/python3 - "$results" <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def bits_per_s(rate):
+    m = re.match(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate)
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+n = 4
+print("%-8s %-9s %9s %11s %12s %9s %9s %8s %8s" % (
+    "rate", "mode", "step_ms", "sync_p50_ms", "wire_KiB/st", "ideal_ms", "x_ideal",
+    "x_fp16", "test_acc"))
+for rate in dict.fromkeys(r["rate"] for r in rows):
+    group = [r for r in rows if r["rate"] == rate]
+    ring = next(r for r in group if r["mode"] == "ring")
+    # The ring sends 2(n-1)/n of the model per step: its wire bytes.
+    ideal_ms = ring["wire_bytes"] / ring["steps"] * 8 / bits_per_s(rate) * 1e3
+    fp16 = next((r for r in group if r["mode"] == "fp16"), None)
+    fp16_ms = fp16["wall_s"] / fp16["steps"] * 1e3 if fp16 else None
+    for r in group:
+        step_ms = r["wall_s"] / r["steps"] * 1e3
+        print("%-8s %-9s %9.2f %11.2f %12.1f %9.2f %9.2f %8s %8.4f" % (
+            rate, r["mode"], step_ms, r["p50_ms"], r["wire_bytes"] / r["steps"] / 1024,
+            ideal_ms, step_ms / ideal_ms,
+            "%.2f" % (step_ms / fp16_ms) if fp16_ms else "-", r["test_accuracy"]))
+        print(json.dumps({"rate": rate, "mode": r["mode"], "step_ms": round(step_ms, 3),
+                          "ideal_ring_ms": round(ideal_ms, 3),
+                          "step_over_ideal": round(step_ms / ideal_ms, 3),
+                          "test_accuracy": r["test_accuracy"]}), file=sys.stderr)
+PY
