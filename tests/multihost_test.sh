@@ -11,6 +11,10 @@
 #      worker names it and exits non-zero within the heartbeat deadline
 #      (heartbeat 200 ms, 5 missed), the cut worker exits non-zero too, and
 #      nothing hangs.
+#   4. Partition of a shard host mid-training (parameter server): every
+#      worker fails naming the shard.
+#   5. Partition of the scheduler host mid-training: every worker fails
+#      naming the scheduler.
 # Skips (exit 0, saying so) where network namespaces cannot be made.
 set -euo pipefail
 
@@ -88,29 +92,64 @@ for r in 0 1 2 3; do
 done
 echo "4 workers on 4 hosts finished 4 steps with exact averages"
 
-echo "== 2. parameter server: 2 shards on hosts 5 and 6, sync, exact averages"
-port=9002
-tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
+# start_ps_job TAG PORT STEPS: a scheduler on host 0, shard s on host 5 + s,
+# worker r on host r + 1.
+start_ps_job() {
+  local tag=$1 port=$2 steps=$3
+  tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
   --host="$sched_host" --port=$port --num_workers=4 --num_servers=2 \
-  --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/ps.scheduler.log" 2>&1 &
-pids+=($!)
-shards=()
-for s in 0 1; do
-  tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
-    GRADSYNC_SCHEDULER="$sched_host:$port" server/gradsync_server --role=server \
-    --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
-    > "$tmp/ps.server$s.log" 2>&1 &
-  shards+=($!)
+    --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
   pids+=($!)
-done
-workers=()
-for r in 0 1 2 3; do
-  tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
-    GRADSYNC_SCHEDULER="$sched_host:$port" GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-    tests/ps_worker --rank=$r --path=ps --mode=average --steps=4 > "$tmp/ps.worker$r.log" 2>&1 &
-  workers+=($!)
-  pids+=($!)
-done
+  shards=()
+  for s in 0 1; do
+    tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
+      GRADSYNC_SCHEDULER="$sched_host:$port" server/gradsync_server --role=server --rank=$s \
+      --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
+      > "$tmp/$tag.server$s.log" 2>&1 &
+    shards+=($!)
+    pids+=($!)
+  done
+  workers=()
+  for r in 0 1 2 3; do
+    tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
+      GRADSYNC_SCHEDULER="$sched_host:$port" \
+      GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
+      stdbuf -oL tests/ps_worker --rank=$r --path=ps --mode=average --steps="$steps" \
+      > "$tmp/$tag.worker$r.log" 2>&1 &
+    workers+=($!)
+    pids+=($!)
+  done
+}
+
+# expect_all_fail TAG PATTERN SECONDS: workers 0-3 exit non-zero within
+# SECONDS, each naming PATTERN.
+expect_all_fail() {
+  local tag=$1 pattern=$2 limit=$3 cut_at
+  cut_at=$(date +%s%N)
+  for r in 0 1 2 3; do
+    local code=0
+    wait_for "${workers[$r]}" "$limit" || code=$?
+    [ "$code" -ne 124 ] || fail "$tag: worker $r still running $limit s after the cut"
+    [ "$code" -ne 0 ] || fail "$tag: worker $r exited 0 after the cut"
+    grep -qE "$pattern" "$tmp/$tag.worker$r.log" || fail "$tag: worker $r did not name $pattern"
+    echo "worker $r: exit $code after $((($(date +%s%N) - cut_at) / 1000000)) ms: $(grep -E "error" "$tmp/$tag.worker$r.log" | head -1 | cut -c1-150)"
+  done
+}
+
+# wait_started TAG: until every worker of TAG has done 2 steps.
+wait_started() {
+  local tag=$1 pattern=$2
+  for r in 0 1 2 3; do
+    for _ in $(seq 1 300); do
+      grep -q "$pattern" "$tmp/$tag.worker$r.log" 2>/dev/null && break
+      sleep 0.1
+    done
+    grep -q "$pattern" "$tmp/$tag.worker$r.log" || fail "$tag: worker $r did not start"
+  done
+}
+
+echo "== 2. parameter server: 2 shards on hosts 5 and 6, sync, exact averages"
+start_ps_job ps 9002 4
 for r in 0 1 2 3; do
   code=0
   wait_for "${workers[$r]}" 120 || code=$?
@@ -152,4 +191,18 @@ wait_for "${workers[3]}" 60 || code=$?
 [ "$code" -ne 0 ] || fail "the cut worker exited 0"
 echo "worker 3 (cut off): exit $code: $(grep -E "error" "$tmp/cut.worker3.log" | head -1 | cut -c1-160)"
 grep -q "worker 3" "$tmp/cut.scheduler.log" || fail "the scheduler did not name worker 3"
+tools/simhosts.sh link "$name" 4 up
+
+echo "== 4. shard 1's host loses its link mid-training"
+start_ps_job shardcut 9003 100000
+wait_started shardcut "step 2 ok"
+tools/simhosts.sh link "$name" 6 down
+expect_all_fail shardcut "server 1" 15
+tools/simhosts.sh link "$name" 6 up
+
+echo "== 5. the scheduler's host loses its link mid-training"
+start_job schedcut 9004 100000
+wait_started schedcut "finished step 2"
+tools/simhosts.sh link "$name" 0 down
+expect_all_fail schedcut "scheduler" 15
 echo "PASSED"
