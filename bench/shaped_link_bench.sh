@@ -5,8 +5,11 @@
 # RATE in turn. Beside each mode: the link-bound ideal of the uncompressed
 # ring, 2(n-1)/n x model bytes / rate per step.
 #
-#   bazel run --config=opt //bench:shaped_link_bench -- [RATES] [EPOCHS]
-#   RATES: "1gbit 10gbit" (default); EPOCHS: 1 (default)
+#   bazel run --config=opt //bench:shaped_link_bench -- [RATES] [EPOCHS] [SLOW] [MODES]
+#   RATES: "1gbit 10gbit" (default); EPOCHS: 1 (default);
+#   SLOW: a rate for worker 3's host alone (a slow host; default none);
+#   MODES: which modes, comma-separated (default ring,ps-sync,fp16,topk-ef,powersgd;
+#   also ps-async)
 #
 # Per mode: step_ms = training wall time / steps (rank 0), sync_p50_ms =
 # median Synchronize time, wire KiB per step (what rank 0 sent), test
@@ -20,6 +23,8 @@ else
 fi
 RATES=${1:-"1gbit 10gbit"}
 EPOCHS=${2:-1}
+SLOW=${3:-}
+SELECTED=${4:-ring,ps-sync,fp16,topk-ef,powersgd}
 
 if ! tools/simhosts.sh check; then
   echo "shaped_link_bench: needs network namespaces (root)" >&2
@@ -32,6 +37,7 @@ MODES=(
   "fp16|0||--path=allreduce --backend=ring --compression=fp16"
   "topk-ef|0||--path=allreduce --backend=ring --compression=topk:ratio=0.01,ef=1"
   "powersgd|0||--path=allreduce --backend=ring --compression=powersgd:rank=4 --momentum=0 --lr=0.1"
+  "ps-async|1|GRADSYNC_PS_MODE=async GRADSYNC_OPTIMIZER=momentum GRADSYNC_MOMENTUM=0.5 GRADSYNC_LR=0.025|--path=ps"
 )
 
 tmp=$(mktemp -d)
@@ -50,8 +56,10 @@ port=9100
 for rate in $RATES; do
   tools/simhosts.sh down "$name"
   tools/simhosts.sh up "$name" 7 "$rate"
+  [ -z "$SLOW" ] || tools/simhosts.sh shape "$name" 4 "$SLOW"
   for entry in "${MODES[@]}"; do
     IFS='|' read -r mode servers env flags <<< "$entry"
+    [[ ",$SELECTED," == *",$mode,"* ]] || continue
     port=$((port + 1))
     nserv=$((servers * 2))
     common=(GRADSYNC_KEY_FILE="$tmp/job.key" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$nserv
@@ -103,9 +111,10 @@ print("%-8s %-9s %9s %11s %12s %9s %9s %8s %8s" % (
     "x_fp16", "test_acc"))
 for rate in dict.fromkeys(r["rate"] for r in rows):
     group = [r for r in rows if r["rate"] == rate]
-    ring = next(r for r in group if r["mode"] == "ring")
+    ring = next((r for r in group if r["mode"] == "ring"), None)
     # The ring sends 2(n-1)/n of the model per step: its wire bytes.
-    ideal_ms = ring["wire_bytes"] / ring["steps"] * 8 / bits_per_s(rate) * 1e3
+    ideal_ms = (ring["wire_bytes"] / ring["steps"] * 8 / bits_per_s(rate) * 1e3
+                if ring else float("nan"))
     fp16 = next((r for r in group if r["mode"] == "fp16"), None)
     fp16_ms = fp16["wall_s"] / fp16["steps"] * 1e3 if fp16 else None
     for r in group:
