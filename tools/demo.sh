@@ -85,15 +85,15 @@ for entry in "${selected[@]}"; do
 done
 
 echo
-printf '%-16s %9s %8s %10s %14s %11s %8s %8s %9s\n' mode test_acc wall_s samples/s \
+printf '%-18s %9s %8s %10s %14s %11s %8s %8s %9s\n' mode test_acc wall_s samples/s \
     wire_bytes compression p50_ms p99_ms staleness
 for row in "${rows[@]}"; do
   if [ -n "$(field failed "$row")" ] || [ -z "$(field test_accuracy "$row")" ]; then
-    printf '%-16s FAILED (logs in %s)\n' "$(field mode "$row")" "$logs"
+    printf '%-18s FAILED (logs in %s)\n' "$(field mode "$row")" "$logs"
     status=1
     continue
   fi
-  printf '%-16s %9s %8s %10s %14s %11s %8s %8s %9s\n' "$(field mode "$row")" \
+  printf '%-18s %9s %8s %10s %14s %11s %8s %8s %9s\n' "$(field mode "$row")" \
       "$(field test_accuracy "$row")" "$(field wall_s "$row")" "$(field samples_per_s "$row")" \
       "$(field wire_bytes "$row")" "$(field compression_ratio "$row")" "$(field p50_ms "$row")" \
       "$(field p99_ms "$row")" "$(field max_staleness "$row")"
