@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -390,6 +391,51 @@ TEST_F(CApiTest, UnreachableSchedulerFailsWithinTheTimeoutNamingTheAddress) {
   EXPECT_THAT(gs_last_error(), HasSubstr("127.0.0.1:1"));
   EXPECT_EQ(comm, nullptr);
   EXPECT_LT(took.count(), 3000);
+}
+
+// A direct collective racing gs_shutdown on another thread ends (Cancelled,
+// or the peer's failure), never waits forever: a job queued for the engine
+// after it stopped used to leave its caller blocked for good. Every rank
+// all-reduces in a loop while rank 0 shuts down mid-loop; repeated, since
+// the window is narrow.
+TEST_F(CApiTest, DirectCollectivesRacingShutdownAlwaysReturn) {
+  for (int round = 0; round < 4; ++round) {
+    // Each round's scheduler logs afresh (StartScheduler reads its port there).
+    std::remove(TmpFile("DirectCollectivesRacingShutdownAlwaysReturn.scheduler.log").c_str());
+    StartScheduler(2);
+    RunWorkers(
+        [&](gs_comm* comm, int rank) {
+          std::atomic<int> last{GS_OK};
+          std::atomic<bool> returned{false};
+          std::thread loop([&] {
+            std::vector<float> v(64, 1.0f);
+            int code = GS_OK;
+            while (code == GS_OK) {
+              code = gs_allreduce(comm, v.data(), v.size(), GS_F32, GS_SUM, 5000);
+            }
+            last = code;
+            returned = true;
+          });
+          if (rank == 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(150 + 37 * round));
+            EXPECT_EQ(gs_shutdown(comm), GS_OK);
+          }
+          // The loop must end well within the collective's timeout.
+          const auto start = std::chrono::steady_clock::now();
+          while (!returned && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+          ASSERT_TRUE(returned) << "rank " << rank << " round " << round
+                                << ": gs_allreduce still blocked 20 s after the shutdown";
+          loop.join();
+          EXPECT_NE(last.load(), GS_OK);
+          if (rank == 0) {
+            EXPECT_EQ(last.load(), GS_CANCELLED) << gs_code_name(last.load());
+          }
+        },
+        {"--op_timeout_ms=5000"});
+    scheduler_->Wait(Deadline::AfterMs(10000));
+  }
 }
 
 }  // namespace
