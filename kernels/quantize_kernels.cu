@@ -110,6 +110,31 @@ __global__ void SignDecodeKernel(const float* __restrict__ scales,
   }
 }
 
+// Four elements (half a byte of bits) per thread, adjacent threads on
+// adjacent elements: a warp stores 512 contiguous bytes at once. `out` is
+// 16-byte aligned; chunk / 4 and the quads fit 32 bits.
+__global__ void SignDecodeQuadKernel(const float* __restrict__ scales,
+                                     const uint8_t* __restrict__ bits, size_t n,
+                                     uint32_t chunk_quads, float* __restrict__ out) {
+  const size_t quads = (n + 3) / 4;
+  for (size_t q = ThreadIndex(); q < quads; q += GridStride()) {
+    const uint32_t q32 = static_cast<uint32_t>(q);
+    const float scale = scales[q32 / chunk_quads];
+    const uint32_t nibble = (static_cast<uint32_t>(bits[q / 2]) >> (4 * (q32 & 1u))) & 0xFu;
+    const size_t i0 = 4 * q;
+    if (i0 + 4 <= n) {
+      float4 v;
+      v.x = math::SignDecode(scale, nibble & 1u);
+      v.y = math::SignDecode(scale, (nibble >> 1) & 1u);
+      v.z = math::SignDecode(scale, (nibble >> 2) & 1u);
+      v.w = math::SignDecode(scale, (nibble >> 3) & 1u);
+      reinterpret_cast<float4*>(out)[q] = v;
+    } else {
+      for (size_t j = 0; i0 + j < n; ++j) out[i0 + j] = math::SignDecode(scale, (nibble >> j) & 1u);
+    }
+  }
+}
+
 // One warp per chunk: the norm, then the levels (and e_new when kEf).
 template <bool kEf>
 __global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual,
@@ -232,8 +257,13 @@ Status SignDecodeCuda(const float* scales, const uint8_t* bits, size_t n,
   if (n == 0) return OkStatus();
   GS_RETURN_IF_ERROR(CheckPointers(
       kFn, {{"scales", scales, 4}, {"bits", bits, 1}, {"out", out, 4}}));
-  SignDecodeKernel<<<Blocks((n + 7) / 8), launch::kThreads, 0, stream>>>(
-      scales, bits, n, chunk, out, Aligned(out, 16));
+  if (Aligned(out, 16) && n / 4 <= 0xFFFFFFFFu && chunk <= 0xFFFFFFFFu) {
+    SignDecodeQuadKernel<<<Blocks((n + 3) / 4), launch::kThreads, 0, stream>>>(
+        scales, bits, n, static_cast<uint32_t>(chunk / 4), out);
+  } else {
+    SignDecodeKernel<<<Blocks((n + 7) / 8), launch::kThreads, 0, stream>>>(
+        scales, bits, n, chunk, out, Aligned(out, 16));
+  }
   return LaunchStatus(kFn);
 }
 
