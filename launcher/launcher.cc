@@ -1,5 +1,7 @@
 #include "launcher/launcher.h"
 
+#include "launcher/slurm.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -126,6 +128,7 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   GS_ASSIGN_OR_RETURN(o.server_binary, config.GetString("server_binary", ""));
   GS_ASSIGN_OR_RETURN(o.log_dir, config.GetString("log_dir", ""));
   GS_ASSIGN_OR_RETURN(o.security, config.GetString("security", o.security));
+  GS_ASSIGN_OR_RETURN(o.slurm, config.GetBool("slurm", InSlurmStep()));
   if (o.security != "auto" && o.security != "curve" && o.security != "none") {
     return InvalidArgumentError("security must be auto, curve or none, got '" + o.security + "'");
   }

@@ -61,6 +61,9 @@ struct LaunchOptions {
   // (a new key per job, in the log directory, mode 0600, handed to every
   // process as GRADSYNC_KEY_FILE); none: never.
   std::string security = "auto";
+  // Run as one task of a Slurm job step (launcher/slurm.h): `--slurm`, or
+  // by default when SLURM_PROCID and SLURM_NTASKS are set.
+  bool slurm = false;
 
   // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
   // launcher). Flags: workers, servers, port, metrics_port, host,

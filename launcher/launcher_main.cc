@@ -3,6 +3,8 @@
 //   gradsync_launch --workers=4 [--servers=0] [--port=0] [--host=127.0.0.1]
 //       [--server_binary=PATH] [--log_dir=DIR] [--grace_ms=5000] -- command
 //       [args...]
+//   srun --ntasks-per-node=1 gradsync_launch [--servers=2] [--port=29400] -- command
+//       (in a Slurm allocation: see launcher/slurm.h)
 //
 // Exit status: 0 when every worker exited 0; 1 when a process failed (the
 // reason is printed on stderr); 2 for bad flags or a missing binary; 128 +
@@ -12,6 +14,7 @@
 
 #include "common/signals.h"
 #include "launcher/launcher.h"
+#include "launcher/slurm.h"
 
 namespace gradsync::launcher {
 namespace {
@@ -23,6 +26,15 @@ int Main(int argc, char** argv) {
   if (!options.ok()) {
     std::fprintf(stderr, "gradsync_launch: %s\n",
                  options.status().message().c_str());
+    return 2;
+  }
+  if (options->slurm) {
+    // One task of a Slurm step: become its scheduler, shard or worker.
+    const std::string server =
+        options->server_binary.empty() ? DefaultServerBinary() : options->server_binary;
+    Status s = ExecSlurmTask(options->servers, options->port > 0 ? options->port : kSlurmDefaultPort,
+                             server, options->worker_command);
+    std::fprintf(stderr, "gradsync_launch: %s\n", s.message().c_str());
     return 2;
   }
   Launcher launcher(*options, stdout);

@@ -1,6 +1,7 @@
 // The launcher with the real scheduler binary and small shell commands as
 // workers: a clean run, a failing or killed worker, Ctrl-C, flag parsing.
 #include "launcher/launcher.h"
+#include "launcher/slurm.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -262,4 +263,48 @@ TEST(LauncherTest, MissingWorkerCommandIsNotFound) {
 }
 
 }  // namespace
+// Slurm: task 0 is the scheduler on the first node, the next `servers`
+// tasks are shards, the rest workers; addresses come from the node names.
+TEST(SlurmTest, TasksBecomeSchedulerShardsAndWorkers) {
+  auto address = [](const std::string& node) -> StatusOr<std::string> {
+    return "10.0.0." + node.substr(4);  // "nodeN"
+  };
+  auto first = [](const std::string& list) -> StatusOr<std::string> {
+    EXPECT_EQ(list, "node[1-5]");
+    return std::string("node1");
+  };
+  auto plan = [&](int procid, const std::string& node) {
+    return PlanSlurmTask({{"SLURM_PROCID", std::to_string(procid)},
+                          {"SLURM_NTASKS", "5"},
+                          {"SLURM_JOB_NODELIST", "node[1-5]"},
+                          {"SLURMD_NODENAME", node}},
+                         2, 29400, address, first);
+  };
+  auto scheduler = plan(0, "node1");
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  EXPECT_EQ(scheduler->role, SlurmTask::Role::kScheduler);
+  EXPECT_EQ(scheduler->scheduler, "10.0.0.1:29400");
+  EXPECT_EQ(scheduler->num_workers, 2);
+  auto shard = plan(2, "node3");
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ(shard->role, SlurmTask::Role::kServer);
+  EXPECT_EQ(shard->rank, 1);
+  EXPECT_EQ(shard->host, "10.0.0.3");
+  auto worker = plan(4, "node5");
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ(worker->role, SlurmTask::Role::kWorker);
+  EXPECT_EQ(worker->rank, 1);
+  const SlurmExec e = SlurmExecFor(*worker, "/bin/server", {"trainer", "--x=1"}, "0");
+  EXPECT_EQ(e.argv, (std::vector<std::string>{"trainer", "--x=1"}));
+  EXPECT_EQ(e.env.at("GRADSYNC_SCHEDULER"), "10.0.0.1:29400");
+  EXPECT_EQ(e.env.at("GRADSYNC_RANK"), "1");
+  EXPECT_EQ(e.env.at("GRADSYNC_NUM_SERVERS"), "2");
+  EXPECT_EQ(e.env.at("GRADSYNC_HOST"), "10.0.0.5");
+  // Too few tasks for a scheduler, 2 shards and a worker.
+  auto small = PlanSlurmTask({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"},
+                              {"SLURM_JOB_NODELIST", "node[1-5]"}, {"SLURMD_NODENAME", "node1"}},
+                             2, 29400, address, first);
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace gradsync::launcher

@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   libeigen3-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
-  iproute2
+  iproute2 slurm-wlm munge
   clang-14 libclang-rt-14-dev
   prometheus python3 python3-torch python3-numpy python3-pytest
   dataset-fashion-mnist

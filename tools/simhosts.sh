@@ -82,7 +82,9 @@ case "$cmd" in
   run)
     name=$1 i=$2
     shift 2
-    exec "$IP" netns exec "$(ns_host "$name" "$i")" "$@"
+    # nsenter changes the network namespace alone; `ip netns exec` would
+    # also remount /sys, hiding the cgroup file system from daemons.
+    exec nsenter --net="/run/netns/$(ns_host "$name" "$i")" "$@"
     ;;
   shape)
     shape_dev "$(ns_host "$1" "$2")" eth0 "$3"

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# gradsync_launch under a real Slurm: munged, slurmctld on simulated host 0
+# and one slurmd per simulated host 1-4 (tools/simhosts.sh; each slurmd its
+# own node name and address), all started by this test and removed at the
+# end. `srun -N4 --ntasks-per-node=1 gradsync_launch --servers=1 -- ps_worker`
+# must run the scheduler on the first node, the shard on the second and two
+# workers on the others, each with its rank and the scheduler's address from
+# the allocation alone, and train with exact averages (parameter server,
+# sync). Skips (exit 0, saying so) without root or without Slurm
+# (slurm-wlm, munge).
+set -euo pipefail
+
+for tool in slurmctld slurmd srun sinfo munged; do
+  if ! command -v "$tool" > /dev/null; then
+    echo "SKIPPED: $tool is not installed (tools/install_deps.sh installs slurm-wlm and munge)"
+    exit 0
+  fi
+done
+if ! tools/simhosts.sh check; then
+  echo "SKIPPED: network namespaces cannot be made here (not root)"
+  exit 0
+fi
+
+here=$PWD
+name="gsslurm$$"
+# Short paths: munge's socket path must fit a sockaddr_un.
+dir=$(mktemp -d /tmp/gsslurm.XXXXXX)
+chmod 700 "$dir"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  [ -f "$dir/munged.pid" ] && kill "$(cat "$dir/munged.pid")" 2>/dev/null || true
+  tools/simhosts.sh down "$name"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAILED: $*"
+  for f in "$dir"/*.log "$dir"/*.out; do
+    [ -f "$f" ] || continue
+    echo "--- $f"
+    tail -15 "$f"
+  done
+  exit 1
+}
+
+tools/simhosts.sh up "$name" 5
+head -c 1024 /dev/urandom > "$dir/munge.key"
+chmod 400 "$dir/munge.key"
+munged --key-file="$dir/munge.key" --socket="$dir/munge.sock" --pid-file="$dir/munged.pid" \
+  --log-file="$dir/munged.log" --seed-file="$dir/munged.seed" --force
+
+controller=$(hostname)
+cat > "$dir/slurm.conf" <<EOF
+ClusterName=gradsync
+SlurmctldHost=$controller($(tools/simhosts.sh addr "$name" 0))
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge.sock
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+ReturnToService=2
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmctldLogFile=$dir/slurmctld.log
+StateSaveLocation=$dir/state
+SlurmdPidFile=$dir/slurmd.%n.pid
+SlurmdLogFile=$dir/slurmd.%n.log
+SlurmdSpoolDir=$dir/spool.%n
+SlurmdParameters=config_overrides
+SchedulerType=sched/builtin
+SelectType=select/linear
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+EOF
+for i in 1 2 3 4; do
+  echo "NodeName=node$i NodeAddr=$(tools/simhosts.sh addr "$name" "$i") CPUs=2 State=UNKNOWN" \
+    >> "$dir/slurm.conf"
+done
+echo "PartitionName=debug Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP" >> "$dir/slurm.conf"
+mkdir -p "$dir/state" "$dir"/spool.node{1,2,3,4}
+export SLURM_CONF="$dir/slurm.conf"
+
+tools/simhosts.sh run "$name" 0 slurmctld -D -f "$SLURM_CONF" > "$dir/slurmctld.out" 2>&1 &
+pids+=($!)
+for i in 1 2 3 4; do
+  tools/simhosts.sh run "$name" "$i" slurmd -D -N "node$i" -f "$SLURM_CONF" \
+    > "$dir/slurmd$i.out" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 1 100); do
+  idle=$(tools/simhosts.sh run "$name" 0 sinfo -h -t idle -o "%D" 2>/dev/null || true)
+  [ "$idle" = "4" ] && break
+  sleep 0.3
+done
+[ "$idle" = "4" ] || fail "the 4 slurmd nodes did not come up idle (sinfo: '$idle')"
+echo "slurm: controller on host 0, node1..node4 idle on hosts 1-4"
+
+"$here/wire/gradsync_keygen" "$dir/job.key" > /dev/null
+code=0
+tools/simhosts.sh run "$name" 0 env GRADSYNC_KEY_FILE="$dir/job.key" GRADSYNC_METRICS_BASE_PORT=0 \
+  timeout 120 srun -N4 --ntasks-per-node=1 --kill-on-bad-exit=1 --label \
+  "$here/launcher/gradsync_launch" --servers=1 --server_binary="$here/server/gradsync_server" \
+  -- "$here/tests/ps_worker" --path=ps --mode=average --steps=4 > "$dir/srun.out" 2>&1 || code=$?
+cat "$dir/srun.out"
+[ "$code" -eq 0 ] || fail "srun exited $code"
+grep -q "listening on tcp://$(tools/simhosts.sh addr "$name" 1)" "$dir/srun.out" ||
+  fail "the scheduler did not run on node1"
+grep -q "joined job .* as server 0" "$dir/srun.out" || fail "no shard joined"
+for r in 0 1; do
+  grep -q "worker $r step 3 ok" "$dir/srun.out" || fail "worker $r did not finish with exact averages"
+done
+echo "PASSED: scheduler on node1, shard on node2, workers 0 and 1 on node3 and node4"
