@@ -501,9 +501,26 @@ void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
 }
 
 void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
+  const std::string reason = body.reason() ? wire::Escaped(body.reason()->str()) : "";
+  if (node.info.role == Role::Server && phase_ == Phase::kRunning && !servers_released_ &&
+      node.alive) {
+    // The workers still need this shard. A restart may bring it back within
+    // server_grace_ms (Tick declares it dead after that); without a grace it
+    // is gone now, and its workers must hear of it (a shard that lost the
+    // scheduler in a partition leaves when the link comes back).
+    if (options_.server_grace.count() > 0) {
+      GS_LOG(WARNING) << node.info.Name() << " left the running job (" << reason
+                      << "): waiting up to " << FormatSeconds(options_.server_grace)
+                      << " for it to restart and rejoin";
+      node.missing = true;
+      return;
+    }
+    MarkDead(node, "left the job while the workers still needed it (" + reason + ")");
+    node.left = true;
+    return;
+  }
   node.left = true;
-  GS_LOG(INFO) << node.info.Name() << " left the job: "
-               << (body.reason() ? body.reason()->str() : "");
+  GS_LOG(INFO) << node.info.Name() << " left the job: " << reason;
   UpdateLiveGauges();
   std::vector<BarrierKey> keys;
   for (const auto& kv : barriers_) keys.push_back(kv.first);
@@ -564,14 +581,17 @@ void Scheduler::Tick() {
 }
 
 void Scheduler::DeclareDead(Node& node, Millis silent) {
+  MarkDead(node, "no message for " + FormatSeconds(silent) + " (" +
+                     std::to_string(options_.missed_heartbeats) + " heartbeats of " +
+                     FormatSeconds(options_.heartbeat_interval) + " missed" +
+                     (node.missing ? ", and it did not rejoin within the grace of " +
+                                         FormatSeconds(options_.server_grace)
+                                   : std::string()) +
+                     ")");
+}
+
+void Scheduler::MarkDead(Node& node, const std::string& why) {
   node.alive = false;
-  const std::string why = "no message for " + FormatSeconds(silent) + " (" +
-                          std::to_string(options_.missed_heartbeats) + " heartbeats of " +
-                          FormatSeconds(options_.heartbeat_interval) + " missed" +
-                          (node.missing ? ", and it did not rejoin within the grace of " +
-                                              FormatSeconds(options_.server_grace)
-                                        : std::string()) +
-                          ")";
   GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << node.info.host
                 << ") is dead: " << why;
   dead_.push_back(node.info.Name() + " dead: " + why);

@@ -122,6 +122,8 @@ class Scheduler {
   void OnLeave(Node& node, const wire::LeaveBody& body);
   void Tick();
   void DeclareDead(Node& node, Millis silent);
+  // Declares `node` dead for `why`: recorded, and every node is told.
+  void MarkDead(Node& node, const std::string& why);
   void FailJob(const std::string& why);
   void Reply(const std::string& identity, wire::Message msg);
   void ReplyError(const std::string& identity, wire::ErrorCode code, const std::string& text,

@@ -15,6 +15,10 @@
 #      worker fails naming the shard.
 #   5. Partition of the scheduler host mid-training: every worker fails
 #      naming the scheduler.
+#   6. A 2 s partition of a shard host under server_grace_ms=8000: the shard
+#      gives up on the scheduler and leaves; the scheduler waits out the
+#      grace and then declares it dead, and every worker fails naming it
+#      (before, its Leave ended it quietly and the workers timed out blind).
 # Skips (exit 0, saying so) where network namespaces cannot be made.
 set -euo pipefail
 
@@ -92,12 +96,13 @@ for r in 0 1 2 3; do
 done
 echo "4 workers on 4 hosts finished 4 steps with exact averages"
 
-# start_ps_job TAG PORT STEPS: a scheduler on host 0, shard s on host 5 + s,
-# worker r on host r + 1.
+# start_ps_job TAG PORT STEPS [SCHEDULER FLAGS...]: a scheduler on host 0,
+# shard s on host 5 + s, worker r on host r + 1.
 start_ps_job() {
   local tag=$1 port=$2 steps=$3
+  shift 3
   tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-  --host="$sched_host" --port=$port --num_workers=4 --num_servers=2 \
+    --host="$sched_host" --port=$port --num_workers=4 --num_servers=2 "$@" \
     --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
   pids+=($!)
   shards=()
@@ -205,4 +210,14 @@ start_job schedcut 9004 100000
 wait_started schedcut "finished step 2"
 tools/simhosts.sh link "$name" 0 down
 expect_all_fail schedcut "scheduler" 15
+tools/simhosts.sh link "$name" 0 up
+
+echo "== 6. shard 1's host out for 2 s, server_grace_ms=8000"
+common+=(GRADSYNC_OP_TIMEOUT_MS=30000)  # longer than the grace: the scheduler names it first
+start_ps_job grace 9005 100000 --server_grace_ms=8000
+wait_started grace "step 2 ok"
+tools/simhosts.sh link "$name" 6 down
+sleep 2
+tools/simhosts.sh link "$name" 6 up
+expect_all_fail grace "server 1 died" 20
 echo "PASSED"
