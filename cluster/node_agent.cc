@@ -36,6 +36,9 @@ StatusOr<NodeOptions> NodeOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t rendezvous_ms, config.GetInt("rendezvous_timeout_ms", 120000));
   GS_ASSIGN_OR_RETURN(int64_t heartbeat_ms, config.GetInt("heartbeat_ms", 500));
   if (heartbeat_ms <= 0) return InvalidArgumentError("heartbeat_ms must be positive");
+  GS_ASSIGN_OR_RETURN(int64_t scheduler_grace_ms, config.GetInt("scheduler_grace_ms", 0));
+  if (scheduler_grace_ms < 0) return InvalidArgumentError("scheduler_grace_ms must not be negative");
+  o.scheduler_grace = Millis(scheduler_grace_ms);
   o.rank = static_cast<int32_t>(rank);
   o.num_workers = static_cast<int32_t>(workers);
   o.num_servers = static_cast<int32_t>(servers);
@@ -202,7 +205,7 @@ Status NodeAgent::Send(wire::Message msg, Deadline deadline) {
 
 void NodeAgent::Run() {
   const Millis interval = assignment_.heartbeat_interval;
-  const Millis silence_limit = interval * assignment_.missed_heartbeats;
+  const Millis silence_limit = interval * assignment_.missed_heartbeats + options_.scheduler_grace;
   SteadyTime next_beat = std::chrono::steady_clock::now();
   for (;;) {
     {

@@ -48,11 +48,16 @@ struct NodeOptions {
   Millis connect_timeout{10000};    // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};
+  // How much longer than missed heartbeats this node waits for a silent
+  // scheduler before it gives up (scheduler_grace_ms; 0). A shard given the
+  // scheduler's server_grace_ms rides out a partition that short.
+  Millis scheduler_grace{0};
   uint32_t protocol_version = 0;    // 0: this build's; tests set others
   std::string build_id;             // empty: this build's
 
   // Reads scheduler, role, rank, num_workers, num_servers, host,
-  // connect_timeout_ms, rendezvous_timeout_ms and heartbeat_ms.
+  // connect_timeout_ms, rendezvous_timeout_ms, heartbeat_ms and
+  // scheduler_grace_ms.
   static StatusOr<NodeOptions> FromConfig(const Config& config);
 };
 
