@@ -55,18 +55,28 @@ sched_host=$(tools/simhosts.sh addr "$name" 0)
 common=(GRADSYNC_KEY_FILE="$key" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=0
         GRADSYNC_HEARTBEAT_MS=200 GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_OP_TIMEOUT_MS=10000)
 
+# The environment of every process of the next job.
+job_env=("${common[@]}")
+
+# start_scheduler TAG PORT SERVERS [FLAGS...]: the scheduler on host 0.
+start_scheduler() {
+  local tag=$1 port=$2 servers=$3
+  shift 3
+  tools/simhosts.sh run "$name" 0 env "${job_env[@]}" server/gradsync_server --role=scheduler \
+    --host="$sched_host" --port="$port" --num_workers=4 --num_servers="$servers" "$@" \
+    --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
+  pids+=($!)
+}
+
 # start_job TAG PORT STEPS: a scheduler on host 0, worker r on host r + 1.
 start_job() {
   local tag=$1 port=$2 steps=$3
-  tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-    --host="$sched_host" --port="$port" --num_workers=4 --num_servers=0 \
-    --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
-  pids+=($!)
+  start_scheduler "$tag" "$port" 0
   workers=()
   for r in 0 1 2 3; do
     local host
     host=$(tools/simhosts.sh addr "$name" $((r + 1)))
-    tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
+    tools/simhosts.sh run "$name" $((r + 1)) env "${job_env[@]}" \
       GRADSYNC_SCHEDULER="$sched_host:$port" GRADSYNC_HOST="$host" \
       tests/sdk_worker --rank=$r --mode=train --steps="$steps" --bucket_bytes=2097152 \
       > "$tmp/$tag.worker$r.log" 2>&1 &
@@ -99,18 +109,15 @@ for r in 0 1 2 3; do
 done
 echo "4 workers on 4 hosts finished 4 steps with exact averages"
 
-# start_ps_job TAG PORT STEPS [SCHEDULER FLAGS...]: a scheduler on host 0,
-# shard s on host 5 + s, worker r on host r + 1.
+# start_ps_job TAG PORT MODE STEPS [SCHEDULER FLAGS...]: a scheduler on host
+# 0, shard s on host 5 + s, worker r on host r + 1 (ps_worker --mode=MODE).
 start_ps_job() {
-  local tag=$1 port=$2 steps=$3
-  shift 3
-  tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-    --host="$sched_host" --port=$port --num_workers=4 --num_servers=2 "$@" \
-    --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
-  pids+=($!)
+  local tag=$1 port=$2 mode=$3 steps=$4
+  shift 4
+  start_scheduler "$tag" "$port" 2 "$@"
   shards=()
   for s in 0 1; do
-    tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
+    tools/simhosts.sh run "$name" $((s + 5)) env "${job_env[@]}" GRADSYNC_NUM_SERVERS=2 \
       GRADSYNC_SCHEDULER="$sched_host:$port" server/gradsync_server --role=server --rank=$s \
       --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
       > "$tmp/$tag.server$s.log" 2>&1 &
@@ -119,10 +126,10 @@ start_ps_job() {
   done
   workers=()
   for r in 0 1 2 3; do
-    tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" GRADSYNC_NUM_SERVERS=2 \
+    tools/simhosts.sh run "$name" $((r + 1)) env "${job_env[@]}" GRADSYNC_NUM_SERVERS=2 \
       GRADSYNC_SCHEDULER="$sched_host:$port" \
       GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-      stdbuf -oL tests/ps_worker --rank=$r --path=ps --mode=average --steps="$steps" \
+      stdbuf -oL tests/ps_worker --rank=$r --path=ps --mode="$mode" --steps="$steps" \
       > "$tmp/$tag.worker$r.log" 2>&1 &
     workers+=($!)
     pids+=($!)
@@ -157,7 +164,7 @@ wait_started() {
 }
 
 echo "== 2. parameter server: 2 shards on hosts 5 and 6, sync, exact averages"
-start_ps_job ps 9002 4
+start_ps_job ps 9002 average 4
 for r in 0 1 2 3; do
   code=0
   wait_for "${workers[$r]}" 120 || code=$?
@@ -202,7 +209,7 @@ grep -q "worker 3" "$tmp/cut.scheduler.log" || fail "the scheduler did not name 
 tools/simhosts.sh link "$name" 4 up
 
 echo "== 4. shard 1's host loses its link mid-training"
-start_ps_job shardcut 9003 100000
+start_ps_job shardcut 9003 average 100000
 wait_started shardcut "step 2 ok"
 tools/simhosts.sh link "$name" 6 down
 expect_all_fail shardcut "server 1" 15
@@ -217,7 +224,8 @@ tools/simhosts.sh link "$name" 0 up
 
 echo "== 6. shard 1's host out for 2 s, server_grace_ms=8000"
 common+=(GRADSYNC_OP_TIMEOUT_MS=30000)  # longer than the grace: the scheduler names it first
-start_ps_job grace 9005 100000 --server_grace_ms=8000
+job_env=("${common[@]}")
+start_ps_job grace 9005 average 100000 --server_grace_ms=8000
 wait_started grace "step 2 ok"
 tools/simhosts.sh link "$name" 6 down
 sleep 2
@@ -230,26 +238,8 @@ echo "== 7. the same partition, the shards riding it out (scheduler_grace_ms=800
 # final parameters' hash the workers agree on.
 train_job() {
   local tag=$1 port=$2 cut=$3
-  local env=("${common[@]}" GRADSYNC_NUM_SERVERS=2 GRADSYNC_OPTIMIZER=sgd GRADSYNC_SCHEDULER_GRACE_MS=8000)
-  tools/simhosts.sh run "$name" 0 env "${env[@]}" server/gradsync_server --role=scheduler \
-    --host="$sched_host" --port="$port" --num_workers=4 --num_servers=2 --server_grace_ms=8000 \
-    --heartbeat_ms=200 --missed_heartbeats=5 --metrics_port=0 > "$tmp/$tag.scheduler.log" 2>&1 &
-  pids+=($!)
-  for s in 0 1; do
-    tools/simhosts.sh run "$name" $((s + 5)) env "${env[@]}" GRADSYNC_SCHEDULER="$sched_host:$port" \
-      server/gradsync_server --role=server --rank=$s --metrics_port=0 \
-      --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" > "$tmp/$tag.server$s.log" 2>&1 &
-    pids+=($!)
-  done
-  workers=()
-  for r in 0 1 2 3; do
-    tools/simhosts.sh run "$name" $((r + 1)) env "${env[@]}" GRADSYNC_SCHEDULER="$sched_host:$port" \
-      GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-      stdbuf -oL tests/ps_worker --rank=$r --path=ps --mode=train --steps=60 \
-      > "$tmp/$tag.worker$r.log" 2>&1 &
-    workers+=($!)
-    pids+=($!)
-  done
+  job_env=("${common[@]}" GRADSYNC_OPTIMIZER=sgd GRADSYNC_SCHEDULER_GRACE_MS=8000)
+  start_ps_job "$tag" "$port" train 60 --server_grace_ms=8000
   if [ "$cut" = 1 ]; then
     wait_started "$tag" "step 20$"
     tools/simhosts.sh link "$name" 6 down
