@@ -39,7 +39,7 @@ StatusOr<TensorId> Bucketer::Add(const std::string& name, size_t count, DType dt
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
-void Bucketer::Build() {
+void Bucketer::Build(bool host_buffers) {
   size_t cap = first_cap_;
   for (size_t i = tensors_.size(); i-- > 0;) {
     Tensor& t = tensors_[i];
@@ -63,7 +63,7 @@ void Bucketer::Build() {
   }
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int>(b.tensors.size());
-    b.storage = AlignedBuffer(b.bytes());
+    if (host_buffers) b.storage = AlignedBuffer(b.bytes());
     uint64_t h = 0;
     for (TensorId id : b.tensors) h = HashTensor(h, tensors_[static_cast<size_t>(id)]);
     b.names_hash = h;

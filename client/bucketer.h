@@ -63,8 +63,10 @@ class Bucketer {
   // InvalidArgument for an empty or duplicate name, zero elements, or a
   // dtype that cannot be reduced.
   StatusOr<TensorId> Add(const std::string& name, size_t count, DType dtype);
-  // Assigns buckets and allocates their buffers. Once.
-  void Build();
+  // Assigns buckets (bucket ids are their indices) and, with
+  // `host_buffers`, allocates their buffers (CUDA gradients keep their
+  // buckets on the device instead). Once.
+  void Build(bool host_buffers = true);
 
   std::vector<Tensor>& tensors() { return tensors_; }
   Tensor& tensor(TensorId id) { return tensors_[static_cast<size_t>(id)]; }

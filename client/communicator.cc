@@ -5,7 +5,6 @@
 #include <cstring>
 #include <deque>
 #include <future>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -220,7 +219,6 @@ class Communicator::Impl {
   std::unique_ptr<Collectives> nccl_;
   std::unique_ptr<PsClient> ps_;
   std::unique_ptr<DeviceGradients> device_;  // gradient_device=cuda
-  std::map<uint32_t, int> device_index_;     // bucket id -> index; fixed at Finalize
   Collectives* backend_ = nullptr;
   SyncPath path_ = SyncPath::kRing;
   std::thread engine_;
@@ -306,7 +304,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
                                       size_t count, const compression::CompressContext& ctx)
                                    -> StatusOr<wire::Payload> {
         GS_ASSIGN_OR_RETURN(auto bytes,
-                            device_->EncodePartition(device_index_.at(bucket), partition, offset,
+                            device_->EncodePartition(static_cast<int>(bucket), partition, offset,
                                                      count, compression_->SpecOf(bucket), ctx,
                                                      Deadline::After(options_.op_timeout)));
         const uint8_t* data = bytes->data();
@@ -415,13 +413,10 @@ StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t 
 Status Communicator::Impl::FinalizeLocked() {
   if (finalized_) return Status();
   if (bucketer_.tensors().empty()) return FailedPreconditionError("no tensor is registered");
-  bucketer_.Build();
+  bucketer_.Build(/*host_buffers=*/device_ == nullptr);
   if (device_ != nullptr) {
-    std::vector<size_t> bytes;
-    for (const Bucket& b : bucketer_.buckets()) {
-      device_index_[b.id] = static_cast<int>(bytes.size());
-      bytes.push_back(b.bytes());
-    }
+    std::vector<size_t> bytes;  // by bucket id, which is the bucket's index
+    for (const Bucket& b : bucketer_.buckets()) bytes.push_back(b.bytes());
     GS_RETURN_IF_ERROR(device_->Allocate(bytes));
   }
   std::vector<BucketInfo> infos;
@@ -485,7 +480,7 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   t.marked = true;
   const bool add = t.holds_sum;
   const size_t offset = t.offset * DTypeSize(t.dtype);
-  uint8_t* region = b.data() + offset;
+  uint8_t* region = b.data();  // null for CUDA gradients
   lock.unlock();
   if (device_ != nullptr) {
     // Queued on gradsync's stream after the trainer's work on `stream`.
@@ -495,9 +490,9 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
       return s;
     }
   } else if (add) {
-    AddInto(region, static_cast<const uint8_t*>(data), t.count, t.dtype);
+    AddInto(region + offset, static_cast<const uint8_t*>(data), t.count, t.dtype);
   } else {
-    std::memcpy(region, data, t.count * DTypeSize(t.dtype));
+    std::memcpy(region + offset, data, t.count * DTypeSize(t.dtype));
   }
   SyncHandle handle;
   handle.state_->callback = std::move(done);
