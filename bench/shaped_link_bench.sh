@@ -6,14 +6,18 @@
 # ring, 2(n-1)/n x model bytes / rate per step.
 #
 #   bazel run --config=opt //bench:shaped_link_bench -- [RATES] [EPOCHS] [SLOW] [MODES]
-#   RATES: "1gbit 10gbit" (default); EPOCHS: 1 (default);
+#   RATES: "1gbit 10gbit" (default); EPOCHS: 3 (default, the demo's);
 #   SLOW: a rate for worker 3's host alone (a slow host; default none);
 #   MODES: which modes, comma-separated (default ring,ps-sync,fp16,topk-ef,powersgd;
 #   also ps-async)
 #
 # Per mode: step_ms = training wall time / steps (rank 0), sync_p50_ms =
 # median Synchronize time, wire KiB per step (what rank 0 sent), test
-# accuracy after EPOCHS, and ratios: step / ideal ring step, step / fp16 step.
+# accuracy after EPOCHS, t85_s = training time until the test accuracy first
+# reached 0.85 (evaluated every 25 steps, outside the training time; "-": not
+# within EPOCHS), straggler_ms = the shards' mean straggler wait per round
+# (first to last push of a round; ps-sync), and ratios: step / ideal ring
+# step, step / fp16 step.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/../examples/fmnist_trainer" ]; then
@@ -22,7 +26,7 @@ else
   cd "$here/shaped_link_bench.runfiles/gradsync"
 fi
 RATES=${1:-"1gbit 10gbit"}
-EPOCHS=${2:-1}
+EPOCHS=${2:-3}
 SLOW=${3:-}
 SELECTED=${4:-ring,ps-sync,fp16,topk-ef,powersgd}
 
@@ -78,7 +82,8 @@ for rate in $RATES; do
     for r in 0 1 2 3; do
       tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
         GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-        examples/fmnist_trainer --rank=$r --mode="$mode" --epochs="$EPOCHS" $flags \
+        examples/fmnist_trainer --rank=$r --mode="$mode" --epochs="$EPOCHS" \
+        --eval_every_steps=25 --target_accuracy=0.85 $flags \
         > "$tmp/$rate.$mode.worker$r.log" 2>&1 &
       workers+=($!)
       pids+=($!)
@@ -94,7 +99,11 @@ for rate in $RATES; do
     done
     wait || true  # the scheduler and shards end with the job
     line=$(grep '^{' "$tmp/$rate.$mode.worker0.log" | tail -1)
-    echo "{\"rate\":\"$rate\",${line#\{}" >> "$results"
+    # The shards' mean straggler wait per round, averaged over the shards.
+    straggler=$(cat /dev/null $(for ((s = 0; s < nserv; s++)); do echo "$tmp/$rate.$mode.server$s.log"; done) |
+      sed -n 's/.*straggler wait mean \([0-9.e+-]*\) ms.*/\1/p' |
+      awk '{ t += $1; n++ } END { if (n) printf "%.3f", t / n; else printf "-1" }')
+    echo "{\"rate\":\"$rate\",\"straggler_ms\":$straggler,${line#\{}" >> "$results"
     echo "$rate $mode done" >&2
   done
 done
@@ -106,9 +115,9 @@ def bits_per_s(rate):
     m = re.match(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate)
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 n = 4
-print("%-8s %-9s %9s %11s %12s %9s %9s %8s %8s" % (
+print("%-8s %-9s %9s %11s %12s %9s %9s %8s %8s %7s %12s" % (
     "rate", "mode", "step_ms", "sync_p50_ms", "wire_KiB/st", "ideal_ms", "x_ideal",
-    "x_fp16", "test_acc"))
+    "x_fp16", "test_acc", "t85_s", "straggler_ms"))
 for rate in dict.fromkeys(r["rate"] for r in rows):
     group = [r for r in rows if r["rate"] == rate]
     ring = next((r for r in group if r["mode"] == "ring"), None)
@@ -119,12 +128,18 @@ for rate in dict.fromkeys(r["rate"] for r in rows):
     fp16_ms = fp16["wall_s"] / fp16["steps"] * 1e3 if fp16 else None
     for r in group:
         step_ms = r["wall_s"] / r["steps"] * 1e3
-        print("%-8s %-9s %9.2f %11.2f %12.1f %9.2f %9.2f %8s %8.4f" % (
+        t85 = r["time_to_target_s"]
+        straggler = r["straggler_ms"]
+        print("%-8s %-9s %9.2f %11.2f %12.1f %9.2f %9.2f %8s %8.4f %7s %12s" % (
             rate, r["mode"], step_ms, r["p50_ms"], r["wire_bytes"] / r["steps"] / 1024,
             ideal_ms, step_ms / ideal_ms,
-            "%.2f" % (step_ms / fp16_ms) if fp16_ms else "-", r["test_accuracy"]))
+            "%.2f" % (step_ms / fp16_ms) if fp16_ms else "-", r["test_accuracy"],
+            "%.2f" % t85 if t85 >= 0 else "-", "%.2f" % straggler if straggler >= 0 else "-"))
         print(json.dumps({"rate": rate, "mode": r["mode"], "step_ms": round(step_ms, 3),
                           "ideal_ring_ms": round(ideal_ms, 3),
                           "step_over_ideal": round(step_ms / ideal_ms, 3),
-                          "test_accuracy": r["test_accuracy"]}), file=sys.stderr)
+                          "test_accuracy": r["test_accuracy"],
+                          "time_to_85_s": t85 if t85 >= 0 else None,
+                          "straggler_wait_ms": straggler if straggler >= 0 else None}),
+              file=sys.stderr)
 PY

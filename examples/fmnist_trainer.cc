@@ -4,7 +4,8 @@
 //   GRADSYNC_SCHEDULER=host:port GRADSYNC_NUM_WORKERS=4 GRADSYNC_RANK=r
 //   fmnist_trainer [--epochs=3] [--batch=64] [--lr=0.05] [--momentum=0.9]
 //                      [--seed=1] [--mode=allreduce-ring] [--data_dir=...]
-//                      [--max_steps=0]
+//                      [--max_steps=0] [--eval_every_steps=0]
+//                      [--target_accuracy=0.85]
 //
 // Every worker reads the whole data set and trains on its shard: each epoch
 // all ranks draw the same permutation (seeded with seed + epoch) and rank r
@@ -18,20 +19,26 @@
 // path) the shards hold the parameters: Synchronize returns the new
 // parameters, which replace the model's. --max_steps > 0 ends training after
 // that many steps per worker, within an epoch if need be.
+// --eval_every_steps=N > 0 evaluates the test accuracy every N steps (all
+// ranks together, outside the training time) to find when training first
+// reached --target_accuracy.
 //
 // Rank 0 shows progress on stderr (one line redrawn in place on a terminal,
 // a few plain lines otherwise). At the end the ranks evaluate a slice of the
 // 10k test images each and sum the counts; rank 0 prints one JSON line on
 // stdout:
 //   mode, test_accuracy, wall_s (training time, from the first step to the
-//   last), samples_per_s (training samples of all workers per second),
+//   last, evaluations left out), samples_per_s (training samples of all workers per second),
 //   wire_bytes (payload bytes rank 0 sent during training, as its ring
 //   counted them), compression_ratio (gradient bytes before / after
 //   compression),
 //   p50_ms / p99_ms (duration of Synchronize on rank 0), max_staleness (0),
 //   workers, epochs, steps (per worker), first_loss / last_loss (the mean
 //   training loss of all workers over the first and the last kLossWindow
-//   steps, or over every step when there are fewer).
+//   steps, or over every step when there are fewer), time_to_target_s (the
+//   training time until an evaluation every --eval_every_steps first reached
+//   --target_accuracy; -1 when none did or evaluation was off) and
+//   target_step (the step of that evaluation; -1 likewise).
 // Exit status: 0 on success, 1 when training failed, 2 for bad flags.
 #include <unistd.h>
 
@@ -76,6 +83,8 @@ struct Options {
   double momentum = 0;
   int64_t seed = 0;
   int64_t max_steps = 0;          // per worker; 0: no limit
+  int64_t eval_every_steps = 0;   // 0: evaluate only at the end
+  double target_accuracy = 0;
   bool server_optimizer = false;  // the PS shards hold the parameters
 };
 
@@ -90,13 +99,16 @@ StatusOr<Options> ReadOptions(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.momentum, config.GetDouble("momentum", 0.9));
   GS_ASSIGN_OR_RETURN(o.seed, config.GetInt("seed", 1));
   GS_ASSIGN_OR_RETURN(o.max_steps, config.GetInt("max_steps", 0));
+  GS_ASSIGN_OR_RETURN(o.eval_every_steps, config.GetInt("eval_every_steps", 0));
+  GS_ASSIGN_OR_RETURN(o.target_accuracy, config.GetDouble("target_accuracy", 0.85));
   GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
   o.server_optimizer = optimizer != "none";
   if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 ||
-      o.momentum >= 1 || o.max_steps < 0) {
+      o.momentum >= 1 || o.max_steps < 0 || o.eval_every_steps < 0 ||
+      o.target_accuracy <= 0 || o.target_accuracy > 1) {
     return InvalidArgumentError(
         "need --epochs >= 1, --batch >= 1, --lr > 0, 0 <= --momentum < 1, "
-        "--max_steps >= 0");
+        "--max_steps >= 0, --eval_every_steps >= 0, 0 < --target_accuracy <= 1");
   }
   for (char c : o.mode) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
@@ -195,6 +207,9 @@ struct RunStats {
   // The mean over all ranks of the first and of the last kLossWindow losses.
   double first_loss = 0;
   double last_loss = 0;
+  // When an evaluation first reached the target accuracy (-1: none did).
+  double time_to_target_s = -1;
+  int64_t target_step = -1;
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -205,12 +220,18 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
+StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test,
+                          Communicator* comm);
+
 class Trainer {
  public:
-  Trainer(Options options, Communicator* comm, const LabelledImages* train)
+  // `test`: evaluated every options.eval_every_steps steps.
+  Trainer(Options options, Communicator* comm, const LabelledImages* train,
+          const LabelledImages* test)
       : options_(std::move(options)),
         comm_(comm),
         train_(train),
+        test_(test),
         model_({784, 256, 128, 10}, static_cast<uint64_t>(options_.seed)),
         sgd_(model_, static_cast<float>(options_.lr),
              static_cast<float>(options_.momentum)),
@@ -250,7 +271,7 @@ class Trainer {
          ++epoch) {
       GS_RETURN_IF_ERROR(RunEpoch(epoch, start));
     }
-    stats_.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+    stats_.wall_s = Elapsed(start);
     const client::CommunicatorStats after = comm_->stats();
     stats_.raw_bytes = after.bytes_reduced - before.bytes_reduced;
     stats_.wire_bytes = after.wire_bytes - before.wire_bytes;
@@ -259,6 +280,29 @@ class Trainer {
   }
 
  private:
+  // Training time since `start`, the evaluations left out.
+  double Elapsed(Clock::time_point start) const {
+    return std::chrono::duration<double>(Clock::now() - start).count() - eval_s_;
+  }
+
+  // Every eval_every_steps steps, until the target is reached: the test
+  // accuracy, and the training time when it first reaches the target.
+  Status MaybeEvaluate(Clock::time_point start) {
+    if (options_.eval_every_steps == 0 || stats_.target_step >= 0 ||
+        stats_.steps % static_cast<size_t>(options_.eval_every_steps) != 0) {
+      return OkStatus();
+    }
+    const double trained_s = Elapsed(start);
+    const auto eval_start = Clock::now();
+    GS_ASSIGN_OR_RETURN(double accuracy, Evaluate(model_, *test_, comm_));
+    eval_s_ += std::chrono::duration<double>(Clock::now() - eval_start).count();
+    if (accuracy >= options_.target_accuracy) {
+      stats_.time_to_target_s = trained_s;
+      stats_.target_step = static_cast<int64_t>(stats_.steps);
+    }
+    return OkStatus();
+  }
+
   bool StepLimitReached() const {
     return options_.max_steps > 0 &&
            stats_.steps >= static_cast<size_t>(options_.max_steps);
@@ -281,8 +325,8 @@ class Trainer {
       GS_ASSIGN_OR_RETURN(float loss, Step(count));
       loss_sum += loss;
       stats_.samples += count * static_cast<size_t>(comm_->world_size());
-      const double elapsed =
-          std::chrono::duration<double>(Clock::now() - start).count();
+      GS_RETURN_IF_ERROR(MaybeEvaluate(start));
+      const double elapsed = Elapsed(start);
       progress_.Update(epoch, s + 1, steps,
                        loss_sum / static_cast<double>(s + 1),
                        static_cast<double>(stats_.samples) / elapsed);
@@ -321,6 +365,8 @@ class Trainer {
   Options options_;
   Communicator* comm_;
   const LabelledImages* train_;
+  const LabelledImages* test_;
+  double eval_s_ = 0;  // spent evaluating during training
   Mlp model_;
   SgdMomentum sgd_;
   Progress progress_;
@@ -388,8 +434,10 @@ void PrintResult(const Options& o, const RunStats& run, double accuracy,
               Percentile(run.sync_ms, 0.50), Percentile(run.sync_ms, 0.99));
   std::printf("\"max_staleness\":0,\"workers\":%d,\"epochs\":%lld,", n,
               static_cast<long long>(o.epochs));
-  std::printf("\"steps\":%zu,\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+  std::printf("\"steps\":%zu,\"first_loss\":%.4f,\"last_loss\":%.4f,",
               run.steps, run.first_loss, run.last_loss);
+  std::printf("\"time_to_target_s\":%.3f,\"target_step\":%lld}\n", run.time_to_target_s,
+              static_cast<long long>(run.target_step));
   std::fflush(stdout);
 }
 
@@ -409,7 +457,7 @@ int Run(const Config& config, const Options& options) {
   if (const auto unknown = config.UnknownFlags(); !unknown.empty()) {
     return Fail("flags", InvalidArgumentError("unknown flag " + unknown[0]), 2);
   }
-  Trainer trainer(options, comm->get(), &*train);
+  Trainer trainer(options, comm->get(), &*train, &*test);
   Status setup = trainer.Setup();
   if (!setup.ok()) return Fail("setting up", setup, 1);
   auto run = trainer.Train();

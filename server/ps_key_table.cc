@@ -40,6 +40,9 @@ void ShardCounters::Rejected(wire::ErrorCode code) {
 
 void ShardCounters::RoundClosed(SteadyTime first, SteadyTime last) {
   Add(rounds_closed);
+  straggler_wait_ns_.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(last - first).count()),
+      std::memory_order_relaxed);
   if (metrics == nullptr) return;
   using Seconds = std::chrono::duration<double>;
   metrics->rounds_completed->Increment();
@@ -56,6 +59,7 @@ PsShardStats ShardCounters::Snapshot() const {
   s.replies = replies.load();
   s.max_staleness = max_staleness_.load();
   s.staleness_sum = staleness_sum_.load();
+  s.straggler_wait_s = static_cast<double>(straggler_wait_ns_.load()) * 1e-9;
   return s;
 }
 

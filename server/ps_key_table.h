@@ -108,6 +108,9 @@ struct PsShardStats {
   uint64_t replies = 0;
   uint64_t max_staleness = 0;
   uint64_t staleness_sum = 0;    // over applied pushes
+  // From the first to the last push of each closed round (sync/ssp): the
+  // gradsync_server_straggler_wait_seconds observations, summed.
+  double straggler_wait_s = 0;
 };
 
 // Counters shared by a shard's threads.
@@ -130,6 +133,7 @@ class ShardCounters {
 
  private:
   std::atomic<uint64_t> applied_{0}, max_staleness_{0}, staleness_sum_{0};
+  std::atomic<uint64_t> straggler_wait_ns_{0};
 };
 
 // Rounds of one worker on one key already taken: every round <= floor, plus

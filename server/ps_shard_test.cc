@@ -78,6 +78,8 @@ TEST(PsShardTest, ExportsRoundsStragglersStalenessRefusalsAndMembership) {
   EXPECT_GE(wait.sample_sum, 0.03);
   EXPECT_LT(wait.sample_sum, 5.0);
   EXPECT_GE(m.round_duration->Collect().histogram.sample_sum, wait.sample_sum);
+  // The shard's own stats (its closing log line) sum the same observations.
+  EXPECT_NEAR(h.shard().stats().straggler_wait_s, wait.sample_sum, 1e-6);
   EXPECT_EQ(Count(*m.staleness), 2u);  // both gradients, staleness 0
   EXPECT_EQ(m.staleness->Collect().histogram.bucket[0].cumulative_count, 2u);
 

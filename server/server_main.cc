@@ -131,7 +131,11 @@ void LogShardStats(const PsShardStats& s) {
   GS_LOG(INFO) << "shard stats: pushes applied " << s.pushes_applied << ", duplicates "
                << s.duplicates << ", rejected " << s.rejected << ", rounds closed "
                << s.rounds_closed << ", replies " << s.replies << ", max staleness "
-               << s.max_staleness << ", total staleness " << s.staleness_sum;
+               << s.max_staleness << ", total staleness " << s.staleness_sum
+               << ", straggler wait mean "
+               << (s.rounds_closed > 0 ? s.straggler_wait_s * 1e3 / static_cast<double>(s.rounds_closed)
+                                       : 0.0)
+               << " ms";
 }
 
 int RunServer(const Config& config, const std::atomic<bool>& stop) {
