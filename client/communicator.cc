@@ -14,14 +14,13 @@
 #include "client/device_gradients.h"
 #include "client/client_metrics.h"
 #include "client/elementwise.h"
-#include "client/nccl_factory.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
 #include "client/session.h"
+#include "client/sync_backend.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "wire/rejected_metrics.h"
-#include "wire/zmq_transport.h"
 
 namespace gradsync::client {
 
@@ -123,18 +122,6 @@ struct CommOptions {
   }
 };
 
-// Fails when the job already knows that a collective cannot finish: the job
-// ended, or a node of `role` died.
-Status SessionHealth(const Session& session, wire::Role role) {
-  GS_RETURN_IF_ERROR(session.job_status());
-  for (const wire::NodeInfo& dead : session.dead_peers()) {
-    if (dead.role == role) {
-      return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
-    }
-  }
-  return Status();
-}
-
 }  // namespace
 
 class Communicator::Impl {
@@ -181,8 +168,7 @@ class Communicator::Impl {
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     CommunicatorStats s = stats_;
-    if (backend_ == ring_.get()) s.sent_bytes = ring_->stats().bytes_sent;
-    if (backend_ == ps_.get()) s.sent_bytes = s.wire_bytes;  // pushes
+    s.sent_bytes = backend_->SentBytes(s.wire_bytes);
     return s;
   }
 
@@ -198,9 +184,6 @@ class Communicator::Impl {
   uint64_t CompressionSeed() const {
     return options_.compression_seed != 0 ? options_.compression_seed : session_->job_id();
   }
-  // Averages bucket `b` held in host memory at `data`.
-  Status ReduceOnHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
-                      BucketCompression::Traffic* traffic);
   // Records the first failure; returns the handles to complete with it,
   // which the caller does after releasing mu_.
   std::vector<std::shared_ptr<SyncHandle::State>> FailLocked(const Status& why);
@@ -215,12 +198,8 @@ class Communicator::Impl {
   ClientMetrics metrics_;
   wire::RejectedMetrics ring_rejected_;
   wire::RejectedMetrics ps_rejected_;
-  std::unique_ptr<RingCollectives> ring_;
-  std::unique_ptr<Collectives> nccl_;
-  std::unique_ptr<PsClient> ps_;
   std::unique_ptr<DeviceGradients> device_;  // gradient_device=cuda
-  Collectives* backend_ = nullptr;
-  SyncPath path_ = SyncPath::kRing;
+  std::unique_ptr<SyncBackend> backend_;     // set by Start
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only
   uint64_t resent_seen_ = 0;  // engine thread only
@@ -242,78 +221,30 @@ class Communicator::Impl {
 };
 
 Status Communicator::Impl::Start(Deadline deadline) {
-  const int n = session_->num_workers();
   const int r = session_->rank();
-  RingPeers peers;
-  peers.rank = r;
-  peers.world_size = n;
-  peers.sender = wire::Sender{wire::Role::Worker, r, session_->job_id()};
   process_metrics_.AddAuthFailures(session_->auth_failures());
   if (options_.metrics_base_port > 0) {
     process_metrics_.ServeOrWarn(session_->host(), options_.metrics_base_port +
                                  (options_.local_rank >= 0 ? options_.local_rank : r));
   }
-  RingOptions ring_options = options_.ring;
-  ring_options.rejected = &ring_rejected_;
-  for (const wire::NodeInfo& p : session_->peers()) {
-    if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
-    if (p.role == wire::Role::Worker && p.rank == (r + n - 1) % n) peers.left_identity = p.identity;
-  }
-  GS_ASSIGN_OR_RETURN(ring_, RingCollectives::Create(
-                                 &session_->data(), peers, ring_options,
-                                 [session = session_.get()] {
-                                   return SessionHealth(*session, wire::Role::Worker);
-                                 }));
-  backend_ = ring_.get();
-  if (options_.path == "ps") {
-    // The shards answer on a transport of the PS client's own; the ring
-    // keeps the session's for the layout check and the direct collectives.
-    PsPeers ps_peers{r, n, {}, peers.sender};
-    ps_peers.server_endpoints.resize(static_cast<size_t>(session_->num_servers()));
-    for (const wire::NodeInfo& p : session_->peers()) {
-      if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session_->num_servers()) {
-        ps_peers.server_endpoints[static_cast<size_t>(p.rank)] = p.DataEndpoint();
-      }
-    }
-    auto health = [this, session = session_.get()]() -> Status {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_) return CancelledError("the communicator was shut down");
-      }
-      // The shards close rounds without dead workers; a dead shard ends it.
-      return SessionHealth(*session, wire::Role::Server);
-    };
-    // The shards know this client by this identity (wire::PsClientIdentity).
-    wire::ZmqOptions ps_zmq = cluster::TransportOptions(session_->curve(), nullptr);
-    ps_zmq.identity = wire::PsClientIdentity(session_->data().identity());
-    GS_ASSIGN_OR_RETURN(auto ps_transport, wire::ZmqTransport::Create(ps_zmq));
-    PsClientOptions ps_options = options_.ps;
-    ps_options.rejected = &ps_rejected_;
-    GS_ASSIGN_OR_RETURN(ps_, PsClient::Create(std::move(ps_transport), ps_peers, ps_options,
-                                              ring_.get(), health));
-    backend_ = ps_.get();
-  } else if (options_.backend == "nccl") {
-    GS_ASSIGN_OR_RETURN(nccl_, MakeNcclCollectives(session_.get(), options_.cuda_device, deadline));
-    backend_ = nccl_.get();
-  }
   if (options_.cuda_gradients) {
     GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(options_.cuda_device));
-    if (ps_ != nullptr) {
-      // Compressed pushes are made on the GPU: only their bytes reach the host.
-      ps_->SetPartitionEncoder([this](uint32_t bucket, uint32_t partition, size_t offset,
-                                      size_t count, const compression::CompressContext& ctx)
-                                   -> StatusOr<wire::Payload> {
-        GS_ASSIGN_OR_RETURN(auto bytes,
-                            device_->EncodePartition(static_cast<int>(bucket), partition, offset,
-                                                     count, compression_->SpecOf(bucket), ctx,
-                                                     Deadline::After(options_.op_timeout)));
-        const uint8_t* data = bytes->data();
-        const size_t size = bytes->size();
-        return wire::Payload::Borrow(data, size, std::move(bytes));
-      });
-    }
   }
-  path_ = SyncPathOf(backend_->name());
+  SyncBackendOptions backend;
+  backend.path = options_.path;
+  backend.backend = options_.backend;
+  backend.ring = options_.ring;
+  backend.ps = options_.ps;
+  backend.cuda_device = options_.cuda_device;
+  backend.op_timeout = options_.op_timeout;
+  backend.compression_seed = CompressionSeed();
+  GS_ASSIGN_OR_RETURN(backend_, MakeSyncBackend(backend, session_.get(), compression_.get(),
+                                                device_.get(), &ring_rejected_, &ps_rejected_,
+                                                [this] {
+                                                  std::lock_guard<std::mutex> lock(mu_);
+                                                  return stop_;
+                                                },
+                                                deadline));
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
   engine_ = std::thread([this] { EngineLoop(); });
   return Status();
@@ -431,24 +362,20 @@ Status Communicator::Impl::FinalizeLocked() {
   }
   GS_RETURN_IF_ERROR(compression_->Assign(infos));
   finalized_ = true;
-  if (ps_ != nullptr) {
-    // The PS client compresses each partition itself, so the shards can
-    // decompress what they own; on the engine thread, before any bucket.
-    std::vector<std::pair<uint32_t, std::string>> specs;
-    for (const BucketInfo& info : infos) specs.emplace_back(info.id, compression_->SpecOf(info.id));
-    Enqueue([this, specs = std::move(specs)] {
-      for (const auto& [id, spec] : specs) {
-        Status s = ps_->SetCompression(id, spec);
-        if (!s.ok()) return Fail(s);
-      }
-    });
-  }
+  // On the engine thread, before any bucket (the PS client compresses each
+  // partition itself, so that the shards decompress what they own).
+  std::vector<std::pair<uint32_t, std::string>> specs;
+  for (const BucketInfo& info : infos) specs.emplace_back(info.id, compression_->SpecOf(info.id));
+  Enqueue([this, specs = std::move(specs)] {
+    Status s = backend_->PrepareBuckets(specs);
+    if (!s.ok()) Fail(s);
+  });
   std::vector<wire::TensorSpecFields> layout;
   for (const Tensor& t : bucketer_.tensors()) {
     layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
   }
   Enqueue([this, layout = std::move(layout)] {
-    Status s = ring_->CheckLayout(layout, Deadline::After(options_.op_timeout));
+    Status s = backend_->CheckLayout(layout, Deadline::After(options_.op_timeout));
     if (!s.ok()) Fail(s);
   });
   return Status();
@@ -540,25 +467,14 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   BucketCompression::Traffic traffic{b->bytes(), b->bytes(), false};
   Status s;
   if (device_ == nullptr) {
-    s = ReduceOnHost(*b, b->data(), tag, deadline, &traffic);
+    s = backend_->ReduceHost(*b, b->data(), tag, deadline, &traffic);
   } else {
     auto host = [&](uint8_t* data, BucketCompression::Traffic* t) {
-      return ReduceOnHost(*b, data, tag, deadline, t);
+      return backend_->ReduceHost(*b, data, tag, deadline, t);
     };
-    if (ps_ != nullptr) {
-      // The shards' results come back through host memory; the bucket goes
-      // there only when the pushes carry it uncompressed.
-      s = device_->ReduceOnHost(index, b->bytes(), ps_->PushesRaw(b->id), deadline, &traffic,
-                                host);
-    } else {
-      s = device_->Reduce(index, b->count, b->dtype, compression_->SpecOf(b->id), *backend_, tag,
-                          CompressionSeed(), deadline, &traffic, host);
-    }
+    s = backend_->ReduceDevice(*device_, index, *b, tag, deadline, &traffic, host);
   }
-  const SyncOp op = path_ == SyncPath::kPs ? SyncOp::kPushPull
-                    : traffic.gathered     ? SyncOp::kAllGather
-                                           : SyncOp::kAllReduce;
-  Record(op, path_, start, s);
+  Record(backend_->BucketOp(traffic), backend_->path(), start, s);
   if (!s.ok()) return Fail(s);
   metrics_.Traffic(b->bytes(), traffic.sent, b->bytes(), traffic.received);
   // The bucket is in flight: its tensors' destinations and handles are this
@@ -609,30 +525,13 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   cv_.notify_all();
 }
 
-Status Communicator::Impl::ReduceOnHost(const Bucket& b, uint8_t* data, const OpTag& tag,
-                                        Deadline deadline, BucketCompression::Traffic* traffic) {
-  if (ps_ != nullptr) {
-    Status s = ps_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
-    const PsClient::Traffic moved = ps_->last_traffic();
-    *traffic = BucketCompression::Traffic{moved.sent, moved.received, false};
-    return s;
-  }
-  if (b.dtype == DType::kF32) {
-    return compression_->Reduce(*backend_, b.id, reinterpret_cast<float*>(data), b.count, tag,
-                                CompressionSeed(), deadline, traffic);
-  }
-  return backend_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
-}
-
 void Communicator::Impl::Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s) {
   metrics_.Record(op, path,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                   s);
-  if (ps_ != nullptr) {
-    const uint64_t resent = ps_->stats().resent;
-    metrics_.Retried(resent - resent_seen_);
-    resent_seen_ = resent;
-  }
+  const uint64_t resent = backend_->Resent();
+  metrics_.Retried(resent - resent_seen_);
+  resent_seen_ = resent;
 }
 
 Status Communicator::Impl::Synchronize(Deadline deadline) {
@@ -684,7 +583,7 @@ Status Communicator::Impl::Barrier(Deadline deadline) {
   }
   const SteadyTime start = std::chrono::steady_clock::now();
   Status s = session_->Barrier(deadline);
-  metrics_.Record(SyncOp::kBarrier, path_,
+  metrics_.Record(SyncOp::kBarrier, backend_->path(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                   s);
   return s;
@@ -704,9 +603,8 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
     if (stop_) return CancelledError("the communicator was shut down");
     Enqueue([this, label, op = std::move(op), result, staged] {
       const SteadyTime start = std::chrono::steady_clock::now();
-      Status s = op(*backend_, seq_++, staged->data());
-      // The PS path runs its direct collectives on the ring.
-      Record(label, path_ == SyncPath::kPs ? SyncPath::kRing : path_, start, s);
+      Status s = op(backend_->direct(), seq_++, staged->data());
+      Record(label, backend_->direct_path(), start, s);
       if (!s.ok()) {
         Fail(s);
         std::lock_guard<std::mutex> lock(mu_);

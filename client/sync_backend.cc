@@ -1,0 +1,196 @@
+#include "client/sync_backend.h"
+
+#include <utility>
+
+#include "client/nccl_factory.h"
+#include "cluster/node.h"
+#include "wire/zmq_transport.h"
+
+namespace gradsync::client {
+namespace {
+
+// Fails when the job already knows that a collective cannot finish: the job
+// ended, or a node of `role` died.
+Status SessionHealth(const Session& session, wire::Role role) {
+  GS_RETURN_IF_ERROR(session.job_status());
+  for (const wire::NodeInfo& dead : session.dead_peers()) {
+    if (dead.role == role) {
+      return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
+    }
+  }
+  return Status();
+}
+
+// The ring over the session's transport, to this worker's neighbours.
+StatusOr<std::unique_ptr<RingCollectives>> MakeRing(Session* session, RingOptions options,
+                                                    wire::RejectedMetrics* rejected) {
+  const int n = session->num_workers();
+  const int r = session->rank();
+  RingPeers peers;
+  peers.rank = r;
+  peers.world_size = n;
+  peers.sender = wire::Sender{wire::Role::Worker, r, session->job_id()};
+  for (const wire::NodeInfo& p : session->peers()) {
+    if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
+    if (p.role == wire::Role::Worker && p.rank == (r + n - 1) % n) peers.left_identity = p.identity;
+  }
+  options.rejected = rejected;
+  return RingCollectives::Create(&session->data(), peers, options, [session] {
+    return SessionHealth(*session, wire::Role::Worker);
+  });
+}
+
+// Buckets through `collectives` (the ring or NCCL), compressed as
+// BucketCompression says; the ring checks the layout.
+class AllReduceBackend : public SyncBackend {
+ public:
+  AllReduceBackend(std::unique_ptr<RingCollectives> ring, std::unique_ptr<Collectives> nccl,
+                   BucketCompression* compression, uint64_t seed)
+      : ring_(std::move(ring)), nccl_(std::move(nccl)), compression_(compression), seed_(seed) {}
+
+  const char* name() const override { return collectives().name(); }
+  SyncPath path() const override { return nccl_ ? SyncPath::kNccl : SyncPath::kRing; }
+  Collectives& direct() override { return collectives(); }
+  Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
+                     Deadline deadline) override {
+    return ring_->CheckLayout(layout, deadline);
+  }
+  Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
+                    BucketCompression::Traffic* traffic) override {
+    if (b.dtype == DType::kF32) {
+      return compression_->Reduce(collectives(), b.id, reinterpret_cast<float*>(data), b.count,
+                                  tag, seed_, deadline, traffic);
+    }
+    return collectives().AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
+  }
+  Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b, const OpTag& tag,
+                      Deadline deadline, BucketCompression::Traffic* traffic,
+                      const DeviceGradients::HostReduce& host) override {
+    return device.Reduce(index, b.count, b.dtype, compression_->SpecOf(b.id), collectives(), tag,
+                         seed_, deadline, traffic, host);
+  }
+  uint64_t SentBytes(uint64_t) const override {
+    return nccl_ ? 0 : ring_->stats().bytes_sent;  // NCCL counts none
+  }
+
+ private:
+  Collectives& collectives() const {
+    return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_);
+  }
+
+  std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<Collectives> nccl_;  // backend=nccl
+  BucketCompression* compression_;
+  uint64_t seed_;
+};
+
+// Buckets to the parameter-server shards; the ring for the rest.
+class PsBackend : public SyncBackend {
+ public:
+  PsBackend(std::unique_ptr<RingCollectives> ring, std::unique_ptr<PsClient> ps)
+      : ring_(std::move(ring)), ps_(std::move(ps)) {}
+
+  const char* name() const override { return ps_->name(); }
+  SyncPath path() const override { return SyncPath::kPs; }
+  Collectives& direct() override { return *ring_; }
+  SyncPath direct_path() const override { return SyncPath::kRing; }
+  Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
+                     Deadline deadline) override {
+    return ring_->CheckLayout(layout, deadline);
+  }
+  Status PrepareBuckets(const std::vector<std::pair<uint32_t, std::string>>& specs) override {
+    for (const auto& [id, spec] : specs) GS_RETURN_IF_ERROR(ps_->SetCompression(id, spec));
+    return Status();
+  }
+  Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
+                    BucketCompression::Traffic* traffic) override {
+    Status s = ps_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
+    const PsClient::Traffic moved = ps_->last_traffic();
+    *traffic = BucketCompression::Traffic{moved.sent, moved.received, false};
+    return s;
+  }
+  Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b, const OpTag& tag,
+                      Deadline deadline, BucketCompression::Traffic* traffic,
+                      const DeviceGradients::HostReduce& host) override {
+    (void)tag;
+    // The shards' results come back through host memory; the bucket goes
+    // there only when the pushes carry it uncompressed.
+    return device.ReduceOnHost(index, b.bytes(), ps_->PushesRaw(b.id), deadline, traffic, host);
+  }
+  SyncOp BucketOp(const BucketCompression::Traffic&) const override { return SyncOp::kPushPull; }
+  uint64_t SentBytes(uint64_t wire_bytes) const override { return wire_bytes; }  // pushes
+  uint64_t Resent() const override { return ps_->stats().resent; }
+
+  PsClient& client() { return *ps_; }
+
+ private:
+  std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<PsClient> ps_;
+};
+
+StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
+    const SyncBackendOptions& options, Session* session, BucketCompression* compression,
+    DeviceGradients* device, std::unique_ptr<RingCollectives> ring,
+    wire::RejectedMetrics* rejected, std::function<bool()> stopped) {
+  const int n = session->num_workers();
+  const int r = session->rank();
+  PsPeers peers{r, n, {}, wire::Sender{wire::Role::Worker, r, session->job_id()}};
+  peers.server_endpoints.resize(static_cast<size_t>(session->num_servers()));
+  for (const wire::NodeInfo& p : session->peers()) {
+    if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session->num_servers()) {
+      peers.server_endpoints[static_cast<size_t>(p.rank)] = p.DataEndpoint();
+    }
+  }
+  auto health = [session, stopped = std::move(stopped)]() -> Status {
+    if (stopped()) return CancelledError("the communicator was shut down");
+    // The shards close rounds without dead workers; a dead shard ends it.
+    return SessionHealth(*session, wire::Role::Server);
+  };
+  // The shards answer on a transport of the PS client's own, known to them
+  // by this identity (wire::PsClientIdentity); the ring keeps the session's.
+  wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), nullptr);
+  zmq.identity = wire::PsClientIdentity(session->data().identity());
+  GS_ASSIGN_OR_RETURN(auto transport, wire::ZmqTransport::Create(zmq));
+  PsClientOptions ps_options = options.ps;
+  ps_options.rejected = rejected;
+  GS_ASSIGN_OR_RETURN(auto ps, PsClient::Create(std::move(transport), peers, ps_options,
+                                                ring.get(), health));
+  if (device != nullptr) {
+    // Compressed pushes are made on the GPU: only their bytes reach the host.
+    const Millis timeout = options.op_timeout;
+    ps->SetPartitionEncoder([device, compression, timeout](
+                                uint32_t bucket, uint32_t partition, size_t offset, size_t count,
+                                const compression::CompressContext& ctx)
+                                -> StatusOr<wire::Payload> {
+      GS_ASSIGN_OR_RETURN(auto bytes,
+                          device->EncodePartition(static_cast<int>(bucket), partition, offset,
+                                                  count, compression->SpecOf(bucket), ctx,
+                                                  Deadline::After(timeout)));
+      const uint8_t* data = bytes->data();
+      const size_t size = bytes->size();
+      return wire::Payload::Borrow(data, size, std::move(bytes));
+    });
+  }
+  return std::unique_ptr<SyncBackend>(new PsBackend(std::move(ring), std::move(ps)));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
+    const SyncBackendOptions& options, Session* session, BucketCompression* compression,
+    DeviceGradients* device, wire::RejectedMetrics* ring_rejected,
+    wire::RejectedMetrics* ps_rejected, std::function<bool()> stopped, Deadline deadline) {
+  GS_ASSIGN_OR_RETURN(auto ring, MakeRing(session, options.ring, ring_rejected));
+  if (options.path == "ps") {
+    return MakePsBackend(options, session, compression, device, std::move(ring), ps_rejected,
+                         std::move(stopped));
+  }
+  std::unique_ptr<Collectives> nccl;
+  if (options.backend == "nccl") {
+    GS_ASSIGN_OR_RETURN(nccl, MakeNcclCollectives(session, options.cuda_device, deadline));
+  }
+  return std::unique_ptr<SyncBackend>(new AllReduceBackend(
+      std::move(ring), std::move(nccl), compression, options.compression_seed));
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,104 @@
+// SyncBackend: what a Communicator synchronises its buckets and its direct
+// collectives through, chosen once when it starts (MakeSyncBackend). The
+// Communicator never asks which one it holds:
+//   - ring (path=allreduce, backend=ring): RingCollectives over the
+//     session's transport; buckets go through BucketCompression (compressed
+//     or not), direct collectives and the layout check through the ring.
+//   - nccl (path=allreduce, backend=nccl): NCCL for buckets and direct
+//     collectives; the ring only checks the layout (its refusal names the
+//     tensor that differs).
+//   - ps (path=ps): the parameter-server client for buckets (it compresses
+//     each partition itself); the ring for the layout check and the direct
+//     collectives.
+// A new transport plugs in as another SyncBackend.
+//
+// Thread-safety: the Communicator's engine thread calls everything but
+// SentBytes, which any thread may call.
+#ifndef GRADSYNC_CLIENT_SYNC_BACKEND_H_
+#define GRADSYNC_CLIENT_SYNC_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/bucket_compression.h"
+#include "client/bucketer.h"
+#include "client/client_metrics.h"
+#include "client/collectives.h"
+#include "client/device_gradients.h"
+#include "client/ps_client.h"
+#include "client/ring.h"
+#include "client/session.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "wire/message.h"
+#include "wire/rejected_metrics.h"
+
+namespace gradsync::client {
+
+class SyncBackend {
+ public:
+  virtual ~SyncBackend() = default;
+
+  // "ring", "nccl" or "ps": the Communicator's backend().
+  virtual const char* name() const = 0;
+  // The path bucket operations are recorded under.
+  virtual SyncPath path() const = 0;
+  // Where Broadcast, AllGather and AllReduce of the caller's buffers run,
+  // and the path they are recorded under.
+  virtual Collectives& direct() = 0;
+  virtual SyncPath direct_path() const { return path(); }
+  // Fails on every worker when the workers registered different tensors.
+  virtual Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
+                             Deadline deadline) = 0;
+  // Once, on the engine thread, before any bucket: the buckets and the
+  // compressor spec of each (BucketCompression::SpecOf).
+  virtual Status PrepareBuckets(const std::vector<std::pair<uint32_t, std::string>>& specs) {
+    (void)specs;
+    return Status();
+  }
+  // Averages bucket `b` held in host memory at `data`; `*traffic` gets the
+  // bytes sent and received.
+  virtual Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
+                            BucketCompression::Traffic* traffic) = 0;
+  // Averages bucket `index` held by `device` (gradient_device=cuda); `host`
+  // averages a host copy where the work cannot stay on the device.
+  virtual Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b,
+                              const OpTag& tag, Deadline deadline,
+                              BucketCompression::Traffic* traffic,
+                              const DeviceGradients::HostReduce& host) = 0;
+  // The operation a bucket reduce is recorded as.
+  virtual SyncOp BucketOp(const BucketCompression::Traffic& traffic) const {
+    return traffic.gathered ? SyncOp::kAllGather : SyncOp::kAllReduce;
+  }
+  // Payload bytes this worker sent; `wire_bytes`: the bucket bytes it sent
+  // after compression, as the Communicator counted them.
+  virtual uint64_t SentBytes(uint64_t wire_bytes) const = 0;
+  // Operations sent again after a timeout, since the start.
+  virtual uint64_t Resent() const { return 0; }
+};
+
+struct SyncBackendOptions {
+  std::string path;     // allreduce | ps
+  std::string backend;  // ring | nccl (path=allreduce)
+  RingOptions ring;
+  PsClientOptions ps;
+  int cuda_device = 0;
+  Millis op_timeout{60000};
+  uint64_t compression_seed = 0;  // the compressors' job-wide seed
+};
+
+// Builds the backend `options` name over `session`. `compression`,
+// `device` (null: host gradients) and the rejected-message metrics must
+// outlive it; `stopped` tells the PS client's waits that the Communicator
+// was shut down.
+StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
+    const SyncBackendOptions& options, Session* session, BucketCompression* compression,
+    DeviceGradients* device, wire::RejectedMetrics* ring_rejected,
+    wire::RejectedMetrics* ps_rejected, std::function<bool()> stopped, Deadline deadline);
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_SYNC_BACKEND_H_
