@@ -74,6 +74,8 @@ struct CommOptions {
   size_t bucket_bytes = 0;
   Millis op_timeout{0};
   RingOptions ring;
+  bool ring_shm = true;
+  size_t ring_shm_bytes = 0;
   int cuda_device = 0;
   PsClientOptions ps;
   int64_t metrics_base_port = 0;
@@ -95,6 +97,8 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
+    GS_ASSIGN_OR_RETURN(o.ring_shm, config.GetBool("ring_shm", true));
+    GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 4 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
     GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
     GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));
@@ -105,11 +109,13 @@ struct CommOptions {
     if (o.backend != "ring" && o.backend != "nccl") {
       return InvalidArgumentError("backend must be ring or nccl, got '" + o.backend + "'");
     }
-    if (first <= 0 || bucket <= 0 || timeout <= 0 || chunk < 64) {
+    if (first <= 0 || bucket <= 0 || timeout <= 0 || chunk < 64 || shm_bytes < 4096 ||
+        shm_bytes > (int64_t{1} << 30)) {
       return InvalidArgumentError(
-          "first_bucket_bytes, bucket_bytes and op_timeout_ms must be positive and "
-          "ring_chunk_bytes at least 64");
+          "first_bucket_bytes, bucket_bytes and op_timeout_ms must be positive, "
+          "ring_chunk_bytes at least 64 and ring_shm_bytes within [4096, 1 GiB]");
     }
+    o.ring_shm_bytes = static_cast<size_t>(shm_bytes);
     o.first_bucket_bytes = static_cast<size_t>(first);
     o.bucket_bytes = static_cast<size_t>(bucket);
     o.op_timeout = Millis(timeout);
@@ -234,6 +240,8 @@ Status Communicator::Impl::Start(Deadline deadline) {
   backend.path = options_.path;
   backend.backend = options_.backend;
   backend.ring = options_.ring;
+  backend.shm = options_.ring_shm;
+  backend.shm_link_bytes = options_.ring_shm_bytes;
   backend.ps = options_.ps;
   backend.cuda_device = options_.cuda_device;
   backend.op_timeout = options_.op_timeout;

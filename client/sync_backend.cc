@@ -4,6 +4,8 @@
 
 #include "client/nccl_factory.h"
 #include "cluster/node.h"
+#include "common/logging.h"
+#include "wire/same_host_transport.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::client {
@@ -21,32 +23,63 @@ Status SessionHealth(const Session& session, wire::Role role) {
   return Status();
 }
 
-// The ring over the session's transport, to this worker's neighbours.
-StatusOr<std::unique_ptr<RingCollectives>> MakeRing(Session* session, RingOptions options,
-                                                    wire::RejectedMetrics* rejected) {
+// The ring to this worker's neighbours, and the transport under it when
+// it is not the session's own.
+struct Ring {
+  std::unique_ptr<wire::SameHostTransport> same_host;  // a neighbour is on this host
+  std::unique_ptr<RingCollectives> ring;               // destroyed first
+};
+
+StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
+                        wire::RejectedMetrics* rejected) {
   const int n = session->num_workers();
   const int r = session->rank();
   RingPeers peers;
   peers.rank = r;
   peers.world_size = n;
   peers.sender = wire::Sender{wire::Role::Worker, r, session->job_id()};
+  wire::SameHostOptions links;
+  links.job_id = session->job_id();
+  links.link_bytes = options.shm_link_bytes;
   for (const wire::NodeInfo& p : session->peers()) {
-    if (p.role == wire::Role::Worker && p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
-    if (p.role == wire::Role::Worker && p.rank == (r + n - 1) % n) peers.left_identity = p.identity;
+    if (p.role != wire::Role::Worker || n < 2) continue;
+    const bool here = options.shm && p.host == session->host();
+    if (p.rank == (r + 1) % n) {
+      peers.right_endpoint = p.DataEndpoint();
+      links.right_endpoint = peers.right_endpoint;
+      links.shm_right = here;
+    }
+    if (p.rank == (r + n - 1) % n) {
+      peers.left_identity = p.identity;
+      links.left_identity = p.identity;
+      links.shm_left = here && !p.identity.empty();
+    }
   }
-  options.rejected = rejected;
-  return RingCollectives::Create(&session->data(), peers, options, [session] {
+  Ring out;
+  wire::Transport* transport = &session->data();
+  if (links.shm_right || links.shm_left) {
+    out.same_host = std::make_unique<wire::SameHostTransport>(transport, links);
+    transport = out.same_host.get();
+    GS_LOG(INFO) << "ring neighbours on this host use shared memory:"
+                 << (links.shm_left ? " from rank " + std::to_string((r + n - 1) % n) : "")
+                 << (links.shm_right ? " to rank " + std::to_string((r + 1) % n) : "");
+  }
+  RingOptions ring_options = options.ring;
+  ring_options.rejected = rejected;
+  GS_ASSIGN_OR_RETURN(out.ring, RingCollectives::Create(transport, peers, ring_options, [session] {
     return SessionHealth(*session, wire::Role::Worker);
-  });
+  }));
+  return out;
 }
 
 // Buckets through `collectives` (the ring or NCCL), compressed as
 // BucketCompression says; the ring checks the layout.
 class AllReduceBackend : public SyncBackend {
  public:
-  AllReduceBackend(std::unique_ptr<RingCollectives> ring, std::unique_ptr<Collectives> nccl,
+  AllReduceBackend(Ring ring, std::unique_ptr<Collectives> nccl,
                    BucketCompression* compression, uint64_t seed)
-      : ring_(std::move(ring)), nccl_(std::move(nccl)), compression_(compression), seed_(seed) {}
+      : same_host_(std::move(ring.same_host)), ring_(std::move(ring.ring)),
+        nccl_(std::move(nccl)), compression_(compression), seed_(seed) {}
 
   const char* name() const override { return collectives().name(); }
   SyncPath path() const override { return nccl_ ? SyncPath::kNccl : SyncPath::kRing; }
@@ -78,6 +111,7 @@ class AllReduceBackend : public SyncBackend {
     return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_);
   }
 
+  std::unique_ptr<wire::SameHostTransport> same_host_;
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<Collectives> nccl_;  // backend=nccl
   BucketCompression* compression_;
@@ -87,8 +121,8 @@ class AllReduceBackend : public SyncBackend {
 // Buckets to the parameter-server shards; the ring for the rest.
 class PsBackend : public SyncBackend {
  public:
-  PsBackend(std::unique_ptr<RingCollectives> ring, std::unique_ptr<PsClient> ps)
-      : ring_(std::move(ring)), ps_(std::move(ps)) {}
+  PsBackend(Ring ring, std::unique_ptr<PsClient> ps)
+      : same_host_(std::move(ring.same_host)), ring_(std::move(ring.ring)), ps_(std::move(ps)) {}
 
   const char* name() const override { return ps_->name(); }
   SyncPath path() const override { return SyncPath::kPs; }
@@ -121,17 +155,16 @@ class PsBackend : public SyncBackend {
   uint64_t SentBytes(uint64_t wire_bytes) const override { return wire_bytes; }  // pushes
   uint64_t Resent() const override { return ps_->stats().resent; }
 
-  PsClient& client() { return *ps_; }
-
  private:
+  std::unique_ptr<wire::SameHostTransport> same_host_;
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<PsClient> ps_;
 };
 
 StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
     const SyncBackendOptions& options, Session* session, BucketCompression* compression,
-    DeviceGradients* device, std::unique_ptr<RingCollectives> ring,
-    wire::RejectedMetrics* rejected, std::function<bool()> stopped) {
+    DeviceGradients* device, Ring ring, wire::RejectedMetrics* rejected,
+    std::function<bool()> stopped) {
   const int n = session->num_workers();
   const int r = session->rank();
   PsPeers peers{r, n, {}, wire::Sender{wire::Role::Worker, r, session->job_id()}};
@@ -154,7 +187,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
   PsClientOptions ps_options = options.ps;
   ps_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(auto ps, PsClient::Create(std::move(transport), peers, ps_options,
-                                                ring.get(), health));
+                                                ring.ring.get(), health));
   if (device != nullptr) {
     // Compressed pushes are made on the GPU: only their bytes reach the host.
     const Millis timeout = options.op_timeout;
@@ -180,7 +213,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
     const SyncBackendOptions& options, Session* session, BucketCompression* compression,
     DeviceGradients* device, wire::RejectedMetrics* ring_rejected,
     wire::RejectedMetrics* ps_rejected, std::function<bool()> stopped, Deadline deadline) {
-  GS_ASSIGN_OR_RETURN(auto ring, MakeRing(session, options.ring, ring_rejected));
+  GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, ring_rejected));
   if (options.path == "ps") {
     return MakePsBackend(options, session, compression, device, std::move(ring), ps_rejected,
                          std::move(stopped));

@@ -84,6 +84,11 @@ struct SyncBackendOptions {
   std::string path;     // allreduce | ps
   std::string backend;  // ring | nccl (path=allreduce)
   RingOptions ring;
+  // Ring neighbours on this host (the same host address) exchange their
+  // messages through shared memory (wire/same_host_transport.h), links of
+  // `shm_link_bytes` each.
+  bool shm = true;
+  size_t shm_link_bytes = size_t{4} << 20;
   PsClientOptions ps;
   int cuda_device = 0;
   Millis op_timeout{60000};

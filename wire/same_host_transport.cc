@@ -1,0 +1,250 @@
+#include "wire/same_host_transport.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+
+namespace gradsync::wire {
+
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x47534D31;  // "GSM1"
+// How long Receive waits on the link before it looks at the inner transport.
+constexpr Millis kInnerPollEvery{2};
+// How often a Receive whose left link does not exist yet tries to open it.
+constexpr Millis kAttachEvery{5};
+
+void PutU32(std::vector<uint8_t>* out, uint32_t v) {
+  const size_t at = out->size();
+  out->resize(at + 4);
+  std::memcpy(out->data() + at, &v, 4);
+}
+
+void PutU64(std::vector<uint8_t>* out, uint64_t v) {
+  const size_t at = out->size();
+  out->resize(at + 8);
+  std::memcpy(out->data() + at, &v, 8);
+}
+
+}  // namespace
+
+std::string SameHostTransport::LinkName(uint64_t job, const std::string& identity) {
+  char prefix[40];
+  std::snprintf(prefix, sizeof(prefix), "/gradsync-%016llx-",
+                static_cast<unsigned long long>(job));
+  std::string name = prefix;
+  for (char c : identity) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_';
+  return name;
+}
+
+SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
+    : inner_(inner), options_(std::move(options)) {}
+
+SameHostTransport::~SameHostTransport() { Shutdown(); }
+
+void SameHostTransport::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (out_) out_->Close();  // wakes the writer if it waits for room
+  if (writer_.joinable()) writer_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();  // releases the payloads never written
+}
+
+StatusOr<ConnId> SameHostTransport::Connect(const std::string& endpoint) {
+  GS_ASSIGN_OR_RETURN(ConnId id, inner_->Connect(endpoint));
+  if (options_.shm_right && endpoint == options_.right_endpoint && out_ == nullptr) {
+    GS_ASSIGN_OR_RETURN(out_, ShmLink::Create(LinkName(options_.job_id, identity()),
+                                              options_.link_bytes));
+    out_conn_ = id;
+    writer_ = std::thread([this] { WriterLoop(); });
+  }
+  return id;
+}
+
+bool SameHostTransport::WriteSome(Framed& f) {
+  for (;;) {
+    const uint8_t* data;
+    size_t size;
+    if (f.frame == 0) {
+      data = f.table.data();
+      size = f.table.size();
+    } else if (f.frame == 1) {
+      data = f.message.header.data();
+      size = f.message.header.size();
+    } else if (f.frame - 2 < f.message.payloads.size()) {
+      const Payload& p = f.message.payloads[f.frame - 2];
+      data = p.data;
+      size = p.size;
+    } else {
+      return true;
+    }
+    f.done += out_->Write(data + f.done, size - f.done);
+    if (f.done < size) return false;
+    if (f.frame >= 2) f.message.payloads[f.frame - 2] = Payload();  // its bytes are in
+    ++f.frame;
+    f.done = 0;
+  }
+}
+
+Status SameHostTransport::Send(const Route& to, Message message, Deadline deadline) {
+  if (out_ == nullptr || to.kind != Route::Kind::kConnection || to.conn != out_conn_) {
+    return inner_->Send(to, std::move(message), deadline);
+  }
+  if (message.payloads.size() + 1 > options_.max_frames) {
+    return InvalidArgumentError("a message of " + std::to_string(message.payloads.size() + 1) +
+                                " frames does not fit the same-host link");
+  }
+  Framed f;
+  PutU32(&f.table, kFrameMagic);
+  PutU32(&f.table, static_cast<uint32_t>(message.payloads.size() + 1));
+  PutU64(&f.table, message.header.size());
+  size_t total = f.table.size() + message.header.size();
+  for (const Payload& p : message.payloads) {
+    PutU64(&f.table, p.size);
+    total += p.size;
+  }
+  f.message = std::move(message);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return CancelledError("transport is shut down");
+  if (out_->PeerClosed()) return UnavailableError("the same-host neighbour closed its link");
+  // In order: straight into the link only behind nothing queued.
+  if (queue_.empty() && out_->Writable() >= total) {
+    WriteSome(f);
+    return Status();
+  }
+  queue_.push_back(std::move(f));
+  lock.unlock();
+  cv_.notify_all();
+  return Status();
+}
+
+void SameHostTransport::WriterLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    // Only this thread takes the front off, and Send writes only when the
+    // queue is empty: the front is this thread's to write.
+    Framed* f = &queue_.front();
+    lock.unlock();
+    while (!WriteSome(*f)) {
+      if (out_->PeerClosed()) {
+        // The reader is gone: nothing queued will be read.
+        lock.lock();
+        queue_.clear();
+        break;
+      }
+      out_->WaitWritable(Deadline::After(Millis(50)));
+      std::lock_guard<std::mutex> check(mu_);
+      if (stop_) return;
+    }
+    if (!lock.owns_lock()) lock.lock();
+    if (queue_.empty()) continue;
+    queue_.pop_front();
+  }
+}
+
+StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
+  for (;;) {
+    if (stage_ == Stage::kPrefix) {
+      got_ += in_->Read(prefix_ + got_, sizeof(prefix_) - got_);
+      if (got_ < sizeof(prefix_)) return std::optional<Incoming>();
+      uint32_t magic, count;
+      std::memcpy(&magic, prefix_, 4);
+      std::memcpy(&count, prefix_ + 4, 4);
+      if (magic != kFrameMagic || count == 0 || count > options_.max_frames) {
+        return DataLossError("the same-host link from " + options_.left_identity +
+                             " carries a bad frame table (magic " + std::to_string(magic) +
+                             ", " + std::to_string(count) + " frames)");
+      }
+      sizes_.assign(count, 0);
+      stage_ = Stage::kSizes;
+      got_ = 0;
+    }
+    if (stage_ == Stage::kSizes) {
+      auto* bytes = reinterpret_cast<uint8_t*>(sizes_.data());
+      got_ += in_->Read(bytes + got_, sizes_.size() * 8 - got_);
+      if (got_ < sizes_.size() * 8) return std::optional<Incoming>();
+      for (uint64_t s : sizes_) {
+        if (s > options_.max_frame_bytes) {
+          return DataLossError("the same-host link from " + options_.left_identity +
+                               " announces a frame of " + std::to_string(s) +
+                               " bytes, above the limit of " +
+                               std::to_string(options_.max_frame_bytes));
+        }
+      }
+      frames_.clear();
+      for (uint64_t s : sizes_) {
+        frames_.push_back(std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(s)));
+      }
+      stage_ = Stage::kFrames;
+      frame_ = 0;
+      got_ = 0;
+    }
+    while (frame_ < frames_.size()) {
+      std::vector<uint8_t>& f = *frames_[frame_];
+      got_ += in_->Read(f.data() + got_, f.size() - got_);
+      if (got_ < f.size()) return std::optional<Incoming>();
+      ++frame_;
+      got_ = 0;
+    }
+    Incoming in;
+    in.from = Route::Inbound(options_.left_identity);
+    in.message.header = std::move(*frames_[0]);
+    for (size_t i = 1; i < frames_.size(); ++i) {
+      const std::vector<uint8_t>& f = *frames_[i];
+      in.message.payloads.push_back(Payload::Borrow(f.data(), f.size(), frames_[i]));
+    }
+    frames_.clear();
+    stage_ = Stage::kPrefix;
+    return std::optional<Incoming>(std::move(in));
+  }
+}
+
+StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
+  if (!options_.shm_left) return inner_->Receive(deadline);
+  for (;;) {
+    if (!broken_.ok()) return broken_;
+    if (in_ == nullptr) {
+      auto link = ShmLink::Open(LinkName(options_.job_id, options_.left_identity));
+      if (link.ok()) {
+        in_ = std::move(*link);
+      } else if (link.status().code() != StatusCode::kNotFound) {
+        broken_ = link.status();
+        return broken_;
+      }
+    }
+    if (in_ != nullptr) {
+      auto got = ReadSome();
+      if (!got.ok()) {
+        broken_ = got.status();
+        in_->Close();
+        return broken_;
+      }
+      if (got->has_value()) return std::move(**got);
+    }
+    // The inner transport's messages, without waiting when the link is up.
+    const Deadline inner = in_ != nullptr ? Deadline::After(Millis(0))
+                                          : deadline.Min(Deadline::After(kAttachEvery));
+    auto other = inner_->Receive(inner);
+    if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
+    if (deadline.Expired()) return DeadlineExceededError("nothing received before the deadline");
+    if (in_ != nullptr) {
+      if (in_->PeerClosed() && in_->Readable() == 0) {
+        // The neighbour is gone; what comes now comes through the inner transport.
+        auto rest = inner_->Receive(deadline.Min(Deadline::After(kInnerPollEvery)));
+        if (rest.ok() || rest.status().code() != StatusCode::kDeadlineExceeded) return rest;
+        continue;
+      }
+      in_->WaitReadable(deadline.Min(Deadline::After(kInnerPollEvery)));
+    }
+  }
+}
+
+}  // namespace gradsync::wire

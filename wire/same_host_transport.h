@@ -1,0 +1,121 @@
+// SameHostTransport: a Transport over another one (ZeroMQ) that carries
+// the messages to one neighbour on the same host, and from another, through
+// shared memory (wire/shm_link.h) instead: what a ring of workers on one
+// machine needs. Everything else goes through the inner transport, which
+// also stays connected to the neighbours (replies to them use it).
+//
+// To the right neighbour (`right_endpoint`, when `shm_right`): Connect
+// creates the link, named after the job and this transport's identity. A
+// Send on that connection copies the message into the link at once when
+// it fits and nothing is queued before it; otherwise it is queued (its
+// payloads held, not copied) and a writer thread copies it in as the
+// reader makes room, so a send never waits on the neighbour. A payload is
+// released once its bytes are in the link.
+//
+// From the left neighbour (`left_identity`, when `shm_left`): Receive opens
+// that neighbour's link once it exists and returns its messages as coming
+// from Inbound(left_identity), between the inner transport's messages
+// (which are looked at at least every 2 ms while waiting on the link).
+// Every message read from the link is checked before anything is allocated
+// for it: its frame count and each frame's size against the limits (a bad
+// frame table breaks the link: Receive returns DataLoss from then on).
+//
+// Framing: u32 magic, u32 frame count, u64 size per frame, then the frames
+// (the header first, then the payloads).
+//
+// Thread-safety: as the Transport interface (Send and Receive may run on
+// different threads; the ring calls each from one).
+#ifndef GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_
+#define GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wire/shm_link.h"
+#include "wire/transport.h"
+
+namespace gradsync::wire {
+
+struct SameHostOptions {
+  uint64_t job_id = 0;
+  std::string right_endpoint;  // the neighbour this transport sends to
+  bool shm_right = false;      // it is on this host
+  std::string left_identity;   // the neighbour this transport receives from
+  bool shm_left = false;       // it is on this host
+  size_t link_bytes = size_t{4} << 20;
+  size_t max_frames = 8;
+  size_t max_frame_bytes = (size_t{1} << 30) + (64 << 10);
+};
+
+class SameHostTransport : public Transport {
+ public:
+  // `inner` must outlive this transport.
+  SameHostTransport(Transport* inner, SameHostOptions options);
+  ~SameHostTransport() override;  // Shutdown()
+
+  const std::string& identity() const override { return inner_->identity(); }
+  StatusOr<std::string> Listen(const std::string& endpoint) override {
+    return inner_->Listen(endpoint);
+  }
+  StatusOr<ConnId> Connect(const std::string& endpoint) override;
+  Status Send(const Route& to, Message message, Deadline deadline) override;
+  StatusOr<Incoming> Receive(Deadline deadline) override;
+  Status Probe(const std::string& endpoint, Deadline deadline) override {
+    return inner_->Probe(endpoint, deadline);
+  }
+  // Stops the writer and closes the links; the inner transport is its
+  // owner's to shut down.
+  void Shutdown() override;
+
+  // The link's name for a writer of job `job` whose identity is `identity`.
+  static std::string LinkName(uint64_t job, const std::string& identity);
+  // Whether the links are up (for tests and logs).
+  bool sending_by_shm() const { return out_ != nullptr; }
+  bool receiving_by_shm() const { return in_ != nullptr; }
+
+ private:
+  struct Framed {
+    std::vector<uint8_t> table;  // magic, count, sizes
+    Message message;
+    size_t frame = 0;  // next frame to write (0: the table)
+    size_t done = 0;   // bytes of it written
+  };
+  // Writes what fits of `f`; true when all of it is in.
+  bool WriteSome(Framed& f);
+  void WriterLoop();
+  // Reads what is there of the next message; set when one is complete.
+  StatusOr<std::optional<Incoming>> ReadSome();
+
+  Transport* inner_;
+  const SameHostOptions options_;
+  std::unique_ptr<ShmLink> out_;
+  ConnId out_conn_ = -1;
+  std::unique_ptr<ShmLink> in_;  // Receive's thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Framed> queue_;  // guarded by mu_; the front may be mid-write
+  bool stop_ = false;         // guarded by mu_
+  std::thread writer_;
+
+  // The message being read (Receive's thread only).
+  enum class Stage { kPrefix, kSizes, kFrames };
+  Stage stage_ = Stage::kPrefix;
+  uint8_t prefix_[8];
+  size_t got_ = 0;  // bytes of the current part
+  std::vector<uint64_t> sizes_;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> frames_;
+  size_t frame_ = 0;
+  Status broken_;
+};
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_

@@ -1,0 +1,235 @@
+#include "wire/shm_link.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace gradsync::wire {
+
+namespace {
+constexpr uint64_t kMagic = 0x31424C5347ull;  // "GSLB1"
+constexpr size_t kMaxCapacity = size_t{1} << 30;
+}  // namespace
+
+// Positions count bytes since the start and never wrap; the buffer offset is
+// position & (capacity - 1). Each side's words sit on cache lines of their
+// own.
+struct ShmLink::Shared {
+  uint64_t magic;
+  uint64_t capacity;
+  char boot_id[64];
+  alignas(64) std::atomic<uint64_t> head;  // written up to (the writer's)
+  std::atomic<uint32_t> data_seq;          // futex: bumped after each write
+  std::atomic<uint32_t> reader_waiting;
+  std::atomic<uint32_t> writer_closed;
+  alignas(64) std::atomic<uint64_t> tail;  // read up to (the reader's)
+  std::atomic<uint32_t> space_seq;         // futex: bumped after each read
+  std::atomic<uint32_t> writer_waiting;
+  std::atomic<uint32_t> reader_closed;
+  std::atomic<uint32_t> reader_attached;
+};
+
+namespace {
+
+size_t HeaderBytes() { return (sizeof(ShmLink::Shared) + 4095) & ~size_t{4095}; }
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, Deadline deadline) {
+  const auto left = deadline.infinite() ? std::chrono::nanoseconds(std::chrono::milliseconds(100))
+                                        : deadline.at() - std::chrono::steady_clock::now();
+  if (left <= std::chrono::nanoseconds(0)) return;
+  const auto ns = std::min<int64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(left).count(), 100'000'000);
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+// A short spin before sleeping: a peer that is mid-copy finishes sooner than
+// a futex round trip.
+template <typename Ready>
+bool Spin(Ready ready) {
+  for (int i = 0; i < 64; ++i) {
+    if (ready()) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return ready();
+}
+
+}  // namespace
+
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+ShmLink::ShmLink(std::string name, bool writer, Shared* shared, size_t map_bytes,
+                 size_t capacity)
+    : name_(std::move(name)), writer_(writer), shared_(shared),
+      data_(reinterpret_cast<uint8_t*>(shared) + HeaderBytes()), map_bytes_(map_bytes),
+      capacity_(capacity) {}
+
+StatusOr<std::unique_ptr<ShmLink>> ShmLink::Create(const std::string& name, size_t capacity) {
+  size_t cap = 4096;
+  while (cap < capacity && cap < kMaxCapacity) cap <<= 1;
+  const size_t bytes = HeaderBytes() + cap;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    shm_unlink(name.c_str());  // left by a process of an earlier run
+    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) return UnavailableError("shm_open " + name + ": " + std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return UnavailableError("sizing shared memory " + name + ": " + std::strerror(err));
+  }
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return UnavailableError("mapping shared memory " + name + ": " + std::strerror(errno));
+  }
+  auto* shared = new (map) Shared();
+  shared->capacity = cap;
+  const std::string boot = BootId();
+  std::strncpy(shared->boot_id, boot.c_str(), sizeof(shared->boot_id) - 1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic)->store(kMagic);
+  return std::unique_ptr<ShmLink>(new ShmLink(name, true, shared, bytes, cap));
+}
+
+StatusOr<std::unique_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFoundError("no shared memory " + name + " yet");
+    return UnavailableError("shm_open " + name + ": " + std::strerror(errno));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < HeaderBytes() + 4096) {
+    close(fd);
+    return NotFoundError("shared memory " + name + " is not sized yet");
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) {
+    return UnavailableError("mapping shared memory " + name + ": " + std::strerror(errno));
+  }
+  auto* shared = static_cast<Shared*>(map);
+  const uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic)->load();
+  if (magic != kMagic) {
+    munmap(map, bytes);
+    return NotFoundError("shared memory " + name + " is not initialised yet");
+  }
+  const uint64_t cap = shared->capacity;
+  std::string boot(shared->boot_id, strnlen(shared->boot_id, sizeof(shared->boot_id)));
+  if (cap < 4096 || cap > kMaxCapacity || (cap & (cap - 1)) != 0 ||
+      HeaderBytes() + cap != bytes) {
+    munmap(map, bytes);
+    return FailedPreconditionError("shared memory " + name + " has a bad layout");
+  }
+  if (boot.empty() || boot != BootId()) {
+    munmap(map, bytes);
+    return FailedPreconditionError("shared memory " + name + " was made on another boot");
+  }
+  shared->reader_attached.store(1);
+  shm_unlink(name.c_str());  // both sides have it: the name is no longer needed
+  return std::unique_ptr<ShmLink>(new ShmLink(name, false, shared, bytes, cap));
+}
+
+ShmLink::~ShmLink() {
+  Close();
+  if (writer_ && shared_->reader_attached.load() == 0) shm_unlink(name_.c_str());
+  munmap(shared_, map_bytes_);
+}
+
+void ShmLink::Close() {
+  if (closed_) return;
+  closed_ = true;
+  if (writer_) {
+    shared_->writer_closed.store(1);
+    shared_->data_seq.fetch_add(1);
+    FutexWake(&shared_->data_seq);
+  } else {
+    shared_->reader_closed.store(1);
+    shared_->space_seq.fetch_add(1);
+    FutexWake(&shared_->space_seq);
+  }
+}
+
+bool ShmLink::PeerClosed() const {
+  return (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
+}
+
+size_t ShmLink::Readable() const {
+  return static_cast<size_t>(shared_->head.load(std::memory_order_acquire) -
+                             shared_->tail.load(std::memory_order_relaxed));
+}
+
+size_t ShmLink::Writable() const {
+  return capacity_ - static_cast<size_t>(shared_->head.load(std::memory_order_relaxed) -
+                                         shared_->tail.load(std::memory_order_acquire));
+}
+
+size_t ShmLink::Write(const void* data, size_t n) {
+  n = std::min(n, Writable());
+  if (n == 0) return 0;
+  const uint64_t head = shared_->head.load(std::memory_order_relaxed);
+  const size_t at = static_cast<size_t>(head & (capacity_ - 1));
+  const size_t first = std::min(n, capacity_ - at);
+  std::memcpy(data_ + at, data, first);
+  std::memcpy(data_, static_cast<const uint8_t*>(data) + first, n - first);
+  shared_->head.store(head + n, std::memory_order_seq_cst);
+  shared_->data_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (shared_->reader_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->data_seq);
+  return n;
+}
+
+size_t ShmLink::Read(void* out, size_t n) {
+  n = std::min(n, Readable());
+  if (n == 0) return 0;
+  const uint64_t tail = shared_->tail.load(std::memory_order_relaxed);
+  const size_t at = static_cast<size_t>(tail & (capacity_ - 1));
+  const size_t first = std::min(n, capacity_ - at);
+  std::memcpy(out, data_ + at, first);
+  std::memcpy(static_cast<uint8_t*>(out) + first, data_, n - first);
+  shared_->tail.store(tail + n, std::memory_order_seq_cst);
+  shared_->space_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (shared_->writer_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->space_seq);
+  return n;
+}
+
+void ShmLink::WaitReadable(Deadline deadline) {
+  if (Spin([this] { return Readable() > 0 || PeerClosed(); })) return;
+  const uint32_t seen = shared_->data_seq.load(std::memory_order_seq_cst);
+  shared_->reader_waiting.store(1, std::memory_order_seq_cst);
+  if (Readable() == 0 && !PeerClosed()) FutexWait(&shared_->data_seq, seen, deadline);
+  shared_->reader_waiting.store(0, std::memory_order_relaxed);
+}
+
+void ShmLink::WaitWritable(Deadline deadline) {
+  if (Spin([this] { return Writable() > 0 || PeerClosed(); })) return;
+  const uint32_t seen = shared_->space_seq.load(std::memory_order_seq_cst);
+  shared_->writer_waiting.store(1, std::memory_order_seq_cst);
+  if (Writable() == 0 && !PeerClosed()) FutexWait(&shared_->space_seq, seen, deadline);
+  shared_->writer_waiting.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace gradsync::wire
