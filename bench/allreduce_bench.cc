@@ -12,9 +12,11 @@
 //      the result must equal the exact sum, or the rank exits loudly;
 //   2. time: warm-up rounds, then timed rounds. In each round every
 //      implementation runs once (interleaved, so that noise on this shared
-//      machine hits all of them alike): restore the input, Gloo barrier, time
-//      one all-reduce. Per round the time is the max over ranks; the reported
-//      latency is the median over rounds.
+//      machine hits all of them alike): restore the input, Gloo barrier, a
+//      barrier on the implementation's own transport (our rings: an
+//      all-reduce of one float; OpenMPI: MPI_Barrier), time one all-reduce.
+//      Per round the time is the max over ranks; the reported latency is the
+//      median over rounds.
 // Rank 0 writes the medians to a file; the parent prints a table per N
 // (algbw = bytes / time, busbw = algbw * 2(N-1)/N, GB/s = 1e9 bytes/s, and
 // ours / best Gloo), whether the targets were met, and one JSON line per
@@ -243,6 +245,11 @@ class Impl {
  public:
   virtual ~Impl() = default;
   virtual Status Run() = 0;  // one in-place all-reduce of the bound buffer
+  // Brings the ranks together on the implementation's own transport, as
+  // MPI_Barrier does for OpenMPI, after the Gloo barrier every round starts
+  // with: the timed all-reduce starts from the exits of this barrier, whose
+  // skew is the transport's own (Gloo's barrier is the Gloo impls').
+  virtual Status Align() { return Status(); }
 };
 
 class OursImpl : public Impl {
@@ -254,6 +261,15 @@ class OursImpl : public Impl {
     tag.seq = (*seq_)++;
     tag.step = tag.seq;
     return ring_->AllReduce(data_, count_, DType::kF32, client::ReduceOp::kSum, tag,
+                            Deadline::After(std::chrono::seconds(timeout_s_)));
+  }
+  // An all-reduce of one float: no rank leaves before every rank came.
+  Status Align() override {
+    client::OpTag tag;
+    tag.seq = (*seq_)++;
+    tag.step = tag.seq;
+    float one = 1;
+    return ring_->AllReduce(&one, 1, DType::kF32, client::ReduceOp::kSum, tag,
                             Deadline::After(std::chrono::seconds(timeout_s_)));
   }
 
@@ -460,6 +476,7 @@ struct Sample {
 StatusOr<Sample> TimedRun(Rank* r, Impl* impl, float* data, const float* input, size_t bytes) {
   std::memcpy(data, input, bytes);
   GS_RETURN_IF_ERROR(Barrier(r));
+  GS_RETURN_IF_ERROR(impl->Align());
   const double cpu0 = ProcessCpuSeconds();
   const auto t0 = Steady::now();
   GS_RETURN_IF_ERROR(impl->Run());

@@ -10,6 +10,8 @@ namespace gradsync::wire {
 namespace {
 
 constexpr uint32_t kFrameMagic = 0x47534D31;  // "GSM1"
+// A message header is a few hundred bytes; this is far above any.
+constexpr uint64_t kMaxHeaderBytes = 1 << 20;
 // How long Receive waits on the link before it looks at the inner transport.
 constexpr Millis kInnerPollEvery{2};
 // How often a Receive whose left link does not exist yet tries to open it.
@@ -29,6 +31,62 @@ void PutU64(std::vector<uint8_t>* out, uint64_t v) {
 
 }  // namespace
 
+// Buffers of received payloads, kept for reuse up to a bound in bytes.
+class SameHostTransport::BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  explicit BufferPool(size_t max_bytes) : max_bytes_(max_bytes) {}
+
+  // A buffer of at least `n` bytes (not zeroed); it returns to the pool
+  // when the last reference goes.
+  std::shared_ptr<uint8_t> Get(size_t n) {
+    uint8_t* buffer = nullptr;
+    size_t capacity = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // The smallest that fits and wastes at most half.
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->first >= n && it->first <= 2 * n + 4096 &&
+            (best == free_.end() || it->first < best->first)) {
+          best = it;
+        }
+      }
+      if (best != free_.end()) {
+        capacity = best->first;
+        buffer = best->second.release();
+        pooled_ -= capacity;
+        free_.erase(best);
+      }
+    }
+    if (buffer == nullptr) {
+      capacity = std::max<size_t>(n, 1);
+      buffer = new uint8_t[capacity];
+    }
+    std::weak_ptr<BufferPool> pool = weak_from_this();
+    return std::shared_ptr<uint8_t>(buffer, [pool, capacity](uint8_t* b) {
+      if (auto p = pool.lock()) {
+        p->Put(b, capacity);
+      } else {
+        delete[] b;
+      }
+    });
+  }
+
+ private:
+  void Put(uint8_t* b, size_t capacity) {
+    std::unique_ptr<uint8_t[]> owned(b);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pooled_ + capacity > max_bytes_) return;  // freed
+    pooled_ += capacity;
+    free_.emplace_back(capacity, std::move(owned));
+  }
+
+  const size_t max_bytes_;
+  std::mutex mu_;
+  std::vector<std::pair<size_t, std::unique_ptr<uint8_t[]>>> free_;  // guarded by mu_
+  size_t pooled_ = 0;                                                 // guarded by mu_
+};
+
 std::string SameHostTransport::LinkName(uint64_t job, const std::string& identity) {
   char prefix[40];
   std::snprintf(prefix, sizeof(prefix), "/gradsync-%016llx-",
@@ -39,7 +97,8 @@ std::string SameHostTransport::LinkName(uint64_t job, const std::string& identit
 }
 
 SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
-    : inner_(inner), options_(std::move(options)) {}
+    : inner_(inner), options_(std::move(options)),
+      pool_(std::make_shared<BufferPool>(std::min<size_t>(4 * options_.link_bytes, 64 << 20))) {}
 
 SameHostTransport::~SameHostTransport() { Shutdown(); }
 
@@ -171,6 +230,10 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
       auto* bytes = reinterpret_cast<uint8_t*>(sizes_.data());
       got_ += in_->Read(bytes + got_, sizes_.size() * 8 - got_);
       if (got_ < sizes_.size() * 8) return std::optional<Incoming>();
+      if (sizes_[0] > kMaxHeaderBytes) {
+        return DataLossError("the same-host link from " + options_.left_identity +
+                             " announces a header of " + std::to_string(sizes_[0]) + " bytes");
+      }
       for (uint64_t s : sizes_) {
         if (s > options_.max_frame_bytes) {
           return DataLossError("the same-host link from " + options_.left_identity +
@@ -179,27 +242,31 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
                                std::to_string(options_.max_frame_bytes));
         }
       }
+      header_.resize(static_cast<size_t>(sizes_[0]));
       frames_.clear();
-      for (uint64_t s : sizes_) {
-        frames_.push_back(std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(s)));
+      for (size_t i = 1; i < sizes_.size(); ++i) {
+        frames_.push_back(pool_->Get(static_cast<size_t>(sizes_[i])));
       }
       stage_ = Stage::kFrames;
       frame_ = 0;
       got_ = 0;
     }
-    while (frame_ < frames_.size()) {
-      std::vector<uint8_t>& f = *frames_[frame_];
-      got_ += in_->Read(f.data() + got_, f.size() - got_);
-      if (got_ < f.size()) return std::optional<Incoming>();
+    while (frame_ < sizes_.size()) {
+      uint8_t* f = frame_ == 0 ? header_.data() : frames_[frame_ - 1].get();
+      const size_t size = static_cast<size_t>(sizes_[frame_]);
+      got_ += in_->Read(f + got_, size - got_);
+      if (got_ < size) return std::optional<Incoming>();
       ++frame_;
       got_ = 0;
     }
     Incoming in;
     in.from = Route::Inbound(options_.left_identity);
-    in.message.header = std::move(*frames_[0]);
-    for (size_t i = 1; i < frames_.size(); ++i) {
-      const std::vector<uint8_t>& f = *frames_[i];
-      in.message.payloads.push_back(Payload::Borrow(f.data(), f.size(), frames_[i]));
+    in.message.header = std::move(header_);
+    header_ = {};
+    for (size_t i = 1; i < sizes_.size(); ++i) {
+      const uint8_t* data = frames_[i - 1].get();
+      in.message.payloads.push_back(
+          Payload::Borrow(data, static_cast<size_t>(sizes_[i]), std::move(frames_[i - 1])));
     }
     frames_.clear();
     stage_ = Stage::kPrefix;

@@ -111,9 +111,14 @@ class SameHostTransport : public Transport {
   uint8_t prefix_[8];
   size_t got_ = 0;  // bytes of the current part
   std::vector<uint64_t> sizes_;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> frames_;
+  std::vector<uint8_t> header_;                 // frame 0
+  std::vector<std::shared_ptr<uint8_t>> frames_;  // the payloads, from pool_
   size_t frame_ = 0;
   Status broken_;
+  // Payload buffers come back here when the receiver lets go of them: a
+  // steady stream of messages reuses the same memory.
+  class BufferPool;
+  std::shared_ptr<BufferPool> pool_;
 };
 
 }  // namespace gradsync::wire

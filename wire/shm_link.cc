@@ -1,6 +1,7 @@
 #include "wire/shm_link.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -56,17 +57,24 @@ void FutexWake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
-// A short spin before sleeping: a peer that is mid-copy finishes sooner than
-// a futex round trip.
+// Polls before sleeping: a peer that is mid-copy or about to send is
+// usually quicker than a futex round trip. The first iterations spin; later
+// ones yield the core, so that a rank sharing it with the one it waits for
+// does not hold it up.
 template <typename Ready>
 bool Spin(Ready ready) {
-  for (int i = 0; i < 64; ++i) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  for (int i = 0;; ++i) {
     if (ready()) return true;
+    if (i < 32) {
 #if defined(__x86_64__)
-    __builtin_ia32_pause();
+      __builtin_ia32_pause();
 #endif
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= until) return ready();
+    sched_yield();
   }
-  return ready();
 }
 
 }  // namespace
