@@ -17,6 +17,14 @@ constexpr Millis kInnerPollEvery{2};
 // How often a Receive whose left link does not exist yet tries to open it.
 constexpr Millis kAttachEvery{5};
 
+// The bytes skipped before a payload frame of `size` at stream position
+// `at`, so that a frame the receiver may borrow does not wrap.
+size_t PaddingBefore(uint64_t at, size_t size, size_t capacity) {
+  const size_t offset = static_cast<size_t>(at & (capacity - 1));
+  if (size == 0 || size > capacity / 2 || offset + size <= capacity) return 0;
+  return capacity - offset;
+}
+
 void PutU32(std::vector<uint8_t>* out, uint32_t v) {
   const size_t at = out->size();
   out->resize(at + 4);
@@ -140,6 +148,10 @@ bool SameHostTransport::WriteSome(Framed& f) {
       const Payload& p = f.message.payloads[f.frame - 2];
       data = p.data;
       size = p.size;
+      if (!f.placed) {
+        if (!out_->Pad(PaddingBefore(out_->Position(), size, out_->capacity()))) return false;
+        f.placed = true;
+      }
     } else {
       return true;
     }
@@ -148,6 +160,7 @@ bool SameHostTransport::WriteSome(Framed& f) {
     if (f.frame >= 2) f.message.payloads[f.frame - 2] = Payload();  // its bytes are in
     ++f.frame;
     f.done = 0;
+    f.placed = false;
   }
 }
 
@@ -176,6 +189,18 @@ Status SameHostTransport::Send(const Route& to, Message message, Deadline deadli
   if (queue_.empty() && out_->Writable() >= total) {
     WriteSome(f);
     return Status();
+  }
+  // Queued: a payload lent by the link from the left neighbour is copied,
+  // so that what waits for the right neighbour never holds the left link.
+  if (const uint8_t* in = in_begin_.load(); in != nullptr) {
+    for (Payload& p : f.message.payloads) {
+      if (p.size > 0 && p.data >= in && p.data < in + in_bytes_.load()) {
+        std::shared_ptr<uint8_t> copy = pool_->Get(p.size);
+        std::memcpy(copy.get(), p.data, p.size);
+        const uint8_t* data = copy.get();
+        p = Payload::Borrow(data, p.size, std::move(copy));
+      }
+    }
   }
   queue_.push_back(std::move(f));
   lock.unlock();
@@ -243,32 +268,56 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
         }
       }
       header_.resize(static_cast<size_t>(sizes_[0]));
-      frames_.clear();
-      for (size_t i = 1; i < sizes_.size(); ++i) {
-        frames_.push_back(pool_->Get(static_cast<size_t>(sizes_[i])));
-      }
+      frames_.assign(sizes_.size() - 1, nullptr);
+      lent_.assign(sizes_.size() - 1, nullptr);
       stage_ = Stage::kFrames;
       frame_ = 0;
       got_ = 0;
+      placed_ = false;
     }
     while (frame_ < sizes_.size()) {
-      uint8_t* f = frame_ == 0 ? header_.data() : frames_[frame_ - 1].get();
       const size_t size = static_cast<size_t>(sizes_[frame_]);
-      got_ += in_->Read(f + got_, size - got_);
-      if (got_ < size) return std::optional<Incoming>();
+      if (frame_ == 0) {
+        got_ += in_->Read(header_.data() + got_, size - got_);
+        if (got_ < size) return std::optional<Incoming>();
+      } else {
+        if (!placed_) {
+          const size_t pad = PaddingBefore(in_->Position(), size, in_->capacity());
+          if (in_->Readable() < pad) return std::optional<Incoming>();
+          in_->Skip(pad);
+          placed_ = true;
+          borrowing_ = size > 0 && in_->Pinned() + size <= in_->capacity() / 2;
+          if (!borrowing_) frames_[frame_ - 1] = pool_->Get(size);
+        }
+        if (borrowing_) {
+          if (in_->Readable() < size) return std::optional<Incoming>();
+          const uint8_t* data = nullptr;
+          lent_[frame_ - 1] = in_->Borrow(size, &data);
+        } else {
+          got_ += in_->Read(frames_[frame_ - 1].get() + got_, size - got_);
+          if (got_ < size) return std::optional<Incoming>();
+        }
+      }
       ++frame_;
       got_ = 0;
+      placed_ = false;
     }
     Incoming in;
     in.from = Route::Inbound(options_.left_identity);
     in.message.header = std::move(header_);
     header_ = {};
     for (size_t i = 1; i < sizes_.size(); ++i) {
-      const uint8_t* data = frames_[i - 1].get();
-      in.message.payloads.push_back(
-          Payload::Borrow(data, static_cast<size_t>(sizes_[i]), std::move(frames_[i - 1])));
+      const size_t size = static_cast<size_t>(sizes_[i]);
+      if (lent_[i - 1]) {
+        const void* data = lent_[i - 1].get();
+        in.message.payloads.push_back(Payload::Borrow(data, size, std::move(lent_[i - 1])));
+      } else {
+        const uint8_t* data = frames_[i - 1].get();
+        in.message.payloads.push_back(Payload::Borrow(data, size, std::move(frames_[i - 1])));
+      }
     }
     frames_.clear();
+    lent_.clear();
     stage_ = Stage::kPrefix;
     return std::optional<Incoming>(std::move(in));
   }
@@ -282,6 +331,8 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
       auto link = ShmLink::Open(LinkName(options_.job_id, options_.left_identity));
       if (link.ok()) {
         in_ = std::move(*link);
+        in_bytes_.store(in_->capacity());
+        in_begin_.store(in_->data());
       } else if (link.status().code() != StatusCode::kNotFound) {
         broken_ = link.status();
         return broken_;

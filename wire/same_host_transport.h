@@ -21,13 +21,24 @@
 // frame table breaks the link: Receive returns DataLoss from then on).
 //
 // Framing: u32 magic, u32 frame count, u64 size per frame, then the frames
-// (the header first, then the payloads).
+// (the header first, then the payloads). A payload frame of at most half
+// the link that would wrap around the buffer's end starts at its beginning
+// instead (both sides skip the same bytes).
+//
+// Received payloads are handed out in place, without a copy, while the part
+// of the link they pin (from the oldest one still held to the read
+// position) stays within half of it; past that they are copied into pooled
+// buffers. A held payload pins the link behind it: a receiver must let go
+// of each (as the ring does) before it waits for much more from the same
+// neighbour, or the neighbour's sends stall until it does. A payload lent
+// this way and sent on to the right neighbour is copied if it has to queue.
 //
 // Thread-safety: as the Transport interface (Send and Receive may run on
 // different threads; the ring calls each from one).
 #ifndef GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_
 #define GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -84,8 +95,9 @@ class SameHostTransport : public Transport {
   struct Framed {
     std::vector<uint8_t> table;  // magic, count, sizes
     Message message;
-    size_t frame = 0;  // next frame to write (0: the table)
-    size_t done = 0;   // bytes of it written
+    size_t frame = 0;     // next frame to write (0: the table)
+    size_t done = 0;      // bytes of it written
+    bool placed = false;  // the padding before it is written
   };
   // Writes what fits of `f`; true when all of it is in.
   bool WriteSome(Framed& f);
@@ -95,9 +107,12 @@ class SameHostTransport : public Transport {
 
   Transport* inner_;
   const SameHostOptions options_;
-  std::unique_ptr<ShmLink> out_;
+  std::shared_ptr<ShmLink> out_;
   ConnId out_conn_ = -1;
-  std::unique_ptr<ShmLink> in_;  // Receive's thread only
+  std::shared_ptr<ShmLink> in_;  // Receive's thread only
+  // in_'s buffer, for Send's thread.
+  std::atomic<const uint8_t*> in_begin_{nullptr};
+  std::atomic<size_t> in_bytes_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -112,8 +127,11 @@ class SameHostTransport : public Transport {
   size_t got_ = 0;  // bytes of the current part
   std::vector<uint64_t> sizes_;
   std::vector<uint8_t> header_;                 // frame 0
-  std::vector<std::shared_ptr<uint8_t>> frames_;  // the payloads, from pool_
+  std::vector<std::shared_ptr<uint8_t>> frames_;  // payloads copied, from pool_
+  std::vector<std::shared_ptr<const void>> lent_;  // payloads lent by the link
   size_t frame_ = 0;
+  bool placed_ = false;    // the padding before frame_ is skipped
+  bool borrowing_ = false;  // frame_ is lent from the link, not copied
   Status broken_;
   // Payload buffers come back here when the receiver lets go of them: a
   // steady stream of messages reuses the same memory.

@@ -145,6 +145,29 @@ TEST(SameHostTransportTest, SendsNeverWaitForAReaderThatHasNotReadYet) {
   }
 }
 
+// Payloads lent in place stay intact while the receiver holds a few; past
+// half the link they are copied, and once let go of, the link is whole again.
+TEST(SameHostTransportTest, HeldPayloadsStayIntactAndTheLinkComesBack) {
+  Pair p(4096);
+  std::vector<Incoming> held;
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b),
+                            WithPayloads({700, 300}, static_cast<uint8_t>(round * 3 + i)),
+                            Deadline::AfterMs(1000)).ok());
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto in = p.b->Receive(Deadline::AfterMs(5000));
+      ASSERT_TRUE(in.ok()) << in.status() << " at " << round << "/" << i;
+      held.push_back(std::move(*in));
+    }
+    for (int i = 0; i < 3; ++i) {
+      ExpectSame(held[i].message, {700, 300}, static_cast<uint8_t>(round * 3 + i));
+    }
+    held.clear();
+  }
+}
+
 TEST(SameHostTransportTest, ANeighbourWithoutALinkIsHeardThroughTheInnerTransport) {
   Pair p(4096, /*a_uses_shm=*/false);
   EXPECT_FALSE(p.a->sending_by_shm());

@@ -92,7 +92,7 @@ ShmLink::ShmLink(std::string name, bool writer, Shared* shared, size_t map_bytes
       data_(reinterpret_cast<uint8_t*>(shared) + HeaderBytes()), map_bytes_(map_bytes),
       capacity_(capacity) {}
 
-StatusOr<std::unique_ptr<ShmLink>> ShmLink::Create(const std::string& name, size_t capacity) {
+StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size_t capacity) {
   size_t cap = 4096;
   while (cap < capacity && cap < kMaxCapacity) cap <<= 1;
   const size_t bytes = HeaderBytes() + cap;
@@ -120,10 +120,10 @@ StatusOr<std::unique_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
   std::strncpy(shared->boot_id, boot.c_str(), sizeof(shared->boot_id) - 1);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic)->store(kMagic);
-  return std::unique_ptr<ShmLink>(new ShmLink(name, true, shared, bytes, cap));
+  return std::shared_ptr<ShmLink>(new ShmLink(name, true, shared, bytes, cap));
 }
 
-StatusOr<std::unique_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
+StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
     if (errno == ENOENT) return NotFoundError("no shared memory " + name + " yet");
@@ -159,7 +159,7 @@ StatusOr<std::unique_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
   }
   shared->reader_attached.store(1);
   shm_unlink(name.c_str());  // both sides have it: the name is no longer needed
-  return std::unique_ptr<ShmLink>(new ShmLink(name, false, shared, bytes, cap));
+  return std::shared_ptr<ShmLink>(new ShmLink(name, false, shared, bytes, cap));
 }
 
 ShmLink::~ShmLink() {
@@ -187,13 +187,37 @@ bool ShmLink::PeerClosed() const {
 }
 
 size_t ShmLink::Readable() const {
-  return static_cast<size_t>(shared_->head.load(std::memory_order_acquire) -
-                             shared_->tail.load(std::memory_order_relaxed));
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  return static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_);
 }
 
 size_t ShmLink::Writable() const {
   return capacity_ - static_cast<size_t>(shared_->head.load(std::memory_order_relaxed) -
                                          shared_->tail.load(std::memory_order_acquire));
+}
+
+uint64_t ShmLink::Position() const {
+  if (writer_) return shared_->head.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  return read_;
+}
+
+bool ShmLink::Contiguous(size_t n) const {
+  return static_cast<size_t>(Position() & (capacity_ - 1)) + n <= capacity_;
+}
+
+size_t ShmLink::Pinned() const {
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  for (const Lent& l : lent_) {
+    if (!l.released) return static_cast<size_t>(read_ - l.start);
+  }
+  return 0;
+}
+
+void ShmLink::Publish(uint64_t head) {
+  shared_->head.store(head, std::memory_order_seq_cst);
+  shared_->data_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (shared_->reader_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->data_seq);
 }
 
 size_t ShmLink::Write(const void* data, size_t n) {
@@ -204,24 +228,62 @@ size_t ShmLink::Write(const void* data, size_t n) {
   const size_t first = std::min(n, capacity_ - at);
   std::memcpy(data_ + at, data, first);
   std::memcpy(data_, static_cast<const uint8_t*>(data) + first, n - first);
-  shared_->head.store(head + n, std::memory_order_seq_cst);
-  shared_->data_seq.fetch_add(1, std::memory_order_seq_cst);
-  if (shared_->reader_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->data_seq);
+  Publish(head + n);
   return n;
 }
 
+bool ShmLink::Pad(size_t n) {
+  if (n == 0) return true;
+  if (Writable() < n) return false;
+  Publish(shared_->head.load(std::memory_order_relaxed) + n);
+  return true;
+}
+
+void ShmLink::UpdateTailLocked() {
+  while (!lent_.empty() && lent_.front().released) lent_.pop_front();
+  shared_->tail.store(lent_.empty() ? read_ : lent_.front().start, std::memory_order_seq_cst);
+  shared_->space_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (shared_->writer_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->space_seq);
+}
+
 size_t ShmLink::Read(void* out, size_t n) {
-  n = std::min(n, Readable());
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  n = std::min(n, static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_));
   if (n == 0) return 0;
-  const uint64_t tail = shared_->tail.load(std::memory_order_relaxed);
-  const size_t at = static_cast<size_t>(tail & (capacity_ - 1));
+  const size_t at = static_cast<size_t>(read_ & (capacity_ - 1));
   const size_t first = std::min(n, capacity_ - at);
   std::memcpy(out, data_ + at, first);
   std::memcpy(static_cast<uint8_t*>(out) + first, data_, n - first);
-  shared_->tail.store(tail + n, std::memory_order_seq_cst);
-  shared_->space_seq.fetch_add(1, std::memory_order_seq_cst);
-  if (shared_->writer_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->space_seq);
+  read_ += n;
+  UpdateTailLocked();
   return n;
+}
+
+void ShmLink::Skip(size_t n) {
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  read_ += std::min(n, static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_));
+  UpdateTailLocked();
+}
+
+std::shared_ptr<const void> ShmLink::Borrow(size_t n, const uint8_t** data) {
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  const uint64_t start = read_;
+  *data = data_ + static_cast<size_t>(start & (capacity_ - 1));
+  read_ += n;
+  lent_.push_back(Lent{start, read_, false});
+  std::shared_ptr<ShmLink> self = shared_from_this();
+  return std::shared_ptr<const void>(*data, [self, start](const void*) { self->Release(start); });
+}
+
+void ShmLink::Release(uint64_t start) {
+  std::lock_guard<std::mutex> lock(borrow_mu_);
+  for (Lent& l : lent_) {
+    if (l.start == start && !l.released) {
+      l.released = true;
+      break;
+    }
+  }
+  UpdateTailLocked();
 }
 
 void ShmLink::WaitReadable(Deadline deadline) {

@@ -8,15 +8,18 @@
 // One writer and one reader, each a single thread at a time. Nothing a
 // reader reads is trusted: the stream's framing is the caller's to verify.
 //
-// Thread-safety: Write/WaitWritable on the writer's side and Read/
-// WaitReadable on the reader's may run concurrently; each side alone is
-// single-threaded.
+// Thread-safety: Write/Pad/WaitWritable on the writer's side and Read/
+// Skip/Borrow/WaitReadable on the reader's may run concurrently; each side
+// alone is single-threaded, except that what Borrow lent may be released
+// from any thread.
 #ifndef GRADSYNC_WIRE_SHM_LINK_H_
 #define GRADSYNC_WIRE_SHM_LINK_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
@@ -24,15 +27,15 @@
 
 namespace gradsync::wire {
 
-class ShmLink {
+class ShmLink : public std::enable_shared_from_this<ShmLink> {
  public:
   // The writer's side: a new buffer of `capacity` bytes (rounded up to a
   // power of two) under `name` ("/gradsync-..."), replacing a stale one.
-  static StatusOr<std::unique_ptr<ShmLink>> Create(const std::string& name, size_t capacity);
+  static StatusOr<std::shared_ptr<ShmLink>> Create(const std::string& name, size_t capacity);
   // The reader's side. NotFound while the writer has not made it yet;
   // FailedPrecondition when it is not a link of this boot of this machine
   // or its layout is wrong.
-  static StatusOr<std::unique_ptr<ShmLink>> Open(const std::string& name);
+  static StatusOr<std::shared_ptr<ShmLink>> Open(const std::string& name);
   ~ShmLink();  // Close(), unmaps
 
   ShmLink(const ShmLink&) = delete;
@@ -40,8 +43,31 @@ class ShmLink {
 
   // Writer: copies up to `n` bytes in; returns how many fitted.
   size_t Write(const void* data, size_t n);
+  // Writer: leaves `n` bytes out (the reader Skips them); false, and
+  // nothing done, when they do not fit.
+  bool Pad(size_t n);
   // Reader: copies up to `n` bytes out; returns how many there were.
   size_t Read(void* out, size_t n);
+  // Reader: steps over `n` bytes (at most Readable()).
+  void Skip(size_t n);
+  // Reader: the next `n` bytes in place, which must be readable and must
+  // not wrap (Contiguous). The region is not written over until the
+  // returned owner (which keeps this link mapped) is released, from any
+  // thread; regions are let go of in any order.
+  std::shared_ptr<const void> Borrow(size_t n, const uint8_t** data);
+  bool Contiguous(size_t n) const;
+  // Reader: bytes from the start of the oldest region still lent out to
+  // where the next read starts (0 when nothing is lent): the part of the
+  // link the writer cannot reuse yet though it was read.
+  size_t Pinned() const;
+  // Whether `p` points into this link's buffer.
+  bool Contains(const void* p) const {
+    auto* b = static_cast<const uint8_t*>(p);
+    return b >= data_ && b < data_ + capacity_;
+  }
+  // Bytes since the start: where the next Write (writer) or Read (reader)
+  // goes; both sides see the same positions for the same bytes.
+  uint64_t Position() const;
   size_t Readable() const;
   size_t Writable() const;
   // Wait until there is something to read / room to write, the other side
@@ -52,11 +78,18 @@ class ShmLink {
   void Close();
   bool PeerClosed() const;
   size_t capacity() const { return capacity_; }
+  const uint8_t* data() const { return data_; }
 
   struct Shared;  // the layout in shared memory (shm_link.cc)
 
  private:
   ShmLink(std::string name, bool writer, Shared* shared, size_t map_bytes, size_t capacity);
+  // Reader: returns [start, start + n) and moves the shared tail up to the
+  // first region still lent out.
+  void Release(uint64_t start);
+  void UpdateTailLocked();  // requires borrow_mu_
+  // Writer: makes the bytes up to `head` readable and wakes the reader.
+  void Publish(uint64_t head);
 
   std::string name_;
   bool writer_;
@@ -65,6 +98,17 @@ class ShmLink {
   size_t map_bytes_;
   size_t capacity_;
   bool closed_ = false;
+
+  // The reader's side: where it has read up to, and the regions lent out
+  // (start, end, released), in stream order. The shared tail is the first
+  // lent region's start, or read_ when none is.
+  mutable std::mutex borrow_mu_;
+  uint64_t read_ = 0;  // guarded by borrow_mu_ (written by the reader only)
+  struct Lent {
+    uint64_t start, end;
+    bool released;
+  };
+  std::deque<Lent> lent_;  // guarded by borrow_mu_
 };
 
 // This machine's boot id (/proc/sys/kernel/random/boot_id), "" if unknown.
