@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/logging.h"
+
 namespace gradsync::wire {
 
 namespace {
@@ -105,7 +107,7 @@ std::string SameHostTransport::LinkName(uint64_t job, const std::string& identit
 }
 
 SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
-    : inner_(inner), options_(std::move(options)),
+    : inner_(inner), options_(std::move(options)), shm_left_(options_.shm_left),
       pool_(std::make_shared<BufferPool>(std::min<size_t>(4 * options_.link_bytes, 64 << 20))) {}
 
 SameHostTransport::~SameHostTransport() { Shutdown(); }
@@ -126,8 +128,14 @@ void SameHostTransport::Shutdown() {
 StatusOr<ConnId> SameHostTransport::Connect(const std::string& endpoint) {
   GS_ASSIGN_OR_RETURN(ConnId id, inner_->Connect(endpoint));
   if (options_.shm_right && endpoint == options_.right_endpoint && out_ == nullptr) {
-    GS_ASSIGN_OR_RETURN(out_, ShmLink::Create(LinkName(options_.job_id, identity()),
-                                              options_.link_bytes));
+    auto link = ShmLink::Create(LinkName(options_.job_id, identity()), options_.link_bytes);
+    if (!link.ok()) {
+      // The neighbour hears this transport through the inner one instead.
+      GS_LOG(WARNING) << "no shared memory to the neighbour at " << endpoint
+                      << ", sending through the network: " << link.status().message();
+      return id;
+    }
+    out_ = std::move(*link);
     out_conn_ = id;
     writer_ = std::thread([this] { WriterLoop(); });
   }
@@ -324,7 +332,7 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
 }
 
 StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
-  if (!options_.shm_left) return inner_->Receive(deadline);
+  if (!shm_left_) return inner_->Receive(deadline);
   for (;;) {
     if (!broken_.ok()) return broken_;
     if (in_ == nullptr) {
@@ -334,8 +342,12 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
         in_bytes_.store(in_->capacity());
         in_begin_.store(in_->data());
       } else if (link.status().code() != StatusCode::kNotFound) {
-        broken_ = link.status();
-        return broken_;
+        // Not a link this process can use: the neighbour is heard through
+        // the inner transport only.
+        GS_LOG(WARNING) << "not receiving through shared memory from " << options_.left_identity
+                        << ": " << link.status().message();
+        shm_left_ = false;
+        return inner_->Receive(deadline);
       }
     }
     if (in_ != nullptr) {

@@ -16,6 +16,8 @@
 // that neighbour's link once it exists and returns its messages as coming
 // from Inbound(left_identity), between the inner transport's messages
 // (which are looked at at least every 2 ms while waiting on the link).
+// Where shared memory cannot be made or opened (no /dev/shm, another boot)
+// a warning says so and the neighbour is heard through the inner transport.
 // Every message read from the link is checked before anything is allocated
 // for it: its frame count and each frame's size against the limits (a bad
 // frame table breaks the link: Receive returns DataLoss from then on).
@@ -109,6 +111,7 @@ class SameHostTransport : public Transport {
   const SameHostOptions options_;
   std::shared_ptr<ShmLink> out_;
   ConnId out_conn_ = -1;
+  bool shm_left_;                 // Receive's thread only: still expecting a link
   std::shared_ptr<ShmLink> in_;  // Receive's thread only
   // in_'s buffer, for Send's thread.
   std::atomic<const uint8_t*> in_begin_{nullptr};
