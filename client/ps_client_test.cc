@@ -398,11 +398,18 @@ TEST(PsClientTest, RepliesInFp16AreTheRoundedAverage) {
       ASSERT_TRUE(fp16->Compress(want.data(), n, {}, bytes.data(), bytes.size()).ok());
       ASSERT_TRUE(fp16->Decompress(bytes.data(), bytes.size(), n, {}, want.data()).ok());
       OpTag tag{static_cast<uint64_t>(round), 0, static_cast<uint64_t>(round), 0};
+      const uint64_t resent = c.stats().resent;
       ASSERT_TRUE(c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag,
                               Deadline::AfterMs(10000)).ok());
       ASSERT_EQ(g, want) << "rank " << rank << " round " << round;
       EXPECT_EQ(c.last_traffic().received, 2 * n);
-      EXPECT_EQ(c.last_traffic().sent, 4 * n);
+      // The pushes went uncompressed (a loaded machine may also resend one
+      // whose Ack was slow: sent counts it again).
+      if (c.stats().resent == resent) {
+        EXPECT_EQ(c.last_traffic().sent, 4 * n);
+      } else {
+        EXPECT_GE(c.last_traffic().sent, 4 * n);
+      }
     }
   });
 }

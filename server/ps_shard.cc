@@ -246,10 +246,15 @@ void PsShard::Emit(std::optional<JournalRecord> record, std::vector<Outgoing> ou
   for (Outgoing& o : out) Send(o.to, std::move(o.message));
 }
 
+// Posted: a peer that does not read holds back only its own replies, never
+// the key thread that answers everyone else.
 void PsShard::Send(const wire::Route& to, wire::Message msg) {
-  Status s = transport_->Send(to, std::move(msg), Deadline::After(options_.send_timeout));
-  if (!s.ok() && !stop_.load()) GS_LOG(WARNING) << "shard reply to " << to.ToString()
-                                                << " failed: " << s;
+  transport_->Post(to, std::move(msg), Deadline::After(options_.send_timeout),
+                   [to](const Status& s) {
+                     if (!s.ok() && s.code() != StatusCode::kCancelled) {
+                       GS_LOG(WARNING) << "shard reply to " << to.ToString() << " failed: " << s;
+                     }
+                   });
 }
 
 }  // namespace gradsync::server

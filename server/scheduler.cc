@@ -622,10 +622,15 @@ void Scheduler::FailJob(const std::string& why) {
   phase_ = Phase::kDone;
 }
 
+// Posted: a node that does not read never holds up the scheduler's loop
+// (and with it every other node's heartbeats).
 void Scheduler::Reply(const std::string& identity, wire::Message msg) {
-  Status s = transport_->Send(wire::Route::Inbound(identity), std::move(msg),
-                              Deadline::After(options_.heartbeat_interval));
-  if (!s.ok()) GS_LOG(WARNING) << "cannot answer '" << identity << "': " << s.message();
+  transport_->Post(wire::Route::Inbound(identity), std::move(msg),
+                   Deadline::After(options_.heartbeat_interval), [identity](const Status& s) {
+                     if (!s.ok() && s.code() != StatusCode::kCancelled) {
+                       GS_LOG(WARNING) << "cannot answer '" << identity << "': " << s.message();
+                     }
+                   });
 }
 
 void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const std::string& text,

@@ -79,6 +79,8 @@ class SameHostTransport : public Transport {
   }
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
+  void Post(const Route& to, Message message, Deadline deadline,
+            std::function<void(const Status&)> done) override;
   StatusOr<Incoming> Receive(Deadline deadline) override;
   Status Probe(const std::string& endpoint, Deadline deadline) override {
     return inner_->Probe(endpoint, deadline);

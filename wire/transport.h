@@ -21,6 +21,7 @@
 #define GRADSYNC_WIRE_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -68,6 +69,16 @@ class Transport {
   // until it is reachable, and a lost connection is re-established.
   virtual StatusOr<ConnId> Connect(const std::string& endpoint) = 0;
   virtual Status Send(const Route& to, Message message, Deadline deadline) = 0;
+  // Sends without waiting: returns at once, and `done` (may be empty) is
+  // called once with what Send would have returned, on a thread of the
+  // transport's (or before Post returns). Messages to one peer keep their
+  // order with each other and with Send's. The payloads are held until the
+  // message has been handed to the network or has failed.
+  virtual void Post(const Route& to, Message message, Deadline deadline,
+                    std::function<void(const Status&)> done) {
+    Status s = Send(to, std::move(message), deadline);
+    if (done) done(s);
+  }
   virtual StatusOr<Incoming> Receive(Deadline deadline) = 0;
   // Checks that a peer listens at `endpoint`: OK once a connection and
   // protocol handshake succeed, DeadlineExceeded naming the endpoint if not.

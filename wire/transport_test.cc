@@ -6,11 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -366,18 +368,33 @@ TEST(ZmqTransportTest, ListenTwiceFails) {
 // ZeroMQ only: a peer that stops reading holds back the sends to it and no
 // other. Before, every send of a transport waited in one queue behind the
 // first one that would block.
+// A sender connected to a peer that stops reading at once (its queues hold
+// one message) and to one that reads.
+struct StuckAndReader {
+  std::unique_ptr<ZmqTransport> stuck, reader, sender;
+  StatusOr<ConnId> to_stuck = UnavailableError("unset"), to_reader = UnavailableError("unset");
+
+  StuckAndReader() {
+    ZmqOptions stuck_options;
+    stuck_options.max_queued_incoming = 1;
+    stuck_options.recv_hwm = 1;
+    stuck = std::move(ZmqTransport::Create(stuck_options)).value();
+    reader = std::move(ZmqTransport::Create({})).value();
+    ZmqOptions sender_options;
+    sender_options.send_hwm = 1;
+    sender_options.linger_ms = 0;
+    sender = std::move(ZmqTransport::Create(sender_options)).value();
+    to_stuck = sender->Connect(*stuck->Listen("tcp://127.0.0.1:0"));
+    to_reader = sender->Connect(*reader->Listen("tcp://127.0.0.1:0"));
+  }
+};
+
 TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
-  ZmqOptions stuck_options;
-  stuck_options.max_queued_incoming = 1;
-  stuck_options.recv_hwm = 1;
-  auto stuck = std::move(ZmqTransport::Create(stuck_options)).value();
-  auto reader = std::move(ZmqTransport::Create({})).value();
-  ZmqOptions sender_options;
-  sender_options.send_hwm = 1;
-  sender_options.linger_ms = 0;
-  auto sender = std::move(ZmqTransport::Create(sender_options)).value();
-  auto to_stuck = sender->Connect(*stuck->Listen("tcp://127.0.0.1:0"));
-  auto to_reader = sender->Connect(*reader->Listen("tcp://127.0.0.1:0"));
+  StuckAndReader peers;
+  auto& reader = peers.reader;
+  auto& sender = peers.sender;
+  auto& to_stuck = peers.to_stuck;
+  auto& to_reader = peers.to_reader;
   ASSERT_TRUE(to_stuck.ok() && to_reader.ok());
   // Fill everything between the sender and the peer that never reads.
   std::atomic<bool> stop{false};
@@ -409,6 +426,56 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
   EXPECT_LT(MillisSince(start), 2000);
   stop.store(true);
   for (auto& t : fillers) t.join();
+}
+
+// Post returns at once even to a peer that never reads: its outcome comes
+// later (DeadlineExceeded once the message could not go out in time), and
+// a later post to another peer goes out meanwhile.
+TEST(ZmqTransportTest, PostNeverWaitsAndReportsTheOutcomeLater) {
+  StuckAndReader peers;
+  auto& reader = peers.reader;
+  auto& sender = peers.sender;
+  auto& to_stuck = peers.to_stuck;
+  auto& to_reader = peers.to_reader;
+  ASSERT_TRUE(to_stuck.ok() && to_reader.ok());
+  auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
+  std::mutex mu;
+  std::vector<Status> outcomes;
+  const auto start = Clock::now();
+  for (int i = 0; i < 16; ++i) {
+    DataFields f;
+    f.dtype = DType::U8;
+    f.num_elements = big->size();
+    sender->Post(Route::Connection(*to_stuck),
+                 MakeData(Me(), MsgType::Push, f, {Payload::Borrow(big->data(), big->size(), big)}),
+                 Deadline::AfterMs(1500), [&](const Status& s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   outcomes.push_back(s);
+                 });
+  }
+  EXPECT_LT(MillisSince(start), 500) << "posting waited on the peer";
+  std::atomic<bool> delivered{false};
+  sender->Post(Route::Connection(*to_reader), Numbered(1), Deadline::AfterMs(2000),
+               [&](const Status& s) { delivered = s.ok(); });
+  ASSERT_TRUE(reader->Receive(Deadline::AfterMs(2000)).ok());
+  for (int i = 0; i < 300; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (outcomes.size() == 16) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(outcomes.size(), 16u) << "every post reports once";
+  EXPECT_EQ(std::count_if(outcomes.begin(), outcomes.end(),
+                          [](const Status& s) { return s.code() == StatusCode::kDeadlineExceeded; }),
+            std::count_if(outcomes.begin(), outcomes.end(),
+                          [](const Status& s) { return !s.ok(); }));
+  EXPECT_GT(std::count_if(outcomes.begin(), outcomes.end(),
+                          [](const Status& s) { return !s.ok(); }),
+            0)
+      << "a peer that never reads took 128 MiB";
+  EXPECT_TRUE(delivered.load());
 }
 
 }  // namespace

@@ -39,6 +39,16 @@ struct Command {
   Message message;
   Deadline deadline = Deadline::Infinite();
   std::promise<Result> done;
+  // Set for a posted send: called with the outcome instead of `done`.
+  std::function<void(const Status&)> posted;
+
+  void Finish(Result r) {
+    if (posted) {
+      posted(r.status);
+    } else {
+      done.set_value(std::move(r));
+    }
+  }
 };
 
 void FreePayload(void* /*data*/, void* hint) {
@@ -85,6 +95,22 @@ class ZmqTransport::Impl {
   zmq::context_t& context() { return context_; }
   const std::optional<CurveKey>& curve() const { return options_.curve; }
   uint64_t NextProbeId() { return next_probe_++; }
+
+  // Queues a posted send; returns at once (cmd->posted reports).
+  void Post(std::unique_ptr<Command> cmd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopping_) {
+        commands_.push_back(std::move(cmd));
+        cmd = nullptr;
+      }
+    }
+    if (cmd != nullptr) {
+      cmd->posted(CancelledError("transport is shut down"));
+      return;
+    }
+    Wake();
+  }
 
   Result Submit(std::unique_ptr<Command> cmd) {
     std::future<Result> result = cmd->done.get_future();
@@ -329,7 +355,7 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
     socket = dealers_[to.conn].get();
   }
   if (socket == nullptr) {
-    cmd.done.set_value({UnavailableError("no socket for " + to.ToString()), "", -1});
+    cmd.Finish({UnavailableError("no socket for " + to.ToString()), "", -1});
     return true;
   }
   const Message& m = cmd.message;
@@ -347,12 +373,12 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
       socket->send(ZeroCopyFrame(m.payloads[i]), last ? zmq::send_flags::none
                                                       : zmq::send_flags::sndmore);
     }
-    cmd.done.set_value({OkStatus(), "", -1});
+    cmd.Finish({OkStatus(), "", -1});
   } catch (const zmq::error_t& e) {
     Status s = e.num() == EHOSTUNREACH
                    ? UnavailableError(to.ToString() + " is not connected")
                    : ZmqError("send to " + to.ToString() + " failed", e);
-    cmd.done.set_value({s, "", -1});
+    cmd.Finish({s, "", -1});
   }
   return true;
 }
@@ -371,7 +397,7 @@ void ZmqTransport::Impl::RetryPeer(std::deque<std::unique_ptr<Command>>& pending
       ++i;
       continue;
     }
-    pending[i]->done.set_value({DeadlineExceededError("send to " + pending[i]->route.ToString() +
+    pending[i]->Finish({DeadlineExceededError("send to " + pending[i]->route.ToString() +
                                                       " did not start before the deadline (the "
                                                       "peer is not reading)"),
                                 "", -1});
@@ -380,7 +406,7 @@ void ZmqTransport::Impl::RetryPeer(std::deque<std::unique_ptr<Command>>& pending
   while (!pending.empty()) {
     Command& cmd = *pending.front();
     if (cmd.deadline.Expired()) {
-      cmd.done.set_value({DeadlineExceededError("send to " + cmd.route.ToString() +
+      cmd.Finish({DeadlineExceededError("send to " + cmd.route.ToString() +
                                                 " did not complete before the deadline "
                                                 "(peer not connected or not reading)"),
                           "", -1});
@@ -435,7 +461,7 @@ void ZmqTransport::Impl::CloseAll() {
     for (auto& cmd : cmds) left.push_back(std::move(cmd));
   }
   pending_.clear();
-  for (auto& cmd : left) cmd->done.set_value({CancelledError("transport is shut down"), "", -1});
+  for (auto& cmd : left) cmd->Finish({CancelledError("transport is shut down"), "", -1});
   monitor_.reset();
   router_.reset();
   dealers_.clear();
@@ -508,6 +534,17 @@ Status ZmqTransport::Send(const Route& to, Message message, Deadline deadline) {
   cmd->message = std::move(message);
   cmd->deadline = deadline;
   return impl_->Submit(std::move(cmd)).status;
+}
+
+void ZmqTransport::Post(const Route& to, Message message, Deadline deadline,
+                        std::function<void(const Status&)> done) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kSend;
+  cmd->route = to;
+  cmd->message = std::move(message);
+  cmd->deadline = deadline;
+  cmd->posted = done ? std::move(done) : [](const Status&) {};
+  impl_->Post(std::move(cmd));
 }
 
 StatusOr<Incoming> ZmqTransport::Receive(Deadline deadline) {

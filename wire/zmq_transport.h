@@ -59,6 +59,9 @@ class ZmqTransport : public Transport {
   StatusOr<std::string> Listen(const std::string& endpoint) override;
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
+  // Hands the message to the I/O thread without waiting for it.
+  void Post(const Route& to, Message message, Deadline deadline,
+            std::function<void(const Status&)> done) override;
   StatusOr<Incoming> Receive(Deadline deadline) override;
   Status Probe(const std::string& endpoint, Deadline deadline) override;
   void Shutdown() override;
