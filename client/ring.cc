@@ -115,23 +115,39 @@ class RingCollectives::Op {
   // Forwards a payload as it came from the left.
   Status Forward(wire::Payload payload, size_t elems) { return SendPayload(std::move(payload), elems); }
   // Every message of the operation, data or not, takes the next index.
-  // A send that cannot be handed over (the right neighbour is gone) is
-  // retried in slices, checking `health` in between; a send whose slice
-  // expired was not sent, so retrying keeps the order.
+  // Posted: the caller goes on at once, and the transport keeps the
+  // messages to the right neighbour in order, holding each payload until it
+  // is out (WaitReleased). A send that fails is seen by the next wait
+  // (SendFailure); one the neighbour never takes ends with the operation's
+  // deadline, meanwhile the waits check `health`.
   Status SendMessage(Message msg) {
     ++sent_;
+    GS_RETURN_IF_ERROR(SendFailure());
     ring_->messages_sent_.fetch_add(1, std::memory_order_relaxed);
     ring_->bytes_sent_.fetch_add(msg.PayloadBytes(), std::memory_order_relaxed);
-    const wire::Route right = wire::Route::Connection(ring_->right_);
-    for (;;) {
-      const Deadline slice = deadline_.Min(Deadline::After(ring_->options_.poll_interval * 5));
-      Status s = ring_->transport_->Send(right, msg, slice);
-      if (s.ok() || s.code() != StatusCode::kDeadlineExceeded || deadline_.Expired()) return s;
-      if (ring_->health_) {
-        Status health = ring_->health_();
-        if (!health.ok()) return UnavailableError(health.message());
-      }
+    ring_->transport_->Post(wire::Route::Connection(ring_->right_), std::move(msg), deadline_,
+                            [failed = send_failed_](const Status& s) {
+                              if (s.ok()) return;
+                              std::lock_guard<std::mutex> lock(failed->mu);
+                              if (failed->first.ok()) failed->first = s;
+                            });
+    return Status();
+  }
+  // The first posted send of this operation that failed, as the failure
+  // of the operation (OK while none has).
+  Status SendFailure() {
+    Status first;
+    {
+      std::lock_guard<std::mutex> lock(send_failed_->mu);
+      first = send_failed_->first;
     }
+    if (first.ok() || !send_failure_.ok()) return send_failure_;
+    send_failure_ = Fail(UnavailableError(Describe() + ": sending to rank " +
+                                          std::to_string(RingIndex(rank() + 1,
+                                                                   ring_->peers_.world_size)) +
+                                          " failed: " + first.message()),
+                         ErrorCode::Unreachable, -1);
+    return send_failure_;
   }
 
   // The next message of this operation from the left: a RingData of `elems`
@@ -143,6 +159,7 @@ class RingCollectives::Op {
     for (;;) {
       const Deadline slice = deadline_.Min(Deadline::After(ring_->options_.poll_interval));
       if (holds_->WaitReleased(seg, slice)) return Status();
+      GS_RETURN_IF_ERROR(SendFailure());
       GS_RETURN_IF_ERROR(CheckHealth());
       if (deadline_.Expired()) {
         return Fail(DeadlineExceededError(Describe() + ": rank " +
@@ -204,6 +221,14 @@ class RingCollectives::Op {
   const uint64_t fingerprint_;
   const Deadline deadline_;
   std::shared_ptr<SendHolds> holds_;
+  // The first posted send that failed (written on the transport's thread,
+  // which may report after this operation is gone).
+  struct SendFailed {
+    std::mutex mu;
+    Status first;
+  };
+  std::shared_ptr<SendFailed> send_failed_ = std::make_shared<SendFailed>();
+  Status send_failure_;  // SendFailure's verdict, once there is one
   uint64_t sent_ = 0;
   uint64_t received_ = 0;
 };
@@ -221,14 +246,7 @@ Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
   payloads.push_back(std::move(payload));
   Message msg = wire::MakeData(ring_->peers_.sender, MsgType::RingData, f, std::move(payloads),
                                tag_.step, tag_.seq);
-  Status s = SendMessage(std::move(msg));
-  if (!s.ok()) {
-    return Fail(UnavailableError(Describe() + ": sending to rank " +
-                                 std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
-                                 " failed: " + s.message()),
-                ErrorCode::Unreachable, -1);
-  }
-  return s;
+  return SendMessage(std::move(msg));
 }
 
 StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
@@ -238,6 +256,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kDeadlineExceeded) return got.status();
+      GS_RETURN_IF_ERROR(SendFailure());
       GS_RETURN_IF_ERROR(CheckHealth());
       if (soft.Expired()) return TimedOut();
       continue;
