@@ -523,7 +523,10 @@ Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, D
   const int r = peers_.rank;
   const size_t bytes = count * DTypeSize(dtype);
   // Every rank's buffer, by rank, in the ring's scratch space.
-  scratch_.resize(bytes * static_cast<size_t>(n));
+  // Grown, never shrunk: a smaller operation in between (a barrier, a
+  // one-float all-reduce) does not make the next one fill it again.
+  const size_t scratch = bytes * static_cast<size_t>(n);
+  if (scratch_.size() < scratch) scratch_.resize(scratch);
   auto block = [&](int q) { return scratch_.data() + static_cast<size_t>(q) * bytes; };
   std::memcpy(block(r), base, bytes);
   Status s = [&]() -> Status {

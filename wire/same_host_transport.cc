@@ -369,11 +369,17 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
       }
       if (got->has_value()) return std::move(**got);
     }
-    // The inner transport's messages, without waiting when the link is up.
-    const Deadline inner = in_ != nullptr ? Deadline::After(Millis(0))
-                                          : deadline.Min(Deadline::After(kAttachEvery));
-    auto other = inner_->Receive(inner);
-    if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
+    // The inner transport's messages: while the link is up, looked at
+    // every kInnerPollEvery without waiting, so that the link's messages do
+    // not pay for it.
+    const SteadyTime now = std::chrono::steady_clock::now();
+    if (in_ == nullptr || now >= next_inner_poll_) {
+      next_inner_poll_ = now + kInnerPollEvery;
+      const Deadline inner = in_ != nullptr ? Deadline::After(Millis(0))
+                                            : deadline.Min(Deadline::After(kAttachEvery));
+      auto other = inner_->Receive(inner);
+      if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
+    }
     if (deadline.Expired()) return DeadlineExceededError("nothing received before the deadline");
     if (in_ != nullptr) {
       if (in_->PeerClosed() && in_->Readable() == 0) {
@@ -382,7 +388,7 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
         if (rest.ok() || rest.status().code() != StatusCode::kDeadlineExceeded) return rest;
         continue;
       }
-      in_->WaitReadable(deadline.Min(Deadline::After(kInnerPollEvery)));
+      in_->WaitReadable(deadline.Min(Deadline::At(next_inner_poll_)));
     }
   }
 }

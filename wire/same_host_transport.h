@@ -115,6 +115,7 @@ class SameHostTransport : public Transport {
   ConnId out_conn_ = -1;
   bool shm_left_;                 // Receive's thread only: still expecting a link
   std::shared_ptr<ShmLink> in_;  // Receive's thread only
+  SteadyTime next_inner_poll_{};  // Receive's thread only
   // in_'s buffer, for Send's thread.
   std::atomic<const uint8_t*> in_begin_{nullptr};
   std::atomic<size_t> in_bytes_{0};
