@@ -102,11 +102,14 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
     fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   }
   if (fd < 0) return UnavailableError("shm_open " + name + ": " + std::strerror(errno));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
+  // Reserved, not just sized: a full /dev/shm fails here with ENOSPC
+  // instead of with SIGBUS at the first write.
+  const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (reserved != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return UnavailableError("sizing shared memory " + name + ": " + std::strerror(err));
+    return UnavailableError("reserving " + std::to_string(bytes) + " bytes of shared memory " +
+                            name + ": " + std::strerror(reserved));
   }
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
