@@ -49,6 +49,8 @@ class Session {
   wire::Transport& data() { return *node_.data; }
   // The address peers reach this node at (the `host` setting).
   const std::string& host() const { return node_.agent->assignment().self.host; }
+  // This worker as the scheduler's peers list names it (boot id included).
+  const wire::NodeInfo& self() const { return node_.agent->assignment().self; }
   // The job's CURVE key, when the job runs CURVE.
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
   // Handshakes refused on the data port.

@@ -43,7 +43,8 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   links.link_bytes = options.shm_link_bytes;
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role != wire::Role::Worker || n < 2) continue;
-    const bool here = options.shm && p.host == session->host();
+    // The scheduler passed on every node's host address and boot id.
+    const bool here = options.shm && p.SameMachine(session->self());
     if (p.rank == (r + 1) % n) {
       peers.right_endpoint = p.DataEndpoint();
       links.right_endpoint = peers.right_endpoint;

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/refusal_log.h"
 #include "common/version.h"
+#include "wire/shm_link.h"
 
 namespace gradsync::cluster {
 namespace {
@@ -60,6 +61,7 @@ NodeAgent::NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport
   assignment_.self.data_port = options_.data_port;
   assignment_.self.metrics_port = options_.metrics_port;
   assignment_.self.identity = options_.identity;
+  assignment_.self.boot_id = wire::BootId();
   assignment_.heartbeat_interval = options_.heartbeat_interval;
   assignment_.missed_heartbeats = kDefaultMissedHeartbeats;
   last_heard_ = std::chrono::steady_clock::now();

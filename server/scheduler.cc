@@ -259,6 +259,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   node.info.data_port = r.data_port();
   node.info.metrics_port = r.metrics_port();
   node.info.identity = r.identity() ? r.identity()->str() : "";
+  node.info.boot_id = r.boot_id() ? r.boot_id()->str() : "";
   node.pid = r.pid();
   node.last_seen = clock_->Now();
   nodes_[identity] = node;
@@ -319,7 +320,8 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
   const Node& old = nodes_[old_identity];
   if (old.left || clock_->Now() - old.last_seen > 2 * options_.heartbeat_interval) {
     Rejoin(old_identity, identity, PendingRejoin{old_identity, r.pid(), r.metrics_port(),
-                                                 r.identity() ? r.identity()->str() : ""});
+                                                 r.identity() ? r.identity()->str() : "",
+                                                 r.boot_id() ? r.boot_id()->str() : ""});
     return;
   }
   for (const auto& [claimant, claim] : rejoins_) {
@@ -331,7 +333,8 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
     }
   }
   rejoins_[identity] = PendingRejoin{old_identity, r.pid(), r.metrics_port(),
-                                     r.identity() ? r.identity()->str() : ""};
+                                     r.identity() ? r.identity()->str() : "",
+                                     r.boot_id() ? r.boot_id()->str() : ""};
 }
 
 // The old process of a pending claim spoke: it is alive, the claim is false.
@@ -379,6 +382,7 @@ void Scheduler::Rejoin(const std::string& old_identity, const std::string& ident
   node.pid = claim.pid;
   node.info.metrics_port = claim.metrics_port;
   node.info.identity = claim.data_identity;
+  node.info.boot_id = claim.boot_id;
   node.last_seen = clock_->Now();
   node.left = node.missing = node.reported = false;
   nodes_.erase(old_identity);

@@ -157,6 +157,7 @@ class Scheduler {
     uint32_t pid = 0;
     uint16_t metrics_port = 0;
     std::string data_identity;
+    std::string boot_id;
   };
   std::map<std::string, PendingRejoin> rejoins_;
   std::map<BarrierKey, std::set<std::string>> barriers_;

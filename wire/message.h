@@ -61,6 +61,13 @@ struct NodeInfo {
   uint16_t data_port = 0;
   uint16_t metrics_port = 0;
   std::string identity;  // of its data transport; "" when unknown
+  std::string boot_id;   // of its machine; "" when unknown
+
+  // Whether `other` runs on the same machine: the same host address and
+  // the same, known, boot id.
+  bool SameMachine(const NodeInfo& other) const {
+    return host == other.host && !boot_id.empty() && boot_id == other.boot_id;
+  }
 
   // "worker 3", "server 0", "scheduler".
   std::string Name() const;

@@ -29,6 +29,8 @@ NodeInfo Node(Role role, int32_t rank, const std::string& host, uint16_t data_po
   n.host = host;
   n.data_port = data_port;
   n.metrics_port = metrics_port;
+  n.identity = "id-" + host;
+  n.boot_id = "boot-" + host.substr(0, 1);
   return n;
 }
 
@@ -63,6 +65,8 @@ void ExpectAddress(const NodeAddress* a, const NodeInfo& want) {
   EXPECT_EQ(got.host, want.host);
   EXPECT_EQ(got.data_port, want.data_port);
   EXPECT_EQ(got.metrics_port, want.metrics_port);
+  EXPECT_EQ(got.identity, want.identity);
+  EXPECT_EQ(got.boot_id, want.boot_id);
 }
 
 TEST(MessageTest, RegisterRoundTrip) {
@@ -83,6 +87,8 @@ TEST(MessageTest, RegisterRoundTrip) {
   EXPECT_EQ(b->pid(), 777u);
   EXPECT_EQ(b->num_workers(), 8);
   EXPECT_EQ(b->num_servers(), 3);
+  EXPECT_EQ(b->identity()->str(), "id-host-a");
+  EXPECT_EQ(b->boot_id()->str(), "boot-h");
   EXPECT_TRUE(msg.payloads.empty());
 }
 
@@ -116,6 +122,20 @@ TEST(MessageTest, RankAssignmentRoundTrip) {
   ASSERT_NE(b->peers(), nullptr);
   ASSERT_EQ(b->peers()->size(), peers.size());
   for (size_t i = 0; i < peers.size(); ++i) ExpectAddress(b->peers()->Get(i), peers[i]);
+}
+
+// Same machine: the same host address and the same known boot id.
+TEST(MessageTest, NodesShareAMachineOnlyWithTheSameHostAndBootId) {
+  NodeInfo a = Node(Role::Worker, 0, "10.0.0.1", 1, 2);
+  NodeInfo b = Node(Role::Worker, 1, "10.0.0.1", 3, 4);
+  EXPECT_TRUE(a.SameMachine(b));
+  b.boot_id = "another boot";
+  EXPECT_FALSE(a.SameMachine(b));
+  b = Node(Role::Worker, 1, "10.0.0.2", 3, 4);  // the same boot id prefix, another host
+  EXPECT_FALSE(a.SameMachine(b));
+  a.boot_id.clear();
+  b = a;
+  EXPECT_FALSE(a.SameMachine(b)) << "an unknown boot id is never the same machine";
 }
 
 TEST(MessageTest, HeartbeatRoundTrip) {
