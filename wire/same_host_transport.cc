@@ -14,7 +14,8 @@ namespace {
 constexpr uint32_t kFrameMagic = 0x47534D31;  // "GSM1"
 // A message header is a few hundred bytes; this is far above any.
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;
-// How long Receive waits on the link before it looks at the inner transport.
+// How long Receive waits on the link before it looks at the inner transport
+// again.
 constexpr Millis kInnerPollEvery{2};
 // How often a Receive whose left link does not exist yet tries to open it.
 constexpr Millis kAttachEvery{5};
@@ -344,7 +345,7 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
 StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
   if (!shm_left_) return inner_->Receive(deadline);
   for (;;) {
-    if (!broken_.ok()) return broken_;
+    if (!shm_left_) return inner_->Receive(deadline);
     if (in_ == nullptr) {
       auto link = ShmLink::Open(LinkName(options_.job_id, options_.left_identity));
       if (link.ok()) {
@@ -363,23 +364,23 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
     if (in_ != nullptr) {
       auto got = ReadSome();
       if (!got.ok()) {
-        broken_ = got.status();
+        // The stream cannot be trusted past a bad frame table: the link is
+        // given up (the writer sees it closed and stops), the failure is
+        // returned once, and the transport goes on with the inner one.
+        GS_LOG(WARNING) << got.status().message() << "; no longer reading that link";
         in_->Close();
-        return broken_;
+        in_.reset();
+        in_begin_.store(nullptr);
+        shm_left_ = false;
+        return got.status();
       }
       if (got->has_value()) return std::move(**got);
     }
-    // The inner transport's messages: while the link is up, looked at
-    // every kInnerPollEvery without waiting, so that the link's messages do
-    // not pay for it.
-    const SteadyTime now = std::chrono::steady_clock::now();
-    if (in_ == nullptr || now >= next_inner_poll_) {
-      next_inner_poll_ = now + kInnerPollEvery;
-      const Deadline inner = in_ != nullptr ? Deadline::After(Millis(0))
-                                            : deadline.Min(Deadline::After(kAttachEvery));
-      auto other = inner_->Receive(inner);
-      if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
-    }
+    // The inner transport's messages (without waiting while the link is up).
+    const Deadline inner = in_ != nullptr ? Deadline::After(Millis(0))
+                                          : deadline.Min(Deadline::After(kAttachEvery));
+    auto other = inner_->Receive(inner);
+    if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
     if (deadline.Expired()) return DeadlineExceededError("nothing received before the deadline");
     if (in_ != nullptr) {
       if (in_->PeerClosed() && in_->Readable() == 0) {
@@ -388,7 +389,7 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
         if (rest.ok() || rest.status().code() != StatusCode::kDeadlineExceeded) return rest;
         continue;
       }
-      in_->WaitReadable(deadline.Min(Deadline::At(next_inner_poll_)));
+      in_->WaitReadable(deadline.Min(Deadline::After(kInnerPollEvery)));
     }
   }
 }

@@ -15,12 +15,13 @@
 // From the left neighbour (`left_identity`, when `shm_left`): Receive opens
 // that neighbour's link once it exists and returns its messages as coming
 // from Inbound(left_identity), between the inner transport's messages
-// (which are looked at at least every 2 ms while waiting on the link).
+// (looked at between waits on the link of at most 2 ms).
 // Where shared memory cannot be made or opened (no /dev/shm, another boot)
 // a warning says so and the neighbour is heard through the inner transport.
 // Every message read from the link is checked before anything is allocated
-// for it: its frame count and each frame's size against the limits (a bad
-// frame table breaks the link: Receive returns DataLoss from then on).
+// for it: its frame count and each frame's size against the limits. A bad
+// frame table ends the link: that Receive returns DataLoss naming the
+// neighbour, and later ones serve the inner transport alone.
 //
 // Framing: u32 magic, u32 frame count, u64 size per frame, then the frames
 // (the header first, then the payloads). A payload frame of at most half
@@ -115,7 +116,6 @@ class SameHostTransport : public Transport {
   ConnId out_conn_ = -1;
   bool shm_left_;                 // Receive's thread only: still expecting a link
   std::shared_ptr<ShmLink> in_;  // Receive's thread only
-  SteadyTime next_inner_poll_{};  // Receive's thread only
   // in_'s buffer, for Send's thread.
   std::atomic<const uint8_t*> in_begin_{nullptr};
   std::atomic<size_t> in_bytes_{0};
@@ -138,7 +138,6 @@ class SameHostTransport : public Transport {
   size_t frame_ = 0;
   bool placed_ = false;    // the padding before frame_ is skipped
   bool borrowing_ = false;  // frame_ is lent from the link, not copied
-  Status broken_;
   // Payload buffers come back here when the receiver lets go of them: a
   // steady stream of messages reuses the same memory.
   class BufferPool;
