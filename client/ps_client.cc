@@ -89,7 +89,6 @@ class PsClient::Exchange {
   Status Compress(BucketState* bucket);
   Status SendAll(const std::vector<uint64_t>& versions, bool resend);
   Status Send(size_t p, MsgType type, uint64_t version);
-  Status SendFailure() const;
   Status Decode(size_t p);
   Status OnMessage(wire::Incoming in);
   std::string Missing() const;
@@ -102,13 +101,7 @@ class PsClient::Exchange {
   const OpTag tag_;
   const Deadline deadline_;
   std::shared_ptr<SendHolds> holds_;
-  // The first posted send that failed (shared with the transport's thread,
-  // which may report after this exchange is gone).
-  struct Failed {
-    std::mutex mu;
-    Status first;
-  };
-  std::shared_ptr<Failed> failed_ = std::make_shared<Failed>();
+  wire::PostedSends posted_;  // the pushes and pulls of this exchange
   std::vector<PartitionSpan> plan_;
   std::vector<Part> parts_;
   size_t remaining_ = 0;
@@ -127,7 +120,7 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
   Millis interval = c_->options_.resend_after;
   SteadyTime next_resend = std::chrono::steady_clock::now() + interval;
   while (remaining_ > 0) {
-    GS_RETURN_IF_ERROR(SendFailure());
+    GS_RETURN_IF_ERROR(posted_.first_failure());
     if (c_->health_) GS_RETURN_IF_ERROR(c_->health_());
     const SteadyTime now = std::chrono::steady_clock::now();
     if (deadline_.Expired()) {
@@ -250,17 +243,8 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   const wire::Route to = wire::Route::Connection(c_->conns_[static_cast<size_t>(span.shard)]);
   // Posted: the pushes and pulls of every partition go out without waiting
   // on each other; a send that fails is seen by the loop in Run.
-  c_->transport_->Post(to, std::move(msg), deadline_, [failed = failed_](const Status& s) {
-    if (s.ok()) return;
-    std::lock_guard<std::mutex> lock(failed->mu);
-    if (failed->first.ok()) failed->first = s;
-  });
+  c_->transport_->Post(to, std::move(msg), deadline_, posted_.callback());
   return Status();
-}
-
-Status PsClient::Exchange::SendFailure() const {
-  std::lock_guard<std::mutex> lock(failed_->mu);
-  return failed_->first;
 }
 
 Status PsClient::Exchange::OnMessage(wire::Incoming in) {

@@ -126,21 +126,13 @@ class RingCollectives::Op {
     ring_->messages_sent_.fetch_add(1, std::memory_order_relaxed);
     ring_->bytes_sent_.fetch_add(msg.PayloadBytes(), std::memory_order_relaxed);
     ring_->transport_->Post(wire::Route::Connection(ring_->right_), std::move(msg), deadline_,
-                            [failed = send_failed_](const Status& s) {
-                              if (s.ok()) return;
-                              std::lock_guard<std::mutex> lock(failed->mu);
-                              if (failed->first.ok()) failed->first = s;
-                            });
+                            posted_.callback());
     return Status();
   }
   // The first posted send of this operation that failed, as the failure
   // of the operation (OK while none has).
   Status SendFailure() {
-    Status first;
-    {
-      std::lock_guard<std::mutex> lock(send_failed_->mu);
-      first = send_failed_->first;
-    }
+    const Status first = posted_.first_failure();
     if (first.ok() || !send_failure_.ok()) return send_failure_;
     send_failure_ = Fail(UnavailableError(Describe() + ": sending to rank " +
                                           std::to_string(RingIndex(rank() + 1,
@@ -221,13 +213,7 @@ class RingCollectives::Op {
   const uint64_t fingerprint_;
   const Deadline deadline_;
   std::shared_ptr<SendHolds> holds_;
-  // The first posted send that failed (written on the transport's thread,
-  // which may report after this operation is gone).
-  struct SendFailed {
-    std::mutex mu;
-    Status first;
-  };
-  std::shared_ptr<SendFailed> send_failed_ = std::make_shared<SendFailed>();
+  wire::PostedSends posted_;  // this operation's sends
   Status send_failure_;  // SendFailure's verdict, once there is one
   uint64_t sent_ = 0;
   uint64_t received_ = 0;

@@ -27,4 +27,17 @@ std::string RandomIdentity(const std::string& prefix) {
   return prefix + "-" + hex;
 }
 
+std::function<void(const Status&)> PostedSends::callback() const {
+  return [state = state_](const Status& s) {
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (state->first.ok()) state->first = s;
+  };
+}
+
+Status PostedSends::first_failure() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->first;
+}
+
 }  // namespace gradsync::wire

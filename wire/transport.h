@@ -22,6 +22,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
@@ -85,6 +87,24 @@ class Transport {
   virtual Status Probe(const std::string& endpoint, Deadline deadline) = 0;
   // Stops I/O; blocked and later calls return Cancelled. Idempotent.
   virtual void Shutdown() = 0;
+};
+
+// The first failure among sends posted with callback(): the state is shared
+// with the transport's threads, which may report after the poster is gone.
+// Thread-safe.
+class PostedSends {
+ public:
+  // The `done` to give Transport::Post.
+  std::function<void(const Status&)> callback() const;
+  // The first failure reported so far; OK while there is none.
+  Status first_failure() const;
+
+ private:
+  struct State {
+    std::mutex mu;
+    Status first;  // guarded by mu
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 // A random identity for a transport ("<prefix>-<16 hex digits>").
