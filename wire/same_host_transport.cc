@@ -174,9 +174,7 @@ bool SameHostTransport::WriteSome(Framed& f) {
 }
 
 Status SameHostTransport::Send(const Route& to, Message message, Deadline deadline) {
-  if (out_ == nullptr || to.kind != Route::Kind::kConnection || to.conn != out_conn_) {
-    return inner_->Send(to, std::move(message), deadline);
-  }
+  if (!ToLink(to)) return inner_->Send(to, std::move(message), deadline);
   if (message.payloads.size() + 1 > options_.max_frames) {
     return InvalidArgumentError("a message of " + std::to_string(message.payloads.size() + 1) +
                                 " frames does not fit the same-host link");
@@ -219,10 +217,7 @@ Status SameHostTransport::Send(const Route& to, Message message, Deadline deadli
 
 void SameHostTransport::Post(const Route& to, Message message, Deadline deadline,
                              std::function<void(const Status&)> done) {
-  if (out_ == nullptr || to.kind != Route::Kind::kConnection || to.conn != out_conn_) {
-    inner_->Post(to, std::move(message), deadline, std::move(done));
-    return;
-  }
+  if (!ToLink(to)) return inner_->Post(to, std::move(message), deadline, std::move(done));
   Status s = Send(to, std::move(message), deadline);  // never waits on the link
   if (done) done(s);
 }

@@ -104,6 +104,10 @@ class SameHostTransport : public Transport {
     size_t done = 0;      // bytes of it written
     bool placed = false;  // the padding before it is written
   };
+  // Whether `to` is the right neighbour's connection and its link is up.
+  bool ToLink(const Route& to) const {
+    return out_ != nullptr && to.kind == Route::Kind::kConnection && to.conn == out_conn_;
+  }
   // Writes what fits of `f`; true when all of it is in.
   bool WriteSome(Framed& f);
   void WriterLoop();

@@ -77,6 +77,18 @@ bool Spin(Ready ready) {
   }
 }
 
+// Until `ready`: spins, then sleeps on the futex `seq` (the other side bumps
+// it after each change) with `waiting` set so that the other side wakes it.
+template <typename Ready>
+void WaitOn(std::atomic<uint32_t>* seq, std::atomic<uint32_t>* waiting, Deadline deadline,
+            Ready ready) {
+  if (Spin(ready)) return;
+  const uint32_t seen = seq->load(std::memory_order_seq_cst);
+  waiting->store(1, std::memory_order_seq_cst);
+  if (!ready()) FutexWait(seq, seen, deadline);
+  waiting->store(0, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 std::string BootId() {
@@ -189,8 +201,9 @@ bool ShmLink::PeerClosed() const {
   return (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
 }
 
+// read_ is written by the reader's thread only (under borrow_mu_, for
+// Release on other threads): that thread reads it without the lock.
 size_t ShmLink::Readable() const {
-  std::lock_guard<std::mutex> lock(borrow_mu_);
   return static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_);
 }
 
@@ -200,9 +213,7 @@ size_t ShmLink::Writable() const {
 }
 
 uint64_t ShmLink::Position() const {
-  if (writer_) return shared_->head.load(std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(borrow_mu_);
-  return read_;
+  return writer_ ? shared_->head.load(std::memory_order_relaxed) : read_;
 }
 
 bool ShmLink::Contiguous(size_t n) const {
@@ -290,19 +301,13 @@ void ShmLink::Release(uint64_t start) {
 }
 
 void ShmLink::WaitReadable(Deadline deadline) {
-  if (Spin([this] { return Readable() > 0 || PeerClosed(); })) return;
-  const uint32_t seen = shared_->data_seq.load(std::memory_order_seq_cst);
-  shared_->reader_waiting.store(1, std::memory_order_seq_cst);
-  if (Readable() == 0 && !PeerClosed()) FutexWait(&shared_->data_seq, seen, deadline);
-  shared_->reader_waiting.store(0, std::memory_order_relaxed);
+  WaitOn(&shared_->data_seq, &shared_->reader_waiting, deadline,
+         [this] { return Readable() > 0 || PeerClosed(); });
 }
 
 void ShmLink::WaitWritable(Deadline deadline) {
-  if (Spin([this] { return Writable() > 0 || PeerClosed(); })) return;
-  const uint32_t seen = shared_->space_seq.load(std::memory_order_seq_cst);
-  shared_->writer_waiting.store(1, std::memory_order_seq_cst);
-  if (Writable() == 0 && !PeerClosed()) FutexWait(&shared_->space_seq, seen, deadline);
-  shared_->writer_waiting.store(0, std::memory_order_relaxed);
+  WaitOn(&shared_->space_seq, &shared_->writer_waiting, deadline,
+         [this] { return Writable() > 0 || PeerClosed(); });
 }
 
 }  // namespace gradsync::wire

@@ -103,7 +103,7 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   // (start, end, released), in stream order. The shared tail is the first
   // lent region's start, or read_ when none is.
   mutable std::mutex borrow_mu_;
-  uint64_t read_ = 0;  // guarded by borrow_mu_ (written by the reader only)
+  uint64_t read_ = 0;  // written by the reader's thread only, under borrow_mu_
   struct Lent {
     uint64_t start, end;
     bool released;

@@ -387,15 +387,18 @@ struct StuckAndReader {
     to_stuck = sender->Connect(*stuck->Listen("tcp://127.0.0.1:0"));
     to_reader = sender->Connect(*reader->Listen("tcp://127.0.0.1:0"));
   }
+  // A push whose payload is all of `big`, without copying it.
+  static Message BigPush(const std::shared_ptr<std::vector<uint8_t>>& big) {
+    DataFields f;
+    f.dtype = DType::U8;
+    f.num_elements = big->size();
+    return MakeData(Me(), MsgType::Push, f, {Payload::Borrow(big->data(), big->size(), big)});
+  }
 };
 
 TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
-  StuckAndReader peers;
-  auto& reader = peers.reader;
-  auto& sender = peers.sender;
-  auto& to_stuck = peers.to_stuck;
-  auto& to_reader = peers.to_reader;
-  ASSERT_TRUE(to_stuck.ok() && to_reader.ok());
+  StuckAndReader p;
+  ASSERT_TRUE(p.to_stuck.ok() && p.to_reader.ok());
   // Fill everything between the sender and the peer that never reads.
   std::atomic<bool> stop{false};
   std::atomic<int> blocked{0};
@@ -404,13 +407,8 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
     fillers.emplace_back([&] {
       auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
       while (!stop.load()) {
-        DataFields f;
-        f.dtype = DType::U8;
-        f.num_elements = big->size();
-        Status s = sender->Send(Route::Connection(*to_stuck),
-                                MakeData(Me(), MsgType::Push, f,
-                                         {Payload::Borrow(big->data(), big->size(), big)}),
-                                Deadline::AfterMs(3000));
+        Status s = p.sender->Send(Route::Connection(*p.to_stuck), StuckAndReader::BigPush(big),
+                                  Deadline::AfterMs(3000));
         if (!s.ok()) ++blocked;
       }
     });
@@ -419,9 +417,9 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
   // The stuck peer's sends are now waiting; another peer's go through.
   const auto start = Clock::now();
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(sender->Send(Route::Connection(*to_reader), Numbered(i),
-                             Deadline::AfterMs(2000)).ok());
-    ASSERT_TRUE(reader->Receive(Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(p.sender->Send(Route::Connection(*p.to_reader), Numbered(i),
+                               Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(p.reader->Receive(Deadline::AfterMs(2000)).ok());
   }
   EXPECT_LT(MillisSince(start), 2000);
   stop.store(true);
@@ -432,32 +430,24 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
 // later (DeadlineExceeded once the message could not go out in time), and
 // a later post to another peer goes out meanwhile.
 TEST(ZmqTransportTest, PostNeverWaitsAndReportsTheOutcomeLater) {
-  StuckAndReader peers;
-  auto& reader = peers.reader;
-  auto& sender = peers.sender;
-  auto& to_stuck = peers.to_stuck;
-  auto& to_reader = peers.to_reader;
-  ASSERT_TRUE(to_stuck.ok() && to_reader.ok());
+  StuckAndReader p;
+  ASSERT_TRUE(p.to_stuck.ok() && p.to_reader.ok());
   auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
   std::mutex mu;
   std::vector<Status> outcomes;
   const auto start = Clock::now();
   for (int i = 0; i < 16; ++i) {
-    DataFields f;
-    f.dtype = DType::U8;
-    f.num_elements = big->size();
-    sender->Post(Route::Connection(*to_stuck),
-                 MakeData(Me(), MsgType::Push, f, {Payload::Borrow(big->data(), big->size(), big)}),
-                 Deadline::AfterMs(1500), [&](const Status& s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   outcomes.push_back(s);
-                 });
+    p.sender->Post(Route::Connection(*p.to_stuck), StuckAndReader::BigPush(big),
+                   Deadline::AfterMs(1500), [&](const Status& s) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     outcomes.push_back(s);
+                   });
   }
   EXPECT_LT(MillisSince(start), 500) << "posting waited on the peer";
   std::atomic<bool> delivered{false};
-  sender->Post(Route::Connection(*to_reader), Numbered(1), Deadline::AfterMs(2000),
-               [&](const Status& s) { delivered = s.ok(); });
-  ASSERT_TRUE(reader->Receive(Deadline::AfterMs(2000)).ok());
+  p.sender->Post(Route::Connection(*p.to_reader), Numbered(1), Deadline::AfterMs(2000),
+                 [&](const Status& s) { delivered = s.ok(); });
+  ASSERT_TRUE(p.reader->Receive(Deadline::AfterMs(2000)).ok());
   for (int i = 0; i < 300; ++i) {
     {
       std::lock_guard<std::mutex> lock(mu);
