@@ -67,25 +67,20 @@ bool SyncHandle::Done() const {
 namespace {
 
 struct CommOptions {
-  std::string path;
-  std::string backend;
+  // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes), ps,
+  // cuda_device, op_timeout; compression_seed is set at Start.
+  SyncBackendOptions sync;
   bool cuda_gradients = false;  // gradient_device=cuda
   size_t first_bucket_bytes = 0;
   size_t bucket_bytes = 0;
-  Millis op_timeout{0};
-  RingOptions ring;
-  bool ring_shm = true;
-  size_t ring_shm_bytes = 0;
-  int cuda_device = 0;
-  PsClientOptions ps;
   int64_t metrics_base_port = 0;
   int64_t local_rank = -1;  // -1: the worker's rank
   uint64_t compression_seed = 0;  // 0: the job id
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
     CommOptions o;
-    GS_ASSIGN_OR_RETURN(o.path, config.GetString("path", "allreduce"));
-    GS_ASSIGN_OR_RETURN(o.backend, config.GetString("backend", "ring"));
+    GS_ASSIGN_OR_RETURN(o.sync.path, config.GetString("path", "allreduce"));
+    GS_ASSIGN_OR_RETURN(o.sync.backend, config.GetString("backend", "ring"));
     GS_ASSIGN_OR_RETURN(std::string gradient_device, config.GetString("gradient_device", "cpu"));
     if (gradient_device != "cpu" && gradient_device != "cuda") {
       return InvalidArgumentError("gradient_device must be cpu or cuda, got '" + gradient_device +
@@ -97,17 +92,17 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
-    GS_ASSIGN_OR_RETURN(o.ring_shm, config.GetBool("ring_shm", true));
+    GS_ASSIGN_OR_RETURN(o.sync.shm, config.GetBool("ring_shm", true));
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 4 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
     GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
     GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));
     o.compression_seed = static_cast<uint64_t>(seed);
-    if (o.path != "allreduce" && o.path != "ps") {
-      return InvalidArgumentError("path must be allreduce or ps, got '" + o.path + "'");
+    if (o.sync.path != "allreduce" && o.sync.path != "ps") {
+      return InvalidArgumentError("path must be allreduce or ps, got '" + o.sync.path + "'");
     }
-    if (o.backend != "ring" && o.backend != "nccl") {
-      return InvalidArgumentError("backend must be ring or nccl, got '" + o.backend + "'");
+    if (o.sync.backend != "ring" && o.sync.backend != "nccl") {
+      return InvalidArgumentError("backend must be ring or nccl, got '" + o.sync.backend + "'");
     }
     if (first <= 0 || bucket <= 0 || timeout <= 0 || chunk < 64 || shm_bytes < 4096 ||
         shm_bytes > (int64_t{1} << 30)) {
@@ -115,14 +110,14 @@ struct CommOptions {
           "first_bucket_bytes, bucket_bytes and op_timeout_ms must be positive, "
           "ring_chunk_bytes at least 64 and ring_shm_bytes within [4096, 1 GiB]");
     }
-    o.ring_shm_bytes = static_cast<size_t>(shm_bytes);
+    o.sync.shm_link_bytes = static_cast<size_t>(shm_bytes);
     o.first_bucket_bytes = static_cast<size_t>(first);
     o.bucket_bytes = static_cast<size_t>(bucket);
-    o.op_timeout = Millis(timeout);
-    o.ring.chunk_bytes = static_cast<size_t>(chunk);
-    o.cuda_device = static_cast<int>(device);
-    if (o.path == "ps") {
-      GS_ASSIGN_OR_RETURN(o.ps, PsClientOptions::FromConfig(config));
+    o.sync.op_timeout = Millis(timeout);
+    o.sync.ring.chunk_bytes = static_cast<size_t>(chunk);
+    o.sync.cuda_device = static_cast<int>(device);
+    if (o.sync.path == "ps") {
+      GS_ASSIGN_OR_RETURN(o.sync.ps, PsClientOptions::FromConfig(config));
     }
     return o;
   }
@@ -234,17 +229,9 @@ Status Communicator::Impl::Start(Deadline deadline) {
                                  (options_.local_rank >= 0 ? options_.local_rank : r));
   }
   if (options_.cuda_gradients) {
-    GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(options_.cuda_device));
+    GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(options_.sync.cuda_device));
   }
-  SyncBackendOptions backend;
-  backend.path = options_.path;
-  backend.backend = options_.backend;
-  backend.ring = options_.ring;
-  backend.shm = options_.ring_shm;
-  backend.shm_link_bytes = options_.ring_shm_bytes;
-  backend.ps = options_.ps;
-  backend.cuda_device = options_.cuda_device;
-  backend.op_timeout = options_.op_timeout;
+  SyncBackendOptions backend = options_.sync;
   backend.compression_seed = CompressionSeed();
   GS_ASSIGN_OR_RETURN(backend_, MakeSyncBackend(backend, session_.get(), compression_.get(),
                                                 device_.get(), &ring_rejected_, &ps_rejected_,
@@ -383,7 +370,7 @@ Status Communicator::Impl::FinalizeLocked() {
     layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
   }
   Enqueue([this, layout = std::move(layout)] {
-    Status s = backend_->CheckLayout(layout, Deadline::After(options_.op_timeout));
+    Status s = backend_->CheckLayout(layout, Deadline::After(options_.sync.op_timeout));
     if (!s.ok()) Fail(s);
   });
   return Status();
@@ -471,7 +458,7 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   }
   const OpTag tag{step, b->id, seq_++, b->names_hash};
   const SteadyTime start = std::chrono::steady_clock::now();
-  const Deadline deadline = Deadline::After(options_.op_timeout);
+  const Deadline deadline = Deadline::After(options_.sync.op_timeout);
   BucketCompression::Traffic traffic{b->bytes(), b->bytes(), false};
   Status s;
   if (device_ == nullptr) {
