@@ -309,11 +309,14 @@ struct Rank {
   std::unique_ptr<gloo::rendezvous::FileStore> store;
   std::shared_ptr<gloo::Context> ctx;
   std::unique_ptr<gloo::BarrierAllToAll> barrier;
-  // Our ring, plain and with CURVE.
-  std::unique_ptr<wire::ZmqTransport> transport, transport_curve, transport_shm;
-  std::unique_ptr<wire::SameHostTransport> same_host;  // over transport_shm
-  std::unique_ptr<client::RingCollectives> ring, ring_curve, ring_shm;
-  uint64_t seq = 0, seq_curve = 0, seq_shm = 0;
+  // Our ring: plain, with CURVE, over shared memory (by impl index).
+  struct OurRing {
+    std::unique_ptr<wire::ZmqTransport> transport;
+    std::unique_ptr<wire::SameHostTransport> same_host;  // over transport (shm only)
+    std::unique_ptr<client::RingCollectives> ring;
+    uint64_t seq = 0;
+  };
+  std::map<int, OurRing> ours;
 };
 
 Status ConnectGloo(Rank* r) {
@@ -376,22 +379,17 @@ StatusOr<std::string> LeftIdentity(Rank* r, const std::string& mine) {
   return std::string(got.begin(), got.end());
 }
 
-enum class Flavour { kPlain, kCurve, kShm };
-
-Status ConnectOurs(Rank* r, Flavour flavour) {
+// Our ring for implementation `impl` (kOurs, kOursCurve or kOursShm).
+Status ConnectOurs(Rank* r, int impl) {
+  Rank::OurRing& ours = r->ours[impl];
   wire::ZmqOptions zmq;
-  if (flavour == Flavour::kCurve) {
+  if (impl == kOursCurve) {
     GS_ASSIGN_OR_RETURN(zmq.curve, SharedKey(r));
   }
-  auto& transport = flavour == Flavour::kCurve ? r->transport_curve
-                    : flavour == Flavour::kShm ? r->transport_shm
-                                               : r->transport;
-  const char* prefix = flavour == Flavour::kCurve ? "zmq_curve_endpoint_"
-                       : flavour == Flavour::kShm ? "zmq_shm_endpoint_"
-                                                  : "zmq_endpoint_";
-  GS_ASSIGN_OR_RETURN(transport, wire::ZmqTransport::Create(zmq));
-  GS_ASSIGN_OR_RETURN(std::string endpoint, transport->Listen("tcp://127.0.0.1:0"));
-  GS_ASSIGN_OR_RETURN(std::string right, SwapEndpoints(r, endpoint, prefix));
+  GS_ASSIGN_OR_RETURN(ours.transport, wire::ZmqTransport::Create(zmq));
+  GS_ASSIGN_OR_RETURN(std::string endpoint, ours.transport->Listen("tcp://127.0.0.1:0"));
+  GS_ASSIGN_OR_RETURN(std::string right,
+                      SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_endpoint_"));
   client::RingPeers peers;
   peers.rank = r->args.rank;
   peers.world_size = r->args.world;
@@ -399,22 +397,19 @@ Status ConnectOurs(Rank* r, Flavour flavour) {
   peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
   client::RingOptions options;
   if (r->settings.chunk_bytes > 0) options.chunk_bytes = r->settings.chunk_bytes;
-  wire::Transport* ring_transport = transport.get();
-  if (flavour == Flavour::kShm) {
+  wire::Transport* ring_transport = ours.transport.get();
+  if (impl == kOursShm) {
     wire::SameHostOptions links;
     links.job_id = r->args.job_id;
     links.right_endpoint = right;
     links.shm_right = true;
-    GS_ASSIGN_OR_RETURN(links.left_identity, LeftIdentity(r, transport->identity()));
+    GS_ASSIGN_OR_RETURN(links.left_identity, LeftIdentity(r, ours.transport->identity()));
     links.shm_left = true;
     peers.left_identity = links.left_identity;
-    r->same_host = std::make_unique<wire::SameHostTransport>(transport.get(), links);
-    ring_transport = r->same_host.get();
+    ours.same_host = std::make_unique<wire::SameHostTransport>(ring_transport, links);
+    ring_transport = ours.same_host.get();
   }
-  auto& ring = flavour == Flavour::kCurve ? r->ring_curve
-               : flavour == Flavour::kShm ? r->ring_shm
-                                          : r->ring;
-  GS_ASSIGN_OR_RETURN(ring,
+  GS_ASSIGN_OR_RETURN(ours.ring,
                       client::RingCollectives::Create(ring_transport, peers, options, nullptr));
   return OkStatus();
 }
@@ -426,22 +421,13 @@ Status Barrier(Rank* r) {
 std::vector<std::unique_ptr<Impl>> MakeImpls(Rank* r, float* data, size_t count) {
   std::vector<std::unique_ptr<Impl>> impls(kNumImpls);
   const auto& on = r->settings.impl_on;
-  if (on[0]) {
-    impls[0] = std::make_unique<OursImpl>(r->ring.get(), data, count, &r->seq,
-                                          static_cast<int>(r->settings.op_timeout_s));
+  for (auto& [impl, ours] : r->ours) {
+    impls[impl] = std::make_unique<OursImpl>(ours.ring.get(), data, count, &ours.seq,
+                                             static_cast<int>(r->settings.op_timeout_s));
   }
   if (on[1]) impls[1] = std::make_unique<GlooImpl<gloo::AllreduceRing<float>>>(r->ctx, data, count);
   if (on[2]) {
     impls[2] = std::make_unique<GlooImpl<gloo::AllreduceRingChunked<float>>>(r->ctx, data, count);
-  }
-  if (on[kOursCurve]) {
-    impls[kOursCurve] = std::make_unique<OursImpl>(r->ring_curve.get(), data, count,
-                                                   &r->seq_curve,
-                                                   static_cast<int>(r->settings.op_timeout_s));
-  }
-  if (on[kOursShm]) {
-    impls[kOursShm] = std::make_unique<OursImpl>(r->ring_shm.get(), data, count, &r->seq_shm,
-                                                 static_cast<int>(r->settings.op_timeout_s));
   }
   return impls;
 }
@@ -547,9 +533,9 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  if (r->settings.impl_on[kOurs]) GS_RETURN_IF_ERROR(ConnectOurs(r, Flavour::kPlain));
-  if (r->settings.impl_on[kOursCurve]) GS_RETURN_IF_ERROR(ConnectOurs(r, Flavour::kCurve));
-  if (r->settings.impl_on[kOursShm]) GS_RETURN_IF_ERROR(ConnectOurs(r, Flavour::kShm));
+  for (int impl : {kOurs, kOursCurve, kOursShm}) {
+    if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
+  }
   std::ofstream results;
   if (r->args.rank == 0) {
     results.open(r->args.results);
@@ -577,8 +563,7 @@ int ChildMain(const Config& config, Settings settings) {
     // Skip destructors: peers may be gone mid-operation.
     std::_Exit(s.code() == StatusCode::kDataLoss ? kExitWrongSum : kExitFailed);
   }
-  r.ring.reset();
-  if (r.transport) r.transport->Shutdown();
+  r.ours.clear();  // each ring before the transports under it
   return 0;
 }
 
