@@ -96,32 +96,14 @@ class ZmqTransport::Impl {
   const std::optional<CurveKey>& curve() const { return options_.curve; }
   uint64_t NextProbeId() { return next_probe_++; }
 
-  // Queues a posted send; returns at once (cmd->posted reports).
-  void Post(std::unique_ptr<Command> cmd) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!stopping_) {
-        commands_.push_back(std::move(cmd));
-        cmd = nullptr;
-      }
-    }
-    if (cmd != nullptr) {
-      cmd->posted(CancelledError("transport is shut down"));
-      return;
-    }
-    Wake();
-  }
-
+  // Hands `cmd` to the I/O thread and waits for its result.
   Result Submit(std::unique_ptr<Command> cmd) {
     std::future<Result> result = cmd->done.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return Result{CancelledError("transport is shut down"), "", -1};
-      commands_.push_back(std::move(cmd));
-    }
-    Wake();
+    Enqueue(std::move(cmd));
     return result.get();
   }
+  // Hands `cmd` to the I/O thread; returns at once (cmd->posted reports).
+  void Post(std::unique_ptr<Command> cmd) { Enqueue(std::move(cmd)); }
 
   StatusOr<Incoming> Receive(Deadline deadline) {
     auto item = incoming_.Pop(deadline);
@@ -150,6 +132,23 @@ class ZmqTransport::Impl {
   uint64_t auth_failures() const { return auth_failures_.load(); }
 
  private:
+  // Queues `cmd` for the I/O thread, or finishes it as cancelled once the
+  // transport is shut down.
+  void Enqueue(std::unique_ptr<Command> cmd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopping_) {
+        commands_.push_back(std::move(cmd));
+        cmd = nullptr;
+      }
+    }
+    if (cmd != nullptr) {
+      cmd->Finish({CancelledError("transport is shut down"), "", -1});
+      return;
+    }
+    Wake();
+  }
+
   void Wake() {
     uint64_t one = 1;
     ssize_t n = write(wake_fd_, &one, sizeof(one));
@@ -398,18 +397,18 @@ void ZmqTransport::Impl::RetryPeer(std::deque<std::unique_ptr<Command>>& pending
       continue;
     }
     pending[i]->Finish({DeadlineExceededError("send to " + pending[i]->route.ToString() +
-                                                      " did not start before the deadline (the "
-                                                      "peer is not reading)"),
-                                "", -1});
+                                              " did not start before the deadline (the "
+                                              "peer is not reading)"),
+                        "", -1});
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
   }
   while (!pending.empty()) {
     Command& cmd = *pending.front();
     if (cmd.deadline.Expired()) {
       cmd.Finish({DeadlineExceededError("send to " + cmd.route.ToString() +
-                                                " did not complete before the deadline "
-                                                "(peer not connected or not reading)"),
-                          "", -1});
+                                        " did not complete before the deadline "
+                                        "(peer not connected or not reading)"),
+                  "", -1});
     } else if (!TrySend(cmd)) {
       return;
     }
@@ -527,22 +526,24 @@ StatusOr<ConnId> ZmqTransport::Connect(const std::string& endpoint) {
   return r.conn;
 }
 
-Status ZmqTransport::Send(const Route& to, Message message, Deadline deadline) {
+namespace {
+std::unique_ptr<Command> SendCommand(const Route& to, Message message, Deadline deadline) {
   auto cmd = std::make_unique<Command>();
   cmd->kind = Command::Kind::kSend;
   cmd->route = to;
   cmd->message = std::move(message);
   cmd->deadline = deadline;
-  return impl_->Submit(std::move(cmd)).status;
+  return cmd;
+}
+}  // namespace
+
+Status ZmqTransport::Send(const Route& to, Message message, Deadline deadline) {
+  return impl_->Submit(SendCommand(to, std::move(message), deadline)).status;
 }
 
 void ZmqTransport::Post(const Route& to, Message message, Deadline deadline,
                         std::function<void(const Status&)> done) {
-  auto cmd = std::make_unique<Command>();
-  cmd->kind = Command::Kind::kSend;
-  cmd->route = to;
-  cmd->message = std::move(message);
-  cmd->deadline = deadline;
+  auto cmd = SendCommand(to, std::move(message), deadline);
   cmd->posted = done ? std::move(done) : [](const Status&) {};
   impl_->Post(std::move(cmd));
 }
