@@ -79,15 +79,14 @@ class AllReduceBackend : public SyncBackend {
  public:
   AllReduceBackend(Ring ring, std::unique_ptr<Collectives> nccl,
                    BucketCompression* compression, uint64_t seed)
-      : same_host_(std::move(ring.same_host)), ring_(std::move(ring.ring)),
-        nccl_(std::move(nccl)), compression_(compression), seed_(seed) {}
+      : ring_(std::move(ring)), nccl_(std::move(nccl)), compression_(compression), seed_(seed) {}
 
   const char* name() const override { return collectives().name(); }
   SyncPath path() const override { return nccl_ ? SyncPath::kNccl : SyncPath::kRing; }
   Collectives& direct() override { return collectives(); }
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
                      Deadline deadline) override {
-    return ring_->CheckLayout(layout, deadline);
+    return ring_.ring->CheckLayout(layout, deadline);
   }
   Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
                     BucketCompression::Traffic* traffic) override {
@@ -104,16 +103,15 @@ class AllReduceBackend : public SyncBackend {
                          seed_, deadline, traffic, host);
   }
   uint64_t SentBytes(uint64_t) const override {
-    return nccl_ ? 0 : ring_->stats().bytes_sent;  // NCCL counts none
+    return nccl_ ? 0 : ring_.ring->stats().bytes_sent;  // NCCL counts none
   }
 
  private:
   Collectives& collectives() const {
-    return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_);
+    return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_.ring);
   }
 
-  std::unique_ptr<wire::SameHostTransport> same_host_;
-  std::unique_ptr<RingCollectives> ring_;
+  Ring ring_;
   std::unique_ptr<Collectives> nccl_;  // backend=nccl
   BucketCompression* compression_;
   uint64_t seed_;
@@ -123,15 +121,15 @@ class AllReduceBackend : public SyncBackend {
 class PsBackend : public SyncBackend {
  public:
   PsBackend(Ring ring, std::unique_ptr<PsClient> ps)
-      : same_host_(std::move(ring.same_host)), ring_(std::move(ring.ring)), ps_(std::move(ps)) {}
+      : ring_(std::move(ring)), ps_(std::move(ps)) {}
 
   const char* name() const override { return ps_->name(); }
   SyncPath path() const override { return SyncPath::kPs; }
-  Collectives& direct() override { return *ring_; }
+  Collectives& direct() override { return *ring_.ring; }
   SyncPath direct_path() const override { return SyncPath::kRing; }
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
                      Deadline deadline) override {
-    return ring_->CheckLayout(layout, deadline);
+    return ring_.ring->CheckLayout(layout, deadline);
   }
   Status PrepareBuckets(const std::vector<std::pair<uint32_t, std::string>>& specs) override {
     for (const auto& [id, spec] : specs) GS_RETURN_IF_ERROR(ps_->SetCompression(id, spec));
@@ -157,8 +155,7 @@ class PsBackend : public SyncBackend {
   uint64_t Resent() const override { return ps_->stats().resent; }
 
  private:
-  std::unique_ptr<wire::SameHostTransport> same_host_;
-  std::unique_ptr<RingCollectives> ring_;
+  Ring ring_;
   std::unique_ptr<PsClient> ps_;
 };
 
