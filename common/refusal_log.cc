@@ -1,5 +1,7 @@
 #include "common/refusal_log.h"
 
+#include "common/logging.h"
+
 namespace gradsync {
 
 RefusalLog::RefusalLog(const Clock* clock, uint64_t burst, Millis interval, size_t max_keys)
@@ -28,6 +30,18 @@ bool RefusalLog::Admit(const std::string& peer, const std::string& reason, uint6
 std::string LeftOutNote(uint64_t left_out) {
   if (left_out == 0) return "";
   return " (" + std::to_string(left_out) + " more like it not logged)";
+}
+
+std::function<void(const Status&)> LogSendFailure(std::shared_ptr<RefusalLog> log,
+                                                  std::string peer, std::string what) {
+  return [log = std::move(log), peer = std::move(peer), what = std::move(what)](
+             const Status& s) {
+    if (s.ok() || s.code() == StatusCode::kCancelled) return;
+    uint64_t left_out = 0;
+    if (log->Admit(peer, StatusCodeName(s.code()), &left_out)) {
+      GS_LOG(WARNING) << what << " to " << peer << " failed: " << s << LeftOutNote(left_out);
+    }
+  };
 }
 
 }  // namespace gradsync

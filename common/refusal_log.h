@@ -13,11 +13,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "common/status.h"
 #include "common/time.h"
 
 namespace gradsync {
@@ -51,6 +54,13 @@ class RefusalLog {
 
 // "" for 0; otherwise " (N more like it not logged)", to end a line.
 std::string LeftOutNote(uint64_t left_out);
+
+// A callback for Transport::Post that logs, through `log` (rate-limited per
+// peer and status code), that `what` could not be sent to `peer`. A
+// cancelled send (the transport shut down) is not logged. The callback
+// keeps `log` alive: it may run after its poster is gone.
+std::function<void(const Status&)> LogSendFailure(std::shared_ptr<RefusalLog> log,
+                                                  std::string peer, std::string what);
 
 }  // namespace gradsync
 

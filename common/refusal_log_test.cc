@@ -1,5 +1,6 @@
 #include "common/refusal_log.h"
 
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -42,4 +43,21 @@ TEST(RefusalLogTest, ManyPeersShareOneEntryPastTheLimit) {
 }
 
 }  // namespace
+// A failed send goes through the log's limit (per peer and status code); a
+// cancelled one (shutdown) is not a failure to report.
+TEST(RefusalLogTest, SendFailuresShareTheLimitAndCancellationsAreNotLogged) {
+  StepClock clock;
+  auto log = std::make_shared<RefusalLog>(&clock, 1, Millis(10000));
+  auto failed = LogSendFailure(log, "peer-a", "reply");
+  failed(CancelledError("transport is shut down"));
+  failed(UnavailableError("peer-a is not connected"));
+  uint64_t left_out = 0;
+  EXPECT_FALSE(log->Admit("peer-a", StatusCodeName(StatusCode::kUnavailable), &left_out))
+      << "the failure used the one line allowed";
+  EXPECT_TRUE(log->Admit("peer-a", StatusCodeName(StatusCode::kCancelled), &left_out))
+      << "the cancellation was not counted";
+  failed(Status());  // success: nothing
+  EXPECT_TRUE(log->Admit("peer-b", StatusCodeName(StatusCode::kUnavailable), &left_out));
+}
+
 }  // namespace gradsync

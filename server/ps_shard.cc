@@ -250,11 +250,7 @@ void PsShard::Emit(std::optional<JournalRecord> record, std::vector<Outgoing> ou
 // the key thread that answers everyone else.
 void PsShard::Send(const wire::Route& to, wire::Message msg) {
   transport_->Post(to, std::move(msg), Deadline::After(options_.send_timeout),
-                   [to](const Status& s) {
-                     if (!s.ok() && s.code() != StatusCode::kCancelled) {
-                       GS_LOG(WARNING) << "shard reply to " << to.ToString() << " failed: " << s;
-                     }
-                   });
+                   LogSendFailure(reply_failures_, to.ToString(), "shard reply"));
 }
 
 }  // namespace gradsync::server

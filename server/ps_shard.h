@@ -51,6 +51,7 @@
 
 #include "common/blocking_queue.h"
 #include "common/config.h"
+#include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "server/optimizer.h"
@@ -159,6 +160,8 @@ class PsShard {
   std::vector<std::unique_ptr<KeyThread>> key_threads_;
   std::thread receiver_;
   std::atomic<bool> stop_{false};
+  // Replies that could not be sent, logged a few per peer and reason.
+  std::shared_ptr<RefusalLog> reply_failures_ = std::make_shared<RefusalLog>();
   std::atomic<int64_t> queued_{0};  // messages in the key threads' queues
   std::mutex bytes_mu_;
   std::condition_variable room_;

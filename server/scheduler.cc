@@ -630,11 +630,8 @@ void Scheduler::FailJob(const std::string& why) {
 // (and with it every other node's heartbeats).
 void Scheduler::Reply(const std::string& identity, wire::Message msg) {
   transport_->Post(wire::Route::Inbound(identity), std::move(msg),
-                   Deadline::After(options_.heartbeat_interval), [identity](const Status& s) {
-                     if (!s.ok() && s.code() != StatusCode::kCancelled) {
-                       GS_LOG(WARNING) << "cannot answer '" << identity << "': " << s.message();
-                     }
-                   });
+                   Deadline::After(options_.heartbeat_interval),
+                   LogSendFailure(reply_failures_, identity, "answer"));
 }
 
 void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const std::string& text,

@@ -168,6 +168,8 @@ class Scheduler {
   bool servers_released_ = false;
   Status result_;
   RefusalLog refusal_log_;
+  // Answers that could not be sent, logged a few per peer and reason.
+  std::shared_ptr<RefusalLog> reply_failures_ = std::make_shared<RefusalLog>();
 };
 
 }  // namespace gradsync::server
