@@ -8,14 +8,18 @@
 //                  hand-offs;
 //   shm_link       two wire::SameHostTransports over one shared-memory link
 //                  each way (the inner transports idle).
-// A ring all-reduce of N ranks adds its own per-operation work on top (see
-// allreduce_bench); with 2 ranks one small all-reduce is one such one-way
-// trip per rank plus that work.
+//   ring_tcp       two client::RingCollectives (ranks 0 and 1, one thread
+//                  each) over zmq_transport, back-to-back fp32 sum
+//                  all-reduces of --bytes: per operation, not one way (with
+//                  2 ranks one small all-reduce is one one-way trip per rank
+//                  plus the ring's own work: the difference is that work);
+//   ring_shm       the same over shm_link.
 //
 //   bazel run --config=opt //bench:latency_bench -- [--bytes=4096] [--rounds=20000]
 //
 // Prints one line per layer and one JSON line each:
-// {"layer","bytes","one_way_p50_us","one_way_p10_us","one_way_p90_us"}.
+// {"layer","bytes","one_way_p50_us","one_way_p10_us","one_way_p90_us"}
+// (op_p50_us ... for the ring layers).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +32,7 @@
 
 #include <zmq.hpp>
 
+#include "client/ring.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "common/time.h"
@@ -125,41 +130,107 @@ StatusOr<Result> PingPong(wire::Transport& a, wire::ConnId a_to_b, wire::Transpo
   return Summarise(std::move(rtt));
 }
 
-StatusOr<Result> ZmqTransports(size_t bytes, int rounds) {
-  GS_ASSIGN_OR_RETURN(auto a, wire::ZmqTransport::Create({}));
-  GS_ASSIGN_OR_RETURN(auto b, wire::ZmqTransport::Create({}));
-  GS_ASSIGN_OR_RETURN(std::string ea, a->Listen("tcp://127.0.0.1:0"));
-  GS_ASSIGN_OR_RETURN(std::string eb, b->Listen("tcp://127.0.0.1:0"));
-  GS_ASSIGN_OR_RETURN(wire::ConnId a_to_b, a->Connect(eb));
-  GS_ASSIGN_OR_RETURN(wire::ConnId b_to_a, b->Connect(ea));
-  return PingPong(*a, a_to_b, *b, b_to_a, bytes, rounds);
+// Two ZeroMQ transports listening on loopback (`inner`) and the ends to use:
+// those, or (shm) a SameHostTransport over each with a shared-memory link
+// each way.
+struct Pair {
+  std::vector<std::unique_ptr<wire::ZmqTransport>> inner;
+  std::vector<std::unique_ptr<wire::SameHostTransport>> links;
+  std::vector<wire::Transport*> ends;
+  std::vector<std::string> endpoints;
+};
+
+StatusOr<Pair> MakePair(bool shm) {
+  Pair p;
+  for (int i = 0; i < 2; ++i) {
+    GS_ASSIGN_OR_RETURN(auto t, wire::ZmqTransport::Create({}));
+    GS_ASSIGN_OR_RETURN(std::string e, t->Listen("tcp://127.0.0.1:0"));
+    p.endpoints.push_back(e);
+    p.inner.push_back(std::move(t));
+  }
+  const uint64_t job = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  for (int i = 0; i < 2; ++i) {
+    if (!shm) {
+      p.ends.push_back(p.inner[static_cast<size_t>(i)].get());
+      continue;
+    }
+    wire::SameHostOptions o;
+    o.job_id = job;
+    o.right_endpoint = p.endpoints[static_cast<size_t>(1 - i)];
+    o.shm_right = true;
+    o.left_identity = p.inner[static_cast<size_t>(1 - i)]->identity();
+    o.shm_left = true;
+    p.links.push_back(
+        std::make_unique<wire::SameHostTransport>(p.inner[static_cast<size_t>(i)].get(), o));
+    p.ends.push_back(p.links.back().get());
+  }
+  return p;
 }
 
-StatusOr<Result> ShmLinks(size_t bytes, int rounds) {
-  GS_ASSIGN_OR_RETURN(auto ia, wire::ZmqTransport::Create({}));
-  GS_ASSIGN_OR_RETURN(auto ib, wire::ZmqTransport::Create({}));
-  GS_ASSIGN_OR_RETURN(std::string ea, ia->Listen("tcp://127.0.0.1:0"));
-  GS_ASSIGN_OR_RETURN(std::string eb, ib->Listen("tcp://127.0.0.1:0"));
-  const uint64_t job = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-  wire::SameHostOptions oa, ob;
-  oa.job_id = ob.job_id = job;
-  oa.right_endpoint = eb;
-  oa.shm_right = true;
-  oa.left_identity = ib->identity();
-  oa.shm_left = true;
-  ob.right_endpoint = ea;
-  ob.shm_right = true;
-  ob.left_identity = ia->identity();
-  ob.shm_left = true;
-  wire::SameHostTransport a(ia.get(), oa), b(ib.get(), ob);
-  GS_ASSIGN_OR_RETURN(wire::ConnId a_to_b, a.Connect(eb));
-  GS_ASSIGN_OR_RETURN(wire::ConnId b_to_a, b.Connect(ea));
-  return PingPong(a, a_to_b, b, b_to_a, bytes, rounds);
+StatusOr<Result> PingPongOver(bool shm, size_t bytes, int rounds) {
+  GS_ASSIGN_OR_RETURN(Pair p, MakePair(shm));
+  GS_ASSIGN_OR_RETURN(wire::ConnId a_to_b, p.ends[0]->Connect(p.endpoints[1]));
+  GS_ASSIGN_OR_RETURN(wire::ConnId b_to_a, p.ends[1]->Connect(p.endpoints[0]));
+  return PingPong(*p.ends[0], a_to_b, *p.ends[1], b_to_a, bytes, rounds);
+}
+
+StatusOr<Result> ZmqTransports(size_t bytes, int rounds) {
+  return PingPongOver(false, bytes, rounds);
+}
+StatusOr<Result> ShmLinks(size_t bytes, int rounds) { return PingPongOver(true, bytes, rounds); }
+
+// Per operation (microseconds) of rank 0, the other rank running alongside.
+StatusOr<Result> Rings(bool shm, size_t bytes, int rounds) {
+  GS_ASSIGN_OR_RETURN(Pair pair, MakePair(shm));
+  std::vector<std::unique_ptr<client::RingCollectives>> rings;
+  for (int r = 0; r < 2; ++r) {
+    client::RingPeers peers;
+    peers.rank = r;
+    peers.world_size = 2;
+    peers.right_endpoint = pair.endpoints[static_cast<size_t>(1 - r)];
+    peers.sender = wire::Sender{wire::Role::Worker, r, 1};
+    GS_ASSIGN_OR_RETURN(auto ring, client::RingCollectives::Create(
+                                       pair.ends[static_cast<size_t>(r)], peers, {}, nullptr));
+    rings.push_back(std::move(ring));
+  }
+  const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+  std::vector<std::vector<float>> data(2, std::vector<float>(count, 1.0f));
+  uint64_t seq[2] = {0, 0};
+  auto op = [&](int r) {
+    client::OpTag tag;
+    tag.seq = seq[r]++;
+    tag.step = tag.seq;
+    return rings[static_cast<size_t>(r)]->AllReduce(data[static_cast<size_t>(r)].data(), count,
+                                                    DType::kF32, client::ReduceOp::kSum, tag,
+                                                    Deadline::AfterMs(10000));
+  };
+  const int total = rounds + rounds / 10 + 10;  // Time's warm-up and timed rounds
+  Status other;
+  std::thread rank1([&] {
+    for (int i = 0; i < total && other.ok(); ++i) other = op(1);
+  });
+  Status mine;
+  auto per_op = Time(rounds, [&] {
+    if (mine.ok()) mine = op(0);
+  });
+  rank1.join();
+  GS_RETURN_IF_ERROR(mine);
+  GS_RETURN_IF_ERROR(other);
+  for (double& t : per_op) t *= 2;  // Summarise halves round trips
+  return Summarise(std::move(per_op));
+}
+
+StatusOr<Result> RingTcp(size_t bytes, int rounds) { return Rings(false, bytes, rounds); }
+StatusOr<Result> RingShm(size_t bytes, int rounds) { return Rings(true, bytes, rounds); }
+
+// The ring layers are timed per operation, the others one way.
+const char* Measure(const std::string& layer) {
+  return layer.rfind("ring_", 0) == 0 ? "op" : "one_way";
 }
 
 void Print(const char* layer, size_t bytes, const Result& r) {
-  std::printf("%-14s %8zu B  one-way p10 %8.1f us  p50 %8.1f us  p90 %8.1f us\n", layer, bytes,
-              r.p10, r.p50, r.p90);
+  std::printf("%-14s %8zu B  %-7s p10 %8.1f us  p50 %8.1f us  p90 %8.1f us\n", layer, bytes,
+              Measure(layer), r.p10, r.p50, r.p90);
 }
 
 int Main(int argc, char** argv) {
@@ -182,7 +253,9 @@ int Main(int argc, char** argv) {
   rows.emplace_back("raw_zmq", RawZmq(n, r));
   for (auto [name, run] : {std::pair<const char*, StatusOr<Result> (*)(size_t, int)>{
                                "zmq_transport", ZmqTransports},
-                           {"shm_link", ShmLinks}}) {
+                           {"shm_link", ShmLinks},
+                           {"ring_tcp", RingTcp},
+                           {"ring_shm", RingShm}}) {
     auto got = run(n, r);
     if (!got.ok()) {
       std::fprintf(stderr, "latency_bench: %s: %s\n", name, got.status().ToString().c_str());
@@ -192,8 +265,9 @@ int Main(int argc, char** argv) {
   }
   for (const auto& [name, res] : rows) Print(name, n, res);
   for (const auto& [name, res] : rows) {
-    std::printf("{\"layer\":\"%s\",\"bytes\":%zu,\"one_way_p50_us\":%.2f,\"one_way_p10_us\":%.2f,"
-                "\"one_way_p90_us\":%.2f}\n", name, n, res.p50, res.p10, res.p90);
+    const char* m = Measure(name);
+    std::printf("{\"layer\":\"%s\",\"bytes\":%zu,\"%s_p50_us\":%.2f,\"%s_p10_us\":%.2f,"
+                "\"%s_p90_us\":%.2f}\n", name, n, m, res.p50, m, res.p10, m, res.p90);
   }
   return 0;
 }
