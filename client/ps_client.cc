@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <optional>
 
 #include "common/placement.h"
@@ -87,6 +88,7 @@ class PsClient::Exchange {
   };
 
   Status Compress(BucketState* bucket);
+  std::vector<size_t> SharedBudget(BucketState* bucket) const;
   Status SendAll(const std::vector<uint64_t>& versions, bool resend);
   Status Send(size_t p, MsgType type, uint64_t version);
   Status Decode(size_t p);
@@ -154,6 +156,7 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
 // and the error-feedback residuals move once per round.
 Status PsClient::Exchange::Compress(BucketState* bucket) {
   if (bucket->encoders.empty()) return Status();
+  const std::vector<size_t> keep = SharedBudget(bucket);
   for (size_t p = 0; p < plan_.size(); ++p) {
     const PartitionSpan& span = plan_[p];
     const compression::CompressContext ctx = compression::PartitionContext(
@@ -168,12 +171,36 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
       continue;
     }
     const float* values = reinterpret_cast<const float*>(data_) + span.offset;
-    GS_ASSIGN_OR_RETURN(wire::Payload payload,
-                        bucket->encoders[p]->Encode(values, span.count, ctx,
-                                                    &parts_[p].encoding));
+    GS_ASSIGN_OR_RETURN(
+        wire::Payload payload,
+        keep.empty() ? bucket->encoders[p]->Encode(values, span.count, ctx, &parts_[p].encoding)
+                     : bucket->encoders[p]->EncodeKeeping(values, span.count, keep[p], ctx,
+                                                          &parts_[p].encoding));
     parts_[p].compressed = std::move(payload);
   }
   return Status();
+}
+
+// Top-k over several partitions: how many elements each keeps so that the
+// bucket's k largest travel, wherever they lie (compression/wire_codec.h).
+// Empty: every partition keeps its own ratio.
+std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket) const {
+  const double* ratio = bucket->encoders[0]->shared_budget_ratio();
+  if (ratio == nullptr || plan_.size() < 2 || c_->partition_encoder_) return {};
+  std::vector<size_t> sizes;
+  for (const PartitionSpan& span : plan_) sizes.push_back(span.count);
+  std::vector<uint32_t>& keys = bucket->keys;
+  keys.resize(std::accumulate(sizes.begin(), sizes.end(), size_t{0}));
+  size_t at = 0;
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    const PartitionSpan& span = plan_[p];
+    const compression::CompressContext ctx = compression::PartitionContext(
+        c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
+    bucket->encoders[p]->MagnitudeKeys(reinterpret_cast<const float*>(data_) + span.offset,
+                                       span.count, ctx, keys.data() + at);
+    at += span.count;
+  }
+  return compression::SharedKeepCounts(keys, sizes, *ratio);
 }
 
 // The reply of partition p into the caller's buffer.

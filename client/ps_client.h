@@ -21,7 +21,9 @@
 // Compression (SetCompression): each partition of a gradient push is
 // compressed on its own, by a compressor instance of its own (so with its own
 // error-feedback residual), and the shard decompresses it and aggregates in
-// fp32 (compression/wire_codec.h). Initial parameters (round 0) travel
+// fp32 (compression/wire_codec.h). Top-k shares its budget over the bucket:
+// the partitions together keep the bucket's k largest magnitudes, not k / P
+// each (except with a partition encoder, which keeps each partition's own). Initial parameters (round 0) travel
 // uncompressed. A resent push resends the same bytes: it is compressed once.
 // With reply_codec "fp16" or "bf16" the shards answer in that encoding (half
 // the pull bytes; the values are rounded, the shards keep fp32).
@@ -155,6 +157,7 @@ class PsClient : public Collectives {
     std::string spec = "none";
     // Per partition; empty: uncompressed.
     std::vector<std::unique_ptr<compression::PayloadEncoder>> encoders;
+    std::vector<uint32_t> keys;  // scratch of a top-k budget shared over partitions
   };
   class Exchange;  // one AllReduce in flight (ps_client.cc)
 

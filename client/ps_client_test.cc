@@ -296,6 +296,15 @@ class CompressedAverage {
                     int shards)
       : plan_(PlanPartitions(bucket, count, sizeof(float), 64, shards)), bucket_(bucket) {
     compression::RegisterBuiltins(&registry_);
+    // Top-k with error feedback shares its budget over the bucket: the
+    // bucket's k = ceil(ratio * n) largest |g + residual| travel, wherever
+    // they lie (fp32 values: what is kept arrives exactly).
+    auto parsed = compression::ParseCompressorSpec(spec);
+    if (parsed.ok() && parsed->name == "topk" && parsed->options.error_feedback) {
+      topk_ratio_ = parsed->options.ratio;
+      residuals_.assign(static_cast<size_t>(workers), std::vector<float>(count, 0.0f));
+      return;
+    }
     mirrors_.resize(static_cast<size_t>(workers));
     for (auto& per_worker : mirrors_) {
       for (size_t p = 0; p < plan_.size(); ++p) {
@@ -308,7 +317,22 @@ class CompressedAverage {
   std::vector<float> Next(const std::vector<std::vector<float>>& inputs, uint64_t step) {
     const size_t n = inputs[0].size();
     std::vector<float> avg(n, 0.0f);
-    for (size_t w = 0; w < inputs.size(); ++w) {
+    for (size_t w = 0; w < inputs.size() && topk_ratio_ > 0; ++w) {
+      std::vector<float> corrected(n);
+      for (size_t i = 0; i < n; ++i) corrected[i] = inputs[w][i] + residuals_[w][i];
+      std::vector<float> mags(n);
+      for (size_t i = 0; i < n; ++i) mags[i] = std::fabs(corrected[i]);
+      std::vector<float> sorted = mags;
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+      const float kth = sorted[static_cast<size_t>(std::ceil(topk_ratio_ * n)) - 1];
+      for (size_t i = 0; i < n; ++i) {
+        const bool kept = mags[i] >= kth;
+        avg[i] += kept ? corrected[i] : 0.0f;
+        residuals_[w][i] = kept ? 0.0f : corrected[i];
+        wire_bytes_ += w == 0 && kept ? 8 : 0;
+      }
+    }
+    for (size_t w = 0; w < inputs.size() && topk_ratio_ == 0; ++w) {
       for (size_t p = 0; p < plan_.size(); ++p) {
         const PartitionSpan& span = plan_[p];
         compression::Compressor& c = *mirrors_[w][p];
@@ -333,6 +357,8 @@ class CompressedAverage {
   compression::CompressorRegistry registry_;
   std::vector<std::vector<std::unique_ptr<compression::Compressor>>> mirrors_;
   size_t wire_bytes_ = 0;
+  double topk_ratio_ = 0;                      // top-k with error feedback
+  std::vector<std::vector<float>> residuals_;  // its residuals, per worker
 };
 
 std::vector<float> Gradient(int rank, int round, size_t n) {

@@ -37,6 +37,15 @@ StatusOr<std::unique_ptr<TopKCompressor>> TopKCompressor::Create(
       new TopKCompressor(method, values, ratio));
 }
 
+Status TopKCompressor::SetRatio(double ratio) {
+  if (!(ratio > 0.0 && ratio <= 1.0)) {
+    return InvalidArgumentError("top-k: ratio must be in (0, 1], got " +
+                                std::to_string(ratio));
+  }
+  ratio_ = ratio;
+  return OkStatus();
+}
+
 std::string TopKCompressor::name() const {
   std::string name = method_ == TopKMethod::kExact ? "topk" : "topk_sampled";
   return values_ == TopKValues::kFp16 ? name + "_fp16" : name;

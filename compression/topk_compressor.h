@@ -79,6 +79,10 @@ class TopKCompressor : public Compressor {
 
   // k for n elements.
   size_t KeepCount(size_t n) const;
+  double ratio() const { return ratio_; }
+  // The ratio of later calls (a sender varying k per call states it in the
+  // spec it sends). InvalidArgument unless 0 < ratio <= 1.
+  Status SetRatio(double ratio);
   // m, the sample size kSampled draws for n elements: max(n / 100,
   // 640 / ratio), at most n / 2, rounded down to a multiple of 64; 0 (use
   // kExact) if ratio * m < 400, and always 0 for kExact.
@@ -100,7 +104,7 @@ class TopKCompressor : public Compressor {
 
   const TopKMethod method_;
   const TopKValues values_;
-  const double ratio_;
+  double ratio_;
   SampledStats stats_;
   std::vector<uint32_t> indices_;  // Scratch, reused across calls.
   std::vector<uint32_t> keys_;     // Magnitude keys (sample or all).

@@ -1,8 +1,12 @@
 #include "compression/wire_codec.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "common/seeded_random.h"
+#include "compression/error_feedback.h"
+#include "compression/topk_select.h"
+#include "compression/wire_util.h"
 
 namespace gradsync {
 namespace compression {
@@ -136,6 +140,17 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
   return OkStatus();
 }
 
+PayloadEncoder::PayloadEncoder(std::unique_ptr<Compressor> c,
+                               CompressorSpec parsed, std::string spec,
+                               wire::Compression family)
+    : compressor_(std::move(c)), parsed_(std::move(parsed)),
+      spec_(std::move(spec)), family_(family) {
+  Compressor* inner = compressor_.get();
+  if (auto* ef = dynamic_cast<ErrorFeedback*>(inner)) inner = &ef->inner();
+  topk_ = dynamic_cast<TopKCompressor*>(inner);
+  if (topk_ != nullptr) ratio_ = topk_->ratio();
+}
+
 StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(
     const CompressorRegistry& registry, const std::string& spec) {
   GS_ASSIGN_OR_RETURN(CompressorSpec parsed, ParseCompressorSpec(spec));
@@ -143,12 +158,13 @@ StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(
   if (!family.ok()) return InvalidArgumentError(family.status().message());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, registry.Create(spec));
   return std::unique_ptr<PayloadEncoder>(
-      new PayloadEncoder(std::move(c), spec, *family));
+      new PayloadEncoder(std::move(c), std::move(parsed), spec, *family));
 }
 
 StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
                                                const CompressContext& ctx,
                                                wire::DataFields* fields) {
+  if (topk_ != nullptr) GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
   auto bytes =
       std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
   GS_RETURN_IF_ERROR(
@@ -156,6 +172,73 @@ StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
   fields->compression = family_;
   fields->codec = spec_;
   return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
+}
+
+void PayloadEncoder::MagnitudeKeys(const float* in, size_t n,
+                                   const CompressContext& ctx,
+                                   uint32_t* keys) const {
+  const std::vector<float>* residual = nullptr;
+  if (auto* ef = dynamic_cast<const ErrorFeedback*>(compressor_.get())) {
+    residual = ef->Residual(ctx.bucket_id);
+  }
+  if (residual != nullptr && residual->size() == n) {
+    // The same float addition ErrorFeedback makes before compressing.
+    for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(in[i] + (*residual)[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(in[i]);
+  }
+}
+
+StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
+    const float* in, size_t n, size_t keep, const CompressContext& ctx,
+    wire::DataFields* fields) {
+  if (topk_ == nullptr || keep < 1 || keep > n) {
+    return InvalidArgumentError("\"" + spec_ + "\" cannot keep " +
+                                std::to_string(keep) + " of " +
+                                std::to_string(n) + " elements");
+  }
+  // ceil(ratio * n) == keep for ratio = (keep - 1/2) / n, whatever the
+  // rounding of the division; %.17g reads back as the same double.
+  const double ratio = (static_cast<double>(keep) - 0.5) / static_cast<double>(n);
+  GS_RETURN_IF_ERROR(topk_->SetRatio(ratio));
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", ratio);
+  std::string codec = parsed_.name + ":ratio=" + text;
+  for (const std::string& key : parsed_.keys) {  // top-k takes ratio and ef
+    if (key != "ratio") codec += "," + key + (parsed_.options.error_feedback ? "=1" : "=0");
+  }
+  auto bytes =
+      std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
+  Status s = compressor_->Compress(in, n, ctx, bytes->data(), bytes->size());
+  GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
+  GS_RETURN_IF_ERROR(s);
+  fields->compression = family_;
+  fields->codec = std::move(codec);
+  return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
+}
+
+std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
+                                     const std::vector<size_t>& sizes,
+                                     double ratio) {
+  std::vector<size_t> keep(sizes.size(), 0);
+  const size_t k = KeepCount(ratio, keys.size());
+  uint32_t threshold = 0;
+  if (k > 0) {
+    std::vector<uint32_t> scratch;
+    threshold = KthLargestKey(keys.data(), keys.size(), k, &scratch).key;
+  }
+  size_t at = 0;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    const size_t n = sizes[p];
+    if (threshold == 0) {
+      keep[p] = KeepCount(ratio, n);
+    } else {
+      for (size_t i = at; i < at + n; ++i) keep[p] += keys[i] >= threshold;
+    }
+    keep[p] = std::min(n, std::max<size_t>(keep[p], 1));
+    at += n;
+  }
+  return keep;
 }
 
 }  // namespace compression

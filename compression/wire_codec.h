@@ -11,7 +11,11 @@
 // Each partition of a bucket is compressed on its own, with its own
 // compressor instance (so its own residual) and its own context
 // (PartitionContext), so that a shard decompresses the partitions it owns
-// without seeing the others.
+// without seeing the others. Top-k shares one budget over the bucket: the
+// sender finds the k = ceil(ratio * n) largest magnitudes of the whole
+// bucket (after error feedback) and each partition keeps those it holds,
+// stating its own ratio in the spec it sends (SharedKeepCounts,
+// PayloadEncoder::EncodeKeeping), so the format stays the codec's own.
 //
 // Thread-safety: PayloadDecoder is not thread-safe; give each thread its own.
 #ifndef GRADSYNC_COMPRESSION_WIRE_CODEC_H_
@@ -27,6 +31,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 #include "compression/registry.h"
+#include "compression/topk_compressor.h"
 #include "wire/message.h"
 
 namespace gradsync {
@@ -97,15 +102,40 @@ class PayloadEncoder {
   wire::Compression family() const { return family_; }
   const std::string& spec() const { return spec_; }
 
+  // Top-k only (else null): how many elements a partition may keep can
+  // vary from call to call (EncodeKeeping). The spec's ratio.
+  const double* shared_budget_ratio() const { return topk_ ? &ratio_ : nullptr; }
+  // The magnitude keys (MagnitudeKey) of what Encode would select from:
+  // `in` plus the error-feedback residual kept for `ctx`, if any.
+  void MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
+                     uint32_t* keys) const;
+  // As Encode, keeping exactly `keep` elements (1 <= keep <= n; top-k
+  // only): the codec put in `fields` states the ratio that gives `keep`.
+  StatusOr<wire::Payload> EncodeKeeping(const float* in, size_t n, size_t keep,
+                                        const CompressContext& ctx,
+                                        wire::DataFields* fields);
+
  private:
-  PayloadEncoder(std::unique_ptr<Compressor> c, std::string spec,
-                 wire::Compression family)
-      : compressor_(std::move(c)), spec_(std::move(spec)), family_(family) {}
+  PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
+                 std::string spec, wire::Compression family);
 
   std::unique_ptr<Compressor> compressor_;
+  const CompressorSpec parsed_;
   const std::string spec_;
   const wire::Compression family_;
+  TopKCompressor* topk_ = nullptr;  // compressor_ or its inner one, if top-k
+  double ratio_ = 0;                // parsed_'s
 };
+
+// How many elements each partition of one bucket keeps so that together
+// they keep the k = ceil(ratio * total) largest magnitudes of the bucket:
+// `keys` holds the MagnitudeKey of every element, partition after partition
+// (sizes[p] each). Elements tied with the k-th are all kept; every
+// partition keeps at least one; when the k-th magnitude is zero (fewer
+// nonzeros than k), each partition keeps ceil(ratio * sizes[p]) instead.
+std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
+                                     const std::vector<size_t>& sizes,
+                                     double ratio);
 
 }  // namespace compression
 }  // namespace gradsync

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "compression/test_util.h"
+#include "compression/topk_select.h"
+#include "compression/wire_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wire/validate.h"
@@ -245,6 +247,94 @@ TEST(WireCodecTest, EncoderRefusesWhatHasNoWireFamily) {
   for (const std::string& name : registry.Names()) {
     EXPECT_EQ(WireCompressionOf(name).ok(), name != "none") << name;
   }
+}
+
+std::vector<uint32_t> Keys(const std::vector<float>& x) {
+  std::vector<uint32_t> keys;
+  for (float v : x) keys.push_back(MagnitudeKey(v));
+  return keys;
+}
+
+TEST(WireCodecTest, SharedKeepCountsFollowTheBucketsLargestMagnitudes) {
+  // Partition 0 holds the 3 largest of 8; k = ceil(0.25 * 12) = 3.
+  const std::vector<float> x = {9, -8, 7, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f};
+  EXPECT_EQ(SharedKeepCounts(Keys(x), {4, 8}, 0.25), (std::vector<size_t>{3, 1}));
+  // Spread over both: 9 and -8 in the first, 7 in the second.
+  const std::vector<float> y = {9, 0.1f, -8, 0.2f, 7, 0.3f, 0.4f, 0.5f};
+  EXPECT_EQ(SharedKeepCounts(Keys(y), {4, 4}, 0.3), (std::vector<size_t>{2, 1}));
+  // Ties with the k-th are all kept.
+  EXPECT_EQ(SharedKeepCounts(Keys({1, 1, 1, 1}), {2, 2}, 0.25), (std::vector<size_t>{2, 2}));
+  // Fewer nonzeros than k: each partition keeps its own share.
+  EXPECT_EQ(SharedKeepCounts(Keys({0, 0, 0, 5, 0, 0, 0, 0}), {4, 4}, 0.5),
+            (std::vector<size_t>{2, 2}));
+}
+
+TEST(WireCodecTest, EncodeKeepingStatesItsRatioAndDecodesAsThatCodec) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  PayloadDecoder decoder;
+  const size_t n = 1000;
+  const std::vector<float> g = testing_util::Gaussian(n, 1.0f, 5);
+  for (const std::string spec : {"topk:ratio=0.01", "topk_fp16:ratio=0.01,ef=1",
+                                 "topk_sampled:ratio=0.01,ef=0"}) {
+    SCOPED_TRACE(spec);
+    auto encoder = PayloadEncoder::Create(registry, spec);
+    ASSERT_TRUE(encoder.ok());
+    ASSERT_NE((*encoder)->shared_budget_ratio(), nullptr);
+    EXPECT_EQ(*(*encoder)->shared_budget_ratio(), 0.01);
+    const CompressContext ctx = PartitionContext(99, 7, 4, 0);
+    for (size_t keep : {size_t{1}, size_t{37}, size_t{999}, n}) {
+      SCOPED_TRACE(keep);
+      wire::DataFields f;
+      f.num_elements = n;
+      auto payload = (*encoder)->EncodeKeeping(g.data(), n, keep, ctx, &f);
+      ASSERT_TRUE(payload.ok()) << payload.status().ToString();
+      auto stated = ParseCompressorSpec(f.codec);
+      ASSERT_TRUE(stated.ok()) << f.codec;
+      EXPECT_EQ(KeepCount(stated->options.ratio, n), keep) << f.codec;
+      // Only the ratio differs from the spec.
+      EXPECT_EQ(f.codec.substr(0, f.codec.find(':')), spec.substr(0, spec.find(':')));
+      EXPECT_EQ(f.codec.find(",ef=") == std::string::npos, spec.find(",ef=") == std::string::npos);
+      std::vector<float> got(n);
+      Received r = Receive(f, {*payload});
+      ASSERT_NE(r.body, nullptr);
+      ErrorCode code = ErrorCode::Unknown;
+      ASSERT_TRUE(decoder.Decode(*r.body, r.msg.payloads, ctx, got.data(), &code).ok());
+      size_t nonzero = 0;
+      for (float v : got) nonzero += v != 0.0f;
+      EXPECT_EQ(nonzero, keep);
+    }
+    // Encode goes back to the spec's own ratio.
+    wire::DataFields f;
+    auto payload = (*encoder)->Encode(g.data(), n, ctx, &f);
+    ASSERT_TRUE(payload.ok());
+    EXPECT_EQ(f.codec, spec);
+    EXPECT_EQ(payload->size, (*encoder)->WireBytes(n));
+    EXPECT_FALSE((*encoder)->EncodeKeeping(g.data(), n, 0, ctx, &f).ok());
+    EXPECT_FALSE((*encoder)->EncodeKeeping(g.data(), n, n + 1, ctx, &f).ok());
+  }
+  auto fp16 = PayloadEncoder::Create(registry, "fp16");
+  ASSERT_TRUE(fp16.ok());
+  EXPECT_EQ((*fp16)->shared_budget_ratio(), nullptr);
+  wire::DataFields f;
+  EXPECT_FALSE((*fp16)->EncodeKeeping(g.data(), n, 10, CompressContext{}, &f).ok());
+}
+
+TEST(WireCodecTest, MagnitudeKeysIncludeTheErrorFeedbackResidual) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  auto encoder = PayloadEncoder::Create(registry, "topk:ratio=0.25,ef=1");
+  ASSERT_TRUE(encoder.ok());
+  const CompressContext ctx = PartitionContext(1, 0, 0, 0);
+  const std::vector<float> first = {4, 3, 2, 1};
+  std::vector<uint32_t> keys(4);
+  (*encoder)->MagnitudeKeys(first.data(), 4, ctx, keys.data());
+  EXPECT_EQ(keys, Keys(first));  // no residual yet
+  wire::DataFields f;
+  ASSERT_TRUE((*encoder)->Encode(first.data(), 4, ctx, &f).ok());  // keeps 4; 3, 2, 1 stay
+  const std::vector<float> second = {1, 1, 1, 1};
+  (*encoder)->MagnitudeKeys(second.data(), 4, ctx, keys.data());
+  EXPECT_EQ(keys, Keys({1, 4, 3, 2}));
 }
 
 }  // namespace
