@@ -108,6 +108,7 @@ class PsClient::Exchange {
   std::vector<Part> parts_;
   size_t remaining_ = 0;
   bool push_ = true;
+  bool busy_ = false;  // a shard answered Busy since the loop last looked
   Traffic traffic_;
 };
 
@@ -140,6 +141,11 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
     if (!in.ok() && in.status().code() == StatusCode::kDeadlineExceeded) continue;
     if (!in.ok()) return in.status();
     GS_RETURN_IF_ERROR(OnMessage(std::move(*in)));
+    if (busy_) {  // a shard did not take something: again soon, not later and later
+      busy_ = false;
+      interval = c_->options_.resend_after;
+      next_resend = std::min(next_resend, std::chrono::steady_clock::now() + interval);
+    }
   }
   if (!holds_->WaitReleased(deadline_)) {
     return DeadlineExceededError("the transport did not release the pushes of bucket " +
@@ -288,6 +294,11 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
   const int shard = ShardOf(in.from);
   if (v.type == MsgType::Error) {
     const auto* e = v.header->body_as_ErrorBody();
+    if (e->code() == wire::ErrorCode::Busy) {
+      c_->busy_++;
+      busy_ = true;
+      return Status();
+    }
     return AbortedError("server " + std::to_string(shard) + " refused: " +
                         (e->message() ? e->message()->str() : "no reason given"));
   }
@@ -464,7 +475,7 @@ void PsClient::CountRejected(wire::ErrorCode code) {
 
 PsClientStats PsClient::stats() const {
   return PsClientStats{pushes_.load(), pulls_.load(), resent_.load(), rejected_.load(),
-                       stray_.load()};
+                       stray_.load(), busy_.load()};
 }
 
 }  // namespace gradsync::client

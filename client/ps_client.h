@@ -30,7 +30,9 @@
 //
 // Every push carries (worker, bucket, partition, round, seq) so the shard
 // applies it once; a push or pull that is not answered within `resend_after`
-// is sent again, the wait doubling up to 8 x resend_after. Every received
+// is sent again, the wait doubling up to 8 x resend_after. A shard that
+// holds its share of this worker's messages already answers Busy: the
+// message is sent again `resend_after` later, and the call goes on. Every received
 // message is verified; a bad one is answered with an Error and counted.
 //
 // Errors: InvalidArgument (a dtype other than f32, a bucket whose size
@@ -95,6 +97,7 @@ struct PsClientStats {
   uint64_t resent = 0;    // pushes and pulls sent again after a timeout
   uint64_t rejected = 0;  // received messages refused, replies that do not decode included
   uint64_t stray = 0;     // answers to an earlier round, ignored
+  uint64_t busy = 0;      // messages a shard did not take yet (Busy): sent again
 };
 
 class PsClient : public Collectives {
@@ -182,7 +185,7 @@ class PsClient : public Collectives {
   PartitionEncoder partition_encoder_;
   uint64_t seq_ = 0;
   Status broken_;
-  std::atomic<uint64_t> pushes_{0}, pulls_{0}, resent_{0}, rejected_{0}, stray_{0};
+  std::atomic<uint64_t> pushes_{0}, pulls_{0}, resent_{0}, rejected_{0}, stray_{0}, busy_{0};
 };
 
 }  // namespace gradsync::client

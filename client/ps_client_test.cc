@@ -95,6 +95,8 @@ struct JobSpec {
   std::function<HookTransport::Hook()> make_hook;  // one hook per worker
   bool client_thinks_optimizer = false;
   std::string reply_codec;
+  size_t shard_bytes_per_peer = 0;  // 0: the shard's default
+  Millis shard_handle_delay{0};     // each key thread message waits this long first
 };
 
 JobSpec Spec(int workers, int shards, PsMode mode = PsMode::kSync, uint64_t staleness = 0,
@@ -117,6 +119,10 @@ class PsJob {
     so.rules.num_workers = spec.workers;
     so.optimizer.kind = spec.optimizer;
     so.optimizer.lr = 0.25f;
+    if (spec.shard_bytes_per_peer > 0) so.max_queued_bytes_per_peer = spec.shard_bytes_per_peer;
+    if (spec.shard_handle_delay.count() > 0) {
+      so.before_handle = [d = spec.shard_handle_delay] { std::this_thread::sleep_for(d); };
+    }
     PsPeers peers;
     peers.world_size = spec.workers;
     for (int s = 0; s < spec.shards; ++s) {
@@ -236,6 +242,18 @@ TEST(PsClientTest, LostMessagesAreResent) {
   PsJob job(spec);
   ExpectExactAverages(job, 2, 2);
   EXPECT_GT(job.client(0).stats().resent + job.client(1).stats().resent, 0u);
+}
+
+TEST(PsClientTest, WhatABusyShardDidNotTakeIsSentAgain) {
+  // A shard that takes one message of each worker at a time, and slowly:
+  // most of each call's pushes and pulls are answered Busy at first.
+  JobSpec spec = Spec(2, 2);
+  spec.shard_bytes_per_peer = 1;
+  spec.shard_handle_delay = Millis(2);
+  PsJob job(spec);
+  ExpectExactAverages(job, 2, 2);
+  EXPECT_GT(job.client(0).stats().busy + job.client(1).stats().busy, 0u);
+  EXPECT_GT(job.ShardStats().rejected, 0u);
 }
 
 TEST(PsClientTest, WithAServerOptimizerTheFirstCallSharesWorkerZerosParameters) {

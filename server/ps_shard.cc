@@ -27,6 +27,9 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t partition,
                       config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
   GS_ASSIGN_OR_RETURN(int64_t max_keys, config.GetInt("ps_max_keys", 65536));
+  GS_ASSIGN_OR_RETURN(int64_t per_peer,
+                      config.GetInt("ps_max_queued_bytes_per_peer",
+                                    static_cast<int64_t>(o.max_queued_bytes_per_peer)));
   GS_ASSIGN_OR_RETURN(o.optimizer, OptimizerOptions::FromConfig(config));
   if (partition < 4 || partition > (int64_t{1} << 30)) {
     return InvalidArgumentError("partition_bytes must be in [4, 2^30], got " +
@@ -36,6 +39,12 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
     return InvalidArgumentError("ps_max_keys must be in [1, 2^24], got " +
                                 std::to_string(max_keys));
   }
+  if (per_peer < 1 || per_peer > static_cast<int64_t>(o.max_queued_bytes)) {
+    return InvalidArgumentError("ps_max_queued_bytes_per_peer must be in [1, " +
+                                std::to_string(o.max_queued_bytes) + "], got " +
+                                std::to_string(per_peer));
+  }
+  o.max_queued_bytes_per_peer = static_cast<size_t>(per_peer);
   o.rules.max_elements = static_cast<uint64_t>(partition) / sizeof(float);
   o.rules.max_keys = static_cast<size_t>(max_keys);
   if (staleness < 0 || staleness > 1000000) {
@@ -159,6 +168,22 @@ void PsShard::Dispatch(wire::Incoming in) {
     }
     return;
   }
+  // Messages waiting for the key threads are bounded in bytes, in all and
+  // per peer: past the first bound the receiver waits and the transport
+  // pushes back on the senders; past the second the peer is told to send
+  // again later, so that it cannot hold the others back.
+  const size_t bytes = in.message.header.size() + in.message.PayloadBytes();
+  std::string peer = in.from.ToString();
+  if (!Admit(peer, bytes)) {
+    counters_.Rejected(wire::ErrorCode::Busy);
+    Send(in.from, wire::MakeError(self_, wire::ErrorCode::Busy,
+                                  "more than " +
+                                      std::to_string(options_.max_queued_bytes_per_peer) +
+                                      " bytes of this peer's messages wait already; send it "
+                                      "again later",
+                                  v.type));
+    return;
+  }
   const wire::DataBody* d = v.header->body_as_DataBody();
   const uint64_t key = PartitionKey(d->bucket(), d->partition());
   KeyThread& t = *key_threads_[key % key_threads_.size()];
@@ -168,27 +193,34 @@ void PsShard::Dispatch(wire::Incoming in) {
     (v.type == wire::MsgType::Push ? m->pushes : m->pulls)->Increment();
     m->queue_depth->Set(static_cast<double>(queued_.fetch_add(1) + 1));
   }
-  // Messages waiting for the key threads are bounded in bytes too: past the
-  // bound the receiver waits, and the transport pushes back on the senders.
-  const size_t bytes = in.message.header.size() + in.message.PayloadBytes();
-  {
-    std::unique_lock<std::mutex> lock(bytes_mu_);
-    room_.wait(lock, [&] {
-      return stop_.load() || queued_bytes_ == 0 ||
-             queued_bytes_ + bytes <= options_.max_queued_bytes;
-    });
-    queued_bytes_ += bytes;
-  }
   Work work;
   work.in = std::make_unique<wire::Incoming>(std::move(in));
   work.bytes = bytes;
+  work.peer = std::move(peer);
   t.queue.Push(std::move(work), Deadline::Infinite()).IgnoreError();
 }
 
-void PsShard::Dequeued(size_t bytes) {
+bool PsShard::Admit(const std::string& peer, size_t bytes) {
+  std::unique_lock<std::mutex> lock(bytes_mu_);
+  auto held = peer_bytes_.find(peer);
+  if (held != peer_bytes_.end() && held->second + bytes > options_.max_queued_bytes_per_peer) {
+    return false;
+  }
+  room_.wait(lock, [&] {
+    return stop_.load() || queued_bytes_ == 0 ||
+           queued_bytes_ + bytes <= options_.max_queued_bytes;
+  });
+  queued_bytes_ += bytes;
+  peer_bytes_[peer] += bytes;
+  return true;
+}
+
+void PsShard::Dequeued(const std::string& peer, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(bytes_mu_);
     queued_bytes_ -= bytes;
+    auto held = peer_bytes_.find(peer);
+    if (held != peer_bytes_.end() && (held->second -= bytes) == 0) peer_bytes_.erase(held);
   }
   room_.notify_all();
 }
@@ -203,7 +235,8 @@ void PsShard::KeyLoop(KeyThread* t) {
       continue;
     }
     if (work->in == nullptr) continue;  // a wake-up for CatchUpDeaths
-    Dequeued(work->bytes);
+    if (options_.before_handle) options_.before_handle();
+    Dequeued(work->peer, work->bytes);
     std::vector<Outgoing> out;
     std::optional<JournalRecord> record;
     if (options_.metrics != nullptr) {

@@ -31,7 +31,10 @@
 //   lr (0.01), momentum (0.9), beta1 (0.9), beta2 (0.999), eps (1e-8),
 //   checkpoint_dir (empty: no checkpoints and no journal), partition_bytes
 //   (4 MiB: the largest partition a push may carry; workers use the same
-//   setting or a smaller one), ps_max_keys (65536 keys per shard thread).
+//   setting or a smaller one), ps_max_keys (65536 keys per shard thread),
+//   ps_max_queued_bytes_per_peer (64 MiB: what one peer's messages may hold
+//   of the bytes waiting for the key threads; past it they are answered
+//   with Busy and counted, and the PS client sends them again).
 //   async and ssp need a server-side optimizer.
 //
 // Thread-safety: all methods are thread-safe.
@@ -41,6 +44,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -70,6 +74,12 @@ struct PsShardOptions {
   Millis send_timeout{5000};
   std::string checkpoint_dir;  // empty: no checkpoints, no journal
   size_t max_queued_bytes = size_t{256} << 20;  // received, waiting for the key threads
+  // Of those, what one peer may hold: past it (and once it holds anything)
+  // its messages are answered with Busy and not taken, so one peer that
+  // floods the shard cannot hold back the others'. PS clients send again.
+  size_t max_queued_bytes_per_peer = size_t{64} << 20;
+  // Tests: runs on a key thread before each message it takes off its queue.
+  std::function<void()> before_handle;
   ShardMetrics* metrics = nullptr;  // where to export; may be null; outlives the shard
 
   // Reads the settings listed above; InvalidArgument naming a bad one.
@@ -119,6 +129,7 @@ class PsShard {
   struct Work {
     std::unique_ptr<wire::Incoming> in;  // null: a visit, or a wake-up after a death
     size_t bytes = 0;                    // of `in`, counted in queued_bytes_
+    std::string peer;                    // in->from, where peer_bytes_ counts `bytes`
     std::function<void(const KeyTable&)> visit;  // runs on the key's thread
   };
   struct KeyThread {
@@ -144,8 +155,11 @@ class PsShard {
   void ReceiveLoop();
   void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
-  // A message of `bytes` left the key threads' queues.
-  void Dequeued(size_t bytes);
+  // Takes `bytes` from `peer` into the key threads' queues, waiting for
+  // room; false (nothing taken) when that peer holds its share already.
+  bool Admit(const std::string& peer, size_t bytes);
+  // A message of `bytes` from `peer` left the key threads' queues.
+  void Dequeued(const std::string& peer, size_t bytes);
   // Gives `t`'s table the dead workers it has not taken yet (journalled).
   void CatchUpDeaths(KeyThread* t);
   void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
@@ -166,6 +180,8 @@ class PsShard {
   std::mutex bytes_mu_;
   std::condition_variable room_;
   size_t queued_bytes_ = 0;  // their bytes; guarded by bytes_mu_
+  // Of those, per peer with any queued (Route::ToString); guarded by bytes_mu_.
+  std::map<std::string, size_t> peer_bytes_;
 
   std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
 

@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -195,6 +197,41 @@ std::vector<float> Decompressed(const std::vector<float>& v, const std::string& 
   std::vector<float> out(v.size());
   EXPECT_TRUE(c->Decompress(bytes.data(), bytes.size(), v.size(), ctx, out.data()).ok());
   return out;
+}
+
+TEST(PsShardTest, APeerPastItsShareOfTheQueueIsToldBusyAndTheOthersGoOn) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  // The key threads hold what they take until released, so what arrives
+  // stays queued.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  h.options().before_handle = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return released; });
+  };
+  const std::vector<float> v(1000, 1.0f);     // 4000 payload bytes a push
+  h.options().max_queued_bytes_per_peer = 14000;  // 3 pushes and their headers
+  h.Restart();
+  for (int i = 0; i < 8; ++i) h.Push(0, 1, 0, v);  // the same push, 8 times
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_NE(h.NextError(0).find("send it again later"), std::string::npos) << i;
+  }
+  EXPECT_FALSE(h.Next(0, 200).has_value()) << "more than 5 refused";
+  // Worker 1's share is its own.
+  h.Push(1, 1, 0, std::vector<float>(1000, 3.0f));
+  h.Pull(1, 1, 1000);
+  EXPECT_FALSE(h.Next(1, 200).has_value()) << "worker 1 was refused";
+  EXPECT_EQ(h.shard().stats().rejected, 5u);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(h.NextType(0), MsgType::Ack) << i;
+  EXPECT_EQ(h.Reply(1), std::vector<float>(1000, 2.0f));
+  EXPECT_EQ(h.shard().stats().pushes_applied, 2u);
+  EXPECT_EQ(h.shard().stats().duplicates, 2u);
 }
 
 std::vector<float> Ramp(size_t n, float scale) {
