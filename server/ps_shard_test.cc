@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -199,17 +200,40 @@ std::vector<float> Decompressed(const std::vector<float>& v, const std::string& 
   return out;
 }
 
+// Holds the shard's key threads before each message they take (Hook) until
+// Open(); opens when destroyed. The hook may outlive the gate.
+class Gate {
+ public:
+  ~Gate() { Open(); }
+  std::function<void()> Hook() const {
+    return [state = state_] {
+      std::unique_lock<std::mutex> lock(state->mu);
+      state->cv.wait(lock, [&] { return state->open; });
+    };
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->open = true;
+    }
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
 TEST(PsShardTest, APeerPastItsShareOfTheQueueIsToldBusyAndTheOthersGoOn) {
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
-  // The key threads hold what they take until released, so what arrives
-  // stays queued.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool released = false;
-  h.options().before_handle = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return released; });
-  };
+  // The key threads hold what they take until the gate opens, so what
+  // arrives stays queued.
+  Gate gate;
+  h.options().before_handle = gate.Hook();
   const std::vector<float> v(1000, 1.0f);     // 4000 payload bytes a push
   h.options().max_queued_bytes_per_peer = 14000;  // 3 pushes and their headers
   h.Restart();
@@ -223,15 +247,35 @@ TEST(PsShardTest, APeerPastItsShareOfTheQueueIsToldBusyAndTheOthersGoOn) {
   h.Pull(1, 1, 1000);
   EXPECT_FALSE(h.Next(1, 200).has_value()) << "worker 1 was refused";
   EXPECT_EQ(h.shard().stats().rejected, 5u);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    released = true;
-  }
-  cv.notify_all();
+  gate.Open();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(h.NextType(0), MsgType::Ack) << i;
   EXPECT_EQ(h.Reply(1), std::vector<float>(1000, 2.0f));
   EXPECT_EQ(h.shard().stats().pushes_applied, 2u);
   EXPECT_EQ(h.shard().stats().duplicates, 2u);
+}
+
+TEST(PsShardTest, AWorkerDeathIsTakenWithoutWaitingWhenAKeyQueueIsFull) {
+  prometheus::Registry registry;
+  ShardMetrics m(registry);
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2, 0, "", kJob, &m);
+  Gate gate;
+  h.options().before_handle = gate.Hook();
+  h.Restart();
+  // The key thread holds the first push; the rest fill its queue (4096)
+  // and the receiver waits for room.
+  for (int i = 0; i < 4200; ++i) h.Push(0, 1, 0, {1, 2});
+  for (Deadline d = Deadline::AfterMs(20000); !d.Expired() && m.queue_depth->Value() < 4096;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(m.queue_depth->Value(), 4096);
+  // The heartbeat thread's call: it must not wait for room.
+  auto died = std::async(std::launch::async, [&] { h.shard().WorkerDied(1); });
+  EXPECT_EQ(died.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  gate.Open();
+  died.wait();
+  // The round closes without worker 1, who is dead.
+  h.Pull(0, 1, 2);
+  EXPECT_EQ(h.Reply(0), (std::vector<float>{1, 2}));
 }
 
 std::vector<float> Ramp(size_t n, float scale) {
