@@ -223,7 +223,7 @@ class Communicator::Impl {
 
 Status Communicator::Impl::Start(Deadline deadline) {
   const int r = session_->rank();
-  process_metrics_.AddAuthFailures(session_->auth_failures());
+  process_metrics_.AddTransportRefusals(session_->refusals());
   if (options_.metrics_base_port > 0) {
     process_metrics_.ServeOrWarn(session_->host(), options_.metrics_base_port +
                                  (options_.local_rank >= 0 ? options_.local_rank : r));

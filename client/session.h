@@ -53,8 +53,8 @@ class Session {
   const wire::NodeInfo& self() const { return node_.agent->assignment().self; }
   // The job's CURVE key, when the job runs CURVE.
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
-  // Handshakes refused on the data port.
-  std::shared_ptr<std::atomic<uint64_t>> auth_failures() const { return node_.auth_failures; }
+  // What the data port refused (handshakes, dropped messages).
+  std::shared_ptr<wire::TransportRefusals> refusals() const { return node_.refusals; }
   // Leaves the job on purpose (done, or failing) so nobody waits for us.
   void Leave(const std::string& reason) { node_.agent->Leave(reason); }
 

@@ -8,12 +8,20 @@
 namespace gradsync::cluster {
 
 wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
-                                  std::shared_ptr<std::atomic<uint64_t>> auth_failures) {
+                                  std::shared_ptr<wire::TransportRefusals> refusals) {
   wire::ZmqOptions o;
   o.curve = curve;
   auto log = std::make_shared<RefusalLog>();
-  o.on_auth_failure = [auth_failures, log](const std::string& peer) {
-    if (auth_failures) auth_failures->fetch_add(1);
+  o.on_dropped = [refusals, log](const std::string& peer, const std::string& why) {
+    if (refusals) refusals->dropped.fetch_add(1);
+    uint64_t left_out = 0;
+    if (log->Admit(peer, "dropped", &left_out)) {
+      GS_LOG(WARNING) << "dropped a message from " << wire::Escaped(peer, 64) << " as it was read: "
+                      << why << LeftOutNote(left_out);
+    }
+  };
+  o.on_auth_failure = [refusals, log](const std::string& peer) {
+    if (refusals) refusals->handshakes.fetch_add(1);
     uint64_t left_out = 0;
     if (log->Admit(peer, "handshake", &left_out)) {
       GS_LOG(WARNING) << "refused a connection from " << wire::Escaped(peer, 64)
@@ -30,9 +38,9 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   options.role = role;
   Node node;
   GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
-  node.auth_failures = std::make_shared<std::atomic<uint64_t>>(0);
+  node.refusals = std::make_shared<wire::TransportRefusals>();
   GS_ASSIGN_OR_RETURN(node.data,
-                      wire::ZmqTransport::Create(TransportOptions(node.curve, node.auth_failures)));
+                      wire::ZmqTransport::Create(TransportOptions(node.curve, node.refusals)));
   GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(wire::ListenEndpoint(options.host, data_port)));
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   options.identity = node.data->identity();

@@ -25,14 +25,15 @@ struct Node {
   // The job's key when the node runs CURVE (wire/curve.h); every transport
   // of the process uses it.
   std::optional<wire::CurveKey> curve;
-  // Handshakes the node's listening socket refused.
-  std::shared_ptr<std::atomic<uint64_t>> auth_failures;
+  // What the node's listening socket refused: handshakes, dropped messages.
+  std::shared_ptr<wire::TransportRefusals> refusals;
 };
 
 // Transport options for a socket of this process: the node's key, and
-// refused handshakes counted in `auth_failures` and logged (rate-limited).
+// refused handshakes and dropped messages counted in `refusals` (may be
+// null) and logged (rate-limited per peer).
 wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
-                                  std::shared_ptr<std::atomic<uint64_t>> auth_failures);
+                                  std::shared_ptr<wire::TransportRefusals> refusals);
 
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
 // data_port, 0 = any free port), binds, joins and checks reachability.

@@ -101,15 +101,20 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   }
   out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge,
                        OpenFds()));
-  uint64_t refused = 0;
+  uint64_t refused = 0, dropped = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& c : auth_failures_) refused += c->load();
+    for (const auto& c : dropped_) dropped += c->load();
   }
   out.push_back(Family("gradsync_auth_failures_total",
                        "Connections refused at the handshake: no, wrong or another job's "
                        "CURVE key.",
                        MetricType::Counter, static_cast<double>(refused)));
+  out.push_back(Family("gradsync_transport_dropped_total",
+                       "Messages dropped as they were read, before any receiver: more "
+                       "payload frames or a larger header than any gradsync message has.",
+                       MetricType::Counter, static_cast<double>(dropped)));
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
     out.push_back(Family("process_max_fds", "Limit on open file descriptors.",
@@ -118,9 +123,10 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   return out;
 }
 
-void ProcessCollector::AddAuthFailures(std::shared_ptr<const std::atomic<uint64_t>> count) {
+void ProcessCollector::Add(Count auth_failures, Count dropped) {
   std::lock_guard<std::mutex> lock(mu_);
-  auth_failures_.push_back(std::move(count));
+  auth_failures_.push_back(std::move(auth_failures));
+  dropped_.push_back(std::move(dropped));
 }
 
 ProcessMetrics::ProcessMetrics(const std::string& role)

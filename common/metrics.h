@@ -44,17 +44,21 @@ constexpr int kWorkerMetricsBasePort = 9410;
 // Latency buckets in seconds, 50 us to 30 s.
 const std::vector<double>& LatencyBuckets();
 
-// process_* families of the calling process, read when collected, and
-// gradsync_auth_failures_total: the sum of the counters added (handshakes a
-// listening socket refused; wire/zmq_transport.h).
+// process_* families of the calling process, read when collected, and the
+// sums of the counters added: gradsync_auth_failures_total (handshakes a
+// listening socket refused) and gradsync_transport_dropped_total (messages
+// dropped as they were read: too many frames, a header too large;
+// wire/zmq_transport.h).
 class ProcessCollector : public prometheus::Collectable {
  public:
+  using Count = std::shared_ptr<const std::atomic<uint64_t>>;
   std::vector<prometheus::MetricFamily> Collect() const override;
-  void AddAuthFailures(std::shared_ptr<const std::atomic<uint64_t>> count);
+  void Add(Count auth_failures, Count dropped);
 
  private:
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<const std::atomic<uint64_t>>> auth_failures_;  // guarded by mu_
+  std::vector<Count> auth_failures_;  // guarded by mu_
+  std::vector<Count> dropped_;        // guarded by mu_
 };
 
 class ProcessMetrics {
@@ -64,9 +68,14 @@ class ProcessMetrics {
   ~ProcessMetrics();
 
   prometheus::Registry& registry() { return *registry_; }
-  // Exports `count` (added to any counted before) as gradsync_auth_failures_total.
-  void AddAuthFailures(std::shared_ptr<const std::atomic<uint64_t>> count) {
-    process_->AddAuthFailures(std::move(count));
+  // Exports the counts of `refusals` (a wire::TransportRefusals; added to
+  // any counted before) as gradsync_auth_failures_total and
+  // gradsync_transport_dropped_total.
+  template <typename Refusals>
+  void AddTransportRefusals(std::shared_ptr<Refusals> refusals) {
+    if (refusals == nullptr) return;
+    process_->Add(ProcessCollector::Count(refusals, &refusals->handshakes),
+                  ProcessCollector::Count(refusals, &refusals->dropped));
   }
   // Serves /metrics on `address` ("0.0.0.0:9100"). Port 0 in the address
   // picks a free port. Returns the bound port.

@@ -66,9 +66,9 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   Status served = ServeMetrics(config, metrics, kSchedulerMetricsPort);
   if (!served.ok()) return Fail(served, 2);
   if (UnknownFlags(config)) return 2;
-  auto auth_failures = std::make_shared<std::atomic<uint64_t>>(0);
-  metrics.AddAuthFailures(auth_failures);
-  wire::ZmqOptions zmq = cluster::TransportOptions(options->curve, auth_failures);
+  auto refusals = std::make_shared<wire::TransportRefusals>();
+  metrics.AddTransportRefusals(refusals);
+  wire::ZmqOptions zmq = cluster::TransportOptions(options->curve, refusals);
   zmq.identity = "scheduler";
   auto transport = wire::ZmqTransport::Create(zmq);
   if (!transport.ok()) return Fail(transport.status(), 1);
@@ -159,7 +159,7 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   ps_options->metrics = &shard_metrics;
   auto node = cluster::StartNode(config, wire::Role::Server, Deadline::AfterMs(180000));
   if (!node.ok()) return Fail(node.status(), 1);
-  metrics.AddAuthFailures(node->auth_failures);
+  metrics.AddTransportRefusals(node->refusals);
   auto shard = StartShard(*node, *ps_options);
   if (!shard.ok()) return Fail(shard.status(), 1);
   const bool checkpoints = !ps_options->checkpoint_dir.empty();

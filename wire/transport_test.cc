@@ -365,6 +365,46 @@ TEST(ZmqTransportTest, ListenTwiceFails) {
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
 }
 
+// ZeroMQ only: what no gradsync message looks like (more payload frames,
+// or a larger header frame, than any has) is dropped as it is read, counted
+// and reported; the messages behind it on the same route still arrive.
+TEST(ZmqTransportTest, MessagesWithTooManyFramesOrTooLargeAHeaderAreDroppedAndCounted) {
+  std::mutex mu;
+  std::vector<std::string> reasons;
+  ZmqOptions options;
+  options.on_dropped = [&](const std::string& peer, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    reasons.push_back(peer + ": " + why);
+  };
+  auto server = std::move(ZmqTransport::Create(options)).value();
+  auto bound = server->Listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(bound.ok());
+  auto peer = std::move(ZmqTransport::Create({})).value();
+  auto conn = peer->Connect(*bound);
+  ASSERT_TRUE(conn.ok());
+  Message many = Numbered(1);
+  const uint8_t byte = 7;
+  for (int i = 0; i < 65; ++i) many.payloads.push_back(Payload::Copy(&byte, 1));
+  Message big_header;
+  big_header.header.assign((64 << 10) + 1, 0x41);
+  Message at_limit = Numbered(2);
+  for (int i = 0; i < 64; ++i) at_limit.payloads.push_back(Payload::Copy(&byte, 1));
+  for (Message* m : {&many, &big_header, &at_limit}) {
+    ASSERT_TRUE(peer->Send(Route::Connection(*conn), *m, Deadline::AfterMs(5000)).ok());
+  }
+  ASSERT_TRUE(peer->Send(Route::Connection(*conn), Numbered(3), Deadline::AfterMs(5000)).ok());
+  for (uint64_t want : {2u, 3u}) {
+    auto in = server->Receive(Deadline::AfterMs(10000));
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_EQ(in->message.header_view()->seq(), want);
+  }
+  EXPECT_EQ(server->dropped(), 2u);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(reasons.size(), 2u);
+  EXPECT_THAT(reasons[0], ::testing::HasSubstr("65 payload frames, at most 64"));
+  EXPECT_THAT(reasons[1], ::testing::HasSubstr("a header of 65537 bytes, at most 65536"));
+}
+
 // ZeroMQ only: a peer that stops reading holds back the sends to it and no
 // other. Before, every send of a transport waited in one queue behind the
 // first one that would block.

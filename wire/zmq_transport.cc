@@ -130,6 +130,7 @@ class ZmqTransport::Impl {
   }
 
   uint64_t auth_failures() const { return auth_failures_.load(); }
+  uint64_t dropped() const { return dropped_.load(); }
 
  private:
   // Queues `cmd` for the I/O thread, or finishes it as cancelled once the
@@ -192,6 +193,7 @@ class ZmqTransport::Impl {
   std::unique_ptr<zmq::socket_t> monitor_;  // handshake events of router_
   std::unique_ptr<ZapHandler> zap_;
   std::atomic<uint64_t> auth_failures_{0};
+  std::atomic<uint64_t> dropped_{0};  // messages dropped as they were read
   std::atomic<size_t> queued_bytes_{0};  // in incoming_
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::map<std::string, ConnId> conn_by_endpoint_;
@@ -435,6 +437,21 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
       in.from = Route::Inbound(frames[0].to_string());
       first = 1;
     }
+    const size_t payloads = frames.size() > first ? frames.size() - first - 1 : 0;
+    if (payloads > options_.max_payload_frames ||
+        (frames.size() > first && frames[first].size() > options_.max_header_bytes)) {
+      dropped_.fetch_add(1);
+      if (options_.on_dropped) {
+        options_.on_dropped(in.from.ToString(),
+                            payloads > options_.max_payload_frames
+                                ? std::to_string(payloads) + " payload frames, at most " +
+                                      std::to_string(options_.max_payload_frames)
+                                : "a header of " + std::to_string(frames[first].size()) +
+                                      " bytes, at most " +
+                                      std::to_string(options_.max_header_bytes));
+      }
+      continue;
+    }
     if (frames.size() > first) {
       const auto* h = frames[first].data<uint8_t>();
       in.message.header.assign(h, h + frames[first].size());
@@ -507,6 +524,7 @@ ZmqTransport::~ZmqTransport() { Shutdown(); }
 
 const std::string& ZmqTransport::identity() const { return impl_->identity(); }
 uint64_t ZmqTransport::auth_failures() const { return impl_->auth_failures(); }
+uint64_t ZmqTransport::dropped() const { return impl_->dropped(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
   auto cmd = std::make_unique<Command>();

@@ -12,6 +12,12 @@
 //   admits only the job's key (wire/zmq_curve.h).
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
+// - A message of more than max_payload_frames payload frames, or whose
+//   header frame exceeds max_header_bytes, is dropped as it is read (no
+//   byte of it copied, nothing queued), counted in dropped() and reported
+//   to on_dropped: no gradsync message is like that, and its header cannot
+//   be trusted to answer. (libzmq holds a multipart message whole before
+//   handing it over; ZMQ_MAXMSGSIZE bounds each of its frames only.)
 // - Incoming messages wait in a queue bounded in messages and in bytes; when
 //   it is full the I/O thread stops reading and ZeroMQ's high-water marks
 //   push back on the senders, so what peers send cannot grow the process
@@ -21,6 +27,7 @@
 #ifndef GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
 #define GRADSYNC_WIRE_ZMQ_TRANSPORT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +36,7 @@
 
 #include "wire/curve.h"
 #include "wire/transport.h"
+#include "wire/validate.h"
 
 namespace gradsync::wire {
 
@@ -42,11 +50,23 @@ struct ZmqOptions {
   int linger_ms = 1000;                        // flush time at shutdown
   size_t max_queued_incoming = 4096;           // messages received, not yet taken
   size_t max_queued_incoming_bytes = size_t{256} << 20;  // their bytes
+  size_t max_payload_frames = Limits{}.max_payload_frames;  // per message
+  size_t max_header_bytes = Limits{}.max_header_bytes;      // of the header frame
   // Set: every socket runs CURVE with the job's key, and only peers holding
   // it get in (wire/curve.h); a failed handshake on the listening socket
   // calls on_auth_failure (on the I/O thread) with the peer's address.
   std::optional<CurveKey> curve;
   std::function<void(const std::string& peer)> on_auth_failure;
+  // Called (on the I/O thread) for each message dropped as it was read,
+  // with the route it came on and why.
+  std::function<void(const std::string& peer, const std::string& why)> on_dropped;
+};
+
+// What the transports of one process refused before a message reached its
+// receiver, for /metrics (cluster::TransportOptions fills it).
+struct TransportRefusals {
+  std::atomic<uint64_t> handshakes{0};  // failed handshakes (CURVE)
+  std::atomic<uint64_t> dropped{0};     // messages dropped as they were read
 };
 
 class ZmqTransport : public Transport {
@@ -68,6 +88,8 @@ class ZmqTransport : public Transport {
   // Handshakes refused on the listening socket (no, wrong or another job's
   // CURVE key, or not ZeroMQ at all).
   uint64_t auth_failures() const;
+  // Messages dropped as they were read (too many frames, header too large).
+  uint64_t dropped() const;
 
   class Impl;
 
