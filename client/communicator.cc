@@ -93,7 +93,7 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
     GS_ASSIGN_OR_RETURN(o.sync.shm, config.GetBool("ring_shm", true));
-    GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 4 << 20));
+    GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
     GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
     GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));

@@ -63,7 +63,7 @@ struct SameHostOptions {
   bool shm_right = false;      // it is on this host
   std::string left_identity;   // the neighbour this transport receives from
   bool shm_left = false;       // it is on this host
-  size_t link_bytes = size_t{4} << 20;
+  size_t link_bytes = size_t{16} << 20;
   size_t max_frames = 8;
   size_t max_frame_bytes = (size_t{1} << 30) + (64 << 10);
 };
