@@ -107,5 +107,32 @@ TEST_F(AllReduceSdkTest, AWorkerThatStopsContributingIsNamedByTheDeadline) {
   workers[1]->Signal(SIGKILL);
 }
 
+// A direct all-reduce that fails while the sends into its buffer are still
+// queued (the right neighbour has stopped): once the call has returned, the
+// caller's buffer is the caller's, and nothing reads it again, over ZeroMQ
+// or over the same-host shared-memory link.
+TEST_F(AllReduceSdkTest, AFailedDirectCallNeverReadsTheCallersBufferAfterReturning) {
+  for (const bool shm : {false, true}) {
+    SCOPED_TRACE(shm ? "shared memory" : "ZeroMQ");
+    tag_ = shm ? "shm" : "zmq";  // a log of its own for each job
+    auto workers = StartWorkers(3, {"--mode=protect", "--victim=2",
+                                    std::string("--ring_shm=") + (shm ? "true" : "false")});
+    ASSERT_TRUE(workers[2]->WaitForOutput("stops itself", Deadline::AfterMs(60000)))
+        << workers[2]->Output();
+    for (int r : {0, 1}) {
+      ASSERT_TRUE(workers[r]->WaitForOutput("buffer protected", Deadline::AfterMs(60000)))
+          << workers[r]->Output();
+    }
+    workers[2]->Signal(SIGCONT);  // it reads again: what was queued to it goes out
+    for (int r : {0, 1}) {
+      auto code = workers[r]->Wait(Deadline::AfterMs(30000));
+      ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
+      EXPECT_EQ(*code, 0) << workers[r]->Output();
+      EXPECT_NE(workers[r]->Output().find("lived on"), std::string::npos) << workers[r]->Output();
+    }
+    nodes_.clear();  // the victim is killed
+  }
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -4,7 +4,8 @@
 // line per milestone; exits 0 when all checks pass, 3 when the Communicator
 // reported an error (printed as "error after N ms: ..."), 1 on a wrong result.
 //
-//   sdk_worker --scheduler=host:port --num_workers=4 [--mode=train|mismatch|stall]
+//   sdk_worker --scheduler=host:port --num_workers=4
+//       [--mode=train|mismatch|stall|protect]
 //       [--steps=5] [--victim=3] [--victim_step=2] [--bucket_bytes=...]
 //
 // mode=train: steps with exact checks, a broadcast, and gradient accumulation
@@ -12,6 +13,13 @@
 // mode=mismatch: rank `victim` registers one tensor with a different size.
 // mode=stall: after `victim_step` steps rank `victim` stops taking part (it
 // sleeps; the test may kill it) and the others must fail naming it.
+// mode=protect: after one direct all-reduce, rank `victim` stops itself
+// (SIGSTOP; the test continues it); the others run a direct all-reduce of
+// 64 MiB that must fail, then make its buffer inaccessible (PROT_NONE) and
+// live on for 5 s: if anything still read the caller's buffer once the call
+// had returned, the process would die of SIGSEGV.
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -93,6 +101,7 @@ class Worker {
 
   int Run() {
     start_ = std::chrono::steady_clock::now();
+    if (mode_ == "protect") return Protect();
     for (size_t t = 0; t < std::size(kSpecs); ++t) {
       Spec s = kSpecs[t];
       if (mode_ == "mismatch" && comm_->rank() == victim_ && t == 2) s.count += 1;
@@ -117,6 +126,39 @@ class Worker {
   }
 
  private:
+  int Protect() {
+    const size_t count = size_t{16} << 20;
+    void* mem = mmap(nullptr, count * sizeof(float), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return 1;
+    auto* data = static_cast<float*>(mem);
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i % 7);
+    float one = 1;
+    Status s = comm_->AllReduce(&one, 1, DType::kF32, client::ReduceOp::kSum,
+                                Deadline::AfterMs(30000));
+    if (s.ok()) s = comm_->Barrier(Deadline::AfterMs(30000));  // every rank is past the first
+    if (!s.ok()) return Fail(s);
+    if (comm_->rank() == victim_) {
+      Say("worker %d %s", comm_->rank(), "stops itself");
+      raise(SIGSTOP);
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      return 0;
+    }
+    // The victim has stopped; the scheduler names it dead about a second later.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    s = comm_->AllReduce(data, count, DType::kF32, client::ReduceOp::kSum,
+                         Deadline::AfterMs(3000));
+    if (s.ok()) {
+      Say("worker %d %s", comm_->rank(), "WRONG: the all-reduce succeeded without the victim");
+      return 1;
+    }
+    if (mprotect(mem, count * sizeof(float), PROT_NONE) != 0) return 1;
+    Say("worker %d %s", comm_->rank(), "buffer protected after: " + s.ToString());
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    Say("worker %d %s", comm_->rank(), "lived on");
+    return 0;
+  }
+
   int Fail(const Status& s) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - start_).count();
