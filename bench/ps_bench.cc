@@ -15,7 +15,8 @@
 //     back to the worker that sent it (no copy, no round barrier). Each of
 //     the W worker threads has a PUSH socket per shard and a PULL socket
 //     connected to its PUSH on every shard. One ZeroMQ context with one I/O
-//     thread per node, as ZmqTransport has.
+//     thread per node, as ZmqTransport has. Both sides' processes tune
+//     malloc for large messages (wire::TuneMallocForLargeMessages).
 // The shards are the deployed gradsync_server binary in processes of their
 // own, so the measurement includes everything a job pays (the shard's
 // receive thread, key threads, verification, aggregation, replies) and
@@ -202,6 +203,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
 // Raw shard (child process): echoes every message back to its worker.
 
 int RawShardMain(int workers) {
+  wire::TuneMallocForLargeMessages();  // as the gradsync shards' transports do
   try {
     zmq::context_t ctx(1);
     zmq::socket_t pull(ctx, zmq::socket_type::pull);

@@ -18,6 +18,8 @@
 //   to on_dropped: no gradsync message is like that, and its header cannot
 //   be trusted to answer. (libzmq holds a multipart message whole before
 //   handing it over; ZMQ_MAXMSGSIZE bounds each of its frames only.)
+// - The first transport of a process tunes glibc's malloc for large
+//   messages (TuneMallocForLargeMessages below).
 // - Incoming messages wait in a queue bounded in messages and in bytes; when
 //   it is full the I/O thread stops reading and ZeroMQ's high-water marks
 //   push back on the senders, so what peers send cannot grow the process
@@ -68,6 +70,13 @@ struct TransportRefusals {
   std::atomic<uint64_t> handshakes{0};  // failed handshakes (CURVE)
   std::atomic<uint64_t> dropped{0};     // messages dropped as they were read
 };
+
+// Once per process, unless GRADSYNC_TUNE_MALLOC=0 or GLIBC_TUNABLES sets
+// malloc itself: allocations up to 32 MiB come from the heap and up to
+// 128 MiB of freed heap is kept, so that the buffers ZeroMQ allocates for
+// large received messages are not fresh mappings faulted in page by page.
+// ZmqTransport::Create calls it.
+void TuneMallocForLargeMessages();
 
 class ZmqTransport : public Transport {
  public:
