@@ -5,8 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -70,6 +72,27 @@ TEST(MetricsTest, ProcessFamiliesArePlausible) {
   // Started within the last hour, not in the future (clock ticks: 10 ms).
   EXPECT_LE(s["process_start_time_seconds"], now + 1);
   EXPECT_GT(s["process_start_time_seconds"], now - 3600);
+}
+
+// The shape of wire::TransportRefusals (common cannot depend on wire).
+struct Refusals {
+  std::atomic<uint64_t> handshakes{0};
+  std::atomic<uint64_t> dropped{0};
+};
+
+TEST(MetricsTest, TransportRefusalsAreSummedOverEverySourceAdded) {
+  ProcessMetrics metrics("server");
+  auto a = std::make_shared<Refusals>();
+  auto b = std::make_shared<Refusals>();
+  metrics.AddTransportRefusals(a);
+  metrics.AddTransportRefusals(b);
+  metrics.AddTransportRefusals(std::shared_ptr<Refusals>());  // none: ignored
+  a->handshakes = 2;
+  b->handshakes = 1;
+  b->dropped = 5;
+  auto s = Samples(metrics.Scrape());
+  EXPECT_EQ(s["gradsync_auth_failures_total"], 3.0);
+  EXPECT_EQ(s["gradsync_transport_dropped_total"], 5.0);
 }
 
 TEST(MetricsTest, ServesBuildInfoAndComponentsOverHttp) {
