@@ -191,8 +191,8 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
 // bucket's k largest travel, wherever they lie (compression/wire_codec.h).
 // Empty: every partition keeps its own ratio.
 std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket) const {
-  const double* ratio = bucket->encoders[0]->shared_budget_ratio();
-  if (ratio == nullptr || plan_.size() < 2 || c_->partition_encoder_) return {};
+  const std::optional<double> ratio = bucket->encoders[0]->shared_budget_ratio();
+  if (!ratio || plan_.size() < 2 || c_->partition_encoder_) return {};
   std::vector<size_t> sizes;
   for (const PartitionSpan& span : plan_) sizes.push_back(span.count);
   std::vector<uint32_t>& keys = bucket->keys;

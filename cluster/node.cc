@@ -7,27 +7,34 @@
 
 namespace gradsync::cluster {
 
+namespace {
+
+// Counts one refusal in `count` (if any) and logs `what` about `peer`,
+// rate-limited per peer and `reason`.
+void Refused(RefusalLog& log, std::atomic<uint64_t>* count, const std::string& peer,
+             const char* reason, const std::string& what) {
+  if (count != nullptr) count->fetch_add(1);
+  uint64_t left_out = 0;
+  if (log.Admit(peer, reason, &left_out)) {
+    GS_LOG(WARNING) << what << " from " << wire::Escaped(peer, 64) << LeftOutNote(left_out);
+  }
+}
+
+}  // namespace
+
 wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
                                   std::shared_ptr<wire::TransportRefusals> refusals) {
   wire::ZmqOptions o;
   o.curve = curve;
   auto log = std::make_shared<RefusalLog>();
   o.on_dropped = [refusals, log](const std::string& peer, const std::string& why) {
-    if (refusals) refusals->dropped.fetch_add(1);
-    uint64_t left_out = 0;
-    if (log->Admit(peer, "dropped", &left_out)) {
-      GS_LOG(WARNING) << "dropped a message from " << wire::Escaped(peer, 64) << " as it was read: "
-                      << why << LeftOutNote(left_out);
-    }
+    Refused(*log, refusals ? &refusals->dropped : nullptr, peer, "dropped",
+            "dropped a message as it was read (" + why + ")");
   };
   o.on_auth_failure = [refusals, log](const std::string& peer) {
-    if (refusals) refusals->handshakes.fetch_add(1);
-    uint64_t left_out = 0;
-    if (log->Admit(peer, "handshake", &left_out)) {
-      GS_LOG(WARNING) << "refused a connection from " << wire::Escaped(peer, 64)
-                      << ": its handshake failed (no, wrong or another job's CURVE key)"
-                      << LeftOutNote(left_out);
-    }
+    Refused(*log, refusals ? &refusals->handshakes : nullptr, peer, "handshake",
+            "refused a connection whose handshake failed (no, wrong or another job's CURVE "
+            "key)");
   };
   return o;
 }

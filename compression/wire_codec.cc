@@ -161,17 +161,23 @@ StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(
       new PayloadEncoder(std::move(c), std::move(parsed), spec, *family));
 }
 
-StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
-                                               const CompressContext& ctx,
-                                               wire::DataFields* fields) {
-  if (topk_ != nullptr) GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
+StatusOr<wire::Payload> PayloadEncoder::CompressInto(
+    const float* in, size_t n, const CompressContext& ctx,
+    wire::DataFields* fields, std::string codec) {
   auto bytes =
       std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
   GS_RETURN_IF_ERROR(
       compressor_->Compress(in, n, ctx, bytes->data(), bytes->size()));
   fields->compression = family_;
-  fields->codec = spec_;
+  fields->codec = std::move(codec);
   return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
+}
+
+// EncodeKeeping sets the spec's ratio back whatever happens.
+StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
+                                               const CompressContext& ctx,
+                                               wire::DataFields* fields) {
+  return CompressInto(in, n, ctx, fields, spec_);
 }
 
 void PayloadEncoder::MagnitudeKeys(const float* in, size_t n,
@@ -207,14 +213,10 @@ StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
   for (const std::string& key : parsed_.keys) {  // top-k takes ratio and ef
     if (key != "ratio") codec += "," + key + (parsed_.options.error_feedback ? "=1" : "=0");
   }
-  auto bytes =
-      std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
-  Status s = compressor_->Compress(in, n, ctx, bytes->data(), bytes->size());
+  StatusOr<wire::Payload> payload =
+      CompressInto(in, n, ctx, fields, std::move(codec));
   GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
-  GS_RETURN_IF_ERROR(s);
-  fields->compression = family_;
-  fields->codec = std::move(codec);
-  return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
+  return payload;
 }
 
 std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,

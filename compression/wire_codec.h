@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,9 +103,11 @@ class PayloadEncoder {
   wire::Compression family() const { return family_; }
   const std::string& spec() const { return spec_; }
 
-  // Top-k only (else null): how many elements a partition may keep can
+  // Top-k only (else none): how many elements a partition may keep can
   // vary from call to call (EncodeKeeping). The spec's ratio.
-  const double* shared_budget_ratio() const { return topk_ ? &ratio_ : nullptr; }
+  std::optional<double> shared_budget_ratio() const {
+    return topk_ ? std::optional<double>(ratio_) : std::nullopt;
+  }
   // The magnitude keys (MagnitudeKey) of what Encode would select from:
   // `in` plus the error-feedback residual kept for `ctx`, if any.
   void MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
@@ -118,6 +121,12 @@ class PayloadEncoder {
  private:
   PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
                  std::string spec, wire::Compression family);
+  // Compresses with the compressor as it is set into one owned frame and
+  // fills `fields` with the family and `codec`.
+  StatusOr<wire::Payload> CompressInto(const float* in, size_t n,
+                                       const CompressContext& ctx,
+                                       wire::DataFields* fields,
+                                       std::string codec);
 
   std::unique_ptr<Compressor> compressor_;
   const CompressorSpec parsed_;

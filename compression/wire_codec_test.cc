@@ -280,7 +280,7 @@ TEST(WireCodecTest, EncodeKeepingStatesItsRatioAndDecodesAsThatCodec) {
     SCOPED_TRACE(spec);
     auto encoder = PayloadEncoder::Create(registry, spec);
     ASSERT_TRUE(encoder.ok());
-    ASSERT_NE((*encoder)->shared_budget_ratio(), nullptr);
+    ASSERT_TRUE((*encoder)->shared_budget_ratio().has_value());
     EXPECT_EQ(*(*encoder)->shared_budget_ratio(), 0.01);
     const CompressContext ctx = PartitionContext(99, 7, 4, 0);
     for (size_t keep : {size_t{1}, size_t{37}, size_t{999}, n}) {
@@ -315,7 +315,7 @@ TEST(WireCodecTest, EncodeKeepingStatesItsRatioAndDecodesAsThatCodec) {
   }
   auto fp16 = PayloadEncoder::Create(registry, "fp16");
   ASSERT_TRUE(fp16.ok());
-  EXPECT_EQ((*fp16)->shared_budget_ratio(), nullptr);
+  EXPECT_FALSE((*fp16)->shared_budget_ratio().has_value());
   wire::DataFields f;
   EXPECT_FALSE((*fp16)->EncodeKeeping(g.data(), n, 10, CompressContext{}, &f).ok());
 }

@@ -173,8 +173,7 @@ void PsShard::Dispatch(wire::Incoming in) {
   // pushes back on the senders; past the second the peer is told to send
   // again later, so that it cannot hold the others back.
   const size_t bytes = in.message.header.size() + in.message.PayloadBytes();
-  std::string peer = in.from.ToString();
-  if (!Admit(peer, bytes)) {
+  if (!Admit(in.from.identity, bytes)) {
     counters_.Rejected(wire::ErrorCode::Busy);
     Send(in.from, wire::MakeError(self_, wire::ErrorCode::Busy,
                                   "more than " +
@@ -196,7 +195,6 @@ void PsShard::Dispatch(wire::Incoming in) {
   Work work;
   work.in = std::make_unique<wire::Incoming>(std::move(in));
   work.bytes = bytes;
-  work.peer = std::move(peer);
   t.queue.Push(std::move(work), Deadline::Infinite()).IgnoreError();
 }
 
@@ -236,7 +234,7 @@ void PsShard::KeyLoop(KeyThread* t) {
     }
     if (work->in == nullptr) continue;  // a wake-up for CatchUpDeaths
     if (options_.before_handle) options_.before_handle();
-    Dequeued(work->peer, work->bytes);
+    Dequeued(work->in->from.identity, work->bytes);
     std::vector<Outgoing> out;
     std::optional<JournalRecord> record;
     if (options_.metrics != nullptr) {

@@ -128,8 +128,7 @@ class PsShard {
  private:
   struct Work {
     std::unique_ptr<wire::Incoming> in;  // null: a visit, or a wake-up after a death
-    size_t bytes = 0;                    // of `in`, counted in queued_bytes_
-    std::string peer;                    // in->from, where peer_bytes_ counts `bytes`
+    size_t bytes = 0;                    // of `in`, counted in queued_bytes_ and peer_bytes_
     std::function<void(const KeyTable&)> visit;  // runs on the key's thread
   };
   struct KeyThread {
@@ -155,8 +154,9 @@ class PsShard {
   void ReceiveLoop();
   void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
-  // Takes `bytes` from `peer` into the key threads' queues, waiting for
-  // room; false (nothing taken) when that peer holds its share already.
+  // Takes `bytes` from `peer` (the identity of its inbound route) into the
+  // key threads' queues, waiting for room; false (nothing taken) when that
+  // peer holds its share already.
   bool Admit(const std::string& peer, size_t bytes);
   // A message of `bytes` from `peer` left the key threads' queues.
   void Dequeued(const std::string& peer, size_t bytes);
@@ -180,7 +180,8 @@ class PsShard {
   std::mutex bytes_mu_;
   std::condition_variable room_;
   size_t queued_bytes_ = 0;  // their bytes; guarded by bytes_mu_
-  // Of those, per peer with any queued (Route::ToString); guarded by bytes_mu_.
+  // Of those, per peer with any queued (by route identity: the shard is
+  // only listened to); guarded by bytes_mu_.
   std::map<std::string, size_t> peer_bytes_;
 
   std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
