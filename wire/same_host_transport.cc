@@ -6,14 +6,15 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "wire/validate.h"
 
 namespace gradsync::wire {
 
 namespace {
 
 constexpr uint32_t kFrameMagic = 0x47534D31;  // "GSM1"
-// A message header is a few hundred bytes; this is far above any.
-constexpr uint64_t kMaxHeaderBytes = 1 << 20;
+// The largest header any receiver takes (the ZeroMQ transport's bound too).
+constexpr uint64_t kMaxHeaderBytes = Limits{}.max_header_bytes;
 // How long Receive waits on the link before it looks at the inner transport
 // again.
 constexpr Millis kInnerPollEvery{2};
