@@ -25,8 +25,10 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
     SetJob(n, 0);
     std::vector<Subprocess*> workers;
     for (int r = 0; r < n; ++r) {
+      // No /metrics: the fixed ports (9410 + rank) would collide with the
+      // workers of other tests running beside this one.
       std::vector<std::string> argv = {Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r),
-                                       "--bucket_bytes=2097152"};
+                                       "--bucket_bytes=2097152", "--metrics_base_port=0"};
       argv.insert(argv.end(), extra.begin(), extra.end());
       workers.push_back(&Start(argv, "worker" + std::to_string(r)));
     }
