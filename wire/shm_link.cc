@@ -123,12 +123,18 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
     return UnavailableError("reserving " + std::to_string(bytes) + " bytes of shared memory " +
                             name + ": " + std::strerror(reserved));
   }
-  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Every page mapped (MAP_POPULATE) and written once now, before the link
+  // is announced: otherwise the first pass over the buffer pays a fault per
+  // page, in the guest and, in a virtual machine, in the host too (about
+  // 10 us each: a 16 MiB link's first pass took 8-45 ms against 0.3-0.7 ms
+  // for the later ones), and small all-reduces ran 3-7x slower until then.
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (map == MAP_FAILED) {
     shm_unlink(name.c_str());
     return UnavailableError("mapping shared memory " + name + ": " + std::strerror(errno));
   }
+  std::memset(static_cast<uint8_t*>(map) + HeaderBytes(), 0, cap);
   auto* shared = new (map) Shared();
   shared->capacity = cap;
   const std::string boot = BootId();
@@ -150,7 +156,7 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
     return NotFoundError("shared memory " + name + " is not sized yet");
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
-  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (map == MAP_FAILED) {
     return UnavailableError("mapping shared memory " + name + ": " + std::strerror(errno));
@@ -172,6 +178,11 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
     munmap(map, bytes);
     return FailedPreconditionError("shared memory " + name + " was made on another boot");
   }
+  // Each page read once here, for the same reason the writer writes them
+  // all: a virtual machine may fault on the first touch of a page in each
+  // process, page table filled or not.
+  const auto* data = reinterpret_cast<const volatile uint8_t*>(map) + HeaderBytes();
+  for (size_t at = 0; at < cap; at += 4096) (void)data[at];
   shared->reader_attached.store(1);
   shm_unlink(name.c_str());  // both sides have it: the name is no longer needed
   return std::shared_ptr<ShmLink>(new ShmLink(name, false, shared, bytes, cap));
