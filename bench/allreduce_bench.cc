@@ -366,17 +366,22 @@ StatusOr<wire::CurveKey> SharedKey(Rank* r) {
                         std::string(got.begin() + 40, got.end())};
 }
 
-// The transport identity of the left neighbour, through the store.
-StatusOr<std::string> LeftIdentity(Rank* r, const std::string& mine) {
-  const int left = (r->args.rank + r->args.world - 1) % r->args.world;
-  const std::string key = "zmq_identity_" + std::to_string(left);
-  std::vector<char> got;
+// The ZeroMQ identities of this rank's left and right neighbours, through
+// the store.
+StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r,
+                                                                  const std::string& mine) {
+  const int n = r->args.world;
+  auto key = [](int rank) { return "zmq_identity_" + std::to_string(rank); };
+  const std::string left = key((r->args.rank + n - 1) % n), right = key((r->args.rank + 1) % n);
+  std::vector<char> got_left, got_right;
   GS_RETURN_IF_ERROR(GlooCall("store", [&] {
-    r->store->set("zmq_identity_" + std::to_string(r->args.rank), {mine.begin(), mine.end()});
-    r->store->wait({key}, std::chrono::seconds(r->settings.op_timeout_s));
-    got = r->store->get(key);
+    r->store->set(key(r->args.rank), {mine.begin(), mine.end()});
+    r->store->wait({left, right}, std::chrono::seconds(r->settings.op_timeout_s));
+    got_left = r->store->get(left);
+    got_right = r->store->get(right);
   }));
-  return std::string(got.begin(), got.end());
+  return std::make_pair(std::string(got_left.begin(), got_left.end()),
+                        std::string(got_right.begin(), got_right.end()));
 }
 
 // Our ring for implementation `impl` (kOurs, kOursCurve or kOursShm).
@@ -401,11 +406,14 @@ Status ConnectOurs(Rank* r, int impl) {
   if (impl == kOursShm) {
     wire::SameHostOptions links;
     links.job_id = r->args.job_id;
-    links.right_endpoint = right;
-    links.shm_right = true;
-    GS_ASSIGN_OR_RETURN(links.left_identity, LeftIdentity(r, ours.transport->identity()));
-    links.shm_left = true;
-    peers.left_identity = links.left_identity;
+    GS_ASSIGN_OR_RETURN(auto ids, NeighbourIdentities(r, ours.transport->identity()));
+    if (r->args.world == 2) {
+      links.peers.push_back({ids.second, right, true, true});
+    } else {
+      links.peers.push_back({ids.second, right, true, false});
+      links.peers.push_back({ids.first, "", false, true});
+    }
+    peers.left_identity = ids.first;
     ours.same_host = std::make_unique<wire::SameHostTransport>(ring_transport, links);
     ring_transport = ours.same_host.get();
   }

@@ -156,10 +156,8 @@ StatusOr<Pair> MakePair(bool shm) {
     }
     wire::SameHostOptions o;
     o.job_id = job;
-    o.right_endpoint = p.endpoints[static_cast<size_t>(1 - i)];
-    o.shm_right = true;
-    o.left_identity = p.inner[static_cast<size_t>(1 - i)]->identity();
-    o.shm_left = true;
+    o.peers.push_back({p.inner[static_cast<size_t>(1 - i)]->identity(),
+                       p.endpoints[static_cast<size_t>(1 - i)], true, true});
     p.links.push_back(
         std::make_unique<wire::SameHostTransport>(p.inner[static_cast<size_t>(i)].get(), o));
     p.ends.push_back(p.links.back().get());

@@ -67,7 +67,8 @@ bool SyncHandle::Done() const {
 namespace {
 
 struct CommOptions {
-  // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes), ps,
+  // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes), ps
+  // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
   bool cuda_gradients = false;  // gradient_device=cuda
@@ -118,6 +119,7 @@ struct CommOptions {
     o.sync.cuda_device = static_cast<int>(device);
     if (o.sync.path == "ps") {
       GS_ASSIGN_OR_RETURN(o.sync.ps, PsClientOptions::FromConfig(config));
+      GS_ASSIGN_OR_RETURN(o.sync.ps_links, cluster::PsLinkOptions::FromConfig(config));
     }
     return o;
   }

@@ -41,29 +41,34 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   wire::SameHostOptions links;
   links.job_id = session->job_id();
   links.link_bytes = options.shm_link_bytes;
+  wire::SameHostPeer right, left;
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role != wire::Role::Worker || n < 2) continue;
     // The scheduler passed on every node's host address and boot id.
-    const bool here = options.shm && p.SameMachine(session->self());
+    const bool here = options.shm && p.SameMachine(session->self()) && !p.identity.empty();
     if (p.rank == (r + 1) % n) {
       peers.right_endpoint = p.DataEndpoint();
-      links.right_endpoint = peers.right_endpoint;
-      links.shm_right = here;
+      right = wire::SameHostPeer{p.identity, peers.right_endpoint, here, false};
     }
     if (p.rank == (r + n - 1) % n) {
       peers.left_identity = p.identity;
-      links.left_identity = p.identity;
-      links.shm_left = here && !p.identity.empty();
+      left = wire::SameHostPeer{p.identity, "", false, here};
     }
   }
+  if (n == 2) {
+    right.receive = left.receive;  // one neighbour, both ways
+  } else if (left.receive) {
+    links.peers.push_back(left);
+  }
+  if (right.send || right.receive) links.peers.push_back(right);
   Ring out;
   wire::Transport* transport = &session->data();
-  if (links.shm_right || links.shm_left) {
+  if (!links.peers.empty()) {
     out.same_host = std::make_unique<wire::SameHostTransport>(transport, links);
     transport = out.same_host.get();
     GS_LOG(INFO) << "ring neighbours on this host use shared memory:"
-                 << (links.shm_left ? " from rank " + std::to_string((r + n - 1) % n) : "")
-                 << (links.shm_right ? " to rank " + std::to_string((r + 1) % n) : "");
+                 << (left.receive ? " from rank " + std::to_string((r + n - 1) % n) : "")
+                 << (right.send ? " to rank " + std::to_string((r + 1) % n) : "");
   }
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
@@ -181,7 +186,16 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
   // by this identity (wire::PsClientIdentity); the ring keeps the session's.
   wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), nullptr);
   zmq.identity = wire::PsClientIdentity(session->data().identity());
-  GS_ASSIGN_OR_RETURN(auto transport, wire::ZmqTransport::Create(zmq));
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
+                      wire::ZmqTransport::Create(zmq));
+  // Shards on this host are written to and heard through shared memory.
+  wire::SameHostOptions links = cluster::PsSameHostOptions(
+      options.ps_links, session->job_id(), session->self(), session->peers());
+  if (!links.peers.empty()) {
+    GS_LOG(INFO) << "parameter-server traffic with " << links.peers.size()
+                 << " shard(s) on this host uses shared memory";
+    transport = std::make_unique<wire::SameHostTransport>(std::move(transport), links);
+  }
   PsClientOptions ps_options = options.ps;
   ps_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(auto ps, PsClient::Create(std::move(transport), peers, ps_options,

@@ -29,6 +29,7 @@
 #include "client/collectives.h"
 #include "client/device_gradients.h"
 #include "client/ps_client.h"
+#include "cluster/ps_links.h"
 #include "client/ring.h"
 #include "client/session.h"
 #include "common/status.h"
@@ -90,6 +91,8 @@ struct SyncBackendOptions {
   bool shm = true;
   size_t shm_link_bytes = size_t{4} << 20;
   PsClientOptions ps;
+  // Parameter-server traffic to shards on this host (cluster/ps_links.h).
+  cluster::PsLinkOptions ps_links;
   int cuda_device = 0;
   Millis op_timeout{60000};
   uint64_t compression_seed = 0;  // the compressors' job-wide seed

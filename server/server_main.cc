@@ -23,12 +23,14 @@
 #include <string>
 
 #include "cluster/node.h"
+#include "cluster/ps_links.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/signals.h"
 #include "server/ps_shard.h"
 #include "server/scheduler.h"
+#include "wire/same_host_transport.h"
 #include "wire/zmq_transport.h"
 
 extern char** environ;
@@ -84,9 +86,23 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   return 0;
 }
 
-// Starts the shard on the node's data transport; workers the scheduler
-// declares dead stop holding rounds back.
-StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, PsShardOptions options) {
+// The shard's transport: the node's data transport, with the workers of
+// this host heard and answered through shared memory (null: none are, or
+// ps_shm=false).
+StatusOr<std::unique_ptr<wire::SameHostTransport>> ShardLinks(const Config& config,
+                                                              cluster::Node& node) {
+  GS_ASSIGN_OR_RETURN(cluster::PsLinkOptions options, cluster::PsLinkOptions::FromConfig(config));
+  const cluster::Assignment& a = node.agent->assignment();
+  wire::SameHostOptions links = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
+  if (links.peers.empty()) return std::unique_ptr<wire::SameHostTransport>();
+  GS_LOG(INFO) << links.peers.size() << " worker(s) on this host reach the shard through shared memory";
+  return std::make_unique<wire::SameHostTransport>(node.data.get(), links);
+}
+
+// Starts the shard on `transport` (the node's data transport, or one over
+// it); workers the scheduler declares dead stop holding rounds back.
+StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transport* transport,
+                                              PsShardOptions options) {
   options.rules.num_workers = node.agent->assignment().num_workers;
   options.rules.shard = node.agent->sender().rank;
   options.rules.num_shards = node.agent->assignment().num_servers;
@@ -98,7 +114,7 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, PsShardOption
     }
   }
   GS_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> started,
-                      PsShard::Start(node.data.get(), options, node.agent->sender()));
+                      PsShard::Start(transport, options, node.agent->sender()));
   std::shared_ptr<PsShard> shard = std::move(started);
   std::weak_ptr<PsShard> weak = shard;
   node.agent->OnPeerDead([weak](const wire::NodeInfo& dead, const std::string&) {
@@ -150,7 +166,9 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
     return Fail(InvalidArgumentError("checkpoint_interval_s must be positive"), 2);
   }
   // Read by the node when it starts (cluster/node.h).
-  for (const char* later : {"data_port", "security", "key_file"}) (void)config.Lookup(later);
+  for (const char* later : {"data_port", "security", "key_file", "ps_shm", "ps_shm_bytes"}) {
+    (void)config.Lookup(later);
+  }
   ProcessMetrics metrics("server");
   Status served = ServeMetrics(config, metrics, kServerMetricsPort);
   if (!served.ok()) return Fail(served, 2);
@@ -160,7 +178,9 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   auto node = cluster::StartNode(config, wire::Role::Server, Deadline::AfterMs(180000));
   if (!node.ok()) return Fail(node.status(), 1);
   metrics.AddTransportRefusals(node->refusals);
-  auto shard = StartShard(*node, *ps_options);
+  auto links = ShardLinks(config, *node);  // outlives the shard
+  if (!links.ok()) return Fail(links.status(), 2);
+  auto shard = StartShard(*node, *links ? links->get() : node->data.get(), *ps_options);
   if (!shard.ok()) return Fail(shard.status(), 1);
   const bool checkpoints = !ps_options->checkpoint_dir.empty();
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(

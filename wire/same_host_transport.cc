@@ -12,13 +12,14 @@ namespace gradsync::wire {
 
 namespace {
 
-constexpr uint32_t kFrameMagic = 0x47534D31;  // "GSM1"
+constexpr uint32_t kFrameMagic = 0x47534D31;  // "GSM1": sent over a connection
+constexpr uint32_t kReplyMagic = 0x47535231;  // "GSR1": an answer to an inbound route
 // The largest header any receiver takes (the ZeroMQ transport's bound too).
 constexpr uint64_t kMaxHeaderBytes = Limits{}.max_header_bytes;
 // How long Receive waits on the link before it looks at the inner transport
 // again.
 constexpr Millis kInnerPollEvery{2};
-// How often a Receive whose left link does not exist yet tries to open it.
+// How often a Receive whose links have no writer yet looks again.
 constexpr Millis kAttachEvery{5};
 
 // The bytes skipped before a payload frame of `size` at stream position
@@ -99,52 +100,202 @@ class SameHostTransport::BufferPool : public std::enable_shared_from_this<Buffer
   size_t pooled_ = 0;                                                 // guarded by mu_
 };
 
-std::string SameHostTransport::LinkName(uint64_t job, const std::string& identity) {
+struct SameHostTransport::Out {
+  explicit Out(SameHostPeer p) : peer(std::move(p)) {}
+  const SameHostPeer peer;
+  std::atomic<ConnId> conn{-1};  // set by Connect(peer.endpoint)
+  std::mutex mu;
+  enum class State { kUntried, kOpen, kGone };
+  State state = State::kUntried;  // guarded by mu
+  std::shared_ptr<ShmLink> link;   // guarded by mu; set once, when opened
+  std::deque<Framed> queue;        // guarded by mu; the front may be mid-write
+  SteadyTime next_alive_check{};   // guarded by mu
+};
+
+struct SameHostTransport::In {
+  In(std::string id, const Out* o) : identity(std::move(id)), out(o) {}
+  const std::string identity;
+  // The same peer's Out, when this transport sends to it too: its answers
+  // to this transport's connection come from that connection, as the inner
+  // transport's do; what it sends over its own comes from its identity.
+  const Out* const out;
+  std::shared_ptr<ShmLink> link;  // made at construction; null once done
+  // Where the link's buffer is, for Send's threads.
+  std::atomic<const uint8_t*> begin{nullptr};
+  std::atomic<size_t> bytes{0};
+
+  // The message being read (Receive's thread only).
+  enum class Stage { kPrefix, kSizes, kFrames };
+  Stage stage = Stage::kPrefix;
+  uint8_t prefix[8];
+  bool reply = false;  // the message answers an inbound route
+  size_t got = 0;  // bytes of the current part
+  std::vector<uint64_t> sizes;
+  std::vector<uint8_t> header;                   // frame 0
+  std::vector<std::shared_ptr<uint8_t>> frames;  // payloads copied, from the pool
+  std::vector<std::shared_ptr<const void>> lent;  // payloads lent by the link
+  size_t frame = 0;
+  bool placed = false;     // the padding before `frame` is skipped
+  bool borrowing = false;  // `frame` is lent from the link, not copied
+
+  // The link is given up: its peer is heard through the inner transport.
+  void Done() {
+    link->Close();
+    link.reset();
+    begin.store(nullptr);
+  }
+};
+
+std::string SameHostTransport::LinkName(uint64_t job, const std::string& writer,
+                                        const std::string& reader) {
   char prefix[40];
   std::snprintf(prefix, sizeof(prefix), "/gradsync-%016llx-",
                 static_cast<unsigned long long>(job));
   std::string name = prefix;
-  for (char c : identity) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_';
+  auto add = [&name](const std::string& id) {
+    for (char c : id) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_';
+  };
+  add(writer);
+  name += '.';
+  add(reader);
   return name;
 }
 
-SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
-    : inner_(inner), options_(std::move(options)), shm_left_(options_.shm_left),
-      pool_(std::make_shared<BufferPool>(std::min<size_t>(4 * options_.link_bytes, 64 << 20))) {}
+SameHostTransport::SameHostTransport(std::unique_ptr<Transport> inner, SameHostOptions options)
+    : SameHostTransport(inner.get(), std::move(options)) {
+  owned_ = std::move(inner);
+}
 
-SameHostTransport::~SameHostTransport() { Shutdown(); }
+SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
+    : inner_(inner), options_(std::move(options)),
+      pool_(std::make_shared<BufferPool>(std::min<size_t>(4 * options_.link_bytes, 64 << 20))) {
+  bool sends = false;
+  for (const SameHostPeer& p : options_.peers) {
+    const Out* out = nullptr;
+    if (p.send) {
+      outs_.push_back(std::make_unique<Out>(p));
+      out = outs_.back().get();
+      sends = true;
+    }
+    if (!p.receive) continue;
+    const std::string name = LinkName(options_.job_id, p.identity, identity());
+    auto link = ShmLink::Create(name, options_.link_bytes);
+    if (!link.ok()) {
+      GS_LOG(WARNING) << "not receiving through shared memory from " << p.identity << ": "
+                      << link.status().message();
+      continue;
+    }
+    auto in = std::make_unique<In>(p.identity, out);
+    in->link = std::move(*link);
+    in->bytes.store(in->link->capacity());
+    in->begin.store(in->link->data());
+    ins_.push_back(std::move(in));
+  }
+  if (sends) writer_ = std::thread([this] { WriterLoop(); });
+}
+
+SameHostTransport::~SameHostTransport() {
+  Shutdown();
+  if (owned_) owned_->Shutdown();
+}
 
 void SameHostTransport::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(work_mu_);
     if (stop_) return;
     stop_ = true;
   }
-  cv_.notify_all();
-  if (out_) out_->Close();  // wakes the writer if it waits for room
+  work_cv_.notify_all();
+  for (auto& out : outs_) {
+    std::lock_guard<std::mutex> lock(out->mu);
+    if (out->link) out->link->Close();  // wakes the writer if it waits for room
+  }
   if (writer_.joinable()) writer_.join();
-  std::lock_guard<std::mutex> lock(mu_);
-  queue_.clear();  // releases the payloads never written
+  for (auto& out : outs_) {
+    std::lock_guard<std::mutex> lock(out->mu);
+    out->queue.clear();  // releases the payloads never written
+  }
+  for (auto& in : ins_) {
+    if (in->link) in->link->Close();
+  }
+}
+
+size_t SameHostTransport::sending_by_shm() const {
+  size_t n = 0;
+  for (const auto& out : outs_) {
+    std::lock_guard<std::mutex> lock(out->mu);
+    n += out->state == Out::State::kOpen ? 1 : 0;
+  }
+  return n;
+}
+
+size_t SameHostTransport::receiving_by_shm() const {
+  size_t n = 0;
+  for (const auto& in : ins_) n += in->link && in->link->WriterAttached() ? 1 : 0;
+  return n;
+}
+
+void SameHostTransport::Open(Out& out, Deadline wait) {
+  const std::string name = LinkName(options_.job_id, identity(), out.peer.identity);
+  for (;;) {
+    auto link = ShmLink::Open(name);
+    if (link.ok()) {
+      out.link = std::move(*link);
+      out.state = Out::State::kOpen;
+      return;
+    }
+    if (link.status().code() != StatusCode::kNotFound || wait.Expired()) {
+      GS_LOG(WARNING) << "sending to " << out.peer.identity
+                      << " through the network, not shared memory: " << link.status().message();
+      out.state = Out::State::kGone;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 StatusOr<ConnId> SameHostTransport::Connect(const std::string& endpoint) {
   GS_ASSIGN_OR_RETURN(ConnId id, inner_->Connect(endpoint));
-  if (options_.shm_right && endpoint == options_.right_endpoint && out_ == nullptr) {
-    auto link = ShmLink::Create(LinkName(options_.job_id, identity()), options_.link_bytes);
-    if (!link.ok()) {
-      // The neighbour hears this transport through the inner one instead.
-      GS_LOG(WARNING) << "no shared memory to the neighbour at " << endpoint
-                      << ", sending through the network: " << link.status().message();
-      return id;
-    }
-    out_ = std::move(*link);
-    out_conn_ = id;
-    writer_ = std::thread([this] { WriterLoop(); });
+  for (auto& out : outs_) {
+    if (out->peer.endpoint != endpoint || out->conn.load() >= 0) continue;
+    std::lock_guard<std::mutex> lock(out->mu);
+    out->conn.store(id);
+    if (out->state == Out::State::kUntried) Open(*out, Deadline::After(options_.open_wait));
+    break;
   }
   return id;
 }
 
-bool SameHostTransport::WriteSome(Framed& f) {
+SameHostTransport::Out* SameHostTransport::OutFor(const Route& to) {
+  for (auto& out : outs_) {
+    if (to.kind == Route::Kind::kConnection ? out->conn.load() == to.conn
+                                            : out->peer.identity == to.identity) {
+      return out.get();
+    }
+  }
+  return nullptr;
+}
+
+bool SameHostTransport::Usable(Out& out, const Route& to) {
+  if (out.state == Out::State::kUntried && to.kind == Route::Kind::kInbound) {
+    Open(out, Deadline::Past());
+  }
+  if (out.state != Out::State::kOpen) return false;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  bool gone = out.link->PeerClosed();
+  if (!gone && now >= out.next_alive_check) {
+    out.next_alive_check = now + options_.alive_every;
+    gone = !out.link->ReaderAlive();
+  }
+  if (!gone) return true;
+  // What is queued is the writer thread's to drop (it may be writing it).
+  GS_LOG(WARNING) << "the shared-memory link to " << out.peer.identity
+                  << " was closed by its reader; sending through the network";
+  out.state = Out::State::kGone;
+  return false;
+}
+
+bool SameHostTransport::WriteSome(ShmLink& link, Framed& f) {
   for (;;) {
     const uint8_t* data;
     size_t size;
@@ -159,13 +310,13 @@ bool SameHostTransport::WriteSome(Framed& f) {
       data = p.data;
       size = p.size;
       if (!f.placed) {
-        if (!out_->Pad(PaddingBefore(out_->Position(), size, out_->capacity()))) return false;
+        if (!link.Pad(PaddingBefore(link.Position(), size, link.capacity()))) return false;
         f.placed = true;
       }
     } else {
       return true;
     }
-    f.done += out_->Write(data + f.done, size - f.done);
+    f.done += link.Write(data + f.done, size - f.done);
     if (f.done < size) return false;
     if (f.frame >= 2) f.message.payloads[f.frame - 2] = Payload();  // its bytes are in
     ++f.frame;
@@ -174,14 +325,23 @@ bool SameHostTransport::WriteSome(Framed& f) {
   }
 }
 
+bool SameHostTransport::InLink(const void* p) const {
+  for (const auto& in : ins_) {
+    const uint8_t* begin = in->begin.load();
+    if (begin != nullptr && p >= begin && p < begin + in->bytes.load()) return true;
+  }
+  return false;
+}
+
 Status SameHostTransport::Send(const Route& to, Message message, Deadline deadline) {
-  if (!ToLink(to)) return inner_->Send(to, std::move(message), deadline);
+  Out* out = OutFor(to);
+  if (out == nullptr) return inner_->Send(to, std::move(message), deadline);
   if (message.payloads.size() + 1 > options_.max_frames) {
     return InvalidArgumentError("a message of " + std::to_string(message.payloads.size() + 1) +
                                 " frames does not fit the same-host link");
   }
   Framed f;
-  PutU32(&f.table, kFrameMagic);
+  PutU32(&f.table, to.kind == Route::Kind::kInbound ? kReplyMagic : kFrameMagic);
   PutU32(&f.table, static_cast<uint32_t>(message.payloads.size() + 1));
   PutU64(&f.table, message.header.size());
   size_t total = f.table.size() + message.header.size();
@@ -190,203 +350,234 @@ Status SameHostTransport::Send(const Route& to, Message message, Deadline deadli
     total += p.size;
   }
   f.message = std::move(message);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (stop_) return CancelledError("transport is shut down");
-  if (out_->PeerClosed()) return UnavailableError("the same-host neighbour closed its link");
+  std::unique_lock<std::mutex> lock(out->mu);
+  if (!Usable(*out, to)) {
+    lock.unlock();
+    return inner_->Send(to, std::move(f.message), deadline);
+  }
   // In order: straight into the link only behind nothing queued.
-  if (queue_.empty() && out_->Writable() >= total) {
-    WriteSome(f);
+  if (out->queue.empty() && out->link->Writable() >= total) {
+    WriteSome(*out->link, f);
     return Status();
   }
-  // Queued: a payload lent by the link from the left neighbour is copied,
-  // so that what waits for the right neighbour never holds the left link.
-  if (const uint8_t* in = in_begin_.load(); in != nullptr) {
-    for (Payload& p : f.message.payloads) {
-      if (p.size > 0 && p.data >= in && p.data < in + in_bytes_.load()) {
-        std::shared_ptr<uint8_t> copy = pool_->Get(p.size);
-        std::memcpy(copy.get(), p.data, p.size);
-        const uint8_t* data = copy.get();
-        p = Payload::Borrow(data, p.size, std::move(copy));
-      }
+  // Queued: a payload lent by a link this transport reads is copied, so
+  // that what waits for one peer never holds another's link.
+  for (Payload& p : f.message.payloads) {
+    if (p.size > 0 && InLink(p.data)) {
+      std::shared_ptr<uint8_t> copy = pool_->Get(p.size);
+      std::memcpy(copy.get(), p.data, p.size);
+      const uint8_t* data = copy.get();
+      p = Payload::Borrow(data, p.size, std::move(copy));
     }
   }
-  queue_.push_back(std::move(f));
+  out->queue.push_back(std::move(f));
   lock.unlock();
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> work(work_mu_);
+    if (stop_) return CancelledError("transport is shut down");
+    ++queued_;
+  }
+  work_cv_.notify_all();
   return Status();
 }
 
 void SameHostTransport::Post(const Route& to, Message message, Deadline deadline,
                              std::function<void(const Status&)> done) {
-  if (!ToLink(to)) return inner_->Post(to, std::move(message), deadline, std::move(done));
-  Status s = Send(to, std::move(message), deadline);  // never waits on the link
+  if (OutFor(to) == nullptr) {
+    return inner_->Post(to, std::move(message), deadline, std::move(done));
+  }
+  Status s = Send(to, std::move(message), deadline);  // never waits on a link
   if (done) done(s);
 }
 
 void SameHostTransport::WriterLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    // Only this thread takes the front off, and Send writes only when the
-    // queue is empty: the front is this thread's to write.
-    Framed* f = &queue_.front();
-    lock.unlock();
-    while (!WriteSome(*f)) {
-      if (out_->PeerClosed()) {
-        // The reader is gone: nothing queued will be read.
-        lock.lock();
-        queue_.clear();
-        break;
-      }
-      out_->WaitWritable(Deadline::After(Millis(50)));
-      std::lock_guard<std::mutex> check(mu_);
+    {
+      std::unique_lock<std::mutex> work(work_mu_);
+      work_cv_.wait(work, [&] { return stop_ || queued_ > 0; });
       if (stop_) return;
     }
-    if (!lock.owns_lock()) lock.lock();
-    if (queue_.empty()) continue;
-    queue_.pop_front();
+    size_t written = 0;
+    std::shared_ptr<ShmLink> blocked;  // a link with no room for its front
+    for (auto& out : outs_) {
+      std::unique_lock<std::mutex> lock(out->mu);
+      while (!out->queue.empty()) {
+        if (out->state == Out::State::kGone) {  // its reader is gone
+          written += out->queue.size();
+          out->queue.clear();
+          break;
+        }
+        // Only this thread takes a front off, and Send writes only when
+        // the queue is empty: the front is this thread's to write.
+        Framed* f = &out->queue.front();
+        std::shared_ptr<ShmLink> link = out->link;
+        lock.unlock();
+        const bool whole = WriteSome(*link, *f);
+        lock.lock();
+        if (!whole) {
+          if (!Usable(*out, Route::Connection(out->conn.load()))) continue;
+          blocked = link;
+          break;
+        }
+        out->queue.pop_front();
+        ++written;
+      }
+    }
+    std::unique_lock<std::mutex> work(work_mu_);
+    queued_ -= written;
+    if (written == 0 && blocked) {
+      work.unlock();
+      blocked->WaitWritable(Deadline::After(Millis(1)));
+    }
   }
 }
 
-StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome() {
+StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome(In& in) {
+  ShmLink& link = *in.link;
   for (;;) {
-    if (stage_ == Stage::kPrefix) {
-      got_ += in_->Read(prefix_ + got_, sizeof(prefix_) - got_);
-      if (got_ < sizeof(prefix_)) return std::optional<Incoming>();
+    if (in.stage == In::Stage::kPrefix) {
+      in.got += link.Read(in.prefix + in.got, sizeof(in.prefix) - in.got);
+      if (in.got < sizeof(in.prefix)) return std::optional<Incoming>();
       uint32_t magic, count;
-      std::memcpy(&magic, prefix_, 4);
-      std::memcpy(&count, prefix_ + 4, 4);
-      if (magic != kFrameMagic || count == 0 || count > options_.max_frames) {
-        return DataLossError("the same-host link from " + options_.left_identity +
+      std::memcpy(&magic, in.prefix, 4);
+      std::memcpy(&count, in.prefix + 4, 4);
+      if ((magic != kFrameMagic && magic != kReplyMagic) || count == 0 ||
+          count > options_.max_frames) {
+        return DataLossError("the same-host link from " + in.identity +
                              " carries a bad frame table (magic " + std::to_string(magic) +
                              ", " + std::to_string(count) + " frames)");
       }
-      sizes_.assign(count, 0);
-      stage_ = Stage::kSizes;
-      got_ = 0;
+      in.reply = magic == kReplyMagic;
+      in.sizes.assign(count, 0);
+      in.stage = In::Stage::kSizes;
+      in.got = 0;
     }
-    if (stage_ == Stage::kSizes) {
-      auto* bytes = reinterpret_cast<uint8_t*>(sizes_.data());
-      got_ += in_->Read(bytes + got_, sizes_.size() * 8 - got_);
-      if (got_ < sizes_.size() * 8) return std::optional<Incoming>();
-      if (sizes_[0] > kMaxHeaderBytes) {
-        return DataLossError("the same-host link from " + options_.left_identity +
-                             " announces a header of " + std::to_string(sizes_[0]) + " bytes");
+    if (in.stage == In::Stage::kSizes) {
+      auto* bytes = reinterpret_cast<uint8_t*>(in.sizes.data());
+      in.got += link.Read(bytes + in.got, in.sizes.size() * 8 - in.got);
+      if (in.got < in.sizes.size() * 8) return std::optional<Incoming>();
+      if (in.sizes[0] > kMaxHeaderBytes) {
+        return DataLossError("the same-host link from " + in.identity + " announces a header of " +
+                             std::to_string(in.sizes[0]) + " bytes");
       }
-      for (uint64_t s : sizes_) {
+      for (uint64_t s : in.sizes) {
         if (s > options_.max_frame_bytes) {
-          return DataLossError("the same-host link from " + options_.left_identity +
+          return DataLossError("the same-host link from " + in.identity +
                                " announces a frame of " + std::to_string(s) +
                                " bytes, above the limit of " +
                                std::to_string(options_.max_frame_bytes));
         }
       }
-      header_.resize(static_cast<size_t>(sizes_[0]));
-      frames_.assign(sizes_.size() - 1, nullptr);
-      lent_.assign(sizes_.size() - 1, nullptr);
-      stage_ = Stage::kFrames;
-      frame_ = 0;
-      got_ = 0;
-      placed_ = false;
+      in.header.resize(static_cast<size_t>(in.sizes[0]));
+      in.frames.assign(in.sizes.size() - 1, nullptr);
+      in.lent.assign(in.sizes.size() - 1, nullptr);
+      in.stage = In::Stage::kFrames;
+      in.frame = 0;
+      in.got = 0;
+      in.placed = false;
     }
-    while (frame_ < sizes_.size()) {
-      const size_t size = static_cast<size_t>(sizes_[frame_]);
-      if (frame_ == 0) {
-        got_ += in_->Read(header_.data() + got_, size - got_);
-        if (got_ < size) return std::optional<Incoming>();
+    while (in.frame < in.sizes.size()) {
+      const size_t size = static_cast<size_t>(in.sizes[in.frame]);
+      if (in.frame == 0) {
+        in.got += link.Read(in.header.data() + in.got, size - in.got);
+        if (in.got < size) return std::optional<Incoming>();
       } else {
-        if (!placed_) {
-          const size_t pad = PaddingBefore(in_->Position(), size, in_->capacity());
-          if (in_->Readable() < pad) return std::optional<Incoming>();
-          in_->Skip(pad);
-          placed_ = true;
-          borrowing_ = size > 0 && in_->Pinned() + size <= in_->capacity() / 2;
-          if (!borrowing_) frames_[frame_ - 1] = pool_->Get(size);
+        if (!in.placed) {
+          const size_t pad = PaddingBefore(link.Position(), size, link.capacity());
+          if (link.Readable() < pad) return std::optional<Incoming>();
+          link.Skip(pad);
+          in.placed = true;
+          in.borrowing = size > 0 && link.Pinned() + size <= link.capacity() / 2;
+          if (!in.borrowing) in.frames[in.frame - 1] = pool_->Get(size);
         }
-        if (borrowing_) {
-          if (in_->Readable() < size) return std::optional<Incoming>();
+        if (in.borrowing) {
+          if (link.Readable() < size) return std::optional<Incoming>();
           const uint8_t* data = nullptr;
-          lent_[frame_ - 1] = in_->Borrow(size, &data);
+          in.lent[in.frame - 1] = link.Borrow(size, &data);
         } else {
-          got_ += in_->Read(frames_[frame_ - 1].get() + got_, size - got_);
-          if (got_ < size) return std::optional<Incoming>();
+          in.got += link.Read(in.frames[in.frame - 1].get() + in.got, size - in.got);
+          if (in.got < size) return std::optional<Incoming>();
         }
       }
-      ++frame_;
-      got_ = 0;
-      placed_ = false;
+      ++in.frame;
+      in.got = 0;
+      in.placed = false;
     }
-    Incoming in;
-    in.from = Route::Inbound(options_.left_identity);
-    in.message.header = std::move(header_);
-    header_ = {};
-    for (size_t i = 1; i < sizes_.size(); ++i) {
-      const size_t size = static_cast<size_t>(sizes_[i]);
-      if (lent_[i - 1]) {
-        const void* data = lent_[i - 1].get();
-        in.message.payloads.push_back(Payload::Borrow(data, size, std::move(lent_[i - 1])));
+    Incoming got;
+    const ConnId conn = in.reply && in.out != nullptr ? in.out->conn.load() : -1;
+    got.from = conn >= 0 ? Route::Connection(conn) : Route::Inbound(in.identity);
+    got.message.header = std::move(in.header);
+    in.header = {};
+    for (size_t i = 1; i < in.sizes.size(); ++i) {
+      const size_t size = static_cast<size_t>(in.sizes[i]);
+      if (in.lent[i - 1]) {
+        const void* data = in.lent[i - 1].get();
+        got.message.payloads.push_back(Payload::Borrow(data, size, std::move(in.lent[i - 1])));
       } else {
-        const uint8_t* data = frames_[i - 1].get();
-        in.message.payloads.push_back(Payload::Borrow(data, size, std::move(frames_[i - 1])));
+        const uint8_t* data = in.frames[i - 1].get();
+        got.message.payloads.push_back(Payload::Borrow(data, size, std::move(in.frames[i - 1])));
       }
     }
-    frames_.clear();
-    lent_.clear();
-    stage_ = Stage::kPrefix;
-    return std::optional<Incoming>(std::move(in));
+    in.frames.clear();
+    in.lent.clear();
+    in.stage = In::Stage::kPrefix;
+    return std::optional<Incoming>(std::move(got));
   }
 }
 
+StatusOr<std::optional<Incoming>> SameHostTransport::ReadLinks() {
+  for (size_t k = 0; k < ins_.size(); ++k) {
+    const size_t i = (next_in_ + k) % ins_.size();
+    In& in = *ins_[i];
+    if (!in.link || !in.link->WriterAttached()) continue;
+    auto got = ReadSome(in);
+    if (!got.ok()) {
+      // The stream cannot be trusted past a bad frame table: the link is
+      // given up (the writer sees it closed and stops), the failure is
+      // returned once, and the peer is heard through the inner transport.
+      GS_LOG(WARNING) << got.status().message() << "; no longer reading that link";
+      in.Done();
+      return got.status();
+    }
+    if (got->has_value()) {
+      next_in_ = i + 1;
+      return got;
+    }
+    if (in.link->PeerClosed() && in.link->Readable() == 0) in.Done();  // all of it read
+  }
+  return std::optional<Incoming>();
+}
+
+std::vector<ShmLink*> SameHostTransport::Live(bool* waiting) {
+  std::vector<ShmLink*> live;
+  *waiting = false;
+  for (auto& in : ins_) {
+    if (!in->link) continue;
+    if (in->link->WriterAttached()) {
+      live.push_back(in->link.get());
+    } else {
+      *waiting = true;
+    }
+  }
+  return live;
+}
+
 StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
-  if (!shm_left_) return inner_->Receive(deadline);
   for (;;) {
-    if (!shm_left_) return inner_->Receive(deadline);
-    if (in_ == nullptr) {
-      auto link = ShmLink::Open(LinkName(options_.job_id, options_.left_identity));
-      if (link.ok()) {
-        in_ = std::move(*link);
-        in_bytes_.store(in_->capacity());
-        in_begin_.store(in_->data());
-      } else if (link.status().code() != StatusCode::kNotFound) {
-        // Not a link this process can use: the neighbour is heard through
-        // the inner transport only.
-        GS_LOG(WARNING) << "not receiving through shared memory from " << options_.left_identity
-                        << ": " << link.status().message();
-        shm_left_ = false;
-        return inner_->Receive(deadline);
-      }
-    }
-    if (in_ != nullptr) {
-      auto got = ReadSome();
-      if (!got.ok()) {
-        // The stream cannot be trusted past a bad frame table: the link is
-        // given up (the writer sees it closed and stops), the failure is
-        // returned once, and the transport goes on with the inner one.
-        GS_LOG(WARNING) << got.status().message() << "; no longer reading that link";
-        in_->Close();
-        in_.reset();
-        in_begin_.store(nullptr);
-        shm_left_ = false;
-        return got.status();
-      }
-      if (got->has_value()) return std::move(**got);
-    }
-    // The inner transport's messages (without waiting while the link is up).
-    const Deadline inner = in_ != nullptr ? Deadline::After(Millis(0))
-                                          : deadline.Min(Deadline::After(kAttachEvery));
+    GS_ASSIGN_OR_RETURN(std::optional<Incoming> got, ReadLinks());
+    if (got.has_value()) return std::move(*got);
+    // The inner transport's messages, without waiting while a link is in
+    // use; while none is but one waits for its writer, that writer is
+    // looked for every 5 ms.
+    bool waiting = false;
+    const std::vector<ShmLink*> live = Live(&waiting);
+    if (live.empty() && !waiting) return inner_->Receive(deadline);
+    const Deadline inner = live.empty() ? deadline.Min(Deadline::After(kAttachEvery))
+                                        : Deadline::After(Millis(0));
     auto other = inner_->Receive(inner);
     if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
     if (deadline.Expired()) return DeadlineExceededError("nothing received before the deadline");
-    if (in_ != nullptr) {
-      if (in_->PeerClosed() && in_->Readable() == 0) {
-        // The neighbour is gone; what comes now comes through the inner transport.
-        auto rest = inner_->Receive(deadline.Min(Deadline::After(kInnerPollEvery)));
-        if (rest.ok() || rest.status().code() != StatusCode::kDeadlineExceeded) return rest;
-        continue;
-      }
-      in_->WaitReadable(deadline.Min(Deadline::After(kInnerPollEvery)));
-    }
+    if (!live.empty()) ShmLink::WaitReadableAny(live, deadline.Min(Deadline::After(kInnerPollEvery)));
   }
 }
 

@@ -1,29 +1,41 @@
 // SameHostTransport: a Transport over another one (ZeroMQ) that carries
-// the messages to one neighbour on the same host, and from another, through
-// shared memory (wire/shm_link.h) instead: what a ring of workers on one
-// machine needs. Everything else goes through the inner transport, which
-// also stays connected to the neighbours (replies to them use it).
+// the messages between this process and peers on the same host through
+// shared memory (wire/shm_link.h) instead: a ring's neighbours, a worker and
+// the parameter-server shards of its host. Everything else goes through the
+// inner transport, which also stays connected to those peers.
 //
-// To the right neighbour (`right_endpoint`, when `shm_right`): Connect
-// creates the link, named after the job and this transport's identity. A
-// Send on that connection copies the message into the link at once when
-// it fits and nothing is queued before it; otherwise it is queued (its
-// payloads held, not copied) and a writer thread copies it in as the
-// reader makes room, so a send never waits on the neighbour. A payload is
-// released once its bytes are in the link.
+// One link per direction and peer, made by its reader: at construction this
+// transport makes a link for each peer it receives from (`receive`), named
+// after the job and both identities, before anything could be sent to it.
+// A peer it sends to (`send`) is written to through the link that peer
+// made: opened by Connect(peer's endpoint), which waits up to `open_wait`
+// for the peer to have made it, or, for a peer this transport only answers
+// (no endpoint), at the first message to Inbound(its identity). Where the
+// link cannot be opened (the peer made none, no /dev/shm, another boot) the
+// peer is sent to through the inner transport, from the first message on,
+// so that one peer's messages never take two ways at once; the same from
+// the moment its reader is found closed or dead (checked every
+// `alive_every`), which a restarted peer also gets.
 //
-// From the left neighbour (`left_identity`, when `shm_left`): Receive opens
-// that neighbour's link once it exists and returns its messages as coming
-// from Inbound(left_identity), between the inner transport's messages
-// (looked at between waits on the link of at most 2 ms).
-// Where shared memory cannot be made or opened (no /dev/shm, another boot)
-// a warning says so and the neighbour is heard through the inner transport.
-// Every message read from the link is checked before anything is allocated
+// A Send to a link copies the message in at once when it fits and nothing
+// is queued before it; otherwise it is queued (its payloads held, not
+// copied) and a writer thread copies it in as the reader makes room, so a
+// send never waits on the peer. A payload is released once its bytes are in
+// the link.
+//
+// Receive returns the links' messages as the inner transport would: an
+// answer the writer sent to Inbound(this transport's identity) as coming
+// from this transport's connection to the writer (where it has one), any
+// other as coming from Inbound(the writer's identity); between the inner transport's messages (looked at
+// between waits on the links of at most 2 ms), taking the links in turn.
+// Every message read from a link is checked before anything is allocated
 // for it: its frame count and each frame's size against the limits. A bad
-// frame table ends the link: that Receive returns DataLoss naming the
-// neighbour, and later ones serve the inner transport alone.
+// frame table ends that link: that Receive returns DataLoss naming the
+// peer, and the peer is heard through the inner transport only.
 //
-// Framing: u32 magic, u32 frame count, u64 size per frame, then the frames
+// Framing: u32 magic (one for a message sent over a connection, another for
+// an answer to an inbound route), u32 frame count, u64 size per frame, then
+// the frames
 // (the header first, then the payloads). A payload frame of at most half
 // the link that would wrap around the buffer's end starts at its beginning
 // instead (both sides skip the same bytes).
@@ -33,11 +45,11 @@
 // position) stays within half of it; past that they are copied into pooled
 // buffers. A held payload pins the link behind it: a receiver must let go
 // of each (as the ring does) before it waits for much more from the same
-// neighbour, or the neighbour's sends stall until it does. A payload lent
-// this way and sent on to the right neighbour is copied if it has to queue.
+// peer, or the peer's sends stall until it does. A payload lent this way
+// and sent on through a link is copied if it has to queue.
 //
-// Thread-safety: as the Transport interface (Send and Receive may run on
-// different threads; the ring calls each from one).
+// Thread-safety: as the Transport interface: Send and Post from any
+// threads, Receive from one thread at a time.
 #ifndef GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_
 #define GRADSYNC_WIRE_SAME_HOST_TRANSPORT_H_
 
@@ -57,21 +69,30 @@
 
 namespace gradsync::wire {
 
+// A peer on this host.
+struct SameHostPeer {
+  std::string identity;  // its transport identity
+  std::string endpoint;  // where it listens; "" when this transport only answers it
+  bool send = true;      // what goes to it goes through shared memory
+  bool receive = true;   // what it sends comes through shared memory
+};
+
 struct SameHostOptions {
   uint64_t job_id = 0;
-  std::string right_endpoint;  // the neighbour this transport sends to
-  bool shm_right = false;      // it is on this host
-  std::string left_identity;   // the neighbour this transport receives from
-  bool shm_left = false;       // it is on this host
-  size_t link_bytes = size_t{16} << 20;
+  std::vector<SameHostPeer> peers;
+  size_t link_bytes = size_t{16} << 20;  // each link this transport reads
   size_t max_frames = 8;
   size_t max_frame_bytes = (size_t{1} << 30) + (64 << 10);
+  Millis open_wait{5000};   // Connect's wait for the peer's link
+  Millis alive_every{20};   // how often a reader's liveness is checked
 };
 
 class SameHostTransport : public Transport {
  public:
   // `inner` must outlive this transport.
   SameHostTransport(Transport* inner, SameHostOptions options);
+  // Owns `inner`.
+  SameHostTransport(std::unique_ptr<Transport> inner, SameHostOptions options);
   ~SameHostTransport() override;  // Shutdown()
 
   const std::string& identity() const override { return inner_->identity(); }
@@ -86,15 +107,16 @@ class SameHostTransport : public Transport {
   Status Probe(const std::string& endpoint, Deadline deadline) override {
     return inner_->Probe(endpoint, deadline);
   }
-  // Stops the writer and closes the links; the inner transport is its
-  // owner's to shut down.
+  // Stops the writer and closes the links; an inner transport not owned is
+  // its owner's to shut down.
   void Shutdown() override;
 
-  // The link's name for a writer of job `job` whose identity is `identity`.
-  static std::string LinkName(uint64_t job, const std::string& identity);
-  // Whether the links are up (for tests and logs).
-  bool sending_by_shm() const { return out_ != nullptr; }
-  bool receiving_by_shm() const { return in_ != nullptr; }
+  // The name of the link from `writer` to `reader` (identities) in job `job`.
+  static std::string LinkName(uint64_t job, const std::string& writer, const std::string& reader);
+  // How many peers are written to / read from through links now (for tests
+  // and logs).
+  size_t sending_by_shm() const;
+  size_t receiving_by_shm() const;
 
  private:
   struct Framed {
@@ -104,44 +126,41 @@ class SameHostTransport : public Transport {
     size_t done = 0;      // bytes of it written
     bool placed = false;  // the padding before it is written
   };
-  // Whether `to` is the right neighbour's connection and its link is up.
-  bool ToLink(const Route& to) const {
-    return out_ != nullptr && to.kind == Route::Kind::kConnection && to.conn == out_conn_;
-  }
-  // Writes what fits of `f`; true when all of it is in.
-  bool WriteSome(Framed& f);
-  void WriterLoop();
-  // Reads what is there of the next message; set when one is complete.
-  StatusOr<std::optional<Incoming>> ReadSome();
+  struct Out;
+  struct In;
 
+  // The link peer `to` is written to through, or null (the inner transport).
+  Out* OutFor(const Route& to);
+  // Whether `out` is written to through its link now; opens it at the first
+  // message and gives it up once its reader is gone. Requires out.mu.
+  bool Usable(Out& out, const Route& to);
+  void Open(Out& out, Deadline wait);  // requires out.mu
+  // Writes what fits of `f`; true when all of it is in.
+  static bool WriteSome(ShmLink& link, Framed& f);
+  void WriterLoop();
+  // Reads what is there of `in`'s next message; set when one is complete.
+  StatusOr<std::optional<Incoming>> ReadSome(In& in);
+  // One message from the links, if any is complete.
+  StatusOr<std::optional<Incoming>> ReadLinks();
+  // The links that have a writer and are not done; `waiting`: whether
+  // another still waits for its writer.
+  std::vector<ShmLink*> Live(bool* waiting);
+  // Whether `p` lies in a link this transport reads.
+  bool InLink(const void* p) const;
+
+  std::unique_ptr<Transport> owned_;
   Transport* inner_;
   const SameHostOptions options_;
-  std::shared_ptr<ShmLink> out_;
-  ConnId out_conn_ = -1;
-  bool shm_left_;                 // Receive's thread only: still expecting a link
-  std::shared_ptr<ShmLink> in_;  // Receive's thread only
-  // in_'s buffer, for Send's thread.
-  std::atomic<const uint8_t*> in_begin_{nullptr};
-  std::atomic<size_t> in_bytes_{0};
+  std::vector<std::unique_ptr<Out>> outs_;
+  std::vector<std::unique_ptr<In>> ins_;
+  size_t next_in_ = 0;  // Receive's thread only: the link to look at first
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Framed> queue_;  // guarded by mu_; the front may be mid-write
-  bool stop_ = false;         // guarded by mu_
+  std::mutex work_mu_;
+  std::condition_variable work_cv_;
+  size_t queued_ = 0;  // messages queued over all links; guarded by work_mu_
+  bool stop_ = false;  // guarded by work_mu_
   std::thread writer_;
 
-  // The message being read (Receive's thread only).
-  enum class Stage { kPrefix, kSizes, kFrames };
-  Stage stage_ = Stage::kPrefix;
-  uint8_t prefix_[8];
-  size_t got_ = 0;  // bytes of the current part
-  std::vector<uint64_t> sizes_;
-  std::vector<uint8_t> header_;                 // frame 0
-  std::vector<std::shared_ptr<uint8_t>> frames_;  // payloads copied, from pool_
-  std::vector<std::shared_ptr<const void>> lent_;  // payloads lent by the link
-  size_t frame_ = 0;
-  bool placed_ = false;    // the padding before frame_ is skipped
-  bool borrowing_ = false;  // frame_ is lent from the link, not copied
   // Payload buffers come back here when the receiver lets go of them: a
   // steady stream of messages reuses the same memory.
   class BufferPool;

@@ -1,13 +1,18 @@
-// SameHostTransport between two transports of this process (what two
-// processes on one host do, through the same shared memory): messages of
-// every size arrive whole and in order beside the inner transport's, their
-// payloads are released once in the link, a neighbour without a link is
-// still heard, a bad frame table ends the link with a clear error before
-// anything is allocated (and the transport keeps serving), and /dev/shm is
-// left as it was.
+// SameHostTransport between transports of this process (what processes on
+// one host do, through the same shared memory): messages of every size
+// arrive whole and in order beside the inner transport's, their payloads
+// are released once in the link, several writers reach one reader and it
+// answers each, a peer without a link is still heard (either side lacking
+// it), a reader that closed or died is written to through the network, a
+// bad frame table ends the link with a clear error before anything is
+// allocated (and the transport keeps serving), and /dev/shm is left as it
+// was.
 #include "wire/same_host_transport.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -28,7 +33,7 @@ constexpr uint64_t kJob = 0x5eed;
 // The names under /dev/shm of this job's links.
 std::vector<std::string> LinksInDevShm() {
   std::vector<std::string> out;
-  const std::string prefix = SameHostTransport::LinkName(kJob, "").substr(1);
+  const std::string prefix = SameHostTransport::LinkName(kJob, "", "").substr(1, 26);
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
       if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) out.push_back(e->d_name);
@@ -73,27 +78,27 @@ struct Pair {
   std::unique_ptr<SameHostTransport> a, b;
   ConnId a_to_b = -1;
 
-  explicit Pair(size_t link_bytes, bool a_uses_shm = true) {
+  // a sends to b (through a link where both want one), b reads.
+  explicit Pair(size_t link_bytes, bool a_uses_shm = true, bool b_uses_shm = true) {
     EXPECT_TRUE(b_inner->Listen("inproc://b").ok());
-    SameHostOptions ao;
-    ao.job_id = kJob;
-    ao.right_endpoint = "inproc://b";
-    ao.shm_right = a_uses_shm;
-    ao.link_bytes = link_bytes;
-    a = std::make_unique<SameHostTransport>(a_inner.get(), ao);
     SameHostOptions bo;
     bo.job_id = kJob;
-    bo.left_identity = "worker-a";
-    bo.shm_left = true;
+    bo.peers = {{"worker-a", "", false, b_uses_shm}};
+    bo.link_bytes = link_bytes;
     bo.max_frame_bytes = 1 << 20;
     b = std::make_unique<SameHostTransport>(b_inner.get(), bo);
+    SameHostOptions ao;
+    ao.job_id = kJob;
+    ao.peers = {{"worker-b", "inproc://b", a_uses_shm, false}};
+    ao.open_wait = Millis(200);
+    a = std::make_unique<SameHostTransport>(a_inner.get(), ao);
     a_to_b = *a->Connect("inproc://b");
   }
 };
 
 TEST(SameHostTransportTest, MessagesOfEverySizeArriveWholeAndInOrderBesideTheInnerOnes) {
   Pair p(4096);  // smaller than most messages: they stream through
-  ASSERT_TRUE(p.a->sending_by_shm());
+  ASSERT_EQ(p.a->sending_by_shm(), 1u);
   const std::vector<std::vector<size_t>> shapes = {
       {}, {0}, {100}, {5000}, {100000, 3}, {4096, 4096, 4096}, {1}, {70000}};
   auto owner = std::make_shared<int>(0);
@@ -121,7 +126,7 @@ TEST(SameHostTransportTest, MessagesOfEverySizeArriveWholeAndInOrderBesideTheInn
     ExpectSame(in->message, shapes[next], static_cast<uint8_t>(next));
     ++next;
   }
-  EXPECT_TRUE(p.b->receiving_by_shm());
+  EXPECT_EQ(p.b->receiving_by_shm(), 1u);
   // Every payload was let go of once its bytes were in the link.
   for (int i = 0; i < 100 && owner.use_count() > 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -169,15 +174,101 @@ TEST(SameHostTransportTest, HeldPayloadsStayIntactAndTheLinkComesBack) {
   }
 }
 
-TEST(SameHostTransportTest, ANeighbourWithoutALinkIsHeardThroughTheInnerTransport) {
-  Pair p(4096, /*a_uses_shm=*/false);
-  EXPECT_FALSE(p.a->sending_by_shm());
-  ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({300}, 9),
+TEST(SameHostTransportTest, APeerWithoutALinkIsHeardThroughTheInnerTransport) {
+  for (bool a_uses_shm : {false, true}) {
+    // Either the writer does not use the link the reader made, or the
+    // reader made none (the writer gives up after its open_wait).
+    Pair p(4096, a_uses_shm, /*b_uses_shm=*/!a_uses_shm);
+    EXPECT_EQ(p.a->sending_by_shm(), 0u);
+    ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({300}, 9),
+                          Deadline::AfterMs(1000)).ok());
+    auto in = p.b->Receive(Deadline::AfterMs(3000));
+    ASSERT_TRUE(in.ok()) << in.status();
+    ExpectSame(in->message, {300}, 9);
+    EXPECT_EQ(p.b->receiving_by_shm(), 0u);
+  }
+  EXPECT_TRUE(LinksInDevShm().empty());
+}
+
+// What a parameter-server shard does with the workers of its host: three
+// writers into one reader, which answers each by its identity; everything
+// arrives whole and in order per peer.
+TEST(SameHostTransportTest, SeveralWritersReachOneReaderWhichAnswersEach) {
+  InProcNetwork net;
+  auto shard_inner = net.NewTransport("shard");
+  ASSERT_TRUE(shard_inner->Listen("inproc://shard").ok());
+  const std::vector<std::string> names = {"w0", "w1", "w2"};
+  SameHostOptions so;
+  so.job_id = kJob;
+  so.link_bytes = 1 << 16;
+  for (const std::string& n : names) so.peers.push_back({n, "", true, true});
+  SameHostTransport shard(shard_inner.get(), so);
+  std::vector<std::unique_ptr<InProcTransport>> inner;
+  std::vector<std::unique_ptr<SameHostTransport>> workers;
+  std::vector<ConnId> to_shard;
+  for (const std::string& n : names) {
+    inner.push_back(net.NewTransport(n));
+    SameHostOptions wo;
+    wo.job_id = kJob;
+    wo.link_bytes = 1 << 16;
+    wo.peers = {{"shard", "inproc://shard", true, true}};
+    workers.push_back(std::make_unique<SameHostTransport>(inner.back().get(), wo));
+    to_shard.push_back(*workers.back()->Connect("inproc://shard"));
+    EXPECT_EQ(workers.back()->sending_by_shm(), 1u);
+  }
+  constexpr int kEach = 20;
+  for (int i = 0; i < kEach; ++i) {
+    for (size_t w = 0; w < names.size(); ++w) {
+      ASSERT_TRUE(workers[w]->Send(Route::Connection(to_shard[w]),
+                                   WithPayloads({20000 + w}, static_cast<uint8_t>(i)),
+                                   Deadline::AfterMs(1000)).ok());
+    }
+  }
+  std::vector<int> next(names.size(), 0);
+  for (size_t got = 0; got < names.size() * kEach; ++got) {
+    auto in = shard.Receive(Deadline::AfterMs(5000));
+    ASSERT_TRUE(in.ok()) << in.status() << " after " << got;
+    const size_t w = static_cast<size_t>(in->from.identity[1] - '0');
+    ASSERT_LT(w, names.size());
+    ExpectSame(in->message, {20000 + w}, static_cast<uint8_t>(next[w]++));
+    // The answer goes back through the worker's own link.
+    ASSERT_TRUE(shard.Send(in->from, WithPayloads({100}, static_cast<uint8_t>(w)),
+                           Deadline::AfterMs(1000)).ok());
+  }
+  EXPECT_EQ(shard.receiving_by_shm(), names.size());
+  EXPECT_EQ(shard.sending_by_shm(), names.size());
+  for (size_t w = 0; w < names.size(); ++w) {
+    for (int i = 0; i < kEach; ++i) {
+      auto in = workers[w]->Receive(Deadline::AfterMs(5000));
+      ASSERT_TRUE(in.ok()) << in.status();
+      // From the connection to the shard, as the inner transport says.
+      EXPECT_EQ(in->from.kind, Route::Kind::kConnection);
+      EXPECT_EQ(in->from.conn, to_shard[w]);
+      ExpectSame(in->message, {100}, static_cast<uint8_t>(w));
+    }
+    EXPECT_EQ(workers[w]->receiving_by_shm(), 1u);
+  }
+  EXPECT_TRUE(LinksInDevShm().empty());
+}
+
+// A reader that is gone (its transport shut down) no longer gets messages
+// through the link: they go through the network, where its successor, a
+// restarted peer under the same identity, hears them.
+TEST(SameHostTransportTest, AfterItsReaderIsGoneAPeerIsSentToThroughTheNetwork) {
+  Pair p(4096);
+  ASSERT_EQ(p.a->sending_by_shm(), 1u);
+  ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({50}, 1),
                         Deadline::AfterMs(1000)).ok());
-  auto in = p.b->Receive(Deadline::AfterMs(3000));
-  ASSERT_TRUE(in.ok()) << in.status();
-  ExpectSame(in->message, {300}, 9);
-  EXPECT_FALSE(p.b->receiving_by_shm());
+  auto first = p.b->Receive(Deadline::AfterMs(3000));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(p.b->receiving_by_shm(), 1u);
+  p.b->Shutdown();
+  ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({60}, 2),
+                        Deadline::AfterMs(1000)).ok());
+  EXPECT_EQ(p.a->sending_by_shm(), 0u);
+  auto second = p.b_inner->Receive(Deadline::AfterMs(3000));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ExpectSame(second->message, {60}, 2);
 }
 
 // What a broken or hostile writer could put in the link.
@@ -186,11 +277,11 @@ void ExpectBroken(const std::vector<uint8_t>& bytes, const std::string& why) {
   auto inner = net.NewTransport("worker-b");
   SameHostOptions o;
   o.job_id = kJob;
-  o.left_identity = "forger";
-  o.shm_left = true;
+  o.peers = {{"forger", "", false, true}};
+  o.link_bytes = 4096;
   o.max_frame_bytes = 1 << 20;
   SameHostTransport b(inner.get(), o);
-  auto link = ShmLink::Create(SameHostTransport::LinkName(kJob, "forger"), 4096);
+  auto link = ShmLink::Open(SameHostTransport::LinkName(kJob, "forger", "worker-b"));
   ASSERT_TRUE(link.ok()) << link.status();
   ASSERT_EQ((*link)->Write(bytes.data(), bytes.size()), bytes.size());
   auto in = b.Receive(Deadline::AfterMs(3000));
@@ -226,15 +317,56 @@ TEST(SameHostTransportTest, ABadFrameTableEndsTheLinkBeforeAnythingIsAllocated) 
   EXPECT_TRUE(LinksInDevShm().empty());
 }
 
-TEST(ShmLinkTest, AWriterWhoseReaderNeverCameRemovesItsName) {
+TEST(ShmLinkTest, AReaderWhoseWriterNeverCameRemovesItsName) {
+  const std::string name = SameHostTransport::LinkName(kJob, "never", "lonely");
   {
-    auto link = ShmLink::Create(SameHostTransport::LinkName(kJob, "lonely"), 4096);
+    auto link = ShmLink::Create(name, 4096);
     ASSERT_TRUE(link.ok()) << link.status();
     EXPECT_EQ(LinksInDevShm().size(), 1u);
   }
   EXPECT_TRUE(LinksInDevShm().empty());
-  EXPECT_EQ(ShmLink::Open(SameHostTransport::LinkName(kJob, "lonely")).status().code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(ShmLink::Open(name).status().code(), StatusCode::kNotFound);
+}
+
+TEST(ShmLinkTest, ALinkTakesOneWriter) {
+  const std::string name = SameHostTransport::LinkName(kJob, "first", "reader");
+  auto reader = ShmLink::Create(name, 4096);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto writer = ShmLink::Open(name);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_TRUE((*reader)->WriterAttached());
+  // The name went with the first writer; a stale copy of it is refused too.
+  EXPECT_EQ(ShmLink::Open(name).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(LinksInDevShm().empty());
+}
+
+// A writer tells a reader that died, however it ended (here SIGKILL, which
+// closes nothing), from one that is alive.
+TEST(ShmLinkTest, AWriterSeesItsReaderDie) {
+  const std::string name = SameHostTransport::LinkName(kJob, "writer", "doomed");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto link = ShmLink::Create(name, 4096);
+    const char ok = link.ok() ? 1 : 0;
+    if (write(ready[1], &ok, 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 1);
+  auto writer = ShmLink::Open(name);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_TRUE((*writer)->ReaderAlive());
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_FALSE((*writer)->ReaderAlive());
+  EXPECT_FALSE((*writer)->PeerClosed()) << "a killed reader closes nothing";
+  close(ready[0]);
+  close(ready[1]);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 namespace gradsync::wire {
 
@@ -36,7 +38,7 @@ struct ShmLink::Shared {
   std::atomic<uint32_t> space_seq;         // futex: bumped after each read
   std::atomic<uint32_t> writer_waiting;
   std::atomic<uint32_t> reader_closed;
-  std::atomic<uint32_t> reader_attached;
+  std::atomic<uint32_t> writer_attached;
 };
 
 namespace {
@@ -98,11 +100,27 @@ std::string BootId() {
   return id;
 }
 
-ShmLink::ShmLink(std::string name, bool writer, Shared* shared, size_t map_bytes,
+ShmLink::ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t map_bytes,
                  size_t capacity)
-    : name_(std::move(name)), writer_(writer), shared_(shared),
+    : name_(std::move(name)), writer_(writer), fd_(fd), shared_(shared),
       data_(reinterpret_cast<uint8_t*>(shared) + HeaderBytes()), map_bytes_(map_bytes),
       capacity_(capacity) {}
+
+namespace {
+
+// The reader holds a write lock on the file's first byte for as long as it
+// has the link open: an open file description's lock goes when its process
+// does, however it ends.
+bool LockReaderByte(int fd, short type, int cmd) {
+  struct flock l{};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  l.l_start = 0;
+  l.l_len = 1;
+  return fcntl(fd, cmd, &l) == 0 && (cmd != F_OFD_GETLK || l.l_type != F_UNLCK);
+}
+
+}  // namespace
 
 StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size_t capacity) {
   size_t cap = 4096;
@@ -114,26 +132,24 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
     fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   }
   if (fd < 0) return UnavailableError("shm_open " + name + ": " + std::strerror(errno));
+  auto fail = [&](const std::string& what, int err) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return UnavailableError(what + " " + name + ": " + std::strerror(err));
+  };
   // Reserved, not just sized: a full /dev/shm fails here with ENOSPC
   // instead of with SIGBUS at the first write.
   const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (reserved != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
-    return UnavailableError("reserving " + std::to_string(bytes) + " bytes of shared memory " +
-                            name + ": " + std::strerror(reserved));
-  }
-  // Every page mapped (MAP_POPULATE) and written once now, before the link
-  // is announced: otherwise the first pass over the buffer pays a fault per
-  // page, in the guest and, in a virtual machine, in the host too (about
-  // 10 us each: a 16 MiB link's first pass took 8-45 ms against 0.3-0.7 ms
-  // for the later ones), and small all-reduces ran 3-7x slower until then.
+  if (reserved != 0) return fail("reserving " + std::to_string(bytes) + " bytes of", reserved);
+  if (!LockReaderByte(fd, F_WRLCK, F_OFD_SETLK)) return fail("locking", errno);
+  // Every page mapped (MAP_POPULATE) and touched once now, on both sides,
+  // before the link is used: otherwise the first pass over the buffer pays
+  // a fault per page in each process, in the guest and, in a virtual
+  // machine, in the host too (about 10 us each: a 16 MiB link's first pass
+  // took 8-45 ms against 0.3-0.7 ms for the later ones), and small
+  // all-reduces ran 3-7x slower until then.
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return UnavailableError("mapping shared memory " + name + ": " + std::strerror(errno));
-  }
+  if (map == MAP_FAILED) return fail("mapping", errno);
   std::memset(static_cast<uint8_t*>(map) + HeaderBytes(), 0, cap);
   auto* shared = new (map) Shared();
   shared->capacity = cap;
@@ -141,7 +157,7 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
   std::strncpy(shared->boot_id, boot.c_str(), sizeof(shared->boot_id) - 1);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic)->store(kMagic);
-  return std::shared_ptr<ShmLink>(new ShmLink(name, true, shared, bytes, cap));
+  return std::shared_ptr<ShmLink>(new ShmLink(name, false, fd, shared, bytes, cap));
 }
 
 StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
@@ -157,41 +173,44 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
   if (map == MAP_FAILED) {
+    close(fd);
     return UnavailableError("mapping shared memory " + name + ": " + std::strerror(errno));
   }
+  auto refuse = [&](Status why) {
+    munmap(map, bytes);
+    close(fd);
+    return why;
+  };
   auto* shared = static_cast<Shared*>(map);
   const uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic)->load();
   if (magic != kMagic) {
-    munmap(map, bytes);
-    return NotFoundError("shared memory " + name + " is not initialised yet");
+    return refuse(NotFoundError("shared memory " + name + " is not initialised yet"));
   }
   const uint64_t cap = shared->capacity;
   std::string boot(shared->boot_id, strnlen(shared->boot_id, sizeof(shared->boot_id)));
   if (cap < 4096 || cap > kMaxCapacity || (cap & (cap - 1)) != 0 ||
       HeaderBytes() + cap != bytes) {
-    munmap(map, bytes);
-    return FailedPreconditionError("shared memory " + name + " has a bad layout");
+    return refuse(FailedPreconditionError("shared memory " + name + " has a bad layout"));
   }
   if (boot.empty() || boot != BootId()) {
-    munmap(map, bytes);
-    return FailedPreconditionError("shared memory " + name + " was made on another boot");
+    return refuse(FailedPreconditionError("shared memory " + name + " was made on another boot"));
   }
-  // Each page read once here, for the same reason the writer writes them
-  // all: a virtual machine may fault on the first touch of a page in each
-  // process, page table filled or not.
-  const auto* data = reinterpret_cast<const volatile uint8_t*>(map) + HeaderBytes();
-  for (size_t at = 0; at < cap; at += 4096) (void)data[at];
-  shared->reader_attached.store(1);
+  if (shared->writer_attached.exchange(1) != 0) {
+    return refuse(FailedPreconditionError("shared memory " + name + " has a writer already"));
+  }
+  // Each page written once here, for the same reason the reader writes them
+  // all (nothing is published yet: the reader reads none of it).
+  std::memset(static_cast<uint8_t*>(map) + HeaderBytes(), 0, cap);
   shm_unlink(name.c_str());  // both sides have it: the name is no longer needed
-  return std::shared_ptr<ShmLink>(new ShmLink(name, false, shared, bytes, cap));
+  return std::shared_ptr<ShmLink>(new ShmLink(name, true, fd, shared, bytes, cap));
 }
 
 ShmLink::~ShmLink() {
   Close();
-  if (writer_ && shared_->reader_attached.load() == 0) shm_unlink(name_.c_str());
+  if (!writer_ && shared_->writer_attached.load() == 0) shm_unlink(name_.c_str());
   munmap(shared_, map_bytes_);
+  close(fd_);
 }
 
 void ShmLink::Close() {
@@ -211,6 +230,10 @@ void ShmLink::Close() {
 bool ShmLink::PeerClosed() const {
   return (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
 }
+
+bool ShmLink::WriterAttached() const { return shared_->writer_attached.load() != 0; }
+
+bool ShmLink::ReaderAlive() const { return LockReaderByte(fd_, F_WRLCK, F_OFD_GETLK); }
 
 // read_ is written by the reader's thread only (under borrow_mu_, for
 // Release on other threads): that thread reads it without the lock.
@@ -314,6 +337,43 @@ void ShmLink::Release(uint64_t start) {
 void ShmLink::WaitReadable(Deadline deadline) {
   WaitOn(&shared_->data_seq, &shared_->reader_waiting, deadline,
          [this] { return Readable() > 0 || PeerClosed(); });
+}
+
+void ShmLink::WaitReadableAny(const std::vector<ShmLink*>& links, Deadline deadline) {
+  if (links.empty()) return;
+  if (links.size() == 1) return links[0]->WaitReadable(deadline);
+  auto ready = [&links] {
+    for (const ShmLink* l : links) {
+      if (l->Readable() > 0 || l->PeerClosed()) return true;
+    }
+    return false;
+  };
+  if (Spin(ready)) return;
+  // One sleep on every link's sequence word at once (futex_waitv); past
+  // its limit of words, a short sleep on the first ones.
+  const size_t n = std::min<size_t>(links.size(), FUTEX_WAITV_MAX);
+  std::vector<futex_waitv> waiters(n);
+  for (size_t i = 0; i < n; ++i) {
+    Shared* s = links[i]->shared_;
+    waiters[i].val = s->data_seq.load(std::memory_order_seq_cst);
+    waiters[i].uaddr = reinterpret_cast<uintptr_t>(&s->data_seq);
+    waiters[i].flags = FUTEX_32;
+    s->reader_waiting.store(1, std::memory_order_seq_cst);
+  }
+  if (!ready()) {
+    const auto cap = std::chrono::milliseconds(n < links.size() ? 1 : 100);
+    const auto until = std::min(deadline.at(), std::chrono::steady_clock::now() + cap);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        until.time_since_epoch()).count();
+    // steady_clock is CLOCK_MONOTONIC; futex_waitv's timeout is absolute.
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    if (syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(n), 0, &ts,
+                CLOCK_MONOTONIC) < 0 && errno == ENOSYS) {
+      FutexWait(&links[0]->shared_->data_seq, static_cast<uint32_t>(waiters[0].val),
+                Deadline::At(until));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) links[i]->shared_->reader_waiting.store(0);
 }
 
 void ShmLink::WaitWritable(Deadline deadline) {

@@ -1,9 +1,12 @@
 // ShmLink: a one-way byte stream between two processes on the same host,
 // through a ring buffer in POSIX shared memory (shm_open, mode 0600) with
-// futex wake-ups. The writer creates it under a name both sides know; the
-// reader opens it, checks that it was made on this boot of this machine, and
-// removes the name, so that nothing is left in /dev/shm once both sides
-// have it mapped (a writer whose reader never came removes it itself).
+// futex wake-ups. The reader creates it under a name both sides know, before
+// anything could be sent to it; the writer opens it, checks that it was made
+// on this boot of this machine, and removes the name, so that nothing is
+// left in /dev/shm once both sides have it mapped (a reader whose writer
+// never came removes it itself). A link takes one writer only. The reader
+// holds a lock on the file while it lives, so that a writer can tell a
+// reader that died (however it ended) from one that is only slow.
 //
 // One writer and one reader, each a single thread at a time. Nothing a
 // reader reads is trusted: the stream's framing is the caller's to verify.
@@ -21,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "common/time.h"
@@ -29,12 +33,12 @@ namespace gradsync::wire {
 
 class ShmLink : public std::enable_shared_from_this<ShmLink> {
  public:
-  // The writer's side: a new buffer of `capacity` bytes (rounded up to a
+  // The reader's side: a new buffer of `capacity` bytes (rounded up to a
   // power of two) under `name` ("/gradsync-..."), replacing a stale one.
   static StatusOr<std::shared_ptr<ShmLink>> Create(const std::string& name, size_t capacity);
-  // The reader's side. NotFound while the writer has not made it yet;
-  // FailedPrecondition when it is not a link of this boot of this machine
-  // or its layout is wrong.
+  // The writer's side. NotFound while the reader has not made it yet;
+  // FailedPrecondition when it is not a link of this boot of this machine,
+  // its layout is wrong or it has a writer already.
   static StatusOr<std::shared_ptr<ShmLink>> Open(const std::string& name);
   ~ShmLink();  // Close(), unmaps
 
@@ -74,16 +78,25 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   // closed, or `deadline` (whichever first; spurious returns are possible).
   void WaitReadable(Deadline deadline);
   void WaitWritable(Deadline deadline);
+  // Reader: until one of `links` has something to read or was closed by
+  // its writer, or `deadline` (spurious returns are possible).
+  static void WaitReadableAny(const std::vector<ShmLink*>& links, Deadline deadline);
   // Tells the other side that this one is gone (it stops waiting).
   void Close();
   bool PeerClosed() const;
+  // Reader: whether a writer has opened the link.
+  bool WriterAttached() const;
+  // Writer: whether the reader's process still has the link open (a
+  // system call: ask now and then, not per byte).
+  bool ReaderAlive() const;
   size_t capacity() const { return capacity_; }
   const uint8_t* data() const { return data_; }
 
   struct Shared;  // the layout in shared memory (shm_link.cc)
 
  private:
-  ShmLink(std::string name, bool writer, Shared* shared, size_t map_bytes, size_t capacity);
+  ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t map_bytes,
+          size_t capacity);
   // Reader: returns [start, start + n) and moves the shared tail up to the
   // first region still lent out.
   void Release(uint64_t start);
@@ -93,6 +106,7 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
 
   std::string name_;
   bool writer_;
+  int fd_;  // kept open: the reader's lock lives on it
   Shared* shared_;
   uint8_t* data_;
   size_t map_bytes_;
