@@ -7,8 +7,12 @@
 //     S gradsync_server --role=server processes (ps_mode=sync, optimizer=none:
 //     aggregate only, the default ps_threads), and W worker threads in this
 //     process, each joining the job through client::Session (the scheduler,
-//     heartbeats, reachability checks) and owning a client::PsClient on a
-//     ZmqTransport of its own, as the Communicator does for path=ps.
+//     heartbeats, reachability checks) and owning a client::PsClient on the
+//     transport the Communicator gives it for path=ps
+//     (client::MakePsClientTransport): a ZmqTransport of its own, and with
+//     --ps_shm (the default, as in a job) shared-memory links to the shards,
+//     which are all on this host; --ps_shm=false keeps it all on loopback
+//     TCP, like raw_zmq.
 //   - raw_zmq: S child processes of this binary (--raw_shard), each with a
 //     PULL socket that every worker's PUSH connects to and one bound PUSH
 //     socket per worker; a shard sends every message it receives straight
@@ -76,7 +80,7 @@
 //   bazel run --config=opt //bench:ps_bench -- --quick
 //   flags: --quick --shards=1,2,4 --workers=1,2,3,4 --reps=N --warmup=N
 //          --rounds=N --parts=k --resend_ms=N --server_bin=PATH --keep_tmp
-//          --compression=SPEC --reply=none|fp16|bf16 --curve
+//          --compression=SPEC --reply=none|fp16|bf16 --curve --ps_shm=true|false
 //
 // --curve runs every configuration a second time with CurveZMQ on every
 // socket of the job (wire/curve.h), right after the plain one, and prints
@@ -102,6 +106,7 @@
 #include <vector>
 
 #include "client/ps_client.h"
+#include "client/ps_transport.h"
 #include "client/session.h"
 #include "common/config.h"
 #include "common/placement.h"
@@ -137,6 +142,7 @@ struct Settings {
   std::string compression = "none";
   std::string reply = "none";
   bool curve = false;  // also run every configuration with CURVE, beside the plain one
+  bool ps_shm = true;  // the workers and shards of this host share memory
 };
 
 StatusOr<std::vector<int>> IntList(const Config& config, const std::string& name,
@@ -182,6 +188,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.compression, config.GetString("compression", "none"));
   GS_ASSIGN_OR_RETURN(s.reply, config.GetString("reply", "none"));
   GS_ASSIGN_OR_RETURN(s.curve, config.GetBool("curve", false));
+  GS_ASSIGN_OR_RETURN(s.ps_shm, config.GetBool("ps_shm", true));
   if (s.reply != "none" && s.reply != "fp16" && s.reply != "bf16") {
     return InvalidArgumentError("--reply must be none, fp16 or bf16");
   }
@@ -244,6 +251,7 @@ struct Plan {
   int64_t resend_ms = 0;
   std::string compression, reply;
   std::string key_file;  // the job runs CURVE with it; "": plain
+  bool ps_shm = true;
   bool lossy() const { return compression != "none" || reply != "none"; }
   size_t bucket_bytes() const { return kPartitionBytes * parts * shards; }
   size_t count() const { return bucket_bytes() / sizeof(float); }
@@ -387,10 +395,9 @@ StatusOr<std::unique_ptr<client::PsClient>> MakePsClient(client::Session& sessio
   options.partition_bytes = kPartitionBytes;
   options.resend_after = Millis(plan.resend_ms);
   options.reply_codec = plan.reply == "none" ? "" : plan.reply;
-  wire::ZmqOptions zmq;
-  zmq.curve = session.curve();
-  zmq.identity = wire::PsClientIdentity(session.data().identity());  // how the shards know it
-  GS_ASSIGN_OR_RETURN(auto transport, wire::ZmqTransport::Create(zmq));
+  cluster::PsLinkOptions links;
+  links.enabled = plan.ps_shm;
+  GS_ASSIGN_OR_RETURN(auto transport, client::MakePsClientTransport(session, links));
   GS_ASSIGN_OR_RETURN(auto client, client::PsClient::Create(std::move(transport), peers, options,
                                                             nullptr, nullptr));
   GS_RETURN_IF_ERROR(client->SetCompression(plan.bucket, plan.compression));
@@ -516,7 +523,8 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
     GS_ASSIGN_OR_RETURN(Subprocess shard,
                         Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync",
                                            "--optimizer=none", "--metrics_port=0",
-                                           "--key_file=" + p.key_file},
+                                           "--key_file=" + p.key_file,
+                                           std::string("--ps_shm=") + (p.ps_shm ? "true" : "false")},
                                           env, dir + "/server" + std::to_string(i) + ".log"));
     procs->shards.push_back(std::move(shard));
   }
@@ -618,6 +626,7 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
   p.resend_ms = s.resend_ms;
   p.compression = s.compression;
   p.reply = s.reply;
+  p.ps_shm = s.ps_shm;
   GS_ASSIGN_OR_RETURN(p.bucket, BalancedBucket(shards, s.parts));
   const std::string dir = tmp + "/s" + std::to_string(shards) + "w" + std::to_string(workers) +
                           (key_file.empty() ? "" : "-curve");

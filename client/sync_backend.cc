@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "client/nccl_factory.h"
+#include "client/ps_transport.h"
 #include "cluster/node.h"
 #include "common/logging.h"
 #include "wire/same_host_transport.h"
@@ -184,18 +185,8 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
   };
   // The shards answer on a transport of the PS client's own, known to them
   // by this identity (wire::PsClientIdentity); the ring keeps the session's.
-  wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), nullptr);
-  zmq.identity = wire::PsClientIdentity(session->data().identity());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
-                      wire::ZmqTransport::Create(zmq));
-  // Shards on this host are written to and heard through shared memory.
-  wire::SameHostOptions links = cluster::PsSameHostOptions(
-      options.ps_links, session->job_id(), session->self(), session->peers());
-  if (!links.peers.empty()) {
-    GS_LOG(INFO) << "parameter-server traffic with " << links.peers.size()
-                 << " shard(s) on this host uses shared memory";
-    transport = std::make_unique<wire::SameHostTransport>(std::move(transport), links);
-  }
+                      MakePsClientTransport(*session, options.ps_links));
   PsClientOptions ps_options = options.ps;
   ps_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(auto ps, PsClient::Create(std::move(transport), peers, ps_options,

@@ -1,0 +1,23 @@
+// The transport a worker's PS client talks to the shards on: a ZeroMQ
+// transport of its own (identity wire::PsClientIdentity of the session's
+// data transport, which the shards answer), with the shards of this host
+// written to and heard through shared memory (cluster/ps_links.h).
+#ifndef GRADSYNC_CLIENT_PS_TRANSPORT_H_
+#define GRADSYNC_CLIENT_PS_TRANSPORT_H_
+
+#include <memory>
+
+#include "client/session.h"
+#include "cluster/ps_links.h"
+#include "common/status.h"
+#include "wire/transport.h"
+
+namespace gradsync::client {
+
+// Errors: the transport's own (sockets, CURVE keys).
+StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
+    Session& session, const cluster::PsLinkOptions& links);
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_PS_TRANSPORT_H_
