@@ -524,7 +524,7 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
                         Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync",
                                            "--optimizer=none", "--metrics_port=0",
                                            "--key_file=" + p.key_file,
-                                           std::string("--ps_shm=") + (p.ps_shm ? "true" : "false")},
+                                           p.ps_shm ? "--ps_shm=true" : "--ps_shm=false"},
                                           env, dir + "/server" + std::to_string(i) + ".log"));
     procs->shards.push_back(std::move(shard));
   }

@@ -95,7 +95,8 @@ StatusOr<std::unique_ptr<wire::SameHostTransport>> ShardLinks(const Config& conf
   const cluster::Assignment& a = node.agent->assignment();
   wire::SameHostOptions links = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
   if (links.peers.empty()) return std::unique_ptr<wire::SameHostTransport>();
-  GS_LOG(INFO) << links.peers.size() << " worker(s) on this host reach the shard through shared memory";
+  GS_LOG(INFO) << links.peers.size()
+               << " worker(s) on this host reach the shard through shared memory";
   return std::make_unique<wire::SameHostTransport>(node.data.get(), links);
 }
 

@@ -577,7 +577,9 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
     auto other = inner_->Receive(inner);
     if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
     if (deadline.Expired()) return DeadlineExceededError("nothing received before the deadline");
-    if (!live.empty()) ShmLink::WaitReadableAny(live, deadline.Min(Deadline::After(kInnerPollEvery)));
+    if (!live.empty()) {
+      ShmLink::WaitReadableAny(live, deadline.Min(Deadline::After(kInnerPollEvery)));
+    }
   }
 }
 

@@ -26,8 +26,9 @@
 // Receive returns the links' messages as the inner transport would: an
 // answer the writer sent to Inbound(this transport's identity) as coming
 // from this transport's connection to the writer (where it has one), any
-// other as coming from Inbound(the writer's identity); between the inner transport's messages (looked at
-// between waits on the links of at most 2 ms), taking the links in turn.
+// other as coming from Inbound(the writer's identity). It takes the links
+// in turn, between the inner transport's messages (looked at between waits
+// on the links of at most 2 ms).
 // Every message read from a link is checked before anything is allocated
 // for it: its frame count and each frame's size against the limits. A bad
 // frame table ends that link: that Receive returns DataLoss naming the
@@ -35,8 +36,7 @@
 //
 // Framing: u32 magic (one for a message sent over a connection, another for
 // an answer to an inbound route), u32 frame count, u64 size per frame, then
-// the frames
-// (the header first, then the payloads). A payload frame of at most half
+// the frames (the header first, then the payloads). A payload frame of at most half
 // the link that would wrap around the buffer's end starts at its beginning
 // instead (both sides skip the same bytes).
 //

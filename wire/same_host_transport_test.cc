@@ -307,7 +307,7 @@ TEST(SameHostTransportTest, ABadFrameTableEndsTheLinkBeforeAnythingIsAllocated) 
     std::vector<uint8_t> out(8 + sizes.size() * 8);
     std::memcpy(out.data(), &magic, 4);
     std::memcpy(out.data() + 4, &count, 4);
-    std::memcpy(out.data() + 8, sizes.data(), sizes.size() * 8);
+    if (!sizes.empty()) std::memcpy(out.data() + 8, sizes.data(), sizes.size() * 8);
     return out;
   };
   ExpectBroken(table(0xdeadbeef, 1, {4}), "bad frame table");

@@ -155,8 +155,9 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
   shared->capacity = cap;
   const std::string boot = BootId();
   std::strncpy(shared->boot_id, boot.c_str(), sizeof(shared->boot_id) - 1);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic)->store(kMagic);
+  // Published last: a writer that sees the magic sees the fields above.
+  auto* magic = reinterpret_cast<std::atomic<uint64_t>*>(&shared->magic);
+  magic->store(kMagic, std::memory_order_release);
   return std::shared_ptr<ShmLink>(new ShmLink(name, false, fd, shared, bytes, cap));
 }
 
