@@ -36,7 +36,7 @@
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
 //                  gradsync_ring_shm,
-//                  openmpi_tcp,openmpi --chunk_bytes=N
+//                  openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
 //          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
 
 #include <sys/socket.h>
@@ -111,6 +111,7 @@ struct Settings {
   int64_t iters = 0;          // 0: by size
   int64_t warmup = -1;        // -1: by size
   int64_t chunk_bytes = 0;    // 0: RingOptions default
+  int64_t small_bytes = -1;   // -1: RingOptions default
   int64_t op_timeout_s = 60;
   int64_t group_timeout_s = 0;  // 0: by plan
   bool keep_tmp = false;
@@ -175,6 +176,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.iters, config.GetInt("iters", 0));
   GS_ASSIGN_OR_RETURN(s.warmup, config.GetInt("warmup", -1));
   GS_ASSIGN_OR_RETURN(s.chunk_bytes, config.GetInt("chunk_bytes", 0));
+  GS_ASSIGN_OR_RETURN(s.small_bytes, config.GetInt("small_bytes", -1));
   GS_ASSIGN_OR_RETURN(s.op_timeout_s, config.GetInt("op_timeout_s", 60));
   GS_ASSIGN_OR_RETURN(s.group_timeout_s, config.GetInt("group_timeout_s", 0));
   GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
@@ -402,6 +404,7 @@ Status ConnectOurs(Rank* r, int impl) {
   peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
   client::RingOptions options;
   if (r->settings.chunk_bytes > 0) options.chunk_bytes = r->settings.chunk_bytes;
+  if (r->settings.small_bytes >= 0) options.small_bytes = r->settings.small_bytes;
   wire::Transport* ring_transport = ours.transport.get();
   if (impl == kOursShm) {
     wire::SameHostOptions links;
@@ -597,7 +600,7 @@ std::vector<std::string> ChildArgv(const Config& config, int rank, int world, ui
                                    "--job_id=" + std::to_string(job_id), "--dir=" + dir,
                                    "--results=" + dir + "/results.txt"};
   for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
-                           "op_timeout_s"}) {
+                           "small_bytes", "op_timeout_s"}) {
     auto v = config.Lookup(name);
     if (v) argv.push_back(std::string("--") + name + "=" + *v);
   }
