@@ -118,7 +118,7 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
   if (!Admit(r, h.sender_role(), d, msg, out)) return false;
   keys_[r.key];  // admitted: the key exists from now on
   if (r.type == MsgType::Push) {
-    std::vector<float> values(r.num_elements);
+    std::vector<float> values = TakeBuffer(r.num_elements);
     ErrorCode code = ErrorCode::Unknown;
     const compression::CompressContext ctx =
         compression::PartitionContext(h.job_id(), r.step, r.key.first, r.key.second);
@@ -232,6 +232,25 @@ Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t
   return OkStatus();
 }
 
+std::vector<float> KeyTable::TakeBuffer(size_t n) {
+  for (size_t i = 0; i < spare_.size(); ++i) {
+    if (spare_[i].size() != n) continue;
+    std::vector<float> buffer = std::move(spare_[i]);
+    spare_[i] = std::move(spare_.back());
+    spare_.pop_back();
+    spare_bytes_ -= n * sizeof(float);
+    return buffer;
+  }
+  return std::vector<float>(n);
+}
+
+void KeyTable::Recycle(std::vector<float> buffer) {
+  const size_t bytes = buffer.size() * sizeof(float);
+  if (bytes == 0 || spare_bytes_ + bytes > kSpareBytes) return;
+  spare_bytes_ += bytes;
+  spare_.push_back(std::move(buffer));
+}
+
 void KeyTable::OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
   if (r.round == 0) return OnInit(r, std::move(values), out);
   KeyState& k = keys_[r.key];
@@ -307,6 +326,7 @@ void KeyTable::PushAsync(const Request& r, std::vector<float> grad,
   const float scale =
       rules_.staleness_lr ? 1.0f / static_cast<float>(std::max<uint64_t>(1, staleness)) : 1.0f;
   optimizer_->Step(k.params.data(), grad.data(), k.params.size(), &k.slots, scale);
+  Recycle(std::move(grad));
   k.version++;
   k.latest = Snapshot{};
   k.taken[r.worker].Add(r.round);
@@ -341,12 +361,15 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
     counters_->Applied(k.version >= c.version ? k.version - c.version : 0);
     if (++added == 1) {
       avg = std::move(c.grad);
-    } else if (added < n) {
+      continue;
+    }
+    if (added < n) {
       for (size_t i = 0; i < avg.size(); ++i) avg[i] += c.grad[i];
     } else {
       const float divisor = static_cast<float>(n);
       for (size_t i = 0; i < avg.size(); ++i) avg[i] = (avg[i] + c.grad[i]) / divisor;
     }
+    Recycle(std::move(c.grad));
   }
   k.open.erase(round);
   counters_->RoundClosed(first, last);

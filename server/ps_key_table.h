@@ -249,6 +249,12 @@ class KeyTable {
   void Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* out);
   void Reject(const Request& r, wire::ErrorCode code, const std::string& why,
               std::vector<Outgoing>* out);
+  // A buffer of `n` floats for a push to be decoded into (every element is
+  // written by the decoder): a gradient already consumed, if one of that
+  // size is kept, so that pushes neither allocate nor zero-fill.
+  std::vector<float> TakeBuffer(size_t n);
+  // Keeps a consumed gradient's buffer for TakeBuffer, up to kSpareBytes.
+  void Recycle(std::vector<float> buffer);
 
   const PsRules rules_;
   const Optimizer* const optimizer_;
@@ -260,6 +266,9 @@ class KeyTable {
   compression::PayloadDecoder decoder_;
   compression::CompressorRegistry reply_codecs_;
   std::map<std::string, std::unique_ptr<compression::Compressor>> reply_encoders_;
+  static constexpr size_t kSpareBytes = size_t{32} << 20;
+  std::vector<std::vector<float>> spare_;
+  size_t spare_bytes_ = 0;
 };
 
 }  // namespace gradsync::server
