@@ -193,6 +193,15 @@ TEST_F(PsRestartTest, AShardKilledMidRunResumesFromItsCheckpointAndEndsBitEqual)
       << killed.scheduler;
   EXPECT_NE(killed.scheduler.find("server 1 (pid"), std::string::npos) << killed.scheduler;
   EXPECT_EQ(killed.scheduler.find("is dead"), std::string::npos) << killed.scheduler;
+  // Workers and shards shared memory (one host); every worker found the
+  // killed shard's link without a reader and reached its successor over the
+  // network.
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_NE(killed.workers[r].find("on this host uses shared memory"), std::string::npos)
+        << killed.workers[r];
+    EXPECT_NE(killed.workers[r].find("is gone (closed or died); sending through the network"),
+              std::string::npos) << killed.workers[r];
+  }
 }
 
 TEST_F(PsRestartTest, SigtermWritesACheckpointTheRestartedShardResumesFrom) {

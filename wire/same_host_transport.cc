@@ -289,8 +289,8 @@ bool SameHostTransport::Usable(Out& out, const Route& to) {
   }
   if (!gone) return true;
   // What is queued is the writer thread's to drop (it may be writing it).
-  GS_LOG(WARNING) << "the shared-memory link to " << out.peer.identity
-                  << " was closed by its reader; sending through the network";
+  GS_LOG(WARNING) << "the reader of the shared-memory link to " << out.peer.identity
+                  << " is gone (closed or died); sending through the network";
   out.state = Out::State::kGone;
   return false;
 }
