@@ -113,16 +113,19 @@ struct SameHostTransport::Out {
 };
 
 struct SameHostTransport::In {
-  In(std::string id, const Out* o) : identity(std::move(id)), out(o) {}
+  In(std::string id, const Out* o, std::shared_ptr<ShmLink> l)
+      : identity(std::move(id)), out(o), link(std::move(l)), begin(link->data()),
+        bytes(link->capacity()) {}
   const std::string identity;
   // The same peer's Out, when this transport sends to it too: its answers
   // to this transport's connection come from that connection, as the inner
   // transport's do; what it sends over its own comes from its identity.
   const Out* const out;
-  std::shared_ptr<ShmLink> link;  // made at construction; null once done
-  // Where the link's buffer is, for Send's threads.
-  std::atomic<const uint8_t*> begin{nullptr};
-  std::atomic<size_t> bytes{0};
+  const std::shared_ptr<ShmLink> link;  // made at construction
+  std::atomic<bool> done{false};  // given up: the peer is heard through the inner transport
+  // Where the link's buffer is while it is read, for Send's threads.
+  std::atomic<const uint8_t*> begin;
+  const size_t bytes;
 
   // The message being read (Receive's thread only).
   enum class Stage { kPrefix, kSizes, kFrames };
@@ -138,12 +141,13 @@ struct SameHostTransport::In {
   bool placed = false;     // the padding before `frame` is skipped
   bool borrowing = false;  // `frame` is lent from the link, not copied
 
-  // The link is given up: its peer is heard through the inner transport.
+  // Receive's thread: the link is given up.
   void Done() {
     link->Close();
-    link.reset();
+    done.store(true);
     begin.store(nullptr);
   }
+  bool Reading() const { return !done.load() && link->WriterAttached(); }
 };
 
 std::string SameHostTransport::LinkName(uint64_t job, const std::string& writer,
@@ -185,11 +189,7 @@ SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
                       << link.status().message();
       continue;
     }
-    auto in = std::make_unique<In>(p.identity, out);
-    in->link = std::move(*link);
-    in->bytes.store(in->link->capacity());
-    in->begin.store(in->link->data());
-    ins_.push_back(std::move(in));
+    ins_.push_back(std::make_unique<In>(p.identity, out, std::move(*link)));
   }
   if (sends) writer_ = std::thread([this] { WriterLoop(); });
 }
@@ -215,9 +215,7 @@ void SameHostTransport::Shutdown() {
     std::lock_guard<std::mutex> lock(out->mu);
     out->queue.clear();  // releases the payloads never written
   }
-  for (auto& in : ins_) {
-    if (in->link) in->link->Close();
-  }
+  for (auto& in : ins_) in->link->Close();  // its writer goes on over the network
 }
 
 size_t SameHostTransport::sending_by_shm() const {
@@ -231,7 +229,7 @@ size_t SameHostTransport::sending_by_shm() const {
 
 size_t SameHostTransport::receiving_by_shm() const {
   size_t n = 0;
-  for (const auto& in : ins_) n += in->link && in->link->WriterAttached() ? 1 : 0;
+  for (const auto& in : ins_) n += in->Reading() ? 1 : 0;
   return n;
 }
 
@@ -328,7 +326,7 @@ bool SameHostTransport::WriteSome(ShmLink& link, Framed& f) {
 bool SameHostTransport::InLink(const void* p) const {
   for (const auto& in : ins_) {
     const uint8_t* begin = in->begin.load();
-    if (begin != nullptr && p >= begin && p < begin + in->bytes.load()) return true;
+    if (begin != nullptr && p >= begin && p < begin + in->bytes) return true;
   }
   return false;
 }
@@ -370,13 +368,14 @@ Status SameHostTransport::Send(const Route& to, Message message, Deadline deadli
       p = Payload::Borrow(data, p.size, std::move(copy));
     }
   }
-  out->queue.push_back(std::move(f));
-  lock.unlock();
   {
+    // Counted before the writer thread can see it in the queue.
     std::lock_guard<std::mutex> work(work_mu_);
     if (stop_) return CancelledError("transport is shut down");
     ++queued_;
   }
+  out->queue.push_back(std::move(f));
+  lock.unlock();
   work_cv_.notify_all();
   return Status();
 }
@@ -427,7 +426,7 @@ void SameHostTransport::WriterLoop() {
     queued_ -= written;
     if (written == 0 && blocked) {
       work.unlock();
-      blocked->WaitWritable(Deadline::After(Millis(1)));
+      blocked->WaitWritable(Deadline::After(Millis(2)));
     }
   }
 }
@@ -529,7 +528,7 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadLinks() {
   for (size_t k = 0; k < ins_.size(); ++k) {
     const size_t i = (next_in_ + k) % ins_.size();
     In& in = *ins_[i];
-    if (!in.link || !in.link->WriterAttached()) continue;
+    if (!in.Reading()) continue;
     auto got = ReadSome(in);
     if (!got.ok()) {
       // The stream cannot be trusted past a bad frame table: the link is
@@ -548,18 +547,18 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadLinks() {
   return std::optional<Incoming>();
 }
 
-std::vector<ShmLink*> SameHostTransport::Live(bool* waiting) {
-  std::vector<ShmLink*> live;
+const std::vector<ShmLink*>& SameHostTransport::Live(bool* waiting) {
+  live_.clear();
   *waiting = false;
   for (auto& in : ins_) {
-    if (!in->link) continue;
+    if (in->done.load()) continue;
     if (in->link->WriterAttached()) {
-      live.push_back(in->link.get());
+      live_.push_back(in->link.get());
     } else {
       *waiting = true;
     }
   }
-  return live;
+  return live_;
 }
 
 StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
@@ -570,7 +569,7 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
     // use; while none is but one waits for its writer, that writer is
     // looked for every 5 ms.
     bool waiting = false;
-    const std::vector<ShmLink*> live = Live(&waiting);
+    const std::vector<ShmLink*>& live = Live(&waiting);
     if (live.empty() && !waiting) return inner_->Receive(deadline);
     const Deadline inner = live.empty() ? deadline.Min(Deadline::After(kAttachEvery))
                                         : Deadline::After(Millis(0));

@@ -142,9 +142,9 @@ class SameHostTransport : public Transport {
   StatusOr<std::optional<Incoming>> ReadSome(In& in);
   // One message from the links, if any is complete.
   StatusOr<std::optional<Incoming>> ReadLinks();
-  // The links that have a writer and are not done; `waiting`: whether
-  // another still waits for its writer.
-  std::vector<ShmLink*> Live(bool* waiting);
+  // The links that have a writer and are not done (in live_); `waiting`:
+  // whether another still waits for its writer.
+  const std::vector<ShmLink*>& Live(bool* waiting);
   // Whether `p` lies in a link this transport reads.
   bool InLink(const void* p) const;
 
@@ -154,6 +154,7 @@ class SameHostTransport : public Transport {
   std::vector<std::unique_ptr<Out>> outs_;
   std::vector<std::unique_ptr<In>> ins_;
   size_t next_in_ = 0;  // Receive's thread only: the link to look at first
+  std::vector<ShmLink*> live_;  // Receive's thread only: Live's answer
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

@@ -215,8 +215,7 @@ ShmLink::~ShmLink() {
 }
 
 void ShmLink::Close() {
-  if (closed_) return;
-  closed_ = true;
+  if (closed_.exchange(true)) return;
   if (writer_) {
     shared_->writer_closed.store(1);
     shared_->data_seq.fetch_add(1);

@@ -18,6 +18,7 @@
 #ifndef GRADSYNC_WIRE_SHM_LINK_H_
 #define GRADSYNC_WIRE_SHM_LINK_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -111,7 +112,7 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   uint8_t* data_;
   size_t map_bytes_;
   size_t capacity_;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};
 
   // The reader's side: where it has read up to, and the regions lent out
   // (start, end, released), in stream order. The shared tail is the first
