@@ -89,12 +89,11 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
 // The shard's transport: the node's data transport, with the workers of
 // this host heard and answered through shared memory (null: none are, or
 // ps_shm=false).
-StatusOr<std::unique_ptr<wire::SameHostTransport>> ShardLinks(const Config& config,
-                                                              cluster::Node& node) {
-  GS_ASSIGN_OR_RETURN(cluster::PsLinkOptions options, cluster::PsLinkOptions::FromConfig(config));
+std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions& options,
+                                                    cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
   wire::SameHostOptions links = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
-  if (links.peers.empty()) return std::unique_ptr<wire::SameHostTransport>();
+  if (links.peers.empty()) return nullptr;
   GS_LOG(INFO) << links.peers.size()
                << " worker(s) on this host reach the shard through shared memory";
   return std::make_unique<wire::SameHostTransport>(node.data.get(), links);
@@ -167,9 +166,9 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
     return Fail(InvalidArgumentError("checkpoint_interval_s must be positive"), 2);
   }
   // Read by the node when it starts (cluster/node.h).
-  for (const char* later : {"data_port", "security", "key_file", "ps_shm", "ps_shm_bytes"}) {
-    (void)config.Lookup(later);
-  }
+  for (const char* later : {"data_port", "security", "key_file"}) (void)config.Lookup(later);
+  auto link_options = cluster::PsLinkOptions::FromConfig(config);
+  if (!link_options.ok()) return Fail(link_options.status(), 2);
   ProcessMetrics metrics("server");
   Status served = ServeMetrics(config, metrics, kServerMetricsPort);
   if (!served.ok()) return Fail(served, 2);
@@ -179,9 +178,9 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   auto node = cluster::StartNode(config, wire::Role::Server, Deadline::AfterMs(180000));
   if (!node.ok()) return Fail(node.status(), 1);
   metrics.AddTransportRefusals(node->refusals);
-  auto links = ShardLinks(config, *node);  // outlives the shard
-  if (!links.ok()) return Fail(links.status(), 2);
-  auto shard = StartShard(*node, *links ? links->get() : node->data.get(), *ps_options);
+  // Outlives the shard.
+  std::unique_ptr<wire::SameHostTransport> links = ShardLinks(*link_options, *node);
+  auto shard = StartShard(*node, links ? links.get() : node->data.get(), *ps_options);
   if (!shard.ok()) return Fail(shard.status(), 1);
   const bool checkpoints = !ps_options->checkpoint_dir.empty();
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
