@@ -151,6 +151,13 @@ void PsShard::ReceiveLoop() {
     auto in = transport_->Receive(Deadline::AfterMs(100));
     if (!in.ok()) {
       if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+      if (in.status().code() == StatusCode::kDataLoss) {
+        // A same-host link whose stream broke: the transport logged it and
+        // gave the link up (its writer goes on over the network); there is
+        // no header to answer.
+        counters_.Rejected(wire::ErrorCode::Malformed);
+        continue;
+      }
       if (!stop_.load()) GS_LOG(WARNING) << "shard stops receiving: " << in.status();
       return;
     }

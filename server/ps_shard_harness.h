@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "server/ps_shard.h"
 #include "wire/inproc_transport.h"
+#include "wire/same_host_transport.h"
 
 namespace gradsync::server::testing {
 
@@ -144,6 +145,19 @@ class ShardHarness {
     const auto* e = m.header_view()->body_as_ErrorBody();
     return e && e->message() ? e->message()->str() : "";
   }
+  // Restarts the shard on a transport that also reads a same-host link
+  // from `identity` (wire/same_host_transport.h), named as LinkName(job,
+  // identity, "shard") names it.
+  void ListenOnSameHostLinkFrom(const std::string& identity) {
+    shard_->Shutdown();
+    shard_.reset();
+    wire::SameHostOptions o;
+    o.job_id = job_;
+    o.peers = {{identity, "", false, true}};
+    o.link_bytes = 4096;
+    links_ = std::make_unique<wire::SameHostTransport>(server_.get(), o);
+    StartShard();
+  }
   PsShard& shard() { return *shard_; }
   // Change before Restart() to run the shard with other options.
   PsShardOptions& options() { return options_; }
@@ -151,7 +165,8 @@ class ShardHarness {
 
  private:
   void StartShard() {
-    auto shard = PsShard::Start(server_.get(), options_, wire::Sender{wire::Role::Server, 0, job_});
+    wire::Transport* transport = links_ ? static_cast<wire::Transport*>(links_.get()) : server_.get();
+    auto shard = PsShard::Start(transport, options_, wire::Sender{wire::Role::Server, 0, job_});
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = std::move(*shard);
   }
@@ -160,6 +175,7 @@ class ShardHarness {
   PsShardOptions options_;
   wire::InProcNetwork net_;
   std::unique_ptr<wire::InProcTransport> server_;
+  std::unique_ptr<wire::SameHostTransport> links_;  // over server_, when set
   std::unique_ptr<PsShard> shard_;
   std::vector<std::unique_ptr<wire::InProcTransport>> workers_;
   std::vector<wire::ConnId> conns_;

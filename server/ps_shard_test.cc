@@ -20,6 +20,8 @@
 #include "compression/wire_codec.h"
 #include "gtest/gtest.h"
 #include "wire/inproc_transport.h"
+#include "wire/same_host_transport.h"
+#include "wire/shm_link.h"
 
 namespace gradsync::server {
 namespace {
@@ -44,6 +46,28 @@ TEST(PsShardTest, SyncAnswersTheAverageOnceEveryWorkerPushed) {
   EXPECT_EQ(version, 1u);
   EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
   EXPECT_EQ(h.shard().stats().max_staleness, 0u);
+}
+
+// A worker of this host whose same-host link breaks its framing loses the
+// link (the transport gives it up); the shard counts the refusal and keeps
+// serving every worker.
+TEST(PsShardTest, ABrokenSameHostLinkIsCountedAndTheShardKeepsServing) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  h.ListenOnSameHostLinkFrom("forger");
+  auto link = wire::ShmLink::Open(wire::SameHostTransport::LinkName(kJob, "forger", "shard"));
+  ASSERT_TRUE(link.ok()) << link.status();
+  const uint32_t bad[2] = {0xdeadbeef, 1};  // no frame table of ours
+  ASSERT_EQ((*link)->Write(bad, sizeof(bad)), sizeof(bad));
+  for (int i = 0; i < 300 && h.shard().stats().rejected == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(h.shard().stats().rejected, 1u);
+  EXPECT_TRUE((*link)->PeerClosed()) << "the link is given up";
+  h.Push(0, 1, 0, {1, 2});
+  h.Pull(0, 1, 2);
+  h.Push(1, 1, 0, {3, 4});
+  h.Pull(1, 1, 2);
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(h.Reply(w), (std::vector<float>{2, 3}));
 }
 
 uint64_t Count(prometheus::Histogram& h) {

@@ -111,9 +111,9 @@ namespace {
 // The reader holds a write lock on the file's first byte for as long as it
 // has the link open: an open file description's lock goes when its process
 // does, however it ends.
-bool LockReaderByte(int fd, short type, int cmd) {
+bool LockReaderByte(int fd, int cmd) {
   struct flock l{};
-  l.l_type = type;
+  l.l_type = F_WRLCK;
   l.l_whence = SEEK_SET;
   l.l_start = 0;
   l.l_len = 1;
@@ -141,7 +141,7 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
   // instead of with SIGBUS at the first write.
   const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (reserved != 0) return fail("reserving " + std::to_string(bytes) + " bytes of", reserved);
-  if (!LockReaderByte(fd, F_WRLCK, F_OFD_SETLK)) return fail("locking", errno);
+  if (!LockReaderByte(fd, F_OFD_SETLK)) return fail("locking", errno);
   // Every page mapped (MAP_POPULATE) and touched once now, on both sides,
   // before the link is used: otherwise the first pass over the buffer pays
   // a fault per page in each process, in the guest and, in a virtual
@@ -233,7 +233,7 @@ bool ShmLink::PeerClosed() const {
 
 bool ShmLink::WriterAttached() const { return shared_->writer_attached.load() != 0; }
 
-bool ShmLink::ReaderAlive() const { return LockReaderByte(fd_, F_WRLCK, F_OFD_GETLK); }
+bool ShmLink::ReaderAlive() const { return LockReaderByte(fd_, F_OFD_GETLK); }
 
 // read_ is written by the reader's thread only (under borrow_mu_, for
 // Release on other threads): that thread reads it without the lock.
