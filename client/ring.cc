@@ -121,6 +121,7 @@ class RingCollectives::Op {
   // (SendFailure); one the neighbour never takes ends with the operation's
   // deadline, meanwhile the waits check `health`.
   Status SendMessage(Message msg) {
+    GS_RETURN_IF_ERROR(Begin());
     ++sent_;
     GS_RETURN_IF_ERROR(SendFailure());
     ring_->messages_sent_.fetch_add(1, std::memory_order_relaxed);
@@ -165,6 +166,14 @@ class RingCollectives::Op {
 
   // Records `why`, tells the right neighbour (which passes it on), returns it.
   Status Fail(Status why, ErrorCode code, int blamed);
+  // The job's health, once per operation, before its first message: a job
+  // whose collectives never wait (a fast network) still stops when its
+  // scheduler goes silent or a peer is declared dead.
+  Status Begin() {
+    if (begun_) return Status();
+    begun_ = true;
+    return CheckHealth();
+  }
   // Fails the operation when the job already knows a peer died.
   Status CheckHealth() {
     if (!ring_->health_) return Status();
@@ -217,6 +226,7 @@ class RingCollectives::Op {
   Status send_failure_;  // SendFailure's verdict, once there is one
   uint64_t sent_ = 0;
   uint64_t received_ = 0;
+  bool begun_ = false;  // Begin ran
 };
 
 Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
@@ -236,6 +246,7 @@ Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
 }
 
 StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
+  GS_RETURN_IF_ERROR(Begin());
   const Deadline soft = Deadline::At(deadline_.at() - ring_->options_.abort_grace);
   for (;;) {
     const Deadline poll = soft.Min(Deadline::After(ring_->options_.poll_interval));

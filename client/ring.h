@@ -23,8 +23,9 @@
 // ranks and the differing fields. When nothing arrives before the deadline,
 // the ranks pass their progress around the ring and all name the same
 // missing rank (the left neighbour of the rank that received least). A
-// `health` check, polled while waiting, fails the operation at once when the
-// job already knows a peer died.
+// `health` check, run before each operation's first message and polled while
+// waiting, fails the operation at once when the job already knows a peer
+// died or its scheduler went silent.
 //
 // The ring must be the only reader of `transport` (it calls Receive).
 //

@@ -109,6 +109,37 @@ TEST(RingFaultTest, AHealthFailureEndsTheWaitAtOnce) {
   }
 }
 
+// Every rank takes part, so no wait ever reaches the poll interval: the
+// health check at the start of each operation still ends them all (the
+// scheduler went silent while the ring itself runs fine).
+TEST(RingFaultTest, AnUnhealthyJobFailsEveryOperationThoughNoneWaits) {
+  const int n = 3;
+  std::atomic<bool> silent{false};
+  RingOptions options = FastOptions();
+  options.poll_interval = Millis(60'000);  // a wait never polls health
+  Ring ring(n, options, [&]() -> Status {
+    if (silent) return UnavailableError("the scheduler stopped answering");
+    return Status();
+  });
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(100, 1.0f));
+  std::vector<uint8_t> byte(n, 1), gathered(n * n);
+  auto all = [&](uint64_t seq) {
+    return ring.Run([&](int r) -> Status {
+      GS_RETURN_IF_ERROR(ring[r].AllReduce(bufs[r].data(), 100, DType::kF32, ReduceOp::kSum,
+                                           Tag(seq), Soon()));
+      GS_RETURN_IF_ERROR(ring[r].AllGather(&byte[r], 1, &gathered[r * n], Tag(seq + 1), Soon()));
+      return ring[r].Broadcast(bufs[r].data(), 16, 1, Tag(seq + 2), Soon());
+    });
+  };
+  for (const Status& s : all(1)) EXPECT_TRUE(s.ok()) << s.ToString();
+  silent = true;
+  for (const Status& s : all(4)) {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+    EXPECT_NE(s.message().find("the scheduler stopped answering"), std::string::npos)
+        << s.ToString();
+  }
+}
+
 TEST(RingFaultTest, LayoutDifferenceNamesTheFirstDifferingTensorOnEveryRank) {
   const int n = 3;
   Ring ring(n, FastOptions());
