@@ -6,6 +6,8 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <random>
+#include <functional>
 #include <vector>
 
 #include "common/half.h"
@@ -269,6 +271,37 @@ TEST(TopKCompressorTest, Fp16ValuesOverflowToSignedInfinity) {
 }
 
 // The vector scan and the scalar one agree, including the cap.
+// Against a sort: every rank of key sets with every bit in use (top bits
+// set, one shared top digit, heavy ties, all equal), so that each digit of
+// the radix selection is exercised.
+TEST(TopKSelectTest, KthLargestKeyMatchesASort) {
+  std::mt19937 rng(7);
+  std::vector<std::vector<uint32_t>> sets;
+  for (size_t m : {size_t{1}, size_t{2}, size_t{7}, size_t{1000}, size_t{70001}}) {
+    std::vector<uint32_t> any(m), shared_top(m), ties(m), equal(m, 0xFFFFFFFFu);
+    for (size_t j = 0; j < m; ++j) {
+      any[j] = rng();
+      shared_top[j] = 0x5A000000u | (rng() & 0x001FFFFFu);  // one top digit
+      ties[j] = 0x80000000u + (rng() % 3) * 0x401u;
+    }
+    sets.insert(sets.end(), {any, shared_top, ties, equal});
+  }
+  std::vector<uint32_t> scratch;
+  for (const std::vector<uint32_t>& keys : sets) {
+    std::vector<uint32_t> sorted = keys;
+    std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
+    const size_t m = keys.size();
+    for (size_t rank : {size_t{1}, size_t{2}, m / 100 + 1, m / 2 + 1, m}) {
+      if (rank > m) continue;
+      const KthKey kth = KthLargestKey(keys.data(), m, rank, &scratch);
+      ASSERT_EQ(kth.key, sorted[rank - 1]) << m << " " << rank;
+      const size_t greater = static_cast<size_t>(std::count_if(
+          keys.begin(), keys.end(), [&](uint32_t v) { return v > kth.key; }));
+      ASSERT_EQ(kth.greater, greater) << m << " " << rank;
+    }
+  }
+}
+
 TEST(TopKSelectTest, CollectAtLeastMatchesScalar) {
   for (size_t n : TestSizes()) {
     const std::vector<float> in = Laplace(n, 1.0f, n + 5);

@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <functional>
 
 namespace gradsync {
 namespace compression {
@@ -14,14 +13,86 @@ bool HasAvx2() {
   return has;
 }
 
-// The k-th largest of keys[0, m) (1 <= k <= m); reorders keys.
-KthKey FindKth(uint32_t* keys, size_t m, size_t k) {
-  std::nth_element(keys, keys + (k - 1), keys + m, std::greater<uint32_t>());
-  const uint32_t kth = keys[k - 1];
-  // nth_element puts every key larger than the k-th before it.
-  const size_t greater = static_cast<size_t>(std::count_if(
-      keys, keys + (k - 1), [kth](uint32_t v) { return v > kth; }));
+// Counts of one digit (up to 11 bits) of a set of keys.
+class DigitHistogram {
+ public:
+  DigitHistogram(int shift, uint32_t mask) : shift_(shift), mask_(mask) {}
+
+  // Counts the digit of key(j) for j < n (n < 2^32). Four tables, summed
+  // after: neighbouring keys often share a digit, and one counter bumped
+  // back to back stalls on its own store.
+  template <typename KeyAt>
+  void Count(KeyAt key, size_t n) {
+    for (auto& c : tables_) std::fill(c, c + mask_ + 1, 0u);
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      ++tables_[0][Digit(key(j))];
+      ++tables_[1][Digit(key(j + 1))];
+      ++tables_[2][Digit(key(j + 2))];
+      ++tables_[3][Digit(key(j + 3))];
+    }
+    for (; j < n; ++j) ++tables_[0][Digit(key(j))];
+    for (uint32_t d = 0; d <= mask_; ++d) {
+      count_[d] = tables_[0][d] + tables_[1][d] + tables_[2][d] + tables_[3][d];
+    }
+  }
+  uint32_t Digit(uint32_t key) const { return (key >> shift_) & mask_; }
+  // The digit of the k-th largest key counted (1 <= k <= the count): the
+  // keys of larger digits are taken off *k and added to *greater.
+  uint32_t Find(size_t* k, size_t* greater) const {
+    uint32_t d = mask_;
+    for (; count_[d] < *k; --d) {
+      *k -= count_[d];
+      *greater += count_[d];
+    }
+    return d;
+  }
+  uint32_t operator[](uint32_t d) const { return count_[d]; }
+
+ private:
+  const int shift_;
+  const uint32_t mask_;
+  uint32_t tables_[4][0x800];
+  uint32_t count_[0x800];
+};
+
+// The digits of a 32-bit key, most significant first.
+constexpr int kDigitShift[] = {21, 10, 0};
+constexpr uint32_t kDigitMask[] = {0x7FF, 0x7FF, 0x3FF};
+
+// The k-th largest of keys[0, m) (1 <= k <= m, m < 2^32) by radix
+// selection from the most significant digit: a histogram of the top 11
+// bits of every key finds the digit the k-th key has there; only the keys
+// with that digit (on gradients a small share) are gathered into `work`
+// (room for m + 1), and the next 11 and the last 10 bits are found among
+// them. Exact and linear in m whatever the order of the keys or their ties.
+KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, uint32_t* work) {
+  uint32_t kth = 0;    // the digits of the k-th key found so far
+  size_t greater = 0;  // keys known to be larger than it
+  const uint32_t* set = keys;  // the keys still in the running
+  size_t n = m;
+  for (int i = 0; i < 3; ++i) {
+    DigitHistogram h(kDigitShift[i], kDigitMask[i]);
+    h.Count([set](size_t j) { return set[j]; }, n);
+    const uint32_t digit = h.Find(&k, &greater);
+    kth |= digit << kDigitShift[i];
+    if (i == 2 || h[digit] == n) continue;  // nothing to leave out
+    // Branch-free compaction; in place once the set is in `work`.
+    size_t kept = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const uint32_t v = set[j];
+      work[kept] = v;
+      kept += h.Digit(v) == digit;
+    }
+    set = work;
+    n = kept;
+  }
   return {kth, greater};
+}
+
+KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, std::vector<uint32_t>* scratch) {
+  scratch->resize(m + 1);
+  return RadixKth(keys, m, k, scratch->data());
 }
 
 // Keeps the first entries of idx whose keys are above `kth`, plus the first
@@ -95,23 +166,7 @@ __attribute__((target("avx2,popcnt"))) size_t CollectAtLeastAvx2(
 
 KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank,
                      std::vector<uint32_t>* scratch) {
-  constexpr size_t kPrefix = 4096;
-  if (m >= 4 * kPrefix && rank * 16 <= m) {
-    // A threshold expected to pass ~2 * rank keys, from the prefix.
-    scratch->assign(keys, keys + kPrefix);
-    const size_t prefix_rank = 2 * rank * kPrefix / m + 8;
-    const uint32_t low = FindKth(scratch->data(), kPrefix, prefix_rank).key;
-    scratch->resize(m);
-    uint32_t* passed = scratch->data();
-    size_t count = 0;
-    for (size_t j = 0; j < m; ++j) {  // Branch-free compaction.
-      passed[count] = keys[j];
-      count += keys[j] >= low;
-    }
-    if (count >= rank) return FindKth(passed, count, rank);
-  }
-  scratch->assign(keys, keys + m);
-  return FindKth(scratch->data(), m, rank);
+  return RadixKth(keys, m, rank, scratch);
 }
 
 void ExactTopK(const float* in, size_t n, size_t k,
@@ -121,20 +176,21 @@ void ExactTopK(const float* in, size_t n, size_t k,
     for (size_t i = 0; i < n; ++i) idx[i] = static_cast<uint32_t>(i);
     return;
   }
-  scratch->resize(n);
-  uint32_t* keys = scratch->data();
-  for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(in[i]);
-  const KthKey kth = FindKth(keys, n, k);
-  size_t ties = k - kth.greater;  // The lowest-index ties are kept.
-  size_t out = 0;
-  for (size_t i = 0; i < n && out < k; ++i) {
-    const uint32_t key = MagnitudeKey(in[i]);
-    const bool tie = key == kth.key && ties > 0;
-    if (key > kth.key || tie) {
-      ties -= tie;
-      idx[out++] = static_cast<uint32_t>(i);
-    }
-  }
+  // The top digit of the k-th largest key: every key from that digit up
+  // is a candidate (k of them or a few more on gradients), gathered in
+  // one vectorised pass and then cut to the k largest.
+  DigitHistogram top(kDigitShift[0], kDigitMask[0]);
+  top.Count([in](size_t j) { return MagnitudeKey(in[j]); }, n);
+  size_t rank = k, greater = 0;
+  const uint32_t digit = top.Find(&rank, &greater);
+  const size_t m = greater + top[digit];
+  scratch->resize(3 * (m + 8));
+  uint32_t* candidates = scratch->data();
+  uint32_t* keys = candidates + m + 8;  // CollectAtLeast stores groups of 8
+  CollectAtLeast(in, n, digit << kDigitShift[0], candidates, keys, m);
+  const KthKey kth = RadixKth(keys, m, k, keys + m + 8);
+  KeepAbove(candidates, keys, m, kth.key, k - kth.greater);
+  std::copy(candidates, candidates + k, idx);
 }
 
 size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold,
@@ -171,8 +227,7 @@ size_t CollectAtLeast(const float* in, size_t n, uint32_t threshold,
 void TruncateToTopK(uint32_t* idx, uint32_t* keys, size_t m, size_t k,
                     std::vector<uint32_t>* scratch) {
   if (k == m || k == 0) return;
-  scratch->assign(keys, keys + m);
-  const KthKey kth = FindKth(scratch->data(), m, k);
+  const KthKey kth = RadixKth(keys, m, k, scratch);
   KeepAbove(idx, keys, m, kth.key, k - kth.greater);
 }
 

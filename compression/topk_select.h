@@ -31,15 +31,15 @@ struct KthKey {
   size_t greater;  // How many keys are strictly larger.
 };
 
-// The rank-th largest (1-based, 1 <= rank <= m) of keys[0, m). For a small
-// rank it first filters the keys by a threshold estimated from a prefix
-// (exact whatever the order of the keys; fast when they are in random
-// order). `scratch` is overwritten.
+// The rank-th largest (1-based, 1 <= rank <= m) of keys[0, m), by radix
+// selection (two passes over the keys, then passes over those that share
+// the answer's top 11 bits). `scratch` is overwritten.
 KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank,
                      std::vector<uint32_t>* scratch);
 
-// Writes to idx[0, k) the indices of the k largest of in[0, n), ascending,
-// using std::nth_element over all n keys. k <= n. `scratch` is resized to n.
+// Writes to idx[0, k) the indices of the k largest of in[0, n), ascending:
+// the k-th largest key by radix selection, then one pass over in. k <= n.
+// `scratch` is overwritten.
 void ExactTopK(const float* in, size_t n, size_t k,
                std::vector<uint32_t>* scratch, uint32_t* idx);
 
