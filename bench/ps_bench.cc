@@ -109,6 +109,7 @@
 #include "client/ps_transport.h"
 #include "client/session.h"
 #include "common/config.h"
+#include "common/logging.h"
 #include "common/placement.h"
 #include "bench/bench_util.h"
 #include "common/status.h"
@@ -799,5 +800,6 @@ int main(int argc, char** argv) {
   std::vector<std::string> unknown = config.UnknownFlags();
   for (const auto& f : unknown) std::fprintf(stderr, "ps_bench: unknown flag %s\n", f.c_str());
   if (!unknown.empty()) return 2;
+  SetMinLogSeverity(LogSeverity::kWarning);  // the workers' join lines would break the table
   return bench::BenchMain(settings);
 }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -22,6 +23,8 @@ std::string& LogTag() {
   return *tag;
 }
 
+std::atomic<LogSeverity> min_severity{LogSeverity::kInfo};
+
 char SeverityLetter(LogSeverity s) {
   switch (s) {
     case LogSeverity::kInfo: return 'I';
@@ -39,6 +42,8 @@ void SetLogTag(const std::string& tag) {
   LogTag() = tag;
 }
 
+void SetMinLogSeverity(LogSeverity min) { min_severity.store(min); }
+
 LogMessage::LogMessage(LogSeverity severity, const char* file, int line)
     : severity_(severity) {
   if (severity_ >= LogSeverity::kError || std::getenv("GRADSYNC_LOG_SOURCE")) {
@@ -47,6 +52,10 @@ LogMessage::LogMessage(LogSeverity severity, const char* file, int line)
 }
 
 LogMessage::~LogMessage() {
+  if (severity_ < min_severity.load(std::memory_order_relaxed) &&
+      severity_ != LogSeverity::kFatal) {
+    return;
+  }
   double now = WallSeconds();
   std::time_t secs = static_cast<std::time_t>(now);
   std::tm tm{};

@@ -16,6 +16,9 @@ enum class LogSeverity { kInfo, kWarning, kError, kFatal };
 
 // Sets the tag printed on every line of this process. Call before threads start.
 void SetLogTag(const std::string& tag);
+// Lines below `min` are dropped from then on (a tool whose own output is a
+// table sets kWarning); kInfo, every line, by default.
+void SetMinLogSeverity(LogSeverity min);
 
 class LogMessage {
  public:
