@@ -169,11 +169,7 @@ class RingCollectives::Op {
   // The job's health, once per operation, before its first message: a job
   // whose collectives never wait (a fast network) still stops when its
   // scheduler goes silent or a peer is declared dead.
-  Status Begin() {
-    if (begun_) return Status();
-    begun_ = true;
-    return CheckHealth();
-  }
+  Status Begin() { return sent_ + received_ == 0 ? CheckHealth() : Status(); }
   // Fails the operation when the job already knows a peer died.
   Status CheckHealth() {
     if (!ring_->health_) return Status();
@@ -226,7 +222,6 @@ class RingCollectives::Op {
   Status send_failure_;  // SendFailure's verdict, once there is one
   uint64_t sent_ = 0;
   uint64_t received_ = 0;
-  bool begun_ = false;  // Begin ran
 };
 
 Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
