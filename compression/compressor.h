@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -74,6 +75,21 @@ class Compressor {
   // `ctx` must equal the one given to Compress.
   virtual Status Decompress(const uint8_t* in, size_t in_size, size_t n,
                             const CompressContext& ctx, float* out) = 0;
+
+  // out[i] -= Decompress(in)[i] for i < n, as float subtractions: what error
+  // feedback keeps of what it compressed. The same errors as Decompress (out
+  // unchanged then). This decompresses into `scratch` and subtracts; a
+  // sparse compressor subtracts the elements it kept only (x - 0 is x, bit
+  // for bit), without a pass over the rest.
+  virtual Status SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
+                                      const CompressContext& ctx, float* out,
+                                      std::vector<float>* scratch) {
+    scratch->resize(n);
+    GS_RETURN_IF_ERROR(Decompress(in, in_size, n, ctx, scratch->data()));
+    const float* d = scratch->data();
+    for (size_t i = 0; i < n; ++i) out[i] -= d[i];
+    return OkStatus();
+  }
 };
 
 }  // namespace compression

@@ -21,10 +21,6 @@ void Add(const float* a, const float* b, float* out, size_t n) {
   }
 }
 
-void Subtract(const float* a, const float* b, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
-}
-
 }  // namespace
 
 ErrorFeedback::ErrorFeedback(std::unique_ptr<Compressor> inner)
@@ -47,12 +43,10 @@ Status ErrorFeedback::Compress(const float* in, size_t n,
   }
   GS_RETURN_IF_ERROR(
       inner_->Compress(corrected_.data(), n, ctx, out, out_size));
-  decompressed_.resize(n);
-  GS_RETURN_IF_ERROR(inner_->Decompress(out, inner_->WireBytes(n), n, ctx,
-                                        decompressed_.data()));
-  std::vector<float>& residual = residuals_[ctx.bucket_id];
-  residual.resize(n);
-  Subtract(corrected_.data(), decompressed_.data(), residual.data(), n);
+  // corrected_ becomes the new residual in place: c - Decompress(Compress(c)).
+  GS_RETURN_IF_ERROR(inner_->SubtractDecompressed(
+      out, inner_->WireBytes(n), n, ctx, corrected_.data(), &scratch_));
+  residuals_[ctx.bucket_id].swap(corrected_);  // the old buffer is reused next
   return OkStatus();
 }
 

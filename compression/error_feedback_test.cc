@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <string>
@@ -87,6 +89,45 @@ TEST(ErrorFeedbackTest, DecompressedPlusNewResidualIsTheCorrectedInput) {
           ASSERT_LE(std::fabs(lhs - c[i]), kU * std::fabs(e_new[i]))
               << name << " n=" << n << " step=" << step << " i=" << i;
         }
+      }
+    }
+  }
+}
+
+// The new residual is fl(c - d) bit for bit, element by element, also
+// where c is NaN, infinite or -0 and where the compressor sent nothing (a
+// sparse compressor subtracts only what it kept: c - 0 is c).
+TEST(ErrorFeedbackTest, NewResidualIsTheRoundedDifferenceBitForBit) {
+  auto bits = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    return b;
+  };
+  for (const auto& [name, make] : Inners()) {
+    const size_t n = 5003;
+    ErrorFeedback ef(make());
+    for (uint64_t step = 0; step < 3; ++step) {
+      const CompressContext ctx{9, step, 4};
+      std::vector<float> g = Gaussian(n, 1.0f, 31 + step);
+      const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(), -0.0f, 0.0f};
+      for (size_t j = 0; j < 5; ++j) g[(j * 977 + step * 13) % n] = specials[j];
+      std::vector<float> c = g;
+      if (const std::vector<float>* e = ef.Residual(4)) {
+        for (size_t i = 0; i < n; ++i) {
+          c[i] = g[i] + (*e)[i];
+          if (c[i] != c[i]) c[i] = std::numeric_limits<float>::quiet_NaN();
+        }
+      }
+      const std::vector<uint8_t> wire = CompressUnaligned(ef, g, ctx);
+      auto plain = make();
+      const std::vector<float> d = DecompressUnaligned(*plain, wire, n, ctx);
+      const std::vector<float>& e_new = *ef.Residual(4);
+      ASSERT_EQ(e_new.size(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bits(e_new[i]), bits(c[i] - d[i]))
+            << name << " step=" << step << " i=" << i << " c=" << c[i] << " d=" << d[i];
       }
     }
   }

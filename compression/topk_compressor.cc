@@ -157,8 +157,8 @@ Status TopKCompressor::CheckIndices(const uint8_t* in, size_t k,
   return OkStatus();
 }
 
-Status TopKCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
-                                  const CompressContext& /*ctx*/, float* out) {
+StatusOr<size_t> TopKCompressor::ReadValues(const uint8_t* in, size_t in_size,
+                                            size_t n) {
   GS_RETURN_IF_ERROR(CheckCount(name(), n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckInSize(name(), n, WireBytes(n), in_size));
   const size_t k = KeepCount(n);
@@ -171,9 +171,27 @@ Status TopKCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   } else {
     HalfToFloat(values_in, values_scratch_.data(), k);
   }
+  return k;
+}
+
+Status TopKCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
+                                  const CompressContext& /*ctx*/, float* out) {
+  GS_ASSIGN_OR_RETURN(const size_t k, ReadValues(in, in_size, n));
   if (n > 0) std::memset(out, 0, n * sizeof(float));
   for (size_t j = 0; j < k; ++j) {
     out[LoadAt<uint32_t>(in, j)] = values_scratch_[j];
+  }
+  return OkStatus();
+}
+
+Status TopKCompressor::SubtractDecompressed(const uint8_t* in, size_t in_size,
+                                            size_t n,
+                                            const CompressContext& /*ctx*/,
+                                            float* out,
+                                            std::vector<float>* /*scratch*/) {
+  GS_ASSIGN_OR_RETURN(const size_t k, ReadValues(in, in_size, n));
+  for (size_t j = 0; j < k; ++j) {
+    out[LoadAt<uint32_t>(in, j)] -= values_scratch_[j];
   }
   return OkStatus();
 }

@@ -76,6 +76,10 @@ class TopKCompressor : public Compressor {
                   uint8_t* out, size_t out_size) override;
   Status Decompress(const uint8_t* in, size_t in_size, size_t n,
                     const CompressContext& ctx, float* out) override;
+  // Subtracts the k kept values only.
+  Status SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
+                              const CompressContext& ctx, float* out,
+                              std::vector<float>* scratch) override;
 
   // k for n elements.
   size_t KeepCount(size_t n) const;
@@ -101,6 +105,9 @@ class TopKCompressor : public Compressor {
   bool TrySampled(const float* in, size_t n, size_t k,
                   const CompressContext& ctx);
   Status CheckIndices(const uint8_t* in, size_t k, size_t n) const;
+  // Checks in[0, in_size) as Decompress does and puts its k values, as
+  // floats, in values_scratch_; returns k.
+  StatusOr<size_t> ReadValues(const uint8_t* in, size_t in_size, size_t n);
 
   const TopKMethod method_;
   const TopKValues values_;
