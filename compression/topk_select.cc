@@ -63,36 +63,43 @@ constexpr uint32_t kDigitMask[] = {0x7FF, 0x7FF, 0x3FF};
 // The k-th largest of keys[0, m) (1 <= k <= m, m < 2^32) by radix
 // selection from the most significant digit: a histogram of the top 11
 // bits of every key finds the digit the k-th key has there; only the keys
-// with that digit (on gradients a small share) are gathered into `work`
-// (room for m + 1), and the next 11 and the last 10 bits are found among
-// them. Exact and linear in m whatever the order of the keys or their ties.
-KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, uint32_t* work) {
+// with that digit (on gradients a small share) are gathered, into
+// work(size), room for `size` keys asked for once, and the next 11 and the
+// last 10 bits are found among them. Exact and linear in m whatever the
+// order of the keys or their ties.
+template <typename Work>
+KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, Work work) {
   uint32_t kth = 0;    // the digits of the k-th key found so far
   size_t greater = 0;  // keys known to be larger than it
   const uint32_t* set = keys;  // the keys still in the running
   size_t n = m;
+  uint32_t* room = nullptr;
   for (int i = 0; i < 3; ++i) {
     DigitHistogram h(kDigitShift[i], kDigitMask[i]);
     h.Count([set](size_t j) { return set[j]; }, n);
     const uint32_t digit = h.Find(&k, &greater);
     kth |= digit << kDigitShift[i];
     if (i == 2 || h[digit] == n) continue;  // nothing to leave out
-    // Branch-free compaction; in place once the set is in `work`.
+    // Branch-free compaction (it stores one past the last key kept); in
+    // place once the set is in the work space.
+    if (room == nullptr) room = work(size_t{h[digit]} + 1);
     size_t kept = 0;
     for (size_t j = 0; j < n; ++j) {
       const uint32_t v = set[j];
-      work[kept] = v;
+      room[kept] = v;
       kept += h.Digit(v) == digit;
     }
-    set = work;
+    set = room;
     n = kept;
   }
   return {kth, greater};
 }
 
 KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, std::vector<uint32_t>* scratch) {
-  scratch->resize(m + 1);
-  return RadixKth(keys, m, k, scratch->data());
+  return RadixKth(keys, m, k, [scratch](size_t size) {
+    if (scratch->size() < size) scratch->resize(size);
+    return scratch->data();
+  });
 }
 
 // Keeps the first entries of idx whose keys are above `kth`, plus the first
@@ -188,7 +195,8 @@ void ExactTopK(const float* in, size_t n, size_t k,
   uint32_t* candidates = scratch->data();
   uint32_t* keys = candidates + m + 8;  // CollectAtLeast stores groups of 8
   CollectAtLeast(in, n, digit << kDigitShift[0], candidates, keys, m);
-  const KthKey kth = RadixKth(keys, m, k, keys + m + 8);
+  uint32_t* work = keys + m + 8;  // room for m + 8
+  const KthKey kth = RadixKth(keys, m, k, [work](size_t) { return work; });
   KeepAbove(candidates, keys, m, kth.key, k - kth.greater);
   std::copy(candidates, candidates + k, idx);
 }
