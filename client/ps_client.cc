@@ -88,7 +88,8 @@ class PsClient::Exchange {
   };
 
   Status Compress(BucketState* bucket);
-  std::vector<size_t> SharedBudget(BucketState* bucket) const;
+  // `threshold`: the bucket's k-th largest magnitude key (0 when none).
+  std::vector<size_t> SharedBudget(BucketState* bucket, uint32_t* threshold) const;
   Status SendAll(const std::vector<uint64_t>& versions, bool resend);
   Status Send(size_t p, MsgType type, uint64_t version);
   Status Decode(size_t p);
@@ -162,7 +163,8 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
 // and the error-feedback residuals move once per round.
 Status PsClient::Exchange::Compress(BucketState* bucket) {
   if (bucket->encoders.empty()) return Status();
-  const std::vector<size_t> keep = SharedBudget(bucket);
+  uint32_t threshold = 0;
+  const std::vector<size_t> keep = SharedBudget(bucket, &threshold);
   for (size_t p = 0; p < plan_.size(); ++p) {
     const PartitionSpan& span = plan_[p];
     const compression::CompressContext ctx = compression::PartitionContext(
@@ -181,7 +183,7 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
         wire::Payload payload,
         keep.empty() ? bucket->encoders[p]->Encode(values, span.count, ctx, &parts_[p].encoding)
                      : bucket->encoders[p]->EncodeKeeping(values, span.count, keep[p], ctx,
-                                                          &parts_[p].encoding));
+                                                          &parts_[p].encoding, threshold));
     parts_[p].compressed = std::move(payload);
   }
   return Status();
@@ -190,7 +192,8 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
 // Top-k over several partitions: how many elements each keeps so that the
 // bucket's k largest travel, wherever they lie (compression/wire_codec.h).
 // Empty: every partition keeps its own ratio.
-std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket) const {
+std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket,
+                                                     uint32_t* threshold) const {
   const std::optional<double> ratio = bucket->encoders[0]->shared_budget_ratio();
   if (!ratio || plan_.size() < 2 || c_->partition_encoder_) return {};
   std::vector<size_t> sizes;
@@ -206,7 +209,7 @@ std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket) const 
                                        span.count, ctx, keys.data() + at);
     at += span.count;
   }
-  return compression::SharedKeepCounts(keys, sizes, *ratio);
+  return compression::SharedKeepCounts(keys, sizes, *ratio, threshold);
 }
 
 // The reply of partition p into the caller's buffer.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "common/half.h"
 #include "compression/seeded_rng.h"
@@ -110,9 +111,18 @@ bool TopKCompressor::TrySampled(const float* in, size_t n, size_t k,
   return false;
 }
 
+bool TopKCompressor::TakeAtLeast(const float* in, size_t n, size_t k,
+                                 uint32_t key) {
+  indices_.resize(std::max(k + 8, indices_.size()));  // groups of 8
+  candidate_keys_.resize(std::max(k + 8, candidate_keys_.size()));
+  return CollectAtLeast(in, n, key, indices_.data(), candidate_keys_.data(), k) == k;
+}
+
 void TopKCompressor::Select(const float* in, size_t n, size_t k,
                             const CompressContext& ctx) {
   stats_ = SampledStats();
+  const uint32_t hint = std::exchange(hint_, 0);
+  if (hint != 0 && k > 0 && k < n && TakeAtLeast(in, n, k, hint)) return;
   if (method_ == TopKMethod::kSampled && k > 0 && k < n) {
     if (TrySampled(in, n, k, ctx)) return;
     stats_.fell_back = true;

@@ -54,7 +54,8 @@ class TopKCompressor : public Compressor {
  public:
   static constexpr double kDefaultRatio = 0.01;
 
-  // What the last kSampled Compress did (all zero after a kExact one).
+  // What the last kSampled Compress did (all zero after a kExact one or one
+  // that took a hinted threshold).
   struct SampledStats {
     size_t sample_size = 0;  // m; 0 when it went straight to kExact.
     size_t candidates = 0;   // Elements at or above the final threshold,
@@ -81,6 +82,12 @@ class TopKCompressor : public Compressor {
                               const CompressContext& ctx, float* out,
                               std::vector<float>* scratch) override;
 
+  // The next selection of k elements may take those whose magnitude key
+  // is at least `key`, in one pass, when exactly k are (they are the k
+  // largest then); with any other count it selects as usual. 0: no hint.
+  // The selection that uses it clears it.
+  void HintThreshold(uint32_t key) { hint_ = key; }
+
   // k for n elements.
   size_t KeepCount(size_t n) const;
   double ratio() const { return ratio_; }
@@ -104,6 +111,8 @@ class TopKCompressor : public Compressor {
                   const CompressContext& ctx);
   bool TrySampled(const float* in, size_t n, size_t k,
                   const CompressContext& ctx);
+  // Whether exactly k elements reach `key`; they are in indices_ then.
+  bool TakeAtLeast(const float* in, size_t n, size_t k, uint32_t key);
   Status CheckIndices(const uint8_t* in, size_t k, size_t n) const;
   // Checks in[0, in_size) as Decompress does and puts its k values, as
   // floats, in values_scratch_; returns k.
@@ -112,6 +121,7 @@ class TopKCompressor : public Compressor {
   const TopKMethod method_;
   const TopKValues values_;
   double ratio_;
+  uint32_t hint_ = 0;  // HintThreshold's
   SampledStats stats_;
   std::vector<uint32_t> indices_;  // Scratch, reused across calls.
   std::vector<uint32_t> keys_;     // Magnitude keys (sample or all).

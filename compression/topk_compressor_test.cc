@@ -183,6 +183,30 @@ TEST(TopKCompressorTest, SelectsTheReferenceSetForLargeBuckets) {
   }
 }
 
+// A hinted threshold selects the same set, in one pass when exactly k
+// elements reach it (the k-th largest key with no ties there) and as usual
+// otherwise: a key a little below or above, one every element reaches,
+// one none does, and inputs with heavy ties at the k-th.
+TEST(TopKCompressorTest, AHintedThresholdSelectsTheReferenceSet) {
+  for (const Variant& v : kVariants) {
+    auto c = Make(v, 0.01);
+    for (size_t n : {size_t{1000}, size_t{70001}}) {
+      for (const std::vector<float>& in : Inputs(n, n + 3)) {
+        const size_t k = c->KeepCount(n);
+        std::vector<uint32_t> keys(n);
+        for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(in[i]);
+        std::vector<uint32_t> sorted = keys;
+        std::sort(sorted.begin(), sorted.end(), std::greater<uint32_t>());
+        const uint32_t kth = sorted[k - 1];
+        for (uint32_t hint : {kth, kth - 1, kth + 1, 1u, 0x7FFFFFFFu}) {
+          c->HintThreshold(hint);
+          ExpectReferenceRoundTrip(*c, v, in);
+        }
+      }
+    }
+  }
+}
+
 // On gradient-like data the sampled threshold keeps 0.8k..1.3k candidates
 // without falling back, over many contexts (different samples).
 TEST(TopKCompressorTest, SampledCandidateCountIsNearK) {

@@ -197,7 +197,7 @@ void PayloadEncoder::MagnitudeKeys(const float* in, size_t n,
 
 StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
     const float* in, size_t n, size_t keep, const CompressContext& ctx,
-    wire::DataFields* fields) {
+    wire::DataFields* fields, uint32_t at_least) {
   if (topk_ == nullptr || keep < 1 || keep > n) {
     return InvalidArgumentError("\"" + spec_ + "\" cannot keep " +
                                 std::to_string(keep) + " of " +
@@ -213,15 +213,17 @@ StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
   for (const std::string& key : parsed_.keys) {  // top-k takes ratio and ef
     if (key != "ratio") codec += "," + key + (parsed_.options.error_feedback ? "=1" : "=0");
   }
+  topk_->HintThreshold(at_least);
   StatusOr<wire::Payload> payload =
       CompressInto(in, n, ctx, fields, std::move(codec));
+  topk_->HintThreshold(0);
   GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
   return payload;
 }
 
 std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
                                      const std::vector<size_t>& sizes,
-                                     double ratio) {
+                                     double ratio, uint32_t* threshold_out) {
   std::vector<size_t> keep(sizes.size(), 0);
   const size_t k = KeepCount(ratio, keys.size());
   uint32_t threshold = 0;
@@ -240,6 +242,7 @@ std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
     keep[p] = std::min(n, std::max<size_t>(keep[p], 1));
     at += n;
   }
+  if (threshold_out != nullptr) *threshold_out = threshold;
   return keep;
 }
 

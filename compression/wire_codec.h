@@ -114,9 +114,13 @@ class PayloadEncoder {
                      uint32_t* keys) const;
   // As Encode, keeping exactly `keep` elements (1 <= keep <= n; top-k
   // only): the codec put in `fields` states the ratio that gives `keep`.
+  // `at_least` (0: none) is a magnitude key that `keep` elements of what
+  // Encode selects from are expected to reach: when exactly that many do,
+  // they are the ones kept, found in one pass; else the selection runs as
+  // usual. Either way the same elements are kept.
   StatusOr<wire::Payload> EncodeKeeping(const float* in, size_t n, size_t keep,
                                         const CompressContext& ctx,
-                                        wire::DataFields* fields);
+                                        wire::DataFields* fields, uint32_t at_least = 0);
 
  private:
   PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
@@ -142,9 +146,12 @@ class PayloadEncoder {
 // (sizes[p] each). Elements tied with the k-th are all kept; every
 // partition keeps at least one; when the k-th magnitude is zero (fewer
 // nonzeros than k), each partition keeps ceil(ratio * sizes[p]) instead.
+// `threshold`, if not null, receives the k-th largest key (0 in that case):
+// a partition whose count is its number of keys at or above it keeps just
+// those (EncodeKeeping's `at_least`).
 std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
                                      const std::vector<size_t>& sizes,
-                                     double ratio);
+                                     double ratio, uint32_t* threshold = nullptr);
 
 }  // namespace compression
 }  // namespace gradsync

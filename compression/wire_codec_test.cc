@@ -269,6 +269,50 @@ TEST(WireCodecTest, SharedKeepCountsFollowTheBucketsLargestMagnitudes) {
             (std::vector<size_t>{2, 2}));
 }
 
+// Two partitions encoded with the bucket's threshold as `at_least` put the
+// same bytes on the wire as without it, with and without error feedback
+// (whose residual then moves alike), over several steps.
+TEST(WireCodecTest, EncodeKeepingAtTheSharedThresholdSendsTheSameBytes) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  const size_t sizes[] = {3000, 5000};
+  for (const std::string spec : {"topk:ratio=0.01", "topk_fp16:ratio=0.02,ef=1"}) {
+    SCOPED_TRACE(spec);
+    std::vector<std::unique_ptr<PayloadEncoder>> hinted, plain;
+    for (int p = 0; p < 2; ++p) {
+      hinted.push_back(std::move(PayloadEncoder::Create(registry, spec)).value());
+      plain.push_back(std::move(PayloadEncoder::Create(registry, spec)).value());
+    }
+    for (uint64_t step = 0; step < 3; ++step) {
+      const std::vector<float> g = testing_util::Laplace(8000, 1.0f, 11 + step);
+      std::vector<uint32_t> keys(g.size());
+      size_t at = 0;
+      for (int p = 0; p < 2; ++p) {
+        const CompressContext ctx = PartitionContext(5, step, 2, p);
+        hinted[p]->MagnitudeKeys(g.data() + at, sizes[p], ctx, keys.data() + at);
+        at += sizes[p];
+      }
+      uint32_t threshold = 0;
+      const std::vector<size_t> keep =
+          SharedKeepCounts(keys, {sizes[0], sizes[1]}, 0.01, &threshold);
+      ASSERT_NE(threshold, 0u);
+      at = 0;
+      for (int p = 0; p < 2; ++p) {
+        const CompressContext ctx = PartitionContext(5, step, 2, p);
+        wire::DataFields a, b;
+        auto with = hinted[p]->EncodeKeeping(g.data() + at, sizes[p], keep[p], ctx, &a,
+                                             threshold);
+        auto without = plain[p]->EncodeKeeping(g.data() + at, sizes[p], keep[p], ctx, &b);
+        ASSERT_TRUE(with.ok() && without.ok());
+        ASSERT_EQ(a.codec, b.codec);
+        ASSERT_EQ(with->size, without->size);
+        EXPECT_EQ(std::memcmp(with->data, without->data, with->size), 0) << step << " " << p;
+        at += sizes[p];
+      }
+    }
+  }
+}
+
 TEST(WireCodecTest, EncodeKeepingStatesItsRatioAndDecodesAsThatCodec) {
   CompressorRegistry registry;
   RegisterBuiltins(&registry);
