@@ -43,10 +43,18 @@ Status ErrorFeedback::Compress(const float* in, size_t n,
   }
   GS_RETURN_IF_ERROR(
       inner_->Compress(corrected_.data(), n, ctx, out, out_size));
-  // corrected_ becomes the new residual in place: c - Decompress(Compress(c)).
+  // e_new = c - Decompress(Compress(c)), made in corrected_ and handed to
+  // the bucket: buffers of the same capacity are traded (no copy), others
+  // copied, so that no buffer moves to a bucket of another size (which
+  // would reallocate, or grow every residual to the largest bucket's).
   GS_RETURN_IF_ERROR(inner_->SubtractDecompressed(
       out, inner_->WireBytes(n), n, ctx, corrected_.data(), &scratch_));
-  residuals_[ctx.bucket_id].swap(corrected_);  // the old buffer is reused next
+  std::vector<float>& residual = residuals_[ctx.bucket_id];
+  if (residual.capacity() == corrected_.capacity()) {
+    residual.swap(corrected_);
+  } else {
+    residual.assign(corrected_.begin(), corrected_.end());
+  }
   return OkStatus();
 }
 

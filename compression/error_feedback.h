@@ -11,8 +11,7 @@
 //
 // The wire format, WireBytes, summable() and name() are the wrapped
 // compressor's: receivers decompress with a plain instance of it.
-// Decompress and SubtractDecompressed forward to the wrapped compressor and
-// never touch a residual.
+// Decompress forwards to the wrapped compressor and never touches a residual.
 //
 // Errors: the wrapped compressor's; on an error the residual is unchanged.
 // Thread-safety: like any Compressor, one instance per thread. Ownership:
@@ -48,11 +47,6 @@ class ErrorFeedback : public Compressor {
                   uint8_t* out, size_t out_size) override;
   Status Decompress(const uint8_t* in, size_t in_size, size_t n,
                     const CompressContext& ctx, float* out) override;
-  Status SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
-                              const CompressContext& ctx, float* out,
-                              std::vector<float>* scratch) override {
-    return inner_->SubtractDecompressed(in, in_size, n, ctx, out, scratch);
-  }
 
   // The residual of `bucket_id`, or null before its first Compress. The
   // pointer is valid until the next Compress or ClearResiduals.
@@ -65,10 +59,8 @@ class ErrorFeedback : public Compressor {
  private:
   std::unique_ptr<Compressor> inner_;
   std::unordered_map<uint32_t, std::vector<float>> residuals_;
-  // g + e_old, then the new residual (swapped in); the buffer it replaces
-  // is reused by the next call.
-  std::vector<float> corrected_;
-  std::vector<float> scratch_;  // the inner compressor's SubtractDecompressed
+  std::vector<float> corrected_;  // g + e_old, reused across calls.
+  std::vector<float> scratch_;    // the inner compressor's SubtractDecompressed
 };
 
 }  // namespace compression

@@ -188,6 +188,21 @@ TEST(ErrorFeedbackTest, ResidualsArePerBucketAndResetOnSizeChange) {
   EXPECT_EQ(ef.Residual(1), nullptr);
 }
 
+// Buckets of different sizes keep buffers of their own size: a small
+// bucket's residual does not end up in a large bucket's buffer.
+TEST(ErrorFeedbackTest, ResidualBuffersStayWithTheirBucketsSize) {
+  ErrorFeedback ef(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.05).value());
+  for (uint64_t step = 0; step < 4; ++step) {
+    for (uint32_t bucket : {1u, 2u}) {
+      const size_t n = bucket == 1 ? 100 : 10000;
+      CompressUnaligned(ef, Gaussian(n, 1.0f, step * 2 + bucket), {9, step, bucket});
+    }
+  }
+  EXPECT_EQ(ef.Residual(1)->size(), 100u);
+  EXPECT_LT(ef.Residual(1)->capacity(), 10000u);
+  EXPECT_EQ(ef.Residual(2)->size(), 10000u);
+}
+
 TEST(ErrorFeedbackTest, ForwardsTheWrappedCompressorsDescription) {
   ErrorFeedback ef(RandomKCompressor::Create(0.5).value());
   EXPECT_EQ(ef.name(), "randomk");
