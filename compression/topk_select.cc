@@ -95,26 +95,29 @@ KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, Work work) {
   return {kth, greater};
 }
 
-KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, std::vector<uint32_t>* scratch) {
-  return RadixKth(keys, m, k, [scratch](size_t size) {
-    if (scratch->size() < size) scratch->resize(size);
-    return scratch->data();
-  });
+// RadixKth's work space in a caller's vector, grown when too small.
+auto InVector(std::vector<uint32_t>* v) {
+  return [v](size_t size) {
+    if (v->size() < size) v->resize(size);
+    return v->data();
+  };
 }
 
-// Keeps the first entries of idx whose keys are above `kth`, plus the first
-// `ties` whose keys equal it; returns how many were kept.
-size_t KeepAbove(uint32_t* idx, const uint32_t* keys, size_t m, uint32_t kth,
-                 size_t ties) {
+// Keeps in idx[0, k) the k of idx[0, m) with the largest keys[0, m) (ties:
+// the first), in their order; `work` as RadixKth's.
+template <typename Work>
+void KeepLargest(uint32_t* idx, const uint32_t* keys, size_t m, size_t k, Work work) {
+  if (k == m || k == 0) return;
+  const KthKey kth = RadixKth(keys, m, k, work);
+  size_t ties = k - kth.greater;  // the first ones are kept
   size_t out = 0;
   for (size_t j = 0; j < m; ++j) {
-    const bool tie = keys[j] == kth && ties > 0;
-    if (keys[j] > kth || tie) {
+    const bool tie = keys[j] == kth.key && ties > 0;
+    if (keys[j] > kth.key || tie) {
       ties -= tie;
       idx[out++] = idx[j];
     }
   }
-  return out;
 }
 
 // kLeftPack.lanes[mask] lists the set bit positions of an 8-bit mask
@@ -173,7 +176,7 @@ __attribute__((target("avx2,popcnt"))) size_t CollectAtLeastAvx2(
 
 KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank,
                      std::vector<uint32_t>* scratch) {
-  return RadixKth(keys, m, rank, scratch);
+  return RadixKth(keys, m, rank, InVector(scratch));
 }
 
 void ExactTopK(const float* in, size_t n, size_t k,
@@ -196,8 +199,7 @@ void ExactTopK(const float* in, size_t n, size_t k,
   uint32_t* keys = candidates + m + 8;  // CollectAtLeast stores groups of 8
   CollectAtLeast(in, n, digit << kDigitShift[0], candidates, keys, m);
   uint32_t* work = keys + m + 8;  // room for m + 8
-  const KthKey kth = RadixKth(keys, m, k, [work](size_t) { return work; });
-  KeepAbove(candidates, keys, m, kth.key, k - kth.greater);
+  KeepLargest(candidates, keys, m, k, [work](size_t) { return work; });
   std::copy(candidates, candidates + k, idx);
 }
 
@@ -234,9 +236,7 @@ size_t CollectAtLeast(const float* in, size_t n, uint32_t threshold,
 
 void TruncateToTopK(uint32_t* idx, uint32_t* keys, size_t m, size_t k,
                     std::vector<uint32_t>* scratch) {
-  if (k == m || k == 0) return;
-  const KthKey kth = RadixKth(keys, m, k, scratch);
-  KeepAbove(idx, keys, m, kth.key, k - kth.greater);
+  KeepLargest(idx, keys, m, k, InVector(scratch));
 }
 
 }  // namespace compression
