@@ -2,8 +2,12 @@
 
 #include "launcher/slurm.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -281,6 +285,32 @@ Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
   }
 }
 
+namespace {
+
+// A TCP port free on `host` now (the system's pick), for torch.distributed's
+// store under dist.init_process_group(); 0 when none can be had.
+int FreeTcpPort(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "0", &hints, &found) != 0) return 0;
+  int port = 0;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  if (fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+    port = ntohs(bound.ss_family == AF_INET6
+                     ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                     : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return port;
+}
+
+}  // namespace
+
 Status Launcher::StartNodes() {
   std::vector<std::pair<std::string, std::string>> job = {
       {"GRADSYNC_SCHEDULER", scheduler_address_},
@@ -300,10 +330,21 @@ Status Launcher::StartNodes() {
                               "--metrics_port=" + std::to_string(metrics)},
                              env));
   }
+  // torch.distributed's env:// variables, so that a PyTorch worker's
+  // dist.init_process_group("gradsync") finds this job as under torchrun.
+  const std::string workers = std::to_string(options_.workers);
+  const std::string torch_port = std::to_string(FreeTcpPort(options_.host));
   for (int r = 0; r < options_.workers; ++r) {
     auto env = job;
     env.emplace_back("GRADSYNC_RANK", std::to_string(r));
     env.emplace_back("GRADSYNC_LOCAL_RANK", std::to_string(r));
+    for (const auto& [name, value] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
+             {"WORLD_SIZE", workers}, {"LOCAL_WORLD_SIZE", workers},
+             {"MASTER_ADDR", options_.host}, {"MASTER_PORT", torch_port}}) {
+      env.emplace_back(name, value);
+    }
     env.emplace_back("GRADSYNC_METRICS_BASE_PORT",
                      std::to_string(options_.metrics_port > 0 ? options_.metrics_port + 10 : 0));
     GS_RETURN_IF_ERROR(Start("worker " + std::to_string(r), true,

@@ -6,6 +6,10 @@
     ...
     gradsync.shutdown()
 
+With PyTorch installed, importing gradsync also makes "gradsync" a
+torch.distributed backend: torch.distributed.init_process_group("gradsync")
+joins the job (see gradsync._backend).
+
 Settings are keyword arguments named as gradsync's flags (path="ps",
 compression="fp16", op_timeout_ms=30000, ...); those not given come from
 the GRADSYNC_* environment. Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR
@@ -20,7 +24,9 @@ import sys
 from gradsync._comm import Communicator, EmbeddedScheduler
 from gradsync._lib import GradsyncError
 
-__all__ = ["GradsyncError", "init", "is_initialized", "rank", "size",
+__version__ = "0.4.0"
+
+__all__ = ["__version__", "GradsyncError", "init", "is_initialized", "rank", "size",
            "local_rank", "communicator", "shutdown", "torchrun_job",
            "TORCHRUN_PORT_OFFSET"]
 
@@ -53,9 +59,16 @@ def _torchrun_settings(settings):
     if rank == 0:
         job = {k: settings[k] for k in _SCHEDULER_SETTINGS if k in settings}
         job.update(port=port, num_workers=world)
-        _state["scheduler"] = EmbeddedScheduler(job)
+        _host_scheduler(job)
     settings["scheduler"] = "%s:%d" % (os.environ["MASTER_ADDR"], port)
     return settings
+
+
+def _host_scheduler(job):
+    """Starts the job's scheduler on a thread of this process with settings
+    `job` (stopped by shutdown()); returns the port it listens on."""
+    _state["scheduler"] = EmbeddedScheduler(job)
+    return _state["scheduler"].port
 
 
 def torchrun_job():
@@ -163,3 +176,18 @@ atexit.register(_shutdown_at_exit)
 def _env_setting(name, default):
     """A setting's value from the GRADSYNC_* environment."""
     return os.environ.get("GRADSYNC_" + name.upper(), default)
+
+
+def _server_path(settings):
+    """Whether a member with these settings syncs through the parameter
+    server (path=ps, from the settings or GRADSYNC_PATH)."""
+    return settings.get("path", _env_setting("path", "allreduce")) == "ps"
+
+
+try:
+    from gradsync import _backend
+except ImportError as e:  # gradsync without PyTorch: no backend to register
+    if not (e.name or "").startswith("torch"):
+        raise
+else:
+    _backend.register()

@@ -25,7 +25,9 @@ class Communicator:
                   ctypes.byref(handle))
         self._handle = handle
         self._lock = threading.Lock()
-        op_timeout = int(settings.get("op_timeout_ms", _DEFAULT_OP_TIMEOUT_MS))
+        op_timeout = int(settings.get(
+            "op_timeout_ms",
+            os.environ.get("GRADSYNC_OP_TIMEOUT_MS", _DEFAULT_OP_TIMEOUT_MS)))
         self.timeout_ms = op_timeout + _WAIT_SLACK_MS
         self.settings = dict(settings)
         # CUDA gradients (gradient_device=cuda): tensors stay on the GPU.
@@ -34,6 +36,17 @@ class Communicator:
             os.environ.get("GRADSYNC_GRADIENT_DEVICE", "cpu"))) == "cuda"
         self.rank = self._query("rank")
         self.size = self._query("world_size")
+        self._executor = None
+
+    @property
+    def executor(self):
+        """The SerialExecutor that runs this member's asynchronous
+        collectives (DDP hook, torch.distributed backend) in one order."""
+        with self._lock:
+            if self._executor is None:
+                from gradsync._executor import SerialExecutor  # needs torch
+                self._executor = SerialExecutor("gradsync-r%d" % self.rank)
+            return self._executor
 
     def _query(self, name):
         out = ctypes.c_int()

@@ -10,44 +10,12 @@ backward pass) and handed over with mark_ready, so gradsync's bucketing,
 compression and path (ring, parameter server) apply. The futures complete
 on a worker thread of the hook, in bucket order.
 """
-import queue
-import threading
-
 import torch
 
 import gradsync
 from gradsync import _tensors
+from gradsync._executor import Pending
 from gradsync._lib import GradsyncError
-
-
-class _Completer:
-    """One thread that runs gradsync's waits and completes the futures."""
-
-    def __init__(self):
-        self._queue = queue.Queue()
-        self._error = None
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="gradsync-ddp-hook")
-        self._thread.start()
-
-    def submit(self, wait, futures):
-        """Runs `wait()` after everything submitted before, then completes
-        `futures` ([(future, tensor)]) with their tensors or its error."""
-        self._queue.put((wait, futures))
-
-    def _run(self):
-        while True:
-            wait, futures = self._queue.get()
-            if self._error is None:
-                try:
-                    wait()
-                except Exception as e:  # every error ends up in the futures
-                    self._error = e
-            for future, tensor in futures:
-                if self._error is not None:
-                    future.set_exception(self._error)
-                else:
-                    future.set_result(tensor)
 
 
 class HookState:
@@ -56,46 +24,69 @@ class HookState:
         model.register_comm_hook(gradsync.torch.HookState(),
                                  gradsync.torch.allreduce_hook)
 
-    `comm` defaults to the Communicator of gradsync.init(); it must not
-    have other tensors registered. Attributes: `iteration` (backward passes
-    seen), `registered` (whether the buckets are gradsync tensors yet)."""
+    `comm` defaults to the Communicator of gradsync.init() (or of the
+    "gradsync" process group); it must not have other tensors registered.
+    Attributes: `iteration` (backward passes seen), `registered` (whether
+    the buckets are gradsync tensors yet).
+
+    Every future the hook returns completes within the job's deadline: with
+    the averaged bucket, or with the error that stopped it (a refused
+    tensor, a dead rank), which DDP raises from backward(). A sparse bucket
+    (nn.Embedding(sparse=True)) is averaged by gathering every rank's
+    indices and values; on the parameter server it is refused."""
 
     def __init__(self, comm=None):
         self.comm = comm if comm is not None else gradsync.communicator()
         self.iteration = 0
         self.registered = False
-        self._completer = _Completer()
+        self._executor = self.comm.executor
         self._previous = None  # the last iteration's [(index, numel, dtype)]
         self._layout = []
+        self._layout_of = {}
         self._ids = {}         # DDP bucket index -> gradsync tensor id
-        self._pending = []     # [(future, tensor)] of this iteration
+        self._pending = []     # Pending of this iteration's dense buckets
+        self._sparse = []      # Pending of this iteration's sparse buckets
+        self._failure = None   # why this iteration cannot be synchronised
 
     def run(self, bucket):
         buffer = bucket.buffer()
-        future = torch.futures.Future()
-        index = bucket.index()
+        done = Pending(buffer)
         try:
-            code = _tensors.gs_dtype(buffer, "DDP bucket %d" % index,
-                                     self.comm)
-            if self.registered:
-                self._mark_ready(index, buffer, code)
+            if buffer.layout != torch.strided:
+                self._check_sparse(bucket.index())
+                self._sparse.append(done)
             else:
-                self._reduce_direct(index, buffer, code)
-            self._pending.append((future, buffer))
+                self._pending.append(done)
+                self._dense(bucket.index(), buffer)
         except GradsyncError as e:
-            future.set_exception(e)
-            return future
+            self._failure = self._failure or e
+            if done not in self._pending + self._sparse:
+                self._pending.append(done)
         if bucket.is_last():
             self._end_iteration()
-        return future
+        return done.future
+
+    def _check_sparse(self, index):
+        if gradsync._server_path(self.comm.settings):
+            raise GradsyncError(
+                "DDP bucket %d holds a sparse gradient (nn.Embedding("
+                "sparse=True)?): the parameter server takes dense gradients "
+                "only; use path=allreduce or a dense embedding" % index,
+                "unimplemented")
+
+    def _dense(self, index, buffer):
+        code = _tensors.gs_dtype(buffer, "DDP bucket %d" % index, self.comm)
+        if self.registered:
+            self._mark_ready(index, buffer, code)
+        else:
+            self._reduce_direct(index, buffer, code)
 
     def _reduce_direct(self, index, buffer, code):
         self._layout.append((index, buffer.numel(), code))
         comm = self.comm
         _tensors.settle(buffer)
-        self._completer.submit(
-            lambda: comm.allreduce(buffer.data_ptr(), buffer.numel(), code),
-            [])
+        self._executor.submit(
+            lambda: comm.allreduce(buffer.data_ptr(), buffer.numel(), code))
 
     def _mark_ready(self, index, buffer, code):
         expected = self._layout_of.get(index)
@@ -109,20 +100,39 @@ class HookState:
 
     def _end_iteration(self):
         pending, self._pending = self._pending, []
+        sparse, self._sparse = self._sparse, []
+        failure, self._failure = self._failure, None
+        self.iteration += 1
+        if failure is not None:
+            self._fail(failure, pending + sparse)
+            return
         if self.registered:
-            self._completer.submit(self.comm.synchronize, pending)
+            self._executor.submit(self.comm.synchronize, pending)
         else:
-            self._completer.submit(lambda: None, pending)
+            self._executor.submit(lambda: None, pending)
             if self._layout == self._previous:
                 self._register()
             self._previous, self._layout = self._layout, []
-        self.iteration += 1
+        for done in sparse:
+            self._executor.submit(lambda d=done: self._average_sparse(d), [done])
+
+    def _average_sparse(self, done):
+        done.value = _tensors.sparse_average(self.comm, done.value)
+
+    def _fail(self, error, completions):
+        def fail():
+            raise error
+        self._executor.submit(fail, completions)
 
     def _register(self):
         self._layout_of = {i: (n, code) for i, n, code in self._layout}
-        for index, numel, code in sorted(self._layout, reverse=True):
-            self._ids[index] = self.comm.register(
-                "ddp.bucket.%d" % index, numel, code)
+        try:
+            for index, numel, code in sorted(self._layout, reverse=True):
+                self._ids[index] = self.comm.register(
+                    "ddp.bucket.%d" % index, numel, code)
+        except GradsyncError as e:
+            self._fail(e, [])
+            return
         self.registered = True
 
 

@@ -3,21 +3,18 @@
 Each parameter's gradient is handed to gradsync from an autograd hook as
 soon as the backward pass has accumulated it, so communication overlaps the
 rest of the backward pass through gradsync's own bucketing; step()
-synchronises, then steps the wrapped optimizer.
+synchronises, then steps as the wrapped optimizer does.
 """
 import contextlib
-import warnings
 
 import torch
 
 import gradsync
-from gradsync import _tensors
-from gradsync._lib import GradsyncError
 
 
-def _named(optimizer, named_parameters):
-    """[(name, parameter)] of every parameter the optimizer steps."""
-    in_optimizer = [p for g in optimizer.param_groups for p in g["params"]]
+def _named(param_groups, named_parameters):
+    """[(name, parameter)] of every parameter in `param_groups`."""
+    in_optimizer = [p for g in param_groups for p in g["params"]]
     if named_parameters is None:
         return [("param.%d" % i, p) for i, p in enumerate(in_optimizer)]
     named = list(named_parameters)
@@ -30,17 +27,84 @@ def _named(optimizer, named_parameters):
     if missing:
         raise ValueError("named_parameters lacks %d of the optimizer's "
                          "parameters (indices %s)" % (len(missing), missing))
-    return named
+    by_id = {id(p): n for n, p in named}
+    return [(by_id[id(p)], p) for p in in_optimizer]
 
 
 def _server_optimizer(settings):
     """Whether the parameter-server shards hold the parameters and step."""
-    path = settings.get("path", gradsync._env_setting("path", "allreduce"))
     kind = settings.get("optimizer", gradsync._env_setting("optimizer", "none"))
-    return path == "ps" and kind != "none"
+    return gradsync._server_path(settings) and kind != "none"
 
 
-class DistributedOptimizer:
+class _Distributed:
+    """The methods DistributedOptimizer adds to the wrapped optimizer's
+    class (see DistributedOptimizer)."""
+
+    def __init__(self, param_groups, named_parameters, comm,
+                 backward_passes_per_step):
+        self._gs = None  # add_param_group registers once this is set
+        super(self.__class__, self).__init__(param_groups)
+        self.comm = comm
+        self.backward_passes_per_step = backward_passes_per_step
+        self.unused_gradients = 0
+        self._gs = _Registry(self, comm)
+        self._gs.add(_named(self.param_groups, named_parameters))
+        if self._gs.server_steps:
+            self._gs.start_from_root()
+
+    def add_param_group(self, param_group):
+        """Adds a group, as torch's optimizers do; its parameters join the
+        synchronisation (only before the first backward pass)."""
+        before = {id(p) for g in self.param_groups for p in g["params"]}
+        super(self.__class__, self).add_param_group(param_group)
+        if self._gs is not None:
+            new = [p for p in self.param_groups[-1]["params"]
+                   if id(p) not in before]
+            self._gs.add([("group%d.param.%d" % (len(self.param_groups) - 1, i), p)
+                          for i, p in enumerate(new)])
+
+    def synchronize(self):
+        """Waits until every gradient of this step is averaged over the
+        workers (in p.grad). Call it before reading or changing gradients
+        (clipping, GradScaler.unscale_), then step() inside
+        skip_synchronize()."""
+        self._gs.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside only steps: the gradients were synchronised by an
+        explicit synchronize()."""
+        self._gs.skip += 1
+        try:
+            yield
+        finally:
+            self._gs.skip -= 1
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally only."""
+        self._gs.no_sync += 1
+        try:
+            yield
+        finally:
+            self._gs.no_sync -= 1
+
+    def step(self, closure=None):
+        """synchronize() (unless skipped or already done this step), then
+        the wrapped optimizer's step (unless the parameter-server shards
+        stepped). A parameter that no rank used in this step keeps
+        grad=None and is not moved."""
+        if not self._gs.skip and not self._gs.synchronized:
+            self._gs.synchronize()
+        self._gs.synchronized = False
+        if self._gs.server_steps:
+            return None
+        return super(self.__class__, self).step(closure)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None,
+                         backward_passes_per_step=1, comm=None):
     """Wraps a torch optimizer: gradients are averaged over the workers.
 
         opt = gradsync.torch.DistributedOptimizer(
@@ -48,143 +112,51 @@ class DistributedOptimizer:
             named_parameters=model.named_parameters())
         loss.backward(); opt.step(); opt.zero_grad()
 
+    The result is an instance of a subclass of the wrapped optimizer's class
+    (so a torch.optim.Optimizer: LR schedulers, state_dict, add_param_group
+    work as usual) holding the same parameter groups and state; use it in
+    place of the wrapped one. Clipping or AMP:
+
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # or
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            opt.step()   # or scaler.step(opt)
+
     backward_passes_per_step=k: gradients accumulate locally over k
     backward passes and are synchronised in the k-th (divide the loss by k
     for the large-batch gradient); `with opt.no_sync():` does the same for
-    the passes inside it. A parameter that got no gradient since the last
-    step is synchronised as zeros (counted in `unused_gradients`, warned
-    about once). With a server-side optimizer (path=ps and optimizer other
-    than none) the shards step: the constructor makes every rank start from
-    rank 0's parameters and step() takes the parameters the shards return.
-    Raises ValueError or GradsyncError for bad arguments before any
-    training."""
+    the passes inside it. A parameter that got no gradient on this rank is
+    synchronised as zeros (counted in `unused_gradients`, warned about
+    once); one that got none on any rank keeps grad=None. Sparse gradients
+    (nn.Embedding(sparse=True)) are averaged by gathering every rank's rows
+    (all-reduce path; the parameter server refuses them). Several
+    DistributedOptimizers may share a communicator: the first one made
+    before the first backward pass uses gradsync's buckets; the others
+    average their gradients with one direct all-reduce per dtype in step().
+    With a server-side optimizer (path=ps and optimizer other than none)
+    the shards step: every rank starts from rank 0's parameters and step()
+    takes the parameters the shards return. Raises ValueError or
+    GradsyncError for bad arguments before any training."""
+    if not isinstance(backward_passes_per_step, int) or \
+            backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be an integer "
+                         ">= 1, not %r" % (backward_passes_per_step,))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError("DistributedOptimizer wraps a torch.optim.Optimizer, "
+                         "not %r" % (optimizer,))
+    comm = comm if comm is not None else gradsync.communicator()
+    base = type(optimizer)
+    methods = {k: v for k, v in _Distributed.__dict__.items()
+               if k not in ("__dict__", "__weakref__")}
+    cls = type(base.__name__, (base,), methods)
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    wrapped = cls(optimizer.param_groups, named_parameters, comm,
+                  backward_passes_per_step)
+    if optimizer.state:
+        wrapped.load_state_dict(optimizer.state_dict())
+    return wrapped
 
-    def __init__(self, optimizer, named_parameters=None,
-                 backward_passes_per_step=1, comm=None):
-        if not isinstance(backward_passes_per_step, int) or \
-                backward_passes_per_step < 1:
-            raise ValueError("backward_passes_per_step must be an integer "
-                             ">= 1, not %r" % (backward_passes_per_step,))
-        self.optimizer = optimizer
-        self.comm = comm if comm is not None else gradsync.communicator()
-        self.backward_passes_per_step = backward_passes_per_step
-        self.unused_gradients = 0
-        self._params = [(n, p) for n, p in _named(optimizer, named_parameters)
-                        if p.requires_grad]
-        for name, p in self._params:
-            _tensors.gs_dtype(p, "parameter '%s'" % name, self.comm)
-        self._server_steps = _server_optimizer(self.comm.settings)
-        self._ids = {p: self.comm.register(n, p.numel(),
-                                           _tensors.gs_dtype(p, n, self.comm),
-                                           tuple(p.shape))
-                     for n, p in self._params}
-        self._names = {p: n for n, p in self._params}
-        self._no_sync = 0
-        self._warned = False
-        self._reset()
-        self._accumulators = [self._hook(p) for _, p in self._params]
-        if self._server_steps:
-            self._start_from_root()
 
-    def _reset(self):
-        self._passes = {p: 0 for _, p in self._params}
-        self._marked = set()
-
-    def _hook(self, p):
-        accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-        accumulator.register_hook(lambda *_: self._gradient_ready(p))
-        return accumulator
-
-    def _gradient_ready(self, p):
-        if self._no_sync:
-            self._passes[p] = max(self._passes[p], 1)
-            return
-        self._passes[p] += 1
-        if self._passes[p] >= self.backward_passes_per_step:
-            self._mark(p)
-
-    def _mark(self, p):
-        if p in self._marked:
-            raise GradsyncError(
-                "the gradient of '%s' was produced again before step(): call "
-                "step() (or synchronize()) after each %d backward pass(es)"
-                % (self._names[p], self.backward_passes_per_step),
-                "failed_precondition")
-        what = "the gradient of '%s'" % self._names[p]
-        _tensors.gs_dtype(p.grad, what, self.comm)
-        self._marked.add(p)
-        self.comm.mark_ready(self._ids[p], p.grad.data_ptr(),
-                             _tensors.stream_of(p.grad))
-
-    def _mark_rest(self):
-        unused = [p for _, p in self._params
-                  if p not in self._marked and not self._passes[p]]
-        for p in unused:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            else:
-                p.grad.zero_()
-        if unused:
-            self.unused_gradients += len(unused)
-            if not self._warned:
-                self._warned = True
-                warnings.warn("gradsync: no gradient for %s in this step; "
-                              "synchronised as zeros" %
-                              ", ".join(self._names[p] for p in unused))
-        for _, p in self._params:
-            if p not in self._marked:
-                self._mark(p)
-
-    def _start_from_root(self):
-        """First synchronisation on the shards: rank 0's parameters."""
-        with torch.no_grad():
-            for _, p in self._params:
-                self.comm.mark_ready(self._ids[p], p.data_ptr(),
-                                     _tensors.stream_of(p))
-            self.comm.synchronize()
-
-    def synchronize(self):
-        """Waits until every gradient of this step is averaged (in p.grad)."""
-        self._mark_rest()
-        try:
-            self.comm.synchronize()
-        finally:
-            self._reset()
-        if self._server_steps:
-            with torch.no_grad():
-                for _, p in self._params:
-                    p.copy_(p.grad)
-
-    def step(self, closure=None):
-        """synchronize(), then the wrapped optimizer's step (unless the
-        parameter-server shards stepped)."""
-        self.synchronize()
-        if self._server_steps:
-            return None
-        return self.optimizer.step(closure)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside accumulate gradients locally only."""
-        self._no_sync += 1
-        try:
-            yield
-        finally:
-            self._no_sync -= 1
-
-    def zero_grad(self, set_to_none=False):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict):
-        self.optimizer.load_state_dict(state_dict)
+from gradsync._registry import _Registry  # noqa: E402  (uses _server_optimizer)

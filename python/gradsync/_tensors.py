@@ -81,3 +81,37 @@ def allreduce_tensor(comm, tensor, average, what):
     settle(tensor)
     if tensor.numel():
         comm.allreduce(tensor.data_ptr(), tensor.numel(), code, average)
+
+
+def allgather_tensor(comm, tensor):
+    """Every rank's `tensor` (any dtype, same shape on every rank) stacked:
+    a new CPU tensor of shape (world size, *tensor.shape)."""
+    local = tensor.detach().to("cpu").contiguous()
+    out = torch.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
+    nbytes = local.numel() * local.element_size()
+    if nbytes:
+        comm.allgather(local.data_ptr(), nbytes, out.data_ptr())
+    return out
+
+
+def sparse_average(comm, tensor):
+    """The average over the workers of a sparse COO `tensor` (same size on
+    every rank, any number of entries): every rank's indices and values are
+    gathered, summed and divided by the world size. A new coalesced tensor
+    on the input's device."""
+    local = tensor.detach().to("cpu").coalesce()
+    indices, values = local.indices(), local.values()
+    counts = allgather_tensor(comm, torch.tensor([indices.shape[1]]))[:, 0]
+    most = int(counts.max())
+    padded_i = torch.zeros((indices.shape[0], most), dtype=indices.dtype)
+    padded_i[:, :indices.shape[1]] = indices
+    padded_v = torch.zeros((most,) + tuple(values.shape[1:]),
+                           dtype=values.dtype)
+    padded_v[:values.shape[0]] = values
+    all_i, all_v = allgather_tensor(comm, padded_i), allgather_tensor(comm, padded_v)
+    pieces = [(all_i[r, :, :n], all_v[r, :n]) for r, n in
+              enumerate(counts.tolist())]
+    summed = torch.sparse_coo_tensor(
+        torch.cat([i for i, _ in pieces], 1), torch.cat([v for _, v in pieces]),
+        local.shape).coalesce()
+    return (summed / comm.size).to(tensor.device)

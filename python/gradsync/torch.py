@@ -88,8 +88,6 @@ def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
     them the same number of times first); GradsyncError names a rank whose
     state differs."""
     comm = _comm(comm)
-    if isinstance(optimizer, DistributedOptimizer):
-        optimizer = optimizer.optimizer
     state, tensors = _state_tensors(optimizer)
     shape = torch.tensor([float(len(tensors)),
                           float(sum(t.numel() for _, t in tensors))])

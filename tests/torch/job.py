@@ -103,11 +103,12 @@ class Job:
         port = master_port()
         for rank in range(workers):
             env = base_env(self.env)
-            if torchrun:
-                env.update(RANK=str(rank), LOCAL_RANK=str(rank),
-                           WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(port))
-            else:
+            # torchrun's variables; gradsync_launch sets them too, beside
+            # its GRADSYNC_* ones.
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            if not torchrun:
                 env.update(GRADSYNC_RANK=str(rank))
             self.spawn("worker%d" % rank, [sys.executable] + argv, env)
 
@@ -151,6 +152,17 @@ def run_workers(tag, argv, workers=4, torchrun=True, servers=0,
         return job.wait_workers(timeout_s)
     finally:
         job.stop()
+
+
+def run_ok(worker, scenario, workers, **kwargs):
+    """Runs `scenario` of the worker script `worker` on `workers` ranks
+    (run_workers' keyword arguments); asserts every rank exited 0 with a
+    RESULT and returns {rank: RESULT dict}."""
+    results = run_workers(scenario, [worker, scenario], workers, **kwargs)
+    for rank, (code, result, _) in results.items():
+        assert code == 0 and result is not None, \
+            "worker %d failed\n%s" % (rank, describe(results))
+    return {rank: result for rank, (_, result, _) in results.items()}
 
 
 def launch(argv, workers, servers, timeout_s, extra_env=None):

@@ -10,11 +10,7 @@ WORKERS = 4
 
 
 def run(scenario, **kwargs):
-    results = job.run_workers(scenario, [WORKER, scenario], WORKERS, **kwargs)
-    for rank, (code, result, _) in results.items():
-        assert code == 0 and result is not None, \
-            "worker %d failed\n%s" % (rank, job.describe(results))
-    return {rank: result for rank, (_, result, _) in results.items()}
+    return job.run_ok(WORKER, scenario, WORKERS, **kwargs)
 
 
 def test_hook_equals_ddp_gloo_bit_for_bit_on_integer_gradients():

@@ -268,6 +268,13 @@ def gil_released():
     gradsync.shutdown()
 
 
+def die_now():
+    """SIGKILLs this process after writing the time to KILL_TIME_FILE."""
+    with open(os.environ["KILL_TIME_FILE"], "w") as f:
+        f.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def killed():
     """Rank 3 dies (SIGKILL) in the middle of step 3; every other rank must
     raise a GradsyncError naming it."""
@@ -280,9 +287,7 @@ def killed():
         x, y = batch(step, rank, 8)
         loss = torch.nn.functional.mse_loss(model(x), y)
         if step == 3 and rank == 3:
-            with open(os.environ["KILL_TIME_FILE"], "w") as f:
-                f.write(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+            die_now()
         loss.backward()
         try:
             opt.step()
