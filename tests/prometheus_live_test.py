@@ -2,9 +2,17 @@
 
 The job (gradsync_launch): the scheduler, 2 parameter-server shards in SSP
 mode with a server-side optimizer and checkpoints every second, and 2
-Fashion-MNIST trainers for a few hundred steps. Prometheus (Debian's
-package, on loopback, a temporary data directory) scrapes every process
-every second with the dashboard's recording and alert rules loaded.
+Fashion-MNIST trainers. Prometheus (Debian's package, on loopback, a
+temporary data directory) scrapes every process every second with the
+dashboard's recording and alert rules loaded.
+
+The test waits for what it needs, not for time: Prometheus's target
+discovery sends its first update about 5 s after start, so the job starts
+only once Prometheus has tried every target (/api/v1/targets: lastScrape
+set); the job then trains until Prometheus has scraped every process up at
+least MIN_UP_SCRAPES times and seen every worker's completed step change
+at least twice, and is then stopped as Ctrl-C stops it (SIGINT to the
+launcher, which must exit 128 + SIGINT having stopped every process).
 
 Checks:
   - every process's exposition passes `promtool check metrics` and carries
@@ -18,11 +26,13 @@ Usage: prometheus_live_test.py (inside Bazel: runfiles are found through
 $TEST_SRCDIR; outside, from the repository root after bazel build).
 """
 
+import datetime
 import json
 import math
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +43,8 @@ import urllib.parse
 import urllib.request
 
 SCRAPE_S = 1
+MIN_UP_SCRAPES = 3
+NEVER = "0001-01-01T00:00:00Z"  # lastScrape of a target not scraped yet
 
 
 def runfile(path):
@@ -95,6 +107,50 @@ def sample(text, name):
     return None
 
 
+def scraped_once(prom, instances):
+    """Whether Prometheus has tried to scrape every instance (up or not)."""
+    tried = {t["labels"]["instance"] for t in api(prom, "targets", state="active")["activeTargets"]
+             if t.get("lastScrape", NEVER) != NEVER}
+    return instances <= tried
+
+
+def per_instance(prom, query):
+    """{instance: value} of an instant query."""
+    return {r["metric"]["instance"]: float(r["value"][1])
+            for r in api(prom, "query", query=query)["result"]}
+
+
+def enough_scrapes(prom, instances, workers):
+    """Every instance up in at least MIN_UP_SCRAPES scrapes and reported up
+    by /api/v1/targets now; every worker's last completed step stored with
+    at least two changes (so rates over training have two samples)."""
+    health = {t["labels"]["instance"]: t["health"]
+              for t in api(prom, "targets", state="active")["activeTargets"]}
+    ups = per_instance(prom, "sum_over_time(up[10m])")
+    steps = per_instance(prom, "changes(gradsync_client_last_completed_step[10m])")
+    return (all(health.get(i) == "up" and ups.get(i, 0) >= MIN_UP_SCRAPES for i in instances)
+            and all(steps.get(i, 0) >= 2 for i in workers))
+
+
+def still_running(job):
+    """True while the job runs; an AssertionError (ending the wait) once it ended."""
+    code = job.poll()
+    if code is not None:
+        raise AssertionError("the job ended (exit %d) before the scrapes the test needs" % code)
+    return True
+
+
+def evaluated_after(group, when):
+    """Whether a rule group of /api/v1/rules was last evaluated after `when`."""
+    stamp = group.get("lastEvaluation", NEVER)
+    if stamp == NEVER:
+        return False
+    # Prometheus writes nanoseconds; datetime takes microseconds.
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    parsed = datetime.datetime.fromisoformat(head + "." + (frac + "000000")[:6] + "+00:00")
+    return parsed.timestamp() > when
+
+
 class Failures:
     def __init__(self):
         self.items = []
@@ -144,6 +200,10 @@ def main():
     failures = Failures()
     try:
         wait_for("Prometheus to be ready", lambda: "Ready" in get(prom + "/-/ready"), 60)
+        instances = {"127.0.0.1:%d" % p for p in targets.values()}
+        workers = {"127.0.0.1:%d" % p for n, p in targets.items() if n.startswith("worker")}
+        wait_for("Prometheus to try every target once (target discovery)",
+                 lambda: scraped_once(prom, instances), 60)
 
         env = dict(os.environ,
                    GRADSYNC_PS_MODE="ssp", GRADSYNC_STALENESS="2",
@@ -157,8 +217,7 @@ def main():
             [launch, "--workers=2", "--servers=2", "--port=0",
              "--metrics_port=%d" % base, "--server_binary=" + server,
              "--log_dir=" + os.path.join(work, "logs"), "--",
-             trainer, "--path=ps", "--epochs=1", "--max_steps=1200", "--batch=32",
-             "--mode=ps-ssp2"],
+             trainer, "--path=ps", "--epochs=1000", "--batch=32", "--mode=ps-ssp2"],
             env=env, stdout=job_log, stderr=subprocess.STDOUT)
 
         # Each process's exposition, taken while the job trains.
@@ -176,19 +235,25 @@ def main():
 
         try:
             wait_for("every process to serve /metrics with training under way", all_scraped, 120)
+            wait_for("Prometheus to scrape every process %d times, every worker's step "
+                     "changing twice" % MIN_UP_SCRAPES,
+                     lambda: still_running(job) and enough_scrapes(prom, instances, workers), 120)
         except AssertionError:
             job.kill()
             with open(os.path.join(work, "job.log"), encoding="utf-8") as f:
                 print(f.read()[-4000:])
             raise
-        code = job.wait(timeout=600)
+        job.send_signal(signal.SIGINT)
+        code = job.wait(timeout=120)
         end = time.time()
         job_log.close()
         with open(os.path.join(work, "job.log"), encoding="utf-8") as f:
             log = f.read()
-        failures.check(code == 0, "the job exited %d:\n%s" % (code, log[-3000:]))
+        failures.check(code == 128 + signal.SIGINT,
+                       "the job, stopped by SIGINT, exited %d:\n%s" % (code, log[-3000:]))
         print("job ran %.1f s" % (end - start), flush=True)
-        time.sleep(2 * SCRAPE_S)  # the last scrapes and rule evaluations
+        wait_for("every rule group to be evaluated after the job",
+                 lambda: all(evaluated_after(g, end) for g in api(prom, "rules")["groups"]), 60)
 
         for name, text in sorted(expositions.items()):
             check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),

@@ -6,18 +6,19 @@
 # must run the scheduler on the first node, the shard on the second and two
 # workers on the others, each with its rank and the scheduler's address from
 # the allocation alone, and train with exact averages (parameter server,
-# sync). Skips (exit 0, saying so) without root or without Slurm
+# sync). Skips (exit 0 with a line "GRADSYNC-SKIPPED: why", which
+# tools/test_summary.sh counts as skipped) without root or without Slurm
 # (slurm-wlm, munge).
 set -euo pipefail
 
 for tool in slurmctld slurmd srun sinfo munged; do
   if ! command -v "$tool" > /dev/null; then
-    echo "SKIPPED: $tool is not installed (tools/install_deps.sh installs slurm-wlm and munge)"
+    echo "GRADSYNC-SKIPPED: $tool is not installed (tools/install_deps.sh installs slurm-wlm and munge)"
     exit 0
   fi
 done
 if ! tools/simhosts.sh check; then
-  echo "SKIPPED: network namespaces cannot be made here (not root)"
+  echo "GRADSYNC-SKIPPED: network namespaces cannot be made here (not root)"
   exit 0
 fi
 

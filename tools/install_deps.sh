@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gradsync builds and runs with. Idempotent:
-# it asks apt only when a package is missing.
+# it asks apt only when a package is missing. It prints one line per phase;
+# apt's own output goes to a log file (INSTALL_DEPS_LOG, default
+# $TMPDIR/gradsync_install_deps.log), whose path is printed on failure.
 set -euo pipefail
 
 PACKAGES=(
@@ -25,9 +27,30 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#PACKAGES[@]} packages present"
   exit 0
 fi
-echo "install_deps: installing ${missing[*]}"
+echo "install_deps: ${#missing[@]} of ${#PACKAGES[@]} packages missing: ${missing[*]}"
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+log=${INSTALL_DEPS_LOG:-${TMPDIR:-/tmp}/gradsync_install_deps.log}
+: > "$log"
+
+# phase NAME COMMAND...: one line of progress; the command's output goes to
+# the log, whose path and last lines are printed when it fails.
+phase() {
+  local name=$1 start
+  shift
+  start=$(date +%s)
+  echo "install_deps: $name ..."
+  echo "=== $name: $*" >> "$log"
+  if ! "$@" >> "$log" 2>&1; then
+    echo "install_deps: $name failed; apt's output is in $log; its last lines:" >&2
+    tail -n 15 "$log" >&2
+    exit 1
+  fi
+  echo "install_deps: $name done in $(( $(date +%s) - start )) s"
+}
+
+phase "apt-get update" $SUDO apt-get update -q
+phase "installing ${#missing[@]} packages" \
+    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install_deps: all ${#PACKAGES[@]} packages present (apt's output in $log)"
