@@ -68,6 +68,8 @@ def _candidates():
         return [explicit]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
+        # An installed package (pip install ./python): inside it.
+        os.path.join(here, "libgradsync.so"),
         # Bazel runfiles: python/libgradsync.so beside the package.
         os.path.join(here, os.pardir, "libgradsync.so"),
         # A checkout after `bazel build //python:libgradsync.so`.
