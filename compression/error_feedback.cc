@@ -1,6 +1,8 @@
 #include "compression/error_feedback.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
@@ -19,6 +21,17 @@ void Add(const float* a, const float* b, float* out, size_t n) {
     const float c = a[i] + b[i];
     out[i] = c == c ? c : nan;
   }
+}
+
+// Whether no value is an infinity or a NaN (exponent bits all ones).
+bool AllFinite(const float* a, size_t n) {
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, a + i, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return any == 0;
 }
 
 }  // namespace
@@ -43,6 +56,11 @@ Status ErrorFeedback::Compress(const float* in, size_t n,
   }
   GS_RETURN_IF_ERROR(
       inner_->Compress(corrected_.data(), n, ctx, out, out_size));
+  // A gradient with inf or NaN (an overflowed step, which the trainer
+  // skips) goes out as it is, so every rank sees the overflow, but leaves
+  // the residual as it was: it would carry the inf or NaN into every later
+  // step.
+  if (!AllFinite(in, n)) return OkStatus();
   // e_new = c - Decompress(Compress(c)), made in corrected_ and handed to
   // the bucket: buffers of the same capacity are traded (no copy), others
   // copied, so that no buffer moves to a bucket of another size (which

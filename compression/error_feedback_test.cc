@@ -95,8 +95,10 @@ TEST(ErrorFeedbackTest, DecompressedPlusNewResidualIsTheCorrectedInput) {
 }
 
 // The new residual is fl(c - d) bit for bit, element by element, also
-// where c is NaN, infinite or -0 and where the compressor sent nothing (a
-// sparse compressor subtracts only what it kept: c - 0 is c).
+// where c is -0, subnormal or the largest float and where the compressor
+// sent nothing (a sparse compressor subtracts only what it kept: c - 0 is
+// c). Steps with inf or NaN keep the old residual
+// (ANonFiniteGradientLeavesTheResidualUnchanged).
 TEST(ErrorFeedbackTest, NewResidualIsTheRoundedDifferenceBitForBit) {
   auto bits = [](float x) {
     uint32_t b;
@@ -109,9 +111,9 @@ TEST(ErrorFeedbackTest, NewResidualIsTheRoundedDifferenceBitForBit) {
     for (uint64_t step = 0; step < 3; ++step) {
       const CompressContext ctx{9, step, 4};
       std::vector<float> g = Gaussian(n, 1.0f, 31 + step);
-      const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
-                                std::numeric_limits<float>::infinity(),
-                                -std::numeric_limits<float>::infinity(), -0.0f, 0.0f};
+      const float specials[] = {std::numeric_limits<float>::denorm_min(),
+                                std::numeric_limits<float>::max(),
+                                std::numeric_limits<float>::lowest(), -0.0f, 0.0f};
       for (size_t j = 0; j < 5; ++j) g[(j * 977 + step * 13) % n] = specials[j];
       std::vector<float> c = g;
       if (const std::vector<float>* e = ef.Residual(4)) {
@@ -221,6 +223,30 @@ TEST(ErrorFeedbackTest, FailedCompressLeavesTheResidualUnchanged) {
   Status s = ef.Compress(g.data(), 16, {}, small.data(), small.size());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(*ef.Residual(0), before);
+}
+
+// A step whose gradient holds inf or NaN (an fp16 overflow the trainer
+// skips, as GradScaler does) is still compressed, so every rank sees the
+// overflow, but leaves each residual as it was: one such step must not
+// poison every later one.
+TEST(ErrorFeedbackTest, ANonFiniteGradientLeavesTheResidualUnchanged) {
+  for (const auto& [name, make] : Inners()) {
+    SCOPED_TRACE(name);
+    for (float bad : {std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+      ErrorFeedback ef(make());
+      CompressUnaligned(ef, Gaussian(256, 1.0f, 1), {0, 0, 3});
+      const std::vector<float> before = *ef.Residual(3);
+      std::vector<float> g = Gaussian(256, 1.0f, 2);
+      g[77] = bad;
+      CompressUnaligned(ef, g, {0, 1, 3});
+      EXPECT_EQ(0, std::memcmp(before.data(), ef.Residual(3)->data(),
+                               before.size() * sizeof(float)));
+      CompressUnaligned(ef, Gaussian(256, 1.0f, 3), {0, 2, 3});
+      for (float e : *ef.Residual(3)) ASSERT_TRUE(std::isfinite(e));
+    }
+  }
 }
 
 // What error feedback is for: with top-k, every coordinate is eventually
