@@ -1,5 +1,7 @@
 #include "cluster/ps_links.h"
 
+#include "wire/validate.h"
+
 namespace gradsync::cluster {
 
 StatusOr<PsLinkOptions> PsLinkOptions::FromConfig(const Config& config) {
@@ -11,6 +13,13 @@ StatusOr<PsLinkOptions> PsLinkOptions::FromConfig(const Config& config) {
                                 std::to_string(bytes));
   }
   o.link_bytes = static_cast<size_t>(bytes);
+  GS_ASSIGN_OR_RETURN(int64_t partition,
+                      config.GetInt("partition_bytes", static_cast<int64_t>(o.partition_bytes)));
+  if (partition < 4 || partition > (int64_t{1} << 30)) {
+    return InvalidArgumentError("partition_bytes must be within [4, 1 GiB], got " +
+                                std::to_string(partition));
+  }
+  o.partition_bytes = static_cast<size_t>(partition);
   return o;
 }
 
@@ -20,6 +29,7 @@ wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t j
   wire::SameHostOptions out;
   out.job_id = job_id;
   out.link_bytes = options.link_bytes;
+  out.max_message_bytes = 2 * options.partition_bytes + wire::Limits{}.max_header_bytes;
   if (!options.enabled) return out;
   const bool worker = self.role == wire::Role::Worker;
   if (!worker && self.role != wire::Role::Server) return out;

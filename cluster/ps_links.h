@@ -22,8 +22,13 @@ namespace gradsync::cluster {
 struct PsLinkOptions {
   bool enabled = true;                  // ps_shm
   size_t link_bytes = size_t{8} << 20;  // ps_shm_bytes: each link a process reads
+  // partition_bytes: the largest partition a push or reply carries. No
+  // codec writes more than 8 bytes per element, so no message through a
+  // link is larger than 2 * partition_bytes plus a header.
+  size_t partition_bytes = size_t{4} << 20;
 
-  // Reads ps_shm and ps_shm_bytes (within [4096, 1 GiB]).
+  // Reads ps_shm, ps_shm_bytes (within [4096, 1 GiB]) and partition_bytes
+  // (within [4, 1 GiB]).
   static StatusOr<PsLinkOptions> FromConfig(const Config& config);
 };
 

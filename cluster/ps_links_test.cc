@@ -70,5 +70,14 @@ TEST(PsLinksTest, OffWhenDisabledAndItsSizeIsBounded) {
   EXPECT_FALSE(PsLinkOptions::FromConfig(Config::FromMap({{"ps_shm_bytes", "100"}})).ok());
 }
 
+TEST(PsLinksTest, MessagesAreBoundedByThePartitionSize) {
+  auto small = PsLinkOptions::FromConfig(Config::FromMap({{"partition_bytes", "1024"}}));
+  ASSERT_TRUE(small.ok()) << small.status();
+  const auto job = Job();
+  // 8 bytes per element at most, plus the largest header.
+  EXPECT_EQ(PsSameHostOptions(*small, 7, job[4], job).max_message_bytes, 2048u + 65536u);
+  EXPECT_FALSE(PsLinkOptions::FromConfig(Config::FromMap({{"partition_bytes", "0"}})).ok());
+}
+
 }  // namespace
 }  // namespace gradsync::cluster

@@ -151,11 +151,15 @@ Status TopKCompressor::Compress(const float* in, size_t n,
   return OkStatus();
 }
 
-Status TopKCompressor::CheckIndices(const uint8_t* in, size_t k,
-                                    size_t n) const {
+// The indices are copied out of `in` once and checked in the copy: `in` may
+// be memory another process can write (a payload lent from a shared-memory
+// link), so what is checked is what is used.
+Status TopKCompressor::CopyIndices(const uint8_t* in, size_t k, size_t n) {
+  indices_.resize(std::max(k, indices_.size()));
+  if (k > 0) std::memcpy(indices_.data(), in, k * sizeof(uint32_t));
   int64_t previous = -1;
   for (size_t j = 0; j < k; ++j) {
-    const int64_t index = LoadAt<int32_t>(in, j);
+    const int64_t index = static_cast<int32_t>(indices_[j]);
     if (index <= previous || index >= static_cast<int64_t>(n)) {
       return InvalidArgumentError(
           name() + ": index " + std::to_string(index) + " at position " +
@@ -172,7 +176,7 @@ StatusOr<size_t> TopKCompressor::ReadValues(const uint8_t* in, size_t in_size,
   GS_RETURN_IF_ERROR(CheckCount(name(), n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckInSize(name(), n, WireBytes(n), in_size));
   const size_t k = KeepCount(n);
-  GS_RETURN_IF_ERROR(CheckIndices(in, k, n));
+  GS_RETURN_IF_ERROR(CopyIndices(in, k, n));
   values_scratch_.resize(k);
   const uint8_t* values_in = in + k * sizeof(int32_t);
   if (values_ == TopKValues::kFp32) {
@@ -189,7 +193,7 @@ Status TopKCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   GS_ASSIGN_OR_RETURN(const size_t k, ReadValues(in, in_size, n));
   if (n > 0) std::memset(out, 0, n * sizeof(float));
   for (size_t j = 0; j < k; ++j) {
-    out[LoadAt<uint32_t>(in, j)] = values_scratch_[j];
+    out[indices_[j]] = values_scratch_[j];
   }
   return OkStatus();
 }
@@ -201,7 +205,7 @@ Status TopKCompressor::SubtractDecompressed(const uint8_t* in, size_t in_size,
                                             std::vector<float>* /*scratch*/) {
   GS_ASSIGN_OR_RETURN(const size_t k, ReadValues(in, in_size, n));
   for (size_t j = 0; j < k; ++j) {
-    out[LoadAt<uint32_t>(in, j)] -= values_scratch_[j];
+    out[indices_[j]] -= values_scratch_[j];
   }
   return OkStatus();
 }

@@ -30,7 +30,9 @@
 //
 // Errors: as compressor.h; also InvalidArgument for n > 2^31 - 1 (indices
 // are int32) and, from Decompress, for indices that are out of range or not
-// strictly ascending (nothing is written then).
+// strictly ascending (nothing is written then). Decompress reads each byte of
+// its input once (indices and values are copied, then checked), so it is safe
+// on memory another process may write while it runs.
 // Thread-safety: one instance per thread (scratch buffers, statistics).
 #ifndef GRADSYNC_COMPRESSION_TOPK_COMPRESSOR_H_
 #define GRADSYNC_COMPRESSION_TOPK_COMPRESSOR_H_
@@ -113,9 +115,12 @@ class TopKCompressor : public Compressor {
                   const CompressContext& ctx);
   // Whether exactly k elements reach `key`; they are in indices_ then.
   bool TakeAtLeast(const float* in, size_t n, size_t k, uint32_t key);
-  Status CheckIndices(const uint8_t* in, size_t k, size_t n) const;
-  // Checks in[0, in_size) as Decompress does and puts its k values, as
-  // floats, in values_scratch_; returns k.
+  // Copies the k indices of `in` into indices_ (each wire byte read once)
+  // and checks them there: ascending, each < n.
+  Status CopyIndices(const uint8_t* in, size_t k, size_t n);
+  // Checks in[0, in_size) as Decompress does and puts its k indices in
+  // indices_ and its k values, as floats, in values_scratch_ (the bytes of
+  // `in` are read once); returns k.
   StatusOr<size_t> ReadValues(const uint8_t* in, size_t in_size, size_t n);
 
   const TopKMethod method_;

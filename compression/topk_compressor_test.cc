@@ -1,6 +1,12 @@
 #include "compression/topk_compressor.h"
 
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +19,7 @@
 #include "common/half.h"
 #include "compression/test_util.h"
 #include "compression/topk_select.h"
+#include "compression/wire_util.h"
 #include "gtest/gtest.h"
 
 namespace gradsync {
@@ -281,6 +288,57 @@ TEST(TopKCompressorTest, DecompressRejectsBadIndicesAndWritesNothing) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << idx[3];
     EXPECT_EQ(out, std::vector<float>(n, 9.0f));
   }
+}
+
+// A payload lent from shared memory can change while it is decoded: another
+// process flips the last index between one in range and one 8 GiB past the
+// output. Whatever it reads, Decompress and SubtractDecompressed either
+// refuse the payload or write within the output.
+TEST(TopKCompressorTest, DecodesSafelyWhileAnotherProcessRewritesTheIndices) {
+  auto c = Make(kVariants[0], 0.01);
+  const size_t n = size_t{1} << 20;  // a 4 MiB output
+  const size_t k = c->KeepCount(n);
+  const size_t bytes = c->WireBytes(n);
+  struct Words {
+    std::atomic<uint32_t> started, stop;
+  };
+  void* map = mmap(nullptr, sizeof(Words) + bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* words = new (map) Words{{0}, {0}};
+  uint8_t* wire = static_cast<uint8_t*>(map) + sizeof(Words);
+  for (size_t j = 0; j < k; ++j) {
+    StoreAt<uint32_t>(wire, j, static_cast<uint32_t>(j));
+    StoreAt<float>(wire, k + j, 1.0f);
+  }
+  const uint32_t good = static_cast<uint32_t>(n - 1), bad = 0x7FFFFFF0u;
+  auto* last = reinterpret_cast<std::atomic<uint32_t>*>(wire + 4 * (k - 1));
+  const pid_t writer = fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {
+    words->started.store(1);
+    while (words->stop.load(std::memory_order_relaxed) == 0) {
+      last->store(bad, std::memory_order_relaxed);
+      last->store(good, std::memory_order_relaxed);
+    }
+    _exit(0);
+  }
+  while (words->started.load() == 0) sched_yield();
+  std::vector<float> out(n);
+  std::vector<float> scratch;
+  int taken = 0, refused = 0;
+  for (int i = 0; i < 200000 && (taken < 20 || refused < 20); ++i) {
+    const Status s = i % 2 == 0
+                         ? c->Decompress(wire, bytes, n, {}, out.data())
+                         : c->SubtractDecompressed(wire, bytes, n, {}, out.data(), &scratch);
+    (s.ok() ? taken : refused) += 1;
+  }
+  words->stop.store(1);
+  int status = 0;
+  ASSERT_EQ(waitpid(writer, &status, 0), writer);
+  munmap(map, sizeof(Words) + bytes);
+  EXPECT_GE(taken, 20);
+  EXPECT_GE(refused, 20);  // the writer's flips were seen
 }
 
 TEST(TopKCompressorTest, Fp16ValuesOverflowToSignedInfinity) {

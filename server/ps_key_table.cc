@@ -103,8 +103,10 @@ Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
 }  // namespace
 
 KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
-                   ShardCounters* counters)
-    : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters) {
+                   ShardCounters* counters, JobCodec* codec)
+    : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters),
+      own_codec_(codec == nullptr ? std::make_unique<JobCodec>(rules.compression) : nullptr),
+      codec_(codec == nullptr ? own_codec_.get() : codec) {
   compression::RegisterBuiltins(&reply_codecs_);
 }
 
@@ -127,6 +129,7 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
       Reject(r, code, s.message(), out);
       return false;
     }
+    if (r.compression != wire::Compression::None) codec_->Taken(r.codec);
     const bool keep = decoded != nullptr && r.compression != wire::Compression::None;
     if (keep) *decoded = values;
     OnPush(r, std::move(values), out);
@@ -182,6 +185,13 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
     Reject(r, ErrorCode::Oversized, "would be key number " + std::to_string(keys_.size() + 1) +
            " of a table that holds at most " + std::to_string(rules_.max_keys), out);
     return false;
+  }
+  if (r.type == MsgType::Push && r.compression != wire::Compression::None) {
+    Status s = codec_->Admit(r.codec);
+    if (!s.ok()) {
+      Reject(r, ErrorCode::WrongType, s.message(), out);
+      return false;
+    }
   }
   if (r.type == MsgType::Push) {
     ErrorCode code = ErrorCode::Unknown;

@@ -43,8 +43,9 @@
 // not come under that worker's identity (BadSender); a key placed on another shard
 // (Mismatch); more elements than a partition holds, or a new key past
 // max_keys (SizeMismatch / Oversized); dtype other than f32, a codec that is
-// unknown, of another family than the message says, or (on a pull) not a
-// reply encoding (WrongType); a size other than the key's, or compressed
+// unknown, of another family than the message says, not the job's
+// compressor (server/job_codec.h), or (on a pull) not a reply encoding
+// (WrongType); a size other than the key's, or compressed
 // bytes of another size than the codec writes (SizeMismatch); compressed
 // bytes that do not decode (Malformed); a round
 // outside the plausible window, one already closed without the sender, or a
@@ -69,6 +70,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "compression/wire_codec.h"
+#include "server/job_codec.h"
 #include "server/optimizer.h"
 #include "server/ps_metrics.h"
 #include "wire/message.h"
@@ -98,6 +100,9 @@ struct PsRules {
   // claiming worker r under another is refused. Empty, or "" for a rank:
   // not checked.
   std::vector<std::string> worker_identities;
+  // The job's compressor (server/job_codec.h): a spec or name; empty: the
+  // first compressed push fixes it.
+  std::string compression;
 };
 
 struct PsShardStats {
@@ -199,8 +204,10 @@ class KeyTable {
   using Key = std::pair<uint32_t, uint32_t>;  // (bucket, partition)
 
   // `optimizer` may be null (aggregate only) and must outlive the table.
+  // `codec`, the job's compressor shared by a shard's tables, must outlive
+  // the table; null: the table keeps one of its own, of rules.compression.
   KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
-           ShardCounters* counters);
+           ShardCounters* counters, JobCodec* codec = nullptr);
 
   // `h` is the verified header of `msg`, a Push or a Pull. Returns true when
   // a push was taken (recorded or applied): the state changed, and a replay
@@ -263,6 +270,8 @@ class KeyTable {
   ShardCounters* const counters_;
   std::set<int32_t> dead_;
   std::map<Key, KeyState> keys_;
+  std::unique_ptr<JobCodec> own_codec_;  // when none was handed in
+  JobCodec* const codec_;
   compression::PayloadDecoder decoder_;
   compression::CompressorRegistry reply_codecs_;
   std::map<std::string, std::unique_ptr<compression::Compressor>> reply_encoders_;

@@ -24,6 +24,7 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.rules.staleness_lr, config.GetBool("staleness_lr", false));
   GS_ASSIGN_OR_RETURN(int64_t threads, config.GetInt("ps_threads", 2));
   GS_ASSIGN_OR_RETURN(o.checkpoint_dir, config.GetString("checkpoint_dir", ""));
+  GS_ASSIGN_OR_RETURN(o.rules.compression, config.GetString("compression", ""));
   GS_ASSIGN_OR_RETURN(int64_t partition,
                       config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
   GS_ASSIGN_OR_RETURN(int64_t max_keys, config.GetInt("ps_max_keys", 65536));
@@ -66,7 +67,8 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
 PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self)
     : transport_(transport), options_(options), self_(self),
       optimizer_(MakeOptimizer(options.optimizer)),
-      policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})) {
+      policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})),
+      codec_(options.rules.compression) {
   policy_.job_id = self.job_id;
   // No codec writes more than 8 bytes per element, and no push carries more
   // than a partition's elements (KeyTable checks the exact size).
@@ -82,7 +84,7 @@ StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
   std::unique_ptr<PsShard> shard(new PsShard(transport, options, self));
   for (int i = 0; i < options.threads; ++i) {
     shard->key_threads_.push_back(std::make_unique<KeyThread>(
-        i, options.rules, shard->optimizer_.get(), self, &shard->counters_));
+        i, options.rules, shard->optimizer_.get(), self, &shard->counters_, &shard->codec_));
   }
   if (!options.checkpoint_dir.empty()) GS_RETURN_IF_ERROR(shard->Restore());
   for (auto& t : shard->key_threads_) {

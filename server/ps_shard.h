@@ -34,7 +34,10 @@
 //   setting or a smaller one), ps_max_keys (65536 keys per shard thread),
 //   ps_max_queued_bytes_per_peer (64 MiB: what one peer's messages may hold
 //   of the bytes waiting for the key threads; past it they are answered
-//   with Busy and counted, and the PS client sends them again).
+//   with Busy and counted, and the PS client sends them again),
+//   compression (the job's compressor, as the workers' setting: a
+//   compressed push naming another is refused, server/job_codec.h; unset:
+//   the first compressed push fixes it).
 //   async and ssp need a server-side optimizer.
 //
 // Thread-safety: all methods are thread-safe.
@@ -133,8 +136,8 @@ class PsShard {
   };
   struct KeyThread {
     KeyThread(int i, const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
-              ShardCounters* counters)
-        : index(i), table(rules, optimizer, self, counters), queue(4096) {}
+              ShardCounters* counters, JobCodec* codec)
+        : index(i), table(rules, optimizer, self, counters, codec), queue(4096) {}
     const int index;
     KeyTable table;
     BlockingQueue<Work> queue;
@@ -171,6 +174,7 @@ class PsShard {
   std::unique_ptr<Optimizer> optimizer_;
   wire::Policy policy_;
   ShardCounters counters_;
+  JobCodec codec_;  // the job's compressor, shared by the key tables
   std::vector<std::unique_ptr<KeyThread>> key_threads_;
   std::thread receiver_;
   std::atomic<bool> stop_{false};

@@ -312,34 +312,64 @@ TEST(PsShardTest, CompressedPushesAreDecompressedAndAveragedInFp32) {
   const size_t n = 1000;
   const std::vector<std::string> specs = {"topk:ratio=0.1,ef=1", "qsgd:chunk=128",
                                           "randomk:ratio=0.3", "fp16"};
-  for (uint32_t partition : {0u, 2u}) {
-    ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 4);
-    std::vector<std::vector<float>> got(4);
-    for (uint64_t round = 1; round <= 2; ++round) {
-      // Each worker its own compressor, worker 1 none: they mix in a round.
-      std::vector<float> expect(n, 0.0f);
-      for (int w = 0; w < 4; ++w) {
-        const std::vector<float> g = Ramp(n, static_cast<float>(w + round));
-        std::vector<float> d = g;
-        if (w == 1) {
-          h.Push(w, round, round - 1, g, partition);
-        } else {
-          h.PushCompressed(w, round, round - 1, g, specs[w], partition);
-          d = Decompressed(g, specs[w], h.Context(round, partition));
+  for (const std::string& spec : specs) {
+    for (uint32_t partition : {0u, 2u}) {
+      ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 4);
+      std::vector<std::vector<float>> got(4);
+      for (uint64_t round = 1; round <= 2; ++round) {
+        // The job's compressor, and worker 1 none: they mix in a round.
+        std::vector<float> expect(n, 0.0f);
+        for (int w = 0; w < 4; ++w) {
+          const std::vector<float> g = Ramp(n, static_cast<float>(w + round));
+          std::vector<float> d = g;
+          if (w == 1) {
+            h.Push(w, round, round - 1, g, partition);
+          } else {
+            h.PushCompressed(w, round, round - 1, g, spec, partition);
+            d = Decompressed(g, spec, h.Context(round, partition));
+          }
+          for (size_t i = 0; i < n; ++i) expect[i] = w == 0 ? d[i] : expect[i] + d[i];
         }
-        for (size_t i = 0; i < n; ++i) expect[i] = w == 0 ? d[i] : expect[i] + d[i];
+        for (size_t i = 0; i < n; ++i) expect[i] /= 4.0f;
+        for (int w = 0; w < 4; ++w) h.Pull(w, round, n, partition);
+        for (int w = 0; w < 4; ++w) {
+          got[w] = h.Reply(w);
+          ASSERT_EQ(got[w].size(), n);
+          EXPECT_EQ(std::memcmp(got[w].data(), expect.data(), n * 4), 0)
+              << spec << " worker " << w << " round " << round << " partition " << partition;
+        }
       }
-      for (size_t i = 0; i < n; ++i) expect[i] /= 4.0f;
-      for (int w = 0; w < 4; ++w) h.Pull(w, round, n, partition);
-      for (int w = 0; w < 4; ++w) {
-        got[w] = h.Reply(w);
-        ASSERT_EQ(got[w].size(), n);
-        EXPECT_EQ(std::memcmp(got[w].data(), expect.data(), n * 4), 0)
-            << "worker " << w << " round " << round << " partition " << partition;
-      }
+      EXPECT_EQ(h.shard().stats().rejected, 0u);
+      EXPECT_EQ(h.shard().stats().rounds_closed, 2u);
     }
-    EXPECT_EQ(h.shard().stats().rejected, 0u);
-    EXPECT_EQ(h.shard().stats().rounds_closed, 2u);
+  }
+}
+
+// A shard decodes the job's compressor only: the configured one, or else the
+// first one a push was taken with.
+TEST(PsShardTest, APushCompressedWithAnotherCompressorThanTheJobsIsRefused) {
+  const size_t n = 1000;
+  const std::vector<float> g = Ramp(n, 1.0f);
+  for (const std::string configured : {"topk:ratio=0.1,ef=1", ""}) {
+    ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+    h.options().rules.compression = configured;
+    h.Restart();
+    if (configured.empty()) {
+      h.PushCompressed(0, 1, 0, g, "topk:ratio=0.2,ef=1");  // fixes "topk"
+    } else {
+      h.Push(0, 1, 0, g);  // uncompressed pushes are always taken
+    }
+    EXPECT_EQ(h.NextType(0), MsgType::Ack);
+    h.PushCompressed(1, 1, 0, g, "qsgd:chunk=128");
+    EXPECT_NE(h.NextError(1).find("is compressed with \"qsgd\", this job's pushes with "
+                                  "\"topk\""),
+              std::string::npos)
+        << configured;
+    EXPECT_EQ(h.shard().stats().rejected, 1u);
+    h.PushCompressed(1, 1, 0, g, "topk:ratio=0.05,ef=1");  // another ratio, the same codec
+    EXPECT_EQ(h.NextType(1), MsgType::Ack);
+    EXPECT_EQ(h.shard().stats().rejected, 1u);
+    EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
   }
 }
 

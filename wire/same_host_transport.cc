@@ -288,7 +288,9 @@ bool SameHostTransport::Usable(Out& out, const Route& to) {
   if (!gone) return true;
   // What is queued is the writer thread's to drop (it may be writing it).
   GS_LOG(WARNING) << "the reader of the shared-memory link to " << out.peer.identity
-                  << " is gone (closed or died); sending through the network";
+                  << (out.link->Broken() ? " broke it (a tail outside the stream)"
+                                         : " is gone (closed or died)")
+                  << "; sending through the network";
   out.state = Out::State::kGone;
   return false;
 }
@@ -431,6 +433,23 @@ void SameHostTransport::WriterLoop() {
   }
 }
 
+Status SameHostTransport::CheckSizes(const In& in) const {
+  const auto refuse = [&](const std::string& what, uint64_t size, uint64_t limit) {
+    return DataLossError("the same-host link from " + in.identity + " announces " + what +
+                         " of " + std::to_string(size) + " bytes, above the limit of " +
+                         std::to_string(limit));
+  };
+  uint64_t total = 0;
+  for (uint64_t s : in.sizes) {
+    if (s > options_.max_frame_bytes) return refuse("a frame", s, options_.max_frame_bytes);
+    if (s > options_.max_message_bytes - total) {
+      return refuse("a message", total + s, options_.max_message_bytes);
+    }
+    total += s;
+  }
+  return OkStatus();
+}
+
 StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome(In& in) {
   ShmLink& link = *in.link;
   for (;;) {
@@ -459,14 +478,7 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome(In& in) {
         return DataLossError("the same-host link from " + in.identity + " announces a header of " +
                              std::to_string(in.sizes[0]) + " bytes");
       }
-      for (uint64_t s : in.sizes) {
-        if (s > options_.max_frame_bytes) {
-          return DataLossError("the same-host link from " + in.identity +
-                               " announces a frame of " + std::to_string(s) +
-                               " bytes, above the limit of " +
-                               std::to_string(options_.max_frame_bytes));
-        }
-      }
+      GS_RETURN_IF_ERROR(CheckSizes(in));
       in.header.resize(static_cast<size_t>(in.sizes[0]));
       in.frames.assign(in.sizes.size() - 1, nullptr);
       in.lent.assign(in.sizes.size() - 1, nullptr);
@@ -487,7 +499,13 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome(In& in) {
           link.Skip(pad);
           in.placed = true;
           in.borrowing = size > 0 && link.Pinned() + size <= link.capacity() / 2;
-          if (!in.borrowing) in.frames[in.frame - 1] = pool_->Get(size);
+        }
+        if (!in.borrowing && !in.frames[in.frame - 1]) {
+          // Allocated once its bytes are there (all of it, or as much as
+          // the link can hold), not when it is announced.
+          const size_t room = link.capacity() - std::min(link.capacity(), link.Pinned());
+          if (link.Readable() < std::min(size, room)) return std::optional<Incoming>();
+          in.frames[in.frame - 1] = pool_->Get(size);
         }
         if (in.borrowing) {
           if (link.Readable() < size) return std::optional<Incoming>();
@@ -530,12 +548,17 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadLinks() {
     In& in = *ins_[i];
     if (!in.Reading()) continue;
     auto got = ReadSome(in);
+    if (got.ok() && !got->has_value() && in.link->Broken()) {
+      got = DataLossError("the same-host link from " + in.identity +
+                          " was broken by its writer (a head outside the stream)");
+    }
     if (!got.ok()) {
-      // The stream cannot be trusted past a bad frame table: the link is
-      // given up (the writer sees it closed and stops), the failure is
-      // returned once, and the peer is heard through the inner transport.
+      // The stream cannot be trusted past a bad frame table or word: the
+      // link is given up (the writer sees it closed and stops), the failure
+      // is returned once, and the peer is heard through the inner transport.
       GS_LOG(WARNING) << got.status().message() << "; no longer reading that link";
       in.Done();
+      refused_links_.fetch_add(1);
       return got.status();
     }
     if (got->has_value()) {

@@ -30,9 +30,14 @@
 // in turn, between the inner transport's messages (looked at between waits
 // on the links of at most 2 ms).
 // Every message read from a link is checked before anything is allocated
-// for it: its frame count and each frame's size against the limits. A bad
-// frame table ends that link: that Receive returns DataLoss naming the
-// peer, and the peer is heard through the inner transport only.
+// for it: its frame count, each frame's size and their sum against the
+// limits (the header against max_header_bytes of wire::Limits); a payload
+// that is copied gets its buffer once its bytes are in the link. A bad frame
+// table, or a head word the writer publishes outside the stream
+// (wire/shm_link.h), ends that link: that Receive returns DataLoss naming
+// the peer (counted in links_refused()), and the peer is heard through the
+// inner transport only. A link to a peer whose reader publishes a bad tail
+// is given up the same way, and the peer is sent to through the network.
 //
 // Framing: u32 magic (one for a message sent over a connection, another for
 // an answer to an inbound route), u32 frame count, u64 size per frame, then
@@ -83,6 +88,10 @@ struct SameHostOptions {
   size_t link_bytes = size_t{16} << 20;  // each link this transport reads
   size_t max_frames = 8;
   size_t max_frame_bytes = (size_t{1} << 30) + (64 << 10);
+  // The largest message (all frames) a peer may announce: set it to the
+  // largest one the protocol on top sends, since a frame's buffer is
+  // allocated once its first bytes are in the link.
+  size_t max_message_bytes = (size_t{1} << 30) + (64 << 10);
   Millis open_wait{5000};   // Connect's wait for the peer's link
   Millis alive_every{20};   // how often a reader's liveness is checked
 };
@@ -117,6 +126,8 @@ class SameHostTransport : public Transport {
   // and logs).
   size_t sending_by_shm() const;
   size_t receiving_by_shm() const;
+  // Links this transport read from and gave up for a bad frame table or word.
+  uint64_t links_refused() const { return refused_links_.load(); }
 
  private:
   struct Framed {
@@ -138,6 +149,8 @@ class SameHostTransport : public Transport {
   // Writes what fits of `f`; true when all of it is in.
   static bool WriteSome(ShmLink& link, Framed& f);
   void WriterLoop();
+  // DataLoss unless the frame sizes `in` announces are within the limits.
+  Status CheckSizes(const In& in) const;
   // Reads what is there of `in`'s next message; set when one is complete.
   StatusOr<std::optional<Incoming>> ReadSome(In& in);
   // One message from the links, if any is complete.
@@ -155,6 +168,7 @@ class SameHostTransport : public Transport {
   std::vector<std::unique_ptr<In>> ins_;
   size_t next_in_ = 0;  // Receive's thread only: the link to look at first
   std::vector<ShmLink*> live_;  // Receive's thread only: Live's answer
+  std::atomic<uint64_t> refused_links_{0};
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

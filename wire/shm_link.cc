@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -40,6 +42,10 @@ struct ShmLink::Shared {
   std::atomic<uint32_t> reader_closed;
   std::atomic<uint32_t> writer_attached;
 };
+
+static_assert(offsetof(ShmLink::Shared, head) == ShmLink::kHeadOffset);
+static_assert(offsetof(ShmLink::Shared, tail) == ShmLink::kTailOffset);
+static_assert(sizeof(ShmLink::Shared) <= ShmLink::kDataOffset);
 
 namespace {
 
@@ -120,6 +126,22 @@ bool LockReaderByte(int fd, int cmd) {
   return fcntl(fd, cmd, &l) == 0 && (cmd != F_OFD_GETLK || l.l_type != F_UNLCK);
 }
 
+// A link is written to only when it is this user's own, made as Create makes
+// it: a regular object of our effective uid with mode 0600 exactly. Nobody
+// else can then map it, resize it or read what is written to it; a process
+// of the same uid can, and could as well ptrace this one.
+Status CheckOwned(const std::string& name, const struct stat& st) {
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 07777) != 0600) {
+    char what[96];
+    std::snprintf(what, sizeof(what), " (uid %u, mode %04o)", static_cast<unsigned>(st.st_uid),
+                  static_cast<unsigned>(st.st_mode & 07777));
+    return FailedPreconditionError("shared memory " + name +
+                                   " is not this user's own link (uid " +
+                                   std::to_string(geteuid()) + ", mode 0600)" + what);
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size_t capacity) {
@@ -137,6 +159,8 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size
     shm_unlink(name.c_str());
     return UnavailableError(what + " " + name + ": " + std::strerror(err));
   };
+  // Exactly 0600 whatever the umask: the writer opens nothing else.
+  if (fchmod(fd, 0600) != 0) return fail("setting the mode of", errno);
   // Reserved, not just sized: a full /dev/shm fails here with ENOSPC
   // instead of with SIGBUS at the first write.
   const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
@@ -168,7 +192,17 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
     return UnavailableError("shm_open " + name + ": " + std::strerror(errno));
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < HeaderBytes() + 4096) {
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return UnavailableError("fstat of shared memory " + name + ": " + std::strerror(err));
+  }
+  Status owned = CheckOwned(name, st);
+  if (!owned.ok()) {
+    close(fd);
+    return owned;
+  }
+  if (static_cast<size_t>(st.st_size) < HeaderBytes() + 4096) {
     close(fd);
     return NotFoundError("shared memory " + name + " is not sized yet");
   }
@@ -228,7 +262,18 @@ void ShmLink::Close() {
 }
 
 bool ShmLink::PeerClosed() const {
-  return (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
+  return broken_.load() ||
+         (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
+}
+
+void ShmLink::Break() const {
+  if (broken_.exchange(true)) return;
+  // The other side stops waiting for this one.
+  std::atomic<uint32_t>& closed = writer_ ? shared_->writer_closed : shared_->reader_closed;
+  std::atomic<uint32_t>& seq = writer_ ? shared_->data_seq : shared_->space_seq;
+  closed.store(1);
+  seq.fetch_add(1);
+  FutexWake(&seq);
 }
 
 bool ShmLink::WriterAttached() const { return shared_->writer_attached.load() != 0; }
@@ -237,17 +282,33 @@ bool ShmLink::ReaderAlive() const { return LockReaderByte(fd_, F_OFD_GETLK); }
 
 // read_ is written by the reader's thread only (under borrow_mu_, for
 // Release on other threads): that thread reads it without the lock.
+// Each side keeps its own position (head_, read_ and tail_) and reads the
+// other's word once per call: a word outside what the stream allows breaks
+// the link.
 size_t ShmLink::Readable() const {
-  return static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_);
+  if (broken_.load(std::memory_order_relaxed)) return 0;
+  const uint64_t head = shared_->head.load(std::memory_order_acquire);
+  const uint64_t tail = tail_.load(std::memory_order_relaxed);
+  if (head < read_ || head - tail > capacity_) {
+    Break();
+    return 0;
+  }
+  return static_cast<size_t>(head - read_);
 }
 
 size_t ShmLink::Writable() const {
-  return capacity_ - static_cast<size_t>(shared_->head.load(std::memory_order_relaxed) -
-                                         shared_->tail.load(std::memory_order_acquire));
+  if (broken_.load(std::memory_order_relaxed)) return 0;
+  const uint64_t head = head_.load(std::memory_order_relaxed);
+  const uint64_t tail = shared_->tail.load(std::memory_order_acquire);
+  if (tail > head || head - tail > capacity_) {
+    Break();
+    return 0;
+  }
+  return capacity_ - static_cast<size_t>(head - tail);
 }
 
 uint64_t ShmLink::Position() const {
-  return writer_ ? shared_->head.load(std::memory_order_relaxed) : read_;
+  return writer_ ? head_.load(std::memory_order_relaxed) : read_;
 }
 
 bool ShmLink::Contiguous(size_t n) const {
@@ -263,6 +324,7 @@ size_t ShmLink::Pinned() const {
 }
 
 void ShmLink::Publish(uint64_t head) {
+  head_.store(head, std::memory_order_relaxed);
   shared_->head.store(head, std::memory_order_seq_cst);
   shared_->data_seq.fetch_add(1, std::memory_order_seq_cst);
   if (shared_->reader_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->data_seq);
@@ -271,7 +333,7 @@ void ShmLink::Publish(uint64_t head) {
 size_t ShmLink::Write(const void* data, size_t n) {
   n = std::min(n, Writable());
   if (n == 0) return 0;
-  const uint64_t head = shared_->head.load(std::memory_order_relaxed);
+  const uint64_t head = head_.load(std::memory_order_relaxed);
   const size_t at = static_cast<size_t>(head & (capacity_ - 1));
   const size_t first = std::min(n, capacity_ - at);
   std::memcpy(data_ + at, data, first);
@@ -283,20 +345,22 @@ size_t ShmLink::Write(const void* data, size_t n) {
 bool ShmLink::Pad(size_t n) {
   if (n == 0) return true;
   if (Writable() < n) return false;
-  Publish(shared_->head.load(std::memory_order_relaxed) + n);
+  Publish(head_.load(std::memory_order_relaxed) + n);
   return true;
 }
 
 void ShmLink::UpdateTailLocked() {
   while (!lent_.empty() && lent_.front().released) lent_.pop_front();
-  shared_->tail.store(lent_.empty() ? read_ : lent_.front().start, std::memory_order_seq_cst);
+  const uint64_t tail = lent_.empty() ? read_ : lent_.front().start;
+  tail_.store(tail, std::memory_order_relaxed);
+  shared_->tail.store(tail, std::memory_order_seq_cst);
   shared_->space_seq.fetch_add(1, std::memory_order_seq_cst);
   if (shared_->writer_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->space_seq);
 }
 
 size_t ShmLink::Read(void* out, size_t n) {
   std::lock_guard<std::mutex> lock(borrow_mu_);
-  n = std::min(n, static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_));
+  n = std::min(n, Readable());
   if (n == 0) return 0;
   const size_t at = static_cast<size_t>(read_ & (capacity_ - 1));
   const size_t first = std::min(n, capacity_ - at);
@@ -309,7 +373,7 @@ size_t ShmLink::Read(void* out, size_t n) {
 
 void ShmLink::Skip(size_t n) {
   std::lock_guard<std::mutex> lock(borrow_mu_);
-  read_ += std::min(n, static_cast<size_t>(shared_->head.load(std::memory_order_acquire) - read_));
+  read_ += std::min(n, Readable());
   UpdateTailLocked();
 }
 

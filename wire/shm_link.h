@@ -10,6 +10,13 @@
 //
 // One writer and one reader, each a single thread at a time. Nothing a
 // reader reads is trusted: the stream's framing is the caller's to verify.
+// Neither side trusts the other's words either: each keeps its own
+// position, and a head or tail the other side publishes outside what the
+// stream allows (more than the capacity apart, or going backwards) breaks
+// the link (Broken(); nothing more is read or written, PeerClosed() turns
+// true) instead of being used. Open takes only a link of this user's own
+// (effective uid, mode 0600, as Create makes it): see
+// docs/design/shared_memory.md for who can do what to a link.
 //
 // Thread-safety: Write/Pad/WaitWritable on the writer's side and Read/
 // Skip/Borrow/WaitReadable on the reader's may run concurrently; each side
@@ -38,8 +45,9 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   // power of two) under `name` ("/gradsync-..."), replacing a stale one.
   static StatusOr<std::shared_ptr<ShmLink>> Create(const std::string& name, size_t capacity);
   // The writer's side. NotFound while the reader has not made it yet;
-  // FailedPrecondition when it is not a link of this boot of this machine,
-  // its layout is wrong or it has a writer already.
+  // FailedPrecondition when it is not a regular object of this process's
+  // effective uid with mode 0600, not a link of this boot of this machine,
+  // its layout (size, capacity) is wrong or it has a writer already.
   static StatusOr<std::shared_ptr<ShmLink>> Open(const std::string& name);
   ~ShmLink();  // Close(), unmaps
 
@@ -56,7 +64,8 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   // Reader: steps over `n` bytes (at most Readable()).
   void Skip(size_t n);
   // Reader: the next `n` bytes in place, which must be readable and must
-  // not wrap (Contiguous). The region is not written over until the
+  // not wrap (Contiguous). They stay in memory the writer can write: read
+  // each byte once, or copy it, before it is checked. The region is not written over until the
   // returned owner (which keeps this link mapped) is released, from any
   // thread; regions are let go of in any order.
   std::shared_ptr<const void> Borrow(size_t n, const uint8_t** data);
@@ -84,7 +93,11 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   static void WaitReadableAny(const std::vector<ShmLink*>& links, Deadline deadline);
   // Tells the other side that this one is gone (it stops waiting).
   void Close();
+  // The other side closed, or the link is Broken().
   bool PeerClosed() const;
+  // Whether the other side published a position the stream does not allow
+  // (seen by Readable/Writable and the calls that use them).
+  bool Broken() const { return broken_.load(); }
   // Reader: whether a writer has opened the link.
   bool WriterAttached() const;
   // Writer: whether the reader's process still has the link open (a
@@ -94,6 +107,11 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   const uint8_t* data() const { return data_; }
 
   struct Shared;  // the layout in shared memory (shm_link.cc)
+  // Byte offsets in the mapping of the writer's head word, the reader's tail
+  // word and the buffer (for tests that play a hostile peer).
+  static constexpr size_t kHeadOffset = 128;
+  static constexpr size_t kTailOffset = 192;
+  static constexpr size_t kDataOffset = 4096;
 
  private:
   ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t map_bytes,
@@ -104,6 +122,8 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   void UpdateTailLocked();  // requires borrow_mu_
   // Writer: makes the bytes up to `head` readable and wakes the reader.
   void Publish(uint64_t head);
+  // Marks the link broken and tells the other side it is closed.
+  void Break() const;
 
   std::string name_;
   bool writer_;
@@ -113,12 +133,17 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   size_t map_bytes_;
   size_t capacity_;
   std::atomic<bool> closed_{false};
+  mutable std::atomic<bool> broken_{false};
+  // The writer's own head (the shared one is only published to).
+  std::atomic<uint64_t> head_{0};
 
   // The reader's side: where it has read up to, and the regions lent out
   // (start, end, released), in stream order. The shared tail is the first
   // lent region's start, or read_ when none is.
   mutable std::mutex borrow_mu_;
   uint64_t read_ = 0;  // written by the reader's thread only, under borrow_mu_
+  // The tail the reader last published (its own copy of the shared word).
+  std::atomic<uint64_t> tail_{0};
   struct Lent {
     uint64_t start, end;
     bool released;
