@@ -41,6 +41,8 @@ class _Distributed:
     """The methods DistributedOptimizer adds to the wrapped optimizer's
     class (see DistributedOptimizer)."""
 
+    is_gradsync_distributed = True
+
     def __init__(self, param_groups, named_parameters, comm,
                  backward_passes_per_step):
         self._gs = None  # add_param_group registers once this is set

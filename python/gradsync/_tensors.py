@@ -25,12 +25,24 @@ def gs_dtype(tensor, what, comm=None):
     elif tensor.device.type != "cpu":
         raise GradsyncError("%s is on %s; gradsync takes CPU and CUDA tensors"
                             % (what, tensor.device))
-    if tensor.layout != torch.strided or not tensor.is_contiguous():
-        raise GradsyncError("%s is not a dense contiguous tensor" % what)
+    if tensor.layout != torch.strided or not dense(tensor):
+        raise GradsyncError("%s is not a dense tensor (contiguous or "
+                            "channels_last)" % what)
     if tensor.dtype not in _DTYPES:
         raise GradsyncError("%s is %s; gradsync takes float32, float16 and "
                             "bfloat16" % (what, tensor.dtype))
     return _DTYPES[tensor.dtype]
+
+
+def dense(tensor):
+    """Whether the tensor's elements fill its memory without gaps or
+    overlaps (contiguous, or channels_last): gradsync can then take it as
+    numel() elements from data_ptr(), the same on every rank."""
+    if tensor.is_contiguous():
+        return True
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    return tensor.dim() in formats and \
+        tensor.is_contiguous(memory_format=formats[tensor.dim()])
 
 
 def stream_of(tensor):
@@ -57,7 +69,7 @@ def broadcast_tensor(comm, tensor, root, what):
     """Copies rank `root`'s `tensor` into every rank's, in place, any dtype."""
     if tensor.numel() == 0:
         return
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+    if tensor.device.type != "cpu" or not dense(tensor):
         gs_dtype(tensor, what, comm)  # raises with the reason
         settle(tensor)
     if tensor.dtype in _DTYPES:

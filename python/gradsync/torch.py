@@ -81,6 +81,28 @@ def _state_tensors(optimizer):
     return state, tensors
 
 
+def _fill_missing_state(optimizer):
+    """Gives every parameter without optimizer state (a fresh optimizer on
+    the ranks that did not load the checkpoint) the state its first step
+    makes: one local step on zero gradients, whose change to the
+    parameters is then undone."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    missing = {p for p in params if p.requires_grad and not optimizer.state.get(p)}
+    if not missing:
+        return
+    saved = [(p, p.detach().clone(), p.grad) for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p) if p in missing else None
+    step = optimizer.step
+    if getattr(optimizer, "is_gradsync_distributed", False):
+        step = super(type(optimizer), optimizer).step  # local, no gradsync
+    with torch.no_grad():
+        step()
+        for p, value, grad in saved:
+            p.copy_(value)
+            p.grad = grad
+
+
 def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
     """Copies rank `root_rank`'s optimizer state (buffers such as momentum,
     the step count, hyper-parameters) into every rank's optimizer. Every
@@ -88,6 +110,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
     them the same number of times first); GradsyncError names a rank whose
     state differs."""
     comm = _comm(comm)
+    _fill_missing_state(optimizer)
     state, tensors = _state_tensors(optimizer)
     shape = torch.tensor([float(len(tensors)),
                           float(sum(t.numel() for _, t in tensors))])
