@@ -11,6 +11,8 @@ only to find its peers):
   hook-fp16       the comm hook with fp16 compression
   optimizer-ps    DistributedOptimizer on the synchronous parameter server
                   (2 shards)
+  ddp-gradsync    DDP over the "gradsync" torch.distributed backend, no hook
+  ddp-gradsync-fp16  DDP over that backend with the fp16 comm hook
 The repetitions interleave the configurations. Prints a table and one JSON
 line per configuration: {"impl","comm","settings","servers","epochs",
 "epoch_s","cpu_epoch_s","samples_per_s","test_accuracy","wall_ratio",
@@ -34,6 +36,8 @@ CONFIGS = [
     ("optimizer-ring", "optimizer", [], 0),
     ("hook-fp16", "hook", ["compression=fp16"], 0),
     ("optimizer-ps", "optimizer", ["path=ps"], 2),
+    ("ddp-gradsync", "ddp-gradsync", [], 0),
+    ("ddp-gradsync-fp16", "ddp-gradsync-hook", ["compression=fp16"], 0),
 ]
 WORKERS = 4
 

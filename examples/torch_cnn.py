@@ -7,7 +7,9 @@ gradients synchronised by torch DDP (gloo) or by gradsync.
 
 --comm chooses the communication:
   ddp-gloo   DistributedDataParallel over torch's gloo process group
-  hook       DistributedDataParallel with gradsync's comm hook
+  hook       DistributedDataParallel with gradsync's comm hook (gloo group)
+  ddp-gradsync       DistributedDataParallel over the "gradsync" backend
+  ddp-gradsync-hook  the same with gradsync's comm hook on that group
   optimizer  gradsync.torch.DistributedOptimizer, no torch.distributed
 gradsync settings come from the GRADSYNC_* environment and from repeated
 --setting=name=value (path=ps, compression=fp16, ...).
@@ -78,7 +80,8 @@ def load(data_dir, split):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--comm", choices=["ddp-gloo", "hook", "optimizer"],
+    p.add_argument("--comm", choices=["ddp-gloo", "hook", "optimizer",
+                                      "ddp-gradsync", "ddp-gradsync-hook"],
                    default="hook")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=64, help="per worker")
@@ -111,6 +114,9 @@ def join(args):
     """Joins the job; returns (rank, size, sum_counts)."""
     if args.comm == "ddp-gloo" and gradsync.torchrun_job():
         torch.distributed.init_process_group("gloo")
+    elif args.comm.startswith("ddp-gradsync"):
+        gradsync.init(**args.settings)
+        torch.distributed.init_process_group("gradsync")
     else:
         gradsync.init(**args.settings)
         if args.comm != "optimizer":
@@ -130,7 +136,7 @@ def wrap(args, model):
         return model, gst.DistributedOptimizer(
             sgd, named_parameters=model.named_parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model)  # on model's device
-    if args.comm == "hook":
+    if args.comm in ("hook", "ddp-gradsync-hook"):
         ddp.register_comm_hook(gst.HookState(), gst.allreduce_hook)
     return ddp, torch.optim.SGD(ddp.parameters(), lr=args.lr,
                                 momentum=args.momentum)

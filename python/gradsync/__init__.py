@@ -23,6 +23,7 @@ import sys
 
 from gradsync._comm import Communicator, EmbeddedScheduler
 from gradsync._lib import GradsyncError
+from gradsync._net import own_address
 
 __version__ = "0.4.0"
 
@@ -56,9 +57,14 @@ def _torchrun_settings(settings):
     settings.setdefault("num_workers", world)
     if "LOCAL_RANK" in os.environ:
         settings.setdefault("local_rank", _env_int("LOCAL_RANK"))
+    # Across hosts every rank serves on its address towards MASTER_ADDR (and
+    # the job then needs its key file, as every gradsync node does).
+    host = settings.setdefault(
+        "host", os.environ.get("GRADSYNC_HOST") or
+        own_address(os.environ["MASTER_ADDR"]))
     if rank == 0:
         job = {k: settings[k] for k in _SCHEDULER_SETTINGS if k in settings}
-        job.update(port=port, num_workers=world)
+        job.update(port=port, num_workers=world, host=host)
         _host_scheduler(job)
     settings["scheduler"] = "%s:%d" % (os.environ["MASTER_ADDR"], port)
     return settings

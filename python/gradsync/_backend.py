@@ -26,9 +26,7 @@ communicator's own thread in the order it was made; a failed call (a dead
 rank, a deadline) raises from wait(), and DDP raises it from backward().
 """
 import datetime
-import ipaddress
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -37,9 +35,11 @@ import gradsync
 from gradsync import _tensors
 from gradsync._executor import KeepAlive
 from gradsync._lib import GradsyncError
+from gradsync._net import own_address
 
 BACKEND = "gradsync"
 _STORE_KEY = "gradsync/scheduler"
+_REFUSED = "refused: "
 _Op = dist.ReduceOp.RedOpType
 _REDUCERS = {
     _Op.SUM: lambda g: g.sum(0),
@@ -261,28 +261,6 @@ class _Staged:
             self._original.copy_(self.tensor)
 
 
-def _is_loopback(host):
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except socket.gaierror as e:
-        raise GradsyncError("MASTER_ADDR %s does not resolve: %s" % (host, e),
-                            "unavailable")
-    return all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
-def own_address(master):
-    """This host's address towards `master`: 127.0.0.1 when `master` is a
-    loopback address, else the source address the kernel would use to reach
-    it (found by a UDP connect, which sends nothing)."""
-    if _is_loopback(master):
-        return "127.0.0.1"
-    family, _, _, _, target = socket.getaddrinfo(
-        master, 1, proto=socket.IPPROTO_UDP)[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect(target)
-        return s.getsockname()[0]
-
-
 def _timeout_ms(timeout):
     if isinstance(timeout, datetime.timedelta):
         return int(timeout.total_seconds() * 1000)
@@ -315,10 +293,17 @@ def _scheduler_through_store(store, rank, size):
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     host = os.environ.get("GRADSYNC_HOST") or own_address(master)
     if rank == 0:
-        port = gradsync._host_scheduler({"host": host, "port": 0,
-                                         "num_workers": size})
+        try:
+            port = gradsync._host_scheduler({"host": host, "port": 0,
+                                             "num_workers": size})
+        except GradsyncError as e:  # the others must not wait for it
+            store.set(_STORE_KEY, _REFUSED + str(e))
+            raise
         store.set(_STORE_KEY, "%s:%d" % (host, port))
     address = store.get(_STORE_KEY).decode()
+    if address.startswith(_REFUSED):
+        raise GradsyncError("rank 0 could not start the job's scheduler: %s"
+                            % address[len(_REFUSED):], "unavailable")
     settings = {"scheduler": address, "rank": rank, "num_workers": size,
                 "host": host}
     if "LOCAL_RANK" in os.environ:

@@ -3,7 +3,7 @@
 Keep DistributedDataParallel and let gradsync move its buckets:
 
     gradsync.init()
-    gradsync.torch.init_process_group()          # DDP still needs a group
+    gradsync.torch.init_process_group()          # or dist.init_process_group("gradsync")
     model = DistributedDataParallel(model)
     model.register_comm_hook(gradsync.torch.HookState(),
                              gradsync.torch.allreduce_hook)
@@ -141,14 +141,21 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def init_process_group(backend="gloo", comm=None, timeout_s=60.0):
-    """torch.distributed's default group for a gradsync job (DDP needs one
-    even when gradsync moves the gradients). Under torchrun it uses the
-    environment torchrun set (env://); otherwise rank 0 offers a TCP store
-    on a free port of MASTER_ADDR (default 127.0.0.1) and gradsync tells the
-    others."""
+def init_process_group(backend="gradsync", comm=None, timeout_s=60.0):
+    """torch.distributed's default group for a job already joined with
+    gradsync.init(). With backend "gradsync" (the default) the group is
+    gradsync's own: nothing else is started. With another backend ("gloo"):
+    under torchrun it uses the environment torchrun set (env://); otherwise
+    rank 0 offers a TCP store on a free port of MASTER_ADDR (default
+    127.0.0.1) and gradsync tells the others."""
     comm = _comm(comm)
     timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gradsync":
+        # The group wraps `comm`; torch wants a store all the same.
+        dist.init_process_group(backend, store=dist.HashStore(),
+                                rank=comm.rank, world_size=comm.size,
+                                timeout=timeout)
+        return
     if gradsync.torchrun_job():
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
         return
