@@ -37,6 +37,17 @@ class Communicator:
         self.rank = self._query("rank")
         self.size = self._query("world_size")
         self._executor = None
+        self._bucket_owner = None
+
+    def claim_buckets(self, owner):
+        """Whether `owner` (a DistributedOptimizer's or a DDP hook's state)
+        may register tensors here: the first to ask may. A communicator
+        synchronises one set of tensors per step, so the others fall back
+        to direct all-reduces."""
+        with self._lock:
+            if self._bucket_owner is None:
+                self._bucket_owner = owner
+            return self._bucket_owner is owner
 
     @property
     def executor(self):

@@ -125,6 +125,10 @@ class HookState:
         self._executor.submit(fail, completions)
 
     def _register(self):
+        if not self.comm.claim_buckets(self):
+            # Another hooked model or optimizer synchronises through this
+            # communicator's buckets: this one stays on direct all-reduces.
+            return
         self._layout_of = {i: (n, code) for i, n, code in self._layout}
         try:
             for index, numel, code in sorted(self._layout, reverse=True):

@@ -10,6 +10,7 @@ import contextlib
 import torch
 
 import gradsync
+from gradsync._registry import _Registry
 
 
 def _named(param_groups, named_parameters):
@@ -29,12 +30,6 @@ def _named(param_groups, named_parameters):
                          "parameters (indices %s)" % (len(missing), missing))
     by_id = {id(p): n for n, p in named}
     return [(by_id[id(p)], p) for p in in_optimizer]
-
-
-def _server_optimizer(settings):
-    """Whether the parameter-server shards hold the parameters and step."""
-    kind = settings.get("optimizer", gradsync._env_setting("optimizer", "none"))
-    return gradsync._server_path(settings) and kind != "none"
 
 
 class _Distributed:
@@ -159,6 +154,3 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     if optimizer.state:
         wrapped.load_state_dict(optimizer.state_dict())
     return wrapped
-
-
-from gradsync._registry import _Registry  # noqa: E402  (uses _server_optimizer)

@@ -8,17 +8,12 @@ import torch
 import gradsync
 from gradsync import _tensors
 from gradsync._lib import GradsyncError
-from gradsync._optimizer import _server_optimizer
 
 
-def claim_buckets(comm, owner):
-    """Whether `owner` may register tensors on `comm` (the first to ask
-    does; a communicator synchronises one set of tensors per step)."""
-    current = getattr(comm, "_bucket_owner", None)
-    if current is None:
-        comm._bucket_owner = owner
-        return True
-    return current is owner
+def _server_optimizer(settings):
+    """Whether the parameter-server shards hold the parameters and step."""
+    kind = settings.get("optimizer", gradsync._env_setting("optimizer", "none"))
+    return gradsync._server_path(settings) and kind != "none"
 
 
 class _Registry:
@@ -66,7 +61,7 @@ class _Registry:
             self._register([p for _, p in self.params])
 
     def _register(self, dense):
-        if not claim_buckets(self.comm, self):
+        if not self.comm.claim_buckets(self):
             if self.server_steps:
                 raise GradsyncError(
                     "another optimizer or DDP hook already synchronises "

@@ -36,6 +36,11 @@ def test_ddp_over_the_backend_equals_ddp_over_gloo_bit_for_bit(scenario):
             assert r["steps"] >= 2, r  # gradsync's buckets took over
 
 
+def test_two_hooked_models_in_one_process():
+    for rank, r in run("two_hooks").items():
+        assert r["identical"], (rank, r)
+
+
 @pytest.mark.parametrize("scenario", ["killed", "killed_hook"])
 def test_a_killed_rank_makes_every_other_rank_raise_in_backward(
         scenario, tmp_path):

@@ -216,7 +216,33 @@ def sparse_hook():
     dist.destroy_process_group()
 
 
+def two_hooked_models():
+    """Two DDP models with gradsync's hook in one process (a GAN's loop):
+    each equals its twin over gloo, bit for bit on integer gradients."""
+    dist.init_process_group("gradsync")
+    rank = dist.get_rank()
+    gloo_group = dist.new_group(backend="gloo")
+    pairs = []
+    for seed in (1, 2):
+        gloo = DistributedDataParallel(mlp(seed, True), process_group=gloo_group)
+        ours = DistributedDataParallel(mlp(seed, True))
+        ours.register_comm_hook(gst.HookState(), gst.allreduce_hook)
+        pairs.append((gloo, ours))
+    identical = True
+    for step in range(5):
+        x, y = batch(step, rank, 16, True)
+        for gloo, ours in pairs:
+            for model in (gloo, ours):
+                model.zero_grad()
+                (model(x) * y).sum().backward()
+            identical &= all(torch.equal(a.grad, b.grad) for a, b in
+                             zip(gloo.parameters(), ours.parameters()))
+    report(identical=identical)
+    dist.destroy_process_group()
+
+
 SCENARIOS = {
+    "two_hooks": two_hooked_models,
     "collectives": collectives,
     "ddp": lambda: ddp_vs_gloo(False),
     "ddp_hook": lambda: ddp_vs_gloo(True),
