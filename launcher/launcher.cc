@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "common/metrics.h"
+#include "common/net.h"
 #include "common/subprocess.h"
 #include "wire/curve.h"
 
@@ -201,7 +202,7 @@ Status Launcher::Prepare() {
   }
   Say("logs in " + options_.log_dir);
   const bool curve = options_.security == "curve" ||
-                     (options_.security == "auto" && !wire::IsLoopback(options_.host));
+                     (options_.security == "auto" && !IsLoopbackHost(options_.host));
   security_ = {{"GRADSYNC_SECURITY", curve ? "curve" : "none"}};
   if (curve) {
     const std::string path = options_.log_dir + "/job.key";

@@ -49,7 +49,7 @@ StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
   if (grace_ms < 0) return InvalidArgumentError("server_grace_ms must not be negative");
   GS_ASSIGN_OR_RETURN(std::string host, config.GetString("host", "127.0.0.1"));
   GS_ASSIGN_OR_RETURN(o.curve, wire::SecurityFromConfig(config, host));
-  o.listen = wire::ListenEndpoint(host, port);
+  GS_ASSIGN_OR_RETURN(o.listen, wire::ListenEndpoint(host, port));
   o.num_workers = static_cast<int32_t>(workers);
   o.num_servers = static_cast<int32_t>(servers);
   o.heartbeat_interval = Millis(heartbeat_ms);

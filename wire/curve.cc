@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/net.h"
 #include "zmq.h"
 
 namespace gradsync::wire {
@@ -65,10 +66,6 @@ StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
   return key;
 }
 
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
                                                      const std::string& host) {
   GS_ASSIGN_OR_RETURN(std::string security, config.GetString("security", "auto"));
@@ -85,9 +82,9 @@ StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
     return InvalidArgumentError("security=curve needs a key_file (GRADSYNC_KEY_FILE); "
                                 "gradsync_launch makes one for its job");
   }
-  if (IsLoopback(host)) return std::optional<CurveKey>();
+  if (IsLoopbackHost(host)) return std::optional<CurveKey>();
   return InvalidArgumentError(
-      "host " + host + " is not loopback: a node others can reach runs with CURVE (give "
+      "host " + host + " is not loopback (it does not resolve to 127.0.0.0/8 or ::1 alone): a node others can reach runs with CURVE (give "
       "key_file, the job's key file, which gradsync_launch makes) or, to run unencrypted "
       "and unauthenticated, security=none");
 }
