@@ -98,6 +98,10 @@ struct PsRules {
   // claiming worker r under another is refused. Empty, or "" for a rank:
   // not checked.
   std::vector<std::string> worker_identities;
+
+  // Whether `from` is the route of one of worker_identities: only those
+  // peers get the job id on an Error (wire::AnswerAs).
+  bool IsJobWorker(const wire::Route& from) const;
 };
 
 struct PsShardStats {
