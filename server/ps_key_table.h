@@ -100,7 +100,9 @@ struct PsRules {
   std::vector<std::string> worker_identities;
 
   // Whether `from` is the route of one of worker_identities: only those
-  // peers get the job id on an Error (wire::AnswerAs).
+  // peers get the job id on an Error (wire::AnswerAs). With no identity
+  // given at all (not checked: any peer may speak as any worker) every
+  // peer counts as one.
   bool IsJobWorker(const wire::Route& from) const;
 };
 
