@@ -400,7 +400,8 @@ void Scheduler::Rejoin(const std::string& old_identity, const std::string& ident
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
   GS_LOG(INFO) << node.info.Name() << " rejoined the job: pid " << node.pid << " on "
-               << PeerText(node.info.host) << ":" << node.info.data_port << " replaces pid " << old_pid
+               << PeerText(node.info.host) << ":" << node.info.data_port << " replaces pid "
+               << old_pid
                << " (" << was << ")";
   SendAssignment(identity);
   for (const auto& [id, n] : nodes_) {

@@ -86,7 +86,8 @@ StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
   }
   if (IsLoopbackHost(host)) return std::optional<CurveKey>();
   return InvalidArgumentError(
-      "host " + host + " is not loopback (it does not resolve to 127.0.0.0/8 or ::1 alone): a node others can reach runs with CURVE (give "
+      "host " + host + " is not loopback (it does not resolve to 127.0.0.0/8 or ::1 alone): "
+      "a node others can reach runs with CURVE (give "
       "key_file, the job's key file, which gradsync_launch makes) or, to run unencrypted "
       "and unauthenticated, security=none");
 }
