@@ -296,7 +296,9 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
                     << ": " << wire::Escaped(detail) << LeftOutNote(left_out);
   }
   ring_->transport_
-      ->Send(in.from, wire::MakeError(ring_->peers_.sender, code, detail, type),
+      ->Send(in.from,
+             wire::MakeError(wire::AnswerAs(ring_->peers_.sender, ring_->IsMember(in.from)), code,
+                             detail, type),
              Deadline::After(Millis(100)))
       .IgnoreError();
 }

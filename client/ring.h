@@ -135,6 +135,13 @@ class RingCollectives : public Collectives {
   wire::Policy policy_;
   wire::ConnId right_ = -1;
   Status broken_;  // the first error; sticky
+  // Whether `from` is a job member's route: the connection to the right
+  // neighbour, or the left neighbour's own. Only members get the job id on
+  // an Error.
+  bool IsMember(const wire::Route& from) const {
+    return from.kind == wire::Route::Kind::kConnection ||
+           (!peers_.left_identity.empty() && from.identity == peers_.left_identity);
+  }
   // Whether a message that came over `from` may be the left neighbour's.
   bool FromLeft(const wire::Route& from) const {
     return from.kind == wire::Route::Kind::kInbound &&

@@ -48,7 +48,8 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   node.refusals = std::make_shared<wire::TransportRefusals>();
   GS_ASSIGN_OR_RETURN(node.data,
                       wire::ZmqTransport::Create(TransportOptions(node.curve, node.refusals)));
-  GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(wire::ListenEndpoint(options.host, data_port)));
+  GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(options.host, data_port));
+  GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(endpoint));
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   options.identity = node.data->identity();
   GS_ASSIGN_OR_RETURN(auto agent_transport,

@@ -1,6 +1,5 @@
 #include "common/metrics.h"
 
-#include <arpa/inet.h>
 
 #include <dirent.h>
 #include <sys/resource.h>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/version.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
@@ -164,8 +164,13 @@ int ProcessMetrics::ServeOrWarn(const std::string& host, int64_t port) {
     GS_LOG(WARNING) << "metrics port " << port << " is not a port; continuing without /metrics";
     return 0;
   }
-  in_addr v4;
-  const std::string address = inet_pton(AF_INET, host.c_str(), &v4) == 1 ? host : "0.0.0.0";
+  auto resolved = BindAddress(host);
+  if (!resolved.ok()) {
+    GS_LOG(WARNING) << resolved.status().message() << "; continuing without /metrics";
+    return 0;
+  }
+  const std::string address =
+      resolved->find(':') == std::string::npos ? *resolved : "[" + *resolved + "]";
   auto bound = Serve(address + ":" + std::to_string(port));
   if (!bound.ok()) {
     GS_LOG(WARNING) << bound.status().message() << " (port busy?); continuing without /metrics";

@@ -80,9 +80,10 @@ class ProcessMetrics {
   // Serves /metrics on `address` ("0.0.0.0:9100"). Port 0 in the address
   // picks a free port. Returns the bound port.
   StatusOr<int> Serve(const std::string& address);
-  // Serves on `host` (an IPv4 address; otherwise every interface) at `port`
-  // when `port` > 0 and logs where; a failure is
-  // logged as a warning naming the port, and the process goes on without
+  // Serves on the address `host` resolves to (common/net.h BindAddress:
+  // exactly that address, never every interface for a name) at `port` when
+  // `port` > 0 and logs where; a failure (the host does not resolve, the
+  // port is busy) is logged as a warning, and the process goes on without
   // /metrics. Returns the bound port, or 0 when not serving.
   int ServeOrWarn(const std::string& host, int64_t port);
 

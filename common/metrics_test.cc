@@ -31,6 +31,31 @@ std::map<std::string, double> Samples(const std::string& text) {
 }
 
 // A plain HTTP GET of /metrics on loopback.
+// Whether a TCP connection to `ip`:`port` is accepted.
+bool Connects(const char* ip, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, ip, &addr.sin_addr);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A port nothing listens on at this moment.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 std::string Get(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -125,6 +150,19 @@ TEST(MetricsTest, BusyPortIsAnErrorNamingTheAddressAndServeOrWarnGoesOn) {
   ProcessMetrics third("server");
   EXPECT_EQ(third.ServeOrWarn("0.0.0.0", *port), 0);
   EXPECT_EQ(third.ServeOrWarn("127.0.0.1", 0), 0);
+}
+
+// A host name binds the one address it resolves to ("localhost":
+// 127.0.0.1), not every interface: another loopback address of this
+// machine gets no answer.
+TEST(MetricsTest, ServeOrWarnBindsTheHostsAddressOnly) {
+  ProcessMetrics metrics("server");
+  const int port = metrics.ServeOrWarn("localhost", FreePort());
+  ASSERT_GT(port, 0);
+  EXPECT_TRUE(Connects("127.0.0.1", port));
+  EXPECT_FALSE(Connects("127.0.0.2", port)) << "metrics listen on every interface";
+  ProcessMetrics unresolved("server");
+  EXPECT_EQ(unresolved.ServeOrWarn("127.0.0.1.invalid", FreePort()), 0);
 }
 
 }  // namespace

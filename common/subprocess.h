@@ -20,7 +20,8 @@ namespace gradsync {
 class Subprocess {
  public:
   // Starts argv[0] (a path) with `argv`, the parent's environment plus
-  // `env`, stdout and stderr appended to `output_path`.
+  // `env`, stdout and stderr appended to `output_path` (created 0600 if
+  // missing; a symbolic link there is refused: the child fails to start).
   static StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
                                     const std::map<std::string, std::string>& env,
                                     const std::string& output_path);

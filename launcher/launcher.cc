@@ -22,6 +22,8 @@
 
 #include "common/config.h"
 #include "common/metrics.h"
+#include "common/net.h"
+#include "common/private_files.h"
 #include "common/subprocess.h"
 #include "wire/curve.h"
 
@@ -199,13 +201,12 @@ Status Launcher::Prepare() {
                               ": " + std::strerror(errno));
     }
     options_.log_dir = pattern;
-  } else if (mkdir(options_.log_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return UnavailableError("cannot create the log directory " +
-                            options_.log_dir + ": " + std::strerror(errno));
+  } else {
+    GS_RETURN_IF_ERROR(MakePrivateDirectory(options_.log_dir, "log directory"));
   }
   Say("logs in " + options_.log_dir);
   const bool curve = options_.security == "curve" ||
-                     (options_.security == "auto" && !wire::IsLoopback(options_.host));
+                     (options_.security == "auto" && !IsLoopbackHost(options_.host));
   security_ = {{"GRADSYNC_SECURITY", curve ? "curve" : "none"}};
   if (curve) {
     const std::string path = options_.log_dir + "/job.key";
@@ -224,13 +225,9 @@ Status Launcher::Start(
   std::string file = name;
   for (char& c : file) c = c == ' ' ? '_' : c;
   const std::string path = options_.log_dir + "/" + file + ".log";
-  const int created = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (created < 0) {
-    return UnavailableError("cannot create " + path + ": " +
-                            std::strerror(errno));
-  }
+  GS_ASSIGN_OR_RETURN(const int created, CreatePrivateFile(path, O_TRUNC));
   close(created);
-  const int fd = open(path.c_str(), O_RDONLY);
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     return UnavailableError("cannot read " + path + ": " +
                             std::strerror(errno));

@@ -48,7 +48,10 @@ struct LaunchOptions {
   std::string host = "127.0.0.1";
   // Empty: DefaultServerBinary().
   std::string server_binary;
-  // Empty: a new directory under $TMPDIR or /tmp.
+  // Empty: a new directory under $TMPDIR or /tmp. Either way mode 0700 when
+  // created; an existing one must be this user's directory, not a symbolic
+  // link. Log files (and the job key) in it are 0600, never opened through
+  // a link.
   std::string log_dir;
   // The worker's argv; a bare argv[0] is looked up in PATH.
   std::vector<std::string> worker_command;

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -210,18 +211,62 @@ TEST(LauncherTest, ServersGetTheJobAndAreStoppedAfterTheWorkers) {
       << text;
 }
 
-TEST(LauncherTest, SchedulerThatDoesNotStartIsNamed) {
+// Runs a launcher whose scheduler (/bin/false) exits at once, with its logs
+// in `log_dir`.
+Status RunWithFailingScheduler(const std::string& log_dir) {
   LaunchOptions options;
   options.server_binary = "/bin/false";
-  options.log_dir = TmpPath("false.logs");
+  options.log_dir = log_dir;
   options.worker_command = {"true"};
   std::FILE* out = std::tmpfile();
   Launcher launcher(options, out);
   std::atomic<int> stop{0};
   Status status = launcher.Run(stop);
   std::fclose(out);
+  return status;
+}
+
+TEST(LauncherTest, SchedulerThatDoesNotStartIsNamed) {
+  Status status = RunWithFailingScheduler(TmpPath("false.logs"));
   EXPECT_EQ(status.code(), StatusCode::kAborted);
   EXPECT_EQ(status.message(), "scheduler exited with code 1 before listening");
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+TEST(LauncherTest, LogsAreTheOwnersOnly) {
+  const std::string dir = TmpPath("private.logs");
+  EXPECT_EQ(RunWithFailingScheduler(dir).code(), StatusCode::kAborted);
+  EXPECT_EQ(ModeOf(dir), 0700u);
+  EXPECT_EQ(ModeOf(dir + "/scheduler.log"), 0600u);
+}
+
+TEST(LauncherTest, LinksAreNotFollowedForLogs) {
+  const std::string elsewhere = TmpPath("elsewhere.logs");
+  ASSERT_EQ(mkdir(elsewhere.c_str(), 0700), 0);
+  const std::string linked = TmpPath("linked.logs");
+  ASSERT_EQ(symlink(elsewhere.c_str(), linked.c_str()), 0);
+  Status status = RunWithFailingScheduler(linked);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("is a symbolic link"), std::string::npos) << status;
+
+  const std::string dir = TmpPath("planted.logs");
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string victim = TmpPath("victim.txt");
+  std::FILE* f = std::fopen(victim.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("keep me\n", f);
+  std::fclose(f);
+  ASSERT_EQ(symlink(victim.c_str(), (dir + "/scheduler.log").c_str()), 0);
+  status = RunWithFailingScheduler(dir);
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status;
+  struct stat st;
+  ASSERT_EQ(stat(victim.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 8) << "the log was written through a planted link";
 }
 
 TEST(LauncherTest, ParsesFlagsAndTheCommand) {

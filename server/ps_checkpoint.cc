@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/private_files.h"
 #include "server/ps_bytes.h"
 
 namespace gradsync::server {
@@ -385,8 +386,10 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& dir, const ShardState& sta
   const std::string bytes = EncodeCheckpoint(state);
   const std::string path = CheckpointPath(dir, state.rank);
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create " + tmp);
+  // A stale temporary file (or a link planted in its place) goes first: the
+  // new one is created, never opened.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return Errno("cannot remove " + tmp);
+  GS_ASSIGN_OR_RETURN(const int fd, CreatePrivateFile(tmp, O_EXCL));
   Status s = WriteAll(fd, bytes, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = Errno("cannot fsync " + tmp);
   if (::close(fd) != 0 && s.ok()) s = Errno("cannot close " + tmp);
@@ -402,7 +405,7 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& dir, const ShardState& sta
 }
 
 Status ReadWholeFile(const std::string& path, std::string* bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open " + path);
   char buf[1 << 16];
   for (;;) {
@@ -440,8 +443,7 @@ Status SyncDirectory(const std::string& dir) {
 }
 
 Status MakeDirectory(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return OkStatus();
-  return Errno("cannot create directory " + dir);
+  return MakePrivateDirectory(dir, "checkpoint directory");
 }
 
 }  // namespace gradsync::server

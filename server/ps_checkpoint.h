@@ -92,9 +92,13 @@ StatusOr<ShardState> ReadCheckpoint(const std::string& dir, const CheckpointExpe
 uint32_t Crc32(uint32_t crc, const void* data, size_t size);
 // fsyncs the directory `dir`, so renames and new files in it are durable.
 Status SyncDirectory(const std::string& dir);
-// Reads the whole file at `path` into `bytes`; the error names the path.
+// Reads the whole file at `path` into `bytes`, refusing a symbolic link
+// (O_NOFOLLOW); the error names the path.
 Status ReadWholeFile(const std::string& path, std::string* bytes);
-// Creates `dir` (one level) unless it exists.
+// Creates `dir` (one level, mode 0700) unless it exists; an existing one
+// must be a directory, not a symbolic link, owned by this user
+// (common/private_files.h). Checkpoints and journal segments in it are
+// created 0600 without following links.
 Status MakeDirectory(const std::string& dir);
 
 }  // namespace gradsync::server

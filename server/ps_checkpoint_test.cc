@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -286,6 +287,50 @@ TEST(PsCheckpointTest, WriteRenamesAWholeFileAndReadFindsIt) {
   EXPECT_NE(::access(CheckpointPath(dir, st.rank).c_str(), F_OK), -1);
   EXPECT_EQ(::access((CheckpointPath(dir, st.rank) + ".tmp").c_str(), F_OK), -1);
   EXPECT_EQ(CheckpointPath("/d", 3), "/d/shard-3.ckpt");
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+TEST(PsCheckpointTest, CheckpointsAndTheirDirectoryAreTheOwnersOnly) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/private_ckpt";
+  ASSERT_TRUE(MakeDirectory(dir).ok());
+  EXPECT_EQ(ModeOf(dir), 0700u);
+  ShardState st = StateMaker(5).Make(3);
+  ASSERT_TRUE(WriteCheckpoint(dir, st).ok());
+  EXPECT_EQ(ModeOf(CheckpointPath(dir, st.rank)), 0600u);
+}
+
+// Another user who can write to the directory plants a link where the
+// temporary file goes: the write must not go through it.
+TEST(PsCheckpointTest, ALinkPlantedAtTheTemporaryFileIsNotFollowed) {
+  const std::string dir = TempDir("planted");
+  const std::string victim = dir + "/victim";
+  {
+    std::FILE* f = std::fopen(victim.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("keep me", f);
+    std::fclose(f);
+  }
+  ShardState st = StateMaker(6).Make(3);
+  const std::string path = CheckpointPath(dir, st.rank);
+  ASSERT_EQ(::symlink(victim.c_str(), (path + ".tmp").c_str()), 0);
+  ASSERT_TRUE(WriteCheckpoint(dir, st).ok());
+  struct stat vs;
+  ASSERT_EQ(::stat(victim.c_str(), &vs), 0);
+  EXPECT_EQ(vs.st_size, 7) << "the checkpoint was written through the link";
+  struct stat cs;
+  ASSERT_EQ(::lstat(path.c_str(), &cs), 0);
+  EXPECT_TRUE(S_ISREG(cs.st_mode));
+  EXPECT_TRUE(ReadCheckpoint(dir, ExpectOf(st)).ok());
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/shard-9.ckpt").c_str()), 0);
+  st.rank = 9;
+  auto linked = ReadCheckpoint(dir, ExpectOf(st));
+  EXPECT_FALSE(linked.ok()) << "a checkpoint was read through a link";
 }
 
 TEST(PsCheckpointTest, ACheckpointCutShortOnDiskIsRefusedNamingTheFile) {

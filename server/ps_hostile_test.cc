@@ -115,5 +115,28 @@ TEST(PsHostileTest, AWorkerIsBoundToItsConnection) {
   EXPECT_EQ(h.shard().stats().rejected, 1u);
 }
 
+// Errors tell the job id to the job's workers only: a peer outside the job
+// is refused without learning it.
+TEST(PsHostileTest, APeerOutsideTheJobIsNotToldTheJobId) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  const int outsider = h.AddPeer("intruder");
+  wire::DataFields f;
+  f.num_elements = 2;
+  f.round = 1;
+  for (uint64_t job : {testing::kJob, uint64_t{5}}) {
+    h.Send(outsider, wire::MakeData({wire::Role::Worker, 0, job}, MsgType::Pull, f, {}, 0, 1));
+    auto answer = h.Next(outsider);
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_EQ(answer->header_view()->type(), MsgType::Error);
+    EXPECT_EQ(answer->header_view()->job_id(), 0u) << ShardHarness::ErrorText(*answer);
+    EXPECT_EQ(ShardHarness::ErrorText(*answer).find(std::to_string(testing::kJob)),
+              std::string::npos);
+  }
+  h.Send(1, wire::MakeData(h.Sender(0), MsgType::Pull, f, {}, 0, 1));  // a worker's mistake
+  auto answer = h.Next(1);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->header_view()->job_id(), testing::kJob) << "a worker lost the job id";
+}
+
 }  // namespace
 }  // namespace gradsync::server

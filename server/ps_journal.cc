@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/private_files.h"
 #include "server/ps_bytes.h"
 #include "server/ps_checkpoint.h"
 
@@ -212,9 +213,9 @@ Status Journal::OpenSegment(uint64_t segment) {
     fd_ = -1;
   }
   const std::string path = JournalSegmentPath(dir_, rank_, segment);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create journal segment " + path);
-  fd_ = fd;
+  auto fd = CreatePrivateFile(path, O_EXCL | O_APPEND);
+  if (!fd.ok()) return fd.status().WithPrefix("journal segment");
+  fd_ = *fd;
   segment_ = segment;
   buffer_ = SegmentHeader(rank_, job_id_, segment);
   GS_RETURN_IF_ERROR(Flush());

@@ -228,6 +228,17 @@ TEST(PsJournalTest, DamageBeforeTheEndIsDataLossAndNothingIsApplied) {
   EXPECT_EQ(ok->segments, 2u);
 }
 
+TEST(PsJournalTest, SegmentsAreTheOwnersOnly) {
+  const std::string dir = TempDir("private_journal");
+  Sent sent;
+  auto j = OpenJournal(dir, 0, &sent);
+  ASSERT_NE(j, nullptr);
+  j->Shutdown();
+  struct stat st;
+  ASSERT_EQ(::lstat(JournalSegmentPath(dir, kRank, 0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
 TEST(PsJournalTest, AnUnwritableDirectoryFailsOpenNamingTheFile) {
   auto j = Journal::Open("/nonexistent-dir", kRank, kJob, 0,
                          [](const wire::Route&, wire::Message) {});

@@ -510,7 +510,17 @@ void KeyTable::Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* o
 void KeyTable::Reject(const Request& r, ErrorCode code, const std::string& why,
                       std::vector<Outgoing>* out) {
   counters_->Rejected(code);
-  out->push_back({r.from, wire::MakeError(self_, code, r.Name() + " " + why, r.type)});
+  out->push_back({r.from, wire::MakeError(wire::AnswerAs(self_, rules_.IsJobWorker(r.from)), code,
+                                          r.Name() + " " + why, r.type)});
+}
+
+bool PsRules::IsJobWorker(const wire::Route& from) const {
+  const bool checked = std::any_of(worker_identities.begin(), worker_identities.end(),
+                                   [](const std::string& id) { return !id.empty(); });
+  if (!checked) return true;
+  return from.kind == wire::Route::Kind::kInbound && !from.identity.empty() &&
+         std::find(worker_identities.begin(), worker_identities.end(), from.identity) !=
+             worker_identities.end();
 }
 
 }  // namespace gradsync::server

@@ -103,6 +103,12 @@ struct PsRules {
   // The job's compressor (server/job_codec.h): a spec or name; empty: the
   // first compressed push fixes it.
   std::string compression;
+
+  // Whether `from` is the route of one of worker_identities: only those
+  // peers get the job id on an Error (wire::AnswerAs). With no identity
+  // given at all (not checked: any peer may speak as any worker) every
+  // peer counts as one.
+  bool IsJobWorker(const wire::Route& from) const;
 };
 
 struct PsShardStats {

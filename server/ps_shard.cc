@@ -173,7 +173,7 @@ void PsShard::Dispatch(wire::Incoming in) {
     counters_.Rejected(v.code);
     if (v.ShouldAnswer()) {
       const wire::MsgType type = v.type_known ? v.type : wire::MsgType::Error;
-      Send(in.from, wire::MakeError(self_, v.code, v.detail, type));
+      Send(in.from, wire::MakeError(AnswerAs(in.from), v.code, v.detail, type));
     }
     return;
   }
@@ -184,7 +184,7 @@ void PsShard::Dispatch(wire::Incoming in) {
   const size_t bytes = in.message.header.size() + in.message.PayloadBytes();
   if (!Admit(in.from.identity, bytes)) {
     counters_.Rejected(wire::ErrorCode::Busy);
-    Send(in.from, wire::MakeError(self_, wire::ErrorCode::Busy,
+    Send(in.from, wire::MakeError(AnswerAs(in.from), wire::ErrorCode::Busy,
                                   "more than " +
                                       std::to_string(options_.max_queued_bytes_per_peer) +
                                       " bytes of this peer's messages wait already; send it "

@@ -167,6 +167,11 @@ class PsShard {
   void CatchUpDeaths(KeyThread* t);
   void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
   void Send(const wire::Route& to, wire::Message msg);
+  // This shard as the sender of an answer to `to`: with the job id only
+  // for the job's workers.
+  wire::Sender AnswerAs(const wire::Route& to) const {
+    return wire::AnswerAs(self_, options_.rules.IsJobWorker(to));
+  }
 
   wire::Transport* const transport_;
   const PsShardOptions options_;

@@ -162,6 +162,13 @@ class ShardHarness {
   // Change before Restart() to run the shard with other options.
   PsShardOptions& options() { return options_; }
   wire::Sender Sender(int rank) const { return wire::Sender{wire::Role::Worker, rank, job_}; }
+  // Connects one more peer, under `identity` (not a worker's): returns the
+  // index Send and Next take for it.
+  int AddPeer(const std::string& identity) {
+    workers_.push_back(net_.NewTransport(identity));
+    conns_.push_back(*workers_.back()->Connect("inproc://shard"));
+    return static_cast<int>(workers_.size()) - 1;
+  }
 
  private:
   void StartShard() {

@@ -19,6 +19,11 @@ std::string Join(const std::vector<std::string>& parts, const std::string& sep) 
   return out;
 }
 
+// Text a node supplied (hosts, error messages, reasons, reachability
+// details), fit for a log line: non-printables as \xNN, cut at 256 bytes.
+std::string PeerText(const std::string& text) { return wire::Escaped(text, 256); }
+std::string PeerText(const flatbuffers::String* text) { return wire::Escaped(text, 256); }
+
 uint64_t NewJobId() {
   std::random_device rd;
   uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -49,7 +54,7 @@ StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
   if (grace_ms < 0) return InvalidArgumentError("server_grace_ms must not be negative");
   GS_ASSIGN_OR_RETURN(std::string host, config.GetString("host", "127.0.0.1"));
   GS_ASSIGN_OR_RETURN(o.curve, wire::SecurityFromConfig(config, host));
-  o.listen = wire::ListenEndpoint(host, port);
+  GS_ASSIGN_OR_RETURN(o.listen, wire::ListenEndpoint(host, port));
   o.num_workers = static_cast<int32_t>(workers);
   o.num_servers = static_cast<int32_t>(servers);
   o.heartbeat_interval = Millis(heartbeat_ms);
@@ -155,9 +160,12 @@ void Scheduler::Dispatch(Node& node, const wire::Header& h) {
       break;
     case MsgType::Error: {
       const auto* e = h.body_as_ErrorBody();
-      GS_LOG(WARNING) << node.info.Name() << " reports an error ("
-                      << wire::ErrorCodeLabel(e->code()) << "): "
-                      << (e->message() ? e->message()->str() : "");
+      uint64_t left_out = 0;
+      if (refusal_log_.Admit(node.identity, "reported error", &left_out)) {
+        GS_LOG(WARNING) << node.info.Name() << " reports an error ("
+                        << wire::ErrorCodeLabel(e->code()) << "): " << PeerText(e->message())
+                        << LeftOutNote(left_out);
+      }
       break;
     }
     default:
@@ -267,7 +275,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
   GS_LOG(INFO) << "registered a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
-               << node.info.host << ":" << node.info.data_port << "): "
+               << PeerText(node.info.host) << ":" << node.info.data_port << "): "
                << Count(Role::Worker) << "/" << options_.num_workers << " workers, "
                << Count(Role::Server) << "/" << options_.num_servers << " servers";
   if (Count(Role::Worker) == options_.num_workers &&
@@ -392,7 +400,8 @@ void Scheduler::Rejoin(const std::string& old_identity, const std::string& ident
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
   GS_LOG(INFO) << node.info.Name() << " rejoined the job: pid " << node.pid << " on "
-               << node.info.host << ":" << node.info.data_port << " replaces pid " << old_pid
+               << PeerText(node.info.host) << ":" << node.info.data_port << " replaces pid "
+               << old_pid
                << " (" << was << ")";
   SendAssignment(identity);
   for (const auto& [id, n] : nodes_) {
@@ -413,9 +422,9 @@ void Scheduler::OnReachReport(Node& node, const wire::ReachReportBody& report) {
     for (const wire::ReachResult* r : *report.results()) {
       if (r->ok()) continue;
       wire::NodeInfo peer = wire::ToNodeInfo(*r->peer());
-      unreachable_.push_back(node.info.Name() + " (" + node.info.host + ") cannot reach " +
-                             peer.Name() + " at " + peer.DataEndpoint() + ": " +
-                             (r->detail() ? r->detail()->str() : ""));
+      unreachable_.push_back(node.info.Name() + " (" + PeerText(node.info.host) +
+                             ") cannot reach " + peer.Name() + " at " +
+                             PeerText(peer.DataEndpoint()) + ": " + PeerText(r->detail()));
     }
   }
   if (rejoined) {
@@ -505,7 +514,7 @@ void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
 }
 
 void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
-  const std::string reason = body.reason() ? wire::Escaped(body.reason()->str()) : "";
+  const std::string reason = PeerText(body.reason());
   if (node.info.role == Role::Server && phase_ == Phase::kRunning && !servers_released_ &&
       node.alive) {
     // The workers still need this shard. A restart may bring it back within
@@ -543,7 +552,7 @@ void Scheduler::Tick() {
     if (may_restart && now - n.last_seen <= limit + options_.server_grace) {
       if (!n.missing) {
         n.missing = true;
-        GS_LOG(WARNING) << n.info.Name() << " (pid " << n.pid << " on " << n.info.host
+        GS_LOG(WARNING) << n.info.Name() << " (pid " << n.pid << " on " << PeerText(n.info.host)
                         << ") is silent: waiting up to " << FormatSeconds(options_.server_grace)
                         << " for it to restart and rejoin";
       }
@@ -596,7 +605,7 @@ void Scheduler::DeclareDead(Node& node, Millis silent) {
 
 void Scheduler::MarkDead(Node& node, const std::string& why) {
   node.alive = false;
-  GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << node.info.host
+  GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << PeerText(node.info.host)
                 << ") is dead: " << why;
   dead_.push_back(node.info.Name() + " dead: " + why);
   if (metrics_) metrics_->heartbeat_timeouts[static_cast<int>(node.info.role)]->Increment();
@@ -634,9 +643,12 @@ void Scheduler::Reply(const std::string& identity, wire::Message msg) {
                    LogSendFailure(reply_failures_, identity, "answer"));
 }
 
+// Only registered nodes (dead or gone included: they were told the job id)
+// learn the job id from an Error; anyone else gets job id 0.
 void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const std::string& text,
                            MsgType in_reply_to) {
-  Reply(identity, wire::MakeError(sender(), code, text, in_reply_to));
+  const bool member = nodes_.count(identity) > 0;
+  Reply(identity, wire::MakeError(wire::AnswerAs(sender(), member), code, text, in_reply_to));
 }
 
 void Scheduler::Refuse(const std::string& identity, ErrorCode code, const std::string& text,

@@ -48,7 +48,7 @@
 namespace gradsync::server {
 
 struct SchedulerOptions {
-  std::string listen = "tcp://*:9000";
+  std::string listen = "tcp://127.0.0.1:9000";
   int32_t num_workers = 1;
   int32_t num_servers = 0;
   Millis heartbeat_interval{500};

@@ -1,12 +1,13 @@
 #include "wire/curve.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <cerrno>
 #include <sstream>
 
+#include "common/net.h"
+#include "common/private_files.h"
 #include "zmq.h"
 
 namespace gradsync::wire {
@@ -30,8 +31,9 @@ StatusOr<CurveKey> GenerateCurveKey() {
 }
 
 Status WriteKeyFile(const std::string& path, const CurveKey& key) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return UnavailableError("cannot create key file " + path);
+  auto created = CreatePrivateFile(path, O_EXCL);
+  if (!created.ok()) return created.status().WithPrefix("key file");
+  const int fd = *created;
   const std::string text = "public " + key.public_z85 + "\nsecret " + key.secret_z85 + "\n";
   const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   const bool closed = close(fd) == 0;
@@ -40,17 +42,18 @@ Status WriteKeyFile(const std::string& path, const CurveKey& key) {
 }
 
 StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return InvalidArgumentError("key_file " + path + " does not exist");
+  auto fd = OpenPrivateFile(path, "key_file");
+  if (!fd.ok()) return InvalidArgumentError(fd.status().message());
+  std::string text;
+  char buf[512];
+  ssize_t n;
+  while (text.size() < 4096 && (n = read(*fd, buf, sizeof(buf))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(buf, static_cast<size_t>(n));
   }
-  if (!S_ISREG(st.st_mode)) return InvalidArgumentError("key_file " + path + " is not a file");
-  if ((st.st_mode & 077) != 0) {
-    return InvalidArgumentError("key_file " + path + " may be read by others (mode " +
-                                std::to_string(st.st_mode & 0777) +
-                                " in decimal): make it readable by its owner only (chmod 600)");
-  }
-  std::ifstream in(path);
+  close(*fd);
+  std::istringstream in(text);
   std::string word, value;
   CurveKey key;
   while (in >> word >> value) {
@@ -63,10 +66,6 @@ StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
                                 "characters each)");
   }
   return key;
-}
-
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
@@ -85,9 +84,10 @@ StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
     return InvalidArgumentError("security=curve needs a key_file (GRADSYNC_KEY_FILE); "
                                 "gradsync_launch makes one for its job");
   }
-  if (IsLoopback(host)) return std::optional<CurveKey>();
+  if (IsLoopbackHost(host)) return std::optional<CurveKey>();
   return InvalidArgumentError(
-      "host " + host + " is not loopback: a node others can reach runs with CURVE (give "
+      "host " + host + " is not loopback (it does not resolve to 127.0.0.0/8 or ::1 alone): "
+      "a node others can reach runs with CURVE (give "
       "key_file, the job's key file, which gradsync_launch makes) or, to run unencrypted "
       "and unauthenticated, security=none");
 }

@@ -7,13 +7,16 @@
 // another job's key fails the handshake and is counted.
 //
 // Key file: two lines, "public <40 Z85 chars>" and "secret <40 Z85 chars>";
-// a regular file that only its owner may read (mode 0600 or stricter).
+// a regular file, not a symbolic link, owned by the user the process runs
+// as, that only its owner may read (mode 0600 or stricter).
 //
 // Settings (flags or GRADSYNC_ variables): security=auto|curve|none (auto),
 // key_file (GRADSYNC_KEY_FILE). auto: CURVE when a key file is given;
 // otherwise none when the node's host is loopback, and an error when it is
 // not (a node reachable from the network does not start insecure unless
-// told to with security=none).
+// told to with security=none). Loopback means that the host resolves, and
+// only to 127.0.0.0/8 or ::1 (common/net.h): a name is judged by its
+// addresses, not by how it is spelled.
 //
 // Thread-safety: pure functions.
 #ifndef GRADSYNC_WIRE_CURVE_H_
@@ -36,11 +39,10 @@ struct CurveKey {
 StatusOr<CurveKey> GenerateCurveKey();
 // Writes `key` to a new file at `path` with mode 0600; fails if it exists.
 Status WriteKeyFile(const std::string& path, const CurveKey& key);
-// Reads a key file, refusing one others may read or that is malformed.
+// Reads a key file, refusing (InvalidArgument naming the path and the
+// problem) a symbolic link, a file of another user, one others may read,
+// or one that is malformed.
 StatusOr<CurveKey> ReadKeyFile(const std::string& path);
-
-// Whether `host` names this machine's loopback (127.0.0.0/8, ::1, localhost).
-bool IsLoopback(const std::string& host);
 
 // The key this process's sockets use, from the settings above and the host
 // the node is reached at; nullopt: no CURVE. InvalidArgument naming the

@@ -155,6 +155,12 @@ Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group
   return Finish(fbb, from, type, CreateBarrierBody(fbb, barrier_id, group).Union());
 }
 
+Sender AnswerAs(const Sender& self, bool member) {
+  Sender s = self;
+  if (!member) s.job_id = 0;
+  return s;
+}
+
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
                   MsgType in_reply_to) {
   FlatBufferBuilder fbb(128 + message.size());

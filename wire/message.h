@@ -124,6 +124,11 @@ Message MakeLeave(const Sender& from, const std::string& reason);
 Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group);
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
                   MsgType in_reply_to);
+// The sender to put on an answer to a peer: `self` for a member of the job
+// (registered, or the route of a known member), `self` without the job id
+// (0) for anyone else, so that a peer outside the job learns nothing of it
+// from a refusal.
+Sender AnswerAs(const Sender& self, bool member);
 Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason);
 struct ReachOutcome {
   NodeInfo peer;

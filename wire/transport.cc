@@ -1,17 +1,15 @@
 #include "wire/transport.h"
 
-#include <arpa/inet.h>
-
 #include <cstdio>
 #include <random>
 
+#include "common/net.h"
+
 namespace gradsync::wire {
 
-std::string ListenEndpoint(const std::string& host, int64_t port) {
-  in6_addr any;
-  const bool literal = inet_pton(AF_INET, host.c_str(), &any) == 1 ||
-                       inet_pton(AF_INET6, host.c_str(), &any) == 1;
-  return "tcp://" + (literal ? host : std::string("*")) + ":" + std::to_string(port);
+StatusOr<std::string> ListenEndpoint(const std::string& host, int64_t port) {
+  GS_ASSIGN_OR_RETURN(std::string address, BindAddress(host));
+  return "tcp://" + address + ":" + std::to_string(port);
 }
 
 std::string Route::ToString() const {

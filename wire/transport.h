@@ -48,10 +48,10 @@ struct Route {
   std::string ToString() const;
 };
 
-// The endpoint to listen on at `host`: "tcp://HOST:PORT" for an IPv4 or
-// IPv6 address, "tcp://*:PORT" for a host name (ZeroMQ binds addresses and
-// interfaces, not names).
-std::string ListenEndpoint(const std::string& host, int64_t port);
+// The endpoint to listen on at `host`: "tcp://ADDRESS:PORT" with the
+// numeric address `host` resolves to (common/net.h BindAddress), never a
+// wildcard for a name. NotFound when `host` does not resolve.
+StatusOr<std::string> ListenEndpoint(const std::string& host, int64_t port);
 
 struct Incoming {
   Route from;

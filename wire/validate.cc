@@ -267,8 +267,9 @@ Verdict Validate(const Message& msg, const Policy& policy) {
   // carry job id 0.
   const bool before_job = t == MsgType::Register || (t == MsgType::Heartbeat && h->job_id() == 0);
   if (policy.job_id != 0 && !before_job && h->job_id() != policy.job_id) {
+    // This job's id is not named: the sender may not be a member.
     return Reject(ErrorCode::WrongJob, "message of job " + std::to_string(h->job_id()) +
-                  ", this is job " + std::to_string(policy.job_id), t);
+                  ", not of this job", t);
   }
   Verdict body = CheckBody(*h, limits);
   if (body.code != ErrorCode::Unknown) return body;

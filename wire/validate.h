@@ -5,7 +5,9 @@
 //
 // A rejected message yields a Verdict with the ErrorCode and a detail that
 // names what was wrong; the receiver answers with MakeError(), counts it and
-// keeps serving. Nothing here aborts on peer input.
+// keeps serving. Nothing here aborts on peer input. A detail never names
+// the receiver's job id (the sender may be outside the job): the answer to
+// a peer not known to be a member carries job id 0 (AnswerAs).
 //
 // Thread-safety: pure functions.
 #ifndef GRADSYNC_WIRE_VALIDATE_H_

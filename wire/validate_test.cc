@@ -417,7 +417,8 @@ TEST(ValidateTest, WrongJob) {
   Sender s = TestSender();
   s.job_id = 8;
   Verdict v = Validate(MakeHeartbeat(s), p);
-  ExpectRejected(v, ErrorCode::WrongJob, "message of job 8, this is job 7");
+  ExpectRejected(v, ErrorCode::WrongJob, "message of job 8, not of this job");
+  EXPECT_EQ(v.detail.find('7'), std::string::npos) << "the detail names this job: " << v.detail;
   s.job_id = 7;
   EXPECT_TRUE(Validate(MakeHeartbeat(s), p).ok());
   // Register comes before the node knows the job id.

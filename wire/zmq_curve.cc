@@ -1,9 +1,11 @@
 #include "wire/zmq_curve.h"
 
+#include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
-#include "zmq_addon.hpp"
+#include "common/logging.h"
 
 namespace gradsync::wire {
 
@@ -13,12 +15,59 @@ void SetKey(zmq::socket_t& socket, int option, const std::string& z85) {
   zmq_setsockopt(socket.handle(), option, z85.data(), z85.size());  // 40 Z85 characters
 }
 
+// Receives a whole multipart message without waiting; false when none is
+// there. A part that a signal interrupted is read again, so that the REP
+// socket never loses its place between request and reply.
+bool RecvRequest(zmq::socket_t& socket, std::vector<zmq::message_t>* frames) {
+  bool more = true;
+  while (more) {
+    zmq::message_t part;
+    std::optional<size_t> got;
+    try {
+      got = socket.recv(part, frames->empty() ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw;
+    }
+    if (!got) return false;
+    more = part.more();
+    frames->push_back(std::move(part));
+  }
+  return true;
+}
+
+// Sends `frames` whole, sending again a part that a signal interrupted.
+void SendReply(zmq::socket_t& socket, std::vector<zmq::message_t>& frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    for (;;) {
+      try {
+        socket.send(frames[i], flags);
+        break;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) throw;
+      }
+    }
+  }
+}
+
+// ZMQ_ZAP_ENFORCE_DOMAIN, a draft option of libzmq 4.3 (zmq.h declares it
+// only for draft builds; Debian's library is one).
+constexpr int kZapEnforceDomain = 93;
+
 }  // namespace
 
-void ApplyCurveServer(zmq::socket_t& socket, const CurveKey& key) {
+Status ApplyCurveServer(zmq::socket_t& socket, const CurveKey& key) {
   socket.set(zmq::sockopt::curve_server, 1);
   SetKey(socket, ZMQ_CURVE_SECRETKEY, key.secret_z85);
   socket.set(zmq::sockopt::zap_domain, "gradsync");
+  const int enforce = 1;
+  if (zmq_setsockopt(socket.handle(), kZapEnforceDomain, &enforce, sizeof(enforce)) != 0) {
+    return UnavailableError(
+        "this libzmq cannot enforce the ZAP domain (ZMQ_ZAP_ENFORCE_DOMAIN): a CURVE server "
+        "would admit every client should its ZAP handler stop");
+  }
+  return OkStatus();
 }
 
 void ApplyCurveClient(zmq::socket_t& socket, const CurveKey& key) {
@@ -27,12 +76,14 @@ void ApplyCurveClient(zmq::socket_t& socket, const CurveKey& key) {
   SetKey(socket, ZMQ_CURVE_SECRETKEY, key.secret_z85);
 }
 
-StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(zmq::context_t& context,
-                                                        const std::string& admitted_z85) {
+StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
+    zmq::context_t& context, const std::string& admitted_z85,
+    std::function<void(const Status&)> on_failure) {
   std::unique_ptr<ZapHandler> h(new ZapHandler());
   if (admitted_z85.size() != 40 || zmq_z85_decode(h->admitted_, admitted_z85.c_str()) == nullptr) {
     return InvalidArgumentError("the admitted CURVE key is not 40 Z85 characters");
   }
+  h->on_failure_ = std::move(on_failure);
   try {
     zmq::socket_t socket(context, zmq::socket_type::rep);
     socket.set(zmq::sockopt::linger, 0);
@@ -51,31 +102,49 @@ ZapHandler::~ZapHandler() {
   if (thread_.joinable()) thread_.join();
 }
 
+void ZapHandler::Serve(zmq::socket_t socket) {
+  zmq::error_t error;
+  while (!stop_.load()) {
+    if (AnswerOne(socket, &error)) continue;
+    if (error.num() == EINTR || error.num() == EAGAIN) continue;
+    if (stop_.load()) return;
+    break;
+  }
+  if (stop_.load()) return;
+  socket.close();  // from now on every CURVE socket of the context refuses everyone
+  failed_.store(true);
+  const Status failure = UnavailableError(
+      std::string("the ZAP handler failed (") + error.what() +
+      "): CURVE connections are refused from now on");
+  GS_LOG(ERROR) << failure.message();
+  if (on_failure_) on_failure_(failure);
+}
+
 // Request frames: version, request id, domain, address, identity,
 // mechanism, then the mechanism's credentials (CURVE: the client's 32-byte
 // public key). Reply: version, request id, status code, status text, user
-// id, metadata.
-void ZapHandler::Serve(zmq::socket_t socket) {
-  while (!stop_.load()) {
+// id, metadata. True when nothing failed (a poll that timed out included).
+bool ZapHandler::AnswerOne(zmq::socket_t& socket, zmq::error_t* error) {
+  try {
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> req;
-      if (!zmq::recv_multipart(socket, std::back_inserter(req))) continue;
-      const bool admit = req.size() >= 7 && req[5].to_string() == "CURVE" &&
-                         req[6].size() == 32 && std::memcmp(req[6].data(), admitted_, 32) == 0;
-      std::vector<zmq::message_t> reply;
-      reply.emplace_back(std::string("1.0"));
-      reply.emplace_back(req.size() >= 2 ? req[1].to_string() : std::string());
-      reply.emplace_back(std::string(admit ? "200" : "400"));
-      reply.emplace_back(std::string(admit ? "OK" : "not a key of this job"));
-      reply.emplace_back(std::string());
-      reply.emplace_back(std::string());
-      zmq::send_multipart(socket, reply);
-    } catch (const zmq::error_t&) {
-      return;  // the context is closing
-    }
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    if (!(item.revents & ZMQ_POLLIN)) return true;
+    std::vector<zmq::message_t> req;
+    if (!RecvRequest(socket, &req)) return true;
+    const bool admit = req.size() >= 7 && req[5].to_string() == "CURVE" &&
+                       req[6].size() == 32 && std::memcmp(req[6].data(), admitted_, 32) == 0;
+    std::vector<zmq::message_t> reply;
+    reply.emplace_back(std::string("1.0"));
+    reply.emplace_back(req.size() >= 2 ? req[1].to_string() : std::string());
+    reply.emplace_back(std::string(admit ? "200" : "400"));
+    reply.emplace_back(std::string(admit ? "OK" : "not a key of this job"));
+    reply.emplace_back(std::string());
+    reply.emplace_back(std::string());
+    SendReply(socket, reply);
+    return true;
+  } catch (const zmq::error_t& e) {
+    *error = e;
+    return false;
   }
 }
 

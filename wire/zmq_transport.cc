@@ -68,6 +68,12 @@ std::string RouteKey(const Route& r) {
   return r.kind == Route::Kind::kConnection ? "c" + std::to_string(r.conn) : "i" + r.identity;
 }
 
+Status ListenClosedError() {
+  return UnavailableError(
+      "the transport closed its listening socket: its ZAP handler failed, so no peer can be "
+      "authenticated");
+}
+
 Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
@@ -108,12 +114,14 @@ class ZmqTransport::Impl {
   void Post(std::unique_ptr<Command> cmd) { Enqueue(std::move(cmd)); }
 
   StatusOr<Incoming> Receive(Deadline deadline) {
+    if (listen_closed_.load()) return ListenClosedError();
     auto item = incoming_.Pop(deadline);
     if (item.ok()) {
       queued_bytes_.fetch_sub(item->message.header.size() + item->message.PayloadBytes());
       Wake();  // room again: resume reading if it had paused
     }
     if (!item.ok() && item.status().code() == StatusCode::kCancelled) {
+      if (listen_closed_.load()) return ListenClosedError();
       return CancelledError("transport is shut down");
     }
     return item;
@@ -175,6 +183,9 @@ class ZmqTransport::Impl {
   void ReadSocket(zmq::socket_t& socket, const Route* fixed_route);
   void Configure(zmq::socket_t& socket);
   void CloseAll();
+  // The ZAP handler failed: the listening socket closes (its CURVE handshakes
+  // already fail), and Receive reports Unavailable from now on.
+  void CloseListening();
   // Watches the listening socket's handshakes (CURVE only).
   Status MonitorHandshakes(zmq::socket_t& router);
   void ReadMonitor();
@@ -197,6 +208,7 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> dropped_{0};  // messages dropped as they were read
   std::atomic<size_t> queued_bytes_{0};  // in incoming_
+  std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::map<std::string, ConnId> conn_by_endpoint_;
   // Sends that would block, in order, per peer: one peer that stops reading
@@ -221,6 +233,7 @@ void ZmqTransport::Impl::IoLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) break;
     }
+    if (router_ && zap_ && zap_->failed()) CloseListening();
     std::vector<zmq::pollitem_t> items;
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
     const bool room = Room();
@@ -292,7 +305,7 @@ void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
 }
 
 void ZmqTransport::Impl::DoListen(Command& cmd) {
-  if (router_) {
+  if (router_ || listen_closed_.load()) {
     cmd.done.set_value({FailedPreconditionError("already listening"), "", -1});
     return;
   }
@@ -305,15 +318,16 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
     router->set(zmq::sockopt::routing_id, options_.identity);
     if (options_.curve) {
       if (!zap_) {
-        auto zap = ZapHandler::Start(context_, options_.curve->public_z85);
+        auto zap = ZapHandler::Start(context_, options_.curve->public_z85,
+                                     [this](const Status&) { Wake(); });
         if (!zap.ok()) {
           cmd.done.set_value({zap.status(), "", -1});
           return;
         }
         zap_ = std::move(*zap);
       }
-      ApplyCurveServer(*router, *options_.curve);
-      Status watched = MonitorHandshakes(*router);
+      Status watched = ApplyCurveServer(*router, *options_.curve);
+      if (watched.ok()) watched = MonitorHandshakes(*router);
       if (!watched.ok()) {
         cmd.done.set_value({watched, "", -1});
         return;
@@ -483,6 +497,15 @@ void ZmqTransport::Impl::CloseAll() {
   monitor_.reset();
   router_.reset();
   dealers_.clear();
+}
+
+void ZmqTransport::Impl::CloseListening() {
+  GS_LOG(ERROR) << "the ZAP handler failed: closing the listening socket; this transport "
+                   "accepts no connection and receives nothing more";
+  monitor_.reset();
+  router_.reset();
+  listen_closed_.store(true);
+  incoming_.Close();  // wakes blocked receivers, who get ListenClosedError
 }
 
 Status ZmqTransport::Impl::MonitorHandshakes(zmq::socket_t& router) {

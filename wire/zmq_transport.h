@@ -9,7 +9,10 @@
 // - ZMQ_MAXMSGSIZE: frames larger than max_frame_bytes are refused by ZeroMQ
 //   itself (the connection is dropped); validate.h limits apply below that.
 // - With ZmqOptions::curve, CURVE on every socket and a ZAP handler that
-//   admits only the job's key (wire/zmq_curve.h).
+//   admits only the job's key (wire/zmq_curve.h). Should the handler fail,
+//   the transport fails closed: the listening socket closes (no handshake
+//   succeeds from then on), and Receive returns Unavailable at once, also
+//   to callers already waiting; outgoing connections keep working.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose

@@ -1,0 +1,73 @@
+// The job's security settings and key file, and the endpoint a node binds:
+// loopback is judged by the address a host resolves to, and a node binds
+// exactly that address.
+#include "wire/curve.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/config.h"
+#include "gtest/gtest.h"
+#include "wire/transport.h"
+
+namespace gradsync::wire {
+namespace {
+
+TEST(CurveLoopbackTest, NamesOfLoopbackRunWithoutCurve) {
+  const Config config = Config::FromMap({});
+  for (const char* host : {"localhost", "127.0.0.1", "127.3.4.5", "::1"}) {
+    auto security = SecurityFromConfig(config, host);
+    ASSERT_TRUE(security.ok()) << host << ": " << security.status();
+    EXPECT_FALSE(security->has_value()) << host;
+  }
+}
+
+TEST(CurveLoopbackTest, ANameSpelledLikeLoopbackNeedsCurve) {
+  const Config config = Config::FromMap({});
+  for (const char* host : {"127.0.0.1.invalid", "localhost.invalid", "0.0.0.0"}) {
+    auto security = SecurityFromConfig(config, host);
+    ASSERT_FALSE(security.ok()) << host << " started without CURVE";
+    EXPECT_NE(security.status().message().find("key_file"), std::string::npos)
+        << security.status();
+  }
+}
+
+// A key file reached through a link is refused even when the file it
+// points at is private: another user could have planted the link.
+TEST(CurveKeyFileTest, ALinkToAKeyFileIsRefused) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string real = dir + "/real.key";
+  ASSERT_TRUE(WriteKeyFile(real, *GenerateCurveKey()).ok());
+  ASSERT_TRUE(ReadKeyFile(real).ok());
+  const std::string link = dir + "/link.key";
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  auto read = ReadKeyFile(link);
+  ASSERT_FALSE(read.ok()) << "a key file was read through a link";
+  EXPECT_EQ(read.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(read.status().message().find("key_file " + link + " is a symbolic link"),
+            std::string::npos) << read.status();
+}
+
+TEST(CurveKeyFileTest, AKeyFileOfAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file away";
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/theirs.key";
+  ASSERT_TRUE(WriteKeyFile(path, *GenerateCurveKey()).ok());
+  ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+  auto read = ReadKeyFile(path);
+  ASSERT_FALSE(read.ok()) << "another user's key file was taken";
+  EXPECT_NE(read.status().message().find("owned by uid 65534"), std::string::npos)
+      << read.status();
+}
+
+TEST(ListenEndpointTest, BindsTheResolvedNumericAddress) {
+  EXPECT_EQ(*ListenEndpoint("localhost", 5000), "tcp://127.0.0.1:5000");
+  EXPECT_EQ(*ListenEndpoint("127.0.0.7", 0), "tcp://127.0.0.7:0");
+  auto unknown = ListenEndpoint("127.0.0.1.invalid", 5000);
+  ASSERT_FALSE(unknown.ok()) << *unknown;
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace gradsync::wire
