@@ -110,9 +110,11 @@ class RingCollectives : public Collectives {
   Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
                    Deadline deadline) override;
 
-  // Sends this rank's tensor list to the right neighbour and compares the
-  // left neighbour's with it. On a difference every rank fails with
-  // FailedPrecondition naming both ranks and the first tensor that differs.
+  // Sends this rank's tensor list to the right neighbour, in Layout pieces
+  // of at most wire::kLayoutPieceBytes, and compares the left neighbour's
+  // with it piece by piece (nothing of it is kept). On a difference every
+  // rank fails with FailedPrecondition naming both ranks and the first
+  // tensor that differs.
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& tensors, Deadline deadline);
 
   RingStats stats() const;
@@ -124,6 +126,9 @@ class RingCollectives : public Collectives {
   Status RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
   Status RunAllGather(Op& op, size_t bytes, uint8_t* base);
   Status RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
+  // The left neighbour's layout, received piece by piece and compared with
+  // `mine` as it comes: "" when they are equal, else the first difference.
+  StatusOr<std::string> ReceiveLayoutDiff(Op& op, const std::vector<wire::TensorSpecFields>& mine);
   // Waits until no send points into the caller's buffer; a failure breaks
   // the ring for good.
   Status Finish(Op& op, Status result);

@@ -165,6 +165,50 @@ TEST(RingFaultTest, EqualLayoutsPass) {
   for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+std::vector<wire::TensorSpecFields> LargeLayout() {
+  std::vector<wire::TensorSpecFields> layout;
+  for (size_t i = 0; i < 10000; ++i) {
+    std::string name = "model.encoder.layers." + std::to_string(i) + ".";
+    name.resize(100, 'w');
+    layout.push_back({name, 1 + i % 7, wire::DType::F32});
+  }
+  return layout;
+}
+
+// 10,000 tensors of 100-byte names go in pieces within the default header
+// limit; the first difference is still named, wherever it is.
+TEST(RingFaultTest, LargeLayoutsAreComparedInPiecesAndTheirFirstDifferenceNamed) {
+  const int n = 3;
+  auto check = [&](const std::function<void(int, std::vector<wire::TensorSpecFields>*)>& edit) {
+    Ring ring(n, FastOptions());
+    return ring.Run([&](int r) {
+      std::vector<wire::TensorSpecFields> layout = LargeLayout();
+      edit(r, &layout);
+      return ring[r].CheckLayout(layout, Deadline::After(std::chrono::seconds(30)));
+    });
+  };
+  for (const Status& s : check([](int, auto*) {})) EXPECT_TRUE(s.ok()) << s.ToString();
+  auto differ = check([](int r, auto* layout) {
+    if (r == 2) (*layout)[9876].num_elements = 99;
+  });
+  for (const Status& s : differ) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("tensor #9876: "), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("(99 x f32)"), std::string::npos) << s.ToString();
+  }
+  auto longer = check([](int r, auto* layout) {
+    if (r == 0) layout->push_back({"extra", 1, wire::DType::F32});
+  });
+  for (const Status& s : longer) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    // Ranks 0 (left: 2) and 1 (left: 0) both see it; the first tells all.
+    EXPECT_NE(s.message().find("tensor #10000: rank "), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("rank 0 has 'extra' (1 x f32)"), std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("has no tensor #10000"), std::string::npos) << s.ToString();
+  }
+}
+
 // Garbage and impostors sent to a rank during an operation are refused with
 // an Error reply and counted; the operation still completes correctly.
 TEST(RingFaultTest, BadMessagesAreRefusedCountedAndAnsweredWhileTheOpCompletes) {

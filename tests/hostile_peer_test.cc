@@ -116,7 +116,7 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     me.role = wire::Role::Worker;
     me.host = "127.0.0.1";
     const wire::Message reg = wire::MakeRegister(wire::Sender{wire::Role::Worker, -1, 0}, me,
-                                                 kBuildId, 4242, 1, kWorkers, kServers);
+                                                 kBuildId, 4242, kProtocolVersion, kWorkers, kServers);
     SendRaw(address_, std::string(reg.header.begin(), reg.header.end()));
   }
 
@@ -301,7 +301,7 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     claim.data_port = static_cast<uint16_t>(std::atoi(servers_[0].c_str() + colon + 1));
     ExpectRefused(*t, address_,
                   wire::MakeRegister(wire::Sender{wire::Role::Server, 0, 0}, claim, kBuildId,
-                                     4242, 1, kWorkers, kServers),
+                                     4242, kProtocolVersion, kWorkers, kServers),
                   "a registration claiming a live shard's address");
     t->Shutdown();
   }
