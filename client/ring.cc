@@ -18,6 +18,9 @@ using wire::ErrorCode;
 using wire::Message;
 using wire::MsgType;
 
+// Error replies to refused messages posted and not yet sent (or failed).
+constexpr int kMaxRepliesInFlight = 64;
+
 // Counts the sends that still point into each segment of the caller's
 // buffer; a segment is overwritten only once its count is back to zero.
 // Shared with the payload owners, which may outlive the operation.
@@ -183,6 +186,14 @@ class RingCollectives::Op {
 
  private:
   Status SendPayload(wire::Payload payload, size_t elems);
+  // Between two messages of a wait, whatever they were (a flood of them
+  // must not hold it): fails once a send failed, the job is unhealthy, or
+  // `soft` (the deadline less abort_grace) has passed.
+  Status StillWaiting(Deadline soft) {
+    GS_RETURN_IF_ERROR(SendFailure());
+    GS_RETURN_IF_ERROR(CheckHealth());
+    return soft.Expired() ? TimedOut() : Status();
+  }
   // Handles a message that is not the expected one; OK means "keep waiting".
   Status HandleOther(const wire::Incoming& in, const wire::Verdict& v);
   Status CheckData(const wire::Header& h, size_t elems);
@@ -246,9 +257,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kDeadlineExceeded) return got.status();
-      GS_RETURN_IF_ERROR(SendFailure());
-      GS_RETURN_IF_ERROR(CheckHealth());
-      if (soft.Expired()) return TimedOut();
+      GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }
     wire::Incoming in = std::move(*got);
@@ -257,6 +266,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
                            v.header->sender_rank() == left() && ring_->FromLeft(in.from);
     if (!from_left || v.type != want) {
       GS_RETURN_IF_ERROR(HandleOther(in, v));
+      GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }
     if (want == MsgType::RingData) {
@@ -273,6 +283,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
                    wire::EnumNameDType(d->dtype()) + " compressed as " +
                    wire::EnumNameCompression(d->compression()),
                v.type);
+        GS_RETURN_IF_ERROR(StillWaiting(soft));
         continue;
       }
       GS_RETURN_IF_ERROR(CheckData(*v.header, elems));
@@ -293,10 +304,17 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
     GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
                     << ": " << wire::Escaped(detail) << LeftOutNote(left_out);
   }
-  ring_->transport_
-      ->Send(in.from, wire::MakeError(ring_->peers_.sender, code, detail, type),
-             Deadline::After(Millis(100)))
-      .IgnoreError();
+  // Posted, never waited for: a peer that sends and never reads holds at
+  // most kMaxRepliesInFlight answers, and the rest go unanswered.
+  std::shared_ptr<std::atomic<int>> in_flight = ring_->replies_in_flight_;
+  if (in_flight->fetch_add(1) >= kMaxRepliesInFlight) {
+    in_flight->fetch_sub(1);
+    ring_->replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  ring_->transport_->Post(in.from, wire::MakeError(ring_->peers_.sender, code, detail, type),
+                          Deadline::After(Millis(100)),
+                          [in_flight](const Status&) { in_flight->fetch_sub(1); });
 }
 
 Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Verdict& v) {
@@ -402,7 +420,7 @@ Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
   SendAbort(mine);
   if (from_left) reports.push_back(*from_left);
   const Deadline end = Deadline::After(ring_->options_.abort_grace).Min(deadline_);
-  for (;;) {
+  while (!end.Expired()) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(end);
     if (!got.ok()) break;
     wire::Verdict v = wire::Validate(got->message, ring_->policy_);
@@ -479,6 +497,7 @@ RingStats RingCollectives::stats() const {
   s.bytes_sent = bytes_sent_.load();
   s.bytes_received = bytes_received_.load();
   s.rejected = rejected_.load();
+  s.replies_dropped = replies_dropped_.load();
   return s;
 }
 
