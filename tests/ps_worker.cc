@@ -45,8 +45,13 @@ struct Spec {
   size_t count;
 };
 
-const Spec kSpecs[] = {{"embedding", 300000}, {"fc1.weight", 700001}, {"fc1.bias", 1001},
-                       {"head.bias", 1}};
+struct BaseSpec {
+  const char* name;
+  size_t count;
+};
+
+const BaseSpec kSpecs[] = {{"embedding", 300000}, {"fc1.weight", 700001}, {"fc1.bias", 1001},
+                           {"head.bias", 1}};
 
 float Value(int rank, int64_t step, size_t tensor, size_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + step * 5 + tensor * 3) % 17) - 8);
@@ -75,7 +80,7 @@ std::vector<Spec> Specs(int64_t divisor, int64_t tensors, int64_t name_bytes) {
   }
   if (!specs.empty()) return specs;
   const size_t d = static_cast<size_t>(std::max<int64_t>(1, divisor));
-  for (const Spec& s : kSpecs) specs.push_back({s.name, std::max<size_t>(1, s.count / d)});
+  for (const BaseSpec& s : kSpecs) specs.push_back({s.name, std::max<size_t>(1, s.count / d)});
   return specs;
 }
 
