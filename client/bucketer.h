@@ -60,8 +60,9 @@ class Bucketer {
   Bucketer(size_t first_cap_bytes, size_t cap_bytes)
       : first_cap_(first_cap_bytes), cap_(cap_bytes) {}
 
-  // InvalidArgument for an empty or duplicate name, zero elements, or a
-  // dtype that cannot be reduced.
+  // InvalidArgument for an empty, duplicate or too long name (more than
+  // wire::Limits::max_string_bytes), zero elements, or a dtype that cannot
+  // be reduced.
   StatusOr<TensorId> Add(const std::string& name, size_t count, DType dtype);
   // Assigns buckets (bucket ids are their indices) and, with
   // `host_buffers`, allocates their buffers (CUDA gradients keep their

@@ -84,6 +84,10 @@ TEST(BucketerTest, BadRegistrationsAreRefusedByName) {
   EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(dup.status().message().find("'w' is already registered"), std::string::npos);
   EXPECT_EQ(b.Add("", 4, DType::kF32).status().code(), StatusCode::kInvalidArgument);
+  auto long_name = b.Add(std::string(4097, 'n'), 4, DType::kF32);
+  EXPECT_EQ(long_name.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(long_name.status().message().find("4097 bytes, at most 4096"), std::string::npos);
+  EXPECT_TRUE(b.Add(std::string(4096, 'n'), 4, DType::kF32).ok());
   EXPECT_EQ(b.Add("z", 0, DType::kF32).status().code(), StatusCode::kInvalidArgument);
   auto i32 = b.Add("ints", 4, DType::kI32);
   EXPECT_EQ(i32.status().code(), StatusCode::kInvalidArgument);

@@ -18,6 +18,9 @@ using wire::ErrorCode;
 using wire::Message;
 using wire::MsgType;
 
+// Error replies to refused messages posted and not yet sent (or failed).
+constexpr int kMaxRepliesInFlight = 64;
+
 // Counts the sends that still point into each segment of the caller's
 // buffer; a segment is overwritten only once its count is back to zero.
 // Shared with the payload owners, which may outlive the operation.
@@ -67,29 +70,27 @@ std::string DescribeData(const wire::Header& h) {
 }
 
 std::string SpecText(const std::string& name, uint64_t count, wire::DType dtype) {
-  return "'" + name + "' (" + std::to_string(count) + " x " +
+  return "'" + wire::Escaped(name) + "' (" + std::to_string(count) + " x " +
          DTypeName(static_cast<DType>(dtype)) + ")";
 }
 
-// "" when equal; otherwise the first tensor that differs, both sides.
-std::string CompareLayout(const wire::LayoutBody* theirs,
-                          const std::vector<wire::TensorSpecFields>& mine, int left, int me) {
-  const size_t n = theirs && theirs->tensors() ? theirs->tensors()->size() : 0;
-  const std::string l = "rank " + std::to_string(left);
-  const std::string m = "rank " + std::to_string(me);
-  for (size_t i = 0; i < std::max(n, mine.size()); ++i) {
-    std::string a = l + " has no tensor #" + std::to_string(i);
-    std::string b = m + " has no tensor #" + std::to_string(i);
-    if (i < n) {
-      const wire::TensorSpec* t = theirs->tensors()->Get(static_cast<flatbuffers::uoffset_t>(i));
-      a = l + " has " + SpecText(t->name()->str(), t->num_elements(), t->dtype());
-    }
-    if (i < mine.size()) b = m + " has " + SpecText(mine[i].name, mine[i].num_elements, mine[i].dtype);
-    if (a.substr(l.size()) != b.substr(m.size())) {
-      return "first difference at tensor #" + std::to_string(i) + ": " + a + ", " + b;
-    }
+// "" when tensor #i is the same on both sides (`theirs` null, or `i` past
+// `mine`: that side has none); otherwise the difference, both sides named.
+std::string CompareSpec(size_t i, const wire::TensorSpec* theirs,
+                        const std::vector<wire::TensorSpecFields>& mine, int left, int me) {
+  const wire::TensorSpecFields* own = i < mine.size() ? &mine[i] : nullptr;
+  if (theirs != nullptr && own != nullptr && theirs->name()->str() == own->name &&
+      theirs->num_elements() == own->num_elements && theirs->dtype() == own->dtype) {
+    return "";
   }
-  return "";
+  if (theirs == nullptr && own == nullptr) return "";
+  const std::string none = " has no tensor #" + std::to_string(i);
+  const std::string a =
+      theirs ? " has " + SpecText(theirs->name()->str(), theirs->num_elements(), theirs->dtype())
+             : none;
+  const std::string b = own ? " has " + SpecText(own->name, own->num_elements, own->dtype) : none;
+  return "first difference at tensor #" + std::to_string(i) + ": rank " + std::to_string(left) +
+         a + ", rank " + std::to_string(me) + b;
 }
 
 }  // namespace
@@ -185,6 +186,14 @@ class RingCollectives::Op {
 
  private:
   Status SendPayload(wire::Payload payload, size_t elems);
+  // Between two messages of a wait, whatever they were (a flood of them
+  // must not hold it): fails once a send failed, the job is unhealthy, or
+  // `soft` (the deadline less abort_grace) has passed.
+  Status StillWaiting(Deadline soft) {
+    GS_RETURN_IF_ERROR(SendFailure());
+    GS_RETURN_IF_ERROR(CheckHealth());
+    return soft.Expired() ? TimedOut() : Status();
+  }
   // Handles a message that is not the expected one; OK means "keep waiting".
   Status HandleOther(const wire::Incoming& in, const wire::Verdict& v);
   Status CheckData(const wire::Header& h, size_t elems);
@@ -248,9 +257,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kDeadlineExceeded) return got.status();
-      GS_RETURN_IF_ERROR(SendFailure());
-      GS_RETURN_IF_ERROR(CheckHealth());
-      if (soft.Expired()) return TimedOut();
+      GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }
     wire::Incoming in = std::move(*got);
@@ -259,6 +266,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
                            v.header->sender_rank() == left() && ring_->FromLeft(in.from);
     if (!from_left || v.type != want) {
       GS_RETURN_IF_ERROR(HandleOther(in, v));
+      GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }
     if (want == MsgType::RingData) {
@@ -275,6 +283,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
                    wire::EnumNameDType(d->dtype()) + " compressed as " +
                    wire::EnumNameCompression(d->compression()),
                v.type);
+        GS_RETURN_IF_ERROR(StillWaiting(soft));
         continue;
       }
       GS_RETURN_IF_ERROR(CheckData(*v.header, elems));
@@ -295,12 +304,19 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
     GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
                     << ": " << wire::Escaped(detail) << LeftOutNote(left_out);
   }
-  ring_->transport_
-      ->Send(in.from,
-             wire::MakeError(wire::AnswerAs(ring_->peers_.sender, ring_->IsMember(in.from)), code,
-                             detail, type),
-             Deadline::After(Millis(100)))
-      .IgnoreError();
+  // Posted, never waited for: a peer that sends and never reads holds at
+  // most kMaxRepliesInFlight answers, and the rest go unanswered.
+  std::shared_ptr<std::atomic<int>> in_flight = ring_->replies_in_flight_;
+  if (in_flight->fetch_add(1) >= kMaxRepliesInFlight) {
+    in_flight->fetch_sub(1);
+    ring_->replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  ring_->transport_->Post(in.from, wire::MakeError(
+                              wire::AnswerAs(ring_->peers_.sender, ring_->IsMember(in.from)),
+                              code, detail, type),
+                          Deadline::After(Millis(100)),
+                          [in_flight](const Status&) { in_flight->fetch_sub(1); });
 }
 
 Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Verdict& v) {
@@ -406,7 +422,7 @@ Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
   SendAbort(mine);
   if (from_left) reports.push_back(*from_left);
   const Deadline end = Deadline::After(ring_->options_.abort_grace).Min(deadline_);
-  for (;;) {
+  while (!end.Expired()) {
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(end);
     if (!got.ok()) break;
     wire::Verdict v = wire::Validate(got->message, ring_->policy_);
@@ -452,7 +468,6 @@ RingCollectives::RingCollectives(wire::Transport* transport, const RingPeers& pe
   policy_ = wire::Policy::Accepting(
       {MsgType::RingData, MsgType::RingAbort, MsgType::Layout, MsgType::Error});
   policy_.job_id = peers.sender.job_id;
-  policy_.limits.max_header_bytes = 4 << 20;  // a Layout of a large model
 }
 
 RingCollectives::~RingCollectives() = default;
@@ -484,6 +499,7 @@ RingStats RingCollectives::stats() const {
   s.bytes_sent = bytes_sent_.load();
   s.bytes_received = bytes_received_.load();
   s.rejected = rejected_.load();
+  s.replies_dropped = replies_dropped_.load();
   return s;
 }
 
@@ -645,6 +661,36 @@ Status RingCollectives::Broadcast(void* data, size_t bytes, int root, const OpTa
   return Finish(op, s);
 }
 
+StatusOr<std::string> RingCollectives::ReceiveLayoutDiff(
+    Op& op, const std::vector<wire::TensorSpecFields>& mine) {
+  uint64_t next = 0, total = 0;
+  do {
+    GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::Layout, 0));
+    // Validate has checked that the piece fits its total and is not empty
+    // unless the layout is.
+    const wire::LayoutBody* piece = msg.header_view()->body_as_LayoutBody();
+    if (piece->first() != next || (next > 0 && piece->total() != total)) {
+      return op.Fail(
+          FailedPreconditionError(
+              op.Describe() + ": rank " + std::to_string(op.left()) +
+              " sent the layout piece from tensor #" + std::to_string(piece->first()) + " of " +
+              std::to_string(piece->total()) + ", rank " + std::to_string(peers_.rank) +
+              " expected #" + std::to_string(next) +
+              (next > 0 ? " of " + std::to_string(total) : "")),
+          ErrorCode::Mismatch, -1);
+    }
+    total = piece->total();
+    const size_t n = piece->tensors() ? piece->tensors()->size() : 0;
+    for (size_t k = 0; k < n; ++k) {
+      const auto* theirs = piece->tensors()->Get(static_cast<flatbuffers::uoffset_t>(k));
+      std::string diff = CompareSpec(next + k, theirs, mine, op.left(), peers_.rank);
+      if (!diff.empty()) return diff;
+    }
+    next += n;
+  } while (next < total);
+  return CompareSpec(total, nullptr, mine, op.left(), peers_.rank);
+}
+
 Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& tensors,
                                     Deadline deadline) {
   if (!broken_.ok()) return broken_;
@@ -652,10 +698,12 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
   if (n == 1) return Status();
   Op op(this, RingOpKind::kLayout, OpTag{}, DType::kU8, tensors.size(), 0, n, deadline);
   Status s = [&]() -> Status {
-    GS_RETURN_IF_ERROR(op.SendMessage(wire::MakeLayout(peers_.sender, tensors)));
-    GS_ASSIGN_OR_RETURN(Message msg, op.Receive(MsgType::Layout, 0));
-    std::string diff = CompareLayout(msg.header_view()->body_as_LayoutBody(), tensors,
-                                     op.left(), peers_.rank);
+    // In pieces of bounded size, so that a large model's layout stays
+    // within every transport's header limit.
+    for (Message& piece : wire::MakeLayoutPieces(peers_.sender, tensors)) {
+      GS_RETURN_IF_ERROR(op.SendMessage(std::move(piece)));
+    }
+    GS_ASSIGN_OR_RETURN(std::string diff, ReceiveLayoutDiff(op, tensors));
     if (diff.empty()) {
       // Every rank compared with its left neighbour; a one-byte all-gather
       // finishes only if all of them agreed (a rank that found a difference

@@ -23,9 +23,15 @@
 // ranks and the differing fields. When nothing arrives before the deadline,
 // the ranks pass their progress around the ring and all name the same
 // missing rank (the left neighbour of the rank that received least). A
-// `health` check, run before each operation's first message and polled while
-// waiting, fails the operation at once when the job already knows a peer
-// died or its scheduler went silent.
+// `health` check, run before each operation's first message and, while
+// waiting, after every message and every poll_interval without one, fails
+// the operation at once when the job already knows a peer died or its
+// scheduler went silent; the deadline is checked as often, so a stream of
+// refused messages holds no wait past it.
+//
+// Refusals are answered without waiting: the Error reply is posted, and
+// while 64 replies are still on their way (a peer that sends and never
+// reads) further refusals go unanswered, counted in replies_dropped.
 //
 // The ring must be the only reader of `transport` (it calls Receive).
 //
@@ -83,6 +89,8 @@ struct RingStats {
   uint64_t bytes_sent = 0;      // payload bytes
   uint64_t bytes_received = 0;  // payload bytes
   uint64_t rejected = 0;        // messages refused (malformed, mismatched, unexpected)
+  // Refusals left unanswered: too many answers were still on their way.
+  uint64_t replies_dropped = 0;
 };
 
 // Returns an error when the job already knows the ring cannot finish (a
@@ -110,9 +118,11 @@ class RingCollectives : public Collectives {
   Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
                    Deadline deadline) override;
 
-  // Sends this rank's tensor list to the right neighbour and compares the
-  // left neighbour's with it. On a difference every rank fails with
-  // FailedPrecondition naming both ranks and the first tensor that differs.
+  // Sends this rank's tensor list to the right neighbour, in Layout pieces
+  // of at most wire::kLayoutPieceBytes, and compares the left neighbour's
+  // with it piece by piece (nothing of it is kept). On a difference every
+  // rank fails with FailedPrecondition naming both ranks and the first
+  // tensor that differs.
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& tensors, Deadline deadline);
 
   RingStats stats() const;
@@ -124,6 +134,9 @@ class RingCollectives : public Collectives {
   Status RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
   Status RunAllGather(Op& op, size_t bytes, uint8_t* base);
   Status RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
+  // The left neighbour's layout, received piece by piece and compared with
+  // `mine` as it comes: "" when they are equal, else the first difference.
+  StatusOr<std::string> ReceiveLayoutDiff(Op& op, const std::vector<wire::TensorSpecFields>& mine);
   // Waits until no send points into the caller's buffer; a failure breaks
   // the ring for good.
   Status Finish(Op& op, Status result);
@@ -152,7 +165,10 @@ class RingCollectives : public Collectives {
   // it; the ring is broken then, so it is never resized again.
   std::vector<uint8_t> scratch_;
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
-  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0};
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0}, replies_dropped_{0};
+  // Error replies posted and not yet sent: shared with the transport's
+  // callbacks, which may come after the ring is gone.
+  std::shared_ptr<std::atomic<int>> replies_in_flight_ = std::make_shared<std::atomic<int>>(0);
   RefusalLog refusal_log_;
 };
 

@@ -3,6 +3,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "client/ring.h"
 #include "client/ring_plan.h"
@@ -165,6 +168,50 @@ TEST(RingFaultTest, EqualLayoutsPass) {
   for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+std::vector<wire::TensorSpecFields> LargeLayout() {
+  std::vector<wire::TensorSpecFields> layout;
+  for (size_t i = 0; i < 10000; ++i) {
+    std::string name = "model.encoder.layers." + std::to_string(i) + ".";
+    name.resize(100, 'w');
+    layout.push_back({name, 1 + i % 7, wire::DType::F32});
+  }
+  return layout;
+}
+
+// 10,000 tensors of 100-byte names go in pieces within the default header
+// limit; the first difference is still named, wherever it is.
+TEST(RingFaultTest, LargeLayoutsAreComparedInPiecesAndTheirFirstDifferenceNamed) {
+  const int n = 3;
+  auto check = [&](const std::function<void(int, std::vector<wire::TensorSpecFields>*)>& edit) {
+    Ring ring(n, FastOptions());
+    return ring.Run([&](int r) {
+      std::vector<wire::TensorSpecFields> layout = LargeLayout();
+      edit(r, &layout);
+      return ring[r].CheckLayout(layout, Deadline::After(std::chrono::seconds(30)));
+    });
+  };
+  for (const Status& s : check([](int, auto*) {})) EXPECT_TRUE(s.ok()) << s.ToString();
+  auto differ = check([](int r, auto* layout) {
+    if (r == 2) (*layout)[9876].num_elements = 99;
+  });
+  for (const Status& s : differ) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("tensor #9876: "), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("(99 x f32)"), std::string::npos) << s.ToString();
+  }
+  auto longer = check([](int r, auto* layout) {
+    if (r == 0) layout->push_back({"extra", 1, wire::DType::F32});
+  });
+  for (const Status& s : longer) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    // Ranks 0 (left: 2) and 1 (left: 0) both see it; the first tells all.
+    EXPECT_NE(s.message().find("tensor #10000: rank "), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("rank 0 has 'extra' (1 x f32)"), std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("has no tensor #10000"), std::string::npos) << s.ToString();
+  }
+}
+
 // Garbage and impostors sent to a rank during an operation are refused with
 // an Error reply and counted; the operation still completes correctly.
 TEST(RingFaultTest, BadMessagesAreRefusedCountedAndAnsweredWhileTheOpCompletes) {
@@ -285,6 +332,149 @@ TEST(RingFaultTest, AMessageClaimingTheLeftNeighbourUnderAnotherIdentityIsRefuse
   for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << st[r].ToString();
   for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(bufs[1][i], static_cast<float>(3 * i + 3));
   EXPECT_EQ(ring[1].stats().rejected, 2u);
+}
+
+// A stranger that sends garbage without pause (never 20 ms without a
+// message) while the left neighbour sends nothing: the wait still ends at
+// its deadline, and at once when the job turns unhealthy.
+TEST(RingFaultTest, AGarbageFloodHoldsNoWaitPastItsDeadlineOrAFailedHealthCheck) {
+  for (const bool unhealthy : {false, true}) {
+    SCOPED_TRACE(unhealthy ? "unhealthy job" : "deadline");
+    std::atomic<bool> dead{false};
+    Ring ring(2, FastOptions(), [&]() -> Status {
+      return dead ? UnavailableError("worker 0 died") : Status();
+    });
+    auto intruder = ring.net().NewTransport("intruder");
+    auto conn = intruder->Connect(Ring::Endpoint(1));
+    ASSERT_TRUE(conn.ok());
+    std::atomic<bool> done{false};
+    std::thread flood([&] {
+      wire::Message garbage;
+      garbage.header.assign(48, 0x5a);
+      const Deadline cap = Deadline::After(std::chrono::seconds(15));
+      for (uint64_t i = 0; !done && !cap.Expired(); ++i) {
+        intruder->Send(wire::Route::Connection(*conn), garbage, Soon()).IgnoreError();
+        if (i % 256 == 0) {  // its answers: dropped, so that they do not pile up
+          while (intruder->Receive(Deadline::After(Millis(0))).ok()) {
+          }
+        }
+      }
+    });
+    std::vector<float> buf(3000, 1.0f);
+    const auto start = steady_clock::now();
+    const Deadline deadline =
+        Deadline::After(unhealthy ? std::chrono::seconds(30) : std::chrono::seconds(1));
+    std::thread scheduler([&] {  // declares rank 0 dead after 300 ms
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      dead = unhealthy;
+    });
+    Status s = ring[1].AllReduce(buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, Tag(1),
+                                 deadline);
+    const double took = SecondsSince(start);
+    done = true;
+    flood.join();
+    scheduler.join();
+    EXPECT_LT(took, unhealthy ? 1.5 : 2.0) << s.ToString();
+    if (unhealthy) {
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+      EXPECT_NE(s.message().find("worker 0 died"), std::string::npos) << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+      EXPECT_NE(s.message().find("rank 0 stopped contributing"), std::string::npos)
+          << s.ToString();
+    }
+    EXPECT_GT(ring[1].stats().rejected, 100u);
+  }
+}
+
+// A transport whose answers to inbound peers never leave, as ZeroMQ's for
+// a peer that never reads: Send waits out its deadline, and a posted one
+// reports only when the transport goes.
+class StuckAnswers : public wire::Transport {
+ public:
+  explicit StuckAnswers(wire::Transport* inner) : inner_(inner) {}
+  ~StuckAnswers() override {
+    for (auto& done : held_) done(DeadlineExceededError("never sent"));
+  }
+  const std::string& identity() const override { return inner_->identity(); }
+  StatusOr<std::string> Listen(const std::string& endpoint) override {
+    return inner_->Listen(endpoint);
+  }
+  StatusOr<wire::ConnId> Connect(const std::string& endpoint) override {
+    return inner_->Connect(endpoint);
+  }
+  Status Send(const wire::Route& to, wire::Message m, Deadline deadline) override {
+    if (to.kind == wire::Route::Kind::kConnection) return inner_->Send(to, std::move(m), deadline);
+    std::this_thread::sleep_until(deadline.at());
+    return DeadlineExceededError("the peer is not reading");
+  }
+  void Post(const wire::Route& to, wire::Message m, Deadline deadline,
+            std::function<void(const Status&)> done) override {
+    if (to.kind == wire::Route::Kind::kConnection) {
+      inner_->Post(to, std::move(m), deadline, std::move(done));
+    } else if (done) {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.push_back(std::move(done));
+    }
+  }
+  StatusOr<wire::Incoming> Receive(Deadline deadline) override { return inner_->Receive(deadline); }
+  Status Probe(const std::string& endpoint, Deadline deadline) override {
+    return inner_->Probe(endpoint, deadline);
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ private:
+  wire::Transport* const inner_;
+  std::mutex mu_;
+  std::vector<std::function<void(const Status&)>> held_;
+};
+
+// 2,000 garbage messages wait for rank 1 from a peer that reads none of its
+// answers: refusing them costs no waiting (64 answers stay queued, the
+// rest go unanswered, counted), so the all-reduce behind them finishes at
+// once and right.
+TEST(RingFaultTest, RefusalsNeverWaitOnAPeerThatDoesNotRead) {
+  wire::InProcNetwork net;
+  std::vector<std::unique_ptr<wire::InProcTransport>> inproc;
+  for (int r = 0; r < 2; ++r) {
+    inproc.push_back(net.NewTransport("w" + std::to_string(r)));
+    ASSERT_TRUE(inproc[r]->Listen(Ring::Endpoint(r)).ok());
+  }
+  StuckAnswers stuck(inproc[1].get());
+  std::vector<std::unique_ptr<RingCollectives>> ring;
+  for (int r = 0; r < 2; ++r) {
+    RingPeers p{r, 2, Ring::Endpoint(1 - r), wire::Sender{wire::Role::Worker, r, kJob},
+                "w" + std::to_string(1 - r)};
+    wire::Transport* t = r == 1 ? static_cast<wire::Transport*>(&stuck) : inproc[0].get();
+    auto made = RingCollectives::Create(t, p, FastOptions(), nullptr);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    ring.push_back(std::move(*made));
+  }
+  auto intruder = net.NewTransport("intruder");
+  auto conn = intruder->Connect(Ring::Endpoint(1));
+  ASSERT_TRUE(conn.ok());
+  wire::Message garbage;
+  garbage.header.assign(48, 0x5a);
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE(intruder->Send(wire::Route::Connection(*conn), garbage, Soon()).ok());
+  }
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(3000));
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < 3000; ++i) bufs[r][i] = static_cast<float>(i + r);
+  }
+  const auto start = steady_clock::now();
+  std::vector<Status> st(2);
+  std::thread other([&] {
+    st[0] = ring[0]->AllReduce(bufs[0].data(), 3000, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  });
+  st[1] = ring[1]->AllReduce(bufs[1].data(), 3000, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+  other.join();
+  EXPECT_LT(SecondsSince(start), 2.0);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+  for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(bufs[1][i], static_cast<float>(2 * i + 1));
+  EXPECT_EQ(ring[1]->stats().rejected, 2000u);
+  EXPECT_EQ(ring[1]->stats().replies_dropped, 2000u - 64u);
+  ring.clear();
 }
 
 }  // namespace

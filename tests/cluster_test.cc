@@ -10,6 +10,7 @@
 
 #include "cluster/node_agent.h"
 #include "common/subprocess.h"
+#include "common/version.h"
 #include "gtest/gtest.h"
 #include "tests/local_job.h"
 #include "wire/message.h"
@@ -92,12 +93,14 @@ TEST_F(ClusterTest, RendezvousBarrierAndDeadWorkerReportedByRank) {
 TEST_F(ClusterTest, OtherProtocolVersionAndBuildAreRefusedNamingBoth) {
   StartScheduler(1, 0);
   cluster::NodeOptions o = AgentOptions(1, 0);
-  o.protocol_version = 2;
+  o.protocol_version = kProtocolVersion + 1;
   auto t = wire::ZmqTransport::Create({});
   ASSERT_TRUE(t.ok());
   auto agent = cluster::NodeAgent::Join(o, std::move(*t), Deadline::AfterMs(10000));
   ASSERT_FALSE(agent.ok());
-  EXPECT_NE(agent.status().message().find("protocol version 2, this node speaks 1"),
+  EXPECT_NE(agent.status().message().find(
+                "protocol version " + std::to_string(kProtocolVersion + 1) +
+                ", this node speaks " + std::to_string(kProtocolVersion)),
             std::string::npos) << agent.status();
 
   o = AgentOptions(1, 0);

@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <string>
@@ -29,6 +31,7 @@
 #include "wire/message.h"
 #include "wire/validate.h"
 #include "wire/zmq_transport.h"
+#include "zmq.hpp"
 
 namespace gradsync {
 namespace {
@@ -116,7 +119,7 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     me.role = wire::Role::Worker;
     me.host = "127.0.0.1";
     const wire::Message reg = wire::MakeRegister(wire::Sender{wire::Role::Worker, -1, 0}, me,
-                                                 kBuildId, 4242, 1, kWorkers, kServers);
+                                                 kBuildId, 4242, kProtocolVersion, kWorkers, kServers);
     SendRaw(address_, std::string(reg.header.begin(), reg.header.end()));
   }
 
@@ -204,7 +207,7 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   }
 
   // From the scheduler's log: the job id and every node's data address.
-  void ReadJob() {
+  void ReadJob(size_t workers = kWorkers, size_t servers = kServers) {
     ASSERT_TRUE(scheduler_->WaitForOutput("ready", Deadline::AfterMs(30000)))
         << scheduler_->Output();
     const std::string log = scheduler_->Output();
@@ -218,8 +221,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       const std::string address = (*it)[2].str() + ":" + (*it)[3].str();
       ((*it)[1] == "server" ? servers_ : workers_).push_back(address);
     }
-    ASSERT_EQ(servers_.size(), static_cast<size_t>(kServers)) << log;
-    ASSERT_EQ(workers_.size(), static_cast<size_t>(kWorkers)) << log;
+    ASSERT_EQ(servers_.size(), servers) << log;
+    ASSERT_EQ(workers_.size(), workers) << log;
   }
 
   // Sends `msg` to `address` and expects an Error back.
@@ -301,9 +304,28 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     claim.data_port = static_cast<uint16_t>(std::atoi(servers_[0].c_str() + colon + 1));
     ExpectRefused(*t, address_,
                   wire::MakeRegister(wire::Sender{wire::Role::Server, 0, 0}, claim, kBuildId,
-                                     4242, 1, kWorkers, kServers),
+                                     4242, kProtocolVersion, kWorkers, kServers),
                   "a registration claiming a live shard's address");
     t->Shutdown();
+  }
+
+  // Sends garbage to `address` as fast as it is taken until `stop`, and
+  // never reads the answers: a raw socket whose receive queue and kernel
+  // buffer hold almost nothing, so the answers back up.
+  static void Flood(const std::string& address, const std::atomic<bool>& stop,
+                    std::atomic<uint64_t>& sent) {
+    zmq::context_t context(1);
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::rcvhwm, 1);
+    dealer.set(zmq::sockopt::rcvbuf, 4096);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.connect("tcp://" + address);
+    const std::string garbage(48, '\x5a');
+    while (!stop) {
+      zmq::pollitem_t out{dealer.handle(), 0, ZMQ_POLLOUT, 0};
+      if (zmq::poll(&out, 1, std::chrono::milliseconds(20)) == 0) continue;
+      if (dealer.send(zmq::buffer(garbage), zmq::send_flags::dontwait)) ++sent;
+    }
   }
 
   uint64_t job_ = 0;
@@ -333,6 +355,66 @@ TEST_F(HostilePeerTest, WithCurveOnlyTheJobsKeyGetsInAndTheJobIsUnaffected) {
   ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(attacked.params, clean.params);
   EXPECT_GE(attacked.auth_failures, 6);  // two peers at each of three listeners
+}
+
+// A peer that floods every ring endpoint with garbage at full speed and
+// never reads its answers (seen live: a 256 KiB all-reduce held 192 s
+// against a 10 s deadline: each refusal was a blocking send, and the
+// deadline was checked only when nothing arrived for a poll interval).
+// While the ring is whole every all-reduce succeeds with the right sum;
+// once rank 1 stops contributing, ranks 0 and 2 fail naming it by their
+// deadline, the flood notwithstanding.
+TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePastItsDeadline) {
+  constexpr int kRing = 3, kOps = 40, kStall = 30, kDeadlineMs = 3000, kSlackMs = 2000;
+  tag_ = "flood";
+  StartScheduler(kRing, 0);
+  SetJob(kRing, 0);
+  const std::string go = TmpFile("flood.go");
+  std::vector<Subprocess*> workers;
+  for (int r = 0; r < kRing; ++r) {
+    workers.push_back(&Start({Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r),
+                              "--mode=direct", "--steps=" + std::to_string(kOps), "--victim=1",
+                              "--victim_step=" + std::to_string(kStall), "--go_file=" + go,
+                              "--metrics_base_port=0",
+                              "--op_timeout_ms=" + std::to_string(kDeadlineMs)},
+                             "worker" + std::to_string(r)));
+  }
+  ReadJob(kRing, 0);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> sent{0};
+  std::vector<std::thread> flooders;
+  for (const std::string& w : workers_) {
+    flooders.emplace_back([&, w] { Flood(w, stop, sent); });
+  }
+  // Every worker has a backlog of garbage before its first all-reduce.
+  for (Deadline d = Deadline::AfterMs(30000); !d.Expired() && sent < 3000u * kRing;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(sent.load(), 3000u * kRing);
+  { std::ofstream(go) << "go"; }
+  for (int r : {0, 2}) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(60000));
+    EXPECT_TRUE(code.has_value()) << "worker " << r << " is still held:\n"
+                                  << workers[r]->Output();
+    if (code) {
+      EXPECT_EQ(*code, 3) << workers[r]->Output();
+    }
+    const std::string out = workers[r]->Output();
+    const std::regex took(R"(allreduce (\d+) took (\d+) ms: (\w+))");
+    int ops = 0;
+    for (std::sregex_iterator it(out.begin(), out.end(), took), end; it != end; ++it, ++ops) {
+      const bool last = std::atoi((*it)[1].str().c_str()) == kStall;
+      EXPECT_EQ((*it)[3].str(), last ? "deadline_exceeded" : "ok") << out;
+      EXPECT_LT(std::atol((*it)[2].str().c_str()), kDeadlineMs + (last ? kSlackMs : 0)) << out;
+    }
+    EXPECT_EQ(ops, kStall + 1) << out;
+    EXPECT_NE(out.find("rank 1 stopped contributing"), std::string::npos) << out;
+  }
+  stop = true;
+  for (std::thread& f : flooders) f.join();
+  workers[1]->Signal(SIGKILL);
+  scheduler_->Signal(SIGTERM);
+  scheduler_->Wait(Deadline::AfterMs(10000));
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 //
 //   ps_worker --scheduler=host:port --num_workers=4 --path=ps|allreduce
 //       [--mode=average|train] [--steps=4] [--slow_ms=0] [--size_divisor=1]
+//       [--tensors=0 --name_bytes=100]
 //
 // size_divisor=d gives every tensor 1/d of its elements (at least one).
+// tensors=N (N > 0) registers N small tensors of `name_bytes`-byte names
+// instead (a large model's layout).
 //
 // mode=average: f32 tensors of mixed sizes (several buckets and partitions)
 // carry integer-valued gradients; every step checks the exact average.
@@ -38,12 +41,17 @@ using client::Communicator;
 using client::TensorId;
 
 struct Spec {
+  std::string name;
+  size_t count;
+};
+
+struct BaseSpec {
   const char* name;
   size_t count;
 };
 
-const Spec kSpecs[] = {{"embedding", 300000}, {"fc1.weight", 700001}, {"fc1.bias", 1001},
-                       {"head.bias", 1}};
+const BaseSpec kSpecs[] = {{"embedding", 300000}, {"fc1.weight", 700001}, {"fc1.bias", 1001},
+                           {"head.bias", 1}};
 
 float Value(int rank, int64_t step, size_t tensor, size_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + step * 5 + tensor * 3) % 17) - 8);
@@ -61,18 +69,25 @@ int Fail(const Status& s) {
   return 3;
 }
 
-// The element count of each tensor of kSpecs.
-std::vector<size_t> Sizes(int64_t divisor) {
+// kSpecs with 1/divisor of their elements, or `tensors` tensors of
+// `name_bytes`-byte names and 1 to 5 elements each.
+std::vector<Spec> Specs(int64_t divisor, int64_t tensors, int64_t name_bytes) {
+  std::vector<Spec> specs;
+  for (int64_t t = 0; t < tensors; ++t) {
+    std::string name = "model.layers." + std::to_string(t) + ".";
+    name.resize(static_cast<size_t>(std::max<int64_t>(name_bytes, 24)), 'p');
+    specs.push_back({name, 1 + static_cast<size_t>(t % 5)});
+  }
+  if (!specs.empty()) return specs;
   const size_t d = static_cast<size_t>(std::max<int64_t>(1, divisor));
-  std::vector<size_t> sizes;
-  for (const Spec& s : kSpecs) sizes.push_back(std::max<size_t>(1, s.count / d));
-  return sizes;
+  for (const BaseSpec& s : kSpecs) specs.push_back({s.name, std::max<size_t>(1, s.count / d)});
+  return specs;
 }
 
-StatusOr<std::vector<TensorId>> RegisterAll(Communicator& comm, const std::vector<size_t>& sizes) {
+StatusOr<std::vector<TensorId>> RegisterAll(Communicator& comm, const std::vector<Spec>& specs) {
   std::vector<TensorId> ids;
-  for (size_t t = 0; t < sizes.size(); ++t) {
-    GS_ASSIGN_OR_RETURN(TensorId id, comm.RegisterTensor(kSpecs[t].name, sizes[t], DType::kF32));
+  for (const Spec& s : specs) {
+    GS_ASSIGN_OR_RETURN(TensorId id, comm.RegisterTensor(s.name, s.count, DType::kF32));
     ids.push_back(id);
   }
   return ids;
@@ -88,16 +103,16 @@ Status SyncAll(Communicator& comm, const std::vector<TensorId>& ids,
   return comm.Synchronize(Deadline::AfterMs(60000));
 }
 
-int RunAverage(Communicator& comm, int64_t steps, const std::vector<size_t>& sizes) {
-  auto ids = RegisterAll(comm, sizes);
+int RunAverage(Communicator& comm, int64_t steps, const std::vector<Spec>& specs) {
+  auto ids = RegisterAll(comm, specs);
   if (!ids.ok()) return Fail(ids.status());
   const int rank = comm.rank(), world = comm.world_size();
   uint64_t checksum = 1469598103934665603ULL;
   for (int64_t step = 0; step < steps; ++step) {
     std::vector<std::vector<float>> data;
-    for (size_t t = 0; t < sizes.size(); ++t) {
-      data.emplace_back(sizes[t]);
-      for (size_t i = 0; i < sizes[t]; ++i) data[t][i] = Value(rank, step, t, i);
+    for (size_t t = 0; t < specs.size(); ++t) {
+      data.emplace_back(specs[t].count);
+      for (size_t i = 0; i < specs[t].count; ++i) data[t][i] = Value(rank, step, t, i);
     }
     Status s = SyncAll(comm, *ids, data);
     if (!s.ok()) return Fail(s);
@@ -106,7 +121,7 @@ int RunAverage(Communicator& comm, int64_t steps, const std::vector<size_t>& siz
         float want = 0;
         for (int r = 0; r < world; ++r) want += Value(r, step, t, i);
         if (data[t][i] != want / static_cast<float>(world)) {
-          std::printf("worker %d WRONG %s[%zu] in step %lld\n", rank, kSpecs[t].name, i,
+          std::printf("worker %d WRONG %s[%zu] in step %lld\n", rank, specs[t].name.c_str(), i,
                       static_cast<long long>(step));
           return 1;
         }
@@ -128,20 +143,17 @@ void Gradient(const std::vector<float>& p, int rank, int64_t step, size_t t,
   }
 }
 
-int RunTrain(Communicator& comm, int64_t steps, int64_t slow_ms,
-             const std::vector<size_t>& sizes) {
-  auto ids = RegisterAll(comm, sizes);
+int RunTrain(Communicator& comm, int64_t steps, int64_t slow_ms, const std::vector<Spec>& specs) {
+  auto ids = RegisterAll(comm, specs);
   if (!ids.ok()) return Fail(ids.status());
   const int rank = comm.rank();
   std::vector<std::vector<float>> params, buf;
-  for (size_t t = 0; t < sizes.size(); ++t) {
-    params.emplace_back(sizes[t], rank == 0 ? 0.5f : -7.0f);
-  }
+  for (const Spec& spec : specs) params.emplace_back(spec.count, rank == 0 ? 0.5f : -7.0f);
   buf = params;
   Status s = SyncAll(comm, *ids, buf);  // initial parameters: worker 0's
   if (!s.ok()) return Fail(s);
   for (size_t t = 0; t < buf.size(); ++t) {
-    if (buf[t] != std::vector<float>(sizes[t], 0.5f)) {
+    if (buf[t] != std::vector<float>(specs[t].count, 0.5f)) {
       std::printf("worker %d WRONG initial parameters\n", rank);
       return 1;
     }
@@ -169,13 +181,15 @@ int Main(int argc, char** argv) {
   const std::string mode = config->GetString("mode", "average").value();
   const int64_t steps = config->GetInt("steps", 4).value();
   const int64_t slow_ms = config->GetInt("slow_ms", 0).value();
-  const std::vector<size_t> sizes = Sizes(config->GetInt("size_divisor", 1).value());
+  const std::vector<Spec> specs = Specs(config->GetInt("size_divisor", 1).value(),
+                                        config->GetInt("tensors", 0).value(),
+                                        config->GetInt("name_bytes", 100).value());
   auto comm = Communicator::Create(*config, Deadline::AfterMs(60000));
   if (!comm.ok()) return Fail(comm.status());
   std::printf("worker %d joined, backend %s\n", (*comm)->rank(), (*comm)->backend());
   std::fflush(stdout);
-  const int rc = mode == "train" ? RunTrain(**comm, steps, slow_ms, sizes)
-                                  : RunAverage(**comm, steps, sizes);
+  const int rc = mode == "train" ? RunTrain(**comm, steps, slow_ms, specs)
+                                  : RunAverage(**comm, steps, specs);
   std::fflush(stdout);
   return rc;
 }

@@ -5,8 +5,9 @@
 // reported an error (printed as "error after N ms: ..."), 1 on a wrong result.
 //
 //   sdk_worker --scheduler=host:port --num_workers=4
-//       [--mode=train|mismatch|stall|protect]
+//       [--mode=train|mismatch|stall|protect|direct]
 //       [--steps=5] [--victim=3] [--victim_step=2] [--bucket_bytes=...]
+//       [--go_file=PATH] [--op_timeout_ms=...]
 //
 // mode=train: steps with exact checks, a broadcast, and gradient accumulation
 // (NoSync) compared with the large-batch gradient.
@@ -18,6 +19,10 @@
 // 64 MiB that must fail, then make its buffer inaccessible (PROT_NONE) and
 // live on for 5 s: if anything still read the caller's buffer once the call
 // had returned, the process would die of SIGSEGV.
+// mode=direct: once `go_file` exists (at once without one), `steps` direct
+// all-reduces of 256 KiB with a deadline of op_timeout_ms, each checked and
+// reported as "allreduce K took N ms: <status>"; rank `victim` stops taking
+// part (it sleeps) at all-reduce `victim_step`.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -97,11 +102,14 @@ class Worker {
     steps_ = config.GetInt("steps", 5).value();
     victim_ = static_cast<int>(config.GetInt("victim", 3).value());
     victim_step_ = config.GetInt("victim_step", 2).value();
+    go_file_ = config.GetString("go_file", "").value();
+    op_timeout_ms_ = config.GetInt("op_timeout_ms", 60000).value();
   }
 
   int Run() {
     start_ = std::chrono::steady_clock::now();
     if (mode_ == "protect") return Protect();
+    if (mode_ == "direct") return Direct();
     for (size_t t = 0; t < std::size(kSpecs); ++t) {
       Spec s = kSpecs[t];
       if (mode_ == "mismatch" && comm_->rank() == victim_ && t == 2) s.count += 1;
@@ -126,6 +134,41 @@ class Worker {
   }
 
  private:
+  int Direct() {
+    for (Deadline d = Deadline::AfterMs(60000); !go_file_.empty() && !d.Expired();) {
+      if (access(go_file_.c_str(), F_OK) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const int world = comm_->world_size();
+    std::vector<float> data(size_t{64} << 10);  // 256 KiB
+    for (int64_t k = 0; k < steps_; ++k) {
+      if (comm_->rank() == victim_ && k == victim_step_) {
+        Say("worker %d %s", comm_->rank(), "stops contributing");
+        std::this_thread::sleep_for(std::chrono::seconds(120));
+        return 0;
+      }
+      for (size_t i = 0; i < data.size(); ++i) {
+        data[i] = static_cast<float>(comm_->rank() + k + static_cast<int64_t>(i % 3));
+      }
+      start_ = std::chrono::steady_clock::now();
+      Status s = comm_->AllReduce(data.data(), data.size(), DType::kF32, client::ReduceOp::kSum,
+                                  Deadline::AfterMs(op_timeout_ms_));
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - start_).count();
+      Say("worker %d %s", comm_->rank(), "allreduce " + std::to_string(k) + " took " +
+                                             std::to_string(ms) + " ms: " + s.ToString());
+      if (!s.ok()) return Fail(s);
+      for (size_t i = 0; i < data.size(); ++i) {
+        const int64_t sum = world * (world - 1) / 2 + world * (k + static_cast<int64_t>(i % 3));
+        if (data[i] != static_cast<float>(sum)) {
+          Say("worker %d %s", comm_->rank(), "WRONG direct all-reduce result");
+          return 1;
+        }
+      }
+    }
+    return 0;
+  }
+
   int Protect() {
     const size_t count = size_t{16} << 20;
     void* mem = mmap(nullptr, count * sizeof(float), PROT_READ | PROT_WRITE,
@@ -232,6 +275,8 @@ class Worker {
   int64_t steps_ = 0;
   int victim_ = 0;
   int64_t victim_step_ = 0;
+  std::string go_file_;
+  int64_t op_timeout_ms_ = 0;
   std::vector<TensorId> ids_;
   std::vector<Spec> specs_;  // as registered
   std::chrono::steady_clock::time_point start_;

@@ -220,15 +220,48 @@ Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t ste
   return Finish(fbb, from, MsgType::RingAbort, body.Union(), step, seq);
 }
 
-Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& tensors) {
+Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece,
+                   uint64_t first, uint64_t total) {
   FlatBufferBuilder fbb(1024);
   std::vector<Offset<TensorSpec>> specs;
-  specs.reserve(tensors.size());
-  for (const TensorSpecFields& t : tensors) {
+  specs.reserve(piece.size());
+  for (const TensorSpecFields& t : piece) {
     specs.push_back(CreateTensorSpec(fbb, fbb.CreateString(t.name), t.num_elements, t.dtype));
   }
-  auto body = CreateLayoutBody(fbb, fbb.CreateVector(specs));
+  auto body = CreateLayoutBody(fbb, fbb.CreateVector(specs), first, total);
   return Finish(fbb, from, MsgType::Layout, body.Union());
+}
+
+std::vector<size_t> LayoutPieceStarts(const std::vector<TensorSpecFields>& tensors,
+                                      size_t piece_bytes) {
+  // A TensorSpec takes its name, its table, vtable offset, string length,
+  // terminator, padding and vector slot: well under this many bytes more.
+  constexpr size_t kPerTensor = 64;
+  std::vector<size_t> starts{0};
+  size_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t more = tensors[i].name.size() + kPerTensor;
+    if (bytes > 0 && bytes + more > piece_bytes) {
+      starts.push_back(i);
+      bytes = 0;
+    }
+    bytes += more;
+  }
+  return starts;
+}
+
+std::vector<Message> MakeLayoutPieces(const Sender& from,
+                                      const std::vector<TensorSpecFields>& tensors,
+                                      size_t piece_bytes) {
+  const std::vector<size_t> starts = LayoutPieceStarts(tensors, piece_bytes);
+  std::vector<Message> pieces;
+  for (size_t p = 0; p < starts.size(); ++p) {
+    const size_t end = p + 1 < starts.size() ? starts[p + 1] : tensors.size();
+    const std::vector<TensorSpecFields> piece(tensors.begin() + static_cast<ptrdiff_t>(starts[p]),
+                                              tensors.begin() + static_cast<ptrdiff_t>(end));
+    pieces.push_back(MakeLayout(from, piece, starts[p], tensors.size()));
+  }
+  return pieces;
 }
 
 NodeInfo ToNodeInfo(const NodeAddress& a) {

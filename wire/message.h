@@ -145,7 +145,23 @@ Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
 
 Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
                       uint64_t seq = 0);
-Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& tensors);
+// One Layout piece: `piece`, tensors #first .. of a layout of `total`.
+Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece,
+                   uint64_t first, uint64_t total);
+// The most bytes of names and fields one Layout piece carries (a tensor
+// whose name alone is more goes in a piece of its own): far below
+// Limits::max_header_bytes, so that every transport takes it.
+constexpr size_t kLayoutPieceBytes = 32 * 1024;
+// Where `tensors` are cut into Layout pieces: the index of each piece's
+// first tensor, in order (one piece, at 0, for an empty layout). A piece
+// holds tensors while their names plus a fixed allowance for each stay
+// within `piece_bytes`, and at least one.
+std::vector<size_t> LayoutPieceStarts(const std::vector<TensorSpecFields>& tensors,
+                                      size_t piece_bytes = kLayoutPieceBytes);
+// The Layout pieces of `tensors`, cut as LayoutPieceStarts says.
+std::vector<Message> MakeLayoutPieces(const Sender& from,
+                                      const std::vector<TensorSpecFields>& tensors,
+                                      size_t piece_bytes = kLayoutPieceBytes);
 
 // The transport identity of a worker's parameter-server client, from the
 // identity of the worker's data transport.

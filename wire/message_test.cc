@@ -318,6 +318,58 @@ TEST(MessageTest, PullAndAckRoundTripWithoutPayload) {
   }
 }
 
+// tensors of `name_bytes`-byte names, each name unique.
+std::vector<TensorSpecFields> ManyTensors(size_t n, size_t name_bytes) {
+  std::vector<TensorSpecFields> tensors;
+  for (size_t i = 0; i < n; ++i) {
+    std::string name = "layers." + std::to_string(i) + ".weight.";
+    name.resize(name_bytes, 'x');
+    tensors.push_back({name, i + 1, i % 2 ? DType::BF16 : DType::F32});
+  }
+  return tensors;
+}
+
+// A large model's layout goes in pieces that every receiver takes (each
+// well under the default header limit, every transport's), and the pieces
+// read back in order give the whole layout.
+TEST(MessageTest, ALargeLayoutIsCutIntoBoundedPiecesThatReadBackInOrder) {
+  std::vector<TensorSpecFields> tensors = ManyTensors(10000, 100);
+  tensors[1234].name.assign(4096, 'n');  // the longest name a receiver allows
+  const std::vector<Message> pieces = MakeLayoutPieces(TestSender(), tensors);
+  EXPECT_GT(pieces.size(), 30u);
+  std::vector<TensorSpecFields> read;
+  for (const Message& piece : pieces) {
+    EXPECT_LE(piece.header.size(), kLayoutPieceBytes + 4096 + 512);
+    const Header* h = Accepted(piece, MsgType::Layout);  // the default Limits
+    ASSERT_NE(h, nullptr);
+    const LayoutBody* b = h->body_as_LayoutBody();
+    EXPECT_EQ(b->first(), read.size());
+    EXPECT_EQ(b->total(), tensors.size());
+    ASSERT_NE(b->tensors(), nullptr);
+    for (const TensorSpec* t : *b->tensors()) {
+      read.push_back({t->name()->str(), t->num_elements(), t->dtype()});
+    }
+  }
+  ASSERT_EQ(read.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(read[i].name, tensors[i].name) << i;
+    EXPECT_EQ(read[i].num_elements, tensors[i].num_elements) << i;
+    EXPECT_EQ(read[i].dtype, tensors[i].dtype) << i;
+  }
+}
+
+TEST(MessageTest, LayoutPiecesHoldAtLeastOneTensorAndAnEmptyLayoutIsOnePiece) {
+  const std::vector<TensorSpecFields> tensors = ManyTensors(5, 1000);
+  EXPECT_EQ(LayoutPieceStarts(tensors, 10), (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(LayoutPieceStarts(tensors, 2200), (std::vector<size_t>{0, 2, 4}));
+  EXPECT_EQ(LayoutPieceStarts(tensors), (std::vector<size_t>{0}));
+  const std::vector<Message> none = MakeLayoutPieces(TestSender(), {});
+  ASSERT_EQ(none.size(), 1u);
+  const Header* h = Accepted(none[0], MsgType::Layout);
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->body_as_LayoutBody()->total(), 0u);
+}
+
 TEST(MessageTest, EverySampleCarriesItsExpectedBody) {
   for (MsgType type : AllMsgTypes()) {
     Message msg = SampleMessage(type);

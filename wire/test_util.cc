@@ -149,7 +149,8 @@ void DumpBody(std::ostream& os, const Header& h) {
              << static_cast<int>(t->dtype()) << "}";
         }
       }
-      os << "]";
+      os << "] first=" << h.body_as_LayoutBody()->first()
+         << " total=" << h.body_as_LayoutBody()->total();
       break;
     }
     default:
@@ -229,7 +230,8 @@ Message SampleMessage(MsgType type) {
       return MakeRingAbort(from, f, /*step=*/9, /*seq=*/10);
     }
     case MsgType::Layout:
-      return MakeLayout(from, {{"fc1.weight", 200704, DType::F32}, {"fc1.bias", 256, DType::BF16}});
+      return MakeLayout(from, {{"fc1.weight", 200704, DType::F32}, {"fc1.bias", 256, DType::BF16}},
+                        0, 2);
   }
   return MakeHeartbeat(from);
 }

@@ -32,6 +32,12 @@ bool StringOk(const flatbuffers::String* s, const Limits& limits) {
 }
 
 Verdict CheckLayout(const LayoutBody& b, const Limits& limits, MsgType t) {
+  const uint64_t n = b.tensors() ? b.tensors()->size() : 0;
+  if (b.first() > b.total() || n > b.total() - b.first() || (n == 0 && b.total() != 0)) {
+    return Reject(ErrorCode::Malformed, "layout piece of " + std::to_string(n) +
+                  " tensors from #" + std::to_string(b.first()) + " does not fit a layout of " +
+                  std::to_string(b.total()), t);
+  }
   if (b.tensors() == nullptr) return Verdict();
   if (b.tensors()->size() > limits.max_tensors) {
     return Reject(ErrorCode::Oversized, "layout lists " + std::to_string(b.tensors()->size()) +

@@ -217,13 +217,32 @@ TEST(ValidateTest, StringsListsAndHostsLongerThanAllowed) {
                  "reach report too long");
 }
 
+TEST(ValidateTest, LayoutPiecesThatDoNotFitTheirTotal) {
+  const std::vector<TensorSpecFields> two = {{"a", 1, DType::F32}, {"b", 2, DType::F32}};
+  EXPECT_TRUE(Check(MakeLayout(TestSender(), two, 3, 5)).ok());
+  EXPECT_TRUE(Check(MakeLayout(TestSender(), {}, 0, 0)).ok());
+  ExpectRejected(Check(MakeLayout(TestSender(), two, 4, 5)), ErrorCode::Malformed,
+                 "layout piece of 2 tensors from #4 does not fit a layout of 5");
+  ExpectRejected(Check(MakeLayout(TestSender(), two, 0, 1)), ErrorCode::Malformed,
+                 "does not fit a layout of 1");
+  ExpectRejected(Check(MakeLayout(TestSender(), {}, 6, 5)), ErrorCode::Malformed,
+                 "does not fit");
+  ExpectRejected(Check(MakeLayout(TestSender(), two, ~uint64_t{0}, 1)), ErrorCode::Malformed,
+                 "does not fit");
+  // An empty piece of a layout that has tensors: a receiver would wait on
+  // it for nothing.
+  ExpectRejected(Check(MakeLayout(TestSender(), {}, 2, 5)), ErrorCode::Malformed,
+                 "piece of 0 tensors");
+}
+
 TEST(ValidateTest, WrongProtocolVersion) {
   NodeInfo me;
   me.host = "h";
-  Message msg = MakeRegister(TestSender(), me, kBuildId, 1, /*protocol_version=*/2);
+  Message msg = MakeRegister(TestSender(), me, kBuildId, 1, kProtocolVersion + 7);
   Verdict v = Check(msg);
   ExpectRejected(v, ErrorCode::WrongVersion, "version");
-  EXPECT_THAT(v.detail, AllOf(HasSubstr("2"), HasSubstr("1")));
+  EXPECT_THAT(v.detail, AllOf(HasSubstr(std::to_string(kProtocolVersion + 7)),
+                              HasSubstr(std::to_string(kProtocolVersion))));
   EXPECT_TRUE(v.type_known);  // for the error reply
   EXPECT_EQ(v.type, MsgType::Register);
 }

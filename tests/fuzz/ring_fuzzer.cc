@@ -84,7 +84,9 @@ wire::Message Other(FuzzedDataProvider& in, int as_rank) {
         t.name = in.ConsumeRandomLengthString(16);
         t.num_elements = in.ConsumeIntegral<uint64_t>();
       }
-      return wire::MakeLayout(from, layout);
+      const uint64_t first = in.ConsumeIntegralInRange<uint64_t>(0, 4);
+      return wire::MakeLayout(from, layout, first,
+                              first + layout.size() + in.ConsumeIntegralInRange<uint64_t>(0, 2));
     }
     default:
       return wire::MakeError(from, wire::ErrorCode::Mismatch, in.ConsumeRandomLengthString(64),
