@@ -36,6 +36,16 @@ def test_ddp_over_the_backend_equals_ddp_over_gloo_bit_for_bit(scenario):
             assert r["steps"] >= 2, r  # gradsync's buckets took over
 
 
+def test_ddp_hook_on_the_parameter_server_over_the_backend():
+    # gradsync_launch's way in (GRADSYNC_* and torchrun's variables), two
+    # shards: DDP's buckets go to the parameter server, DDP's own
+    # broadcasts through the gradsync group.
+    for rank, r in run("ddp_hook", torchrun=False, servers=2,
+                       extra_env={"GRADSYNC_PATH": "ps"}).items():
+        assert r["identical"], (rank, r)
+        assert r["steps"] >= 2, r
+
+
 def test_two_hooked_models_in_one_process():
     for rank, r in run("two_hooks").items():
         assert r["identical"], (rank, r)

@@ -58,6 +58,13 @@ def test_checkpoint_loaded_on_rank_0_then_broadcast(tmp_path):
     assert results[0]["step"] and all(s == 4.0 for s in results[0]["step"])
 
 
+def test_sparse_embedding_through_the_optimizer():
+    for rank, r in run("sparse").items():
+        assert r["sparse"], r
+        assert r["moved"] > 1e-3, r
+        assert r["max_difference"] <= 2e-6, (rank, r)
+
+
 def test_ten_thousand_parameters_with_long_names():
     for rank, r in run("large_model", timeout_s=240).items():
         assert r["values"] == [-5.0], (rank, r)  # two steps of lr 1 x 2.5

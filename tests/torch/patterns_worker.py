@@ -226,6 +226,44 @@ def checkpoint_resume():
     gradsync.shutdown()
 
 
+class Bag(torch.nn.Module):
+    def __init__(self, sparse):
+        super().__init__()
+        torch.manual_seed(4)
+        self.embedding = torch.nn.Embedding(50, 8, sparse=sparse)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.head(self.embedding(ids).mean(1))
+
+
+def sparse_embedding():
+    """nn.Embedding(sparse=True) through DistributedOptimizer (plain SGD,
+    which takes sparse gradients): equals one process with a dense
+    embedding on the whole batch."""
+    gradsync.init()
+    rank, size = gradsync.rank(), gradsync.size()
+    model, reference = Bag(True), Bag(False)
+    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    sparse_seen = False
+    for step in range(4):
+        torch.manual_seed(100 + step)
+        ids = torch.randint(0, 50, (6 * size, 4))
+        loss = model(ids[rank * 6:(rank + 1) * 6]).sum() / 6
+        loss.backward()
+        sparse_seen |= model.embedding.weight.grad.is_sparse
+        opt.step()
+        opt.zero_grad()
+        (reference(ids).sum() / (6 * size)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    report(max_difference=difference(model, reference), sparse=sparse_seen,
+           moved=difference(model, Bag(False)))
+    gradsync.shutdown()
+
+
 def large_model():
     """10,000 parameters named by 100-character paths train through the
     optimizer's buckets: every rank's gradient is its rank + 1, so each
@@ -256,6 +294,7 @@ SCENARIOS = {
     "channels_last": channels_last,
     "checkpoint": checkpoint_resume,
     "large_model": large_model,
+    "sparse": sparse_embedding,
 }
 
 if __name__ == "__main__":
