@@ -24,7 +24,8 @@ class Completion:
     reducer), not an exception object stored as a value; wait() raises the
     call's own exception."""
 
-    def __init__(self):
+    def __init__(self, value=None):
+        self.value = value  # the result when it is known up front
         self._base = torch.futures.Future()
         self.future = self._base.then(_unwrap)
 
@@ -61,9 +62,9 @@ class SerialExecutor:
 
     def submit(self, call, completions=()):
         """Runs `call()` after everything submitted before; returns its
-        Completion. `completions` (more Completions) end with the same
-        outcome: the DDP hook completes a whole iteration's buckets with
-        the step's synchronisation."""
+        Completion. `completions` (more Completions, made with their
+        values) end with the same outcome: the DDP hook completes a whole
+        iteration's buckets with the step's synchronisation."""
         done = Completion()
         self._queue.put((call, [done] + list(completions)))
         return done
@@ -79,15 +80,6 @@ class SerialExecutor:
                     error = self._error = e
             for c in completions:
                 c._finish(value if c is completions[0] else c.value, error)
-
-
-class Pending(Completion):
-    """A Completion whose value is known when it is made (a DDP bucket's
-    tensor) and that ends when a later call does."""
-
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
 
 
 class KeepAlive:

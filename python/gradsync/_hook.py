@@ -14,7 +14,7 @@ import torch
 
 import gradsync
 from gradsync import _tensors
-from gradsync._executor import Pending
+from gradsync._executor import Completion
 from gradsync._lib import GradsyncError
 
 
@@ -44,13 +44,13 @@ class HookState:
         self._layout = []
         self._layout_of = {}
         self._ids = {}         # DDP bucket index -> gradsync tensor id
-        self._pending = []     # Pending of this iteration's dense buckets
-        self._sparse = []      # Pending of this iteration's sparse buckets
+        self._pending = []     # Completions of this iteration's dense buckets
+        self._sparse = []      # Completions of this iteration's sparse buckets
         self._failure = None   # why this iteration cannot be synchronised
 
     def run(self, bucket):
         buffer = bucket.buffer()
-        done = Pending(buffer)
+        done = Completion(buffer)
         try:
             if buffer.layout != torch.strided:
                 self._check_sparse(bucket.index())
