@@ -72,6 +72,7 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   metrics.AddTransportRefusals(refusals);
   wire::ZmqOptions zmq = cluster::TransportOptions(options->curve, refusals);
   zmq.identity = "scheduler";
+  zmq.max_frame_bytes = cluster::kControlFrameBytes;
   auto transport = wire::ZmqTransport::Create(zmq);
   if (!transport.ok()) return Fail(transport.status(), 1);
   RealClock clock;
