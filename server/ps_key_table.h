@@ -38,6 +38,16 @@
 //         round r is applied. Staleness-aware lr divides lr by the staleness.
 // Staleness of a push = key version when applied - the push's version.
 //
+// Keys: the shard is not told the job's plan (workers register no bucket
+// layout with it), so the plan is bounded by the job's settings instead: a
+// key exists only once a push of it was taken or a pull of its round 0 is
+// held (a message refused leaves no key behind), at most max_keys keys
+// (ps_max_keys) of at most max_elements (partition_bytes) each, so one
+// table holds at most max_keys partitions per open round and worker.
+// A pull of round r > 0 of a key no push made is answered Busy: a PS
+// client always pushes a key before it pulls it over the same connection,
+// and sends both again after a Busy; a forged one holds nothing.
+//
 // Errors (answered with an Error naming the key, counted, state unchanged):
 // sender not a worker of the job, or a message claiming a worker that does
 // not come under that worker's identity (BadSender); a key placed on another shard
@@ -246,6 +256,11 @@ class KeyTable {
   // otherwise.
   bool Admit(const Request& r, wire::Role role, const wire::DataBody& d, const wire::Message& msg,
              std::vector<Outgoing>* out);
+  // Handles an admitted `r` (its header `h`, body `d`, message `msg`).
+  void Take(const Request& r, const wire::Header& h, const wire::DataBody& d,
+            const wire::Message& msg, std::vector<Outgoing>* out, std::vector<float>* decoded);
+  // Erases `key` if nothing of it is kept (a message refused after Admit).
+  void DropIfEmpty(const Key& key);
   void OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
