@@ -33,6 +33,11 @@ void ShardCounters::Duplicate() {
   if (metrics != nullptr) metrics->duplicates->Increment();
 }
 
+void ShardCounters::EarlyPull() {
+  Add(early_pulls);
+  if (metrics != nullptr) metrics->early_pulls->Increment();
+}
+
 void ShardCounters::Rejected(wire::ErrorCode code) {
   Add(rejected);
   if (metrics != nullptr) metrics->rejected.Count(code);
@@ -54,6 +59,7 @@ PsShardStats ShardCounters::Snapshot() const {
   PsShardStats s;
   s.pushes_applied = applied_.load();
   s.duplicates = duplicates.load();
+  s.early_pulls = early_pulls.load();
   s.rejected = rejected.load();
   s.rounds_closed = rounds_closed.load();
   s.replies = replies.load();
@@ -422,7 +428,8 @@ void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
     // same connection: a pull of a key no push made is either behind a push
     // the shard answered Busy, or names a key outside the job's plan. It is
     // answered Busy (sent again after its push) and leaves nothing behind.
-    return Reject(r, ErrorCode::Busy, "names a key no worker pushed yet; push it first", out);
+    counters_->EarlyPull();
+    return ErrorTo(r, ErrorCode::Busy, "names a key no worker pushed yet; push it first", out);
   }
   KeyState& k = keys_[r.key];
   const bool async = rules_.mode == PsMode::kAsync;
@@ -531,6 +538,11 @@ void KeyTable::Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* o
 void KeyTable::Reject(const Request& r, ErrorCode code, const std::string& why,
                       std::vector<Outgoing>* out) {
   counters_->Rejected(code);
+  ErrorTo(r, code, why, out);
+}
+
+void KeyTable::ErrorTo(const Request& r, ErrorCode code, const std::string& why,
+                       std::vector<Outgoing>* out) {
   out->push_back({r.from, wire::MakeError(wire::AnswerAs(self_, rules_.IsJobWorker(r.from)), code,
                                           r.Name() + " " + why, r.type)});
 }

@@ -44,9 +44,10 @@
 // held (a message refused leaves no key behind), at most max_keys keys
 // (ps_max_keys) of at most max_elements (partition_bytes) each, so one
 // table holds at most max_keys partitions per open round and worker.
-// A pull of round r > 0 of a key no push made is answered Busy: a PS
-// client always pushes a key before it pulls it over the same connection,
-// and sends both again after a Busy; a forged one holds nothing.
+// A pull of round r > 0 of a key no push made is answered Busy and counted
+// in early_pulls (not in rejected: a lost push causes it too): a PS client
+// always pushes a key before it pulls it over the same connection, and
+// sends both again after a Busy; a forged one holds nothing.
 //
 // Errors (answered with an Error naming the key, counted, state unchanged):
 // sender not a worker of the job, or a message claiming a worker that does
@@ -124,6 +125,7 @@ struct PsRules {
 struct PsShardStats {
   uint64_t pushes_applied = 0;
   uint64_t duplicates = 0;       // pushes acknowledged again, not applied
+  uint64_t early_pulls = 0;      // pulls of a key no push made, answered Busy
   uint64_t rejected = 0;         // messages answered with an Error
   uint64_t rounds_closed = 0;    // sync/ssp
   uint64_t replies = 0;
@@ -140,6 +142,7 @@ class ShardCounters {
   void Applied(uint64_t staleness);
   void Add(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
   void Duplicate();
+  void EarlyPull();
   void Rejected(wire::ErrorCode code);
   // A round whose first push arrived at `first` and last at `last` was
   // closed now.
@@ -150,7 +153,7 @@ class ShardCounters {
   // shard serves.
   ShardMetrics* metrics = nullptr;
 
-  std::atomic<uint64_t> duplicates{0}, rejected{0}, rounds_closed{0}, replies{0};
+  std::atomic<uint64_t> duplicates{0}, early_pulls{0}, rejected{0}, rounds_closed{0}, replies{0};
 
  private:
   std::atomic<uint64_t> applied_{0}, max_staleness_{0}, staleness_sum_{0};
@@ -277,6 +280,9 @@ class KeyTable {
   void Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* out);
   void Reject(const Request& r, wire::ErrorCode code, const std::string& why,
               std::vector<Outgoing>* out);
+  // An Error of `code` to `r`'s sender, not counted.
+  void ErrorTo(const Request& r, wire::ErrorCode code, const std::string& why,
+               std::vector<Outgoing>* out);
   // A buffer of `n` floats for a push to be decoded into (every element is
   // written by the decoder): a gradient already consumed, if one of that
   // size is kept, so that pushes neither allocate nor zero-fill.
