@@ -381,9 +381,13 @@ TEST_F(HostilePeerTest, AFloodOfGarbageHugeFramesAndAPeerThatNeverReadsLeavesThe
   ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(flooded.params, clean.params);
   ASSERT_EQ(flooded.peak_rss_mib.size(), static_cast<size_t>(kServers) + 1);
-  for (double mib : flooded.peak_rss_mib) {
+  ASSERT_EQ(clean.peak_rss_mib.size(), flooded.peak_rss_mib.size());
+  for (size_t p = 0; p < flooded.peak_rss_mib.size(); ++p) {
+    const double mib = flooded.peak_rss_mib[p];
     EXPECT_GT(mib, 0);
     EXPECT_LT(mib, 512) << "a server process buffered the flood";
+    // Not one 64 MiB frame was held whole.
+    EXPECT_LT(mib - clean.peak_rss_mib[p], 64) << "process " << p << " (0: the scheduler)";
   }
 }
 
