@@ -49,7 +49,8 @@ TEST(ZmqRetryTest, SendsToAPeerThatNeverReadsCostLinearWork) {
                MakeData({Role::Worker, 0, 1}, MsgType::Push, f, {payload}, 0,
                         static_cast<uint64_t>(i)),
                deadline, [&](const Status& s) {
-                 if (s.code() == StatusCode::kDeadlineExceeded) expired.fetch_add(1);
+                 if (s.code() == StatusCode::kDeadlineExceeded)
+                   expired.fetch_add(1);
                  done.fetch_add(1);
                });
   }
