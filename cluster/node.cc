@@ -2,6 +2,7 @@
 
 #include "cluster/topology.h"
 #include "common/logging.h"
+#include "common/placement.h"
 #include "common/refusal_log.h"
 #include "wire/zmq_transport.h"
 
@@ -46,14 +47,26 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   Node node;
   GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
   node.refusals = std::make_shared<wire::TransportRefusals>();
-  GS_ASSIGN_OR_RETURN(node.data,
-                      wire::ZmqTransport::Create(TransportOptions(node.curve, node.refusals)));
+  wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
+  if (role == wire::Role::Server) {
+    // A shard's data port takes pushes and pulls only.
+    GS_ASSIGN_OR_RETURN(int64_t partition,
+                        config.GetInt("partition_bytes",
+                                      static_cast<int64_t>(kDefaultPartitionBytes)));
+    if (partition < 1 || partition > (int64_t{1} << 30)) {
+      return InvalidArgumentError("partition_bytes must be in [1, 2^30], got " +
+                                  std::to_string(partition));
+    }
+    data.max_frame_bytes = PartitionFrameBytes(static_cast<size_t>(partition));
+  }
+  GS_ASSIGN_OR_RETURN(node.data, wire::ZmqTransport::Create(std::move(data)));
   GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(options.host, data_port));
   GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(endpoint));
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   options.identity = node.data->identity();
-  GS_ASSIGN_OR_RETURN(auto agent_transport,
-                      wire::ZmqTransport::Create(TransportOptions(node.curve, nullptr)));
+  wire::ZmqOptions control = TransportOptions(node.curve, nullptr);
+  control.max_frame_bytes = kControlFrameBytes;
+  GS_ASSIGN_OR_RETURN(auto agent_transport, wire::ZmqTransport::Create(std::move(control)));
   GS_ASSIGN_OR_RETURN(node.agent, NodeAgent::Join(options, std::move(agent_transport), deadline));
   const Assignment& a = node.agent->assignment();
   SetLogTag(a.self.Name());

@@ -35,6 +35,17 @@ struct Node {
 wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
                                   std::shared_ptr<wire::TransportRefusals> refusals);
 
+// The largest frame each kind of socket takes (ZmqOptions::max_frame_bytes,
+// ZMQ_MAXMSGSIZE): libzmq drops the connection of a peer that announces a
+// larger one before it allocates it, so no flood of huge frames is ever
+// held whole. Control sockets (the scheduler's, every node agent's) carry
+// a header frame only; a shard's and a PS client's carry a partition in at
+// most 8 bytes per fp32 element (the shard's payload limit).
+constexpr int64_t kControlFrameBytes = static_cast<int64_t>(wire::Limits{}.max_header_bytes);
+constexpr int64_t PartitionFrameBytes(size_t partition_bytes) {
+  return static_cast<int64_t>(2 * partition_bytes) + (int64_t{64} << 10);
+}
+
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
 // data_port, 0 = any free port), binds, joins and checks reachability.
 // Errors name the scheduler address or the unreachable peers.

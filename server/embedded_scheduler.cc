@@ -13,6 +13,7 @@ StatusOr<std::unique_ptr<EmbeddedScheduler>> EmbeddedScheduler::Start(const Conf
   wire::ZmqOptions zmq;
   zmq.identity = "scheduler";
   zmq.curve = options.curve;
+  zmq.max_frame_bytes = wire::Limits{}.max_header_bytes;  // control messages only
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::ZmqTransport> transport,
                       wire::ZmqTransport::Create(zmq));
   std::unique_ptr<EmbeddedScheduler> s(new EmbeddedScheduler());

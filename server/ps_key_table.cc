@@ -33,6 +33,11 @@ void ShardCounters::Duplicate() {
   if (metrics != nullptr) metrics->duplicates->Increment();
 }
 
+void ShardCounters::EarlyPull() {
+  Add(early_pulls);
+  if (metrics != nullptr) metrics->early_pulls->Increment();
+}
+
 void ShardCounters::Rejected(wire::ErrorCode code) {
   Add(rejected);
   if (metrics != nullptr) metrics->rejected.Count(code);
@@ -54,6 +59,7 @@ PsShardStats ShardCounters::Snapshot() const {
   PsShardStats s;
   s.pushes_applied = applied_.load();
   s.duplicates = duplicates.load();
+  s.early_pulls = early_pulls.load();
   s.rejected = rejected.load();
   s.rounds_closed = rounds_closed.load();
   s.replies = replies.load();
@@ -118,17 +124,22 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
             d.num_elements(), d.round(), d.version(), h.step(), h.seq(), d.dtype(),
             d.compression(), d.codec() != nullptr ? d.codec()->str() : std::string()};
   if (!Admit(r, h.sender_role(), d, msg, out)) return false;
-  keys_[r.key];  // admitted: the key exists from now on
+  const bool known = keys_.count(r.key) > 0;
+  Take(r, h, d, msg, out, decoded);
+  if (!known) DropIfEmpty(r.key);
+  return took_;
+}
+
+void KeyTable::Take(const Request& r, const wire::Header& h, const wire::DataBody& d,
+                    const wire::Message& msg, std::vector<Outgoing>* out,
+                    std::vector<float>* decoded) {
   if (r.type == MsgType::Push) {
     std::vector<float> values = TakeBuffer(r.num_elements);
     ErrorCode code = ErrorCode::Unknown;
     const compression::CompressContext ctx =
         compression::PartitionContext(h.job_id(), r.step, r.key.first, r.key.second);
     Status s = decoder_.Decode(d, msg.payloads, ctx, values.data(), &code);
-    if (!s.ok()) {
-      Reject(r, code, s.message(), out);
-      return false;
-    }
+    if (!s.ok()) return Reject(r, code, s.message(), out);
     if (r.compression != wire::Compression::None) codec_->Taken(r.codec);
     const bool keep = decoded != nullptr && r.compression != wire::Compression::None;
     if (keep) *decoded = values;
@@ -137,7 +148,16 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
   } else {
     OnPull(r, out);
   }
-  return took_;
+}
+
+void KeyTable::DropIfEmpty(const Key& key) {
+  auto it = keys_.find(key);
+  if (it == keys_.end()) return;
+  const KeyState& k = it->second;
+  if (k.num_elements == 0 && !k.initialised && k.open.empty() && k.held.empty() &&
+      k.results.empty()) {
+    keys_.erase(it);
+  }
 }
 
 bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
@@ -395,21 +415,29 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
 }
 
 void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
-  KeyState& k = keys_[r.key];
   if (r.round == 0 && optimizer_ == nullptr) {
     return Reject(r, ErrorCode::WrongType,
                   "this shard only aggregates (optimizer=none): there is no round 0", out);
   }
+  if (r.compression != wire::Compression::None && !IsReplyCodec(r.codec)) {
+    return Reject(r, ErrorCode::WrongType, "asks for replies encoded as \"" + r.codec +
+                  "\"; replies are fp32, fp16 or bf16", out);
+  }
+  if (r.round > 0 && keys_.count(r.key) == 0) {
+    // Every worker pushes a key of round r > 0 before it pulls it, over the
+    // same connection: a pull of a key no push made is either behind a push
+    // the shard answered Busy, or names a key outside the job's plan. It is
+    // answered Busy (sent again after its push) and leaves nothing behind.
+    counters_->EarlyPull();
+    return ErrorTo(r, ErrorCode::Busy, "names a key no worker pushed yet; push it first", out);
+  }
+  KeyState& k = keys_[r.key];
   const bool async = rules_.mode == PsMode::kAsync;
   const uint64_t limit = async ? k.taken[r.worker].floor + rules_.async_window
                                : k.closed + rules_.staleness + 1;
   if (r.round > limit) {
     return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (at most " +
                   std::to_string(limit) + ")", out);
-  }
-  if (r.compression != wire::Compression::None && !IsReplyCodec(r.codec)) {
-    return Reject(r, ErrorCode::WrongType, "asks for replies encoded as \"" + r.codec +
-                  "\"; replies are fp32, fp16 or bf16", out);
   }
   HeldPull pull{r.from, r.worker, r.round, r.step, r.seq, r.codec};
   if (Answer(r.key, k, pull, out)) return;
@@ -510,6 +538,11 @@ void KeyTable::Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* o
 void KeyTable::Reject(const Request& r, ErrorCode code, const std::string& why,
                       std::vector<Outgoing>* out) {
   counters_->Rejected(code);
+  ErrorTo(r, code, why, out);
+}
+
+void KeyTable::ErrorTo(const Request& r, ErrorCode code, const std::string& why,
+                       std::vector<Outgoing>* out) {
   out->push_back({r.from, wire::MakeError(wire::AnswerAs(self_, rules_.IsJobWorker(r.from)), code,
                                           r.Name() + " " + why, r.type)});
 }

@@ -38,6 +38,17 @@
 //         round r is applied. Staleness-aware lr divides lr by the staleness.
 // Staleness of a push = key version when applied - the push's version.
 //
+// Keys: the shard is not told the job's plan (workers register no bucket
+// layout with it), so the plan is bounded by the job's settings instead: a
+// key exists only once a push of it was taken or a pull of its round 0 is
+// held (a message refused leaves no key behind), at most max_keys keys
+// (ps_max_keys) of at most max_elements (partition_bytes) each, so one
+// table holds at most max_keys partitions per open round and worker.
+// A pull of round r > 0 of a key no push made is answered Busy and counted
+// in early_pulls (not in rejected: a lost push causes it too): a PS client
+// always pushes a key before it pulls it over the same connection, and
+// sends both again after a Busy; a forged one holds nothing.
+//
 // Errors (answered with an Error naming the key, counted, state unchanged):
 // sender not a worker of the job, or a message claiming a worker that does
 // not come under that worker's identity (BadSender); a key placed on another shard
@@ -114,6 +125,7 @@ struct PsRules {
 struct PsShardStats {
   uint64_t pushes_applied = 0;
   uint64_t duplicates = 0;       // pushes acknowledged again, not applied
+  uint64_t early_pulls = 0;      // pulls of a key no push made, answered Busy
   uint64_t rejected = 0;         // messages answered with an Error
   uint64_t rounds_closed = 0;    // sync/ssp
   uint64_t replies = 0;
@@ -130,6 +142,7 @@ class ShardCounters {
   void Applied(uint64_t staleness);
   void Add(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
   void Duplicate();
+  void EarlyPull();
   void Rejected(wire::ErrorCode code);
   // A round whose first push arrived at `first` and last at `last` was
   // closed now.
@@ -140,7 +153,7 @@ class ShardCounters {
   // shard serves.
   ShardMetrics* metrics = nullptr;
 
-  std::atomic<uint64_t> duplicates{0}, rejected{0}, rounds_closed{0}, replies{0};
+  std::atomic<uint64_t> duplicates{0}, early_pulls{0}, rejected{0}, rounds_closed{0}, replies{0};
 
  private:
   std::atomic<uint64_t> applied_{0}, max_staleness_{0}, staleness_sum_{0};
@@ -246,6 +259,11 @@ class KeyTable {
   // otherwise.
   bool Admit(const Request& r, wire::Role role, const wire::DataBody& d, const wire::Message& msg,
              std::vector<Outgoing>* out);
+  // Handles an admitted `r` (its header `h`, body `d`, message `msg`).
+  void Take(const Request& r, const wire::Header& h, const wire::DataBody& d,
+            const wire::Message& msg, std::vector<Outgoing>* out, std::vector<float>* decoded);
+  // Erases `key` if nothing of it is kept (a message refused after Admit).
+  void DropIfEmpty(const Key& key);
   void OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
@@ -262,6 +280,9 @@ class KeyTable {
   void Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* out);
   void Reject(const Request& r, wire::ErrorCode code, const std::string& why,
               std::vector<Outgoing>* out);
+  // An Error of `code` to `r`'s sender, not counted.
+  void ErrorTo(const Request& r, wire::ErrorCode code, const std::string& why,
+               std::vector<Outgoing>* out);
   // A buffer of `n` floats for a push to be decoded into (every element is
   // written by the decoder): a gradient already consumed, if one of that
   // size is kept, so that pushes neither allocate nor zero-fill.

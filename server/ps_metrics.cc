@@ -39,6 +39,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) : rejected(r, "shard") {
   pulls = Counter(r, "gradsync_server_pulls_total", "Pulls received and verified.");
   duplicates = Counter(r, "gradsync_server_duplicates_total",
                        "Pushes seen before: acknowledged again and not applied.");
+  early_pulls = Counter(r, "gradsync_server_early_pulls_total",
+                        "Pulls of a key no push made yet (behind a lost push, or outside the "
+                        "job's plan): answered Busy, nothing kept.");
   expected_workers = Gauge(r, "gradsync_server_expected_workers", "Workers of the job.");
   connected_workers = Gauge(r, "gradsync_server_connected_workers",
                             "Workers of the job that are alive.");

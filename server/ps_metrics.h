@@ -6,6 +6,7 @@
 //   gradsync_server_push_staleness            versions, per applied push
 //   gradsync_server_queue_depth               messages waiting for a key thread
 //   gradsync_server_pushes_total, _pulls_total, _duplicates_total
+//   gradsync_server_early_pulls_total   pulls of a key no push made, answered Busy
 //   gradsync_server_expected_workers, _connected_workers (live per the
 //   scheduler), _missing_workers (declared dead)
 //   gradsync_server_checkpoint_duration_seconds
@@ -39,6 +40,7 @@ struct ShardMetrics {
   prometheus::Counter* pushes = nullptr;
   prometheus::Counter* pulls = nullptr;
   prometheus::Counter* duplicates = nullptr;
+  prometheus::Counter* early_pulls = nullptr;
   prometheus::Gauge* expected_workers = nullptr;
   prometheus::Gauge* connected_workers = nullptr;
   prometheus::Gauge* missing_workers = nullptr;

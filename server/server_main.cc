@@ -72,6 +72,7 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   metrics.AddTransportRefusals(refusals);
   wire::ZmqOptions zmq = cluster::TransportOptions(options->curve, refusals);
   zmq.identity = "scheduler";
+  zmq.max_frame_bytes = cluster::kControlFrameBytes;
   auto transport = wire::ZmqTransport::Create(zmq);
   if (!transport.ok()) return Fail(transport.status(), 1);
   RealClock clock;
@@ -145,7 +146,8 @@ void CheckpointNow(PsShard& shard, const std::string& when) {
 
 void LogShardStats(const PsShardStats& s) {
   GS_LOG(INFO) << "shard stats: pushes applied " << s.pushes_applied << ", duplicates "
-               << s.duplicates << ", rejected " << s.rejected << ", rounds closed "
+               << s.duplicates << ", early pulls " << s.early_pulls << ", rejected "
+               << s.rejected << ", rounds closed "
                << s.rounds_closed << ", replies " << s.replies << ", max staleness "
                << s.max_staleness << ", total staleness " << s.staleness_sum
                << ", straggler wait mean "

@@ -4,7 +4,8 @@
 // hurt the job with. The job must finish with every worker exit 0 and the
 // same parameters, bit for bit, as the same job without the forger, and
 // every forged message must be refused and counted in
-// gradsync_messages_rejected_total.
+// gradsync_messages_rejected_total. A flood run (tests/flood.h) holds the
+// job to its operation deadlines and the servers' peak RSS to a bound.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -26,6 +27,7 @@
 #include "common/subprocess.h"
 #include "common/version.h"
 #include "gtest/gtest.h"
+#include "tests/flood.h"
 #include "tests/local_job.h"
 #include "wire/curve.h"
 #include "wire/message.h"
@@ -38,6 +40,10 @@ namespace {
 
 constexpr int kWorkers = 4;
 constexpr int kServers = 2;
+// Every worker operation must end within this; a worker whose operation
+// does not exits non-zero.
+constexpr int kOpTimeoutMs = 30000;
+constexpr int kFloodSteps = 100;
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -89,12 +95,15 @@ double AuthFailures(const std::string& exposition) {
   return Sum(exposition, "gradsync_auth_failures_total ");
 }
 
+enum class Attack { kNone, kForge, kFlood };
+
 class HostilePeerTest : public ::testing::Test, public LocalJob {
  protected:
   struct Result {
     std::vector<std::string> params;  // each worker's "params H"
     double rejected = 0;              // by the shards and the scheduler
     double auth_failures = 0;         // refused handshakes, same processes
+    std::vector<double> peak_rss_mib;  // VmHWM: the scheduler, then each shard
   };
 
   // With CURVE: a peer with no key, one with another job's key, and one
@@ -125,20 +134,17 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
 
   // Opens a TCP connection to `address`, writes `bytes`, closes it.
   static void SendRaw(const std::string& address, const std::string& bytes) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + address.rfind(':') + 1)));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-      EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
+    const int fd = ConnectTo(address);
+    if (fd < 0) return;
+    EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     close(fd);
   }
 
   // `key_file`: the job runs CURVE with it ("": not).
-  Result RunJob(const std::string& tag, bool forge, const std::string& key_file = "") {
+  Result RunJob(const std::string& tag, Attack attack, const std::string& key_file = "",
+                int steps = 25) {
+    const bool forge = attack == Attack::kForge;
     tag_ = tag;
     const int scheduler_metrics = FreePort();
     std::vector<std::string> flags = {"--metrics_port=" + std::to_string(scheduler_metrics)};
@@ -158,12 +164,20 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     for (int r = 0; r < kWorkers; ++r) {
       workers.push_back(&Start({Runfile("tests/ps_worker"), "--rank=" + std::to_string(r),
                                 "--path=ps", "--mode=train", "--optimizer=momentum",
-                                "--steps=25", "--slow_ms=20", "--metrics_base_port=0",
+                                "--steps=" + std::to_string(steps), "--slow_ms=20",
+                                "--metrics_base_port=0",
+                                "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
                                 "--bucket_bytes=2097152", "--partition_bytes=262144"},
                                "worker" + std::to_string(r)));
     }
     Result result;
-    if (forge && !key_file.empty()) {
+    std::unique_ptr<Flood> flood;
+    if (attack == Attack::kFlood) {
+      ReadJob();
+      std::vector<std::string> targets = servers_;
+      targets.push_back(address_);
+      flood = std::make_unique<Flood>(targets, job_);
+    } else if (forge && !key_file.empty()) {
       ReadJob();
       ForgeWithoutTheKey();
       for (Deadline d = Deadline::AfterMs(20000); !d.Expired();) {
@@ -197,6 +211,24 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       EXPECT_NE(at, std::string::npos) << out;
       if (at != std::string::npos) result.params.push_back(out.substr(at + key.size(), 16));
     }
+    if (flood) {
+      flood->Stop();
+      EXPECT_EQ(flood->garbage_connected(), Flood::kGarbageSockets);
+      EXPECT_GT(flood->huge_sent(), 0u);
+      EXPECT_GT(flood->forged_sent(), 0u);
+      std::printf("flood: %d garbage connections, %llu frames of 64 MiB, %llu forged pulls "
+                  "never read\n", flood->garbage_connected(),
+                  static_cast<unsigned long long>(flood->huge_sent()),
+                  static_cast<unsigned long long>(flood->forged_sent()));
+    }
+    result.peak_rss_mib.push_back(PeakRssMiB(scheduler_->pid()));
+    for (int s = 0; s < kServers; ++s) result.peak_rss_mib.push_back(PeakRssMiB(nodes_[s]->pid()));
+    std::printf("%s: peak RSS (VmHWM) scheduler %.1f MiB", tag.c_str(), result.peak_rss_mib[0]);
+    for (int s = 0; s < kServers; ++s) {
+      std::printf(", server%d %.1f MiB", s, result.peak_rss_mib[static_cast<size_t>(s) + 1]);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
     scheduler_->Signal(SIGTERM);
     for (int s = 0; s < kServers; ++s) {
       EXPECT_TRUE(nodes_[s]->Wait(Deadline::AfterMs(30000)).has_value());
@@ -334,8 +366,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
 };
 
 TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndCounted) {
-  const Result clean = RunJob("clean", false);
-  const Result attacked = RunJob("forged", true);
+  const Result clean = RunJob("clean", Attack::kNone);
+  const Result attacked = RunJob("forged", Attack::kForge);
   ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(attacked.params, clean.params);
   EXPECT_EQ(refused_, 4 * kServers + 1);
@@ -350,8 +382,8 @@ TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndC
 TEST_F(HostilePeerTest, WithCurveOnlyTheJobsKeyGetsInAndTheJobIsUnaffected) {
   const std::string key_file = TmpFile("job.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
-  const Result clean = RunJob("clean", false);
-  const Result attacked = RunJob("curve", true, key_file);
+  const Result clean = RunJob("clean", Attack::kNone);
+  const Result attacked = RunJob("curve", Attack::kForge, key_file);
   ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(attacked.params, clean.params);
   EXPECT_GE(attacked.auth_failures, 6);  // two peers at each of three listeners
@@ -417,5 +449,30 @@ TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePast
   scheduler_->Wait(Deadline::AfterMs(10000));
 }
 
+// A garbage-and-flood run: 600 connections of garbage, 64 MiB frames and a
+// peer at each listener that never reads, all through the job. Every worker
+// operation ends within its deadline, the job's result is bit-equal to the
+// same job without the flood, and no server process buffers the flood:
+// their peak resident sets stay far below what one round of 64 MiB frames
+// would take.
+TEST_F(HostilePeerTest, AFloodOfGarbageHugeFramesAndAPeerThatNeverReadsLeavesTheJobWhole) {
+  // Long enough for the answers the silent peers never read to back up
+  // into the servers' send queues.
+  const Result clean = RunJob("clean", Attack::kNone, "", kFloodSteps);
+  const Result flooded = RunJob("flood", Attack::kFlood, "", kFloodSteps);
+  ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
+  EXPECT_EQ(flooded.params, clean.params);
+  ASSERT_EQ(flooded.peak_rss_mib.size(), static_cast<size_t>(kServers) + 1);
+  ASSERT_EQ(clean.peak_rss_mib.size(), flooded.peak_rss_mib.size());
+  for (size_t p = 0; p < flooded.peak_rss_mib.size(); ++p) {
+    const double mib = flooded.peak_rss_mib[p];
+    EXPECT_GT(mib, 0);
+    EXPECT_LT(mib, 512) << "a server process buffered the flood";
+    // Not one 64 MiB frame was held whole.
+    EXPECT_LT(mib - clean.peak_rss_mib[p], 64) << "process " << p << " (0: the scheduler)";
+  }
+}
+
 }  // namespace
 }  // namespace gradsync
+

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -141,6 +142,7 @@ class ZmqTransport::Impl {
 
   uint64_t auth_failures() const { return auth_failures_.load(); }
   uint64_t dropped() const { return dropped_.load(); }
+  uint64_t retry_steps() const { return retry_steps_.load(); }
 
  private:
   // Queues `cmd` for the I/O thread, or finishes it as cancelled once the
@@ -179,7 +181,22 @@ class ZmqTransport::Impl {
   // Tries to hand the message to ZeroMQ; false when it would block.
   bool TrySend(Command& cmd);
   void RetryPending();
-  void RetryPeer(std::deque<std::unique_ptr<Command>>& pending);
+  // Sends waiting for one peer, in order, and the same sends by deadline, so
+  // that a pass over them costs the sends it ends or starts, not their number.
+  struct PeerQueue {
+    struct Entry;
+    using ByDeadline = std::multimap<SteadyTime, std::list<Entry>::iterator>;
+    struct Entry {
+      std::unique_ptr<Command> cmd;
+      ByDeadline::iterator at;
+    };
+    std::list<Entry> order;
+    ByDeadline by_deadline;
+
+    void Add(std::unique_ptr<Command> cmd);
+    std::unique_ptr<Command> Remove(std::list<Entry>::iterator it);
+  };
+  void RetryPeer(PeerQueue& pending);
   void ReadSocket(zmq::socket_t& socket, const Route* fixed_route);
   void Configure(zmq::socket_t& socket);
   void CloseAll();
@@ -213,7 +230,8 @@ class ZmqTransport::Impl {
   std::map<std::string, ConnId> conn_by_endpoint_;
   // Sends that would block, in order, per peer: one peer that stops reading
   // holds back only the sends to it. Keyed by RouteKey.
-  std::map<std::string, std::deque<std::unique_ptr<Command>>> pending_;
+  std::map<std::string, PeerQueue> pending_;
+  std::atomic<uint64_t> retry_steps_{0};  // see ZmqTransport::retry_steps
   ConnId next_conn_ = 0;
 };
 
@@ -295,9 +313,9 @@ void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
       // Keep per-peer order: queue behind anything already waiting for it.
       auto waiting = pending_.find(RouteKey(cmd->route));
       if (waiting != pending_.end()) {
-        waiting->second.push_back(std::move(cmd));
+        waiting->second.Add(std::move(cmd));
       } else if (!TrySend(*cmd)) {
-        pending_[RouteKey(cmd->route)].push_back(std::move(cmd));
+        pending_[RouteKey(cmd->route)].Add(std::move(cmd));
       }
       return;
     }
@@ -403,34 +421,42 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
 void ZmqTransport::Impl::RetryPending() {
   for (auto peer = pending_.begin(); peer != pending_.end();) {
     RetryPeer(peer->second);
-    peer = peer->second.empty() ? pending_.erase(peer) : std::next(peer);
+    peer = peer->second.order.empty() ? pending_.erase(peer) : std::next(peer);
   }
 }
 
-void ZmqTransport::Impl::RetryPeer(std::deque<std::unique_ptr<Command>>& pending) {
-  // Sends behind a blocked one still end at their own deadline.
-  for (size_t i = 1; i < pending.size();) {
-    if (!pending[i]->deadline.Expired()) {
-      ++i;
-      continue;
-    }
-    pending[i]->Finish({DeadlineExceededError("send to " + pending[i]->route.ToString() +
-                                              " did not start before the deadline (the "
-                                              "peer is not reading)"),
-                        "", -1});
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+void ZmqTransport::Impl::PeerQueue::Add(std::unique_ptr<Command> cmd) {
+  const SteadyTime at = cmd->deadline.at();
+  auto it = order.insert(order.end(), Entry{std::move(cmd), {}});
+  it->at = by_deadline.emplace(at, it);
+}
+
+std::unique_ptr<Command> ZmqTransport::Impl::PeerQueue::Remove(std::list<Entry>::iterator it) {
+  std::unique_ptr<Command> cmd = std::move(it->cmd);
+  by_deadline.erase(it->at);
+  order.erase(it);
+  return cmd;
+}
+
+void ZmqTransport::Impl::RetryPeer(PeerQueue& pending) {
+  // Every send ends at its own deadline, those behind a blocked one too;
+  // only the expired ones are looked at.
+  const SteadyTime now = std::chrono::steady_clock::now();
+  while (!pending.by_deadline.empty() && pending.by_deadline.begin()->first <= now) {
+    retry_steps_.fetch_add(1, std::memory_order_relaxed);
+    const bool first = pending.by_deadline.begin()->second == pending.order.begin();
+    std::unique_ptr<Command> cmd = pending.Remove(pending.by_deadline.begin()->second);
+    cmd->Finish({DeadlineExceededError(
+                     "send to " + cmd->route.ToString() +
+                     (first ? " did not complete before the deadline (peer not connected or "
+                              "not reading)"
+                            : " did not start before the deadline (the peer is not reading)")),
+                 "", -1});
   }
-  while (!pending.empty()) {
-    Command& cmd = *pending.front();
-    if (cmd.deadline.Expired()) {
-      cmd.Finish({DeadlineExceededError("send to " + cmd.route.ToString() +
-                                        " did not complete before the deadline "
-                                        "(peer not connected or not reading)"),
-                  "", -1});
-    } else if (!TrySend(cmd)) {
-      return;
-    }
-    pending.pop_front();
+  while (!pending.order.empty()) {
+    if (!TrySend(*pending.order.front().cmd)) return;
+    retry_steps_.fetch_add(1, std::memory_order_relaxed);
+    pending.Remove(pending.order.begin());
   }
 }
 
@@ -490,7 +516,7 @@ void ZmqTransport::Impl::CloseAll() {
     left.swap(commands_);
   }
   for (auto& [peer, cmds] : pending_) {
-    for (auto& cmd : cmds) left.push_back(std::move(cmd));
+    for (auto& entry : cmds.order) left.push_back(std::move(entry.cmd));
   }
   pending_.clear();
   for (auto& cmd : left) cmd->Finish({CancelledError("transport is shut down"), "", -1});
@@ -569,6 +595,7 @@ ZmqTransport::~ZmqTransport() { Shutdown(); }
 const std::string& ZmqTransport::identity() const { return impl_->identity(); }
 uint64_t ZmqTransport::auth_failures() const { return impl_->auth_failures(); }
 uint64_t ZmqTransport::dropped() const { return impl_->dropped(); }
+uint64_t ZmqTransport::retry_steps() const { return impl_->retry_steps(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
   auto cmd = std::make_unique<Command>();

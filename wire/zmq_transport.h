@@ -102,6 +102,11 @@ class ZmqTransport : public Transport {
   uint64_t auth_failures() const;
   // Messages dropped as they were read (too many frames, header too large).
   uint64_t dropped() const;
+  // Sends the I/O thread looked at while retrying those that would block,
+  // besides each blocked peer's first (tried once per pass): one per send
+  // that goes or expires, however many wait behind a peer that does not
+  // read and however often they are retried.
+  uint64_t retry_steps() const;
 
   class Impl;
 

@@ -1,0 +1,70 @@
+// Sends to a peer that does not read: they wait in the transport and end
+// at their deadline, and retrying them costs work in proportion to the
+// sends, not to the sends times the passes of the I/O thread.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "wire/message.h"
+#include "wire/zmq_transport.h"
+#include "zmq.hpp"
+
+namespace gradsync::wire {
+namespace {
+
+// Seen before: every pass of the I/O thread (one a millisecond while any
+// send waits) looked at every send waiting behind the first, so a flood of
+// replies to one peer that never reads cost sends x passes.
+TEST(ZmqRetryTest, SendsToAPeerThatNeverReadsCostLinearWork) {
+  zmq::context_t ctx(1);
+  zmq::socket_t sink(ctx, zmq::socket_type::router);
+  sink.set(zmq::sockopt::rcvhwm, 1);
+  sink.set(zmq::sockopt::rcvbuf, 4096);
+  sink.set(zmq::sockopt::linger, 0);
+  sink.bind("tcp://127.0.0.1:0");
+  const std::string endpoint = sink.get(zmq::sockopt::last_endpoint);
+
+  ZmqOptions o;
+  o.identity = "flooder";
+  o.send_hwm = 1;
+  o.linger_ms = 0;
+  auto t = ZmqTransport::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto conn = (*t)->Connect(endpoint);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+
+  constexpr int kSends = 3000;
+  auto block = std::make_shared<std::vector<uint8_t>>(size_t{256} << 10, 7);
+  const Payload payload = Payload::Borrow(block->data(), block->size(), block);
+  std::atomic<int> done{0}, expired{0};
+  const Deadline deadline = Deadline::AfterMs(1500);
+  for (int i = 0; i < kSends; ++i) {
+    DataFields f;
+    f.num_elements = block->size() / 4;
+    (*t)->Post(Route::Connection(*conn),
+               MakeData({Role::Worker, 0, 1}, MsgType::Push, f, {payload}, 0,
+                        static_cast<uint64_t>(i)),
+               deadline, [&](const Status& s) {
+                 if (s.code() == StatusCode::kDeadlineExceeded)
+                   expired.fetch_add(1);
+                 done.fetch_add(1);
+               });
+  }
+  const Deadline wait = Deadline::AfterMs(120000);
+  while (done.load() < kSends && !wait.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(done.load(), kSends);
+  // Nearly all of them waited behind the first until their deadline.
+  EXPECT_GT(expired.load(), kSends / 2);
+  EXPECT_LE((*t)->retry_steps(), static_cast<uint64_t>(kSends))
+      << "retrying cost more than one look at each send";
+  (*t)->Shutdown();
+}
+
+}  // namespace
+}  // namespace gradsync::wire
