@@ -344,8 +344,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   // Sends garbage to `address` as fast as it is taken until `stop`, and
   // never reads the answers: a raw socket whose receive queue and kernel
   // buffer hold almost nothing, so the answers back up.
-  static void Flood(const std::string& address, const std::atomic<bool>& stop,
-                    std::atomic<uint64_t>& sent) {
+  static void FloodRingEndpoint(const std::string& address, const std::atomic<bool>& stop,
+                                std::atomic<uint64_t>& sent) {
     zmq::context_t context(1);
     zmq::socket_t dealer(context, zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::rcvhwm, 1);
@@ -416,7 +416,7 @@ TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePast
   std::atomic<uint64_t> sent{0};
   std::vector<std::thread> flooders;
   for (const std::string& w : workers_) {
-    flooders.emplace_back([&, w] { Flood(w, stop, sent); });
+    flooders.emplace_back([&, w] { FloodRingEndpoint(w, stop, sent); });
   }
   // Every worker has a backlog of garbage before its first all-reduce.
   for (Deadline d = Deadline::AfterMs(30000); !d.Expired() && sent < 3000u * kRing;) {
