@@ -22,8 +22,6 @@ using Apply = std::function<Status(const JournalRecord&)>;
 constexpr char kMagic[8] = {'G', 'S', 'P', 'S', 'J', 'R', 'N', 'L'};
 constexpr uint32_t kJournalFormat = 1;
 constexpr size_t kSegmentHeaderBytes = 40;
-constexpr size_t kPushFixedBytes = 37;  // kind + the fields before the values
-constexpr size_t kDeadFixedBytes = 13;
 constexpr size_t kMaxBatch = 512;
 constexpr size_t kWriteChunk = size_t{8} << 20;
 

@@ -163,9 +163,9 @@ TEST_F(SchedulerTest, TakenAndOutOfRangeRanksAreRefused) {
   StartScheduler(2, 0);
   // The first worker holds rank 0 before the others ask: it waits for a
   // second worker that never comes, so its Join ends at the deadline.
-  std::thread first([&] {
-    (void)cluster::NodeAgent::Join(Options(wire::Role::Worker, 0), NewTransport(),
-                                   Deadline::AfterMs(5000));
+  // Options and the transport are made here: the fixture is not thread-safe.
+  std::thread first([options = Options(wire::Role::Worker, 0), t = NewTransport()]() mutable {
+    (void)cluster::NodeAgent::Join(options, std::move(t), Deadline::AfterMs(5000));
   });
   const Deadline registered = Deadline::AfterMs(5000);
   while (metrics_.registrations->Value() < 1 && !registered.Expired()) {

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: installs what is missing, builds
 # everything, runs every test (GPU tests only where a GPU is present), and on
-# a machine with nvcc also compiles and links every CUDA target. The last
-# line is "N passed, N failed, N skipped" (tools/test_summary.sh): tests that
-# cannot run here (no GPU, not root for network namespaces, no Slurm) count
-# as skipped.
+# a machine with nvcc also compiles and links every CUDA target. Then the
+# unit tests of the multi-threaded packages run again under AddressSanitizer
+# + UBSan and under ThreadSanitizer (SANITIZED below). The last line is
+# "N passed, N failed, N skipped" over all three runs (tools/test_summary.sh;
+# a sanitizer's lines name it: "failed: tsan //wire:foo (FAILED)"): tests
+# that cannot run here (no GPU, not root for network namespaces, no Slurm)
+# count as skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 
-echo "test.sh: [1/4] dependencies"
+echo "test.sh: [1/5] dependencies"
 tools/install_deps.sh
 
 filters=(--test_tag_filters=-gpu)
@@ -19,7 +22,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   gpu="GPU present"
 fi
 log=$(mktemp "${TMPDIR:-/tmp}/gradsync_test.XXXXXX")
-echo "test.sh: [2/4] build and run every test ($gpu; bazel's output also in $log)"
+echo "test.sh: [2/5] build and run every test ($gpu; bazel's output also in $log)"
 set +e
 bazel test //... "${filters[@]}" --test_output=errors --show_progress_rate_limit=15 2>&1 |
   tee "$log"
@@ -28,15 +31,53 @@ set -e
 
 cuda_rc=0
 if [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "test.sh: [3/4] nvcc found: compiling and linking every CUDA target (--config=cuda)"
+  echo "test.sh: [3/5] nvcc found: compiling and linking every CUDA target (--config=cuda)"
   bazel build --config=cuda //... || cuda_rc=$?
 else
-  echo "test.sh: [3/4] no nvcc: CUDA targets not compiled"
+  echo "test.sh: [3/5] no nvcc: CUDA targets not compiled"
 fi
 
-echo "test.sh: [4/4] results"
+# The packages whose code runs on several threads, under each sanitizer
+# (configs in .bazelrc, each in an output tree of its own). Not run there:
+# gpu-tagged tests (CUDA and NCCL are not instrumented), the fuzzers in
+# tests/fuzz (built with ASan + UBSan already) and the multi-process tests
+# in tests/ (their cost under TSan does not fit CI; the code they run is
+# covered here by the packages' own tests). A test that cannot run under
+# one sanitizer carries the tag no_asan or no_tsan, with the reason in its
+# BUILD file.
+SANITIZED=(//client/... //server/... //wire/... //cluster/...)
+san_logs=()
+echo "test.sh: [4/5] ${SANITIZED[*]} under ASan+UBSan and under TSan"
+for config in asan tsan; do
+  san_log=$(mktemp "${TMPDIR:-/tmp}/gradsync_test_${config}.XXXXXX")
+  san_logs+=("$san_log")
+  san_start=$(date +%s)
+  set +e
+  bazel test --config="$config" "${SANITIZED[@]}" --test_tag_filters="-gpu,-no_$config" \
+    --test_output=errors --show_progress_rate_limit=15 2>&1 | tee "$san_log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  set -e
+  echo "test.sh: $config took $(( $(date +%s) - san_start )) s"
+done
+
+echo "test.sh: [5/5] results"
 echo "suite took $(( $(date +%s) - start )) s"
 summary_rc=0
-tools/test_summary.sh "$log" || summary_rc=$?
-[ "$summary_rc" -ne 0 ] || rm -f "$log"
+total_passed=0 total_failed=0 total_skipped=0
+# Runs tools/test_summary.sh with the arguments given, prints its lines but
+# the last and adds its counts to the totals.
+summarize() {
+  local out
+  out=$(tools/test_summary.sh "$@") || summary_rc=1
+  printf '%s\n' "$out" | sed '$d' | sed '/^$/d'
+  read -r p _ f _ s _ <<<"$(printf '%s\n' "$out" | tail -n 1)"
+  total_passed=$((total_passed + p))
+  total_failed=$((total_failed + f))
+  total_skipped=$((total_skipped + s))
+}
+summarize "$log"
+summarize --config asan "${san_logs[0]}" "${SANITIZED[@]}"
+summarize --config tsan "${san_logs[1]}" "${SANITIZED[@]}"
+echo "${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
+[ "$summary_rc" -ne 0 ] || rm -f "$log" "${san_logs[@]}"
 [ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$summary_rc" -eq 0 ]

@@ -2,7 +2,11 @@
 # Counts the results of a `bazel test` run: every test target of PATTERNS
 # (default //...) is passed, failed or skipped.
 #
-#   tools/test_summary.sh BAZEL_OUTPUT_LOG [PATTERN...]
+#   tools/test_summary.sh [--config NAME] BAZEL_OUTPUT_LOG [PATTERN...]
+#
+# With --config (asan, tsan) the log is of `bazel test --config=NAME`: the
+# test logs are read from that config's tree and every line names the
+# config before the target ("failed: asan //wire:foo (FAILED)").
 #
 # A target is skipped when it did not run because it needs a GPU (tagged gpu
 # and filtered out, or incompatible without --config=cuda), or when it ran
@@ -16,6 +20,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly SKIP_MARKER="GRADSYNC-SKIPPED: "
+config=()
+label=""
+if [ "${1:-}" = "--config" ]; then
+  config=("--config=$2")
+  label="$2 "
+  shift 2
+fi
 log=$1
 shift
 patterns=("$@")
@@ -23,8 +34,16 @@ patterns=("$@")
 universe="set(${patterns[*]})"
 mapfile -t targets < <(bazel query "tests($universe)" 2>/dev/null | sort)
 mapfile -t gpu_targets < <(bazel query "attr(tags, '\\bgpu\\b', tests($universe))" 2>/dev/null)
+# Under a sanitizer, tests tagged no_<config> do not run (BUILD says why).
+unsanitized=()
+if [ -n "$label" ]; then
+  mapfile -t unsanitized < <(bazel query \
+    "attr(tags, '\\bno_${label% }\\b', tests($universe))" 2>/dev/null)
+fi
 testlogs=bazel-testlogs
-[ -d "$testlogs" ] || testlogs=$(bazel info bazel-testlogs 2>/dev/null)
+if [ ${#config[@]} -gt 0 ] || [ ! -d "$testlogs" ]; then
+  testlogs=$(bazel info "${config[@]}" bazel-testlogs 2>/dev/null)
+fi
 
 # The status words Bazel printed for target $1 ("PASSED", "FAILED", ...).
 status_of() {
@@ -48,27 +67,30 @@ for t in "${targets[@]}"; do
     PASSED | FLAKY*)
       reason=$(skip_reason "$t")
       if [ -n "$reason" ]; then
-        echo "skipped: $t ($reason)"
+        echo "skipped: $label$t ($reason)"
         skipped=$((skipped + 1))
       else
         passed=$((passed + 1))
       fi
       ;;
     SKIPPED)
-      echo "skipped: $t (incompatible with this build)"
+      echo "skipped: $label$t (incompatible with this build)"
       skipped=$((skipped + 1))
       ;;
     "")
       if printf '%s\n' "${gpu_targets[@]}" | grep -qxF "$t"; then
-        echo "skipped: $t (needs a GPU)"
+        echo "skipped: $label$t (needs a GPU)"
+        skipped=$((skipped + 1))
+      elif printf '%s\n' "${unsanitized[@]}" | grep -qxF "$t"; then
+        echo "skipped: $label$t (not run under this sanitizer)"
         skipped=$((skipped + 1))
       else
-        echo "failed: $t (did not run)"
+        echo "failed: $label$t (did not run)"
         failed=$((failed + 1))
       fi
       ;;
     *)
-      echo "failed: $t ($status)"
+      echo "failed: $label$t ($status)"
       failed=$((failed + 1))
       ;;
   esac
