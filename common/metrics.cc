@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "common/logging.h"
@@ -142,12 +143,32 @@ ProcessMetrics::ProcessMetrics(const std::string& role)
       .Set(1);
 }
 
-ProcessMetrics::~ProcessMetrics() = default;
+namespace {
+
+// civetweb, under prometheus::Exposer, sets up and tears down its library
+// state (mg_init_library, mg_exit_library) without a lock of its own, so the
+// Exposers of one process (several communicators, a scheduler beside a
+// worker) start and stop one at a time.
+std::mutex& ExposerMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+}  // namespace
+
+ProcessMetrics::~ProcessMetrics() {
+  std::lock_guard<std::mutex> lock(ExposerMutex());
+  exposer_.reset();
+}
 
 StatusOr<int> ProcessMetrics::Serve(const std::string& address) {
   if (exposer_) return FailedPreconditionError("metrics are already served");
   try {
-    auto exposer = std::make_unique<prometheus::Exposer>(address);
+    std::unique_ptr<prometheus::Exposer> exposer;
+    {
+      std::lock_guard<std::mutex> lock(ExposerMutex());
+      exposer = std::make_unique<prometheus::Exposer>(address);
+    }
     exposer->RegisterCollectable(registry_);
     exposer->RegisterCollectable(process_);
     auto ports = exposer->GetListeningPorts();
