@@ -40,3 +40,18 @@ def clang_fuzzer(name, srcs, hdrs = [], linkopts = [], visibility = None, teston
         testonly = testonly,
         visibility = visibility,
     )
+
+def fuzz_test(name, fuzzer, args = [], data = []):
+    """Runs libFuzzer target `fuzzer` for a bounded time (fuzz_test.sh) as
+    the sh_test `name`; `args` follow the fuzzer's path (fuzz_test.sh: a
+    seed maker or "-", then libFuzzer flags), `data` what they name. Exclusive: a fuzzer keeps the cores busy for its
+    whole run, so it runs alone and the timing bounds of the multi-process
+    tests beside it hold."""
+    native.sh_test(
+        name = name,
+        size = "medium",
+        srcs = ["fuzz_test.sh"],
+        tags = ["exclusive"],
+        args = ["$(location %s)" % fuzzer] + args,
+        data = [fuzzer] + data,
+    )

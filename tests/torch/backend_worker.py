@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gradsync
 import gradsync.torch as gst
-from worker import batch, die_now, mlp, report
+from worker import Bag, batch, die_now, mlp, report
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64,
           torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -178,17 +178,6 @@ def killed(hook):
     report(error=None)
 
 
-class Sparse(torch.nn.Module):
-    def __init__(self, sparse):
-        super().__init__()
-        torch.manual_seed(4)
-        self.embedding = torch.nn.Embedding(50, 8, sparse=sparse)
-        self.head = torch.nn.Linear(8, 3)
-
-    def forward(self, ids):
-        return self.head(self.embedding(ids).mean(1))
-
-
 def sparse_hook():
     """nn.Embedding(sparse=True) through DDP + gradsync's hook: after each
     backward the embedding's gradient equals the dense average of every
@@ -196,9 +185,9 @@ def sparse_hook():
     dist.init_process_group("gradsync")
     rank = dist.get_rank()
     gloo_group = dist.new_group(backend="gloo")
-    ours = DistributedDataParallel(Sparse(True))
+    ours = DistributedDataParallel(Bag(True))
     ours.register_comm_hook(gst.HookState(), gst.allreduce_hook)
-    dense = DistributedDataParallel(Sparse(False), process_group=gloo_group)
+    dense = DistributedDataParallel(Bag(False), process_group=gloo_group)
     worst, sparse_seen = 0.0, False
     for step in range(4):
         torch.manual_seed(100 + 10 * step + rank)

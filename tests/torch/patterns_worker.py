@@ -10,7 +10,7 @@ import torch
 
 import gradsync
 import gradsync.torch as gst
-from worker import batch, mlp, report
+from worker import Bag, batch, mlp, report
 
 ROWS, STEPS = 8, 4
 
@@ -224,17 +224,6 @@ def checkpoint_resume():
                   for v in s.values()],
            step=[float(s["step"]) for s in state.values()])
     gradsync.shutdown()
-
-
-class Bag(torch.nn.Module):
-    def __init__(self, sparse):
-        super().__init__()
-        torch.manual_seed(4)
-        self.embedding = torch.nn.Embedding(50, 8, sparse=sparse)
-        self.head = torch.nn.Linear(8, 3)
-
-    def forward(self, ids):
-        return self.head(self.embedding(ids).mean(1))
 
 
 def sparse_embedding():

@@ -38,6 +38,19 @@ def mlp(seed, integer=False):
     return model
 
 
+class Bag(torch.nn.Module):
+    """An embedding bag (sparse or dense gradients) and a linear head."""
+
+    def __init__(self, sparse):
+        super().__init__()
+        torch.manual_seed(4)
+        self.embedding = torch.nn.Embedding(50, 8, sparse=sparse)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.head(self.embedding(ids).mean(1))
+
+
 def batch(step, rank, rows, integer=False):
     """This rank's rows of step `step`'s batch."""
     torch.manual_seed(1000 + 10 * step + rank)
