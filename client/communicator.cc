@@ -620,7 +620,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& confi
                                                              Deadline deadline) {
   GS_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromConfig(config));
   GS_ASSIGN_OR_RETURN(auto compression, BucketCompression::FromConfig(config));
-  GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Join(config, deadline));
+  // The data port takes the ring's messages only.
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
+                      Session::Join(config, deadline, RingFrameBytes(options.sync.ring)));
   auto impl = std::make_unique<Impl>(std::move(session), std::move(options),
                                      std::move(compression));
   GS_RETURN_IF_ERROR(impl->Start(deadline));

@@ -95,6 +95,10 @@ std::string CompareSpec(size_t i, const wire::TensorSpec* theirs,
 
 }  // namespace
 
+size_t RingFrameBytes(const RingOptions& options) {
+  return std::max({options.chunk_bytes, options.small_bytes, wire::Limits{}.max_header_bytes});
+}
+
 // One collective in flight: numbered sends to the right, verified receives
 // from the left, and the failure protocol.
 class RingCollectives::Op {

@@ -97,6 +97,11 @@ struct RingStats {
 // worker died, the job failed); OK otherwise.
 using HealthCheck = std::function<Status()>;
 
+// The largest frame a ring with `options` sends or takes: a chunk, a small
+// all-reduce's whole buffer, or a header. A worker's data port refuses
+// larger frames before reading them.
+size_t RingFrameBytes(const RingOptions& options);
+
 class RingCollectives : public Collectives {
  public:
   // Connects to the right neighbour. `transport` must be listening and must

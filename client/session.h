@@ -26,7 +26,9 @@ namespace gradsync::client {
 
 class Session {
  public:
-  static StatusOr<std::unique_ptr<Session>> Join(const Config& config, Deadline deadline);
+  // The data port refuses frames larger than `max_frame_bytes` unread.
+  static StatusOr<std::unique_ptr<Session>> Join(const Config& config, Deadline deadline,
+                                                 size_t max_frame_bytes);
   ~Session();
 
   int rank() const { return node_.agent->assignment().self.rank; }

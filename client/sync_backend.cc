@@ -42,6 +42,8 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   wire::SameHostOptions links;
   links.job_id = session->job_id();
   links.link_bytes = options.shm_link_bytes;
+  links.max_frame_bytes = RingFrameBytes(options.ring);
+  links.max_message_bytes = links.max_frame_bytes + wire::Limits{}.max_header_bytes;
   wire::SameHostPeer right, left;
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role != wire::Role::Worker || n < 2) continue;

@@ -40,7 +40,8 @@ wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
   return o;
 }
 
-StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline) {
+StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline,
+                         int64_t max_frame_bytes) {
   GS_ASSIGN_OR_RETURN(NodeOptions options, NodeOptions::FromConfig(config));
   GS_ASSIGN_OR_RETURN(int64_t data_port, config.GetInt("data_port", 0));
   options.role = role;
@@ -48,6 +49,7 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
+  data.max_frame_bytes = max_frame_bytes;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(int64_t partition,

@@ -48,8 +48,11 @@ constexpr int64_t PartitionFrameBytes(size_t partition_bytes) {
 
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
 // data_port, 0 = any free port), binds, joins and checks reachability.
-// Errors name the scheduler address or the unreachable peers.
-StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline);
+// The data port refuses frames larger than `max_frame_bytes` unread (a
+// shard: its partition's frame, whatever is given). Errors name the
+// scheduler address or the unreachable peers.
+StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline,
+                         int64_t max_frame_bytes = kControlFrameBytes);
 
 }  // namespace gradsync::cluster
 

@@ -346,14 +346,26 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   // buffer hold almost nothing, so the answers back up.
   static void FloodRingEndpoint(const std::string& address, const std::atomic<bool>& stop,
                                 std::atomic<uint64_t>& sent) {
+    // Outlives the context: its I/O thread sends the frame without a copy.
+    const std::vector<uint8_t> frame(size_t{64} << 20, 0x5a);
     zmq::context_t context(1);
     zmq::socket_t dealer(context, zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::rcvhwm, 1);
     dealer.set(zmq::sockopt::rcvbuf, 4096);
     dealer.set(zmq::sockopt::linger, 0);
     dealer.connect("tcp://" + address);
+    // And a peer sending 64 MiB frames: a worker takes no frame larger than
+    // the ring's largest message, so none is ever held whole.
+    zmq::socket_t huge(context, zmq::socket_type::dealer);
+    huge.set(zmq::sockopt::linger, 0);
+    huge.set(zmq::sockopt::sndhwm, 2);
+    huge.set(zmq::sockopt::reconnect_ivl, 50);
+    huge.connect("tcp://" + address);
     const std::string garbage(48, '\x5a');
     while (!stop) {
+      huge.send(zmq::message_t(const_cast<uint8_t*>(frame.data()), frame.size(), nullptr,
+                               nullptr),
+                zmq::send_flags::dontwait);
       zmq::pollitem_t out{dealer.handle(), 0, ZMQ_POLLOUT, 0};
       if (zmq::poll(&out, 1, std::chrono::milliseconds(20)) == 0) continue;
       if (dealer.send(zmq::buffer(garbage), zmq::send_flags::dontwait)) ++sent;
@@ -395,7 +407,9 @@ TEST_F(HostilePeerTest, WithCurveOnlyTheJobsKeyGetsInAndTheJobIsUnaffected) {
 // deadline was checked only when nothing arrived for a poll interval).
 // While the ring is whole every all-reduce succeeds with the right sum;
 // once rank 1 stops contributing, ranks 0 and 2 fail naming it by their
-// deadline, the flood notwithstanding.
+// deadline, the flood notwithstanding. 64 MiB frames sent to the ring
+// endpoints meanwhile are refused unread (the ring's largest frame bounds
+// them).
 TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePastItsDeadline) {
   constexpr int kRing = 3, kOps = 40, kStall = 30, kDeadlineMs = 3000, kSlackMs = 2000;
   tag_ = "flood";
@@ -444,6 +458,10 @@ TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePast
   }
   stop = true;
   for (std::thread& f : flooders) f.join();
+  const double rss = PeakRssMiB(workers[1]->pid());
+  std::printf("flooded worker 1: peak RSS (VmHWM) %.1f MiB\n", rss);
+  EXPECT_GT(rss, 0);
+  EXPECT_LT(rss, 64) << "worker 1 held a 64 MiB frame whole";
   workers[1]->Signal(SIGKILL);
   scheduler_->Signal(SIGTERM);
   scheduler_->Wait(Deadline::AfterMs(10000));
