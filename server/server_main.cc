@@ -54,9 +54,9 @@ Status ServeMetrics(const Config& config, ProcessMetrics& metrics, int64_t defau
 
 // Flags that nothing asked for are typos: refuse to start.
 bool UnknownFlags(const Config& config) {
-  auto unknown = config.UnknownFlags();
-  for (const std::string& flag : unknown) GS_LOG(ERROR) << "unknown flag " << flag;
-  return !unknown.empty();
+  Status known = config.CheckKnownFlags();
+  if (!known.ok()) GS_LOG(ERROR) << known.message();
+  return !known.ok();
 }
 
 int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
