@@ -24,6 +24,7 @@
 
 #include "cluster/node.h"
 #include "cluster/ps_links.h"
+#include "cluster/same_host_links.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -93,11 +94,9 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
 std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions& options,
                                                     cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
-  wire::SameHostOptions links = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
-  if (links.peers.empty()) return nullptr;
-  GS_LOG(INFO) << links.peers.size()
-               << " worker(s) on this host reach the shard through shared memory";
-  return std::make_unique<wire::SameHostTransport>(node.data.get(), links);
+  return cluster::OverSameHostLinks(
+      node.data.get(), cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers),
+      "workers on this host reach the shard through shared memory");
 }
 
 // Starts the shard on `transport` (the node's data transport, or one over
