@@ -36,8 +36,7 @@
 #include "compression/powersgd.h"
 #include "compression/registry.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 struct Flags {
@@ -326,8 +325,7 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 int main(int argc, char** argv) {
   return gradsync::compression::Main(argc, argv);

@@ -33,8 +33,7 @@
 #include "kernels/compress_kernels.h"
 #include "kernels/compress_types.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 constexpr double kTargetRatio = 0.70;
@@ -420,7 +419,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 int main(int argc, char** argv) { return gradsync::kernels::Main(argc, argv); }

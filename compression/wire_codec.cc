@@ -8,8 +8,7 @@
 #include "compression/topk_select.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 // Keys the partition streams apart from the job-wide seed.
@@ -238,5 +237,4 @@ std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
   return keep;
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

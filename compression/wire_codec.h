@@ -35,8 +35,7 @@
 #include "compression/topk_compressor.h"
 #include "wire/message.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 // The wire family of a registered compressor name: "fp16" -> Fp16, every
 // top-k variant -> TopK, ... NotFound for a name without one ("none").
@@ -150,7 +149,6 @@ std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
                                      const std::vector<size_t>& sizes,
                                      double ratio, uint32_t* threshold = nullptr);
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_WIRE_CODEC_H_

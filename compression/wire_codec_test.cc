@@ -11,8 +11,7 @@
 #include "gtest/gtest.h"
 #include "wire/validate.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using ::testing::HasSubstr;
@@ -375,5 +374,4 @@ TEST(WireCodecTest, MagnitudeKeysIncludeTheErrorFeedbackResidual) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
