@@ -894,9 +894,9 @@ int main(int argc, char** argv) {
   if (bench::OrDie(config.GetBool("child", false), "--child")) {
     return bench::ChildMain(config, std::move(settings));
   }
-  std::vector<std::string> unknown = config.UnknownFlags();
-  for (const auto& f : unknown) std::fprintf(stderr, "allreduce_bench: unknown flag %s\n",
-                                             f.c_str());
-  if (!unknown.empty()) return 2;
+  if (Status known = config.CheckKnownFlags(); !known.ok()) {
+    std::fprintf(stderr, "allreduce_bench: %s\n", known.message().c_str());
+    return 2;
+  }
   return bench::ParentMain(config, settings);
 }

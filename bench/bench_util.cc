@@ -26,6 +26,19 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
+StatusOr<std::vector<size_t>> ParseSizes(const std::string& s) {
+  std::vector<size_t> out;
+  for (const std::string& item : Split(s)) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || v == 0 || item[0] == '-') {
+      return InvalidArgumentError("'" + s + "' is not a list of positive sizes");
+    }
+    out.push_back(static_cast<size_t>(v));
+  }
+  return out;
+}
+
 std::string SelfPath() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);

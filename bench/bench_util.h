@@ -23,6 +23,10 @@ T OrDie(StatusOr<T> v, const std::string& what) {
 // The non-empty items of `s` between `sep`s.
 std::vector<std::string> Split(const std::string& s, char sep = ',');
 
+// The comma-separated positive sizes of `s` ("262144,4194304");
+// InvalidArgument naming `s` when one is not a number or is 0.
+StatusOr<std::vector<size_t>> ParseSizes(const std::string& s);
+
 // The running executable (/proc/self/exe).
 std::string SelfPath();
 

@@ -32,12 +32,12 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "common/config.h"
 #include "compression/compressor.h"
 #include "compression/powersgd.h"
 #include "compression/registry.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 struct Flags {
@@ -62,27 +62,20 @@ double Now() {
       .count();
 }
 
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      flags->quick = true;
-      flags->reps = 5;
-    } else if (arg.rfind("--elements=", 0) == 0) {
-      flags->elements.clear();
-      for (const std::string& n : bench::Split(arg.substr(11), ',')) {
-        flags->elements.push_back(std::stoull(n));
-      }
-    } else if (arg.rfind("--reps=", 0) == 0) {
-      flags->reps = std::max(1, std::stoi(arg.substr(7)));
-    } else if (arg.rfind("--compressors=", 0) == 0) {
-      flags->specs = bench::Split(arg.substr(14), ';');
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
-      return false;
-    }
+StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  GS_ASSIGN_OR_RETURN(Config config, Config::FromArgs(argc, argv, nullptr));
+  Flags flags;
+  GS_ASSIGN_OR_RETURN(flags.quick, config.GetBool("quick", false));
+  GS_ASSIGN_OR_RETURN(int64_t reps, config.GetInt("reps", flags.quick ? 5 : flags.reps));
+  flags.reps = static_cast<int>(std::clamp<int64_t>(reps, 1, 1000000));
+  GS_ASSIGN_OR_RETURN(std::string elements, config.GetString("elements", ""));
+  if (!elements.empty()) {
+    GS_ASSIGN_OR_RETURN(flags.elements, bench::ParseSizes(elements));
   }
-  return true;
+  GS_ASSIGN_OR_RETURN(std::string specs, config.GetString("compressors", ""));
+  if (!specs.empty()) flags.specs = bench::Split(specs, ';');
+  GS_RETURN_IF_ERROR(config.CheckKnownFlags());
+  return flags;
 }
 
 // Runs body(thread) on `threads` threads `reps` times after one warm-up;
@@ -291,8 +284,12 @@ void PrintTargets(const std::vector<Row>& rows) {
 }
 
 int Main(int argc, char** argv) {
-  Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) return 2;
+  StatusOr<Flags> parsed = ParseFlags(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "compression_bench: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  Flags flags = *parsed;
   CompressorRegistry registry;
   RegisterBuiltins(&registry);
   if (flags.specs.empty()) {
@@ -326,8 +323,7 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 int main(int argc, char** argv) {
   return gradsync::compression::Main(argc, argv);

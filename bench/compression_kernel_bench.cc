@@ -28,13 +28,13 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "common/config.h"
 #include "common/status.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_kernels.h"
 #include "kernels/compress_types.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 constexpr double kTargetRatio = 0.70;
@@ -53,27 +53,21 @@ struct Row {
   bool elementwise = false;
 };
 
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--quick") {
-      flags->elements = {6553600, size_t{1} << 26};
-      flags->reps = 10;
-    } else if (arg.rfind("--elements=", 0) == 0) {
-      flags->elements.clear();
-      for (const std::string& n : bench::Split(arg.substr(11))) {
-        flags->elements.push_back(std::stoull(n));
-      }
-    } else if (arg.rfind("--reps=", 0) == 0) {
-      flags->reps = std::max(1, std::stoi(arg.substr(7)));
-    } else if (arg.rfind("--kernels=", 0) == 0) {
-      flags->kernels = bench::Split(arg.substr(10));
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
-      return false;
-    }
+StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  GS_ASSIGN_OR_RETURN(Config config, Config::FromArgs(argc, argv, nullptr));
+  Flags flags;
+  GS_ASSIGN_OR_RETURN(const bool quick, config.GetBool("quick", false));
+  if (quick) flags.elements = {6553600, size_t{1} << 26};
+  GS_ASSIGN_OR_RETURN(int64_t reps, config.GetInt("reps", quick ? 10 : flags.reps));
+  flags.reps = static_cast<int>(std::clamp<int64_t>(reps, 1, 1000000));
+  GS_ASSIGN_OR_RETURN(std::string elements, config.GetString("elements", ""));
+  if (!elements.empty()) {
+    GS_ASSIGN_OR_RETURN(flags.elements, bench::ParseSizes(elements));
   }
-  return true;
+  GS_ASSIGN_OR_RETURN(std::string kernels, config.GetString("kernels", ""));
+  flags.kernels = bench::Split(kernels);
+  GS_RETURN_IF_ERROR(config.CheckKnownFlags());
+  return flags;
 }
 
 void Check(cudaError_t err, const char* what) {
@@ -394,8 +388,12 @@ void PrintTargets(const std::vector<Row>& rows, size_t largest) {
 }
 
 int Main(int argc, char** argv) {
-  Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) return 2;
+  StatusOr<Flags> parsed = ParseFlags(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "compression_kernel_bench: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  Flags flags = *parsed;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     bench::Die("no usable CUDA device");
@@ -420,7 +418,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 int main(int argc, char** argv) { return gradsync::kernels::Main(argc, argv); }

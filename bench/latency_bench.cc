@@ -96,12 +96,12 @@ Result RawZmq(size_t bytes, int rounds) {
 }
 
 wire::Message Sized(size_t bytes) {
-  wire::DataFields f;
+  wire::RingDataFields f;
   f.dtype = wire::DType::U8;
   f.num_elements = bytes;
   std::vector<uint8_t> payload(bytes, 7);
-  return wire::MakeData(wire::Sender{wire::Role::Worker, 0, 1}, wire::MsgType::RingData, f,
-                        {wire::Payload::Copy(payload.data(), payload.size())});
+  return wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, 1}, f,
+                            {wire::Payload::Copy(payload.data(), payload.size())}, 0, 0);
 }
 
 // A ping-pong between `a` (connected to b as a_to_b) and `b` (connected

@@ -798,9 +798,10 @@ int main(int argc, char** argv) {
     return bench::RawShardMain(static_cast<int>(workers));
   }
   bench::Settings settings = bench::OrDie(bench::ParseSettings(config), "flags");
-  std::vector<std::string> unknown = config.UnknownFlags();
-  for (const auto& f : unknown) std::fprintf(stderr, "ps_bench: unknown flag %s\n", f.c_str());
-  if (!unknown.empty()) return 2;
+  if (Status known = config.CheckKnownFlags(); !known.ok()) {
+    std::fprintf(stderr, "ps_bench: %s\n", known.message().c_str());
+    return 2;
+  }
   SetMinLogSeverity(LogSeverity::kWarning);  // the workers' join lines would break the table
   return bench::BenchMain(settings);
 }

@@ -127,16 +127,6 @@ StatusOr<std::vector<const char*>> ToArgv(const char* const* args,
   return argv;
 }
 
-// A flag that nothing read is a typo.
-Status CheckUnknownFlags(const Config& config) {
-  const std::vector<std::string> unknown = config.UnknownFlags();
-  if (unknown.empty()) return OkStatus();
-  std::string names;
-  for (const std::string& flag : unknown)
-    names += (names.empty() ? "" : ", ") + flag;
-  return InvalidArgumentError("unknown setting " + names);
-}
-
 Status CheckComm(const gs_comm* comm) { return NotNull(comm, "comm"); }
 
 }  // namespace
@@ -175,7 +165,7 @@ int gs_create(const char* const* args, int num_args, int64_t timeout_ms,
         Config::FromArgs(static_cast<int>(argv.size()), argv.data(), environ));
     GS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                         Communicator::Create(config, ToDeadline(timeout_ms)));
-    GS_RETURN_IF_ERROR(CheckUnknownFlags(config));
+    GS_RETURN_IF_ERROR(config.CheckKnownFlags("setting"));
     *out = new gs_comm(std::move(comm));
     return OkStatus();
   });

@@ -173,7 +173,6 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
       GS_ASSIGN_OR_RETURN(wire::Payload payload,
                           c_->partition_encoder_(bucket_, span.partition, span.offset,
                                                  span.count, ctx));
-      parts_[p].encoding.compression = bucket->encoders[p]->family();
       parts_[p].encoding.codec = bucket->encoders[p]->spec();
       parts_[p].compressed = std::move(payload);
       continue;
@@ -252,20 +251,18 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   f.partition = span.partition;
   f.dtype = wire::DType::F32;
   f.num_elements = span.count;
-  f.fingerprint = tag_.names_hash;
+  f.names_hash = tag_.names_hash;
   f.round = round_;
   f.version = version;
   std::vector<wire::Payload> payloads;
   if (type == MsgType::Push && part.compressed) {
     payloads.push_back(*part.compressed);
-    f.compression = part.encoding.compression;
     f.codec = part.encoding.codec;
   } else if (type == MsgType::Push) {
     payloads.push_back(wire::Payload::Borrow(data_ + span.offset * sizeof(float),
                                              span.count * sizeof(float),
                                              SendHolds::Hold(holds_)));
-  } else if (!c_->options_.reply_codec.empty()) {
-    f.compression = c_->reply_family_;
+  } else {
     f.codec = c_->options_.reply_codec;
   }
   if (type == MsgType::Push) {
@@ -318,8 +315,7 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
   const std::string codec = d->codec() != nullptr ? d->codec()->str() : "";
   if (d->num_elements() != span.count ||
       in.message.PayloadBytes() != span.count * c_->reply_elem_bytes_ ||
-      d->dtype() != wire::DType::F32 || d->compression() != c_->reply_family_ ||
-      codec != c_->options_.reply_codec) {
+      d->dtype() != wire::DType::F32 || codec != c_->options_.reply_codec) {
     c_->CountRejected(wire::ErrorCode::SizeMismatch);
     const std::string want = c_->options_.reply_codec.empty() ? "f32" : c_->options_.reply_codec;
     return AbortedError("server " + std::to_string(shard) + " answered partition " +
@@ -365,10 +361,7 @@ PsClient::PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& pe
       policy_(wire::Policy::Accepting({MsgType::Ack, MsgType::Reply, MsgType::Error})) {
   policy_.job_id = peers.sender.job_id;
   compression::RegisterBuiltins(&registry_);
-  if (!options_.reply_codec.empty()) {
-    reply_elem_bytes_ = 2;  // fp16, bf16
-    reply_family_ = *compression::WireCompressionOf(options_.reply_codec);
-  }
+  if (!options_.reply_codec.empty()) reply_elem_bytes_ = 2;  // fp16, bf16
 }
 
 StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Transport> transport,

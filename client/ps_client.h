@@ -180,7 +180,6 @@ class PsClient : public Collectives {
   compression::CompressorRegistry registry_;
   compression::PayloadDecoder decoder_;
   size_t reply_elem_bytes_ = 4;  // of a reply element in reply_codec
-  wire::Compression reply_family_ = wire::Compression::None;
   Traffic last_traffic_;
   PartitionEncoder partition_encoder_;
   uint64_t seq_ = 0;

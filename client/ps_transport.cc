@@ -3,8 +3,7 @@
 #include <utility>
 
 #include "cluster/node.h"
-#include "common/logging.h"
-#include "wire/same_host_transport.h"
+#include "cluster/same_host_links.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::client {
@@ -16,13 +15,10 @@ StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
   zmq.max_frame_bytes = cluster::PartitionFrameBytes(links.partition_bytes);  // replies
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
                       wire::ZmqTransport::Create(zmq));
-  wire::SameHostOptions same_host =
-      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers());
-  if (same_host.peers.empty()) return transport;
-  GS_LOG(INFO) << "parameter-server traffic with " << same_host.peers.size()
-               << " shard(s) on this host uses shared memory";
-  return std::unique_ptr<wire::Transport>(
-      std::make_unique<wire::SameHostTransport>(std::move(transport), same_host));
+  return cluster::OverSameHostLinks(
+      std::move(transport),
+      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers()),
+      "parameter-server traffic with the shards on this host uses shared memory");
 }
 
 }  // namespace gradsync::client

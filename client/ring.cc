@@ -63,10 +63,10 @@ class SendHolds {
 };
 
 std::string DescribeData(const wire::Header& h) {
-  const auto* d = h.body_as_DataBody();
+  const auto* d = h.body_as_RingDataBody();
   return "step " + std::to_string(h.step()) + " bucket " + std::to_string(d->bucket()) +
-         " seq " + std::to_string(d->round()) + " " + wire::EnumNameDType(d->dtype()) +
-         " names-hash " + std::to_string(d->version());
+         " seq " + std::to_string(h.seq()) + " " + wire::EnumNameDType(d->dtype()) +
+         " names-hash " + std::to_string(d->names_hash());
 }
 
 std::string SpecText(const std::string& name, uint64_t count, wire::DType dtype) {
@@ -238,18 +238,17 @@ class RingCollectives::Op {
 };
 
 Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
-  wire::DataFields f;
+  wire::RingDataFields f;
   f.bucket = tag_.bucket;
-  f.partition = static_cast<uint32_t>(sent_);
+  f.index = sent_;
   f.dtype = static_cast<wire::DType>(dtype_);
   f.num_elements = elems;
-  f.fingerprint = fingerprint_;
-  f.round = tag_.seq;
-  f.version = tag_.names_hash;
+  f.names_hash = tag_.names_hash;
+  f.op_fingerprint = fingerprint_;
   std::vector<wire::Payload> payloads;
   payloads.push_back(std::move(payload));
-  Message msg = wire::MakeData(ring_->peers_.sender, MsgType::RingData, f, std::move(payloads),
-                               tag_.step, tag_.seq);
+  Message msg = wire::MakeRingData(ring_->peers_.sender, f, std::move(payloads), tag_.step,
+                                   tag_.seq);
   return SendMessage(std::move(msg));
 }
 
@@ -275,17 +274,15 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     }
     if (want == MsgType::RingData) {
       // What the bytes are must match before the fingerprint is even read:
-      // with this dtype, uncompressed, Validate has checked the payload size
-      // against num_elements, and CheckData checks num_elements.
-      const auto* d = v.header->body_as_DataBody();
-      if (d->dtype() != static_cast<wire::DType>(dtype_) ||
-          d->compression() != wire::Compression::None || in.message.payloads.size() != 1) {
+      // with this dtype, Validate has checked the payload size against
+      // num_elements, and CheckData checks num_elements.
+      const auto* d = v.header->body_as_RingDataBody();
+      if (d->dtype() != static_cast<wire::DType>(dtype_) || in.message.payloads.size() != 1) {
         Refuse(in, ErrorCode::WrongType,
-               std::string("a RingData of ") + RingOpName(kind_) + " carries one uncompressed " +
+               std::string("a RingData of ") + RingOpName(kind_) + " carries one " +
                    DTypeName(dtype_) + " payload frame, not " +
                    std::to_string(in.message.payloads.size()) + " frame(s) of " +
-                   wire::EnumNameDType(d->dtype()) + " compressed as " +
-                   wire::EnumNameCompression(d->compression()),
+                   wire::EnumNameDType(d->dtype()),
                v.type);
         GS_RETURN_IF_ERROR(StillWaiting(soft));
         continue;
@@ -356,8 +353,8 @@ Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Ve
 }
 
 Status RingCollectives::Op::CheckData(const wire::Header& h, size_t elems) {
-  const auto* d = h.body_as_DataBody();
-  if (d->fingerprint() != fingerprint_) {
+  const auto* d = h.body_as_RingDataBody();
+  if (d->op_fingerprint() != fingerprint_) {
     std::string mine = "step " + std::to_string(tag_.step) + " bucket " +
                        std::to_string(tag_.bucket) + " seq " + std::to_string(tag_.seq) + " " +
                        DTypeName(dtype_) + " names-hash " + std::to_string(tag_.names_hash);
@@ -369,9 +366,9 @@ Status RingCollectives::Op::CheckData(const wire::Header& h, size_t elems) {
                              mine + why),
                 ErrorCode::Mismatch, -1);
   }
-  if (d->partition() != received_ || d->num_elements() != elems) {
+  if (d->index() != received_ || d->num_elements() != elems) {
     return Fail(AbortedError(Describe() + ": rank " + std::to_string(left()) + " sent message #" +
-                             std::to_string(d->partition()) + " of " +
+                             std::to_string(d->index()) + " of " +
                              std::to_string(d->num_elements()) + " elements, rank " +
                              std::to_string(rank()) + " expected #" +
                              std::to_string(received_) + " of " + std::to_string(elems)),

@@ -248,9 +248,9 @@ TEST(RingFaultTest, BadMessagesAreRefusedCountedAndAnsweredWhileTheOpCompletes) 
 }
 
 // A RingData that claims the left neighbour, the operation's fingerprint and
-// the chunk's element count, but holds bytes of another type or compressed
-// bytes of another size, used to be added from past the end of its frame.
-TEST(RingFaultTest, DataOfAnotherTypeOrCompressedIsRefusedBeforeItIsRead) {
+// the chunk's element count, but holds bytes of another type or of another
+// size, used to be added from past the end of its frame.
+TEST(RingFaultTest, DataOfAnotherTypeOrSizeIsRefusedBeforeItIsRead) {
   const int n = 2;
   RingOptions options = FastOptions();
   options.small_bytes = 0;
@@ -259,25 +259,21 @@ TEST(RingFaultTest, DataOfAnotherTypeOrCompressedIsRefusedBeforeItIsRead) {
   auto intruder = ring.net().NewTransport("intruder");
   auto conn = intruder->Connect(Ring::Endpoint(1));
   ASSERT_TRUE(conn.ok());
-  auto forge = [&](wire::DType dtype, wire::Compression compression, size_t bytes) {
-    wire::DataFields f;
+  auto forge = [&](wire::DType dtype, size_t bytes) {
+    wire::RingDataFields f;
     f.dtype = dtype;
-    f.compression = compression;
-    if (compression != wire::Compression::None) f.codec = "topk:ratio=0.01";
     f.num_elements = 1024;
-    f.fingerprint = RingFingerprint(RingOpKind::kAllReduce, Tag(1), DType::kF32, 3000,
-                                    static_cast<uint64_t>(ReduceOp::kSum));
-    f.round = Tag(1).seq;
-    f.version = Tag(1).names_hash;
+    f.op_fingerprint = RingFingerprint(RingOpKind::kAllReduce, Tag(1), DType::kF32, 3000,
+                                       static_cast<uint64_t>(ReduceOp::kSum));
+    f.names_hash = Tag(1).names_hash;
     std::vector<uint8_t> bytes_of(bytes, 0x7f);
-    wire::Message m = wire::MakeData(wire::Sender{wire::Role::Worker, 0, kJob},
-                                     wire::MsgType::RingData, f,
-                                     {wire::Payload::Copy(bytes_of.data(), bytes)}, Tag(1).step,
-                                     Tag(1).seq);
+    wire::Message m = wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, kJob}, f,
+                                         {wire::Payload::Copy(bytes_of.data(), bytes)},
+                                         Tag(1).step, Tag(1).seq);
     ASSERT_TRUE(intruder->Send(wire::Route::Connection(*conn), std::move(m), Soon()).ok());
   };
-  forge(wire::DType::U8, wire::Compression::None, 1024);
-  forge(wire::DType::F32, wire::Compression::TopK, 16);
+  forge(wire::DType::U8, 1024);
+  forge(wire::DType::F32, 16);
   std::vector<std::vector<float>> bufs(n, std::vector<float>(3000));
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < 3000; ++i) bufs[r][i] = static_cast<float>(i + r);
@@ -303,14 +299,14 @@ TEST(RingFaultTest, AMessageClaimingTheLeftNeighbourUnderAnotherIdentityIsRefuse
   auto conn = intruder->Connect(Ring::Endpoint(1));
   ASSERT_TRUE(conn.ok());
   std::vector<float> junk(16, 1.0f);
-  wire::DataFields f;
+  wire::RingDataFields f;
   f.num_elements = junk.size();
-  f.fingerprint = 12345;  // another operation's
+  f.op_fingerprint = 12345;  // another operation's
   ASSERT_TRUE(intruder
                   ->Send(wire::Route::Connection(*conn),
-                         wire::MakeData(wire::Sender{wire::Role::Worker, 0, kJob},
-                                        wire::MsgType::RingData, f,
-                                        {wire::Payload::Copy(junk.data(), junk.size() * 4)}),
+                         wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, kJob}, f,
+                                            {wire::Payload::Copy(junk.data(), junk.size() * 4)},
+                                            0, 0),
                          Soon())
                   .ok());
   wire::RingAbortFields abort;

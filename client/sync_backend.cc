@@ -5,6 +5,7 @@
 #include "client/nccl_factory.h"
 #include "client/ps_transport.h"
 #include "cluster/node.h"
+#include "cluster/same_host_links.h"
 #include "common/logging.h"
 #include "wire/same_host_transport.h"
 #include "wire/zmq_transport.h"
@@ -39,40 +40,24 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   peers.rank = r;
   peers.world_size = n;
   peers.sender = wire::Sender{wire::Role::Worker, r, session->job_id()};
+  for (const wire::NodeInfo& p : session->peers()) {
+    if (p.role != wire::Role::Worker || n < 2) continue;
+    if (p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
+    if (p.rank == (r + n - 1) % n) peers.left_identity = p.identity;
+  }
   wire::SameHostOptions links;
   links.job_id = session->job_id();
   links.link_bytes = options.shm_link_bytes;
   links.max_frame_bytes = RingFrameBytes(options.ring);
   links.max_message_bytes = links.max_frame_bytes + wire::Limits{}.max_header_bytes;
-  wire::SameHostPeer right, left;
-  for (const wire::NodeInfo& p : session->peers()) {
-    if (p.role != wire::Role::Worker || n < 2) continue;
-    // The scheduler passed on every node's host address and boot id.
-    const bool here = options.shm && p.SameMachine(session->self()) && !p.identity.empty();
-    if (p.rank == (r + 1) % n) {
-      peers.right_endpoint = p.DataEndpoint();
-      right = wire::SameHostPeer{p.identity, peers.right_endpoint, here, false};
-    }
-    if (p.rank == (r + n - 1) % n) {
-      peers.left_identity = p.identity;
-      left = wire::SameHostPeer{p.identity, "", false, here};
-    }
+  // The scheduler passed on every node's host address and boot id.
+  if (options.shm) {
+    links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n);
   }
-  if (n == 2) {
-    right.receive = left.receive;  // one neighbour, both ways
-  } else if (left.receive) {
-    links.peers.push_back(left);
-  }
-  if (right.send || right.receive) links.peers.push_back(right);
   Ring out;
   wire::Transport* transport = &session->data();
-  if (!links.peers.empty()) {
-    out.same_host = std::make_unique<wire::SameHostTransport>(transport, links);
-    transport = out.same_host.get();
-    GS_LOG(INFO) << "ring neighbours on this host use shared memory:"
-                 << (left.receive ? " from rank " + std::to_string((r + n - 1) % n) : "")
-                 << (right.send ? " to rank " + std::to_string((r + 1) % n) : "");
-  }
+  out.same_host = cluster::OverSameHostLinks(transport, links, "ring neighbours on this host use shared memory");
+  if (out.same_host != nullptr) transport = out.same_host.get();
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(out.ring, RingCollectives::Create(transport, peers, ring_options, [session] {

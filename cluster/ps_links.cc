@@ -1,5 +1,6 @@
 #include "cluster/ps_links.h"
 
+#include "cluster/same_host_links.h"
 #include "wire/validate.h"
 
 namespace gradsync::cluster {
@@ -34,7 +35,7 @@ wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t j
   const bool worker = self.role == wire::Role::Worker;
   if (!worker && self.role != wire::Role::Server) return out;
   for (const wire::NodeInfo& p : peers) {
-    if (p.identity.empty() || !p.SameMachine(self)) continue;
+    if (!SharesMachine(self, p)) continue;
     if (worker && p.role == wire::Role::Server) {
       out.peers.push_back({p.identity, p.DataEndpoint(), true, true});
     } else if (!worker && p.role == wire::Role::Worker) {

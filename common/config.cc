@@ -112,4 +112,12 @@ std::vector<std::string> Config::UnknownFlags() const {
   return unknown;
 }
 
+Status Config::CheckKnownFlags(const std::string& noun) const {
+  const std::vector<std::string> unknown = UnknownFlags();
+  if (unknown.empty()) return OkStatus();
+  std::string names;
+  for (const std::string& flag : unknown) names += (names.empty() ? "" : ", ") + flag;
+  return InvalidArgumentError("unknown " + noun + " " + names);
+}
+
 }  // namespace gradsync

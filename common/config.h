@@ -3,7 +3,8 @@
 // A setting named "num_workers" is read from `--num_workers=4` on the command
 // line, else from the environment variable GRADSYNC_NUM_WORKERS, else the
 // caller's default. Flags win over the environment. A flag that no component
-// asked for is reported by UnknownFlags(), so typos fail loudly.
+// asked for is reported by UnknownFlags() and CheckKnownFlags(), so typos
+// fail loudly.
 //
 // Thread-safety: not thread-safe; read the configuration at start-up.
 #ifndef GRADSYNC_COMMON_CONFIG_H_
@@ -41,6 +42,10 @@ class Config {
 
   // Flags given on the command line that no getter asked for.
   std::vector<std::string> UnknownFlags() const;
+  // OK when every flag was asked for; else InvalidArgument naming each one
+  // that was not: "unknown flag --a, --b", with `noun` for "flag". Call it
+  // once every component has read its settings.
+  Status CheckKnownFlags(const std::string& noun = "flag") const;
   const std::vector<std::string>& positional() const { return positional_; }
 
   // "GRADSYNC_NUM_WORKERS" for "num_workers".

@@ -43,6 +43,19 @@ TEST(ConfigTest, UnaskedFlagsAreReported) {
   EXPECT_EQ(config->UnknownFlags(), std::vector<std::string>{"--num_worker"});
 }
 
+TEST(ConfigTest, CheckKnownFlagsNamesEveryUnknownOne) {
+  Config config = Config::FromMap({{"num_worker", "2"}, {"rank", "1"}, {"roel", "x"}});
+  EXPECT_FALSE(config.CheckKnownFlags().ok());
+  (void)config.GetInt("rank", -1);
+  Status s = config.CheckKnownFlags();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "unknown flag --num_worker, --roel");
+  EXPECT_EQ(config.CheckKnownFlags("setting").message(), "unknown setting --num_worker, --roel");
+  (void)config.GetInt("num_worker", 0);
+  (void)config.GetString("roel", "");
+  EXPECT_TRUE(config.CheckKnownFlags().ok());
+}
+
 TEST(ConfigTest, EnvNameIsUpperCasedWithPrefix) {
   EXPECT_EQ(Config::EnvName("num_workers"), "GRADSYNC_NUM_WORKERS");
   EXPECT_EQ(Config::EnvName("metrics-port"), "GRADSYNC_METRICS_PORT");

@@ -7,7 +7,7 @@
 namespace gradsync {
 
 // Bumped on any incompatible change to wire/gradsync.fbs or its meaning.
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 // The release this binary was built from; peers of another build are refused.
 constexpr const char* kBuildId = "gradsync-0.1.0";
 

@@ -30,8 +30,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 // Per-call inputs shared by all ranks, so that seeded compressors (random-k)
 // pick the same coordinates everywhere. Stateless compressors ignore it.
@@ -92,7 +91,6 @@ class Compressor {
   }
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_COMPRESSOR_H_

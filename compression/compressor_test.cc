@@ -10,8 +10,7 @@
 #include "compression/none_compressor.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 // n values that include the awkward ones: -0, infinities, a NaN with a
@@ -107,5 +106,4 @@ TEST(NoneCompressorTest, RejectsCountsWhoseByteSizeOverflows) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

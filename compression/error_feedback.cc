@@ -8,8 +8,7 @@
 #include <limits>
 #include <utility>
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 // Separate loops over plain arrays, so the compiler vectorises them.
@@ -86,5 +85,4 @@ const std::vector<float>* ErrorFeedback::Residual(uint32_t bucket_id) const {
   return it == residuals_.end() ? nullptr : &it->second;
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -29,8 +29,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 class ErrorFeedback : public Compressor {
  public:
@@ -63,7 +62,6 @@ class ErrorFeedback : public Compressor {
   std::vector<float> scratch_;    // the inner compressor's SubtractDecompressed
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_ERROR_FEEDBACK_H_

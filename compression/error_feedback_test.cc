@@ -17,8 +17,7 @@
 #include "compression/topk_compressor.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using testing_util::CompressUnaligned;
@@ -277,5 +276,4 @@ TEST(ErrorFeedbackTest, TopKWithFeedbackSendsEveryCoordinateEventually) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -5,8 +5,7 @@
 #include "common/half.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr size_t kMaxElements = std::numeric_limits<size_t>::max() / 4;
@@ -46,5 +45,4 @@ Status HalfCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

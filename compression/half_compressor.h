@@ -27,8 +27,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 enum class HalfFormat { kFp16, kBf16 };
 
@@ -55,7 +54,6 @@ class HalfCompressor : public Compressor {
   const HalfFormat format_;
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_HALF_COMPRESSOR_H_

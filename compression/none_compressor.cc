@@ -4,8 +4,7 @@
 #include <limits>
 #include <string>
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr size_t kMaxElements =
@@ -51,5 +50,4 @@ Status NoneCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -12,8 +12,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 class NoneCompressor : public Compressor {
  public:
@@ -30,7 +29,6 @@ class NoneCompressor : public Compressor {
                     const CompressContext& ctx, float* out) override;
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_NONE_COMPRESSOR_H_

@@ -7,8 +7,7 @@
 #include "compression/registry.h"
 #include "compression/seeded_rng.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr uint64_t kInitialQSalt = 0x706F7765725F7130ull;  // "power_q0"
@@ -244,5 +243,4 @@ Status PowerSgd::ReduceAs(float* data, size_t n, PowerSgdShape s, size_t r,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

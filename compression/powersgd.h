@@ -69,8 +69,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 // The matrix a bucket of n floats is viewed as (n = 0 gives 0 x 0).
 struct PowerSgdShape {
@@ -156,7 +155,6 @@ class PowerSgd {
   std::vector<float> residual_;  // the new residual until Reduce succeeds
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_POWERSGD_H_

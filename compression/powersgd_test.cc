@@ -14,8 +14,7 @@
 #include "compression/test_util.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using testing_util::Gaussian;
@@ -371,11 +370,9 @@ TEST(PowerSgdTest, SpecsAreCheckedAtCreate) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 // A wide tensor (10 x 128, as a 10-class head) of rank 2 on every rank is
@@ -420,5 +417,4 @@ TEST(PowerSgdTensorTest, EachTensorIsItsOwnMatrix) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -10,8 +10,7 @@
 #include "compression/seeded_rng.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr size_t kMaxElements = std::numeric_limits<size_t>::max() / 8;
@@ -106,5 +105,4 @@ Status QsgdCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

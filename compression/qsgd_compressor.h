@@ -37,8 +37,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 class QsgdCompressor : public Compressor {
  public:
@@ -73,7 +72,6 @@ class QsgdCompressor : public Compressor {
   const int levels_;
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_QSGD_COMPRESSOR_H_

@@ -11,8 +11,7 @@
 #include "compression/test_util.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using testing_util::CompressUnaligned;
@@ -196,5 +195,4 @@ TEST(QsgdKernelsTest, VectorMatchesScalar) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -9,8 +9,7 @@
 
 #include "common/seeded_random.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 bool HasAvx2() {
@@ -274,5 +273,4 @@ int MaxAbsLevel(const int8_t* q, size_t len) {
   return HasAvx2() ? MaxAbsLevelAvx2(q, len) : MaxAbsLevelScalar(q, len);
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

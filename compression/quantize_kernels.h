@@ -11,8 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 // Sign: one chunk of len (1..any) elements starting at element `first`
 // (a multiple of 8). Returns mean |x| over the chunk, summed in 8 lanes
@@ -47,7 +46,6 @@ void QsgdDecodeChunkScalar(const int8_t* q, size_t len, float step, float* out);
 int MaxAbsLevel(const int8_t* q, size_t len);
 int MaxAbsLevelScalar(const int8_t* q, size_t len);
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_QUANTIZE_KERNELS_H_

@@ -6,8 +6,7 @@
 #include "compression/seeded_rng.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr size_t kMaxElements = 0xFFFFFFFFu;              // Indices are uint32.
@@ -95,5 +94,4 @@ Status RandomKCompressor::Decompress(const uint8_t* in, size_t in_size,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

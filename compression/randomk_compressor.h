@@ -32,8 +32,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 class RandomKCompressor : public Compressor {
  public:
@@ -71,7 +70,6 @@ class RandomKCompressor : public Compressor {
   std::vector<uint64_t> bitmap_;
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_RANDOMK_COMPRESSOR_H_

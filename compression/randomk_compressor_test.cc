@@ -10,8 +10,7 @@
 #include "compression/test_util.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using testing_util::CompressUnaligned;
@@ -139,5 +138,4 @@ TEST(RandomKCompressorTest, SumOfWireBuffersDecodesToSumOfDecodings) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

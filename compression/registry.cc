@@ -13,8 +13,7 @@
 #include "compression/sign_compressor.h"
 #include "compression/topk_compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr char kEf[] = "ef";
@@ -233,5 +232,4 @@ void RegisterBuiltins(CompressorRegistry* registry) {
       .IgnoreError();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

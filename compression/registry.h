@@ -54,8 +54,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 struct CompressorOptions {
   double ratio = 0.01;          // In (0, 1].
@@ -116,7 +115,6 @@ class CompressorRegistry {
 // it once per registry; a second call leaves the registry unchanged.
 void RegisterBuiltins(CompressorRegistry* registry);
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_REGISTRY_H_

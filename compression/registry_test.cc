@@ -8,8 +8,7 @@
 #include "compression/none_compressor.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 CompressorRegistry::Factory NoneFactory() {
@@ -189,5 +188,4 @@ TEST(CompressorRegistryTest, NullFromFactoryIsAnInternalError) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -11,8 +11,7 @@
 #include "common/seeded_random.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 using ::gradsync::Xoshiro256;
 
@@ -20,7 +19,6 @@ inline uint64_t StreamKey(const CompressContext& ctx, uint64_t salt) {
   return ::gradsync::StreamKey(ctx.seed, ctx.step, ctx.bucket_id, salt);
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_SEEDED_RNG_H_

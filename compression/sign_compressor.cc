@@ -6,8 +6,7 @@
 #include "compression/quantize_kernels.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr size_t kMaxElements = std::numeric_limits<size_t>::max() / 8;
@@ -56,5 +55,4 @@ Status SignCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

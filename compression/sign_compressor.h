@@ -30,8 +30,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 class SignCompressor : public Compressor {
  public:
@@ -57,7 +56,6 @@ class SignCompressor : public Compressor {
   const size_t chunk_;
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_SIGN_COMPRESSOR_H_

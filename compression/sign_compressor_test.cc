@@ -10,8 +10,7 @@
 #include "compression/test_util.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using testing_util::CompressUnaligned;
@@ -111,5 +110,4 @@ TEST(SignCompressorTest, NonFiniteInputsGiveNonFiniteScaleOnlyInTheirChunk) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -14,9 +14,7 @@
 #include "compression/compressor.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
-namespace testing_util {
+namespace gradsync::compression::testing_util {
 
 // 0, 1, odd, chunk-boundary and large sizes.
 inline std::vector<size_t> TestSizes() {
@@ -117,8 +115,6 @@ inline void ExpectSizeChecks(Compressor& c, size_t n) {
   }
 }
 
-}  // namespace testing_util
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression::testing_util
 
 #endif  // GRADSYNC_COMPRESSION_TEST_UTIL_H_

@@ -10,8 +10,7 @@
 #include "compression/topk_select.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 constexpr size_t kMaxElements = 0x7FFFFFFF;              // Indices are int32.
@@ -210,5 +209,4 @@ Status TopKCompressor::SubtractDecompressed(const uint8_t* in, size_t in_size,
   return OkStatus();
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -46,8 +46,7 @@
 #include "common/status.h"
 #include "compression/compressor.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 enum class TopKMethod { kExact, kSampled };
 enum class TopKValues { kFp32, kFp16 };
@@ -135,7 +134,6 @@ class TopKCompressor : public Compressor {
   std::vector<float> values_scratch_;
 };
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_TOPK_COMPRESSOR_H_

@@ -22,8 +22,7 @@
 #include "compression/wire_util.h"
 #include "gtest/gtest.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 using testing_util::CompressUnaligned;
@@ -418,5 +417,4 @@ TEST(TopKSelectTest, CollectAtLeastMatchesScalar) {
 }
 
 }  // namespace
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

@@ -4,8 +4,7 @@
 
 #include <algorithm>
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 bool HasAvx2() {
@@ -239,5 +238,4 @@ void TruncateToTopK(uint32_t* idx, uint32_t* keys, size_t m, size_t k,
   KeepLargest(idx, keys, m, k, InVector(scratch));
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

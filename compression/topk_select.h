@@ -16,8 +16,7 @@
 #include <cstring>
 #include <vector>
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 // The magnitude key of x.
 inline uint32_t MagnitudeKey(float x) {
@@ -59,7 +58,6 @@ size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold,
 void TruncateToTopK(uint32_t* idx, uint32_t* keys, size_t m, size_t k,
                     std::vector<uint32_t>* scratch);
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_TOPK_SELECT_H_

@@ -8,8 +8,7 @@
 #include "compression/topk_select.h"
 #include "compression/wire_util.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 namespace {
 
 // Keys the partition streams apart from the job-wide seed.
@@ -48,20 +47,14 @@ CompressContext PartitionContext(uint64_t seed, uint64_t step, uint32_t bucket,
 PayloadDecoder::PayloadDecoder() { RegisterBuiltins(&registry_); }
 
 StatusOr<Compressor*> PayloadDecoder::Find(const std::string& codec,
-                                           wire::Compression family,
                                            wire::ErrorCode* code) {
   auto it = codecs_.find(codec);
   if (it != codecs_.end()) return it->second.get();
   *code = wire::ErrorCode::WrongType;
   StatusOr<CompressorSpec> spec = ParseCompressorSpec(codec);
   if (!spec.ok()) return spec.status();
-  StatusOr<wire::Compression> want = WireCompressionOf(spec->name);
-  if (!want.ok()) return InvalidArgumentError(want.status().message());
-  if (*want != family) {
-    return InvalidArgumentError(
-        "codec \"" + codec + "\" is " + wire::EnumNameCompression(*want) +
-        ", the message says " + wire::EnumNameCompression(family));
-  }
+  StatusOr<wire::Compression> family = WireCompressionOf(spec->name);
+  if (!family.ok()) return InvalidArgumentError(family.status().message());
   StatusOr<std::unique_ptr<Compressor>> made = registry_.Create(codec);
   if (!made.ok()) return InvalidArgumentError(made.status().message());
   if (codecs_.size() >= kMaxCodecs) codecs_.clear();
@@ -82,7 +75,8 @@ Status PayloadDecoder::Check(const wire::DataBody& d,
   }
   size_t total = 0;
   for (const wire::Payload& p : payloads) total += p.size;
-  if (d.compression() == wire::Compression::None) {
+  const std::string codec = d.codec() != nullptr ? d.codec()->str() : "";
+  if (codec.empty()) {
     if (n > total / sizeof(float) || total != n * sizeof(float)) {
       *code = wire::ErrorCode::SizeMismatch;
       return InvalidArgumentError("holds " + std::to_string(total) +
@@ -91,8 +85,7 @@ Status PayloadDecoder::Check(const wire::DataBody& d,
     }
     return OkStatus();
   }
-  const std::string codec = d.codec() != nullptr ? d.codec()->str() : "";
-  GS_ASSIGN_OR_RETURN(Compressor * c, Find(codec, d.compression(), code));
+  GS_ASSIGN_OR_RETURN(Compressor * c, Find(codec, code));
   const size_t want = c->WireBytes(n);
   if (total != want) {
     *code = wire::ErrorCode::SizeMismatch;
@@ -111,7 +104,8 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
   const size_t n = d.num_elements();
   size_t total = 0;
   for (const wire::Payload& p : payloads) total += p.size;
-  if (d.compression() == wire::Compression::None) {
+  const std::string codec = d.codec() != nullptr ? d.codec()->str() : "";
+  if (codec.empty()) {
     uint8_t* dst = reinterpret_cast<uint8_t*>(out);
     for (const wire::Payload& p : payloads) {
       std::memcpy(dst, p.data, p.size);
@@ -119,8 +113,7 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
     }
     return OkStatus();
   }
-  const std::string codec = d.codec()->str();
-  GS_ASSIGN_OR_RETURN(Compressor * c, Find(codec, d.compression(), code));
+  GS_ASSIGN_OR_RETURN(Compressor * c, Find(codec, code));
   const uint8_t* in = payloads.size() == 1 ? payloads[0].data : nullptr;
   if (payloads.size() != 1) {
     joined_.resize(total);
@@ -141,10 +134,9 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
 }
 
 PayloadEncoder::PayloadEncoder(std::unique_ptr<Compressor> c,
-                               CompressorSpec parsed, std::string spec,
-                               wire::Compression family)
+                               CompressorSpec parsed, std::string spec)
     : compressor_(std::move(c)), parsed_(std::move(parsed)),
-      spec_(std::move(spec)), family_(family) {
+      spec_(std::move(spec)) {
   Compressor* inner = compressor_.get();
   if (auto* ef = dynamic_cast<ErrorFeedback*>(inner)) inner = &ef->inner();
   topk_ = dynamic_cast<TopKCompressor*>(inner);
@@ -158,7 +150,7 @@ StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(
   if (!family.ok()) return InvalidArgumentError(family.status().message());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, registry.Create(spec));
   return std::unique_ptr<PayloadEncoder>(
-      new PayloadEncoder(std::move(c), std::move(parsed), spec, *family));
+      new PayloadEncoder(std::move(c), std::move(parsed), spec));
 }
 
 StatusOr<wire::Payload> PayloadEncoder::CompressInto(
@@ -168,7 +160,6 @@ StatusOr<wire::Payload> PayloadEncoder::CompressInto(
       std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
   GS_RETURN_IF_ERROR(
       compressor_->Compress(in, n, ctx, bytes->data(), bytes->size()));
-  fields->compression = family_;
   fields->codec = std::move(codec);
   return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
 }
@@ -246,5 +237,4 @@ std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
   return keep;
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression

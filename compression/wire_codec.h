@@ -1,9 +1,9 @@
 // Compressed payloads of the parameter-server path, where every receiver
 // decompresses what one sender compressed.
 //
-// A compressed Push (or Reply) carries its compressor family in
-// DataBody.compression and the sender's full compressor spec in
-// DataBody.codec ("topk:ratio=0.01,ef=1"). The receiver builds a compressor
+// A compressed Push (or Reply) carries the sender's full compressor spec in
+// DataBody.codec ("topk:ratio=0.01,ef=1"); its family is the spec's name's
+// (WireCompressionOf). The receiver builds a compressor
 // from the spec only to decompress: error-feedback residuals stay with the
 // sender, but the spec keeps "ef" because it changes the format's meaning
 // (random-k drops its n/k scaling under error feedback).
@@ -35,8 +35,7 @@
 #include "compression/topk_compressor.h"
 #include "wire/message.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 // The wire family of a registered compressor name: "fp16" -> Fp16, every
 // top-k variant -> TopK, ... NotFound for a name without one ("none").
@@ -69,7 +68,7 @@ class PayloadDecoder {
   // (room for num_elements floats): copied when uncompressed (dtype f32),
   // decompressed with `ctx` otherwise. On failure nothing is promised about
   // `out`, `*code` says what was wrong (WrongType: a dtype other than f32,
-  // an unknown codec or one of another family; SizeMismatch: the payload
+  // an unknown codec or one without a wire family; SizeMismatch: the payload
   // size differs from what the codec writes; Malformed: the compressed
   // bytes do not decode) and the status names it.
   Status Decode(const wire::DataBody& d,
@@ -77,8 +76,7 @@ class PayloadDecoder {
                 const CompressContext& ctx, float* out, wire::ErrorCode* code);
 
  private:
-  StatusOr<Compressor*> Find(const std::string& codec, wire::Compression family,
-                             wire::ErrorCode* code);
+  StatusOr<Compressor*> Find(const std::string& codec, wire::ErrorCode* code);
 
   CompressorRegistry registry_;
   std::map<std::string, std::unique_ptr<Compressor>> codecs_;
@@ -94,13 +92,12 @@ class PayloadEncoder {
       const CompressorRegistry& registry, const std::string& spec);
 
   // Compresses `n` floats into one owned payload frame and fills the
-  // compression and codec of `fields`.
+  // codec of `fields`.
   StatusOr<wire::Payload> Encode(const float* in, size_t n,
                                  const CompressContext& ctx,
                                  wire::DataFields* fields);
   size_t WireBytes(size_t n) const { return compressor_->WireBytes(n); }
-  // What Encode puts in DataFields.compression and .codec.
-  wire::Compression family() const { return family_; }
+  // What Encode puts in DataFields.codec.
   const std::string& spec() const { return spec_; }
 
   // Top-k only (else none): how many elements a partition may keep can
@@ -124,9 +121,9 @@ class PayloadEncoder {
 
  private:
   PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
-                 std::string spec, wire::Compression family);
+                 std::string spec);
   // Compresses with the compressor as it is set into one owned frame and
-  // fills `fields` with the family and `codec`.
+  // fills `fields` with `codec`.
   StatusOr<wire::Payload> CompressInto(const float* in, size_t n,
                                        const CompressContext& ctx,
                                        wire::DataFields* fields,
@@ -135,7 +132,6 @@ class PayloadEncoder {
   std::unique_ptr<Compressor> compressor_;
   const CompressorSpec parsed_;
   const std::string spec_;
-  const wire::Compression family_;
   TopKCompressor* topk_ = nullptr;  // compressor_ or its inner one, if top-k
   double ratio_ = 0;                // parsed_'s
 };
@@ -153,7 +149,6 @@ std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
                                      const std::vector<size_t>& sizes,
                                      double ratio, uint32_t* threshold = nullptr);
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_WIRE_CODEC_H_

@@ -14,8 +14,7 @@
 
 #include "common/status.h"
 
-namespace gradsync {
-namespace compression {
+namespace gradsync::compression {
 
 inline size_t CeilDiv(size_t a, size_t b) { return a / b + (a % b != 0); }
 
@@ -67,7 +66,6 @@ inline size_t KeepCount(double ratio, size_t n) {
   return static_cast<size_t>(k);
 }
 
-}  // namespace compression
-}  // namespace gradsync
+}  // namespace gradsync::compression
 
 #endif  // GRADSYNC_COMPRESSION_WIRE_UTIL_H_

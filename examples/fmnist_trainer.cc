@@ -454,9 +454,7 @@ int Run(const Config& config, const Options& options) {
   if (!test.ok()) return Fail("reading the test set", test.status(), 1);
   auto comm = Communicator::Create(config, Deadline::AfterMs(kOpDeadlineMs));
   if (!comm.ok()) return Fail("joining the job", comm.status(), 1);
-  if (const auto unknown = config.UnknownFlags(); !unknown.empty()) {
-    return Fail("flags", InvalidArgumentError("unknown flag " + unknown[0]), 2);
-  }
+  if (Status known = config.CheckKnownFlags(); !known.ok()) return Fail("flags", known, 2);
   Trainer trainer(options, comm->get(), &*train, &*test);
   Status setup = trainer.Setup();
   if (!setup.ok()) return Fail("setting up", setup, 1);

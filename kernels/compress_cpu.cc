@@ -9,8 +9,7 @@
 #include "common/half.h"
 #include "kernels/compress_math.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 // Sign bits and scale of one chunk of len elements; bits[0, ceil(len / 8)).
@@ -336,5 +335,4 @@ void EfRandomKCpu(const float* g, float* residual, bool has_residual, size_t n,
   SubtractInto(c, d, residual);
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

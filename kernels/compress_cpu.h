@@ -39,8 +39,7 @@
 #include "common/status.h"
 #include "kernels/compress_types.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 // ---- fp16 / bf16 ----
 
@@ -151,7 +150,6 @@ void EfRandomKCpu(const float* g, float* residual, bool has_residual, size_t n,
                   const uint32_t* indices, size_t k, float scale,
                   float* values);
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 #endif  // GRADSYNC_KERNELS_COMPRESS_CPU_H_

@@ -18,8 +18,7 @@
 #include "kernels/compress_math.h"
 #include "kernels/compress_test_util.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 using testing_util::Bits;
@@ -683,5 +682,4 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

@@ -10,8 +10,7 @@
 #include "kernels/compress_math.h"
 #include "kernels/cuda_util.cuh"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 using device::GridStride;
@@ -568,5 +567,4 @@ Status Scale16Cuda(Float16Format format, uint16_t* data, size_t n, float scale,
   return LaunchStatus(kFn);
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

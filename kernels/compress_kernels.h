@@ -35,8 +35,7 @@
 #include "common/status.h"
 #include "kernels/compress_types.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 // ---- fp16 / bf16: out[i] = convert(in[i]) for i < n ----
 
@@ -172,7 +171,6 @@ Status DivideFloatCuda(float* data, size_t n, float divisor,
 Status Scale16Cuda(Float16Format format, uint16_t* data, size_t n, float scale,
                    cudaStream_t stream);
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 #endif  // GRADSYNC_KERNELS_COMPRESS_KERNELS_H_

@@ -22,8 +22,7 @@
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_test_util.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 using testing_util::DescribeDifference;
@@ -708,5 +707,4 @@ TEST_F(CompressKernelsTest, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

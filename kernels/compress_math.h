@@ -29,9 +29,7 @@
 #define GRADSYNC_HD inline
 #endif
 
-namespace gradsync {
-namespace kernels {
-namespace math {
+namespace gradsync::kernels::math {
 
 // The seeded streams and the rounding hash (common/seeded_random.h).
 using ::gradsync::kQsgdSalt;
@@ -240,8 +238,6 @@ GRADSYNC_HD float QsgdDecode(int8_t q, float step) {
   return Mul(static_cast<float>(q), step);
 }
 
-}  // namespace math
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels::math
 
 #endif  // GRADSYNC_KERNELS_COMPRESS_MATH_H_

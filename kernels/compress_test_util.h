@@ -15,9 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace gradsync {
-namespace kernels {
-namespace testing_util {
+namespace gradsync::kernels::testing_util {
 
 inline uint64_t Mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -101,8 +99,6 @@ inline std::string DescribeDifference(const float* got, const float* want,
   return buf;
 }
 
-}  // namespace testing_util
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels::testing_util
 
 #endif  // GRADSYNC_KERNELS_COMPRESS_TEST_UTIL_H_

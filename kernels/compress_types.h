@@ -6,8 +6,7 @@
 
 #include <cstdint>
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 // The 16-bit float formats of the "fp16" and "bf16" compressors.
 enum class Float16Format { kFp16, kBf16 };
@@ -34,7 +33,6 @@ struct BucketSlice {
   uint64_t count = 0;
 };
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 #endif  // GRADSYNC_KERNELS_COMPRESS_TYPES_H_

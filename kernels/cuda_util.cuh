@@ -17,9 +17,7 @@
 #include "common/status.h"
 #include "kernels/compress_types.h"
 
-namespace gradsync {
-namespace kernels {
-namespace launch {
+namespace gradsync::kernels::launch {
 
 constexpr int kThreads = 256;
 // Enough blocks to fill an H100 several times over; grid-stride loops take
@@ -122,9 +120,9 @@ Status CheckTopKArgs(const char* fn, size_t n, size_t k,
                      const void* values, const void* workspace,
                      size_t workspace_bytes);
 
-}  // namespace launch
+}  // namespace gradsync::kernels::launch
 
-namespace device {
+namespace gradsync::kernels::device {
 
 constexpr unsigned int kFullMask = 0xFFFFFFFFu;
 
@@ -154,8 +152,6 @@ __device__ __forceinline__ Pack8<T>* Groups(T* p, size_t head) {
   return reinterpret_cast<Pack8<T>*>(p + head);
 }
 
-}  // namespace device
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels::device
 
 #endif  // GRADSYNC_KERNELS_CUDA_UTIL_CUH_

@@ -7,8 +7,7 @@
 #include <thread>
 #include <utility>
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 Status CudaError(const std::string& call, cudaError_t err) {
@@ -305,5 +304,4 @@ Status NcclComm::Synchronize(const std::string& what, Deadline deadline) {
               /*wait_stream=*/true);
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

@@ -44,8 +44,7 @@
 
 struct ncclComm;
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 enum class NcclReduceOp { kSum, kAverage };
 
@@ -149,7 +148,6 @@ class NcclComm {
   Status error_;  // guarded by mu_
 };
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 #endif  // GRADSYNC_KERNELS_NCCL_COMM_H_

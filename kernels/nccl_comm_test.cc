@@ -19,8 +19,7 @@
 #include "gtest/gtest.h"
 #include "kernels/gpu_test_util.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 #define ASSERT_CUDA_OK(expr)                                                   \
@@ -285,5 +284,4 @@ TEST_F(NcclCommTest, BadCreateArgumentsAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

@@ -20,8 +20,7 @@
 #include "kernels/compress_math.h"
 #include "kernels/cuda_util.cuh"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 using device::GridStride;
@@ -302,5 +301,4 @@ Status EfQsgdCuda(const float* g, float* residual, bool has_residual, size_t n,
                                 chunk, levels, key, norms, q, stream);
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

@@ -3,8 +3,7 @@
 
 #include "kernels/reduce_cuda.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -87,5 +86,4 @@ Status SumIntoCuda(float* dst, const float* src, size_t n,
   return OkStatus();
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

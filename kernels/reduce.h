@@ -12,15 +12,13 @@
 
 #include <cstddef>
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 // dst[i] += src[i] for i in [0, n). dst and src either do not overlap or are
 // the same pointer (then every element is doubled). Any alignment is fine;
 // either pointer may be null when n == 0.
 void SumIntoCpu(float* dst, const float* src, size_t n);
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 #endif  // GRADSYNC_KERNELS_REDUCE_H_

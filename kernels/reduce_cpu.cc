@@ -1,7 +1,6 @@
 #include "kernels/reduce.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 void SumIntoCpu(float* dst, const float* src, size_t n) {
   // Plain loop: the compiler vectorises it (with a runtime overlap check),
@@ -9,5 +8,4 @@ void SumIntoCpu(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

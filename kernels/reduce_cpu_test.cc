@@ -8,8 +8,7 @@
 #include "gtest/gtest.h"
 #include "kernels/reduce.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 // Values of mixed magnitude, so that most additions round.
@@ -80,5 +79,4 @@ TEST(SumIntoCpuSpecialsTest, FollowsIeeeRules) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

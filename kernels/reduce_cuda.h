@@ -18,8 +18,7 @@
 
 #include "common/status.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 
 // dst[i] += src[i] for i in [0, n) on the GPU; bit for bit equal to
 // SumIntoCpu. dst and src either do not overlap or are the same pointer.
@@ -29,7 +28,6 @@ namespace kernels {
 // a failed launch.
 Status SumIntoCuda(float* dst, const float* src, size_t n, cudaStream_t stream);
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels
 
 #endif  // GRADSYNC_KERNELS_REDUCE_CUDA_H_

@@ -15,8 +15,7 @@
 #include "kernels/gpu_test_util.h"
 #include "kernels/reduce.h"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 #define ASSERT_CUDA_OK(expr)                                                   \
@@ -105,5 +104,4 @@ TEST(SumIntoCudaArgsTest, RejectsNullPointers) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

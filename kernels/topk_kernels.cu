@@ -23,8 +23,7 @@
 #include "kernels/compress_math.h"
 #include "kernels/cuda_util.cuh"
 
-namespace gradsync {
-namespace kernels {
+namespace gradsync::kernels {
 namespace {
 
 using u64 = unsigned long long;
@@ -344,5 +343,4 @@ Status TopKCuda(const float* in, size_t n, size_t k, SparseValueFormat format,
   return launch::LaunchStatus(kFn);
 }
 
-}  // namespace kernels
-}  // namespace gradsync
+}  // namespace gradsync::kernels

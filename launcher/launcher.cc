@@ -138,9 +138,7 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   if (o.security != "auto" && o.security != "curve" && o.security != "none") {
     return InvalidArgumentError("security must be auto, curve or none, got '" + o.security + "'");
   }
-  for (const std::string& flag : config.UnknownFlags()) {
-    return InvalidArgumentError("unknown flag " + flag);
-  }
+  GS_RETURN_IF_ERROR(config.CheckKnownFlags());
   if (!config.positional().empty()) {
     return InvalidArgumentError("unexpected argument '" +
                                 config.positional()[0] + "' before '--'");

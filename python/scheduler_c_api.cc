@@ -23,13 +23,6 @@ using gradsync::Config;
 using gradsync::InvalidArgumentError;
 using gradsync::Status;
 
-Status CheckUnknown(const Config& config) {
-  std::string names;
-  for (const std::string& flag : config.UnknownFlags()) names += " " + flag;
-  if (names.empty()) return gradsync::OkStatus();
-  return InvalidArgumentError("unknown scheduler setting" + names);
-}
-
 }  // namespace
 
 extern "C" {
@@ -50,7 +43,7 @@ int gs_scheduler_start(const char* const* args, int num_args,
         Config::FromArgs(static_cast<int>(argv.size()), argv.data(), environ));
     GS_ASSIGN_OR_RETURN(auto scheduler,
                         gradsync::server::EmbeddedScheduler::Start(config));
-    GS_RETURN_IF_ERROR(CheckUnknown(config));
+    GS_RETURN_IF_ERROR(config.CheckKnownFlags("scheduler setting"));
     *out_port = scheduler->port();
     *out = new gs_scheduler{std::move(scheduler)};
     return gradsync::OkStatus();

@@ -17,13 +17,12 @@ using testing::ShardHarness;
 using wire::MsgType;
 
 wire::Message RawPush(const wire::Sender& from, uint32_t partition, uint64_t elements,
-                      wire::Compression family, const std::string& codec, size_t bytes) {
+                      const std::string& codec, size_t bytes) {
   std::vector<uint8_t> junk(bytes, 0);
   wire::DataFields f;
   f.partition = partition;
   f.num_elements = elements;
   f.round = 1;
-  f.compression = family;
   f.codec = codec;
   return wire::MakeData(from, MsgType::Push, f, {wire::Payload::Copy(junk.data(), junk.size())},
                         1, 1);
@@ -32,11 +31,10 @@ wire::Message RawPush(const wire::Sender& from, uint32_t partition, uint64_t ele
 // Seen live: this push ended a shard with std::bad_alloc.
 TEST(PsHostileTest, AHugeElementCountIsRefusedBeforeAnythingIsAllocated) {
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
-  h.Send(1, RawPush(h.Sender(1), 0, uint64_t{1} << 40, wire::Compression::TopK,
-                    "topk:ratio=0.01", 64));
+  h.Send(1, RawPush(h.Sender(1), 0, uint64_t{1} << 40, "topk:ratio=0.01", 64));
   EXPECT_NE(h.NextError(1).find("a partition holds at most 1048576"), std::string::npos);
   // Within the partition limit, the bytes must be what the codec writes.
-  h.Send(1, RawPush(h.Sender(1), 0, 1 << 20, wire::Compression::TopK, "topk:ratio=0.01", 64));
+  h.Send(1, RawPush(h.Sender(1), 0, 1 << 20, "topk:ratio=0.01", 64));
   EXPECT_NE(h.NextError(1).find("holds 64 bytes"), std::string::npos);
   EXPECT_EQ(h.shard().stats().rejected, 2u);
   h.Push(0, 1, 0, {1, 2});

@@ -85,8 +85,7 @@ struct KeyTable::Request {
   Key key;
   uint64_t num_elements, round, version, step, seq;
   wire::DType dtype;
-  wire::Compression compression;
-  std::string codec;
+  std::string codec;  // "": uncompressed
 
   std::string Name() const {
     return std::string(wire::MsgTypeName(type)) + " of bucket " + std::to_string(key.first) +
@@ -122,7 +121,7 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
   const wire::DataBody& d = *h.body_as_DataBody();
   Request r{from,      h.type(),  h.sender_rank(), {d.bucket(), d.partition()},
             d.num_elements(), d.round(), d.version(), h.step(), h.seq(), d.dtype(),
-            d.compression(), d.codec() != nullptr ? d.codec()->str() : std::string()};
+            d.codec() != nullptr ? d.codec()->str() : std::string()};
   if (!Admit(r, h.sender_role(), d, msg, out)) return false;
   const bool known = keys_.count(r.key) > 0;
   Take(r, h, d, msg, out, decoded);
@@ -140,8 +139,8 @@ void KeyTable::Take(const Request& r, const wire::Header& h, const wire::DataBod
         compression::PartitionContext(h.job_id(), r.step, r.key.first, r.key.second);
     Status s = decoder_.Decode(d, msg.payloads, ctx, values.data(), &code);
     if (!s.ok()) return Reject(r, code, s.message(), out);
-    if (r.compression != wire::Compression::None) codec_->Taken(r.codec);
-    const bool keep = decoded != nullptr && r.compression != wire::Compression::None;
+    if (!r.codec.empty()) codec_->Taken(r.codec);
+    const bool keep = decoded != nullptr && !r.codec.empty();
     if (keep) *decoded = values;
     OnPush(r, std::move(values), out);
     if (keep && !took_) decoded->clear();
@@ -206,7 +205,7 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
            " of a table that holds at most " + std::to_string(rules_.max_keys), out);
     return false;
   }
-  if (r.type == MsgType::Push && r.compression != wire::Compression::None) {
+  if (r.type == MsgType::Push && !r.codec.empty()) {
     Status s = codec_->Admit(r.codec);
     if (!s.ok()) {
       Reject(r, ErrorCode::WrongType, s.message(), out);
@@ -249,7 +248,7 @@ Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t
                          std::to_string(rules_.num_workers) + " workers");
   }
   Request r{wire::Route{}, MsgType::Push, worker, key, values.size(), round, version, 0, 0,
-            wire::DType::F32, wire::Compression::None, std::string()};
+            wire::DType::F32, std::string()};
   std::vector<Outgoing> answers;
   OnPush(r, values, &answers);
   for (const Outgoing& o : answers) {
@@ -419,7 +418,7 @@ void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
     return Reject(r, ErrorCode::WrongType,
                   "this shard only aggregates (optimizer=none): there is no round 0", out);
   }
-  if (r.compression != wire::Compression::None && !IsReplyCodec(r.codec)) {
+  if (!r.codec.empty() && !IsReplyCodec(r.codec)) {
     return Reject(r, ErrorCode::WrongType, "asks for replies encoded as \"" + r.codec +
                   "\"; replies are fp32, fp16 or bf16", out);
   }
@@ -483,10 +482,7 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
   f.num_elements = k.num_elements;
   f.round = pull.round;
   f.version = snap.version;
-  if (!pull.codec.empty()) {
-    f.compression = *compression::WireCompressionOf(pull.codec);
-    f.codec = pull.codec;
-  }
+  f.codec = pull.codec;
   out->push_back({pull.to, wire::MakeData(self_, MsgType::Reply, f,
                                           {ReplyPayload(k, snap, pull.codec)}, pull.step,
                                           pull.seq)});

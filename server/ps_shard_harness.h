@@ -98,11 +98,7 @@ class ShardHarness {
     f.partition = partition;
     f.num_elements = n;
     f.round = round;
-    if (!codec.empty()) {
-      const std::string name = compression::ParseCompressorSpec(codec)->name;
-      f.compression = *compression::WireCompressionOf(name);
-      f.codec = codec;
-    }
+    f.codec = codec;
     Send(w, wire::MakeData(Sender(w), MsgType::Pull, f, {}, 0, round));
   }
   // The next message worker w receives, or nullopt after `ms`.

@@ -24,6 +24,7 @@
 
 #include "cluster/node.h"
 #include "cluster/ps_links.h"
+#include "cluster/same_host_links.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -54,9 +55,9 @@ Status ServeMetrics(const Config& config, ProcessMetrics& metrics, int64_t defau
 
 // Flags that nothing asked for are typos: refuse to start.
 bool UnknownFlags(const Config& config) {
-  auto unknown = config.UnknownFlags();
-  for (const std::string& flag : unknown) GS_LOG(ERROR) << "unknown flag " << flag;
-  return !unknown.empty();
+  Status known = config.CheckKnownFlags();
+  if (!known.ok()) GS_LOG(ERROR) << known.message();
+  return !known.ok();
 }
 
 int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
@@ -93,11 +94,9 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
 std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions& options,
                                                     cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
-  wire::SameHostOptions links = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
-  if (links.peers.empty()) return nullptr;
-  GS_LOG(INFO) << links.peers.size()
-               << " worker(s) on this host reach the shard through shared memory";
-  return std::make_unique<wire::SameHostTransport>(node.data.get(), links);
+  return cluster::OverSameHostLinks(
+      node.data.get(), cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers),
+      "workers on this host reach the shard through shared memory");
 }
 
 // Starts the shard on `transport` (the node's data transport, or one over

@@ -279,13 +279,12 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   }
 
   wire::Message Push(int as_worker, uint32_t partition, uint64_t round, uint64_t elements,
-                     wire::Compression family, const std::string& codec, size_t bytes) {
+                     const std::string& codec, size_t bytes) {
     std::vector<uint8_t> junk(bytes, 0x41);
     wire::DataFields f;
     f.partition = partition;
     f.num_elements = elements;
     f.round = round;
-    f.compression = family;
     f.codec = codec;
     return wire::MakeData(wire::Sender{wire::Role::Worker, as_worker, job_}, wire::MsgType::Push,
                           f, {wire::Payload::Copy(junk.data(), junk.size())}, round, round);
@@ -294,13 +293,11 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   void Forge() {
     ReadJob();
     auto t = std::move(wire::ZmqTransport::Create({})).value();
-    const auto None = wire::Compression::None;
     for (const std::string& shard : servers_) {
       // Seen live: ended a shard with std::bad_alloc.
-      ExpectRefused(*t, shard, Push(1, 0, 1, uint64_t{1} << 40, wire::Compression::TopK,
-                                    "topk:ratio=0.01", 64), "a 2^40-element top-k push");
+      ExpectRefused(*t, shard, Push(1, 0, 1, uint64_t{1} << 40, "topk:ratio=0.01", 64), "a 2^40-element top-k push");
       // A closed round, impersonating a worker, over another connection.
-      ExpectRefused(*t, shard, Push(2, 0, 1, 4, None, "", 16), "a push for a closed round");
+      ExpectRefused(*t, shard, Push(2, 0, 1, 4, "", 16), "a push for a closed round");
       wire::DataFields pull;
       pull.num_elements = 4;
       pull.round = 3;
@@ -308,12 +305,12 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
                     wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, wire::MsgType::Pull,
                                    pull, {}, 3, 3),
                     "a forged pull");
-      ExpectRefused(*t, shard, Push(3, 0, 2, 1, wire::Compression::None, "", 4096),
+      ExpectRefused(*t, shard, Push(3, 0, 2, 1, "", 4096),
                     "a push whose payload disagrees with its element count");
     }
     // A ring message of another type with a short payload, to each worker.
     for (size_t r = 0; r < workers_.size(); ++r) {
-      wire::DataFields f;
+      wire::RingDataFields f;
       f.dtype = wire::DType::U8;
       f.num_elements = 8;
       std::vector<uint8_t> bytes(8, 0x7f);
@@ -321,9 +318,9 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       auto conn = t->Connect("tcp://" + workers_[r]);
       ASSERT_TRUE(conn.ok());
       ASSERT_TRUE(t->Send(wire::Route::Connection(*conn),
-                          wire::MakeData(wire::Sender{wire::Role::Worker, left, job_},
-                                         wire::MsgType::RingData, f,
-                                         {wire::Payload::Copy(bytes.data(), bytes.size())}),
+                          wire::MakeRingData(wire::Sender{wire::Role::Worker, left, job_}, f,
+                                             {wire::Payload::Copy(bytes.data(), bytes.size())},
+                                             0, 0),
                           Deadline::AfterMs(5000))
                       .ok());
     }

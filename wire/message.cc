@@ -38,6 +38,12 @@ Offset<NodeAddress> BuildAddress(FlatBufferBuilder& fbb, const NodeInfo& n) {
                            fbb.CreateString(n.boot_id));
 }
 
+uint64_t TotalBytes(const std::vector<Payload>& payloads) {
+  uint64_t total = 0;
+  for (const Payload& p : payloads) total += p.size;
+  return total;
+}
+
 }  // namespace
 
 Payload Payload::Copy(const void* data, size_t size) {
@@ -83,8 +89,8 @@ Body ExpectedBody(MsgType type) {
     case MsgType::Push:
     case MsgType::Pull:
     case MsgType::Reply:
-    case MsgType::Ack:
-    case MsgType::RingData: return Body::DataBody;
+    case MsgType::Ack: return Body::DataBody;
+    case MsgType::RingData: return Body::RingDataBody;
     case MsgType::RingAbort: return Body::RingAbortBody;
     case MsgType::Layout: return Body::LayoutBody;
   }
@@ -199,14 +205,21 @@ Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>&
 
 Message MakeData(const Sender& from, MsgType type, const DataFields& f,
                  std::vector<Payload> payloads, uint64_t step, uint64_t seq) {
-  uint64_t wire_bytes = 0;
-  for (const Payload& p : payloads) wire_bytes += p.size;
   FlatBufferBuilder fbb(128);
   auto codec = f.codec.empty() ? 0 : fbb.CreateString(f.codec);
   auto body = CreateDataBody(fbb, f.bucket, f.partition, f.dtype, f.num_elements,
-                             f.compression, wire_bytes, f.fingerprint, f.round, f.version,
-                             codec);
+                             TotalBytes(payloads), f.names_hash, f.round, f.version, codec);
   Message msg = Finish(fbb, from, type, body.Union(), step, seq);
+  msg.payloads = std::move(payloads);
+  return msg;
+}
+
+Message MakeRingData(const Sender& from, const RingDataFields& f,
+                     std::vector<Payload> payloads, uint64_t step, uint64_t seq) {
+  FlatBufferBuilder fbb(128);
+  auto body = CreateRingDataBody(fbb, f.bucket, f.index, f.dtype, f.num_elements,
+                                 TotalBytes(payloads), f.names_hash, f.op_fingerprint);
+  Message msg = Finish(fbb, from, MsgType::RingData, body.Union(), step, seq);
   msg.payloads = std::move(payloads);
   return msg;
 }

@@ -75,17 +75,26 @@ struct NodeInfo {
   std::string DataEndpoint() const;
 };
 
-// Fields of Push / Pull / Reply / Ack.
+// Fields of Push / Pull / Reply / Ack (see DataBody in gradsync.fbs).
 struct DataFields {
   uint32_t bucket = 0;
   uint32_t partition = 0;
   DType dtype = DType::F32;
   uint64_t num_elements = 0;
-  Compression compression = Compression::None;
-  uint64_t fingerprint = 0;
+  uint64_t names_hash = 0;
   uint64_t round = 0;
   uint64_t version = 0;
-  std::string codec;  // see DataBody.codec
+  std::string codec;  // "": uncompressed
+};
+
+// Fields of RingData (see RingDataBody in gradsync.fbs).
+struct RingDataFields {
+  uint32_t bucket = 0;
+  uint64_t index = 0;
+  DType dtype = DType::F32;
+  uint64_t num_elements = 0;
+  uint64_t names_hash = 0;
+  uint64_t op_fingerprint = 0;
 };
 
 // Fields of RingAbort (see gradsync.fbs).
@@ -139,9 +148,13 @@ Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& res
 Message MakeJobState(const Sender& from, JobPhase phase, const std::string& message);
 // NcclIdOffer / NcclId carry the id; NcclIdRequest carries an empty one.
 Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>& id);
-// Push / Reply / RingData carry `payloads`; `wire_bytes` is their total size.
+// Push / Pull / Reply / Ack; Push and Reply carry `payloads`, and
+// `wire_bytes` is their total size.
 Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
                  std::vector<Payload> payloads, uint64_t step = 0, uint64_t seq = 0);
+// A RingData of the collective `seq` carrying `payloads` (one frame).
+Message MakeRingData(const Sender& from, const RingDataFields& fields,
+                     std::vector<Payload> payloads, uint64_t step, uint64_t seq);
 
 Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
                       uint64_t seq = 0);

@@ -258,8 +258,7 @@ TEST(MessageTest, DataRoundTripWithPayloads) {
   f.partition = 3;
   f.dtype = DType::BF16;
   f.num_elements = 5;
-  f.compression = Compression::None;
-  f.fingerprint = 0x0123456789abcdefULL;
+  f.names_hash = 0x0123456789abcdefULL;
   f.round = 77;
   f.version = 78;
   auto owned = std::make_shared<std::vector<uint8_t>>(std::vector<uint8_t>{1, 2, 3, 4, 5, 6});
@@ -277,9 +276,9 @@ TEST(MessageTest, DataRoundTripWithPayloads) {
     EXPECT_EQ(b->partition(), 3u);
     EXPECT_EQ(b->dtype(), DType::BF16);
     EXPECT_EQ(b->num_elements(), 5u);
-    EXPECT_EQ(b->compression(), Compression::None);
+    EXPECT_EQ(b->codec(), nullptr);
     EXPECT_EQ(b->wire_bytes(), 10u);
-    EXPECT_EQ(b->fingerprint(), 0x0123456789abcdefULL);
+    EXPECT_EQ(b->names_hash(), 0x0123456789abcdefULL);
     EXPECT_EQ(b->round(), 77u);
     EXPECT_EQ(b->version(), 78u);
     ASSERT_EQ(msg.payloads.size(), 2u);
@@ -290,6 +289,31 @@ TEST(MessageTest, DataRoundTripWithPayloads) {
   }
 }
 
+TEST(MessageTest, RingDataRoundTrip) {
+  const Sender from = From(Role::Worker, 2, 5);
+  RingDataFields f;
+  f.bucket = 6;
+  f.index = uint64_t{1} << 33;
+  f.dtype = DType::F16;
+  f.num_elements = 2;
+  f.names_hash = 0x0123456789abcdefULL;
+  f.op_fingerprint = 0xfedcba9876543210ULL;
+  const uint8_t bytes[4] = {1, 2, 3, 4};
+  Message msg = MakeRingData(from, f, {Payload::Copy(bytes, sizeof(bytes))}, 40, 41);
+  const Header* h = Accepted(msg, MsgType::RingData);
+  ASSERT_NE(h, nullptr);
+  ExpectCommon(*h, MsgType::RingData, from, 40, 41);
+  const RingDataBody* b = h->body_as_RingDataBody();
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->bucket(), 6u);
+  EXPECT_EQ(b->index(), uint64_t{1} << 33);
+  EXPECT_EQ(b->dtype(), DType::F16);
+  EXPECT_EQ(b->num_elements(), 2u);
+  EXPECT_EQ(b->wire_bytes(), 4u);
+  EXPECT_EQ(b->names_hash(), 0x0123456789abcdefULL);
+  EXPECT_EQ(b->op_fingerprint(), 0xfedcba9876543210ULL);
+}
+
 TEST(MessageTest, PullAndAckRoundTripWithoutPayload) {
   const Sender from = From(Role::Server, 0, 5);
   DataFields f;
@@ -297,7 +321,6 @@ TEST(MessageTest, PullAndAckRoundTripWithoutPayload) {
   f.partition = 9;
   f.dtype = DType::I32;
   f.num_elements = 1 << 20;
-  f.compression = Compression::TopK;
   f.codec = "topk:ratio=0.5";
   f.round = 3;
   for (MsgType type : {MsgType::Pull, MsgType::Ack}) {
@@ -310,7 +333,6 @@ TEST(MessageTest, PullAndAckRoundTripWithoutPayload) {
     EXPECT_EQ(b->partition(), 9u);
     EXPECT_EQ(b->dtype(), DType::I32);
     EXPECT_EQ(b->num_elements(), uint64_t{1} << 20);
-    EXPECT_EQ(b->compression(), Compression::TopK);
     ASSERT_NE(b->codec(), nullptr);
     EXPECT_EQ(b->codec()->str(), "topk:ratio=0.5");
     EXPECT_EQ(b->wire_bytes(), 0u);

@@ -23,24 +23,38 @@ std::vector<uint8_t> IdBytes(size_t n) {
   return id;
 }
 
+std::vector<Payload> SamplePayloads() {
+  const float a[4] = {1.5f, -2.0f, 3.25f, 0.0f};
+  const float b[2] = {7.0f, -8.5f};
+  std::vector<Payload> payloads;
+  payloads.push_back(Payload::Copy(a, sizeof(a)));
+  payloads.push_back(Payload::Copy(b, sizeof(b)));
+  return payloads;
+}
+
 Message SampleData(MsgType type) {
   DataFields f;
   f.bucket = 5;
   f.partition = 2;
   f.dtype = DType::F32;
   f.num_elements = 6;
-  f.compression = Compression::None;
-  f.fingerprint = 0xfeedfacecafebeefULL;
+  f.names_hash = 0xfeedfacecafebeefULL;
   f.round = 11;
   f.version = 12;
   std::vector<Payload> payloads;
-  if (type == MsgType::Push || type == MsgType::Reply || type == MsgType::RingData) {
-    const float a[4] = {1.5f, -2.0f, 3.25f, 0.0f};
-    const float b[2] = {7.0f, -8.5f};
-    payloads.push_back(Payload::Copy(a, sizeof(a)));
-    payloads.push_back(Payload::Copy(b, sizeof(b)));
-  }
+  if (type == MsgType::Push || type == MsgType::Reply) payloads = SamplePayloads();
   return MakeData(TestSender(), type, f, std::move(payloads), /*step=*/9, /*seq=*/10);
+}
+
+Message SampleRingData() {
+  RingDataFields f;
+  f.bucket = 5;
+  f.index = 2;
+  f.dtype = DType::F32;
+  f.num_elements = 6;
+  f.names_hash = 0xfeedfacecafebeefULL;
+  f.op_fingerprint = 0x0123456789abcdefULL;
+  return MakeRingData(TestSender(), f, SamplePayloads(), /*step=*/9, /*seq=*/10);
 }
 
 void DumpAddress(std::ostream& os, const NodeAddress* a) {
@@ -128,9 +142,17 @@ void DumpBody(std::ostream& os, const Header& h) {
       const auto* b = h.body_as_DataBody();
       os << "bucket=" << b->bucket() << " partition=" << b->partition()
          << " dtype=" << static_cast<int>(b->dtype()) << " num_elements=" << b->num_elements()
-         << " compression=" << static_cast<int>(b->compression())
-         << " wire_bytes=" << b->wire_bytes() << " fingerprint=" << b->fingerprint()
-         << " round=" << b->round() << " version=" << b->version();
+         << " wire_bytes=" << b->wire_bytes() << " names_hash=" << b->names_hash()
+         << " round=" << b->round() << " version=" << b->version()
+         << " codec=" << Str(b->codec());
+      break;
+    }
+    case Body::RingDataBody: {
+      const auto* b = h.body_as_RingDataBody();
+      os << "bucket=" << b->bucket() << " index=" << b->index()
+         << " dtype=" << static_cast<int>(b->dtype()) << " num_elements=" << b->num_elements()
+         << " wire_bytes=" << b->wire_bytes() << " names_hash=" << b->names_hash()
+         << " op_fingerprint=" << b->op_fingerprint();
       break;
     }
     case Body::RingAbortBody: {
@@ -217,8 +239,9 @@ Message SampleMessage(MsgType type) {
     case MsgType::Pull:
     case MsgType::Reply:
     case MsgType::Ack:
-    case MsgType::RingData:
       return SampleData(type);
+    case MsgType::RingData:
+      return SampleRingData();
     case MsgType::RingAbort: {
       RingAbortFields f;
       f.origin_rank = 2;

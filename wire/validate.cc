@@ -148,19 +148,13 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       }
       break;
     }
-    case Body::DataBody: {
-      const auto* b = h.body_as_DataBody();
-      if (!InRange(b->dtype())) return bad_enum("dtype");
-      if (!InRange(b->compression())) return bad_enum("compression");
-      if (!StringOk(b->codec(), limits)) return too_long();
-      const bool has_codec = b->codec() != nullptr && b->codec()->size() > 0;
-      if ((b->compression() == Compression::None) == has_codec) {
-        return Reject(ErrorCode::Malformed, std::string(MsgTypeName(t)) + " has compression " +
-                      EnumNameCompression(b->compression()) +
-                      (has_codec ? " with" : " without") + " a codec spec", t);
-      }
+    case Body::DataBody:
+      if (!InRange(h.body_as_DataBody()->dtype())) return bad_enum("dtype");
+      if (!StringOk(h.body_as_DataBody()->codec(), limits)) return too_long();
       break;
-    }
+    case Body::RingDataBody:
+      if (!InRange(h.body_as_RingDataBody()->dtype())) return bad_enum("dtype");
+      break;
     case Body::RingAbortBody: {
       const auto* b = h.body_as_RingAbortBody();
       if (!InRange(b->code())) return bad_enum("code");
@@ -171,6 +165,32 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       return CheckLayout(*h.body_as_LayoutBody(), limits, t);
     default:
       break;
+  }
+  return Verdict();
+}
+
+// `bytes` (the payload frames' total) against the `wire_bytes` a header
+// states and, for uncompressed data (`elements` set), against `elements` of
+// `dtype`.
+Verdict CheckSizes(const std::string& name, uint64_t wire_bytes,
+                   std::optional<uint64_t> elements, DType dtype, uint64_t bytes,
+                   const Limits& limits, MsgType t) {
+  if (wire_bytes != bytes) {
+    return Reject(ErrorCode::SizeMismatch, name + " says wire_bytes=" +
+                  std::to_string(wire_bytes) + " but its payload frames hold " +
+                  std::to_string(bytes) + " bytes", t);
+  }
+  if (!elements) return Verdict();
+  // wire::DType and gradsync::DType share their values (common/dtype.h).
+  const uint64_t size = DTypeSize(static_cast<gradsync::DType>(dtype));
+  const bool too_many = *elements > limits.max_payload_bytes / size;
+  if (too_many || *elements * size != bytes) {
+    // Past the limit the product may wrap: do not print it.
+    const std::string needs = too_many ? "more than " + std::to_string(limits.max_payload_bytes)
+                                       : std::to_string(*elements * size);
+    return Reject(ErrorCode::SizeMismatch, name + " of " + std::to_string(*elements) + " " +
+                  EnumNameDType(dtype) + " elements needs " + needs + " bytes, payload holds " +
+                  std::to_string(bytes), t);
   }
   return Verdict();
 }
@@ -198,27 +218,41 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
     }
     return Verdict();
   }
+  if (t == MsgType::RingData) {
+    const auto* d = h.body_as_RingDataBody();
+    return CheckSizes(name, d->wire_bytes(), d->num_elements(), d->dtype(), bytes, limits, t);
+  }
   const auto* d = h.body_as_DataBody();
-  if (d->wire_bytes() != bytes) {
-    return Reject(ErrorCode::SizeMismatch, name + " says wire_bytes=" +
-                  std::to_string(d->wire_bytes()) + " but its payload frames hold " +
-                  std::to_string(bytes) + " bytes", t);
+  // What a codec writes its decoder checks (compression/wire_codec.h).
+  const bool compressed = d->codec() != nullptr && d->codec()->size() > 0;
+  return CheckSizes(name, d->wire_bytes(),
+                    compressed ? std::nullopt : std::optional(d->num_elements()), d->dtype(),
+                    bytes, limits, t);
+}
+
+// The type and protocol version of a header frame, read alone: their slots
+// are the same in every version, so that a peer of another version, whose
+// body tables this schema may not verify, is told why it is refused.
+struct Preamble {
+  MsgType type;
+  uint32_t protocol_version;
+};
+
+// nullopt when the frame does not hold a readable version.
+std::optional<Preamble> PeekPreamble(const uint8_t* data, size_t size) {
+  using flatbuffers::uoffset_t;
+  if (size < sizeof(uoffset_t)) return std::nullopt;
+  const uoffset_t root = flatbuffers::ReadScalar<uoffset_t>(data);
+  if (root == 0 || root > size - sizeof(uoffset_t)) return std::nullopt;
+  flatbuffers::Verifier verifier(data, size, /*max_depth=*/1, /*max_tables=*/1);
+  const auto* table = reinterpret_cast<const flatbuffers::Table*>(data + root);
+  if (!table->VerifyTableStart(verifier) ||
+      !table->VerifyField<uint8_t>(verifier, Header::VT_TYPE, 1) ||
+      !table->VerifyField<uint32_t>(verifier, Header::VT_PROTOCOL_VERSION, 4)) {
+    return std::nullopt;
   }
-  if (d->compression() == Compression::None) {
-    // wire::DType and gradsync::DType share their values (common/dtype.h).
-    const uint64_t size = DTypeSize(static_cast<gradsync::DType>(d->dtype()));
-    const bool too_many = d->num_elements() > limits.max_payload_bytes / size;
-    if (too_many || d->num_elements() * size != bytes) {
-      // Past the limit the product may wrap: do not print it.
-      const std::string needs = too_many ? "more than " + std::to_string(limits.max_payload_bytes)
-                                         : std::to_string(d->num_elements() * size);
-      return Reject(ErrorCode::SizeMismatch, name + " of " +
-                    std::to_string(d->num_elements()) + " " + EnumNameDType(d->dtype()) +
-                    " elements needs " + needs + " bytes, payload holds " +
-                    std::to_string(bytes), t);
-    }
-  }
-  return Verdict();
+  return Preamble{static_cast<MsgType>(table->GetField<uint8_t>(Header::VT_TYPE, 0)),
+                  table->GetField<uint32_t>(Header::VT_PROTOCOL_VERSION, 0)};
 }
 
 }  // namespace
@@ -237,6 +271,13 @@ Verdict Validate(const Message& msg, const Policy& policy) {
     return Reject(ErrorCode::Oversized, "header frame of " + std::to_string(size) +
                   " bytes exceeds the limit of " + std::to_string(limits.max_header_bytes));
   }
+  const std::optional<Preamble> preamble = PeekPreamble(msg.header.data(), size);
+  if (preamble && preamble->protocol_version != kProtocolVersion) {
+    return Reject(ErrorCode::WrongVersion, "peer speaks protocol version " +
+                  std::to_string(preamble->protocol_version) + ", this node speaks " +
+                  std::to_string(kProtocolVersion),
+                  InRange(preamble->type) ? std::optional(preamble->type) : std::nullopt);
+  }
   flatbuffers::Verifier verifier(msg.header.data(), size, /*max_depth=*/8,
                                  /*max_tables=*/std::max(limits.max_peers * 2, limits.max_tensors) + 64);
   if (!VerifyHeaderBuffer(verifier)) {
@@ -244,12 +285,6 @@ Verdict Validate(const Message& msg, const Policy& policy) {
                   " bytes is not a valid gradsync header");
   }
   const Header* h = GetHeader(msg.header.data());
-  if (h->protocol_version() != kProtocolVersion) {
-    return Reject(ErrorCode::WrongVersion, "peer speaks protocol version " +
-                  std::to_string(h->protocol_version()) + ", this node speaks " +
-                  std::to_string(kProtocolVersion),
-                  InRange(h->type()) ? std::optional(h->type()) : std::nullopt);
-  }
   if (!InRange(h->type())) {
     return Reject(ErrorCode::BadEnum, "message type " +
                   std::to_string(static_cast<int>(h->type())) + " is out of range");

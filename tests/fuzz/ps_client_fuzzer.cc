@@ -3,7 +3,7 @@
 // f32, fp16 or bf16) runs two all-reduces on a thread while the fuzzer plays
 // both shards: it answers each Push and Pull it receives with a message whose
 // fields it picks (a correct Reply or Ack, one with another bucket, round,
-// partition, element count, dtype, encoding or payload size, a Busy or
+// partition, element count, dtype, codec or payload size, a Busy or
 // other Error, a message of another type, or nothing), and sometimes sends
 // first. Every call must end (success or a Status) within its deadline,
 // without a crash or a sanitizer report.
@@ -53,11 +53,8 @@ bool Answer(FuzzedDataProvider& in, const wire::Verdict& request, int shard,
   f.num_elements = asked->num_elements();
   f.round = asked->round();
   f.version = asked->version() + 1;
-  f.fingerprint = asked->fingerprint();
-  if (!reply_codec.empty()) {
-    f.compression = reply_codec == "fp16" ? wire::Compression::Fp16 : wire::Compression::Bf16;
-    f.codec = reply_codec;
-  }
+  f.names_hash = asked->names_hash();
+  f.codec = reply_codec;
   size_t bytes = f.num_elements * (reply_codec.empty() ? 4 : 2);
   switch (choice) {  // 0..2: correct; the rest change one thing
     case 3:
@@ -71,8 +68,6 @@ bool Answer(FuzzedDataProvider& in, const wire::Verdict& request, int shard,
       break;
     case 5:
       f.dtype = static_cast<wire::DType>(in.ConsumeIntegralInRange<int>(0, 3));
-      f.compression = static_cast<wire::Compression>(
-          in.ConsumeIntegralInRange<int>(0, static_cast<int>(wire::Compression::MAX)));
       f.codec = in.ConsumeBool() ? in.ConsumeRandomLengthString(24) : "topk:ratio=0.5";
       break;
     case 6:

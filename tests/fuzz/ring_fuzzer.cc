@@ -35,24 +35,18 @@ constexpr size_t kCount = 16;  // elements of the all-reduce
 const OpTag kTag{1, 2, 3, 4};
 
 wire::Message RingData(FuzzedDataProvider& in, int as_rank) {
-  wire::DataFields f;
+  wire::RingDataFields f;
   f.bucket = kTag.bucket;
-  f.partition = in.ConsumeIntegralInRange<uint32_t>(0, 3);
+  f.index = in.ConsumeIntegralInRange<uint64_t>(0, 3);
   f.dtype = static_cast<wire::DType>(in.ConsumeIntegralInRange<int>(0, 3));
   f.num_elements = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 2 * kCount)
                                     : uint64_t{1} << in.ConsumeIntegralInRange<int>(0, 62);
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
-    f.compression = static_cast<wire::Compression>(
-        in.ConsumeIntegralInRange<int>(1, static_cast<int>(wire::Compression::MAX)));
-    f.codec = "topk:ratio=0.5";
-  }
   const auto kind = in.ConsumeBool() ? RingOpKind::kAllReduce : RingOpKind::kBroadcast;
-  f.fingerprint = in.ConsumeBool()
+  f.op_fingerprint = in.ConsumeBool()
                       ? client::RingFingerprint(kind, kTag, DType::kF32, kCount,
                                                 static_cast<uint64_t>(client::ReduceOp::kSum))
                       : in.ConsumeIntegral<uint64_t>();
-  f.round = kTag.seq;
-  f.version = kTag.names_hash;
+  f.names_hash = kTag.names_hash;
   const size_t bytes = in.ConsumeBool() ? f.num_elements * 4 % 4096
                                         : in.ConsumeIntegralInRange<size_t>(0, 256);
   std::vector<float> values(bytes / 4 + 1);
@@ -60,8 +54,8 @@ wire::Message RingData(FuzzedDataProvider& in, int as_rank) {
   std::vector<wire::Payload> frames;
   const int n = in.ConsumeIntegralInRange<int>(0, 2);
   for (int i = 0; i < n; ++i) frames.push_back(wire::Payload::Copy(values.data(), bytes));
-  return wire::MakeData(wire::Sender{wire::Role::Worker, as_rank, kJob}, MsgType::RingData, f,
-                        std::move(frames), kTag.step, kTag.seq);
+  return wire::MakeRingData(wire::Sender{wire::Role::Worker, as_rank, kJob}, f,
+                            std::move(frames), kTag.step, kTag.seq);
 }
 
 wire::Message Other(FuzzedDataProvider& in, int as_rank) {

@@ -67,23 +67,11 @@ wire::Message NextMessage(FuzzedDataProvider& in) {
   f.version = in.ConsumeIntegralInRange<uint64_t>(0, 6);
   f.dtype = in.ConsumeBool() ? wire::DType::F32
                              : static_cast<wire::DType>(in.ConsumeIntegralInRange<int>(0, 3));
-  std::string codec;
-  if (in.ConsumeBool()) {
-    codec = in.PickValueInArray(kCodecs);
-    const auto name = compression::ParseCompressorSpec(codec);
-    const auto family = name.ok() ? compression::WireCompressionOf(name->name)
-                                  : StatusOr<wire::Compression>(InvalidArgumentError(""));
-    f.compression = family.ok() && in.ConsumeBool()
-                        ? *family
-                        : static_cast<wire::Compression>(in.ConsumeIntegralInRange<int>(
-                              0, static_cast<int>(wire::Compression::MAX)));
-    f.codec = codec;
-  }
+  if (in.ConsumeBool()) f.codec = in.PickValueInArray(kCodecs);
   std::vector<wire::Payload> payloads;
   if (push) {
-    size_t bytes = f.compression == wire::Compression::None
-                       ? (f.num_elements <= 4096 ? f.num_elements * 4 : 0)
-                       : WireBytesOf(codec, f.num_elements);
+    size_t bytes = f.codec.empty() ? (f.num_elements <= 4096 ? f.num_elements * 4 : 0)
+                                   : WireBytesOf(f.codec, f.num_elements);
     if (in.ConsumeBool()) bytes = in.ConsumeIntegralInRange<size_t>(0, 512);
     const std::vector<uint8_t> data = in.ConsumeBytes<uint8_t>(bytes);
     std::vector<uint8_t> full(bytes, 0);
