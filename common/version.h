@@ -7,7 +7,8 @@
 namespace gradsync {
 
 // Bumped on any incompatible change to wire/gradsync.fbs or its meaning.
-constexpr uint32_t kProtocolVersion = 2;
+// 3: RegisterBody and NodeAddress carry the node's own CURVE public key.
+constexpr uint32_t kProtocolVersion = 3;
 // The release this binary was built from; peers of another build are refused.
 constexpr const char* kBuildId = "gradsync-0.1.0";
 
