@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <list>
 #include <regex>
 #include <string>
 #include <thread>
@@ -58,8 +59,10 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   // Each worker's "params H"; the member attacks when `attack`.
   std::vector<std::string> RunJob(const std::string& tag, bool attack) {
     tag_ = tag;
+    // A loaded machine may stall a process for a second: 10 s of silence
+    // before a node is declared dead.
     StartScheduler(kWorkers, 1, {"--key_file=" + job_file_, "--metrics_port=0",
-                                 "--server_grace_ms=60000"});
+                                 "--server_grace_ms=60000", "--missed_heartbeats=50"});
     SetJob(kWorkers, 1);
     env_["GRADSYNC_KEY_FILE"] = job_file_;
     checkpoint_dir_ = TmpFile(tag + ".checkpoints");
@@ -67,6 +70,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server",
                                "--ps_mode=sync", "--optimizer=momentum", "--lr=0.05",
                                "--partition_bytes=262144", "--checkpoint_dir=" + checkpoint_dir_,
+                               "--scheduler_grace_ms=60000",
                                "--metrics_port=" + std::to_string(shard_metrics_)},
                               "server0");
     std::vector<Subprocess*> workers;
@@ -99,6 +103,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     EXPECT_TRUE(shard.Wait(Deadline::AfterMs(30000)).has_value());
     scheduler_->Wait(Deadline::AfterMs(10000));
     nodes_.clear();
+    sockets_.clear();
     return params;
   }
 
@@ -112,7 +117,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(job (\d+) assembled)")));
     job_ = std::strtoull(m[1].str().c_str(), nullptr, 10);
     const std::regex reg(R"(registered a (worker|server) \(pid \d+ on ([0-9.]+):(\d+)\)[^\n]*)"
-                         R"(requested rank (\d+), data identity ([^)\s]+)\))");
+                         R"(requested rank (-?\d+), data identity ([^)\s]+)\))");
     workers_.assign(kWorkers, Peer{});
     for (std::sregex_iterator it(log.begin(), log.end(), reg), end; it != end; ++it) {
       const Peer p{(*it)[2].str() + ":" + (*it)[3].str(), (*it)[5].str()};
@@ -127,10 +132,12 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   }
 
   // A connection of the member's (worker 1's key pair) to `address`, which
-  // serves with `server_key`, under ZeroMQ routing id `routing_id`.
-  zmq::socket_t Connect(const std::string& address, const std::string& server_key,
-                        const std::string& routing_id) {
-    zmq::socket_t s(context_, zmq::socket_type::dealer);
+  // serves with `server_key`, under ZeroMQ routing id `routing_id`; open
+  // until the job ends.
+  zmq::socket_t& Connect(const std::string& address, const std::string& server_key,
+                         const std::string& routing_id) {
+    sockets_.emplace_back(context_, zmq::socket_type::dealer);
+    zmq::socket_t& s = sockets_.back();
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::routing_id, routing_id);
     s.set(zmq::sockopt::curve_serverkey, server_key);
@@ -165,7 +172,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     const std::string shard_key = wire::ReadKeyFile(checkpoint_dir_ + "/node.key")->public_z85;
     const std::string as = wire::PsClientIdentity(workers_[0].identity);
     for (const std::string& routing_id : {as + "#0123456789abcdef", as}) {
-      zmq::socket_t s = Connect(shard_.address, shard_key, routing_id);
+      zmq::socket_t& s = Connect(shard_.address, shard_key, routing_id);
       for (uint64_t round = 1; round <= 2; ++round) {
         SendOn(s, AsWorker0(wire::MsgType::Push, round));
         SendOn(s, AsWorker0(wire::MsgType::Pull, round));
@@ -181,7 +188,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
 
   // (2) Worker 0's left neighbour is worker 2.
   void AbortTheRingAsWorker2(const Subprocess& worker0) {
-    zmq::socket_t s = Connect(workers_[0].address, worker_keys_[0].public_z85,
+    zmq::socket_t& s = Connect(workers_[0].address, worker_keys_[0].public_z85,
                               workers_[2].identity + "#0123456789abcdef");
     wire::RingAbortFields abort;
     abort.origin_rank = 2;
@@ -246,6 +253,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   Peer shard_;
   std::vector<Peer> workers_;
   zmq::context_t context_;
+  std::list<zmq::socket_t> sockets_;  // the member's connections
 };
 
 TEST_F(MemberIdentityTest, AMemberCannotTakeAnotherMembersPlace) {

@@ -568,8 +568,8 @@ std::optional<std::string> ZmqTransport::Impl::Authenticate(
     options_.on_impostor(
         Escaped(routing_id, 64),
         "a message under identity " + Escaped(claimed.value_or(routing_id), 64) +
-            " from the node whose key is bound to " +
-            (bound.empty() ? std::string("no identity") : Escaped(bound, 64)));
+            " (the sender's key is bound to " +
+            (bound.empty() ? std::string("no identity") : Escaped(bound, 64)) + ")");
   }
   return std::nullopt;
 }
