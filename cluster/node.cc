@@ -44,12 +44,21 @@ wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
   return o;
 }
 
+std::string KeptNodeKeyPath(const std::string& checkpoint_dir, const std::string& host,
+                            int64_t data_port) {
+  if (checkpoint_dir.empty() || data_port <= 0) return "";
+  return checkpoint_dir + "/node-" + host + "-" + std::to_string(data_port) + ".key";
+}
+
 StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config,
                                                              wire::Role role,
-                                                             const wire::CurveKey& job) {
+                                                             const wire::CurveKey& job,
+                                                             const std::string& host,
+                                                             int64_t data_port) {
   GS_ASSIGN_OR_RETURN(std::string key_file, config.GetString("node_key_file", ""));
   GS_ASSIGN_OR_RETURN(std::string checkpoint_dir, config.GetString("checkpoint_dir", ""));
-  const std::string keep = role == wire::Role::Server ? checkpoint_dir : "";
+  const std::string keep =
+      role == wire::Role::Server ? KeptNodeKeyPath(checkpoint_dir, host, data_port) : "";
   GS_ASSIGN_OR_RETURN(wire::CurveKey own, wire::LoadNodeKey(key_file, keep));
   return std::make_shared<wire::NodeKeys>(job, own);
 }
@@ -61,7 +70,8 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   Node node;
   GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
   if (node.curve) {
-    GS_ASSIGN_OR_RETURN(node.keys, NodeKeysFromConfig(config, role, *node.curve));
+    GS_ASSIGN_OR_RETURN(node.keys, NodeKeysFromConfig(config, role, *node.curve, options.host,
+                                                      data_port));
   }
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);

@@ -50,12 +50,21 @@ constexpr int64_t PartitionFrameBytes(size_t partition_bytes) {
   return static_cast<int64_t>(2 * partition_bytes) + (int64_t{64} << 10);
 }
 
+// Where a shard keeps its node key: in its checkpoint_dir, named by the
+// address it rejoins at ("node-HOST-PORT.key", so shards may share the
+// directory); "" without a checkpoint_dir or a fixed data_port (such a
+// shard cannot rejoin anyway).
+std::string KeptNodeKeyPath(const std::string& checkpoint_dir, const std::string& host,
+                            int64_t data_port);
+
 // The node key of a CURVE node (wire::LoadNodeKey): node_key_file when set;
-// else a shard with a checkpoint_dir keeps it there (node.key), so that it
-// proves to be the same shard when it restarts; else a new one in memory.
+// else a shard keeps it at KeptNodeKeyPath, so that it proves to be the same
+// shard when it restarts; else a new one in memory.
 StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config,
                                                              wire::Role role,
-                                                             const wire::CurveKey& job);
+                                                             const wire::CurveKey& job,
+                                                             const std::string& host,
+                                                             int64_t data_port);
 
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
 // data_port, 0 = any free port), binds, joins and checks reachability.

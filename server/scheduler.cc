@@ -228,8 +228,8 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
     if (old.info.public_key == key) return std::nullopt;
     return Refusal{ErrorCode::WrongKey,
                    old.info.Name() + " registered with another node key: a restarted server "
-                   "proves it is the same one with the key it kept (node.key in its "
-                   "checkpoint_dir, or node_key_file)"};
+                   "proves it is the same one with the key it kept (in its checkpoint_dir, "
+                   "or node_key_file)"};
   }
   for (const auto& [id, n] : nodes_) {
     if (n.info.public_key == key || n.info.identity == data_identity) {

@@ -67,10 +67,12 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     env_["GRADSYNC_KEY_FILE"] = job_file_;
     checkpoint_dir_ = TmpFile(tag + ".checkpoints");
     shard_metrics_ = FreePort();
+    shard_port_ = FreePort();
     Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server",
                                "--ps_mode=sync", "--optimizer=momentum", "--lr=0.05",
                                "--partition_bytes=262144", "--checkpoint_dir=" + checkpoint_dir_,
                                "--scheduler_grace_ms=60000",
+                               "--data_port=" + std::to_string(shard_port_),
                                "--metrics_port=" + std::to_string(shard_metrics_)},
                               "server0");
     std::vector<Subprocess*> workers;
@@ -169,7 +171,10 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   // (1) Under worker 0's parameter-server identity, as the member's
   // transport would present it and as a bare routing id.
   void PushAndPullAsWorker0() {
-    const std::string shard_key = wire::ReadKeyFile(checkpoint_dir_ + "/node.key")->public_z85;
+    const std::string shard_key =
+        wire::ReadKeyFile(checkpoint_dir_ + "/node-127.0.0.1-" + std::to_string(shard_port_) +
+                          ".key")
+            ->public_z85;
     const std::string as = wire::PsClientIdentity(workers_[0].identity);
     for (const std::string& routing_id : {as + "#0123456789abcdef", as}) {
       zmq::socket_t& s = Connect(shard_.address, shard_key, routing_id);
@@ -249,6 +254,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   std::vector<wire::CurveKey> worker_keys_;
   std::string checkpoint_dir_;
   int shard_metrics_ = 0;
+  int shard_port_ = 0;
   uint64_t job_ = 0;
   Peer shard_;
   std::vector<Peer> workers_;

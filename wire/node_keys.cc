@@ -63,15 +63,17 @@ bool IdentityMatchesKey(const std::string& claimed, const std::string& bound) {
   return !bound.empty() && (claimed == bound || claimed == PsClientIdentity(bound));
 }
 
-StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& persist_dir) {
+StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& keep_at) {
   if (!node_key_file.empty()) return ReadKeyFile(node_key_file);
-  if (persist_dir.empty()) return GenerateCurveKey();
-  GS_RETURN_IF_ERROR(MakePrivateDirectory(persist_dir, "node key directory"));
-  const std::string path = persist_dir + "/node.key";
+  if (keep_at.empty()) return GenerateCurveKey();
+  const size_t slash = keep_at.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    GS_RETURN_IF_ERROR(MakePrivateDirectory(keep_at.substr(0, slash), "node key directory"));
+  }
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0) return ReadKeyFile(path);
+  if (lstat(keep_at.c_str(), &st) == 0) return ReadKeyFile(keep_at);
   GS_ASSIGN_OR_RETURN(CurveKey key, GenerateCurveKey());
-  GS_RETURN_IF_ERROR(WriteKeyFile(path, key));
+  GS_RETURN_IF_ERROR(WriteKeyFile(keep_at, key));
   return key;
 }
 

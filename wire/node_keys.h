@@ -67,11 +67,12 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id);
 // parameter-server client's (PsClientIdentity).
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound);
 
-// The node key of a process. `persist_dir` empty: a new pair in memory (a
-// worker). Otherwise the key kept in `persist_dir`/node.key (0600), made
-// there on first start, so that a restarted shard presents the same key;
-// `node_key_file` (the setting) names a key file to use instead.
-StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& persist_dir);
+// The node key of a process: the key file `node_key_file` (the setting)
+// when given; else, with `keep_at` empty, a new pair in memory (a worker);
+// else the key kept in the file `keep_at` (0600, in a 0700 directory),
+// made there on first start, so that a restarted shard presents the same
+// key.
+StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& keep_at);
 
 }  // namespace gradsync::wire
 

@@ -134,15 +134,17 @@ TEST_F(NodeKeysTest, AHandshakeWaitsForThePlanThatNamesItsKey) {
 
 TEST(NodeKeyFileTest, AShardsKeyIsKeptPrivateAndLoadedAgain) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/shard";
-  auto first = LoadNodeKey("", dir);
+  auto first = LoadNodeKey("", dir + "/node.key");
   ASSERT_TRUE(first.ok()) << first.status();
-  auto again = LoadNodeKey("", dir);
+  auto again = LoadNodeKey("", dir + "/node.key");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(first->public_z85, again->public_z85);
   EXPECT_EQ(first->secret_z85, again->secret_z85);
   struct stat st;
   ASSERT_EQ(stat((dir + "/node.key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
   auto worker = LoadNodeKey("", "");
   ASSERT_TRUE(worker.ok());
   EXPECT_NE(worker->public_z85, first->public_z85);
