@@ -12,6 +12,7 @@ StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links) {
   wire::ZmqOptions zmq = cluster::TransportOptions(session.curve(), nullptr);
   zmq.identity = wire::PsClientIdentity(session.data().identity());
+  zmq.node_keys = session.node_keys();
   zmq.max_frame_bytes = cluster::PartitionFrameBytes(links.partition_bytes);  // replies
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
                       wire::ZmqTransport::Create(zmq));

@@ -55,6 +55,8 @@ class Session {
   const wire::NodeInfo& self() const { return node_.agent->assignment().self; }
   // The job's CURVE key, when the job runs CURVE.
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
+  // The node key and plan with CURVE (null without): for its data transports.
+  std::shared_ptr<const wire::NodeKeys> node_keys() const { return node_.keys; }
   // What the data port refused (handshakes, dropped messages).
   std::shared_ptr<wire::TransportRefusals> refusals() const { return node_.refusals; }
   // Leaves the job on purpose (done, or failing) so nobody waits for us.

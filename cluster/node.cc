@@ -32,12 +32,35 @@ wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
     Refused(*log, refusals ? &refusals->dropped : nullptr, peer, "dropped",
             "dropped a message as it was read (" + why + ")");
   };
+  o.on_impostor = [refusals, log](const std::string& peer, const std::string& why) {
+    Refused(*log, refusals ? &refusals->impostors : nullptr, peer, "impostor",
+            "refused " + why);
+  };
   o.on_auth_failure = [refusals, log](const std::string& peer) {
     Refused(*log, refusals ? &refusals->handshakes : nullptr, peer, "handshake",
             "refused a connection whose handshake failed (no, wrong or another job's CURVE "
             "key)");
   };
   return o;
+}
+
+std::string KeptNodeKeyPath(const std::string& checkpoint_dir, const std::string& host,
+                            int64_t data_port) {
+  if (checkpoint_dir.empty() || data_port <= 0) return "";
+  return checkpoint_dir + "/node-" + host + "-" + std::to_string(data_port) + ".key";
+}
+
+StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config,
+                                                             wire::Role role,
+                                                             const wire::CurveKey& job,
+                                                             const std::string& host,
+                                                             int64_t data_port) {
+  GS_ASSIGN_OR_RETURN(std::string key_file, config.GetString("node_key_file", ""));
+  GS_ASSIGN_OR_RETURN(std::string checkpoint_dir, config.GetString("checkpoint_dir", ""));
+  const std::string keep =
+      role == wire::Role::Server ? KeptNodeKeyPath(checkpoint_dir, host, data_port) : "";
+  GS_ASSIGN_OR_RETURN(wire::CurveKey own, wire::LoadNodeKey(key_file, keep));
+  return std::make_shared<wire::NodeKeys>(job, own);
 }
 
 StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline,
@@ -47,9 +70,14 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   options.role = role;
   Node node;
   GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
+  if (node.curve) {
+    GS_ASSIGN_OR_RETURN(node.keys, NodeKeysFromConfig(config, role, *node.curve, options.host,
+                                                      data_port));
+  }
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
   data.max_frame_bytes = max_frame_bytes;
+  data.node_keys = node.keys;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(int64_t partition,
@@ -66,11 +94,14 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(endpoint));
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   options.identity = node.data->identity();
+  if (node.keys) options.public_key = node.keys->own().public_z85;
   wire::ZmqOptions control = TransportOptions(node.curve, nullptr);
+  control.node_keys = node.keys;  // probes of the peers' data ports
   control.max_frame_bytes = kControlFrameBytes;
   GS_ASSIGN_OR_RETURN(auto agent_transport, wire::ZmqTransport::Create(std::move(control)));
   GS_ASSIGN_OR_RETURN(node.agent, NodeAgent::Join(options, std::move(agent_transport), deadline));
   const Assignment& a = node.agent->assignment();
+  if (node.keys) node.keys->SetPlan(a.peers);
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers

@@ -13,6 +13,7 @@
 #include "cluster/node_agent.h"
 #include "common/config.h"
 #include "wire/curve.h"
+#include "wire/node_keys.h"
 #include "wire/transport.h"
 #include "wire/zmq_transport.h"
 
@@ -25,6 +26,9 @@ struct Node {
   // The job's key when the node runs CURVE (wire/curve.h); every transport
   // of the process uses it.
   std::optional<wire::CurveKey> curve;
+  // With CURVE, the node's own key and the plan's (wire/node_keys.h): its
+  // data transports use them; the plan is set from the rank assignment.
+  std::shared_ptr<wire::NodeKeys> keys;
   // What the node's listening socket refused: handshakes, dropped messages.
   std::shared_ptr<wire::TransportRefusals> refusals;
 };
@@ -45,6 +49,22 @@ constexpr int64_t kControlFrameBytes = static_cast<int64_t>(wire::Limits{}.max_h
 constexpr int64_t PartitionFrameBytes(size_t partition_bytes) {
   return static_cast<int64_t>(2 * partition_bytes) + (int64_t{64} << 10);
 }
+
+// Where a shard keeps its node key: in its checkpoint_dir, named by the
+// address it rejoins at ("node-HOST-PORT.key", so shards may share the
+// directory); "" without a checkpoint_dir or a fixed data_port (such a
+// shard cannot rejoin anyway).
+std::string KeptNodeKeyPath(const std::string& checkpoint_dir, const std::string& host,
+                            int64_t data_port);
+
+// The node key of a CURVE node (wire::LoadNodeKey): node_key_file when set;
+// else a shard keeps it at KeptNodeKeyPath, so that it proves to be the same
+// shard when it restarts; else a new one in memory.
+StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config,
+                                                             wire::Role role,
+                                                             const wire::CurveKey& job,
+                                                             const std::string& host,
+                                                             int64_t data_port);
 
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
 // data_port, 0 = any free port), binds, joins and checks reachability.

@@ -45,6 +45,7 @@ struct NodeOptions {
   uint16_t data_port = 0;           // the node's bound data port
   uint16_t metrics_port = 0;
   std::string identity;             // of the node's data transport
+  std::string public_key;           // the node's own CURVE key; "" without CURVE
   Millis connect_timeout{10000};    // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};

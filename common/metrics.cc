@@ -102,12 +102,17 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   }
   out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge,
                        OpenFds()));
-  uint64_t refused = 0, dropped = 0;
+  uint64_t refused = 0, dropped = 0, impostors = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& c : auth_failures_) refused += c->load();
     for (const auto& c : dropped_) dropped += c->load();
+    for (const auto& c : impostors_) impostors += c->load();
   }
+  out.push_back(Family("gradsync_impostors_total",
+                       "Messages refused because the identity they came under is not the one "
+                       "bound to the sender's node key.",
+                       MetricType::Counter, static_cast<double>(impostors)));
   out.push_back(Family("gradsync_auth_failures_total",
                        "Connections refused at the handshake: no, wrong or another job's "
                        "CURVE key.",
@@ -124,10 +129,11 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   return out;
 }
 
-void ProcessCollector::Add(Count auth_failures, Count dropped) {
+void ProcessCollector::Add(Count auth_failures, Count dropped, Count impostors) {
   std::lock_guard<std::mutex> lock(mu_);
   auth_failures_.push_back(std::move(auth_failures));
   dropped_.push_back(std::move(dropped));
+  impostors_.push_back(std::move(impostors));
 }
 
 ProcessMetrics::ProcessMetrics(const std::string& role)

@@ -103,6 +103,7 @@ TEST(MetricsTest, ProcessFamiliesArePlausible) {
 struct Refusals {
   std::atomic<uint64_t> handshakes{0};
   std::atomic<uint64_t> dropped{0};
+  std::atomic<uint64_t> impostors{0};
 };
 
 TEST(MetricsTest, TransportRefusalsAreSummedOverEverySourceAdded) {
@@ -115,7 +116,9 @@ TEST(MetricsTest, TransportRefusalsAreSummedOverEverySourceAdded) {
   a->handshakes = 2;
   b->handshakes = 1;
   b->dropped = 5;
+  a->impostors = 4;
   auto s = Samples(metrics.Scrape());
+  EXPECT_EQ(s["gradsync_impostors_total"], 4.0);
   EXPECT_EQ(s["gradsync_auth_failures_total"], 3.0);
   EXPECT_EQ(s["gradsync_transport_dropped_total"], 5.0);
 }

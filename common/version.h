@@ -7,6 +7,9 @@
 namespace gradsync {
 
 // Bumped on any incompatible change to wire/gradsync.fbs or its meaning.
+// 3: RingData has its own body, the codec string is the one encoding
+//    field, and RegisterBody and NodeAddress carry the node's own CURVE
+//    public key.
 constexpr uint32_t kProtocolVersion = 3;
 // The release this binary was built from; peers of another build are refused.
 constexpr const char* kBuildId = "gradsync-0.1.0";

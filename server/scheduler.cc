@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "common/version.h"
+#include "wire/curve.h"
 
 namespace gradsync::server {
 namespace {
@@ -213,6 +214,32 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
   return std::nullopt;
 }
 
+std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBody& r,
+                                                          const std::string& replaces) const {
+  if (!options_.curve) return std::nullopt;
+  const std::string key = r.public_key() ? r.public_key()->str() : "";
+  const std::string data_identity = r.identity() ? r.identity()->str() : "";
+  if (!wire::IsCurvePublicKey(key) || data_identity.empty()) {
+    return Refusal{ErrorCode::WrongKey, "a node of a CURVE job registers with its data "
+                   "identity and its own public key (40 Z85 characters)"};
+  }
+  if (!replaces.empty()) {
+    const Node& old = nodes_.at(replaces);
+    if (old.info.public_key == key) return std::nullopt;
+    return Refusal{ErrorCode::WrongKey,
+                   old.info.Name() + " registered with another node key: a restarted server "
+                   "proves it is the same one with the key it kept (in its checkpoint_dir, "
+                   "or node_key_file)"};
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.public_key == key || n.info.identity == data_identity) {
+      return Refusal{ErrorCode::WrongKey, "that node key or data identity is already bound to " +
+                                              n.info.Name()};
+    }
+  }
+  return std::nullopt;
+}
+
 // A server of the running job restarted: it registers with the address the
 // workers know it by.
 std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBody& r,
@@ -249,9 +276,19 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBod
 }
 
 void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
-  if (nodes_.count(identity) || rejoins_.count(identity)) return;  // a resent registration
+  const std::string key = r.public_key() ? r.public_key()->str() : "";
+  auto known = nodes_.find(identity);
+  if (known != nodes_.end() && known->second.info.public_key != key) {
+    Refuse(identity, ErrorCode::WrongKey,
+           known->second.info.Name() + " registered with another node key",
+           MsgType::Register);
+    return;
+  }
+  if (known != nodes_.end() || rejoins_.count(identity)) return;  // a resent registration
   std::string replaces;
-  if (auto refusal = CheckRegistration(r, &replaces)) {
+  std::optional<Refusal> refusal = CheckRegistration(r, &replaces);
+  if (!refusal) refusal = CheckNodeKey(r, replaces);
+  if (refusal) {
     Refuse(identity, refusal->code, refusal->text, MsgType::Register);
     return;
   }
@@ -268,6 +305,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   node.info.metrics_port = r.metrics_port();
   node.info.identity = r.identity() ? r.identity()->str() : "";
   node.info.boot_id = r.boot_id() ? r.boot_id()->str() : "";
+  node.info.public_key = key;
   node.pid = r.pid();
   node.last_seen = clock_->Now();
   nodes_[identity] = node;
@@ -277,7 +315,8 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   GS_LOG(INFO) << "registered a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
                << PeerText(node.info.host) << ":" << node.info.data_port << "): "
                << Count(Role::Worker) << "/" << options_.num_workers << " workers, "
-               << Count(Role::Server) << "/" << options_.num_servers << " servers";
+               << Count(Role::Server) << "/" << options_.num_servers << " servers (requested rank "
+               << node.info.rank << ", data identity " << PeerText(node.info.identity) << ")";
   if (Count(Role::Worker) == options_.num_workers &&
       Count(Role::Server) == options_.num_servers) {
     AssignRanks();

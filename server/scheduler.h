@@ -105,6 +105,11 @@ class Scheduler {
   std::optional<Refusal> CheckRegistration(const wire::RegisterBody& r,
                                            std::string* replaces) const;
   std::optional<Refusal> CheckRejoin(const wire::RegisterBody& r, std::string* replaces) const;
+  // With CURVE: the node's own public key is given and bound to no other
+  // node (`replaces`: the node a restarted server takes the place of, whose
+  // key it must present).
+  std::optional<Refusal> CheckNodeKey(const wire::RegisterBody& r,
+                                      const std::string& replaces) const;
   void ClaimRejoin(const std::string& old_identity, const std::string& identity,
                    const wire::RegisterBody& r);
   void RefuseClaimsOn(const Node& node);

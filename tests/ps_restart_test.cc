@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "server/ps_checkpoint.h"
 #include "tests/local_job.h"
+#include "wire/curve.h"
 
 namespace gradsync {
 namespace {
@@ -107,9 +108,12 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
     tag_ = tag;
     JobResult out;
     const bool restart = fault != Fault::kSigkillForGood;
-    StartScheduler(kWorkers, kServers,
-                   {restart ? "--server_grace_ms=60000" : "--server_grace_ms=1000"});
+    std::vector<std::string> flags = {restart ? "--server_grace_ms=60000"
+                                              : "--server_grace_ms=1000"};
+    if (!key_file_.empty()) flags.push_back("--key_file=" + key_file_);
+    StartScheduler(kWorkers, kServers, flags);
     SetJob(kWorkers, kServers);
+    if (!key_file_.empty()) env_["GRADSYNC_KEY_FILE"] = key_file_;
     out.checkpoint_dir =
         TmpFile(std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
                 "." + tag + ".checkpoints");
@@ -167,6 +171,8 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
     return out;
   }
 
+  std::string key_file_;  // set: the job runs CURVE with it
+
   // Every worker of `run` ended with the parameters of every worker of `clean`.
   static void ExpectSameParams(const JobResult& clean, const JobResult& run) {
     ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
@@ -202,6 +208,19 @@ TEST_F(PsRestartTest, AShardKilledMidRunResumesFromItsCheckpointAndEndsBitEqual)
     EXPECT_NE(killed.workers[r].find("is gone (closed or died); sending through the network"),
               std::string::npos) << killed.workers[r];
   }
+}
+
+// With CURVE the restarted shard proves it is the same shard with the node
+// key it kept beside its checkpoint (both shards share the directory).
+TEST_F(PsRestartTest, WithCurveTheRestartedShardKeepsItsPlaceByItsNodeKey) {
+  key_file_ = TmpFile("job.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file_, *wire::GenerateCurveKey()).ok());
+  const JobResult clean = Run("clean", Fault::kNone, 0);
+  const JobResult killed = Run("killed", Fault::kSigkill, 1);
+  ExpectSameParams(clean, killed);
+  EXPECT_NE(killed.scheduler.find("server 1 rejoined the job"), std::string::npos)
+      << killed.scheduler;
+  EXPECT_EQ(killed.scheduler.find("wrong_key"), std::string::npos) << killed.scheduler;
 }
 
 TEST_F(PsRestartTest, SigtermWritesACheckpointTheRestartedShardResumesFrom) {

@@ -22,6 +22,8 @@ bool IsZ85Key(const std::string& s) {
 
 }  // namespace
 
+bool IsCurvePublicKey(const std::string& z85) { return IsZ85Key(z85); }
+
 StatusOr<CurveKey> GenerateCurveKey() {
   char pub[41], sec[41];
   if (zmq_curve_keypair(pub, sec) != 0) {

@@ -35,6 +35,8 @@ struct CurveKey {
   std::string secret_z85;  // 40 characters
 };
 
+// Whether `z85` is a CURVE key (40 Z85 characters).
+bool IsCurvePublicKey(const std::string& z85);
 // A new key pair (libzmq's zmq_curve_keypair).
 StatusOr<CurveKey> GenerateCurveKey();
 // Writes `key` to a new file at `path` with mode 0600; fails if it exists.

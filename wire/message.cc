@@ -35,7 +35,7 @@ Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type,
 Offset<NodeAddress> BuildAddress(FlatBufferBuilder& fbb, const NodeInfo& n) {
   return CreateNodeAddress(fbb, n.role, n.rank, fbb.CreateString(n.host), n.data_port,
                            n.metrics_port, fbb.CreateString(n.identity),
-                           fbb.CreateString(n.boot_id));
+                           fbb.CreateString(n.boot_id), fbb.CreateString(n.public_key));
 }
 
 uint64_t TotalBytes(const std::vector<Payload>& payloads) {
@@ -128,7 +128,8 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
   auto body = CreateRegisterBody(fbb, me.role, me.rank, fbb.CreateString(build_id),
                                  fbb.CreateString(me.host), me.data_port, me.metrics_port,
                                  pid, num_workers, num_servers,
-                                 fbb.CreateString(me.identity), fbb.CreateString(me.boot_id));
+                                 fbb.CreateString(me.identity), fbb.CreateString(me.boot_id),
+                                 fbb.CreateString(me.public_key));
   return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
 }
 
@@ -286,6 +287,7 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   n.metrics_port = a.metrics_port();
   n.identity = a.identity() ? a.identity()->str() : "";
   n.boot_id = a.boot_id() ? a.boot_id()->str() : "";
+  n.public_key = a.public_key() ? a.public_key()->str() : "";
   return n;
 }
 

@@ -62,6 +62,9 @@ struct NodeInfo {
   uint16_t metrics_port = 0;
   std::string identity;  // of its data transport; "" when unknown
   std::string boot_id;   // of its machine; "" when unknown
+  // Its own CURVE public key (40 Z85 characters; "" without CURVE): its
+  // data port serves with it and peers admit it by it (docs/security.md).
+  std::string public_key;
 
   // Whether `other` runs on the same machine: the same host address and
   // the same, known, boot id.

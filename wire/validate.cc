@@ -63,8 +63,9 @@ Verdict CheckAddress(const NodeAddress* a, const Limits& limits, MsgType t) {
   if (a == nullptr) return Reject(ErrorCode::Malformed, "missing peer address", t);
   if (!InRange(a->role())) return Reject(ErrorCode::BadEnum, "peer role out of range", t);
   if (!StringOk(a->host(), limits)) return Reject(ErrorCode::Oversized, "peer host too long", t);
-  if (!StringOk(a->identity(), limits) || !StringOk(a->boot_id(), limits)) {
-    return Reject(ErrorCode::Oversized, "peer identity or boot id too long", t);
+  if (!StringOk(a->identity(), limits) || !StringOk(a->boot_id(), limits) ||
+      !StringOk(a->public_key(), limits)) {
+    return Reject(ErrorCode::Oversized, "peer identity, boot id or public key too long", t);
   }
   return Verdict();
 }
@@ -86,7 +87,8 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       if (!InRange(b->role()) || b->role() == Role::Scheduler) return bad_enum("role");
       if (b->requested_rank() < -1) return Reject(ErrorCode::BadSender, "negative requested rank", t);
       if (!StringOk(b->host(), limits) || !StringOk(b->build_id(), limits) ||
-          !StringOk(b->identity(), limits) || !StringOk(b->boot_id(), limits)) {
+          !StringOk(b->identity(), limits) || !StringOk(b->boot_id(), limits) ||
+          !StringOk(b->public_key(), limits)) {
         return too_long();
       }
       break;

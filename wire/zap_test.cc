@@ -6,11 +6,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "wire/curve.h"
@@ -102,6 +104,43 @@ TEST(ZapHandlerTest, ACurveSocketWithoutAHandlerRefusesEveryone) {
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
   zmq::poll(&item, 1, std::chrono::milliseconds(2000));
   EXPECT_FALSE(item.revents & ZMQ_POLLIN) << "a client got in with no ZAP handler to admit it";
+}
+
+// A key the handler does not know yet waits, up to the hold, for it to be
+// named: named in time, the client gets in under the User-Id it is bound to;
+// named only after the hold, it was refused (and libzmq does not retry).
+TEST(ZapHandlerTest, AnUnknownKeyIsHeldThenRefused) {
+  const CurveKey server = *GenerateCurveKey();
+  for (const int named_after_ms : {100, 1200}) {
+    zmq::context_t context;
+    std::atomic<bool> named{false};
+    auto zap = ZapHandler::Start(
+        context,
+        [&named](const uint8_t*) {
+          return named.load() ? std::optional<std::string>("node-1") : std::nullopt;
+        },
+        Millis(400), nullptr);
+    ASSERT_TRUE(zap.ok()) << zap.status();
+    zmq::socket_t router(context, zmq::socket_type::router);
+    router.set(zmq::sockopt::linger, 0);
+    ASSERT_TRUE(ApplyCurveServer(router, server).ok());
+    router.bind("tcp://127.0.0.1:0");
+    RawClient client(router.get(zmq::sockopt::last_endpoint), server.public_z85,
+                     *GenerateCurveKey());
+    std::this_thread::sleep_for(std::chrono::milliseconds(named_after_ms));
+    named.store(true);
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(3000));
+    if (named_after_ms > 400) {
+      EXPECT_FALSE(item.revents & ZMQ_POLLIN) << "a key named after the hold got in";
+      continue;
+    }
+    ASSERT_TRUE(item.revents & ZMQ_POLLIN) << "a key named within the hold was refused";
+    zmq::message_t routing_id, body;
+    ASSERT_TRUE(router.recv(routing_id));
+    ASSERT_TRUE(router.recv(body));
+    EXPECT_STREQ(body.gets("User-Id"), "node-1");
+  }
 }
 
 TEST(ZapHandlerTest, AFailureIsReportedOnce) {

@@ -12,11 +12,14 @@
 
 #include <atomic>
 #include <functional>
+#include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/status.h"
+#include "common/time.h"
 #include "wire/curve.h"
 #include "zmq.hpp"
 
@@ -30,6 +33,10 @@ Status ApplyCurveServer(zmq::socket_t& socket, const CurveKey& key);
 // A connecting (DEALER) socket: CURVE client of a server holding the job's
 // key, with the job's key pair as its own.
 void ApplyCurveClient(zmq::socket_t& socket, const CurveKey& key);
+// A connecting socket with its own pair `own`, talking only to a server
+// whose public key is `server_public_z85` (the handshake fails otherwise).
+void ApplyCurveClientOf(zmq::socket_t& socket, const CurveKey& own,
+                        const std::string& server_public_z85);
 
 // Answers ZAP requests (RFC 27) for every CURVE server socket of `context`:
 // a client whose public key is `admitted` is let in, any other is refused.
@@ -44,9 +51,23 @@ void ApplyCurveClient(zmq::socket_t& socket, const CurveKey& key);
 // is true from then on.
 class ZapHandler {
  public:
+  // Who is let in: the User-Id to answer for a client's 32-byte public key,
+  // nullopt to refuse it. Called on the handler's thread.
+  using Admit = std::function<std::optional<std::string>(const uint8_t* key)>;
+
   static StatusOr<std::unique_ptr<ZapHandler>> Start(
       zmq::context_t& context, const std::string& admitted_z85,
       std::function<void(const Status&)> on_failure = nullptr);
+  // As above, admitting whom `admit` names, under the User-Id it returns
+  // (receivers read it with zmq_msg_gets(msg, "User-Id")). A key `admit`
+  // does not know yet is asked about again while the client waits, for up
+  // to `hold` (a peer that has not received the plan naming it yet; libzmq
+  // does not reconnect after a refusal); at most kMaxHeld are held, others
+  // are refused at once.
+  static StatusOr<std::unique_ptr<ZapHandler>> Start(
+      zmq::context_t& context, Admit admit, Millis hold,
+      std::function<void(const Status&)> on_failure);
+  static constexpr size_t kMaxHeld = 256;
   ~ZapHandler();
 
   bool failed() const { return failed_.load(); }
@@ -54,10 +75,24 @@ class ZapHandler {
  private:
   ZapHandler() = default;
   void Serve(zmq::socket_t socket);
-  // Answers one request; false when the socket failed (*error says how).
+  struct Request {
+    std::string routing_id;  // of the requesting socket's ZAP pipe
+    std::string request_id;
+    std::string key;         // 32 bytes; empty: not a CURVE request
+    SteadyTime since;
+  };
+  // Answers what came and what is held; false when the socket failed
+  // (*error says how).
   bool AnswerOne(zmq::socket_t& socket, zmq::error_t* error);
+  static Request TakeRequest(std::vector<zmq::message_t>& req);
+  void Decide(zmq::socket_t& socket, Request r);
+  void ReviewHeld(zmq::socket_t& socket);
+  static void Answer(zmq::socket_t& socket, const Request& r,
+                     const std::optional<std::string>& user);
 
-  uint8_t admitted_[32] = {};
+  Admit admit_;
+  Millis hold_{0};
+  std::list<Request> held_;  // the handler's thread only
   std::function<void(const Status&)> on_failure_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

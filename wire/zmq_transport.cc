@@ -75,6 +75,10 @@ Status ListenClosedError() {
       "authenticated");
 }
 
+// How long a handshake with a key not in the plan waits for a plan that
+// names it (a peer may get it a little before this node does).
+constexpr Millis kZapHold(10000);
+
 Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
@@ -86,6 +90,7 @@ class ZmqTransport::Impl {
   Impl(ZmqOptions options)
       : options_(std::move(options)), incoming_(options_.max_queued_incoming) {
     if (options_.identity.empty()) options_.identity = RandomIdentity("node");
+    if (options_.node_keys && !options_.curve) options_.curve = options_.node_keys->job();
   }
 
   Status Start() {
@@ -104,6 +109,10 @@ class ZmqTransport::Impl {
   zmq::context_t& context() { return context_; }
   const std::optional<CurveKey>& curve() const { return options_.curve; }
   uint64_t NextProbeId() { return next_probe_++; }
+  // Sets the CURVE keys of an outgoing connection to `endpoint`; true when
+  // the peer is a node of the plan (its own key is required of it). Reads
+  // only what never changes: any thread.
+  bool ApplyClientKeys(zmq::socket_t& socket, const std::string& endpoint);
 
   // Hands `cmd` to the I/O thread and waits for its result.
   Result Submit(std::unique_ptr<Command> cmd) {
@@ -142,6 +151,7 @@ class ZmqTransport::Impl {
 
   uint64_t auth_failures() const { return auth_failures_.load(); }
   uint64_t dropped() const { return dropped_.load(); }
+  uint64_t impostors() const { return impostors_.load(); }
   uint64_t retry_steps() const { return retry_steps_.load(); }
 
  private:
@@ -198,6 +208,11 @@ class ZmqTransport::Impl {
   };
   void RetryPeer(PeerQueue& pending);
   void ReadSocket(zmq::socket_t& socket, const Route* fixed_route);
+  // With node keys: the identity a message on the listening socket comes
+  // from, when its routing id claims the identity bound to its sender's key
+  // (which becomes the route for replies); else nullopt, counted and
+  // reported.
+  std::optional<std::string> Authenticate(const std::vector<zmq::message_t>& frames);
   void Configure(zmq::socket_t& socket);
   void CloseAll();
   // The ZAP handler failed: the listening socket closes (its CURVE handshakes
@@ -224,6 +239,9 @@ class ZmqTransport::Impl {
   std::unique_ptr<ZapHandler> zap_;
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> dropped_{0};  // messages dropped as they were read
+  std::atomic<uint64_t> impostors_{0};
+  // With node keys: the routing id of each identity's latest connection.
+  std::map<std::string, std::string> routing_ids_;
   std::atomic<size_t> queued_bytes_{0};  // in incoming_
   std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
@@ -336,15 +354,22 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
     router->set(zmq::sockopt::routing_id, options_.identity);
     if (options_.curve) {
       if (!zap_) {
-        auto zap = ZapHandler::Start(context_, options_.curve->public_z85,
-                                     [this](const Status&) { Wake(); });
+        auto on_failure = [this](const Status&) { Wake(); };
+        auto zap = options_.node_keys
+                       ? ZapHandler::Start(context_,
+                                           [keys = options_.node_keys](const uint8_t* key) {
+                                             return keys->IdentityOf(key);
+                                           },
+                                           kZapHold, on_failure)
+                       : ZapHandler::Start(context_, options_.curve->public_z85, on_failure);
         if (!zap.ok()) {
           cmd.done.set_value({zap.status(), "", -1});
           return;
         }
         zap_ = std::move(*zap);
       }
-      Status watched = ApplyCurveServer(*router, *options_.curve);
+      Status watched = ApplyCurveServer(
+          *router, options_.node_keys ? options_.node_keys->own() : *options_.curve);
       if (watched.ok()) watched = MonitorHandshakes(*router);
       if (!watched.ok()) {
         cmd.done.set_value({watched, "", -1});
@@ -369,8 +394,9 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
   try {
     auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
     Configure(*dealer);
-    dealer->set(zmq::sockopt::routing_id, options_.identity);
-    if (options_.curve) ApplyCurveClient(*dealer, *options_.curve);
+    const bool node = ApplyClientKeys(*dealer, cmd.endpoint);
+    dealer->set(zmq::sockopt::routing_id,
+                node ? RoutingIdFor(options_.identity) : options_.identity);
     dealer->connect(cmd.endpoint);
     ConnId id = next_conn_++;
     dealers_[id] = std::move(dealer);
@@ -384,8 +410,17 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
 bool ZmqTransport::Impl::TrySend(Command& cmd) {
   const Route& to = cmd.route;
   zmq::socket_t* socket = nullptr;
+  std::string routing_id = to.identity;
   if (to.kind == Route::Kind::kInbound) {
     socket = router_.get();
+    if (options_.node_keys) {
+      auto known = routing_ids_.find(to.identity);
+      if (known == routing_ids_.end()) {
+        cmd.Finish({UnavailableError(to.ToString() + " is not connected"), "", -1});
+        return true;
+      }
+      routing_id = known->second;
+    }
   } else if (dealers_.count(to.conn)) {
     socket = dealers_[to.conn].get();
   }
@@ -397,7 +432,7 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
   const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
   try {
     if (to.kind == Route::Kind::kInbound) {
-      if (!socket->send(zmq::buffer(to.identity), more)) return false;
+      if (!socket->send(zmq::buffer(routing_id), more)) return false;
     }
     auto header_flags = m.payloads.empty() ? zmq::send_flags::dontwait : more;
     if (!socket->send(zmq::message_t(m.header.data(), m.header.size()), header_flags)) {
@@ -475,6 +510,11 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     size_t first = 0;
     if (fixed_route) {
       in.from = *fixed_route;
+    } else if (options_.node_keys) {
+      std::optional<std::string> identity = Authenticate(frames);
+      if (!identity) continue;
+      in.from = Route::Inbound(*identity);
+      first = 1;
     } else {
       in.from = Route::Inbound(frames[0].to_string());
       first = 1;
@@ -507,6 +547,44 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     queued_bytes_.fetch_add(in.message.header.size() + in.message.PayloadBytes());
     incoming_.Push(std::move(in), Deadline::Infinite()).IgnoreError();
   }
+}
+
+std::optional<std::string> ZmqTransport::Impl::Authenticate(
+    const std::vector<zmq::message_t>& frames) {
+  const std::string routing_id = frames[0].to_string();
+  // libzmq attaches the connection's properties to each frame it reads off
+  // it (the routing id frame is the router's own).
+  const char* user = frames.size() > 1
+                         ? zmq_msg_gets(const_cast<zmq::message_t&>(frames[1]).handle(), "User-Id")
+                         : nullptr;
+  const std::string bound = user != nullptr ? user : "";
+  const std::optional<std::string> claimed = RoutedIdentity(routing_id);
+  if (claimed && IdentityMatchesKey(*claimed, bound)) {
+    routing_ids_[*claimed] = routing_id;
+    return claimed;
+  }
+  impostors_.fetch_add(1);
+  if (options_.on_impostor) {
+    options_.on_impostor(
+        Escaped(routing_id, 64),
+        "a message under identity " + Escaped(claimed.value_or(routing_id), 64) +
+            " (the sender's key is bound to " +
+            (bound.empty() ? std::string("no identity") : Escaped(bound, 64)) + ")");
+  }
+  return std::nullopt;
+}
+
+bool ZmqTransport::Impl::ApplyClientKeys(zmq::socket_t& socket, const std::string& endpoint) {
+  if (!options_.curve) return false;
+  if (options_.node_keys) {
+    std::optional<std::string> server = options_.node_keys->ServerKeyAt(endpoint);
+    if (server) {
+      ApplyCurveClientOf(socket, options_.node_keys->own(), *server);
+      return true;
+    }
+  }
+  ApplyCurveClient(socket, *options_.curve);
+  return false;
 }
 
 void ZmqTransport::Impl::CloseAll() {
@@ -595,6 +673,7 @@ ZmqTransport::~ZmqTransport() { Shutdown(); }
 const std::string& ZmqTransport::identity() const { return impl_->identity(); }
 uint64_t ZmqTransport::auth_failures() const { return impl_->auth_failures(); }
 uint64_t ZmqTransport::dropped() const { return impl_->dropped(); }
+uint64_t ZmqTransport::impostors() const { return impl_->impostors(); }
 uint64_t ZmqTransport::retry_steps() const { return impl_->retry_steps(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
@@ -651,7 +730,7 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
     zmq::socket_t dealer(impl_->context(), zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::linger, 0);
     dealer.set(zmq::sockopt::reconnect_ivl, 100);
-    if (impl_->curve()) ApplyCurveClient(dealer, *impl_->curve());
+    impl_->ApplyClientKeys(dealer, endpoint);
     const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED |
                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                        ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;

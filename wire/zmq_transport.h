@@ -13,6 +13,15 @@
 //   the transport fails closed: the listening socket closes (no handshake
 //   succeeds from then on), and Receive returns Unavailable at once, also
 //   to callers already waiting; outgoing connections keep working.
+// - With ZmqOptions::node_keys (a data transport of a CURVE job), each node
+//   is known by its own key (wire/node_keys.h): the listening socket serves
+//   with the node's secret key and admits only the plan's keys; a message
+//   on it is taken only when the identity it comes under (its routing id)
+//   is the one bound to its sender's key (ZAP User-Id), else it is dropped,
+//   counted in impostors() and reported to on_impostor. Outgoing
+//   connections to the plan's nodes require the peer's own key of the
+//   server and present a routing id no other node can guess
+//   (RoutingIdFor), so nobody can take a node's route first.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose
@@ -40,6 +49,7 @@
 #include <string>
 
 #include "wire/curve.h"
+#include "wire/node_keys.h"
 #include "wire/transport.h"
 #include "wire/validate.h"
 
@@ -62,6 +72,12 @@ struct ZmqOptions {
   // calls on_auth_failure (on the I/O thread) with the peer's address.
   std::optional<CurveKey> curve;
   std::function<void(const std::string& peer)> on_auth_failure;
+  // Set (with curve): per-node identity, see above. Shared with the node
+  // that updates its plan.
+  std::shared_ptr<const NodeKeys> node_keys;
+  // Called (on the I/O thread) for each message whose identity is not the
+  // one bound to its sender's key, with the route and why.
+  std::function<void(const std::string& peer, const std::string& why)> on_impostor;
   // Called (on the I/O thread) for each message dropped as it was read,
   // with the route it came on and why.
   std::function<void(const std::string& peer, const std::string& why)> on_dropped;
@@ -72,6 +88,7 @@ struct ZmqOptions {
 struct TransportRefusals {
   std::atomic<uint64_t> handshakes{0};  // failed handshakes (CURVE)
   std::atomic<uint64_t> dropped{0};     // messages dropped as they were read
+  std::atomic<uint64_t> impostors{0};   // messages under another node's identity
 };
 
 // Once per process, unless GRADSYNC_TUNE_MALLOC=0 or GLIBC_TUNABLES sets
@@ -102,6 +119,8 @@ class ZmqTransport : public Transport {
   uint64_t auth_failures() const;
   // Messages dropped as they were read (too many frames, header too large).
   uint64_t dropped() const;
+  // Messages refused because their identity is not their key's (node keys).
+  uint64_t impostors() const;
   // Sends the I/O thread looked at while retrying those that would block,
   // besides each blocked peer's first (tried once per pass): one per send
   // that goes or expires, however many wait behind a peer that does not

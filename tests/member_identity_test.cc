@@ -1,0 +1,275 @@
+// A real CURVE job (scheduler, a synchronous shard with a server-side
+// optimizer and a checkpoint_dir, 3 workers of tests/ps_worker), and a job
+// member beside it: a process that holds the job's key and worker 1's own
+// node key, as a member that turned hostile would. It tries to take other
+// members' places: (1) it connects to the shard under worker 0's
+// parameter-server identity and pushes and pulls as worker 0; (2) it
+// connects to worker 0's data port as worker 2 (worker 0's left neighbour in
+// the ring) and aborts the ring in its name; (3) it claims to be the shard
+// restarted, with its own key, while the shard is silent. Each is refused
+// and counted, and every worker ends with the parameters, bit for bit, of
+// the same job without it. (A connection that finds another key than the
+// peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <list>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "common/version.h"
+#include "gtest/gtest.h"
+#include "tests/job_metrics.h"
+#include "tests/local_job.h"
+#include "wire/curve.h"
+#include "wire/message.h"
+#include "wire/validate.h"
+#include "wire/zmq_transport.h"
+#include "zmq.hpp"
+
+namespace gradsync {
+namespace {
+
+constexpr int kWorkers = 3;
+constexpr int kOpTimeoutMs = 30000;
+
+struct Peer {
+  std::string address;   // host:data_port
+  std::string identity;  // of its data transport
+};
+
+class MemberIdentityTest : public ::testing::Test, public LocalJob {
+ protected:
+  void SetUp() override {
+    job_file_ = TmpFile("job.key");
+    job_key_ = *wire::GenerateCurveKey();
+    ASSERT_TRUE(wire::WriteKeyFile(job_file_, job_key_).ok());
+    for (int r = 0; r < kWorkers; ++r) {
+      worker_files_.push_back(TmpFile("worker" + std::to_string(r) + ".key"));
+      worker_keys_.push_back(*wire::GenerateCurveKey());
+      ASSERT_TRUE(wire::WriteKeyFile(worker_files_.back(), worker_keys_.back()).ok());
+    }
+  }
+
+  // Each worker's "params H"; the member attacks when `attack`.
+  std::vector<std::string> RunJob(const std::string& tag, bool attack) {
+    tag_ = tag;
+    // A loaded machine may stall a process for a second: 10 s of silence
+    // before a node is declared dead.
+    StartScheduler(kWorkers, 1, {"--key_file=" + job_file_, "--metrics_port=0",
+                                 "--server_grace_ms=60000", "--missed_heartbeats=50"});
+    SetJob(kWorkers, 1);
+    env_["GRADSYNC_KEY_FILE"] = job_file_;
+    checkpoint_dir_ = TmpFile(tag + ".checkpoints");
+    shard_metrics_ = FreePort();
+    shard_port_ = FreePort();
+    Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server",
+                               "--ps_mode=sync", "--optimizer=momentum", "--lr=0.05",
+                               "--partition_bytes=262144", "--checkpoint_dir=" + checkpoint_dir_,
+                               "--scheduler_grace_ms=60000",
+                               "--data_port=" + std::to_string(shard_port_),
+                               "--metrics_port=" + std::to_string(shard_metrics_)},
+                              "server0");
+    std::vector<Subprocess*> workers;
+    for (int r = 0; r < kWorkers; ++r) {
+      workers.push_back(&Start({Runfile("tests/ps_worker"), "--rank=" + std::to_string(r),
+                                "--path=ps", "--mode=train", "--optimizer=momentum",
+                                "--steps=60", "--slow_ms=30", "--metrics_base_port=0",
+                                "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
+                                "--bucket_bytes=2097152", "--partition_bytes=262144",
+                                "--node_key_file=" + worker_files_[static_cast<size_t>(r)]},
+                               "worker" + std::to_string(r)));
+    }
+    if (attack) {
+      ReadJob();
+      PushAndPullAsWorker0();
+      AbortTheRingAsWorker2(*workers[0]);
+      ClaimTheSilentShard(shard);
+    }
+    std::vector<std::string> params;
+    for (int r = 0; r < kWorkers; ++r) {
+      auto code = workers[static_cast<size_t>(r)]->Wait(Deadline::AfterMs(120000));
+      const std::string out = workers[static_cast<size_t>(r)]->Output();
+      EXPECT_TRUE(code.has_value() && *code == 0) << out;
+      const std::string key = "worker " + std::to_string(r) + " params ";
+      const size_t at = out.find(key);
+      EXPECT_NE(at, std::string::npos) << out;
+      params.push_back(at == std::string::npos ? "" : out.substr(at + key.size(), 16));
+    }
+    scheduler_->Signal(SIGTERM);
+    EXPECT_TRUE(shard.Wait(Deadline::AfterMs(30000)).has_value());
+    scheduler_->Wait(Deadline::AfterMs(10000));
+    nodes_.clear();
+    sockets_.clear();
+    return params;
+  }
+
+  // From the scheduler's log: the job id, the shard's and every worker's
+  // data address and identity (by requested rank).
+  void ReadJob() {
+    ASSERT_TRUE(scheduler_->WaitForOutput("ready", Deadline::AfterMs(60000)))
+        << scheduler_->Output();
+    const std::string log = scheduler_->Output();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(job (\d+) assembled)")));
+    job_ = std::strtoull(m[1].str().c_str(), nullptr, 10);
+    const std::regex reg(R"(registered a (worker|server) \(pid \d+ on ([0-9.]+):(\d+)\)[^\n]*)"
+                         R"(requested rank (-?\d+), data identity ([^)\s]+)\))");
+    workers_.assign(kWorkers, Peer{});
+    for (std::sregex_iterator it(log.begin(), log.end(), reg), end; it != end; ++it) {
+      const Peer p{(*it)[2].str() + ":" + (*it)[3].str(), (*it)[5].str()};
+      if ((*it)[1] == "server") {
+        shard_ = p;
+      } else {
+        workers_.at(std::stoul((*it)[4].str())) = p;
+      }
+    }
+    for (const Peer& p : workers_) ASSERT_FALSE(p.identity.empty()) << log;
+    ASSERT_FALSE(shard_.identity.empty()) << log;
+  }
+
+  // A connection of the member's (worker 1's key pair) to `address`, which
+  // serves with `server_key`, under ZeroMQ routing id `routing_id`; open
+  // until the job ends.
+  zmq::socket_t& Connect(const std::string& address, const std::string& server_key,
+                         const std::string& routing_id) {
+    sockets_.emplace_back(context_, zmq::socket_type::dealer);
+    zmq::socket_t& s = sockets_.back();
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::routing_id, routing_id);
+    s.set(zmq::sockopt::curve_serverkey, server_key);
+    s.set(zmq::sockopt::curve_publickey, worker_keys_[1].public_z85);
+    s.set(zmq::sockopt::curve_secretkey, worker_keys_[1].secret_z85);
+    s.connect("tcp://" + address);
+    return s;
+  }
+
+  static void SendOn(zmq::socket_t& s, const wire::Message& msg) {
+    const bool more = !msg.payloads.empty();
+    s.send(zmq::buffer(msg.header), more ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    for (size_t i = 0; i < msg.payloads.size(); ++i) {
+      s.send(zmq::const_buffer(msg.payloads[i].data, msg.payloads[i].size),
+             i + 1 < msg.payloads.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+
+  wire::Message AsWorker0(wire::MsgType type, uint64_t round) const {
+    wire::DataFields f;
+    f.num_elements = 4;
+    f.round = round;
+    std::vector<wire::Payload> payloads;
+    if (type == wire::MsgType::Push) payloads.push_back(wire::Payload::Copy("0123456789abcdef", 16));
+    return wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, type, f,
+                          std::move(payloads), round, round);
+  }
+
+  // (1) Under worker 0's parameter-server identity, as the member's
+  // transport would present it and as a bare routing id.
+  void PushAndPullAsWorker0() {
+    const std::string shard_key =
+        wire::ReadKeyFile(checkpoint_dir_ + "/node-127.0.0.1-" + std::to_string(shard_port_) +
+                          ".key")
+            ->public_z85;
+    const std::string as = wire::PsClientIdentity(workers_[0].identity);
+    for (const std::string& routing_id : {as + "#0123456789abcdef", as}) {
+      zmq::socket_t& s = Connect(shard_.address, shard_key, routing_id);
+      for (uint64_t round = 1; round <= 2; ++round) {
+        SendOn(s, AsWorker0(wire::MsgType::Push, round));
+        SendOn(s, AsWorker0(wire::MsgType::Pull, round));
+      }
+    }
+    double impostors = 0;
+    for (Deadline d = Deadline::AfterMs(20000); impostors < 8 && !d.Expired();) {
+      impostors = Sum(Scrape(shard_metrics_), "gradsync_impostors_total ");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(impostors, 8) << "the shard took messages sent as worker 0 by another member";
+  }
+
+  // (2) Worker 0's left neighbour is worker 2.
+  void AbortTheRingAsWorker2(const Subprocess& worker0) {
+    zmq::socket_t& s = Connect(workers_[0].address, worker_keys_[0].public_z85,
+                              workers_[2].identity + "#0123456789abcdef");
+    wire::RingAbortFields abort;
+    abort.origin_rank = 2;
+    abort.blamed_rank = 0;
+    abort.message = "forged";
+    SendOn(s, wire::MakeRingAbort(wire::Sender{wire::Role::Worker, 2, job_}, abort));
+    EXPECT_TRUE(worker0.WaitForOutput("refused a message under identity " + workers_[2].identity,
+                                      Deadline::AfterMs(20000)))
+        << worker0.Output();
+  }
+
+  // (3) Over the scheduler's port (the job key admits it), as server 0 at
+  // the shard's address, once the shard has been silent for longer than a
+  // restarted shard's claim waits.
+  void ClaimTheSilentShard(Subprocess& shard) {
+    wire::ZmqOptions o;
+    o.curve = job_key_;
+    auto t = std::move(wire::ZmqTransport::Create(o)).value();
+    auto conn = t->Connect("tcp://" + address_);
+    ASSERT_TRUE(conn.ok());
+    wire::NodeInfo me;
+    me.role = wire::Role::Server;
+    me.rank = 0;
+    me.host = shard_.address.substr(0, shard_.address.rfind(':'));
+    me.data_port = static_cast<uint16_t>(std::stoi(shard_.address.substr(me.host.size() + 1)));
+    me.identity = "member-claiming-server-0";
+    me.public_key = worker_keys_[1].public_z85;
+    shard.Signal(SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(8 * kHeartbeatMs));
+    ASSERT_TRUE(t->Send(wire::Route::Connection(*conn),
+                        wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
+                                           static_cast<uint32_t>(getpid()), kProtocolVersion,
+                                           kWorkers, 1),
+                        Deadline::AfterMs(5000))
+                    .ok());
+    std::optional<wire::ErrorCode> answer;
+    bool assigned = false;
+    for (Deadline d = Deadline::AfterMs(10000); !answer && !assigned && !d.Expired();) {
+      auto in = t->Receive(d);
+      if (!in.ok()) break;
+      wire::Verdict v = wire::Validate(
+          in->message, wire::Policy::Accepting({wire::MsgType::Error, wire::MsgType::RankAssignment}));
+      if (!v.ok()) continue;
+      assigned = v.type == wire::MsgType::RankAssignment;
+      if (v.type == wire::MsgType::Error) answer = v.header->body_as_ErrorBody()->code();
+    }
+    shard.Signal(SIGCONT);
+    t->Shutdown();
+    EXPECT_FALSE(assigned) << "the scheduler gave the shard's place to another key";
+    EXPECT_EQ(answer, std::optional<wire::ErrorCode>(wire::ErrorCode::WrongKey));
+    EXPECT_TRUE(scheduler_->WaitForOutput("registered with another node key",
+                                          Deadline::AfterMs(5000)));
+  }
+
+  std::string job_file_;
+  wire::CurveKey job_key_;
+  std::vector<std::string> worker_files_;
+  std::vector<wire::CurveKey> worker_keys_;
+  std::string checkpoint_dir_;
+  int shard_metrics_ = 0;
+  int shard_port_ = 0;
+  uint64_t job_ = 0;
+  Peer shard_;
+  std::vector<Peer> workers_;
+  zmq::context_t context_;
+  std::list<zmq::socket_t> sockets_;  // the member's connections
+};
+
+TEST_F(MemberIdentityTest, AMemberCannotTakeAnotherMembersPlace) {
+  const std::vector<std::string> clean = RunJob("clean", false);
+  const std::vector<std::string> attacked = RunJob("attacked", true);
+  ASSERT_EQ(clean.size(), static_cast<size_t>(kWorkers));
+  EXPECT_EQ(attacked, clean);
+  for (const std::string& p : clean) EXPECT_EQ(p, clean[0]);
+  std::printf("params %s, with the member's attempts and without\n", clean[0].c_str());
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,80 @@
+#include "wire/node_keys.h"
+
+#include <sys/stat.h>
+
+#include "common/private_files.h"
+#include "wire/transport.h"
+#include "zmq.h"
+
+namespace gradsync::wire {
+
+namespace {
+
+constexpr char kRoutingSeparator = '#';
+
+std::optional<std::string> DecodeKey(const std::string& z85) {
+  if (z85.size() != 40) return std::nullopt;
+  uint8_t binary[32];
+  if (zmq_z85_decode(binary, z85.c_str()) == nullptr) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(binary), sizeof(binary));
+}
+
+}  // namespace
+
+void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
+  std::map<std::string, std::string> identities, keys;
+  for (const NodeInfo& p : peers) {
+    auto binary = DecodeKey(p.public_key);
+    if (!binary || p.identity.empty()) continue;
+    identities[*binary] = p.identity;
+    keys[p.DataEndpoint()] = p.public_key;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  identity_by_key_.swap(identities);
+  key_by_endpoint_.swap(keys);
+}
+
+std::optional<std::string> NodeKeys::IdentityOf(const uint8_t* key) const {
+  const std::string binary(reinterpret_cast<const char*>(key), 32);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = identity_by_key_.find(binary);
+  if (it == identity_by_key_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::string> NodeKeys::ServerKeyAt(const std::string& endpoint) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = key_by_endpoint_.find(endpoint);
+  if (it == key_by_endpoint_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string RoutingIdFor(const std::string& identity) {
+  return RandomIdentity(identity + kRoutingSeparator);
+}
+
+std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
+  const size_t at = routing_id.rfind(kRoutingSeparator);
+  if (at == std::string::npos || at == 0) return std::nullopt;
+  return routing_id.substr(0, at);
+}
+
+bool IdentityMatchesKey(const std::string& claimed, const std::string& bound) {
+  return !bound.empty() && (claimed == bound || claimed == PsClientIdentity(bound));
+}
+
+StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& keep_at) {
+  if (!node_key_file.empty()) return ReadKeyFile(node_key_file);
+  if (keep_at.empty()) return GenerateCurveKey();
+  const size_t slash = keep_at.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    GS_RETURN_IF_ERROR(MakePrivateDirectory(keep_at.substr(0, slash), "node key directory"));
+  }
+  struct stat st;
+  if (lstat(keep_at.c_str(), &st) == 0) return ReadKeyFile(keep_at);
+  GS_ASSIGN_OR_RETURN(CurveKey key, GenerateCurveKey());
+  GS_RETURN_IF_ERROR(WriteKeyFile(keep_at, key));
+  return key;
+}
+
+}  // namespace gradsync::wire

@@ -1,0 +1,79 @@
+// Per-node CURVE identity (docs/security.md): every node of a CURVE job
+// has a key pair of its own besides the job's key. The job key admits a
+// node to the scheduler; the node key is what its peers know it by. The
+// scheduler binds each node's identity to its public key and hands every
+// node the plan (each peer's identity, data endpoint and public key).
+//
+// A data transport (ZmqOptions::node_keys) then
+//   - serves on its listening socket with the node's own secret key, and
+//     its ZAP handler admits only the plan's keys, answering with the
+//     identity bound to the key as ZAP User-Id;
+//   - connects to a peer of the plan with that peer's public key as the
+//     server key (nobody else can serve that endpoint to it) and the node's
+//     own pair as client key; other endpoints (the scheduler) get the job
+//     key.
+//
+// Thread-safety: all methods are thread-safe; the plan may be replaced at
+// any time (SetPlan), and what is looked up afterwards sees the new one.
+#ifndef GRADSYNC_WIRE_NODE_KEYS_H_
+#define GRADSYNC_WIRE_NODE_KEYS_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "wire/curve.h"
+#include "wire/message.h"
+
+namespace gradsync::wire {
+
+class NodeKeys {
+ public:
+  NodeKeys(CurveKey job, CurveKey own) : job_(std::move(job)), own_(std::move(own)) {}
+
+  const CurveKey& job() const { return job_; }
+  const CurveKey& own() const { return own_; }
+
+  // Replaces the plan with `peers` (those without an identity or a valid
+  // public key are left out: nobody is admitted by them).
+  void SetPlan(const std::vector<NodeInfo>& peers);
+  // The identity bound to the 32-byte public key `key`; nullopt when the
+  // key is not one of the plan's.
+  std::optional<std::string> IdentityOf(const uint8_t* key) const;
+  // The public key (Z85) of the plan's node at `endpoint` (NodeInfo::
+  // DataEndpoint); nullopt for an endpoint outside the plan.
+  std::optional<std::string> ServerKeyAt(const std::string& endpoint) const;
+
+ private:
+  const CurveKey job_;
+  const CurveKey own_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> identity_by_key_;  // binary key -> identity
+  std::map<std::string, std::string> key_by_endpoint_;  // endpoint -> Z85 key
+};
+
+// The identity a data transport's outgoing connection presents as its
+// ZeroMQ routing id with node keys: `identity` and a random suffix that no
+// other node can guess, so no one can take its route on the peer's socket
+// first. RoutedIdentity gives `identity` back from it (nullopt: not one).
+std::string RoutingIdFor(const std::string& identity);
+std::optional<std::string> RoutedIdentity(const std::string& routing_id);
+// Whether a message under transport identity `claimed` may come from the
+// node whose key is bound to `bound`: the node's own data identity or its
+// parameter-server client's (PsClientIdentity).
+bool IdentityMatchesKey(const std::string& claimed, const std::string& bound);
+
+// The node key of a process: the key file `node_key_file` (the setting)
+// when given; else, with `keep_at` empty, a new pair in memory (a worker);
+// else the key kept in the file `keep_at` (0600, in a 0700 directory),
+// made there on first start, so that a restarted shard presents the same
+// key.
+StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& keep_at);
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_NODE_KEYS_H_
