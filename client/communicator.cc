@@ -668,6 +668,8 @@ Status Communicator::Impl::EnsureEpoch(Deadline deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.code() != StatusCode::kMembershipChanged) return Status();
   }
+  // A handle's callback runs on the engine thread: it re-forms in place.
+  if (std::this_thread::get_id() == engine_.get_id()) return Reform(deadline);
   std::lock_guard<std::mutex> one_at_a_time(reform_mu_);
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();

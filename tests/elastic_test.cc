@@ -70,6 +70,27 @@ TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) {
   EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
 }
 
+TEST_F(ElasticTest, AStoppedWorkerThatWakesUpAfterItsRemovalIsRefusedAndToldWhy) {
+  auto workers = StartJob(3, {"--min_workers=2"}, "300");
+  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
+      << workers[2]->Output();
+  workers[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
+      << workers[0]->Output();
+  workers[2]->Signal(SIGCONT);
+  EXPECT_EQ(workers[2]->Wait(Deadline::AfterMs(30000)), 3) << workers[2]->Output();
+  EXPECT_NE(workers[2]->Output().find("this worker was removed from the job: epoch 0 ended "
+                                      "without it: no message for"),
+            std::string::npos) << workers[2]->Output();
+  std::set<std::string> params;
+  for (int r : {0, 1}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("final step 300 world 2 epoch 1"), std::string::npos);
+    params.insert(Params(workers[r]->Output()));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+}
+
 TEST_F(ElasticTest, BelowMinWorkersTheJobFailsClearlyAfterItsDeadline) {
   auto workers = StartJob(3, {"--min_workers=2", "--elastic_timeout_ms=1500"}, "100000");
   for (int r : {1, 2}) {
