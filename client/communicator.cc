@@ -222,6 +222,7 @@ class Communicator::Impl {
   // Backends of earlier epochs: failed sends may still point into them.
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;  // one re-form at a time
+  SteadyTime membership_changed_at_;  // guarded by mu_
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only
   uint64_t resent_seen_ = 0;  // engine thread only
@@ -262,6 +263,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
                                                 },
                                                 deadline));
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
+  metrics_.SetMembership(session_->epoch(), session_->num_workers());
   engine_ = std::thread([this] { EngineLoop(); });
   return Status();
 }
@@ -329,6 +331,9 @@ void Communicator::Impl::Fail(const Status& why) {
   std::vector<std::shared_ptr<SyncHandle::State>> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok() && why.code() == StatusCode::kMembershipChanged) {
+      membership_changed_at_ = std::chrono::steady_clock::now();
+    }
     pending = FailLocked(why);
   }
   // Callbacks may call back into the Communicator: never under mu_.
@@ -708,11 +713,12 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       retired_backends_.push_back(std::move(backend_));
       backend_ = std::move(*next);
       ResetStepLocked();
+      const auto now = std::chrono::steady_clock::now();
+      metrics_.SetMembership(epoch, session_->num_workers());
+      metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
       GS_LOG(WARNING) << "epoch " << epoch << ": re-formed the ring as worker "
                       << session_->rank() << " of " << session_->num_workers() << " in "
-                      << std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                             .count()
-                      << " s";
+                      << std::chrono::duration<double>(now - start).count() << " s";
       return Status();
     }
     if (next.ok()) {

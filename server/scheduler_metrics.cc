@@ -55,7 +55,7 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
       &changes.Add({{"reason", "below_min_workers"}});
   recovery_seconds = &prometheus::BuildHistogram()
                           .Name("gradsync_scheduler_recovery_seconds")
-                          .Help("From a worker's loss to every survivor in the new epoch.")
+                          .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
                           .Register(registry)
                           .Add({}, LatencyBuckets());
 }

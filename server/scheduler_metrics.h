@@ -26,8 +26,8 @@ struct SchedulerMetrics {
   prometheus::Counter* registrations = nullptr;
   prometheus::Counter* barriers_completed = nullptr;
   // Elastic jobs: workers in the current epoch, the epoch, membership
-  // changes by reason (MembershipReason), and the time from a worker's loss
-  // to every survivor being in the new epoch.
+  // changes by reason (MembershipReason), and the time from a worker
+  // declared lost to every survivor in the new epoch's barrier.
   prometheus::Gauge* world_size = nullptr;
   prometheus::Gauge* epoch = nullptr;
   std::array<prometheus::Counter*, 2> membership_changes{};
