@@ -70,6 +70,27 @@ TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) {
   EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
 }
 
+// Rank 0 first (the rank every epoch's re-ranking starts from), then
+// another: two epochs.
+TEST_F(ElasticTest, TwoLossesOneAfterTheOtherIncludingRankZero) {
+  auto workers = StartJob(4, {"--min_workers=2"}, "600");
+  ASSERT_TRUE(workers[0]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+      << workers[0]->Output();
+  workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(workers[3]->WaitForOutput("reached step 300", Deadline::AfterMs(60000)))
+      << workers[3]->Output();
+  workers[3]->Signal(SIGKILL);
+  std::set<std::string> params;
+  for (int r : {1, 2}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_NE(out.find("worker rank 0 (identity "), std::string::npos) << out;
+    EXPECT_NE(out.find("final step 600 world 2 epoch 2 params "), std::string::npos) << out;
+    params.insert(Params(out));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+}
+
 TEST_F(ElasticTest, AStoppedWorkerThatWakesUpAfterItsRemovalIsRefusedAndToldWhy) {
   auto workers = StartJob(3, {"--min_workers=2"}, "300");
   ASSERT_TRUE(workers[2]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
