@@ -149,7 +149,7 @@ class Communicator::Impl {
   }
   // Elastic jobs: after a membership change, re-forms the backend for the
   // new epoch (on the engine thread) before the caller goes on; OK when
-  // there was none. See communicator_elastic.cc.
+  // there was none.
   Status EnsureEpoch(Deadline deadline);
 
   StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype,

@@ -40,6 +40,7 @@ uint32_t Session::epoch() const {
 }
 
 Status Session::MembershipStatus() const {
+  if (node_.agent->latest_epoch() <= epoch()) return Status();  // the common case, cheap
   const cluster::Assignment latest = node_.agent->latest();
   std::lock_guard<std::mutex> lock(mu_);
   if (latest.epoch <= current_.epoch) return Status();

@@ -231,6 +231,11 @@ void NodeAgent::OnEpoch(const wire::Header& h) {
                   << latest_.num_workers << " (" << latest_.change << ")";
 }
 
+uint32_t NodeAgent::latest_epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_.epoch;
+}
+
 Assignment NodeAgent::latest() const {
   std::lock_guard<std::mutex> lock(mu_);
   return latest_;

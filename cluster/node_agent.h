@@ -111,6 +111,8 @@ class NodeAgent {
   // Elastic jobs: the newest assignment the scheduler sent (assignment()
   // until a worker is lost; later epochs carry fewer workers, re-ranked).
   Assignment latest() const;
+  // latest().epoch, without the copy.
+  uint32_t latest_epoch() const;
   // Blocks until every worker of epoch `epoch` has entered its epoch
   // barrier. MembershipChanged when a later epoch started meanwhile; the
   // job's failure, or DeadlineExceeded.
