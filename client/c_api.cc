@@ -57,6 +57,8 @@ static_assert(GS_INTERNAL == static_cast<int>(StatusCode::kInternal),
               "gs_code");
 static_assert(GS_UNAVAILABLE == static_cast<int>(StatusCode::kUnavailable),
               "gs_code");
+static_assert(GS_MEMBERSHIP_CHANGED == static_cast<int>(StatusCode::kMembershipChanged),
+              "gs_code");
 static_assert(GS_DATA_LOSS == static_cast<int>(StatusCode::kDataLoss),
               "gs_code");
 static_assert(GS_F32 == static_cast<int>(DType::kF32), "gs_dtype");
@@ -150,7 +152,7 @@ extern "C" {
 const char* gs_last_error(void) { return last_error.c_str(); }
 
 const char* gs_code_name(int code) {
-  if (code < GS_OK || code > GS_DATA_LOSS) return "unknown";
+  if (code < GS_OK || code > GS_MEMBERSHIP_CHANGED) return "unknown";
   return gradsync::StatusCodeName(static_cast<StatusCode>(code));
 }
 
@@ -195,6 +197,29 @@ int gs_world_size(const gs_comm* comm, int* out) {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(out, "out"));
     *out = comm->comm->world_size();
+    return OkStatus();
+  });
+}
+
+int gs_epoch(const gs_comm* comm, uint32_t* out) {
+  return Guard("gs_epoch", [&]() -> Status {
+    GS_RETURN_IF_ERROR(CheckComm(comm));
+    GS_RETURN_IF_ERROR(NotNull(out, "out"));
+    *out = comm->comm->epoch();
+    return OkStatus();
+  });
+}
+
+int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms,
+                  uint64_t* out_step, int* out_root) {
+  return Guard("gs_agree_step", [&]() -> Status {
+    GS_RETURN_IF_ERROR(CheckComm(comm));
+    GS_RETURN_IF_ERROR(NotNull(out_step, "out_step"));
+    GS_RETURN_IF_ERROR(NotNull(out_root, "out_root"));
+    GS_ASSIGN_OR_RETURN(gradsync::client::Communicator::ResumePoint at,
+                        comm->comm->AgreeOnStep(completed_steps, ToDeadline(timeout_ms)));
+    *out_step = at.step;
+    *out_root = at.root;
     return OkStatus();
   });
 }

@@ -69,7 +69,11 @@ typedef enum gs_code {
   GS_UNIMPLEMENTED = 9,
   GS_INTERNAL = 10,
   GS_UNAVAILABLE = 11,
-  GS_DATA_LOSS = 12
+  GS_DATA_LOSS = 12,
+  /* An elastic job lost a worker: gs_rank, gs_world_size and gs_epoch
+   * already give the new epoch; gs_agree_step says which step to redo
+   * (client/communicator.h). */
+  GS_MEMBERSHIP_CHANGED = 13
 } gs_code;
 
 /* Element types; values match gradsync::DType. Functions take the value as
@@ -124,6 +128,14 @@ int gs_destroy(gs_comm* comm);
 /* This worker's rank in [0, world size), and the number of workers. */
 int gs_rank(const gs_comm* comm, int* out);
 int gs_world_size(const gs_comm* comm, int* out);
+/* The membership epoch: 0 until an elastic job loses a worker. */
+int gs_epoch(const gs_comm* comm, uint32_t* out);
+/* After GS_MEMBERSHIP_CHANGED: every survivor passes the number of steps it
+ * completed; *out_step gets the most, *out_root the lowest rank that
+ * completed that many (the others take its state, e.g. by gs_broadcast
+ * from it, and redo step *out_step). Blocks as gs_allgather. */
+int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms,
+                  uint64_t* out_step, int* out_root);
 
 /* Registers a gradient tensor of `num_elements` elements and sets *out_id.
  * Only before the first gs_mark_ready; every worker registers the same

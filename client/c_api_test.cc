@@ -312,8 +312,20 @@ TEST_F(CApiTest, BroadcastFromRankZeroAllGatherAndAllReduceFromC) {
         << gs_last_error();
     EXPECT_EQ(sums, std::vector<float>(10, 6.0f));
     EXPECT_EQ(gs_barrier(comm, kTimeoutMs), GS_OK) << gs_last_error();
+
+    // The resume point of an elastic job: the most steps, its lowest rank.
+    uint32_t epoch = 7;
+    ASSERT_EQ(gs_epoch(comm, &epoch), GS_OK) << gs_last_error();
+    EXPECT_EQ(epoch, 0u);
+    uint64_t step = 0;
+    int root = -1;
+    ASSERT_EQ(gs_agree_step(comm, rank == 0 ? 5 : 6, kTimeoutMs, &step, &root), GS_OK)
+        << gs_last_error();
+    EXPECT_EQ(step, 6u);
+    EXPECT_EQ(root, 1);
   });
   ExpectJobEndedCleanly();
+  EXPECT_STREQ(gs_code_name(GS_MEMBERSHIP_CHANGED), "membership_changed");
 }
 
 TEST_F(CApiTest, ArgumentErrorsReturnTheCodeAndNameTheProblem) {

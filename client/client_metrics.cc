@@ -35,6 +35,8 @@ FailureReason ReasonOf(const Status& s, SyncPath path) {
       return path == SyncPath::kPs ? FailureReason::kRejected : FailureReason::kMismatch;
     case StatusCode::kFailedPrecondition:
       return FailureReason::kMismatch;
+    case StatusCode::kMembershipChanged:
+      return FailureReason::kPeerDead;
     case StatusCode::kUnavailable: {
       const std::string& m = s.message();
       const bool dead = m.find(" died") != std::string::npos ||
@@ -97,6 +99,21 @@ ClientMetrics::ClientMetrics(prometheus::Registry& registry) {
                     .Help("Training steps whose gradients are synchronised.")
                     .Register(registry)
                     .Add({});
+  world_size_ = &prometheus::BuildGauge()
+                     .Name("gradsync_client_world_size")
+                     .Help("Workers in this worker's membership epoch.")
+                     .Register(registry)
+                     .Add({});
+  epoch_ = &prometheus::BuildGauge()
+                .Name("gradsync_client_membership_epoch")
+                .Help("This worker's membership epoch (0 until an elastic job loses a worker).")
+                .Register(registry)
+                .Add({});
+  recovery_ = &prometheus::BuildHistogram()
+                   .Name("gradsync_client_recovery_seconds")
+                   .Help("From a membership change to the ring re-formed for the new epoch.")
+                   .Register(registry)
+                   .Add({}, LatencyBuckets());
 }
 
 void ClientMetrics::Record(SyncOp op, SyncPath path, double seconds, const Status& s) {

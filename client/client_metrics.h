@@ -9,6 +9,10 @@
 //   gradsync_client_wire_bytes_total{direction}    the same after compression
 //   gradsync_client_buckets_in_flight              buckets handed to the engine
 //   gradsync_client_last_completed_step            steps synchronised
+//   gradsync_client_world_size                     workers in this worker's epoch
+//   gradsync_client_membership_epoch               its membership epoch (elastic jobs)
+//   gradsync_client_recovery_seconds               histogram: from a membership
+//                                                  change to the re-formed ring
 // op: push, pull, push_pull, allreduce, allgather, broadcast, barrier;
 // path: ring, nccl, ps; direction: sent, received. raw / wire of `sent` is
 // the compression ratio.
@@ -44,7 +48,8 @@ SyncPath SyncPathOf(const std::string& backend_name);
 // The reason an operation on `path` failed with `s`. A peer's refusal on
 // the PS path arrives as Aborted (rejected); on the ring, Aborted and
 // FailedPrecondition are ranks that disagree (mismatch); Unavailable
-// naming a dead node is peer_dead.
+// naming a dead node is peer_dead, and so is an elastic job's membership
+// change (a worker was lost).
 FailureReason ReasonOf(const Status& s, SyncPath path);
 
 class ClientMetrics {
@@ -59,6 +64,12 @@ class ClientMetrics {
   void Retried(uint64_t n) { retries_->Increment(static_cast<double>(n)); }
   void SetBucketsInFlight(int64_t n) { in_flight_->Set(static_cast<double>(n)); }
   void SetLastCompletedStep(uint64_t step) { last_step_->Set(static_cast<double>(step)); }
+  void SetMembership(uint32_t epoch, int world_size) {
+    epoch_->Set(static_cast<double>(epoch));
+    world_size_->Set(static_cast<double>(world_size));
+  }
+  void Recovered(double seconds) { recovery_->Observe(seconds); }
+  prometheus::Histogram& recovery() { return *recovery_; }  // for tests
 
   // For tests.
   prometheus::Histogram& latency(SyncOp op, SyncPath path) {
@@ -77,6 +88,9 @@ class ClientMetrics {
   prometheus::Counter* wire_received_ = nullptr;
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* last_step_ = nullptr;
+  prometheus::Gauge* world_size_ = nullptr;
+  prometheus::Gauge* epoch_ = nullptr;
+  prometheus::Histogram* recovery_ = nullptr;
 };
 
 }  // namespace gradsync::client

@@ -20,6 +20,8 @@ TEST(ClientMetricsTest, FailureReasons) {
   EXPECT_EQ(ReasonOf(UnavailableError("sending to rank 2 failed"), SyncPath::kRing),
             FailureReason::kUnavailable);
   EXPECT_EQ(ReasonOf(InvalidArgumentError("dtype"), SyncPath::kPs), FailureReason::kOther);
+  EXPECT_EQ(ReasonOf(MembershipChangedError("worker rank 2 left"), SyncPath::kRing),
+            FailureReason::kPeerDead);
 }
 
 TEST(ClientMetricsTest, LabelsAndPaths) {

@@ -142,7 +142,15 @@ class Communicator::Impl {
 
   int rank() const { return session_->rank(); }
   int world_size() const { return session_->num_workers(); }
-  const char* backend() const { return backend_->name(); }
+  uint32_t epoch() const { return session_->epoch(); }
+  const char* backend() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return backend_->name();
+  }
+  // Elastic jobs: after a membership change, re-forms the backend for the
+  // new epoch (on the engine thread) before the caller goes on; OK when
+  // there was none.
+  Status EnsureEpoch(Deadline deadline);
 
   StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype,
                               const std::vector<size_t>& shape);
@@ -170,7 +178,7 @@ class Communicator::Impl {
                      std::function<Status(Collectives&, uint64_t seq, uint8_t* staged)> op);
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
-    CommunicatorStats s = stats_;
+    CommunicatorStats s = stats_;  // backend_ is swapped under mu_
     s.sent_bytes = backend_->SentBytes(s.wire_bytes);
     return s;
   }
@@ -191,6 +199,14 @@ class Communicator::Impl {
   // which the caller does after releasing mu_.
   std::vector<std::shared_ptr<SyncHandle::State>> FailLocked(const Status& why);
   void Fail(const Status& why);  // FailLocked, then completes the handles
+  // An elastic job's failure that a membership change caused, as
+  // MembershipChanged (waiting for the new epoch up to the scheduler's loss
+  // deadline); any other status as it is.
+  Status Classify(Status s);
+  // On the engine thread: the backend for the adopted epoch, swapped in.
+  Status Reform(Deadline deadline);
+  void ResetStepLocked();
+  std::vector<wire::TensorSpecFields> LayoutLocked();
   // Records one operation of the engine thread, and the retries since the last.
   void Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s);
 
@@ -202,7 +218,11 @@ class Communicator::Impl {
   wire::RejectedMetrics ring_rejected_;
   wire::RejectedMetrics ps_rejected_;
   std::unique_ptr<DeviceGradients> device_;  // gradient_device=cuda
-  std::unique_ptr<SyncBackend> backend_;     // set by Start
+  std::unique_ptr<SyncBackend> backend_;     // set by Start; swapped under mu_
+  // Backends of earlier epochs: failed sends may still point into them.
+  std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
+  std::mutex reform_mu_;  // one re-form at a time
+  SteadyTime membership_changed_at_;  // guarded by mu_
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only
   uint64_t resent_seen_ = 0;  // engine thread only
@@ -243,6 +263,7 @@ Status Communicator::Impl::Start(Deadline deadline) {
                                                 },
                                                 deadline));
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
+  metrics_.SetMembership(session_->epoch(), session_->num_workers());
   engine_ = std::thread([this] { EngineLoop(); });
   return Status();
 }
@@ -304,9 +325,15 @@ std::vector<std::shared_ptr<SyncHandle::State>> Communicator::Impl::FailLocked(
 }
 
 void Communicator::Impl::Fail(const Status& why) {
+  // The new epoch's rank and size are the trainer's to read as soon as it
+  // sees the failure.
+  if (why.code() == StatusCode::kMembershipChanged) session_->AdoptEpoch();
   std::vector<std::shared_ptr<SyncHandle::State>> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok() && why.code() == StatusCode::kMembershipChanged) {
+      membership_changed_at_ = std::chrono::steady_clock::now();
+    }
     pending = FailLocked(why);
   }
   // Callbacks may call back into the Communicator: never under mu_.
@@ -367,13 +394,9 @@ Status Communicator::Impl::FinalizeLocked() {
     Status s = backend_->PrepareBuckets(specs);
     if (!s.ok()) Fail(s);
   });
-  std::vector<wire::TensorSpecFields> layout;
-  for (const Tensor& t : bucketer_.tensors()) {
-    layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
-  }
-  Enqueue([this, layout = std::move(layout)] {
+  Enqueue([this, layout = LayoutLocked()] {
     Status s = backend_->CheckLayout(layout, Deadline::After(options_.sync.op_timeout));
-    if (!s.ok()) Fail(s);
+    if (!s.ok()) Fail(Classify(s));
   });
   return Status();
 }
@@ -381,6 +404,7 @@ Status Communicator::Impl::FinalizeLocked() {
 StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Callback done,
                                                    void* stream) {
   if (data == nullptr) return InvalidArgumentError("MarkReady needs the gradient's data");
+  GS_RETURN_IF_ERROR(EnsureEpoch(Deadline::After(options_.sync.op_timeout)));
   if (stream != nullptr && device_ == nullptr) {
     return InvalidArgumentError("MarkReady got a CUDA stream, but this communicator's gradients "
                                 "are host memory (set gradient_device=cuda)");
@@ -472,7 +496,7 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     s = backend_->ReduceDevice(*device_, index, *b, tag, deadline, &traffic, host);
   }
   Record(backend_->BucketOp(traffic), backend_->path(), start, s);
-  if (!s.ok()) return Fail(s);
+  if (!s.ok()) return Fail(Classify(s));
   metrics_.Traffic(b->bytes(), traffic.sent, b->bytes(), traffic.received);
   // The bucket is in flight: its tensors' destinations and handles are this
   // thread's until it is handed back, so the copies need no lock. A failure
@@ -532,6 +556,7 @@ void Communicator::Impl::Record(SyncOp op, SyncPath path, SteadyTime start, cons
 }
 
 Status Communicator::Impl::Synchronize(Deadline deadline) {
+  GS_RETURN_IF_ERROR(EnsureEpoch(deadline));
   const SteadyTime start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
@@ -574,6 +599,7 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
 }
 
 Status Communicator::Impl::Barrier(Deadline deadline) {
+  GS_RETURN_IF_ERROR(EnsureEpoch(deadline));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
@@ -591,6 +617,7 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
   // The operation runs on a copy: the sends of an operation that fails may
   // still point into its buffer after the call returned, when the caller's
   // buffer is the caller's again. A failed operation's copy is kept.
+  GS_RETURN_IF_ERROR(EnsureEpoch(Deadline::After(options_.sync.op_timeout)));
   auto staged = std::make_shared<std::vector<uint8_t>>(staged_bytes);
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();
@@ -603,6 +630,7 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
       Status s = op(backend_->direct(), seq_++, staged->data());
       Record(label, backend_->direct_path(), start, s);
       if (!s.ok()) {
+        s = Classify(s);
         Fail(s);
         std::lock_guard<std::mutex> lock(mu_);
         retired_.push_back(staged);
@@ -611,6 +639,121 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
     });
   }
   return done.get();  // the engine runs every job queued before it stops
+}
+
+std::vector<wire::TensorSpecFields> Communicator::Impl::LayoutLocked() {
+  std::vector<wire::TensorSpecFields> layout;
+  for (const Tensor& t : bucketer_.tensors()) {
+    layout.push_back({t.name, t.count, static_cast<wire::DType>(t.dtype)});
+  }
+  return layout;
+}
+
+Status Communicator::Impl::Classify(Status s) {
+  if (s.ok() || s.code() == StatusCode::kCancelled ||
+      s.code() == StatusCode::kMembershipChanged || !session_->elastic()) {
+    return s;
+  }
+  // A neighbour's abort, or a send to the lost worker, can fail an
+  // operation before this worker hears of the new epoch.
+  for (const Deadline until = Deadline::After(session_->loss_deadline()); !until.Expired();) {
+    Status changed = session_->MembershipStatus();
+    if (!changed.ok()) return changed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return s;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return s;
+}
+
+Status Communicator::Impl::EnsureEpoch(Deadline deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.code() != StatusCode::kMembershipChanged) return Status();
+  }
+  // A handle's callback runs on the engine thread: it re-forms in place.
+  if (std::this_thread::get_id() == engine_.get_id()) return Reform(deadline);
+  std::lock_guard<std::mutex> one_at_a_time(reform_mu_);
+  auto result = std::make_shared<std::promise<Status>>();
+  std::future<Status> done = result->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.code() != StatusCode::kMembershipChanged) return failed_;  // re-formed meanwhile
+    if (stop_) return CancelledError("the communicator was shut down");
+    Enqueue([this, deadline, result] { result->set_value(Reform(deadline)); });
+  }
+  return done.get();
+}
+
+Status Communicator::Impl::Reform(Deadline deadline) {
+  const SteadyTime start = std::chrono::steady_clock::now();
+  Status s;
+  while (backend_->CanReform()) {
+    const uint32_t epoch = session_->AdoptEpoch();
+    backend_->CloseLinks();
+    s = session_->EpochBarrier(deadline);
+    StatusOr<std::unique_ptr<SyncBackend>> next = InternalError("no backend was made");
+    if (s.ok()) {
+      SyncBackendOptions backend = options_.sync;
+      backend.compression_seed = CompressionSeed();
+      next = MakeSyncBackend(backend, session_.get(), compression_.get(), device_.get(),
+                             &ring_rejected_, &ps_rejected_, [] { return false; }, deadline);
+      s = next.status();
+    }
+    std::vector<wire::TensorSpecFields> layout;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finalized_) layout = LayoutLocked();
+    }
+    if (s.ok() && !layout.empty()) s = (*next)->CheckLayout(layout, deadline);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      retired_backends_.push_back(std::move(backend_));
+      backend_ = std::move(*next);
+      ResetStepLocked();
+      const auto now = std::chrono::steady_clock::now();
+      metrics_.SetMembership(epoch, session_->num_workers());
+      metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
+      GS_LOG(WARNING) << "epoch " << epoch << ": re-formed the ring as worker "
+                      << session_->rank() << " of " << session_->num_workers() << " in "
+                      << std::chrono::duration<double>(now - start).count() << " s";
+      return Status();
+    }
+    if (next.ok()) {
+      (*next)->CloseLinks();
+      retired_backends_.push_back(std::move(*next));
+    }
+    if (s.code() != StatusCode::kMembershipChanged || deadline.Expired()) break;
+  }
+  if (s.ok()) {
+    s = UnimplementedError(std::string("after a membership change only backend=ring re-forms, "
+                                       "not ") + backend_->name());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  failed_ = s;  // no handle is pending: the change completed them all
+  return s;
+}
+
+// A step that failed is redone from its start: every tensor is marked
+// again, every bucket goes out again.
+void Communicator::Impl::ResetStepLocked() {
+  failed_ = Status();
+  step_ = 0;
+  seq_ = 0;
+  next_launch_ = 0;
+  buckets_in_flight_ = 0;
+  metrics_.SetBucketsInFlight(0);
+  for (Bucket& b : bucketer_.buckets()) {
+    b.in_flight = false;
+    b.pending = static_cast<int>(b.tensors.size());
+  }
+  for (Tensor& t : bucketer_.tensors()) {
+    t.marked = false;
+    t.holds_sum = false;
+    t.handle.reset();
+  }
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -631,6 +774,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& confi
 
 int Communicator::rank() const { return impl_->rank(); }
 int Communicator::world_size() const { return impl_->world_size(); }
+uint32_t Communicator::epoch() const { return impl_->epoch(); }
 const char* Communicator::backend() const { return impl_->backend(); }
 
 StatusOr<TensorId> Communicator::RegisterTensor(const std::string& name, size_t num_elements,
@@ -692,15 +836,33 @@ Status Communicator::AllReduce(void* data, size_t num_elements, DType dtype, Red
 }
 
 Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline deadline) {
-  const size_t gathered = bytes * static_cast<size_t>(world_size());
+  GS_RETURN_IF_ERROR(impl_->EnsureEpoch(deadline));
+  const int world = world_size();
+  const size_t gathered = bytes * static_cast<size_t>(world);
   return impl_->RunOnEngine(SyncOp::kAllGather, bytes + gathered,
                             [=](Collectives& c, uint64_t seq, uint8_t* staged) {
+    if (c.world_size() != world) {  // another epoch began meanwhile
+      return MembershipChangedError("the world size changed from " + std::to_string(world) +
+                                    " to " + std::to_string(c.world_size()));
+    }
     GS_RETURN_IF_ERROR(impl_->CopyUser(staged, in, bytes));
     GS_RETURN_IF_ERROR(
         c.AllGather(staged, bytes, staged + bytes, OpTag{0, kDirectBucket, seq, 0}, deadline));
     GS_RETURN_IF_ERROR(impl_->CopyUser(out, staged + bytes, gathered));
     return Status();
   });
+}
+
+StatusOr<Communicator::ResumePoint> Communicator::AgreeOnStep(uint64_t completed_steps,
+                                                              Deadline deadline) {
+  GS_RETURN_IF_ERROR(impl_->EnsureEpoch(deadline));
+  std::vector<uint64_t> steps(static_cast<size_t>(world_size()));
+  GS_RETURN_IF_ERROR(AllGather(&completed_steps, sizeof(uint64_t), steps.data(), deadline));
+  ResumePoint point;
+  for (size_t r = 0; r < steps.size(); ++r) {
+    if (steps[r] > point.step) point = ResumePoint{steps[r], static_cast<int>(r)};
+  }
+  return point;
 }
 
 CommunicatorStats Communicator::stats() const { return impl_->stats(); }

@@ -42,6 +42,20 @@
 // every pending and later operation with the same Status, naming the rank
 // and what happened; the job cannot continue after it.
 //
+// Elastic jobs (the scheduler's min_workers below num_workers; backend=ring
+// only so far): when a worker is lost, the operations in flight fail, within
+// the scheduler's heartbeat deadline, with StatusCode::kMembershipChanged
+// ("membership changed: worker rank R (identity ...) left: <reason>"), and
+// rank(), world_size() and epoch() already describe the survivors' new
+// epoch. The next call re-forms the ring among the survivors (after all of
+// them reached the new epoch; the layout is checked again) and goes on in
+// it. The step that failed is not lost but must be redone by the trainer:
+// the survivors call AgreeOnStep with the number of steps each completed,
+// adopt the state (parameters, optimizer, step) of the rank it names
+// (Broadcast from `root`), re-shard their data for the new rank and size,
+// and redo step `step`. Gradients marked ready in the failed step are
+// dropped (mark them again); NoSync accumulation restarts.
+//
 // Thread-safety: all methods are thread-safe; MarkReady may be called from
 // several backward threads. Blocking: only Wait, Synchronize, Barrier,
 // Broadcast, AllReduce and AllGather block, each until its deadline.
@@ -105,6 +119,8 @@ class Communicator {
 
   int rank() const;
   int world_size() const;
+  // The membership epoch (0 until an elastic job loses a worker).
+  uint32_t epoch() const;
   const char* backend() const;  // "ring" or "nccl"
 
   // Registers a gradient tensor. Only before the first MarkReady.
@@ -163,6 +179,16 @@ class Communicator {
   // Direct collectives outside the bucket machinery (metrics, evaluation).
   Status AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op, Deadline deadline);
   Status AllGather(const void* in, size_t bytes, void* out, Deadline deadline);
+
+  // Where an elastic job's survivors resume after a membership change: the
+  // most steps any of them completed (`completed_steps` of each) and the
+  // lowest rank that completed that many, whose state the others adopt.
+  // Blocks like AllGather, and fails as it does.
+  struct ResumePoint {
+    uint64_t step = 0;
+    int root = 0;
+  };
+  StatusOr<ResumePoint> AgreeOnStep(uint64_t completed_steps, Deadline deadline);
 
   CommunicatorStats stats() const;
   // Leaves the job; pending operations fail with Cancelled. Idempotent.

@@ -105,8 +105,8 @@ class RingCollectives::Op {
  public:
   Op(RingCollectives* ring, RingOpKind kind, const OpTag& tag, DType dtype, uint64_t count,
      uint64_t extra, int segments, Deadline deadline)
-      : ring_(ring), kind_(kind), tag_(tag), dtype_(dtype),
-        fingerprint_(RingFingerprint(kind, tag, dtype, count, extra)),
+      : ring_(ring), kind_(kind), tag_(InEpoch(tag, ring->peers_.epoch)), dtype_(dtype),
+        fingerprint_(RingFingerprint(kind, tag_, dtype, count, extra)),
         deadline_(deadline), holds_(std::make_shared<SendHolds>(segments)) {}
 
   int rank() const { return ring_->peers_.rank; }
@@ -179,12 +179,14 @@ class RingCollectives::Op {
   Status CheckHealth() {
     if (!ring_->health_) return Status();
     Status health = ring_->health_();
-    if (health.ok()) return health;
+    if (health.ok() || health.code() == StatusCode::kMembershipChanged) return health;
     return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
                 ErrorCode::PeerDead, -1);
   }
   std::string Describe() const {
-    return std::string(RingOpName(kind_)) + " step " + std::to_string(tag_.step) + " bucket " +
+    const uint32_t epoch = ring_->peers_.epoch;
+    return std::string(RingOpName(kind_)) + (epoch ? " epoch " + std::to_string(epoch) : "") +
+           " step " + std::to_string(tag_.step & 0xFFFFFFFFu) + " bucket " +
            std::to_string(tag_.bucket) + " seq " + std::to_string(tag_.seq);
   }
 
@@ -200,6 +202,17 @@ class RingCollectives::Op {
   }
   // Handles a message that is not the expected one; OK means "keep waiting".
   Status HandleOther(const wire::Incoming& in, const wire::Verdict& v);
+  // `tag` with the membership epoch in the upper 32 bits of its step.
+  static OpTag InEpoch(OpTag tag, uint32_t epoch) {
+    tag.step |= static_cast<uint64_t>(epoch) << 32;
+    return tag;
+  }
+  // A RingData or RingAbort of an earlier membership epoch.
+  bool Stale(const wire::Verdict& v) const {
+    return v.ok() && ring_->peers_.epoch > 0 &&
+           (v.type == MsgType::RingData || v.type == MsgType::RingAbort) &&
+           (v.header->step() >> 32) < ring_->peers_.epoch;
+  }
   Status CheckData(const wire::Header& h, size_t elems);
   Status FromAbort(const wire::RingAbortBody& abort);
   struct Report {
@@ -265,6 +278,11 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     }
     wire::Incoming in = std::move(*got);
     wire::Verdict v = wire::Validate(in.message, ring_->policy_);
+    if (Stale(v)) {
+      ring_->stale_.fetch_add(1, std::memory_order_relaxed);
+      GS_RETURN_IF_ERROR(StillWaiting(soft));
+      continue;
+    }
     const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
                            v.header->sender_rank() == left() && ring_->FromLeft(in.from);
     if (!from_left || v.type != want) {
@@ -499,6 +517,7 @@ RingStats RingCollectives::stats() const {
   s.messages_received = messages_received_.load();
   s.bytes_sent = bytes_sent_.load();
   s.bytes_received = bytes_received_.load();
+  s.stale = stale_.load();
   s.rejected = rejected_.load();
   s.replies_dropped = replies_dropped_.load();
   return s;

@@ -23,7 +23,8 @@
 // ranks and the differing fields. When nothing arrives before the deadline,
 // the ranks pass their progress around the ring and all name the same
 // missing rank (the left neighbour of the rank that received least). A
-// `health` check, run before each operation's first message and, while
+// `health` check (a MembershipChanged from it is returned as it is, and no
+// RingAbort is sent: every rank learns it from its own), run before each operation's first message and, while
 // waiting, after every message and every poll_interval without one, fails
 // the operation at once when the job already knows a peer died or its
 // scheduler went silent; the deadline is checked as often, so a stream of
@@ -81,6 +82,11 @@ struct RingPeers {
   // The transport identity of rank - 1 (wire::NodeInfo::identity): only
   // messages under it are taken as the left neighbour's. "": any.
   std::string left_identity;
+  // An elastic job's membership epoch (0 before any loss). The ring's steps
+  // carry it in their upper 32 bits, and a RingData or RingAbort of an
+  // earlier epoch (sent before a loss, and late) is dropped unanswered,
+  // counted in RingStats::stale.
+  uint32_t epoch = 0;
 };
 
 struct RingStats {
@@ -91,6 +97,8 @@ struct RingStats {
   uint64_t rejected = 0;        // messages refused (malformed, mismatched, unexpected)
   // Refusals left unanswered: too many answers were still on their way.
   uint64_t replies_dropped = 0;
+  // Messages of an earlier membership epoch, dropped.
+  uint64_t stale = 0;
 };
 
 // Returns an error when the job already knows the ring cannot finish (a
@@ -171,6 +179,7 @@ class RingCollectives : public Collectives {
   std::vector<uint8_t> scratch_;
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0}, replies_dropped_{0};
+  std::atomic<uint64_t> stale_{0};
   // Error replies posted and not yet sent: shared with the transport's
   // callbacks, which may come after the ring is gone.
   std::shared_ptr<std::atomic<int>> replies_in_flight_ = std::make_shared<std::atomic<int>>(0);

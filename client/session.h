@@ -8,12 +8,18 @@
 // neighbours and every server shard. A wrong or unreachable scheduler address
 // fails within connect_timeout_ms (default 10 s) naming the address.
 //
+// Elastic jobs (min_workers below num_workers on the scheduler): when a
+// worker is lost the scheduler starts a new membership epoch; the session
+// reports it (MembershipStatus) until AdoptEpoch takes it, and rank(),
+// num_workers() and peers() then describe the new epoch.
+//
 // Thread-safety: all methods are thread-safe. Ownership: the Session owns
 // its sockets and threads; destroying it leaves the job cleanly.
 #ifndef GRADSYNC_CLIENT_SESSION_H_
 #define GRADSYNC_CLIENT_SESSION_H_
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -31,11 +37,29 @@ class Session {
                                                  size_t max_frame_bytes);
   ~Session();
 
-  int rank() const { return node_.agent->assignment().self.rank; }
-  int num_workers() const { return node_.agent->assignment().num_workers; }
+  // Of the epoch this session adopted (the rendezvous's until a loss).
+  int rank() const;
+  int num_workers() const;
+  std::vector<wire::NodeInfo> peers() const;
+  uint32_t epoch() const;
   int num_servers() const { return node_.agent->assignment().num_servers; }
   uint64_t job_id() const { return node_.agent->assignment().job_id; }
-  const std::vector<wire::NodeInfo>& peers() const { return node_.agent->assignment().peers; }
+
+  // Whether the job goes on without a lost worker (a new epoch).
+  bool elastic() const { return node_.agent->assignment().elastic; }
+  // MembershipChanged naming the lost worker once the scheduler started an
+  // epoch later than the adopted one; OK otherwise.
+  Status MembershipStatus() const;
+  // Takes the scheduler's latest epoch as this session's; returns it.
+  uint32_t AdoptEpoch();
+  // Blocks until every worker of the adopted epoch adopted it too
+  // (MembershipChanged when a later one started meanwhile).
+  Status EpochBarrier(Deadline deadline);
+  // How long the scheduler takes to declare a silent worker lost.
+  Millis loss_deadline() const {
+    const cluster::Assignment& a = node_.agent->assignment();
+    return a.heartbeat_interval * (a.missed_heartbeats + 2);
+  }
 
   // Blocks until every live worker has called Barrier the same number of
   // times; fails naming the dead worker if one died.
@@ -63,8 +87,11 @@ class Session {
   void Leave(const std::string& reason) { node_.agent->Leave(reason); }
 
  private:
-  explicit Session(cluster::Node node) : node_(std::move(node)) {}
+  explicit Session(cluster::Node node)
+      : node_(std::move(node)), current_(node_.agent->assignment()) {}
   cluster::Node node_;
+  mutable std::mutex mu_;
+  cluster::Assignment current_;  // guarded by mu_; the adopted epoch
 };
 
 }  // namespace gradsync::client

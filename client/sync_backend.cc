@@ -17,6 +17,7 @@ namespace {
 // ended, or a node of `role` died.
 Status SessionHealth(const Session& session, wire::Role role) {
   GS_RETURN_IF_ERROR(session.job_status());
+  GS_RETURN_IF_ERROR(session.MembershipStatus());
   for (const wire::NodeInfo& dead : session.dead_peers()) {
     if (dead.role == role) {
       return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
@@ -40,6 +41,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   peers.rank = r;
   peers.world_size = n;
   peers.sender = wire::Sender{wire::Role::Worker, r, session->job_id()};
+  peers.epoch = session->epoch();
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role != wire::Role::Worker || n < 2) continue;
     if (p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
@@ -97,6 +99,10 @@ class AllReduceBackend : public SyncBackend {
   }
   uint64_t SentBytes(uint64_t) const override {
     return nccl_ ? 0 : ring_.ring->stats().bytes_sent;  // NCCL counts none
+  }
+  bool CanReform() const override { return nccl_ == nullptr; }
+  void CloseLinks() override {
+    if (ring_.same_host) ring_.same_host->Shutdown();
   }
 
  private:

@@ -79,6 +79,13 @@ class SyncBackend {
   virtual uint64_t SentBytes(uint64_t wire_bytes) const = 0;
   // Operations sent again after a timeout, since the start.
   virtual uint64_t Resent() const { return 0; }
+  // Whether a new backend can take this one's place in a later membership
+  // epoch of an elastic job (the CPU ring: yes; NCCL and PS: not yet).
+  virtual bool CanReform() const { return false; }
+  // Before a re-form: closes this backend's shared-memory links, so the
+  // next epoch's can take their names. The backend is not used again, but
+  // is kept until the Communicator goes (sends may point into it).
+  virtual void CloseLinks() {}
 };
 
 struct SyncBackendOptions {

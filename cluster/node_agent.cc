@@ -117,14 +117,18 @@ std::string NodeAgent::ImpossibleAssignment(const wire::RankAssignmentBody& a) c
   if (workers < 1 || workers > kMaxNodes || servers < 0 || servers > kMaxNodes) {
     return std::to_string(workers) + " workers and " + std::to_string(servers) + " servers";
   }
-  if ((options_.num_workers >= 0 && workers != options_.num_workers) ||
+  // A later epoch of an elastic job has fewer workers, re-ranked.
+  const bool later_epoch = a.epoch() > 0;
+  if ((options_.num_workers >= 0 && workers != options_.num_workers &&
+       !(later_epoch && workers < options_.num_workers)) ||
       (options_.num_servers >= 0 && servers != options_.num_servers)) {
     return "a job of " + std::to_string(workers) + " workers and " + std::to_string(servers) +
            " servers, this node expects " + std::to_string(options_.num_workers) + " and " +
            std::to_string(options_.num_servers);
   }
   const int32_t of_role = options_.role == wire::Role::Worker ? workers : servers;
-  if (a.rank() < 0 || a.rank() >= of_role || (options_.rank >= 0 && a.rank() != options_.rank)) {
+  if (a.rank() < 0 || a.rank() >= of_role ||
+      (options_.rank >= 0 && a.rank() != options_.rank && !later_epoch)) {
     return "rank " + std::to_string(a.rank()) + " of " + std::to_string(of_role);
   }
   if (a.heartbeat_interval_ms() < 1 || a.heartbeat_interval_ms() > 600000 ||
@@ -188,18 +192,66 @@ Status NodeAgent::AwaitAssignment(Deadline deadline) {
       GS_LOG(WARNING) << "refused a rank assignment: " << impossible;
       continue;
     }
-    assignment_.job_id = v.header->job_id();
-    assignment_.self.rank = a->rank();
-    assignment_.num_workers = a->num_workers();
-    assignment_.num_servers = a->num_servers();
-    assignment_.heartbeat_interval = Millis(a->heartbeat_interval_ms());
-    assignment_.missed_heartbeats = a->missed_heartbeats();
-    for (const wire::NodeAddress* p : *a->peers()) assignment_.peers.push_back(wire::ToNodeInfo(*p));
+    assignment_ = ReadAssignment(v.header->job_id(), *a);
     policy_.job_id = assignment_.job_id;
     std::lock_guard<std::mutex> lock(mu_);
+    latest_ = assignment_;
     last_heard_ = std::chrono::steady_clock::now();
     return OkStatus();
   }
+}
+
+Assignment NodeAgent::ReadAssignment(uint64_t job_id, const wire::RankAssignmentBody& a) const {
+  Assignment out = assignment_;
+  out.job_id = job_id;
+  out.self.rank = a.rank();
+  out.num_workers = a.num_workers();
+  out.num_servers = a.num_servers();
+  out.heartbeat_interval = Millis(a.heartbeat_interval_ms());
+  out.missed_heartbeats = a.missed_heartbeats();
+  out.peers.clear();
+  for (const wire::NodeAddress* p : *a.peers()) out.peers.push_back(wire::ToNodeInfo(*p));
+  out.epoch = a.epoch();
+  out.change = wire::Escaped(a.change(), 1024);
+  out.elastic = a.elastic();
+  return out;
+}
+
+// Called under mu_.
+void NodeAgent::OnEpoch(const wire::Header& h) {
+  const auto* a = h.body_as_RankAssignmentBody();
+  const std::string impossible = ImpossibleAssignment(*a);
+  if (!impossible.empty() || !latest_.elastic || a->epoch() <= latest_.epoch) {
+    GS_LOG(WARNING) << "refused a rank assignment for epoch " << a->epoch() << " (at epoch "
+                    << latest_.epoch << "): "
+                    << (impossible.empty() ? "not a later epoch of an elastic job" : impossible);
+    return;
+  }
+  latest_ = ReadAssignment(h.job_id(), *a);
+  GS_LOG(WARNING) << "epoch " << latest_.epoch << ": now worker " << latest_.self.rank << " of "
+                  << latest_.num_workers << " (" << latest_.change << ")";
+}
+
+uint32_t NodeAgent::latest_epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_.epoch;
+}
+
+Assignment NodeAgent::latest() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_;
+}
+
+Status NodeAgent::EpochBarrier(uint32_t epoch, Deadline deadline) {
+  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier,
+                                            wire::kEpochBarrierBase + epoch, wire::Group::Workers),
+                          deadline));
+  std::unique_lock<std::mutex> lock(mu_);
+  GS_RETURN_IF_ERROR(WaitFor(lock, deadline,
+                             [&] { return epoch_released_ >= epoch || latest_.epoch > epoch; },
+                             "every worker of epoch " + std::to_string(epoch)));
+  if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
+  return OkStatus();
 }
 
 Status NodeAgent::Send(wire::Message msg, Deadline deadline) {
@@ -253,6 +305,13 @@ void NodeAgent::Dispatch(const wire::Header& h) {
     switch (h.type()) {
       case MsgType::BarrierRelease: {
         const auto* b = h.body_as_BarrierBody();
+        if (b->barrier_id() >= wire::kEpochBarrierBase) {
+          const uint64_t epoch = b->barrier_id() - wire::kEpochBarrierBase;
+          if (epoch <= latest_.epoch) {
+            epoch_released_ = std::max(epoch_released_, static_cast<uint32_t>(epoch));
+          }
+          break;
+        }
         uint64_t& released = barrier_released_[b->group()];
         released = std::max(released, b->barrier_id());
         break;
@@ -278,6 +337,9 @@ void NodeAgent::Dispatch(const wire::Header& h) {
         if (j->phase() == wire::JobPhase::Shutdown) FailJob(AbortedError("job shut down: " + text));
         break;
       }
+      case MsgType::RankAssignment:
+        OnEpoch(h);
+        break;
       case MsgType::NcclId: {
         const auto* id = h.body_as_NcclIdBody()->id();
         nccl_id_ = std::vector<uint8_t>(id->begin(), id->end());

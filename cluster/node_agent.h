@@ -70,6 +70,12 @@ struct Assignment {
   std::vector<wire::NodeInfo> peers;  // every node, self included
   Millis heartbeat_interval{0};
   uint32_t missed_heartbeats = 0;
+  // Elastic jobs (server/membership.h): the membership epoch (0 from the
+  // rendezvous on), what ended the previous one, and whether the job
+  // re-forms after losing a worker rather than stopping.
+  uint32_t epoch = 0;
+  std::string change;
+  bool elastic = false;
 };
 
 class NodeAgent {
@@ -103,6 +109,15 @@ class NodeAgent {
   // Blocks until job_status() is not OK, or the deadline.
   Status WaitForJobEnd(Deadline deadline);
   std::vector<wire::NodeInfo> dead_peers() const;
+  // Elastic jobs: the newest assignment the scheduler sent (assignment()
+  // until a worker is lost; later epochs carry fewer workers, re-ranked).
+  Assignment latest() const;
+  // latest().epoch, without the copy.
+  uint32_t latest_epoch() const;
+  // Blocks until every worker of epoch `epoch` has entered its epoch
+  // barrier. MembershipChanged when a later epoch started meanwhile; the
+  // job's failure, or DeadlineExceeded.
+  Status EpochBarrier(uint32_t epoch, Deadline deadline);
   void OnPeerDead(DeadCallback callback);
   // Tells the scheduler this node leaves on purpose, then stops the agent.
   void Leave(const std::string& reason);
@@ -120,6 +135,10 @@ class NodeAgent {
   // node expects, its rank among them, sane heartbeats, and a peer list of
   // every node once. Otherwise what is wrong with it.
   std::string ImpossibleAssignment(const wire::RankAssignmentBody& a) const;
+  // `a` (checked) as an Assignment of job `job_id`.
+  Assignment ReadAssignment(uint64_t job_id, const wire::RankAssignmentBody& a) const;
+  // A later epoch's assignment: kept as latest_ when it is possible and new.
+  void OnEpoch(const wire::Header& h);
   // A line for a message that failed verification, rate-limited.
   void LogRejected(const wire::Verdict& v);
   // Waits on cv_ until `done` or the job fails or the deadline passes.
@@ -141,6 +160,8 @@ class NodeAgent {
   std::map<wire::Group, uint64_t> barrier_released_;   // guarded by mu_
   Status barrier_error_;                               // guarded by mu_
   std::optional<std::vector<uint8_t>> nccl_id_;        // guarded by mu_
+  Assignment latest_;                                  // guarded by mu_
+  uint32_t epoch_released_ = 0;                        // guarded by mu_
   std::vector<wire::NodeInfo> dead_;                   // guarded by mu_
   std::vector<DeadCallback> dead_callbacks_;           // guarded by mu_
   SteadyTime last_heard_;                              // guarded by mu_

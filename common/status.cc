@@ -17,6 +17,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kInternal: return "internal";
     case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kDataLoss: return "data_loss";
+    case StatusCode::kMembershipChanged: return "membership_changed";
   }
   return "unknown";
 }
@@ -45,6 +46,7 @@ GS_DEFINE_ERROR_(UnimplementedError, kUnimplemented)
 GS_DEFINE_ERROR_(InternalError, kInternal)
 GS_DEFINE_ERROR_(UnavailableError, kUnavailable)
 GS_DEFINE_ERROR_(DataLossError, kDataLoss)
+GS_DEFINE_ERROR_(MembershipChangedError, kMembershipChanged)
 #undef GS_DEFINE_ERROR_
 
 std::ostream& operator<<(std::ostream& os, const Status& status) {

@@ -30,6 +30,9 @@ enum class StatusCode {
   kInternal,
   kUnavailable,
   kDataLoss,
+  // An elastic job's membership changed under the operation: a worker was
+  // lost and the survivors start a new epoch (client/communicator.h).
+  kMembershipChanged,
 };
 
 // Stable lower-case name of a code ("deadline_exceeded"), usable as a label.
@@ -68,6 +71,7 @@ Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
 Status UnavailableError(std::string message);
 Status DataLossError(std::string message);
+Status MembershipChangedError(std::string message);
 
 std::ostream& operator<<(std::ostream& os, const Status& status);
 

@@ -115,6 +115,7 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   LaunchOptions o;
   GS_ASSIGN_OR_RETURN(o.workers, IntFlag(config, "workers", 1, 1, 4096));
   GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
+  GS_ASSIGN_OR_RETURN(o.min_workers, IntFlag(config, "min_workers", o.workers, 1, o.workers));
   GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
   int metrics_default = kSchedulerMetricsPort;
   if (const char* env = std::getenv("GRADSYNC_METRICS_PORT")) {
@@ -249,6 +250,7 @@ Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
              "--metrics_port=" + std::to_string(options_.metrics_port),
              "--num_workers=" + std::to_string(options_.workers),
              "--num_servers=" + std::to_string(options_.servers),
+             "--min_workers=" + std::to_string(options_.MinWorkers()),
              "--host=" + options_.host},
             security_));
   Process& scheduler = *processes_.back();
@@ -376,7 +378,10 @@ Status Launcher::Supervise(const std::atomic<int>& stop_signal) {
   for (;;) {
     PumpAll(false);
     if (int sig = stop_signal.load(); sig != 0) return Stopped(sig);
-    if (Process* failed = Reap()) return Failure(*failed, stop_signal);
+    if (Process* failed = Reap()) {
+      if (!Spare(*failed)) return Failure(*failed, stop_signal);
+      continue;
+    }
     bool workers_running = false;
     for (const auto& p : processes_) {
       workers_running |= p->is_worker && !p->code;
@@ -389,8 +394,11 @@ Status Launcher::Supervise(const std::atomic<int>& stop_signal) {
 // Every worker exited 0: the scheduler and servers get the grace period to
 // notice the end of the job and exit by themselves.
 Status Launcher::FinishInfrastructure(const std::atomic<int>& stop_signal) {
-  Say("all " + std::to_string(options_.workers) +
-      " workers exited with code 0");
+  Say(lost_workers_ == 0 ? "all " + std::to_string(options_.workers) + " workers exited with code 0"
+                         : std::to_string(options_.workers - lost_workers_) + " of " +
+                               std::to_string(options_.workers) +
+                               " workers exited with code 0 (" + std::to_string(lost_workers_) +
+                               " lost)");
   const Deadline deadline = Deadline::After(options_.grace);
   for (;;) {
     PumpAll(false);
@@ -402,6 +410,18 @@ Status Launcher::FinishInfrastructure(const std::atomic<int>& stop_signal) {
     }
     std::this_thread::sleep_for(kPoll);
   }
+}
+
+bool Launcher::Spare(const Process& p) {
+  const int code = *p.code;
+  if (!p.is_worker || code == 128 + SIGINT || code == 128 + SIGTERM ||
+      options_.workers - lost_workers_ - 1 < options_.MinWorkers()) {
+    return false;
+  }
+  ++lost_workers_;
+  Say(p.name + " " + Describe(code) + ": the elastic job goes on with " +
+      std::to_string(options_.workers - lost_workers_) + " workers");
+  return true;
 }
 
 void Launcher::StopAll() {

@@ -12,7 +12,13 @@
 // its own in the log directory; the launcher streams each file's lines to
 // its output with the process's name in front ("[worker 2] ...").
 //
-// The job succeeds when every worker exits 0; the scheduler and servers then
+// With `min_workers` below `workers` the job is elastic
+// (docs/design/failure_model.md#elastic-jobs): the scheduler gets
+// --min_workers, and a worker that fails (exits non-zero, or is killed) is
+// reported and the others go on, as long as at least min_workers remain.
+//
+// The job succeeds when every worker exits 0 (in an elastic job: every
+// worker that was not lost); the scheduler and servers then
 // get a grace period to end by themselves before they are stopped. When any
 // process exits non-zero (or the stop signal comes), every other process is
 // sent SIGTERM, and SIGKILL after the grace period. Exit codes above 128 are
@@ -38,6 +44,10 @@ namespace gradsync::launcher {
 struct LaunchOptions {
   int workers = 1;
   int servers = 0;
+  // The fewest workers the job goes on with; 0 or `workers` (the default):
+  // a failed worker stops the job.
+  int min_workers = 0;
+  int MinWorkers() const { return min_workers > 0 && min_workers < workers ? min_workers : workers; }
   // The scheduler's port; 0: any free port.
   int port = 0;
   // /metrics ports: the scheduler on `metrics_port`, shard i on
@@ -69,7 +79,7 @@ struct LaunchOptions {
   bool slurm = false;
 
   // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
-  // launcher). Flags: workers, servers, port, metrics_port, host,
+  // launcher). Flags: workers, servers, min_workers, port, metrics_port, host,
   // server_binary, log_dir, grace_ms, security. InvalidArgument for a missing command, an unknown flag, an
   // argument before "--" or a value out of range.
   static StatusOr<LaunchOptions> FromArgs(int argc, const char* const* argv);
@@ -117,6 +127,9 @@ class Launcher {
   // The first process that ended with a non-zero code since the last call.
   Process* Reap();
   Status Failure(const Process& p, const std::atomic<int>& stop_signal);
+  // Whether the job goes on without failed worker `p` (an elastic job with
+  // workers to spare); says so when it does.
+  bool Spare(const Process& p);
   void StopAll();
   void PumpAll(bool final);
   void Say(const std::string& line);
@@ -127,6 +140,7 @@ class Launcher {
   // GRADSYNC_SECURITY and, with CURVE, GRADSYNC_KEY_FILE for every process.
   std::vector<std::pair<std::string, std::string>> security_;
   std::vector<std::unique_ptr<Process>> processes_;
+  int lost_workers_ = 0;
 };
 
 }  // namespace gradsync::launcher

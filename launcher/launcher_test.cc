@@ -165,6 +165,36 @@ TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
   ExpectGone(PrintedPids(p.Output()));
 }
 
+// The pid "[worker R] pid P" printed.
+pid_t WorkerPid(const std::string& out, int rank) {
+  const std::string tag = "[worker " + std::to_string(rank) + "] pid ";
+  const size_t at = out.find(tag);
+  return at == std::string::npos ? -1 : static_cast<pid_t>(std::atoi(out.c_str() + at + tag.size()));
+}
+
+TEST(LauncherTest, AnElasticJobGoesOnWithoutAKilledWorker) {
+  Subprocess p = Launch({"--workers=4", "--min_workers=2", "--grace_ms=5000", "--metrics_port=0"},
+                        {"sh", "-c", "echo \"pid $$\"; exec '" + Runfile("tests/elastic_worker") +
+                                         "' --steps=400"});
+  ASSERT_TRUE(p.WaitForOutput("[worker 2] reached step 100", Deadline::AfterMs(60000)))
+      << p.Output();
+  const pid_t victim = WorkerPid(p.Output(), 2);
+  ASSERT_GT(victim, 0) << p.Output();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto code = p.Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 0) << p.Output();
+  const std::string out = p.Output();
+  EXPECT_NE(out.find("worker 2 killed by signal 9 (Killed): the elastic job goes on with 3 "
+                     "workers"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("3 of 4 workers exited with code 0 (1 lost)"), std::string::npos) << out;
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(out.find("[worker " + std::to_string(r) + "] final step 400 world 3 epoch 1"),
+              std::string::npos) << out;
+  }
+}
+
 TEST(LauncherTest, InterruptStopsEverything) {
   Subprocess p =
       Launch({"--workers=3", "--grace_ms=2000"}, SleeperExcept(-1, "true"));

@@ -53,6 +53,15 @@ StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
     return InvalidArgumentError("heartbeat_ms and missed_heartbeats must be positive");
   }
   if (grace_ms < 0) return InvalidArgumentError("server_grace_ms must not be negative");
+  GS_ASSIGN_OR_RETURN(int64_t min_workers, config.GetInt("min_workers", workers));
+  GS_ASSIGN_OR_RETURN(int64_t elastic_ms, config.GetInt("elastic_timeout_ms", 60000));
+  if (min_workers < 1 || min_workers > workers) {
+    return InvalidArgumentError("min_workers must be within [1, num_workers], got " +
+                                std::to_string(min_workers));
+  }
+  if (elastic_ms < 0) return InvalidArgumentError("elastic_timeout_ms must not be negative");
+  o.elastic.min_workers = static_cast<int32_t>(min_workers);
+  o.elastic.elastic_timeout = Millis(elastic_ms);
   GS_ASSIGN_OR_RETURN(std::string host, config.GetString("host", "127.0.0.1"));
   GS_ASSIGN_OR_RETURN(o.curve, wire::SecurityFromConfig(config, host));
   GS_ASSIGN_OR_RETURN(o.listen, wire::ListenEndpoint(host, port));
@@ -70,13 +79,15 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<wire::Transport> 
     : options_(std::move(options)),
       transport_(std::move(transport)),
       metrics_(metrics),
-      clock_(clock) {
+      clock_(clock),
+      membership_(options_.num_workers, options_.elastic) {
   policy_ = wire::Policy::Accepting({MsgType::Register, MsgType::Heartbeat, MsgType::Leave,
                                      MsgType::Barrier, MsgType::ReachReport, MsgType::Error,
                                      MsgType::NcclIdOffer, MsgType::NcclIdRequest});
   if (metrics_) {
     metrics_->expected_nodes[static_cast<int>(Role::Worker)]->Set(options_.num_workers);
     metrics_->expected_nodes[static_cast<int>(Role::Server)]->Set(options_.num_servers);
+    metrics_->world_size->Set(options_.num_workers);
   }
 }
 
@@ -121,8 +132,9 @@ void Scheduler::Handle(wire::Incoming in) {
   auto it = nodes_.find(identity);
   if (it == nodes_.end() || !it->second.alive || it->second.left) {
     Refuse(identity, ErrorCode::NotRegistered,
-           it == nodes_.end() ? "this node is not registered with the scheduler"
-                              : "this node was declared dead or left the job",
+           it == nodes_.end()       ? "this node is not registered with the scheduler"
+           : it->second.removed ? "this worker was removed from the job: " + it->second.removed_why
+                                    : "this node was declared dead or left the job",
            h.type(), h.type() != MsgType::Error);
     return;
   }
@@ -348,14 +360,18 @@ void Scheduler::AssignRanks() {
 
 void Scheduler::SendAssignment(const std::string& identity) {
   std::vector<wire::NodeInfo> peers;
-  for (const auto& id : order_) peers.push_back(nodes_[id].info);
+  for (const auto& id : order_) {
+    if (!nodes_[id].removed) peers.push_back(nodes_[id].info);
+  }
   std::sort(peers.begin(), peers.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
     return std::make_pair(a.role, a.rank) < std::make_pair(b.role, b.rank);
   });
   const auto heartbeat_ms = static_cast<uint32_t>(options_.heartbeat_interval.count());
+  const wire::EpochFields epoch{membership_.epoch(), membership_.change(),
+                                 membership_.elastic()};
   Reply(identity, wire::MakeRankAssignment(sender(), nodes_[identity].info.rank,
-                                           options_.num_workers, options_.num_servers, peers,
-                                           heartbeat_ms, options_.missed_heartbeats));
+                                           membership_.world_size(), options_.num_servers, peers,
+                                           heartbeat_ms, options_.missed_heartbeats, epoch));
 }
 
 // A claim to be a restarted server is taken at once when the old process
@@ -505,7 +521,7 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
     return;
   }
   for (const auto& [id, n] : nodes_) {
-    if (!n.alive && InGroup(n, b.group())) {
+    if (!n.alive && !n.removed && InGroup(n, b.group())) {
       ReplyError(node.identity, ErrorCode::PeerDead,
                  "barrier " + std::to_string(b.barrier_id()) + " of " +
                      wire::EnumNameGroup(b.group()) + " cannot complete: " + n.info.Name() +
@@ -537,6 +553,14 @@ void Scheduler::TryRelease(const BarrierKey& key) {
   }
   barriers_.erase(it);
   if (metrics_) metrics_->barriers_completed->Increment();
+  if (key.second == wire::kEpochBarrierBase + membership_.epoch() && membership_.epoch() > 0) {
+    const double seconds =
+        std::chrono::duration<double>(clock_->Now() - membership_.changed_at()).count();
+    GS_LOG(INFO) << "epoch " << membership_.epoch() << ": every one of the "
+                 << membership_.world_size() << " workers is in, " << seconds
+                 << " s after the loss";
+    if (metrics_) metrics_->recovery_seconds->Observe(seconds);
+  }
 }
 
 void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
@@ -599,6 +623,7 @@ void Scheduler::Tick() {
     }
     DeclareDead(n, std::chrono::duration_cast<Millis>(now - n.last_seen));
   }
+  ElasticTick();
   if (phase_ == Phase::kRendezvous && now - started_ > options_.rendezvous_timeout) {
     FailJob("rendezvous timed out after " + FormatSeconds(options_.rendezvous_timeout) + ": " +
             std::to_string(Count(Role::Worker)) + " of " + std::to_string(options_.num_workers) +
@@ -643,6 +668,10 @@ void Scheduler::DeclareDead(Node& node, Millis silent) {
 }
 
 void Scheduler::MarkDead(Node& node, const std::string& why) {
+  if (membership_.elastic() && node.info.role == Role::Worker && phase_ == Phase::kRunning) {
+    RemoveWorker(node, why);
+    return;
+  }
   node.alive = false;
   GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << PeerText(node.info.host)
                 << ") is dead: " << why;

@@ -22,6 +22,15 @@
 // dead (0: declared dead at once, as any node). A server declared dead is
 // not taken back.
 //
+// Elastic jobs (min_workers below num_workers; server/membership.h): a
+// worker declared dead while the job runs ends the membership epoch instead
+// of the job. It is told to nobody as dead but the servers; the survivors
+// get new assignments (epoch, dense rank, world size, peers without it),
+// enter the epoch barrier (wire::kEpochBarrierBase + epoch) and go on. A
+// removed worker that speaks again is refused, told why. Below min_workers
+// the job waits up to elastic_timeout, then fails naming the lost workers.
+// A worker that leaves (Leave) has finished: it ends no epoch.
+//
 // Thread-safety: Run() on one thread.
 #ifndef GRADSYNC_SERVER_SCHEDULER_H_
 #define GRADSYNC_SERVER_SCHEDULER_H_
@@ -39,6 +48,7 @@
 #include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "server/membership.h"
 #include "server/scheduler_metrics.h"
 #include "wire/curve.h"
 #include "wire/message.h"
@@ -56,9 +66,11 @@ struct SchedulerOptions {
   Millis rendezvous_timeout{120000};
   Millis server_grace{0};  // a silent server's time to restart, after the heartbeats
   std::optional<wire::CurveKey> curve;  // CURVE with the job's key (wire/curve.h)
+  ElasticOptions elastic;  // min_workers 0: not elastic
 
   // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
-  // rendezvous_timeout_ms, server_grace_ms, host (the address to listen on,
+  // rendezvous_timeout_ms, server_grace_ms, min_workers (num_workers: not
+  // elastic), elastic_timeout_ms (60000), host (the address to listen on,
   // 127.0.0.1), security and key_file (wire/curve.h); the port comes from
   // `scheduler` (host:port) or `port`.
   static StatusOr<SchedulerOptions> FromConfig(const Config& config);
@@ -89,6 +101,8 @@ class Scheduler {
     bool left = false;
     bool reported = false;
     bool missing = false;  // silent, within server_grace
+    bool removed = false;  // lost by an elastic job: out of every later epoch
+    std::string removed_why;
   };
   using BarrierKey = std::pair<wire::Group, uint64_t>;
 
@@ -130,6 +144,11 @@ class Scheduler {
   // Declares `node` dead for `why`: recorded, and every node is told.
   void MarkDead(Node& node, const std::string& why);
   void FailJob(const std::string& why);
+  // Elastic jobs: `node` (a worker) is out; the survivors start a new epoch,
+  // or the job waits for workers.
+  void RemoveWorker(Node& node, const std::string& why);
+  void StartEpoch(const std::map<std::string, int32_t>& ranks);
+  void ElasticTick();
   void Reply(const std::string& identity, wire::Message msg);
   void ReplyError(const std::string& identity, wire::ErrorCode code, const std::string& text,
                   wire::MsgType in_reply_to);
@@ -171,6 +190,8 @@ class Scheduler {
   std::vector<std::string> unreachable_;  // "worker 1 (...) cannot reach ..."
   std::vector<std::string> dead_;         // names of nodes declared dead
   bool servers_released_ = false;
+  Membership membership_;
+  std::vector<std::string> removed_;  // workers an elastic job lost, and why
   Status result_;
   RefusalLog refusal_log_;
   // Answers that could not be sent, logged a few per peer and reason.

@@ -1,5 +1,7 @@
 #include "server/scheduler_metrics.h"
 
+#include "common/metrics.h"
+
 namespace gradsync::server {
 
 SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
@@ -32,6 +34,30 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
                             .Help("Barriers released.")
                             .Register(registry)
                             .Add({});
+  world_size = &prometheus::BuildGauge()
+                    .Name("gradsync_scheduler_world_size")
+                    .Help("Workers in the job's current membership epoch.")
+                    .Register(registry)
+                    .Add({});
+  epoch = &prometheus::BuildGauge()
+               .Name("gradsync_scheduler_membership_epoch")
+               .Help("The job's membership epoch (0 until a worker is lost).")
+               .Register(registry)
+               .Add({});
+  auto& changes = prometheus::BuildCounter()
+                      .Name("gradsync_scheduler_membership_changes_total")
+                      .Help("Workers lost by an elastic job, by what followed: a new epoch "
+                            "(worker_dead) or a wait for workers (below_min_workers).")
+                      .Register(registry);
+  membership_changes[static_cast<int>(MembershipReason::kDead)] =
+      &changes.Add({{"reason", "worker_dead"}});
+  membership_changes[static_cast<int>(MembershipReason::kBelowMin)] =
+      &changes.Add({{"reason", "below_min_workers"}});
+  recovery_seconds = &prometheus::BuildHistogram()
+                          .Name("gradsync_scheduler_recovery_seconds")
+                          .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
+                          .Register(registry)
+                          .Add({}, LatencyBuckets());
 }
 
 }  // namespace gradsync::server

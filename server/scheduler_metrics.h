@@ -6,11 +6,15 @@
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "wire/message.h"
 #include "wire/rejected_metrics.h"
 
 namespace gradsync::server {
+
+// Why an elastic job's membership changed (label `reason`).
+enum class MembershipReason { kDead = 0, kBelowMin = 1 };
 
 struct SchedulerMetrics {
   explicit SchedulerMetrics(prometheus::Registry& registry);
@@ -21,6 +25,13 @@ struct SchedulerMetrics {
   std::array<prometheus::Counter*, 3> heartbeat_timeouts{};
   prometheus::Counter* registrations = nullptr;
   prometheus::Counter* barriers_completed = nullptr;
+  // Elastic jobs: workers in the current epoch, the epoch, membership
+  // changes by reason (MembershipReason), and the time from a worker
+  // declared lost to every survivor in the new epoch's barrier.
+  prometheus::Gauge* world_size = nullptr;
+  prometheus::Gauge* epoch = nullptr;
+  std::array<prometheus::Counter*, 2> membership_changes{};
+  prometheus::Histogram* recovery_seconds = nullptr;
   wire::RejectedMetrics rejected;
 };
 

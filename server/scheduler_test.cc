@@ -3,6 +3,7 @@
 #include "server/scheduler.h"
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -28,6 +29,7 @@ class SchedulerTest : public ::testing::Test {
     o.heartbeat_interval = Millis(50);
     o.missed_heartbeats = 4;
     o.rendezvous_timeout = Millis(5000);
+    o.elastic = elastic_;
     scheduler_ = std::make_unique<Scheduler>(o, network_.NewTransport("scheduler"), &metrics_,
                                              &clock_);
     ASSERT_TRUE(scheduler_->Start().ok());
@@ -108,6 +110,16 @@ class SchedulerTest : public ::testing::Test {
     return agents;
   }
 
+  // Waits until `done` holds (true) or 5 s pass (false).
+  static bool WaitUntil(const std::function<bool()>& done) {
+    for (Deadline d = Deadline::AfterMs(5000); !d.Expired();) {
+      if (done()) return true;
+      std::this_thread::sleep_for(Millis(10));
+    }
+    return done();
+  }
+
+  ElasticOptions elastic_;
   wire::InProcNetwork network_;
   prometheus::Registry registry_;
   SchedulerMetrics metrics_{registry_};
@@ -309,6 +321,52 @@ TEST_F(SchedulerTest, AClaimOnALiveServersAddressIsRefusedAndTheServerKeepsItsPl
   EXPECT_TRUE(agents[0]->dead_peers().empty());
   EXPECT_TRUE(agents[2]->job_status().ok()) << agents[2]->job_status();
   EXPECT_EQ(metrics_.registrations->Value(), 3);
+}
+
+TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWorkers) {
+  elastic_ = ElasticOptions{2, Millis(300)};
+  auto agents = RunningJob(3, Millis(0));
+  ASSERT_EQ(agents.size(), 4u);
+  EXPECT_TRUE(agents[0]->latest().elastic);
+  const std::string lost_identity = agents[1]->assignment().self.identity;
+  raw_[1]->Shutdown();  // worker 1 dies without a word
+  ASSERT_TRUE(WaitUntil([&] { return agents[0]->latest().epoch == 1 &&
+                                     agents[2]->latest().epoch == 1; }));
+  const cluster::Assignment a0 = agents[0]->latest(), a2 = agents[2]->latest();
+  EXPECT_EQ(a0.self.rank, 0);
+  EXPECT_EQ(a2.self.rank, 1);  // densely re-ranked
+  EXPECT_EQ(a0.num_workers, 2);
+  EXPECT_EQ(a0.peers.size(), 3u);  // the two survivors and the server
+  EXPECT_NE(a0.change.find("membership changed: worker rank 1 (identity " + lost_identity +
+                           ") left: no message for"),
+            std::string::npos) << a0.change;
+  // The workers go on; only the server hears of a dead node.
+  EXPECT_TRUE(agents[0]->job_status().ok()) << agents[0]->job_status();
+  EXPECT_TRUE(agents[0]->dead_peers().empty());
+  EXPECT_TRUE(WaitUntil([&] { return agents[3]->dead_peers().size() == 1; }));
+  // Both survivors pass the epoch barrier; the recovery time is observed.
+  std::thread other([&] { EXPECT_TRUE(agents[2]->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
+  EXPECT_TRUE(agents[0]->EpochBarrier(1, Deadline::AfterMs(5000)).ok());
+  other.join();
+  EXPECT_EQ(metrics_.membership_changes[0]->Value(), 1);
+  EXPECT_EQ(metrics_.world_size->Value(), 2);
+  EXPECT_EQ(metrics_.epoch->Value(), 1);
+  // Below min_workers the job waits elastic_timeout (300 ms), then fails.
+  raw_[2]->Shutdown();
+  ASSERT_TRUE(WaitUntil([&] { return !agents[0]->job_status().ok(); }));
+  const Status failed = agents[0]->job_status();
+  EXPECT_NE(failed.message().find("only 1 workers remain, below min_workers 2"),
+            std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("worker 1 lost: no message for"), std::string::npos) << failed;
+  EXPECT_EQ(metrics_.membership_changes[1]->Value(), 1);
+}
+
+TEST_F(SchedulerTest, MinWorkersOutsideOneToNumWorkersIsRefused) {
+  Config config = Config::FromMap({{"num_workers", "3"}, {"min_workers", "4"}});
+  auto o = SchedulerOptions::FromConfig(config);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("min_workers must be within [1, num_workers]"),
+            std::string::npos) << o.status();
 }
 
 }  // namespace

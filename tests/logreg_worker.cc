@@ -13,6 +13,7 @@
 #include "client/communicator.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "tests/test_worker.h"
 
 extern char** environ;
 
@@ -23,72 +24,22 @@ constexpr int kDim = 1024;
 constexpr int kSamples = 2048;  // per rank
 constexpr int kBatch = 32;
 
-struct Data {
-  std::vector<float> x;  // kSamples x kDim
-  std::vector<float> y;  // 0 or 1
-};
-
-Data MakeData(int rank) {
-  std::mt19937 truth_rng(1234);  // the same true weights on every rank
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> truth(kDim);
-  for (float& t : truth) t = normal(truth_rng) / std::sqrt(static_cast<float>(kDim));
-  std::mt19937 rng(99 + rank);
-  std::uniform_real_distribution<float> noise(0.0f, 1.0f);
-  Data d;
-  d.x.resize(size_t{kSamples} * kDim);
-  d.y.resize(kSamples);
-  for (int i = 0; i < kSamples; ++i) {
-    float dot = 0;
-    for (int j = 0; j < kDim; ++j) {
-      const float v = normal(rng);
-      d.x[static_cast<size_t>(i) * kDim + j] = v;
-      dot += v * truth[j];
-    }
-    const float p = 1.0f / (1.0f + std::exp(-2.0f * dot));
-    d.y[i] = noise(rng) < p ? 1.0f : 0.0f;
-  }
-  return d;
-}
-
-// Mean log-loss over samples [begin, end); adds its gradient into g.
-double LossAndGradient(const Data& d, const std::vector<float>& w, int begin, int end,
-                       std::vector<float>* g) {
-  double loss = 0;
-  const float scale = 1.0f / static_cast<float>(end - begin);
-  for (int i = begin; i < end; ++i) {
-    const float* x = &d.x[static_cast<size_t>(i) * kDim];
-    float z = 0;
-    for (int j = 0; j < kDim; ++j) z += w[j] * x[j];
-    const float p = 1.0f / (1.0f + std::exp(-z));
-    loss -= d.y[i] > 0.5f ? std::log(std::max(p, 1e-7f)) : std::log(std::max(1 - p, 1e-7f));
-    if (g) {
-      for (int j = 0; j < kDim; ++j) (*g)[j] += scale * (p - d.y[i]) * x[j];
-    }
-  }
-  return loss / (end - begin);
-}
-
 int Main(int argc, char** argv) {
   auto config = Config::FromArgs(argc, argv, environ);
   if (!config.ok()) return 2;
   const int64_t steps = config->GetInt("steps", 300).value();
   const double lr = config->GetDouble("lr", 0.5).value();
-  SetLogTag("worker");
-  auto comm = client::Communicator::Create(*config, Deadline::AfterMs(60000));
-  if (!comm.ok()) {
-    std::printf("create failed: %s\n", comm.status().ToString().c_str());
-    return 3;
-  }
-  client::Communicator& c = **comm;
+  std::unique_ptr<client::Communicator> comm = JoinAsWorker(*config);
+  if (comm == nullptr) return 3;
+  client::Communicator& c = *comm;
   auto id = c.RegisterTensor("logreg.weight", kDim, DType::kF32);
   if (!id.ok()) return 3;
-  const Data data = MakeData(c.rank());
+  const LogregData data = MakeLogregData(kDim, kSamples, 99u + static_cast<unsigned>(c.rank()));
   std::vector<float> w(kDim, 0.0f), g(kDim);
   for (int64_t step = 0; step < steps; ++step) {
     std::fill(g.begin(), g.end(), 0.0f);
     const int begin = static_cast<int>((step * kBatch) % kSamples);
-    LossAndGradient(data, w, begin, begin + kBatch, &g);
+    LogregLossAndGradient(data, w, begin, begin + kBatch, &g);
     auto h = c.MarkReady(*id, g.data());
     Status s = h.ok() ? c.Synchronize(Deadline::AfterMs(60000)) : h.status();
     if (!s.ok()) {
@@ -101,7 +52,7 @@ int Main(int argc, char** argv) {
     for (int j = 0; j < kDim; ++j) w[j] -= static_cast<float>(rate) * g[j];
   }
   // The loss over every rank's whole shard, averaged over ranks.
-  float loss = static_cast<float>(LossAndGradient(data, w, 0, kSamples, nullptr));
+  float loss = static_cast<float>(LogregLossAndGradient(data, w, 0, kSamples, nullptr));
   Status s = c.AllReduce(&loss, 1, DType::kF32, client::ReduceOp::kAverage,
                          Deadline::AfterMs(30000));
   if (!s.ok()) return 3;

@@ -136,13 +136,22 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
 Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
                            int32_t num_servers, const std::vector<NodeInfo>& peers,
                            uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats) {
-  FlatBufferBuilder fbb(256 + 64 * peers.size());
+  return MakeRankAssignment(from, rank, num_workers, num_servers, peers, heartbeat_interval_ms,
+                            missed_heartbeats, EpochFields{});
+}
+
+Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
+                           int32_t num_servers, const std::vector<NodeInfo>& peers,
+                           uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats,
+                           const EpochFields& epoch) {
+  FlatBufferBuilder fbb(256 + 64 * peers.size() + epoch.change.size());
   std::vector<Offset<NodeAddress>> addrs;
   addrs.reserve(peers.size());
   for (const NodeInfo& p : peers) addrs.push_back(BuildAddress(fbb, p));
+  auto change = epoch.change.empty() ? 0 : fbb.CreateString(epoch.change);
   auto body = CreateRankAssignmentBody(fbb, rank, num_workers, num_servers,
                                        fbb.CreateVector(addrs), heartbeat_interval_ms,
-                                       missed_heartbeats);
+                                       missed_heartbeats, epoch.epoch, change, epoch.elastic);
   return Finish(fbb, from, MsgType::RankAssignment, body.Union());
 }
 

@@ -131,9 +131,22 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
 Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
                            int32_t num_servers, const std::vector<NodeInfo>& peers,
                            uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats);
+// The membership fields of an elastic job's assignment (RankAssignmentBody).
+struct EpochFields {
+  uint32_t epoch = 0;
+  std::string change;  // what ended the previous epoch; "" for epoch 0
+  bool elastic = false;
+};
+Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
+                           int32_t num_servers, const std::vector<NodeInfo>& peers,
+                           uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats,
+                           const EpochFields& epoch);
 Message MakeHeartbeat(const Sender& from);
 Message MakeLeave(const Sender& from, const std::string& reason);
 Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group);
+// Barrier ids from here up are an elastic job's epoch barriers (this plus
+// the epoch, group Workers): every survivor enters one before it re-forms.
+constexpr uint64_t kEpochBarrierBase = uint64_t{1} << 62;
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
                   MsgType in_reply_to);
 // The sender to put on an answer to a peer: `self` for a member of the job

@@ -14,7 +14,8 @@ GS_AVERAGE = 1
 _CODE_NAMES = (
     "ok", "cancelled", "invalid_argument", "deadline_exceeded", "not_found",
     "already_exists", "failed_precondition", "aborted", "out_of_range",
-    "unimplemented", "internal", "unavailable", "data_loss")
+    "unimplemented", "internal", "unavailable", "data_loss",
+    "membership_changed")
 
 
 class GradsyncError(RuntimeError):

@@ -1,0 +1,145 @@
+// Elastic jobs across real processes: a scheduler and ring workers
+// (tests/elastic_worker) on this machine; one worker is SIGKILLed in the
+// middle of training.
+#include <csignal>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "gtest/gtest.h"
+#include "tests/local_job.h"
+
+namespace gradsync {
+namespace {
+
+using std::chrono::steady_clock;
+
+class ElasticTest : public ::testing::Test, public LocalJob {
+ protected:
+  // Starts `workers` trainers of a job whose scheduler takes `flags`.
+  std::vector<Subprocess*> StartJob(int workers, const std::vector<std::string>& flags,
+                                    const std::string& steps) {
+    StartScheduler(workers, 0, flags);
+    SetJob(workers, 0);
+    std::vector<Subprocess*> procs;
+    for (int r = 0; r < workers; ++r) {
+      procs.push_back(&Start({Runfile("tests/elastic_worker"), "--rank=" + std::to_string(r),
+                              "--steps=" + steps, "--step_sleep_ms=5"},
+                             "worker" + std::to_string(r)));
+    }
+    return procs;
+  }
+
+  static std::string Params(const std::string& output) {
+    const size_t at = output.find("final step ");
+    if (at == std::string::npos) return "";
+    const size_t p = output.find(" params ", at);
+    return p == std::string::npos ? "" : output.substr(p + 8, 16);
+  }
+};
+
+TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) {
+  auto workers = StartJob(4, {"--min_workers=2"}, "400");
+  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+      << workers[2]->Output();
+  const auto killed_at = steady_clock::now();
+  workers[2]->Signal(SIGKILL);
+  ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
+      << workers[0]->Output();
+  const auto recovered_ms =
+      std::chrono::duration_cast<Millis>(steady_clock::now() - killed_at).count();
+  const int limit_ms = kHeartbeatMs * kMissed;
+  std::printf("survivors resumed %lld ms after SIGKILL (heartbeat deadline %d ms)\n",
+              static_cast<long long>(recovered_ms), limit_ms);
+  EXPECT_LE(recovered_ms, limit_ms + 3000);
+  std::set<std::string> params;
+  for (int r : {0, 1, 3}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_NE(out.find("membership_changed: membership changed: worker rank 2 (identity "),
+              std::string::npos) << out;
+    EXPECT_NE(out.find("final step 400 world 3 epoch 1 params "), std::string::npos) << out;
+    params.insert(Params(out));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+  EXPECT_FALSE(params.begin()->empty());
+  // Every worker left at the end: the job succeeded.
+  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
+  EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
+}
+
+// Rank 0 first (the rank every epoch's re-ranking starts from), then
+// another: two epochs.
+TEST_F(ElasticTest, TwoLossesOneAfterTheOtherIncludingRankZero) {
+  auto workers = StartJob(4, {"--min_workers=2"}, "600");
+  ASSERT_TRUE(workers[0]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+      << workers[0]->Output();
+  workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(workers[3]->WaitForOutput("reached step 300", Deadline::AfterMs(60000)))
+      << workers[3]->Output();
+  workers[3]->Signal(SIGKILL);
+  std::set<std::string> params;
+  for (int r : {1, 2}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_NE(out.find("worker rank 0 (identity "), std::string::npos) << out;
+    EXPECT_NE(out.find("final step 600 world 2 epoch 2 params "), std::string::npos) << out;
+    params.insert(Params(out));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+}
+
+TEST_F(ElasticTest, AStoppedWorkerThatWakesUpAfterItsRemovalIsRefusedAndToldWhy) {
+  auto workers = StartJob(3, {"--min_workers=2"}, "300");
+  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
+      << workers[2]->Output();
+  workers[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
+      << workers[0]->Output();
+  workers[2]->Signal(SIGCONT);
+  EXPECT_EQ(workers[2]->Wait(Deadline::AfterMs(30000)), 3) << workers[2]->Output();
+  EXPECT_NE(workers[2]->Output().find("this worker was removed from the job: epoch 0 ended "
+                                      "without it: no message for"),
+            std::string::npos) << workers[2]->Output();
+  std::set<std::string> params;
+  for (int r : {0, 1}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("final step 300 world 2 epoch 1"), std::string::npos);
+    params.insert(Params(workers[r]->Output()));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+}
+
+TEST_F(ElasticTest, BelowMinWorkersTheJobFailsClearlyAfterItsDeadline) {
+  auto workers = StartJob(3, {"--min_workers=2", "--elastic_timeout_ms=1500"}, "100000");
+  for (int r : {1, 2}) {
+    ASSERT_TRUE(workers[r]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
+        << workers[r]->Output();
+  }
+  workers[1]->Signal(SIGKILL);
+  workers[2]->Signal(SIGKILL);
+  EXPECT_EQ(workers[0]->Wait(Deadline::AfterMs(30000)), 3) << workers[0]->Output();
+  EXPECT_NE(workers[0]->Output().find("only 1 workers remain, below min_workers 2, and none "
+                                      "joined within elastic_timeout_ms"),
+            std::string::npos) << workers[0]->Output();
+  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 1) << scheduler_->Output();
+  EXPECT_NE(scheduler_->Output().find("below min_workers 2"), std::string::npos);
+}
+
+TEST_F(ElasticTest, WithoutMinWorkersTheJobStopsAsBefore) {
+  auto workers = StartJob(3, {}, "100000");
+  ASSERT_TRUE(workers[1]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
+      << workers[1]->Output();
+  workers[1]->Signal(SIGKILL);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(workers[r]->Wait(Deadline::AfterMs(30000)), 3) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("worker 1 died"), std::string::npos)
+        << workers[r]->Output();
+    EXPECT_EQ(workers[r]->Output().find("membership"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace gradsync

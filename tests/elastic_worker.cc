@@ -1,0 +1,122 @@
+// A trainer of an elastic job through the client SDK: logistic regression
+// with momentum SGD on one data set that every rank generates from a seed,
+// each step's global batch split among the workers of the current epoch.
+// When a worker is lost, Synchronize fails with kMembershipChanged; the
+// survivors agree on the step to resume at (Communicator::AgreeOnStep),
+// take that rank's parameters and momentum (Broadcast), re-shard the batch
+// for their new rank and size, and redo the step.
+//
+//   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
+//       [--step_sleep_ms=5]
+// Prints "reached step N" every 25 steps, "membership changed ..." on each
+// change, and at the end "final step S world W epoch E params HEX".
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "client/communicator.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "tests/test_worker.h"
+
+extern char** environ;
+
+namespace gradsync {
+namespace {
+
+constexpr int kDim = 256;
+constexpr int kSamples = 4800;  // whole global batches
+constexpr int kGlobalBatch = 48;  // divides evenly among 1, 2, 3 or 4 workers
+constexpr float kRate = 0.2f;
+constexpr float kMomentum = 0.9f;
+
+uint64_t Fnv(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+struct State {
+  std::vector<float> w = std::vector<float>(kDim, 0.0f);
+  std::vector<float> m = std::vector<float>(kDim, 0.0f);  // momentum
+  uint64_t step = 0;                                      // steps completed
+};
+
+// After a membership change: every survivor takes the state of the rank
+// that completed the most steps.
+Status Recover(client::Communicator& c, State* state) {
+  const Deadline deadline = Deadline::AfterMs(60000);
+  GS_ASSIGN_OR_RETURN(client::Communicator::ResumePoint at, c.AgreeOnStep(state->step, deadline));
+  GS_RETURN_IF_ERROR(c.Broadcast(state->w.data(), kDim, DType::kF32, at.root, deadline));
+  GS_RETURN_IF_ERROR(c.Broadcast(state->m.data(), kDim, DType::kF32, at.root, deadline));
+  std::printf("resuming at step %llu from rank %d as rank %d of %d (epoch %u)\n",
+              static_cast<unsigned long long>(at.step), at.root, c.rank(), c.world_size(),
+              c.epoch());
+  std::fflush(stdout);
+  state->step = at.step;
+  return Status();
+}
+
+// One step on this rank's share of the global batch.
+Status Step(client::Communicator& c, client::TensorId id, const LogregData& data, State* state,
+            std::vector<float>* g) {
+  const int share = kGlobalBatch / c.world_size();
+  const int begin = static_cast<int>((state->step * kGlobalBatch) % kSamples) + c.rank() * share;
+  std::fill(g->begin(), g->end(), 0.0f);
+  LogregLossAndGradient(data, state->w, begin, begin + share, g);
+  GS_ASSIGN_OR_RETURN(client::SyncHandle h, c.MarkReady(id, g->data()));
+  (void)h;
+  GS_RETURN_IF_ERROR(c.Synchronize(Deadline::AfterMs(60000)));
+  for (int j = 0; j < kDim; ++j) {
+    state->m[j] = kMomentum * state->m[j] + (*g)[j];
+    state->w[j] -= kRate * state->m[j];
+  }
+  ++state->step;
+  return Status();
+}
+
+int Main(int argc, char** argv) {
+  auto config = Config::FromArgs(argc, argv, environ);
+  if (!config.ok()) return 2;
+  const uint64_t steps = static_cast<uint64_t>(config->GetInt("steps", 400).value());
+  const int64_t sleep_ms = config->GetInt("step_sleep_ms", 5).value();
+  std::unique_ptr<client::Communicator> comm = JoinAsWorker(*config);
+  if (comm == nullptr) return 3;
+  client::Communicator& c = *comm;
+  auto id = c.RegisterTensor("elastic.weight", kDim, DType::kF32);
+  if (!id.ok()) return 3;
+  const LogregData data = MakeLogregData(kDim, kSamples, 99);  // one set, shared
+  State state;
+  std::vector<float> g(kDim);
+  while (state.step < steps) {
+    Status s = Step(c, *id, data, &state, &g);
+    while (s.code() == StatusCode::kMembershipChanged) {
+      std::printf("%s; now rank %d of %d\n", s.ToString().c_str(), c.rank(), c.world_size());
+      std::fflush(stdout);
+      s = Recover(c, &state);
+    }
+    if (!s.ok()) {
+      std::printf("error: %s\n", s.ToString().c_str());
+      return 3;
+    }
+    if (state.step % 25 == 0) {
+      std::printf("reached step %llu\n", static_cast<unsigned long long>(state.step));
+      std::fflush(stdout);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  }
+  std::printf("final step %llu world %d epoch %u params %016llx\n",
+              static_cast<unsigned long long>(state.step), c.world_size(), c.epoch(),
+              static_cast<unsigned long long>(Fnv(state.w)));
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsync
+
+int main(int argc, char** argv) { return gradsync::Main(argc, argv); }
