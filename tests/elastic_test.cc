@@ -10,6 +10,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/local_job.h"
+#include "wire/curve.h"
 
 namespace gradsync {
 namespace {
@@ -19,10 +20,13 @@ using std::chrono::steady_clock;
 class ElasticTest : public ::testing::Test, public LocalJob {
  protected:
   // Starts `workers` trainers of a job whose scheduler takes `flags`.
-  std::vector<Subprocess*> StartJob(int workers, const std::vector<std::string>& flags,
-                                    const std::string& steps) {
+  // With `key_file`, the job runs CURVE: every node with its own key.
+  std::vector<Subprocess*> StartJob(int workers, std::vector<std::string> flags,
+                                    const std::string& steps, const std::string& key_file = "") {
+    if (!key_file.empty()) flags.push_back("--key_file=" + key_file);
     StartScheduler(workers, 0, flags);
     SetJob(workers, 0);
+    if (!key_file.empty()) env_["GRADSYNC_KEY_FILE"] = key_file;
     std::vector<Subprocess*> procs;
     for (int r = 0; r < workers; ++r) {
       procs.push_back(&Start({Runfile("tests/elastic_worker"), "--rank=" + std::to_string(r),
@@ -38,36 +42,49 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     const size_t p = output.find(" params ", at);
     return p == std::string::npos ? "" : output.substr(p + 8, 16);
   }
+
+  // 4 workers, worker 2 SIGKILLed at step 100: the other 3 finish in epoch 1
+  // with the same parameters.
+  void KillOneOfFour(const std::string& key_file) {
+    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file);
+    ASSERT_TRUE(workers[2]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+        << workers[2]->Output();
+    const auto killed_at = steady_clock::now();
+    workers[2]->Signal(SIGKILL);
+    ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
+        << workers[0]->Output();
+    const auto recovered_ms =
+        std::chrono::duration_cast<Millis>(steady_clock::now() - killed_at).count();
+    const int limit_ms = kHeartbeatMs * kMissed;
+    std::printf("survivors resumed %lld ms after SIGKILL (heartbeat deadline %d ms)\n",
+                static_cast<long long>(recovered_ms), limit_ms);
+    EXPECT_LE(recovered_ms, limit_ms + 3000);
+    std::set<std::string> params;
+    for (int r : {0, 1, 3}) {
+      ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+      const std::string out = workers[r]->Output();
+      EXPECT_NE(out.find("membership_changed: membership changed: worker rank 2 (identity "),
+                std::string::npos)
+          << out;
+      EXPECT_NE(out.find("final step 400 world 3 epoch 1 params "), std::string::npos) << out;
+      params.insert(Params(out));
+    }
+    EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+    EXPECT_FALSE(params.begin()->empty());
+    // Every worker left at the end: the job succeeded.
+    EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
+    EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
+  }
 };
 
-TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) {
-  auto workers = StartJob(4, {"--min_workers=2"}, "400");
-  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
-      << workers[2]->Output();
-  const auto killed_at = steady_clock::now();
-  workers[2]->Signal(SIGKILL);
-  ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
-      << workers[0]->Output();
-  const auto recovered_ms =
-      std::chrono::duration_cast<Millis>(steady_clock::now() - killed_at).count();
-  const int limit_ms = kHeartbeatMs * kMissed;
-  std::printf("survivors resumed %lld ms after SIGKILL (heartbeat deadline %d ms)\n",
-              static_cast<long long>(recovered_ms), limit_ms);
-  EXPECT_LE(recovered_ms, limit_ms + 3000);
-  std::set<std::string> params;
-  for (int r : {0, 1, 3}) {
-    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
-    const std::string out = workers[r]->Output();
-    EXPECT_NE(out.find("membership_changed: membership changed: worker rank 2 (identity "),
-              std::string::npos) << out;
-    EXPECT_NE(out.find("final step 400 world 3 epoch 1 params "), std::string::npos) << out;
-    params.insert(Params(out));
-  }
-  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
-  EXPECT_FALSE(params.begin()->empty());
-  // Every worker left at the end: the job succeeded.
-  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
-  EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
+TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) { KillOneOfFour(""); }
+
+// The re-formed ring's new neighbours reach each other over their own node
+// keys (the scheduler's peer list bound them at the start).
+TEST_F(ElasticTest, WithCurveTheSurvivorsReformTheRingOverTheirOwnKeys) {
+  const std::string key_file = TmpFile("job.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  KillOneOfFour(key_file);
 }
 
 // Rank 0 first (the rank every epoch's re-ranking starts from), then
@@ -102,7 +119,8 @@ TEST_F(ElasticTest, AStoppedWorkerThatWakesUpAfterItsRemovalIsRefusedAndToldWhy)
   EXPECT_EQ(workers[2]->Wait(Deadline::AfterMs(30000)), 3) << workers[2]->Output();
   EXPECT_NE(workers[2]->Output().find("this worker was removed from the job: epoch 0 ended "
                                       "without it: no message for"),
-            std::string::npos) << workers[2]->Output();
+            std::string::npos)
+      << workers[2]->Output();
   std::set<std::string> params;
   for (int r : {0, 1}) {
     ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
@@ -123,7 +141,8 @@ TEST_F(ElasticTest, BelowMinWorkersTheJobFailsClearlyAfterItsDeadline) {
   EXPECT_EQ(workers[0]->Wait(Deadline::AfterMs(30000)), 3) << workers[0]->Output();
   EXPECT_NE(workers[0]->Output().find("only 1 workers remain, below min_workers 2, and none "
                                       "joined within elastic_timeout_ms"),
-            std::string::npos) << workers[0]->Output();
+            std::string::npos)
+      << workers[0]->Output();
   EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 1) << scheduler_->Output();
   EXPECT_NE(scheduler_->Output().find("below min_workers 2"), std::string::npos);
 }
