@@ -1,11 +1,11 @@
-// CurveZMQ for a job: one key pair per job, kept in a key file that every
-// process of the job reads. Every socket then runs CURVE with it: servers
-// (ROUTER) with its secret key, clients (DEALER) with its public key as the
-// server key and the pair as their own; a ZAP handler admits only clients
-// whose key is the job's. Traffic is encrypted, and only a process that
-// holds the job's secret key gets in: a peer with no key, another key or
-// another job's key fails the handshake and is counted.
-//
+// CurveZMQ for a job: the job's key pair, kept in a key file that every
+// process of the job reads, admits a process to the job: the scheduler's
+// socket runs CURVE with it (server: its secret key; clients: its public
+// key as the server key and the pair as their own) and a ZAP handler admits
+// only clients whose key is the job's. A peer with no key, another key or
+// another job's key fails the handshake and is counted. Between the nodes
+// of a job each node's own key pair is used instead (wire/node_keys.h).
+
 // Key file: two lines, "public <40 Z85 chars>" and "secret <40 Z85 chars>";
 // a regular file, not a symbolic link, owned by the user the process runs
 // as, that only its owner may read (mode 0600 or stricter).
