@@ -4,14 +4,17 @@
 // before its payload is looked at, so a peer reaches no decoder but the
 // job's. The compressor is the shard's `compression` setting (the same one
 // the workers read: GRADSYNC_COMPRESSION set for the whole job reaches both);
-// left unset, the first compressed push a shard takes (one that decodes)
-// fixes it for the shard's life. Uncompressed pushes are always taken (small buckets travel
-// uncompressed).
+// left unset, worker 0's first compressed push that the shard takes (one
+// that decodes) fixes it for the shard's life: another worker's compressed
+// pushes wait for it (they are answered Busy and sent again), so no other
+// member of the job can choose the job's compressor by pushing first.
+// Uncompressed pushes are always taken (small buckets travel uncompressed).
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef GRADSYNC_SERVER_JOB_CODEC_H_
 #define GRADSYNC_SERVER_JOB_CODEC_H_
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -25,12 +28,14 @@ class JobCodec {
   // the first compressed push decides.
   explicit JobCodec(const std::string& spec = "");
 
-  // OK when `codec` (a push's codec spec) names the job's compressor, or
-  // none is fixed yet; InvalidArgument naming both otherwise.
-  Status Admit(const std::string& codec) const;
-  // A push compressed with `codec` was taken: fixes the job's compressor
-  // if none is yet.
-  void Taken(const std::string& codec);
+  // OK when `codec` (a push's codec spec, from worker `worker`) names the
+  // job's compressor, or none is fixed yet and the push is worker 0's;
+  // Unavailable (push it again later) when none is fixed yet and it is
+  // another worker's; InvalidArgument naming both codecs otherwise.
+  Status Admit(const std::string& codec, int32_t worker) const;
+  // A push of worker `worker` compressed with `codec` was taken: fixes the
+  // job's compressor if none is yet and the push is worker 0's.
+  void Taken(const std::string& codec, int32_t worker);
   // The job's compressor name; empty while none is fixed.
   std::string name() const;
 

@@ -34,8 +34,8 @@ TEST(PsHostileTest, AHugeElementCountIsRefusedBeforeAnythingIsAllocated) {
   h.Send(1, RawPush(h.Sender(1), 0, uint64_t{1} << 40, "topk:ratio=0.01", 64));
   EXPECT_NE(h.NextError(1).find("a partition holds at most 1048576"), std::string::npos);
   // Within the partition limit, the bytes must be what the codec writes.
-  h.Send(1, RawPush(h.Sender(1), 0, 1 << 20, "topk:ratio=0.01", 64));
-  EXPECT_NE(h.NextError(1).find("holds 64 bytes"), std::string::npos);
+  h.Send(0, RawPush(h.Sender(0), 0, 1 << 20, "topk:ratio=0.01", 64));
+  EXPECT_NE(h.NextError(0).find("holds 64 bytes"), std::string::npos);
   EXPECT_EQ(h.shard().stats().rejected, 2u);
   h.Push(0, 1, 0, {1, 2});
   h.Push(1, 1, 0, {3, 4});

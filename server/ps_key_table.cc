@@ -139,7 +139,7 @@ void KeyTable::Take(const Request& r, const wire::Header& h, const wire::DataBod
         compression::PartitionContext(h.job_id(), r.step, r.key.first, r.key.second);
     Status s = decoder_.Decode(d, msg.payloads, ctx, values.data(), &code);
     if (!s.ok()) return Reject(r, code, s.message(), out);
-    if (!r.codec.empty()) codec_->Taken(r.codec);
+    if (!r.codec.empty()) codec_->Taken(r.codec, r.worker);
     const bool keep = decoded != nullptr && !r.codec.empty();
     if (keep) *decoded = values;
     OnPush(r, std::move(values), out);
@@ -206,7 +206,12 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
     return false;
   }
   if (r.type == MsgType::Push && !r.codec.empty()) {
-    Status s = codec_->Admit(r.codec);
+    Status s = codec_->Admit(r.codec, r.worker);
+    if (s.code() == StatusCode::kUnavailable) {
+      counters_->Rejected(ErrorCode::Busy);
+      ErrorTo(r, ErrorCode::Busy, s.message(), out);
+      return false;
+    }
     if (!s.ok()) {
       Reject(r, ErrorCode::WrongType, s.message(), out);
       return false;

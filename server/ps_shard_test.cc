@@ -373,6 +373,25 @@ TEST(PsShardTest, APushCompressedWithAnotherCompressorThanTheJobsIsRefused) {
   }
 }
 
+// With no compressor configured, only worker 0 fixes it: another worker's
+// compressed push before worker 0's is answered Busy (and taken when sent
+// again), so a member cannot pick the job's compressor by pushing first.
+TEST(PsShardTest, OnlyWorkerZerosFirstCompressedPushFixesTheJobsCompressor) {
+  const size_t n = 1000;
+  const std::vector<float> g = Ramp(n, 1.0f);
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  h.PushCompressed(1, 1, 0, g, "qsgd:chunk=128");
+  EXPECT_NE(h.NextError(1).find("waits for worker 0's first compressed push"), std::string::npos);
+  h.PushCompressed(0, 1, 0, g, "topk:ratio=0.2,ef=1");  // fixes "topk"
+  EXPECT_EQ(h.NextType(0), MsgType::Ack);
+  h.PushCompressed(1, 1, 0, g, "qsgd:chunk=128");
+  EXPECT_NE(h.NextError(1).find("is compressed with \"qsgd\", this job's pushes with \"topk\""),
+            std::string::npos);
+  h.PushCompressed(1, 1, 0, g, "topk:ratio=0.2,ef=1");
+  EXPECT_EQ(h.NextType(1), MsgType::Ack);
+  EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
+}
+
 TEST(PsShardTest, BadCompressedPushesAreRefusedCountedAndChangeNothing) {
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
   const size_t n = 100;
@@ -383,16 +402,16 @@ TEST(PsShardTest, BadCompressedPushesAreRefusedCountedAndChangeNothing) {
     f.num_elements = n;
     f.round = 1;
     f.codec = codec;
-    h.Send(1, wire::MakeData(h.Sender(1), MsgType::Push, f,
+    h.Send(0, wire::MakeData(h.Sender(0), MsgType::Push, f,
                              {wire::Payload::Copy(junk.data(), junk.size())}, 1, 1));
   };
   push("fp16", 198);
-  EXPECT_NE(h.NextError(1).find("holds 198 bytes, \"fp16\" writes 200 for 100 elements"),
+  EXPECT_NE(h.NextError(0).find("holds 198 bytes, \"fp16\" writes 200 for 100 elements"),
             std::string::npos);
   push("lz4", 200);
-  EXPECT_NE(h.NextError(1).find("\"lz4\" has no wire encoding"), std::string::npos);
+  EXPECT_NE(h.NextError(0).find("\"lz4\" has no wire encoding"), std::string::npos);
   push("sign:chunk=7", 200);
-  EXPECT_NE(h.NextError(1).find("chunk"), std::string::npos);
+  EXPECT_NE(h.NextError(0).find("chunk"), std::string::npos);
   std::vector<uint8_t> bad(n * 4 / 2 * 2, 0);  // topk ratio 0.5: 50 indices + 50 values
   const int32_t far = 100;
   std::memcpy(bad.data() + 4, &far, 4);
@@ -401,25 +420,25 @@ TEST(PsShardTest, BadCompressedPushesAreRefusedCountedAndChangeNothing) {
     f.num_elements = n;
     f.round = 1;
     f.codec = "topk:ratio=0.5";
-    h.Send(1, wire::MakeData(h.Sender(1), MsgType::Push, f,
+    h.Send(0, wire::MakeData(h.Sender(0), MsgType::Push, f,
                              {wire::Payload::Copy(bad.data(), bad.size())}, 1, 1));
   }
-  EXPECT_NE(h.NextError(1).find("does not decode as \"topk:ratio=0.5\""), std::string::npos);
-  h.Pull(1, 1, n, 0, "topk:ratio=0.5");
-  EXPECT_NE(h.NextError(1).find("replies are fp32, fp16 or bf16"), std::string::npos);
+  EXPECT_NE(h.NextError(0).find("does not decode as \"topk:ratio=0.5\""), std::string::npos);
+  h.Pull(0, 1, n, 0, "topk:ratio=0.5");
+  EXPECT_NE(h.NextError(0).find("replies are fp32, fp16 or bf16"), std::string::npos);
   EXPECT_EQ(h.shard().stats().rejected, 5u);
   EXPECT_EQ(h.shard().stats().pushes_applied, 0u);
-  // None of it counted as worker 1's push: the round still waits for it.
-  h.Push(0, 1, 0, g);
-  h.Pull(0, 1, n);
-  EXPECT_EQ(h.NextType(0), MsgType::Ack);
-  EXPECT_FALSE(h.Next(0, 200).has_value()) << "a refused push closed the round";
-  h.PushCompressed(1, 1, 0, g, "fp16");
+  // None of it counted as worker 0's push: the round still waits for it.
+  h.Push(1, 1, 0, g);
   h.Pull(1, 1, n);
+  EXPECT_EQ(h.NextType(1), MsgType::Ack);
+  EXPECT_FALSE(h.Next(1, 200).has_value()) << "a refused push closed the round";
+  h.PushCompressed(0, 1, 0, g, "fp16");
+  h.Pull(0, 1, n);
   const std::vector<float> half = Decompressed(g, "fp16", {});
   std::vector<float> expect(n);
   for (size_t i = 0; i < n; ++i) expect[i] = (g[i] + half[i]) / 2.0f;
-  EXPECT_EQ(h.Reply(0), expect);
+  EXPECT_EQ(h.Reply(1), expect);
 }
 
 TEST(PsShardTest, RepliesComeInTheEncodingEachPullAsksFor) {
