@@ -24,8 +24,8 @@
 // Ownership: the NcclComm owns the NCCL communicator and its stream; device
 // buffers passed to a collective stay owned by the caller and must not be
 // touched until the call returns.
-#ifndef GRADSYNC_KERNELS_NCCL_COMM_H_
-#define GRADSYNC_KERNELS_NCCL_COMM_H_
+#ifndef GRADSYNC_CLIENT_NCCL_COMM_H_
+#define GRADSYNC_CLIENT_NCCL_COMM_H_
 
 #include <cuda_runtime_api.h>
 
@@ -150,4 +150,4 @@ class NcclComm {
 
 }  // namespace gradsync::kernels
 
-#endif  // GRADSYNC_KERNELS_NCCL_COMM_H_
+#endif  // GRADSYNC_CLIENT_NCCL_COMM_H_

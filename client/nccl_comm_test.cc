@@ -1,7 +1,7 @@
 // NcclComm on one GPU: world-size-1 collectives give the expected values,
 // errors are sticky, and a communicator whose second rank never joins fails
 // by its deadline instead of hanging. Tagged "gpu"; built with --config=cuda.
-#include "kernels/nccl_comm.h"
+#include "client/nccl_comm.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,4 @@
-#include "kernels/nccl_comm.h"
+#include "client/nccl_comm.h"
 
 #include <nccl.h>
 
