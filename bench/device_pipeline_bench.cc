@@ -5,7 +5,7 @@
 // cudaMemcpy of the same fp32 bytes, in the same run.
 //
 // Pack and unpack are timed with CUDA events around their kernels. The NCCL
-// call blocks until its stream is idle (kernels/nccl_comm.h), so its events
+// call blocks until its stream is idle (client/nccl_comm.h), so its events
 // also hold the host's wake-up after the kernel: an upper bound on its device
 // time. Medians over repetitions after warm-up.
 //
@@ -24,7 +24,7 @@
 #include "common/status.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_kernels.h"
-#include "kernels/nccl_comm.h"
+#include "client/nccl_comm.h"
 
 namespace gradsync {
 namespace {

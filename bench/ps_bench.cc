@@ -25,7 +25,7 @@
 // own, so the measurement includes everything a job pays (the shard's
 // receive thread, key threads, verification, aggregation, replies) and
 // nothing of the bench, through public targets only (the shard library is
-// private to server/); the raw shards are processes too, so both sides have
+// private to ps/); the raw shards are processes too, so both sides have
 // the same process and socket layout. A ps shard answers a partition only
 // once every worker pushed it (sync rounds) while a raw shard echoes at once:
 // that wait is part of what the ratio measures.

@@ -35,7 +35,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/time.h"
-#include "kernels/nccl_comm.h"
+#include "client/nccl_comm.h"
 
 namespace gradsync::client {
 

@@ -1,4 +1,4 @@
-// The PS client against real shards (server/ps_shard.h) in one process:
+// The PS client against real shards (ps/ps_shard.h) in one process:
 // workers are threads, every node has an in-process transport.
 #include "client/ps_client.h"
 
@@ -15,7 +15,7 @@
 #include "compression/registry.h"
 #include "compression/wire_codec.h"
 #include "gtest/gtest.h"
-#include "server/ps_shard.h"
+#include "ps/ps_shard.h"
 #include "wire/inproc_transport.h"
 
 namespace gradsync::client {

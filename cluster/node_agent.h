@@ -70,7 +70,7 @@ struct Assignment {
   std::vector<wire::NodeInfo> peers;  // every node, self included
   Millis heartbeat_interval{0};
   uint32_t missed_heartbeats = 0;
-  // Elastic jobs (server/membership.h): the membership epoch (0 from the
+  // Elastic jobs (scheduler/membership.h): the membership epoch (0 from the
   // rendezvous on), what ended the previous one, and whether the job
   // re-forms after losing a worker rather than stopping.
   uint32_t epoch = 0;

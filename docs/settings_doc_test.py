@@ -7,8 +7,8 @@ PyTorch package every "GRADSYNC_..." literal, `_env_setting("name")` and
 `settings.get("name")` (in the PyTorch example only the literals).
 
 Sources under launcher/ give gradsync_launch's flags, under examples/
-fmnist_trainer's, the rest (client, cluster, common, wire, server, python)
-the job settings. A GRADSYNC_ variable that names no setting of any of
+fmnist_trainer's, the rest (client, cluster, common, wire, scheduler, ps,
+server, python) the job settings. A GRADSYNC_ variable that names no setting of any of
 these, or that gradsync_launch reads (it takes flags only), is an
 environment variable only. Each group must equal the names in the tables of
 its section of docs/settings.md.
@@ -21,8 +21,8 @@ import os
 import re
 import sys
 
-PACKAGES = ("client", "cluster", "common", "wire", "server", "launcher", "examples",
-            "python")
+PACKAGES = ("client", "cluster", "common", "wire", "scheduler", "ps", "server",
+            "launcher", "examples", "python")
 SECTIONS = {
     "launcher": "gradsync_launch",
     "examples": "fmnist_trainer",

@@ -9,7 +9,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/time.h"
-#include "server/embedded_scheduler.h"
+#include "scheduler/embedded_scheduler.h"
 
 extern char** environ;
 

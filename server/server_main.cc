@@ -4,12 +4,12 @@
 //   gradsync_server --role=server --scheduler=host:9000 --num_workers=4 --num_servers=2
 //       [--ps_mode=sync|async|ssp --staleness=s --optimizer=none|sgd|momentum|adam --lr=...]
 //
-// A server is one parameter-server shard (server/ps_shard.h lists its
+// A server is one parameter-server shard (ps/ps_shard.h lists its
 // settings). With --checkpoint_dir=DIR it restores from DIR at start, writes
 // a checkpoint every --checkpoint_interval_s (30) seconds and one more
 // before it exits, SIGTERM/SIGINT included. Restarted with the same flags
 // (the same --data_port) it rejoins the running job in its old place
-// (server/scheduler.h: the scheduler's --server_grace_ms).
+// (scheduler/scheduler.h: the scheduler's --server_grace_ms).
 //
 // Every flag can also be given as an environment variable: --num_workers as
 // GRADSYNC_NUM_WORKERS, --role as GRADSYNC_ROLE, and so on. Exit status: 0
@@ -29,8 +29,8 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/signals.h"
-#include "server/ps_shard.h"
-#include "server/scheduler.h"
+#include "ps/ps_shard.h"
+#include "scheduler/scheduler.h"
 #include "wire/same_host_transport.h"
 #include "wire/zmq_transport.h"
 

@@ -20,7 +20,7 @@
 
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
-#include "server/ps_checkpoint.h"
+#include "ps/ps_checkpoint.h"
 #include "tests/local_job.h"
 #include "wire/curve.h"
 

@@ -21,7 +21,7 @@ shift || true
 targets=(
   //kernels:compress_kernels_test
   //kernels:reduce_cuda_test
-  //kernels:nccl_comm_test
+  //client:nccl_comm_test
   //client:nccl_collectives_test
   //bench:compression_kernel_bench
   "$@"

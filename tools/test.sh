@@ -45,7 +45,7 @@ fi
 # covered here by the packages' own tests). A test that cannot run under
 # one sanitizer carries the tag no_asan or no_tsan, with the reason in its
 # BUILD file.
-SANITIZED=(//client/... //server/... //wire/... //cluster/...)
+SANITIZED=(//client/... //scheduler/... //ps/... //server/... //wire/... //cluster/...)
 san_logs=()
 echo "test.sh: [4/5] ${SANITIZED[*]} under ASan+UBSan and under TSan"
 for config in asan tsan; do

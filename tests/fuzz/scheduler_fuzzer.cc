@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/version.h"
-#include "server/scheduler.h"
+#include "scheduler/scheduler.h"
 #include "wire/inproc_transport.h"
 #include "wire/message.h"
 

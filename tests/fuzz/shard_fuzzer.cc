@@ -19,8 +19,8 @@
 
 #include "compression/registry.h"
 #include "compression/wire_codec.h"
-#include "server/optimizer.h"
-#include "server/ps_key_table.h"
+#include "ps/optimizer.h"
+#include "ps/ps_key_table.h"
 #include "wire/message.h"
 #include "wire/validate.h"
 

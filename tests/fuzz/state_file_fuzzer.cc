@@ -1,6 +1,6 @@
 // libFuzzer target over the parameter server's state files: the checkpoint
-// decoder (DecodeCheckpoint, server/ps_checkpoint.h) and the journal replay
-// (ReplayJournal, server/ps_journal.h). Each input builds a valid file from
+// decoder (DecodeCheckpoint, ps/ps_checkpoint.h) and the journal replay
+// (ReplayJournal, ps/ps_journal.h). Each input builds a valid file from
 // a seed (a checkpoint of a few keys with every part filled in, or a journal
 // segment of push and dead records), damages it as the input says, and
 // optionally mends its CRCs (so damage to the body reaches the parsers, not
@@ -23,8 +23,8 @@
 #include <random>
 #include <string>
 
-#include "server/ps_checkpoint.h"
-#include "server/ps_journal.h"
+#include "ps/ps_checkpoint.h"
+#include "ps/ps_journal.h"
 
 namespace gradsync::fuzz {
 namespace {
@@ -102,7 +102,7 @@ class Builder {
   static void Put(std::string* out, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
   }
-  // As server/ps_journal.h lays a segment out.
+  // As ps/ps_journal.h lays a segment out.
   static std::string Header(uint64_t segment) {
     std::string out = "GSPSJRNL";
     Put(&out, 1, 4);

@@ -1,0 +1,54 @@
+// A parameter-server shard's Prometheus metrics, resolved once at setup so
+// that an observation allocates nothing:
+//   gradsync_server_round_duration_seconds    first push of a round to its close
+//   gradsync_server_straggler_wait_seconds    first to last push of a round
+//   gradsync_server_rounds_completed_total
+//   gradsync_server_push_staleness            versions, per applied push
+//   gradsync_server_queue_depth               messages waiting for a key thread
+//   gradsync_server_pushes_total, _pulls_total, _duplicates_total
+//   gradsync_server_early_pulls_total   pulls of a key no push made, answered Busy
+//   gradsync_server_expected_workers, _connected_workers (live per the
+//   scheduler), _missing_workers (declared dead)
+//   gradsync_server_checkpoint_duration_seconds
+//   gradsync_server_last_checkpoint_timestamp_seconds  (Unix time; 0: never)
+//   gradsync_messages_rejected_total{component="shard",reason}
+// Rounds are per key; the labels never name a worker or a key.
+//
+// Thread-safety: every member is thread-safe (prometheus-cpp).
+#ifndef GRADSYNC_PS_PS_METRICS_H_
+#define GRADSYNC_PS_PS_METRICS_H_
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "wire/rejected_metrics.h"
+
+namespace gradsync::server {
+
+struct ShardMetrics {
+  explicit ShardMetrics(prometheus::Registry& registry);
+
+  // Membership: `dead` of `expected` workers were declared dead.
+  void SetWorkers(int expected, int dead);
+
+  prometheus::Histogram* round_duration = nullptr;
+  prometheus::Histogram* straggler_wait = nullptr;
+  prometheus::Counter* rounds_completed = nullptr;
+  prometheus::Histogram* staleness = nullptr;
+  prometheus::Gauge* queue_depth = nullptr;
+  prometheus::Counter* pushes = nullptr;
+  prometheus::Counter* pulls = nullptr;
+  prometheus::Counter* duplicates = nullptr;
+  prometheus::Counter* early_pulls = nullptr;
+  prometheus::Gauge* expected_workers = nullptr;
+  prometheus::Gauge* connected_workers = nullptr;
+  prometheus::Gauge* missing_workers = nullptr;
+  prometheus::Histogram* checkpoint_duration = nullptr;
+  prometheus::Gauge* last_checkpoint = nullptr;
+  wire::RejectedMetrics rejected;
+};
+
+}  // namespace gradsync::server
+
+#endif  // GRADSYNC_PS_PS_METRICS_H_

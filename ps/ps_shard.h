@@ -1,0 +1,210 @@
+// PsShard: the parameter-server shard a gradsync_server --role=server runs.
+//
+// The shard reads every message of its node's data transport: one thread
+// receives and verifies (wire/validate.h), and a small fixed pool of key
+// threads owns the keys, each key always on the same thread, so messages of
+// a key are handled in arrival order without locks. The consistency rules,
+// the protocol and the errors are those of KeyTable (ps/ps_key_table.h).
+// No thread ever waits for a worker: pulls that must wait are held and
+// answered later, so one slow worker does not stall the others.
+//
+// A message that fails verification is answered with an Error naming the
+// problem (never an Error to an Error), counted in stats().rejected, and the
+// shard keeps serving.
+//
+// Durability (checkpoint_dir set): the shard keeps every push it takes in a
+// journal (ps/ps_journal.h) and answers nothing that depends on a push
+// before the push is on disk, so an Ack means the push survives a crash.
+// Checkpoint() writes every key's state (ps/ps_checkpoint.h) and drops
+// the journal before it. Start() first restores: it loads
+// <checkpoint_dir>/shard-<rank>.ckpt if it is of this job, replays the
+// journal after it, writes a fresh checkpoint and only then serves. A shard
+// restarted this way stands where the old process stood when it last
+// answered; held pulls are lost and the workers send them again. Replayed
+// pushes count in stats() as they did in the first process. A checkpoint of
+// another job is not loaded (warning) and is replaced; a damaged checkpoint
+// or journal fails Start with the error naming it.
+//
+// Settings (flags or GRADSYNC_ variables, as every setting):
+//   ps_mode=sync|async|ssp (sync), staleness=s (ssp; 0), staleness_lr
+//   (async; false), ps_threads (2), optimizer=none|sgd|momentum|adam (none),
+//   lr (0.01), momentum (0.9), beta1 (0.9), beta2 (0.999), eps (1e-8),
+//   checkpoint_dir (empty: no checkpoints and no journal), partition_bytes
+//   (4 MiB: the largest partition a push may carry; workers use the same
+//   setting or a smaller one), ps_max_keys (65536 keys per shard thread),
+//   ps_max_queued_bytes_per_peer (64 MiB: what one peer's messages may hold
+//   of the bytes waiting for the key threads; past it they are answered
+//   with Busy and counted, and the PS client sends them again),
+//   compression (the job's compressor, as the workers' setting: a
+//   compressed push naming another is refused, ps/job_codec.h; unset:
+//   the first compressed push fixes it).
+//   async and ssp need a server-side optimizer.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef GRADSYNC_PS_PS_SHARD_H_
+#define GRADSYNC_PS_PS_SHARD_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/blocking_queue.h"
+#include "common/config.h"
+#include "common/refusal_log.h"
+#include "common/status.h"
+#include "common/time.h"
+#include "ps/optimizer.h"
+#include "ps/ps_checkpoint.h"
+#include "ps/ps_journal.h"
+#include "ps/ps_key_table.h"
+#include "wire/transport.h"
+#include "wire/validate.h"
+
+namespace gradsync::server {
+
+struct PsShardOptions {
+  PsRules rules;  // rules.num_workers comes from the job, not the config
+  OptimizerOptions optimizer;
+  int threads = 2;
+  Millis send_timeout{5000};
+  std::string checkpoint_dir;  // empty: no checkpoints, no journal
+  size_t max_queued_bytes = size_t{256} << 20;  // received, waiting for the key threads
+  // Of those, what one peer may hold: past it (and once it holds anything)
+  // its messages are answered with Busy and not taken, so one peer that
+  // floods the shard cannot hold back the others'. PS clients send again.
+  size_t max_queued_bytes_per_peer = size_t{64} << 20;
+  // Tests: runs on a key thread before each message it takes off its queue.
+  std::function<void()> before_handle;
+  ShardMetrics* metrics = nullptr;  // where to export; may be null; outlives the shard
+
+  // Reads the settings listed above; InvalidArgument naming a bad one.
+  static StatusOr<PsShardOptions> FromConfig(const Config& config);
+};
+
+// Checkpoints written by one shard, for its metrics.
+struct CheckpointStats {
+  uint64_t written = 0;
+  uint64_t failed = 0;
+  double last_duration_seconds = 0;      // of the last one, written or failed
+  double duration_sum_seconds = 0;       // over the written ones
+  double last_success_unix_seconds = 0;  // wall time; 0 until one is written
+  uint64_t last_bytes = 0;
+  uint64_t last_keys = 0;
+};
+
+class PsShard {
+ public:
+  // Restores from options.checkpoint_dir (if set) and starts serving on
+  // `transport`, which must be listening, must outlive the shard, and is
+  // read by the shard only. `self` names the shard in headers; its rank and
+  // job id name the checkpoint.
+  static StatusOr<std::unique_ptr<PsShard>> Start(wire::Transport* transport,
+                                                  const PsShardOptions& options,
+                                                  wire::Sender self);
+  ~PsShard();  // Shutdown()
+
+  // The worker of rank `rank` was declared dead: rounds stop waiting for it.
+  void WorkerDied(int32_t rank);
+  PsShardStats stats() const { return counters_.Snapshot(); }
+  // Writes a checkpoint of every key now and blocks until it is durable; the
+  // key threads pause only to copy their keys. One at a time.
+  // FailedPrecondition without checkpoint_dir, Cancelled after Shutdown.
+  Status Checkpoint();
+  CheckpointStats checkpoint_stats() const;
+  // A copy of every key as a checkpoint would save it (no held pulls),
+  // taken on the key threads between messages. Cancelled after Shutdown.
+  StatusOr<std::map<KeyTable::Key, KeyState>> Keys();
+  // OK unless the journal failed; then the shard answers nothing more.
+  Status health() const;
+  // Stops and joins the threads (after a checkpoint in progress); held pulls
+  // are dropped. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Work {
+    std::unique_ptr<wire::Incoming> in;  // null: a visit, or a wake-up after a death
+    size_t bytes = 0;                    // of `in`, counted in queued_bytes_ and peer_bytes_
+    std::function<void(const KeyTable&)> visit;  // runs on the key's thread
+  };
+  struct KeyThread {
+    KeyThread(int i, const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
+              ShardCounters* counters, JobCodec* codec)
+        : index(i), table(rules, optimizer, self, counters, codec), queue(4096) {}
+    const int index;
+    KeyTable table;
+    BlockingQueue<Work> queue;
+    std::thread thread;
+    uint64_t dead_seen = 0;  // the shard's dead_epoch_ this table has taken
+  };
+
+  PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self);
+  Status Restore();
+  void Load(ShardState saved);
+  Status ApplyRecord(const JournalRecord& record);
+  ShardState StateHeader(uint64_t journal_start) const;
+  StatusOr<ShardState> TakeSnapshot(uint64_t journal_start);
+  Status Save(const ShardState& state);
+  // Records a checkpoint's outcome in checkpoint_stats_; returns `s`.
+  Status Finish(Status s, SteadyTime began);
+  void ReceiveLoop();
+  void Dispatch(wire::Incoming in);
+  void KeyLoop(KeyThread* t);
+  // Takes `bytes` from `peer` (the identity of its inbound route) into the
+  // key threads' queues, waiting for room; false (nothing taken) when that
+  // peer holds its share already.
+  bool Admit(const std::string& peer, size_t bytes);
+  // A message of `bytes` from `peer` left the key threads' queues.
+  void Dequeued(const std::string& peer, size_t bytes);
+  // Gives `t`'s table the dead workers it has not taken yet (journalled).
+  void CatchUpDeaths(KeyThread* t);
+  void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
+  void Send(const wire::Route& to, wire::Message msg);
+  // This shard as the sender of an answer to `to`: with the job id only
+  // for the job's workers.
+  wire::Sender AnswerAs(const wire::Route& to) const {
+    return wire::AnswerAs(self_, options_.rules.IsJobWorker(to));
+  }
+
+  wire::Transport* const transport_;
+  const PsShardOptions options_;
+  const wire::Sender self_;
+  std::unique_ptr<Optimizer> optimizer_;
+  wire::Policy policy_;
+  ShardCounters counters_;
+  JobCodec codec_;  // the job's compressor, shared by the key tables
+  std::vector<std::unique_ptr<KeyThread>> key_threads_;
+  std::thread receiver_;
+  std::atomic<bool> stop_{false};
+  // Replies that could not be sent, logged a few per peer and reason.
+  std::shared_ptr<RefusalLog> reply_failures_ = std::make_shared<RefusalLog>();
+  std::atomic<int64_t> queued_{0};  // messages in the key threads' queues
+  std::mutex bytes_mu_;
+  std::condition_variable room_;
+  size_t queued_bytes_ = 0;  // their bytes; guarded by bytes_mu_
+  // Of those, per peer with any queued (by route identity: the shard is
+  // only listened to); guarded by bytes_mu_.
+  std::map<std::string, size_t> peer_bytes_;
+
+  std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
+
+  std::mutex mu_;
+  std::set<int32_t> dead_;  // guarded by mu_
+  uint64_t dead_epoch_ = 0;  // changes of dead_ since start; guarded by mu_
+  bool shut_down_ = false;  // guarded by mu_
+
+  std::mutex checkpoint_mu_;  // held by the checkpoint being written
+  mutable std::mutex stats_mu_;
+  CheckpointStats checkpoint_stats_;  // guarded by stats_mu_
+};
+
+}  // namespace gradsync::server
+
+#endif  // GRADSYNC_PS_PS_SHARD_H_

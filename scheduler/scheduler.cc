@@ -1,0 +1,756 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <random>
+
+#include "common/logging.h"
+#include "common/version.h"
+#include "wire/curve.h"
+
+namespace gradsync::server {
+namespace {
+
+using wire::ErrorCode;
+using wire::MsgType;
+using wire::Role;
+
+std::string Join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+// Text a node supplied (hosts, error messages, reasons, reachability
+// details), fit for a log line: non-printables as \xNN, cut at 256 bytes.
+std::string PeerText(const std::string& text) { return wire::Escaped(text, 256); }
+std::string PeerText(const flatbuffers::String* text) { return wire::Escaped(text, 256); }
+
+uint64_t NewJobId() {
+  std::random_device rd;
+  uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id == 0 ? 1 : id;
+}
+
+}  // namespace
+
+StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
+  SchedulerOptions o;
+  GS_ASSIGN_OR_RETURN(std::string address, config.GetString("scheduler", ""));
+  int64_t default_port = 9000;
+  size_t colon = address.rfind(':');
+  if (colon != std::string::npos) default_port = std::atoll(address.c_str() + colon + 1);
+  GS_ASSIGN_OR_RETURN(int64_t port, config.GetInt("port", default_port));
+  GS_ASSIGN_OR_RETURN(int64_t workers, config.GetInt("num_workers", 1));
+  GS_ASSIGN_OR_RETURN(int64_t servers, config.GetInt("num_servers", 0));
+  GS_ASSIGN_OR_RETURN(int64_t heartbeat_ms, config.GetInt("heartbeat_ms", 500));
+  GS_ASSIGN_OR_RETURN(int64_t missed, config.GetInt("missed_heartbeats", 6));
+  GS_ASSIGN_OR_RETURN(int64_t rendezvous_ms, config.GetInt("rendezvous_timeout_ms", 120000));
+  GS_ASSIGN_OR_RETURN(int64_t grace_ms, config.GetInt("server_grace_ms", 0));
+  if (port < 0 || port > 65535) return InvalidArgumentError("port " + std::to_string(port) + " out of range");
+  if (workers < 1) return InvalidArgumentError("num_workers must be at least 1");
+  if (servers < 0) return InvalidArgumentError("num_servers must not be negative");
+  if (heartbeat_ms <= 0 || missed <= 0) {
+    return InvalidArgumentError("heartbeat_ms and missed_heartbeats must be positive");
+  }
+  if (grace_ms < 0) return InvalidArgumentError("server_grace_ms must not be negative");
+  GS_ASSIGN_OR_RETURN(int64_t min_workers, config.GetInt("min_workers", workers));
+  GS_ASSIGN_OR_RETURN(int64_t elastic_ms, config.GetInt("elastic_timeout_ms", 60000));
+  if (min_workers < 1 || min_workers > workers) {
+    return InvalidArgumentError("min_workers must be within [1, num_workers], got " +
+                                std::to_string(min_workers));
+  }
+  if (elastic_ms < 0) return InvalidArgumentError("elastic_timeout_ms must not be negative");
+  o.elastic.min_workers = static_cast<int32_t>(min_workers);
+  o.elastic.elastic_timeout = Millis(elastic_ms);
+  GS_ASSIGN_OR_RETURN(std::string host, config.GetString("host", "127.0.0.1"));
+  GS_ASSIGN_OR_RETURN(o.curve, wire::SecurityFromConfig(config, host));
+  GS_ASSIGN_OR_RETURN(o.listen, wire::ListenEndpoint(host, port));
+  o.num_workers = static_cast<int32_t>(workers);
+  o.num_servers = static_cast<int32_t>(servers);
+  o.heartbeat_interval = Millis(heartbeat_ms);
+  o.missed_heartbeats = static_cast<uint32_t>(missed);
+  o.rendezvous_timeout = Millis(rendezvous_ms);
+  o.server_grace = Millis(grace_ms);
+  return o;
+}
+
+Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<wire::Transport> transport,
+                     SchedulerMetrics* metrics, const Clock* clock)
+    : options_(std::move(options)),
+      transport_(std::move(transport)),
+      metrics_(metrics),
+      clock_(clock),
+      membership_(options_.num_workers, options_.elastic) {
+  policy_ = wire::Policy::Accepting({MsgType::Register, MsgType::Heartbeat, MsgType::Leave,
+                                     MsgType::Barrier, MsgType::ReachReport, MsgType::Error,
+                                     MsgType::NcclIdOffer, MsgType::NcclIdRequest});
+  if (metrics_) {
+    metrics_->expected_nodes[static_cast<int>(Role::Worker)]->Set(options_.num_workers);
+    metrics_->expected_nodes[static_cast<int>(Role::Server)]->Set(options_.num_servers);
+    metrics_->world_size->Set(options_.num_workers);
+  }
+}
+
+StatusOr<std::string> Scheduler::Start() {
+  started_ = clock_->Now();
+  return transport_->Listen(options_.listen);
+}
+
+Status Scheduler::Run(const std::atomic<bool>& stop) {
+  const Millis tick = std::max(Millis(10), options_.heartbeat_interval / 4);
+  while (phase_ != Phase::kDone) {
+    if (stop.load()) {
+      GS_LOG(INFO) << "stopping: telling every node the job is shut down";
+      Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
+                                                "the scheduler was stopped"); });
+      return OkStatus();
+    }
+    auto in = transport_->Receive(Deadline::After(tick));
+    if (in.ok()) {
+      Handle(std::move(*in));
+    } else if (in.status().code() == StatusCode::kCancelled) {
+      return CancelledError("scheduler transport shut down");
+    }
+    Tick();
+  }
+  return result_;
+}
+
+void Scheduler::Handle(wire::Incoming in) {
+  const std::string& identity = in.from.identity;
+  wire::Verdict v = wire::Validate(in.message, policy_);
+  if (!v.ok()) {
+    Refuse(identity, v.code, v.detail, v.type, v.ShouldAnswer());
+    return;
+  }
+  const wire::Header& h = *v.header;
+  if (h.type() == MsgType::Register) {
+    OnRegister(identity, *h.body_as_RegisterBody());
+    return;
+  }
+  if (rejoins_.count(identity)) return;  // a claimant's heartbeats while it waits
+  auto it = nodes_.find(identity);
+  if (it == nodes_.end() || !it->second.alive || it->second.left) {
+    Refuse(identity, ErrorCode::NotRegistered,
+           it == nodes_.end()       ? "this node is not registered with the scheduler"
+           : it->second.removed ? "this worker was removed from the job: " + it->second.removed_why
+                                    : "this node was declared dead or left the job",
+           h.type(), h.type() != MsgType::Error);
+    return;
+  }
+  it->second.last_seen = clock_->Now();
+  if (!rejoins_.empty()) RefuseClaimsOn(it->second);
+  if (it->second.missing) {
+    it->second.missing = false;
+    GS_LOG(INFO) << it->second.info.Name() << " is heard from again";
+  }
+  Dispatch(it->second, h);
+}
+
+void Scheduler::Dispatch(Node& node, const wire::Header& h) {
+  switch (h.type()) {
+    case MsgType::Heartbeat:
+      Reply(node.identity, wire::MakeHeartbeat(sender()));
+      break;
+    case MsgType::Leave:
+      OnLeave(node, *h.body_as_LeaveBody());
+      break;
+    case MsgType::Barrier:
+      OnBarrier(node, *h.body_as_BarrierBody());
+      break;
+    case MsgType::ReachReport:
+      OnReachReport(node, *h.body_as_ReachReportBody());
+      break;
+    case MsgType::NcclIdOffer:
+      OnNcclOffer(node, *h.body_as_NcclIdBody());
+      break;
+    case MsgType::NcclIdRequest:
+      if (nccl_id_.empty()) {
+        nccl_waiters_.insert(node.identity);  // once per node, however often it asks
+      } else {
+        Reply(node.identity, wire::MakeNcclId(sender(), MsgType::NcclId, nccl_id_));
+      }
+      break;
+    case MsgType::Error: {
+      const auto* e = h.body_as_ErrorBody();
+      uint64_t left_out = 0;
+      if (refusal_log_.Admit(node.identity, "reported error", &left_out)) {
+        GS_LOG(WARNING) << node.info.Name() << " reports an error ("
+                        << wire::ErrorCodeLabel(e->code()) << "): " << PeerText(e->message())
+                        << LeftOutNote(left_out);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
+    const wire::RegisterBody& r, std::string* replaces) const {
+  std::string build = r.build_id() ? r.build_id()->str() : "";
+  if (build != kBuildId) {
+    return Refusal{ErrorCode::WrongBuild,
+                   "build mismatch: peer is '" + build + "', scheduler is '" + kBuildId + "'"};
+  }
+  const char* role = wire::RoleName(r.role());
+  if ((r.num_workers() >= 0 && r.num_workers() != options_.num_workers) ||
+      (r.num_servers() >= 0 && r.num_servers() != options_.num_servers)) {
+    return Refusal{ErrorCode::WrongJob, std::string("job size mismatch: this ") + role + " expects " +
+        std::to_string(r.num_workers()) + " workers and " + std::to_string(r.num_servers()) +
+        " servers, the scheduler expects " + std::to_string(options_.num_workers) +
+        " and " + std::to_string(options_.num_servers)};
+  }
+  if (phase_ == Phase::kRunning && r.role() == Role::Server) return CheckRejoin(r, replaces);
+  if (phase_ != Phase::kRendezvous) {
+    return Refusal{ErrorCode::JobFull, "the job has already assembled; no more nodes are accepted"};
+  }
+  const int expected = r.role() == Role::Worker ? options_.num_workers : options_.num_servers;
+  if (Count(r.role()) >= expected) {
+    return Refusal{ErrorCode::JobFull,
+                   "the job already has all " + std::to_string(expected) + " " + role + "s"};
+  }
+  if (r.requested_rank() >= expected) {
+    return Refusal{ErrorCode::BadSender,
+                   std::string(role) + " rank " + std::to_string(r.requested_rank()) +
+                       " is out of range (the job has " + std::to_string(expected) + ")"};
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.role == r.role() && r.requested_rank() >= 0 && n.info.rank == r.requested_rank()) {
+      return Refusal{ErrorCode::RankTaken,
+                     std::string(role) + " rank " + std::to_string(r.requested_rank()) +
+                         " is already taken by pid " + std::to_string(n.pid) + " on " +
+                         n.info.host};
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBody& r,
+                                                          const std::string& replaces) const {
+  if (!options_.curve) return std::nullopt;
+  const std::string key = r.public_key() ? r.public_key()->str() : "";
+  const std::string data_identity = r.identity() ? r.identity()->str() : "";
+  if (!wire::IsCurvePublicKey(key) || data_identity.empty()) {
+    return Refusal{ErrorCode::WrongKey, "a node of a CURVE job registers with its data "
+                   "identity and its own public key (40 Z85 characters)"};
+  }
+  if (!replaces.empty()) {
+    const Node& old = nodes_.at(replaces);
+    if (old.info.public_key == key) return std::nullopt;
+    return Refusal{ErrorCode::WrongKey,
+                   old.info.Name() + " registered with another node key: a restarted server "
+                   "proves it is the same one with the key it kept (in its checkpoint_dir, "
+                   "or node_key_file)"};
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.public_key == key || n.info.identity == data_identity) {
+      return Refusal{ErrorCode::WrongKey, "that node key or data identity is already bound to " +
+                                              n.info.Name()};
+    }
+  }
+  return std::nullopt;
+}
+
+// A server of the running job restarted: it registers with the address the
+// workers know it by.
+std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBody& r,
+                                                         std::string* replaces) const {
+  const std::string host = r.host() ? r.host()->str() : "";
+  const std::string address = host + ":" + std::to_string(r.data_port());
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.role != Role::Server) continue;
+    const bool same_address = n.info.host == host && n.info.data_port == r.data_port();
+    const bool same_rank = r.requested_rank() == n.info.rank;
+    const std::string known = n.info.host + ":" + std::to_string(n.info.data_port);
+    if (!same_address && same_rank) {
+      return Refusal{ErrorCode::BadSender,
+                     n.info.Name() + " can only rejoin at " + known + ", where the workers "
+                     "reach it (start it there with --data_port=" +
+                     std::to_string(n.info.data_port) + "), not at " + address};
+    }
+    if (!same_address) continue;
+    if (r.requested_rank() >= 0 && !same_rank) {
+      return Refusal{ErrorCode::RankTaken, address + " is the address of " + n.info.Name() +
+                     ", not of server " + std::to_string(r.requested_rank())};
+    }
+    if (!n.alive) {
+      return Refusal{ErrorCode::PeerDead, n.info.Name() + " was declared dead and the workers "
+                     "were told; the job cannot take it back"};
+    }
+    *replaces = id;
+    return std::nullopt;
+  }
+  return Refusal{ErrorCode::JobFull,
+                 "the job has already assembled; no more nodes are accepted (a restarted "
+                 "server rejoins with the host and data port it first had, " + address +
+                 " is not one of them)"};
+}
+
+void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
+  const std::string key = r.public_key() ? r.public_key()->str() : "";
+  auto known = nodes_.find(identity);
+  if (known != nodes_.end() && known->second.info.public_key != key) {
+    Refuse(identity, ErrorCode::WrongKey,
+           known->second.info.Name() + " registered with another node key",
+           MsgType::Register);
+    return;
+  }
+  if (known != nodes_.end() || rejoins_.count(identity)) return;  // a resent registration
+  std::string replaces;
+  std::optional<Refusal> refusal = CheckRegistration(r, &replaces);
+  if (!refusal) refusal = CheckNodeKey(r, replaces);
+  if (refusal) {
+    Refuse(identity, refusal->code, refusal->text, MsgType::Register);
+    return;
+  }
+  if (!replaces.empty()) {
+    ClaimRejoin(replaces, identity, r);
+    return;
+  }
+  Node node;
+  node.identity = identity;
+  node.info.role = r.role();
+  node.info.rank = r.requested_rank();
+  node.info.host = r.host() ? r.host()->str() : "";
+  node.info.data_port = r.data_port();
+  node.info.metrics_port = r.metrics_port();
+  node.info.identity = r.identity() ? r.identity()->str() : "";
+  node.info.boot_id = r.boot_id() ? r.boot_id()->str() : "";
+  node.info.public_key = key;
+  node.pid = r.pid();
+  node.last_seen = clock_->Now();
+  nodes_[identity] = node;
+  order_.push_back(identity);
+  if (metrics_) metrics_->registrations->Increment();
+  UpdateLiveGauges();
+  GS_LOG(INFO) << "registered a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
+               << PeerText(node.info.host) << ":" << node.info.data_port << "): "
+               << Count(Role::Worker) << "/" << options_.num_workers << " workers, "
+               << Count(Role::Server) << "/" << options_.num_servers << " servers (requested rank "
+               << node.info.rank << ", data identity " << PeerText(node.info.identity) << ")";
+  if (Count(Role::Worker) == options_.num_workers &&
+      Count(Role::Server) == options_.num_servers) {
+    AssignRanks();
+  }
+}
+
+void Scheduler::AssignRanks() {
+  job_id_ = NewJobId();
+  policy_.job_id = job_id_;
+  for (Role role : {Role::Worker, Role::Server}) {
+    std::set<int> taken;
+    for (const auto& id : order_) {
+      if (nodes_[id].info.role == role && nodes_[id].info.rank >= 0) taken.insert(nodes_[id].info.rank);
+    }
+    int next = 0;
+    for (const auto& id : order_) {
+      Node& n = nodes_[id];
+      if (n.info.role != role || n.info.rank >= 0) continue;
+      while (taken.count(next)) ++next;
+      n.info.rank = next++;
+    }
+  }
+  for (const auto& id : order_) SendAssignment(id);
+  phase_ = Phase::kReachability;
+  reach_started_ = clock_->Now();
+  GS_LOG(INFO) << "job " << job_id_ << " assembled: " << options_.num_workers << " workers, "
+               << options_.num_servers << " servers; waiting for reachability reports";
+}
+
+void Scheduler::SendAssignment(const std::string& identity) {
+  std::vector<wire::NodeInfo> peers;
+  for (const auto& id : order_) {
+    if (!nodes_[id].removed) peers.push_back(nodes_[id].info);
+  }
+  std::sort(peers.begin(), peers.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+    return std::make_pair(a.role, a.rank) < std::make_pair(b.role, b.rank);
+  });
+  const auto heartbeat_ms = static_cast<uint32_t>(options_.heartbeat_interval.count());
+  const wire::EpochFields epoch{membership_.epoch(), membership_.change(),
+                                 membership_.elastic()};
+  Reply(identity, wire::MakeRankAssignment(sender(), nodes_[identity].info.rank,
+                                           membership_.world_size(), options_.num_servers, peers,
+                                           heartbeat_ms, options_.missed_heartbeats, epoch));
+}
+
+// A claim to be a restarted server is taken at once when the old process
+// left or has been silent for two heartbeat intervals. Otherwise it waits:
+// a live server speaks again within an interval, and then the claim is
+// refused; a dead one stays silent, and then the claim is taken (Tick).
+void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& identity,
+                            const wire::RegisterBody& r) {
+  const Node& old = nodes_[old_identity];
+  if (old.left || clock_->Now() - old.last_seen > 2 * options_.heartbeat_interval) {
+    Rejoin(old_identity, identity, PendingRejoin{old_identity, r.pid(), r.metrics_port(),
+                                                 r.identity() ? r.identity()->str() : "",
+                                                 r.boot_id() ? r.boot_id()->str() : ""});
+    return;
+  }
+  for (const auto& [claimant, claim] : rejoins_) {
+    if (claim.old_identity == old_identity && claimant != identity) {
+      Refuse(identity, ErrorCode::RankTaken,
+             "another process already claims to be " + old.info.Name() + " restarted",
+             MsgType::Register);
+      return;
+    }
+  }
+  rejoins_[identity] = PendingRejoin{old_identity, r.pid(), r.metrics_port(),
+                                     r.identity() ? r.identity()->str() : "",
+                                     r.boot_id() ? r.boot_id()->str() : ""};
+}
+
+// The old process of a pending claim spoke: it is alive, the claim is false.
+void Scheduler::RefuseClaimsOn(const Node& node) {
+  for (auto it = rejoins_.begin(); it != rejoins_.end();) {
+    if (it->second.old_identity != node.identity) {
+      ++it;
+      continue;
+    }
+    Refuse(it->first, ErrorCode::RankTaken,
+           node.info.Name() + " at " + node.info.host + ":" + std::to_string(node.info.data_port) +
+               " is alive; a restarted server takes its place only after the old process stopped",
+           MsgType::Register);
+    it = rejoins_.erase(it);
+  }
+}
+
+void Scheduler::TakeSilentClaims() {
+  for (auto it = rejoins_.begin(); it != rejoins_.end();) {
+    const auto old = nodes_.find(it->second.old_identity);
+    if (old == nodes_.end() || !old->second.alive) {  // declared dead meanwhile
+      Refuse(it->first, ErrorCode::PeerDead, "the server it replaces was declared dead",
+             MsgType::Register);
+      it = rejoins_.erase(it);
+    } else if (clock_->Now() - old->second.last_seen > 2 * options_.heartbeat_interval) {
+      const PendingRejoin claim = it->second;
+      const std::string identity = it->first;
+      it = rejoins_.erase(it);
+      Rejoin(claim.old_identity, identity, claim);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The new process takes the old one's place: same rank and address, so the
+// peer list every node holds stays true.
+void Scheduler::Rejoin(const std::string& old_identity, const std::string& identity,
+                       const PendingRejoin& claim) {
+  Node node = nodes_[old_identity];
+  const uint32_t old_pid = node.pid;
+  const std::string was =
+      node.left ? "it had left" : "silent for " + FormatSeconds(clock_->Now() - node.last_seen);
+  node.identity = identity;
+  node.pid = claim.pid;
+  node.info.metrics_port = claim.metrics_port;
+  node.info.identity = claim.data_identity;
+  node.info.boot_id = claim.boot_id;
+  node.last_seen = clock_->Now();
+  node.left = node.missing = node.reported = false;
+  nodes_.erase(old_identity);
+  nodes_[identity] = node;
+  std::replace(order_.begin(), order_.end(), old_identity, identity);
+  for (auto& [key, waiting] : barriers_) waiting.erase(old_identity);
+  if (metrics_) metrics_->registrations->Increment();
+  UpdateLiveGauges();
+  GS_LOG(INFO) << node.info.Name() << " rejoined the job: pid " << node.pid << " on "
+               << PeerText(node.info.host) << ":" << node.info.data_port << " replaces pid "
+               << old_pid
+               << " (" << was << ")";
+  SendAssignment(identity);
+  for (const auto& [id, n] : nodes_) {
+    if (!n.alive) {
+      Reply(identity, wire::MakeNodeDead(sender(), n.info,
+                                         "declared dead before " + node.info.Name() +
+                                             " rejoined"));
+    }
+  }
+}
+
+void Scheduler::OnReachReport(Node& node, const wire::ReachReportBody& report) {
+  if (node.reported) return;
+  const bool rejoined = phase_ == Phase::kRunning;
+  if (phase_ != Phase::kReachability && !rejoined) return;
+  node.reported = true;
+  if (report.results()) {
+    for (const wire::ReachResult* r : *report.results()) {
+      if (r->ok()) continue;
+      wire::NodeInfo peer = wire::ToNodeInfo(*r->peer());
+      unreachable_.push_back(node.info.Name() + " (" + PeerText(node.info.host) +
+                             ") cannot reach " + peer.Name() + " at " +
+                             PeerText(peer.DataEndpoint()) + ": " + PeerText(r->detail()));
+    }
+  }
+  if (rejoined) {
+    if (!unreachable_.empty()) {
+      FailJob("nodes cannot reach their peers: " + Join(unreachable_, "; "));
+    } else {
+      Reply(node.identity, wire::MakeJobState(sender(), wire::JobPhase::Ready, "ready"));
+    }
+    return;
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (!n.reported) return;
+  }
+  FinishReachability("");
+}
+
+void Scheduler::FinishReachability(const std::string& timeout_note) {
+  std::vector<std::string> problems = unreachable_;
+  if (!timeout_note.empty()) problems.push_back(timeout_note);
+  if (!problems.empty()) {
+    FailJob("nodes cannot reach their peers: " + Join(problems, "; "));
+    return;
+  }
+  phase_ = Phase::kRunning;
+  GS_LOG(INFO) << "job " << job_id_ << " ready: every node reaches the peers it needs";
+  Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Ready, "ready"); });
+}
+
+bool Scheduler::InGroup(const Node& node, wire::Group group) const {
+  if (group == wire::Group::All) return true;
+  return (group == wire::Group::Workers) == (node.info.role == Role::Worker);
+}
+
+void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
+  if (!InGroup(node, b.group())) {
+    Refuse(node.identity, ErrorCode::BadSender,
+           node.info.Name() + " is not a member of group " + wire::EnumNameGroup(b.group()),
+           MsgType::Barrier);
+    return;
+  }
+  for (const auto& [id, n] : nodes_) {
+    if (!n.alive && !n.removed && InGroup(n, b.group())) {
+      ReplyError(node.identity, ErrorCode::PeerDead,
+                 "barrier " + std::to_string(b.barrier_id()) + " of " +
+                     wire::EnumNameGroup(b.group()) + " cannot complete: " + n.info.Name() +
+                     " is dead",
+                 MsgType::Barrier);
+      return;
+    }
+  }
+  // A node waits in one barrier at a time: entering this one leaves any
+  // other, so the barriers held are at most one per node, whatever ids
+  // the nodes send.
+  BarrierKey key{b.group(), b.barrier_id()};
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    if (it->first != key) it->second.erase(node.identity);
+    it = it->second.empty() && it->first != key ? barriers_.erase(it) : std::next(it);
+  }
+  barriers_[key].insert(node.identity);
+  TryRelease(key);
+}
+
+void Scheduler::TryRelease(const BarrierKey& key) {
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) return;
+  for (const auto& [id, n] : nodes_) {
+    if (n.alive && !n.left && InGroup(n, key.first) && !it->second.count(id)) return;
+  }
+  for (const std::string& id : it->second) {
+    Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
+  }
+  barriers_.erase(it);
+  if (metrics_) metrics_->barriers_completed->Increment();
+  if (key.second == wire::kEpochBarrierBase + membership_.epoch() && membership_.epoch() > 0) {
+    const double seconds =
+        std::chrono::duration<double>(clock_->Now() - membership_.changed_at()).count();
+    GS_LOG(INFO) << "epoch " << membership_.epoch() << ": every one of the "
+                 << membership_.world_size() << " workers is in, " << seconds
+                 << " s after the loss";
+    if (metrics_) metrics_->recovery_seconds->Observe(seconds);
+  }
+}
+
+void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
+  if (node.info.role != Role::Worker || node.info.rank != 0) {
+    Refuse(node.identity, ErrorCode::BadSender,
+           "only worker 0 offers the NCCL id, not " + node.info.Name(), MsgType::NcclIdOffer);
+    return;
+  }
+  nccl_id_.assign(body.id()->begin(), body.id()->end());
+  for (const std::string& id : nccl_waiters_) {
+    Reply(id, wire::MakeNcclId(sender(), MsgType::NcclId, nccl_id_));
+  }
+  nccl_waiters_.clear();
+}
+
+void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
+  const std::string reason = PeerText(body.reason());
+  if (node.info.role == Role::Server && phase_ == Phase::kRunning && !servers_released_ &&
+      node.alive) {
+    // The workers still need this shard. A restart may bring it back within
+    // server_grace_ms (Tick declares it dead after that); without a grace it
+    // is gone now, and its workers must hear of it (a shard that lost the
+    // scheduler in a partition leaves when the link comes back).
+    if (options_.server_grace.count() > 0) {
+      GS_LOG(WARNING) << node.info.Name() << " left the running job (" << reason
+                      << "): waiting up to " << FormatSeconds(options_.server_grace)
+                      << " for it to restart and rejoin";
+      node.missing = true;
+      return;
+    }
+    MarkDead(node, "left the job while the workers still needed it (" + reason + ")");
+    node.left = true;
+    return;
+  }
+  node.left = true;
+  GS_LOG(INFO) << node.info.Name() << " left the job: " << reason;
+  UpdateLiveGauges();
+  std::vector<BarrierKey> keys;
+  for (const auto& kv : barriers_) keys.push_back(kv.first);
+  for (const BarrierKey& k : keys) TryRelease(k);
+}
+
+void Scheduler::Tick() {
+  TakeSilentClaims();
+  const SteadyTime now = clock_->Now();
+  const auto limit = options_.heartbeat_interval * options_.missed_heartbeats;
+  for (const std::string& id : order_) {
+    Node& n = nodes_[id];
+    if (!n.alive || n.left || now - n.last_seen <= limit) continue;
+    const bool may_restart = n.info.role == Role::Server && phase_ == Phase::kRunning &&
+                             options_.server_grace.count() > 0;
+    if (may_restart && now - n.last_seen <= limit + options_.server_grace) {
+      if (!n.missing) {
+        n.missing = true;
+        GS_LOG(WARNING) << n.info.Name() << " (pid " << n.pid << " on " << PeerText(n.info.host)
+                        << ") is silent: waiting up to " << FormatSeconds(options_.server_grace)
+                        << " for it to restart and rejoin";
+      }
+      continue;
+    }
+    DeclareDead(n, std::chrono::duration_cast<Millis>(now - n.last_seen));
+  }
+  ElasticTick();
+  if (phase_ == Phase::kRendezvous && now - started_ > options_.rendezvous_timeout) {
+    FailJob("rendezvous timed out after " + FormatSeconds(options_.rendezvous_timeout) + ": " +
+            std::to_string(Count(Role::Worker)) + " of " + std::to_string(options_.num_workers) +
+            " workers and " + std::to_string(Count(Role::Server)) + " of " +
+            std::to_string(options_.num_servers) + " servers registered");
+  } else if (phase_ == Phase::kReachability && now - reach_started_ > options_.rendezvous_timeout) {
+    std::vector<std::string> silent;
+    for (const auto& [id, n] : nodes_) {
+      if (!n.reported) silent.push_back(n.info.Name());
+    }
+    FinishReachability("no reachability report from " + Join(silent, ", "));
+  }
+  bool anyone = false, any_worker = false;
+  for (const auto& [id, n] : nodes_) {
+    anyone |= n.alive && !n.left;
+    any_worker |= n.alive && !n.left && n.info.role == Role::Worker;
+  }
+  if (phase_ == Phase::kRunning && anyone && !any_worker && !servers_released_) {
+    servers_released_ = true;
+    GS_LOG(INFO) << "every worker is gone: releasing the servers";
+    Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
+                                              "every worker has finished"); });
+  }
+  if (phase_ == Phase::kRunning && !anyone) {
+    phase_ = Phase::kDone;
+    if (dead_.empty()) {
+      GS_LOG(INFO) << "job " << job_id_ << " finished: every node left";
+    } else {
+      result_ = AbortedError("job ended after node failures: " + Join(dead_, "; "));
+    }
+  }
+}
+
+void Scheduler::DeclareDead(Node& node, Millis silent) {
+  MarkDead(node, "no message for " + FormatSeconds(silent) + " (" +
+                     std::to_string(options_.missed_heartbeats) + " heartbeats of " +
+                     FormatSeconds(options_.heartbeat_interval) + " missed" +
+                     (node.missing ? ", and it did not rejoin within the grace of " +
+                                         FormatSeconds(options_.server_grace)
+                                   : std::string()) +
+                     ")");
+}
+
+void Scheduler::MarkDead(Node& node, const std::string& why) {
+  if (membership_.elastic() && node.info.role == Role::Worker && phase_ == Phase::kRunning) {
+    RemoveWorker(node, why);
+    return;
+  }
+  node.alive = false;
+  GS_LOG(ERROR) << node.info.Name() << " (pid " << node.pid << " on " << PeerText(node.info.host)
+                << ") is dead: " << why;
+  dead_.push_back(node.info.Name() + " dead: " + why);
+  if (metrics_) metrics_->heartbeat_timeouts[static_cast<int>(node.info.role)]->Increment();
+  UpdateLiveGauges();
+  if (phase_ == Phase::kRendezvous) return;
+  const wire::NodeInfo info = node.info;
+  Broadcast([&] { return wire::MakeNodeDead(sender(), info, why); });
+  std::vector<BarrierKey> broken;
+  for (const auto& kv : barriers_) {
+    if (InGroup(node, kv.first.first)) broken.push_back(kv.first);
+  }
+  for (const BarrierKey& k : broken) {
+    for (const std::string& id : barriers_[k]) {
+      ReplyError(id, ErrorCode::PeerDead,
+                 "barrier " + std::to_string(k.second) + " cannot complete: " + info.Name() +
+                     " is dead",
+                 MsgType::Barrier);
+    }
+    barriers_.erase(k);
+  }
+}
+
+void Scheduler::FailJob(const std::string& why) {
+  GS_LOG(ERROR) << "job failed: " << why;
+  Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Failed, why); });
+  result_ = FailedPreconditionError(why);
+  phase_ = Phase::kDone;
+}
+
+// Posted: a node that does not read never holds up the scheduler's loop
+// (and with it every other node's heartbeats).
+void Scheduler::Reply(const std::string& identity, wire::Message msg) {
+  transport_->Post(wire::Route::Inbound(identity), std::move(msg),
+                   Deadline::After(options_.heartbeat_interval),
+                   LogSendFailure(reply_failures_, identity, "answer"));
+}
+
+// Only registered nodes (dead or gone included: they were told the job id)
+// learn the job id from an Error; anyone else gets job id 0.
+void Scheduler::ReplyError(const std::string& identity, ErrorCode code, const std::string& text,
+                           MsgType in_reply_to) {
+  const bool member = nodes_.count(identity) > 0;
+  Reply(identity, wire::MakeError(wire::AnswerAs(sender(), member), code, text, in_reply_to));
+}
+
+void Scheduler::Refuse(const std::string& identity, ErrorCode code, const std::string& text,
+                       MsgType in_reply_to, bool answer) {
+  if (metrics_) metrics_->rejected.Count(code);
+  uint64_t left_out = 0;
+  if (refusal_log_.Admit(identity, wire::ErrorCodeLabel(code), &left_out)) {
+    GS_LOG(WARNING) << "refused a message from '" << wire::Escaped(identity, 64) << "' ("
+                    << wire::ErrorCodeLabel(code) << "): " << wire::Escaped(text)
+                    << LeftOutNote(left_out);
+  }
+  if (answer) ReplyError(identity, code, text, in_reply_to);
+}
+
+void Scheduler::Broadcast(const std::function<wire::Message()>& make) {
+  for (const std::string& id : order_) {
+    const Node& n = nodes_[id];
+    if (n.alive && !n.left) Reply(id, make());
+  }
+}
+
+int Scheduler::Count(Role role) const {
+  int c = 0;
+  for (const auto& [id, n] : nodes_) c += n.info.role == role;
+  return c;
+}
+
+void Scheduler::UpdateLiveGauges() {
+  if (!metrics_) return;
+  for (Role role : {Role::Worker, Role::Server}) {
+    int live = 0;
+    for (const auto& [id, n] : nodes_) live += n.info.role == role && n.alive && !n.left;
+    metrics_->live_nodes[static_cast<int>(role)]->Set(live);
+  }
+}
+
+}  // namespace gradsync::server
