@@ -25,7 +25,7 @@ namespace gradsync::server {
 class JobCodec {
  public:
   // `spec`: a compressor spec or name ("topk:ratio=0.01", "none"); empty:
-  // the first compressed push decides.
+  // worker 0's first compressed push decides.
   explicit JobCodec(const std::string& spec = "");
 
   // OK when `codec` (a push's codec spec, from worker `worker`) names the

@@ -111,8 +111,8 @@ struct PsRules {
   // claiming worker r under another is refused. Empty, or "" for a rank:
   // not checked.
   std::vector<std::string> worker_identities;
-  // The job's compressor (ps/job_codec.h): a spec or name; empty: the
-  // first compressed push fixes it.
+  // The job's compressor (ps/job_codec.h): a spec or name; empty: worker
+  // 0's first compressed push fixes it.
   std::string compression;
 
   // Whether `from` is the route of one of worker_identities: only those

@@ -37,7 +37,7 @@
 //   with Busy and counted, and the PS client sends them again),
 //   compression (the job's compressor, as the workers' setting: a
 //   compressed push naming another is refused, ps/job_codec.h; unset:
-//   the first compressed push fixes it).
+//   worker 0's first compressed push fixes it).
 //   async and ssp need a server-side optimizer.
 //
 // Thread-safety: all methods are thread-safe.
