@@ -207,8 +207,7 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
   }
   if (r.type == MsgType::Push && !r.codec.empty()) {
     Status s = codec_->Admit(r.codec, r.worker);
-    if (s.code() == StatusCode::kUnavailable) {
-      counters_->Rejected(ErrorCode::Busy);
+    if (s.code() == StatusCode::kUnavailable) {  // flow control, not a refusal
       ErrorTo(r, ErrorCode::Busy, s.message(), out);
       return false;
     }

@@ -559,7 +559,10 @@ void Scheduler::TryRelease(const BarrierKey& key) {
     GS_LOG(INFO) << "epoch " << membership_.epoch() << ": every one of the "
                  << membership_.world_size() << " workers is in, " << seconds
                  << " s after the loss";
-    if (metrics_) metrics_->recovery_seconds->Observe(seconds);
+    if (metrics_) {
+      metrics_->recovery_seconds->Observe(seconds);
+      metrics_->last_recovery_seconds->Set(seconds);
+    }
   }
 }
 

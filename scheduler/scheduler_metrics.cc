@@ -58,6 +58,12 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
                           .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
                           .Register(registry)
                           .Add({}, LatencyBuckets());
+  last_recovery_seconds = &prometheus::BuildGauge()
+                               .Name("gradsync_scheduler_last_recovery_seconds")
+                               .Help("The last membership change's recovery time (as "
+                                     "gradsync_scheduler_recovery_seconds); 0 before the first.")
+                               .Register(registry)
+                               .Add({});
 }
 
 }  // namespace gradsync::server

@@ -32,6 +32,7 @@ struct SchedulerMetrics {
   prometheus::Gauge* epoch = nullptr;
   std::array<prometheus::Counter*, 2> membership_changes{};
   prometheus::Histogram* recovery_seconds = nullptr;
+  prometheus::Gauge* last_recovery_seconds = nullptr;  // 0 before the first
   wire::RejectedMetrics rejected;
 };
 
