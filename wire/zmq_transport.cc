@@ -560,7 +560,8 @@ std::optional<std::string> ZmqTransport::Impl::Authenticate(
   const std::string bound = user != nullptr ? user : "";
   const std::optional<std::string> claimed = RoutedIdentity(routing_id);
   if (claimed && IdentityMatchesKey(*claimed, bound)) {
-    routing_ids_[*claimed] = routing_id;
+    std::string& latest = routing_ids_[*claimed];
+    if (latest != routing_id) latest = routing_id;  // a new connection: rarely
     return claimed;
   }
   impostors_.fetch_add(1);
