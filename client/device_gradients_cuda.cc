@@ -71,6 +71,11 @@ StatusOr<Codec> CodecOf(const std::string& spec) {
   if (spec == "none") return c;
   GS_ASSIGN_OR_RETURN(compression::CompressorSpec parsed, compression::ParseCompressorSpec(spec));
   const std::string& name = parsed.name;
+  if (parsed.options.momentum != 0) {
+    return UnimplementedError("\"" + spec +
+                              "\": error feedback with momentum runs on host gradients only "
+                              "(gradient_device=cpu)");
+  }
   c.ef = parsed.options.error_feedback;
   c.ratio = parsed.options.ratio;
   c.chunk = parsed.options.chunk;

@@ -275,5 +275,66 @@ TEST(ErrorFeedbackTest, TopKWithFeedbackSendsEveryCoordinateEventually) {
   }
 }
 
+// Deep gradient compression's recurrence, written out: u = m u + g,
+// c = u + e, send the k largest |c|, e = c where not sent (0 where sent),
+// u = 0 where sent.
+TEST(ErrorFeedbackTest, MomentumFollowsTheDgcRecurrenceBitForBit) {
+  const size_t n = 64, k = 4;  // ratio 1/16
+  const float m = 0.9f;
+  ErrorFeedback ef(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 1.0 / 16).value(),
+                   m);
+  std::unique_ptr<TopKCompressor> plain =
+      TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 1.0 / 16).value();
+  std::vector<float> u(n, 0.0f), e(n, 0.0f);
+  CompressContext ctx;
+  ctx.bucket_id = 3;
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    const std::vector<float> g = Gaussian(n, 1.0f, 100 + step);
+    std::vector<float> c(n);
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + g[i];
+      c[i] = u[i] + e[i];
+    }
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](size_t a, size_t b) { return std::fabs(c[a]) > std::fabs(c[b]); });
+    std::vector<float> want(n, 0.0f);
+    for (size_t j = 0; j < k; ++j) want[order[j]] = c[order[j]];
+    for (size_t i = 0; i < n; ++i) {
+      e[i] = c[i] - want[i];
+      if (want[i] != 0.0f) u[i] = 0.0f;
+    }
+    std::vector<uint8_t> wire(ef.WireBytes(n));
+    ASSERT_TRUE(ef.Compress(g.data(), n, ctx, wire.data(), wire.size()).ok());
+    std::vector<float> got(n);
+    ASSERT_TRUE(plain->Decompress(wire.data(), wire.size(), n, ctx, got.data()).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float)));
+    ASSERT_NE(ef.Residual(3), nullptr);
+    EXPECT_EQ(0, std::memcmp(ef.Residual(3)->data(), e.data(), n * sizeof(float)));
+    std::vector<float> velocity(n), zero(n, 0.0f);
+    ef.Velocity(zero.data(), n, 3, velocity.data());  // m u + 0
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(velocity[i], m * u[i]) << i;
+  }
+}
+
+TEST(ErrorFeedbackTest, AnOverflowedGradientLeavesTheVelocityAsItWas) {
+  const size_t n = 16;
+  ErrorFeedback ef(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.25).value(),
+                   0.5f);
+  CompressContext ctx;
+  std::vector<uint8_t> wire(ef.WireBytes(n));
+  const std::vector<float> g = Gaussian(n, 1.0f, 7);
+  ASSERT_TRUE(ef.Compress(g.data(), n, ctx, wire.data(), wire.size()).ok());
+  std::vector<float> zero(n, 0.0f), before(n), after(n);
+  ef.Velocity(zero.data(), n, 0, before.data());
+  std::vector<float> bad = g;
+  bad[5] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(ef.Compress(bad.data(), n, ctx, wire.data(), wire.size()).ok());
+  ef.Velocity(zero.data(), n, 0, after.data());
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), n * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace gradsync::compression

@@ -17,6 +17,7 @@ namespace gradsync::compression {
 namespace {
 
 constexpr char kEf[] = "ef";
+constexpr char kMomentum[] = "momentum";
 constexpr char kPowerSgd[] = "powersgd";  // PowerSgd::kName
 
 Status BadSpec(const std::string& spec, const std::string& why) {
@@ -57,6 +58,7 @@ bool SetOption(const std::string& key, const std::string& value,
     options->rank = static_cast<int>(std::min<unsigned long long>(u, 1000));
     return true;
   }
+  if (key == kMomentum) return ParseDouble(value, &options->momentum);
   if (key == kEf && (value == "0" || value == "1")) {
     options->error_feedback = value == "1";
     return true;
@@ -66,7 +68,7 @@ bool SetOption(const std::string& key, const std::string& value,
 
 bool IsKnownKey(const std::string& key) {
   return key == "ratio" || key == "chunk" || key == "levels" || key == "rank" ||
-         key == kEf;
+         key == kEf || key == kMomentum;
 }
 
 std::string JoinKeys(const std::vector<std::string>& keys) {
@@ -175,9 +177,17 @@ StatusOr<std::unique_ptr<Compressor>> CompressorRegistry::Create(
     return InternalError("factory of compressor \"" + parsed.name +
                          "\" returned null");
   }
+  const bool momentum_given =
+      std::count(parsed.keys.begin(), parsed.keys.end(), kMomentum) > 0;
+  if (momentum_given && !parsed.options.error_feedback) {
+    return BadSpec(spec, "momentum is part of the error feedback: it needs ef=1");
+  }
+  if (!(parsed.options.momentum >= 0 && parsed.options.momentum < 1)) {
+    return BadSpec(spec, "momentum must be in [0, 1)");
+  }
   if (!parsed.options.error_feedback) return made;
-  return std::unique_ptr<Compressor>(
-      std::make_unique<ErrorFeedback>(std::move(made).value()));
+  return std::unique_ptr<Compressor>(std::make_unique<ErrorFeedback>(
+      std::move(made).value(), static_cast<float>(parsed.options.momentum)));
 }
 
 std::vector<std::string> CompressorRegistry::Names() const {
@@ -205,11 +215,11 @@ void RegisterBuiltins(CompressorRegistry* registry) {
       };
       const std::string name =
           TopKCompressor::Create(m, v, 0.01).value()->name();
-      registry->RegisterWithOptions(name, {"ratio"}, make).IgnoreError();
+      registry->RegisterWithOptions(name, {"ratio", kMomentum}, make).IgnoreError();
     }
   }
   registry
-      ->RegisterWithOptions(RandomKCompressor::kName, {"ratio"},
+      ->RegisterWithOptions(RandomKCompressor::kName, {"ratio", kMomentum},
                             [](const CompressorOptions& o) {
                               // Unbiased scaling and error feedback do
                               // not mix (randomk_compressor.h).

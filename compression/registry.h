@@ -15,6 +15,10 @@
 //   rank    rank R of the approximation (powersgd)
 //   ef      0 or 1: wrap the compressor in ErrorFeedback (every name;
 //           powersgd always has error feedback and refuses ef=0)
+//   momentum M in [0, 1): momentum correction with momentum factor masking
+//           (deep gradient compression) in the error feedback: the sparse
+//           compressors (topk family, randomk) with ef=1 only; the trainer
+//           then takes plain SGD steps (compression/error_feedback.h)
 // A key a compressor does not take is an error, not ignored.
 //
 // Builtin names and wire formats (details in each compressor's header):
@@ -62,6 +66,7 @@ struct CompressorOptions {
   int levels = 127;             // In [1, 127].
   int rank = 4;                 // In [1, 64] (powersgd).
   bool error_feedback = false;  // Wrap in ErrorFeedback.
+  double momentum = 0;          // ErrorFeedback's momentum, in [0, 1).
 };
 
 struct CompressorSpec {

@@ -72,6 +72,19 @@ TEST(CompressorRegistryTest, EfWrapsInErrorFeedback) {
   EXPECT_EQ(dynamic_cast<ErrorFeedback*>(plain->get()), nullptr);
 }
 
+TEST(CompressorRegistryTest, MomentumGoesToTheErrorFeedback) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  for (const std::string spec : {"topk:ratio=0.01,ef=1,momentum=0.9", "randomk:momentum=0.5,ef=1",
+                                 "topk_sampled_fp16:ef=1,momentum=0"}) {
+    StatusOr<std::unique_ptr<Compressor>> c = registry.Create(spec);
+    ASSERT_TRUE(c.ok()) << spec << ": " << c.status();
+    auto* ef = dynamic_cast<ErrorFeedback*>(c->get());
+    ASSERT_NE(ef, nullptr) << spec;
+    EXPECT_EQ(ef->momentum(), static_cast<float>(ParseCompressorSpec(spec)->options.momentum));
+  }
+}
+
 TEST(CompressorRegistryTest, BadSpecsAreInvalidArgumentsNamingTheProblem) {
   CompressorRegistry registry;
   RegisterBuiltins(&registry);
@@ -91,6 +104,12 @@ TEST(CompressorRegistryTest, BadSpecsAreInvalidArgumentsNamingTheProblem) {
       {"topk:ratio", "not key=value"},
       {"topk:ratio=0.1,ratio=0.2", "given twice"},
       {"topk:ef=2", "bad value"},
+      {"topk:momentum=0.9", "needs ef=1"},
+      {"topk:ef=1,momentum=1", "momentum must be in [0, 1)"},
+      {"randomk:ef=1,momentum=-0.1", "momentum must be in [0, 1)"},
+      {"topk:ef=1,momentum=nan", "momentum must be in [0, 1)"},
+      {"qsgd:ef=1,momentum=0.9", "takes no option \"momentum\""},
+      {"fp16:ef=1,momentum=0.9", "takes no option \"momentum\""},
       {":ratio=0.1", "no compressor name"},
   };
   for (const auto& [spec, why] : cases) {

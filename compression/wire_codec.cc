@@ -1,5 +1,6 @@
 #include "compression/wire_codec.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -13,6 +14,19 @@ namespace {
 
 // Keys the partition streams apart from the job-wide seed.
 constexpr uint64_t kPartitionSalt = 0x7061727469746E21ull;  // "partitn!"
+
+// The value text of `key` in a parsed spec "name:k=v,k=v" (the key is in it).
+std::string SpecValue(const std::string& spec, const std::string& key) {
+  size_t start = spec.find(':') + 1;
+  while (true) {
+    const size_t end = std::min(spec.find(',', start), spec.size());
+    if (spec.compare(start, key.size() + 1, key + "=") == 0) {
+      return spec.substr(start + key.size() + 1, end - start - key.size() - 1);
+    }
+    if (end == spec.size()) return "";
+    start = end + 1;
+  }
+}
 
 }  // namespace
 
@@ -177,6 +191,11 @@ void PayloadEncoder::MagnitudeKeys(const float* in, size_t n,
   const std::vector<float>* residual = nullptr;
   if (auto* ef = dynamic_cast<const ErrorFeedback*>(compressor_.get())) {
     residual = ef->Residual(ctx.bucket_id);
+    if (ef->momentum() > 0) {  // ErrorFeedback compresses m u + g
+      velocity_.resize(n);
+      ef->Velocity(in, n, ctx.bucket_id, velocity_.data());
+      in = velocity_.data();
+    }
   }
   if (residual != nullptr && residual->size() == n) {
     // The same float addition ErrorFeedback makes before compressing.
@@ -202,7 +221,7 @@ StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
   std::snprintf(text, sizeof(text), "%.17g", ratio);
   std::string codec = parsed_.name + ":ratio=" + text;
   for (const std::string& key : parsed_.keys) {  // top-k takes ratio and ef
-    if (key != "ratio") codec += "," + key + (parsed_.options.error_feedback ? "=1" : "=0");
+    if (key != "ratio") codec += "," + key + "=" + SpecValue(spec_, key);
   }
   topk_->HintThreshold(at_least);
   StatusOr<wire::Payload> payload =

@@ -106,7 +106,8 @@ class PayloadEncoder {
     return topk_ ? std::optional<double>(ratio_) : std::nullopt;
   }
   // The magnitude keys (MagnitudeKey) of what Encode would select from:
-  // `in` plus the error-feedback residual kept for `ctx`, if any.
+  // `in` (with an error-feedback momentum: the velocity m u + in) plus the
+  // error-feedback residual kept for `ctx`, if any.
   void MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
                      uint32_t* keys) const;
   // As Encode, keeping exactly `keep` elements (1 <= keep <= n; top-k
@@ -132,6 +133,7 @@ class PayloadEncoder {
   std::unique_ptr<Compressor> compressor_;
   const CompressorSpec parsed_;
   const std::string spec_;
+  mutable std::vector<float> velocity_;  // MagnitudeKeys' m u + in
   TopKCompressor* topk_ = nullptr;  // compressor_ or its inner one, if top-k
   double ratio_ = 0;                // parsed_'s
 };

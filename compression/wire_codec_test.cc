@@ -373,5 +373,23 @@ TEST(WireCodecTest, MagnitudeKeysIncludeTheErrorFeedbackResidual) {
   EXPECT_EQ(keys, Keys({1, 4, 3, 2}));
 }
 
+TEST(WireCodecTest, WithMomentumKeysAndCodecFollowTheVelocity) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  auto encoder = PayloadEncoder::Create(registry, "topk:ratio=0.25,ef=1,momentum=0.5");
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  const CompressContext ctx = PartitionContext(1, 0, 0, 0);
+  const std::vector<float> first = {4, 3, 2, 1};
+  wire::DataFields f;
+  ASSERT_TRUE((*encoder)->EncodeKeeping(first.data(), 4, 1, ctx, &f).ok());
+  EXPECT_EQ(f.codec, "topk:ratio=0.125,ef=1,momentum=0.5");
+  // u = {0 (sent, masked), 3, 2, 1}, e = {0, 3, 2, 1}: the next step selects
+  // from 0.5 u + g + e.
+  const std::vector<float> second = {1, 1, 1, 1};
+  std::vector<uint32_t> keys(4);
+  (*encoder)->MagnitudeKeys(second.data(), 4, ctx, keys.data());
+  EXPECT_EQ(keys, Keys({1, 5.5f, 4, 2.5f}));
+}
+
 }  // namespace
 }  // namespace gradsync::compression
