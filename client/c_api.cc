@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "client/c_api_guard.h"
 #include "client/communicator.h"
+#include "common/c_api_guard.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -79,11 +79,9 @@ struct gs_handle {
 
 namespace {
 
-thread_local std::string last_error;
-
 template <typename F>
 int Guard(const char* function, F&& body) noexcept {
-  return gradsync::client::CApiGuard(function, std::forward<F>(body));
+  return gradsync::CApiGuard(function, std::forward<F>(body));
 }
 
 Status NotNull(const void* p, const char* name) {
@@ -133,23 +131,9 @@ Status CheckComm(const gs_comm* comm) { return NotNull(comm, "comm"); }
 
 }  // namespace
 
-namespace gradsync::client {
-
-void SetCApiError(const char* function, const std::string& message) noexcept {
-  try {
-    last_error = std::string(function) + ": " + message;
-  } catch (...) {
-    last_error.clear();
-  }
-}
-
-void ClearCApiError() noexcept { last_error.clear(); }
-
-}  // namespace gradsync::client
-
 extern "C" {
 
-const char* gs_last_error(void) { return last_error.c_str(); }
+const char* gs_last_error(void) { return gradsync::LastCApiError(); }
 
 const char* gs_code_name(int code) {
   if (code < GS_OK || code > GS_MEMBERSHIP_CHANGED) return "unknown";

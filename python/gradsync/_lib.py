@@ -1,5 +1,5 @@
 """ctypes binding of libgradsync.so: the client C API (client/c_api.h) and
-the in-process scheduler (python/scheduler_c_api.h).
+the in-process scheduler (scheduler/scheduler_c_api.h).
 
 Calls through ctypes.CDLL release the GIL for their duration, so a thread
 blocked in gradsync never stops the others. Every failing call raises

@@ -2,8 +2,8 @@
  * torchrun support (rank 0 hosts it). Same conventions as client/c_api.h:
  * functions return a gs_code and set gs_last_error().
  */
-#ifndef GRADSYNC_PYTHON_SCHEDULER_C_API_H_
-#define GRADSYNC_PYTHON_SCHEDULER_C_API_H_
+#ifndef GRADSYNC_SCHEDULER_SCHEDULER_C_API_H_
+#define GRADSYNC_SCHEDULER_SCHEDULER_C_API_H_
 
 #include <stdint.h>
 
@@ -32,4 +32,4 @@ int gs_scheduler_stop(gs_scheduler* s, int64_t timeout_ms);
 } /* extern "C" */
 #endif
 
-#endif /* GRADSYNC_PYTHON_SCHEDULER_C_API_H_ */
+#endif /* GRADSYNC_SCHEDULER_SCHEDULER_C_API_H_ */

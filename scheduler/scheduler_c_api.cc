@@ -1,11 +1,11 @@
-#include "python/scheduler_c_api.h"
+#include "scheduler/scheduler_c_api.h"
 
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "client/c_api_guard.h"
+#include "common/c_api_guard.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "common/time.h"
@@ -29,7 +29,7 @@ extern "C" {
 
 int gs_scheduler_start(const char* const* args, int num_args,
                        gs_scheduler** out, int* out_port) {
-  return gradsync::client::CApiGuard("gs_scheduler_start", [&]() -> Status {
+  return gradsync::CApiGuard("gs_scheduler_start", [&]() -> Status {
     if (out == nullptr || out_port == nullptr) {
       return InvalidArgumentError("out or out_port is NULL");
     }
@@ -51,7 +51,7 @@ int gs_scheduler_start(const char* const* args, int num_args,
 }
 
 int gs_scheduler_stop(gs_scheduler* s, int64_t timeout_ms) {
-  return gradsync::client::CApiGuard("gs_scheduler_stop", [&]() -> Status {
+  return gradsync::CApiGuard("gs_scheduler_stop", [&]() -> Status {
     if (s == nullptr) return gradsync::OkStatus();
     std::unique_ptr<gs_scheduler> owned(s);
     const gradsync::Deadline deadline =
