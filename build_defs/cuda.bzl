@@ -1,11 +1,19 @@
 """CUDA sources compiled by nvcc through a genrule, behind --config=cuda."""
 
 NVCC = "/usr/local/cuda/bin/nvcc"
+
+# Machine code for every GPU generation CUDA 13 builds for (Turing to
+# Blackwell; a cubin also runs on later minor versions of its major, e.g.
+# sm_80 on sm_87, sm_100 on sm_103), and PTX of the newest for GPUs after
+# it, compiled by the driver on first use.
+CUDA_ARCHS = ["75", "80", "86", "89", "90", "100", "110", "120"]
+PTX_ARCH = "120"
+
 NVCC_FLAGS = " ".join([
     "-std=c++17",
     "-O3",
-    "-gencode arch=compute_90,code=sm_90",
-    "-gencode arch=compute_90,code=compute_90",
+] + ["-gencode arch=compute_%s,code=sm_%s" % (a, a) for a in CUDA_ARCHS] + [
+    "-gencode arch=compute_%s,code=compute_%s" % (PTX_ARCH, PTX_ARCH),
     "-Xcompiler -fPIC,-Wall,-Wextra",
     "-Werror all-warnings",
 ])
@@ -18,7 +26,7 @@ def cuda_only():
     })
 
 def cuda_library(name, srcs, hdrs = [], cu_deps = [], deps = [], visibility = None):
-    """A cc_library whose .cu `srcs` are compiled by nvcc (sm_90 and PTX).
+    """A cc_library whose .cu `srcs` are compiled by nvcc (CUDA_ARCHS and PTX).
 
     `cu_deps` are headers the .cu files include; `deps` are linked in.
     """

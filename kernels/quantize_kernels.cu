@@ -25,6 +25,20 @@ namespace {
 
 using device::GridStride;
 using device::kFullMask;
+
+// The largest of the warp's 32 values, in every lane (the same value on
+// every architecture: sm_80's reduction instruction, or shuffles before it).
+__device__ __forceinline__ uint32_t WarpMax(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(kFullMask, v);
+#else
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const uint32_t other = __shfl_xor_sync(kFullMask, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+#endif
+}
 using device::Pack8;
 using device::ThreadIndex;
 using launch::Blocks;
@@ -153,7 +167,7 @@ __global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual,
         math::MagnitudeKey(Input<kEf>(in, residual, has_residual, first + i));
     m = k > m ? k : m;
   }
-  m = __reduce_max_sync(kFullMask, m);
+  m = WarpMax(m);
   const float norm = math::BitsFloat(m);
   if (lane == 0) norms[c] = norm;
   const math::QsgdChunkPlan plan = math::PlanQsgdChunk(norm, levels);
