@@ -40,10 +40,9 @@ if [ -n "$label" ]; then
   mapfile -t unsanitized < <(bazel query \
     "attr(tags, '\\bno_${label% }\\b', tests($universe))" 2>/dev/null)
 fi
-testlogs=bazel-testlogs
-if [ ${#config[@]} -gt 0 ] || [ ! -d "$testlogs" ]; then
-  testlogs=$(bazel info "${config[@]}" bazel-testlogs 2>/dev/null)
-fi
+# The config's own tree: the bazel-testlogs link follows the last command's
+# config (after the sanitizer runs, theirs).
+testlogs=$(bazel info "${config[@]}" bazel-testlogs 2>/dev/null)
 
 # The status words Bazel printed for target $1 ("PASSED", "FAILED", ...).
 status_of() {

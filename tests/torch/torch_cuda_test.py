@@ -5,17 +5,50 @@ and through DistributedOptimizer with top-k 1% and error feedback, over the
 CPU ring; each against the same run on the CPU, 2 epochs of the real
 Fashion-MNIST data."""
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
-import torch
 
 import job
 
 SCRIPT = os.path.join(job.ROOT, "examples", "torch_cnn.py")
-# Debian's interpreter, unless the GPU machine names its own.
-PYTHON = os.environ.get("GRADSYNC_PYTHON", "/usr/bin/python3")
+# Where a torch with CUDA is looked for: GRADSYNC_PYTHON when set, then the
+# usual interpreters (Debian's torch has no CUDA; a GPU machine's may).
+CANDIDATES = [os.environ.get("GRADSYNC_PYTHON"), shutil.which("python3"),
+              "/usr/local/bin/python3", "/opt/conda/bin/python3",
+              "/usr/bin/python3"]
+
+
+def gpu_present():
+    """Whether nvidia-smi lists a GPU."""
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and b"GPU" in done.stdout
+
+
+def cuda_python():
+    """The first candidate interpreter whose torch sees a CUDA device."""
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    for python in dict.fromkeys(c for c in CANDIDATES if c):
+        if not os.access(python, os.X_OK):
+            continue
+        try:
+            if subprocess.run([python, "-c", probe], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL,
+                              timeout=300).returncode == 0:
+                return python
+        except subprocess.TimeoutExpired:
+            continue
+    return None
+
+
+GPU = gpu_present()
+PYTHON = cuda_python() if GPU else None
 EPOCHS = 2
 # After 2 epochs the CNN reaches 0.86-0.87 on CPU (fp16 hook) and about
 # 0.85 with top-k 1% + EF; GPU and CPU runs differ in float rounding (cuDNN)
@@ -42,8 +75,15 @@ def run(device, comm, setting, seed=1):
     return result
 
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU")
+# No GPU here: skipped. A GPU without an interpreter whose torch has CUDA is
+# a failure, not a skip: the test would otherwise never run where it should.
+pytestmark = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (nvidia-smi -L)")
+
+
+def test_an_interpreter_with_cuda_torch_is_found():
+    assert PYTHON is not None, (
+        "a GPU is present but no interpreter's torch has CUDA; tried %s; set "
+        "GRADSYNC_PYTHON" % [c for c in CANDIDATES if c])
 
 
 @pytest.mark.parametrize("comm,setting", [
@@ -51,6 +91,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
     ("optimizer", "compression=topk:ratio=0.01,ef=1"),
 ])
 def test_cuda_model_trains_as_on_cpu(comm, setting):
+    assert PYTHON is not None, "no interpreter with CUDA torch (above)"
     cuda = run("cuda", comm, setting)
     cpu = run("cpu", comm, setting)
     assert cuda["settings"]["gradient_device"] == "cuda", cuda
