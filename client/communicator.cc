@@ -11,6 +11,7 @@
 
 #include "client/bucket_compression.h"
 #include "client/bucketer.h"
+#include "client/cuda_device.h"
 #include "client/device_gradients.h"
 #include "client/client_metrics.h"
 #include "client/elementwise.h"
@@ -92,7 +93,7 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t bucket, config.GetInt("bucket_bytes", 25 << 20));
     GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
-    GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", 0));
+    GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", -1));
     GS_ASSIGN_OR_RETURN(o.sync.shm, config.GetBool("ring_shm", true));
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
@@ -104,6 +105,9 @@ struct CommOptions {
     }
     if (o.sync.backend != "ring" && o.sync.backend != "nccl") {
       return InvalidArgumentError("backend must be ring or nccl, got '" + o.sync.backend + "'");
+    }
+    if (device < -1 || device > 1023) {
+      return InvalidArgumentError("cuda_device must be a device index (or -1: the local rank)");
     }
     if (first <= 0 || bucket <= 0 || timeout <= 0 || chunk < 64 || shm_bytes < 4096 ||
         shm_bytes > (int64_t{1} << 30)) {
@@ -212,6 +216,7 @@ class Communicator::Impl {
 
   std::unique_ptr<Session> session_;
   const CommOptions options_;
+  int cuda_device_ = 0;  // cuda_device resolved at Start (cuda_device.h)
   std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
   ProcessMetrics process_metrics_{"worker"};
   ClientMetrics metrics_;
@@ -250,10 +255,15 @@ Status Communicator::Impl::Start(Deadline deadline) {
     process_metrics_.ServeOrWarn(session_->host(), options_.metrics_base_port +
                                  (options_.local_rank >= 0 ? options_.local_rank : r));
   }
+  if (options_.cuda_gradients || options_.sync.backend == "nccl") {
+    GS_ASSIGN_OR_RETURN(cuda_device_, ResolveCudaDevice(options_.sync.cuda_device,
+                                                        options_.local_rank, VisibleCudaDevices()));
+  }
   if (options_.cuda_gradients) {
-    GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(options_.sync.cuda_device));
+    GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(cuda_device_));
   }
   SyncBackendOptions backend = options_.sync;
+  backend.cuda_device = cuda_device_;
   backend.compression_seed = CompressionSeed();
   GS_ASSIGN_OR_RETURN(backend_, MakeSyncBackend(backend, session_.get(), compression_.get(),
                                                 device_.get(), &ring_rejected_, &ps_rejected_,
@@ -697,6 +707,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
     StatusOr<std::unique_ptr<SyncBackend>> next = InternalError("no backend was made");
     if (s.ok()) {
       SyncBackendOptions backend = options_.sync;
+      backend.cuda_device = cuda_device_;
       backend.compression_seed = CompressionSeed();
       next = MakeSyncBackend(backend, session_.get(), compression_.get(), device_.get(),
                              &ring_rejected_, &ps_rejected_, [] { return false; }, deadline);

@@ -99,6 +99,8 @@ class DeviceGradients {
 // The gradients of CUDA device `device`. FailedPrecondition when gradsync
 // was built without CUDA; Internal when the device cannot be used.
 StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int device);
+// How many CUDA devices this process sees (0 without CUDA or a driver).
+int VisibleCudaDevices();
 
 }  // namespace gradsync::client
 

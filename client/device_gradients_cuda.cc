@@ -584,6 +584,15 @@ class CudaGradients : public DeviceGradients {
 
 }  // namespace
 
+int VisibleCudaDevices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: clear the sticky error
+    return 0;
+  }
+  return count;
+}
+
 StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int device) {
   auto g = std::make_unique<CudaGradients>(device);
   GS_RETURN_IF_ERROR(g->Init());

@@ -8,4 +8,6 @@ StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int /*device*/) {
       "(gradient_device=cuda); rebuild with --config=cuda");
 }
 
+int VisibleCudaDevices() { return 0; }
+
 }  // namespace gradsync::client

@@ -96,12 +96,15 @@ def _job_settings(settings):
 
 
 def _default_cuda_device(settings):
-    """CUDA gradients default to torch's current device (torch.cuda.set_device
-    before init picks it)."""
+    """CUDA gradients of a worker with a local rank (torchrun's LOCAL_RANK,
+    gradsync_launch's or Slurm's) default to the GPU of that index, which the
+    library picks; without one, to torch's current device
+    (torch.cuda.set_device before init picks it)."""
     device = settings.get("gradient_device",
                           os.environ.get("GRADSYNC_GRADIENT_DEVICE", "cpu"))
     if str(device) != "cuda" or "cuda_device" in settings or \
-            "GRADSYNC_CUDA_DEVICE" in os.environ:
+            "GRADSYNC_CUDA_DEVICE" in os.environ or "local_rank" in settings or \
+            "GRADSYNC_LOCAL_RANK" in os.environ:
         return
     import torch
     if torch.cuda.is_available():
