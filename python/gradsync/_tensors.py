@@ -66,12 +66,21 @@ def _as_bytes(tensor):
 
 
 def broadcast_tensor(comm, tensor, root, what):
-    """Copies rank `root`'s `tensor` into every rank's, in place, any dtype."""
+    """Copies rank `root`'s `tensor` into every rank's, in place, any dtype,
+    on the CPU or a GPU."""
     if tensor.numel() == 0:
         return
-    if tensor.device.type != "cpu" or not dense(tensor):
-        gs_dtype(tensor, what, comm)  # raises with the reason
-        settle(tensor)
+    if not _broadcast_in_place(comm, tensor):
+        # A CUDA tensor the communicator cannot take as it is (an integer
+        # buffer such as BatchNorm's num_batches_tracked, or any CUDA tensor
+        # of a CPU communicator) or a tensor with gaps: through a contiguous
+        # CPU copy.
+        host = tensor.detach().to("cpu").clone(
+            memory_format=torch.contiguous_format)
+        broadcast_tensor(comm, host, root, what)
+        tensor.copy_(host)
+        return
+    settle(tensor)
     if tensor.dtype in _DTYPES:
         comm.broadcast(tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype],
                        root)
@@ -85,6 +94,16 @@ def broadcast_tensor(comm, tensor, root, what):
         raw.copy_(padded[:-1])
     else:
         comm.broadcast(raw.data_ptr(), raw.numel() // 2, GS_F16, root)
+
+
+def _broadcast_in_place(comm, tensor):
+    """Whether broadcast_tensor can hand `tensor` to gradsync by address."""
+    if not dense(tensor):
+        return False
+    if tensor.device.type == "cpu":
+        return True
+    return tensor.device.type == "cuda" and comm.cuda and \
+        tensor.dtype in _DTYPES
 
 
 def allreduce_tensor(comm, tensor, average, what):

@@ -51,7 +51,9 @@ def broadcast_parameters(params, root_rank=0, comm=None):
     """Copies rank `root_rank`'s tensors into every rank's, in place.
 
     `params`: a state_dict, (name, tensor) pairs or tensors, in the same
-    order on every rank; any dtype, CPU tensors."""
+    order on every rank; any dtype, CPU or CUDA (what the communicator
+    cannot take as it is, e.g. a CUDA model's integer buffers, goes through
+    a CPU copy)."""
     comm = _comm(comm)
     with torch.no_grad():
         for name, tensor in _items(params):

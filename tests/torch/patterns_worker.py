@@ -212,8 +212,14 @@ def checkpoint_resume():
     opt = gst.DistributedOptimizer(adam, named_parameters=model.named_parameters())
     gst.broadcast_parameters(model.state_dict(), root_rank=0)
     gst.broadcast_optimizer_state(opt, root_rank=0)
+    # A tensor with gaps (a transposed view) and an integer one, each
+    # different on every rank, go through a CPU copy.
+    base = torch.arange(24, dtype=torch.int64).reshape(4, 6) * (rank + 1)
+    view = base.t()[1:5]
+    gst.broadcast_parameters([("view", view)], root_rank=0)
     # Parameters and BatchNorm buffers (running stats, batch count).
     resumed = [float(t.double().sum()) for t in model.state_dict().values()]
+    resumed.append(float(view.double().sum()))
     x, y = batch(9, rank, 8)
     loss_of(model, x, y).backward()
     opt.step()
