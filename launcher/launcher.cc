@@ -115,7 +115,8 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   LaunchOptions o;
   GS_ASSIGN_OR_RETURN(o.workers, IntFlag(config, "workers", 1, 1, 4096));
   GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
-  GS_ASSIGN_OR_RETURN(o.min_workers, IntFlag(config, "min_workers", o.workers, 1, o.workers));
+  // 0 (not given): not elastic. Under Slurm the step's size sets the workers.
+  GS_ASSIGN_OR_RETURN(o.min_workers, IntFlag(config, "min_workers", 0, 0, 4096));
   GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
   int metrics_default = kSchedulerMetricsPort;
   if (const char* env = std::getenv("GRADSYNC_METRICS_PORT")) {
@@ -136,6 +137,10 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   GS_ASSIGN_OR_RETURN(o.log_dir, config.GetString("log_dir", ""));
   GS_ASSIGN_OR_RETURN(o.security, config.GetString("security", o.security));
   GS_ASSIGN_OR_RETURN(o.slurm, config.GetBool("slurm", InSlurmStep()));
+  if (!o.slurm && o.min_workers > o.workers) {
+    return InvalidArgumentError("--min_workers=" + std::to_string(o.min_workers) +
+                                " exceeds --workers=" + std::to_string(o.workers));
+  }
   if (o.security != "auto" && o.security != "curve" && o.security != "none") {
     return InvalidArgumentError("security must be auto, curve or none, got '" + o.security + "'");
   }

@@ -33,7 +33,7 @@ int Main(int argc, char** argv) {
     const std::string server =
         options->server_binary.empty() ? DefaultServerBinary() : options->server_binary;
     Status s = ExecSlurmTask(options->servers, options->port > 0 ? options->port : kSlurmDefaultPort,
-                             server, options->worker_command);
+                             server, options->worker_command, options->min_workers);
     std::fprintf(stderr, "gradsync_launch: %s\n", s.message().c_str());
     return 2;
   }

@@ -319,6 +319,14 @@ TEST(LauncherTest, ParsesFlagsAndTheCommand) {
             std::string::npos);
   const char* zero[] = {"gradsync_launch", "--workers=0", "--", "true"};
   EXPECT_FALSE(LaunchOptions::FromArgs(4, zero).ok());
+  const char* more[] = {"gradsync_launch", "--workers=2", "--min_workers=3", "--slurm=false", "--",
+                        "true"};
+  EXPECT_NE(LaunchOptions::FromArgs(6, more).status().message().find("exceeds --workers=2"),
+            std::string::npos);
+  const char* slurm[] = {"gradsync_launch", "--min_workers=3", "--slurm=true", "--", "true"};
+  auto in_slurm = LaunchOptions::FromArgs(5, slurm);
+  ASSERT_TRUE(in_slurm.ok()) << in_slurm.status();
+  EXPECT_EQ(in_slurm->min_workers, 3);  // the step's size sets the workers
 }
 
 TEST(LauncherTest, MissingWorkerCommandIsNotFound) {
@@ -375,6 +383,13 @@ TEST(SlurmTest, TasksBecomeSchedulerShardsAndWorkers) {
   EXPECT_EQ(e.env.at("GRADSYNC_RANK"), "1");
   EXPECT_EQ(e.env.at("GRADSYNC_NUM_SERVERS"), "2");
   EXPECT_EQ(e.env.at("GRADSYNC_HOST"), "10.0.0.5");
+  // An elastic step: the scheduler is told min_workers.
+  SlurmTask elastic = *scheduler;
+  elastic.min_workers = 1;
+  const SlurmExec s = SlurmExecFor(elastic, "/bin/server", {"trainer"}, "");
+  EXPECT_EQ(s.argv.back(), "--min_workers=1");
+  EXPECT_EQ(SlurmExecFor(*scheduler, "/bin/server", {"trainer"}, "").argv.back(),
+            "--num_servers=2");
   // Too few tasks for a scheduler, 2 shards and a worker.
   auto small = PlanSlurmTask({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"},
                               {"SLURM_JOB_NODELIST", "node[1-5]"}, {"SLURMD_NODENAME", "node1"}},

@@ -120,6 +120,9 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
       e.argv = {server_binary, "--role=scheduler", "--host=" + task.host, "--port=" + port,
                 "--num_workers=" + std::to_string(task.num_workers),
                 "--num_servers=" + std::to_string(task.num_servers)};
+      if (task.min_workers > 0 && task.min_workers < task.num_workers) {
+        e.argv.push_back("--min_workers=" + std::to_string(task.min_workers));
+      }
       break;
     case SlurmTask::Role::kServer:
       e.argv = {server_binary, "--role=server", "--rank=" + std::to_string(task.rank)};
@@ -134,7 +137,7 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
 }
 
 Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
-                     const std::vector<std::string>& worker_command) {
+                     const std::vector<std::string>& worker_command, int min_workers) {
   std::map<std::string, std::string> env;
   for (const char* key : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST",
                           "SLURMD_NODENAME", "SLURM_LOCALID"}) {
@@ -142,6 +145,11 @@ Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
   }
   GS_ASSIGN_OR_RETURN(SlurmTask task,
                       PlanSlurmTask(env, servers, port, ScontrolAddress, ScontrolFirstNode));
+  if (min_workers > task.num_workers) {
+    return InvalidArgumentError("--min_workers=" + std::to_string(min_workers) + " exceeds the " +
+                                std::to_string(task.num_workers) + " workers of this Slurm step");
+  }
+  task.min_workers = min_workers;
   SlurmExec e = SlurmExecFor(task, server_binary, worker_command, env["SLURM_LOCALID"]);
   for (const auto& [k, v] : e.env) setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> argv;

@@ -9,7 +9,10 @@
 // `scontrol show node` reports it, and `--port`, default 29400), its rank,
 // the job size and its own node's address as GRADSYNC_HOST. Off loopback the
 // job needs a shared key file (GRADSYNC_KEY_FILE, see README) or
-// --security=none.
+// --security=none. With --min_workers below the allocation's workers the
+// scheduler runs an elastic job: a worker task that dies ends a membership
+// epoch, not the job (srun must then not kill the step on a task's failure:
+// --kill-on-bad-exit=0, Slurm's default).
 #ifndef GRADSYNC_LAUNCHER_SLURM_H_
 #define GRADSYNC_LAUNCHER_SLURM_H_
 
@@ -33,6 +36,7 @@ struct SlurmTask {
   int rank = 0;  // shard or worker rank
   int num_workers = 0;
   int num_servers = 0;
+  int min_workers = 0;    // in (0, num_workers): an elastic job
   std::string scheduler;  // host:port
   std::string host;       // this node's address
 };
@@ -57,8 +61,10 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
 
 // Plans this task from the real environment and scontrol, then replaces
 // this process with it. Returns only on failure.
+// `min_workers` (0: not elastic) must not exceed the step's workers
+// (InvalidArgument).
 Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
-                     const std::vector<std::string>& worker_command);
+                     const std::vector<std::string>& worker_command, int min_workers = 0);
 
 }  // namespace gradsync::launcher
 

@@ -8,7 +8,8 @@
 # the allocation alone, and train with exact averages (parameter server,
 # sync). Skips (exit 0 with a line "GRADSYNC-SKIPPED: why", which
 # tools/test_summary.sh counts as skipped) without root or without Slurm
-# (slurm-wlm, munge).
+# (slurm-wlm, munge). Then an elastic ring job under Slurm loses a worker
+# task and goes on (below).
 set -euo pipefail
 
 for tool in slurmctld slurmd srun sinfo munged; do
@@ -115,3 +116,33 @@ for r in 0 1; do
   grep -q "worker $r step 3 ok" "$dir/srun.out" || fail "worker $r did not finish with exact averages"
 done
 echo "PASSED: scheduler on node1, shard on node2, workers 0 and 1 on node3 and node4"
+
+# An elastic job under Slurm: 3 ring workers with --min_workers=2; one
+# worker task is killed mid-training and the step goes on without it
+# (srun --kill-on-bad-exit=0): the 2 survivors finish every step and agree
+# bit for bit.
+tools/simhosts.sh run "$name" 0 env GRADSYNC_KEY_FILE="$dir/job.key" GRADSYNC_METRICS_BASE_PORT=0 \
+  GRADSYNC_HEARTBEAT_MS=200 GRADSYNC_MISSED_HEARTBEATS=5 \
+  timeout 180 srun -N4 --ntasks-per-node=1 --kill-on-bad-exit=0 --label \
+  "$here/launcher/gradsync_launch" --servers=0 --min_workers=2 \
+  --server_binary="$here/server/gradsync_server" \
+  -- "$here/tests/elastic_worker" --steps=400 > "$dir/elastic.out" 2>&1 &
+srun_pid=$!
+for _ in $(seq 1 600); do
+  grep -q "reached step 50" "$dir/elastic.out" && break
+  kill -0 "$srun_pid" 2>/dev/null || break
+  sleep 0.1
+done
+grep -q "reached step 50" "$dir/elastic.out" || fail "the elastic job did not reach step 50"
+victim=$(pgrep -f "$here/tests/elastic_worker" | tail -n 1)
+[ -n "$victim" ] || fail "no elastic_worker process to kill"
+kill -9 "$victim"
+echo "slurm: killed worker process $victim at step 50 or later"
+wait "$srun_pid" || true  # the killed task makes srun's status non-zero
+cat "$dir/elastic.out"
+finals=$(grep -o "final step 400 world 2 epoch 1 params [0-9a-f]*" "$dir/elastic.out" || true)
+[ "$(wc -l <<<"$finals")" -eq 2 ] && [ -n "$finals" ] ||
+  fail "expected 2 survivors to finish 400 steps in epoch 1, got: $finals"
+[ "$(awk '{print $NF}' <<<"$finals" | sort -u | wc -l)" -eq 1 ] ||
+  fail "the survivors' parameters differ: $finals"
+echo "PASSED: elastic step under Slurm: 2 survivors finished 400 steps with equal parameters"
