@@ -61,29 +61,28 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     tag_ = tag;
     // A loaded machine may stall a process for a second: 10 s of silence
     // before a node is declared dead.
-    StartScheduler(kWorkers, 1, {"--key_file=" + job_file_, "--metrics_port=0",
-                                 "--server_grace_ms=60000", "--missed_heartbeats=50"});
+    StartScheduler(kWorkers, 1,
+                   {"--key_file=" + job_file_, "--metrics_port=0", "--server_grace_ms=60000",
+                    "--missed_heartbeats=50"});
     SetJob(kWorkers, 1);
     env_["GRADSYNC_KEY_FILE"] = job_file_;
     checkpoint_dir_ = TmpFile(tag + ".checkpoints");
     shard_metrics_ = FreePort();
     shard_port_ = FreePort();
-    Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server",
-                               "--ps_mode=sync", "--optimizer=momentum", "--lr=0.05",
-                               "--partition_bytes=262144", "--checkpoint_dir=" + checkpoint_dir_,
-                               "--scheduler_grace_ms=60000",
+    Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server", "--ps_mode=sync",
+                               "--optimizer=momentum", "--lr=0.05", "--partition_bytes=262144",
+                               "--checkpoint_dir=" + checkpoint_dir_, "--scheduler_grace_ms=60000",
                                "--data_port=" + std::to_string(shard_port_),
                                "--metrics_port=" + std::to_string(shard_metrics_)},
                               "server0");
     std::vector<Subprocess*> workers;
     for (int r = 0; r < kWorkers; ++r) {
-      workers.push_back(&Start({Runfile("tests/ps_worker"), "--rank=" + std::to_string(r),
-                                "--path=ps", "--mode=train", "--optimizer=momentum",
-                                "--steps=60", "--slow_ms=30", "--metrics_base_port=0",
-                                "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
-                                "--bucket_bytes=2097152", "--partition_bytes=262144",
-                                "--node_key_file=" + worker_files_[static_cast<size_t>(r)]},
-                               "worker" + std::to_string(r)));
+      workers.push_back(&Start(
+          {Runfile("tests/ps_worker"), "--rank=" + std::to_string(r), "--path=ps", "--mode=train",
+           "--optimizer=momentum", "--steps=60", "--slow_ms=30", "--metrics_base_port=0",
+           "--op_timeout_ms=" + std::to_string(kOpTimeoutMs), "--bucket_bytes=2097152",
+           "--partition_bytes=262144", "--node_key_file=" + worker_files_[static_cast<size_t>(r)]},
+          "worker" + std::to_string(r)));
     }
     if (attack) {
       ReadJob();
@@ -163,18 +162,18 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     f.num_elements = 4;
     f.round = round;
     std::vector<wire::Payload> payloads;
-    if (type == wire::MsgType::Push) payloads.push_back(wire::Payload::Copy("0123456789abcdef", 16));
-    return wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, type, f,
-                          std::move(payloads), round, round);
+    if (type == wire::MsgType::Push)
+      payloads.push_back(wire::Payload::Copy("0123456789abcdef", 16));
+    return wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, type, f, std::move(payloads),
+                          round, round);
   }
 
   // (1) Under worker 0's parameter-server identity, as the member's
   // transport would present it and as a bare routing id.
   void PushAndPullAsWorker0() {
-    const std::string shard_key =
-        wire::ReadKeyFile(checkpoint_dir_ + "/node-127.0.0.1-" + std::to_string(shard_port_) +
-                          ".key")
-            ->public_z85;
+    const std::string shard_key = wire::ReadKeyFile(checkpoint_dir_ + "/node-127.0.0.1-" +
+                                                    std::to_string(shard_port_) + ".key")
+                                      ->public_z85;
     const std::string as = wire::PsClientIdentity(workers_[0].identity);
     for (const std::string& routing_id : {as + "#0123456789abcdef", as}) {
       zmq::socket_t& s = Connect(shard_.address, shard_key, routing_id);
@@ -194,7 +193,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   // (2) Worker 0's left neighbour is worker 2.
   void AbortTheRingAsWorker2(const Subprocess& worker0) {
     zmq::socket_t& s = Connect(workers_[0].address, worker_keys_[0].public_z85,
-                              workers_[2].identity + "#0123456789abcdef");
+                               workers_[2].identity + "#0123456789abcdef");
     wire::RingAbortFields abort;
     abort.origin_rank = 2;
     abort.blamed_rank = 0;
@@ -223,19 +222,20 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     me.public_key = worker_keys_[1].public_z85;
     shard.Signal(SIGSTOP);
     std::this_thread::sleep_for(std::chrono::milliseconds(8 * kHeartbeatMs));
-    ASSERT_TRUE(t->Send(wire::Route::Connection(*conn),
-                        wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
-                                           static_cast<uint32_t>(getpid()), kProtocolVersion,
-                                           kWorkers, 1),
-                        Deadline::AfterMs(5000))
-                    .ok());
+    ASSERT_TRUE(
+        t->Send(wire::Route::Connection(*conn),
+                wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
+                                   static_cast<uint32_t>(getpid()), kProtocolVersion, kWorkers, 1),
+                Deadline::AfterMs(5000))
+            .ok());
     std::optional<wire::ErrorCode> answer;
     bool assigned = false;
     for (Deadline d = Deadline::AfterMs(10000); !answer && !assigned && !d.Expired();) {
       auto in = t->Receive(d);
       if (!in.ok()) break;
       wire::Verdict v = wire::Validate(
-          in->message, wire::Policy::Accepting({wire::MsgType::Error, wire::MsgType::RankAssignment}));
+          in->message,
+          wire::Policy::Accepting({wire::MsgType::Error, wire::MsgType::RankAssignment}));
       if (!v.ok()) continue;
       assigned = v.type == wire::MsgType::RankAssignment;
       if (v.type == wire::MsgType::Error) answer = v.header->body_as_ErrorBody()->code();
@@ -244,8 +244,8 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     t->Shutdown();
     EXPECT_FALSE(assigned) << "the scheduler gave the shard's place to another key";
     EXPECT_EQ(answer, std::optional<wire::ErrorCode>(wire::ErrorCode::WrongKey));
-    EXPECT_TRUE(scheduler_->WaitForOutput("registered with another node key",
-                                          Deadline::AfterMs(5000)));
+    EXPECT_TRUE(
+        scheduler_->WaitForOutput("registered with another node key", Deadline::AfterMs(5000)));
   }
 
   std::string job_file_;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The C, C++ and CUDA sources in the project's format (.clang-format: Google
-# style, 100 columns), checked by clang-format 14. Not yet part of the test
-# suite: most files predate the format and await one --fix pass.
+# style, 100 columns), checked by clang-format 14. tools/test.sh runs the
+# check and counts it as one test ("format").
 #
 #   tools/format.sh          # check: lists every file that is not formatted
 #   tools/format.sh --fix    # rewrites them in place

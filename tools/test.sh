@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: installs what is missing, builds
-# everything, runs every test (GPU tests only where a GPU is present), and on
+# everything, runs every test (GPU tests only where a GPU is present) and the
+# source format check (tools/format.sh, counted as the test "format"), and on
 # a machine with nvcc also compiles and links every CUDA target. Then the
 # unit tests of the multi-threaded packages run again under AddressSanitizer
 # + UBSan and under ThreadSanitizer (SANITIZED below). The last line is
@@ -14,6 +15,8 @@ start=$(date +%s)
 
 echo "test.sh: [1/5] dependencies"
 tools/install_deps.sh
+format_rc=0
+tools/format.sh || format_rc=$?
 
 # With a GPU (and nvcc) the suite builds with --config=cuda and runs the
 # gpu-tagged tests too; the torch GPU test looks for an interpreter whose
@@ -85,8 +88,14 @@ summarize() {
   total_skipped=$((total_skipped + s))
 }
 summarize "$log"
+if [ "$format_rc" -eq 0 ]; then
+  total_passed=$((total_passed + 1))
+else
+  echo "failed: format (tools/format.sh lists the files; tools/format.sh --fix formats them)"
+  total_failed=$((total_failed + 1))
+fi
 summarize --config asan "${san_logs[0]}" "${SANITIZED[@]}"
 summarize --config tsan "${san_logs[1]}" "${SANITIZED[@]}"
 echo "${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
 [ "$summary_rc" -ne 0 ] || rm -f "$log" "${san_logs[@]}"
-[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$summary_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$summary_rc" -eq 0 ] && [ "$format_rc" -eq 0 ]

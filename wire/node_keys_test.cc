@@ -3,6 +3,8 @@
 // a connection talks only to the server holding the peer's own key, a
 // handshake waits for the plan that names its key, and a shard's key
 // survives its restart.
+#include "wire/node_keys.h"
+
 #include <sys/stat.h>
 
 #include <chrono>
@@ -15,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "wire/curve.h"
 #include "wire/message.h"
-#include "wire/node_keys.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::wire {
