@@ -145,7 +145,8 @@ void CheckpointNow(PsShard& shard, const std::string& when) {
 
 void LogShardStats(const PsShardStats& s) {
   GS_LOG(INFO) << "shard stats: pushes applied " << s.pushes_applied << ", duplicates "
-               << s.duplicates << ", early pulls " << s.early_pulls << ", rejected "
+               << s.duplicates << ", early pulls " << s.early_pulls << ", unplanned pushes "
+               << s.unplanned << ", rejected "
                << s.rejected << ", rounds closed "
                << s.rounds_closed << ", replies " << s.replies << ", max staleness "
                << s.max_staleness << ", total staleness " << s.staleness_sum
