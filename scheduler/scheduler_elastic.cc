@@ -57,8 +57,8 @@ void Scheduler::StartEpoch(const std::map<std::string, int32_t>& ranks) {
     metrics_->epoch->Set(membership_.epoch());
   }
   for (const auto& [id, rank] : ranks) nodes_[id].info.rank = rank;
-  GS_LOG(WARNING) << "epoch " << membership_.epoch() << " starts with "
-                  << membership_.world_size() << " workers: " << membership_.change();
+  GS_LOG(WARNING) << "epoch " << membership_.epoch() << " starts with " << membership_.world_size()
+                  << " workers: " << membership_.change();
   // The barriers the lost worker held up are released for the survivors
   // (a trainer's own barrier, or an earlier epoch's).
   std::vector<BarrierKey> keys;

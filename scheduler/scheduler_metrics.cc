@@ -46,22 +46,25 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
                .Add({});
   auto& changes = prometheus::BuildCounter()
                       .Name("gradsync_scheduler_membership_changes_total")
-                      .Help("Workers lost by an elastic job, by what followed: a new epoch "
-                            "(worker_dead) or a wait for workers (below_min_workers).")
+                      .Help(
+                          "Workers lost by an elastic job, by what followed: a new epoch "
+                          "(worker_dead) or a wait for workers (below_min_workers).")
                       .Register(registry);
   membership_changes[static_cast<int>(MembershipReason::kDead)] =
       &changes.Add({{"reason", "worker_dead"}});
   membership_changes[static_cast<int>(MembershipReason::kBelowMin)] =
       &changes.Add({{"reason", "below_min_workers"}});
-  recovery_seconds = &prometheus::BuildHistogram()
-                          .Name("gradsync_scheduler_recovery_seconds")
-                          .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
-                          .Register(registry)
-                          .Add({}, LatencyBuckets());
+  recovery_seconds =
+      &prometheus::BuildHistogram()
+           .Name("gradsync_scheduler_recovery_seconds")
+           .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
+           .Register(registry)
+           .Add({}, LatencyBuckets());
   last_recovery_seconds = &prometheus::BuildGauge()
                                .Name("gradsync_scheduler_last_recovery_seconds")
-                               .Help("The last membership change's recovery time (as "
-                                     "gradsync_scheduler_recovery_seconds); 0 before the first.")
+                               .Help(
+                                   "The last membership change's recovery time (as "
+                                   "gradsync_scheduler_recovery_seconds); 0 before the first.")
                                .Register(registry)
                                .Add({});
 }
