@@ -88,34 +88,51 @@ class KeyFlood : public ::testing::Test {
   std::vector<std::unique_ptr<wire::ZmqTransport>> workers_;
   std::vector<wire::ConnId> conns_;
   std::unique_ptr<PsShard> shard_;
+
+  // The next message worker w gets, Acks included.
+  wire::Message NextAny(int w) {
+    auto in = workers_[w]->Receive(Deadline::AfterMs(20000));
+    EXPECT_TRUE(in.ok()) << in.status();
+    return in.ok() ? std::move(in->message) : wire::Message{};
+  }
 };
 
 // Seen before: every refused push and every pull of an unknown key left an
 // empty key behind, so a member's flood used up ps_max_keys and the job's
-// own keys were refused as Oversized.
+// own keys were refused as Oversized; then a member's plausible pushes of
+// keys worker 0 never pushed were taken, each a key of its own, until the
+// shard held ps_max_keys of them.
 TEST_F(KeyFlood, KeysOutsideThePlanAreRefusedAndLeaveNoKeyBehind) {
   const std::vector<float> grad = {1, 2, 3, 4};
   for (int i = 0; i < kForged; ++i) {
     const uint32_t bucket = 1000 + static_cast<uint32_t>(i);
-    // A pull of a key nobody pushed, and a push far ahead of its round.
-    Send(1, Data(1, i % 2 == 0 ? MsgType::Pull : MsgType::Push, bucket, i % 2 == 0 ? 1 : 9, grad));
+    // A pull of a key nobody pushed; a push of round 1 (plausible) or far
+    // ahead of its round.
+    const MsgType type = i % 2 == 0 ? MsgType::Pull : MsgType::Push;
+    Send(1, Data(1, type, bucket, i % 4 == 3 ? 9 : 1, grad));
   }
   for (int i = 0; i < kForged; ++i) {
-    wire::Message m = Next(1);
+    wire::Message m = NextAny(1);
     ASSERT_EQ(m.header_view()->type(), MsgType::Error) << "forged message " << i;
+    EXPECT_EQ(m.header_view()->body_as_ErrorBody()->code(), wire::ErrorCode::Busy);
   }
-  EXPECT_EQ(shard_->stats().rejected, static_cast<uint64_t>(kForged / 2));  // the pushes
+  EXPECT_EQ(shard_->stats().unplanned, static_cast<uint64_t>(kForged / 2));  // the pushes
   EXPECT_EQ(shard_->stats().early_pulls, static_cast<uint64_t>(kForged / 2));
+  EXPECT_EQ(shard_->stats().rejected, 0u);
   auto keys = shard_->Keys();
   ASSERT_TRUE(keys.ok()) << keys.status();
   EXPECT_EQ(keys->size(), 0u) << "forged keys were kept";
 
-  // The plan's keys, every one of the bound, still serve both workers.
+  // The plan's keys (those worker 0 pushes), every one of the bound, still
+  // serve both workers.
   for (uint32_t b = 0; b < kPlanKeys; ++b) {
-    for (int w = 0; w < 2; ++w) {
-      Send(w, Data(w, MsgType::Push, b, 1, {static_cast<float>(w), 2, 4, 8}));
-      Send(w, Data(w, MsgType::Pull, b, 1, grad));
-    }
+    Send(0, Data(0, MsgType::Push, b, 1, {0, 2, 4, 8}));
+    ASSERT_EQ(NextAny(0).header_view()->type(), MsgType::Ack) << "key " << b;
+    Send(0, Data(0, MsgType::Pull, b, 1, grad));
+  }
+  for (uint32_t b = 0; b < kPlanKeys; ++b) {
+    Send(1, Data(1, MsgType::Push, b, 1, {1, 2, 4, 8}));
+    Send(1, Data(1, MsgType::Pull, b, 1, grad));
   }
   for (int w = 0; w < 2; ++w) {
     for (int b = 0; b < kPlanKeys; ++b) {
@@ -127,9 +144,12 @@ TEST_F(KeyFlood, KeysOutsideThePlanAreRefusedAndLeaveNoKeyBehind) {
     }
   }
   EXPECT_EQ(shard_->Keys()->size(), static_cast<size_t>(kPlanKeys));
-  // Past the plan's bound a new key is refused, and keeps nothing either.
-  Send(1, Data(1, MsgType::Push, 5000, 1, grad));
-  EXPECT_EQ(Next(1).header_view()->type(), MsgType::Error);
+  // Past the plan's bound a new key of worker 0's is refused, and keeps
+  // nothing either.
+  Send(0, Data(0, MsgType::Push, 5000, 1, grad));
+  wire::Message over = Next(0);
+  EXPECT_EQ(over.header_view()->type(), MsgType::Error);
+  EXPECT_EQ(over.header_view()->body_as_ErrorBody()->code(), wire::ErrorCode::Oversized);
   EXPECT_EQ(shard_->Keys()->size(), static_cast<size_t>(kPlanKeys));
 }
 

@@ -41,6 +41,11 @@ void ShardCounters::EarlyPull() {
   if (metrics != nullptr) metrics->early_pulls->Increment();
 }
 
+void ShardCounters::Unplanned() {
+  Add(unplanned);
+  if (metrics != nullptr) metrics->unplanned->Increment();
+}
+
 void ShardCounters::Rejected(wire::ErrorCode code) {
   Add(rejected);
   if (metrics != nullptr) metrics->rejected.Count(code);
@@ -64,6 +69,7 @@ PsShardStats ShardCounters::Snapshot() const {
   s.pushes_applied = applied_.load();
   s.duplicates = duplicates.load();
   s.early_pulls = early_pulls.load();
+  s.unplanned = unplanned.load();
   s.rejected = rejected.load();
   s.rounds_closed = rounds_closed.load();
   s.replies = replies.load();
@@ -245,7 +251,50 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
       return false;
     }
   }
+  if (r.type == MsgType::Pull && !AdmitPull(r, out)) return false;
+  return Planned(r, out);
+}
+
+bool KeyTable::AdmitPull(const Request& r, std::vector<Outgoing>* out) {
+  if (r.round == 0 && optimizer_ == nullptr) {
+    Reject(r, ErrorCode::WrongType,
+           "this shard only aggregates (optimizer=none): there is no round 0", out);
+    return false;
+  }
+  if (!r.codec.empty() && !IsReplyCodec(r.codec)) {
+    Reject(r, ErrorCode::WrongType,
+           "asks for replies encoded as \"" + r.codec + "\"; replies are fp32, fp16 or bf16", out);
+    return false;
+  }
   return true;
+}
+
+int32_t KeyTable::PlanAuthor() const {
+  for (int32_t w = 0; w < rules_.num_workers; ++w) {
+    if (Live(w)) return w;
+  }
+  return 0;
+}
+
+bool KeyTable::Planned(const Request& r, std::vector<Outgoing>* out) {
+  if (keys_.count(r.key) > 0) return true;
+  const int32_t author = PlanAuthor();
+  // Anyone else's round 0 is refused by OnInit, which makes no key.
+  if (r.type == MsgType::Push && (r.worker == author || r.round == 0)) return true;
+  if (r.type == MsgType::Pull) {
+    // A PS client pushes a key before it pulls it over the same connection
+    // (round 0: worker 0 pushes the initial parameters first): a pull of a
+    // key no push made is behind a push answered Busy, or outside the plan.
+    counters_->EarlyPull();
+    ErrorTo(r, ErrorCode::Busy, "names a key no worker pushed yet; push it first", out);
+    return false;
+  }
+  counters_->Unplanned();
+  ErrorTo(r, ErrorCode::Busy,
+          "names a key worker " + std::to_string(author) +
+              " has not pushed: the job's keys are those it pushes; push again once it has",
+          out);
+  return false;
 }
 
 std::map<KeyTable::Key, KeyState> KeyTable::SaveKeys() const {
@@ -442,23 +491,6 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
 }
 
 void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
-  if (r.round == 0 && optimizer_ == nullptr) {
-    return Reject(r, ErrorCode::WrongType,
-                  "this shard only aggregates (optimizer=none): there is no round 0", out);
-  }
-  if (!r.codec.empty() && !IsReplyCodec(r.codec)) {
-    return Reject(r, ErrorCode::WrongType,
-                  "asks for replies encoded as \"" + r.codec + "\"; replies are fp32, fp16 or bf16",
-                  out);
-  }
-  if (r.round > 0 && keys_.count(r.key) == 0) {
-    // Every worker pushes a key of round r > 0 before it pulls it, over the
-    // same connection: a pull of a key no push made is either behind a push
-    // the shard answered Busy, or names a key outside the job's plan. It is
-    // answered Busy (sent again after its push) and leaves nothing behind.
-    counters_->EarlyPull();
-    return ErrorTo(r, ErrorCode::Busy, "names a key no worker pushed yet; push it first", out);
-  }
   KeyState& k = keys_[r.key];
   const bool async = rules_.mode == PsMode::kAsync;
   const uint64_t limit =

@@ -38,16 +38,19 @@
 //         round r is applied. Staleness-aware lr divides lr by the staleness.
 // Staleness of a push = key version when applied - the push's version.
 //
-// Keys: the shard is not told the job's plan (workers register no bucket
-// layout with it), so the plan is bounded by the job's settings instead: a
-// key exists only once a push of it was taken or a pull of its round 0 is
-// held (a message refused leaves no key behind), at most max_keys keys
-// (ps_max_keys) of at most max_elements (partition_bytes) each, so one
-// table holds at most max_keys partitions per open round and worker.
-// A pull of round r > 0 of a key no push made is answered Busy and counted
-// in early_pulls (not in rejected: a lost push causes it too): a PS client
-// always pushes a key before it pulls it over the same connection, and
-// sends both again after a Busy; a forged one holds nothing.
+// Keys: the job's plan on this shard is what worker 0 pushes. Every worker
+// pushes the same keys (its buckets' partitions placed here), so worker 0's
+// pushes name the plan's keys and fix their sizes, and with per-node
+// identity no other member can push as worker 0. A key is created only by a
+// push of worker 0 that is taken (the lowest live worker once worker 0 is
+// declared dead; a message refused leaves no key behind), at most max_keys
+// keys (ps_max_keys, the ceiling of a plan) of at most max_elements
+// (partition_bytes) each. Any other message for a key that does not exist
+// holds nothing and is answered Busy: another worker's push is counted in
+// unplanned (it is ahead of worker 0, or outside the plan, and is sent
+// again), a pull in early_pulls (a PS client pushes a key before it pulls
+// it over the same connection, round 0 after worker 0's initial
+// parameters). Neither counts in rejected: an honest worker meets them too.
 //
 // Errors (answered with an Error naming the key, counted, state unchanged):
 // sender not a worker of the job, or a message claiming a worker that does
@@ -126,6 +129,7 @@ struct PsShardStats {
   uint64_t pushes_applied = 0;
   uint64_t duplicates = 0;     // pushes acknowledged again, not applied
   uint64_t early_pulls = 0;    // pulls of a key no push made, answered Busy
+  uint64_t unplanned = 0;      // other workers' pushes of a key worker 0 did not push, Busy
   uint64_t rejected = 0;       // messages answered with an Error
   uint64_t rounds_closed = 0;  // sync/ssp
   uint64_t replies = 0;
@@ -143,6 +147,7 @@ class ShardCounters {
   void Add(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
   void Duplicate();
   void EarlyPull();
+  void Unplanned();
   void Rejected(wire::ErrorCode code);
   // A round whose first push arrived at `first` and last at `last` was
   // closed now.
@@ -153,7 +158,8 @@ class ShardCounters {
   // shard serves.
   ShardMetrics* metrics = nullptr;
 
-  std::atomic<uint64_t> duplicates{0}, early_pulls{0}, rejected{0}, rounds_closed{0}, replies{0};
+  std::atomic<uint64_t> duplicates{0}, early_pulls{0}, unplanned{0}, rejected{0}, rounds_closed{0},
+      replies{0};
 
  private:
   std::atomic<uint64_t> applied_{0}, max_staleness_{0}, staleness_sum_{0};
@@ -259,6 +265,13 @@ class KeyTable {
   // otherwise.
   bool Admit(const Request& r, wire::Role role, const wire::DataBody& d, const wire::Message& msg,
              std::vector<Outgoing>* out);
+  // The rules of a Pull that need no key state; refuses it otherwise.
+  bool AdmitPull(const Request& r, std::vector<Outgoing>* out);
+  // The worker whose pushes make the plan's keys: the lowest live one.
+  int32_t PlanAuthor() const;
+  // Whether `r` is for a key of the plan (one that exists, or a push by
+  // PlanAuthor); answers Busy and counts it otherwise.
+  bool Planned(const Request& r, std::vector<Outgoing>* out);
   // Handles an admitted `r` (its header `h`, body `d`, message `msg`).
   void Take(const Request& r, const wire::Header& h, const wire::DataBody& d,
             const wire::Message& msg, std::vector<Outgoing>* out, std::vector<float>* decoded);

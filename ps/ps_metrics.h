@@ -7,6 +7,7 @@
 //   gradsync_server_queue_depth               messages waiting for a key thread
 //   gradsync_server_pushes_total, _pulls_total, _duplicates_total
 //   gradsync_server_early_pulls_total   pulls of a key no push made, answered Busy
+//   gradsync_server_unplanned_pushes_total  pushes of a key worker 0 did not push, Busy
 //   gradsync_server_expected_workers, _connected_workers (live per the
 //   scheduler), _missing_workers (declared dead)
 //   gradsync_server_checkpoint_duration_seconds
@@ -41,6 +42,7 @@ struct ShardMetrics {
   prometheus::Counter* pulls = nullptr;
   prometheus::Counter* duplicates = nullptr;
   prometheus::Counter* early_pulls = nullptr;
+  prometheus::Counter* unplanned = nullptr;
   prometheus::Gauge* expected_workers = nullptr;
   prometheus::Gauge* connected_workers = nullptr;
   prometheus::Gauge* missing_workers = nullptr;

@@ -173,13 +173,19 @@ TEST(PsShardTest, SyncDuplicatesAreAcknowledgedAndNotCountedTwice) {
 
 TEST(PsShardTest, InitialParametersComeFromWorkerZeroBeforeAnyGradient) {
   ShardHarness h(PsMode::kSync, OptimizerKind::kSgd, 2);
+  // Before worker 0 made the key, another worker's messages for it wait.
   h.Pull(1, 0, 2);
+  EXPECT_NE(h.NextError(1).find("no worker pushed yet"), std::string::npos);
   h.Push(1, 1, 0, {1, 1});
-  EXPECT_NE(h.NextError(1).find("no parameters yet"), std::string::npos);
+  EXPECT_NE(h.NextError(1).find("worker 0 has not pushed"), std::string::npos);
+  h.Push(0, 1, 0, {1, 1});
+  EXPECT_NE(h.NextError(0).find("no parameters yet"), std::string::npos);
   h.Push(1, 0, 0, {1, 1});
   EXPECT_NE(h.NextError(1).find("only worker 0"), std::string::npos);
+  EXPECT_TRUE(h.shard().Keys()->empty());
   h.Push(0, 0, 0, {4, 8});
   EXPECT_EQ(h.NextType(0), MsgType::Ack);
+  h.Pull(1, 0, 2);
   EXPECT_EQ(h.Reply(1), (std::vector<float>{4, 8}));
   h.Push(0, 1, 0, {2, 2});
   h.Push(1, 1, 0, {4, 6});
@@ -426,12 +432,15 @@ TEST(PsShardTest, BadCompressedPushesAreRefusedCountedAndChangeNothing) {
   EXPECT_NE(h.NextError(0).find("replies are fp32, fp16 or bf16"), std::string::npos);
   EXPECT_EQ(h.shard().stats().rejected, 5u);
   EXPECT_EQ(h.shard().stats().pushes_applied, 0u);
-  // None of it counted as worker 0's push: the round still waits for it.
+  // None of it counted as worker 0's push: the key does not exist yet, and
+  // then its round waits for worker 0.
+  h.Push(1, 1, 0, g);
+  EXPECT_NE(h.NextError(1).find("worker 0 has not pushed"), std::string::npos);
+  EXPECT_TRUE(h.shard().Keys()->empty());
+  h.PushCompressed(0, 1, 0, g, "fp16");
+  EXPECT_EQ(h.NextType(0), MsgType::Ack);
   h.Push(1, 1, 0, g);
   h.Pull(1, 1, n);
-  EXPECT_EQ(h.NextType(1), MsgType::Ack);
-  EXPECT_FALSE(h.Next(1, 200).has_value()) << "a refused push closed the round";
-  h.PushCompressed(0, 1, 0, g, "fp16");
   h.Pull(0, 1, n);
   const std::vector<float> half = Decompressed(g, "fp16", {});
   std::vector<float> expect(n);

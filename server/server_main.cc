@@ -145,9 +145,10 @@ void CheckpointNow(PsShard& shard, const std::string& when) {
 
 void LogShardStats(const PsShardStats& s) {
   GS_LOG(INFO) << "shard stats: pushes applied " << s.pushes_applied << ", duplicates "
-               << s.duplicates << ", early pulls " << s.early_pulls << ", rejected " << s.rejected
-               << ", rounds closed " << s.rounds_closed << ", replies " << s.replies
-               << ", max staleness " << s.max_staleness << ", total staleness " << s.staleness_sum
+               << s.duplicates << ", early pulls " << s.early_pulls << ", unplanned pushes "
+               << s.unplanned << ", rejected " << s.rejected << ", rounds closed "
+               << s.rounds_closed << ", replies " << s.replies << ", max staleness "
+               << s.max_staleness << ", total staleness " << s.staleness_sum
                << ", straggler wait mean "
                << (s.rounds_closed > 0
                        ? s.straggler_wait_s * 1e3 / static_cast<double>(s.rounds_closed)

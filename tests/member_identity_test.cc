@@ -6,10 +6,11 @@
 // parameter-server identity and pushes and pulls as worker 0; (2) it
 // connects to worker 0's data port as worker 2 (worker 0's left neighbour in
 // the ring) and aborts the ring in its name; (3) it claims to be the shard
-// restarted, with its own key, while the shard is silent. Each is refused
-// and counted, and every worker ends with the parameters, bit for bit, of
-// the same job without it. (A connection that finds another key than the
-// peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
+// restarted, with its own key, while the shard is silent; (4) under its own
+// identity it floods the shard with keys outside the job's plan. Each is
+// refused and counted, the shard ends with the plan's keys only, and every
+// worker ends with the parameters, bit for bit, of the same job without it. (A connection that
+// finds another key than the peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "common/subprocess.h"
 #include "common/version.h"
 #include "gtest/gtest.h"
+#include "tests/flood.h"
 #include "tests/job_metrics.h"
 #include "tests/local_job.h"
 #include "wire/curve.h"
@@ -31,12 +33,14 @@
 #include "wire/validate.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"
+#include "zmq_addon.hpp"
 
 namespace gradsync {
 namespace {
 
 constexpr int kWorkers = 3;
 constexpr int kOpTimeoutMs = 30000;
+constexpr int kForgedKeys = 500;
 
 struct Peer {
   std::string address;   // host:data_port
@@ -86,6 +90,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     }
     if (attack) {
       ReadJob();
+      FloodKeysOutsideThePlan(shard);
       PushAndPullAsWorker0();
       AbortTheRingAsWorker2(*workers[0]);
       ClaimTheSilentShard(shard);
@@ -102,6 +107,12 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     }
     scheduler_->Signal(SIGTERM);
     EXPECT_TRUE(shard.Wait(Deadline::AfterMs(30000)).has_value());
+    std::smatch m;
+    const std::string log = shard.Output();
+    EXPECT_TRUE(
+        std::regex_search(log, m, std::regex(R"(checkpoint written on exit[^:]*: (\d+) keys)")))
+        << log;
+    shard_keys_.push_back(m.empty() ? -1 : std::stoi(m[1].str()));
     scheduler_->Wait(Deadline::AfterMs(10000));
     nodes_.clear();
     sockets_.clear();
@@ -157,29 +168,36 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     }
   }
 
-  wire::Message AsWorker0(wire::MsgType type, uint64_t round) const {
+  wire::Message AsWorker(int32_t rank, wire::MsgType type, uint64_t round,
+                         uint32_t bucket = 0) const {
     wire::DataFields f;
+    f.bucket = bucket;
     f.num_elements = 4;
     f.round = round;
     std::vector<wire::Payload> payloads;
     if (type == wire::MsgType::Push)
       payloads.push_back(wire::Payload::Copy("0123456789abcdef", 16));
-    return wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, type, f, std::move(payloads),
-                          round, round);
+    return wire::MakeData(wire::Sender{wire::Role::Worker, rank, job_}, type, f,
+                          std::move(payloads), round, round);
+  }
+
+  // The public key the shard serves with.
+  std::string ShardKey() const {
+    return wire::ReadKeyFile(checkpoint_dir_ + "/node-127.0.0.1-" + std::to_string(shard_port_) +
+                             ".key")
+        ->public_z85;
   }
 
   // (1) Under worker 0's parameter-server identity, as the member's
   // transport would present it and as a bare routing id.
   void PushAndPullAsWorker0() {
-    const std::string shard_key = wire::ReadKeyFile(checkpoint_dir_ + "/node-127.0.0.1-" +
-                                                    std::to_string(shard_port_) + ".key")
-                                      ->public_z85;
+    const std::string shard_key = ShardKey();
     const std::string as = wire::PsClientIdentity(workers_[0].identity);
     for (const std::string& routing_id : {as + "#0123456789abcdef", as}) {
       zmq::socket_t& s = Connect(shard_.address, shard_key, routing_id);
       for (uint64_t round = 1; round <= 2; ++round) {
-        SendOn(s, AsWorker0(wire::MsgType::Push, round));
-        SendOn(s, AsWorker0(wire::MsgType::Pull, round));
+        SendOn(s, AsWorker(0, wire::MsgType::Push, round));
+        SendOn(s, AsWorker(0, wire::MsgType::Pull, round));
       }
     }
     double impostors = 0;
@@ -188,6 +206,40 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     EXPECT_EQ(impostors, 8) << "the shard took messages sent as worker 0 by another member";
+  }
+
+  // (4) Under its own parameter-server identity, over a connection of its
+  // own: for each of kForgedKeys keys outside the plan, a pull of its
+  // initial parameters and a push of round 1. Each is answered Busy and
+  // counted (early pulls, unplanned pushes); none may leave a key behind
+  // (checked at the end of the job).
+  void FloodKeysOutsideThePlan(const Subprocess& shard) {
+    zmq::socket_t& s = Connect(shard_.address, ShardKey(),
+                               wire::PsClientIdentity(workers_[1].identity) + "#fedcba9876543210");
+    auto waited = [&] {
+      const std::string text = Scrape(shard_metrics_);
+      return Sum(text, "gradsync_server_early_pulls_total ") +
+             Sum(text, "gradsync_server_unplanned_pushes_total ");
+    };
+    const double before = waited();
+    const double rss_before = PeakRssMiB(shard.pid());
+    for (uint32_t i = 0; i < kForgedKeys; ++i) {
+      SendOn(s, AsWorker(1, wire::MsgType::Pull, 0, 1000 + i));
+      SendOn(s, AsWorker(1, wire::MsgType::Push, 1, 1000 + i));
+    }
+    // The answers go to worker 1's parameter-server route, which may be
+    // worker 1's own link: they are counted on the shard instead.
+    double counted = 0;
+    for (Deadline d = Deadline::AfterMs(20000); counted < 2 * kForgedKeys && !d.Expired();) {
+      counted = waited() - before;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_GE(counted, 2 * kForgedKeys) << "keys outside the plan were taken\n" << shard.Output();
+    const double rss_after = PeakRssMiB(shard.pid());  // the job's own keys grow it too
+    std::printf(
+        "shard peak RSS %.1f MiB before %d messages for keys outside the plan, "
+        "%.1f MiB after\n",
+        rss_before, 2 * kForgedKeys, rss_after);
   }
 
   // (2) Worker 0's left neighbour is worker 2.
@@ -260,6 +312,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   std::vector<Peer> workers_;
   zmq::context_t context_;
   std::list<zmq::socket_t> sockets_;  // the member's connections
+  std::vector<int> shard_keys_;       // per job: the keys its shard saved on exit
 };
 
 TEST_F(MemberIdentityTest, AMemberCannotTakeAnotherMembersPlace) {
@@ -268,7 +321,11 @@ TEST_F(MemberIdentityTest, AMemberCannotTakeAnotherMembersPlace) {
   ASSERT_EQ(clean.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(attacked, clean);
   for (const std::string& p : clean) EXPECT_EQ(p, clean[0]);
-  std::printf("params %s, with the member's attempts and without\n", clean[0].c_str());
+  ASSERT_EQ(shard_keys_.size(), 2u);
+  EXPECT_GT(shard_keys_[0], 0);
+  EXPECT_EQ(shard_keys_[1], shard_keys_[0]) << "the shard kept keys outside the plan";
+  std::printf("params %s, with the member's attempts and without; shard keys %d and %d\n",
+              clean[0].c_str(), shard_keys_[1], shard_keys_[0]);
 }
 
 }  // namespace

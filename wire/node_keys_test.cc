@@ -1,7 +1,8 @@
 // Per-node CURVE identity between real ZeroMQ transports on loopback: a
 // member with a key of the plan cannot send under another member's identity,
 // a connection talks only to the server holding the peer's own key, a
-// handshake waits for the plan that names its key, and a shard's key
+// handshake waits for the plan that names its key, a flood of strangers'
+// handshakes does not shut out a peer the plan names late, and a shard's key
 // survives its restart.
 #include "wire/node_keys.h"
 
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,7 +19,9 @@
 #include "gtest/gtest.h"
 #include "wire/curve.h"
 #include "wire/message.h"
+#include "wire/zmq_curve.h"
 #include "wire/zmq_transport.h"
+#include "zmq.hpp"
 
 namespace gradsync::wire {
 namespace {
@@ -49,14 +53,13 @@ NodeInfo Entry(const std::string& identity, const CurveKey& key, const std::stri
   return n;
 }
 
-// Sends a heartbeat over a new connection from `from` to `endpoint`.
+// Sends a heartbeat over a new connection from `from` to `endpoint`,
+// without waiting: it leaves once the connection is up, within 10 s.
 void SendTo(Member& from, const std::string& endpoint) {
   auto conn = from.transport->Connect(endpoint);
   ASSERT_TRUE(conn.ok()) << conn.status();
-  ASSERT_TRUE(from.transport
-                  ->Send(Route::Connection(*conn), MakeHeartbeat(Sender{Role::Worker, 0, 1}),
-                         Deadline::AfterMs(1000))
-                  .ok());
+  from.transport->Post(Route::Connection(*conn), MakeHeartbeat(Sender{Role::Worker, 0, 1}),
+                       Deadline::AfterMs(10000), [](const Status&) {});
 }
 
 class NodeKeysTest : public ::testing::Test {
@@ -129,6 +132,44 @@ TEST_F(NodeKeysTest, AHandshakeWaitsForThePlanThatNamesItsKey) {
   EXPECT_FALSE(server_.transport->Receive(Deadline::AfterMs(300)).ok());
   server_.keys->SetPlan(plan);
   auto in = server_.transport->Receive(Deadline::AfterMs(5000));
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->from.ToString(), Route::Inbound("client").ToString());
+}
+
+// Seen before: strangers' handshakes filled the server's hold of keys its
+// plan does not name yet, the late peer's handshake was refused, and libzmq
+// never connected it again: nothing it sent arrived, even once the plan
+// named it.
+TEST_F(NodeKeysTest, AFloodOfStrangersDoesNotShutOutAPeerThePlanNamesLate) {
+  const uint64_t refused_at_once = 44;
+  zmq::context_t strangers_context;
+  std::list<zmq::socket_t> strangers;  // closed before their context
+  for (size_t i = 0; i < ZapHandler::kMaxHeld + refused_at_once; ++i) {
+    const CurveKey stranger = *GenerateCurveKey();
+    zmq::socket_t& s = strangers.emplace_back(strangers_context, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::curve_serverkey, server_.key.public_z85);
+    s.set(zmq::sockopt::curve_publickey, stranger.public_z85);
+    s.set(zmq::sockopt::curve_secretkey, stranger.secret_z85);
+    s.connect(server_.endpoint);
+  }
+  auto wait_refused = [&](uint64_t n) {
+    for (Deadline d = Deadline::AfterMs(20000);
+         server_.transport->auth_failures() < n && !d.Expired();) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return server_.transport->auth_failures();
+  };
+  // The hold is full: those past it were refused at once.
+  ASSERT_EQ(wait_refused(refused_at_once), refused_at_once);
+  Member client = Make(job_, "client", *GenerateCurveKey());
+  const std::vector<NodeInfo> plan = {Entry("client", client.key, "tcp://127.0.0.1:1"),
+                                      Entry("server", server_.key, server_.endpoint)};
+  client.keys->SetPlan(plan);  // the server has none yet
+  SendTo(client, server_.endpoint);
+  ASSERT_GT(wait_refused(refused_at_once + 1), refused_at_once) << "the peer was not refused";
+  server_.keys->SetPlan(plan);
+  auto in = server_.transport->Receive(Deadline::AfterMs(8000));
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->from.ToString(), Route::Inbound("client").ToString());
 }

@@ -21,6 +21,7 @@
 #include "common/blocking_queue.h"
 #include "common/logging.h"
 #include "wire/zmq_curve.h"
+#include "wire/zmq_handshake_retry.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -217,6 +218,12 @@ class ZmqTransport::Impl {
   // The ZAP handler failed: the listening socket closes (its CURVE handshakes
   // already fail), and Receive reports Unavailable from now on.
   void CloseListening();
+  // A connection to a node of the plan whose handshake is refused (its plan
+  // may not name this node's key yet, or a flood of strangers' handshakes
+  // fills its ZAP handler's hold) is made again after a backoff
+  // (wire/zmq_handshake_retry.h): messages wait for a connection that is up
+  // (ZMQ_IMMEDIATE), not in one that may be refused.
+  Status RetryRefusedHandshakes(ConnId id, zmq::socket_t& dealer, const std::string& endpoint);
   // Watches the listening socket's handshakes (CURVE only).
   Status MonitorHandshakes(zmq::socket_t& router);
   void ReadMonitor();
@@ -244,6 +251,7 @@ class ZmqTransport::Impl {
   std::atomic<size_t> queued_bytes_{0};     // in incoming_
   std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
+  std::unique_ptr<HandshakeRetry> retry_;  // watches dealers_ to nodes (made on demand)
   std::map<std::string, ConnId> conn_by_endpoint_;
   // Sends that would block, in order, per peer: one peer that stops reading
   // holds back only the sends to it. Keyed by RouteKey.
@@ -280,7 +288,13 @@ void ZmqTransport::Impl::IoLoop() {
       items.push_back({sock->handle(), 0, in, 0});
       ids.push_back(id);
     }
+    const size_t retry_at = items.size();
     long timeout_ms = pending_.empty() ? -1 : 1;
+    if (retry_) {
+      retry_->AddPollItems(&items);
+      const long due = retry_->NextDueMs();
+      if (due >= 0 && (timeout_ms < 0 || due < timeout_ms)) timeout_ms = due;
+    }
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {
@@ -307,6 +321,7 @@ void ZmqTransport::Impl::IoLoop() {
         ReadSocket(*dealers_[id], &route);
       }
     }
+    if (retry_) retry_->Service(&items[retry_at]);
     RetryPending();
   }
   CloseAll();
@@ -400,8 +415,16 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
     const bool node = ApplyClientKeys(*dealer, cmd.endpoint);
     dealer->set(zmq::sockopt::routing_id,
                 node ? RoutingIdFor(options_.identity) : options_.identity);
+    const ConnId id = next_conn_;
+    if (node) {
+      Status watched = RetryRefusedHandshakes(id, *dealer, cmd.endpoint);
+      if (!watched.ok()) {
+        cmd.done.set_value({watched, "", -1});
+        return;
+      }
+    }
     dealer->connect(cmd.endpoint);
-    ConnId id = next_conn_++;
+    ++next_conn_;
     dealers_[id] = std::move(dealer);
     conn_by_endpoint_[cmd.endpoint] = id;
     cmd.done.set_value({OkStatus(), cmd.endpoint, id});
@@ -602,6 +625,7 @@ void ZmqTransport::Impl::CloseAll() {
   for (auto& cmd : left) cmd->Finish({CancelledError("transport is shut down"), "", -1});
   monitor_.reset();
   router_.reset();
+  retry_.reset();
   dealers_.clear();
 }
 
@@ -612,6 +636,16 @@ void ZmqTransport::Impl::CloseListening() {
   router_.reset();
   listen_closed_.store(true);
   incoming_.Close();  // wakes blocked receivers, who get ListenClosedError
+}
+
+Status ZmqTransport::Impl::RetryRefusedHandshakes(ConnId id, zmq::socket_t& dealer,
+                                                  const std::string& endpoint) {
+  if (!retry_) {
+    retry_ = std::make_unique<HandshakeRetry>(context_, Millis(options_.reconnect_ivl_ms),
+                                              Millis(options_.reconnect_ivl_max_ms));
+  }
+  dealer.set(zmq::sockopt::immediate, 1);
+  return retry_->Watch(id, dealer, endpoint);
 }
 
 Status ZmqTransport::Impl::MonitorHandshakes(zmq::socket_t& router) {

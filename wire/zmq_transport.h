@@ -22,6 +22,12 @@
 //   connections to the plan's nodes require the peer's own key of the
 //   server and present a routing id no other node can guess
 //   (RoutingIdFor), so nobody can take a node's route first.
+//   Such a connection whose handshake is refused (the peer's plan does not
+//   name this node yet, or strangers fill its hold of unknown keys) is made
+//   again after a backoff (wire/zmq_handshake_retry.h), and a message to it
+//   waits in the transport, until its deadline, for a handshake that
+//   succeeded (ZMQ_IMMEDIATE): Send to such a connection returns once the
+//   message is handed to a connection that is up.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose
