@@ -93,8 +93,11 @@ int Main(int argc, char** argv) {
   const LogregData data = MakeLogregData(kDim, kSamples, 99);  // one set, shared
   State state;
   std::vector<float> g(kDim);
+  // A worker that joined a running job takes the state as a survivor does.
+  Status joined = c.epoch() > 0 ? MembershipChangedError("joined the running job") : Status();
   while (state.step < steps) {
-    Status s = Step(c, *id, data, &state, &g);
+    Status s = joined.ok() ? Step(c, *id, data, &state, &g) : joined;
+    joined = Status();
     while (s.code() == StatusCode::kMembershipChanged) {
       std::printf("%s; now rank %d of %d\n", s.ToString().c_str(), c.rank(), c.world_size());
       std::fflush(stdout);
