@@ -156,11 +156,11 @@ class Scheduler {
   // A worker registering with the running job: refused at max_workers.
   std::optional<Refusal> CheckJoin() const;
   // A worker registers with the running job: admitted below max_workers;
-  // at it, it waits while a worker is silent (the process it may replace),
-  // and is refused otherwise.
+  // at it, it waits up to JoinWait for a worker to be declared lost (the
+  // process it may replace), and is refused after that.
   void OnJoinRequest(Node node);
   void TakeWaitingJoiners();
-  bool AWorkerIsSilent() const;
+  Millis JoinWait() const;
   // `node` joins: registered, and ranked last in the next epoch.
   void AdmitJoiner(Node node);
   // Sends the new epoch's assignments (`joiner`'s last, after the servers').

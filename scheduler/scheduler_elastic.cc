@@ -58,34 +58,32 @@ std::optional<Scheduler::Refusal> Scheduler::CheckJoin() const {
 
 void Scheduler::OnJoinRequest(Node node) {
   if (!CheckJoin()) return AdmitJoiner(std::move(node));
-  if (AWorkerIsSilent()) {
-    GS_LOG(WARNING) << "a worker (pid " << node.pid << ") asks to join at max_workers "
-                    << membership_.max_workers() << ": waiting for a silent worker to be "
-                    << "declared lost";
-    waiting_joiners_[node.identity] = std::move(node);
-    return;
-  }
-  Refuse(node.identity, wire::ErrorCode::JobFull, CheckJoin()->text, wire::MsgType::Register);
+  GS_LOG(WARNING) << "a worker (pid " << node.pid << ") asks to join at max_workers "
+                  << membership_.max_workers() << ": waiting up to "
+                  << FormatSeconds(JoinWait()) << " for a worker to be declared lost";
+  waiting_joiners_[node.identity] = std::move(node);
 }
 
-bool Scheduler::AWorkerIsSilent() const {
-  const SteadyTime now = clock_->Now();
-  for (const auto& [id, n] : nodes_) {
-    if (n.alive && !n.left && n.info.role == Role::Worker &&
-        now - n.last_seen > 2 * options_.heartbeat_interval) {
-      return true;
-    }
-  }
-  return false;
+// Long enough for a worker that just died (the process a restart may
+// replace) to be declared lost.
+Millis Scheduler::JoinWait() const {
+  return options_.heartbeat_interval * (options_.missed_heartbeats + 2);
 }
 
 void Scheduler::TakeWaitingJoiners() {
-  while (!waiting_joiners_.empty()) {
-    auto it = waiting_joiners_.begin();
-    if (CheckJoin() && AWorkerIsSilent()) return;  // still waiting
-    Node node = std::move(it->second);
-    waiting_joiners_.erase(it);
-    OnJoinRequest(std::move(node));
+  const SteadyTime now = clock_->Now();
+  for (auto it = waiting_joiners_.begin(); it != waiting_joiners_.end();) {
+    const std::optional<Refusal> full = CheckJoin();
+    if (!full) {
+      Node node = std::move(it->second);
+      it = waiting_joiners_.erase(it);
+      AdmitJoiner(std::move(node));
+    } else if (now - it->second.last_seen > JoinWait()) {
+      Refuse(it->first, wire::ErrorCode::JobFull, full->text, wire::MsgType::Register);
+      it = waiting_joiners_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

@@ -128,7 +128,8 @@ TEST_F(ElasticTest, WithCurveAJoinersNodeKeyIsAdmittedByItsNeighbours) {
 
 // At max_workers a new worker is refused with the reason; the job goes on.
 TEST_F(ElasticTest, AJoinerPastMaxWorkersIsRefusedClearly) {
-  auto workers = StartJob(2, {"--min_workers=1", "--max_workers=2"}, "300");
+  // Long enough to outlast the joiner's wait for a worker to be lost.
+  auto workers = StartJob(2, {"--min_workers=1", "--max_workers=2"}, "1500");
   ASSERT_TRUE(workers[0]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
       << workers[0]->Output();
   Subprocess& joiner = Start({Runfile("tests/elastic_worker"), "--steps=300"}, "joiner");
@@ -138,7 +139,7 @@ TEST_F(ElasticTest, AJoinerPastMaxWorkersIsRefusedClearly) {
             std::string::npos) << joiner.Output();
   for (Subprocess* w : workers) {
     ASSERT_EQ(w->Wait(Deadline::AfterMs(60000)), 0) << w->Output();
-    EXPECT_NE(w->Output().find("final step 300 world 2 epoch 0"), std::string::npos);
+    EXPECT_NE(w->Output().find("final step 1500 world 2 epoch 0"), std::string::npos);
   }
 }
 

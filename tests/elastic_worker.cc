@@ -7,9 +7,15 @@
 // for their new rank and size, and redo the step.
 //
 //   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
-//       [--step_sleep_ms=5]
+//       [--step_sleep_ms=5] [--die_at_step=N --die_rank=R --die_once=PATH]
+// With die_at_step, the worker started with rank R SIGKILLs itself after
+// step N, once: only if it could create PATH (a restart finds it there).
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX".
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -80,6 +86,23 @@ Status Step(client::Communicator& c, client::TensorId id, const LogregData& data
   return Status();
 }
 
+// Whether this process is the one to die after `step` (die_at_step).
+bool DiesAt(const Config& config, uint64_t step) {
+  auto number = [&](const char* name, int64_t def) {
+    StatusOr<int64_t> v = config.GetInt(name, def);
+    return v.ok() ? *v : def;
+  };
+  const int64_t at = number("die_at_step", -1);
+  if (at < 0 || step != static_cast<uint64_t>(at)) return false;
+  if (number("rank", -1) != number("die_rank", 0)) return false;
+  StatusOr<std::string> path = config.GetString("die_once", "");
+  const std::string once = path.ok() ? *path : "";
+  const int fd = once.empty() ? -1 : open(once.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
 int Main(int argc, char** argv) {
   auto config = Config::FromArgs(argc, argv, environ);
   if (!config.ok()) return 2;
@@ -107,6 +130,7 @@ int Main(int argc, char** argv) {
       std::printf("error: %s\n", s.ToString().c_str());
       return 3;
     }
+    if (DiesAt(*config, state.step)) raise(SIGKILL);
     if (state.step % 25 == 0) {
       std::printf("reached step %llu\n", static_cast<unsigned long long>(state.step));
       std::fflush(stdout);
