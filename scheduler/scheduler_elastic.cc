@@ -57,7 +57,16 @@ std::optional<Scheduler::Refusal> Scheduler::CheckJoin() const {
 }
 
 void Scheduler::OnJoinRequest(Node node) {
-  if (!CheckJoin()) return AdmitJoiner(std::move(node));
+  const std::optional<Refusal> full = CheckJoin();
+  if (!full) return AdmitJoiner(std::move(node));
+  // Bounded: no more waiting joiners than max_workers.
+  if (static_cast<int32_t>(waiting_joiners_.size()) >= membership_.max_workers()) {
+    Refuse(node.identity, wire::ErrorCode::JobFull,
+           full->text + " (and " + std::to_string(waiting_joiners_.size()) +
+               " workers already wait to join)",
+           wire::MsgType::Register);
+    return;
+  }
   GS_LOG(WARNING) << "a worker (pid " << node.pid << ") asks to join at max_workers "
                   << membership_.max_workers() << ": waiting up to "
                   << FormatSeconds(JoinWait()) << " for a worker to be declared lost";

@@ -103,7 +103,27 @@ bool DiesAt(const Config& config, uint64_t step) {
   return true;
 }
 
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// After a membership change: when the first step completed (and for a
+// joiner, how long after its start).
+void PrintFirstStep(const client::Communicator& c, bool joiner,
+                    std::chrono::steady_clock::time_point started) {
+  std::printf("first step after the change at wall_ms %lld (epoch %u)\n",
+              static_cast<long long>(WallMs()), c.epoch());
+  if (joiner) {
+    std::printf("joined: first completed step %.3f s after start\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  std::fflush(stdout);
+}
+
 int Main(int argc, char** argv) {
+  const auto started = std::chrono::steady_clock::now();
   auto config = Config::FromArgs(argc, argv, environ);
   if (!config.ok()) return 2;
   const uint64_t steps = static_cast<uint64_t>(config->GetInt("steps", 400).value());
@@ -117,9 +137,16 @@ int Main(int argc, char** argv) {
   State state;
   std::vector<float> g(kDim);
   // A worker that joined a running job takes the state as a survivor does.
-  Status joined = c.epoch() > 0 ? MembershipChangedError("joined the running job") : Status();
+  const bool joiner = c.epoch() > 0;
+  Status joined = joiner ? MembershipChangedError("joined the running job") : Status();
+  bool changed = false, first_since_join = joiner;
   while (state.step < steps) {
     Status s = joined.ok() ? Step(c, *id, data, &state, &g) : joined;
+    if (s.ok() && changed) {
+      PrintFirstStep(c, first_since_join, started);
+      first_since_join = false;
+    }
+    changed = !joined.ok() || s.code() == StatusCode::kMembershipChanged;
     joined = Status();
     while (s.code() == StatusCode::kMembershipChanged) {
       std::printf("%s; now rank %d of %d\n", s.ToString().c_str(), c.rank(), c.world_size());
@@ -130,7 +157,12 @@ int Main(int argc, char** argv) {
       std::printf("error: %s\n", s.ToString().c_str());
       return 3;
     }
-    if (DiesAt(*config, state.step)) raise(SIGKILL);
+    if (DiesAt(*config, state.step)) {
+      std::printf("dying after step %llu at wall_ms %lld\n",
+                  static_cast<unsigned long long>(state.step), static_cast<long long>(WallMs()));
+      std::fflush(stdout);
+      raise(SIGKILL);
+    }
     if (state.step % 25 == 0) {
       std::printf("reached step %llu\n", static_cast<unsigned long long>(state.step));
       std::fflush(stdout);
