@@ -731,6 +731,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
     const uint32_t epoch = session_->AdoptEpoch();
     backend_->CloseLinks();
     s = session_->EpochBarrier(deadline);
+    if (s.ok()) s = session_->MembershipStatus();  // a later epoch began meanwhile
     StatusOr<std::unique_ptr<SyncBackend>> next = InternalError("no backend was made");
     if (s.ok()) {
       SyncBackendOptions backend = options_.sync;

@@ -137,7 +137,7 @@ void Scheduler::StartEpoch(const std::map<std::string, int32_t>& ranks, Membersh
                     << membership_.world_size() << " workers: " << membership_.change();
   }
   // The barriers the lost worker held up are released for the survivors
-  // (a trainer's own barrier, or an earlier epoch's).
+  // (a trainer's own barrier).
   std::vector<BarrierKey> keys;
   for (const auto& kv : barriers_) keys.push_back(kv.first);
   for (const BarrierKey& k : keys) TryRelease(k);
@@ -153,9 +153,12 @@ void Scheduler::StartEpoch(const std::map<std::string, int32_t>& ranks, Membersh
 }
 
 // The barrier of an epoch below min_workers holds its workers until a
-// joiner starts the next epoch (or the wait expires).
+// joiner starts the next epoch (or the wait expires). An earlier epoch's
+// is never released: its workers learn of the later epoch from their
+// assignments and leave it.
 bool Scheduler::HoldsEpochBarrier(const BarrierKey& key) const {
-  return key.second == wire::kEpochBarrierBase + membership_.epoch() && membership_.below_min();
+  if (key.second < wire::kEpochBarrierBase) return false;
+  return key.second != wire::kEpochBarrierBase + membership_.epoch() || membership_.below_min();
 }
 
 void Scheduler::EpochBarrierReleased(const BarrierKey& key) {

@@ -211,6 +211,39 @@ TEST_F(ElasticTest, BelowMinWorkersTheJobFailsClearlyAfterItsDeadline) {
   EXPECT_NE(scheduler_->Output().find("below min_workers 2"), std::string::npos);
 }
 
+// Below min_workers the survivor waits; a joiner brings the job back to
+// min_workers and both finish with the same parameters.
+TEST_F(ElasticTest, BelowMinWorkersTheSurvivorWaitsForAJoinerAndGoesOn) {
+  auto workers = StartJob(3, {"--min_workers=2"}, "600");
+  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+      << workers[2]->Output();
+  workers[1]->Signal(SIGKILL);
+  workers[2]->Signal(SIGKILL);
+  ASSERT_TRUE(scheduler_->WaitForOutput("workers, below min_workers 2: waiting up to",
+                                        Deadline::AfterMs(20000)))
+      << scheduler_->Output();
+  ASSERT_TRUE(workers[0]->WaitForOutput("now worker 0 of 1", Deadline::AfterMs(20000)))
+      << workers[0]->Output();
+  // Held in the epoch barrier: it does not go on alone (it would within
+  // milliseconds).
+  EXPECT_FALSE(workers[0]->WaitForOutput(" of 1 (epoch", Deadline::AfterMs(1500)))
+      << workers[0]->Output();
+  Subprocess& joiner = Start({Runfile("tests/elastic_worker"), "--steps=600"}, "joiner");
+  std::set<std::string> params;
+  for (Subprocess* w : {workers[0], &joiner}) {
+    ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
+    EXPECT_NE(w->Output().find("final step 600 world 2 epoch 3 params "), std::string::npos)
+        << w->Output();
+    params.insert(Params(w->Output()));
+  }
+  // It never trained alone, below min_workers.
+  EXPECT_EQ(workers[0]->Output().find(" of 1 (epoch"), std::string::npos) << workers[0]->Output();
+  EXPECT_NE(workers[0]->Output().find("as rank 0 of 2 (epoch 3)"), std::string::npos)
+      << workers[0]->Output();
+  EXPECT_EQ(params.size(), 1u) << "the workers' parameters differ";
+  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
+}
+
 TEST_F(ElasticTest, WithoutMinWorkersTheJobStopsAsBefore) {
   auto workers = StartJob(3, {}, "100000");
   ASSERT_TRUE(workers[1]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
