@@ -70,7 +70,7 @@ typedef enum gs_code {
   GS_INTERNAL = 10,
   GS_UNAVAILABLE = 11,
   GS_DATA_LOSS = 12,
-  /* An elastic job lost a worker: gs_rank, gs_world_size and gs_epoch
+  /* An elastic job lost or gained a worker: gs_rank, gs_world_size and gs_epoch
    * already give the new epoch; gs_agree_step says which step to redo
    * (client/communicator.h). */
   GS_MEMBERSHIP_CHANGED = 13
@@ -127,7 +127,9 @@ int gs_destroy(gs_comm* comm);
 /* This worker's rank in [0, world size), and the number of workers. */
 int gs_rank(const gs_comm* comm, int* out);
 int gs_world_size(const gs_comm* comm, int* out);
-/* The membership epoch: 0 until an elastic job loses a worker. */
+/* The membership epoch: 0 until an elastic job loses or gains a worker;
+ * above 0 right after gs_create for a worker that joined a running job
+ * (it then calls gs_agree_step with 0 and takes the state by broadcast). */
 int gs_epoch(const gs_comm* comm, uint32_t* out);
 /* After GS_MEMBERSHIP_CHANGED: every survivor passes the number of steps it
  * completed; *out_step gets the most, *out_root the lowest rank that

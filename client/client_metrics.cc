@@ -114,6 +114,13 @@ ClientMetrics::ClientMetrics(prometheus::Registry& registry) {
                    .Help("From a membership change to the ring re-formed for the new epoch.")
                    .Register(registry)
                    .Add({}, LatencyBuckets());
+  join_ = &prometheus::BuildGauge()
+               .Name("gradsync_client_join_seconds")
+               .Help(
+                   "A worker that joined a running job: from its start to its first "
+                   "completed step (0 otherwise).")
+               .Register(registry)
+               .Add({});
 }
 
 void ClientMetrics::Record(SyncOp op, SyncPath path, double seconds, const Status& s) {

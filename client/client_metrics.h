@@ -13,6 +13,9 @@
 //   gradsync_client_membership_epoch               its membership epoch (elastic jobs)
 //   gradsync_client_recovery_seconds               histogram: from a membership
 //                                                  change to the re-formed ring
+//   gradsync_client_join_seconds                   a worker that joined a running
+//                                                  job: from its start to its
+//                                                  first completed step
 // op: push, pull, push_pull, allreduce, allgather, broadcast, barrier;
 // path: ring, nccl, ps; direction: sent, received. raw / wire of `sent` is
 // the compression ratio.
@@ -69,6 +72,7 @@ class ClientMetrics {
     world_size_->Set(static_cast<double>(world_size));
   }
   void Recovered(double seconds) { recovery_->Observe(seconds); }
+  void Joined(double seconds) { join_->Set(seconds); }
   prometheus::Histogram& recovery() { return *recovery_; }  // for tests
 
   // For tests.
@@ -91,6 +95,7 @@ class ClientMetrics {
   prometheus::Gauge* world_size_ = nullptr;
   prometheus::Gauge* epoch_ = nullptr;
   prometheus::Histogram* recovery_ = nullptr;
+  prometheus::Gauge* join_ = nullptr;
 };
 
 }  // namespace gradsync::client

@@ -6,6 +6,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -144,7 +145,8 @@ class Communicator::Impl {
         ps_rejected_(process_metrics_.registry(), "ps") {}
   ~Impl() { Shutdown(); }
 
-  Status Start(Deadline deadline);
+  // `started`: when Create began (a joiner's time to join counts from it).
+  Status Start(Deadline deadline, SteadyTime started);
   void Shutdown();
 
   int rank() const { return session_->rank(); }
@@ -212,6 +214,9 @@ class Communicator::Impl {
   Status Classify(Status s);
   // On the engine thread: the backend for the adopted epoch, swapped in.
   Status Reform(Deadline deadline);
+  Status EnterJoinedEpoch(Deadline deadline);
+  // Queues the ring's check that every rank registered the same tensors.
+  void EnqueueLayoutCheckLocked();
   void ResetStepLocked();
   std::vector<wire::TensorSpecFields> LayoutLocked();
   // Records one operation of the engine thread, and the retries since the last.
@@ -248,10 +253,15 @@ class Communicator::Impl {
   int no_sync_depth_ = 0;                                       // guarded by mu_
   size_t next_launch_ = 0;                                      // guarded by mu_
   int64_t buckets_in_flight_ = 0;                               // guarded by mu_
-  CommunicatorStats stats_;                                     // guarded by mu_
+  // The layout is checked before the first bucket of each epoch.
+  bool layout_pending_ = false;  // guarded by mu_
+  // A worker that joined a running job: when it started (until its first
+  // completed step is recorded).
+  std::optional<SteadyTime> joined_at_;  // guarded by mu_
+  CommunicatorStats stats_;              // guarded by mu_
 };
 
-Status Communicator::Impl::Start(Deadline deadline) {
+Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
   const int r = session_->rank();
   process_metrics_.AddTransportRefusals(session_->refusals());
   if (options_.metrics_base_port > 0) {
@@ -265,6 +275,11 @@ Status Communicator::Impl::Start(Deadline deadline) {
   }
   if (options_.cuda_gradients) {
     GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(cuda_device_));
+  }
+  if (session_->epoch() > 0) {
+    GS_RETURN_IF_ERROR(EnterJoinedEpoch(deadline));
+    std::lock_guard<std::mutex> lock(mu_);
+    joined_at_ = started;
   }
   SyncBackendOptions backend = options_.sync;
   backend.cuda_device = cuda_device_;
@@ -281,6 +296,16 @@ Status Communicator::Impl::Start(Deadline deadline) {
   metrics_.SetMembership(session_->epoch(), session_->num_workers());
   engine_ = std::thread([this] { EngineLoop(); });
   return Status();
+}
+
+// A worker that joined a running job enters its epoch's barrier with the
+// members (after a later epoch, if one began meanwhile).
+Status Communicator::Impl::EnterJoinedEpoch(Deadline deadline) {
+  for (;;) {
+    session_->AdoptEpoch();
+    Status s = session_->EpochBarrier(deadline);
+    if (s.code() != StatusCode::kMembershipChanged || deadline.Expired()) return s;
+  }
 }
 
 void Communicator::Impl::Shutdown() {
@@ -408,11 +433,16 @@ Status Communicator::Impl::FinalizeLocked() {
     Status s = backend_->PrepareBuckets(specs);
     if (!s.ok()) Fail(s);
   });
+  layout_pending_ = true;
+  return Status();
+}
+
+void Communicator::Impl::EnqueueLayoutCheckLocked() {
+  layout_pending_ = false;
   Enqueue([this, layout = LayoutLocked()] {
     Status s = backend_->CheckLayout(layout, Deadline::After(options_.sync.op_timeout));
     if (!s.ok()) Fail(Classify(s));
   });
-  return Status();
 }
 
 StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Callback done,
@@ -430,6 +460,7 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
     return InvalidArgumentError("tensor id " + std::to_string(id) + " is not registered");
   }
   GS_RETURN_IF_ERROR(FinalizeLocked());
+  if (layout_pending_) EnqueueLayoutCheckLocked();
   Tensor& t = bucketer_.tensor(id);
   Bucket& b = bucketer_.buckets()[static_cast<size_t>(t.bucket)];
   if (t.marked) {
@@ -571,7 +602,8 @@ void Communicator::Impl::Record(SyncOp op, SyncPath path, SteadyTime start, cons
 }
 
 Status Communicator::Impl::Synchronize(Deadline deadline) {
-  GS_RETURN_IF_ERROR(EnsureEpoch(deadline));
+  // A membership change is the step's outcome (its gradients were
+  // dropped): the trainer's next call re-forms.
   const SteadyTime start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
@@ -606,6 +638,11 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
     ++step_;
     stats_.steps++;
     metrics_.SetLastCompletedStep(stats_.steps);
+    if (joined_at_) {
+      metrics_.Joined(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *joined_at_).count());
+      joined_at_.reset();
+    }
     stats_.last_sync_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
@@ -709,6 +746,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
     const uint32_t epoch = session_->AdoptEpoch();
     backend_->CloseLinks();
     s = session_->EpochBarrier(deadline);
+    if (s.ok()) s = session_->MembershipStatus();  // a later epoch began meanwhile
     StatusOr<std::unique_ptr<SyncBackend>> next = InternalError("no backend was made");
     if (s.ok()) {
       SyncBackendOptions backend = options_.sync;
@@ -719,12 +757,6 @@ Status Communicator::Impl::Reform(Deadline deadline) {
           &ps_rejected_, [] { return false; }, deadline);
       s = next.status();
     }
-    std::vector<wire::TensorSpecFields> layout;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (finalized_) layout = LayoutLocked();
-    }
-    if (s.ok() && !layout.empty()) s = (*next)->CheckLayout(layout, deadline);
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       retired_backends_.push_back(std::move(backend_));
@@ -772,6 +804,9 @@ void Communicator::Impl::ResetStepLocked() {
     t.holds_sum = false;
     t.handle.reset();
   }
+  // Checked again with the new epoch's ring, at its first bucket: a worker
+  // that joined checks it there too.
+  layout_pending_ = finalized_;
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -779,6 +814,7 @@ Communicator::~Communicator() { Shutdown(); }
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& config,
                                                              Deadline deadline) {
+  const SteadyTime started = std::chrono::steady_clock::now();
   GS_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromConfig(config));
   GS_ASSIGN_OR_RETURN(auto compression, BucketCompression::FromConfig(config));
   // The data port takes the ring's messages only.
@@ -786,7 +822,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& confi
                       Session::Join(config, deadline, RingFrameBytes(options.sync.ring)));
   auto impl =
       std::make_unique<Impl>(std::move(session), std::move(options), std::move(compression));
-  GS_RETURN_IF_ERROR(impl->Start(deadline));
+  GS_RETURN_IF_ERROR(impl->Start(deadline, started));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 

@@ -54,7 +54,15 @@
 // adopt the state (parameters, optimizer, step) of the rank it names
 // (Broadcast from `root`), re-shard their data for the new rank and size,
 // and redo step `step`. Gradients marked ready in the failed step are
-// dropped (mark them again); NoSync accumulation restarts.
+// dropped (mark them again); NoSync accumulation restarts. Synchronize
+// returns the change as the step's outcome; the next other call re-forms.
+//
+// Joining (elastic jobs below the scheduler's max_workers): a worker
+// created while the job runs joins it in a new epoch, ranked last; the
+// members' operations fail with kMembershipChanged naming it ("worker
+// node-... joined"). The joiner's epoch() is above 0 once Create returns;
+// it then calls AgreeOnStep(0) with the members and takes the state from
+// `root` by Broadcast, as a survivor does.
 //
 // Thread-safety: all methods are thread-safe; MarkReady may be called from
 // several backward threads. Blocking: only Wait, Synchronize, Barrier,
@@ -119,7 +127,8 @@ class Communicator {
 
   int rank() const;
   int world_size() const;
-  // The membership epoch (0 until an elastic job loses a worker).
+  // The membership epoch (0 until an elastic job loses or gains a worker;
+  // above 0 at once for a worker that joined a running job).
   uint32_t epoch() const;
   const char* backend() const;  // "ring" or "nccl"
 

@@ -99,7 +99,13 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   GS_ASSIGN_OR_RETURN(auto agent_transport, wire::ZmqTransport::Create(std::move(control)));
   GS_ASSIGN_OR_RETURN(node.agent, NodeAgent::Join(options, std::move(agent_transport), deadline));
   const Assignment& a = node.agent->assignment();
-  if (node.keys) node.keys->SetPlan(a.peers);
+  if (node.keys) {
+    node.keys->SetPlan(a.peers);
+    // A joiner of an elastic job connects with its own key: every node's
+    // plan takes each epoch's peers.
+    node.agent->OnNewEpoch(
+        [keys = node.keys](const Assignment& next) { keys->SetPlan(next.peers); });
+  }
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers

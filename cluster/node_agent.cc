@@ -120,10 +120,9 @@ std::string NodeAgent::ImpossibleAssignment(const wire::RankAssignmentBody& a) c
   if (workers < 1 || workers > kMaxNodes || servers < 0 || servers > kMaxNodes) {
     return std::to_string(workers) + " workers and " + std::to_string(servers) + " servers";
   }
-  // A later epoch of an elastic job has fewer workers, re-ranked.
+  // A later epoch of an elastic job has other workers, re-ranked.
   const bool later_epoch = a.epoch() > 0;
-  if ((options_.num_workers >= 0 && workers != options_.num_workers &&
-       !(later_epoch && workers < options_.num_workers)) ||
+  if ((options_.num_workers >= 0 && workers != options_.num_workers && !later_epoch) ||
       (options_.num_servers >= 0 && servers != options_.num_servers)) {
     return "a job of " + std::to_string(workers) + " workers and " + std::to_string(servers) +
            " servers, this node expects " + std::to_string(options_.num_workers) + " and " +
@@ -230,6 +229,7 @@ void NodeAgent::OnEpoch(const wire::Header& h) {
     return;
   }
   latest_ = ReadAssignment(h.job_id(), *a);
+  for (const EpochCallback& cb : epoch_callbacks_) cb(latest_);
   GS_LOG(WARNING) << "epoch " << latest_.epoch << ": now worker " << latest_.self.rank << " of "
                   << latest_.num_workers << " (" << latest_.change << ")";
 }
@@ -444,6 +444,11 @@ Status NodeAgent::WaitForJobEnd(Deadline deadline) {
 std::vector<wire::NodeInfo> NodeAgent::dead_peers() const {
   std::lock_guard<std::mutex> lock(mu_);
   return dead_;
+}
+
+void NodeAgent::OnNewEpoch(EpochCallback callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_callbacks_.push_back(std::move(callback));
 }
 
 void NodeAgent::OnPeerDead(DeadCallback callback) {

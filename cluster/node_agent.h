@@ -119,6 +119,11 @@ class NodeAgent {
   // job's failure, or DeadlineExceeded.
   Status EpochBarrier(uint32_t epoch, Deadline deadline);
   void OnPeerDead(DeadCallback callback);
+  // Elastic jobs: `callback` runs on the agent's thread, under its lock,
+  // with each later epoch's assignment as it arrives; it must not block
+  // nor call back into the agent.
+  using EpochCallback = std::function<void(const Assignment& next)>;
+  void OnNewEpoch(EpochCallback callback);
   // Tells the scheduler this node leaves on purpose, then stops the agent.
   void Leave(const std::string& reason);
 
@@ -164,6 +169,7 @@ class NodeAgent {
   uint32_t epoch_released_ = 0;                       // guarded by mu_
   std::vector<wire::NodeInfo> dead_;                  // guarded by mu_
   std::vector<DeadCallback> dead_callbacks_;          // guarded by mu_
+  std::vector<EpochCallback> epoch_callbacks_;        // guarded by mu_
   SteadyTime last_heard_;                             // guarded by mu_
   bool left_ = false;                                 // guarded by mu_
   bool stop_ = false;                                 // guarded by mu_

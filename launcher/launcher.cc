@@ -23,6 +23,7 @@
 #include "common/net.h"
 #include "common/private_files.h"
 #include "common/subprocess.h"
+#include "launcher/launcher_process.h"
 #include "launcher/slurm.h"
 #include "wire/curve.h"
 
@@ -62,13 +63,6 @@ StatusOr<std::string> FindCommand(const std::string& name) {
   return NotFoundError("worker command '" + name + "' not found in PATH");
 }
 
-// "exited with code 3", or "killed by signal 9 (Killed)" for codes above 128.
-std::string Describe(int code) {
-  if (code <= 128) return "exited with code " + std::to_string(code);
-  const int sig = code - 128;
-  return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
-}
-
 Status Stopped(int sig) {
   return CancelledError("stopped by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")");
 }
@@ -85,21 +79,11 @@ StatusOr<int> IntFlag(const Config& config, const char* name, int64_t def, int64
 
 }  // namespace
 
-struct Launcher::Process {
-  Process(std::string n, bool worker, Subprocess s, int f)
-      : name(std::move(n)), is_worker(worker), sub(std::move(s)), fd(f) {}
-  ~Process() {
-    if (fd >= 0) close(fd);
-  }
-
-  std::string name;  // "worker 2"
-  bool is_worker;
-  Subprocess sub;
-  int fd;               // reads the log file
-  std::string pending;  // output after the last newline
-  std::optional<int> code;
-  bool reported = false;  // its exit was looked at
-};
+std::string Describe(int code) {
+  if (code <= 128) return "exited with code " + std::to_string(code);
+  const int sig = code - 128;
+  return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+}
 
 StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc, const char* const* argv) {
   int split = 1;
@@ -110,6 +94,14 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc, const char* const* arg
   GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
   // 0 (not given): not elastic. Under Slurm the step's size sets the workers.
   GS_ASSIGN_OR_RETURN(o.min_workers, IntFlag(config, "min_workers", 0, 0, 4096));
+  GS_ASSIGN_OR_RETURN(o.max_workers, IntFlag(config, "max_workers", o.workers, o.workers, 4096));
+  GS_ASSIGN_OR_RETURN(o.restarts, IntFlag(config, "restarts", 0, 0, 1000));
+  if (o.restarts > 0 && !o.Elastic()) {
+    return InvalidArgumentError(
+        "--restarts needs an elastic job (--min_workers below --workers, "
+        "or --max_workers above it): a failed worker of any other job "
+        "stops it");
+  }
   GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
   int metrics_default = kSchedulerMetricsPort;
   if (const char* env = std::getenv("GRADSYNC_METRICS_PORT")) {
@@ -228,6 +220,7 @@ Status Launcher::Start(const std::string& name, bool is_worker,
     return sub.status().WithPrefix("starting " + name);
   }
   processes_.push_back(std::make_unique<Process>(name, is_worker, std::move(*sub), fd));
+  processes_.back()->env = env;
   return OkStatus();
 }
 
@@ -238,7 +231,8 @@ Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
              "--metrics_port=" + std::to_string(options_.metrics_port),
              "--num_workers=" + std::to_string(options_.workers),
              "--num_servers=" + std::to_string(options_.servers),
-             "--min_workers=" + std::to_string(options_.MinWorkers()), "--host=" + options_.host},
+             "--min_workers=" + std::to_string(options_.MinWorkers()),
+             "--max_workers=" + std::to_string(options_.MaxWorkers()), "--host=" + options_.host},
             security_));
   Process& scheduler = *processes_.back();
   const Deadline deadline = Deadline::After(options_.startup_timeout);
@@ -375,10 +369,7 @@ Status Launcher::Supervise(const std::atomic<int>& stop_signal) {
 // Every worker exited 0: the scheduler and servers get the grace period to
 // notice the end of the job and exit by themselves.
 Status Launcher::FinishInfrastructure(const std::atomic<int>& stop_signal) {
-  Say(lost_workers_ == 0 ? "all " + std::to_string(options_.workers) + " workers exited with code 0"
-                         : std::to_string(options_.workers - lost_workers_) + " of " +
-                               std::to_string(options_.workers) + " workers exited with code 0 (" +
-                               std::to_string(lost_workers_) + " lost)");
+  Say(WorkersSummary());
   const Deadline deadline = Deadline::After(options_.grace);
   for (;;) {
     PumpAll(false);
@@ -390,18 +381,6 @@ Status Launcher::FinishInfrastructure(const std::atomic<int>& stop_signal) {
     }
     std::this_thread::sleep_for(kPoll);
   }
-}
-
-bool Launcher::Spare(const Process& p) {
-  const int code = *p.code;
-  if (!p.is_worker || code == 128 + SIGINT || code == 128 + SIGTERM ||
-      options_.workers - lost_workers_ - 1 < options_.MinWorkers()) {
-    return false;
-  }
-  ++lost_workers_;
-  Say(p.name + " " + Describe(code) + ": the elastic job goes on with " +
-      std::to_string(options_.workers - lost_workers_) + " workers");
-  return true;
 }
 
 void Launcher::StopAll() {

@@ -12,10 +12,13 @@
 // of its own in the log directory; the launcher streams each file's lines to its output with the
 // process's name in front ("[worker 2] ...").
 //
-// With `min_workers` below `workers` the job is elastic
-// (docs/design/failure_model.md#elastic-jobs): the scheduler gets
-// --min_workers, and a worker that fails (exits non-zero, or is killed) is
-// reported and the others go on, as long as at least min_workers remain.
+// With `min_workers` below `workers` (or `max_workers` above it) the job is
+// elastic (docs/design/failure_model.md#elastic-jobs): the scheduler gets
+// --min_workers and --max_workers, and a worker that fails (exits non-zero,
+// or is killed) is reported and the others go on, as long as at least
+// min_workers remain. With `restarts`, a failed worker is started again
+// ("worker 2 (restart 1)"), up to that many times in all, and rejoins the
+// running job instead.
 //
 // The job succeeds when every worker exits 0 (in an elastic job: every
 // worker that was not lost); the scheduler and servers then
@@ -50,6 +53,14 @@ struct LaunchOptions {
   int MinWorkers() const {
     return min_workers > 0 && min_workers < workers ? min_workers : workers;
   }
+  // The most workers the job takes (the scheduler refuses joiners past it);
+  // 0: `workers`.
+  int max_workers = 0;
+  int MaxWorkers() const { return max_workers > workers ? max_workers : workers; }
+  bool Elastic() const { return MinWorkers() < workers || MaxWorkers() > workers; }
+  // Elastic jobs: how many times in all a failed worker is started again
+  // (it rejoins the running job with the same environment); 0: never.
+  int restarts = 0;
   // The scheduler's port; 0: any free port.
   int port = 0;
   // /metrics ports: the scheduler on `metrics_port`, shard i on
@@ -81,7 +92,8 @@ struct LaunchOptions {
   bool slurm = false;
 
   // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
-  // launcher). Flags: workers, servers, min_workers, port, metrics_port, host,
+  // launcher). Flags: workers, servers, min_workers, max_workers, restarts
+  // (elastic jobs only), port, metrics_port, host,
   // server_binary, log_dir, grace_ms, security. InvalidArgument for a missing command, an unknown
   // flag, an argument before "--" or a value out of range.
   static StatusOr<LaunchOptions> FromArgs(int argc, const char* const* argv);
@@ -131,6 +143,9 @@ class Launcher {
   // Whether the job goes on without failed worker `p` (an elastic job with
   // workers to spare); says so when it does.
   bool Spare(const Process& p);
+  // Starts failed worker `p` again, if a restart is left.
+  bool Restart(const Process& p);
+  std::string WorkersSummary() const;
   void StopAll();
   void PumpAll(bool final);
   void Say(const std::string& line);
@@ -142,6 +157,7 @@ class Launcher {
   std::vector<std::pair<std::string, std::string>> security_;
   std::vector<std::unique_ptr<Process>> processes_;
   int lost_workers_ = 0;
+  int restarted_ = 0;
 };
 
 }  // namespace gradsync::launcher

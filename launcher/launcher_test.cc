@@ -180,6 +180,37 @@ TEST(LauncherTest, AnElasticJobGoesOnWithoutAKilledWorker) {
   }
 }
 
+// A worker that kills itself once is started again and rejoins: the job
+// ends 0 with 4 workers.
+TEST(LauncherTest, AFailedWorkerIsRestartedAndRejoinsTheElasticJob) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string once = std::string(tmp ? tmp : "/tmp") + "/died_once";
+  Subprocess p = Launch(
+      {"--workers=4", "--min_workers=3", "--restarts=1", "--grace_ms=5000", "--metrics_port=0"},
+      {Runfile("tests/elastic_worker"), "--steps=400", "--die_at_step=100", "--die_rank=2",
+       "--die_once=" + once});
+  auto code = p.Wait(Deadline::AfterMs(120000));
+  ASSERT_TRUE(code.has_value()) << p.Output();
+  EXPECT_EQ(*code, 0) << p.Output();
+  const std::string out = p.Output();
+  EXPECT_NE(out.find("worker 2 killed by signal 9 (Killed): starting it again as worker 2 "
+                     "(restart 1) (restart 1 of 1); it rejoins the running job"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("4 of 4 workers exited with code 0 (1 restarted)"), std::string::npos) << out;
+  for (const std::string w : {"worker 0", "worker 1", "worker 3", "worker 2 (restart 1)"}) {
+    EXPECT_NE(out.find("[" + w + "] final step 400 world 4 epoch 2"), std::string::npos) << out;
+  }
+}
+
+TEST(LauncherTest, RestartsNeedAnElasticJob) {
+  const char* argv[] = {"gradsync_launch", "--workers=2", "--restarts=1", "--", "true"};
+  auto o = LaunchOptions::FromArgs(5, argv);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--restarts needs an elastic job"), std::string::npos)
+      << o.status();
+}
+
 TEST(LauncherTest, InterruptStopsEverything) {
   Subprocess p = Launch({"--workers=3", "--grace_ms=2000"}, SleeperExcept(-1, "true"));
   ASSERT_TRUE(p.WaitForOutput("[worker 2] pid", Deadline::AfterMs(30000))) << p.Output();

@@ -61,6 +61,12 @@ StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
                                 std::to_string(min_workers));
   }
   if (elastic_ms < 0) return InvalidArgumentError("elastic_timeout_ms must not be negative");
+  GS_ASSIGN_OR_RETURN(int64_t max_workers, config.GetInt("max_workers", workers));
+  if (max_workers < workers || max_workers > 4096) {
+    return InvalidArgumentError("max_workers must be within [num_workers, 4096], got " +
+                                std::to_string(max_workers));
+  }
+  o.elastic.max_workers = static_cast<int32_t>(max_workers);
   o.elastic.min_workers = static_cast<int32_t>(min_workers);
   o.elastic.elastic_timeout = Millis(elastic_ms);
   GS_ASSIGN_OR_RETURN(std::string host, config.GetString("host", "127.0.0.1"));
@@ -130,7 +136,8 @@ void Scheduler::Handle(wire::Incoming in) {
     OnRegister(identity, *h.body_as_RegisterBody());
     return;
   }
-  if (rejoins_.count(identity)) return;  // a claimant's heartbeats while it waits
+  // A claimant's or a waiting joiner's heartbeats while it waits.
+  if (rejoins_.count(identity) || waiting_joiners_.count(identity)) return;
   auto it = nodes_.find(identity);
   if (it == nodes_.end() || !it->second.alive || it->second.left) {
     Refuse(identity, ErrorCode::NotRegistered,
@@ -206,6 +213,7 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(const wire::Regis
                                             std::to_string(options_.num_servers)};
   }
   if (phase_ == Phase::kRunning && r.role() == Role::Server) return CheckRejoin(r, replaces);
+  if (phase_ == Phase::kRunning && membership_.elastic()) return std::nullopt;  // a joiner
   if (phase_ != Phase::kRendezvous) {
     return Refusal{ErrorCode::JobFull, "the job has already assembled; no more nodes are accepted"};
   }
@@ -304,7 +312,9 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
            known->second.info.Name() + " registered with another node key", MsgType::Register);
     return;
   }
-  if (known != nodes_.end() || rejoins_.count(identity)) return;  // a resent registration
+  if (known != nodes_.end() || rejoins_.count(identity) || waiting_joiners_.count(identity)) {
+    return;  // a resent registration
+  }
   std::string replaces;
   std::optional<Refusal> refusal = CheckRegistration(r, &replaces);
   if (!refusal) refusal = CheckNodeKey(r, replaces);
@@ -328,6 +338,10 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   node.info.public_key = key;
   node.pid = r.pid();
   node.last_seen = clock_->Now();
+  if (phase_ == Phase::kRunning) {
+    OnJoinRequest(std::move(node));
+    return;
+  }
   nodes_[identity] = node;
   order_.push_back(identity);
   if (metrics_) metrics_->registrations->Increment();
@@ -488,6 +502,14 @@ void Scheduler::OnReachReport(Node& node, const wire::ReachReportBody& report) {
                              PeerText(peer.DataEndpoint()) + ": " + PeerText(r->detail()));
     }
   }
+  if (rejoined && node.info.role == Role::Worker && !unreachable_.empty()) {
+    // A joiner that cannot reach its neighbours: refused, and out of the job.
+    const std::string why = "cannot reach its peers: " + Join(unreachable_, "; ");
+    unreachable_.clear();
+    ReplyError(node.identity, ErrorCode::Unreachable, "this worker " + why, MsgType::ReachReport);
+    RemoveWorker(node, why);
+    return;
+  }
   if (rejoined) {
     if (!unreachable_.empty()) {
       FailJob("nodes cannot reach their peers: " + Join(unreachable_, "; "));
@@ -554,22 +576,13 @@ void Scheduler::TryRelease(const BarrierKey& key) {
   for (const auto& [id, n] : nodes_) {
     if (n.alive && !n.left && InGroup(n, key.first) && !it->second.count(id)) return;
   }
+  if (HoldsEpochBarrier(key)) return;
   for (const std::string& id : it->second) {
     Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
   }
   barriers_.erase(it);
   if (metrics_) metrics_->barriers_completed->Increment();
-  if (key.second == wire::kEpochBarrierBase + membership_.epoch() && membership_.epoch() > 0) {
-    const double seconds =
-        std::chrono::duration<double>(clock_->Now() - membership_.changed_at()).count();
-    GS_LOG(INFO) << "epoch " << membership_.epoch() << ": every one of the "
-                 << membership_.world_size() << " workers is in, " << seconds
-                 << " s after the loss";
-    if (metrics_) {
-      metrics_->recovery_seconds->Observe(seconds);
-      metrics_->last_recovery_seconds->Set(seconds);
-    }
-  }
+  EpochBarrierReleased(key);
 }
 
 void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
@@ -614,6 +627,7 @@ void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
 
 void Scheduler::Tick() {
   TakeSilentClaims();
+  TakeWaitingJoiners();
   const SteadyTime now = clock_->Now();
   const auto limit = options_.heartbeat_interval * options_.missed_heartbeats;
   for (const std::string& id : order_) {

@@ -29,7 +29,11 @@
 // enter the epoch barrier (wire::kEpochBarrierBase + epoch) and go on. A
 // removed worker that speaks again is refused, told why. Below min_workers
 // the job waits up to elastic_timeout, then fails naming the lost workers.
-// A worker that leaves (Leave) has finished: it ends no epoch.
+// A worker that registers while an elastic job runs joins it (refused once
+// max_workers are there): it is ranked last in a new epoch, every member
+// gets the new assignment (the servers too), and the epoch barrier holds
+// until it is in. A worker that leaves (Leave) has finished: it ends no
+// epoch.
 //
 // Thread-safety: Run() on one thread.
 #ifndef GRADSYNC_SCHEDULER_SCHEDULER_H_
@@ -70,9 +74,9 @@ struct SchedulerOptions {
 
   // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
   // rendezvous_timeout_ms, server_grace_ms, min_workers (num_workers: not
-  // elastic), elastic_timeout_ms (60000), host (the address to listen on,
-  // 127.0.0.1), security and key_file (wire/curve.h); the port comes from
-  // `scheduler` (host:port) or `port`.
+  // elastic), max_workers (num_workers), elastic_timeout_ms (60000), host (the address to listen
+  // on, 127.0.0.1), security and key_file (wire/curve.h); the port comes from `scheduler`
+  // (host:port) or `port`.
   static StatusOr<SchedulerOptions> FromConfig(const Config& config);
 };
 
@@ -147,7 +151,23 @@ class Scheduler {
   // Elastic jobs: `node` (a worker) is out; the survivors start a new epoch,
   // or the job waits for workers.
   void RemoveWorker(Node& node, const std::string& why);
-  void StartEpoch(const std::map<std::string, int32_t>& ranks);
+  // Workers alive and not gone, with their ranks, by identity.
+  std::map<std::string, int32_t> LiveWorkers() const;
+  // A worker registering with the running job: refused at max_workers.
+  std::optional<Refusal> CheckJoin() const;
+  // A worker registers with the running job: admitted below max_workers;
+  // at it, it waits up to JoinWait for a worker to be declared lost (the
+  // process it may replace), and is refused after that.
+  void OnJoinRequest(Node node);
+  void TakeWaitingJoiners();
+  Millis JoinWait() const;
+  // `node` joins: registered, and ranked last in the next epoch.
+  void AdmitJoiner(Node node);
+  // Sends the new epoch's assignments (`joiner`'s last, after the servers').
+  void StartEpoch(const std::map<std::string, int32_t>& ranks, MembershipReason reason,
+                  const std::string& joiner = "");
+  bool HoldsEpochBarrier(const BarrierKey& key) const;
+  void EpochBarrierReleased(const BarrierKey& key);
   void ElasticTick();
   void Reply(const std::string& identity, wire::Message msg);
   void ReplyError(const std::string& identity, wire::ErrorCode code, const std::string& text,
@@ -184,6 +204,8 @@ class Scheduler {
     std::string boot_id;
   };
   std::map<std::string, PendingRejoin> rejoins_;
+  // Workers waiting to join at max_workers, by identity (OnJoinRequest).
+  std::map<std::string, Node> waiting_joiners_;
   std::map<BarrierKey, std::set<std::string>> barriers_;
   std::vector<uint8_t> nccl_id_;
   std::set<std::string> nccl_waiters_;

@@ -47,13 +47,23 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
   auto& changes = prometheus::BuildCounter()
                       .Name("gradsync_scheduler_membership_changes_total")
                       .Help(
-                          "Workers lost by an elastic job, by what followed: a new epoch "
-                          "(worker_dead) or a wait for workers (below_min_workers).")
+                          "Membership changes of an elastic job: a worker lost and a new "
+                          "epoch (worker_dead) or a wait for workers (below_min_workers), "
+                          "or a worker joined (worker_joined).")
                       .Register(registry);
   membership_changes[static_cast<int>(MembershipReason::kDead)] =
       &changes.Add({{"reason", "worker_dead"}});
   membership_changes[static_cast<int>(MembershipReason::kBelowMin)] =
       &changes.Add({{"reason", "below_min_workers"}});
+  membership_changes[static_cast<int>(MembershipReason::kJoined)] =
+      &changes.Add({{"reason", "worker_joined"}});
+  join_seconds = &prometheus::BuildHistogram()
+                      .Name("gradsync_scheduler_join_seconds")
+                      .Help(
+                          "From a worker's registration with the running job to every member "
+                          "of its epoch in that epoch's barrier.")
+                      .Register(registry)
+                      .Add({}, LatencyBuckets());
   recovery_seconds =
       &prometheus::BuildHistogram()
            .Name("gradsync_scheduler_recovery_seconds")

@@ -14,7 +14,7 @@
 namespace gradsync::server {
 
 // Why an elastic job's membership changed (label `reason`).
-enum class MembershipReason { kDead = 0, kBelowMin = 1 };
+enum class MembershipReason { kDead = 0, kBelowMin = 1, kJoined = 2 };
 
 struct SchedulerMetrics {
   explicit SchedulerMetrics(prometheus::Registry& registry);
@@ -30,9 +30,12 @@ struct SchedulerMetrics {
   // declared lost to every survivor in the new epoch's barrier.
   prometheus::Gauge* world_size = nullptr;
   prometheus::Gauge* epoch = nullptr;
-  std::array<prometheus::Counter*, 2> membership_changes{};
+  std::array<prometheus::Counter*, 3> membership_changes{};
   prometheus::Histogram* recovery_seconds = nullptr;
   prometheus::Gauge* last_recovery_seconds = nullptr;  // 0 before the first
+  // From a worker's registration with the running job to every member of
+  // the epoch it started in that epoch's barrier.
+  prometheus::Histogram* join_seconds = nullptr;
   wire::RejectedMetrics rejected;
 };
 

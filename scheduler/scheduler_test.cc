@@ -361,6 +361,49 @@ TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWork
   EXPECT_EQ(metrics_.membership_changes[1]->Value(), 1);
 }
 
+TEST_F(SchedulerTest, AJoinerIsRankedLastInANewEpochAndTheJoinIsCounted) {
+  elastic_ = ElasticOptions{1, Millis(5000), 3};
+  auto agents = RunningJob(2, Millis(0));
+  ASSERT_EQ(agents.size(), 3u);
+  cluster::NodeOptions o = Options(wire::Role::Worker, -1);
+  o.num_workers = 2;  // as the job's other workers were started
+  ListenData(o);
+  auto joiner = cluster::NodeAgent::Join(o, NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_TRUE(joiner.ok()) << joiner.status();
+  const cluster::Assignment j = (*joiner)->assignment();
+  EXPECT_EQ(j.epoch, 1u);
+  EXPECT_EQ(j.self.rank, 2);
+  EXPECT_EQ(j.num_workers, 3);
+  EXPECT_EQ(j.peers.size(), 4u);
+  EXPECT_NE(j.change.find("joined (pid "), std::string::npos) << j.change;
+  ASSERT_TRUE(WaitUntil([&] {
+    return agents[0]->latest().epoch == 1 && agents[1]->latest().epoch == 1 &&
+           agents[2]->latest().epoch == 1;
+  }));  // the server too
+  EXPECT_EQ(agents[1]->latest().self.rank, 1);
+  // Every member's barrier, the joiner's included, releases the epoch.
+  std::thread member(
+      [&] { EXPECT_TRUE(agents[1]->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
+  std::thread joined(
+      [&] { EXPECT_TRUE((*joiner)->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
+  EXPECT_TRUE(agents[0]->EpochBarrier(1, Deadline::AfterMs(5000)).ok());
+  member.join();
+  joined.join();
+  EXPECT_EQ(metrics_.membership_changes[static_cast<int>(MembershipReason::kJoined)]->Value(), 1);
+  EXPECT_EQ(metrics_.world_size->Value(), 3);
+  EXPECT_EQ(metrics_.join_seconds->Collect().histogram.sample_count, 1u);
+  // At max_workers (3) the next one is refused once no worker was lost
+  // within the loss deadline.
+  cluster::NodeOptions late = Options(wire::Role::Worker, -1);
+  ListenData(late);
+  auto refused = cluster::NodeAgent::Join(late, NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("the running job already has 3 workers, its "
+                                            "max_workers 3"),
+            std::string::npos)
+      << refused.status();
+}
+
 TEST_F(SchedulerTest, MinWorkersOutsideOneToNumWorkersIsRefused) {
   Config config = Config::FromMap({{"num_workers", "3"}, {"min_workers", "4"}});
   auto o = SchedulerOptions::FromConfig(config);

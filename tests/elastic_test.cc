@@ -75,9 +75,76 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
     EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
   }
+
+  // 4 workers, worker 1 SIGKILLed at step 100; once the survivors resumed,
+  // a new worker process joins: all 4 finish in epoch 2 with the same
+  // parameters, the joiner ranked last.
+  void KillOneOfFourAndJoin(const std::string& key_file) {
+    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file);
+    ASSERT_TRUE(workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+        << workers[1]->Output();
+    workers[1]->Signal(SIGKILL);
+    ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
+        << workers[0]->Output();
+    Subprocess& joiner =
+        Start({Runfile("tests/elastic_worker"), "--steps=400", "--step_sleep_ms=5"}, "joiner");
+    std::set<std::string> params;
+    for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {
+      ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
+      const std::string out = w->Output();
+      EXPECT_NE(out.find("final step 400 world 4 epoch 2 params "), std::string::npos) << out;
+      params.insert(Params(out));
+    }
+    for (Subprocess* w : {workers[0], workers[2], workers[3]}) {
+      EXPECT_NE(w->Output().find("membership_changed: membership changed: worker node-"),
+                std::string::npos)
+          << w->Output();
+      EXPECT_NE(w->Output().find(" joined (pid " + std::to_string(joiner.pid())), std::string::npos)
+          << w->Output();
+    }
+    EXPECT_NE(joiner.Output().find("as rank 3 of 4 (epoch 2)"), std::string::npos)
+        << joiner.Output();
+    EXPECT_EQ(params.size(), 1u) << "the workers' parameters differ";
+    EXPECT_FALSE(params.begin()->empty());
+    EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
+    EXPECT_NE(scheduler_->Output().find("epoch 2 starts with 4 workers: membership changed: "
+                                        "worker node-"),
+              std::string::npos)
+        << scheduler_->Output();
+  }
 };
 
 TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) { KillOneOfFour(""); }
+
+TEST_F(ElasticTest, ANewWorkerJoinsTheRunningRingAndEndsWithTheSameParameters) {
+  KillOneOfFourAndJoin("");
+}
+
+// The joiner's own node key gets into every member's plan: its ring
+// neighbours admit it.
+TEST_F(ElasticTest, WithCurveAJoinersNodeKeyIsAdmittedByItsNeighbours) {
+  const std::string key_file = TmpFile("join.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  KillOneOfFourAndJoin(key_file);
+}
+
+// At max_workers a new worker is refused with the reason; the job goes on.
+TEST_F(ElasticTest, AJoinerPastMaxWorkersIsRefusedClearly) {
+  // Long enough to outlast the joiner's wait for a worker to be lost.
+  auto workers = StartJob(2, {"--min_workers=1", "--max_workers=2"}, "1500");
+  ASSERT_TRUE(workers[0]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
+      << workers[0]->Output();
+  Subprocess& joiner = Start({Runfile("tests/elastic_worker"), "--steps=300"}, "joiner");
+  EXPECT_EQ(joiner.Wait(Deadline::AfterMs(30000)), 3) << joiner.Output();
+  EXPECT_NE(joiner.Output().find("refused this node: the running job already has 2 workers, "
+                                 "its max_workers 2"),
+            std::string::npos)
+      << joiner.Output();
+  for (Subprocess* w : workers) {
+    ASSERT_EQ(w->Wait(Deadline::AfterMs(60000)), 0) << w->Output();
+    EXPECT_NE(w->Output().find("final step 1500 world 2 epoch 0"), std::string::npos);
+  }
+}
 
 // The re-formed ring's new neighbours reach each other over their own node
 // keys (the scheduler's peer list bound them at the start).
@@ -145,6 +212,39 @@ TEST_F(ElasticTest, BelowMinWorkersTheJobFailsClearlyAfterItsDeadline) {
       << workers[0]->Output();
   EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 1) << scheduler_->Output();
   EXPECT_NE(scheduler_->Output().find("below min_workers 2"), std::string::npos);
+}
+
+// Below min_workers the survivor waits; a joiner brings the job back to
+// min_workers and both finish with the same parameters.
+TEST_F(ElasticTest, BelowMinWorkersTheSurvivorWaitsForAJoinerAndGoesOn) {
+  auto workers = StartJob(3, {"--min_workers=2"}, "600");
+  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+      << workers[2]->Output();
+  workers[1]->Signal(SIGKILL);
+  workers[2]->Signal(SIGKILL);
+  ASSERT_TRUE(scheduler_->WaitForOutput("workers, below min_workers 2: waiting up to",
+                                        Deadline::AfterMs(20000)))
+      << scheduler_->Output();
+  ASSERT_TRUE(workers[0]->WaitForOutput("now worker 0 of 1", Deadline::AfterMs(20000)))
+      << workers[0]->Output();
+  // Held in the epoch barrier: it does not go on alone (it would within
+  // milliseconds).
+  EXPECT_FALSE(workers[0]->WaitForOutput(" of 1 (epoch", Deadline::AfterMs(1500)))
+      << workers[0]->Output();
+  Subprocess& joiner = Start({Runfile("tests/elastic_worker"), "--steps=600"}, "joiner");
+  std::set<std::string> params;
+  for (Subprocess* w : {workers[0], &joiner}) {
+    ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
+    EXPECT_NE(w->Output().find("final step 600 world 2 epoch 3 params "), std::string::npos)
+        << w->Output();
+    params.insert(Params(w->Output()));
+  }
+  // It never trained alone, below min_workers.
+  EXPECT_EQ(workers[0]->Output().find(" of 1 (epoch"), std::string::npos) << workers[0]->Output();
+  EXPECT_NE(workers[0]->Output().find("as rank 0 of 2 (epoch 3)"), std::string::npos)
+      << workers[0]->Output();
+  EXPECT_EQ(params.size(), 1u) << "the workers' parameters differ";
+  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
 }
 
 TEST_F(ElasticTest, WithoutMinWorkersTheJobStopsAsBefore) {

@@ -7,9 +7,15 @@
 // for their new rank and size, and redo the step.
 //
 //   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
-//       [--step_sleep_ms=5]
+//       [--step_sleep_ms=5] [--die_at_step=N --die_rank=R --die_once=PATH]
+// With die_at_step, the worker started with rank R SIGKILLs itself after
+// step N, once: only if it could create PATH (a restart finds it there).
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX".
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -80,7 +86,44 @@ Status Step(client::Communicator& c, client::TensorId id, const LogregData& data
   return Status();
 }
 
+// Whether this process is the one to die after `step` (die_at_step).
+bool DiesAt(const Config& config, uint64_t step) {
+  auto number = [&](const char* name, int64_t def) {
+    StatusOr<int64_t> v = config.GetInt(name, def);
+    return v.ok() ? *v : def;
+  };
+  const int64_t at = number("die_at_step", -1);
+  if (at < 0 || step != static_cast<uint64_t>(at)) return false;
+  if (number("rank", -1) != number("die_rank", 0)) return false;
+  StatusOr<std::string> path = config.GetString("die_once", "");
+  const std::string once = path.ok() ? *path : "";
+  const int fd = once.empty() ? -1 : open(once.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// After a membership change: when the first step completed (and for a
+// joiner, how long after its start).
+void PrintFirstStep(const client::Communicator& c, bool joiner,
+                    std::chrono::steady_clock::time_point started) {
+  std::printf("first step after the change at wall_ms %lld (epoch %u)\n",
+              static_cast<long long>(WallMs()), c.epoch());
+  if (joiner) {
+    std::printf("joined: first completed step %.3f s after start\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  std::fflush(stdout);
+}
+
 int Main(int argc, char** argv) {
+  const auto started = std::chrono::steady_clock::now();
   auto config = Config::FromArgs(argc, argv, environ);
   if (!config.ok()) return 2;
   const uint64_t steps = static_cast<uint64_t>(config->GetInt("steps", 400).value());
@@ -93,8 +136,18 @@ int Main(int argc, char** argv) {
   const LogregData data = MakeLogregData(kDim, kSamples, 99);  // one set, shared
   State state;
   std::vector<float> g(kDim);
+  // A worker that joined a running job takes the state as a survivor does.
+  const bool joiner = c.epoch() > 0;
+  Status joined = joiner ? MembershipChangedError("joined the running job") : Status();
+  bool changed = false, first_since_join = joiner;
   while (state.step < steps) {
-    Status s = Step(c, *id, data, &state, &g);
+    Status s = joined.ok() ? Step(c, *id, data, &state, &g) : joined;
+    if (s.ok() && changed) {
+      PrintFirstStep(c, first_since_join, started);
+      first_since_join = false;
+    }
+    changed = !joined.ok() || s.code() == StatusCode::kMembershipChanged;
+    joined = Status();
     while (s.code() == StatusCode::kMembershipChanged) {
       std::printf("%s; now rank %d of %d\n", s.ToString().c_str(), c.rank(), c.world_size());
       std::fflush(stdout);
@@ -103,6 +156,12 @@ int Main(int argc, char** argv) {
     if (!s.ok()) {
       std::printf("error: %s\n", s.ToString().c_str());
       return 3;
+    }
+    if (DiesAt(*config, state.step)) {
+      std::printf("dying after step %llu at wall_ms %lld\n",
+                  static_cast<unsigned long long>(state.step), static_cast<long long>(WallMs()));
+      std::fflush(stdout);
+      raise(SIGKILL);
     }
     if (state.step % 25 == 0) {
       std::printf("reached step %llu\n", static_cast<unsigned long long>(state.step));
