@@ -7,10 +7,11 @@
 // connects to worker 0's data port as worker 2 (worker 0's left neighbour in
 // the ring) and aborts the ring in its name; (3) it claims to be the shard
 // restarted, with its own key, while the shard is silent; (4) under its own
-// identity it floods the shard with keys outside the job's plan. Each is
-// refused and counted, the shard ends with the plan's keys only, and every
-// worker ends with the parameters, bit for bit, of the same job without it. (A connection that
-// finds another key than the peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
+// identity, once the workers finished, it floods the shard with keys outside
+// the job's plan. Each is refused and counted, the shard ends with the
+// plan's keys only, and every worker ends with the parameters, bit for bit,
+// of the same job without it. (A connection that finds another key than the
+// peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
 #include <signal.h>
 #include <unistd.h>
 
@@ -90,7 +91,6 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     }
     if (attack) {
       ReadJob();
-      FloodKeysOutsideThePlan(shard);
       PushAndPullAsWorker0();
       AbortTheRingAsWorker2(*workers[0]);
       ClaimTheSilentShard(shard);
@@ -105,6 +105,11 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
       EXPECT_NE(at, std::string::npos) << out;
       params.push_back(at == std::string::npos ? "" : out.substr(at + key.size(), 16));
     }
+    // Worker 1's key is worker 1: messages under it are worker 1's, and while
+    // the honest worker 1 runs, the shard's answers follow whichever of the
+    // two connections spoke last. A hostile worker 1 is the only process
+    // with its key, so the flood comes once the honest one has finished.
+    if (attack) FloodKeysOutsideThePlan(shard);
     scheduler_->Signal(SIGTERM);
     EXPECT_TRUE(shard.Wait(Deadline::AfterMs(30000)).has_value());
     std::smatch m;
@@ -208,8 +213,9 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     EXPECT_EQ(impostors, 8) << "the shard took messages sent as worker 0 by another member";
   }
 
-  // (4) Under its own parameter-server identity, over a connection of its
-  // own: for each of kForgedKeys keys outside the plan, a pull of its
+  // (4) Under its own parameter-server identity (worker 1's), over a
+  // connection of its own, once the workers finished: for each of
+  // kForgedKeys keys outside the plan, a pull of its
   // initial parameters and a push of round 1. Each is answered Busy and
   // counted (early pulls, unplanned pushes); none may leave a key behind
   // (checked at the end of the job).
@@ -228,7 +234,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
       SendOn(s, AsWorker(1, wire::MsgType::Push, 1, 1000 + i));
     }
     // The answers go to worker 1's parameter-server route, which may be
-    // worker 1's own link: they are counted on the shard instead.
+    // worker 1's shared-memory link: they are counted on the shard instead.
     double counted = 0;
     for (Deadline d = Deadline::AfterMs(20000); counted < 2 * kForgedKeys && !d.Expired();) {
       counted = waited() - before;
