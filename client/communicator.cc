@@ -159,7 +159,11 @@ class Communicator::Impl {
   // Elastic jobs: after a membership change, re-forms the backend for the
   // new epoch (on the engine thread) before the caller goes on; OK when
   // there was none.
-  Status EnsureEpoch(Deadline deadline);
+  // After a membership change: the first call that is not the recovery
+  // (`recovery`: AgreeOnStep) returns the change, once, so that the trainer
+  // learns of it whatever it called; later calls (and the recovery) re-form
+  // the backend for the adopted epoch.
+  Status EnsureEpoch(Deadline deadline, bool recovery = false);
 
   StatusOr<TensorId> Register(const std::string& name, size_t n, DType dtype,
                               const std::vector<size_t>& shape);
@@ -236,6 +240,7 @@ class Communicator::Impl {
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time
   SteadyTime membership_changed_at_;                            // guarded by mu_
+  bool change_reported_ = true;  // the last change was returned to the trainer; guarded by mu_
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only
   uint64_t resent_seen_ = 0;  // engine thread only
@@ -372,6 +377,7 @@ void Communicator::Impl::Fail(const Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.ok() && why.code() == StatusCode::kMembershipChanged) {
       membership_changed_at_ = std::chrono::steady_clock::now();
+      change_reported_ = false;
     }
     pending = FailLocked(why);
   }
@@ -606,7 +612,10 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
   // dropped): the trainer's next call re-forms.
   const SteadyTime start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  if (!failed_.ok()) return failed_;
+  if (!failed_.ok()) {
+    change_reported_ = true;
+    return failed_;
+  }
   std::vector<std::string> missing;
   for (const Tensor& t : bucketer_.tensors()) {
     if (!t.marked) missing.push_back("'" + t.name + "'");
@@ -633,7 +642,10 @@ Status Communicator::Impl::Synchronize(Deadline deadline) {
       return DeadlineExceededError("step " + std::to_string(step_) +
                                    ": gradients not synchronised before the deadline");
     }
-    if (!failed_.ok()) return failed_;
+    if (!failed_.ok()) {
+      change_reported_ = true;
+      return failed_;
+    }
     next_launch_ = 0;
     ++step_;
     stats_.steps++;
@@ -720,10 +732,15 @@ Status Communicator::Impl::Classify(Status s) {
   return s;
 }
 
-Status Communicator::Impl::EnsureEpoch(Deadline deadline) {
+Status Communicator::Impl::EnsureEpoch(Deadline deadline, bool recovery) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.code() != StatusCode::kMembershipChanged) return Status();
+    if (!recovery && !change_reported_) {
+      change_reported_ = true;
+      return failed_;
+    }
+    change_reported_ = true;
   }
   // A handle's callback runs on the engine thread: it re-forms in place.
   if (std::this_thread::get_id() == engine_.get_id()) return Reform(deadline);
@@ -908,7 +925,7 @@ Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline
 
 StatusOr<Communicator::ResumePoint> Communicator::AgreeOnStep(uint64_t completed_steps,
                                                               Deadline deadline) {
-  GS_RETURN_IF_ERROR(impl_->EnsureEpoch(deadline));
+  GS_RETURN_IF_ERROR(impl_->EnsureEpoch(deadline, /*recovery=*/true));
   std::vector<uint64_t> steps(static_cast<size_t>(world_size()));
   GS_RETURN_IF_ERROR(AllGather(&completed_steps, sizeof(uint64_t), steps.data(), deadline));
   ResumePoint point;

@@ -47,15 +47,18 @@
 // the scheduler's heartbeat deadline, with StatusCode::kMembershipChanged
 // ("membership changed: worker rank R (identity ...) left: <reason>"), and
 // rank(), world_size() and epoch() already describe the survivors' new
-// epoch. The next call re-forms the ring among the survivors (after all of
-// them reached the new epoch; the layout is checked again) and goes on in
-// it. The step that failed is not lost but must be redone by the trainer:
+// epoch. The first call after the change that is not AgreeOnStep returns
+// the change too (once: whatever the trainer calls next, MarkReady in its
+// backward pass included, it learns of the change); after that, the next
+// call re-forms the ring among the survivors (after all of them reached the
+// new epoch; the layout is checked again) and goes on in it. The step that
+// failed is not lost but must be redone by the trainer:
 // the survivors call AgreeOnStep with the number of steps each completed,
 // adopt the state (parameters, optimizer, step) of the rank it names
 // (Broadcast from `root`), re-shard their data for the new rank and size,
 // and redo step `step`. Gradients marked ready in the failed step are
 // dropped (mark them again); NoSync accumulation restarts. Synchronize
-// returns the change as the step's outcome; the next other call re-forms.
+// returns the change as the step's outcome; AgreeOnStep re-forms at once.
 //
 // Joining (elastic jobs below the scheduler's max_workers): a worker
 // created while the job runs joins it in a new epoch, ranked last; the

@@ -172,6 +172,7 @@ void Scheduler::EpochBarrierReleased(const BarrierKey& key) {
   if (!metrics_) return;
   if (membership_.joined()) {
     metrics_->join_seconds->Observe(seconds);
+    metrics_->last_join_seconds->Set(seconds);
     return;
   }
   metrics_->recovery_seconds->Observe(seconds);

@@ -77,6 +77,13 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
                                    "gradsync_scheduler_recovery_seconds); 0 before the first.")
                                .Register(registry)
                                .Add({});
+  last_join_seconds = &prometheus::BuildGauge()
+                           .Name("gradsync_scheduler_last_join_seconds")
+                           .Help(
+                               "The last join's time (as gradsync_scheduler_join_seconds); 0 "
+                               "before the first.")
+                           .Register(registry)
+                           .Add({});
 }
 
 }  // namespace gradsync::server

@@ -36,6 +36,7 @@ struct SchedulerMetrics {
   // From a worker's registration with the running job to every member of
   // the epoch it started in that epoch's barrier.
   prometheus::Histogram* join_seconds = nullptr;
+  prometheus::Gauge* last_join_seconds = nullptr;  // 0 before the first
   wire::RejectedMetrics rejected;
 };
 

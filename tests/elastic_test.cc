@@ -22,16 +22,18 @@ class ElasticTest : public ::testing::Test, public LocalJob {
   // Starts `workers` trainers of a job whose scheduler takes `flags`.
   // With `key_file`, the job runs CURVE: every node with its own key.
   std::vector<Subprocess*> StartJob(int workers, std::vector<std::string> flags,
-                                    const std::string& steps, const std::string& key_file = "") {
+                                    const std::string& steps, const std::string& key_file = "",
+                                    std::vector<std::string> worker_flags = {"--step_sleep_ms=5"}) {
     if (!key_file.empty()) flags.push_back("--key_file=" + key_file);
     StartScheduler(workers, 0, flags);
     SetJob(workers, 0);
     if (!key_file.empty()) env_["GRADSYNC_KEY_FILE"] = key_file;
     std::vector<Subprocess*> procs;
     for (int r = 0; r < workers; ++r) {
-      procs.push_back(&Start({Runfile("tests/elastic_worker"), "--rank=" + std::to_string(r),
-                              "--steps=" + steps, "--step_sleep_ms=5"},
-                             "worker" + std::to_string(r)));
+      std::vector<std::string> argv = {Runfile("tests/elastic_worker"),
+                                       "--rank=" + std::to_string(r), "--steps=" + steps};
+      argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+      procs.push_back(&Start(argv, "worker" + std::to_string(r)));
     }
     return procs;
   }
@@ -115,6 +117,31 @@ class ElasticTest : public ::testing::Test, public LocalJob {
 };
 
 TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) { KillOneOfFour(""); }
+
+// The loss is declared while the survivors are in their backward pass: the
+// bucket of the second half is in flight (and fails with the change), the
+// first half is marked ready 2.5 s later. That MarkReady must report the
+// change rather than re-form silently: the trainer would otherwise go on in
+// the new epoch without its recovery, the second half's mark dropped
+// ("tensors never marked ready").
+TEST_F(ElasticTest, AChangeDuringBackwardIsReportedByTheNextMarkReady) {
+  auto workers = StartJob(3, {"--min_workers=2"}, "5", "",
+                          {"--step_sleep_ms=5", "--split=true", "--mark_gap_ms=2500",
+                           "--bucket_bytes=512", "--first_bucket_bytes=512", "--die_at_step=2",
+                           "--die_rank=2", "--die_once=" + TmpFile("die_once")});
+  std::set<std::string> params;
+  for (int r : {0, 1}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(90000)), 0) << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_NE(out.find("membership_changed: membership changed: worker rank 2 (identity "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("resuming at step 2 from rank 0"), std::string::npos) << out;
+    EXPECT_NE(out.find("final step 5 world 2 epoch 1 params "), std::string::npos) << out;
+    params.insert(Params(out));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+}
 
 TEST_F(ElasticTest, ANewWorkerJoinsTheRunningRingAndEndsWithTheSameParameters) {
   KillOneOfFourAndJoin("");

@@ -7,7 +7,8 @@
 // for their new rank and size, and redo the step.
 //
 //   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
-//       [--step_sleep_ms=5] [--die_at_step=N --die_rank=R --die_once=PATH]
+//       [--step_sleep_ms=5] [--split --mark_gap_ms=N] [--die_at_step=N --die_rank=R
+//       --die_once=PATH]
 // With die_at_step, the worker started with rank R SIGKILLs itself after
 // step N, once: only if it could create PATH (a restart finds it there).
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
@@ -68,15 +69,28 @@ Status Recover(client::Communicator& c, State* state) {
   return Status();
 }
 
+// The weights as one tensor, or (--split) as two halves in buckets of
+// their own, marked ready last half first (DDP's bucket order) with
+// --mark_gap_ms between them, as a backward pass that produces them apart.
+struct Tensors {
+  std::vector<client::TensorId> ids;  // the halves: second, then first
+  int64_t gap_ms = 0;
+};
+
 // One step on this rank's share of the global batch.
-Status Step(client::Communicator& c, client::TensorId id, const LogregData& data, State* state,
+Status Step(client::Communicator& c, const Tensors& tensors, const LogregData& data, State* state,
             std::vector<float>* g) {
   const int share = kGlobalBatch / c.world_size();
   const int begin = static_cast<int>((state->step * kGlobalBatch) % kSamples) + c.rank() * share;
   std::fill(g->begin(), g->end(), 0.0f);
   LogregLossAndGradient(data, state->w, begin, begin + share, g);
-  GS_ASSIGN_OR_RETURN(client::SyncHandle h, c.MarkReady(id, g->data()));
-  (void)h;
+  const size_t part = g->size() / tensors.ids.size();
+  for (size_t i = 0; i < tensors.ids.size(); ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(tensors.gap_ms));
+    const size_t at = (tensors.ids.size() - 1 - i) * part;
+    GS_ASSIGN_OR_RETURN(client::SyncHandle h, c.MarkReady(tensors.ids[i], g->data() + at));
+    (void)h;
+  }
   GS_RETURN_IF_ERROR(c.Synchronize(Deadline::AfterMs(60000)));
   for (int j = 0; j < kDim; ++j) {
     state->m[j] = kMomentum * state->m[j] + (*g)[j];
@@ -131,8 +145,18 @@ int Main(int argc, char** argv) {
   std::unique_ptr<client::Communicator> comm = JoinAsWorker(*config);
   if (comm == nullptr) return 3;
   client::Communicator& c = *comm;
-  auto id = c.RegisterTensor("elastic.weight", kDim, DType::kF32);
-  if (!id.ok()) return 3;
+  Tensors tensors;
+  tensors.gap_ms = config->GetInt("mark_gap_ms", 0).value();
+  if (config->GetBool("split", false).value()) {
+    auto first = c.RegisterTensor("elastic.weight.first", kDim / 2, DType::kF32);
+    auto second = c.RegisterTensor("elastic.weight.second", kDim / 2, DType::kF32);
+    if (!first.ok() || !second.ok()) return 3;
+    tensors.ids = {*second, *first};
+  } else {
+    auto id = c.RegisterTensor("elastic.weight", kDim, DType::kF32);
+    if (!id.ok()) return 3;
+    tensors.ids = {*id};
+  }
   const LogregData data = MakeLogregData(kDim, kSamples, 99);  // one set, shared
   State state;
   std::vector<float> g(kDim);
@@ -141,7 +165,7 @@ int Main(int argc, char** argv) {
   Status joined = joiner ? MembershipChangedError("joined the running job") : Status();
   bool changed = false, first_since_join = joiner;
   while (state.step < steps) {
-    Status s = joined.ok() ? Step(c, *id, data, &state, &g) : joined;
+    Status s = joined.ok() ? Step(c, tensors, data, &state, &g) : joined;
     if (s.ok() && changed) {
       PrintFirstStep(c, first_since_join, started);
       first_since_join = false;
