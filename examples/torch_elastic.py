@@ -13,9 +13,9 @@ after a change), the test set evaluated at the end. --kill_rank R
 watch the job go on). Each worker prints JSON lines: the one that kills
 itself {"killed_at": wall clock}, and at the end every other one {rank,
 workers, membership_epoch, steps, test_accuracy, first_loss, last_loss,
-recoveries, reset_at / recovered_at (wall clock of its last recovery and
-of the next completed step), state_sha256 (parameters, buffers and
-optimizer state)}.
+joined (a worker that joined the running job), started_at, recoveries,
+reset_at / recovered_at (wall clock of its last recovery and of the next
+completed step), state_sha256 (parameters, buffers and optimizer state)}.
 """
 import argparse
 import hashlib
@@ -82,7 +82,10 @@ def evaluate(model, data):
 class Trainer:
     def __init__(self, args):
         self.args = args
-        self.first_rank = gradsync.rank()
+        comm = gradsync.communicator()
+        # A worker that joined a running job (a restarted one) kills nothing.
+        self.joined = comm.epoch > 0
+        self.first_rank = -1 if self.joined else comm.rank
         self.train_set = torch_cnn.load(args.data_dir, "train")
         self.test_set = torch_cnn.load(args.data_dir, "t10k")
         torch.manual_seed(args.seed)
@@ -97,7 +100,8 @@ class Trainer:
                                  sampler=sampler)
         self.state = elastic.State(model, self.opt, sampler=sampler)
         self.state.on_reset(self.reset)
-        self.losses, self.marks = [], {"recoveries": 0}
+        self.losses = []
+        self.marks = {"recoveries": 0, "joined": self.joined}
 
     def reset(self, state):
         self.marks["recoveries"] += 1
@@ -124,14 +128,25 @@ class Trainer:
     def train(self, state):
         while state.epoch < self.args.epochs:
             for x, y in self.loader:
-                if state.step == self.args.max_steps:
+                if state.step == self.args.max_steps > 0:
                     return evaluate(state.model, self.test_set)
                 self.step(x, y)
             state.next_epoch()
         return evaluate(state.model, self.test_set)
 
 
+def process_started_at():
+    """Wall clock of this process's start (Linux /proc, to 10 ms)."""
+    now = time.time()
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return now - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv):
+    started = process_started_at()
     args = parse_args(argv)
     torch.set_num_threads(1)
     gradsync.init()
@@ -145,7 +160,8 @@ def main(argv):
         test_accuracy=round(accuracy, 4),
         first_loss=round(sum(losses[:window]) / max(1, len(losses[:window])), 4),
         last_loss=round(sum(losses[-window:]) / max(1, len(losses[-window:])), 4),
-        state_sha256=state_digest(state), **trainer.marks)), flush=True)
+        state_sha256=state_digest(state), started_at=started,
+        **trainer.marks)), flush=True)
     gradsync.shutdown()
     return 0
 
