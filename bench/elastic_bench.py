@@ -87,11 +87,12 @@ def run_gradsync(args):
     joiners = [r for r in results if r["joined"]]
     if len(survivors) != WORKERS - 1 or len(joiners) != int(args.rejoin):
         sys.exit("gradsync: %d results:\n%s" % (len(results), output[-4000:]))
-    kill_to_step = max(r["recovered_at"] for r in survivors) - killed
+    kill_to_step = max(r["recovered_at"][0] for r in survivors) - killed
     row = {"kill_to_step_s": kill_to_step, "back_at_kill_s": kill_to_step,
            "test_accuracy": results[0]["test_accuracy"]}
     if joiners:
-        row["start_to_step_s"] = joiners[0]["recovered_at"] - joiners[0]["started_at"]
+        row["start_to_step_s"] = joiners[0]["recovered_at"][0] - \
+            joiners[0]["started_at"]
     return row
 
 

@@ -53,18 +53,6 @@ def save(path, epoch, model, opt):
     os.replace(tmp, path)
 
 
-def accuracy(model, data, rank, size):
-    sampler = DistributedSampler(data, num_replicas=size, rank=rank,
-                                 shuffle=False)
-    counts = torch.zeros(2)
-    with torch.no_grad():
-        for x, y in DataLoader(data, batch_size=500, sampler=sampler):
-            counts[0] += (model(x).argmax(1) == y).sum().item()
-            counts[1] += len(y)
-    dist.all_reduce(counts)
-    return (counts[0] / counts[1]).item()
-
-
 def main(argv):
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -106,7 +94,8 @@ def main(argv):
                 marks["kill_step_at"] = time.time()
         if rank == 0:
             save(args.checkpoint, epoch + 1, model, opt)
-    marks["test_accuracy"] = round(accuracy(model, test_set, rank, size), 4)
+    marks["test_accuracy"] = round(torch_cnn.evaluate(
+        model, rank, size, dist.all_reduce, test_set, torch.device("cpu")), 4)
     print(json.dumps(marks), flush=True)
     return 0
 

@@ -14,7 +14,7 @@ watch the job go on). Each worker prints JSON lines: the one that kills
 itself {"killed_at": wall clock}, and at the end every other one {rank,
 workers, membership_epoch, steps, test_accuracy, first_loss, last_loss,
 joined (a worker that joined the running job), started_at, recoveries,
-reset_at / recovered_at (wall clock of its last recovery and of the next
+reset_at / recovered_at (wall clock of each recovery and of the next
 completed step), state_sha256 (parameters, buffers and optimizer state)}.
 """
 import argparse
@@ -27,7 +27,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cnn  # noqa: E402  (also puts python/ on sys.path)
@@ -68,15 +68,9 @@ def state_digest(state):
 def evaluate(model, data):
     """Accuracy on `data`, each worker counting its share."""
     comm = gradsync.communicator()
-    sampler = DistributedSampler(data, num_replicas=comm.size, rank=comm.rank,
-                                 shuffle=False)
-    counts = torch.zeros(2)
-    with torch.no_grad():
-        for x, y in DataLoader(data, batch_size=500, sampler=sampler):
-            counts[0] += (model(x).argmax(1) == y).sum().item()
-            counts[1] += len(y)
-    gst.allreduce(counts, average=False)
-    return (counts[0] / counts[1]).item()
+    return torch_cnn.evaluate(model, comm.rank, comm.size,
+                              lambda t: gst.allreduce(t, average=False), data,
+                              torch.device("cpu"))
 
 
 class Trainer:
@@ -101,12 +95,12 @@ class Trainer:
         self.state = elastic.State(model, self.opt, sampler=sampler)
         self.state.on_reset(self.reset)
         self.losses = []
-        self.marks = {"recoveries": 0, "joined": self.joined}
+        self.marks = {"recoveries": 0, "joined": self.joined, "reset_at": [],
+                      "recovered_at": []}
 
     def reset(self, state):
         self.marks["recoveries"] += 1
-        self.marks["reset_at"] = time.time()
-        self.marks.pop("recovered_at", None)
+        self.marks["reset_at"].append(time.time())
 
     def step(self, x, y):
         args, state = self.args, self.state
@@ -121,8 +115,9 @@ class Trainer:
         with self.opt.skip_synchronize():
             self.opt.step()
         state.commit()
-        if "reset_at" in self.marks:
-            self.marks.setdefault("recovered_at", time.time())
+        marks = self.marks
+        if len(marks["recovered_at"]) < len(marks["reset_at"]):
+            marks["recovered_at"].append(time.time())
         self.losses.append(loss.item())
 
     def train(self, state):

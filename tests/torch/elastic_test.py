@@ -54,7 +54,7 @@ def test_survivors_of_a_killed_worker_finish_alike():
     for r in results:
         assert r["workers"] == 3 and r["membership_epoch"] == 1, r
         assert r["recoveries"] == 1, r
-        assert r["recovered_at"] > killed["killed_at"], r
+        assert r["recovered_at"][0] > killed["killed_at"], r
         assert r["last_loss"] <= torch_cnn_e2e_test.MAX_LOSS_RATIO * \
             r["first_loss"], r
 
@@ -74,7 +74,11 @@ def test_a_restarted_worker_rejoins_with_the_live_state():
     assert len(joiners) == 1 and joiners[0]["rank"] == 3, results
     for r in results:
         assert r["workers"] == 4 and r["membership_epoch"] == 2, r
-    assert joiners[0]["recovered_at"] > killed["killed_at"], joiners
+        # A survivor recovers from the loss and the join, once or twice
+        # (the join may come while it recovers); the joiner once.
+        assert r["recoveries"] >= 1 and (r["recoveries"] == 1 or
+                                         not r["joined"]), r
+    assert joiners[0]["recovered_at"][0] > killed["killed_at"], joiners
 
 
 class _Member:
