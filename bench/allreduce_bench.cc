@@ -49,11 +49,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -61,9 +61,9 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "client/ring.h"
 #include "common/config.h"
-#include "bench/bench_util.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "common/time.h"
@@ -88,7 +88,7 @@ using Steady = std::chrono::steady_clock;
 // (wire/same_host_transport.h), as a job on one host runs it.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
-constexpr const char* kImplNames[] = {"gradsync_ring", "gloo_ring", "gloo_ring_chunked",
+constexpr const char* kImplNames[] = {"gradsync_ring",       "gloo_ring",   "gloo_ring_chunked",
                                       "gradsync_ring_curve", "openmpi_tcp", "openmpi",
                                       "gradsync_ring_shm"};
 constexpr int kNumImpls = 7;
@@ -147,9 +147,10 @@ Status ParseLists(const Config& config, Settings* s) {
   GS_ASSIGN_OR_RETURN(std::string ranks, config.GetString("ranks", "2,4"));
   GS_ASSIGN_OR_RETURN(std::string sizes, config.GetString("sizes", DefaultSizes(s->quick)));
   GS_ASSIGN_OR_RETURN(std::string impls,
-                      config.GetString("impls", "gradsync_ring,gloo_ring,gloo_ring_chunked,"
-                                                "gradsync_ring_curve,gradsync_ring_shm,"
-                                                "openmpi_tcp,openmpi"));
+                      config.GetString("impls",
+                                       "gradsync_ring,gloo_ring,gloo_ring_chunked,"
+                                       "gradsync_ring_curve,gradsync_ring_shm,"
+                                       "openmpi_tcp,openmpi"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -595,9 +596,12 @@ struct Row {
 
 std::vector<std::string> ChildArgv(const Config& config, int rank, int world, uint64_t job_id,
                                    const std::string& dir) {
-  std::vector<std::string> argv = {SelfPath(), "--child", "--rank=" + std::to_string(rank),
+  std::vector<std::string> argv = {SelfPath(),
+                                   "--child",
+                                   "--rank=" + std::to_string(rank),
                                    "--world=" + std::to_string(world),
-                                   "--job_id=" + std::to_string(job_id), "--dir=" + dir,
+                                   "--job_id=" + std::to_string(job_id),
+                                   "--dir=" + dir,
                                    "--results=" + dir + "/results.txt"};
   for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
                            "small_bytes", "op_timeout_s"}) {
@@ -630,8 +634,8 @@ Status WaitAll(std::vector<Subprocess>& kids, Deadline deadline) {
   for (size_t i = 0; i < kids.size(); ++i) {
     if (!codes[i]) codes[i] = kids[i].Wait(Deadline::Past());
     if (codes[i] && *codes[i] == 0) continue;
-    const char* killed = first_failed >= 0 ? "was killed after a peer failed"
-                                           : "did not finish in time (killed)";
+    const char* killed =
+        first_failed >= 0 ? "was killed after a peer failed" : "did not finish in time (killed)";
     std::string what = codes[i] ? "exited with code " + std::to_string(*codes[i]) : killed;
     if (!codes[i]) kids[i].Signal(SIGKILL);
     report += "\n--- rank " + std::to_string(i) + " " + what + "; its output (" +
@@ -682,8 +686,7 @@ std::string FindMpirun() {
 
 // MPI_Allreduce over `world` ranks under mpirun, the same sizes and rounds
 // as the others: TCP only (kMpiTcp) or OpenMPI's default (kMpi).
-StatusOr<std::vector<Row>> RunMpi(const Settings& s, const std::string& dir, int world,
-                                  int impl) {
+StatusOr<std::vector<Row>> RunMpi(const Settings& s, const std::string& dir, int world, int impl) {
   const std::string mpirun = FindMpirun();
   if (mpirun.empty()) {
     std::printf("(%s skipped: no mpirun on PATH; tools/install_deps.sh installs openmpi-bin)\n",
@@ -698,8 +701,9 @@ StatusOr<std::vector<Row>> RunMpi(const Settings& s, const std::string& dir, int
   const std::string self = SelfPath();
   const std::string binary = self.substr(0, self.rfind('/') + 1) + "mpi_allreduce";
   const std::string results = dir + "/" + kImplNames[impl] + ".txt";
-  std::vector<std::string> argv = {mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to",
-                                   "none", "-np", std::to_string(world)};
+  std::vector<std::string> argv = {
+      mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+      "-np",  std::to_string(world)};
   if (impl == kMpiTcp) {
     for (const char* a : {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"}) {
       argv.push_back(a);
@@ -718,13 +722,12 @@ StatusOr<std::vector<Row>> RunMpi(const Settings& s, const std::string& dir, int
   one.push_back(std::move(run));
   GS_RETURN_IF_ERROR(
       WaitAll(one, Deadline::After(std::chrono::seconds(GroupTimeoutS(s, world))))
-          .WithPrefix(std::string(kImplNames[impl]) + " with " + std::to_string(world) +
-                      " ranks"));
+          .WithPrefix(std::string(kImplNames[impl]) + " with " + std::to_string(world) + " ranks"));
   return ReadResults(results, world);
 }
 
-StatusOr<std::vector<Row>> RunGroup(const Config& config, const Settings& s,
-                                    const std::string& tmp, int world, uint64_t job_id) {
+StatusOr<std::vector<Row>> RunGroup(const Config& config, const Settings& s, const std::string& tmp,
+                                    int world, uint64_t job_id) {
   std::string dir = tmp + "/n" + std::to_string(world);
   std::filesystem::create_directories(dir);
   std::vector<Subprocess> kids;
@@ -762,8 +765,10 @@ const Row* BestGloo(const std::vector<Row>& rows, int ranks, size_t bytes) {
 }
 
 void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
-  std::printf("\nall-reduce, fp32 sum, %d ranks on loopback: median over rounds of the max over "
-              "ranks; GB/s = 1e9 B/s\n", world);
+  std::printf(
+      "\nall-reduce, fp32 sum, %d ranks on loopback: median over rounds of the max over "
+      "ranks; GB/s = 1e9 B/s\n",
+      world);
   std::printf("%9s", "size");
   for (const char* n : kImplNames) std::printf(" | %-26s", n);
   std::printf(" | ours/best gloo\n%9s", "");
@@ -773,8 +778,10 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     std::printf("%9s", SizeName(bytes).c_str());
     for (int k = 0; k < kNumImpls; ++k) {
       const Row* r = Find(rows, k, world, bytes);
-      if (r == nullptr) std::printf(" | %26s", "-");
-      else std::printf(" | %8.3f %8.3f %8.1f", r->algbw(), r->busbw(), r->p50_us);
+      if (r == nullptr)
+        std::printf(" | %26s", "-");
+      else
+        std::printf(" | %8.3f %8.3f %8.1f", r->algbw(), r->busbw(), r->p50_us);
     }
     const Row* ours = Find(rows, kOurs, world, bytes);
     const Row* gloo = BestGloo(rows, world, bytes);
@@ -844,8 +851,9 @@ void PrintTargets(const std::vector<Row>& rows) {
 }
 
 void PrintSpread(const std::vector<Row>& rows) {
-  std::printf("\nspread over timed rounds (us), and CPU time per all-reduce (all threads, "
-              "summed over ranks, median):\n");
+  std::printf(
+      "\nspread over timed rounds (us), and CPU time per all-reduce (all threads, "
+      "summed over ranks, median):\n");
   for (const Row& r : rows) {
     std::printf("  %-18s N=%d %8s  min %10.1f  p50 %10.1f  p90 %10.1f  cpu %10.1f\n",
                 kImplNames[r.impl], r.ranks, SizeName(r.bytes).c_str(), r.min_us, r.p50_us,
@@ -856,9 +864,10 @@ void PrintSpread(const std::vector<Row>& rows) {
 void PrintJson(const std::vector<Row>& rows) {
   std::printf("\n");
   for (const Row& r : rows) {
-    std::printf("{\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"algbw_gbps\":%.4f,"
-                "\"busbw_gbps\":%.4f,\"p50_us\":%.2f}\n",
-                kImplNames[r.impl], r.ranks, r.bytes, r.algbw(), r.busbw(), r.p50_us);
+    std::printf(
+        "{\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"algbw_gbps\":%.4f,"
+        "\"busbw_gbps\":%.4f,\"p50_us\":%.2f}\n",
+        kImplNames[r.impl], r.ranks, r.bytes, r.algbw(), r.busbw(), r.p50_us);
   }
 }
 

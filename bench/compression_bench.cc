@@ -57,9 +57,7 @@ struct Row {
 };
 
 double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -82,8 +80,7 @@ StatusOr<Flags> ParseFlags(int argc, char** argv) {
 // returns the median time from the common start to the last thread's end.
 // Threads wait on an atomic generation counter (spinning with yield, so a
 // busy 2-core machine is not starved) between repetitions.
-double TimeParallel(int threads, int reps,
-                    const std::function<void(int)>& body) {
+double TimeParallel(int threads, int reps, const std::function<void(int)>& body) {
   std::atomic<int> generation{0}, done{0};
   std::vector<double> ends(threads);
   std::vector<std::thread> pool;
@@ -123,8 +120,8 @@ struct Setup {
   std::vector<std::vector<uint8_t>> wires;
 };
 
-bool MakeSetup(const CompressorRegistry& registry, const std::string& spec,
-               int threads, size_t n, Setup* setup) {
+bool MakeSetup(const CompressorRegistry& registry, const std::string& spec, int threads, size_t n,
+               Setup* setup) {
   for (int t = 0; t < threads; ++t) {
     StatusOr<std::unique_ptr<Compressor>> c = registry.Create(spec);
     if (!c.ok()) {
@@ -151,8 +148,7 @@ int Repetitions(const Flags& flags, size_t n) {
   return flags.reps * static_cast<int>(std::clamp<size_t>((size_t{1} << 22) / n, 1, 16));
 }
 
-std::vector<Row> BenchOne(const CompressorRegistry& registry,
-                          const std::string& spec, int threads,
+std::vector<Row> BenchOne(const CompressorRegistry& registry, const std::string& spec, int threads,
                           const Flags& flags, const std::vector<float>& in,
                           std::vector<float>* out) {
   Setup s;
@@ -164,29 +160,25 @@ std::vector<Row> BenchOne(const CompressorRegistry& registry,
   auto compress = [&](int t) {
     CompressContext ctx = base;
     ctx.step = steps[t]++;
-    Check(s.compressors[t]->Compress(in.data() + s.first[t], s.count[t], ctx,
-                                     s.wires[t].data(), s.wires[t].size()));
+    Check(s.compressors[t]->Compress(in.data() + s.first[t], s.count[t], ctx, s.wires[t].data(),
+                                     s.wires[t].size()));
   };
   auto decompress = [&](int t) {
     CompressContext ctx = base;
     ctx.step = steps[t] - 1;
-    Check(s.compressors[t]->Decompress(s.wires[t].data(), s.wires[t].size(),
-                                       s.count[t], ctx,
+    Check(s.compressors[t]->Decompress(s.wires[t].data(), s.wires[t].size(), s.count[t], ctx,
                                        out->data() + s.first[t]));
   };
   auto copy = [&](int t) {
-    std::memcpy(out->data() + s.first[t], in.data() + s.first[t],
-                s.count[t] * sizeof(float));
+    std::memcpy(out->data() + s.first[t], in.data() + s.first[t], s.count[t] * sizeof(float));
   };
   const double n = static_cast<double>(in.size());
   const int reps = Repetitions(flags, in.size());
   const double c_time = TimeParallel(threads, reps, compress);
   const double m_time = TimeParallel(threads, reps, copy);
   const double d_time = TimeParallel(threads, reps, decompress);
-  return {{spec, "compress", threads, n / c_time / 1e9, n / m_time / 1e9,
-           in.size()},
-          {spec, "decompress", threads, n / d_time / 1e9, n / m_time / 1e9,
-           in.size()}};
+  return {{spec, "compress", threads, n / c_time / 1e9, n / m_time / 1e9, in.size()},
+          {spec, "decompress", threads, n / d_time / 1e9, n / m_time / 1e9, in.size()}};
 }
 
 // PowerSGD on one rank: each thread reduces its own slice as one bucket,
@@ -204,8 +196,8 @@ Row BenchPowerSgd(const std::string& spec, int threads, const Flags& flags,
   }
   std::vector<uint64_t> steps(threads, 0);
   auto reduce = [&](int t) {
-    Check(psgd[t]->Reduce(work[t].data(), work[t].size(), CompressContext{42, steps[t]++, 3},
-                          1, [](float*, size_t) { return Status(); }));
+    Check(psgd[t]->Reduce(work[t].data(), work[t].size(), CompressContext{42, steps[t]++, 3}, 1,
+                          [](float*, size_t) { return Status(); }));
   };
   auto copy = [&](int t) {
     std::memcpy(out->data() + n * t / threads, in.data() + n * t / threads,
@@ -218,8 +210,8 @@ Row BenchPowerSgd(const std::string& spec, int threads, const Flags& flags,
   return {spec, "reduce", threads, elems / r_time / 1e9, elems / m_time / 1e9, n};
 }
 
-const Row* Find(const std::vector<Row>& rows, const std::string& compressor,
-                const std::string& op, int threads) {
+const Row* Find(const std::vector<Row>& rows, const std::string& compressor, const std::string& op,
+                int threads) {
   for (const Row& r : rows) {
     if (r.compressor == compressor && r.op == op && r.threads == threads) {
       return &r;
@@ -230,17 +222,15 @@ const Row* Find(const std::vector<Row>& rows, const std::string& compressor,
 
 // One line per compressor and op: 1 and 2 threads, memcpy beside them.
 void PrintTable(const std::vector<Row>& rows, size_t n) {
-  std::printf("\n%zu fp32 elements (%.0f MiB), median Gelem/s\n", n,
-              n * 4.0 / (1 << 20));
-  std::printf("%-20s %-10s | %8s %8s | %8s %8s | %8s\n", "compressor", "op",
-              "1 thread", "memcpy", "2 thread", "memcpy", "1t/memcpy");
+  std::printf("\n%zu fp32 elements (%.0f MiB), median Gelem/s\n", n, n * 4.0 / (1 << 20));
+  std::printf("%-20s %-10s | %8s %8s | %8s %8s | %8s\n", "compressor", "op", "1 thread", "memcpy",
+              "2 thread", "memcpy", "1t/memcpy");
   for (const Row& r : rows) {
     if (r.threads != 1) continue;
     const Row* two = Find(rows, r.compressor, r.op, 2);
-    std::printf("%-20s %-10s | %8.3f %8.3f | %8.3f %8.3f | %8.2f\n",
-                r.compressor.c_str(), r.op.c_str(), r.gelem_s, r.memcpy_gelem_s,
-                two ? two->gelem_s : 0.0, two ? two->memcpy_gelem_s : 0.0,
-                r.gelem_s / r.memcpy_gelem_s);
+    std::printf("%-20s %-10s | %8.3f %8.3f | %8.3f %8.3f | %8.2f\n", r.compressor.c_str(),
+                r.op.c_str(), r.gelem_s, r.memcpy_gelem_s, two ? two->gelem_s : 0.0,
+                two ? two->memcpy_gelem_s : 0.0, r.gelem_s / r.memcpy_gelem_s);
   }
 }
 
@@ -249,8 +239,7 @@ void PrintJson(const std::vector<Row>& rows) {
     std::printf(
         "{\"compressor\":\"%s\",\"op\":\"%s\",\"threads\":%d,"
         "\"gelem_s\":%.4f,\"memcpy_gelem_s\":%.4f,\"elements\":%zu}\n",
-        r.compressor.c_str(), r.op.c_str(), r.threads, r.gelem_s,
-        r.memcpy_gelem_s, r.elements);
+        r.compressor.c_str(), r.op.c_str(), r.threads, r.gelem_s, r.memcpy_gelem_s, r.elements);
   }
 }
 
@@ -276,8 +265,8 @@ void PrintTargets(const std::vector<Row>& rows) {
       std::printf(
           "  %-13s %-10s %8zu elements, %d thread(s): %6.2f per core,"
           " target %.0f: %s\n",
-          t.compressor, r.op.c_str(), r.elements, r.threads, per_core,
-          t.per_core, per_core >= t.per_core ? "met" : "NOT met");
+          t.compressor, r.op.c_str(), r.elements, r.threads, per_core, t.per_core,
+          per_core >= t.per_core ? "met" : "NOT met");
     }
   }
   std::printf("\n");
@@ -325,6 +314,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace gradsync::compression
 
-int main(int argc, char** argv) {
-  return gradsync::compression::Main(argc, argv);
-}
+int main(int argc, char** argv) { return gradsync::compression::Main(argc, argv); }

@@ -71,8 +71,7 @@ StatusOr<Flags> ParseFlags(int argc, char** argv) {
 }
 
 void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    bench::Die(std::string(what) + ": " + cudaGetErrorString(err));
+  if (err != cudaSuccess) bench::Die(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 void Check(const Status& s) {
@@ -88,16 +87,13 @@ T* DeviceAlloc(size_t count) {
 
 template <typename T>
 void Upload(T* dst, const std::vector<T>& src) {
-  Check(cudaMemcpy(dst, src.data(), src.size() * sizeof(T),
-                   cudaMemcpyHostToDevice),
-        "cudaMemcpy");
+  Check(cudaMemcpy(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
 }
 
 // Median milliseconds of `launch` over reps (after 3 warm-up runs); each
 // sample times `inner` back-to-back launches, so small sizes are not
 // dominated by event resolution.
-double TimeMs(const std::function<void()>& launch, int reps, int inner,
-              cudaStream_t stream) {
+double TimeMs(const std::function<void()>& launch, int reps, int inner, cudaStream_t stream) {
   cudaEvent_t start, stop;
   Check(cudaEventCreate(&start), "cudaEventCreate");
   Check(cudaEventCreate(&stop), "cudaEventCreate");
@@ -183,8 +179,8 @@ Buffers Allocate(size_t n, cudaStream_t stream) {
   Upload(b.residual, host);
   Upload(b.randomk_idx, RandomKIndicesCpu({42, 1, 3}, n, b.k));
   // Valid indices for sparse_decompress, whichever kernels run.
-  Check(TopKCuda(b.in, n, b.k, SparseValueFormat::kF32, b.topk_idx,
-                 b.topk_values, b.workspace, b.workspace_bytes, stream));
+  Check(TopKCuda(b.in, n, b.k, SparseValueFormat::kF32, b.topk_idx, b.topk_values, b.workspace,
+                 b.workspace_bytes, stream));
   const std::vector<BucketSlice> slices = MakeSlices(b.in, n);
   Check(ValidateSlices(slices.data(), slices.size(), n));
   b.num_slices = slices.size();
@@ -196,14 +192,12 @@ Buffers Allocate(size_t n, cudaStream_t stream) {
 }
 
 void Free(Buffers* b) {
-  for (void* p :
-       {static_cast<void*>(b->in), static_cast<void*>(b->out),
-        static_cast<void*>(b->residual), static_cast<void*>(b->half),
-        static_cast<void*>(b->bytes), static_cast<void*>(b->chunk_floats),
-        static_cast<void*>(b->topk_idx), static_cast<void*>(b->topk_values),
-        static_cast<void*>(b->randomk_idx), b->workspace,
-        static_cast<void*>(b->slices), static_cast<void*>(b->copy_src),
-        static_cast<void*>(b->copy_dst)}) {
+  for (void* p : {static_cast<void*>(b->in), static_cast<void*>(b->out),
+                  static_cast<void*>(b->residual), static_cast<void*>(b->half),
+                  static_cast<void*>(b->bytes), static_cast<void*>(b->chunk_floats),
+                  static_cast<void*>(b->topk_idx), static_cast<void*>(b->topk_values),
+                  static_cast<void*>(b->randomk_idx), b->workspace, static_cast<void*>(b->slices),
+                  static_cast<void*>(b->copy_src), static_cast<void*>(b->copy_dst)}) {
     cudaFree(p);
   }
 }
@@ -225,46 +219,27 @@ std::vector<Kernel> Kernels(Buffers& b, cudaStream_t s) {
   const auto f32 = SparseValueFormat::kF32;
   const auto fp16 = Float16Format::kFp16;
   return {
-      {"f32_to_f16", true, f + h,
-       [&b, n, s] { return FloatToHalfCuda(b.in, b.half, n, s); }},
-      {"f16_to_f32", true, h + f,
-       [&b, n, s] { return HalfToFloatCuda(b.half, b.out, n, s); }},
-      {"f32_to_bf16", true, f + h,
-       [&b, n, s] { return FloatToBf16Cuda(b.in, b.half, n, s); }},
-      {"bf16_to_f32", true, h + f,
-       [&b, n, s] { return Bf16ToFloatCuda(b.half, b.out, n, s); }},
+      {"f32_to_f16", true, f + h, [&b, n, s] { return FloatToHalfCuda(b.in, b.half, n, s); }},
+      {"f16_to_f32", true, h + f, [&b, n, s] { return HalfToFloatCuda(b.half, b.out, n, s); }},
+      {"f32_to_bf16", true, f + h, [&b, n, s] { return FloatToBf16Cuda(b.in, b.half, n, s); }},
+      {"bf16_to_f32", true, h + f, [&b, n, s] { return Bf16ToFloatCuda(b.half, b.out, n, s); }},
       {"pack", true, f + f,
-       [&b, n, s] {
-         return PackBucketCuda(b.slices, b.num_slices, n, b.out, s);
-       }},
+       [&b, n, s] { return PackBucketCuda(b.slices, b.num_slices, n, b.out, s); }},
       {"pack_f16", true, f + h,
-       [&b, n, s, fp16] {
-         return PackBucket16Cuda(fp16, b.slices, b.num_slices, n, b.half, s);
-       }},
+       [&b, n, s, fp16] { return PackBucket16Cuda(fp16, b.slices, b.num_slices, n, b.half, s); }},
       {"unpack", true, f + f,
-       [&b, n, s] {
-         return UnpackBucketCuda(b.slices, b.num_slices, n, b.out, s);
-       }},
+       [&b, n, s] { return UnpackBucketCuda(b.slices, b.num_slices, n, b.out, s); }},
       {"unpack_f16", true, h + f,
-       [&b, n, s, fp16] {
-         return UnpackBucket16Cuda(fp16, b.slices, b.num_slices, n, b.half, s);
-       }},
+       [&b, n, s, fp16] { return UnpackBucket16Cuda(fp16, b.slices, b.num_slices, n, b.half, s); }},
       {"ef_fp16", true, f + f + f + h,
-       [&b, n, s, fp16] {
-         return EfFloat16Cuda(fp16, b.in, b.residual, true, n, b.half, s);
-       }},
+       [&b, n, s, fp16] { return EfFloat16Cuda(fp16, b.in, b.residual, true, n, b.half, s); }},
       {"sign_encode", true, f + n / 8.0 + 4 * chunks,
-       [&b, n, s] {
-         return SignEncodeCuda(b.in, n, 512, b.chunk_floats, b.bytes, s);
-       }},
+       [&b, n, s] { return SignEncodeCuda(b.in, n, 512, b.chunk_floats, b.bytes, s); }},
       {"sign_decode", true, n / 8.0 + 4 * chunks + f,
-       [&b, n, s] {
-         return SignDecodeCuda(b.chunk_floats, b.bytes, n, 512, b.out, s);
-       }},
+       [&b, n, s] { return SignDecodeCuda(b.chunk_floats, b.bytes, n, 512, b.out, s); }},
       {"ef_sign", true, 3 * f + n / 8.0 + 4 * chunks,
        [&b, n, s] {
-         return EfSignCuda(b.in, b.residual, true, n, 512, b.chunk_floats,
-                           b.bytes, s);
+         return EfSignCuda(b.in, b.residual, true, n, 512, b.chunk_floats, b.bytes, s);
        }},
       {"qsgd_encode", true, f + n + 4 * chunks,
        [&b, n, s, key] {
@@ -273,71 +248,59 @@ std::vector<Kernel> Kernels(Buffers& b, cudaStream_t s) {
        }},
       {"qsgd_decode", true, n + 4 * chunks + f,
        [&b, n, s] {
-         return QsgdDecodeCuda(b.chunk_floats,
-                               reinterpret_cast<int8_t*>(b.bytes), n, 512, 127,
+         return QsgdDecodeCuda(b.chunk_floats, reinterpret_cast<int8_t*>(b.bytes), n, 512, 127,
                                b.out, s);
        }},
       {"ef_qsgd", true, 3 * f + n + 4 * chunks,
        [&b, n, s, key] {
-         return EfQsgdCuda(b.in, b.residual, true, n, 512, 127, key,
-                           b.chunk_floats, reinterpret_cast<int8_t*>(b.bytes),
-                           s);
+         return EfQsgdCuda(b.in, b.residual, true, n, 512, 127, key, b.chunk_floats,
+                           reinterpret_cast<int8_t*>(b.bytes), s);
        }},
       {"topk_1pct", false, f + 8.0 * k,
        [&b, n, k, s, f32] {
-         return TopKCuda(b.in, n, k, f32, b.topk_idx, b.topk_values,
-                         b.workspace, b.workspace_bytes, s);
+         return TopKCuda(b.in, n, k, f32, b.topk_idx, b.topk_values, b.workspace, b.workspace_bytes,
+                         s);
        }},
       {"ef_topk_1pct", false, 3 * f + 8.0 * k,
        [&b, n, k, s, f32] {
-         return EfTopKCuda(b.in, b.residual, true, n, k, f32, b.topk_idx,
-                           b.topk_values, b.workspace, b.workspace_bytes, s);
+         return EfTopKCuda(b.in, b.residual, true, n, k, f32, b.topk_idx, b.topk_values,
+                           b.workspace, b.workspace_bytes, s);
        }},
       {"sparse_decompress_1pct", false, f + 8.0 * k,
        [&b, n, k, s, f32] {
-         return SparseDecompressCuda(b.topk_idx, b.topk_values, f32, k, n,
-                                     b.out, s);
+         return SparseDecompressCuda(b.topk_idx, b.topk_values, f32, k, n, b.out, s);
        }},
       {"randomk_gather_1pct", false, 12.0 * k,
-       [&b, k, s] {
-         return GatherCuda(b.in, b.randomk_idx, k, b.topk_values, s);
-       }},
+       [&b, k, s] { return GatherCuda(b.in, b.randomk_idx, k, b.topk_values, s); }},
       {"randomk_scatter_1pct", false, f + 8.0 * k,
-       [&b, n, k, s] {
-         return ScatterCuda(b.topk_values, b.randomk_idx, k, 100.0f, n, b.out,
-                            s);
-       }},
+       [&b, n, k, s] { return ScatterCuda(b.topk_values, b.randomk_idx, k, 100.0f, n, b.out, s); }},
       {"ef_randomk_1pct", false, 3 * f + 12.0 * k,
        [&b, n, k, s] {
-         return EfRandomKCuda(b.in, b.residual, true, n, b.randomk_idx, k,
-                              100.0f, b.topk_values, s);
+         return EfRandomKCuda(b.in, b.residual, true, n, b.randomk_idx, k, 100.0f, b.topk_values,
+                              s);
        }},
   };
 }
 
 bool Wanted(const Flags& flags, const std::string& name) {
   return flags.kernels.empty() ||
-         std::find(flags.kernels.begin(), flags.kernels.end(), name) !=
-             flags.kernels.end();
+         std::find(flags.kernels.begin(), flags.kernels.end(), name) != flags.kernels.end();
 }
 
 std::vector<Row> BenchSize(size_t n, const Flags& flags, cudaStream_t stream) {
   Buffers b = Allocate(n, stream);
   // Small sizes: several launches per sample (up to 64).
-  const int inner = static_cast<int>(
-      std::clamp<size_t>((size_t{1} << 24) / std::max<size_t>(n, 1), 1, 64));
+  const int inner =
+      static_cast<int>(std::clamp<size_t>((size_t{1} << 24) / std::max<size_t>(n, 1), 1, 64));
   std::vector<Row> rows;
   for (const Kernel& kernel : Kernels(b, stream)) {
     if (!Wanted(flags, kernel.name)) continue;
     Check(kernel.run());  // Arguments and launch, once.
-    const double kernel_ms =
-        TimeMs([&] { Check(kernel.run()); }, flags.reps, inner, stream);
-    const size_t copy =
-        std::min(static_cast<size_t>(kernel.bytes / 2), b.copy_capacity);
+    const double kernel_ms = TimeMs([&] { Check(kernel.run()); }, flags.reps, inner, stream);
+    const size_t copy = std::min(static_cast<size_t>(kernel.bytes / 2), b.copy_capacity);
     const double copy_ms = TimeMs(
         [&] {
-          Check(cudaMemcpyAsync(b.copy_dst, b.copy_src, copy,
-                                cudaMemcpyDeviceToDevice, stream),
+          Check(cudaMemcpyAsync(b.copy_dst, b.copy_src, copy, cudaMemcpyDeviceToDevice, stream),
                 "cudaMemcpyAsync");
         },
         flags.reps, inner, stream);
@@ -354,11 +317,10 @@ std::vector<Row> BenchSize(size_t n, const Flags& flags, cudaStream_t stream) {
 }
 
 void PrintTable(const std::vector<Row>& rows) {
-  std::printf("%-24s %12s %10s %12s %7s\n", "kernel", "elements", "GB/s",
-              "memcpy GB/s", "ratio");
+  std::printf("%-24s %12s %10s %12s %7s\n", "kernel", "elements", "GB/s", "memcpy GB/s", "ratio");
   for (const Row& r : rows) {
-    std::printf("%-24s %12zu %10.1f %12.1f %7.2f\n", r.kernel.c_str(),
-                r.elements, r.gbps, r.memcpy_gbps, r.gbps / r.memcpy_gbps);
+    std::printf("%-24s %12zu %10.1f %12.1f %7.2f\n", r.kernel.c_str(), r.elements, r.gbps,
+                r.memcpy_gbps, r.gbps / r.memcpy_gbps);
   }
   std::printf("\n");
 }
@@ -368,8 +330,7 @@ void PrintJson(const std::vector<Row>& rows) {
     std::printf(
         "{\"kernel\":\"%s\",\"elements\":%zu,\"gbps\":%.2f,"
         "\"memcpy_gbps\":%.2f,\"ratio\":%.3f}\n",
-        r.kernel.c_str(), r.elements, r.gbps, r.memcpy_gbps,
-        r.gbps / r.memcpy_gbps);
+        r.kernel.c_str(), r.elements, r.gbps, r.memcpy_gbps, r.gbps / r.memcpy_gbps);
   }
 }
 
@@ -400,8 +361,8 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::printf("device: %s, %d SMs, L2 %d MiB\n\n", prop.name,
-              prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  std::printf("device: %s, %d SMs, L2 %d MiB\n\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
   cudaStream_t stream;
   Check(cudaStreamCreate(&stream), "cudaStreamCreate");
   std::vector<Row> all;
@@ -411,8 +372,7 @@ int Main(int argc, char** argv) {
   }
   PrintTable(all);
   PrintJson(all);
-  PrintTargets(all,
-               *std::max_element(flags.elements.begin(), flags.elements.end()));
+  PrintTargets(all, *std::max_element(flags.elements.begin(), flags.elements.end()));
   cudaStreamDestroy(stream);
   return 0;
 }

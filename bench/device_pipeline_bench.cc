@@ -21,22 +21,21 @@
 #include <string>
 #include <vector>
 
+#include "client/nccl_comm.h"
 #include "common/status.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_kernels.h"
-#include "client/nccl_comm.h"
 
 namespace gradsync {
 namespace {
 
-#define CHECK_CUDA(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t err_ = (call);                                                            \
-    if (err_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                   \
-                   cudaGetErrorString(err_));                                             \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_CUDA(call)                                                                           \
+  do {                                                                                             \
+    cudaError_t err_ = (call);                                                                     \
+    if (err_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 void CheckOk(const Status& s, const char* what) {
@@ -62,9 +61,12 @@ int Main(int argc, char** argv) {
   int tensors = 64, reps = 50;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--mb=", 0) == 0) mb = std::atof(a.c_str() + 5);
-    else if (a.rfind("--tensors=", 0) == 0) tensors = std::atoi(a.c_str() + 10);
-    else if (a.rfind("--reps=", 0) == 0) reps = std::atoi(a.c_str() + 7);
+    if (a.rfind("--mb=", 0) == 0)
+      mb = std::atof(a.c_str() + 5);
+    else if (a.rfind("--tensors=", 0) == 0)
+      tensors = std::atoi(a.c_str() + 10);
+    else if (a.rfind("--reps=", 0) == 0)
+      reps = std::atoi(a.c_str() + 7);
     else {
       std::fprintf(stderr, "usage: device_pipeline_bench [--mb=100] [--tensors=64] [--reps=50]\n");
       return 2;
@@ -81,7 +83,8 @@ int Main(int argc, char** argv) {
   size_t offset = 0;
   for (int t = 0; t < tensors; ++t) {
     const size_t left = elems - offset;
-    const size_t count = t == tensors - 1 ? left : std::min(left, elems * (1 + t % 3) / (2 * tensors));
+    const size_t count =
+        t == tensors - 1 ? left : std::min(left, elems * (1 + t % 3) / (2 * tensors));
     void* p = nullptr;
     CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(float)));
     CHECK_CUDA(cudaMemset(p, 0x3c, count * sizeof(float)));
@@ -146,11 +149,14 @@ int Main(int argc, char** argv) {
   std::printf("%-34s %10.3f\n", "unpack fp16 -> fp32 (fused)", u);
   std::printf("%-34s %10.3f\n", "total device time (<=)", t);
   std::printf("%-34s %10.3f\n", "cudaMemcpy D2D of the fp32 bytes", c);
-  std::printf("\n{\"mb\":%.1f,\"tensors\":%d,\"pack_ms\":%.4f,\"nccl_ms\":%.4f,\"unpack_ms\":%.4f,"
-              "\"total_ms\":%.4f,\"memcpy_ms\":%.4f,\"total_over_memcpy\":%.2f}\n",
-              mb, tensors, p, n, u, t, c, t / c);
-  std::printf("\ntarget: pack + fp16 + NCCL + unpack of a 100 MB bucket < 1 ms device time: "
-              "%.3f ms %s\n", t, t < 1.0 ? "met" : "NOT met");
+  std::printf(
+      "\n{\"mb\":%.1f,\"tensors\":%d,\"pack_ms\":%.4f,\"nccl_ms\":%.4f,\"unpack_ms\":%.4f,"
+      "\"total_ms\":%.4f,\"memcpy_ms\":%.4f,\"total_over_memcpy\":%.2f}\n",
+      mb, tensors, p, n, u, t, c, t / c);
+  std::printf(
+      "\ntarget: pack + fp16 + NCCL + unpack of a 100 MB bucket < 1 ms device time: "
+      "%.3f ms %s\n",
+      t, t < 1.0 ? "met" : "NOT met");
   for (void* q : owned) cudaFree(q);
   return 0;
 }

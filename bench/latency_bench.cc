@@ -21,15 +21,14 @@
 // {"layer","bytes","one_way_p50_us","one_way_p10_us","one_way_p90_us"}
 // (op_p50_us ... for the ring layers).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "client/ring.h"
@@ -249,11 +248,11 @@ int Main(int argc, char** argv) {
   const int r = static_cast<int>(rounds);
   std::vector<std::pair<const char*, Result>> rows;
   rows.emplace_back("raw_zmq", RawZmq(n, r));
-  for (auto [name, run] : {std::pair<const char*, StatusOr<Result> (*)(size_t, int)>{
-                               "zmq_transport", ZmqTransports},
-                           {"shm_link", ShmLinks},
-                           {"ring_tcp", RingTcp},
-                           {"ring_shm", RingShm}}) {
+  for (auto [name, run] :
+       {std::pair<const char*, StatusOr<Result> (*)(size_t, int)>{"zmq_transport", ZmqTransports},
+        {"shm_link", ShmLinks},
+        {"ring_tcp", RingTcp},
+        {"ring_shm", RingShm}}) {
     auto got = run(n, r);
     if (!got.ok()) {
       std::fprintf(stderr, "latency_bench: %s: %s\n", name, got.status().ToString().c_str());
@@ -264,8 +263,10 @@ int Main(int argc, char** argv) {
   for (const auto& [name, res] : rows) Print(name, n, res);
   for (const auto& [name, res] : rows) {
     const char* m = Measure(name);
-    std::printf("{\"layer\":\"%s\",\"bytes\":%zu,\"%s_p50_us\":%.2f,\"%s_p10_us\":%.2f,"
-                "\"%s_p90_us\":%.2f}\n", name, n, m, res.p50, m, res.p10, m, res.p90);
+    std::printf(
+        "{\"layer\":\"%s\",\"bytes\":%zu,\"%s_p50_us\":%.2f,\"%s_p10_us\":%.2f,"
+        "\"%s_p90_us\":%.2f}\n",
+        name, n, m, res.p50, m, res.p10, m, res.p90);
   }
   return 0;
 }

@@ -78,10 +78,14 @@ int main(int argc, char** argv) {
   std::string impl = "openmpi", results, plan;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--impl=", 0) == 0) impl = a.substr(7);
-    else if (a.rfind("--results=", 0) == 0) results = a.substr(10);
-    else if (a.rfind("--plan=", 0) == 0) plan = a.substr(7);
-    else Die("unknown flag " + a, 2);
+    if (a.rfind("--impl=", 0) == 0)
+      impl = a.substr(7);
+    else if (a.rfind("--results=", 0) == 0)
+      results = a.substr(10);
+    else if (a.rfind("--plan=", 0) == 0)
+      plan = a.substr(7);
+    else
+      Die("unknown flag " + a, 2);
   }
   if (plan.empty() || results.empty()) Die("--plan and --results are required", 2);
   std::ofstream out;

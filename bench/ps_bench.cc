@@ -88,9 +88,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -105,13 +105,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "client/ps_client.h"
 #include "client/ps_transport.h"
 #include "client/session.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/placement.h"
-#include "bench/bench_util.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "common/time.h"
@@ -153,8 +153,8 @@ StatusOr<std::vector<int>> IntList(const Config& config, const std::string& name
   for (const std::string& item : Split(text)) {
     const int v = std::atoi(item.c_str());
     if (v < lo || v > hi) {
-      return InvalidArgumentError("--" + name + ": '" + item + "' not in [" +
-                                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return InvalidArgumentError("--" + name + ": '" + item + "' not in [" + std::to_string(lo) +
+                                  ", " + std::to_string(hi) + "]");
     }
     out.push_back(v);
   }
@@ -194,8 +194,9 @@ StatusOr<Settings> ParseSettings(const Config& config) {
     return InvalidArgumentError("--reply must be none, fp16 or bf16");
   }
   if (reps < 1 || warmup < 0 || rounds < 1 || parts < 1 || parts > 8 || s.resend_ms < 1) {
-    return InvalidArgumentError("--reps, --rounds, --parts and --resend_ms must be positive, "
-                                "--warmup not negative, --parts at most 8");
+    return InvalidArgumentError(
+        "--reps, --rounds, --parts and --resend_ms must be positive, "
+        "--warmup not negative, --parts at most 8");
   }
   if (s.server_bin.empty()) {
     return NotFoundError("no gradsync_server next to the bench; pass --server_bin=PATH");
@@ -225,8 +226,8 @@ int RawShardMain(int workers) {
       back.back().bind("tcp://127.0.0.1:*");
       endpoints += (w ? "," : "") + back.back().get(zmq::sockopt::last_endpoint);
     }
-    std::printf("raw shard ready pull=%s push=%s\n",
-                pull.get(zmq::sockopt::last_endpoint).c_str(), endpoints.c_str());
+    std::printf("raw shard ready pull=%s push=%s\n", pull.get(zmq::sockopt::last_endpoint).c_str(),
+                endpoints.c_str());
     std::fflush(stdout);
     for (;;) {
       std::vector<zmq::message_t> frames;
@@ -314,8 +315,13 @@ class Barrier {
 // What the worker threads of one configuration share.
 struct Shared {
   Shared(const Plan& p, std::string sched, std::vector<RawEndpoints> r)
-      : plan(p), scheduler(std::move(sched)), raw(std::move(r)), barrier(p.workers),
-        start(2 * p.reps * p.workers), end(2 * p.reps * p.workers), errors(p.workers) {}
+      : plan(p),
+        scheduler(std::move(sched)),
+        raw(std::move(r)),
+        barrier(p.workers),
+        start(2 * p.reps * p.workers),
+        end(2 * p.reps * p.workers),
+        errors(p.workers) {}
   size_t Slot(int impl, int rep, int w) const {
     return (static_cast<size_t>(impl) * plan.reps + rep) * plan.workers + w;
   }
@@ -416,7 +422,7 @@ class WorkerThread {
                                      {"num_servers", std::to_string(p.shards)},
                                      {"key_file", p.key_file}});
     GS_ASSIGN_OR_RETURN(session_, client::Session::Join(config, Deadline::After(kOpTimeout),
-                                                             cluster::kControlFrameBytes));
+                                                        cluster::kControlFrameBytes));
     GS_ASSIGN_OR_RETURN(ps_, MakePsClient(*session_, p));
     GS_RETURN_IF_ERROR(raw_.Connect(sh_->raw, w_));
     std::fill(data_.begin(), data_.end(), static_cast<float>(session_->rank() + 1));
@@ -440,8 +446,8 @@ class WorkerThread {
     client::OpTag tag;
     tag.bucket = sh_->plan.bucket;
     tag.seq = tag.step = ++seq_;
-    return ps_->AllReduce(data_.data(), data_.size(), DType::kF32, client::ReduceOp::kAverage,
-                          tag, Deadline::After(kOpTimeout));
+    return ps_->AllReduce(data_.data(), data_.size(), DType::kF32, client::ReduceOp::kAverage, tag,
+                          Deadline::After(kOpTimeout));
   }
 
   // One round of each; the ps result must be the average of rank + 1.
@@ -451,8 +457,7 @@ class WorkerThread {
     for (size_t i = 0; i < data_.size(); ++i) {
       if (sh_->plan.lossy() ? !std::isfinite(data_[i]) : data_[i] != want) {
         return DataLossError("worker " + std::to_string(w_) + ": element " + std::to_string(i) +
-                             " is " + std::to_string(data_[i]) + ", want " +
-                             std::to_string(want));
+                             " is " + std::to_string(data_[i]) + ", want " + std::to_string(want));
       }
     }
     return raw_.Round(reinterpret_cast<const uint8_t*>(data_.data()), sh_->plan.parts);
@@ -507,12 +512,12 @@ struct Procs {
 
 Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* procs) {
   const std::string n = std::to_string(p.workers), m = std::to_string(p.shards);
-  GS_ASSIGN_OR_RETURN(Subprocess sched,
-                      Subprocess::Spawn({s.server_bin, "--role=scheduler", "--port=0",
-                                         "--num_workers=" + n, "--num_servers=" + m,
-                                         "--missed_heartbeats=40", "--metrics_port=0",
-                                         "--key_file=" + p.key_file},
-                                        {}, dir + "/scheduler.log"));
+  GS_ASSIGN_OR_RETURN(
+      Subprocess sched,
+      Subprocess::Spawn(
+          {s.server_bin, "--role=scheduler", "--port=0", "--num_workers=" + n, "--num_servers=" + m,
+           "--missed_heartbeats=40", "--metrics_port=0", "--key_file=" + p.key_file},
+          {}, dir + "/scheduler.log"));
   procs->scheduler = std::make_unique<Subprocess>(std::move(sched));
   if (!procs->scheduler->WaitForOutput("listening on", Deadline::AfterMs(15000))) {
     return UnavailableError("the scheduler did not start; see " + dir + "/scheduler.log");
@@ -522,12 +527,12 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
                                                   {"GRADSYNC_NUM_WORKERS", n},
                                                   {"GRADSYNC_NUM_SERVERS", m}};
   for (int i = 0; i < p.shards; ++i) {
-    GS_ASSIGN_OR_RETURN(Subprocess shard,
-                        Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync",
-                                           "--optimizer=none", "--metrics_port=0",
-                                           "--key_file=" + p.key_file,
-                                           p.ps_shm ? "--ps_shm=true" : "--ps_shm=false"},
-                                          env, dir + "/server" + std::to_string(i) + ".log"));
+    GS_ASSIGN_OR_RETURN(
+        Subprocess shard,
+        Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync", "--optimizer=none",
+                           "--metrics_port=0", "--key_file=" + p.key_file,
+                           p.ps_shm ? "--ps_shm=true" : "--ps_shm=false"},
+                          env, dir + "/server" + std::to_string(i) + ".log"));
     procs->shards.push_back(std::move(shard));
   }
   return OkStatus();
@@ -548,10 +553,10 @@ StatusOr<RawEndpoints> ParseRaw(const std::string& out) {
 Status StartRaw(const Plan& p, const std::string& dir, Procs* procs) {
   for (int i = 0; i < p.shards; ++i) {
     const std::string log = dir + "/raw" + std::to_string(i) + ".log";
-    GS_ASSIGN_OR_RETURN(Subprocess shard,
-                        Subprocess::Spawn({SelfPath(), "--raw_shard",
-                                           "--workers=" + std::to_string(p.workers)},
-                                          {}, log));
+    GS_ASSIGN_OR_RETURN(
+        Subprocess shard,
+        Subprocess::Spawn({SelfPath(), "--raw_shard", "--workers=" + std::to_string(p.workers)}, {},
+                          log));
     procs->raw.push_back(std::move(shard));
   }
   for (Subprocess& shard : procs->raw) {
@@ -589,12 +594,12 @@ Status StopAll(Procs* procs) {
 
 struct Row {
   int shards = 0, workers = 0;
-  size_t bytes = 0;              // bucket per worker per round
-  double ps[3] = {0, 0, 0};      // goodput p10, p50, p90 (GB/s)
+  size_t bytes = 0;          // bucket per worker per round
+  double ps[3] = {0, 0, 0};  // goodput p10, p50, p90 (GB/s)
   double raw[3] = {0, 0, 0};
-  double paired = 0;             // median over repetitions of ps / the raw one beside it
+  double paired = 0;  // median over repetitions of ps / the raw one beside it
   uint64_t resent = 0;
-  bool curve = false;            // the job ran CURVE
+  bool curve = false;  // the job ran CURVE
   double ratio() const { return ps[1] / raw[1]; }
   double per_shard() const { return ps[1] / shards; }
 };
@@ -680,21 +685,23 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
 }
 
 void PrintHeader(const Settings& s) {
-  std::printf("ps push+pull goodput vs raw ZeroMQ PUSH/PULL on loopback: %d x 4 MiB partitions "
-              "per shard per worker, %d rounds per repetition, median of %d (p10..p90); "
-              "GB/s = 1e9 B/s\n",
-              s.parts, s.rounds, s.reps);
+  std::printf(
+      "ps push+pull goodput vs raw ZeroMQ PUSH/PULL on loopback: %d x 4 MiB partitions "
+      "per shard per worker, %d rounds per repetition, median of %d (p10..p90); "
+      "GB/s = 1e9 B/s\n",
+      s.parts, s.rounds, s.reps);
   std::printf("ps pushes compressed with %s, replies %s\n", s.compression.c_str(), s.reply.c_str());
-  std::printf("%6s %7s %5s %9s | %8s %17s %9s | %8s %17s | %6s %6s\n", "shards", "workers",
-              "curve", "bucket", "ps GB/s", "(p10..p90)", "per shard", "raw GB/s", "(p10..p90)",
-              "ratio", "paired");
+  std::printf("%6s %7s %5s %9s | %8s %17s %9s | %8s %17s | %6s %6s\n", "shards", "workers", "curve",
+              "bucket", "ps GB/s", "(p10..p90)", "per shard", "raw GB/s", "(p10..p90)", "ratio",
+              "paired");
 }
 
 void PrintRow(const Row& r) {
-  std::printf("%6d %7d %5s %5zu MiB | %8.3f (%6.3f..%6.3f) %9.3f | %8.3f (%6.3f..%6.3f) | "
-              "%5.2fx %5.2fx",
-              r.shards, r.workers, r.curve ? "yes" : "no", r.bytes >> 20, r.ps[1], r.ps[0], r.ps[2], r.per_shard(),
-              r.raw[1], r.raw[0], r.raw[2], r.ratio(), r.paired);
+  std::printf(
+      "%6d %7d %5s %5zu MiB | %8.3f (%6.3f..%6.3f) %9.3f | %8.3f (%6.3f..%6.3f) | "
+      "%5.2fx %5.2fx",
+      r.shards, r.workers, r.curve ? "yes" : "no", r.bytes >> 20, r.ps[1], r.ps[0], r.ps[2],
+      r.per_shard(), r.raw[1], r.raw[0], r.raw[2], r.ratio(), r.paired);
   if (r.resent > 0) std::printf("  (%llu resent)", static_cast<unsigned long long>(r.resent));
   std::printf("\n");
   std::fflush(stdout);
@@ -741,12 +748,13 @@ void PrintTargets(const Settings& s, const std::vector<Row>& rows) {
 void PrintJson(const Settings& s, const std::vector<Row>& rows) {
   std::printf("\n");
   for (const Row& r : rows) {
-    std::printf("{\"impl\":\"gradsync_ps\",\"shards\":%d,\"workers\":%d,\"bytes\":%zu,"
-                "\"goodput_gbps\":%.4f,\"raw_zmq_gbps\":%.4f,\"ratio\":%.4f,"
-                "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\","
-                "\"curve\":%s}\n",
-                r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard(),
-                s.compression.c_str(), s.reply.c_str(), r.curve ? "true" : "false");
+    std::printf(
+        "{\"impl\":\"gradsync_ps\",\"shards\":%d,\"workers\":%d,\"bytes\":%zu,"
+        "\"goodput_gbps\":%.4f,\"raw_zmq_gbps\":%.4f,\"ratio\":%.4f,"
+        "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\","
+        "\"curve\":%s}\n",
+        r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard(),
+        s.compression.c_str(), s.reply.c_str(), r.curve ? "true" : "false");
   }
 }
 

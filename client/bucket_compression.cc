@@ -16,8 +16,10 @@ std::map<std::string, std::string> ParseOverrides(const std::string& list) {
     if (end == std::string::npos) end = list.size();
     const std::string entry = list.substr(start, end - start);
     const size_t eq = entry.find('=');
-    if (eq != std::string::npos) out[entry.substr(0, eq)] = entry.substr(eq + 1);
-    else if (!entry.empty()) out[entry] = "";
+    if (eq != std::string::npos)
+      out[entry.substr(0, eq)] = entry.substr(eq + 1);
+    else if (!entry.empty())
+      out[entry] = "";
     start = end + 1;
   }
   return out;
@@ -85,9 +87,9 @@ std::string BucketCompression::SpecOf(uint32_t id) const {
   return it == specs_.end() ? "none" : it->second;
 }
 
-Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* data,
-                                 size_t count, const OpTag& tag, uint64_t seed,
-                                 Deadline deadline, Traffic* traffic) {
+Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* data, size_t count,
+                                 const OpTag& tag, uint64_t seed, Deadline deadline,
+                                 Traffic* traffic) {
   const compression::CompressContext ctx{seed, tag.step, bucket};
   auto ps = powersgd_.find(bucket);
   if (ps != powersgd_.end()) {
@@ -113,8 +115,8 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
 
 Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::PowerSgd& p,
                                          float* data, size_t count, const OpTag& tag,
-                                         const compression::CompressContext& ctx,
-                                         Deadline deadline, Traffic* traffic) {
+                                         const compression::CompressContext& ctx, Deadline deadline,
+                                         Traffic* traffic) {
   bool done = false;
   GS_RETURN_IF_ERROR(ReducePowerSgdTensors(backend, p, data, tag, ctx, deadline, traffic, &done));
   if (done) return Status();
@@ -149,8 +151,8 @@ Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compressio
       continue;
     }
     const compression::PowerSgdShape shape{t.rows, t.cols};
-    GS_RETURN_IF_ERROR(
-        p.ReduceTensor(data + t.offset, shape, ctx, static_cast<uint32_t>(i), backend.world_size(), sum));
+    GS_RETURN_IF_ERROR(p.ReduceTensor(data + t.offset, shape, ctx, static_cast<uint32_t>(i),
+                                      backend.world_size(), sum));
     bytes += (t.rows + t.cols) * p.RankForMatrix(shape) * sizeof(float);
   }
   if (!scratch_.empty()) {
@@ -193,8 +195,8 @@ Status BucketCompression::ReduceGathered(Collectives& backend, compression::Comp
   GS_RETURN_IF_ERROR(c.Decompress(gathered_.data(), wb, count, ctx, data));
   scratch_.resize(count);
   for (int r = 1; r < n; ++r) {
-    GS_RETURN_IF_ERROR(c.Decompress(gathered_.data() + static_cast<size_t>(r) * wb, wb, count,
-                                    ctx, scratch_.data()));
+    GS_RETURN_IF_ERROR(c.Decompress(gathered_.data() + static_cast<size_t>(r) * wb, wb, count, ctx,
+                                    scratch_.data()));
     AddInto(reinterpret_cast<uint8_t*>(data), reinterpret_cast<const uint8_t*>(scratch_.data()),
             count, DType::kF32);
   }

@@ -82,26 +82,26 @@ class BucketCompression {
 
   // Averages the f32 bucket `data` over all ranks through `backend`, using
   // the bucket's compressor; uncompressed buckets are one AllReduce.
-  Status Reduce(Collectives& backend, uint32_t bucket, float* data, size_t count,
-                const OpTag& tag, uint64_t seed, Deadline deadline, Traffic* traffic);
+  Status Reduce(Collectives& backend, uint32_t bucket, float* data, size_t count, const OpTag& tag,
+                uint64_t seed, Deadline deadline, Traffic* traffic);
 
  private:
   BucketCompression() = default;
   // OK if `spec` would create a compressor (or a PowerSgd).
   Status CheckSpec(const std::string& spec) const;
-  Status ReducePowerSgd(Collectives& backend, compression::PowerSgd& p, float* data,
-                        size_t count, const OpTag& tag, const compression::CompressContext& ctx,
+  Status ReducePowerSgd(Collectives& backend, compression::PowerSgd& p, float* data, size_t count,
+                        const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline, Traffic* traffic);
   // PowerSGD tensor by tensor (see above); false in *done when the bucket
   // has no tensor with a matrix shape.
   Status ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p, float* data,
                                const OpTag& tag, const compression::CompressContext& ctx,
                                Deadline deadline, Traffic* traffic, bool* done);
-  Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data,
-                        size_t count, const OpTag& tag, const compression::CompressContext& ctx,
+  Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data, size_t count,
+                        const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline);
-  Status ReduceGathered(Collectives& backend, compression::Compressor& c, float* data,
-                        size_t count, const OpTag& tag, const compression::CompressContext& ctx,
+  Status ReduceGathered(Collectives& backend, compression::Compressor& c, float* data, size_t count,
+                        const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline);
 
   compression::CompressorRegistry registry_;

@@ -67,8 +67,8 @@ TEST_P(BucketCompressionTest, AverageMatchesTheReferenceOnEveryRank) {
   EXPECT_EQ(bcs[0]->SpecOf(0), spec);
   std::vector<BucketCompression::Traffic> wire(kWorld);
   auto st = ring.Run([&](int r) {
-    return bcs[r]->Reduce(ring[r], 0, data[r].data(), kCount, OpTag{3, 0, 1, 9}, /*seed=*/7,
-                          Soon(), &wire[r]);
+    return bcs[r]->Reduce(ring[r], 0, data[r].data(), kCount, OpTag{3, 0, 1, 9}, /*seed=*/7, Soon(),
+                          &wire[r]);
   });
   const std::vector<float> want = Reference(spec);
   for (int r = 0; r < kWorld; ++r) {
@@ -203,8 +203,8 @@ TEST(BucketCompressionChoiceTest, ThresholdDtypeAndOverrides) {
 TEST(BucketCompressionChoiceTest, BadSpecsAreRefusedAtStart) {
   auto bad = BucketCompression::FromConfig(Config::FromMap({{"compression", "zip"}}));
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  auto bad_override = BucketCompression::FromConfig(
-      Config::FromMap({{"compression_overrides", "w=topk:ratio=7"}}));
+  auto bad_override =
+      BucketCompression::FromConfig(Config::FromMap({{"compression_overrides", "w=topk:ratio=7"}}));
   EXPECT_EQ(bad_override.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad_override.status().message().find("compression_overrides w"), std::string::npos);
   auto no_ef = BucketCompression::FromConfig(Config::FromMap({{"compression", "powersgd:ef=0"}}));
@@ -252,10 +252,12 @@ TEST(PowerSgdBucketTest, RegisteredShapesMakeOneMatrixPerTensor) {
     std::vector<float> g(n);
     // Rank 2 per weight, the same column space on every rank.
     for (size_t i = 0; i < kW; ++i) {
-      g[i] = static_cast<float>((i / 30 % 7) * (i % 30 % 5) + (r + 1) * (i / 30 % 3) * (i % 30 % 2));
+      g[i] =
+          static_cast<float>((i / 30 % 7) * (i % 30 % 5) + (r + 1) * (i / 30 % 3) * (i % 30 % 2));
     }
     for (size_t i = 0; i < kB; ++i) g[kW + i] = static_cast<float>(r * 3 + i);
-    for (size_t i = 0; i < kV; ++i) g[kW + kB + i] = static_cast<float>((i / 16 + 1) * (i % 16 % 4));
+    for (size_t i = 0; i < kV; ++i)
+      g[kW + kB + i] = static_cast<float>((i / 16 + 1) * (i % 16 % 4));
     for (size_t i = 0; i < n; ++i) avg[i] += g[i] / kWorld;
     data.push_back(std::move(g));
   }

@@ -25,10 +25,9 @@ uint64_t HashTensor(uint64_t h, const Tensor& t) {
 StatusOr<TensorId> Bucketer::Add(const std::string& name, size_t count, DType dtype) {
   if (name.empty()) return InvalidArgumentError("a tensor needs a name");
   if (name.size() > wire::Limits{}.max_string_bytes) {
-    return InvalidArgumentError("tensor name '" + name.substr(0, 64) + "...' has " +
-                                std::to_string(name.size()) + " bytes, at most " +
-                                std::to_string(wire::Limits{}.max_string_bytes) +
-                                " cross the wire");
+    return InvalidArgumentError(
+        "tensor name '" + name.substr(0, 64) + "...' has " + std::to_string(name.size()) +
+        " bytes, at most " + std::to_string(wire::Limits{}.max_string_bytes) + " cross the wire");
   }
   if (count == 0) return InvalidArgumentError("tensor '" + name + "' has no elements");
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {

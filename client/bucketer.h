@@ -28,7 +28,7 @@ struct Tensor {
   size_t count = 0;
   DType dtype = DType::kF32;
   int bucket = -1;
-  size_t offset = 0;       // first element within its bucket
+  size_t offset = 0;  // first element within its bucket
   // The matrix view of a tensor whose shape was registered: rows = the
   // first dimension, cols = the product of the others; 0 x 0 without one.
   size_t rows = 0;

@@ -33,34 +33,20 @@ using gradsync::client::SyncHandle;
 using gradsync::client::TensorId;
 
 static_assert(GS_OK == static_cast<int>(StatusCode::kOk), "gs_code");
-static_assert(GS_CANCELLED == static_cast<int>(StatusCode::kCancelled),
-              "gs_code");
-static_assert(GS_INVALID_ARGUMENT ==
-                  static_cast<int>(StatusCode::kInvalidArgument),
-              "gs_code");
-static_assert(GS_DEADLINE_EXCEEDED ==
-                  static_cast<int>(StatusCode::kDeadlineExceeded),
-              "gs_code");
-static_assert(GS_NOT_FOUND == static_cast<int>(StatusCode::kNotFound),
-              "gs_code");
-static_assert(GS_ALREADY_EXISTS == static_cast<int>(StatusCode::kAlreadyExists),
-              "gs_code");
-static_assert(GS_FAILED_PRECONDITION ==
-                  static_cast<int>(StatusCode::kFailedPrecondition),
+static_assert(GS_CANCELLED == static_cast<int>(StatusCode::kCancelled), "gs_code");
+static_assert(GS_INVALID_ARGUMENT == static_cast<int>(StatusCode::kInvalidArgument), "gs_code");
+static_assert(GS_DEADLINE_EXCEEDED == static_cast<int>(StatusCode::kDeadlineExceeded), "gs_code");
+static_assert(GS_NOT_FOUND == static_cast<int>(StatusCode::kNotFound), "gs_code");
+static_assert(GS_ALREADY_EXISTS == static_cast<int>(StatusCode::kAlreadyExists), "gs_code");
+static_assert(GS_FAILED_PRECONDITION == static_cast<int>(StatusCode::kFailedPrecondition),
               "gs_code");
 static_assert(GS_ABORTED == static_cast<int>(StatusCode::kAborted), "gs_code");
-static_assert(GS_OUT_OF_RANGE == static_cast<int>(StatusCode::kOutOfRange),
-              "gs_code");
-static_assert(GS_UNIMPLEMENTED == static_cast<int>(StatusCode::kUnimplemented),
-              "gs_code");
-static_assert(GS_INTERNAL == static_cast<int>(StatusCode::kInternal),
-              "gs_code");
-static_assert(GS_UNAVAILABLE == static_cast<int>(StatusCode::kUnavailable),
-              "gs_code");
-static_assert(GS_MEMBERSHIP_CHANGED == static_cast<int>(StatusCode::kMembershipChanged),
-              "gs_code");
-static_assert(GS_DATA_LOSS == static_cast<int>(StatusCode::kDataLoss),
-              "gs_code");
+static_assert(GS_OUT_OF_RANGE == static_cast<int>(StatusCode::kOutOfRange), "gs_code");
+static_assert(GS_UNIMPLEMENTED == static_cast<int>(StatusCode::kUnimplemented), "gs_code");
+static_assert(GS_INTERNAL == static_cast<int>(StatusCode::kInternal), "gs_code");
+static_assert(GS_UNAVAILABLE == static_cast<int>(StatusCode::kUnavailable), "gs_code");
+static_assert(GS_MEMBERSHIP_CHANGED == static_cast<int>(StatusCode::kMembershipChanged), "gs_code");
+static_assert(GS_DATA_LOSS == static_cast<int>(StatusCode::kDataLoss), "gs_code");
 static_assert(GS_F32 == static_cast<int>(DType::kF32), "gs_dtype");
 static_assert(GS_F16 == static_cast<int>(DType::kF16), "gs_dtype");
 static_assert(GS_BF16 == static_cast<int>(DType::kBF16), "gs_dtype");
@@ -104,23 +90,19 @@ StatusOr<ReduceOp> ToReduceOp(int op) {
   const int v = static_cast<int>(op);
   if (v == GS_SUM) return ReduceOp::kSum;
   if (v == GS_AVERAGE) return ReduceOp::kAverage;
-  return InvalidArgumentError("op is " + std::to_string(v) +
-                              ", not GS_SUM (0) or GS_AVERAGE (1)");
+  return InvalidArgumentError("op is " + std::to_string(v) + ", not GS_SUM (0) or GS_AVERAGE (1)");
 }
 
 // argv for Config::FromArgs: a program name, then `args`, each "--name...".
-StatusOr<std::vector<const char*>> ToArgv(const char* const* args,
-                                          int num_args) {
-  if (num_args < 0)
-    return InvalidArgumentError("num_args is " + std::to_string(num_args));
+StatusOr<std::vector<const char*>> ToArgv(const char* const* args, int num_args) {
+  if (num_args < 0) return InvalidArgumentError("num_args is " + std::to_string(num_args));
   if (num_args > 0) GS_RETURN_IF_ERROR(NotNull(args, "args"));
   std::vector<const char*> argv = {"gradsync"};
   for (int i = 0; i < num_args; ++i) {
     const std::string name = "args[" + std::to_string(i) + "]";
     GS_RETURN_IF_ERROR(NotNull(args[i], name.c_str()));
     if (std::strncmp(args[i], "--", 2) != 0 || std::strlen(args[i]) == 2) {
-      return InvalidArgumentError(name + " is '" + args[i] +
-                                  "', not --name=value");
+      return InvalidArgumentError(name + " is '" + args[i] + "', not --name=value");
     }
     argv.push_back(args[i]);
   }
@@ -140,15 +122,13 @@ const char* gs_code_name(int code) {
   return gradsync::StatusCodeName(static_cast<StatusCode>(code));
 }
 
-int gs_create(const char* const* args, int num_args, int64_t timeout_ms,
-              gs_comm** out) {
+int gs_create(const char* const* args, int num_args, int64_t timeout_ms, gs_comm** out) {
   return Guard("gs_create", [&]() -> Status {
     GS_RETURN_IF_ERROR(NotNull(out, "out"));
     *out = nullptr;
     GS_ASSIGN_OR_RETURN(std::vector<const char*> argv, ToArgv(args, num_args));
-    GS_ASSIGN_OR_RETURN(
-        Config config,
-        Config::FromArgs(static_cast<int>(argv.size()), argv.data(), environ));
+    GS_ASSIGN_OR_RETURN(Config config,
+                        Config::FromArgs(static_cast<int>(argv.size()), argv.data(), environ));
     GS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                         Communicator::Create(config, ToDeadline(timeout_ms)));
     GS_RETURN_IF_ERROR(config.CheckKnownFlags("setting"));
@@ -194,8 +174,8 @@ int gs_epoch(const gs_comm* comm, uint32_t* out) {
   });
 }
 
-int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms,
-                  uint64_t* out_step, int* out_root) {
+int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms, uint64_t* out_step,
+                  int* out_root) {
   return Guard("gs_agree_step", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(out_step, "out_step"));
@@ -208,16 +188,13 @@ int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms,
   });
 }
 
-int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
-                       int dtype, int32_t* out_id) {
-  return gs_register_tensor_shaped(comm, name, num_elements, dtype, nullptr, 0,
-                                   out_id);
+int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements, int dtype,
+                       int32_t* out_id) {
+  return gs_register_tensor_shaped(comm, name, num_elements, dtype, nullptr, 0, out_id);
 }
 
-int gs_register_tensor_shaped(gs_comm* comm, const char* name,
-                              size_t num_elements, int dtype,
-                              const size_t* shape, int ndim,
-                              int32_t* out_id) {
+int gs_register_tensor_shaped(gs_comm* comm, const char* name, size_t num_elements, int dtype,
+                              const size_t* shape, int ndim, int32_t* out_id) {
   return Guard("gs_register_tensor", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(name, "name"));
@@ -228,22 +205,19 @@ int gs_register_tensor_shaped(gs_comm* comm, const char* name,
                                   " dimensions (0 to 16, with a shape array)");
     }
     const std::vector<size_t> dims(shape, shape + ndim);
-    GS_ASSIGN_OR_RETURN(TensorId id,
-                        comm->comm->RegisterTensor(name, num_elements, d, dims));
+    GS_ASSIGN_OR_RETURN(TensorId id, comm->comm->RegisterTensor(name, num_elements, d, dims));
     *out_id = id;
     return OkStatus();
   });
 }
 
-int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback,
-                  void* user, gs_handle** out_handle) {
-  return gs_mark_ready_on_stream(comm, id, data, nullptr, callback, user,
-                                 out_handle);
+int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback, void* user,
+                  gs_handle** out_handle) {
+  return gs_mark_ready_on_stream(comm, id, data, nullptr, callback, user, out_handle);
 }
 
-int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data,
-                            void* stream, gs_callback callback, void* user,
-                            gs_handle** out_handle) {
+int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data, void* stream,
+                            gs_callback callback, void* user, gs_handle** out_handle) {
   return Guard("gs_mark_ready", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(data, "data"));
@@ -254,10 +228,8 @@ int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data,
         callback(static_cast<int>(s.code()), s.message().c_str(), user);
       };
     }
-    auto handle =
-        out_handle != nullptr ? std::make_unique<gs_handle>() : nullptr;
-    GS_ASSIGN_OR_RETURN(SyncHandle h,
-                        comm->comm->MarkReady(id, data, std::move(done), stream));
+    auto handle = out_handle != nullptr ? std::make_unique<gs_handle>() : nullptr;
+    GS_ASSIGN_OR_RETURN(SyncHandle h, comm->comm->MarkReady(id, data, std::move(done), stream));
     if (out_handle != nullptr) {
       handle->handle = std::move(h);
       *out_handle = handle.release();
@@ -313,8 +285,7 @@ int gs_no_sync_end(gs_comm* comm) {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     std::lock_guard<std::mutex> lock(comm->mu);
     if (!comm->no_sync.has_value()) {
-      return FailedPreconditionError(
-          "no no-sync scope to end: gs_no_sync_begin was not called");
+      return FailedPreconditionError("no no-sync scope to end: gs_no_sync_begin was not called");
     }
     comm->no_sync.reset();
     return OkStatus();
@@ -328,24 +299,21 @@ int gs_barrier(gs_comm* comm, int64_t timeout_ms) {
   });
 }
 
-int gs_broadcast(gs_comm* comm, void* data, size_t count, int dtype,
-                 int root, int64_t timeout_ms) {
+int gs_broadcast(gs_comm* comm, void* data, size_t count, int dtype, int root, int64_t timeout_ms) {
   return Guard("gs_broadcast", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(data, "data"));
     GS_ASSIGN_OR_RETURN(DType d, ToDType(dtype));
     const int n = comm->comm->world_size();
     if (root < 0 || root >= n) {
-      return InvalidArgumentError("root is " + std::to_string(root) +
-                                  ", not a rank in [0, " + std::to_string(n) +
-                                  ")");
+      return InvalidArgumentError("root is " + std::to_string(root) + ", not a rank in [0, " +
+                                  std::to_string(n) + ")");
     }
     return comm->comm->Broadcast(data, count, d, root, ToDeadline(timeout_ms));
   });
 }
 
-int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype,
-                 int op, int64_t timeout_ms) {
+int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype, int op, int64_t timeout_ms) {
   return Guard("gs_allreduce", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(data, "data"));
@@ -355,8 +323,7 @@ int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype,
   });
 }
 
-int gs_allgather(gs_comm* comm, const void* in, size_t bytes, void* out,
-                 int64_t timeout_ms) {
+int gs_allgather(gs_comm* comm, const void* in, size_t bytes, void* out, int64_t timeout_ms) {
   return Guard("gs_allgather", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));
     GS_RETURN_IF_ERROR(NotNull(in, "in"));

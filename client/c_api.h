@@ -117,8 +117,7 @@ const char* gs_code_name(int code);
  * "--name=value" or a setting no component reads (a typo); GS_UNAVAILABLE or
  * GS_DEADLINE_EXCEEDED naming the scheduler address when it cannot be
  * reached. */
-int gs_create(const char* const* args, int num_args, int64_t timeout_ms,
-              gs_comm** out);
+int gs_create(const char* const* args, int num_args, int64_t timeout_ms, gs_comm** out);
 
 /* Leaves the job (as gs_shutdown) and frees `comm`. NULL is a no-op.
  * Handles from gs_mark_ready stay valid (pending ones end GS_CANCELLED) and
@@ -136,25 +135,23 @@ int gs_epoch(const gs_comm* comm, uint32_t* out);
  * completed; *out_step gets the most, *out_root the lowest rank that
  * completed that many (the others take its state, e.g. by gs_broadcast
  * from it, and redo step *out_step). Blocks as gs_allgather. */
-int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms,
-                  uint64_t* out_step, int* out_root);
+int gs_agree_step(gs_comm* comm, uint64_t completed_steps, int64_t timeout_ms, uint64_t* out_step,
+                  int* out_root);
 
 /* Registers a gradient tensor of `num_elements` elements and sets *out_id.
  * Only before the first gs_mark_ready; every worker registers the same
  * tensors in the same order. `name` is copied. Errors: GS_INVALID_ARGUMENT
  * for an empty or duplicate name, zero elements or a bad dtype;
  * GS_FAILED_PRECONDITION after the first gs_mark_ready. */
-int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements,
-                       int dtype, int32_t* out_id);
+int gs_register_tensor(gs_comm* comm, const char* name, size_t num_elements, int dtype,
+                       int32_t* out_id);
 
 /* gs_register_tensor with the tensor's shape: `ndim` (0 to 16) dimensions
  * whose product is `num_elements`. PowerSGD then approximates a tensor of 2
  * or more dimensions as its own shape[0] x (the rest) matrix. ndim 0 is no
  * shape. GS_INVALID_ARGUMENT also for a shape whose product differs. */
-int gs_register_tensor_shaped(gs_comm* comm, const char* name,
-                              size_t num_elements, int dtype,
-                              const size_t* shape, int ndim,
-                              int32_t* out_id);
+int gs_register_tensor_shaped(gs_comm* comm, const char* name, size_t num_elements, int dtype,
+                              const size_t* shape, int ndim, int32_t* out_id);
 
 /* Hands over the gradient of tensor `id` for this step; does not block.
  * `data` holds the tensor's elements and receives the gradient averaged over
@@ -165,8 +162,8 @@ int gs_register_tensor_shaped(gs_comm* comm, const char* name,
  * GS_FAILED_PRECONDITION when `id` was already marked ready this step; the
  * job's error once a collective failed. On error no callback runs and no
  * handle is made. */
-int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback,
-                  void* user, gs_handle** out_handle);
+int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback, void* user,
+                  gs_handle** out_handle);
 
 /* gs_mark_ready for CUDA gradients (setting gradient_device=cuda): `data` is
  * memory of the device cuda_device and `stream` the cudaStream_t (NULL: the
@@ -176,9 +173,8 @@ int gs_mark_ready(gs_comm* comm, int32_t id, void* data, gs_callback callback,
  * averaged gradient is in `data`. GS_INVALID_ARGUMENT for host memory or
  * memory of another device, and for a non-NULL stream on a communicator of
  * host gradients. */
-int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data,
-                            void* stream, gs_callback callback, void* user,
-                            gs_handle** out_handle);
+int gs_mark_ready_on_stream(gs_comm* comm, int32_t id, void* data, void* stream,
+                            gs_callback callback, void* user, gs_handle** out_handle);
 
 /* Blocks until the gradient of `handle` is synchronised (GS_OK), its
  * operation failed (that error), or `timeout_ms` passed
@@ -214,18 +210,15 @@ int gs_barrier(gs_comm* comm, int64_t timeout_ms);
 
 /* Copies rank `root`'s data[0, count) to every worker's `data`.
  * GS_INVALID_ARGUMENT for a root outside [0, world size). */
-int gs_broadcast(gs_comm* comm, void* data, size_t count, int dtype,
-                 int root, int64_t timeout_ms);
+int gs_broadcast(gs_comm* comm, void* data, size_t count, int dtype, int root, int64_t timeout_ms);
 
 /* In place: data[0, count) becomes the sum or the average over workers. */
-int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype,
-                 int op, int64_t timeout_ms);
+int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype, int op, int64_t timeout_ms);
 
 /* Every worker contributes in[0, bytes); out[r * bytes, (r + 1) * bytes)
  * receives rank r's. `out` holds world size * bytes and does not overlap
  * `in`. */
-int gs_allgather(gs_comm* comm, const void* in, size_t bytes, void* out,
-                 int64_t timeout_ms);
+int gs_allgather(gs_comm* comm, const void* in, size_t bytes, void* out, int64_t timeout_ms);
 
 /* Copies the communicator's counters into *out. */
 int gs_get_stats(const gs_comm* comm, gs_stats* out);

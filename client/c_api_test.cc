@@ -19,8 +19,7 @@
 #include "gtest/gtest.h"
 
 extern "C" int gs_c_check_argument_errors(void);
-extern "C" int gs_c_sum_floats(gs_comm* comm, float* data, size_t count,
-                               int expected_world);
+extern "C" int gs_c_sum_floats(gs_comm* comm, float* data, size_t count, int expected_world);
 
 namespace gradsync {
 namespace {
@@ -61,8 +60,7 @@ std::vector<float> Decode(gs_dtype dtype, const std::vector<uint8_t>& bytes) {
 // dtype: rank r holds (2r + 1) * pattern, the average is 2 * pattern.
 std::vector<float> Pattern(size_t n, int rank, int salt) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i)
-    v[i] = static_cast<float>((2 * rank + 1) * ((i + salt) % 11 + 1));
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((2 * rank + 1) * ((i + salt) % 11 + 1));
   return v;
 }
 
@@ -73,8 +71,7 @@ struct Completions {
 
 void CountCompletion(int code, const char* message, void* user) {
   auto* c = static_cast<Completions*>(user);
-  (code == GS_OK && message != nullptr && message[0] == '\0' ? c->ok
-                                                             : c->failed)++;
+  (code == GS_OK && message != nullptr && message[0] == '\0' ? c->ok : c->failed)++;
 }
 
 bool WaitForCount(const std::atomic<int>& count, int expected) {
@@ -95,35 +92,30 @@ class CApiTest : public ::testing::Test {
  protected:
   // Starts a scheduler for `workers` workers on a free port.
   void StartScheduler(int workers) {
-    std::vector<std::string> argv = {
-        Runfile("server/gradsync_server"), "--role=scheduler", "--port=0",
-        "--num_workers=" + std::to_string(workers)};
-    const std::string test =
-        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::vector<std::string> argv = {Runfile("server/gradsync_server"), "--role=scheduler",
+                                     "--port=0", "--num_workers=" + std::to_string(workers)};
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     auto p = Subprocess::Spawn(argv, {}, TmpFile(test + ".scheduler.log"));
     ASSERT_TRUE(p.ok()) << p.status();
     scheduler_ = std::make_unique<Subprocess>(std::move(*p));
-    ASSERT_TRUE(
-        scheduler_->WaitForOutput("listening on", Deadline::AfterMs(10000)));
+    ASSERT_TRUE(scheduler_->WaitForOutput("listening on", Deadline::AfterMs(10000)));
     const std::string out = scheduler_->Output();
     const size_t at = out.find("listening on tcp://");
     ASSERT_NE(at, std::string::npos) << out;
     const size_t colon = out.find(':', at + std::strlen("listening on tcp://"));
-    address_ =
-        "127.0.0.1:" + std::to_string(std::atoi(out.c_str() + colon + 1));
+    address_ = "127.0.0.1:" + std::to_string(std::atoi(out.c_str() + colon + 1));
     workers_ = workers;
   }
 
   gs_comm* Create(int rank, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {
-        "--scheduler=" + address_, "--num_workers=" + std::to_string(workers_),
-        "--rank=" + std::to_string(rank)};
+    std::vector<std::string> args = {"--scheduler=" + address_,
+                                     "--num_workers=" + std::to_string(workers_),
+                                     "--rank=" + std::to_string(rank)};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<const char*> argv;
     for (const std::string& a : args) argv.push_back(a.c_str());
     gs_comm* comm = nullptr;
-    const int code = gs_create(argv.data(), static_cast<int>(argv.size()),
-                               kTimeoutMs, &comm);
+    const int code = gs_create(argv.data(), static_cast<int>(argv.size()), kTimeoutMs, &comm);
     EXPECT_EQ(code, GS_OK) << gs_last_error();
     return comm;
   }
@@ -144,8 +136,7 @@ class CApiTest : public ::testing::Test {
   }
 
   void ExpectJobEndedCleanly() {
-    EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0)
-        << scheduler_->Output();
+    EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
   }
 
   std::unique_ptr<Subprocess> scheduler_;
@@ -153,13 +144,11 @@ class CApiTest : public ::testing::Test {
   int workers_ = 0;
 };
 
-std::vector<int32_t> RegisterAll(gs_comm* comm,
-                                 const std::vector<TensorSpec>& specs) {
+std::vector<int32_t> RegisterAll(gs_comm* comm, const std::vector<TensorSpec>& specs) {
   std::vector<int32_t> ids;
   for (const TensorSpec& s : specs) {
     int32_t id = -1;
-    EXPECT_EQ(gs_register_tensor(comm, s.name, s.count, s.dtype, &id), GS_OK)
-        << gs_last_error();
+    EXPECT_EQ(gs_register_tensor(comm, s.name, s.count, s.dtype, &id), GS_OK) << gs_last_error();
     ids.push_back(id);
   }
   return ids;
@@ -167,17 +156,15 @@ std::vector<int32_t> RegisterAll(gs_comm* comm,
 
 // One step: every tensor marked ready in reverse order, odd ones with a
 // callback, even ones with a handle; checks the averages.
-void RunStep(gs_comm* comm, const std::vector<TensorSpec>& specs,
-             const std::vector<int32_t>& ids, int rank, int step,
-             Completions* completions) {
+void RunStep(gs_comm* comm, const std::vector<TensorSpec>& specs, const std::vector<int32_t>& ids,
+             int rank, int step, Completions* completions) {
   std::vector<std::vector<uint8_t>> data(specs.size());
   std::vector<gs_handle*> handles(specs.size(), nullptr);
   for (size_t i = specs.size(); i-- > 0;) {
     data[i] = Encode(specs[i].dtype, Pattern(specs[i].count, rank, step));
     const bool odd = i % 2 == 1;
-    ASSERT_EQ(gs_mark_ready(comm, ids[i], data[i].data(),
-                            odd ? CountCompletion : nullptr, completions,
-                            odd ? nullptr : &handles[i]),
+    ASSERT_EQ(gs_mark_ready(comm, ids[i], data[i].data(), odd ? CountCompletion : nullptr,
+                            completions, odd ? nullptr : &handles[i]),
               GS_OK)
         << gs_last_error();
   }
@@ -193,17 +180,16 @@ void RunStep(gs_comm* comm, const std::vector<TensorSpec>& specs,
     const std::vector<float> got = Decode(specs[i].dtype, data[i]);
     const std::vector<float> want = Pattern(specs[i].count, 0, step);
     for (size_t k = 0; k < got.size(); ++k) {
-      ASSERT_EQ(got[k], 2 * want[k])
-          << specs[i].name << "[" << k << "] step " << step;
+      ASSERT_EQ(got[k], 2 * want[k]) << specs[i].name << "[" << k << "] step " << step;
     }
   }
 }
 
 TEST_F(CApiTest, SynchronizesMixedDtypesToTheAverage) {
   StartScheduler(2);
-  const std::vector<TensorSpec> specs = {
-      {"embed", 5000, GS_BF16}, {"fc1.w", 3000, GS_F32}, {"fc1.b", 1, GS_F32},
-      {"fc2.w", 777, GS_F16},   {"fc2.b", 10, GS_F16},   {"out", 100, GS_F32}};
+  const std::vector<TensorSpec> specs = {{"embed", 5000, GS_BF16}, {"fc1.w", 3000, GS_F32},
+                                         {"fc1.b", 1, GS_F32},     {"fc2.w", 777, GS_F16},
+                                         {"fc2.b", 10, GS_F16},    {"out", 100, GS_F32}};
   constexpr int kSteps = 3;
   RunWorkers(
       [&](gs_comm* comm, int rank) {
@@ -215,8 +201,7 @@ TEST_F(CApiTest, SynchronizesMixedDtypesToTheAverage) {
         for (int step = 0; step < kSteps; ++step) {
           RunStep(comm, specs, ids, rank, step, &completions);
         }
-        EXPECT_TRUE(WaitForCount(completions.ok, kSteps * 3))
-            << completions.ok.load();
+        EXPECT_TRUE(WaitForCount(completions.ok, kSteps * 3)) << completions.ok.load();
         EXPECT_EQ(completions.failed.load(), 0);
         gs_stats stats;
         ASSERT_EQ(gs_get_stats(comm, &stats), GS_OK);
@@ -229,8 +214,7 @@ TEST_F(CApiTest, SynchronizesMixedDtypesToTheAverage) {
 
 TEST_F(CApiTest, NoSyncAccumulatesMicroStepsLocally) {
   StartScheduler(2);
-  const std::vector<TensorSpec> specs = {{"w", 1000, GS_F32},
-                                         {"b", 64, GS_BF16}};
+  const std::vector<TensorSpec> specs = {{"w", 1000, GS_F32}, {"b", 64, GS_BF16}};
   RunWorkers([&](gs_comm* comm, int rank) {
     const std::vector<int32_t> ids = RegisterAll(comm, specs);
     EXPECT_EQ(gs_no_sync_end(comm), GS_FAILED_PRECONDITION);
@@ -243,12 +227,9 @@ TEST_F(CApiTest, NoSyncAccumulatesMicroStepsLocally) {
     for (size_t i = 0; i < specs.size(); ++i) {
       first.push_back(Encode(specs[i].dtype, Pattern(specs[i].count, rank, 0)));
       gs_handle* h = nullptr;
-      ASSERT_EQ(
-          gs_mark_ready(comm, ids[i], first[i].data(), nullptr, nullptr, &h),
-          GS_OK)
+      ASSERT_EQ(gs_mark_ready(comm, ids[i], first[i].data(), nullptr, nullptr, &h), GS_OK)
           << gs_last_error();
-      EXPECT_EQ(gs_handle_wait(h, 0), GS_OK)
-          << "a no-sync mark-ready completes at once";
+      EXPECT_EQ(gs_handle_wait(h, 0), GS_OK) << "a no-sync mark-ready completes at once";
       gs_handle_free(h);
     }
     ASSERT_EQ(gs_synchronize(comm, kTimeoutMs), GS_OK) << gs_last_error();
@@ -258,9 +239,7 @@ TEST_F(CApiTest, NoSyncAccumulatesMicroStepsLocally) {
       std::vector<float> twice = Pattern(specs[i].count, rank, 0);
       for (float& v : twice) v *= 2;
       second.push_back(Encode(specs[i].dtype, twice));
-      ASSERT_EQ(gs_mark_ready(comm, ids[i], second[i].data(), nullptr, nullptr,
-                              nullptr),
-                GS_OK)
+      ASSERT_EQ(gs_mark_ready(comm, ids[i], second[i].data(), nullptr, nullptr, nullptr), GS_OK)
           << gs_last_error();
     }
     ASSERT_EQ(gs_synchronize(comm, kTimeoutMs), GS_OK) << gs_last_error();
@@ -283,33 +262,25 @@ TEST_F(CApiTest, BroadcastFromRankZeroAllGatherAndAllReduceFromC) {
   RunWorkers([&](gs_comm* comm, int rank) {
     std::vector<float> params(4099, -1.0f);
     if (rank == 0) {
-      for (size_t i = 0; i < params.size(); ++i)
-        params[i] = static_cast<float>(i);
+      for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i);
     }
-    ASSERT_EQ(
-        gs_broadcast(comm, params.data(), params.size(), GS_F32, 0, kTimeoutMs),
-        GS_OK)
+    ASSERT_EQ(gs_broadcast(comm, params.data(), params.size(), GS_F32, 0, kTimeoutMs), GS_OK)
         << gs_last_error();
-    for (size_t i = 0; i < params.size(); ++i)
-      ASSERT_EQ(params[i], static_cast<float>(i));
+    for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params[i], static_cast<float>(i));
 
-    std::vector<uint8_t> half =
-        Encode(GS_F16, std::vector<float>(33, rank == 0 ? 7.0f : 0.0f));
-    ASSERT_EQ(gs_broadcast(comm, half.data(), 33, GS_F16, 0, kTimeoutMs),
-              GS_OK);
+    std::vector<uint8_t> half = Encode(GS_F16, std::vector<float>(33, rank == 0 ? 7.0f : 0.0f));
+    ASSERT_EQ(gs_broadcast(comm, half.data(), 33, GS_F16, 0, kTimeoutMs), GS_OK);
     EXPECT_EQ(Decode(GS_F16, half), std::vector<float>(33, 7.0f));
 
     const int32_t mine = 100 + rank;
     int32_t all[3] = {0, 0, 0};
-    ASSERT_EQ(gs_allgather(comm, &mine, sizeof(mine), all, kTimeoutMs), GS_OK)
-        << gs_last_error();
+    ASSERT_EQ(gs_allgather(comm, &mine, sizeof(mine), all, kTimeoutMs), GS_OK) << gs_last_error();
     EXPECT_EQ(all[0], 100);
     EXPECT_EQ(all[1], 101);
     EXPECT_EQ(all[2], 102);
 
     std::vector<float> sums(10, static_cast<float>(rank + 1));
-    EXPECT_EQ(gs_c_sum_floats(comm, sums.data(), sums.size(), 3), 0)
-        << gs_last_error();
+    EXPECT_EQ(gs_c_sum_floats(comm, sums.data(), sums.size(), 3), 0) << gs_last_error();
     EXPECT_EQ(sums, std::vector<float>(10, 6.0f));
     EXPECT_EQ(gs_barrier(comm, kTimeoutMs), GS_OK) << gs_last_error();
 
@@ -329,8 +300,7 @@ TEST_F(CApiTest, BroadcastFromRankZeroAllGatherAndAllReduceFromC) {
 }
 
 TEST_F(CApiTest, ArgumentErrorsReturnTheCodeAndNameTheProblem) {
-  EXPECT_EQ(gs_c_check_argument_errors(), 0)
-      << "line of the failed check in c_api_test_c.c";
+  EXPECT_EQ(gs_c_check_argument_errors(), 0) << "line of the failed check in c_api_test_c.c";
   StartScheduler(1);
   gs_comm* comm = Create(0);
   ASSERT_NE(comm, nullptr);
@@ -339,35 +309,26 @@ TEST_F(CApiTest, ArgumentErrorsReturnTheCodeAndNameTheProblem) {
 
   EXPECT_EQ(gs_synchronize(nullptr, 0), GS_INVALID_ARGUMENT);
   EXPECT_STREQ(gs_last_error(), "gs_synchronize: comm is NULL");
-  EXPECT_EQ(gs_register_tensor(comm, "w", 4, 7, &id),
-            GS_INVALID_ARGUMENT);
+  EXPECT_EQ(gs_register_tensor(comm, "w", 4, 7, &id), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("dtype is 7"));
-  EXPECT_EQ(gs_register_tensor(comm, nullptr, 4, GS_F32, &id),
-            GS_INVALID_ARGUMENT);
+  EXPECT_EQ(gs_register_tensor(comm, nullptr, 4, GS_F32, &id), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("name is NULL"));
-  ASSERT_EQ(gs_register_tensor(comm, "w", 4, GS_F32, &id), GS_OK)
-      << gs_last_error();
+  ASSERT_EQ(gs_register_tensor(comm, "w", 4, GS_F32, &id), GS_OK) << gs_last_error();
   EXPECT_STREQ(gs_last_error(), "");
 
-  EXPECT_EQ(gs_mark_ready(comm, 42, data, nullptr, nullptr, nullptr),
-            GS_INVALID_ARGUMENT);
+  EXPECT_EQ(gs_mark_ready(comm, 42, data, nullptr, nullptr, nullptr), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("tensor id 42 is not registered"));
-  EXPECT_EQ(gs_mark_ready(comm, id, nullptr, nullptr, nullptr, nullptr),
-            GS_INVALID_ARGUMENT);
+  EXPECT_EQ(gs_mark_ready(comm, id, nullptr, nullptr, nullptr, nullptr), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("data is NULL"));
   gs_handle* handle = nullptr;
-  ASSERT_EQ(gs_mark_ready(comm, id, data, nullptr, nullptr, &handle), GS_OK)
-      << gs_last_error();
-  EXPECT_EQ(gs_mark_ready(comm, id, data, nullptr, nullptr, nullptr),
-            GS_FAILED_PRECONDITION);
+  ASSERT_EQ(gs_mark_ready(comm, id, data, nullptr, nullptr, &handle), GS_OK) << gs_last_error();
+  EXPECT_EQ(gs_mark_ready(comm, id, data, nullptr, nullptr, nullptr), GS_FAILED_PRECONDITION);
   EXPECT_THAT(gs_last_error(), HasSubstr("'w' was already marked ready"));
   EXPECT_EQ(gs_handle_wait(handle, GS_NO_TIMEOUT), GS_OK) << gs_last_error();
   EXPECT_EQ(gs_handle_free(handle), GS_OK);
   ASSERT_EQ(gs_synchronize(comm, GS_NO_TIMEOUT), GS_OK) << gs_last_error();
 
-  EXPECT_EQ(
-      gs_allreduce(comm, data, 4, GS_F32, 5, 1000),
-      GS_INVALID_ARGUMENT);
+  EXPECT_EQ(gs_allreduce(comm, data, 4, GS_F32, 5, 1000), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("op is 5"));
   EXPECT_EQ(gs_broadcast(comm, data, 4, GS_F32, 1, 1000), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("root is 1, not a rank in [0, 1)"));
@@ -383,8 +344,7 @@ TEST_F(CApiTest, ArgumentErrorsReturnTheCodeAndNameTheProblem) {
 TEST_F(CApiTest, UnknownSettingIsRefusedByName) {
   StartScheduler(1);
   std::string scheduler = "--scheduler=" + address_;
-  const char* args[] = {scheduler.c_str(), "--num_workers=1",
-                        "--bukcet_bytes=1024"};
+  const char* args[] = {scheduler.c_str(), "--num_workers=1", "--bukcet_bytes=1024"};
   gs_comm* comm = nullptr;
   EXPECT_EQ(gs_create(args, 3, kTimeoutMs, &comm), GS_INVALID_ARGUMENT);
   EXPECT_THAT(gs_last_error(), HasSubstr("unknown setting --bukcet_bytes"));
@@ -396,10 +356,8 @@ TEST_F(CApiTest, UnreachableSchedulerFailsWithinTheTimeoutNamingTheAddress) {
   gs_comm* comm = nullptr;
   const auto start = steady_clock::now();
   const int code = gs_create(args, 2, 1500, &comm);
-  const auto took =
-      std::chrono::duration_cast<Millis>(steady_clock::now() - start);
-  EXPECT_TRUE(code == GS_UNAVAILABLE || code == GS_DEADLINE_EXCEEDED)
-      << gs_code_name(code);
+  const auto took = std::chrono::duration_cast<Millis>(steady_clock::now() - start);
+  EXPECT_TRUE(code == GS_UNAVAILABLE || code == GS_DEADLINE_EXCEEDED) << gs_code_name(code);
   EXPECT_THAT(gs_last_error(), HasSubstr("127.0.0.1:1"));
   EXPECT_EQ(comm, nullptr);
   EXPECT_LT(took.count(), 3000);

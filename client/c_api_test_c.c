@@ -13,8 +13,7 @@ int gs_c_check_argument_errors(void) {
   if (strcmp(gs_code_name(GS_OK), "ok") != 0) return __LINE__;
   if (gs_rank(NULL, &rank) != GS_INVALID_ARGUMENT) return __LINE__;
   if (strstr(gs_last_error(), "comm is NULL") == NULL) return __LINE__;
-  if (gs_create(bad_args, 1, 1000, &comm) != GS_INVALID_ARGUMENT)
-    return __LINE__;
+  if (gs_create(bad_args, 1, 1000, &comm) != GS_INVALID_ARGUMENT) return __LINE__;
   if (strstr(gs_last_error(), "args[0]") == NULL) return __LINE__;
   if (comm != NULL) return __LINE__;
   if (gs_destroy(NULL) != GS_OK) return __LINE__;
@@ -25,12 +24,10 @@ int gs_c_check_argument_errors(void) {
 
 /* Sums data[0, count) over the job and checks the world size. Returns 0, or
  * the line of the first failed check. */
-int gs_c_sum_floats(gs_comm* comm, float* data, size_t count,
-                    int expected_world) {
+int gs_c_sum_floats(gs_comm* comm, float* data, size_t count, int expected_world) {
   int world = 0;
   if (gs_world_size(comm, &world) != GS_OK) return __LINE__;
   if (world != expected_world) return __LINE__;
-  if (gs_allreduce(comm, data, count, GS_F32, GS_SUM, 30000) != GS_OK)
-    return __LINE__;
+  if (gs_allreduce(comm, data, count, GS_F32, GS_SUM, 30000) != GS_OK) return __LINE__;
   return 0;
 }

@@ -5,8 +5,8 @@
 namespace gradsync::client {
 
 const char* SyncOpLabel(SyncOp op) {
-  static const char* const kNames[kNumSyncOps] = {"push",      "pull",      "push_pull", "allreduce",
-                                                  "allgather", "broadcast", "barrier"};
+  static const char* const kNames[kNumSyncOps] = {
+      "push", "pull", "push_pull", "allreduce", "allgather", "broadcast", "barrier"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -16,8 +16,8 @@ const char* SyncPathLabel(SyncPath path) {
 }
 
 const char* FailureReasonLabel(FailureReason reason) {
-  static const char* const kNames[kNumFailureReasons] = {
-      "timeout", "peer_dead", "mismatch", "rejected", "unavailable", "other"};
+  static const char* const kNames[kNumFailureReasons] = {"timeout",  "peer_dead",   "mismatch",
+                                                         "rejected", "unavailable", "other"};
   return kNames[static_cast<int>(reason)];
 }
 
@@ -39,8 +39,8 @@ FailureReason ReasonOf(const Status& s, SyncPath path) {
       return FailureReason::kPeerDead;
     case StatusCode::kUnavailable: {
       const std::string& m = s.message();
-      const bool dead = m.find(" died") != std::string::npos ||
-                        m.find(" dead") != std::string::npos;
+      const bool dead =
+          m.find(" died") != std::string::npos || m.find(" dead") != std::string::npos;
       return dead ? FailureReason::kPeerDead : FailureReason::kUnavailable;
     }
     default:
@@ -116,8 +116,9 @@ ClientMetrics::ClientMetrics(prometheus::Registry& registry) {
                    .Add({}, LatencyBuckets());
   join_ = &prometheus::BuildGauge()
                .Name("gradsync_client_join_seconds")
-               .Help("A worker that joined a running job: from its start to its first "
-                     "completed step (0 otherwise).")
+               .Help(
+                   "A worker that joined a running job: from its start to its first "
+                   "completed step (0 otherwise).")
                .Register(registry)
                .Add({});
 }

@@ -14,9 +14,9 @@ TEST(ClientMetricsTest, FailureReasons) {
   EXPECT_EQ(ReasonOf(FailedPreconditionError("layouts differ"), SyncPath::kRing),
             FailureReason::kMismatch);
   EXPECT_EQ(ReasonOf(AbortedError("shard refused"), SyncPath::kPs), FailureReason::kRejected);
-  EXPECT_EQ(ReasonOf(UnavailableError("worker 3 died (declared dead by the scheduler)"),
-                     SyncPath::kRing),
-            FailureReason::kPeerDead);
+  EXPECT_EQ(
+      ReasonOf(UnavailableError("worker 3 died (declared dead by the scheduler)"), SyncPath::kRing),
+      FailureReason::kPeerDead);
   EXPECT_EQ(ReasonOf(UnavailableError("sending to rank 2 failed"), SyncPath::kRing),
             FailureReason::kUnavailable);
   EXPECT_EQ(ReasonOf(InvalidArgumentError("dtype"), SyncPath::kPs), FailureReason::kOther);
@@ -49,7 +49,8 @@ TEST(ClientMetricsTest, RecordsLatencyRequestsFailuresAndTraffic) {
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\n" << text;
   };
   has("gradsync_client_sync_latency_seconds_count{op=\"allreduce\",path=\"ring\"} 2");
-  has("gradsync_client_sync_latency_seconds_bucket{op=\"allreduce\",path=\"ring\",le=\"0.0025\"} 1");
+  has("gradsync_client_sync_latency_seconds_bucket{op=\"allreduce\",path=\"ring\",le=\"0.0025\"} "
+      "1");
   has("gradsync_client_sync_latency_seconds_count{op=\"push_pull\",path=\"ps\"} 0");
   has("gradsync_client_requests_total{op=\"push_pull\",path=\"ps\"} 2");
   has("gradsync_client_failures_total{reason=\"timeout\"} 1");

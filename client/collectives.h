@@ -50,8 +50,8 @@ class Collectives {
 
   // In place: data[0, count) becomes the sum (or average) over all ranks.
   // fp16 and bf16 are added in fp32 and rounded back once per addition.
-  virtual Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
-                           const OpTag& tag, Deadline deadline) = 0;
+  virtual Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                           Deadline deadline) = 0;
   // Every rank contributes `bytes` bytes; out[r * bytes, (r + 1) * bytes)
   // receives rank r's. `out` holds world_size() * bytes and may not overlap
   // `in`.

@@ -12,9 +12,9 @@
 
 #include "client/bucket_compression.h"
 #include "client/bucketer.h"
+#include "client/client_metrics.h"
 #include "client/cuda_device.h"
 #include "client/device_gradients.h"
-#include "client/client_metrics.h"
 #include "client/elementwise.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
@@ -77,7 +77,7 @@ struct CommOptions {
   size_t first_bucket_bytes = 0;
   size_t bucket_bytes = 0;
   int64_t metrics_base_port = 0;
-  int64_t local_rank = -1;  // -1: the worker's rank
+  int64_t local_rank = -1;        // -1: the worker's rank
   uint64_t compression_seed = 0;  // 0: the job id
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
@@ -97,7 +97,8 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", -1));
     GS_ASSIGN_OR_RETURN(o.sync.shm, config.GetBool("ring_shm", true));
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));
-    GS_ASSIGN_OR_RETURN(o.metrics_base_port, config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
+    GS_ASSIGN_OR_RETURN(o.metrics_base_port,
+                        config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
     GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
     GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));
     o.compression_seed = static_cast<uint64_t>(seed);
@@ -136,8 +137,10 @@ class Communicator::Impl {
  public:
   Impl(std::unique_ptr<Session> session, CommOptions options,
        std::unique_ptr<BucketCompression> compression)
-      : session_(std::move(session)), options_(std::move(options)),
-        compression_(std::move(compression)), metrics_(process_metrics_.registry()),
+      : session_(std::move(session)),
+        options_(std::move(options)),
+        compression_(std::move(compression)),
+        metrics_(process_metrics_.registry()),
         ring_rejected_(process_metrics_.registry(), "ring"),
         ps_rejected_(process_metrics_.registry(), "ps") {}
   ~Impl() { Shutdown(); }
@@ -221,7 +224,7 @@ class Communicator::Impl {
 
   std::unique_ptr<Session> session_;
   const CommOptions options_;
-  int cuda_device_ = 0;  // cuda_device resolved at Start (cuda_device.h)
+  int cuda_device_ = 0;                             // cuda_device resolved at Start (cuda_device.h)
   std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
   ProcessMetrics process_metrics_{"worker"};
   ClientMetrics metrics_;
@@ -231,39 +234,40 @@ class Communicator::Impl {
   std::unique_ptr<SyncBackend> backend_;     // set by Start; swapped under mu_
   // Backends of earlier epochs: failed sends may still point into them.
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
-  std::mutex reform_mu_;  // one re-form at a time
-  SteadyTime membership_changed_at_;  // guarded by mu_
+  std::mutex reform_mu_;                                        // one re-form at a time
+  SteadyTime membership_changed_at_;                            // guarded by mu_
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only
   uint64_t resent_seen_ = 0;  // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;                  // guarded by mu_
-  bool stop_ = false;                     // guarded by mu_
-  Status failed_;                         // guarded by mu_
+  std::deque<Job> jobs_;  // guarded by mu_
+  bool stop_ = false;     // guarded by mu_
+  Status failed_;         // guarded by mu_
   // Buffers of failed direct collectives that sends may still point into.
   std::vector<std::shared_ptr<std::vector<uint8_t>>> retired_;  // guarded by mu_
-  Bucketer bucketer_;                     // guarded by mu_
-  bool finalized_ = false;                // guarded by mu_
-  uint64_t step_ = 0;                     // guarded by mu_
-  int no_sync_depth_ = 0;                 // guarded by mu_
-  size_t next_launch_ = 0;                // guarded by mu_
-  int64_t buckets_in_flight_ = 0;         // guarded by mu_
+  Bucketer bucketer_;                                           // guarded by mu_
+  bool finalized_ = false;                                      // guarded by mu_
+  uint64_t step_ = 0;                                           // guarded by mu_
+  int no_sync_depth_ = 0;                                       // guarded by mu_
+  size_t next_launch_ = 0;                                      // guarded by mu_
+  int64_t buckets_in_flight_ = 0;                               // guarded by mu_
   // The layout is checked before the first bucket of each epoch.
-  bool layout_pending_ = false;           // guarded by mu_
+  bool layout_pending_ = false;  // guarded by mu_
   // A worker that joined a running job: when it started (until its first
   // completed step is recorded).
-  std::optional<SteadyTime> joined_at_;   // guarded by mu_
-  CommunicatorStats stats_;               // guarded by mu_
+  std::optional<SteadyTime> joined_at_;  // guarded by mu_
+  CommunicatorStats stats_;              // guarded by mu_
 };
 
 Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
   const int r = session_->rank();
   process_metrics_.AddTransportRefusals(session_->refusals());
   if (options_.metrics_base_port > 0) {
-    process_metrics_.ServeOrWarn(session_->host(), options_.metrics_base_port +
-                                 (options_.local_rank >= 0 ? options_.local_rank : r));
+    process_metrics_.ServeOrWarn(
+        session_->host(),
+        options_.metrics_base_port + (options_.local_rank >= 0 ? options_.local_rank : r));
   }
   if (options_.cuda_gradients || options_.sync.backend == "nccl") {
     GS_ASSIGN_OR_RETURN(cuda_device_, ResolveCudaDevice(options_.sync.cuda_device,
@@ -280,13 +284,14 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
   SyncBackendOptions backend = options_.sync;
   backend.cuda_device = cuda_device_;
   backend.compression_seed = CompressionSeed();
-  GS_ASSIGN_OR_RETURN(backend_, MakeSyncBackend(backend, session_.get(), compression_.get(),
-                                                device_.get(), &ring_rejected_, &ps_rejected_,
-                                                [this] {
-                                                  std::lock_guard<std::mutex> lock(mu_);
-                                                  return stop_;
-                                                },
-                                                deadline));
+  GS_ASSIGN_OR_RETURN(backend_, MakeSyncBackend(
+                                    backend, session_.get(), compression_.get(), device_.get(),
+                                    &ring_rejected_, &ps_rejected_,
+                                    [this] {
+                                      std::lock_guard<std::mutex> lock(mu_);
+                                      return stop_;
+                                    },
+                                    deadline));
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
   metrics_.SetMembership(session_->epoch(), session_->num_workers());
   engine_ = std::thread([this] { EngineLoop(); });
@@ -337,8 +342,7 @@ void Communicator::Impl::Enqueue(Job job) {
   cv_.notify_all();
 }
 
-std::vector<std::shared_ptr<SyncHandle::State>> Communicator::Impl::FailLocked(
-    const Status& why) {
+std::vector<std::shared_ptr<SyncHandle::State>> Communicator::Impl::FailLocked(const Status& why) {
   std::vector<std::shared_ptr<SyncHandle::State>> pending;
   if (!failed_.ok()) return pending;
   failed_ = why;
@@ -376,7 +380,7 @@ void Communicator::Impl::Fail(const Status& why) {
 }
 
 StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t n, DType dtype,
-                                                 const std::vector<size_t>& shape) {
+                                                const std::vector<size_t>& shape) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finalized_) {
     return FailedPreconditionError("tensor '" + name +
@@ -446,8 +450,9 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   if (data == nullptr) return InvalidArgumentError("MarkReady needs the gradient's data");
   GS_RETURN_IF_ERROR(EnsureEpoch(Deadline::After(options_.sync.op_timeout)));
   if (stream != nullptr && device_ == nullptr) {
-    return InvalidArgumentError("MarkReady got a CUDA stream, but this communicator's gradients "
-                                "are host memory (set gradient_device=cuda)");
+    return InvalidArgumentError(
+        "MarkReady got a CUDA stream, but this communicator's gradients "
+        "are host memory (set gradient_device=cuda)");
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
@@ -465,7 +470,8 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   // The bucket's previous reduction must be done with its buffer.
   cv_.wait(lock, [&] { return !b.in_flight || !failed_.ok(); });
   if (!failed_.ok()) return failed_;
-  if (device_ != nullptr) GS_RETURN_IF_ERROR(device_->CheckPointer(data, "tensor '" + t.name + "'"));
+  if (device_ != nullptr)
+    GS_RETURN_IF_ERROR(device_->CheckPointer(data, "tensor '" + t.name + "'"));
   t.marked = true;
   const bool add = t.holds_sum;
   const size_t offset = t.offset * DTypeSize(t.dtype);
@@ -588,9 +594,8 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
 }
 
 void Communicator::Impl::Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s) {
-  metrics_.Record(op, path,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                  s);
+  metrics_.Record(
+      op, path, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), s);
   const uint64_t resent = backend_->Resent();
   metrics_.Retried(resent - resent_seen_);
   resent_seen_ = resent;
@@ -697,8 +702,8 @@ std::vector<wire::TensorSpecFields> Communicator::Impl::LayoutLocked() {
 }
 
 Status Communicator::Impl::Classify(Status s) {
-  if (s.ok() || s.code() == StatusCode::kCancelled ||
-      s.code() == StatusCode::kMembershipChanged || !session_->elastic()) {
+  if (s.ok() || s.code() == StatusCode::kCancelled || s.code() == StatusCode::kMembershipChanged ||
+      !session_->elastic()) {
     return s;
   }
   // A neighbour's abort, or a send to the lost worker, can fail an
@@ -747,8 +752,9 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       SyncBackendOptions backend = options_.sync;
       backend.cuda_device = cuda_device_;
       backend.compression_seed = CompressionSeed();
-      next = MakeSyncBackend(backend, session_.get(), compression_.get(), device_.get(),
-                             &ring_rejected_, &ps_rejected_, [] { return false; }, deadline);
+      next = MakeSyncBackend(
+          backend, session_.get(), compression_.get(), device_.get(), &ring_rejected_,
+          &ps_rejected_, [] { return false; }, deadline);
       s = next.status();
     }
     if (s.ok()) {
@@ -759,8 +765,8 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       const auto now = std::chrono::steady_clock::now();
       metrics_.SetMembership(epoch, session_->num_workers());
       metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
-      GS_LOG(WARNING) << "epoch " << epoch << ": re-formed the ring as worker "
-                      << session_->rank() << " of " << session_->num_workers() << " in "
+      GS_LOG(WARNING) << "epoch " << epoch << ": re-formed the ring as worker " << session_->rank()
+                      << " of " << session_->num_workers() << " in "
                       << std::chrono::duration<double>(now - start).count() << " s";
       return Status();
     }
@@ -772,7 +778,8 @@ Status Communicator::Impl::Reform(Deadline deadline) {
   }
   if (s.ok()) {
     s = UnimplementedError(std::string("after a membership change only backend=ring re-forms, "
-                                       "not ") + backend_->name());
+                                       "not ") +
+                           backend_->name());
   }
   std::lock_guard<std::mutex> lock(mu_);
   failed_ = s;  // no handle is pending: the change completed them all
@@ -813,8 +820,8 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& confi
   // The data port takes the ring's messages only.
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
                       Session::Join(config, deadline, RingFrameBytes(options.sync.ring)));
-  auto impl = std::make_unique<Impl>(std::move(session), std::move(options),
-                                     std::move(compression));
+  auto impl =
+      std::make_unique<Impl>(std::move(session), std::move(options), std::move(compression));
   GS_RETURN_IF_ERROR(impl->Start(deadline, started));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
@@ -834,8 +841,7 @@ StatusOr<TensorId> Communicator::RegisterTensor(const std::string& name, size_t 
   return impl_->Register(name, num_elements, dtype, shape);
 }
 
-StatusOr<SyncHandle> Communicator::MarkReady(TensorId id, void* data, Callback done,
-                                             void* stream) {
+StatusOr<SyncHandle> Communicator::MarkReady(TensorId id, void* data, Callback done, void* stream) {
   return impl_->MarkReady(id, data, std::move(done), stream);
 }
 
@@ -859,45 +865,45 @@ constexpr uint32_t kDirectBucket = 0xFFFFFFFFu;
 Status Communicator::Broadcast(void* data, size_t num_elements, DType dtype, int root,
                                Deadline deadline) {
   const size_t bytes = num_elements * DTypeSize(dtype);
-  return impl_->RunOnEngine(SyncOp::kBroadcast, bytes, [=](Collectives& c, uint64_t seq,
-                                                           uint8_t* staged) {
-    GS_RETURN_IF_ERROR(impl_->CopyUser(staged, data, bytes));
-    GS_RETURN_IF_ERROR(
-        c.Broadcast(staged, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline));
-    GS_RETURN_IF_ERROR(impl_->CopyUser(data, staged, bytes));
-    return Status();
-  });
+  return impl_->RunOnEngine(
+      SyncOp::kBroadcast, bytes, [=](Collectives& c, uint64_t seq, uint8_t* staged) {
+        GS_RETURN_IF_ERROR(impl_->CopyUser(staged, data, bytes));
+        GS_RETURN_IF_ERROR(
+            c.Broadcast(staged, bytes, root, OpTag{0, kDirectBucket, seq, num_elements}, deadline));
+        GS_RETURN_IF_ERROR(impl_->CopyUser(data, staged, bytes));
+        return Status();
+      });
 }
 
 Status Communicator::AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op,
                                Deadline deadline) {
   const size_t bytes = num_elements * DTypeSize(dtype);
-  return impl_->RunOnEngine(SyncOp::kAllReduce, bytes, [=](Collectives& c, uint64_t seq,
-                                                           uint8_t* staged) {
-    GS_RETURN_IF_ERROR(impl_->CopyUser(staged, data, bytes));
-    GS_RETURN_IF_ERROR(
-        c.AllReduce(staged, num_elements, dtype, op, OpTag{0, kDirectBucket, seq, 0}, deadline));
-    GS_RETURN_IF_ERROR(impl_->CopyUser(data, staged, bytes));
-    return Status();
-  });
+  return impl_->RunOnEngine(
+      SyncOp::kAllReduce, bytes, [=](Collectives& c, uint64_t seq, uint8_t* staged) {
+        GS_RETURN_IF_ERROR(impl_->CopyUser(staged, data, bytes));
+        GS_RETURN_IF_ERROR(c.AllReduce(staged, num_elements, dtype, op,
+                                       OpTag{0, kDirectBucket, seq, 0}, deadline));
+        GS_RETURN_IF_ERROR(impl_->CopyUser(data, staged, bytes));
+        return Status();
+      });
 }
 
 Status Communicator::AllGather(const void* in, size_t bytes, void* out, Deadline deadline) {
   GS_RETURN_IF_ERROR(impl_->EnsureEpoch(deadline));
   const int world = world_size();
   const size_t gathered = bytes * static_cast<size_t>(world);
-  return impl_->RunOnEngine(SyncOp::kAllGather, bytes + gathered,
-                            [=](Collectives& c, uint64_t seq, uint8_t* staged) {
-    if (c.world_size() != world) {  // another epoch began meanwhile
-      return MembershipChangedError("the world size changed from " + std::to_string(world) +
-                                    " to " + std::to_string(c.world_size()));
-    }
-    GS_RETURN_IF_ERROR(impl_->CopyUser(staged, in, bytes));
-    GS_RETURN_IF_ERROR(
-        c.AllGather(staged, bytes, staged + bytes, OpTag{0, kDirectBucket, seq, 0}, deadline));
-    GS_RETURN_IF_ERROR(impl_->CopyUser(out, staged + bytes, gathered));
-    return Status();
-  });
+  return impl_->RunOnEngine(
+      SyncOp::kAllGather, bytes + gathered, [=](Collectives& c, uint64_t seq, uint8_t* staged) {
+        if (c.world_size() != world) {  // another epoch began meanwhile
+          return MembershipChangedError("the world size changed from " + std::to_string(world) +
+                                        " to " + std::to_string(c.world_size()));
+        }
+        GS_RETURN_IF_ERROR(impl_->CopyUser(staged, in, bytes));
+        GS_RETURN_IF_ERROR(
+            c.AllGather(staged, bytes, staged + bytes, OpTag{0, kDirectBucket, seq, 0}, deadline));
+        GS_RETURN_IF_ERROR(impl_->CopyUser(out, staged + bytes, gathered));
+        return Status();
+      });
 }
 
 StatusOr<Communicator::ResumePoint> Communicator::AgreeOnStep(uint64_t completed_steps,

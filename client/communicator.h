@@ -108,13 +108,13 @@ class SyncHandle {
 };
 
 struct CommunicatorStats {
-  uint64_t steps = 0;              // Synchronize calls completed
+  uint64_t steps = 0;  // Synchronize calls completed
   uint64_t buckets_reduced = 0;
-  uint64_t bytes_reduced = 0;      // bucket bytes synchronised (before compression)
-  uint64_t wire_bytes = 0;         // what this rank contributed after compression
-  uint64_t sent_bytes = 0;         // payload bytes sent: by the CPU ring, or pushed to
-                                   // the PS shards; 0 for nccl
-  double last_sync_seconds = 0;    // duration of the last Synchronize
+  uint64_t bytes_reduced = 0;    // bucket bytes synchronised (before compression)
+  uint64_t wire_bytes = 0;       // what this rank contributed after compression
+  uint64_t sent_bytes = 0;       // payload bytes sent: by the CPU ring, or pushed to
+                                 // the PS shards; 0 for nccl
+  double last_sync_seconds = 0;  // duration of the last Synchronize
 };
 
 class Communicator {

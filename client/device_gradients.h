@@ -65,8 +65,8 @@ class DeviceGradients {
   // bucket[offset, offset + count elements) = data (add: += data), after
   // the work queued on `stream` (a cudaStream_t; null is the default
   // stream). Never waits.
-  virtual Status Stage(int bucket, size_t offset_bytes, const void* data, size_t count,
-                       DType dtype, bool add, void* stream) = 0;
+  virtual Status Stage(int bucket, size_t offset_bytes, const void* data, size_t count, DType dtype,
+                       bool add, void* stream) = 0;
   // Averages bucket[0, count) over the ranks through `backend` with the
   // compressor `spec` (BucketCompression::SpecOf; "none" for f16 and bf16
   // buckets); `host` when the work cannot stay on the device. `seed` is the

@@ -2,8 +2,8 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -39,7 +39,7 @@ class Buffer {
     ptr_ = nullptr;
     bytes_ = 0;
     GS_RETURN_IF_ERROR(Cuda(Alloc(&ptr_, bytes), std::string("allocating ") +
-                                                   std::to_string(bytes) + " bytes for " + what));
+                                                     std::to_string(bytes) + " bytes for " + what));
     bytes_ = bytes;
     return Status();
   }
@@ -156,8 +156,10 @@ class CudaGradients : public DeviceGradients {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, data) != cudaSuccess) cudaGetLastError();
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-      return InvalidArgumentError(what + " is host memory; this communicator takes CUDA tensors "
-                                  "(gradient_device=cuda) on cuda:" + std::to_string(device_));
+      return InvalidArgumentError(what +
+                                  " is host memory; this communicator takes CUDA tensors "
+                                  "(gradient_device=cuda) on cuda:" +
+                                  std::to_string(device_));
     }
     if (a.device != device_) {
       return InvalidArgumentError(what + " is on cuda:" + std::to_string(a.device) +
@@ -201,16 +203,17 @@ class CudaGradients : public DeviceGradients {
       st.spec = spec;
     }
     const Codec::Kind kind = dtype == DType::kF32 ? st.codec.kind : Codec::kNone;
-    if (kind == Codec::kHost) return ViaHost(bucket, count * DTypeSize(dtype), deadline, traffic, host);
+    if (kind == Codec::kHost)
+      return ViaHost(bucket, count * DTypeSize(dtype), deadline, traffic, host);
     const bool nccl = std::strcmp(backend.name(), "nccl") == 0;
     if (kind == Codec::kNone) {
       const size_t bytes = count * DTypeSize(dtype);
       *traffic = BucketCompression::Traffic{bytes, bytes, false};
       if (!nccl) {
-        return ViaHost(bucket, bytes, deadline, traffic,
-                       [&](uint8_t* h, BucketCompression::Traffic*) {
-                         return backend.AllReduce(h, count, dtype, ReduceOp::kAverage, tag, deadline);
-                       });
+        return ViaHost(
+            bucket, bytes, deadline, traffic, [&](uint8_t* h, BucketCompression::Traffic*) {
+              return backend.AllReduce(h, count, dtype, ReduceOp::kAverage, tag, deadline);
+            });
       }
       GS_RETURN_IF_ERROR(Wait(deadline));
       return backend.AllReduce(Bucket(bucket), count, dtype, ReduceOp::kAverage, tag, deadline);
@@ -245,10 +248,10 @@ class CudaGradients : public DeviceGradients {
     }
     if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
     auto* data = reinterpret_cast<float*>(Bucket(bucket)) + offset;
-    GS_ASSIGN_OR_RETURN(Code code, MakeCode(st.codec, data, count,
-                                            reinterpret_cast<float*>(st.residual.get()),
-                                            st.has_residual,
-                                            kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}));
+    GS_ASSIGN_OR_RETURN(
+        Code code,
+        MakeCode(st.codec, data, count, reinterpret_cast<float*>(st.residual.get()),
+                 st.has_residual, kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}));
     GS_RETURN_IF_ERROR(wire_.Reserve(code.wire_bytes + 4, "compressed bytes"));
     GS_RETURN_IF_ERROR(code.encode(wire_.get()));
     if (st.codec.ef) st.has_residual = true;
@@ -261,9 +264,9 @@ class CudaGradients : public DeviceGradients {
 
   Status Unstage(int bucket, size_t offset, void* data, size_t bytes) override {
     GS_RETURN_IF_ERROR(Select());
-    return Cuda(cudaMemcpyAsync(data, Bucket(bucket) + offset, bytes, cudaMemcpyDeviceToDevice,
-                                stream_),
-                "copying a synchronised gradient back to its tensor");
+    return Cuda(
+        cudaMemcpyAsync(data, Bucket(bucket) + offset, bytes, cudaMemcpyDeviceToDevice, stream_),
+        "copying a synchronised gradient back to its tensor");
   }
 
   Status Wait(Deadline deadline) override {
@@ -312,13 +315,14 @@ class CudaGradients : public DeviceGradients {
                  cudaStream_t stream) {
     // gradsync's stream waits for the trainer's work so far (the backward
     // kernel that produced the gradient); the trainer's stream does not wait.
-    GS_RETURN_IF_ERROR(Cuda(cudaEventRecord(event_, stream), "cudaEventRecord on the trainer's stream"));
+    GS_RETURN_IF_ERROR(
+        Cuda(cudaEventRecord(event_, stream), "cudaEventRecord on the trainer's stream"));
     GS_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, event_, 0), "cudaStreamWaitEvent"));
     uint8_t* dst = Bucket(bucket) + offset;
     if (!add) {
-      return Cuda(cudaMemcpyAsync(dst, data, count * DTypeSize(dtype), cudaMemcpyDeviceToDevice,
-                                  stream_),
-                  "copying a gradient into its bucket");
+      return Cuda(
+          cudaMemcpyAsync(dst, data, count * DTypeSize(dtype), cudaMemcpyDeviceToDevice, stream_),
+          "copying a gradient into its bucket");
     }
     switch (dtype) {
       case DType::kF32:
@@ -408,16 +412,17 @@ class CudaGradients : public DeviceGradients {
         GS_RETURN_IF_ERROR(indices_.Reserve(4 * k + 4, "random-k indices"));
         auto* idx = reinterpret_cast<uint32_t*>(indices_.get());
         // From pageable memory: staged before the call returns.
-        GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice,
-                                                stream),
-                                "copying random-k indices to the GPU"));
+        GS_RETURN_IF_ERROR(
+            Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice, stream),
+                 "copying random-k indices to the GPU"));
         code.summable = true;
         code.dtype = DType::kF32;
         code.elems = k;
         code.wire_bytes = 4 * k;
         code.encode = [=](uint8_t* w) {
           auto* values = reinterpret_cast<float*>(w);
-          if (c.ef) return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale, values, stream);
+          if (c.ef)
+            return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale, values, stream);
           return kernels::GatherCuda(data, idx, k, values, stream);
         };
         code.decode = [=](const uint8_t* w, float* out) {
@@ -453,7 +458,8 @@ class CudaGradients : public DeviceGradients {
         code.encode = [=](uint8_t* w) {
           auto* scales = reinterpret_cast<float*>(w);
           uint8_t* bits = w + 4 * chunks;
-          if (c.ef) return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits, stream);
+          if (c.ef)
+            return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits, stream);
           return kernels::SignEncodeCuda(data, n, c.chunk, scales, bits, stream);
         };
         code.decode = [=](const uint8_t* w, float* out) {
@@ -478,10 +484,9 @@ class CudaGradients : public DeviceGradients {
           const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks);
           for (size_t i = 0; i < n; ++i) {
             if (q[i] > c.levels || q[i] < -c.levels) {
-              return InvalidArgumentError("qsgd bytes of rank " + std::to_string(rank) +
-                                          ": level " + std::to_string(q[i]) + " at " +
-                                          std::to_string(i) + " exceeds " +
-                                          std::to_string(c.levels));
+              return InvalidArgumentError(
+                  "qsgd bytes of rank " + std::to_string(rank) + ": level " + std::to_string(q[i]) +
+                  " at " + std::to_string(i) + " exceeds " + std::to_string(c.levels));
             }
           }
           return Status();
@@ -508,9 +513,8 @@ class CudaGradients : public DeviceGradients {
     return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
   }
 
-  Status ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend,
-                        bool nccl, const OpTag& tag, Deadline deadline,
-                        BucketCompression::Traffic* traffic) {
+  Status ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,
+                        const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic) {
     const size_t wb = code.elems * DTypeSize(code.dtype);
     GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
     GS_RETURN_IF_ERROR(code.encode(wire_.get()));
@@ -522,17 +526,16 @@ class CudaGradients : public DeviceGradients {
     } else {
       GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
       GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
-      GS_RETURN_IF_ERROR(backend.AllReduce(wire_host_.get(), code.elems, code.dtype,
-                                           ReduceOp::kSum, tag, deadline));
+      GS_RETURN_IF_ERROR(backend.AllReduce(wire_host_.get(), code.elems, code.dtype, ReduceOp::kSum,
+                                           tag, deadline));
       GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
     }
     GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
     return kernels::DivideFloatCuda(data, n, static_cast<float>(backend.world_size()), stream_);
   }
 
-  Status ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend,
-                        bool nccl, const OpTag& tag, Deadline deadline,
-                        BucketCompression::Traffic* traffic) {
+  Status ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,
+                        const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic) {
     const size_t wb = code.wire_bytes;
     const size_t world = static_cast<size_t>(backend.world_size());
     GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
@@ -560,8 +563,9 @@ class CudaGradients : public DeviceGradients {
     for (size_t r = 0; r < world; ++r) {
       const uint8_t* part = gathered_.get() + r * wb;
       if ((r * wb) % 4 != 0) {  // the 4-byte parts of this rank's bytes: realign
-        GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(aligned, part, wb, cudaMemcpyDeviceToDevice, stream_),
-                                "realigning compressed bytes"));
+        GS_RETURN_IF_ERROR(
+            Cuda(cudaMemcpyAsync(aligned, part, wb, cudaMemcpyDeviceToDevice, stream_),
+                 "realigning compressed bytes"));
         part = aligned;
       }
       GS_RETURN_IF_ERROR(code.decode(part, r == 0 ? data : scratch));

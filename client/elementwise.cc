@@ -10,9 +10,14 @@ namespace gradsync::client {
 
 void AddInto(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
   switch (dtype) {
-    case DType::kF16: AddHalfInto(dst, src, n); return;
-    case DType::kBF16: AddBf16Into(dst, src, n); return;
-    default: break;
+    case DType::kF16:
+      AddHalfInto(dst, src, n);
+      return;
+    case DType::kBF16:
+      AddBf16Into(dst, src, n);
+      return;
+    default:
+      break;
   }
   auto* out = reinterpret_cast<float*>(dst);
   if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
@@ -30,9 +35,14 @@ void AddInto(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
 void DivideBy(uint8_t* data, size_t n, DType dtype, int divisor) {
   const float d = static_cast<float>(divisor);
   switch (dtype) {
-    case DType::kF16: ScaleHalf(data, 1.0f / d, n); return;
-    case DType::kBF16: ScaleBf16(data, 1.0f / d, n); return;
-    default: break;
+    case DType::kF16:
+      ScaleHalf(data, 1.0f / d, n);
+      return;
+    case DType::kBF16:
+      ScaleBf16(data, 1.0f / d, n);
+      return;
+    default:
+      break;
   }
   auto* f = reinterpret_cast<float*>(data);
   for (size_t i = 0; i < n; ++i) f[i] /= d;

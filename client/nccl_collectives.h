@@ -31,19 +31,15 @@
 #include <vector>
 
 #include "client/collectives.h"
+#include "client/nccl_comm.h"
 #include "client/session.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/time.h"
-#include "client/nccl_comm.h"
 
 namespace gradsync::client {
 
-enum class NcclOpKind : uint64_t {
-  kAllReduce = 1,
-  kAllGather = 2,
-  kBroadcast = 3
-};
+enum class NcclOpKind : uint64_t { kAllReduce = 1, kAllGather = 2, kBroadcast = 3 };
 
 // What one rank is about to do; all-gathered before every operation. Plain
 // 64-bit fields so that the record is the same bytes on every rank.
@@ -56,12 +52,12 @@ struct NcclCallRecord {
   uint64_t names_hash = 0;
   uint64_t dtype = 0;  // DType; u8 for AllGather and Broadcast
   uint64_t count = 0;  // elements (AllReduce) or bytes (AllGather, Broadcast)
-  uint64_t arg = 0;  // ReduceOp for AllReduce, root for Broadcast, 0 otherwise
+  uint64_t arg = 0;    // ReduceOp for AllReduce, root for Broadcast, 0 otherwise
 };
 
 // The record of a call, fingerprint filled in.
-NcclCallRecord MakeCallRecord(NcclOpKind op, const OpTag& tag, DType dtype,
-                              uint64_t count, uint64_t arg);
+NcclCallRecord MakeCallRecord(NcclOpKind op, const OpTag& tag, DType dtype, uint64_t count,
+                              uint64_t arg);
 // A 64-bit hash of every field but the fingerprint.
 uint64_t FingerprintOf(const NcclCallRecord& record);
 // "AllReduce step=5 bucket=2 seq=7 names_hash=0x1f dtype=f32 count=4096
@@ -75,20 +71,19 @@ Status CompareCallRecords(const std::vector<NcclCallRecord>& records, int rank);
 class NcclCollectives : public Collectives {
  public:
   // Wraps a communicator that has already been created.
-  static StatusOr<std::unique_ptr<NcclCollectives>> Create(
-      std::unique_ptr<kernels::NcclComm> comm);
+  static StatusOr<std::unique_ptr<NcclCollectives>> Create(std::unique_ptr<kernels::NcclComm> comm);
   // Joins the NCCL communicator named by `unique_id` (from
   // kernels::NcclComm::MakeUniqueId on one rank) as `rank` of `world_size`,
   // on CUDA device `device`. For tests and callers without a Session.
-  static StatusOr<std::unique_ptr<NcclCollectives>> Connect(
-      const std::vector<uint8_t>& unique_id, int rank, int world_size,
-      int device, Deadline deadline, kernels::NcclCommOptions options = {});
+  static StatusOr<std::unique_ptr<NcclCollectives>> Connect(const std::vector<uint8_t>& unique_id,
+                                                            int rank, int world_size, int device,
+                                                            Deadline deadline,
+                                                            kernels::NcclCommOptions options = {});
   // Rank 0 of the session makes the unique id, Session::ShareNcclId hands it
   // to every worker, and each joins with its session rank on `device`.
   // Waits are cut short when the session reports the job failed or a worker
   // died. `session` must outlive the result.
-  static StatusOr<std::unique_ptr<NcclCollectives>> Join(Session* session,
-                                                         int device,
+  static StatusOr<std::unique_ptr<NcclCollectives>> Join(Session* session, int device,
                                                          Deadline deadline);
   ~NcclCollectives() override;
 
@@ -96,8 +91,8 @@ class NcclCollectives : public Collectives {
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->world_size(); }
 
-  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
-                   const OpTag& tag, Deadline deadline) override;
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                   Deadline deadline) override;
   Status AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
                    Deadline deadline) override;
   Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
@@ -109,12 +104,10 @@ class NcclCollectives : public Collectives {
  private:
   explicit NcclCollectives(std::unique_ptr<kernels::NcclComm> comm);
 
-  Status DoAllReduce(void* data, size_t count, DType dtype, ReduceOp op,
-                     const OpTag& tag, Deadline deadline);
-  Status DoAllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+  Status DoAllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
                      Deadline deadline);
-  Status DoBroadcast(void* data, size_t bytes, int root, const OpTag& tag,
-                     Deadline deadline);
+  Status DoAllGather(const void* in, size_t bytes, void* out, const OpTag& tag, Deadline deadline);
+  Status DoBroadcast(void* data, size_t bytes, int root, const OpTag& tag, Deadline deadline);
   // True for CUDA device or managed memory.
   static bool OnDevice(const void* p);
   // All-gathers `mine` and compares the records of all ranks.
@@ -124,8 +117,7 @@ class NcclCollectives : public Collectives {
   Status Reserve(size_t bytes);
   Status CopyIn(void* device_dst, const void* host_src, size_t bytes);
   // Copies device memory back to the host and waits for the copy.
-  Status CopyOut(void* host_dst, const void* device_src, size_t bytes,
-                 Deadline deadline);
+  Status CopyOut(void* host_dst, const void* device_src, size_t bytes, Deadline deadline);
   // Keeps the first error; returns it for every later call.
   Status Record(Status status);
 

@@ -78,43 +78,37 @@ struct ReduceCase {
 };
 
 void PrintTo(const ReduceCase& c, std::ostream* os) {
-  *os << DTypeName(c.dtype)
-      << (c.op == ReduceOp::kAverage ? " average" : " sum");
+  *os << DTypeName(c.dtype) << (c.op == ReduceOp::kAverage ? " average" : " sum");
 }
 
-class NcclCollectivesAllReduceTest
-    : public NcclCollectivesTest,
-      public ::testing::WithParamInterface<ReduceCase> {};
+class NcclCollectivesAllReduceTest : public NcclCollectivesTest,
+                                     public ::testing::WithParamInterface<ReduceCase> {};
 
 TEST_P(NcclCollectivesAllReduceTest, WorldOfOneKeepsTheDataAtEverySize) {
   const ReduceCase c = GetParam();
   // Sizes that make the staging buffer grow, then fit in it again.
-  for (size_t count :
-       {size_t{1}, size_t{1000}, size_t{3} << 20, size_t{4097}}) {
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{3} << 20, size_t{4097}}) {
     const std::vector<uint8_t> input = RandomElements(c.dtype, count, 11);
     std::vector<uint8_t> data = input;
-    Status s =
-        nccl_->AllReduce(data.data(), count, c.dtype, c.op, NextTag(), Soon());
+    Status s = nccl_->AllReduce(data.data(), count, c.dtype, c.op, NextTag(), Soon());
     ASSERT_TRUE(s.ok()) << "count " << count << ": " << s;
     EXPECT_EQ(data, input) << "count " << count;
     EXPECT_GE(nccl_->staging_bytes(), count * DTypeSize(c.dtype));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllTypesAndOps, NcclCollectivesAllReduceTest,
-    ::testing::Values(ReduceCase{DType::kF32, ReduceOp::kSum},
-                      ReduceCase{DType::kF32, ReduceOp::kAverage},
-                      ReduceCase{DType::kF16, ReduceOp::kSum},
-                      ReduceCase{DType::kF16, ReduceOp::kAverage},
-                      ReduceCase{DType::kBF16, ReduceOp::kSum},
-                      ReduceCase{DType::kBF16, ReduceOp::kAverage}));
+INSTANTIATE_TEST_SUITE_P(AllTypesAndOps, NcclCollectivesAllReduceTest,
+                         ::testing::Values(ReduceCase{DType::kF32, ReduceOp::kSum},
+                                           ReduceCase{DType::kF32, ReduceOp::kAverage},
+                                           ReduceCase{DType::kF16, ReduceOp::kSum},
+                                           ReduceCase{DType::kF16, ReduceOp::kAverage},
+                                           ReduceCase{DType::kBF16, ReduceOp::kSum},
+                                           ReduceCase{DType::kBF16, ReduceOp::kAverage}));
 
 TEST_F(NcclCollectivesTest, WorldOfOneAllGatherCopiesInToOut) {
   const std::vector<uint8_t> in = RandomElements(DType::kF16, 5000, 2);
   std::vector<uint8_t> out(in.size(), 0);
-  Status s =
-      nccl_->AllGather(in.data(), in.size(), out.data(), NextTag(), Soon());
+  Status s = nccl_->AllGather(in.data(), in.size(), out.data(), NextTag(), Soon());
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(out, in);
 }
@@ -150,10 +144,7 @@ TEST_F(NcclCollectivesTest, DeviceBuffersAreReducedInPlaceWithoutStaging) {
 }
 
 TEST_F(NcclCollectivesTest, EmptyOperationsSucceed) {
-  EXPECT_TRUE(nccl_
-                  ->AllReduce(nullptr, 0, DType::kF32, ReduceOp::kSum,
-                              NextTag(), Soon())
-                  .ok());
+  EXPECT_TRUE(nccl_->AllReduce(nullptr, 0, DType::kF32, ReduceOp::kSum, NextTag(), Soon()).ok());
   EXPECT_TRUE(nccl_->AllGather(nullptr, 0, nullptr, NextTag(), Soon()).ok());
   EXPECT_TRUE(nccl_->Broadcast(nullptr, 0, 0, NextTag(), Soon()).ok());
 }
@@ -161,10 +152,9 @@ TEST_F(NcclCollectivesTest, EmptyOperationsSucceed) {
 TEST_F(NcclCollectivesTest, ManyOperationsInARow) {
   std::vector<float> data(256);
   for (int i = 0; i < 200; ++i) {
-    for (size_t j = 0; j < data.size(); ++j)
-      data[j] = static_cast<float>(i + j);
-    Status s = nccl_->AllReduce(data.data(), data.size(), DType::kF32,
-                                ReduceOp::kSum, NextTag(), Soon());
+    for (size_t j = 0; j < data.size(); ++j) data[j] = static_cast<float>(i + j);
+    Status s =
+        nccl_->AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum, NextTag(), Soon());
     ASSERT_TRUE(s.ok()) << "op " << i << ": " << s;
     ASSERT_EQ(data[7], static_cast<float>(i + 7));
   }
@@ -172,14 +162,14 @@ TEST_F(NcclCollectivesTest, ManyOperationsInARow) {
 
 TEST_F(NcclCollectivesTest, BadCallsFailAndTheErrorSticks) {
   std::vector<int32_t> ints(16);
-  Status s = nccl_->AllReduce(ints.data(), ints.size(), DType::kI32,
-                              ReduceOp::kSum, NextTag(), Soon());
+  Status s =
+      nccl_->AllReduce(ints.data(), ints.size(), DType::kI32, ReduceOp::kSum, NextTag(), Soon());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("i32"), std::string::npos) << s;
 
   std::vector<float> data(16, 1.0f);
-  Status later = nccl_->AllReduce(data.data(), data.size(), DType::kF32,
-                                  ReduceOp::kSum, NextTag(), Soon());
+  Status later =
+      nccl_->AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum, NextTag(), Soon());
   EXPECT_EQ(later.code(), s.code());
   EXPECT_EQ(later.message(), s.message());
 }
@@ -192,8 +182,8 @@ TEST_F(NcclCollectivesTest, BroadcastFromAMissingRootIsInvalidArgument) {
 
 TEST_F(NcclCollectivesTest, ExpiredDeadlineIsDeadlineExceeded) {
   std::vector<float> data(64, 2.0f);
-  Status s = nccl_->AllReduce(data.data(), data.size(), DType::kF32,
-                              ReduceOp::kSum, NextTag(), Deadline::Past());
+  Status s = nccl_->AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum, NextTag(),
+                              Deadline::Past());
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("ncclAllGather"), std::string::npos)
       << "the call-record exchange comes first: " << s;
@@ -211,8 +201,7 @@ OpTag Tag(uint64_t step, uint64_t seq) {
 }
 
 TEST(CompareCallRecordsTest, EqualRecordsAgree) {
-  const NcclCallRecord r =
-      MakeCallRecord(NcclOpKind::kAllReduce, Tag(5, 7), DType::kF32, 4096, 0);
+  const NcclCallRecord r = MakeCallRecord(NcclOpKind::kAllReduce, Tag(5, 7), DType::kF32, 4096, 0);
   EXPECT_TRUE(CompareCallRecords({r, r, r}, 1).ok());
   EXPECT_TRUE(CompareCallRecords({r}, 0).ok());
 }
@@ -228,35 +217,27 @@ TEST(CompareCallRecordsTest, EveryFieldChangesTheFingerprint) {
       MakeCallRecord(NcclOpKind::kAllReduce, Tag(5, 7), DType::kF32, 4095, 0),
       MakeCallRecord(NcclOpKind::kAllReduce, Tag(5, 7), DType::kF32, 4096, 1),
   };
-  for (const NcclCallRecord& v : variants)
-    EXPECT_NE(v.fingerprint, base.fingerprint);
+  for (const NcclCallRecord& v : variants) EXPECT_NE(v.fingerprint, base.fingerprint);
   OpTag other_bucket = Tag(5, 7);
   other_bucket.bucket = 3;
-  EXPECT_NE(
-      MakeCallRecord(NcclOpKind::kAllReduce, other_bucket, DType::kF32, 4096, 0)
-          .fingerprint,
-      base.fingerprint);
+  EXPECT_NE(MakeCallRecord(NcclOpKind::kAllReduce, other_bucket, DType::kF32, 4096, 0).fingerprint,
+            base.fingerprint);
   OpTag other_names = Tag(5, 7);
   other_names.names_hash = 0xabdULL;
-  EXPECT_NE(
-      MakeCallRecord(NcclOpKind::kAllReduce, other_names, DType::kF32, 4096, 0)
-          .fingerprint,
-      base.fingerprint);
+  EXPECT_NE(MakeCallRecord(NcclOpKind::kAllReduce, other_names, DType::kF32, 4096, 0).fingerprint,
+            base.fingerprint);
 }
 
 TEST(CompareCallRecordsTest, DisagreementNamesTheRanksTheFieldsAndThisCall) {
-  const NcclCallRecord r0 =
-      MakeCallRecord(NcclOpKind::kAllReduce, Tag(5, 7), DType::kF32, 4096, 0);
-  const NcclCallRecord r2 =
-      MakeCallRecord(NcclOpKind::kAllReduce, Tag(6, 7), DType::kF32, 100, 0);
+  const NcclCallRecord r0 = MakeCallRecord(NcclOpKind::kAllReduce, Tag(5, 7), DType::kF32, 4096, 0);
+  const NcclCallRecord r2 = MakeCallRecord(NcclOpKind::kAllReduce, Tag(6, 7), DType::kF32, 100, 0);
   const Status s = CompareCallRecords({r0, r0, r2, r0}, 2);
   ASSERT_EQ(s.code(), StatusCode::kAborted) << s;
   const std::string& m = s.message();
   EXPECT_NE(m.find("rank 2 differs from rank 0"), std::string::npos) << m;
   EXPECT_NE(m.find("step 6 vs 5"), std::string::npos) << m;
   EXPECT_NE(m.find("count 100 vs 4096"), std::string::npos) << m;
-  EXPECT_EQ(m.find("bucket"), m.find("bucket="))
-      << "bucket did not differ: " << m;
+  EXPECT_EQ(m.find("bucket"), m.find("bucket=")) << "bucket did not differ: " << m;
   EXPECT_NE(m.find("this rank (2) called AllReduce step=6 bucket=2 seq=7 "
                    "names_hash=0xabc "
                    "dtype=f32 count=100 op=sum"),
@@ -265,25 +246,20 @@ TEST(CompareCallRecordsTest, DisagreementNamesTheRanksTheFieldsAndThisCall) {
   // Rank 0's view names the same ranks.
   const Status s0 = CompareCallRecords({r0, r0, r2, r0}, 0);
   ASSERT_EQ(s0.code(), StatusCode::kAborted);
-  EXPECT_NE(s0.message().find("rank 2 differs from rank 0"), std::string::npos)
-      << s0;
+  EXPECT_NE(s0.message().find("rank 2 differs from rank 0"), std::string::npos) << s0;
 }
 
 TEST(CompareCallRecordsTest, ListsSeveralRanksAndCapsTheList) {
-  const NcclCallRecord r0 =
-      MakeCallRecord(NcclOpKind::kBroadcast, Tag(1, 1), DType::kU8, 64, 0);
-  const NcclCallRecord bad =
-      MakeCallRecord(NcclOpKind::kBroadcast, Tag(1, 1), DType::kU8, 64, 3);
+  const NcclCallRecord r0 = MakeCallRecord(NcclOpKind::kBroadcast, Tag(1, 1), DType::kU8, 64, 0);
+  const NcclCallRecord bad = MakeCallRecord(NcclOpKind::kBroadcast, Tag(1, 1), DType::kU8, 64, 3);
   std::vector<NcclCallRecord> records(20, bad);
   records[0] = r0;
   const Status s = CompareCallRecords(records, 0);
   ASSERT_EQ(s.code(), StatusCode::kAborted);
-  EXPECT_NE(s.message().find("ranks 1, 2, 3, 4, 5, 6, 7, 8 and 11 more differ"),
-            std::string::npos)
+  EXPECT_NE(s.message().find("ranks 1, 2, 3, 4, 5, 6, 7, 8 and 11 more differ"), std::string::npos)
       << s;
   EXPECT_NE(s.message().find("arg 3 vs 0"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("called Broadcast step=1"), std::string::npos)
-      << s;
+  EXPECT_NE(s.message().find("called Broadcast step=1"), std::string::npos) << s;
   EXPECT_NE(s.message().find("root=0"), std::string::npos) << s;
 }
 

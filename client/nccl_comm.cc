@@ -28,12 +28,10 @@ StatusCode NcclCode(ncclResult_t result) {
 }
 
 // "<call> failed: <NCCL error string> (<NCCL's last error message>)".
-Status NcclError(const std::string& call, ncclResult_t result,
-                 ncclComm_t comm) {
+Status NcclError(const std::string& call, ncclResult_t result, ncclComm_t comm) {
   std::string message = call + " failed: " + ncclGetErrorString(result);
   const char* detail = ncclGetLastError(comm);
-  if (detail != nullptr && *detail != '\0')
-    message += " (" + std::string(detail) + ")";
+  if (detail != nullptr && *detail != '\0') message += " (" + std::string(detail) + ")";
   return Status(NcclCode(result), message);
 }
 
@@ -46,9 +44,8 @@ StatusOr<ncclDataType_t> NcclType(DType dtype) {
     case DType::kBF16:
       return ncclBfloat16;
     default:
-      return InvalidArgumentError(
-          std::string("NCCL all-reduce supports f32, f16 and bf16, not ") +
-          DTypeName(dtype));
+      return InvalidArgumentError(std::string("NCCL all-reduce supports f32, f16 and bf16, not ") +
+                                  DTypeName(dtype));
   }
 }
 
@@ -68,43 +65,33 @@ class Backoff {
 }  // namespace
 
 StatusOr<std::vector<uint8_t>> NcclComm::MakeUniqueId() {
-  static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes,
-                "NCCL unique id size changed");
+  static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes, "NCCL unique id size changed");
   ncclUniqueId id;
   const ncclResult_t result = ncclGetUniqueId(&id);
-  if (result != ncclSuccess)
-    return NcclError("ncclGetUniqueId", result, nullptr);
+  if (result != ncclSuccess) return NcclError("ncclGetUniqueId", result, nullptr);
   const auto* bytes = reinterpret_cast<const uint8_t*>(id.internal);
   return std::vector<uint8_t>(bytes, bytes + kUniqueIdBytes);
 }
 
-StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(
-    const std::vector<uint8_t>& unique_id, int rank, int world_size, int device,
-    Deadline deadline, NcclCommOptions options) {
+StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const std::vector<uint8_t>& unique_id,
+                                                     int rank, int world_size, int device,
+                                                     Deadline deadline, NcclCommOptions options) {
   if (unique_id.size() != kUniqueIdBytes) {
-    return InvalidArgumentError(
-        "an NCCL unique id has " + std::to_string(kUniqueIdBytes) +
-        " bytes, got " + std::to_string(unique_id.size()));
+    return InvalidArgumentError("an NCCL unique id has " + std::to_string(kUniqueIdBytes) +
+                                " bytes, got " + std::to_string(unique_id.size()));
   }
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return InvalidArgumentError("rank " + std::to_string(rank) +
-                                " is not in a world of " +
+    return InvalidArgumentError("rank " + std::to_string(rank) + " is not in a world of " +
                                 std::to_string(world_size));
   }
-  if (device < 0)
-    return InvalidArgumentError("bad CUDA device " + std::to_string(device));
-  std::unique_ptr<NcclComm> comm(
-      new NcclComm(rank, world_size, device, std::move(options)));
+  if (device < 0) return InvalidArgumentError("bad CUDA device " + std::to_string(device));
+  std::unique_ptr<NcclComm> comm(new NcclComm(rank, world_size, device, std::move(options)));
   GS_RETURN_IF_ERROR(comm->Init(unique_id, deadline));
   return StatusOr<std::unique_ptr<NcclComm>>(std::move(comm));
 }
 
-NcclComm::NcclComm(int rank, int world_size, int device,
-                   NcclCommOptions options)
-    : rank_(rank),
-      world_size_(world_size),
-      device_(device),
-      options_(std::move(options)) {}
+NcclComm::NcclComm(int rank, int world_size, int device, NcclCommOptions options)
+    : rank_(rank), world_size_(world_size), device_(device), options_(std::move(options)) {}
 
 NcclComm::~NcclComm() { Shutdown(); }
 
@@ -113,25 +100,21 @@ Status NcclComm::status() const {
   return error_;
 }
 
-Status NcclComm::Init(const std::vector<uint8_t>& unique_id,
-                      Deadline deadline) {
-  const std::string what = "ncclCommInitRank (rank " + std::to_string(rank_) +
-                           " of " + std::to_string(world_size_) + ", device " +
-                           std::to_string(device_) + ")";
+Status NcclComm::Init(const std::vector<uint8_t>& unique_id, Deadline deadline) {
+  const std::string what = "ncclCommInitRank (rank " + std::to_string(rank_) + " of " +
+                           std::to_string(world_size_) + ", device " + std::to_string(device_) +
+                           ")";
   const SteadyTime start = std::chrono::steady_clock::now();
   GS_RETURN_IF_ERROR(Begin(what, deadline));
-  const cudaError_t err =
-      cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-  if (err != cudaSuccess)
-    return Fail(CudaError(what + ": cudaStreamCreateWithFlags", err));
+  const cudaError_t err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return Fail(CudaError(what + ": cudaStreamCreateWithFlags", err));
 
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), kUniqueIdBytes);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  const ncclResult_t result =
-      ncclCommInitRankConfig(&comm, world_size_, id, rank_, &config);
+  const ncclResult_t result = ncclCommInitRankConfig(&comm, world_size_, id, rank_, &config);
   comm_ = comm;
   if (result != ncclSuccess && result != ncclInProgress) {
     return Fail(NcclError(what, result, comm_));
@@ -142,13 +125,11 @@ Status NcclComm::Init(const std::vector<uint8_t>& unique_id,
 Status NcclComm::Begin(const std::string& what, Deadline deadline) {
   GS_RETURN_IF_ERROR(status());
   if (deadline.Expired()) {
-    return Fail(DeadlineExceededError("the deadline for " + what +
-                                      " passed before it started"));
+    return Fail(DeadlineExceededError("the deadline for " + what + " passed before it started"));
   }
   const cudaError_t err = cudaSetDevice(device_);
   if (err != cudaSuccess) {
-    return Fail(CudaError(
-        what + ": cudaSetDevice(" + std::to_string(device_) + ")", err));
+    return Fail(CudaError(what + ": cudaSetDevice(" + std::to_string(device_) + ")", err));
   }
   return OkStatus();
 }
@@ -164,8 +145,8 @@ Status NcclComm::Run(const std::string& what, Deadline deadline,
   return Wait(what, start, deadline, /*wait_stream=*/true);
 }
 
-Status NcclComm::Wait(const std::string& what, SteadyTime start,
-                      Deadline deadline, bool wait_stream) {
+Status NcclComm::Wait(const std::string& what, SteadyTime start, Deadline deadline,
+                      bool wait_stream) {
   Backoff backoff;
   SteadyTime last_health_check = start;
   while (true) {
@@ -181,8 +162,7 @@ Status NcclComm::Wait(const std::string& what, SteadyTime start,
       if (!wait_stream) return OkStatus();
       const cudaError_t err = cudaStreamQuery(stream_);
       if (err == cudaSuccess) return OkStatus();
-      if (err != cudaErrorNotReady)
-        return Fail(CudaError(what + ": cudaStreamQuery", err));
+      if (err != cudaErrorNotReady) return Fail(CudaError(what + ": cudaStreamQuery", err));
     }
     if (deadline.Expired()) {
       return Fail(DeadlineExceededError(what + " did not finish within " +
@@ -245,10 +225,10 @@ void NcclComm::Shutdown() {
   }
 }
 
-Status NcclComm::AllReduce(const void* send, void* recv, size_t count,
-                           DType dtype, NcclReduceOp op, Deadline deadline) {
-  const std::string what = "ncclAllReduce of " + std::to_string(count) + " " +
-                           DTypeName(dtype) + " elements";
+Status NcclComm::AllReduce(const void* send, void* recv, size_t count, DType dtype, NcclReduceOp op,
+                           Deadline deadline) {
+  const std::string what =
+      "ncclAllReduce of " + std::to_string(count) + " " + DTypeName(dtype) + " elements";
   const StatusOr<ncclDataType_t> type = NcclType(dtype);
   if (!type.ok()) return Fail(type.status().WithPrefix(what));
   if (count > 0 && (send == nullptr || recv == nullptr)) {
@@ -258,33 +238,29 @@ Status NcclComm::AllReduce(const void* send, void* recv, size_t count,
   if (count == 0) return OkStatus();
   const ncclRedOp_t nccl_op = op == NcclReduceOp::kAverage ? ncclAvg : ncclSum;
   return Run(what, deadline, [&](ncclComm* comm) {
-    return static_cast<int>(
-        ncclAllReduce(send, recv, count, *type, nccl_op, comm, stream_));
+    return static_cast<int>(ncclAllReduce(send, recv, count, *type, nccl_op, comm, stream_));
   });
 }
 
-Status NcclComm::AllGather(const void* send, void* recv, size_t bytes,
-                           Deadline deadline) {
-  const std::string what =
-      "ncclAllGather of " + std::to_string(bytes) + " bytes per rank";
+Status NcclComm::AllGather(const void* send, void* recv, size_t bytes, Deadline deadline) {
+  const std::string what = "ncclAllGather of " + std::to_string(bytes) + " bytes per rank";
   if (bytes > 0 && (send == nullptr || recv == nullptr)) {
     return Fail(InvalidArgumentError(what + ": null buffer"));
   }
   GS_RETURN_IF_ERROR(status());
   if (bytes == 0) return OkStatus();
   return Run(what, deadline, [&](ncclComm* comm) {
-    return static_cast<int>(
-        ncclAllGather(send, recv, bytes, ncclUint8, comm, stream_));
+    return static_cast<int>(ncclAllGather(send, recv, bytes, ncclUint8, comm, stream_));
   });
 }
 
 Status NcclComm::Broadcast(const void* send, void* recv, size_t bytes, int root,
                            Deadline deadline) {
-  const std::string what = "ncclBroadcast of " + std::to_string(bytes) +
-                           " bytes from rank " + std::to_string(root);
+  const std::string what =
+      "ncclBroadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root);
   if (root < 0 || root >= world_size_) {
-    return Fail(InvalidArgumentError(what + ": root is not in a world of " +
-                                     std::to_string(world_size_)));
+    return Fail(
+        InvalidArgumentError(what + ": root is not in a world of " + std::to_string(world_size_)));
   }
   if (bytes > 0 && (recv == nullptr || (rank_ == root && send == nullptr))) {
     return Fail(InvalidArgumentError(what + ": null buffer"));
@@ -293,8 +269,7 @@ Status NcclComm::Broadcast(const void* send, void* recv, size_t bytes, int root,
   if (bytes == 0) return OkStatus();
   if (send == nullptr) send = recv;  // not read off the root
   return Run(what, deadline, [&](ncclComm* comm) {
-    return static_cast<int>(
-        ncclBroadcast(send, recv, bytes, ncclUint8, root, comm, stream_));
+    return static_cast<int>(ncclBroadcast(send, recv, bytes, ncclUint8, root, comm, stream_));
   });
 }
 

@@ -73,9 +73,9 @@ class NcclComm {
   // rank, world size or device; DeadlineExceeded naming ncclCommInitRank when
   // the others do not all join by `deadline` (the half-made communicator is
   // aborted); Internal for CUDA or NCCL failures.
-  static StatusOr<std::unique_ptr<NcclComm>> Create(
-      const std::vector<uint8_t>& unique_id, int rank, int world_size,
-      int device, Deadline deadline, NcclCommOptions options = {});
+  static StatusOr<std::unique_ptr<NcclComm>> Create(const std::vector<uint8_t>& unique_id, int rank,
+                                                    int world_size, int device, Deadline deadline,
+                                                    NcclCommOptions options = {});
 
   // Finalizes and destroys the communicator (bounded by finalize_grace),
   // or aborts it when broken; then destroys the stream. Never throws.
@@ -99,16 +99,14 @@ class NcclComm {
   // must not overlap. fp16/bf16 sums are computed by NCCL in fp32 and
   // rounded back; the average is NCCL's ncclAvg, whose last bit may differ
   // from sum / world_size. count == 0 returns OK at once.
-  Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                   NcclReduceOp op, Deadline deadline);
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype, NcclReduceOp op,
+                   Deadline deadline);
   // recv[r * bytes, (r + 1) * bytes) = rank r's send[0, bytes). `recv` holds
   // world_size() * bytes; send may be recv + rank() * bytes (in place).
-  Status AllGather(const void* send, void* recv, size_t bytes,
-                   Deadline deadline);
+  Status AllGather(const void* send, void* recv, size_t bytes, Deadline deadline);
   // recv[0, bytes) on every rank = send[0, bytes) of rank `root`. `send` is
   // only read on the root and may equal `recv`.
-  Status Broadcast(const void* send, void* recv, size_t bytes, int root,
-                   Deadline deadline);
+  Status Broadcast(const void* send, void* recv, size_t bytes, int root, Deadline deadline);
   // Waits until everything enqueued on stream() so far has finished; `what`
   // names the work in errors ("cudaMemcpyAsync of 4096 bytes").
   Status Synchronize(const std::string& what, Deadline deadline);
@@ -122,8 +120,7 @@ class NcclComm {
              const std::function<int(ncclComm*)>& enqueue);
   // Polls until NCCL's state is no longer in progress and, when
   // `wait_stream`, stream_ is idle.
-  Status Wait(const std::string& what, SteadyTime start, Deadline deadline,
-              bool wait_stream);
+  Status Wait(const std::string& what, SteadyTime start, Deadline deadline, bool wait_stream);
   // Runs options_.health when health_interval has passed since *last_check.
   Status CheckHealth(const std::string& what, SteadyTime* last_check);
   // Checks the comm may be used, the deadline has not passed, and selects

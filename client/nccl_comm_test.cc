@@ -64,16 +64,13 @@ std::vector<uint8_t> RandomElements(DType dtype, size_t n, uint32_t seed) {
 
 std::vector<uint8_t> Download(const DeviceBuffer& buffer) {
   std::vector<uint8_t> out(buffer.bytes());
-  EXPECT_EQ(
-      cudaMemcpy(out.data(), buffer.get(), out.size(), cudaMemcpyDeviceToHost),
-      cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.data(), buffer.get(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   return out;
 }
 
 void Upload(const std::vector<uint8_t>& bytes, const DeviceBuffer& buffer) {
   ASSERT_EQ(bytes.size(), buffer.bytes());
-  ASSERT_CUDA_OK(cudaMemcpy(buffer.get(), bytes.data(), bytes.size(),
-                            cudaMemcpyHostToDevice));
+  ASSERT_CUDA_OK(cudaMemcpy(buffer.get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
 }
 
 class NcclCommTest : public ::testing::Test {
@@ -103,12 +100,10 @@ struct ReduceCase {
 };
 
 void PrintTo(const ReduceCase& c, std::ostream* os) {
-  *os << DTypeName(c.dtype)
-      << (c.op == NcclReduceOp::kAverage ? " average" : " sum");
+  *os << DTypeName(c.dtype) << (c.op == NcclReduceOp::kAverage ? " average" : " sum");
 }
 
-class NcclAllReduceTest : public NcclCommTest,
-                          public ::testing::WithParamInterface<ReduceCase> {};
+class NcclAllReduceTest : public NcclCommTest, public ::testing::WithParamInterface<ReduceCase> {};
 
 TEST_P(NcclAllReduceTest, WorldOfOneReturnsTheInputOutOfPlaceAndInPlace) {
   const ReduceCase c = GetParam();
@@ -123,26 +118,24 @@ TEST_P(NcclAllReduceTest, WorldOfOneReturnsTheInputOutOfPlaceAndInPlace) {
   Upload(input, send);
   ASSERT_CUDA_OK(cudaMemset(recv.get(), 0xAB, recv.bytes()));
 
-  Status s = comm->AllReduce(send.get(), recv.get(), kCount, c.dtype, c.op,
-                             Deadline::AfterMs(30000));
+  Status s =
+      comm->AllReduce(send.get(), recv.get(), kCount, c.dtype, c.op, Deadline::AfterMs(30000));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(Download(recv), input);
 
-  s = comm->AllReduce(send.get(), send.get(), kCount, c.dtype, c.op,
-                      Deadline::AfterMs(30000));
+  s = comm->AllReduce(send.get(), send.get(), kCount, c.dtype, c.op, Deadline::AfterMs(30000));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(Download(send), input);
   EXPECT_TRUE(comm->status().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllTypesAndOps, NcclAllReduceTest,
-    ::testing::Values(ReduceCase{DType::kF32, NcclReduceOp::kSum},
-                      ReduceCase{DType::kF32, NcclReduceOp::kAverage},
-                      ReduceCase{DType::kF16, NcclReduceOp::kSum},
-                      ReduceCase{DType::kF16, NcclReduceOp::kAverage},
-                      ReduceCase{DType::kBF16, NcclReduceOp::kSum},
-                      ReduceCase{DType::kBF16, NcclReduceOp::kAverage}));
+INSTANTIATE_TEST_SUITE_P(AllTypesAndOps, NcclAllReduceTest,
+                         ::testing::Values(ReduceCase{DType::kF32, NcclReduceOp::kSum},
+                                           ReduceCase{DType::kF32, NcclReduceOp::kAverage},
+                                           ReduceCase{DType::kF16, NcclReduceOp::kSum},
+                                           ReduceCase{DType::kF16, NcclReduceOp::kAverage},
+                                           ReduceCase{DType::kBF16, NcclReduceOp::kSum},
+                                           ReduceCase{DType::kBF16, NcclReduceOp::kAverage}));
 
 TEST_F(NcclCommTest, WorldOfOneAllGatherCopiesTheInput) {
   std::unique_ptr<NcclComm> comm = MakeSolo();
@@ -152,8 +145,7 @@ TEST_F(NcclCommTest, WorldOfOneAllGatherCopiesTheInput) {
   DeviceBuffer recv(input.size());
   Upload(input, send);
   ASSERT_CUDA_OK(cudaMemset(recv.get(), 0, recv.bytes()));
-  Status s = comm->AllGather(send.get(), recv.get(), input.size(),
-                             Deadline::AfterMs(30000));
+  Status s = comm->AllGather(send.get(), recv.get(), input.size(), Deadline::AfterMs(30000));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(Download(recv), input);
 }
@@ -166,8 +158,7 @@ TEST_F(NcclCommTest, WorldOfOneBroadcastCopiesTheRootsData) {
   DeviceBuffer recv(input.size());
   Upload(input, send);
   ASSERT_CUDA_OK(cudaMemset(recv.get(), 0, recv.bytes()));
-  Status s = comm->Broadcast(send.get(), recv.get(), input.size(), 0,
-                             Deadline::AfterMs(30000));
+  Status s = comm->Broadcast(send.get(), recv.get(), input.size(), 0, Deadline::AfterMs(30000));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(Download(recv), input);
 }
@@ -176,9 +167,7 @@ TEST_F(NcclCommTest, EmptyOperationsSucceed) {
   std::unique_ptr<NcclComm> comm = MakeSolo();
   ASSERT_NE(comm, nullptr);
   const Deadline deadline = Deadline::AfterMs(30000);
-  EXPECT_TRUE(comm->AllReduce(nullptr, nullptr, 0, DType::kF32,
-                              NcclReduceOp::kSum, deadline)
-                  .ok());
+  EXPECT_TRUE(comm->AllReduce(nullptr, nullptr, 0, DType::kF32, NcclReduceOp::kSum, deadline).ok());
   EXPECT_TRUE(comm->AllGather(nullptr, nullptr, 0, deadline).ok());
   EXPECT_TRUE(comm->Broadcast(nullptr, nullptr, 0, 0, deadline).ok());
 }
@@ -187,13 +176,11 @@ TEST_F(NcclCommTest, BadArgumentsFailAndTheErrorSticks) {
   std::unique_ptr<NcclComm> comm = MakeSolo();
   ASSERT_NE(comm, nullptr);
   DeviceBuffer buffer(64);
-  Status s = comm->Broadcast(buffer.get(), buffer.get(), 64, 1,
-                             Deadline::AfterMs(30000));
+  Status s = comm->Broadcast(buffer.get(), buffer.get(), 64, 1, Deadline::AfterMs(30000));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("ncclBroadcast"), std::string::npos) << s;
 
-  Status later =
-      comm->AllGather(buffer.get(), buffer.get(), 64, Deadline::AfterMs(30000));
+  Status later = comm->AllGather(buffer.get(), buffer.get(), 64, Deadline::AfterMs(30000));
   EXPECT_EQ(later.code(), s.code());
   EXPECT_EQ(later.message(), s.message());
   EXPECT_EQ(comm->status().message(), s.message());
@@ -203,8 +190,8 @@ TEST_F(NcclCommTest, UnsupportedDTypeIsInvalidArgument) {
   std::unique_ptr<NcclComm> comm = MakeSolo();
   ASSERT_NE(comm, nullptr);
   DeviceBuffer buffer(64);
-  Status s = comm->AllReduce(buffer.get(), buffer.get(), 16, DType::kI32,
-                             NcclReduceOp::kSum, Deadline::AfterMs(30000));
+  Status s = comm->AllReduce(buffer.get(), buffer.get(), 16, DType::kI32, NcclReduceOp::kSum,
+                             Deadline::AfterMs(30000));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("i32"), std::string::npos) << s;
 }
@@ -213,16 +200,14 @@ TEST_F(NcclCommTest, ExpiredDeadlineFailsAndTheErrorSticks) {
   std::unique_ptr<NcclComm> comm = MakeSolo();
   ASSERT_NE(comm, nullptr);
   DeviceBuffer buffer(4096 * sizeof(float));
-  Status s = comm->AllReduce(buffer.get(), buffer.get(), 4096, DType::kF32,
-                             NcclReduceOp::kSum, Deadline::Past());
+  Status s = comm->AllReduce(buffer.get(), buffer.get(), 4096, DType::kF32, NcclReduceOp::kSum,
+                             Deadline::Past());
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
-  EXPECT_NE(s.message().find("ncclAllReduce of 4096 f32 elements"),
-            std::string::npos)
-      << s;
+  EXPECT_NE(s.message().find("ncclAllReduce of 4096 f32 elements"), std::string::npos) << s;
   EXPECT_NE(s.message().find("communicator aborted"), std::string::npos) << s;
 
-  Status later = comm->AllReduce(buffer.get(), buffer.get(), 4096, DType::kF32,
-                                 NcclReduceOp::kSum, Deadline::AfterMs(30000));
+  Status later = comm->AllReduce(buffer.get(), buffer.get(), 4096, DType::kF32, NcclReduceOp::kSum,
+                                 Deadline::AfterMs(30000));
   EXPECT_EQ(later.code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(later.message(), s.message());
 }
@@ -240,10 +225,8 @@ TEST_F(NcclCommTest, FailingHealthCheckEndsAWaitEarly) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable) << comm.status();
-  EXPECT_NE(comm.status().message().find("ncclCommInitRank"), std::string::npos)
-      << comm.status();
-  EXPECT_NE(comm.status().message().find("worker 1 died"), std::string::npos)
-      << comm.status();
+  EXPECT_NE(comm.status().message().find("ncclCommInitRank"), std::string::npos) << comm.status();
+  EXPECT_NE(comm.status().message().find("worker 1 died"), std::string::npos) << comm.status();
   EXPECT_LT(elapsed, std::chrono::seconds(15));
 }
 
@@ -256,12 +239,9 @@ TEST_F(NcclCommTest, MissingRankFailsInitByTheDeadline) {
       NcclComm::Create(*id, 0, 2, kDevice, Deadline::AfterMs(2000));
   const auto elapsed = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(comm.ok());
-  EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded)
-      << comm.status();
-  EXPECT_NE(comm.status().message().find("ncclCommInitRank"), std::string::npos)
-      << comm.status();
-  EXPECT_NE(comm.status().message().find("communicator aborted"),
-            std::string::npos)
+  EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status();
+  EXPECT_NE(comm.status().message().find("ncclCommInitRank"), std::string::npos) << comm.status();
+  EXPECT_NE(comm.status().message().find("communicator aborted"), std::string::npos)
       << comm.status();
   EXPECT_GE(elapsed, std::chrono::milliseconds(1900));
   EXPECT_LT(elapsed, std::chrono::seconds(15));
@@ -269,18 +249,13 @@ TEST_F(NcclCommTest, MissingRankFailsInitByTheDeadline) {
 
 TEST_F(NcclCommTest, BadCreateArgumentsAreInvalidArgument) {
   const std::vector<uint8_t> short_id(16);
-  EXPECT_EQ(NcclComm::Create(short_id, 0, 1, kDevice, Deadline::AfterMs(1000))
-                .status()
-                .code(),
+  EXPECT_EQ(NcclComm::Create(short_id, 0, 1, kDevice, Deadline::AfterMs(1000)).status().code(),
             StatusCode::kInvalidArgument);
   const std::vector<uint8_t> id(NcclComm::kUniqueIdBytes);
-  EXPECT_EQ(NcclComm::Create(id, 2, 2, kDevice, Deadline::AfterMs(1000))
-                .status()
-                .code(),
+  EXPECT_EQ(NcclComm::Create(id, 2, 2, kDevice, Deadline::AfterMs(1000)).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      NcclComm::Create(id, 0, 1, -1, Deadline::AfterMs(1000)).status().code(),
-      StatusCode::kInvalidArgument);
+  EXPECT_EQ(NcclComm::Create(id, 0, 1, -1, Deadline::AfterMs(1000)).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -24,8 +24,7 @@
 
 namespace gradsync::client {
 
-StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(Session* session,
-                                                           int device,
+StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(Session* session, int device,
                                                            Deadline deadline);
 
 }  // namespace gradsync::client

@@ -5,8 +5,7 @@
 
 namespace gradsync::client {
 
-StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(Session* session,
-                                                           int device,
+StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(Session* session, int device,
                                                            Deadline deadline) {
   GS_ASSIGN_OR_RETURN(std::unique_ptr<NcclCollectives> nccl,
                       NcclCollectives::Join(session, device, deadline));

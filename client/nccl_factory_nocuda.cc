@@ -2,8 +2,8 @@
 
 namespace gradsync::client {
 
-StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(
-    Session* /*session*/, int /*device*/, Deadline /*deadline*/) {
+StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(Session* /*session*/, int /*device*/,
+                                                           Deadline /*deadline*/) {
   return FailedPreconditionError(
       "gradsync was built without CUDA; rebuild with --config=cuda to use the "
       "nccl path");

@@ -52,8 +52,8 @@ StatusOr<PsClientOptions> PsClientOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t resend, config.GetInt("ps_resend_ms", 1000));
   GS_ASSIGN_OR_RETURN(std::string reply, config.GetString("ps_reply_compression", "none"));
   if (reply != "none" && reply != "fp16" && reply != "bf16") {
-    return InvalidArgumentError("ps_reply_compression must be none, fp16 or bf16, got '" +
-                                reply + "'");
+    return InvalidArgumentError("ps_reply_compression must be none, fp16 or bf16, got '" + reply +
+                                "'");
   }
   o.reply_codec = reply == "none" ? "" : reply;
   if (partition < 4) return InvalidArgumentError("partition_bytes must be at least 4");
@@ -69,8 +69,13 @@ class PsClient::Exchange {
  public:
   Exchange(PsClient* client, uint32_t bucket, uint8_t* data, uint64_t round, const OpTag& tag,
            Deadline deadline)
-      : c_(client), bucket_(bucket), data_(data), round_(round), tag_(tag),
-        deadline_(deadline), holds_(std::make_shared<SendHolds>()) {}
+      : c_(client),
+        bucket_(bucket),
+        data_(data),
+        round_(round),
+        tag_(tag),
+        deadline_(deadline),
+        holds_(std::make_shared<SendHolds>()) {}
 
   // `encoders`: one per partition, or none (uncompressed).
   Status Run(std::vector<PartitionSpan> plan, BucketState* bucket);
@@ -136,8 +141,8 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
       interval = std::min(interval * 2, c_->options_.resend_after * 8);
       next_resend = now + interval;
     }
-    const SteadyTime until = std::min({next_resend, now + c_->options_.poll_interval,
-                                       deadline_.at()});
+    const SteadyTime until =
+        std::min({next_resend, now + c_->options_.poll_interval, deadline_.at()});
     auto in = c_->transport_->Receive(Deadline::At(until));
     if (!in.ok() && in.status().code() == StatusCode::kDeadlineExceeded) continue;
     if (!in.ok()) return in.status();
@@ -167,12 +172,12 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
   const std::vector<size_t> keep = SharedBudget(bucket, &threshold);
   for (size_t p = 0; p < plan_.size(); ++p) {
     const PartitionSpan& span = plan_[p];
-    const compression::CompressContext ctx = compression::PartitionContext(
-        c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
+    const compression::CompressContext ctx =
+        compression::PartitionContext(c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
     if (c_->partition_encoder_) {
-      GS_ASSIGN_OR_RETURN(wire::Payload payload,
-                          c_->partition_encoder_(bucket_, span.partition, span.offset,
-                                                 span.count, ctx));
+      GS_ASSIGN_OR_RETURN(
+          wire::Payload payload,
+          c_->partition_encoder_(bucket_, span.partition, span.offset, span.count, ctx));
       parts_[p].encoding.codec = bucket->encoders[p]->spec();
       parts_[p].compressed = std::move(payload);
       continue;
@@ -202,8 +207,8 @@ std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket,
   size_t at = 0;
   for (size_t p = 0; p < plan_.size(); ++p) {
     const PartitionSpan& span = plan_[p];
-    const compression::CompressContext ctx = compression::PartitionContext(
-        c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
+    const compression::CompressContext ctx =
+        compression::PartitionContext(c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
     bucket->encoders[p]->MagnitudeKeys(reinterpret_cast<const float*>(data_) + span.offset,
                                        span.count, ctx, keys.data() + at);
     at += span.count;
@@ -217,8 +222,8 @@ Status PsClient::Exchange::Decode(size_t p) {
   float* dst = reinterpret_cast<float*>(data_) + plan_[p].offset;
   traffic_.received += reply.PayloadBytes();
   wire::ErrorCode code;
-  Status s = c_->decoder_.Decode(*reply.header_view()->body_as_DataBody(), reply.payloads, {},
-                                 dst, &code);
+  Status s =
+      c_->decoder_.Decode(*reply.header_view()->body_as_DataBody(), reply.payloads, {}, dst, &code);
   if (!s.ok()) {
     c_->CountRejected(code);
     return AbortedError("server " + std::to_string(plan_[p].shard) + " answered partition " +
@@ -260,8 +265,7 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
     f.codec = part.encoding.codec;
   } else if (type == MsgType::Push) {
     payloads.push_back(wire::Payload::Borrow(data_ + span.offset * sizeof(float),
-                                             span.count * sizeof(float),
-                                             SendHolds::Hold(holds_)));
+                                             span.count * sizeof(float), SendHolds::Hold(holds_)));
   } else {
     f.codec = c_->options_.reply_codec;
   }
@@ -271,8 +275,8 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   } else {
     c_->pulls_++;
   }
-  wire::Message msg = wire::MakeData(c_->peers_.sender, type, f, std::move(payloads), tag_.step,
-                                     ++c_->seq_);
+  wire::Message msg =
+      wire::MakeData(c_->peers_.sender, type, f, std::move(payloads), tag_.step, ++c_->seq_);
   const wire::Route to = wire::Route::Connection(c_->conns_[static_cast<size_t>(span.shard)]);
   // Posted: the pushes and pulls of every partition go out without waiting
   // on each other; a send that fails is seen by the loop in Run.
@@ -285,9 +289,12 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
   if (!v.ok()) {
     c_->CountRejected(v.code);
     if (v.ShouldAnswer()) {
-      c_->transport_->Send(in.from, wire::MakeError(c_->peers_.sender, v.code, v.detail,
-                                                    v.type_known ? v.type : MsgType::Error),
-                           Deadline::AfterMs(1000)).IgnoreError();
+      c_->transport_
+          ->Send(in.from,
+                 wire::MakeError(c_->peers_.sender, v.code, v.detail,
+                                 v.type_known ? v.type : MsgType::Error),
+                 Deadline::AfterMs(1000))
+          .IgnoreError();
     }
     return Status();
   }
@@ -299,8 +306,8 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
       busy_ = true;
       return Status();
     }
-    return AbortedError("server " + std::to_string(shard) + " refused: " +
-                        (e->message() ? e->message()->str() : "no reason given"));
+    return AbortedError("server " + std::to_string(shard) +
+                        " refused: " + (e->message() ? e->message()->str() : "no reason given"));
   }
   const wire::DataBody* d = v.header->body_as_DataBody();
   if (d->bucket() != bucket_ || d->round() != round_ || d->partition() >= plan_.size() ||
@@ -319,9 +326,8 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
     c_->CountRejected(wire::ErrorCode::SizeMismatch);
     const std::string want = c_->options_.reply_codec.empty() ? "f32" : c_->options_.reply_codec;
     return AbortedError("server " + std::to_string(shard) + " answered partition " +
-                        std::to_string(span.partition) + " of bucket " +
-                        std::to_string(bucket_) + " with " +
-                        std::to_string(d->num_elements()) + " elements in " +
+                        std::to_string(span.partition) + " of bucket " + std::to_string(bucket_) +
+                        " with " + std::to_string(d->num_elements()) + " elements in " +
                         std::to_string(in.message.PayloadBytes()) + " bytes" +
                         (codec.empty() ? "" : " of " + codec) + ", expected " +
                         std::to_string(span.count) + " " + want);
@@ -356,7 +362,10 @@ int PsClient::Exchange::ShardOf(const wire::Route& from) const {
 
 PsClient::PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
                    const PsClientOptions& options, Collectives* fallback, Health health)
-    : transport_(std::move(transport)), peers_(peers), options_(options), fallback_(fallback),
+    : transport_(std::move(transport)),
+      peers_(peers),
+      options_(options),
+      fallback_(fallback),
       health_(std::move(health)),
       policy_(wire::Policy::Accepting({MsgType::Ack, MsgType::Reply, MsgType::Error})) {
   policy_.job_id = peers.sender.job_id;
@@ -369,8 +378,9 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Trans
                                                      const PsClientOptions& options,
                                                      Collectives* fallback, Health health) {
   if (peers.server_endpoints.empty()) {
-    return FailedPreconditionError("path=ps needs server shards, and the job has none "
-                                   "(num_servers=0)");
+    return FailedPreconditionError(
+        "path=ps needs server shards, and the job has none "
+        "(num_servers=0)");
   }
   std::unique_ptr<PsClient> c(
       new PsClient(std::move(transport), peers, options, fallback, std::move(health)));
@@ -383,8 +393,8 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Trans
 
 PsClient::~PsClient() { transport_->Shutdown(); }
 
-Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
-                           const OpTag& tag, Deadline deadline) {
+Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                           Deadline deadline) {
   if (tag.bucket == kDirectOpBucket) {
     if (fallback_ == nullptr) return UnimplementedError("no collectives for direct operations");
     return fallback_->AllReduce(data, count, dtype, op, tag, deadline);
@@ -392,8 +402,8 @@ Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
   if (!broken_.ok()) return broken_;
   if (dtype != DType::kF32 || op != ReduceOp::kAverage) {
     return InvalidArgumentError(std::string("the parameter-server path averages f32 buckets "
-                                            "only; bucket ") + std::to_string(tag.bucket) +
-                                " is " + DTypeName(dtype));
+                                            "only; bucket ") +
+                                std::to_string(tag.bucket) + " is " + DTypeName(dtype));
   }
   BucketState& b = buckets_[tag.bucket];
   const int32_t shards = static_cast<int32_t>(conns_.size());
@@ -447,9 +457,9 @@ Status PsClient::SetCompression(uint32_t bucket, const std::string& spec) {
     StatusOr<std::unique_ptr<compression::PayloadEncoder>> made =
         compression::PayloadEncoder::Create(registry_, spec);
     if (!made.ok()) {
-      return InvalidArgumentError("bucket " + std::to_string(bucket) + ": compression \"" +
-                                  spec + "\" is not available on the parameter-server path: " +
-                                  made.status().message());
+      return InvalidArgumentError(
+          "bucket " + std::to_string(bucket) + ": compression \"" + spec +
+          "\" is not available on the parameter-server path: " + made.status().message());
     }
   }
   b.spec = spec;
@@ -470,8 +480,8 @@ void PsClient::CountRejected(wire::ErrorCode code) {
 }
 
 PsClientStats PsClient::stats() const {
-  return PsClientStats{pushes_.load(), pulls_.load(), resent_.load(), rejected_.load(),
-                       stray_.load(), busy_.load()};
+  return PsClientStats{pushes_.load(),   pulls_.load(), resent_.load(),
+                       rejected_.load(), stray_.load(), busy_.load()};
 }
 
 }  // namespace gradsync::client

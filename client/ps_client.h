@@ -23,10 +23,10 @@
 // error-feedback residual), and the shard decompresses it and aggregates in
 // fp32 (compression/wire_codec.h). Top-k shares its budget over the bucket:
 // the partitions together keep the bucket's k largest magnitudes, not k / P
-// each (except with a partition encoder, which keeps each partition's own). Initial parameters (round 0) travel
-// uncompressed. A resent push resends the same bytes: it is compressed once.
-// With reply_codec "fp16" or "bf16" the shards answer in that encoding (half
-// the pull bytes; the values are rounded, the shards keep fp32).
+// each (except with a partition encoder, which keeps each partition's own). Initial parameters
+// (round 0) travel uncompressed. A resent push resends the same bytes: it is compressed once. With
+// reply_codec "fp16" or "bf16" the shards answer in that encoding (half the pull bytes; the values
+// are rounded, the shards keep fp32).
 //
 // Every push carries (worker, bucket, partition, round, seq) so the shard
 // applies it once; a push or pull that is not answered within `resend_after`
@@ -76,9 +76,9 @@ struct PsClientOptions {
   size_t partition_bytes = size_t{4} << 20;
   bool server_optimizer = false;  // optimizer != none
   Millis resend_after{1000};
-  Millis poll_interval{20};       // how often a waiting call runs `health`
+  Millis poll_interval{20};                   // how often a waiting call runs `health`
   wire::RejectedMetrics* rejected = nullptr;  // refused messages by reason; may be null
-  std::string reply_codec;        // "", "fp16" or "bf16"
+  std::string reply_codec;                    // "", "fp16" or "bf16"
 
   // Reads partition_bytes, optimizer, ps_resend_ms and ps_reply_compression.
   static StatusOr<PsClientOptions> FromConfig(const Config& config);
@@ -133,9 +133,9 @@ class PsClient : public Collectives {
   // Compresses partition `partition` of bucket `bucket` (its `count`
   // elements from element `offset` of the bucket) with the bucket's spec and
   // context `ctx` into one payload, the bytes the host encoder would make.
-  using PartitionEncoder = std::function<StatusOr<wire::Payload>(
-      uint32_t bucket, uint32_t partition, size_t offset, size_t count,
-      const compression::CompressContext& ctx)>;
+  using PartitionEncoder =
+      std::function<StatusOr<wire::Payload>(uint32_t bucket, uint32_t partition, size_t offset,
+                                            size_t count, const compression::CompressContext& ctx)>;
   // Compressed pushes are made by `encoder` (the CUDA gradients' device
   // compression) instead of on the host. Before the first AllReduce.
   void SetPartitionEncoder(PartitionEncoder encoder) { partition_encoder_ = std::move(encoder); }

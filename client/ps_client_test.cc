@@ -203,7 +203,8 @@ void ExpectExactAverages(PsJob& job, int workers, int rounds) {
         }
         OpTag tag{static_cast<uint64_t>(round), b, 0, 0};
         ASSERT_TRUE(c.AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kAverage, tag,
-                                Deadline::AfterMs(10000)).ok());
+                                Deadline::AfterMs(10000))
+                        .ok());
         ASSERT_EQ(data, want) << "rank " << rank << " round " << round << " bucket " << b;
       }
     }
@@ -262,11 +263,13 @@ TEST(PsClientTest, WithAServerOptimizerTheFirstCallSharesWorkerZerosParameters) 
     std::vector<float> p(50);
     for (size_t i = 0; i < p.size(); ++i) p[i] = rank == 0 ? static_cast<float>(i) : -99.0f;
     ASSERT_TRUE(c.AllReduce(p.data(), p.size(), DType::kF32, ReduceOp::kAverage, {0, 4, 0, 0},
-                            Deadline::AfterMs(10000)).ok());
+                            Deadline::AfterMs(10000))
+                    .ok());
     for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], static_cast<float>(i));
     std::vector<float> g(50, static_cast<float>(rank * 2 + 1));  // average 2
     ASSERT_TRUE(c.AllReduce(g.data(), g.size(), DType::kF32, ReduceOp::kAverage, {1, 4, 1, 0},
-                            Deadline::AfterMs(10000)).ok());
+                            Deadline::AfterMs(10000))
+                    .ok());
     for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], static_cast<float>(i) - 0.5f);
   });
 }
@@ -289,19 +292,27 @@ TEST(PsClientTest, AShardErrorFailsTheCallWithTheShardsMessageAndStaysFailed) {
 TEST(PsClientTest, RefusesOtherDtypesAndChangedSizesAndSendsDirectOpsElsewhere) {
   PsJob job(Spec(1, 1));
   std::vector<uint16_t> half(8);
-  EXPECT_EQ(job.client(0).AllReduce(half.data(), 8, DType::kF16, ReduceOp::kAverage,
-                                    {0, 0, 0, 0}, Deadline::AfterMs(1000)).code(),
+  EXPECT_EQ(job.client(0)
+                .AllReduce(half.data(), 8, DType::kF16, ReduceOp::kAverage, {0, 0, 0, 0},
+                           Deadline::AfterMs(1000))
+                .code(),
             StatusCode::kInvalidArgument);
   std::vector<float> f(8, 1.0f);
-  ASSERT_TRUE(job.client(0).AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage,
-                                      {0, 1, 0, 0}, Deadline::AfterMs(5000)).ok());
-  EXPECT_EQ(job.client(0).AllReduce(f.data(), 7, DType::kF32, ReduceOp::kAverage,
-                                    {1, 1, 1, 0}, Deadline::AfterMs(5000)).code(),
+  ASSERT_TRUE(job.client(0)
+                  .AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage, {0, 1, 0, 0},
+                             Deadline::AfterMs(5000))
+                  .ok());
+  EXPECT_EQ(job.client(0)
+                .AllReduce(f.data(), 7, DType::kF32, ReduceOp::kAverage, {1, 1, 1, 0},
+                           Deadline::AfterMs(5000))
+                .code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(job.client(0).Broadcast(f.data(), 32, 0, {}, Deadline::AfterMs(100)).code(),
             StatusCode::kUnimplemented);
-  EXPECT_EQ(job.client(0).AllReduce(f.data(), 8, DType::kF32, ReduceOp::kSum,
-                                    {0, kDirectOpBucket, 2, 0}, Deadline::AfterMs(100)).code(),
+  EXPECT_EQ(job.client(0)
+                .AllReduce(f.data(), 8, DType::kF32, ReduceOp::kSum, {0, kDirectOpBucket, 2, 0},
+                           Deadline::AfterMs(100))
+                .code(),
             StatusCode::kUnimplemented);
 }
 
@@ -310,8 +321,7 @@ TEST(PsClientTest, RefusesOtherDtypesAndChangedSizesAndSendsDirectOpsElsewhere) 
 // decompressed, summed in rank order and divided, partition by partition.
 class CompressedAverage {
  public:
-  CompressedAverage(const std::string& spec, int workers, size_t count, uint32_t bucket,
-                    int shards)
+  CompressedAverage(const std::string& spec, int workers, size_t count, uint32_t bucket, int shards)
       : plan_(PlanPartitions(bucket, count, sizeof(float), 64, shards)), bucket_(bucket) {
     compression::RegisterBuiltins(&registry_);
     // Top-k with error feedback shares its budget over the bucket: the
@@ -357,8 +367,9 @@ class CompressedAverage {
         const auto ctx = compression::PartitionContext(kJob, step, bucket_, span.partition);
         std::vector<uint8_t> bytes(c.WireBytes(span.count));
         std::vector<float> d(span.count);
-        EXPECT_TRUE(c.Compress(inputs[w].data() + span.offset, span.count, ctx, bytes.data(),
-                               bytes.size()).ok());
+        EXPECT_TRUE(
+            c.Compress(inputs[w].data() + span.offset, span.count, ctx, bytes.data(), bytes.size())
+                .ok());
         EXPECT_TRUE(c.Decompress(bytes.data(), bytes.size(), span.count, ctx, d.data()).ok());
         for (size_t i = 0; i < span.count; ++i) avg[span.offset + i] += d[i];
         wire_bytes_ += w == 0 ? bytes.size() : 0;
@@ -410,8 +421,9 @@ TEST(PsClientTest, CompressedPushesAverageWhatEveryWorkersCompressorSent) {
       for (int round = 0; round < rounds; ++round) {
         std::vector<float> g = Gradient(rank, round, n);
         OpTag tag{static_cast<uint64_t>(round), 2, static_cast<uint64_t>(round), 0};
-        ASSERT_TRUE(c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag,
-                                Deadline::AfterMs(10000)).ok());
+        ASSERT_TRUE(
+            c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag, Deadline::AfterMs(10000))
+                .ok());
         ASSERT_EQ(g, want[static_cast<size_t>(round)]) << "rank " << rank << " round " << round;
       }
       traffic[static_cast<size_t>(rank)] = c.last_traffic();
@@ -443,8 +455,9 @@ TEST(PsClientTest, RepliesInFp16AreTheRoundedAverage) {
       ASSERT_TRUE(fp16->Decompress(bytes.data(), bytes.size(), n, {}, want.data()).ok());
       OpTag tag{static_cast<uint64_t>(round), 0, static_cast<uint64_t>(round), 0};
       const uint64_t resent = c.stats().resent;
-      ASSERT_TRUE(c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag,
-                              Deadline::AfterMs(10000)).ok());
+      ASSERT_TRUE(
+          c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag, Deadline::AfterMs(10000))
+              .ok());
       ASSERT_EQ(g, want) << "rank " << rank << " round " << round;
       EXPECT_EQ(c.last_traffic().received, 2 * n);
       // The pushes went uncompressed (a loaded machine may also resend one
@@ -468,11 +481,13 @@ TEST(PsClientTest, SetCompressionRefusesWhatTheShardsCannotDecode) {
         << s;
   }
   std::vector<float> f(8, 1.0f);
-  ASSERT_TRUE(job.client(0).AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage,
-                                      {0, 1, 0, 0}, Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(job.client(0)
+                  .AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage, {0, 1, 0, 0},
+                             Deadline::AfterMs(5000))
+                  .ok());
   EXPECT_EQ(job.client(0).SetCompression(1, "fp16").code(), StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(PsClientOptions::FromConfig(Config::FromMap({{"ps_reply_compression", "topk"}}))
-                   .ok());
+  EXPECT_FALSE(
+      PsClientOptions::FromConfig(Config::FromMap({{"ps_reply_compression", "topk"}})).ok());
   auto fp16 = PsClientOptions::FromConfig(Config::FromMap({{"ps_reply_compression", "fp16"}}));
   ASSERT_TRUE(fp16.ok());
   EXPECT_EQ(fp16->reply_codec, "fp16");
@@ -487,8 +502,8 @@ uint64_t MaxStaleness(PsMode mode, uint64_t s, int rounds) {
     for (int round = 0; round <= rounds; ++round) {
       if (round > 0) std::fill(p.begin(), p.end(), 0.01f * static_cast<float>(rank + 1));
       ASSERT_TRUE(c.AllReduce(p.data(), p.size(), DType::kF32, ReduceOp::kAverage,
-                              {static_cast<uint64_t>(round), 0, 0, 0},
-                              Deadline::AfterMs(20000)).ok());
+                              {static_cast<uint64_t>(round), 0, 0, 0}, Deadline::AfterMs(20000))
+                      .ok());
       std::this_thread::sleep_for(std::chrono::milliseconds(1 + 4 * rank));
     }
   });

@@ -14,8 +14,7 @@ StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
   zmq.identity = wire::PsClientIdentity(session.data().identity());
   zmq.node_keys = session.node_keys();
   zmq.max_frame_bytes = cluster::PartitionFrameBytes(links.partition_bytes);  // replies
-  GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
-                      wire::ZmqTransport::Create(zmq));
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport, wire::ZmqTransport::Create(zmq));
   return cluster::OverSameHostLinks(
       std::move(transport),
       cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers()),

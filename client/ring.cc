@@ -64,9 +64,9 @@ class SendHolds {
 
 std::string DescribeData(const wire::Header& h) {
   const auto* d = h.body_as_RingDataBody();
-  return "step " + std::to_string(h.step()) + " bucket " + std::to_string(d->bucket()) +
-         " seq " + std::to_string(h.seq()) + " " + wire::EnumNameDType(d->dtype()) +
-         " names-hash " + std::to_string(d->names_hash());
+  return "step " + std::to_string(h.step()) + " bucket " + std::to_string(d->bucket()) + " seq " +
+         std::to_string(h.seq()) + " " + wire::EnumNameDType(d->dtype()) + " names-hash " +
+         std::to_string(d->names_hash());
 }
 
 std::string SpecText(const std::string& name, uint64_t count, wire::DType dtype) {
@@ -89,8 +89,8 @@ std::string CompareSpec(size_t i, const wire::TensorSpec* theirs,
       theirs ? " has " + SpecText(theirs->name()->str(), theirs->num_elements(), theirs->dtype())
              : none;
   const std::string b = own ? " has " + SpecText(own->name, own->num_elements, own->dtype) : none;
-  return "first difference at tensor #" + std::to_string(i) + ": rank " + std::to_string(left) +
-         a + ", rank " + std::to_string(me) + b;
+  return "first difference at tensor #" + std::to_string(i) + ": rank " + std::to_string(left) + a +
+         ", rank " + std::to_string(me) + b;
 }
 
 }  // namespace
@@ -105,20 +105,26 @@ class RingCollectives::Op {
  public:
   Op(RingCollectives* ring, RingOpKind kind, const OpTag& tag, DType dtype, uint64_t count,
      uint64_t extra, int segments, Deadline deadline)
-      : ring_(ring), kind_(kind), tag_(InEpoch(tag, ring->peers_.epoch)), dtype_(dtype),
+      : ring_(ring),
+        kind_(kind),
+        tag_(InEpoch(tag, ring->peers_.epoch)),
+        dtype_(dtype),
         fingerprint_(RingFingerprint(kind, tag_, dtype, count, extra)),
-        deadline_(deadline), holds_(std::make_shared<SendHolds>(segments)) {}
+        deadline_(deadline),
+        holds_(std::make_shared<SendHolds>(segments)) {}
 
   int rank() const { return ring_->peers_.rank; }
   int left() const { return RingIndex(rank() - 1, ring_->peers_.world_size); }
 
   // Sends bytes [data, data + elems) of segment `seg` without copying.
   Status SendFromBuffer(const uint8_t* data, size_t elems, int seg) {
-    return SendPayload(wire::Payload::Borrow(data, elems * DTypeSize(dtype_),
-                                             holds_->Hold(holds_, seg)), elems);
+    return SendPayload(
+        wire::Payload::Borrow(data, elems * DTypeSize(dtype_), holds_->Hold(holds_, seg)), elems);
   }
   // Forwards a payload as it came from the left.
-  Status Forward(wire::Payload payload, size_t elems) { return SendPayload(std::move(payload), elems); }
+  Status Forward(wire::Payload payload, size_t elems) {
+    return SendPayload(std::move(payload), elems);
+  }
   // Every message of the operation, data or not, takes the next index.
   // Posted: the caller goes on at once, and the transport keeps the
   // messages to the right neighbour in order, holding each payload until it
@@ -140,11 +146,11 @@ class RingCollectives::Op {
   Status SendFailure() {
     const Status first = posted_.first_failure();
     if (first.ok() || !send_failure_.ok()) return send_failure_;
-    send_failure_ = Fail(UnavailableError(Describe() + ": sending to rank " +
-                                          std::to_string(RingIndex(rank() + 1,
-                                                                   ring_->peers_.world_size)) +
-                                          " failed: " + first.message()),
-                         ErrorCode::Unreachable, -1);
+    send_failure_ =
+        Fail(UnavailableError(Describe() + ": sending to rank " +
+                              std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
+                              " failed: " + first.message()),
+             ErrorCode::Unreachable, -1);
     return send_failure_;
   }
 
@@ -160,10 +166,11 @@ class RingCollectives::Op {
       GS_RETURN_IF_ERROR(SendFailure());
       GS_RETURN_IF_ERROR(CheckHealth());
       if (deadline_.Expired()) {
-        return Fail(DeadlineExceededError(Describe() + ": rank " +
-                                          std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
-                                          " did not take this rank's messages in time"),
-                    ErrorCode::Timeout, -1);
+        return Fail(
+            DeadlineExceededError(Describe() + ": rank " +
+                                  std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
+                                  " did not take this rank's messages in time"),
+            ErrorCode::Timeout, -1);
       }
     }
   }
@@ -245,7 +252,7 @@ class RingCollectives::Op {
   const Deadline deadline_;
   std::shared_ptr<SendHolds> holds_;
   wire::PostedSends posted_;  // this operation's sends
-  Status send_failure_;  // SendFailure's verdict, once there is one
+  Status send_failure_;       // SendFailure's verdict, once there is one
   uint64_t sent_ = 0;
   uint64_t received_ = 0;
 };
@@ -260,8 +267,8 @@ Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
   f.op_fingerprint = fingerprint_;
   std::vector<wire::Payload> payloads;
   payloads.push_back(std::move(payload));
-  Message msg = wire::MakeRingData(ring_->peers_.sender, f, std::move(payloads), tag_.step,
-                                   tag_.seq);
+  Message msg =
+      wire::MakeRingData(ring_->peers_.sender, f, std::move(payloads), tag_.step, tag_.seq);
   return SendMessage(std::move(msg));
 }
 
@@ -320,8 +327,8 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
   if (ring_->options_.rejected != nullptr) ring_->options_.rejected->Count(code);
   uint64_t left_out = 0;
   if (ring_->refusal_log_.Admit(in.from.ToString(), wire::ErrorCodeLabel(code), &left_out)) {
-    GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString()
-                    << ": " << wire::Escaped(detail) << LeftOutNote(left_out);
+    GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString() << ": "
+                    << wire::Escaped(detail) << LeftOutNote(left_out);
   }
   // Posted, never waited for: a peer that sends and never reads holds at
   // most kMaxRepliesInFlight answers, and the rest go unanswered.
@@ -331,11 +338,11 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
     ring_->replies_dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  ring_->transport_->Post(in.from, wire::MakeError(
-                              wire::AnswerAs(ring_->peers_.sender, ring_->IsMember(in.from)),
-                              code, detail, type),
-                          Deadline::After(Millis(100)),
-                          [in_flight](const Status&) { in_flight->fetch_sub(1); });
+  ring_->transport_->Post(
+      in.from,
+      wire::MakeError(wire::AnswerAs(ring_->peers_.sender, ring_->IsMember(in.from)), code, detail,
+                      type),
+      Deadline::After(Millis(100)), [in_flight](const Status&) { in_flight->fetch_sub(1); });
 }
 
 Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Verdict& v) {
@@ -347,10 +354,10 @@ Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Ve
   const bool from_right_conn = in.from.kind == wire::Route::Kind::kConnection;
   if (v.type == MsgType::Error && from_right_conn) {
     const auto* e = h.body_as_ErrorBody();
-    return Fail(AbortedError(Describe() + ": rank " + std::to_string(h.sender_rank()) +
-                             " refused this rank's message: " +
-                             (e->message() ? e->message()->str() : "")),
-                e->code(), -1);
+    return Fail(
+        AbortedError(Describe() + ": rank " + std::to_string(h.sender_rank()) +
+                     " refused this rank's message: " + (e->message() ? e->message()->str() : "")),
+        e->code(), -1);
   }
   if (h.sender_role() != wire::Role::Worker || h.sender_rank() != left() || from_right_conn ||
       !ring_->FromLeft(in.from)) {
@@ -378,19 +385,19 @@ Status RingCollectives::Op::CheckData(const wire::Header& h, size_t elems) {
                        DTypeName(dtype_) + " names-hash " + std::to_string(tag_.names_hash);
     std::string theirs = DescribeData(h);
     std::string why = mine == theirs ? " (same fields: the operation or its size differ)" : "";
-    return Fail(AbortedError("ranks disagree on collective seq " + std::to_string(tag_.seq) +
-                             ": rank " + std::to_string(left()) + " sent " + theirs + ", rank " +
-                             std::to_string(rank()) + " runs " + RingOpName(kind_) + " " +
-                             mine + why),
-                ErrorCode::Mismatch, -1);
+    return Fail(
+        AbortedError("ranks disagree on collective seq " + std::to_string(tag_.seq) + ": rank " +
+                     std::to_string(left()) + " sent " + theirs + ", rank " +
+                     std::to_string(rank()) + " runs " + RingOpName(kind_) + " " + mine + why),
+        ErrorCode::Mismatch, -1);
   }
   if (d->index() != received_ || d->num_elements() != elems) {
-    return Fail(AbortedError(Describe() + ": rank " + std::to_string(left()) + " sent message #" +
-                             std::to_string(d->index()) + " of " +
-                             std::to_string(d->num_elements()) + " elements, rank " +
-                             std::to_string(rank()) + " expected #" +
-                             std::to_string(received_) + " of " + std::to_string(elems)),
-                ErrorCode::Mismatch, -1);
+    return Fail(
+        AbortedError(Describe() + ": rank " + std::to_string(left()) + " sent message #" +
+                     std::to_string(d->index()) + " of " + std::to_string(d->num_elements()) +
+                     " elements, rank " + std::to_string(rank()) + " expected #" +
+                     std::to_string(received_) + " of " + std::to_string(elems)),
+        ErrorCode::Mismatch, -1);
   }
   return Status();
 }
@@ -476,9 +483,9 @@ std::string RingCollectives::Op::Blame(const std::vector<Report>& reports) const
     if (fewer || further) worst = &r;
   }
   const int blamed = RingIndex(worst->origin - 1, n);
-  return Describe() + ": rank " + std::to_string(blamed) +
-         " stopped contributing; rank " + std::to_string(worst->origin) + " received " +
-         std::to_string(worst->received) + " message(s) of this operation from it before the deadline";
+  return Describe() + ": rank " + std::to_string(blamed) + " stopped contributing; rank " +
+         std::to_string(worst->origin) + " received " + std::to_string(worst->received) +
+         " message(s) of this operation from it before the deadline";
 }
 
 RingCollectives::RingCollectives(wire::Transport* transport, const RingPeers& peers,
@@ -690,14 +697,13 @@ StatusOr<std::string> RingCollectives::ReceiveLayoutDiff(
     // unless the layout is.
     const wire::LayoutBody* piece = msg.header_view()->body_as_LayoutBody();
     if (piece->first() != next || (next > 0 && piece->total() != total)) {
-      return op.Fail(
-          FailedPreconditionError(
-              op.Describe() + ": rank " + std::to_string(op.left()) +
-              " sent the layout piece from tensor #" + std::to_string(piece->first()) + " of " +
-              std::to_string(piece->total()) + ", rank " + std::to_string(peers_.rank) +
-              " expected #" + std::to_string(next) +
-              (next > 0 ? " of " + std::to_string(total) : "")),
-          ErrorCode::Mismatch, -1);
+      return op.Fail(FailedPreconditionError(
+                         op.Describe() + ": rank " + std::to_string(op.left()) +
+                         " sent the layout piece from tensor #" + std::to_string(piece->first()) +
+                         " of " + std::to_string(piece->total()) + ", rank " +
+                         std::to_string(peers_.rank) + " expected #" + std::to_string(next) +
+                         (next > 0 ? " of " + std::to_string(total) : "")),
+                     ErrorCode::Mismatch, -1);
     }
     total = piece->total();
     const size_t n = piece->tensors() ? piece->tensors()->size() : 0;
@@ -731,10 +737,10 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
       scratch_.assign(static_cast<size_t>(n), 1);
       return RunAllGather(op, 1, scratch_.data());
     }
-    return op.Fail(FailedPreconditionError("tensor layouts differ between rank " +
-                                           std::to_string(op.left()) + " and rank " +
-                                           std::to_string(peers_.rank) + ": " + diff),
-                   ErrorCode::Mismatch, -1);
+    return op.Fail(
+        FailedPreconditionError("tensor layouts differ between rank " + std::to_string(op.left()) +
+                                " and rank " + std::to_string(peers_.rank) + ": " + diff),
+        ErrorCode::Mismatch, -1);
   }();
   return Finish(op, s);
 }

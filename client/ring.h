@@ -24,11 +24,10 @@
 // the ranks pass their progress around the ring and all name the same
 // missing rank (the left neighbour of the rank that received least). A
 // `health` check (a MembershipChanged from it is returned as it is, and no
-// RingAbort is sent: every rank learns it from its own), run before each operation's first message and, while
-// waiting, after every message and every poll_interval without one, fails
-// the operation at once when the job already knows a peer died or its
-// scheduler went silent; the deadline is checked as often, so a stream of
-// refused messages holds no wait past it.
+// RingAbort is sent: every rank learns it from its own), run before each operation's first message
+// and, while waiting, after every message and every poll_interval without one, fails the operation
+// at once when the job already knows a peer died or its scheduler went silent; the deadline is
+// checked as often, so a stream of refused messages holds no wait past it.
 //
 // Refusals are answered without waiting: the Error reply is posted, and
 // while 64 replies are still on their way (a peer that sends and never
@@ -69,8 +68,8 @@ struct RingOptions {
   // All-reduces of at most this many bytes pass whole buffers around the
   // ring instead (n - 1 steps rather than 2 (n - 1)); 0 turns that off.
   size_t small_bytes = size_t{256} << 10;
-  Millis poll_interval{20};              // how often a waiting rank runs `health`
-  Millis abort_grace{300};  // after a timeout: how long to gather other ranks' progress
+  Millis poll_interval{20};  // how often a waiting rank runs `health`
+  Millis abort_grace{300};   // after a timeout: how long to gather other ranks' progress
   wire::RejectedMetrics* rejected = nullptr;  // refused messages by reason; may be null
 };
 

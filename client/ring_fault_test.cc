@@ -72,8 +72,8 @@ TEST(RingFaultTest, AStalledRankIsNamedByEveryOtherRankByTheDeadline) {
     const auto start = steady_clock::now();
     auto st = ring.Run([&](int r) {
       if (r == stalled) return Status();  // never takes part
-      return ring[r].AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum,
-                               Tag(1), Deadline::After(Millis(1500)));
+      return ring[r].AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum, Tag(1),
+                               Deadline::After(Millis(1500)));
     });
     const double took = SecondsSince(start);
     EXPECT_GE(took, 1.0);
@@ -128,8 +128,8 @@ TEST(RingFaultTest, AnUnhealthyJobFailsEveryOperationThoughNoneWaits) {
   std::vector<uint8_t> byte(n, 1), gathered(n * n);
   auto all = [&](uint64_t seq) {
     return ring.Run([&](int r) -> Status {
-      GS_RETURN_IF_ERROR(ring[r].AllReduce(bufs[r].data(), 100, DType::kF32, ReduceOp::kSum,
-                                           Tag(seq), Soon()));
+      GS_RETURN_IF_ERROR(
+          ring[r].AllReduce(bufs[r].data(), 100, DType::kF32, ReduceOp::kSum, Tag(seq), Soon()));
       GS_RETURN_IF_ERROR(ring[r].AllGather(&byte[r], 1, &gathered[r * n], Tag(seq + 1), Soon()));
       return ring[r].Broadcast(bufs[r].data(), 16, 1, Tag(seq + 2), Soon());
     });
@@ -163,7 +163,8 @@ TEST(RingFaultTest, LayoutDifferenceNamesTheFirstDifferingTensorOnEveryRank) {
 TEST(RingFaultTest, EqualLayoutsPass) {
   Ring ring(4, FastOptions());
   auto st = ring.Run([&](int r) {
-    return ring[r].CheckLayout({{"w", 7, wire::DType::BF16}}, Deadline::After(std::chrono::seconds(10)));
+    return ring[r].CheckLayout({{"w", 7, wire::DType::BF16}},
+                               Deadline::After(std::chrono::seconds(10)));
   });
   for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
 }
@@ -206,8 +207,7 @@ TEST(RingFaultTest, LargeLayoutsAreComparedInPiecesAndTheirFirstDifferenceNamed)
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
     // Ranks 0 (left: 2) and 1 (left: 0) both see it; the first tells all.
     EXPECT_NE(s.message().find("tensor #10000: rank "), std::string::npos) << s.ToString();
-    EXPECT_NE(s.message().find("rank 0 has 'extra' (1 x f32)"), std::string::npos)
-        << s.ToString();
+    EXPECT_NE(s.message().find("rank 0 has 'extra' (1 x f32)"), std::string::npos) << s.ToString();
     EXPECT_NE(s.message().find("has no tensor #10000"), std::string::npos) << s.ToString();
   }
 }
@@ -267,9 +267,9 @@ TEST(RingFaultTest, DataOfAnotherTypeOrSizeIsRefusedBeforeItIsRead) {
                                        static_cast<uint64_t>(ReduceOp::kSum));
     f.names_hash = Tag(1).names_hash;
     std::vector<uint8_t> bytes_of(bytes, 0x7f);
-    wire::Message m = wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, kJob}, f,
-                                         {wire::Payload::Copy(bytes_of.data(), bytes)},
-                                         Tag(1).step, Tag(1).seq);
+    wire::Message m =
+        wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, kJob}, f,
+                           {wire::Payload::Copy(bytes_of.data(), bytes)}, Tag(1).step, Tag(1).seq);
     ASSERT_TRUE(intruder->Send(wire::Route::Connection(*conn), std::move(m), Soon()).ok());
   };
   forge(wire::DType::U8, 1024);
@@ -302,13 +302,13 @@ TEST(RingFaultTest, AMessageClaimingTheLeftNeighbourUnderAnotherIdentityIsRefuse
   wire::RingDataFields f;
   f.num_elements = junk.size();
   f.op_fingerprint = 12345;  // another operation's
-  ASSERT_TRUE(intruder
-                  ->Send(wire::Route::Connection(*conn),
-                         wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, kJob}, f,
-                                            {wire::Payload::Copy(junk.data(), junk.size() * 4)},
-                                            0, 0),
-                         Soon())
-                  .ok());
+  ASSERT_TRUE(
+      intruder
+          ->Send(wire::Route::Connection(*conn),
+                 wire::MakeRingData(wire::Sender{wire::Role::Worker, 0, kJob}, f,
+                                    {wire::Payload::Copy(junk.data(), junk.size() * 4)}, 0, 0),
+                 Soon())
+          .ok());
   wire::RingAbortFields abort;
   abort.origin_rank = 0;
   abort.code = wire::ErrorCode::Mismatch;
@@ -337,9 +337,8 @@ TEST(RingFaultTest, AGarbageFloodHoldsNoWaitPastItsDeadlineOrAFailedHealthCheck)
   for (const bool unhealthy : {false, true}) {
     SCOPED_TRACE(unhealthy ? "unhealthy job" : "deadline");
     std::atomic<bool> dead{false};
-    Ring ring(2, FastOptions(), [&]() -> Status {
-      return dead ? UnavailableError("worker 0 died") : Status();
-    });
+    Ring ring(2, FastOptions(),
+              [&]() -> Status { return dead ? UnavailableError("worker 0 died") : Status(); });
     auto intruder = ring.net().NewTransport("intruder");
     auto conn = intruder->Connect(Ring::Endpoint(1));
     ASSERT_TRUE(conn.ok());
@@ -364,8 +363,8 @@ TEST(RingFaultTest, AGarbageFloodHoldsNoWaitPastItsDeadlineOrAFailedHealthCheck)
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       dead = unhealthy;
     });
-    Status s = ring[1].AllReduce(buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, Tag(1),
-                                 deadline);
+    Status s =
+        ring[1].AllReduce(buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, Tag(1), deadline);
     const double took = SecondsSince(start);
     done = true;
     flood.join();
@@ -376,8 +375,7 @@ TEST(RingFaultTest, AGarbageFloodHoldsNoWaitPastItsDeadlineOrAFailedHealthCheck)
       EXPECT_NE(s.message().find("worker 0 died"), std::string::npos) << s.ToString();
     } else {
       EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
-      EXPECT_NE(s.message().find("rank 0 stopped contributing"), std::string::npos)
-          << s.ToString();
+      EXPECT_NE(s.message().find("rank 0 stopped contributing"), std::string::npos) << s.ToString();
     }
     EXPECT_GT(ring[1].stats().rejected, 100u);
   }

@@ -15,10 +15,14 @@ uint64_t Mix(uint64_t h, uint64_t v) {
 
 const char* RingOpName(RingOpKind kind) {
   switch (kind) {
-    case RingOpKind::kAllReduce: return "allreduce";
-    case RingOpKind::kAllGather: return "allgather";
-    case RingOpKind::kBroadcast: return "broadcast";
-    case RingOpKind::kLayout: return "layout check";
+    case RingOpKind::kAllReduce:
+      return "allreduce";
+    case RingOpKind::kAllGather:
+      return "allgather";
+    case RingOpKind::kBroadcast:
+      return "broadcast";
+    case RingOpKind::kLayout:
+      return "layout check";
   }
   return "unknown";
 }

@@ -11,16 +11,18 @@
 #include <thread>
 
 #include "client/ring_plan.h"
+#include "client/ring_test_util.h"
 #include "common/half.h"
 #include "gtest/gtest.h"
-#include "client/ring_test_util.h"
 #include "wire/inproc_transport.h"
 
 namespace gradsync::client {
 namespace {
 
 // Integer values in [-8, 8]: every sum is exact in f32, f16 and bf16.
-float IntValue(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8); }
+float IntValue(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8);
+}
 
 void Encode(const std::vector<float>& in, DType dtype, std::vector<uint8_t>* out) {
   out->resize(in.size() * DTypeSize(dtype));
@@ -38,8 +40,8 @@ std::vector<Case> Cases() {
   std::vector<Case> cases;
   const size_t chunk = kChunkBytes / 4;
   for (int n = 1; n <= 8; ++n) {
-    std::set<size_t> counts{0, 1, 1009, chunk - 1, chunk + 1, n * chunk - 1, n * chunk + 1,
-                            3 * n * chunk + 17};
+    std::set<size_t> counts{
+        0, 1, 1009, chunk - 1, chunk + 1, n * chunk - 1, n * chunk + 1, 3 * n * chunk + 17};
     for (size_t count : counts) {
       cases.push_back({n, count});
     }
@@ -121,9 +123,8 @@ TEST_P(RingSizesTest, AllGatherAndBroadcastDeliverExactBytes) {
     want.insert(want.end(), in[r].begin(), in[r].end());
   }
   std::vector<std::vector<uint8_t>> out(c.world, std::vector<uint8_t>(bytes * c.world));
-  auto st = ring.Run([&](int r) {
-    return ring[r].AllGather(in[r].data(), bytes, out[r].data(), Tag(1), Soon());
-  });
+  auto st = ring.Run(
+      [&](int r) { return ring[r].AllGather(in[r].data(), bytes, out[r].data(), Tag(1), Soon()); });
   for (int r = 0; r < c.world; ++r) {
     ASSERT_TRUE(st[r].ok()) << st[r].ToString();
     ASSERT_EQ(out[r], want) << "rank " << r;
@@ -168,8 +169,8 @@ TEST_P(RingSmallPathTest, WholeBufferRingIsExactAndIdenticalEverywhere) {
       }
       ++seq;
       auto st = ring.Run([&](int r) {
-        return ring[r].AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kAverage,
-                                 Tag(seq), Soon());
+        return ring[r].AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kAverage, Tag(seq),
+                                 Soon());
       });
       for (int r = 0; r < n; ++r) {
         ASSERT_TRUE(st[r].ok()) << st[r].ToString();

@@ -46,8 +46,8 @@ Status Session::MembershipStatus() const {
   const cluster::Assignment latest = node_.agent->latest();
   std::lock_guard<std::mutex> lock(mu_);
   if (latest.epoch <= current_.epoch) return Status();
-  return MembershipChangedError(latest.change + " (epoch " + std::to_string(latest.epoch) +
-                                ": " + std::to_string(latest.num_workers) + " workers)");
+  return MembershipChangedError(latest.change + " (epoch " + std::to_string(latest.epoch) + ": " +
+                                std::to_string(latest.num_workers) + " workers)");
 }
 
 uint32_t Session::AdoptEpoch() {

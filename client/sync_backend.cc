@@ -58,13 +58,14 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   }
   Ring out;
   wire::Transport* transport = &session->data();
-  out.same_host = cluster::OverSameHostLinks(transport, links, "ring neighbours on this host use shared memory");
+  out.same_host = cluster::OverSameHostLinks(transport, links,
+                                             "ring neighbours on this host use shared memory");
   if (out.same_host != nullptr) transport = out.same_host.get();
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(out.ring, RingCollectives::Create(transport, peers, ring_options, [session] {
-    return SessionHealth(*session, wire::Role::Worker);
-  }));
+                        return SessionHealth(*session, wire::Role::Worker);
+                      }));
   return out;
 }
 
@@ -72,8 +73,8 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
 // BucketCompression says; the ring checks the layout.
 class AllReduceBackend : public SyncBackend {
  public:
-  AllReduceBackend(Ring ring, std::unique_ptr<Collectives> nccl,
-                   BucketCompression* compression, uint64_t seed)
+  AllReduceBackend(Ring ring, std::unique_ptr<Collectives> nccl, BucketCompression* compression,
+                   uint64_t seed)
       : ring_(std::move(ring)), nccl_(std::move(nccl)), compression_(compression), seed_(seed) {}
 
   const char* name() const override { return collectives().name(); }
@@ -86,8 +87,8 @@ class AllReduceBackend : public SyncBackend {
   Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
                     BucketCompression::Traffic* traffic) override {
     if (b.dtype == DType::kF32) {
-      return compression_->Reduce(collectives(), b.id, reinterpret_cast<float*>(data), b.count,
-                                  tag, seed_, deadline, traffic);
+      return compression_->Reduce(collectives(), b.id, reinterpret_cast<float*>(data), b.count, tag,
+                                  seed_, deadline, traffic);
     }
     return collectives().AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
   }
@@ -119,8 +120,7 @@ class AllReduceBackend : public SyncBackend {
 // Buckets to the parameter-server shards; the ring for the rest.
 class PsBackend : public SyncBackend {
  public:
-  PsBackend(Ring ring, std::unique_ptr<PsClient> ps)
-      : ring_(std::move(ring)), ps_(std::move(ps)) {}
+  PsBackend(Ring ring, std::unique_ptr<PsClient> ps) : ring_(std::move(ring)), ps_(std::move(ps)) {}
 
   const char* name() const override { return ps_->name(); }
   SyncPath path() const override { return SyncPath::kPs; }
@@ -158,10 +158,12 @@ class PsBackend : public SyncBackend {
   std::unique_ptr<PsClient> ps_;
 };
 
-StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
-    const SyncBackendOptions& options, Session* session, BucketCompression* compression,
-    DeviceGradients* device, Ring ring, wire::RejectedMetrics* rejected,
-    std::function<bool()> stopped) {
+StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& options,
+                                                     Session* session,
+                                                     BucketCompression* compression,
+                                                     DeviceGradients* device, Ring ring,
+                                                     wire::RejectedMetrics* rejected,
+                                                     std::function<bool()> stopped) {
   const int n = session->num_workers();
   const int r = session->rank();
   PsPeers peers{r, n, {}, wire::Sender{wire::Role::Worker, r, session->job_id()}};
@@ -182,23 +184,23 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(
                       MakePsClientTransport(*session, options.ps_links));
   PsClientOptions ps_options = options.ps;
   ps_options.rejected = rejected;
-  GS_ASSIGN_OR_RETURN(auto ps, PsClient::Create(std::move(transport), peers, ps_options,
-                                                ring.ring.get(), health));
+  GS_ASSIGN_OR_RETURN(
+      auto ps, PsClient::Create(std::move(transport), peers, ps_options, ring.ring.get(), health));
   if (device != nullptr) {
     // Compressed pushes are made on the GPU: only their bytes reach the host.
     const Millis timeout = options.op_timeout;
-    ps->SetPartitionEncoder([device, compression, timeout](
-                                uint32_t bucket, uint32_t partition, size_t offset, size_t count,
-                                const compression::CompressContext& ctx)
-                                -> StatusOr<wire::Payload> {
-      GS_ASSIGN_OR_RETURN(auto bytes,
-                          device->EncodePartition(static_cast<int>(bucket), partition, offset,
-                                                  count, compression->SpecOf(bucket), ctx,
-                                                  Deadline::After(timeout)));
-      const uint8_t* data = bytes->data();
-      const size_t size = bytes->size();
-      return wire::Payload::Borrow(data, size, std::move(bytes));
-    });
+    ps->SetPartitionEncoder(
+        [device, compression, timeout](
+            uint32_t bucket, uint32_t partition, size_t offset, size_t count,
+            const compression::CompressContext& ctx) -> StatusOr<wire::Payload> {
+          GS_ASSIGN_OR_RETURN(
+              auto bytes,
+              device->EncodePartition(static_cast<int>(bucket), partition, offset, count,
+                                      compression->SpecOf(bucket), ctx, Deadline::After(timeout)));
+          const uint8_t* data = bytes->data();
+          const size_t size = bytes->size();
+          return wire::Payload::Borrow(data, size, std::move(bytes));
+        });
   }
   return std::unique_ptr<SyncBackend>(new PsBackend(std::move(ring), std::move(ps)));
 }
@@ -218,8 +220,8 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
   if (options.backend == "nccl") {
     GS_ASSIGN_OR_RETURN(nccl, MakeNcclCollectives(session, options.cuda_device, deadline));
   }
-  return std::unique_ptr<SyncBackend>(new AllReduceBackend(
-      std::move(ring), std::move(nccl), compression, options.compression_seed));
+  return std::unique_ptr<SyncBackend>(new AllReduceBackend(std::move(ring), std::move(nccl),
+                                                           compression, options.compression_seed));
 }
 
 }  // namespace gradsync::client

@@ -29,9 +29,9 @@
 #include "client/collectives.h"
 #include "client/device_gradients.h"
 #include "client/ps_client.h"
-#include "cluster/ps_links.h"
 #include "client/ring.h"
 #include "client/session.h"
+#include "cluster/ps_links.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/message.h"
@@ -66,9 +66,8 @@ class SyncBackend {
                             BucketCompression::Traffic* traffic) = 0;
   // Averages bucket `index` held by `device` (gradient_device=cuda); `host`
   // averages a host copy where the work cannot stay on the device.
-  virtual Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b,
-                              const OpTag& tag, Deadline deadline,
-                              BucketCompression::Traffic* traffic,
+  virtual Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b, const OpTag& tag,
+                              Deadline deadline, BucketCompression::Traffic* traffic,
                               const DeviceGradients::HostReduce& host) = 0;
   // The operation a bucket reduce is recorded as.
   virtual SyncOp BucketOp(const BucketCompression::Traffic& traffic) const {

@@ -33,8 +33,7 @@ wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
             "dropped a message as it was read (" + why + ")");
   };
   o.on_impostor = [refusals, log](const std::string& peer, const std::string& why) {
-    Refused(*log, refusals ? &refusals->impostors : nullptr, peer, "impostor",
-            "refused " + why);
+    Refused(*log, refusals ? &refusals->impostors : nullptr, peer, "impostor", "refused " + why);
   };
   o.on_auth_failure = [refusals, log](const std::string& peer) {
     Refused(*log, refusals ? &refusals->handshakes : nullptr, peer, "handshake",
@@ -50,8 +49,7 @@ std::string KeptNodeKeyPath(const std::string& checkpoint_dir, const std::string
   return checkpoint_dir + "/node-" + host + "-" + std::to_string(data_port) + ".key";
 }
 
-StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config,
-                                                             wire::Role role,
+StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config, wire::Role role,
                                                              const wire::CurveKey& job,
                                                              const std::string& host,
                                                              int64_t data_port) {
@@ -71,8 +69,8 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   Node node;
   GS_ASSIGN_OR_RETURN(node.curve, wire::SecurityFromConfig(config, options.host));
   if (node.curve) {
-    GS_ASSIGN_OR_RETURN(node.keys, NodeKeysFromConfig(config, role, *node.curve, options.host,
-                                                      data_port));
+    GS_ASSIGN_OR_RETURN(node.keys,
+                        NodeKeysFromConfig(config, role, *node.curve, options.host, data_port));
   }
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
@@ -80,9 +78,9 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   data.node_keys = node.keys;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
-    GS_ASSIGN_OR_RETURN(int64_t partition,
-                        config.GetInt("partition_bytes",
-                                      static_cast<int64_t>(kDefaultPartitionBytes)));
+    GS_ASSIGN_OR_RETURN(
+        int64_t partition,
+        config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
     if (partition < 1 || partition > (int64_t{1} << 30)) {
       return InvalidArgumentError("partition_bytes must be in [1, 2^30], got " +
                                   std::to_string(partition));
@@ -105,16 +103,14 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
     node.keys->SetPlan(a.peers);
     // A joiner of an elastic job connects with its own key: every node's
     // plan takes each epoch's peers.
-    node.agent->OnNewEpoch([keys = node.keys](const Assignment& next) {
-      keys->SetPlan(next.peers);
-    });
+    node.agent->OnNewEpoch(
+        [keys = node.keys](const Assignment& next) { keys->SetPlan(next.peers); });
   }
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers
                << " servers)";
-  GS_RETURN_IF_ERROR(
-      node.agent->CheckReachability(PeersToReach(a.self, a.peers), deadline));
+  GS_RETURN_IF_ERROR(node.agent->CheckReachability(PeersToReach(a.self, a.peers), deadline));
   return node;
 }
 

@@ -60,8 +60,7 @@ std::string KeptNodeKeyPath(const std::string& checkpoint_dir, const std::string
 // The node key of a CURVE node (wire::LoadNodeKey): node_key_file when set;
 // else a shard keeps it at KeptNodeKeyPath, so that it proves to be the same
 // shard when it restarts; else a new one in memory.
-StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config,
-                                                             wire::Role role,
+StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& config, wire::Role role,
                                                              const wire::CurveKey& job,
                                                              const std::string& host,
                                                              int64_t data_port);

@@ -1,8 +1,8 @@
 #include "cluster/node_agent.h"
 
-#include <set>
-
 #include <unistd.h>
+
+#include <set>
 
 #include "common/logging.h"
 #include "common/refusal_log.h"
@@ -23,11 +23,13 @@ StatusOr<NodeOptions> NodeOptions::FromConfig(const Config& config) {
   NodeOptions o;
   GS_ASSIGN_OR_RETURN(o.scheduler, config.GetString("scheduler", ""));
   if (o.scheduler.empty()) {
-    return InvalidArgumentError("no scheduler address: set GRADSYNC_SCHEDULER=host:port or "
-                                "--scheduler=host:port");
+    return InvalidArgumentError(
+        "no scheduler address: set GRADSYNC_SCHEDULER=host:port or "
+        "--scheduler=host:port");
   }
   if (o.scheduler.find(':') == std::string::npos) {
-    return InvalidArgumentError("scheduler address '" + o.scheduler + "' has no port (want host:port)");
+    return InvalidArgumentError("scheduler address '" + o.scheduler +
+                                "' has no port (want host:port)");
   }
   GS_ASSIGN_OR_RETURN(int64_t rank, config.GetInt("rank", -1));
   GS_ASSIGN_OR_RETURN(int64_t workers, config.GetInt("num_workers", -1));
@@ -38,7 +40,8 @@ StatusOr<NodeOptions> NodeOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t heartbeat_ms, config.GetInt("heartbeat_ms", 500));
   if (heartbeat_ms <= 0) return InvalidArgumentError("heartbeat_ms must be positive");
   GS_ASSIGN_OR_RETURN(int64_t scheduler_grace_ms, config.GetInt("scheduler_grace_ms", 0));
-  if (scheduler_grace_ms < 0) return InvalidArgumentError("scheduler_grace_ms must not be negative");
+  if (scheduler_grace_ms < 0)
+    return InvalidArgumentError("scheduler_grace_ms must not be negative");
   o.scheduler_grace = Millis(scheduler_grace_ms);
   o.rank = static_cast<int32_t>(rank);
   o.num_workers = static_cast<int32_t>(workers);
@@ -53,8 +56,8 @@ NodeAgent::NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport
     : options_(options), transport_(std::move(transport)) {
   scheduler_endpoint_ = "tcp://" + options_.scheduler;
   policy_ = wire::Policy::Accepting({MsgType::RankAssignment, MsgType::Heartbeat,
-                                     MsgType::BarrierRelease, MsgType::Error,
-                                     MsgType::NodeDead, MsgType::JobState, MsgType::NcclId});
+                                     MsgType::BarrierRelease, MsgType::Error, MsgType::NodeDead,
+                                     MsgType::JobState, MsgType::NcclId});
   assignment_.self.role = options_.role;
   assignment_.self.rank = options_.rank;
   assignment_.self.host = options_.host;
@@ -73,7 +76,8 @@ StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Join(const NodeOptions& options,
                                                      Deadline deadline) {
   std::unique_ptr<NodeAgent> agent(new NodeAgent(options, std::move(transport)));
   GS_RETURN_IF_ERROR(agent->Register(deadline));
-  GS_RETURN_IF_ERROR(agent->AwaitAssignment(deadline.Min(Deadline::After(options.rendezvous_timeout))));
+  GS_RETURN_IF_ERROR(
+      agent->AwaitAssignment(deadline.Min(Deadline::After(options.rendezvous_timeout))));
   agent->thread_ = std::thread([a = agent.get()] { a->Run(); });
   return agent;
 }
@@ -88,8 +92,8 @@ wire::Sender NodeAgent::sender() const {
 }
 
 Status NodeAgent::Register(Deadline deadline) {
-  Status reach = transport_->Probe(
-      scheduler_endpoint_, deadline.Min(Deadline::After(options_.connect_timeout)));
+  Status reach = transport_->Probe(scheduler_endpoint_,
+                                   deadline.Min(Deadline::After(options_.connect_timeout)));
   if (!reach.ok()) {
     return UnavailableError("cannot reach the scheduler at " + options_.scheduler +
                             " (GRADSYNC_SCHEDULER): " + reach.message());
@@ -97,9 +101,8 @@ Status NodeAgent::Register(Deadline deadline) {
   GS_ASSIGN_OR_RETURN(scheduler_conn_, transport_->Connect(scheduler_endpoint_));
   uint32_t version = options_.protocol_version ? options_.protocol_version : kProtocolVersion;
   std::string build = options_.build_id.empty() ? kBuildId : options_.build_id;
-  return Send(wire::MakeRegister(sender(), assignment_.self, build,
-                                 static_cast<uint32_t>(getpid()), version,
-                                 options_.num_workers, options_.num_servers),
+  return Send(wire::MakeRegister(sender(), assignment_.self, build, static_cast<uint32_t>(getpid()),
+                                 version, options_.num_workers, options_.num_servers),
               deadline);
 }
 
@@ -180,9 +183,8 @@ Status NodeAgent::AwaitAssignment(Deadline deadline) {
                                      " refused this node: " + wire::Escaped(e->message()));
     }
     if (v.header->type() == MsgType::JobState) {
-      return FailedPreconditionError(
-          "job failed before it started: " +
-          wire::Escaped(v.header->body_as_JobStateBody()->message()));
+      return FailedPreconditionError("job failed before it started: " +
+                                     wire::Escaped(v.header->body_as_JobStateBody()->message()));
     }
     if (v.header->type() != MsgType::RankAssignment) continue;
     const auto* a = v.header->body_as_RankAssignmentBody();
@@ -247,9 +249,9 @@ Status NodeAgent::EpochBarrier(uint32_t epoch, Deadline deadline) {
                                             wire::kEpochBarrierBase + epoch, wire::Group::Workers),
                           deadline));
   std::unique_lock<std::mutex> lock(mu_);
-  GS_RETURN_IF_ERROR(WaitFor(lock, deadline,
-                             [&] { return epoch_released_ >= epoch || latest_.epoch > epoch; },
-                             "every worker of epoch " + std::to_string(epoch)));
+  GS_RETURN_IF_ERROR(WaitFor(
+      lock, deadline, [&] { return epoch_released_ >= epoch || latest_.epoch > epoch; },
+      "every worker of epoch " + std::to_string(epoch)));
   if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
   return OkStatus();
 }
@@ -333,7 +335,8 @@ void NodeAgent::Dispatch(const wire::Header& h) {
         const auto* j = h.body_as_JobStateBody();
         std::string text = j->message() ? j->message()->str() : "";
         if (j->phase() == wire::JobPhase::Ready) ready_ = true;
-        if (j->phase() == wire::JobPhase::Failed) FailJob(FailedPreconditionError("job failed: " + text));
+        if (j->phase() == wire::JobPhase::Failed)
+          FailJob(FailedPreconditionError("job failed: " + text));
         if (j->phase() == wire::JobPhase::Shutdown) FailJob(AbortedError("job shut down: " + text));
         break;
       }
@@ -383,19 +386,18 @@ Status NodeAgent::WaitFor(std::unique_lock<std::mutex>& lock, Deadline deadline,
   return DeadlineExceededError("timed out waiting for " + what);
 }
 
-Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers,
-                                    Deadline deadline) {
+Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers, Deadline deadline) {
   std::vector<wire::ReachOutcome> outcomes;
   for (const wire::NodeInfo& peer : peers) {
-    Status s = transport_->Probe(peer.DataEndpoint(),
-                                 deadline.Min(Deadline::After(kProbeTimeout)));
+    Status s = transport_->Probe(peer.DataEndpoint(), deadline.Min(Deadline::After(kProbeTimeout)));
     outcomes.push_back({peer, s.ok(), s.ok() ? "" : s.message()});
     if (!s.ok()) GS_LOG(ERROR) << "cannot reach " << peer.Name() << ": " << s.message();
   }
   GS_RETURN_IF_ERROR(Send(wire::MakeReachReport(sender(), outcomes), deadline));
   std::unique_lock<std::mutex> lock(mu_);
-  return WaitFor(lock, deadline, [this] { return ready_; },
-                 "the scheduler to confirm that every node reaches its peers");
+  return WaitFor(
+      lock, deadline, [this] { return ready_; },
+      "the scheduler to confirm that every node reaches its peers");
 }
 
 Status NodeAgent::Barrier(wire::Group group, Deadline deadline) {
@@ -406,12 +408,9 @@ Status NodeAgent::Barrier(wire::Group group, Deadline deadline) {
   }
   GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
   std::unique_lock<std::mutex> lock(mu_);
-  auto done = [&] {
-    return barrier_released_[group] >= id || !barrier_error_.ok();
-  };
-  GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
-                             "barrier " + std::to_string(id) + " of " +
-                                 wire::EnumNameGroup(group)));
+  auto done = [&] { return barrier_released_[group] >= id || !barrier_error_.ok(); };
+  GS_RETURN_IF_ERROR(WaitFor(
+      lock, deadline, done, "barrier " + std::to_string(id) + " of " + wire::EnumNameGroup(group)));
   if (barrier_released_[group] >= id) return OkStatus();
   Status error = barrier_error_;
   barrier_error_ = OkStatus();
@@ -426,8 +425,8 @@ StatusOr<std::vector<uint8_t>> NodeAgent::ShareNcclId(std::optional<std::vector<
   }
   GS_RETURN_IF_ERROR(Send(wire::MakeNcclId(sender(), MsgType::NcclIdRequest, {}), deadline));
   std::unique_lock<std::mutex> lock(mu_);
-  GS_RETURN_IF_ERROR(WaitFor(lock, deadline, [this] { return nccl_id_.has_value(); },
-                             "the NCCL unique id from worker 0"));
+  GS_RETURN_IF_ERROR(WaitFor(
+      lock, deadline, [this] { return nccl_id_.has_value(); }, "the NCCL unique id from worker 0"));
   return *nccl_id_;
 }
 

@@ -36,25 +36,25 @@
 namespace gradsync::cluster {
 
 struct NodeOptions {
-  std::string scheduler;            // "host:port" (GRADSYNC_SCHEDULER)
+  std::string scheduler;  // "host:port" (GRADSYNC_SCHEDULER)
   wire::Role role = wire::Role::Worker;
-  int32_t rank = -1;                // -1: the scheduler assigns one
-  int32_t num_workers = -1;         // what this node expects; -1: ask nobody
+  int32_t rank = -1;         // -1: the scheduler assigns one
+  int32_t num_workers = -1;  // what this node expects; -1: ask nobody
   int32_t num_servers = -1;
-  std::string host = "127.0.0.1";   // how peers reach this node
-  uint16_t data_port = 0;           // the node's bound data port
+  std::string host = "127.0.0.1";  // how peers reach this node
+  uint16_t data_port = 0;          // the node's bound data port
   uint16_t metrics_port = 0;
-  std::string identity;             // of the node's data transport
-  std::string public_key;           // the node's own CURVE key; "" without CURVE
-  Millis connect_timeout{10000};    // to reach the scheduler at all
+  std::string identity;           // of the node's data transport
+  std::string public_key;         // the node's own CURVE key; "" without CURVE
+  Millis connect_timeout{10000};  // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};
   // How much longer than missed heartbeats this node waits for a silent
   // scheduler before it gives up (scheduler_grace_ms; 0). A shard given the
   // scheduler's server_grace_ms rides out a partition that short.
   Millis scheduler_grace{0};
-  uint32_t protocol_version = 0;    // 0: this build's; tests set others
-  std::string build_id;             // empty: this build's
+  uint32_t protocol_version = 0;  // 0: this build's; tests set others
+  std::string build_id;           // empty: this build's
 
   // Reads scheduler, role, rank, num_workers, num_servers, host,
   // connect_timeout_ms, rendezvous_timeout_ms, heartbeat_ms and
@@ -159,20 +159,20 @@ class NodeAgent {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Status job_status_;                                  // guarded by mu_
-  bool ready_ = false;                                 // guarded by mu_
-  std::map<wire::Group, uint64_t> barrier_called_;     // guarded by mu_
-  std::map<wire::Group, uint64_t> barrier_released_;   // guarded by mu_
-  Status barrier_error_;                               // guarded by mu_
-  std::optional<std::vector<uint8_t>> nccl_id_;        // guarded by mu_
-  Assignment latest_;                                  // guarded by mu_
-  uint32_t epoch_released_ = 0;                        // guarded by mu_
-  std::vector<wire::NodeInfo> dead_;                   // guarded by mu_
-  std::vector<DeadCallback> dead_callbacks_;           // guarded by mu_
-  std::vector<EpochCallback> epoch_callbacks_;         // guarded by mu_
-  SteadyTime last_heard_;                              // guarded by mu_
-  bool left_ = false;                                  // guarded by mu_
-  bool stop_ = false;                                  // guarded by mu_
+  Status job_status_;                                 // guarded by mu_
+  bool ready_ = false;                                // guarded by mu_
+  std::map<wire::Group, uint64_t> barrier_called_;    // guarded by mu_
+  std::map<wire::Group, uint64_t> barrier_released_;  // guarded by mu_
+  Status barrier_error_;                              // guarded by mu_
+  std::optional<std::vector<uint8_t>> nccl_id_;       // guarded by mu_
+  Assignment latest_;                                 // guarded by mu_
+  uint32_t epoch_released_ = 0;                       // guarded by mu_
+  std::vector<wire::NodeInfo> dead_;                  // guarded by mu_
+  std::vector<DeadCallback> dead_callbacks_;          // guarded by mu_
+  std::vector<EpochCallback> epoch_callbacks_;        // guarded by mu_
+  SteadyTime last_heard_;                             // guarded by mu_
+  bool left_ = false;                                 // guarded by mu_
+  bool stop_ = false;                                 // guarded by mu_
   std::thread thread_;
   RefusalLog refusal_log_;
 };

@@ -61,8 +61,10 @@ const wire::Sender kScheduler{Role::Scheduler, 0, kJob};
 
 std::vector<NodeInfo> Peers(int workers, int servers) {
   std::vector<NodeInfo> peers;
-  for (int r = 0; r < workers; ++r) peers.push_back({Role::Worker, r, "127.0.0.1", 1000, 0, "", "", ""});
-  for (int r = 0; r < servers; ++r) peers.push_back({Role::Server, r, "127.0.0.1", 2000, 0, "", "", ""});
+  for (int r = 0; r < workers; ++r)
+    peers.push_back({Role::Worker, r, "127.0.0.1", 1000, 0, "", "", ""});
+  for (int r = 0; r < servers; ++r)
+    peers.push_back({Role::Server, r, "127.0.0.1", 2000, 0, "", "", ""});
   return peers;
 }
 

@@ -16,8 +16,7 @@ std::vector<wire::NodeInfo> PeersToReach(const wire::NodeInfo& self,
                                          const std::vector<wire::NodeInfo>& peers);
 
 // The node of `role` and `rank` in `peers`, or nullptr.
-const wire::NodeInfo* FindNode(const std::vector<wire::NodeInfo>& peers, wire::Role role,
-                               int rank);
+const wire::NodeInfo* FindNode(const std::vector<wire::NodeInfo>& peers, wire::Role role, int rank);
 
 }  // namespace gradsync::cluster
 

@@ -10,8 +10,10 @@ using wire::Role;
 
 std::vector<NodeInfo> Job(int workers, int servers) {
   std::vector<NodeInfo> peers;
-  for (int r = 0; r < workers; ++r) peers.push_back({Role::Worker, r, "h", uint16_t(100 + r), 0, "", "", ""});
-  for (int r = 0; r < servers; ++r) peers.push_back({Role::Server, r, "h", uint16_t(200 + r), 0, "", "", ""});
+  for (int r = 0; r < workers; ++r)
+    peers.push_back({Role::Worker, r, "h", uint16_t(100 + r), 0, "", "", ""});
+  for (int r = 0; r < servers; ++r)
+    peers.push_back({Role::Server, r, "h", uint16_t(200 + r), 0, "", "", ""});
   return peers;
 }
 

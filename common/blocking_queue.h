@@ -43,8 +43,7 @@ class BlockingQueue {
     if (items_.empty() && !closed_ && deadline.Expired()) {
       return DeadlineExceededError("nothing arrived before the deadline");
     }
-    if (!not_empty_.wait_until(lock, deadline.at(),
-                               [&] { return closed_ || !items_.empty(); })) {
+    if (!not_empty_.wait_until(lock, deadline.at(), [&] { return closed_ || !items_.empty(); })) {
       return DeadlineExceededError("nothing arrived before the deadline");
     }
     if (items_.empty()) return CancelledError("queue closed");

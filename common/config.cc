@@ -14,8 +14,7 @@ std::string Config::EnvName(const std::string& name) {
   return out;
 }
 
-StatusOr<Config> Config::FromArgs(int argc, const char* const* argv,
-                                  const char* const* env) {
+StatusOr<Config> Config::FromArgs(int argc, const char* const* argv, const char* const* env) {
   Config config;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

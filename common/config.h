@@ -23,10 +23,9 @@ namespace gradsync {
 
 class Config {
  public:
-  // Parses `--name=value` flags; a bare `--name` means "true". Arguments not starting with "--" are kept as positional().
-  // `env` holds "NAME=value" strings (as `environ`); null reads nothing.
-  static StatusOr<Config> FromArgs(int argc, const char* const* argv,
-                                   const char* const* env);
+  // Parses `--name=value` flags; a bare `--name` means "true". Arguments not starting with "--" are
+  // kept as positional(). `env` holds "NAME=value" strings (as `environ`); null reads nothing.
+  static StatusOr<Config> FromArgs(int argc, const char* const* argv, const char* const* env);
   // Flags only, from a map (tests and the C API).
   static Config FromMap(std::map<std::string, std::string> flags);
 
@@ -34,8 +33,7 @@ class Config {
   std::optional<std::string> Lookup(const std::string& name) const;
   // Typed getters; a value that does not parse is an InvalidArgument error
   // naming the setting, its source and the value.
-  StatusOr<std::string> GetString(const std::string& name,
-                                  const std::string& default_value) const;
+  StatusOr<std::string> GetString(const std::string& name, const std::string& default_value) const;
   StatusOr<int64_t> GetInt(const std::string& name, int64_t default_value) const;
   StatusOr<double> GetDouble(const std::string& name, double default_value) const;
   StatusOr<bool> GetBool(const std::string& name, bool default_value) const;
@@ -54,8 +52,7 @@ class Config {
  private:
   // "--num_workers" or "GRADSYNC_NUM_WORKERS", whichever supplied the value.
   std::string SourceOf(const std::string& name) const;
-  Status BadValue(const std::string& name, const std::string& value,
-                  const char* expected) const;
+  Status BadValue(const std::string& name, const std::string& value, const char* expected) const;
 
   std::map<std::string, std::string> flags_;
   std::map<std::string, std::string> env_;

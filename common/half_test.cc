@@ -20,10 +20,12 @@ float FromBits(uint32_t u) {
 // Float bit patterns spread over the whole space, plus the edges that matter.
 std::vector<float> SampleFloats() {
   std::vector<float> v;
-  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) v.push_back(FromBits(static_cast<uint32_t>(u)));
-  for (float f : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e-8f, 2.98e-8f,
-                  6.1e-5f, 5.96e-8f, std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN(), 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048}) {
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099)
+    v.push_back(FromBits(static_cast<uint32_t>(u)));
+  for (float f :
+       {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e-8f, 2.98e-8f, 6.1e-5f, 5.96e-8f,
+        std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+        1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048}) {
     v.push_back(f);
   }
   return v;
@@ -48,11 +50,11 @@ TEST(HalfTest, RoundsToNearestEvenAndOverflowsToInfinity) {
   EXPECT_EQ(FloatToHalf(65519.0f), 0x7BFF);  // below the halfway point to 65536
   EXPECT_EQ(FloatToHalf(65520.0f), 0x7C00);  // halfway: ties to even, i.e. infinity
   EXPECT_EQ(FloatToHalf(-1e6f), 0xFC00);
-  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3C00);  // tie -> even mantissa (down)
-  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3C02);  // tie -> even mantissa (up)
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3C00);     // tie -> even mantissa (down)
+  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3C02);     // tie -> even mantissa (up)
   EXPECT_EQ(FloatToHalf(5.960464477539063e-8f), 0x0001);  // smallest subnormal
-  EXPECT_EQ(FloatToHalf(2.98e-8f), 0x0000);  // just below half of it
-  EXPECT_EQ(FloatToBf16(1.0f + 1.0f / 256), 0x3F80);  // tie -> even
+  EXPECT_EQ(FloatToHalf(2.98e-8f), 0x0000);               // just below half of it
+  EXPECT_EQ(FloatToBf16(1.0f + 1.0f / 256), 0x3F80);      // tie -> even
   EXPECT_EQ(FloatToBf16(1.0f + 3.0f / 256), 0x3F82);
   EXPECT_TRUE(std::isinf(Bf16ToFloat(FloatToBf16(3.4e38f))));
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));

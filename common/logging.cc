@@ -27,10 +27,14 @@ std::atomic<LogSeverity> min_severity{LogSeverity::kInfo};
 
 char SeverityLetter(LogSeverity s) {
   switch (s) {
-    case LogSeverity::kInfo: return 'I';
-    case LogSeverity::kWarning: return 'W';
-    case LogSeverity::kError: return 'E';
-    case LogSeverity::kFatal: return 'F';
+    case LogSeverity::kInfo:
+      return 'I';
+    case LogSeverity::kWarning:
+      return 'W';
+    case LogSeverity::kError:
+      return 'E';
+    case LogSeverity::kFatal:
+      return 'F';
   }
   return '?';
 }
@@ -44,8 +48,7 @@ void SetLogTag(const std::string& tag) {
 
 void SetMinLogSeverity(LogSeverity min) { min_severity.store(min); }
 
-LogMessage::LogMessage(LogSeverity severity, const char* file, int line)
-    : severity_(severity) {
+LogMessage::LogMessage(LogSeverity severity, const char* file, int line) : severity_(severity) {
   if (severity_ >= LogSeverity::kError || std::getenv("GRADSYNC_LOG_SOURCE")) {
     stream_ << file << ":" << line << ": ";
   }
@@ -65,9 +68,9 @@ LogMessage::~LogMessage() {
   int millis = static_cast<int>((now - static_cast<double>(secs)) * 1000);
   {
     std::lock_guard<std::mutex> lock(LogMutex());
-    std::fprintf(stderr, "%c %s.%03d %s%s] %s\n", SeverityLetter(severity_), stamp,
-                 millis, LogTag().empty() ? "" : LogTag().c_str(),
-                 LogTag().empty() ? "gradsync" : "", stream_.str().c_str());
+    std::fprintf(stderr, "%c %s.%03d %s%s] %s\n", SeverityLetter(severity_), stamp, millis,
+                 LogTag().empty() ? "" : LogTag().c_str(), LogTag().empty() ? "gradsync" : "",
+                 stream_.str().c_str());
     std::fflush(stderr);
   }
   if (severity_ == LogSeverity::kFatal) std::abort();

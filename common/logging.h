@@ -37,8 +37,7 @@ class LogMessage {
 #define GS_LOG_SEVERITY_WARNING ::gradsync::LogSeverity::kWarning
 #define GS_LOG_SEVERITY_ERROR ::gradsync::LogSeverity::kError
 #define GS_LOG_SEVERITY_FATAL ::gradsync::LogSeverity::kFatal
-#define GS_LOG(sev) \
-  ::gradsync::LogMessage(GS_LOG_SEVERITY_##sev, __FILE__, __LINE__).stream()
+#define GS_LOG(sev) ::gradsync::LogMessage(GS_LOG_SEVERITY_##sev, __FILE__, __LINE__).stream()
 #define GS_CHECK(cond) \
   if (!(cond)) GS_LOG(FATAL) << "check failed: " #cond " "
 

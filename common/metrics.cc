@@ -1,6 +1,5 @@
 #include "common/metrics.h"
 
-
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -22,9 +21,9 @@
 namespace gradsync {
 
 const std::vector<double>& LatencyBuckets() {
-  static const std::vector<double> buckets = {
-      50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
-      50e-3, 100e-3, 250e-3, 500e-3, 1,    2.5,    5,    10,    30};
+  static const std::vector<double> buckets = {50e-6,  100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3,
+                                              5e-3,   10e-3,  25e-3,  50e-3,  100e-3, 250e-3,
+                                              500e-3, 1,      2.5,    5,      10,     30};
   return buckets;
 }
 
@@ -100,8 +99,7 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                          MetricType::Gauge,
                          std::stod(f[21]) * static_cast<double>(sysconf(_SC_PAGESIZE))));
   }
-  out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge,
-                       OpenFds()));
+  out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge, OpenFds()));
   uint64_t refused = 0, dropped = 0, impostors = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -123,8 +121,8 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                        MetricType::Counter, static_cast<double>(dropped)));
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
-    out.push_back(Family("process_max_fds", "Limit on open file descriptors.",
-                         MetricType::Gauge, static_cast<double>(limit.rlim_cur)));
+    out.push_back(Family("process_max_fds", "Limit on open file descriptors.", MetricType::Gauge,
+                         static_cast<double>(limit.rlim_cur)));
   }
   return out;
 }
@@ -143,9 +141,7 @@ ProcessMetrics::ProcessMetrics(const std::string& role)
       .Name("gradsync_build_info")
       .Help("Build of this process; the value is always 1.")
       .Register(*registry_)
-      .Add({{"version", kBuildId},
-            {"protocol", std::to_string(kProtocolVersion)},
-            {"role", role}})
+      .Add({{"version", kBuildId}, {"protocol", std::to_string(kProtocolVersion)}, {"role", role}})
       .Set(1);
 }
 

@@ -92,8 +92,8 @@ TEST(MetricsTest, ProcessFamiliesArePlausible) {
   EXPECT_GE(s["process_virtual_memory_bytes"], s["process_resident_memory_bytes"]);
   EXPECT_GE(s["process_open_fds"], 3.0);  // stdin, stdout, stderr at least
   EXPECT_GE(s["process_max_fds"], s["process_open_fds"]);
-  const double now = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // Started within the last hour, not in the future (clock ticks: 10 ms).
   EXPECT_LE(s["process_start_time_seconds"], now + 1);
   EXPECT_GT(s["process_start_time_seconds"], now - 3600);

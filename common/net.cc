@@ -16,10 +16,8 @@ std::string Numeric(const sockaddr* sa) {
   char text[INET6_ADDRSTRLEN] = {};
   const void* where =
       sa->sa_family == AF_INET
-          ? static_cast<const void*>(
-                &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr)
-          : static_cast<const void*>(
-                &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr)
+          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
   if (inet_ntop(sa->sa_family, where, text, sizeof(text)) == nullptr) return "";
   return text;
 }
@@ -32,26 +30,21 @@ StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  const int rc = host.empty()
-                     ? EAI_NONAME
-                     : getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  const int rc = host.empty() ? EAI_NONAME : getaddrinfo(host.c_str(), nullptr, &hints, &found);
   if (rc != 0) {
-    return NotFoundError("host '" + host +
-                         "' does not resolve: " + gai_strerror(rc));
+    return NotFoundError("host '" + host + "' does not resolve: " + gai_strerror(rc));
   }
   std::vector<std::string> addresses;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
     const std::string numeric = Numeric(a->ai_addr);
     if (numeric.empty()) continue;
-    if (std::find(addresses.begin(), addresses.end(), numeric) ==
-        addresses.end()) {
+    if (std::find(addresses.begin(), addresses.end(), numeric) == addresses.end()) {
       addresses.push_back(numeric);
     }
   }
   freeaddrinfo(found);
-  if (addresses.empty())
-    return NotFoundError("host '" + host + "' has no IP address");
+  if (addresses.empty()) return NotFoundError("host '" + host + "' has no IP address");
   return addresses;
 }
 
@@ -67,8 +60,7 @@ bool IsLoopbackAddress(const std::string& address) {
 }
 
 bool AllLoopback(const std::vector<std::string>& addresses) {
-  return !addresses.empty() &&
-         std::all_of(addresses.begin(), addresses.end(), IsLoopbackAddress);
+  return !addresses.empty() && std::all_of(addresses.begin(), addresses.end(), IsLoopbackAddress);
 }
 
 bool IsLoopbackHost(const std::string& host) {

@@ -34,8 +34,7 @@ TEST(PrivateFilesTest, DirectoriesAreCreatedForTheOwnerOnly) {
   const std::string dir = Tmp("private_dir");
   ASSERT_TRUE(MakePrivateDirectory(dir, "log directory").ok());
   EXPECT_EQ(ModeOf(dir), 0700u);
-  EXPECT_TRUE(MakePrivateDirectory(dir, "log directory").ok())
-      << "an existing one is taken";
+  EXPECT_TRUE(MakePrivateDirectory(dir, "log directory").ok()) << "an existing one is taken";
 }
 
 TEST(PrivateFilesTest, ADirectoryLinkOrAFileIsRefused) {
@@ -45,15 +44,12 @@ TEST(PrivateFilesTest, ADirectoryLinkOrAFileIsRefused) {
   ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
   Status s = MakePrivateDirectory(link, "checkpoint directory");
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(
-      s.message().find("checkpoint directory " + link + " is a symbolic link"),
-      std::string::npos)
+  EXPECT_NE(s.message().find("checkpoint directory " + link + " is a symbolic link"),
+            std::string::npos)
       << s;
   const std::string file = Tmp("plain_file");
   WriteFile(file, 0600);
-  EXPECT_NE(MakePrivateDirectory(file, "log directory")
-                .message()
-                .find("not a directory"),
+  EXPECT_NE(MakePrivateDirectory(file, "log directory").message().find("not a directory"),
             std::string::npos);
 }
 
@@ -63,8 +59,7 @@ TEST(PrivateFilesTest, CreatedFilesAre0600AndLinksAreNotFollowed) {
   ASSERT_TRUE(fd.ok()) << fd.status();
   ::close(*fd);
   EXPECT_EQ(ModeOf(path), 0600u);
-  EXPECT_FALSE(CreatePrivateFile(path, O_EXCL).ok())
-      << "O_EXCL was not passed on";
+  EXPECT_FALSE(CreatePrivateFile(path, O_EXCL).ok()) << "O_EXCL was not passed on";
 
   const std::string loose = Tmp("loose");
   WriteFile(loose, 0644);
@@ -96,25 +91,19 @@ TEST(PrivateFilesTest, OpenRefusesLinksAndFilesOthersMayRead) {
   ASSERT_EQ(::symlink(good.c_str(), link.c_str()), 0);
   fd = OpenPrivateFile(link, "key_file");
   ASSERT_FALSE(fd.ok());
-  EXPECT_NE(
-      fd.status().message().find("key_file " + link + " is a symbolic link"),
-      std::string::npos)
+  EXPECT_NE(fd.status().message().find("key_file " + link + " is a symbolic link"),
+            std::string::npos)
       << fd.status();
 
   const std::string open = Tmp("open.key");
   WriteFile(open, 0640);
   fd = OpenPrivateFile(open, "key_file");
   ASSERT_FALSE(fd.ok());
-  EXPECT_NE(fd.status().message().find("mode 0640"), std::string::npos)
-      << fd.status();
+  EXPECT_NE(fd.status().message().find("mode 0640"), std::string::npos) << fd.status();
   EXPECT_NE(fd.status().message().find("chmod 600"), std::string::npos);
 
-  EXPECT_EQ(OpenPrivateFile(Tmp("missing.key"), "key_file").status().code(),
-            StatusCode::kNotFound);
-  EXPECT_NE(OpenPrivateFile(Tmp(""), "key_file")
-                .status()
-                .message()
-                .find("not a regular file"),
+  EXPECT_EQ(OpenPrivateFile(Tmp("missing.key"), "key_file").status().code(), StatusCode::kNotFound);
+  EXPECT_NE(OpenPrivateFile(Tmp(""), "key_file").status().message().find("not a regular file"),
             std::string::npos);
 }
 
@@ -127,14 +116,11 @@ TEST(PrivateFilesTest, AFileOfAnotherUserIsRefused) {
   ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
   auto fd = OpenPrivateFile(theirs, "key_file");
   ASSERT_FALSE(fd.ok());
-  EXPECT_NE(fd.status().message().find("owned by uid 65534"), std::string::npos)
-      << fd.status();
+  EXPECT_NE(fd.status().message().find("owned by uid 65534"), std::string::npos) << fd.status();
   const std::string dir = Tmp("their_dir");
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
   ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
-  EXPECT_NE(MakePrivateDirectory(dir, "log directory")
-                .message()
-                .find("owned by uid 65534"),
+  EXPECT_NE(MakePrivateDirectory(dir, "log directory").message().find("owned by uid 65534"),
             std::string::npos);
 }
 

@@ -32,10 +32,9 @@ std::string LeftOutNote(uint64_t left_out) {
   return " (" + std::to_string(left_out) + " more like it not logged)";
 }
 
-std::function<void(const Status&)> LogSendFailure(std::shared_ptr<RefusalLog> log,
-                                                  std::string peer, std::string what) {
-  return [log = std::move(log), peer = std::move(peer), what = std::move(what)](
-             const Status& s) {
+std::function<void(const Status&)> LogSendFailure(std::shared_ptr<RefusalLog> log, std::string peer,
+                                                  std::string what) {
+  return [log = std::move(log), peer = std::move(peer), what = std::move(what)](const Status& s) {
     if (s.ok() || s.code() == StatusCode::kCancelled) return;
     uint64_t left_out = 0;
     if (log->Admit(peer, StatusCodeName(s.code()), &left_out)) {

@@ -59,8 +59,8 @@ std::string LeftOutNote(uint64_t left_out);
 // peer and status code), that `what` could not be sent to `peer`. A
 // cancelled send (the transport shut down) is not logged. The callback
 // keeps `log` alive: it may run after its poster is gone.
-std::function<void(const Status&)> LogSendFailure(std::shared_ptr<RefusalLog> log,
-                                                  std::string peer, std::string what);
+std::function<void(const Status&)> LogSendFailure(std::shared_ptr<RefusalLog> log, std::string peer,
+                                                  std::string what);
 
 }  // namespace gradsync
 

@@ -26,8 +26,8 @@
 namespace gradsync {
 
 // Salts of the streams the compressors draw.
-constexpr uint64_t kRandomKSalt = 0x72616E646F6D6B21ull;  // "randomk!": indices
-constexpr uint64_t kQsgdSalt = 0x7173676452616E64ull;     // "qsgdRand": rounding
+constexpr uint64_t kRandomKSalt = 0x72616E646F6D6B21ull;     // "randomk!": indices
+constexpr uint64_t kQsgdSalt = 0x7173676452616E64ull;        // "qsgdRand": rounding
 constexpr uint64_t kTopKSampleSalt = 0x746F706B53616D70ull;  // "topkSamp"
 
 GRADSYNC_HOST_DEVICE uint64_t SplitMix64(uint64_t x) {

@@ -4,20 +4,34 @@ namespace gradsync {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kCancelled: return "cancelled";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kAlreadyExists: return "already_exists";
-    case StatusCode::kFailedPrecondition: return "failed_precondition";
-    case StatusCode::kAborted: return "aborted";
-    case StatusCode::kOutOfRange: return "out_of_range";
-    case StatusCode::kUnimplemented: return "unimplemented";
-    case StatusCode::kInternal: return "internal";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kDataLoss: return "data_loss";
-    case StatusCode::kMembershipChanged: return "membership_changed";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kCancelled:
+      return "cancelled";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kAlreadyExists:
+      return "already_exists";
+    case StatusCode::kFailedPrecondition:
+      return "failed_precondition";
+    case StatusCode::kAborted:
+      return "aborted";
+    case StatusCode::kOutOfRange:
+      return "out_of_range";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kInternal:
+      return "internal";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kDataLoss:
+      return "data_loss";
+    case StatusCode::kMembershipChanged:
+      return "membership_changed";
   }
   return "unknown";
 }
@@ -49,8 +63,6 @@ GS_DEFINE_ERROR_(DataLossError, kDataLoss)
 GS_DEFINE_ERROR_(MembershipChangedError, kMembershipChanged)
 #undef GS_DEFINE_ERROR_
 
-std::ostream& operator<<(std::ostream& os, const Status& status) {
-  return os << status.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Status& status) { return os << status.ToString(); }
 
 }  // namespace gradsync

@@ -41,8 +41,7 @@ const char* StatusCodeName(StatusCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
@@ -87,9 +86,18 @@ class [[nodiscard]] StatusOr {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  const T& value() const& { Check(); return *value_; }
-  T& value() & { Check(); return *value_; }
-  T&& value() && { Check(); return std::move(*value_); }
+  const T& value() const& {
+    Check();
+    return *value_;
+  }
+  T& value() & {
+    Check();
+    return *value_;
+  }
+  T&& value() && {
+    Check();
+    return std::move(*value_);
+  }
   const T& operator*() const& { return value(); }
   T& operator*() & { return value(); }
   const T* operator->() const { return &value(); }
@@ -111,10 +119,10 @@ class [[nodiscard]] StatusOr {
 }  // namespace gradsync
 
 // Returns from the enclosing function if `expr` yields a non-OK Status.
-#define GS_RETURN_IF_ERROR(expr)                       \
-  do {                                                 \
-    ::gradsync::Status gs_status_ = (expr);            \
-    if (!gs_status_.ok()) return gs_status_;           \
+#define GS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::gradsync::Status gs_status_ = (expr);  \
+    if (!gs_status_.ok()) return gs_status_; \
   } while (0)
 
 #define GS_CONCAT_INNER_(a, b) a##b

@@ -42,7 +42,8 @@ class Subprocess {
   bool WaitForOutput(const std::string& text, Deadline deadline) const;
 
  private:
-  Subprocess(pid_t pid, std::string output_path) : pid_(pid), output_path_(std::move(output_path)) {}
+  Subprocess(pid_t pid, std::string output_path)
+      : pid_(pid), output_path_(std::move(output_path)) {}
   pid_t pid_ = -1;
   std::optional<int> exit_code_;
   std::string output_path_;

@@ -18,9 +18,7 @@ std::string FormatSeconds(std::chrono::nanoseconds d) {
 }
 
 double WallSeconds() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace gradsync

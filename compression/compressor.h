@@ -66,14 +66,14 @@ class Compressor {
   // Compresses in[0, n) into out[0, WireBytes(n)). `out_size` is the size of
   // the caller's buffer; bytes past WireBytes(n) are left untouched.
   // InvalidArgument if out_size < WireBytes(n) (nothing is written then).
-  virtual Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                          uint8_t* out, size_t out_size) = 0;
+  virtual Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                          size_t out_size) = 0;
 
   // Decompresses in[0, in_size) into out[0, n). InvalidArgument, naming
   // both sizes, if in_size != WireBytes(n) (nothing is written then).
   // `ctx` must equal the one given to Compress.
-  virtual Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                            const CompressContext& ctx, float* out) = 0;
+  virtual Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                            float* out) = 0;
 
   // out[i] -= Decompress(in)[i] for i < n, as float subtractions: what error
   // feedback keeps of what it compressed. The same errors as Decompress (out

@@ -20,10 +20,9 @@ std::vector<float> Gradients(size_t n) {
   std::normal_distribution<float> normal(0.0f, 1e-3f);
   std::vector<float> v(n);
   for (float& x : v) x = normal(rng);
-  const float specials[] = {-0.0f, std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::denorm_min(),
-                            std::numeric_limits<float>::quiet_NaN()};
+  const float specials[] = {
+      -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+      std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::quiet_NaN()};
   for (size_t i = 0; i < n && i < 5; ++i) v[(i * 613) % n] = specials[i];
   return v;
 }
@@ -31,8 +30,7 @@ std::vector<float> Gradients(size_t n) {
 // Bit-for-bit equality (NaN payloads and -0 included); safe for empty vectors.
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
-         (a.empty() ||
-          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 class NoneRoundTripTest : public ::testing::TestWithParam<size_t> {};
@@ -57,8 +55,7 @@ TEST_P(NoneRoundTripTest, IsBitExactThroughUnalignedBuffers) {
   EXPECT_TRUE(BitEqual(in, out));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, NoneRoundTripTest,
-                         ::testing::Values(0, 1, 7, 4097));
+INSTANTIATE_TEST_SUITE_P(Sizes, NoneRoundTripTest, ::testing::Values(0, 1, 7, 4097));
 
 TEST(NoneCompressorTest, DescribesItself) {
   NoneCompressor c;
@@ -87,8 +84,7 @@ TEST(NoneCompressorTest, DecompressRejectsWrongInputSizeAndWritesNothing) {
     Status s = c.Decompress(wire.data(), in_size, 7, {}, out.data());
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("28"), std::string::npos) << s;
-    EXPECT_NE(s.message().find(std::to_string(in_size)), std::string::npos)
-        << s;
+    EXPECT_NE(s.message().find(std::to_string(in_size)), std::string::npos) << s;
   }
   EXPECT_EQ(out, std::vector<float>(7, 42.0f));
 }
@@ -99,10 +95,8 @@ TEST(NoneCompressorTest, RejectsCountsWhoseByteSizeOverflows) {
   const size_t n = (std::numeric_limits<size_t>::max() / 4) + 2;
   uint8_t wire[4] = {};
   float out = 0.0f;
-  EXPECT_EQ(c.Decompress(wire, c.WireBytes(n), n, {}, &out).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.Compress(&out, n, {}, wire, sizeof(wire)).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Decompress(wire, c.WireBytes(n), n, {}, &out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Compress(&out, n, {}, wire, sizeof(wire)).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <utility>
@@ -69,8 +69,7 @@ void ErrorFeedback::KeepMaskedVelocity(size_t n, const std::vector<float>* old_r
   }
 }
 
-Status ErrorFeedback::Compress(const float* in, size_t n,
-                               const CompressContext& ctx, uint8_t* out,
+Status ErrorFeedback::Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
                                size_t out_size) {
   // With a momentum, a finite g goes in as m u + g (u is kept below).
   const bool finite = AllFinite(in, n);
@@ -87,8 +86,7 @@ Status ErrorFeedback::Compress(const float* in, size_t n,
   } else if (n > 0) {
     std::copy(in, in + n, corrected_.begin());  // New or resized bucket.
   }
-  GS_RETURN_IF_ERROR(
-      inner_->Compress(corrected_.data(), n, ctx, out, out_size));
+  GS_RETURN_IF_ERROR(inner_->Compress(corrected_.data(), n, ctx, out, out_size));
   // A gradient with inf or NaN (an overflowed step, which the trainer
   // skips) goes out as it is, so every rank sees the overflow, but leaves
   // the residual as it was: it would carry the inf or NaN into every later
@@ -98,8 +96,8 @@ Status ErrorFeedback::Compress(const float* in, size_t n,
   // the bucket: buffers of the same capacity are traded (no copy), others
   // copied, so that no buffer moves to a bucket of another size (which
   // would reallocate, or grow every residual to the largest bucket's).
-  GS_RETURN_IF_ERROR(inner_->SubtractDecompressed(
-      out, inner_->WireBytes(n), n, ctx, corrected_.data(), &scratch_));
+  GS_RETURN_IF_ERROR(inner_->SubtractDecompressed(out, inner_->WireBytes(n), n, ctx,
+                                                  corrected_.data(), &scratch_));
   if (with_velocity) {
     KeepMaskedVelocity(n, it == residuals_.end() ? nullptr : &it->second, ctx.bucket_id);
   }

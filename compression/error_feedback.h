@@ -52,13 +52,11 @@ class ErrorFeedback : public Compressor {
   std::string name() const override { return inner_->name(); }
   bool summable() const override { return inner_->summable(); }
   DType summable_dtype() const override { return inner_->summable_dtype(); }
-  size_t WireBytes(size_t num_elements) const override {
-    return inner_->WireBytes(num_elements);
-  }
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  size_t WireBytes(size_t num_elements) const override { return inner_->WireBytes(num_elements); }
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
 
   // The residual of `bucket_id`, or null before its first Compress. The
   // pointer is valid until the next Compress or ClearResiduals.

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,32 +34,18 @@ std::vector<std::pair<std::string, Factory>> Inners() {
       {"topk",
        [] {
          return std::unique_ptr<Compressor>(
-             TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.05)
-                 .value());
+             TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.05).value());
        }},
       {"topk_sampled_fp16",
        [] {
          return std::unique_ptr<Compressor>(
-             TopKCompressor::Create(TopKMethod::kSampled, TopKValues::kFp16,
-                                    0.01)
-                 .value());
+             TopKCompressor::Create(TopKMethod::kSampled, TopKValues::kFp16, 0.01).value());
        }},
-      {"sign",
-       [] {
-         return std::unique_ptr<Compressor>(SignCompressor::Create(64).value());
-       }},
-      {"qsgd",
-       [] {
-         return std::unique_ptr<Compressor>(
-             QsgdCompressor::Create(64, 4).value());
-       }},
+      {"sign", [] { return std::unique_ptr<Compressor>(SignCompressor::Create(64).value()); }},
+      {"qsgd", [] { return std::unique_ptr<Compressor>(QsgdCompressor::Create(64, 4).value()); }},
       {"randomk",
-       [] {
-         return std::unique_ptr<Compressor>(
-             RandomKCompressor::Create(0.1).value());
-       }},
-      {"fp16",
-       [] { return std::make_unique<HalfCompressor>(HalfFormat::kFp16); }},
+       [] { return std::unique_ptr<Compressor>(RandomKCompressor::Create(0.1).value()); }},
+      {"fp16", [] { return std::make_unique<HalfCompressor>(HalfFormat::kFp16); }},
   };
 }
 
@@ -231,17 +217,17 @@ TEST(ErrorFeedbackTest, FailedCompressLeavesTheResidualUnchanged) {
 TEST(ErrorFeedbackTest, ANonFiniteGradientLeavesTheResidualUnchanged) {
   for (const auto& [name, make] : Inners()) {
     SCOPED_TRACE(name);
-    for (float bad : {std::numeric_limits<float>::infinity(),
-                      -std::numeric_limits<float>::infinity(),
-                      std::numeric_limits<float>::quiet_NaN()}) {
+    for (float bad :
+         {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+          std::numeric_limits<float>::quiet_NaN()}) {
       ErrorFeedback ef(make());
       CompressUnaligned(ef, Gaussian(256, 1.0f, 1), {0, 0, 3});
       const std::vector<float> before = *ef.Residual(3);
       std::vector<float> g = Gaussian(256, 1.0f, 2);
       g[77] = bad;
       CompressUnaligned(ef, g, {0, 1, 3});
-      EXPECT_EQ(0, std::memcmp(before.data(), ef.Residual(3)->data(),
-                               before.size() * sizeof(float)));
+      EXPECT_EQ(0,
+                std::memcmp(before.data(), ef.Residual(3)->data(), before.size() * sizeof(float)));
       CompressUnaligned(ef, Gaussian(256, 1.0f, 3), {0, 2, 3});
       for (float e : *ef.Residual(3)) ASSERT_TRUE(std::isfinite(e));
     }
@@ -251,9 +237,7 @@ TEST(ErrorFeedbackTest, ANonFiniteGradientLeavesTheResidualUnchanged) {
 // What error feedback is for: with top-k, every coordinate is eventually
 // sent and the residual stays bounded instead of growing with the steps.
 TEST(ErrorFeedbackTest, TopKWithFeedbackSendsEveryCoordinateEventually) {
-  ErrorFeedback ef(
-      TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.1)
-          .value());
+  ErrorFeedback ef(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.1).value());
   const size_t n = 200;
   const std::vector<float> g = Gaussian(n, 1.0f, 5);  // The same every step.
   float g_max = 0;

@@ -20,9 +20,8 @@ size_t HalfCompressor::WireBytes(size_t num_elements) const {
   return num_elements * sizeof(uint16_t);
 }
 
-Status HalfCompressor::Compress(const float* in, size_t n,
-                                const CompressContext& /*ctx*/, uint8_t* out,
-                                size_t out_size) {
+Status HalfCompressor::Compress(const float* in, size_t n, const CompressContext& /*ctx*/,
+                                uint8_t* out, size_t out_size) {
   GS_RETURN_IF_ERROR(CheckCount(name(), n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckOutSize(name(), n, WireBytes(n), out_size));
   if (format_ == HalfFormat::kFp16) {

@@ -45,10 +45,10 @@ class HalfCompressor : public Compressor {
   }
   // 2 * num_elements.
   size_t WireBytes(size_t num_elements) const override;
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
 
  private:
   const HalfFormat format_;

@@ -87,9 +87,8 @@ TEST(HalfCompressorTest, Bf16RoundTripRelativeErrorAtMost2ToMinus8) {
 
 TEST(HalfCompressorTest, Fp16OverflowBoundaryAndSpecials) {
   HalfCompressor c(HalfFormat::kFp16);
-  const std::vector<float> in = {65504.0f,      65519.99f, 65520.0f, -65520.0f,
-                                 1e30f,         -1e30f,    kInf,     -kInf,
-                                 std::nanf(""), -0.0f};
+  const std::vector<float> in = {65504.0f, 65519.99f, 65520.0f, -65520.0f,     1e30f,
+                                 -1e30f,   kInf,      -kInf,    std::nanf(""), -0.0f};
   const std::vector<float> out = RoundTrip(c, in, {});
   EXPECT_EQ(out[0], 65504.0f);
   EXPECT_EQ(out[1], 65504.0f);
@@ -114,8 +113,7 @@ TEST(HalfCompressorTest, WireIsTheScalarEncodingInOrder) {
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, wire.data() + 2 * i, 2);
-        ASSERT_EQ(h, f == HalfFormat::kFp16 ? FloatToHalf(in[i])
-                                            : FloatToBf16(in[i]));
+        ASSERT_EQ(h, f == HalfFormat::kFp16 ? FloatToHalf(in[i]) : FloatToBf16(in[i]));
       }
     }
   }
@@ -140,8 +138,8 @@ TEST(HalfCompressorTest, SumOfWireBuffersDecompressesToSumOfInputs) {
       const std::vector<float> sum = DecompressUnaligned(c, wa, n, {});
       for (size_t i = 0; i < n; ++i) {
         const double exact = static_cast<double>(a[i]) + b[i];
-        const double bound = std::ldexp(
-            std::fabs(a[i]) + std::fabs(b[i]) + std::fabs(sum[i]), u_exp);
+        const double bound =
+            std::ldexp(std::fabs(a[i]) + std::fabs(b[i]) + std::fabs(sum[i]), u_exp);
         ASSERT_LE(std::fabs(sum[i] - exact), bound) << "n=" << n << " i=" << i;
       }
     }

@@ -23,10 +23,10 @@ class NoneCompressor : public Compressor {
   // 4 * num_elements. Compress/Decompress reject n whose byte count would
   // overflow size_t.
   size_t WireBytes(size_t num_elements) const override;
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
 };
 
 }  // namespace gradsync::compression

@@ -12,8 +12,8 @@ namespace {
 
 constexpr uint64_t kInitialQSalt = 0x706F7765725F7130ull;  // "power_q0"
 constexpr uint64_t kFillSalt = 0x706F7765725F6669ull;      // "power_fi"
-constexpr double kDegenerate = 1e-4;  // orthogonal part / norm below this
-constexpr int kDraws = 4;             // random replacements per column
+constexpr double kDegenerate = 1e-4;                       // orthogonal part / norm below this
+constexpr int kDraws = 4;                                  // random replacements per column
 
 size_t CeilSqrt(size_t n) {
   size_t s = static_cast<size_t>(std::sqrt(static_cast<double>(n)));
@@ -70,8 +70,8 @@ float Dot8(const float* a, const float* b, size_t n) {
 
 // P = M Q: m is rows x cols row-major, q cols x r and p rows x r
 // column-major.
-void MultiplyMQ(const std::vector<float>& m, const std::vector<float>& q, PowerSgdShape s,
-                size_t r, std::vector<float>* p) {
+void MultiplyMQ(const std::vector<float>& m, const std::vector<float>& q, PowerSgdShape s, size_t r,
+                std::vector<float>* p) {
   p->resize(s.rows * r);
   for (size_t i = 0; i < s.rows; ++i) {
     for (size_t k = 0; k < r; ++k) {
@@ -95,8 +95,8 @@ void MultiplyMtP(const std::vector<float>& m, const std::vector<float>& p, Power
 }
 
 // Row i of P Q^T into row[0, cols).
-void LowRankRow(const std::vector<float>& p, const std::vector<float>& q, PowerSgdShape s,
-                size_t r, size_t i, float* row) {
+void LowRankRow(const std::vector<float>& p, const std::vector<float>& q, PowerSgdShape s, size_t r,
+                size_t i, float* row) {
   std::fill(row, row + s.cols, 0.0f);
   for (size_t k = 0; k < r; ++k) {
     const float pik = p[k * s.rows + i];
@@ -135,8 +135,8 @@ StatusOr<std::unique_ptr<PowerSgd>> PowerSgd::Create(const std::string& spec) {
   if (parsed.name != kName) return BadSpec(spec, "not a powersgd spec");
   for (const std::string& key : parsed.keys) {
     if (key != "rank" && key != "ef") {
-      return BadSpec(spec, "compressor \"powersgd\" takes no option \"" + key +
-                               "\" (it takes: [rank, ef])");
+      return BadSpec(
+          spec, "compressor \"powersgd\" takes no option \"" + key + "\" (it takes: [rank, ef])");
     }
   }
   const bool ef_given = std::count(parsed.keys.begin(), parsed.keys.end(), "ef") > 0;

@@ -120,8 +120,8 @@ class PowerSgd {
   // cols), and its
   // own residual and Q, keyed by (ctx.bucket_id, tensor). The first Q is
   // drawn from the seed, the bucket and the tensor index.
-  Status ReduceTensor(float* data, PowerSgdShape shape, const CompressContext& ctx,
-                      uint32_t tensor, int world_size, const SumFn& sum);
+  Status ReduceTensor(float* data, PowerSgdShape shape, const CompressContext& ctx, uint32_t tensor,
+                      int world_size, const SumFn& sum);
   // min(rank(), rows, cols).
   size_t RankForMatrix(PowerSgdShape s) const;
 

@@ -109,7 +109,8 @@ double MaxAbs(const std::vector<double>& v) {
 }
 
 void ExpectFinite(const std::vector<float>& v, const std::string& what) {
-  for (size_t i = 0; i < v.size(); ++i) ASSERT_TRUE(std::isfinite(v[i])) << what << " [" << i << "]";
+  for (size_t i = 0; i < v.size(); ++i)
+    ASSERT_TRUE(std::isfinite(v[i])) << what << " [" << i << "]";
 }
 
 TEST(PowerSgdShapeTest, CoversEveryElementWithFewestRows) {
@@ -132,9 +133,10 @@ TEST(PowerSgdOrthonormaliseTest, ColumnsAreOrthonormalEvenWhenDependent) {
         std::vector<float> m = Gaussian(rows * cols, 3.0f, static_cast<uint32_t>(rows + cols));
         for (size_t k = 1; k < cols; ++k) {
           float* col = &m[k * rows];
-          if (kind == 1) std::fill(col, col + rows, 0.0f);                // zero
-          if (kind == 2) std::copy(m.begin(), m.begin() + rows, col);     // repeated
-          if (kind == 3) for (size_t i = 0; i < rows; ++i) col[i] *= 1e-30f;  // tiny
+          if (kind == 1) std::fill(col, col + rows, 0.0f);             // zero
+          if (kind == 2) std::copy(m.begin(), m.begin() + rows, col);  // repeated
+          if (kind == 3)
+            for (size_t i = 0; i < rows; ++i) col[i] *= 1e-30f;  // tiny
         }
         OrthonormaliseColumns(m.data(), rows, cols, 7);
         for (size_t a = 0; a < cols; ++a) {
@@ -161,7 +163,8 @@ TEST_P(PowerSgdRanksTest, FullRankGivesTheAverage) {
   Job job(world, PowerSgd::kMaxRank);
   std::vector<std::vector<float>> data = Gradients(world, n, 1);
   std::vector<double> avg(n, 0.0);
-  for (const auto& g : data) for (size_t i = 0; i < n; ++i) avg[i] += g[i] / world;
+  for (const auto& g : data)
+    for (size_t i = 0; i < n; ++i) avg[i] += g[i] / world;
   job.Step(&data, 0);
   const double tol = 1e-4 * (1 + MaxAbs(avg));
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(data[0][i], avg[i], tol) << i;
@@ -196,7 +199,8 @@ TEST_P(PowerSgdRanksTest, NothingIsLostOverSteps) {
   std::vector<double> inputs(n, 0.0), outputs(n, 0.0);
   for (uint64_t step = 0; step < 12; ++step) {
     std::vector<std::vector<float>> data = Gradients(world, n, 50 + static_cast<uint32_t>(step));
-    for (const auto& g : data) for (size_t i = 0; i < n; ++i) inputs[i] += g[i] / world;
+    for (const auto& g : data)
+      for (size_t i = 0; i < n; ++i) inputs[i] += g[i] / world;
     job.Step(&data, step);
     for (size_t i = 0; i < n; ++i) outputs[i] += data[0][i];
   }
@@ -273,9 +277,9 @@ TEST(PowerSgdTest, ContributionPlusResidualIsTheInput) {
     std::vector<float> old_e(n, 0.0f);
     for (uint64_t step = 0; step < 5; ++step) {
       std::vector<float> g = Gaussian(n, 1.0f, 200 + static_cast<uint32_t>(step)), out = g;
-      ASSERT_TRUE(p.Reduce(out.data(), n, {kSeed, step, 3}, 1,
-                           [](float*, size_t) { return Status(); })
-                      .ok());
+      ASSERT_TRUE(p.Reduce(out.data(), n, {kSeed, step, 3}, 1, [](float*, size_t) {
+                     return Status();
+                   }).ok());
       const std::vector<float>& e = *p.Residual(3);
       for (size_t i = 0; i < n; ++i) {
         const float m = g[i] + old_e[i];
@@ -387,7 +391,8 @@ TEST(PowerSgdTensorTest, EachTensorIsItsOwnMatrix) {
     const std::vector<float> b = Gaussian(s.cols * 2, 1.0f, seed + 1);
     std::vector<float> m(s.rows * s.cols, 0.0f);
     for (size_t i = 0; i < m.size(); ++i) {
-      for (size_t k = 0; k < 2; ++k) m[i] += a[k * s.rows + i / s.cols] * b[k * s.cols + i % s.cols];
+      for (size_t k = 0; k < 2; ++k)
+        m[i] += a[k * s.rows + i / s.cols] * b[k * s.cols + i % s.cols];
     }
     return m;
   };
@@ -401,8 +406,10 @@ TEST(PowerSgdTensorTest, EachTensorIsItsOwnMatrix) {
     std::vector<std::vector<float>> out_wide(kWorld, g_wide), out_tall(kWorld, g_tall);
     ranks.Run([&](int r) {
       const CompressContext ctx{kSeed, step, 7};
-      ASSERT_TRUE(p[r]->ReduceTensor(out_wide[r].data(), wide, ctx, 0, kWorld, ranks.SumFor(r)).ok());
-      ASSERT_TRUE(p[r]->ReduceTensor(out_tall[r].data(), tall, ctx, 1, kWorld, ranks.SumFor(r)).ok());
+      ASSERT_TRUE(
+          p[r]->ReduceTensor(out_wide[r].data(), wide, ctx, 0, kWorld, ranks.SumFor(r)).ok());
+      ASSERT_TRUE(
+          p[r]->ReduceTensor(out_tall[r].data(), tall, ctx, 1, kWorld, ranks.SumFor(r)).ok());
     });
     for (size_t i = 0; i < g_wide.size(); ++i) {
       ASSERT_NEAR(out_wide[0][i], g_wide[i], 1e-3 * (1 + std::fabs(g_wide[i]))) << step << " " << i;

@@ -24,16 +24,13 @@ float FromBits(uint32_t u) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<QsgdCompressor>> QsgdCompressor::Create(size_t chunk,
-                                                                 int levels) {
+StatusOr<std::unique_ptr<QsgdCompressor>> QsgdCompressor::Create(size_t chunk, int levels) {
   if (chunk == 0 || chunk % 8 != 0) {
-    return InvalidArgumentError(
-        "qsgd: chunk must be a positive multiple of 8, got " +
-        std::to_string(chunk));
+    return InvalidArgumentError("qsgd: chunk must be a positive multiple of 8, got " +
+                                std::to_string(chunk));
   }
   if (levels < 1 || levels > 127) {
-    return InvalidArgumentError("qsgd: levels must be in [1, 127], got " +
-                                std::to_string(levels));
+    return InvalidArgumentError("qsgd: levels must be in [1, 127], got " + std::to_string(levels));
   }
   return std::unique_ptr<QsgdCompressor>(new QsgdCompressor(chunk, levels));
 }
@@ -42,8 +39,8 @@ size_t QsgdCompressor::WireBytes(size_t num_elements) const {
   return 4 * CeilDiv(num_elements, chunk_) + num_elements;
 }
 
-void QsgdCompressor::EncodeChunk(const float* x, size_t len, float norm,
-                                 uint64_t key, uint32_t first, int8_t* q) {
+void QsgdCompressor::EncodeChunk(const float* x, size_t len, float norm, uint64_t key,
+                                 uint32_t first, int8_t* q) {
   if (!(norm > 0.0f) || std::isinf(norm)) {  // Zero, inf or NaN.
     std::memset(q, 0, len);
     return;
@@ -57,13 +54,11 @@ void QsgdCompressor::EncodeChunk(const float* x, size_t len, float norm,
   // (exact for such tiny values) and quantise that instead.
   std::vector<float> scaled(x, x + len);
   for (float& v : scaled) v *= kTwoTo64;
-  QsgdEncodeChunk(scaled.data(), len,
-                  static_cast<float>(levels_) / (norm * kTwoTo64), levels_, key,
+  QsgdEncodeChunk(scaled.data(), len, static_cast<float>(levels_) / (norm * kTwoTo64), levels_, key,
                   first, q);
 }
 
-Status QsgdCompressor::Compress(const float* in, size_t n,
-                                const CompressContext& ctx, uint8_t* out,
+Status QsgdCompressor::Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
                                 size_t out_size) {
   GS_RETURN_IF_ERROR(CheckCount(kName, n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckOutSize(kName, n, WireBytes(n), out_size));
@@ -75,8 +70,7 @@ Status QsgdCompressor::Compress(const float* in, size_t n,
     const size_t len = std::min(chunk_, n - first);
     const float norm = FromBits(MaxMagnitudeKey(in + first, len));
     StoreAt<float>(out, c, norm);
-    EncodeChunk(in + first, len, norm, key, static_cast<uint32_t>(first),
-                levels + first);
+    EncodeChunk(in + first, len, norm, key, static_cast<uint32_t>(first), levels + first);
   }
   return OkStatus();
 }
@@ -89,9 +83,8 @@ Status QsgdCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   const int8_t* levels = reinterpret_cast<const int8_t*>(in + 4 * chunks);
   const int max_level = MaxAbsLevel(levels, n);
   if (max_level > levels_) {
-    return InvalidArgumentError("qsgd: level " + std::to_string(max_level) +
-                                " is outside [-" + std::to_string(levels_) +
-                                ", " + std::to_string(levels_) + "]");
+    return InvalidArgumentError("qsgd: level " + std::to_string(max_level) + " is outside [-" +
+                                std::to_string(levels_) + ", " + std::to_string(levels_) + "]");
   }
   const float s = static_cast<float>(levels_);
   for (size_t c = 0; c < chunks; ++c) {

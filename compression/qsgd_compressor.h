@@ -47,16 +47,15 @@ class QsgdCompressor : public Compressor {
 
   // InvalidArgument unless chunk is a positive multiple of 8 and
   // 1 <= levels <= 127.
-  static StatusOr<std::unique_ptr<QsgdCompressor>> Create(size_t chunk,
-                                                          int levels);
+  static StatusOr<std::unique_ptr<QsgdCompressor>> Create(size_t chunk, int levels);
 
   std::string name() const override { return kName; }
   bool summable() const override { return false; }
   size_t WireBytes(size_t num_elements) const override;
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
 
   size_t chunk() const { return chunk_; }
   int levels() const { return levels_; }
@@ -65,8 +64,7 @@ class QsgdCompressor : public Compressor {
   QsgdCompressor(size_t chunk, int levels) : chunk_(chunk), levels_(levels) {}
 
   // Encodes one chunk whose max magnitude is `norm`.
-  void EncodeChunk(const float* x, size_t len, float norm, uint64_t key,
-                   uint32_t first, int8_t* q);
+  void EncodeChunk(const float* x, size_t len, float norm, uint64_t key, uint32_t first, int8_t* q);
 
   const size_t chunk_;
   const int levels_;

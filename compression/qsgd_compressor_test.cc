@@ -21,8 +21,7 @@ using testing_util::Laplace;
 using testing_util::TestSizes;
 
 std::unique_ptr<QsgdCompressor> Make(size_t chunk, int levels) {
-  StatusOr<std::unique_ptr<QsgdCompressor>> c =
-      QsgdCompressor::Create(chunk, levels);
+  StatusOr<std::unique_ptr<QsgdCompressor>> c = QsgdCompressor::Create(chunk, levels);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(c).value();
 }
@@ -76,8 +75,7 @@ TEST(QsgdCompressorTest, DecodedValuesLieOnTheLevelGrid) {
           const float k = std::round(out[i] / step);
           ASSERT_LE(std::fabs(k), s);
           ASSERT_EQ(out[i], k * step) << "i=" << i;
-          ASSERT_TRUE(out[i] == 0 ||
-                      std::signbit(out[i]) == std::signbit(in[i]));
+          ASSERT_TRUE(out[i] == 0 || std::signbit(out[i]) == std::signbit(in[i]));
         }
       }
     }
@@ -116,11 +114,9 @@ TEST(QsgdCompressorTest, UnbiasedAndWithinTheVarianceBound) {
         const double r = std::fabs(in[i]) / step;
         const double p = r - std::floor(r);
         const double sigma = step * std::sqrt(p * (1 - p) / kTrials);
-        ASSERT_NEAR(sum[i] / kTrials, in[i], 5 * sigma + 1e-6 * max)
-            << "s=" << s << " i=" << i;
+        ASSERT_NEAR(sum[i] / kTrials, in[i], 5 * sigma + 1e-6 * max) << "s=" << s << " i=" << i;
       }
-      const double bound =
-          std::min(d / double(s * s), std::sqrt(double(d)) / s) * norm2;
+      const double bound = std::min(d / double(s * s), std::sqrt(double(d)) / s) * norm2;
       EXPECT_LE(err, bound) << "s=" << s << " chunk at " << first;
     }
   }
@@ -141,8 +137,7 @@ TEST(QsgdCompressorTest, ZeroTinyAndNonFiniteChunks) {
   for (size_t i = 8; i < 16; ++i) in[i] = 3e-38f * static_cast<float>(i - 7);
   in[17] = std::numeric_limits<float>::infinity();
   in[25] = std::nanf("");
-  const std::vector<float> out =
-      DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 32, {});
+  const std::vector<float> out = DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 32, {});
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(out[i], 0.0f);
   for (size_t i = 8; i < 16; ++i) {  // Still within one level step.
     EXPECT_LE(std::fabs(out[i] - in[i]), 1.01f * 2.4e-37f / 127) << i;
@@ -178,8 +173,7 @@ TEST(QsgdKernelsTest, VectorMatchesScalar) {
       const float inv = s / max;
       std::vector<int8_t> a(len), b(len);
       QsgdEncodeChunk(x.data(), len, inv, s, 0x1234567890ull, 77, a.data());
-      QsgdEncodeChunkScalar(x.data(), len, inv, s, 0x1234567890ull, 77,
-                            b.data());
+      QsgdEncodeChunkScalar(x.data(), len, inv, s, 0x1234567890ull, 77, b.data());
       ASSERT_EQ(a, b) << len;
       ASSERT_EQ(MaxAbsLevel(a.data(), len), MaxAbsLevelScalar(a.data(), len));
       std::vector<float> da(len), db(len);

@@ -37,11 +37,9 @@ float ReduceLanes(const float* l) {
 
 // Stochastic rounding as floor(r + u), u uniform in [0, 1): rounds up with
 // probability frac(r).
-int8_t QuantizeOne(float x, float inv, float levels, uint64_t key,
-                   uint32_t index) {
+int8_t QuantizeOne(float x, float inv, float levels, uint64_t key, uint32_t index) {
   const float r = std::fabs(x) * inv;
-  const float u =
-      static_cast<float>(RoundingHash(key, index) >> 8) * kTwoToMinus24;
+  const float u = static_cast<float>(RoundingHash(key, index) >> 8) * kTwoToMinus24;
   const float t = std::min(r + u, levels);
   const int8_t q = static_cast<int8_t>(static_cast<int32_t>(t));
   return std::signbit(x) ? static_cast<int8_t>(-q) : q;
@@ -49,8 +47,7 @@ int8_t QuantizeOne(float x, float inv, float levels, uint64_t key,
 
 // ---- AVX2 versions: the same operations, 8 lanes at a time. ----
 
-__attribute__((target("avx2"))) float SignEncodeAvx2(const float* x, size_t len,
-                                                     uint8_t* bits) {
+__attribute__((target("avx2"))) float SignEncodeAvx2(const float* x, size_t len, uint8_t* bits) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 acc = _mm256_setzero_ps();
   size_t i = 0;
@@ -70,8 +67,7 @@ __attribute__((target("avx2"))) float SignEncodeAvx2(const float* x, size_t len,
   return ReduceLanes(lanes) / static_cast<float>(len);
 }
 
-__attribute__((target("avx2"))) void SignDecodeAvx2(const uint8_t* bits,
-                                                    size_t len, float scale,
+__attribute__((target("avx2"))) void SignDecodeAvx2(const uint8_t* bits, size_t len, float scale,
                                                     float* out) {
   const __m256i select = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i sign = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
@@ -86,14 +82,13 @@ __attribute__((target("avx2"))) void SignDecodeAvx2(const uint8_t* bits,
   if (i < len) SignDecodeChunkScalar(bits + i / 8, len - i, scale, out + i);
 }
 
-__attribute__((target("avx2"))) uint32_t MaxKeyAvx2(const float* x,
-                                                    size_t len) {
+__attribute__((target("avx2"))) uint32_t MaxKeyAvx2(const float* x, size_t len) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   __m256i best = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 8 <= len; i += 8) {
-    const __m256i key = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
+    const __m256i key =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
     best = _mm256_max_epu32(best, key);
   }
   alignas(32) uint32_t lanes[8];
@@ -103,8 +98,7 @@ __attribute__((target("avx2"))) uint32_t MaxKeyAvx2(const float* x,
 }
 
 // RoundingHash on 8 counters.
-__attribute__((target("avx2"))) __m256i Hash8(__m256i i, __m256i key_lo,
-                                              __m256i key_hi) {
+__attribute__((target("avx2"))) __m256i Hash8(__m256i i, __m256i key_lo, __m256i key_hi) {
   __m256i x = _mm256_xor_si256(i, key_lo);
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
   x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7FEB352D));
@@ -115,25 +109,22 @@ __attribute__((target("avx2"))) __m256i Hash8(__m256i i, __m256i key_lo,
 }
 
 // Levels of 8 elements as int32 with their signs.
-__attribute__((target("avx2"))) __m256i Quantize8(const float* x, __m256 inv,
-                                                  __m256 top, __m256i h) {
+__attribute__((target("avx2"))) __m256i Quantize8(const float* x, __m256 inv, __m256 top,
+                                                  __m256i h) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 v = _mm256_loadu_ps(x);
   const __m256 r = _mm256_mul_ps(_mm256_and_ps(v, abs_mask), inv);
-  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)),
-                                 _mm256_set1_ps(kTwoToMinus24));
-  const __m256i l =
-      _mm256_cvttps_epi32(_mm256_min_ps(_mm256_add_ps(r, u), top));
+  const __m256 u =
+      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(kTwoToMinus24));
+  const __m256i l = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_add_ps(r, u), top));
   // sign_epi32 negates where v < 0 and zeroes where v == 0: or-ing 1 into v
   // keeps +0.0 from zeroing (its level is 0 anyway) and -0.0 negative.
-  return _mm256_sign_epi32(
-      l, _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(1)));
+  return _mm256_sign_epi32(l, _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(1)));
 }
 
-__attribute__((target("avx2"))) void QsgdEncodeAvx2(const float* x, size_t len,
-                                                    float inv, int levels,
-                                                    uint64_t key,
-                                                    uint32_t first, int8_t* q) {
+__attribute__((target("avx2"))) void QsgdEncodeAvx2(const float* x, size_t len, float inv,
+                                                    int levels, uint64_t key, uint32_t first,
+                                                    int8_t* q) {
   const __m256 inv8 = _mm256_set1_ps(inv);
   const __m256 top = _mm256_set1_ps(static_cast<float>(levels));
   const __m256i key_lo = _mm256_set1_epi32(static_cast<int32_t>(key));
@@ -143,27 +134,23 @@ __attribute__((target("avx2"))) void QsgdEncodeAvx2(const float* x, size_t len,
                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   size_t i = 0;
   for (; i + 16 <= len; i += 16) {
-    const __m256i a =
-        Quantize8(x + i, inv8, top, Hash8(counter, key_lo, key_hi));
+    const __m256i a = Quantize8(x + i, inv8, top, Hash8(counter, key_lo, key_hi));
     counter = _mm256_add_epi32(counter, eight);
-    const __m256i b =
-        Quantize8(x + i + 8, inv8, top, Hash8(counter, key_lo, key_hi));
+    const __m256i b = Quantize8(x + i + 8, inv8, top, Hash8(counter, key_lo, key_hi));
     counter = _mm256_add_epi32(counter, eight);
     // packs work per 128-bit lane: a0 b0 a1 b1 -> a0 a1 b0 b1 after the
     // permute of the 64-bit pieces of the byte pack.
     const __m256i p16 = _mm256_packs_epi32(a, b);
     const __m256i p8 = _mm256_packs_epi16(p16, p16);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(
-        p8, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
-                     _mm256_castsi256_si128(ordered));
+    const __m256i ordered =
+        _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm256_castsi256_si128(ordered));
   }
-  QsgdEncodeChunkScalar(x + i, len - i, inv, levels, key,
-                        first + static_cast<uint32_t>(i), q + i);
+  QsgdEncodeChunkScalar(x + i, len - i, inv, levels, key, first + static_cast<uint32_t>(i), q + i);
 }
 
-__attribute__((target("avx2"))) void QsgdDecodeAvx2(const int8_t* q, size_t len,
-                                                    float step, float* out) {
+__attribute__((target("avx2"))) void QsgdDecodeAvx2(const int8_t* q, size_t len, float step,
+                                                    float* out) {
   const __m256 step8 = _mm256_set1_ps(step);
   size_t i = 0;
   for (; i + 8 <= len; i += 8) {
@@ -174,13 +161,11 @@ __attribute__((target("avx2"))) void QsgdDecodeAvx2(const int8_t* q, size_t len,
   QsgdDecodeChunkScalar(q + i, len - i, step, out + i);
 }
 
-__attribute__((target("avx2"))) int MaxAbsLevelAvx2(const int8_t* q,
-                                                    size_t len) {
+__attribute__((target("avx2"))) int MaxAbsLevelAvx2(const int8_t* q, size_t len) {
   __m256i best = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
-    const __m256i b =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
     best = _mm256_max_epu8(best, _mm256_abs_epi8(b));  // |-128| reads 128.
   }
   alignas(32) uint8_t lanes[32];
@@ -202,12 +187,10 @@ float SignEncodeChunkScalar(const float* x, size_t len, uint8_t* bits) {
 }
 
 float SignEncodeChunk(const float* x, size_t len, uint8_t* bits) {
-  return HasAvx2() ? SignEncodeAvx2(x, len, bits)
-                   : SignEncodeChunkScalar(x, len, bits);
+  return HasAvx2() ? SignEncodeAvx2(x, len, bits) : SignEncodeChunkScalar(x, len, bits);
 }
 
-void SignDecodeChunkScalar(const uint8_t* bits, size_t len, float scale,
-                           float* out) {
+void SignDecodeChunkScalar(const uint8_t* bits, size_t len, float scale, float* out) {
   const uint32_t value = Bits(scale);
   for (size_t i = 0; i < len; ++i) {
     const uint32_t bit = (bits[i / 8] >> (i % 8)) & 1u;
@@ -233,16 +216,16 @@ uint32_t MaxMagnitudeKey(const float* x, size_t len) {
   return HasAvx2() ? MaxKeyAvx2(x, len) : MaxMagnitudeKeyScalar(x, len);
 }
 
-void QsgdEncodeChunkScalar(const float* x, size_t len, float inv, int levels,
-                           uint64_t key, uint32_t first, int8_t* q) {
+void QsgdEncodeChunkScalar(const float* x, size_t len, float inv, int levels, uint64_t key,
+                           uint32_t first, int8_t* q) {
   const float top = static_cast<float>(levels);
   for (size_t i = 0; i < len; ++i) {
     q[i] = QuantizeOne(x[i], inv, top, key, first + static_cast<uint32_t>(i));
   }
 }
 
-void QsgdEncodeChunk(const float* x, size_t len, float inv, int levels,
-                     uint64_t key, uint32_t first, int8_t* q) {
+void QsgdEncodeChunk(const float* x, size_t len, float inv, int levels, uint64_t key,
+                     uint32_t first, int8_t* q) {
   if (HasAvx2()) {
     QsgdEncodeAvx2(x, len, inv, levels, key, first, q);
   } else {
@@ -250,8 +233,7 @@ void QsgdEncodeChunk(const float* x, size_t len, float inv, int levels,
   }
 }
 
-void QsgdDecodeChunkScalar(const int8_t* q, size_t len, float step,
-                           float* out) {
+void QsgdDecodeChunkScalar(const int8_t* q, size_t len, float step, float* out) {
   for (size_t i = 0; i < len; ++i) out[i] = static_cast<float>(q[i]) * step;
 }
 

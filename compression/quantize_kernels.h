@@ -22,8 +22,7 @@ float SignEncodeChunk(const float* x, size_t len, uint8_t* bits);
 float SignEncodeChunkScalar(const float* x, size_t len, uint8_t* bits);
 // out[i] = bit i set ? -scale : +scale (the sign bit of scale flipped).
 void SignDecodeChunk(const uint8_t* bits, size_t len, float scale, float* out);
-void SignDecodeChunkScalar(const uint8_t* bits, size_t len, float scale,
-                           float* out);
+void SignDecodeChunkScalar(const uint8_t* bits, size_t len, float scale, float* out);
 
 // QSGD: the largest magnitude key (float bits without sign) of x[0, len);
 // NaN ranks above infinity.
@@ -35,10 +34,10 @@ uint32_t MaxMagnitudeKeyScalar(const float* x, size_t len);
 // rounding of r + u, at most 2^-17 for r < 128). inv must be finite and
 // >= 0. The file is built with -ffp-contract=off so that r + u is never
 // fused into r's multiply in one path and not the other.
-void QsgdEncodeChunk(const float* x, size_t len, float inv, int levels,
-                     uint64_t key, uint32_t first, int8_t* q);
-void QsgdEncodeChunkScalar(const float* x, size_t len, float inv, int levels,
-                           uint64_t key, uint32_t first, int8_t* q);
+void QsgdEncodeChunk(const float* x, size_t len, float inv, int levels, uint64_t key,
+                     uint32_t first, int8_t* q);
+void QsgdEncodeChunkScalar(const float* x, size_t len, float inv, int levels, uint64_t key,
+                           uint32_t first, int8_t* q);
 // out[i] = float(q[i]) * step.
 void QsgdDecodeChunk(const int8_t* q, size_t len, float step, float* out);
 void QsgdDecodeChunkScalar(const int8_t* q, size_t len, float step, float* out);

@@ -9,7 +9,7 @@
 namespace gradsync::compression {
 namespace {
 
-constexpr size_t kMaxElements = 0xFFFFFFFFu;              // Indices are uint32.
+constexpr size_t kMaxElements = 0xFFFFFFFFu;  // Indices are uint32.
 
 bool SameContext(const CompressContext& a, const CompressContext& b) {
   return a.seed == b.seed && a.step == b.step && a.bucket_id == b.bucket_id;
@@ -17,26 +17,21 @@ bool SameContext(const CompressContext& a, const CompressContext& b) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<RandomKCompressor>> RandomKCompressor::Create(
-    double ratio, bool unbiased) {
+StatusOr<std::unique_ptr<RandomKCompressor>> RandomKCompressor::Create(double ratio,
+                                                                       bool unbiased) {
   if (!(ratio > 0.0 && ratio <= 1.0)) {
-    return InvalidArgumentError("randomk: ratio must be in (0, 1], got " +
-                                std::to_string(ratio));
+    return InvalidArgumentError("randomk: ratio must be in (0, 1], got " + std::to_string(ratio));
   }
-  return std::unique_ptr<RandomKCompressor>(
-      new RandomKCompressor(ratio, unbiased));
+  return std::unique_ptr<RandomKCompressor>(new RandomKCompressor(ratio, unbiased));
 }
 
-size_t RandomKCompressor::KeepCount(size_t n) const {
-  return compression::KeepCount(ratio_, n);
-}
+size_t RandomKCompressor::KeepCount(size_t n) const { return compression::KeepCount(ratio_, n); }
 
 size_t RandomKCompressor::WireBytes(size_t num_elements) const {
   return sizeof(float) * KeepCount(num_elements);
 }
 
-const std::vector<uint32_t>& RandomKCompressor::Indices(
-    const CompressContext& ctx, size_t n) {
+const std::vector<uint32_t>& RandomKCompressor::Indices(const CompressContext& ctx, size_t n) {
   if (cached_ && cached_n_ == n && SameContext(cached_ctx_, ctx)) {
     return indices_;
   }
@@ -67,9 +62,8 @@ const std::vector<uint32_t>& RandomKCompressor::Indices(
   return indices_;
 }
 
-Status RandomKCompressor::Compress(const float* in, size_t n,
-                                   const CompressContext& ctx, uint8_t* out,
-                                   size_t out_size) {
+Status RandomKCompressor::Compress(const float* in, size_t n, const CompressContext& ctx,
+                                   uint8_t* out, size_t out_size) {
   GS_RETURN_IF_ERROR(CheckCount(kName, n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckOutSize(kName, n, WireBytes(n), out_size));
   const std::vector<uint32_t>& idx = Indices(ctx, n);
@@ -77,16 +71,14 @@ Status RandomKCompressor::Compress(const float* in, size_t n,
   return OkStatus();
 }
 
-Status RandomKCompressor::Decompress(const uint8_t* in, size_t in_size,
-                                     size_t n, const CompressContext& ctx,
-                                     float* out) {
+Status RandomKCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
+                                     const CompressContext& ctx, float* out) {
   GS_RETURN_IF_ERROR(CheckCount(kName, n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckInSize(kName, n, WireBytes(n), in_size));
   const std::vector<uint32_t>& idx = Indices(ctx, n);
   if (n > 0) std::memset(out, 0, n * sizeof(float));
   const float scale =
-      unbiased_ ? static_cast<float>(static_cast<double>(n) /
-                                     static_cast<double>(idx.size()))
+      unbiased_ ? static_cast<float>(static_cast<double>(n) / static_cast<double>(idx.size()))
                 : 1.0f;
   for (size_t j = 0; j < idx.size(); ++j) {
     out[idx[j]] = LoadAt<float>(in, j) * scale;

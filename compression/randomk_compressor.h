@@ -40,16 +40,15 @@ class RandomKCompressor : public Compressor {
   static constexpr double kDefaultRatio = 0.01;
 
   // InvalidArgument unless 0 < ratio <= 1.
-  static StatusOr<std::unique_ptr<RandomKCompressor>> Create(double ratio,
-                                                             bool unbiased = true);
+  static StatusOr<std::unique_ptr<RandomKCompressor>> Create(double ratio, bool unbiased = true);
 
   std::string name() const override { return kName; }
   bool summable() const override { return true; }
   size_t WireBytes(size_t num_elements) const override;
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
 
   size_t KeepCount(size_t n) const;
   // The indices the context selects out of n, ascending (valid until the
@@ -57,8 +56,7 @@ class RandomKCompressor : public Compressor {
   const std::vector<uint32_t>& Indices(const CompressContext& ctx, size_t n);
 
  private:
-  RandomKCompressor(double ratio, bool unbiased)
-      : ratio_(ratio), unbiased_(unbiased) {}
+  RandomKCompressor(double ratio, bool unbiased) : ratio_(ratio), unbiased_(unbiased) {}
 
   const double ratio_;
   const bool unbiased_;

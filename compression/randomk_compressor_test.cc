@@ -19,8 +19,7 @@ using testing_util::Gaussian;
 using testing_util::TestSizes;
 
 std::unique_ptr<RandomKCompressor> Make(double ratio) {
-  StatusOr<std::unique_ptr<RandomKCompressor>> c =
-      RandomKCompressor::Create(ratio);
+  StatusOr<std::unique_ptr<RandomKCompressor>> c = RandomKCompressor::Create(ratio);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(c).value();
 }
@@ -131,8 +130,7 @@ TEST(RandomKCompressorTest, SumOfWireBuffersDecodesToSumOfDecodings) {
     const std::vector<float> db = DecompressUnaligned(*c, wb, n, ctx);
     const std::vector<float> ds = DecompressUnaligned(*c, sum, n, ctx);
     for (size_t i = 0; i < n; ++i) {
-      ASSERT_NEAR(ds[i], da[i] + db[i],
-                  std::ldexp(std::fabs(da[i]) + std::fabs(db[i]), -22));
+      ASSERT_NEAR(ds[i], da[i] + db[i], std::ldexp(std::fabs(da[i]) + std::fabs(db[i]), -22));
     }
   }
 }

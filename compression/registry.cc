@@ -42,8 +42,7 @@ bool ParseUnsigned(const std::string& text, unsigned long long* out) {
 
 // Sets the option `key` from `value`; false if the value does not parse.
 // Ranges are left to the factories.
-bool SetOption(const std::string& key, const std::string& value,
-               CompressorOptions* options) {
+bool SetOption(const std::string& key, const std::string& value, CompressorOptions* options) {
   unsigned long long u = 0;
   if (key == "ratio") return ParseDouble(value, &options->ratio);
   if (key == "chunk" && ParseUnsigned(value, &u)) {
@@ -67,8 +66,8 @@ bool SetOption(const std::string& key, const std::string& value,
 }
 
 bool IsKnownKey(const std::string& key) {
-  return key == "ratio" || key == "chunk" || key == "levels" || key == "rank" ||
-         key == kEf || key == kMomentum;
+  return key == "ratio" || key == "chunk" || key == "levels" || key == "rank" || key == kEf ||
+         key == kMomentum;
 }
 
 std::string JoinKeys(const std::vector<std::string>& keys) {
@@ -78,8 +77,7 @@ std::string JoinKeys(const std::vector<std::string>& keys) {
 }
 
 template <typename T>
-StatusOr<std::unique_ptr<Compressor>> Upcast(
-    StatusOr<std::unique_ptr<T>> made) {
+StatusOr<std::unique_ptr<Compressor>> Upcast(StatusOr<std::unique_ptr<T>> made) {
   if (!made.ok()) return made.status();
   return std::unique_ptr<Compressor>(std::move(made).value());
 }
@@ -97,11 +95,9 @@ StatusOr<CompressorSpec> ParseCompressorSpec(const std::string& spec) {
     const size_t comma = std::min(spec.find(',', start), spec.size());
     const std::string item = spec.substr(start, comma - start);
     const size_t eq = item.find('=');
-    if (eq == std::string::npos)
-      return BadSpec(spec, "\"" + item + "\" is not key=value");
+    if (eq == std::string::npos) return BadSpec(spec, "\"" + item + "\" is not key=value");
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (!IsKnownKey(key))
-      return BadSpec(spec, "unknown option \"" + key + "\"");
+    if (!IsKnownKey(key)) return BadSpec(spec, "unknown option \"" + key + "\"");
     if (std::count(parsed.keys.begin(), parsed.keys.end(), key) > 0) {
       return BadSpec(spec, "option \"" + key + "\" given twice");
     }
@@ -120,32 +116,29 @@ Status CompressorRegistry::Register(std::string name, Factory factory) {
   }
   return RegisterWithOptions(
       std::move(name), {},
-      [factory](const CompressorOptions&)
-          -> StatusOr<std::unique_ptr<Compressor>> { return factory(); });
+      [factory](const CompressorOptions&) -> StatusOr<std::unique_ptr<Compressor>> {
+        return factory();
+      });
 }
 
-Status CompressorRegistry::RegisterWithOptions(std::string name,
-                                               std::vector<std::string> keys,
+Status CompressorRegistry::RegisterWithOptions(std::string name, std::vector<std::string> keys,
                                                OptionsFactory factory) {
   if (name.empty()) return InvalidArgumentError("compressor name is empty");
   if (name.find_first_of(":,=") != std::string::npos) {
-    return InvalidArgumentError("compressor name \"" + name +
-                                "\" contains one of ':', ',', '='");
+    return InvalidArgumentError("compressor name \"" + name + "\" contains one of ':', ',', '='");
   }
   if (!factory) {
     return InvalidArgumentError("compressor \"" + name + "\" has no factory");
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (entries_.count(name) > 0) {
-    return AlreadyExistsError("compressor \"" + name +
-                              "\" is already registered");
+    return AlreadyExistsError("compressor \"" + name + "\" is already registered");
   }
   entries_.emplace(std::move(name), Entry{std::move(keys), std::move(factory)});
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<Compressor>> CompressorRegistry::Create(
-    const std::string& spec) const {
+StatusOr<std::unique_ptr<Compressor>> CompressorRegistry::Create(const std::string& spec) const {
   GS_ASSIGN_OR_RETURN(CompressorSpec parsed, ParseCompressorSpec(spec));
   Entry entry;
   {
@@ -159,26 +152,21 @@ StatusOr<std::unique_ptr<Compressor>> CompressorRegistry::Create(
         "all-reduce path (compression/powersgd.h)");
   }
   if (!entry.factory) {
-    return NotFoundError("unknown compressor \"" + parsed.name +
-                         "\"; known: [" + JoinKeys(Names()) + "]");
+    return NotFoundError("unknown compressor \"" + parsed.name + "\"; known: [" +
+                         JoinKeys(Names()) + "]");
   }
   for (const std::string& key : parsed.keys) {
-    if (key != kEf &&
-        std::count(entry.keys.begin(), entry.keys.end(), key) == 0) {
-      return BadSpec(spec, "compressor \"" + parsed.name +
-                               "\" takes no option \"" + key +
+    if (key != kEf && std::count(entry.keys.begin(), entry.keys.end(), key) == 0) {
+      return BadSpec(spec, "compressor \"" + parsed.name + "\" takes no option \"" + key +
                                "\" (it takes: [" + JoinKeys(entry.keys) + "])");
     }
   }
   StatusOr<std::unique_ptr<Compressor>> made = entry.factory(parsed.options);
-  if (!made.ok())
-    return made.status().WithPrefix("compressor spec \"" + spec + "\"");
+  if (!made.ok()) return made.status().WithPrefix("compressor spec \"" + spec + "\"");
   if (*made == nullptr) {
-    return InternalError("factory of compressor \"" + parsed.name +
-                         "\" returned null");
+    return InternalError("factory of compressor \"" + parsed.name + "\" returned null");
   }
-  const bool momentum_given =
-      std::count(parsed.keys.begin(), parsed.keys.end(), kMomentum) > 0;
+  const bool momentum_given = std::count(parsed.keys.begin(), parsed.keys.end(), kMomentum) > 0;
   if (momentum_given && !parsed.options.error_feedback) {
     return BadSpec(spec, "momentum is part of the error feedback: it needs ef=1");
   }
@@ -200,9 +188,7 @@ std::vector<std::string> CompressorRegistry::Names() const {
 
 void RegisterBuiltins(CompressorRegistry* registry) {
   // AlreadyExists on a second call is fine: the builtins are there.
-  registry
-      ->Register(NoneCompressor::kName,
-                 [] { return std::make_unique<NoneCompressor>(); })
+  registry->Register(NoneCompressor::kName, [] { return std::make_unique<NoneCompressor>(); })
       .IgnoreError();
   for (HalfFormat f : {HalfFormat::kFp16, HalfFormat::kBf16}) {
     auto make = [f] { return std::make_unique<HalfCompressor>(f); };
@@ -213,32 +199,29 @@ void RegisterBuiltins(CompressorRegistry* registry) {
       auto make = [m, v](const CompressorOptions& o) {
         return Upcast(TopKCompressor::Create(m, v, o.ratio));
       };
-      const std::string name =
-          TopKCompressor::Create(m, v, 0.01).value()->name();
+      const std::string name = TopKCompressor::Create(m, v, 0.01).value()->name();
       registry->RegisterWithOptions(name, {"ratio", kMomentum}, make).IgnoreError();
     }
   }
   registry
-      ->RegisterWithOptions(RandomKCompressor::kName, {"ratio", kMomentum},
-                            [](const CompressorOptions& o) {
-                              // Unbiased scaling and error feedback do
-                              // not mix (randomk_compressor.h).
-                              return Upcast(RandomKCompressor::Create(
-                                  o.ratio, /*unbiased=*/!o.error_feedback));
-                            })
-      .IgnoreError();
-  registry
-      ->RegisterWithOptions(SignCompressor::kName, {"chunk"},
-                            [](const CompressorOptions& o) {
-                              return Upcast(SignCompressor::Create(o.chunk));
-                            })
+      ->RegisterWithOptions(
+          RandomKCompressor::kName, {"ratio", kMomentum},
+          [](const CompressorOptions& o) {
+            // Unbiased scaling and error feedback do
+            // not mix (randomk_compressor.h).
+            return Upcast(RandomKCompressor::Create(o.ratio, /*unbiased=*/!o.error_feedback));
+          })
       .IgnoreError();
   registry
       ->RegisterWithOptions(
-          QsgdCompressor::kName, {"chunk", "levels"},
-          [](const CompressorOptions& o) {
-            return Upcast(QsgdCompressor::Create(o.chunk, o.levels));
-          })
+          SignCompressor::kName, {"chunk"},
+          [](const CompressorOptions& o) { return Upcast(SignCompressor::Create(o.chunk)); })
+      .IgnoreError();
+  registry
+      ->RegisterWithOptions(QsgdCompressor::kName, {"chunk", "levels"},
+                            [](const CompressorOptions& o) {
+                              return Upcast(QsgdCompressor::Create(o.chunk, o.levels));
+                            })
       .IgnoreError();
 }
 

@@ -86,8 +86,8 @@ class CompressorRegistry {
   using Factory = std::function<std::unique_ptr<Compressor>()>;
   // Returns a new compressor for the options, or InvalidArgument for
   // options out of range.
-  using OptionsFactory = std::function<StatusOr<std::unique_ptr<Compressor>>(
-      const CompressorOptions&)>;
+  using OptionsFactory =
+      std::function<StatusOr<std::unique_ptr<Compressor>>(const CompressorOptions&)>;
 
   CompressorRegistry() = default;
   CompressorRegistry(const CompressorRegistry&) = delete;

@@ -27,8 +27,7 @@ TEST(CompressorRegistryTest, BuiltinsAreRegisteredUnderTheirNames) {
     StatusOr<std::unique_ptr<Compressor>> c = registry.Create(name);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ((*c)->name(), name);
-    const bool summable =
-        name == "none" || name == "fp16" || name == "bf16" || name == "randomk";
+    const bool summable = name == "none" || name == "fp16" || name == "bf16" || name == "randomk";
     EXPECT_EQ((*c)->summable(), summable) << name;
   }
 }
@@ -116,14 +115,12 @@ TEST(CompressorRegistryTest, BadSpecsAreInvalidArgumentsNamingTheProblem) {
     StatusOr<std::unique_ptr<Compressor>> c = registry.Create(spec);
     ASSERT_FALSE(c.ok()) << spec;
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << spec;
-    EXPECT_NE(c.status().message().find(why), std::string::npos)
-        << spec << ": " << c.status();
+    EXPECT_NE(c.status().message().find(why), std::string::npos) << spec << ": " << c.status();
   }
 }
 
 TEST(CompressorRegistryTest, ParseCompressorSpecReportsKeysInOrder) {
-  StatusOr<CompressorSpec> s =
-      ParseCompressorSpec("qsgd:levels=7,ef=1,chunk=64");
+  StatusOr<CompressorSpec> s = ParseCompressorSpec("qsgd:levels=7,ef=1,chunk=64");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->name, "qsgd");
   EXPECT_EQ(s->options.levels, 7);
@@ -135,10 +132,8 @@ TEST(CompressorRegistryTest, ParseCompressorSpecReportsKeysInOrder) {
 
 TEST(CompressorRegistryTest, NamesWithSpecCharactersAreRejected) {
   CompressorRegistry registry;
-  EXPECT_EQ(registry.Register("a:b", NoneFactory()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("a=b", NoneFactory()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("a:b", NoneFactory()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("a=b", NoneFactory()).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CompressorRegistryTest, CreateReturnsAFreshInstanceEachTime) {
@@ -168,10 +163,8 @@ TEST(CompressorRegistryTest, RegisterBuiltinsTwiceIsHarmless) {
 
 TEST(CompressorRegistryTest, EmptyNameAndNullFactoryAreRejected) {
   CompressorRegistry registry;
-  EXPECT_EQ(registry.Register("", NoneFactory()).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Register("y", nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("", NoneFactory()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Register("y", nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(registry.Names().empty());
 }
 
@@ -182,8 +175,7 @@ TEST(CompressorRegistryTest, UnknownNameErrorListsKnownNames) {
   StatusOr<std::unique_ptr<Compressor>> c = registry.Create("topk:ratio=0.1");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(c.status().message(),
-            "unknown compressor \"topk\"; known: [fake, none]");
+  EXPECT_EQ(c.status().message(), "unknown compressor \"topk\"; known: [fake, none]");
 }
 
 TEST(CompressorRegistryTest, PowerSgdIsNamedButNotCreatedHere) {
@@ -200,9 +192,7 @@ TEST(CompressorRegistryTest, PowerSgdIsNamedButNotCreatedHere) {
 
 TEST(CompressorRegistryTest, NullFromFactoryIsAnInternalError) {
   CompressorRegistry registry;
-  ASSERT_TRUE(
-      registry.Register("broken", [] { return std::unique_ptr<Compressor>(); })
-          .ok());
+  ASSERT_TRUE(registry.Register("broken", [] { return std::unique_ptr<Compressor>(); }).ok());
   EXPECT_EQ(registry.Create("broken").status().code(), StatusCode::kInternal);
 }
 

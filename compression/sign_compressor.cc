@@ -15,9 +15,8 @@ constexpr size_t kMaxElements = std::numeric_limits<size_t>::max() / 8;
 
 StatusOr<std::unique_ptr<SignCompressor>> SignCompressor::Create(size_t chunk) {
   if (chunk == 0 || chunk % 8 != 0) {
-    return InvalidArgumentError(
-        "sign: chunk must be a positive multiple of 8, got " +
-        std::to_string(chunk));
+    return InvalidArgumentError("sign: chunk must be a positive multiple of 8, got " +
+                                std::to_string(chunk));
   }
   return std::unique_ptr<SignCompressor>(new SignCompressor(chunk));
 }
@@ -26,9 +25,8 @@ size_t SignCompressor::WireBytes(size_t num_elements) const {
   return 4 * CeilDiv(num_elements, chunk_) + CeilDiv(num_elements, 8);
 }
 
-Status SignCompressor::Compress(const float* in, size_t n,
-                                const CompressContext& /*ctx*/, uint8_t* out,
-                                size_t out_size) {
+Status SignCompressor::Compress(const float* in, size_t n, const CompressContext& /*ctx*/,
+                                uint8_t* out, size_t out_size) {
   GS_RETURN_IF_ERROR(CheckCount(kName, n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckOutSize(kName, n, WireBytes(n), out_size));
   const size_t chunks = CeilDiv(n, chunk_);

@@ -43,10 +43,10 @@ class SignCompressor : public Compressor {
   std::string name() const override { return kName; }
   bool summable() const override { return false; }
   size_t WireBytes(size_t num_elements) const override;
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
 
   size_t chunk() const { return chunk_; }
 

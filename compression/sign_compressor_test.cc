@@ -27,8 +27,7 @@ std::unique_ptr<SignCompressor> Make(size_t chunk) {
 
 TEST(SignCompressorTest, RejectsBadChunks) {
   for (size_t chunk : {0, 1, 7, 12}) {
-    EXPECT_EQ(SignCompressor::Create(chunk).status().code(),
-              StatusCode::kInvalidArgument);
+    EXPECT_EQ(SignCompressor::Create(chunk).status().code(), StatusCode::kInvalidArgument);
   }
 }
 
@@ -102,8 +101,7 @@ TEST(SignCompressorTest, NonFiniteInputsGiveNonFiniteScaleOnlyInTheirChunk) {
   auto c = Make(8);
   std::vector<float> in = Gaussian(24, 1.0f, 3);
   in[9] = std::numeric_limits<float>::infinity();
-  const std::vector<float> out =
-      DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 24, {});
+  const std::vector<float> out = DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 24, {});
   for (size_t i = 0; i < 24; ++i) {
     EXPECT_EQ(std::isinf(out[i]), i >= 8 && i < 16) << i;
   }

@@ -18,9 +18,7 @@ namespace gradsync::compression::testing_util {
 
 // 0, 1, odd, chunk-boundary and large sizes.
 inline std::vector<size_t> TestSizes() {
-  return {0,   1,    2,    7,     8,
-          9,   31,   63,   511,   512,
-          513, 1000, 4097, 65537, (1u << 20) + 3};
+  return {0, 1, 2, 7, 8, 9, 31, 63, 511, 512, 513, 1000, 4097, 65537, (1u << 20) + 3};
 }
 
 inline std::vector<float> Gaussian(size_t n, float sigma, uint32_t seed) {
@@ -41,8 +39,7 @@ inline std::vector<float> Laplace(size_t n, float scale, uint32_t seed) {
 }
 
 // Magnitudes 2^U(lo_exp, hi_exp) with random signs: spans many binades.
-inline std::vector<float> LogUniform(size_t n, float lo_exp, float hi_exp,
-                                     uint32_t seed) {
+inline std::vector<float> LogUniform(size_t n, float lo_exp, float hi_exp, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> exponent(lo_exp, hi_exp);
   std::bernoulli_distribution sign(0.5);
@@ -62,23 +59,19 @@ inline std::vector<float> Uniform(size_t n, float lo, float hi, uint32_t seed) {
 // Compresses `in` into a buffer that starts one byte past an aligned address
 // and ends with a sentinel, checks the sentinel survived, and returns the
 // wire bytes (exactly WireBytes(n) of them).
-inline std::vector<uint8_t> CompressUnaligned(Compressor& c,
-                                              const std::vector<float>& in,
+inline std::vector<uint8_t> CompressUnaligned(Compressor& c, const std::vector<float>& in,
                                               const CompressContext& ctx) {
   const size_t bytes = c.WireBytes(in.size());
   std::vector<uint8_t> storage(bytes + 2, 0xA5);
-  Status s =
-      c.Compress(in.data(), in.size(), ctx, storage.data() + 1, bytes + 1);
+  Status s = c.Compress(in.data(), in.size(), ctx, storage.data() + 1, bytes + 1);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(storage[bytes + 1], 0xA5) << "wrote past WireBytes(n)";
   return std::vector<uint8_t>(storage.begin() + 1, storage.end() - 1);
 }
 
 // Decompresses `wire` from an unaligned copy into n floats.
-inline std::vector<float> DecompressUnaligned(Compressor& c,
-                                              const std::vector<uint8_t>& wire,
-                                              size_t n,
-                                              const CompressContext& ctx) {
+inline std::vector<float> DecompressUnaligned(Compressor& c, const std::vector<uint8_t>& wire,
+                                              size_t n, const CompressContext& ctx) {
   std::vector<uint8_t> storage(wire.size() + 1);
   if (!wire.empty()) std::copy(wire.begin(), wire.end(), storage.begin() + 1);
   std::vector<float> out(n, std::nanf(""));

@@ -13,7 +13,7 @@
 namespace gradsync::compression {
 namespace {
 
-constexpr size_t kMaxElements = 0x7FFFFFFF;              // Indices are int32.
+constexpr size_t kMaxElements = 0x7FFFFFFF;  // Indices are int32.
 constexpr double kSampleFraction = 0.01;
 // Sample elements expected above the threshold: the relative spread of the
 // candidate count is about 1 / sqrt(ratio * m).
@@ -27,20 +27,17 @@ size_t CandidateCap(size_t k) { return 4 * k + 64; }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<TopKCompressor>> TopKCompressor::Create(
-    TopKMethod method, TopKValues values, double ratio) {
+StatusOr<std::unique_ptr<TopKCompressor>> TopKCompressor::Create(TopKMethod method,
+                                                                 TopKValues values, double ratio) {
   if (!(ratio > 0.0 && ratio <= 1.0)) {
-    return InvalidArgumentError("top-k: ratio must be in (0, 1], got " +
-                                std::to_string(ratio));
+    return InvalidArgumentError("top-k: ratio must be in (0, 1], got " + std::to_string(ratio));
   }
-  return std::unique_ptr<TopKCompressor>(
-      new TopKCompressor(method, values, ratio));
+  return std::unique_ptr<TopKCompressor>(new TopKCompressor(method, values, ratio));
 }
 
 Status TopKCompressor::SetRatio(double ratio) {
   if (!(ratio > 0.0 && ratio <= 1.0)) {
-    return InvalidArgumentError("top-k: ratio must be in (0, 1], got " +
-                                std::to_string(ratio));
+    return InvalidArgumentError("top-k: ratio must be in (0, 1], got " + std::to_string(ratio));
   }
   ratio_ = ratio;
   return OkStatus();
@@ -51,16 +48,13 @@ std::string TopKCompressor::name() const {
   return values_ == TopKValues::kFp16 ? name + "_fp16" : name;
 }
 
-size_t TopKCompressor::KeepCount(size_t n) const {
-  return compression::KeepCount(ratio_, n);
-}
+size_t TopKCompressor::KeepCount(size_t n) const { return compression::KeepCount(ratio_, n); }
 
 size_t TopKCompressor::SampleSize(size_t n) const {
   if (method_ != TopKMethod::kSampled) return 0;
-  const double want = std::max(std::ceil(kSampleFraction * n),
-                               std::ceil(kWantedSampleHits / ratio_));
-  const size_t m =
-      static_cast<size_t>(std::min<double>(want, n / 2)) / kBlock * kBlock;
+  const double want =
+      std::max(std::ceil(kSampleFraction * n), std::ceil(kWantedSampleHits / ratio_));
+  const size_t m = static_cast<size_t>(std::min<double>(want, n / 2)) / kBlock * kBlock;
   return ratio_ * m < kMinSampleHits ? 0 : m;
 }
 
@@ -68,8 +62,7 @@ size_t TopKCompressor::WireBytes(size_t num_elements) const {
   return KeepCount(num_elements) * (sizeof(int32_t) + ValueBytes());
 }
 
-void TopKCompressor::DrawSample(const float* in, size_t n, size_t m,
-                                const CompressContext& ctx) {
+void TopKCompressor::DrawSample(const float* in, size_t n, size_t m, const CompressContext& ctx) {
   Xoshiro256 rng(StreamKey(ctx, kTopKSampleSalt));
   const uint32_t blocks = static_cast<uint32_t>(n / kBlock);
   keys_.resize(m);
@@ -79,8 +72,7 @@ void TopKCompressor::DrawSample(const float* in, size_t n, size_t m,
   }
 }
 
-bool TopKCompressor::TrySampled(const float* in, size_t n, size_t k,
-                                const CompressContext& ctx) {
+bool TopKCompressor::TrySampled(const float* in, size_t n, size_t k, const CompressContext& ctx) {
   const size_t m = SampleSize(n);
   if (m == 0) return false;
   stats_.sample_size = m;
@@ -92,33 +84,29 @@ bool TopKCompressor::TrySampled(const float* in, size_t n, size_t k,
   for (int attempt = 0; attempt <= kMaxRetries; ++attempt) {
     const size_t r = static_cast<size_t>(std::min<double>(rank, m));
     const uint32_t threshold = KthLargestKey(keys_.data(), m, r, &scratch_).key;
-    const size_t count = CollectAtLeast(in, n, threshold, indices_.data(),
-                                        candidate_keys_.data(), cap);
+    const size_t count =
+        CollectAtLeast(in, n, threshold, indices_.data(), candidate_keys_.data(), cap);
     stats_.candidates = count;
     stats_.retries = attempt;
     if (count > cap) return false;
     if (count >= k) {
-      TruncateToTopK(indices_.data(), candidate_keys_.data(), count, k,
-                     &scratch_);
+      TruncateToTopK(indices_.data(), candidate_keys_.data(), count, k, &scratch_);
       return true;
     }
     if (r == m) return false;
     // Too few: scale the rank by the shortfall, aiming above k again.
-    rank = std::max<double>(
-        r + 1, std::ceil(r * kOversample * k / std::max<size_t>(count, 1)));
+    rank = std::max<double>(r + 1, std::ceil(r * kOversample * k / std::max<size_t>(count, 1)));
   }
   return false;
 }
 
-bool TopKCompressor::TakeAtLeast(const float* in, size_t n, size_t k,
-                                 uint32_t key) {
+bool TopKCompressor::TakeAtLeast(const float* in, size_t n, size_t k, uint32_t key) {
   indices_.resize(std::max(k + 8, indices_.size()));  // groups of 8
   candidate_keys_.resize(std::max(k + 8, candidate_keys_.size()));
   return CollectAtLeast(in, n, key, indices_.data(), candidate_keys_.data(), k) == k;
 }
 
-void TopKCompressor::Select(const float* in, size_t n, size_t k,
-                            const CompressContext& ctx) {
+void TopKCompressor::Select(const float* in, size_t n, size_t k, const CompressContext& ctx) {
   stats_ = SampledStats();
   const uint32_t hint = std::exchange(hint_, 0);
   if (hint != 0 && k > 0 && k < n && TakeAtLeast(in, n, k, hint)) return;
@@ -130,8 +118,7 @@ void TopKCompressor::Select(const float* in, size_t n, size_t k,
   ExactTopK(in, n, k, &keys_, indices_.data());
 }
 
-Status TopKCompressor::Compress(const float* in, size_t n,
-                                const CompressContext& ctx, uint8_t* out,
+Status TopKCompressor::Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
                                 size_t out_size) {
   GS_RETURN_IF_ERROR(CheckCount(name(), n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckOutSize(name(), n, WireBytes(n), out_size));
@@ -160,18 +147,17 @@ Status TopKCompressor::CopyIndices(const uint8_t* in, size_t k, size_t n) {
   for (size_t j = 0; j < k; ++j) {
     const int64_t index = static_cast<int32_t>(indices_[j]);
     if (index <= previous || index >= static_cast<int64_t>(n)) {
-      return InvalidArgumentError(
-          name() + ": index " + std::to_string(index) + " at position " +
-          std::to_string(j) + " is out of range [0, " + std::to_string(n) +
-          ") or not above the previous one (" + std::to_string(previous) + ")");
+      return InvalidArgumentError(name() + ": index " + std::to_string(index) + " at position " +
+                                  std::to_string(j) + " is out of range [0, " + std::to_string(n) +
+                                  ") or not above the previous one (" + std::to_string(previous) +
+                                  ")");
     }
     previous = index;
   }
   return OkStatus();
 }
 
-StatusOr<size_t> TopKCompressor::ReadValues(const uint8_t* in, size_t in_size,
-                                            size_t n) {
+StatusOr<size_t> TopKCompressor::ReadValues(const uint8_t* in, size_t in_size, size_t n) {
   GS_RETURN_IF_ERROR(CheckCount(name(), n, kMaxElements));
   GS_RETURN_IF_ERROR(CheckInSize(name(), n, WireBytes(n), in_size));
   const size_t k = KeepCount(n);
@@ -179,8 +165,7 @@ StatusOr<size_t> TopKCompressor::ReadValues(const uint8_t* in, size_t in_size,
   values_scratch_.resize(k);
   const uint8_t* values_in = in + k * sizeof(int32_t);
   if (values_ == TopKValues::kFp32) {
-    if (k > 0)
-      std::memcpy(values_scratch_.data(), values_in, k * sizeof(float));
+    if (k > 0) std::memcpy(values_scratch_.data(), values_in, k * sizeof(float));
   } else {
     HalfToFloat(values_in, values_scratch_.data(), k);
   }
@@ -197,10 +182,8 @@ Status TopKCompressor::Decompress(const uint8_t* in, size_t in_size, size_t n,
   return OkStatus();
 }
 
-Status TopKCompressor::SubtractDecompressed(const uint8_t* in, size_t in_size,
-                                            size_t n,
-                                            const CompressContext& /*ctx*/,
-                                            float* out,
+Status TopKCompressor::SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
+                                            const CompressContext& /*ctx*/, float* out,
                                             std::vector<float>* /*scratch*/) {
   GS_ASSIGN_OR_RETURN(const size_t k, ReadValues(in, in_size, n));
   for (size_t j = 0; j < k; ++j) {

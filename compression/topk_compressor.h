@@ -66,18 +66,17 @@ class TopKCompressor : public Compressor {
   };
 
   // InvalidArgument unless 0 < ratio <= 1.
-  static StatusOr<std::unique_ptr<TopKCompressor>> Create(TopKMethod method,
-                                                          TopKValues values,
+  static StatusOr<std::unique_ptr<TopKCompressor>> Create(TopKMethod method, TopKValues values,
                                                           double ratio);
 
   // "topk", "topk_fp16", "topk_sampled", "topk_sampled_fp16".
   std::string name() const override;
   bool summable() const override { return false; }
   size_t WireBytes(size_t num_elements) const override;
-  Status Compress(const float* in, size_t n, const CompressContext& ctx,
-                  uint8_t* out, size_t out_size) override;
-  Status Decompress(const uint8_t* in, size_t in_size, size_t n,
-                    const CompressContext& ctx, float* out) override;
+  Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
+                  size_t out_size) override;
+  Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
+                    float* out) override;
   // Subtracts the k kept values only.
   Status SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
                               const CompressContext& ctx, float* out,
@@ -108,10 +107,8 @@ class TopKCompressor : public Compressor {
   size_t ValueBytes() const { return values_ == TopKValues::kFp32 ? 4 : 2; }
   // Fills indices_[0, k) for in[0, n).
   void Select(const float* in, size_t n, size_t k, const CompressContext& ctx);
-  void DrawSample(const float* in, size_t n, size_t m,
-                  const CompressContext& ctx);
-  bool TrySampled(const float* in, size_t n, size_t k,
-                  const CompressContext& ctx);
+  void DrawSample(const float* in, size_t n, size_t m, const CompressContext& ctx);
+  bool TrySampled(const float* in, size_t n, size_t k, const CompressContext& ctx);
   // Whether exactly k elements reach `key`; they are in indices_ then.
   bool TakeAtLeast(const float* in, size_t n, size_t k, uint32_t key);
   // Copies the k indices of `in` into indices_ (each wire byte read once)

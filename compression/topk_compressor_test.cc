@@ -1,19 +1,19 @@
 #include "compression/topk_compressor.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
-#include <functional>
 #include <vector>
 
 #include "common/half.h"
@@ -45,8 +45,7 @@ const Variant kVariants[] = {
 };
 
 std::unique_ptr<TopKCompressor> Make(const Variant& v, double ratio) {
-  StatusOr<std::unique_ptr<TopKCompressor>> c =
-      TopKCompressor::Create(v.method, v.values, ratio);
+  StatusOr<std::unique_ptr<TopKCompressor>> c = TopKCompressor::Create(v.method, v.values, ratio);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(c).value();
 }
@@ -67,15 +66,14 @@ std::vector<uint32_t> ReferenceTopK(const std::vector<float>& in, size_t k) {
 
 // Inputs of several shapes, including heavy ties and special values.
 std::vector<std::vector<float>> Inputs(size_t n, uint32_t seed) {
-  std::vector<std::vector<float>> inputs = {Gaussian(n, 1e-3f, seed),
-                                            Laplace(n, 1.0f, seed + 1)};
+  std::vector<std::vector<float>> inputs = {Gaussian(n, 1e-3f, seed), Laplace(n, 1.0f, seed + 1)};
   std::vector<float> ties = Gaussian(n, 2.0f, seed + 2);
   for (float& x : ties) x = std::round(x);  // Few distinct magnitudes.
   inputs.push_back(ties);
   inputs.push_back(std::vector<float>(n, -0.5f));  // All equal.
   std::vector<float> specials = Gaussian(n, 1.0f, seed + 3);
-  const float s[] = {std::numeric_limits<float>::infinity(), -0.0f,
-                     std::nanf(""), -std::numeric_limits<float>::infinity()};
+  const float s[] = {std::numeric_limits<float>::infinity(), -0.0f, std::nanf(""),
+                     -std::numeric_limits<float>::infinity()};
   for (size_t i = 0; i < n && i < 4; ++i) specials[(i * 7919) % n] = s[i];
   inputs.push_back(specials);
   return inputs;
@@ -92,8 +90,7 @@ float Expected(const Variant& v, float x) {
 }
 
 bool SameFloat(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) ||
-         std::memcmp(&a, &b, sizeof(a)) == 0;
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(a)) == 0;
 }
 
 TEST(TopKCompressorTest, NamesAndSummable) {
@@ -106,9 +103,7 @@ TEST(TopKCompressorTest, NamesAndSummable) {
 
 TEST(TopKCompressorTest, RejectsBadRatios) {
   for (double r : {0.0, -0.1, 1.5, std::nan("")}) {
-    EXPECT_EQ(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, r)
-                  .status()
-                  .code(),
+    EXPECT_EQ(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, r).status().code(),
               StatusCode::kInvalidArgument)
         << r;
   }
@@ -120,10 +115,9 @@ TEST(TopKCompressorTest, WireBytesIsExactlyKTimesEntrySize) {
     double ratio;
     size_t n, k;
   };
-  const Case cases[] = {
-      {0.01, 0, 0},           {0.01, 1, 1},      {0.01, 100, 1}, {0.01, 101, 2},
-      {0.01, 1000, 10},       {0.01, 1001, 11},  {0.5, 7, 4},    {1.0, 9, 9},
-      {0.001, 1 << 20, 1049}, {0.1, 65537, 6554}};
+  const Case cases[] = {{0.01, 0, 0},           {0.01, 1, 1},      {0.01, 100, 1}, {0.01, 101, 2},
+                        {0.01, 1000, 10},       {0.01, 1001, 11},  {0.5, 7, 4},    {1.0, 9, 9},
+                        {0.001, 1 << 20, 1049}, {0.1, 65537, 6554}};
   for (const Case& tc : cases) {
     for (const Variant& v : kVariants) {
       auto c = Make(v, tc.ratio);
@@ -145,8 +139,7 @@ TEST(TopKCompressorTest, SizeChecks) {
   }
 }
 
-void ExpectReferenceRoundTrip(TopKCompressor& c, const Variant& v,
-                              const std::vector<float>& in) {
+void ExpectReferenceRoundTrip(TopKCompressor& c, const Variant& v, const std::vector<float>& in) {
   const size_t n = in.size();
   const CompressContext ctx{3, n, 1};
   const size_t k = c.KeepCount(n);
@@ -225,12 +218,10 @@ TEST(TopKCompressorTest, SampledCandidateCountIsNearK) {
             seed % 2 == 0 ? Gaussian(n, 1e-2f, seed) : Laplace(n, 1e-2f, seed);
         std::vector<uint8_t> wire(c->WireBytes(n));
         const CompressContext ctx{seed * 77 + 1, seed, 4};
-        ASSERT_TRUE(
-            c->Compress(in.data(), n, ctx, wire.data(), wire.size()).ok());
+        ASSERT_TRUE(c->Compress(in.data(), n, ctx, wire.data(), wire.size()).ok());
         const TopKCompressor::SampledStats& stats = c->last_sampled_stats();
         const double k = static_cast<double>(c->KeepCount(n));
-        SCOPED_TRACE(testing::Message()
-                     << "ratio=" << ratio << " n=" << n << " seed=" << seed);
+        SCOPED_TRACE(testing::Message() << "ratio=" << ratio << " n=" << n << " seed=" << seed);
         ASSERT_EQ(stats.sample_size, c->SampleSize(n));
         if (stats.sample_size == 0) continue;  // Exact by design.
         ++sampled;
@@ -267,18 +258,14 @@ TEST(TopKCompressorTest, SampledFallsBackOnHeavyTies) {
   for (size_t i = 0; i < in.size(); i += 1000) in[i] = 1.0f;  // ~0.1% nonzero
   const std::vector<uint8_t> wire = CompressUnaligned(*c, in, {1, 2, 3});
   EXPECT_TRUE(c->last_sampled_stats().fell_back);
-  EXPECT_EQ(WireIndices(wire, c->KeepCount(in.size())),
-            ReferenceTopK(in, c->KeepCount(in.size())));
+  EXPECT_EQ(WireIndices(wire, c->KeepCount(in.size())), ReferenceTopK(in, c->KeepCount(in.size())));
 }
 
 TEST(TopKCompressorTest, DecompressRejectsBadIndicesAndWritesNothing) {
   auto c = Make(kVariants[0], 0.5);
   const size_t n = 8;  // k = 4.
-  const std::vector<std::vector<int32_t>> bad = {{0, 1, 2, 8},
-                                                 {-1, 1, 2, 3},
-                                                 {0, 2, 2, 3},
-                                                 {3, 2, 1, 0},
-                                                 {0, 1, 2, 1 << 30}};
+  const std::vector<std::vector<int32_t>> bad = {
+      {0, 1, 2, 8}, {-1, 1, 2, 3}, {0, 2, 2, 3}, {3, 2, 1, 0}, {0, 1, 2, 1 << 30}};
   for (const std::vector<int32_t>& idx : bad) {
     std::vector<uint8_t> wire(c->WireBytes(n), 0);
     std::memcpy(wire.data(), idx.data(), 16);
@@ -327,9 +314,8 @@ TEST(TopKCompressorTest, DecodesSafelyWhileAnotherProcessRewritesTheIndices) {
   std::vector<float> scratch;
   int taken = 0, refused = 0;
   for (int i = 0; i < 200000 && (taken < 20 || refused < 20); ++i) {
-    const Status s = i % 2 == 0
-                         ? c->Decompress(wire, bytes, n, {}, out.data())
-                         : c->SubtractDecompressed(wire, bytes, n, {}, out.data(), &scratch);
+    const Status s = i % 2 == 0 ? c->Decompress(wire, bytes, n, {}, out.data())
+                                : c->SubtractDecompressed(wire, bytes, n, {}, out.data(), &scratch);
     (s.ok() ? taken : refused) += 1;
   }
   words->stop.store(1);
@@ -343,8 +329,7 @@ TEST(TopKCompressorTest, DecodesSafelyWhileAnotherProcessRewritesTheIndices) {
 TEST(TopKCompressorTest, Fp16ValuesOverflowToSignedInfinity) {
   auto c = Make(kVariants[1], 1.0);
   const std::vector<float> in = {1e5f, -7e4f, 65504.0f, 1.0f};
-  const std::vector<float> out =
-      DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 4, {});
+  const std::vector<float> out = DecompressUnaligned(*c, CompressUnaligned(*c, in, {}), 4, {});
   EXPECT_EQ(out[0], std::numeric_limits<float>::infinity());
   EXPECT_EQ(out[1], -std::numeric_limits<float>::infinity());
   EXPECT_EQ(out[2], 65504.0f);
@@ -376,8 +361,8 @@ TEST(TopKSelectTest, KthLargestKeyMatchesASort) {
       if (rank > m) continue;
       const KthKey kth = KthLargestKey(keys.data(), m, rank, &scratch);
       ASSERT_EQ(kth.key, sorted[rank - 1]) << m << " " << rank;
-      const size_t greater = static_cast<size_t>(std::count_if(
-          keys.begin(), keys.end(), [&](uint32_t v) { return v > kth.key; }));
+      const size_t greater = static_cast<size_t>(
+          std::count_if(keys.begin(), keys.end(), [&](uint32_t v) { return v > kth.key; }));
       ASSERT_EQ(kth.greater, greater) << m << " " << rank;
     }
   }
@@ -386,15 +371,12 @@ TEST(TopKSelectTest, KthLargestKeyMatchesASort) {
 TEST(TopKSelectTest, CollectAtLeastMatchesScalar) {
   for (size_t n : TestSizes()) {
     const std::vector<float> in = Laplace(n, 1.0f, n + 5);
-    for (float t : {0.0f, 0.5f, 3.0f, std::numeric_limits<float>::infinity(),
-                    std::nanf("")}) {
+    for (float t : {0.0f, 0.5f, 3.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
       for (size_t cap : {size_t{0}, size_t{5}, n}) {
         std::vector<uint32_t> a(cap + 8), b(cap + 8), ka(cap + 8), kb(cap + 8);
         const uint32_t key = MagnitudeKey(t);
-        const size_t ca =
-            CollectAtLeast(in.data(), n, key, a.data(), ka.data(), cap);
-        const size_t cb =
-            CollectAtLeastScalar(in.data(), n, key, b.data(), kb.data(), cap);
+        const size_t ca = CollectAtLeast(in.data(), n, key, a.data(), ka.data(), cap);
+        const size_t cb = CollectAtLeastScalar(in.data(), n, key, b.data(), kb.data(), cap);
         ASSERT_EQ(ca, cb) << n << " " << t << " " << cap;
         const size_t valid = std::min(ca, cap);
         ASSERT_TRUE(std::equal(a.begin(), a.begin() + valid, b.begin()));

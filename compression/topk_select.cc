@@ -68,8 +68,8 @@ constexpr uint32_t kDigitMask[] = {0x7FF, 0x7FF, 0x3FF};
 // order of the keys or their ties.
 template <typename Work>
 KthKey RadixKth(const uint32_t* keys, size_t m, size_t k, Work work) {
-  uint32_t kth = 0;    // the digits of the k-th key found so far
-  size_t greater = 0;  // keys known to be larger than it
+  uint32_t kth = 0;            // the digits of the k-th key found so far
+  size_t greater = 0;          // keys known to be larger than it
   const uint32_t* set = keys;  // the keys still in the running
   size_t n = m;
   uint32_t* room = nullptr;
@@ -141,9 +141,10 @@ constexpr LeftPackTable kLeftPack = MakeLeftPackTable();
 // Branch-free: each group of 8 stores 8 lanes at idx + count and keys +
 // count, of which the first popcount(mask) are kept. Stops once count
 // passes cap; returns count and sets *done to the elements scanned.
-__attribute__((target("avx2,popcnt"))) size_t CollectAtLeastAvx2(
-    const float* in, size_t n, uint32_t threshold, uint32_t* idx,
-    uint32_t* keys, size_t cap, size_t* done) {
+__attribute__((target("avx2,popcnt"))) size_t CollectAtLeastAvx2(const float* in, size_t n,
+                                                                 uint32_t threshold, uint32_t* idx,
+                                                                 uint32_t* keys, size_t cap,
+                                                                 size_t* done) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   // Keys are < 2^31: compare signed against threshold - 1 (threshold in
   // [1, 2^31]); threshold 0 matches everything.
@@ -154,12 +155,12 @@ __attribute__((target("avx2,popcnt"))) size_t CollectAtLeastAvx2(
   size_t count = 0;
   size_t i = 0;
   for (; i + 8 <= n && count <= cap; i += 8) {
-    const __m256i key = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)), abs_mask);
+    const __m256i key =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)), abs_mask);
     const __m256i hit = _mm256_or_si256(_mm256_cmpgt_epi32(key, below), all);
     const int mask = _mm256_movemask_ps(_mm256_castsi256_ps(hit));
-    const __m256i perm = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(kLeftPack.lanes[mask]));
+    const __m256i perm =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLeftPack.lanes[mask]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + count),
                         _mm256_permutevar8x32_epi32(lane, perm));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(keys + count),
@@ -173,13 +174,11 @@ __attribute__((target("avx2,popcnt"))) size_t CollectAtLeastAvx2(
 
 }  // namespace
 
-KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank,
-                     std::vector<uint32_t>* scratch) {
+KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank, std::vector<uint32_t>* scratch) {
   return RadixKth(keys, m, rank, InVector(scratch));
 }
 
-void ExactTopK(const float* in, size_t n, size_t k,
-               std::vector<uint32_t>* scratch, uint32_t* idx) {
+void ExactTopK(const float* in, size_t n, size_t k, std::vector<uint32_t>* scratch, uint32_t* idx) {
   if (k == 0) return;
   if (k == n) {
     for (size_t i = 0; i < n; ++i) idx[i] = static_cast<uint32_t>(i);
@@ -202,8 +201,8 @@ void ExactTopK(const float* in, size_t n, size_t k,
   std::copy(candidates, candidates + k, idx);
 }
 
-size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold,
-                            uint32_t* idx, uint32_t* keys, size_t cap) {
+size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold, uint32_t* idx,
+                            uint32_t* keys, size_t cap) {
   size_t count = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t key = MagnitudeKey(in[i]);
@@ -216,17 +215,16 @@ size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold,
   return count;
 }
 
-size_t CollectAtLeast(const float* in, size_t n, uint32_t threshold,
-                      uint32_t* idx, uint32_t* keys, size_t cap) {
+size_t CollectAtLeast(const float* in, size_t n, uint32_t threshold, uint32_t* idx, uint32_t* keys,
+                      size_t cap) {
   if (!HasAvx2() || threshold > 0x80000000u) {
     return CollectAtLeastScalar(in, n, threshold, idx, keys, cap);
   }
   size_t done = 0;
-  const size_t count =
-      CollectAtLeastAvx2(in, n, threshold, idx, keys, cap, &done);
+  const size_t count = CollectAtLeastAvx2(in, n, threshold, idx, keys, cap, &done);
   if (count > cap) return cap + 1;
-  const size_t rest = CollectAtLeastScalar(
-      in + done, n - done, threshold, idx + count, keys + count, cap - count);
+  const size_t rest =
+      CollectAtLeastScalar(in + done, n - done, threshold, idx + count, keys + count, cap - count);
   for (size_t j = 0; j < std::min(rest, cap - count); ++j) {
     idx[count + j] += static_cast<uint32_t>(done);
   }

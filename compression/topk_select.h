@@ -33,24 +33,22 @@ struct KthKey {
 // The rank-th largest (1-based, 1 <= rank <= m) of keys[0, m), by radix
 // selection (two passes over the keys, then passes over those that share
 // the answer's top 11 bits). `scratch` is overwritten.
-KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank,
-                     std::vector<uint32_t>* scratch);
+KthKey KthLargestKey(const uint32_t* keys, size_t m, size_t rank, std::vector<uint32_t>* scratch);
 
 // Writes to idx[0, k) the indices of the k largest of in[0, n), ascending:
 // the k-th largest key by radix selection, then one pass over in. k <= n.
 // `scratch` is overwritten.
-void ExactTopK(const float* in, size_t n, size_t k,
-               std::vector<uint32_t>* scratch, uint32_t* idx);
+void ExactTopK(const float* in, size_t n, size_t k, std::vector<uint32_t>* scratch, uint32_t* idx);
 
 // Writes to idx (and their keys to keys), in ascending index order, the
 // i < n with MagnitudeKey(in[i]) >= threshold, and returns how many there
 // are, or cap + 1 if there are more than cap. idx and keys hold at least
 // cap + 8 entries (the vector path stores whole groups of 8); entries past
 // the returned count are unspecified. n < 2^32.
-size_t CollectAtLeast(const float* in, size_t n, uint32_t threshold,
-                      uint32_t* idx, uint32_t* keys, size_t cap);
-size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold,
-                            uint32_t* idx, uint32_t* keys, size_t cap);
+size_t CollectAtLeast(const float* in, size_t n, uint32_t threshold, uint32_t* idx, uint32_t* keys,
+                      size_t cap);
+size_t CollectAtLeastScalar(const float* in, size_t n, uint32_t threshold, uint32_t* idx,
+                            uint32_t* keys, size_t cap);
 
 // idx[0, m) are ascending indices and keys[0, m) their keys, m >= k. Keeps
 // in idx[0, k) the k of them with the largest keys (ties: lower index),

@@ -33,14 +33,10 @@ std::string SpecValue(const std::string& spec, const std::string& key) {
 StatusOr<wire::Compression> WireCompressionOf(const std::string& name) {
   using wire::Compression;
   static const std::map<std::string, Compression> kFamilies = {
-      {"fp16", Compression::Fp16},
-      {"bf16", Compression::Bf16},
-      {"topk", Compression::TopK},
-      {"topk_fp16", Compression::TopK},
-      {"topk_sampled", Compression::TopK},
-      {"topk_sampled_fp16", Compression::TopK},
-      {"randomk", Compression::RandomK},
-      {"sign", Compression::Sign},
+      {"fp16", Compression::Fp16},         {"bf16", Compression::Bf16},
+      {"topk", Compression::TopK},         {"topk_fp16", Compression::TopK},
+      {"topk_sampled", Compression::TopK}, {"topk_sampled_fp16", Compression::TopK},
+      {"randomk", Compression::RandomK},   {"sign", Compression::Sign},
       {"qsgd", Compression::Qsgd},
   };
   auto it = kFamilies.find(name);
@@ -54,14 +50,12 @@ StatusOr<wire::Compression> WireCompressionOf(const std::string& name) {
 
 CompressContext PartitionContext(uint64_t seed, uint64_t step, uint32_t bucket,
                                  uint32_t partition) {
-  return CompressContext{
-      SplitMix64(seed ^ kPartitionSalt ^ SplitMix64(partition)), step, bucket};
+  return CompressContext{SplitMix64(seed ^ kPartitionSalt ^ SplitMix64(partition)), step, bucket};
 }
 
 PayloadDecoder::PayloadDecoder() { RegisterBuiltins(&registry_); }
 
-StatusOr<Compressor*> PayloadDecoder::Find(const std::string& codec,
-                                           wire::ErrorCode* code) {
+StatusOr<Compressor*> PayloadDecoder::Find(const std::string& codec, wire::ErrorCode* code) {
   auto it = codecs_.find(codec);
   if (it != codecs_.end()) return it->second.get();
   *code = wire::ErrorCode::WrongType;
@@ -77,14 +71,12 @@ StatusOr<Compressor*> PayloadDecoder::Find(const std::string& codec,
   return c;
 }
 
-Status PayloadDecoder::Check(const wire::DataBody& d,
-                             const std::vector<wire::Payload>& payloads,
+Status PayloadDecoder::Check(const wire::DataBody& d, const std::vector<wire::Payload>& payloads,
                              wire::ErrorCode* code) {
   const size_t n = d.num_elements();
   if (d.dtype() != wire::DType::F32) {
     *code = wire::ErrorCode::WrongType;
-    return InvalidArgumentError(std::string("carries ") +
-                                wire::EnumNameDType(d.dtype()) +
+    return InvalidArgumentError(std::string("carries ") + wire::EnumNameDType(d.dtype()) +
                                 " data; only f32 is taken");
   }
   size_t total = 0;
@@ -93,9 +85,8 @@ Status PayloadDecoder::Check(const wire::DataBody& d,
   if (codec.empty()) {
     if (n > total / sizeof(float) || total != n * sizeof(float)) {
       *code = wire::ErrorCode::SizeMismatch;
-      return InvalidArgumentError("holds " + std::to_string(total) +
-                                  " bytes for " + std::to_string(n) +
-                                  " f32 elements");
+      return InvalidArgumentError("holds " + std::to_string(total) + " bytes for " +
+                                  std::to_string(n) + " f32 elements");
     }
     return OkStatus();
   }
@@ -103,17 +94,15 @@ Status PayloadDecoder::Check(const wire::DataBody& d,
   const size_t want = c->WireBytes(n);
   if (total != want) {
     *code = wire::ErrorCode::SizeMismatch;
-    return InvalidArgumentError(
-        "holds " + std::to_string(total) + " bytes, \"" + codec + "\" writes " +
-        std::to_string(want) + " for " + std::to_string(n) + " elements");
+    return InvalidArgumentError("holds " + std::to_string(total) + " bytes, \"" + codec +
+                                "\" writes " + std::to_string(want) + " for " + std::to_string(n) +
+                                " elements");
   }
   return OkStatus();
 }
 
-Status PayloadDecoder::Decode(const wire::DataBody& d,
-                              const std::vector<wire::Payload>& payloads,
-                              const CompressContext& ctx, float* out,
-                              wire::ErrorCode* code) {
+Status PayloadDecoder::Decode(const wire::DataBody& d, const std::vector<wire::Payload>& payloads,
+                              const CompressContext& ctx, float* out, wire::ErrorCode* code) {
   GS_RETURN_IF_ERROR(Check(d, payloads, code));
   const size_t n = d.num_elements();
   size_t total = 0;
@@ -141,39 +130,34 @@ Status PayloadDecoder::Decode(const wire::DataBody& d,
   Status s = c->Decompress(in, total, n, ctx, out);
   if (!s.ok()) {
     *code = wire::ErrorCode::Malformed;
-    return InvalidArgumentError("does not decode as \"" + codec +
-                                "\": " + s.message());
+    return InvalidArgumentError("does not decode as \"" + codec + "\": " + s.message());
   }
   return OkStatus();
 }
 
-PayloadEncoder::PayloadEncoder(std::unique_ptr<Compressor> c,
-                               CompressorSpec parsed, std::string spec)
-    : compressor_(std::move(c)), parsed_(std::move(parsed)),
-      spec_(std::move(spec)) {
+PayloadEncoder::PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
+                               std::string spec)
+    : compressor_(std::move(c)), parsed_(std::move(parsed)), spec_(std::move(spec)) {
   Compressor* inner = compressor_.get();
   if (auto* ef = dynamic_cast<ErrorFeedback*>(inner)) inner = &ef->inner();
   topk_ = dynamic_cast<TopKCompressor*>(inner);
   if (topk_ != nullptr) ratio_ = topk_->ratio();
 }
 
-StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(
-    const CompressorRegistry& registry, const std::string& spec) {
+StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(const CompressorRegistry& registry,
+                                                                 const std::string& spec) {
   GS_ASSIGN_OR_RETURN(CompressorSpec parsed, ParseCompressorSpec(spec));
   StatusOr<wire::Compression> family = WireCompressionOf(parsed.name);
   if (!family.ok()) return InvalidArgumentError(family.status().message());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, registry.Create(spec));
-  return std::unique_ptr<PayloadEncoder>(
-      new PayloadEncoder(std::move(c), std::move(parsed), spec));
+  return std::unique_ptr<PayloadEncoder>(new PayloadEncoder(std::move(c), std::move(parsed), spec));
 }
 
-StatusOr<wire::Payload> PayloadEncoder::CompressInto(
-    const float* in, size_t n, const CompressContext& ctx,
-    wire::DataFields* fields, std::string codec) {
-  auto bytes =
-      std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
-  GS_RETURN_IF_ERROR(
-      compressor_->Compress(in, n, ctx, bytes->data(), bytes->size()));
+StatusOr<wire::Payload> PayloadEncoder::CompressInto(const float* in, size_t n,
+                                                     const CompressContext& ctx,
+                                                     wire::DataFields* fields, std::string codec) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(compressor_->WireBytes(n));
+  GS_RETURN_IF_ERROR(compressor_->Compress(in, n, ctx, bytes->data(), bytes->size()));
   fields->codec = std::move(codec);
   return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
 }
@@ -185,8 +169,7 @@ StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
   return CompressInto(in, n, ctx, fields, spec_);
 }
 
-void PayloadEncoder::MagnitudeKeys(const float* in, size_t n,
-                                   const CompressContext& ctx,
+void PayloadEncoder::MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
                                    uint32_t* keys) const {
   const std::vector<float>* residual = nullptr;
   if (auto* ef = dynamic_cast<const ErrorFeedback*>(compressor_.get())) {
@@ -205,12 +188,11 @@ void PayloadEncoder::MagnitudeKeys(const float* in, size_t n,
   }
 }
 
-StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
-    const float* in, size_t n, size_t keep, const CompressContext& ctx,
-    wire::DataFields* fields, uint32_t at_least) {
+StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(const float* in, size_t n, size_t keep,
+                                                      const CompressContext& ctx,
+                                                      wire::DataFields* fields, uint32_t at_least) {
   if (topk_ == nullptr || keep < 1 || keep > n) {
-    return InvalidArgumentError("\"" + spec_ + "\" cannot keep " +
-                                std::to_string(keep) + " of " +
+    return InvalidArgumentError("\"" + spec_ + "\" cannot keep " + std::to_string(keep) + " of " +
                                 std::to_string(n) + " elements");
   }
   // ceil(ratio * n) == keep for ratio = (keep - 1/2) / n, whatever the
@@ -224,16 +206,15 @@ StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(
     if (key != "ratio") codec += "," + key + "=" + SpecValue(spec_, key);
   }
   topk_->HintThreshold(at_least);
-  StatusOr<wire::Payload> payload =
-      CompressInto(in, n, ctx, fields, std::move(codec));
+  StatusOr<wire::Payload> payload = CompressInto(in, n, ctx, fields, std::move(codec));
   topk_->HintThreshold(0);
   GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
   return payload;
 }
 
 std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
-                                     const std::vector<size_t>& sizes,
-                                     double ratio, uint32_t* threshold_out) {
+                                     const std::vector<size_t>& sizes, double ratio,
+                                     uint32_t* threshold_out) {
   std::vector<size_t> keep(sizes.size(), 0);
   const size_t k = KeepCount(ratio, keys.size());
   uint32_t threshold = 0;

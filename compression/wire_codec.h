@@ -43,8 +43,7 @@ StatusOr<wire::Compression> WireCompressionOf(const std::string& name);
 
 // The context partition `partition` of bucket `bucket` is compressed with:
 // random-k draws different coordinates in every partition.
-CompressContext PartitionContext(uint64_t seed, uint64_t step, uint32_t bucket,
-                                 uint32_t partition);
+CompressContext PartitionContext(uint64_t seed, uint64_t step, uint32_t bucket, uint32_t partition);
 
 // Turns the payload frames of a verified data message into floats.
 class PayloadDecoder {
@@ -60,8 +59,7 @@ class PayloadDecoder {
   // d.num_elements()), so a receiver can refuse a message before it
   // allocates room for the decoded values. Errors as Decode's, but never
   // Malformed.
-  Status Check(const wire::DataBody& d,
-               const std::vector<wire::Payload>& payloads,
+  Status Check(const wire::DataBody& d, const std::vector<wire::Payload>& payloads,
                wire::ErrorCode* code);
 
   // Writes the `d.num_elements()` floats that `payloads` hold into `out`
@@ -71,8 +69,7 @@ class PayloadDecoder {
   // an unknown codec or one without a wire family; SizeMismatch: the payload
   // size differs from what the codec writes; Malformed: the compressed
   // bytes do not decode) and the status names it.
-  Status Decode(const wire::DataBody& d,
-                const std::vector<wire::Payload>& payloads,
+  Status Decode(const wire::DataBody& d, const std::vector<wire::Payload>& payloads,
                 const CompressContext& ctx, float* out, wire::ErrorCode* code);
 
  private:
@@ -88,13 +85,12 @@ class PayloadDecoder {
 class PayloadEncoder {
  public:
   // InvalidArgument for a bad spec or "none" (send uncompressed instead).
-  static StatusOr<std::unique_ptr<PayloadEncoder>> Create(
-      const CompressorRegistry& registry, const std::string& spec);
+  static StatusOr<std::unique_ptr<PayloadEncoder>> Create(const CompressorRegistry& registry,
+                                                          const std::string& spec);
 
   // Compresses `n` floats into one owned payload frame and fills the
   // codec of `fields`.
-  StatusOr<wire::Payload> Encode(const float* in, size_t n,
-                                 const CompressContext& ctx,
+  StatusOr<wire::Payload> Encode(const float* in, size_t n, const CompressContext& ctx,
                                  wire::DataFields* fields);
   size_t WireBytes(size_t n) const { return compressor_->WireBytes(n); }
   // What Encode puts in DataFields.codec.
@@ -108,8 +104,7 @@ class PayloadEncoder {
   // The magnitude keys (MagnitudeKey) of what Encode would select from:
   // `in` (with an error-feedback momentum: the velocity m u + in) plus the
   // error-feedback residual kept for `ctx`, if any.
-  void MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
-                     uint32_t* keys) const;
+  void MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx, uint32_t* keys) const;
   // As Encode, keeping exactly `keep` elements (1 <= keep <= n; top-k
   // only): the codec put in `fields` states the ratio that gives `keep`.
   // `at_least` (0: none) is a magnitude key that `keep` elements of what
@@ -117,25 +112,22 @@ class PayloadEncoder {
   // they are the ones kept, found in one pass; else the selection runs as
   // usual. Either way the same elements are kept.
   StatusOr<wire::Payload> EncodeKeeping(const float* in, size_t n, size_t keep,
-                                        const CompressContext& ctx,
-                                        wire::DataFields* fields, uint32_t at_least = 0);
+                                        const CompressContext& ctx, wire::DataFields* fields,
+                                        uint32_t at_least = 0);
 
  private:
-  PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
-                 std::string spec);
+  PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed, std::string spec);
   // Compresses with the compressor as it is set into one owned frame and
   // fills `fields` with `codec`.
-  StatusOr<wire::Payload> CompressInto(const float* in, size_t n,
-                                       const CompressContext& ctx,
-                                       wire::DataFields* fields,
-                                       std::string codec);
+  StatusOr<wire::Payload> CompressInto(const float* in, size_t n, const CompressContext& ctx,
+                                       wire::DataFields* fields, std::string codec);
 
   std::unique_ptr<Compressor> compressor_;
   const CompressorSpec parsed_;
   const std::string spec_;
   mutable std::vector<float> velocity_;  // MagnitudeKeys' m u + in
-  TopKCompressor* topk_ = nullptr;  // compressor_ or its inner one, if top-k
-  double ratio_ = 0;                // parsed_'s
+  TopKCompressor* topk_ = nullptr;       // compressor_ or its inner one, if top-k
+  double ratio_ = 0;                     // parsed_'s
 };
 
 // How many elements each partition of one bucket keeps so that together
@@ -148,8 +140,8 @@ class PayloadEncoder {
 // a partition whose count is its number of keys at or above it keeps just
 // those (EncodeKeeping's `at_least`).
 std::vector<size_t> SharedKeepCounts(const std::vector<uint32_t>& keys,
-                                     const std::vector<size_t>& sizes,
-                                     double ratio, uint32_t* threshold = nullptr);
+                                     const std::vector<size_t>& sizes, double ratio,
+                                     uint32_t* threshold = nullptr);
 
 }  // namespace gradsync::compression
 

@@ -27,10 +27,8 @@ struct Received {
 
 Received Receive(wire::DataFields f, std::vector<wire::Payload> payloads) {
   Received r;
-  r.msg = wire::MakeData(kWorker, wire::MsgType::Push, f, std::move(payloads),
-                         5, 1);
-  wire::Verdict v =
-      wire::Validate(r.msg, wire::Policy::Accepting({wire::MsgType::Push}));
+  r.msg = wire::MakeData(kWorker, wire::MsgType::Push, f, std::move(payloads), 5, 1);
+  wire::Verdict v = wire::Validate(r.msg, wire::Policy::Accepting({wire::MsgType::Push}));
   EXPECT_TRUE(v.ok()) << v.detail;
   if (v.ok()) r.body = v.header->body_as_DataBody();
   return r;
@@ -60,8 +58,7 @@ TEST(WireCodecTest, DecodeGivesWhatTheSendersCompressorDecompresses) {
       ASSERT_TRUE(encoder.ok()) << encoder.status().ToString();
       auto reference = registry.Create(spec);
       ASSERT_TRUE(reference.ok());
-      const std::vector<float> g =
-          testing_util::Gaussian(n, 1.0f, static_cast<uint32_t>(n));
+      const std::vector<float> g = testing_util::Gaussian(n, 1.0f, static_cast<uint32_t>(n));
       for (uint32_t partition : {0u, 3u}) {
         const CompressContext ctx = PartitionContext(99, 7, 4, partition);
         wire::DataFields f;
@@ -72,20 +69,14 @@ TEST(WireCodecTest, DecodeGivesWhatTheSendersCompressorDecompresses) {
         EXPECT_EQ(payload->size, (*encoder)->WireBytes(n));
         // The sender's own compressor, on the same input and context.
         std::vector<uint8_t> bytes((*reference)->WireBytes(n));
-        ASSERT_TRUE((*reference)
-                        ->Compress(g.data(), n, ctx, bytes.data(), bytes.size())
-                        .ok());
+        ASSERT_TRUE((*reference)->Compress(g.data(), n, ctx, bytes.data(), bytes.size()).ok());
         ASSERT_EQ(std::memcmp(bytes.data(), payload->data, bytes.size()), 0);
         std::vector<float> want(n), got(n, -1.0f);
-        ASSERT_TRUE(
-            (*reference)
-                ->Decompress(bytes.data(), bytes.size(), n, ctx, want.data())
-                .ok());
+        ASSERT_TRUE((*reference)->Decompress(bytes.data(), bytes.size(), n, ctx, want.data()).ok());
         Received r = Receive(f, {*payload});
         ASSERT_NE(r.body, nullptr);
         ErrorCode code = ErrorCode::Unknown;
-        Status s =
-            decoder.Decode(*r.body, r.msg.payloads, ctx, got.data(), &code);
+        Status s = decoder.Decode(*r.body, r.msg.payloads, ctx, got.data(), &code);
         ASSERT_TRUE(s.ok()) << s.ToString();
         EXPECT_EQ(std::memcmp(want.data(), got.data(), n * sizeof(float)), 0);
       }
@@ -94,12 +85,9 @@ TEST(WireCodecTest, DecodeGivesWhatTheSendersCompressorDecompresses) {
 }
 
 TEST(WireCodecTest, PartitionsGetTheirOwnRandomCoordinates) {
-  EXPECT_EQ(PartitionContext(1, 2, 3, 4).seed,
-            PartitionContext(1, 2, 3, 4).seed);
-  EXPECT_NE(PartitionContext(1, 2, 3, 4).seed,
-            PartitionContext(1, 2, 3, 5).seed);
-  EXPECT_NE(PartitionContext(1, 2, 3, 4).seed,
-            PartitionContext(2, 2, 3, 4).seed);
+  EXPECT_EQ(PartitionContext(1, 2, 3, 4).seed, PartitionContext(1, 2, 3, 4).seed);
+  EXPECT_NE(PartitionContext(1, 2, 3, 4).seed, PartitionContext(1, 2, 3, 5).seed);
+  EXPECT_NE(PartitionContext(1, 2, 3, 4).seed, PartitionContext(2, 2, 3, 4).seed);
   EXPECT_EQ(PartitionContext(1, 2, 3, 4).step, 2u);
   EXPECT_EQ(PartitionContext(1, 2, 3, 4).bucket_id, 3u);
   CompressorRegistry registry;
@@ -112,12 +100,9 @@ TEST(WireCodecTest, PartitionsGetTheirOwnRandomCoordinates) {
   for (uint32_t p : {0u, 1u}) {
     std::vector<uint8_t> bytes((*c)->WireBytes(n));
     const CompressContext ctx = PartitionContext(5, 1, 0, p);
-    ASSERT_TRUE(
-        (*c)->Compress(ones.data(), n, ctx, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE((*c)->Compress(ones.data(), n, ctx, bytes.data(), bytes.size()).ok());
     kept.emplace_back(n);
-    ASSERT_TRUE(
-        (*c)->Decompress(bytes.data(), bytes.size(), n, ctx, kept.back().data())
-            .ok());
+    ASSERT_TRUE((*c)->Decompress(bytes.data(), bytes.size(), n, ctx, kept.back().data()).ok());
   }
   EXPECT_NE(kept[0], kept[1]);
 }
@@ -126,13 +111,11 @@ TEST(WireCodecTest, UncompressedPayloadsAreCopiedAcrossFrames) {
   const std::vector<float> g = {1.5f, -2.0f, 3.25f, 8.0f, -0.5f};
   wire::DataFields f;
   f.num_elements = g.size();
-  Received r = Receive(
-      f, {wire::Payload::Copy(g.data(), 8), wire::Payload::Copy(&g[2], 12)});
+  Received r = Receive(f, {wire::Payload::Copy(g.data(), 8), wire::Payload::Copy(&g[2], 12)});
   PayloadDecoder decoder;
   std::vector<float> got(g.size());
   ErrorCode code = ErrorCode::Unknown;
-  ASSERT_TRUE(
-      decoder.Decode(*r.body, r.msg.payloads, {}, got.data(), &code).ok());
+  ASSERT_TRUE(decoder.Decode(*r.body, r.msg.payloads, {}, got.data(), &code).ok());
   EXPECT_EQ(got, g);
 }
 
@@ -151,21 +134,16 @@ TEST(WireCodecTest, CompressedPayloadsSplitAcrossFramesDecode) {
   std::vector<float> whole(n), split(n);
   ErrorCode code;
   Received one = Receive(f, {*payload});
-  ASSERT_TRUE(
-      decoder.Decode(*one.body, one.msg.payloads, {}, whole.data(), &code)
-          .ok());
-  Received two =
-      Receive(f, {wire::Payload::Copy(payload->data, 11),
-                  wire::Payload::Copy(payload->data + 11, payload->size - 11)});
-  ASSERT_TRUE(
-      decoder.Decode(*two.body, two.msg.payloads, {}, split.data(), &code)
-          .ok());
+  ASSERT_TRUE(decoder.Decode(*one.body, one.msg.payloads, {}, whole.data(), &code).ok());
+  Received two = Receive(f, {wire::Payload::Copy(payload->data, 11),
+                             wire::Payload::Copy(payload->data + 11, payload->size - 11)});
+  ASSERT_TRUE(decoder.Decode(*two.body, two.msg.payloads, {}, split.data(), &code).ok());
   EXPECT_EQ(whole, split);
 }
 
 // Decode failures: what the code and the message say.
-void ExpectRefused(wire::DataFields f, std::vector<wire::Payload> payloads,
-                   ErrorCode want, const std::string& says) {
+void ExpectRefused(wire::DataFields f, std::vector<wire::Payload> payloads, ErrorCode want,
+                   const std::string& says) {
   Received r = Receive(f, std::move(payloads));
   ASSERT_NE(r.body, nullptr);
   PayloadDecoder decoder;
@@ -179,17 +157,14 @@ void ExpectRefused(wire::DataFields f, std::vector<wire::Payload> payloads,
 
 TEST(WireCodecTest, BadPayloadsAreRefusedNamingWhatIsWrong) {
   std::vector<uint8_t> bytes(400, 0);
-  auto frame = [&](size_t size) {
-    return wire::Payload::Copy(bytes.data(), size);
-  };
+  auto frame = [&](size_t size) { return wire::Payload::Copy(bytes.data(), size); };
   wire::DataFields f;
   f.num_elements = 100;
   f.dtype = wire::DType::F16;
   ExpectRefused(f, {frame(200)}, ErrorCode::WrongType, "F16");
   f.dtype = wire::DType::F32;
   f.codec = "zip";
-  ExpectRefused(f, {frame(200)}, ErrorCode::WrongType,
-                "compressor \"zip\" has no wire encoding");
+  ExpectRefused(f, {frame(200)}, ErrorCode::WrongType, "compressor \"zip\" has no wire encoding");
   f.codec = "fp16:ratio=0.5";
   ExpectRefused(f, {frame(200)}, ErrorCode::WrongType, "takes no option");
   f.codec = "fp16";
@@ -200,8 +175,7 @@ TEST(WireCodecTest, BadPayloadsAreRefusedNamingWhatIsWrong) {
   // 50 int32 indices then 50 values: index 4096 is out of range.
   const int32_t far = 4096;
   std::memcpy(bytes.data() + 8, &far, sizeof(far));
-  ExpectRefused(f, {frame(400)}, ErrorCode::Malformed,
-                "does not decode as \"topk:ratio=0.5\"");
+  ExpectRefused(f, {frame(400)}, ErrorCode::Malformed, "does not decode as \"topk:ratio=0.5\"");
   f.codec = "topk:ratio=7";
   ExpectRefused(f, {frame(400)}, ErrorCode::WrongType, "ratio");
 }
@@ -213,8 +187,7 @@ TEST(WireCodecTest, ManyDistinctCodecsStillDecode) {
   const size_t n = 256;
   const std::vector<float> g = testing_util::Gaussian(n, 1.0f, 8);
   for (size_t i = 1; i <= 2 * PayloadDecoder::kMaxCodecs + 3; ++i) {
-    const std::string spec =
-        "topk:ratio=" + std::to_string(static_cast<double>(i) / 100);
+    const std::string spec = "topk:ratio=" + std::to_string(static_cast<double>(i) / 100);
     auto encoder = PayloadEncoder::Create(registry, spec);
     ASSERT_TRUE(encoder.ok()) << spec;
     wire::DataFields f;
@@ -224,9 +197,7 @@ TEST(WireCodecTest, ManyDistinctCodecsStillDecode) {
     Received r = Receive(f, {*payload});
     std::vector<float> out(n);
     ErrorCode code;
-    ASSERT_TRUE(
-        decoder.Decode(*r.body, r.msg.payloads, {}, out.data(), &code).ok())
-        << spec;
+    ASSERT_TRUE(decoder.Decode(*r.body, r.msg.payloads, {}, out.data(), &code).ok()) << spec;
   }
 }
 
@@ -292,8 +263,7 @@ TEST(WireCodecTest, EncodeKeepingAtTheSharedThresholdSendsTheSameBytes) {
       for (int p = 0; p < 2; ++p) {
         const CompressContext ctx = PartitionContext(5, step, 2, p);
         wire::DataFields a, b;
-        auto with = hinted[p]->EncodeKeeping(g.data() + at, sizes[p], keep[p], ctx, &a,
-                                             threshold);
+        auto with = hinted[p]->EncodeKeeping(g.data() + at, sizes[p], keep[p], ctx, &a, threshold);
         auto without = plain[p]->EncodeKeeping(g.data() + at, sizes[p], keep[p], ctx, &b);
         ASSERT_TRUE(with.ok() && without.ok());
         ASSERT_EQ(a.codec, b.codec);
@@ -311,8 +281,8 @@ TEST(WireCodecTest, EncodeKeepingStatesItsRatioAndDecodesAsThatCodec) {
   PayloadDecoder decoder;
   const size_t n = 1000;
   const std::vector<float> g = testing_util::Gaussian(n, 1.0f, 5);
-  for (const std::string spec : {"topk:ratio=0.01", "topk_fp16:ratio=0.01,ef=1",
-                                 "topk_sampled:ratio=0.01,ef=0"}) {
+  for (const std::string spec :
+       {"topk:ratio=0.01", "topk_fp16:ratio=0.01,ef=1", "topk_sampled:ratio=0.01,ef=0"}) {
     SCOPED_TRACE(spec);
     auto encoder = PayloadEncoder::Create(registry, spec);
     ASSERT_TRUE(encoder.ok());

@@ -19,29 +19,24 @@ namespace gradsync::compression {
 inline size_t CeilDiv(size_t a, size_t b) { return a / b + (a % b != 0); }
 
 // InvalidArgument unless `have` >= `need` bytes for compressing n elements.
-inline Status CheckOutSize(const std::string& name, size_t n, size_t need,
-                           size_t have) {
+inline Status CheckOutSize(const std::string& name, size_t n, size_t need, size_t have) {
   if (have >= need) return OkStatus();
-  return InvalidArgumentError(name + ": compressing " + std::to_string(n) +
-                              " elements needs " + std::to_string(need) +
-                              " bytes, output buffer has " +
+  return InvalidArgumentError(name + ": compressing " + std::to_string(n) + " elements needs " +
+                              std::to_string(need) + " bytes, output buffer has " +
                               std::to_string(have));
 }
 
 // InvalidArgument unless the wire holds exactly `need` bytes for n elements.
-inline Status CheckInSize(const std::string& name, size_t n, size_t need,
-                          size_t have) {
+inline Status CheckInSize(const std::string& name, size_t n, size_t need, size_t have) {
   if (have == need) return OkStatus();
-  return InvalidArgumentError(name + ": decompressing " + std::to_string(n) +
-                              " elements expects " + std::to_string(need) +
-                              " bytes, got " + std::to_string(have));
+  return InvalidArgumentError(name + ": decompressing " + std::to_string(n) + " elements expects " +
+                              std::to_string(need) + " bytes, got " + std::to_string(have));
 }
 
 // InvalidArgument if n exceeds `max_n` (a compressor's own element limit).
 inline Status CheckCount(const std::string& name, size_t n, size_t max_n) {
   if (n <= max_n) return OkStatus();
-  return InvalidArgumentError(name + ": " + std::to_string(n) +
-                              " elements exceed the limit of " +
+  return InvalidArgumentError(name + ": " + std::to_string(n) + " elements exceed the limit of " +
                               std::to_string(max_n));
 }
 

@@ -42,13 +42,12 @@
 // Exit status: 0 on success, 1 when training failed, 2 for bad flags.
 #include <unistd.h>
 
-#include <cstring>
-
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -82,16 +81,15 @@ struct Options {
   double lr = 0;
   double momentum = 0;
   int64_t seed = 0;
-  int64_t max_steps = 0;          // per worker; 0: no limit
-  int64_t eval_every_steps = 0;   // 0: evaluate only at the end
+  int64_t max_steps = 0;         // per worker; 0: no limit
+  int64_t eval_every_steps = 0;  // 0: evaluate only at the end
   double target_accuracy = 0;
   bool server_optimizer = false;  // the PS shards hold the parameters
 };
 
 StatusOr<Options> ReadOptions(const Config& config) {
   Options o;
-  GS_ASSIGN_OR_RETURN(o.data_dir,
-                      config.GetString("data_dir", kFashionMnistDir));
+  GS_ASSIGN_OR_RETURN(o.data_dir, config.GetString("data_dir", kFashionMnistDir));
   GS_ASSIGN_OR_RETURN(o.mode, config.GetString("mode", "allreduce-ring"));
   GS_ASSIGN_OR_RETURN(o.epochs, config.GetInt("epochs", 3));
   GS_ASSIGN_OR_RETURN(o.batch, config.GetInt("batch", 64));
@@ -103,30 +101,26 @@ StatusOr<Options> ReadOptions(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.target_accuracy, config.GetDouble("target_accuracy", 0.85));
   GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
   o.server_optimizer = optimizer != "none";
-  if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 ||
-      o.momentum >= 1 || o.max_steps < 0 || o.eval_every_steps < 0 ||
-      o.target_accuracy <= 0 || o.target_accuracy > 1) {
+  if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 || o.momentum >= 1 ||
+      o.max_steps < 0 || o.eval_every_steps < 0 || o.target_accuracy <= 0 ||
+      o.target_accuracy > 1) {
     return InvalidArgumentError(
         "need --epochs >= 1, --batch >= 1, --lr > 0, 0 <= --momentum < 1, "
         "--max_steps >= 0, --eval_every_steps >= 0, 0 < --target_accuracy <= 1");
   }
   for (char c : o.mode) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
-        c != '.') {
-      return InvalidArgumentError(
-          "--mode may hold letters, digits and -_. only");
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return InvalidArgumentError("--mode may hold letters, digits and -_. only");
     }
   }
   return o;
 }
 
 // This rank's sample indices for one epoch (DistributedSampler semantics).
-std::vector<size_t> ShardOfEpoch(size_t n, int rank, int world, uint64_t seed,
-                                 int64_t epoch) {
+std::vector<size_t> ShardOfEpoch(size_t n, int rank, int world, uint64_t seed, int64_t epoch) {
   std::vector<size_t> perm(n);
   std::iota(perm.begin(), perm.end(), 0);
-  uint64_t state =
-      seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1;
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1;
   for (size_t i = n; i > 1; --i) {  // Fisher-Yates with a splitmix64 stream
     state += 0x9E3779B97F4A7C15ull;
     uint64_t z = state;
@@ -164,8 +158,7 @@ class Progress {
   Progress(bool enabled, int64_t epochs)
       : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0), epochs_(epochs) {}
 
-  void Update(int64_t epoch, size_t step, size_t steps, double loss,
-              double samples_per_s) {
+  void Update(int64_t epoch, size_t step, size_t steps, double loss, double samples_per_s) {
     if (!enabled_) return;
     const auto now = Clock::now();
     const bool last = step == steps;
@@ -176,13 +169,11 @@ class Progress {
     quarter_ = last ? 0 : quarter;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * step / steps);
-    std::fprintf(
-        stderr, "%sepoch %lld/%lld [%s%s] %3d%% loss %.4f %.0f samples/s%s",
-        tty_ ? "\r" : "", static_cast<long long>(epoch + 1),
-        static_cast<long long>(epochs_), std::string(filled, '#').c_str(),
-        std::string(kWidth - filled, '.').c_str(),
-        static_cast<int>(100 * step / steps), loss, samples_per_s,
-        tty_ && !last ? "" : "\n");
+    std::fprintf(stderr, "%sepoch %lld/%lld [%s%s] %3d%% loss %.4f %.0f samples/s%s",
+                 tty_ ? "\r" : "", static_cast<long long>(epoch + 1),
+                 static_cast<long long>(epochs_), std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), static_cast<int>(100 * step / steps),
+                 loss, samples_per_s, tty_ && !last ? "" : "\n");
     std::fflush(stderr);
   }
 
@@ -215,13 +206,11 @@ struct RunStats {
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t rank =
-      static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
   return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test,
-                          Communicator* comm);
+StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test, Communicator* comm);
 
 class Trainer {
  public:
@@ -233,8 +222,7 @@ class Trainer {
         train_(train),
         test_(test),
         model_({784, 256, 128, 10}, static_cast<uint64_t>(options_.seed)),
-        sgd_(model_, static_cast<float>(options_.lr),
-             static_cast<float>(options_.momentum)),
+        sgd_(model_, static_cast<float>(options_.lr), static_cast<float>(options_.momentum)),
         progress_(comm->rank() == 0, options_.epochs) {}
 
   Mlp& model() { return model_; }
@@ -244,8 +232,7 @@ class Trainer {
     for (size_t t = 0; t < model_.num_tensors(); ++t) {
       GS_ASSIGN_OR_RETURN(
           client::TensorId id,
-          comm_->RegisterTensor(model_.tensor_name(t), model_.tensor_size(t),
-                                DType::kF32));
+          comm_->RegisterTensor(model_.tensor_name(t), model_.tensor_size(t), DType::kF32));
       ids_.push_back(id);
     }
     if (options_.server_optimizer) {
@@ -257,8 +244,7 @@ class Trainer {
       return comm_->Synchronize(Deadline::AfterMs(kOpDeadlineMs));
     }
     for (size_t t = 0; t < model_.num_tensors(); ++t) {
-      GS_RETURN_IF_ERROR(comm_->Broadcast(model_.param(t),
-                                          model_.tensor_size(t), DType::kF32, 0,
+      GS_RETURN_IF_ERROR(comm_->Broadcast(model_.param(t), model_.tensor_size(t), DType::kF32, 0,
                                           Deadline::AfterMs(kOpDeadlineMs)));
     }
     return OkStatus();
@@ -267,8 +253,7 @@ class Trainer {
   StatusOr<RunStats> Train() {
     const auto start = Clock::now();
     const client::CommunicatorStats before = comm_->stats();
-    for (int64_t epoch = 0; epoch < options_.epochs && !StepLimitReached();
-         ++epoch) {
+    for (int64_t epoch = 0; epoch < options_.epochs && !StepLimitReached(); ++epoch) {
       GS_RETURN_IF_ERROR(RunEpoch(epoch, start));
     }
     stats_.wall_s = Elapsed(start);
@@ -304,8 +289,7 @@ class Trainer {
   }
 
   bool StepLimitReached() const {
-    return options_.max_steps > 0 &&
-           stats_.steps >= static_cast<size_t>(options_.max_steps);
+    return options_.max_steps > 0 && stats_.steps >= static_cast<size_t>(options_.max_steps);
   }
 
   Status RunEpoch(int64_t epoch, Clock::time_point start) {
@@ -315,8 +299,7 @@ class Trainer {
     const size_t batch = static_cast<size_t>(options_.batch);
     size_t steps = (shard.size() + batch - 1) / batch;
     if (options_.max_steps > 0) {
-      steps = std::min(steps,
-                       static_cast<size_t>(options_.max_steps) - stats_.steps);
+      steps = std::min(steps, static_cast<size_t>(options_.max_steps) - stats_.steps);
     }
     double loss_sum = 0;
     for (size_t s = 0; s < steps; ++s) {
@@ -327,16 +310,14 @@ class Trainer {
       stats_.samples += count * static_cast<size_t>(comm_->world_size());
       GS_RETURN_IF_ERROR(MaybeEvaluate(start));
       const double elapsed = Elapsed(start);
-      progress_.Update(epoch, s + 1, steps,
-                       loss_sum / static_cast<double>(s + 1),
+      progress_.Update(epoch, s + 1, steps, loss_sum / static_cast<double>(s + 1),
                        static_cast<double>(stats_.samples) / elapsed);
     }
     return OkStatus();
   }
 
   StatusOr<float> Step(size_t count) {
-    const float loss =
-        model_.Forward(inputs_.data(), labels_.data(), static_cast<int>(count));
+    const float loss = model_.Forward(inputs_.data(), labels_.data(), static_cast<int>(count));
     Status marked;
     model_.Backward([&](size_t t) {
       if (!marked.ok()) return;
@@ -347,8 +328,7 @@ class Trainer {
     const auto sync_start = Clock::now();
     GS_RETURN_IF_ERROR(comm_->Synchronize(Deadline::AfterMs(kOpDeadlineMs)));
     stats_.sync_ms.push_back(
-        std::chrono::duration<double, std::milli>(Clock::now() - sync_start)
-            .count());
+        std::chrono::duration<double, std::milli>(Clock::now() - sync_start).count());
     if (options_.server_optimizer) {
       // The shards applied the update: the buffers hold the new parameters.
       for (size_t t = 0; t < model_.num_tensors(); ++t) {
@@ -377,10 +357,8 @@ class Trainer {
 };
 
 // Test accuracy over all ranks: each evaluates a contiguous slice.
-StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test,
-                          Communicator* comm) {
-  const size_t n = test.labels.size(),
-               world = static_cast<size_t>(comm->world_size());
+StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test, Communicator* comm) {
+  const size_t n = test.labels.size(), world = static_cast<size_t>(comm->world_size());
   const size_t rank = static_cast<size_t>(comm->rank());
   std::vector<size_t> mine(n * (rank + 1) / world - n * rank / world);
   std::iota(mine.begin(), mine.end(), n * rank / world);
@@ -391,11 +369,10 @@ StatusOr<double> Evaluate(const Mlp& model, const LabelledImages& test,
   for (size_t at = 0; at < mine.size(); at += kChunk) {
     const size_t count = std::min(kChunk, mine.size() - at);
     Gather(test, mine.data() + at, count, &inputs, &labels);
-    counts[0] += static_cast<float>(model.CountCorrect(
-        inputs.data(), labels.data(), static_cast<int>(count)));
+    counts[0] += static_cast<float>(
+        model.CountCorrect(inputs.data(), labels.data(), static_cast<int>(count)));
   }
-  GS_RETURN_IF_ERROR(comm->AllReduce(counts, 2, DType::kF32,
-                                     client::ReduceOp::kSum,
+  GS_RETURN_IF_ERROR(comm->AllReduce(counts, 2, DType::kF32, client::ReduceOp::kSum,
                                      Deadline::AfterMs(kOpDeadlineMs)));
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
@@ -410,8 +387,7 @@ Status AverageLossWindows(Communicator* comm, RunStats* run) {
     sums[0] += losses[i];
     sums[1] += losses[losses.size() - window + i];
   }
-  GS_RETURN_IF_ERROR(comm->AllReduce(sums, 2, DType::kF32,
-                                     client::ReduceOp::kSum,
+  GS_RETURN_IF_ERROR(comm->AllReduce(sums, 2, DType::kF32, client::ReduceOp::kSum,
                                      Deadline::AfterMs(kOpDeadlineMs)));
   const double count = static_cast<double>(window * comm->world_size());
   run->first_loss = count > 0 ? sums[0] / count : 0;
@@ -419,31 +395,29 @@ Status AverageLossWindows(Communicator* comm, RunStats* run) {
   return OkStatus();
 }
 
-void PrintResult(const Options& o, const RunStats& run, double accuracy,
-                 Communicator* comm) {
+void PrintResult(const Options& o, const RunStats& run, double accuracy, Communicator* comm) {
   const int n = comm->world_size();
   const double wire = static_cast<double>(run.sent_bytes);
-  const double ratio = run.wire_bytes > 0 ? static_cast<double>(run.raw_bytes) /
-                                                static_cast<double>(run.wire_bytes)
-                                          : 1.0;
-  std::printf("{\"mode\":\"%s\",\"test_accuracy\":%.4f,\"wall_s\":%.3f,",
-              o.mode.c_str(), accuracy, run.wall_s);
+  const double ratio =
+      run.wire_bytes > 0 ? static_cast<double>(run.raw_bytes) / static_cast<double>(run.wire_bytes)
+                         : 1.0;
+  std::printf("{\"mode\":\"%s\",\"test_accuracy\":%.4f,\"wall_s\":%.3f,", o.mode.c_str(), accuracy,
+              run.wall_s);
   std::printf("\"samples_per_s\":%.1f,\"wire_bytes\":%.0f,",
               static_cast<double>(run.samples) / run.wall_s, wire);
   std::printf("\"compression_ratio\":%.2f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,", ratio,
               Percentile(run.sync_ms, 0.50), Percentile(run.sync_ms, 0.99));
   std::printf("\"max_staleness\":0,\"workers\":%d,\"epochs\":%lld,", n,
               static_cast<long long>(o.epochs));
-  std::printf("\"steps\":%zu,\"first_loss\":%.4f,\"last_loss\":%.4f,",
-              run.steps, run.first_loss, run.last_loss);
+  std::printf("\"steps\":%zu,\"first_loss\":%.4f,\"last_loss\":%.4f,", run.steps, run.first_loss,
+              run.last_loss);
   std::printf("\"time_to_target_s\":%.3f,\"target_step\":%lld}\n", run.time_to_target_s,
               static_cast<long long>(run.target_step));
   std::fflush(stdout);
 }
 
 int Fail(const std::string& what, const Status& s, int code) {
-  std::fprintf(stderr, "fmnist_trainer: %s: %s\n", what.c_str(),
-               s.ToString().c_str());
+  std::fprintf(stderr, "fmnist_trainer: %s: %s\n", what.c_str(), s.ToString().c_str());
   return code;
 }
 

@@ -26,12 +26,10 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
   errno = 0;
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr) {
-    const std::string reason =
-        errno != 0 ? std::strerror(errno) : "cannot open";
-    return NotFoundError(
-        "cannot read " + path + " (" + reason +
-        "); install the Fashion-MNIST data set with Debian's "
-        "dataset-fashion-mnist package (tools/install_deps.sh)");
+    const std::string reason = errno != 0 ? std::strerror(errno) : "cannot open";
+    return NotFoundError("cannot read " + path + " (" + reason +
+                         "); install the Fashion-MNIST data set with Debian's "
+                         "dataset-fashion-mnist package (tools/install_deps.sh)");
   }
   std::vector<uint8_t> out;
   uint8_t buffer[1 << 16];
@@ -43,28 +41,25 @@ StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
   const std::string message = gzerror(file, &err);
   gzclose(file);
   if (n < 0 || err != Z_OK) {
-    return Malformed(path,
-                     "gzip stream is corrupt or truncated (" + message + ")");
+    return Malformed(path, "gzip stream is corrupt or truncated (" + message + ")");
   }
   return out;
 }
 
 uint32_t BigEndian32(const uint8_t* p) {
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
-         (uint32_t{p[2]} << 8) | p[3];
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
 
 StatusOr<IdxArray> Parse(const std::string& path, std::vector<uint8_t> bytes) {
   if (bytes.size() < 4) {
     return Malformed(path, "shorter than the 4-byte magic number");
   }
-  if (bytes[0] != 0 || bytes[1] != 0 || bytes[2] != kUnsignedByte ||
-      bytes[3] == 0 || bytes[3] > kMaxDims) {
+  if (bytes[0] != 0 || bytes[1] != 0 || bytes[2] != kUnsignedByte || bytes[3] == 0 ||
+      bytes[3] > kMaxDims) {
     char magic[16];
     std::snprintf(magic, sizeof(magic), "0x%08x", BigEndian32(bytes.data()));
-    return Malformed(
-        path, std::string("bad magic number ") + magic +
-                  " (want 0x000008NN: unsigned bytes, 1 to 4 dimensions)");
+    return Malformed(path, std::string("bad magic number ") + magic +
+                               " (want 0x000008NN: unsigned bytes, 1 to 4 dimensions)");
   }
   IdxArray array;
   const size_t header = 4 + 4 * size_t{bytes[3]};
@@ -79,13 +74,11 @@ StatusOr<IdxArray> Parse(const std::string& path, std::vector<uint8_t> bytes) {
   }
   const size_t have = bytes.size() - header;
   if (have != expected) {
-    return Malformed(
-        path, "the header promises " + std::to_string(expected) +
-                  " bytes of data but the file holds " + std::to_string(have) +
-                  (have < expected ? " (truncated)" : " (trailing bytes)"));
+    return Malformed(path, "the header promises " + std::to_string(expected) +
+                               " bytes of data but the file holds " + std::to_string(have) +
+                               (have < expected ? " (truncated)" : " (trailing bytes)"));
   }
-  bytes.erase(bytes.begin(),
-              bytes.begin() + static_cast<std::ptrdiff_t>(header));
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(header));
   array.data = std::move(bytes);
   return array;
 }
@@ -94,8 +87,8 @@ StatusOr<IdxArray> ReadIdx(const std::string& path, size_t rank) {
   GS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadGzip(path));
   GS_ASSIGN_OR_RETURN(IdxArray array, Parse(path, std::move(bytes)));
   if (array.dims.size() != rank) {
-    return Malformed(path, "has " + std::to_string(array.dims.size()) +
-                               " dimensions, expected " + std::to_string(rank));
+    return Malformed(path, "has " + std::to_string(array.dims.size()) + " dimensions, expected " +
+                               std::to_string(rank));
   }
   return array;
 }
@@ -117,24 +110,20 @@ StatusOr<std::vector<uint8_t>> ReadIdxLabels(const std::string& path) {
   return std::move(array.data);
 }
 
-StatusOr<LabelledImages> ReadFashionMnist(const std::string& dir, bool train,
-                                          int num_classes) {
+StatusOr<LabelledImages> ReadFashionMnist(const std::string& dir, bool train, int num_classes) {
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");
   const std::string labels_path = prefix + "-labels-idx1-ubyte.gz";
   LabelledImages set;
-  GS_ASSIGN_OR_RETURN(set.images,
-                      ReadIdxImages(prefix + "-images-idx3-ubyte.gz"));
+  GS_ASSIGN_OR_RETURN(set.images, ReadIdxImages(prefix + "-images-idx3-ubyte.gz"));
   GS_ASSIGN_OR_RETURN(set.labels, ReadIdxLabels(labels_path));
   if (set.labels.size() != set.images.count) {
-    return DataLossError(prefix + "-*: " + std::to_string(set.images.count) +
-                         " images but " + std::to_string(set.labels.size()) +
-                         " labels");
+    return DataLossError(prefix + "-*: " + std::to_string(set.images.count) + " images but " +
+                         std::to_string(set.labels.size()) + " labels");
   }
   for (size_t i = 0; i < set.labels.size(); ++i) {
     if (set.labels[i] >= num_classes) {
-      return Malformed(labels_path, "label " + std::to_string(set.labels[i]) +
-                                        " at index " + std::to_string(i) +
-                                        " is not below " +
+      return Malformed(labels_path, "label " + std::to_string(set.labels[i]) + " at index " +
+                                        std::to_string(i) + " is not below " +
                                         std::to_string(num_classes));
     }
   }

@@ -50,8 +50,7 @@ StatusOr<std::vector<uint8_t>> ReadIdxLabels(const std::string& path);
 // "<dir>/train-labels-idx1-ubyte.gz" (or the "t10k-" pair when `train` is
 // false) and checks that they agree and that every label is below
 // `num_classes`.
-StatusOr<LabelledImages> ReadFashionMnist(const std::string& dir, bool train,
-                                          int num_classes = 10);
+StatusOr<LabelledImages> ReadFashionMnist(const std::string& dir, bool train, int num_classes = 10);
 
 }  // namespace gradsync::examples
 

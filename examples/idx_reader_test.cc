@@ -22,8 +22,7 @@ void PutBigEndian(uint32_t v, std::vector<uint8_t>* out) {
   }
 }
 
-std::vector<uint8_t> Idx(std::vector<uint32_t> dims,
-                         const std::vector<uint8_t>& data) {
+std::vector<uint8_t> Idx(std::vector<uint32_t> dims, const std::vector<uint8_t>& data) {
   std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
   for (uint32_t d : dims) PutBigEndian(d, &out);
   out.insert(out.end(), data.begin(), data.end());
@@ -67,10 +66,8 @@ TEST(IdxReaderTest, MissingFileNamesThePathAndThePackage) {
   auto read = ReadIdxImages(path);
   ASSERT_FALSE(read.ok());
   EXPECT_EQ(read.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(read.status().message().find(path), std::string::npos)
-      << read.status();
-  EXPECT_NE(read.status().message().find("dataset-fashion-mnist"),
-            std::string::npos);
+  EXPECT_NE(read.status().message().find(path), std::string::npos) << read.status();
+  EXPECT_NE(read.status().message().find("dataset-fashion-mnist"), std::string::npos);
 }
 
 TEST(IdxReaderTest, BadMagicIsDataLoss) {
@@ -81,8 +78,7 @@ TEST(IdxReaderTest, BadMagicIsDataLoss) {
   auto read = ReadIdxLabels(path);
   ASSERT_FALSE(read.ok());
   EXPECT_EQ(read.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(read.status().message().find("bad magic number 0x00000d01"),
-            std::string::npos)
+  EXPECT_NE(read.status().message().find("bad magic number 0x00000d01"), std::string::npos)
       << read.status();
 }
 
@@ -92,8 +88,7 @@ TEST(IdxReaderTest, TruncatedDataIsDataLoss) {
   auto read = ReadIdxImages(path);
   ASSERT_FALSE(read.ok());
   EXPECT_EQ(read.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(read.status().message().find(
-                "promises 24 bytes of data but the file holds 20"),
+  EXPECT_NE(read.status().message().find("promises 24 bytes of data but the file holds 20"),
             std::string::npos)
       << read.status();
 }
@@ -103,15 +98,13 @@ TEST(IdxReaderTest, TruncatedHeaderAndTrailingBytesAreDataLoss) {
   WriteGzip(header, {0, 0, 0x08, 3, 0, 0, 0, 1});
   auto read = ReadIdxImages(header);
   ASSERT_FALSE(read.ok());
-  EXPECT_NE(read.status().message().find("truncated in the header"),
-            std::string::npos);
+  EXPECT_NE(read.status().message().find("truncated in the header"), std::string::npos);
 
   const std::string trailing = TmpPath("trailing.gz");
   WriteGzip(trailing, Idx({2}, {1, 2, 3}));
   auto labels = ReadIdxLabels(trailing);
   ASSERT_FALSE(labels.ok());
-  EXPECT_NE(labels.status().message().find("trailing bytes"),
-            std::string::npos);
+  EXPECT_NE(labels.status().message().find("trailing bytes"), std::string::npos);
 }
 
 TEST(IdxReaderTest, CutGzipStreamIsDataLoss) {
@@ -137,8 +130,7 @@ TEST(IdxReaderTest, WrongRankIsDataLoss) {
   WriteGzip(path, Idx({4}, {1, 2, 3, 4}));
   auto read = ReadIdxImages(path);
   ASSERT_FALSE(read.ok());
-  EXPECT_NE(read.status().message().find("has 1 dimensions, expected 3"),
-            std::string::npos);
+  EXPECT_NE(read.status().message().find("has 1 dimensions, expected 3"), std::string::npos);
 }
 
 TEST(IdxReaderTest, FashionMnistPairMustAgree) {
@@ -147,14 +139,12 @@ TEST(IdxReaderTest, FashionMnistPairMustAgree) {
   WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", Idx({3}, {1, 2, 3}));
   auto read = ReadFashionMnist(dir, /*train=*/false);
   ASSERT_FALSE(read.ok());
-  EXPECT_NE(read.status().message().find("2 images but 3 labels"),
-            std::string::npos);
+  EXPECT_NE(read.status().message().find("2 images but 3 labels"), std::string::npos);
 
   WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", Idx({2}, {1, 12}));
   read = ReadFashionMnist(dir, /*train=*/false);
   ASSERT_FALSE(read.ok());
-  EXPECT_NE(read.status().message().find("label 12 at index 1"),
-            std::string::npos);
+  EXPECT_NE(read.status().message().find("label 12 at index 1"), std::string::npos);
 
   WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", Idx({2}, {1, 9}));
   read = ReadFashionMnist(dir, /*train=*/false);

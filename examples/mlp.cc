@@ -8,15 +8,12 @@ namespace gradsync::examples {
 using Eigen::MatrixXf;
 using Eigen::VectorXf;
 
-Mlp::Mlp(std::vector<int> layer_sizes, uint64_t seed)
-    : sizes_(std::move(layer_sizes)) {
+Mlp::Mlp(std::vector<int> layer_sizes, uint64_t seed) : sizes_(std::move(layer_sizes)) {
   std::mt19937_64 rng(seed);
   for (size_t l = 0; l + 1 < sizes_.size(); ++l) {
     const int in = sizes_[l], out = sizes_[l + 1];
-    std::normal_distribution<float> normal(
-        0.0f, std::sqrt(2.0f / static_cast<float>(in)));
-    weights_.push_back(
-        MatrixXf::NullaryExpr(out, in, [&] { return normal(rng); }));
+    std::normal_distribution<float> normal(0.0f, std::sqrt(2.0f / static_cast<float>(in)));
+    weights_.push_back(MatrixXf::NullaryExpr(out, in, [&] { return normal(rng); }));
     biases_.push_back(VectorXf::Zero(out));
     weight_grads_.push_back(MatrixXf::Zero(out, in));
     bias_grads_.push_back(VectorXf::Zero(out));
@@ -24,29 +21,24 @@ Mlp::Mlp(std::vector<int> layer_sizes, uint64_t seed)
 }
 
 std::string Mlp::tensor_name(size_t tensor) const {
-  return "fc" + std::to_string(tensor / 2 + 1) +
-         (tensor % 2 == 0 ? ".weight" : ".bias");
+  return "fc" + std::to_string(tensor / 2 + 1) + (tensor % 2 == 0 ? ".weight" : ".bias");
 }
 
 size_t Mlp::tensor_size(size_t tensor) const {
   const size_t l = tensor / 2;
-  return static_cast<size_t>(tensor % 2 == 0 ? weights_[l].size()
-                                             : biases_[l].size());
+  return static_cast<size_t>(tensor % 2 == 0 ? weights_[l].size() : biases_[l].size());
 }
 
 float* Mlp::param(size_t tensor) {
-  return tensor % 2 == 0 ? weights_[tensor / 2].data()
-                         : biases_[tensor / 2].data();
+  return tensor % 2 == 0 ? weights_[tensor / 2].data() : biases_[tensor / 2].data();
 }
 
 const float* Mlp::param(size_t tensor) const {
-  return tensor % 2 == 0 ? weights_[tensor / 2].data()
-                         : biases_[tensor / 2].data();
+  return tensor % 2 == 0 ? weights_[tensor / 2].data() : biases_[tensor / 2].data();
 }
 
 float* Mlp::grad(size_t tensor) {
-  return tensor % 2 == 0 ? weight_grads_[tensor / 2].data()
-                         : bias_grads_[tensor / 2].data();
+  return tensor % 2 == 0 ? weight_grads_[tensor / 2].data() : bias_grads_[tensor / 2].data();
 }
 
 size_t Mlp::num_parameters() const {
@@ -55,8 +47,7 @@ size_t Mlp::num_parameters() const {
   return n;
 }
 
-MatrixXf Mlp::Logits(const MatrixXf& x,
-                     std::vector<MatrixXf>* activations) const {
+MatrixXf Mlp::Logits(const MatrixXf& x, std::vector<MatrixXf>* activations) const {
   if (activations != nullptr) activations->assign(1, x);
   MatrixXf a = x;
   for (size_t l = 0; l < weights_.size(); ++l) {
@@ -73,8 +64,7 @@ float Mlp::Forward(const float* inputs, const uint8_t* labels, int batch) {
   const MatrixXf x = Eigen::Map<const MatrixXf>(inputs, sizes_.front(), batch);
   const MatrixXf logits = Logits(x, &activations_);
   // Softmax per column, shifted by the column maximum for stability.
-  probs_ =
-      (logits.rowwise() - logits.colwise().maxCoeff()).array().exp().matrix();
+  probs_ = (logits.rowwise() - logits.colwise().maxCoeff()).array().exp().matrix();
   probs_.array().rowwise() /= probs_.colwise().sum().array();
   labels_.assign(labels, labels + batch);
   double loss = 0;
@@ -96,13 +86,11 @@ void Mlp::Backward(const std::function<void(size_t)>& on_ready) {
     if (on_ready) on_ready(2 * l);
     if (l == 0) break;
     const MatrixXf back = weights_[l].transpose() * delta;
-    delta = back.cwiseProduct(
-        (activations_[l].array() > 0.0f).cast<float>().matrix());
+    delta = back.cwiseProduct((activations_[l].array() > 0.0f).cast<float>().matrix());
   }
 }
 
-int Mlp::CountCorrect(const float* inputs, const uint8_t* labels,
-                      int batch) const {
+int Mlp::CountCorrect(const float* inputs, const uint8_t* labels, int batch) const {
   const MatrixXf x = Eigen::Map<const MatrixXf>(inputs, sizes_.front(), batch);
   const MatrixXf logits = Logits(x, nullptr);
   int correct = 0;
@@ -117,8 +105,7 @@ int Mlp::CountCorrect(const float* inputs, const uint8_t* labels,
 SgdMomentum::SgdMomentum(const Mlp& model, float lr, float momentum)
     : lr_(lr), momentum_(momentum) {
   for (size_t t = 0; t < model.num_tensors(); ++t) {
-    velocity_.push_back(
-        VectorXf::Zero(static_cast<Eigen::Index>(model.tensor_size(t))));
+    velocity_.push_back(VectorXf::Zero(static_cast<Eigen::Index>(model.tensor_size(t))));
   }
 }
 

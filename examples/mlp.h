@@ -59,17 +59,15 @@ class Mlp {
  private:
   // Logits of `x` (one sample per column); fills `activations` with each
   // layer's input when it is not null.
-  Eigen::MatrixXf Logits(const Eigen::MatrixXf& x,
-                         std::vector<Eigen::MatrixXf>* activations) const;
+  Eigen::MatrixXf Logits(const Eigen::MatrixXf& x, std::vector<Eigen::MatrixXf>* activations) const;
 
   std::vector<int> sizes_;
   std::vector<Eigen::MatrixXf> weights_;
   std::vector<Eigen::VectorXf> biases_;
   std::vector<Eigen::MatrixXf> weight_grads_;
   std::vector<Eigen::VectorXf> bias_grads_;
-  std::vector<Eigen::MatrixXf>
-      activations_;        // input of each layer, last Forward
-  Eigen::MatrixXf probs_;  // softmax output, last Forward
+  std::vector<Eigen::MatrixXf> activations_;  // input of each layer, last Forward
+  Eigen::MatrixXf probs_;                     // softmax output, last Forward
   std::vector<uint8_t> labels_;
 };
 

@@ -32,8 +32,7 @@ TEST(MlpTest, TensorsAreNamedAndSizedPerLayer) {
   EXPECT_EQ(mlp.tensor_name(5), "fc3.bias");
   EXPECT_EQ(mlp.tensor_size(0), 784u * 256u);
   EXPECT_EQ(mlp.tensor_size(3), 128u);
-  EXPECT_EQ(mlp.num_parameters(),
-            784u * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  EXPECT_EQ(mlp.num_parameters(), 784u * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
 }
 
 TEST(MlpTest, InitIsDeterministicInTheSeed) {

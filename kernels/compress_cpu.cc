@@ -18,8 +18,7 @@ float SignEncodeChunk(const float* x, size_t len, uint8_t* bits) {
   std::memset(bits, 0, (len + 7) / 8);
   for (size_t i = 0; i < len; ++i) {
     lanes[i % 8] = math::Add(lanes[i % 8], math::Abs(x[i]));
-    bits[i / 8] |=
-        static_cast<uint8_t>((math::FloatBits(x[i]) >> 31) << (i % 8));
+    bits[i / 8] |= static_cast<uint8_t>((math::FloatBits(x[i]) >> 31) << (i % 8));
   }
   return math::Div(math::ReduceLanes(lanes), static_cast<float>(len));
 }
@@ -31,8 +30,7 @@ float QsgdNorm(const float* x, size_t len) {
 }
 
 // c = g + e_old, or g without a residual.
-std::vector<float> Corrected(const float* g, const float* residual,
-                             bool has_residual, size_t n) {
+std::vector<float> Corrected(const float* g, const float* residual, bool has_residual, size_t n) {
   std::vector<float> c(g, g + n);
   if (has_residual) {
     for (size_t i = 0; i < n; ++i) c[i] = math::Corrected(g[i], residual[i]);
@@ -40,8 +38,7 @@ std::vector<float> Corrected(const float* g, const float* residual,
   return c;
 }
 
-void SubtractInto(const std::vector<float>& c, const std::vector<float>& d,
-                  float* residual) {
+void SubtractInto(const std::vector<float>& c, const std::vector<float>& d, float* residual) {
   for (size_t i = 0; i < c.size(); ++i) residual[i] = math::Sub(c[i], d[i]);
 }
 
@@ -54,24 +51,15 @@ void ForEachChunk(size_t n, size_t chunk, Body body) {
 
 }  // namespace
 
-void FloatToHalfCpu(const float* in, uint16_t* out, size_t n) {
-  FloatToHalf(in, out, n);
-}
+void FloatToHalfCpu(const float* in, uint16_t* out, size_t n) { FloatToHalf(in, out, n); }
 
-void HalfToFloatCpu(const uint16_t* in, float* out, size_t n) {
-  HalfToFloat(in, out, n);
-}
+void HalfToFloatCpu(const uint16_t* in, float* out, size_t n) { HalfToFloat(in, out, n); }
 
-void FloatToBf16Cpu(const float* in, uint16_t* out, size_t n) {
-  FloatToBf16(in, out, n);
-}
+void FloatToBf16Cpu(const float* in, uint16_t* out, size_t n) { FloatToBf16(in, out, n); }
 
-void Bf16ToFloatCpu(const uint16_t* in, float* out, size_t n) {
-  Bf16ToFloat(in, out, n);
-}
+void Bf16ToFloatCpu(const uint16_t* in, float* out, size_t n) { Bf16ToFloat(in, out, n); }
 
-void FloatTo16Cpu(Float16Format format, const float* in, uint16_t* out,
-                  size_t n) {
+void FloatTo16Cpu(Float16Format format, const float* in, uint16_t* out, size_t n) {
   if (format == Float16Format::kFp16) {
     FloatToHalfCpu(in, out, n);
   } else {
@@ -79,8 +67,7 @@ void FloatTo16Cpu(Float16Format format, const float* in, uint16_t* out,
   }
 }
 
-void Float16ToFloatCpu(Float16Format format, const uint16_t* in, float* out,
-                       size_t n) {
+void Float16ToFloatCpu(Float16Format format, const uint16_t* in, float* out, size_t n) {
   if (format == Float16Format::kFp16) {
     HalfToFloatCpu(in, out, n);
   } else {
@@ -95,8 +82,8 @@ size_t SparseKeepCount(double ratio, size_t n) {
   return static_cast<size_t>(k);
 }
 
-void TopKCpu(const float* in, size_t n, size_t k, SparseValueFormat format,
-             int32_t* indices, void* values) {
+void TopKCpu(const float* in, size_t n, size_t k, SparseValueFormat format, int32_t* indices,
+             void* values) {
   if (k == 0) return;
   std::vector<uint32_t> keys(n);
   for (size_t i = 0; i < n; ++i) keys[i] = math::MagnitudeKey(in[i]);
@@ -104,9 +91,8 @@ void TopKCpu(const float* in, size_t n, size_t k, SparseValueFormat format,
   std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(),
                    std::greater<uint32_t>());
   const uint32_t kth = sorted[k - 1];
-  size_t ties = k - static_cast<size_t>(
-                        std::count_if(sorted.begin(), sorted.begin() + (k - 1),
-                                      [kth](uint32_t v) { return v > kth; }));
+  size_t ties = k - static_cast<size_t>(std::count_if(sorted.begin(), sorted.begin() + (k - 1),
+                                                      [kth](uint32_t v) { return v > kth; }));
   std::vector<float> kept;
   kept.reserve(k);
   for (size_t i = 0; i < n && kept.size() < k; ++i) {
@@ -124,9 +110,8 @@ void TopKCpu(const float* in, size_t n, size_t k, SparseValueFormat format,
   }
 }
 
-void SparseDecompressCpu(const int32_t* indices, const void* values,
-                         SparseValueFormat format, size_t k, size_t n,
-                         float* out) {
+void SparseDecompressCpu(const int32_t* indices, const void* values, SparseValueFormat format,
+                         size_t k, size_t n, float* out) {
   std::vector<float> v(k);
   if (format == SparseValueFormat::kF32) {
     if (k > 0) std::memcpy(v.data(), values, k * sizeof(float));
@@ -137,11 +122,9 @@ void SparseDecompressCpu(const int32_t* indices, const void* values,
   for (size_t j = 0; j < k; ++j) out[indices[j]] = v[j];
 }
 
-std::vector<uint32_t> RandomKIndicesCpu(const SeedContext& ctx, size_t n,
-                                        size_t k) {
+std::vector<uint32_t> RandomKIndicesCpu(const SeedContext& ctx, size_t n, size_t k) {
   std::vector<uint64_t> bitmap((n + 63) / 64, 0);
-  Xoshiro256 rng(
-      math::StreamKey(ctx.seed, ctx.step, ctx.bucket_id, math::kRandomKSalt));
+  Xoshiro256 rng(math::StreamKey(ctx.seed, ctx.step, ctx.bucket_id, math::kRandomKSalt));
   // Floyd: for j = n-k .. n-1 add a uniform t <= j, or j if t is taken.
   for (size_t j = n - k; j < n; ++j) {
     const uint64_t t = rng.Below(j + 1);
@@ -171,32 +154,28 @@ void GatherCpu(const float* in, const uint32_t* indices, size_t k, float* out) {
   for (size_t j = 0; j < k; ++j) out[j] = in[indices[j]];
 }
 
-void ScatterCpu(const float* values, const uint32_t* indices, size_t k,
-                float scale, size_t n, float* out) {
+void ScatterCpu(const float* values, const uint32_t* indices, size_t k, float scale, size_t n,
+                float* out) {
   std::fill(out, out + n, 0.0f);
   for (size_t j = 0; j < k; ++j) out[indices[j]] = math::Mul(values[j], scale);
 }
 
-void ScatterAddCpu(const float* values, const uint32_t* indices, size_t k,
-                   float scale, float* out) {
+void ScatterAddCpu(const float* values, const uint32_t* indices, size_t k, float scale,
+                   float* out) {
   for (size_t j = 0; j < k; ++j) {
     out[indices[j]] = math::Add(out[indices[j]], math::Mul(values[j], scale));
   }
 }
 
-size_t NumChunks(size_t n, size_t chunk) {
-  return n / chunk + (n % chunk != 0);
-}
+size_t NumChunks(size_t n, size_t chunk) { return n / chunk + (n % chunk != 0); }
 
-void SignEncodeCpu(const float* in, size_t n, size_t chunk, float* scales,
-                   uint8_t* bits) {
+void SignEncodeCpu(const float* in, size_t n, size_t chunk, float* scales, uint8_t* bits) {
   ForEachChunk(n, chunk, [&](size_t c, size_t first, size_t len) {
     scales[c] = SignEncodeChunk(in + first, len, bits + first / 8);
   });
 }
 
-void SignDecodeCpu(const float* scales, const uint8_t* bits, size_t n,
-                   size_t chunk, float* out) {
+void SignDecodeCpu(const float* scales, const uint8_t* bits, size_t n, size_t chunk, float* out) {
   for (size_t i = 0; i < n; ++i) {
     out[i] = math::SignDecode(scales[i / chunk], (bits[i / 8] >> (i % 8)) & 1u);
   }
@@ -206,8 +185,8 @@ uint64_t QsgdKey(const SeedContext& ctx) {
   return math::StreamKey(ctx.seed, ctx.step, ctx.bucket_id, math::kQsgdSalt);
 }
 
-void QsgdEncodeCpu(const float* in, size_t n, size_t chunk, int levels,
-                   uint64_t key, float* norms, int8_t* q) {
+void QsgdEncodeCpu(const float* in, size_t n, size_t chunk, int levels, uint64_t key, float* norms,
+                   int8_t* q) {
   const float top = static_cast<float>(levels);
   ForEachChunk(n, chunk, [&](size_t c, size_t first, size_t len) {
     norms[c] = QsgdNorm(in + first, len);
@@ -218,8 +197,8 @@ void QsgdEncodeCpu(const float* in, size_t n, size_t chunk, int levels,
   });
 }
 
-void QsgdDecodeCpu(const float* norms, const int8_t* q, size_t n, size_t chunk,
-                   int levels, float* out) {
+void QsgdDecodeCpu(const float* norms, const int8_t* q, size_t n, size_t chunk, int levels,
+                   float* out) {
   ForEachChunk(n, chunk, [&](size_t c, size_t first, size_t len) {
     const float step = math::QsgdStep(norms[c], levels);
     for (size_t i = first; i < first + len; ++i) {
@@ -228,22 +207,20 @@ void QsgdDecodeCpu(const float* norms, const int8_t* q, size_t n, size_t chunk,
   });
 }
 
-Status ValidateSlices(const BucketSlice* slices, size_t num_slices,
-                      size_t bucket_elems) {
+Status ValidateSlices(const BucketSlice* slices, size_t num_slices, size_t bucket_elems) {
   uint64_t end = 0;
   for (size_t s = 0; s < num_slices; ++s) {
     const BucketSlice& slice = slices[s];
-    const std::string where = "bucket slice " + std::to_string(s) +
-                              " (offset " + std::to_string(slice.offset) +
-                              ", count " + std::to_string(slice.count) + ")";
+    const std::string where = "bucket slice " + std::to_string(s) + " (offset " +
+                              std::to_string(slice.offset) + ", count " +
+                              std::to_string(slice.count) + ")";
     if (slice.offset < end) {
       return InvalidArgumentError(where +
                                   " starts before the previous one "
                                   "ends at " +
                                   std::to_string(end));
     }
-    if (slice.count > bucket_elems ||
-        slice.offset > bucket_elems - slice.count) {
+    if (slice.count > bucket_elems || slice.offset > bucket_elems - slice.count) {
       return InvalidArgumentError(where + " ends past the bucket's " +
                                   std::to_string(bucket_elems) + " elements");
     }
@@ -255,40 +232,35 @@ Status ValidateSlices(const BucketSlice* slices, size_t num_slices,
   return OkStatus();
 }
 
-void PackBucketCpu(const BucketSlice* slices, size_t num_slices,
-                   float* bucket) {
+void PackBucketCpu(const BucketSlice* slices, size_t num_slices, float* bucket) {
   for (size_t s = 0; s < num_slices; ++s) {
-    std::copy(slices[s].tensor, slices[s].tensor + slices[s].count,
-              bucket + slices[s].offset);
+    std::copy(slices[s].tensor, slices[s].tensor + slices[s].count, bucket + slices[s].offset);
   }
 }
 
-void PackBucket16Cpu(Float16Format format, const BucketSlice* slices,
-                     size_t num_slices, uint16_t* bucket) {
+void PackBucket16Cpu(Float16Format format, const BucketSlice* slices, size_t num_slices,
+                     uint16_t* bucket) {
   for (size_t s = 0; s < num_slices; ++s) {
-    FloatTo16Cpu(format, slices[s].tensor, bucket + slices[s].offset,
-                 slices[s].count);
+    FloatTo16Cpu(format, slices[s].tensor, bucket + slices[s].offset, slices[s].count);
   }
 }
 
-void UnpackBucketCpu(const BucketSlice* slices, size_t num_slices,
-                     const float* bucket) {
+void UnpackBucketCpu(const BucketSlice* slices, size_t num_slices, const float* bucket) {
   for (size_t s = 0; s < num_slices; ++s) {
-    std::copy(bucket + slices[s].offset,
-              bucket + slices[s].offset + slices[s].count, slices[s].tensor);
+    std::copy(bucket + slices[s].offset, bucket + slices[s].offset + slices[s].count,
+              slices[s].tensor);
   }
 }
 
-void UnpackBucket16Cpu(Float16Format format, const BucketSlice* slices,
-                       size_t num_slices, const uint16_t* bucket) {
+void UnpackBucket16Cpu(Float16Format format, const BucketSlice* slices, size_t num_slices,
+                       const uint16_t* bucket) {
   for (size_t s = 0; s < num_slices; ++s) {
-    Float16ToFloatCpu(format, bucket + slices[s].offset, slices[s].tensor,
-                      slices[s].count);
+    Float16ToFloatCpu(format, bucket + slices[s].offset, slices[s].tensor, slices[s].count);
   }
 }
 
-void EfFloat16Cpu(Float16Format format, const float* g, float* residual,
-                  bool has_residual, size_t n, uint16_t* wire) {
+void EfFloat16Cpu(Float16Format format, const float* g, float* residual, bool has_residual,
+                  size_t n, uint16_t* wire) {
   const std::vector<float> c = Corrected(g, residual, has_residual, n);
   std::vector<float> d(n);
   FloatTo16Cpu(format, c.data(), wire, n);
@@ -296,8 +268,8 @@ void EfFloat16Cpu(Float16Format format, const float* g, float* residual,
   SubtractInto(c, d, residual);
 }
 
-void EfSignCpu(const float* g, float* residual, bool has_residual, size_t n,
-               size_t chunk, float* scales, uint8_t* bits) {
+void EfSignCpu(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+               float* scales, uint8_t* bits) {
   const std::vector<float> c = Corrected(g, residual, has_residual, n);
   std::vector<float> d(n);
   SignEncodeCpu(c.data(), n, chunk, scales, bits);
@@ -305,9 +277,8 @@ void EfSignCpu(const float* g, float* residual, bool has_residual, size_t n,
   SubtractInto(c, d, residual);
 }
 
-void EfQsgdCpu(const float* g, float* residual, bool has_residual, size_t n,
-               size_t chunk, int levels, uint64_t key, float* norms,
-               int8_t* q) {
+void EfQsgdCpu(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+               int levels, uint64_t key, float* norms, int8_t* q) {
   const std::vector<float> c = Corrected(g, residual, has_residual, n);
   std::vector<float> d(n);
   QsgdEncodeCpu(c.data(), n, chunk, levels, key, norms, q);
@@ -315,9 +286,8 @@ void EfQsgdCpu(const float* g, float* residual, bool has_residual, size_t n,
   SubtractInto(c, d, residual);
 }
 
-void EfTopKCpu(const float* g, float* residual, bool has_residual, size_t n,
-               size_t k, SparseValueFormat format, int32_t* indices,
-               void* values) {
+void EfTopKCpu(const float* g, float* residual, bool has_residual, size_t n, size_t k,
+               SparseValueFormat format, int32_t* indices, void* values) {
   const std::vector<float> c = Corrected(g, residual, has_residual, n);
   std::vector<float> d(n);
   TopKCpu(c.data(), n, k, format, indices, values);
@@ -326,8 +296,7 @@ void EfTopKCpu(const float* g, float* residual, bool has_residual, size_t n,
 }
 
 void EfRandomKCpu(const float* g, float* residual, bool has_residual, size_t n,
-                  const uint32_t* indices, size_t k, float scale,
-                  float* values) {
+                  const uint32_t* indices, size_t k, float scale, float* values) {
   const std::vector<float> c = Corrected(g, residual, has_residual, n);
   std::vector<float> d(n);
   GatherCpu(c.data(), indices, k, values);

@@ -47,10 +47,8 @@ void FloatToHalfCpu(const float* in, uint16_t* out, size_t n);
 void HalfToFloatCpu(const uint16_t* in, float* out, size_t n);
 void FloatToBf16Cpu(const float* in, uint16_t* out, size_t n);
 void Bf16ToFloatCpu(const uint16_t* in, float* out, size_t n);
-void FloatTo16Cpu(Float16Format format, const float* in, uint16_t* out,
-                  size_t n);
-void Float16ToFloatCpu(Float16Format format, const uint16_t* in, float* out,
-                       size_t n);
+void FloatTo16Cpu(Float16Format format, const float* in, uint16_t* out, size_t n);
+void Float16ToFloatCpu(Float16Format format, const uint16_t* in, float* out, size_t n);
 
 // ---- Sparsifiers ----
 
@@ -62,19 +60,17 @@ size_t SparseKeepCount(double ratio, size_t n);
 // to the lower index): indices[0, k) ascending; values[j] = in[indices[j]]
 // as fp32 (float*) or fp16 (uint16_t*) per `format`. On the wire: k int32
 // indices, then the k values.
-void TopKCpu(const float* in, size_t n, size_t k, SparseValueFormat format,
-             int32_t* indices, void* values);
+void TopKCpu(const float* in, size_t n, size_t k, SparseValueFormat format, int32_t* indices,
+             void* values);
 
 // Top-k decompression: out[0, n) = 0, then out[indices[j]] = value j (fp32,
 // or fp16 widened). Indices distinct, < n.
-void SparseDecompressCpu(const int32_t* indices, const void* values,
-                         SparseValueFormat format, size_t k, size_t n,
-                         float* out);
+void SparseDecompressCpu(const int32_t* indices, const void* values, SparseValueFormat format,
+                         size_t k, size_t n, float* out);
 
 // The random-k subset for (context, n): k distinct indices, ascending,
 // exactly those RandomKCompressor::Indices returns. n < 2^32.
-std::vector<uint32_t> RandomKIndicesCpu(const SeedContext& ctx, size_t n,
-                                        size_t k);
+std::vector<uint32_t> RandomKIndicesCpu(const SeedContext& ctx, size_t n, size_t k);
 // The decoding scale of random-k: float(n / k) in double (unbiased).
 float RandomKScale(size_t n, size_t k);
 
@@ -82,12 +78,11 @@ float RandomKScale(size_t n, size_t k);
 void GatherCpu(const float* in, const uint32_t* indices, size_t k, float* out);
 // out[0, n) = 0, then out[indices[j]] = values[j] * scale (random-k
 // decompression). Indices distinct, < n.
-void ScatterCpu(const float* values, const uint32_t* indices, size_t k,
-                float scale, size_t n, float* out);
+void ScatterCpu(const float* values, const uint32_t* indices, size_t k, float scale, size_t n,
+                float* out);
 // out[indices[j]] += values[j] * scale (one product, one sum, unfused).
 // Indices distinct.
-void ScatterAddCpu(const float* values, const uint32_t* indices, size_t k,
-                   float scale, float* out);
+void ScatterAddCpu(const float* values, const uint32_t* indices, size_t k, float scale, float* out);
 
 // ---- Sign ----
 
@@ -95,10 +90,8 @@ void ScatterAddCpu(const float* values, const uint32_t* indices, size_t k,
 size_t NumChunks(size_t n, size_t chunk);
 // scales[0, NumChunks) (wire bytes [0, 4C)) and bits[0, ceil(n / 8)) (the
 // bytes after them).
-void SignEncodeCpu(const float* in, size_t n, size_t chunk, float* scales,
-                   uint8_t* bits);
-void SignDecodeCpu(const float* scales, const uint8_t* bits, size_t n,
-                   size_t chunk, float* out);
+void SignEncodeCpu(const float* in, size_t n, size_t chunk, float* scales, uint8_t* bits);
+void SignDecodeCpu(const float* scales, const uint8_t* bits, size_t n, size_t chunk, float* out);
 
 // ---- QSGD ----
 
@@ -107,28 +100,26 @@ void SignDecodeCpu(const float* scales, const uint8_t* bits, size_t n,
 uint64_t QsgdKey(const SeedContext& ctx);
 // norms[0, NumChunks) (wire bytes [0, 4C)) and levels q[0, n) (the n bytes
 // after them).
-void QsgdEncodeCpu(const float* in, size_t n, size_t chunk, int levels,
-                   uint64_t key, float* norms, int8_t* q);
-void QsgdDecodeCpu(const float* norms, const int8_t* q, size_t n, size_t chunk,
-                   int levels, float* out);
+void QsgdEncodeCpu(const float* in, size_t n, size_t chunk, int levels, uint64_t key, float* norms,
+                   int8_t* q);
+void QsgdDecodeCpu(const float* norms, const int8_t* q, size_t n, size_t chunk, int levels,
+                   float* out);
 
 // ---- Fused buckets ----
 
 // OK if the slices are sorted by offset, do not overlap, end within
 // bucket_elems and have non-null tensors where count > 0; InvalidArgument
 // naming the first bad slice otherwise. Host memory.
-Status ValidateSlices(const BucketSlice* slices, size_t num_slices,
-                      size_t bucket_elems);
+Status ValidateSlices(const BucketSlice* slices, size_t num_slices, size_t bucket_elems);
 // bucket[offset + i] = tensor[i] for every slice (fp32 or rounded to a
 // 16-bit format); bucket elements outside every slice are left alone.
 void PackBucketCpu(const BucketSlice* slices, size_t num_slices, float* bucket);
-void PackBucket16Cpu(Float16Format format, const BucketSlice* slices,
-                     size_t num_slices, uint16_t* bucket);
+void PackBucket16Cpu(Float16Format format, const BucketSlice* slices, size_t num_slices,
+                     uint16_t* bucket);
 // tensor[i] = bucket[offset + i] for every slice.
-void UnpackBucketCpu(const BucketSlice* slices, size_t num_slices,
-                     const float* bucket);
-void UnpackBucket16Cpu(Float16Format format, const BucketSlice* slices,
-                       size_t num_slices, const uint16_t* bucket);
+void UnpackBucketCpu(const BucketSlice* slices, size_t num_slices, const float* bucket);
+void UnpackBucket16Cpu(Float16Format format, const BucketSlice* slices, size_t num_slices,
+                       const uint16_t* bucket);
 
 // ---- Error feedback ----
 //
@@ -136,19 +127,17 @@ void UnpackBucket16Cpu(Float16Format format, const BucketSlice* slices,
 // written) and e_new on return; the wire outputs are those of the
 // compressor applied to c = g + e_old (c = g without a residual).
 
-void EfFloat16Cpu(Float16Format format, const float* g, float* residual,
-                  bool has_residual, size_t n, uint16_t* wire);
-void EfSignCpu(const float* g, float* residual, bool has_residual, size_t n,
-               size_t chunk, float* scales, uint8_t* bits);
-void EfQsgdCpu(const float* g, float* residual, bool has_residual, size_t n,
-               size_t chunk, int levels, uint64_t key, float* norms, int8_t* q);
-void EfTopKCpu(const float* g, float* residual, bool has_residual, size_t n,
-               size_t k, SparseValueFormat format, int32_t* indices,
-               void* values);
+void EfFloat16Cpu(Float16Format format, const float* g, float* residual, bool has_residual,
+                  size_t n, uint16_t* wire);
+void EfSignCpu(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+               float* scales, uint8_t* bits);
+void EfQsgdCpu(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+               int levels, uint64_t key, float* norms, int8_t* q);
+void EfTopKCpu(const float* g, float* residual, bool has_residual, size_t n, size_t k,
+               SparseValueFormat format, int32_t* indices, void* values);
 // `indices` from RandomKIndicesCpu, `scale` from RandomKScale.
 void EfRandomKCpu(const float* g, float* residual, bool has_residual, size_t n,
-                  const uint32_t* indices, size_t k, float scale,
-                  float* values);
+                  const uint32_t* indices, size_t k, float scale, float* values);
 
 }  // namespace gradsync::kernels
 

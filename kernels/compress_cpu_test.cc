@@ -152,14 +152,12 @@ TEST(TopKCpuTest, SelectsTheLargestWithLowerIndexTies) {
         std::vector<int32_t> idx(k);
         std::vector<float> values(k);
         std::vector<uint16_t> halves(k);
-        TopKCpu(in.data(), n, k, SparseValueFormat::kF32, idx.data(),
-                values.data());
+        TopKCpu(in.data(), n, k, SparseValueFormat::kF32, idx.data(), values.data());
         ASSERT_EQ(idx, BruteForceTopK(in, k)) << "n=" << n << " k=" << k;
         for (size_t j = 0; j < k; ++j) {
           ASSERT_EQ(Bits(values[j]), Bits(in[idx[j]]));
         }
-        TopKCpu(in.data(), n, k, SparseValueFormat::kF16, idx.data(),
-                halves.data());
+        TopKCpu(in.data(), n, k, SparseValueFormat::kF16, idx.data(), halves.data());
         for (size_t j = 0; j < k; ++j) {
           ASSERT_EQ(halves[j], FloatToHalf(in[idx[j]]));
         }
@@ -172,8 +170,7 @@ TEST(TopKCpuTest, AllTiesKeepTheFirstK) {
   const std::vector<float> in(100, -2.5f);
   std::vector<int32_t> idx(10);
   std::vector<float> values(10);
-  TopKCpu(in.data(), in.size(), 10, SparseValueFormat::kF32, idx.data(),
-          values.data());
+  TopKCpu(in.data(), in.size(), 10, SparseValueFormat::kF32, idx.data(), values.data());
   for (int32_t j = 0; j < 10; ++j) EXPECT_EQ(idx[j], j);
 }
 
@@ -183,14 +180,11 @@ TEST(TopKCpuTest, DecompressPlacesValuesAndZeros) {
   ASSERT_EQ(k, 50u);
   std::vector<int32_t> idx(k);
   std::vector<float> values(k), out(in.size(), 7.0f);
-  TopKCpu(in.data(), in.size(), k, SparseValueFormat::kF32, idx.data(),
-          values.data());
-  SparseDecompressCpu(idx.data(), values.data(), SparseValueFormat::kF32, k,
-                      in.size(), out.data());
+  TopKCpu(in.data(), in.size(), k, SparseValueFormat::kF32, idx.data(), values.data());
+  SparseDecompressCpu(idx.data(), values.data(), SparseValueFormat::kF32, k, in.size(), out.data());
   std::set<int32_t> kept(idx.begin(), idx.end());
   for (size_t i = 0; i < in.size(); ++i) {
-    ASSERT_EQ(Bits(out[i]),
-              kept.count(static_cast<int32_t>(i)) ? Bits(in[i]) : 0u);
+    ASSERT_EQ(Bits(out[i]), kept.count(static_cast<int32_t>(i)) ? Bits(in[i]) : 0u);
   }
 }
 
@@ -219,8 +213,7 @@ TEST(RandomKCpuTest, IndicesAreADeterministicSubset) {
     EXPECT_EQ(idx, RandomKIndicesCpu(ctx, n, k));
   }
   const SeedContext other{42, 8, 3};
-  EXPECT_NE(RandomKIndicesCpu(ctx, 100000, 1000),
-            RandomKIndicesCpu(other, 100000, 1000));
+  EXPECT_NE(RandomKIndicesCpu(ctx, 100000, 1000), RandomKIndicesCpu(other, 100000, 1000));
 }
 
 TEST(RandomKCpuTest, GatherScatterRoundTrip) {
@@ -302,8 +295,7 @@ TEST(QsgdCpuTest, LevelsAreWithinOneStepAndDeterministic) {
 }
 
 TEST(QsgdCpuTest, Unbiased) {
-  const std::vector<float> in = {0.3f,   -0.7f, 1.0f,  0.05f,
-                                 -0.55f, 0.0f,  0.91f, -0.12f};
+  const std::vector<float> in = {0.3f, -0.7f, 1.0f, 0.05f, -0.55f, 0.0f, 0.91f, -0.12f};
   std::vector<double> mean(in.size(), 0.0);
   const int trials = 20000;
   for (int t = 0; t < trials; ++t) {
@@ -320,10 +312,9 @@ TEST(QsgdCpuTest, Unbiased) {
 
 TEST(QsgdCpuTest, ZeroInfiniteAndTinyChunks) {
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> in = {0.0f, -0.0f, 0.0f, 0.0f, 0.0f,   0.0f,
-                                 0.0f, 0.0f,  1.0f, inf,  -2.0f,  0.0f,
-                                 0.0f, 0.0f,  0.0f, 0.0f, 1e-44f, -3e-45f,
-                                 0.0f, 0.0f,  0.0f, 0.0f, 0.0f,   1e-45f};
+  const std::vector<float> in = {0.0f,   -0.0f,   0.0f,  0.0f, 0.0f, 0.0f, 0.0f, 0.0f,
+                                 1.0f,   inf,     -2.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f,
+                                 1e-44f, -3e-45f, 0.0f,  0.0f, 0.0f, 0.0f, 0.0f, 1e-45f};
   std::vector<float> norms(3), out(in.size());
   std::vector<int8_t> q(in.size());
   QsgdEncodeCpu(in.data(), in.size(), 8, 127, 5, norms.data(), q.data());
@@ -342,8 +333,7 @@ TEST(QsgdCpuTest, ZeroInfiniteAndTinyChunks) {
 
 TEST(BucketCpuTest, PackUnpackRoundTripLeavesGapsAlone) {
   std::vector<std::vector<float>> tensors = {TestValues(5, 1), TestValues(0, 2),
-                                             TestValues(1000, 3),
-                                             TestValues(33, 4)};
+                                             TestValues(1000, 3), TestValues(33, 4)};
   const uint64_t offsets[] = {0, 5, 9, 1009};
   std::vector<BucketSlice> slices;
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -356,8 +346,7 @@ TEST(BucketCpuTest, PackUnpackRoundTripLeavesGapsAlone) {
   EXPECT_EQ(bucket[5], -1.0f);  // Gap [5, 9).
   EXPECT_EQ(bucket[1042], -1.0f);
   std::vector<uint16_t> halves(bucket_elems, 0xFFFF);
-  PackBucket16Cpu(Float16Format::kFp16, slices.data(), slices.size(),
-                  halves.data());
+  PackBucket16Cpu(Float16Format::kFp16, slices.data(), slices.size(), halves.data());
   for (size_t t = 0; t < tensors.size(); ++t) {
     for (size_t i = 0; i < tensors[t].size(); ++i) {
       ASSERT_EQ(Bits(bucket[offsets[t] + i]), Bits(tensors[t][i]));
@@ -368,12 +357,10 @@ TEST(BucketCpuTest, PackUnpackRoundTripLeavesGapsAlone) {
   for (auto& t : tensors) std::fill(t.begin(), t.end(), 0.0f);
   UnpackBucketCpu(slices.data(), slices.size(), bucket.data());
   EXPECT_EQ(tensors, original);
-  UnpackBucket16Cpu(Float16Format::kFp16, slices.data(), slices.size(),
-                    halves.data());
+  UnpackBucket16Cpu(Float16Format::kFp16, slices.data(), slices.size(), halves.data());
   for (size_t t = 0; t < tensors.size(); ++t) {
     for (size_t i = 0; i < tensors[t].size(); ++i) {
-      ASSERT_EQ(Bits(tensors[t][i]),
-                Bits(HalfToFloat(FloatToHalf(original[t][i]))));
+      ASSERT_EQ(Bits(tensors[t][i]), Bits(HalfToFloat(FloatToHalf(original[t][i]))));
     }
   }
 }
@@ -381,13 +368,11 @@ TEST(BucketCpuTest, PackUnpackRoundTripLeavesGapsAlone) {
 TEST(BucketCpuTest, ValidateSlicesRejectsBadLayouts) {
   float x[4] = {};
   const BucketSlice overlap[] = {{x, 0, 4}, {x, 3, 1}};
-  EXPECT_EQ(ValidateSlices(overlap, 2, 10).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateSlices(overlap, 2, 10).code(), StatusCode::kInvalidArgument);
   const BucketSlice past[] = {{x, 8, 4}};
   EXPECT_EQ(ValidateSlices(past, 1, 10).code(), StatusCode::kInvalidArgument);
   const BucketSlice null_tensor[] = {{nullptr, 0, 1}};
-  EXPECT_EQ(ValidateSlices(null_tensor, 1, 10).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateSlices(null_tensor, 1, 10).code(), StatusCode::kInvalidArgument);
   const BucketSlice huge[] = {{x, ~uint64_t{0}, 2}};
   EXPECT_EQ(ValidateSlices(huge, 1, 10).code(), StatusCode::kInvalidArgument);
   const BucketSlice fine[] = {{x, 0, 4}, {nullptr, 4, 0}, {x, 6, 4}};
@@ -406,14 +391,12 @@ void ExpectIdentity(const std::vector<float>& c, const std::vector<float>& d,
     if (exact) {
       ASSERT_EQ(back, c[i]) << i;
     } else {
-      ASSERT_NEAR(back, c[i], 1.2e-7f * (std::fabs(c[i]) + std::fabs(d[i])))
-          << i;
+      ASSERT_NEAR(back, c[i], 1.2e-7f * (std::fabs(c[i]) + std::fabs(d[i]))) << i;
     }
   }
 }
 
-std::vector<float> Plus(const std::vector<float>& a,
-                        const std::vector<float>& b) {
+std::vector<float> Plus(const std::vector<float>& a, const std::vector<float>& b) {
   std::vector<float> c(a.size());
   for (size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
   return c;
@@ -451,16 +434,13 @@ TEST(ErrorFeedbackCpuTest, ResidualIsWhatTheCompressorDropped) {
   const size_t k = SparseKeepCount(0.05, n);
   std::vector<int32_t> idx(k);
   std::vector<float> values(k);
-  EfTopKCpu(g.data(), e.data(), true, n, k, SparseValueFormat::kF32, idx.data(),
-            values.data());
-  SparseDecompressCpu(idx.data(), values.data(), SparseValueFormat::kF32, k, n,
-                      d.data());
+  EfTopKCpu(g.data(), e.data(), true, n, k, SparseValueFormat::kF32, idx.data(), values.data());
+  SparseDecompressCpu(idx.data(), values.data(), SparseValueFormat::kF32, k, n, d.data());
   ExpectIdentity(c, d, e, true);
 
   e = e_old;
   const std::vector<uint32_t> ridx = RandomKIndicesCpu({4, 5, 6}, n, k);
-  EfRandomKCpu(g.data(), e.data(), true, n, ridx.data(), k, RandomKScale(n, k),
-               values.data());
+  EfRandomKCpu(g.data(), e.data(), true, n, ridx.data(), k, RandomKScale(n, k), values.data());
   ScatterCpu(values.data(), ridx.data(), k, RandomKScale(n, k), n, d.data());
   ExpectIdentity(c, d, e, false);
 }
@@ -557,14 +537,12 @@ Coded SignCoded(size_t chunk, const std::vector<float>& in) {
   return c;
 }
 
-Coded QsgdCoded(size_t chunk, int levels, const std::vector<float>& in,
-                const SeedContext& ctx) {
+Coded QsgdCoded(size_t chunk, int levels, const std::vector<float>& in, const SeedContext& ctx) {
   const size_t n = in.size();
   std::vector<float> norms(NumChunks(n, chunk));
   std::vector<int8_t> q(n);
   Coded c{{}, std::vector<float>(n)};
-  QsgdEncodeCpu(in.data(), n, chunk, levels, QsgdKey(ctx), norms.data(),
-                q.data());
+  QsgdEncodeCpu(in.data(), n, chunk, levels, QsgdKey(ctx), norms.data(), q.data());
   QsgdDecodeCpu(norms.data(), q.data(), n, chunk, levels, c.out.data());
   Append(norms, &c.wire);
   Append(q, &c.wire);
@@ -595,23 +573,18 @@ TEST(WireDigestTest, ReferencesWriteWhatTheCompressorsWrite) {
   // From the sampled-threshold fp16 top-k: the same set as the exact one.
   EXPECT_EQ(Digest([](V in) { return TopKCoded(SparseValueFormat::kF16, in); }),
             0x1e16ac16f7f14334ull);
-  EXPECT_EQ(Digest([](V in) { return RandomKCoded(in, kDigestContext); }),
-            0x8a0d21989af51ceeull);
-  EXPECT_EQ(Digest([](V in) { return SignCoded(512, in); }),
-            0x6d0e8c0bf8a72173ull);
-  EXPECT_EQ(Digest([](V in) { return SignCoded(8, in); }),
-            0xf5eec925f1a21e91ull);
-  EXPECT_EQ(
-      Digest([](V in) { return QsgdCoded(512, 127, in, kDigestContext); }),
-      0xb9a7f8a6623cd1aaull);
+  EXPECT_EQ(Digest([](V in) { return RandomKCoded(in, kDigestContext); }), 0x8a0d21989af51ceeull);
+  EXPECT_EQ(Digest([](V in) { return SignCoded(512, in); }), 0x6d0e8c0bf8a72173ull);
+  EXPECT_EQ(Digest([](V in) { return SignCoded(8, in); }), 0xf5eec925f1a21e91ull);
+  EXPECT_EQ(Digest([](V in) { return QsgdCoded(512, 127, in, kDigestContext); }),
+            0xb9a7f8a6623cd1aaull);
   EXPECT_EQ(Digest([](V in) { return QsgdCoded(64, 7, in, kDigestContext); }),
             0x3a8b75c0c7984a26ull);
 }
 
 // One error-feedback step: compresses g into `wire` and updates `residual`.
-using EfStep = void (*)(const std::vector<float>& g,
-                        std::vector<float>* residual, bool has_residual,
-                        const SeedContext& ctx, std::vector<uint8_t>* wire);
+using EfStep = void (*)(const std::vector<float>& g, std::vector<float>* residual,
+                        bool has_residual, const SeedContext& ctx, std::vector<uint8_t>* wire);
 
 uint64_t EfDigest(EfStep step_fn) {
   uint64_t h = 14695981039346656037ull;
@@ -634,16 +607,14 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
   using W = std::vector<uint8_t>*;
   EXPECT_EQ(EfDigest([](G g, R e, bool has, const SeedContext&, W wire) {
               std::vector<uint16_t> w(g.size());
-              EfFloat16Cpu(Float16Format::kFp16, g.data(), e->data(), has,
-                           g.size(), w.data());
+              EfFloat16Cpu(Float16Format::kFp16, g.data(), e->data(), has, g.size(), w.data());
               Append(w, wire);
             }),
             0xd02b860509cbd9a2ull);
   EXPECT_EQ(EfDigest([](G g, R e, bool has, const SeedContext&, W wire) {
               std::vector<float> scales(NumChunks(g.size(), 64));
               std::vector<uint8_t> bits((g.size() + 7) / 8);
-              EfSignCpu(g.data(), e->data(), has, g.size(), 64, scales.data(),
-                        bits.data());
+              EfSignCpu(g.data(), e->data(), has, g.size(), 64, scales.data(), bits.data());
               Append(scales, wire);
               Append(bits, wire);
             }),
@@ -651,8 +622,8 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
   EXPECT_EQ(EfDigest([](G g, R e, bool has, const SeedContext& ctx, W wire) {
               std::vector<float> norms(NumChunks(g.size(), 64));
               std::vector<int8_t> q(g.size());
-              EfQsgdCpu(g.data(), e->data(), has, g.size(), 64, 7, QsgdKey(ctx),
-                        norms.data(), q.data());
+              EfQsgdCpu(g.data(), e->data(), has, g.size(), 64, 7, QsgdKey(ctx), norms.data(),
+                        q.data());
               Append(norms, wire);
               Append(q, wire);
             }),
@@ -661,8 +632,8 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
               const size_t k = SparseKeepCount(0.05, g.size());
               std::vector<int32_t> idx(k);
               std::vector<float> values(k);
-              EfTopKCpu(g.data(), e->data(), has, g.size(), k,
-                        SparseValueFormat::kF32, idx.data(), values.data());
+              EfTopKCpu(g.data(), e->data(), has, g.size(), k, SparseValueFormat::kF32, idx.data(),
+                        values.data());
               Append(idx, wire);
               Append(values, wire);
             }),
@@ -674,8 +645,7 @@ TEST(WireDigestTest, ErrorFeedbackMatchesTheDecorator) {
               std::vector<float> values(k);
               // Error feedback takes random-k unscaled (compression/
               // registry.cc: unbiased scaling and error feedback do not mix).
-              EfRandomKCpu(g.data(), e->data(), has, n, idx.data(), k, 1.0f,
-                           values.data());
+              EfRandomKCpu(g.data(), e->data(), has, n, idx.data(), k, 1.0f, values.data());
               Append(values, wire);
             }),
             0x0abf9c842ada11d4ull);

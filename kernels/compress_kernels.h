@@ -39,14 +39,10 @@ namespace gradsync::kernels {
 
 // ---- fp16 / bf16: out[i] = convert(in[i]) for i < n ----
 
-Status FloatToHalfCuda(const float* in, uint16_t* out, size_t n,
-                       cudaStream_t stream);
-Status HalfToFloatCuda(const uint16_t* in, float* out, size_t n,
-                       cudaStream_t stream);
-Status FloatToBf16Cuda(const float* in, uint16_t* out, size_t n,
-                       cudaStream_t stream);
-Status Bf16ToFloatCuda(const uint16_t* in, float* out, size_t n,
-                       cudaStream_t stream);
+Status FloatToHalfCuda(const float* in, uint16_t* out, size_t n, cudaStream_t stream);
+Status HalfToFloatCuda(const uint16_t* in, float* out, size_t n, cudaStream_t stream);
+Status FloatToBf16Cuda(const float* in, uint16_t* out, size_t n, cudaStream_t stream);
+Status Bf16ToFloatCuda(const uint16_t* in, float* out, size_t n, cudaStream_t stream);
 
 // ---- Top-k ----
 //
@@ -59,15 +55,13 @@ Status Bf16ToFloatCuda(const uint16_t* in, float* out, size_t n,
 // TopKWorkspaceBytes(n) bytes of device memory, 16-byte aligned, used by one
 // call at a time.
 size_t TopKWorkspaceBytes(size_t n);
-Status TopKCuda(const float* in, size_t n, size_t k, SparseValueFormat format,
-                int32_t* indices, void* values, void* workspace,
-                size_t workspace_bytes, cudaStream_t stream);
+Status TopKCuda(const float* in, size_t n, size_t k, SparseValueFormat format, int32_t* indices,
+                void* values, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 // Top-k decompression: out[0, n) = 0, then out[indices[j]] = value j.
 // Indices distinct and < n (indices outside [0, n) are skipped on the
 // device; check peer data on the host where an error must be reported).
-Status SparseDecompressCuda(const int32_t* indices, const void* values,
-                            SparseValueFormat format, size_t k, size_t n,
-                            float* out, cudaStream_t stream);
+Status SparseDecompressCuda(const int32_t* indices, const void* values, SparseValueFormat format,
+                            size_t k, size_t n, float* out, cudaStream_t stream);
 
 // ---- Random-k ----
 //
@@ -76,22 +70,22 @@ Status SparseDecompressCuda(const int32_t* indices, const void* values,
 // with the same context holds the same ones. Indices distinct and < n.
 
 // out[j] = in[indices[j]] for j < k.
-Status GatherCuda(const float* in, const uint32_t* indices, size_t k,
-                  float* out, cudaStream_t stream);
+Status GatherCuda(const float* in, const uint32_t* indices, size_t k, float* out,
+                  cudaStream_t stream);
 // out[0, n) = 0, then out[indices[j]] = values[j] * scale.
-Status ScatterCuda(const float* values, const uint32_t* indices, size_t k,
-                   float scale, size_t n, float* out, cudaStream_t stream);
+Status ScatterCuda(const float* values, const uint32_t* indices, size_t k, float scale, size_t n,
+                   float* out, cudaStream_t stream);
 // out[indices[j]] += values[j] * scale (unfused product and sum).
-Status ScatterAddCuda(const float* values, const uint32_t* indices, size_t k,
-                      float scale, float* out, cudaStream_t stream);
+Status ScatterAddCuda(const float* values, const uint32_t* indices, size_t k, float scale,
+                      float* out, cudaStream_t stream);
 
 // ---- Sign (chunk a positive multiple of 8) ----
 
 // scales[0, ceil(n / chunk)) and bits[0, ceil(n / 8)).
-Status SignEncodeCuda(const float* in, size_t n, size_t chunk, float* scales,
-                      uint8_t* bits, cudaStream_t stream);
-Status SignDecodeCuda(const float* scales, const uint8_t* bits, size_t n,
-                      size_t chunk, float* out, cudaStream_t stream);
+Status SignEncodeCuda(const float* in, size_t n, size_t chunk, float* scales, uint8_t* bits,
+                      cudaStream_t stream);
+Status SignDecodeCuda(const float* scales, const uint8_t* bits, size_t n, size_t chunk, float* out,
+                      cudaStream_t stream);
 
 // ---- QSGD (chunk a positive multiple of 8, 1 <= levels <= 127) ----
 //
@@ -99,12 +93,10 @@ Status SignDecodeCuda(const float* scales, const uint8_t* bits, size_t n,
 // |q| <= levels: validate peer data before, as QsgdCompressor does.
 
 // norms[0, ceil(n / chunk)) and q[0, n).
-Status QsgdEncodeCuda(const float* in, size_t n, size_t chunk, int levels,
-                      uint64_t key, float* norms, int8_t* q,
-                      cudaStream_t stream);
-Status QsgdDecodeCuda(const float* norms, const int8_t* q, size_t n,
-                      size_t chunk, int levels, float* out,
-                      cudaStream_t stream);
+Status QsgdEncodeCuda(const float* in, size_t n, size_t chunk, int levels, uint64_t key,
+                      float* norms, int8_t* q, cudaStream_t stream);
+Status QsgdDecodeCuda(const float* norms, const int8_t* q, size_t n, size_t chunk, int levels,
+                      float* out, cudaStream_t stream);
 
 // ---- Fused buckets ----
 //
@@ -114,18 +106,15 @@ Status QsgdDecodeCuda(const float* norms, const int8_t* q, size_t n,
 // last slice. Upload once per bucket layout and reuse.
 
 // bucket[offset + i] = tensor[i] (or rounded to fp16/bf16) for every slice.
-Status PackBucketCuda(const BucketSlice* slices, size_t num_slices,
-                      size_t bucket_elems, float* bucket, cudaStream_t stream);
-Status PackBucket16Cuda(Float16Format format, const BucketSlice* slices,
-                        size_t num_slices, size_t bucket_elems,
-                        uint16_t* bucket, cudaStream_t stream);
+Status PackBucketCuda(const BucketSlice* slices, size_t num_slices, size_t bucket_elems,
+                      float* bucket, cudaStream_t stream);
+Status PackBucket16Cuda(Float16Format format, const BucketSlice* slices, size_t num_slices,
+                        size_t bucket_elems, uint16_t* bucket, cudaStream_t stream);
 // tensor[i] = bucket[offset + i] (or widened from fp16/bf16).
-Status UnpackBucketCuda(const BucketSlice* slices, size_t num_slices,
-                        size_t bucket_elems, const float* bucket,
-                        cudaStream_t stream);
-Status UnpackBucket16Cuda(Float16Format format, const BucketSlice* slices,
-                          size_t num_slices, size_t bucket_elems,
-                          const uint16_t* bucket, cudaStream_t stream);
+Status UnpackBucketCuda(const BucketSlice* slices, size_t num_slices, size_t bucket_elems,
+                        const float* bucket, cudaStream_t stream);
+Status UnpackBucket16Cuda(Float16Format format, const BucketSlice* slices, size_t num_slices,
+                          size_t bucket_elems, const uint16_t* bucket, cudaStream_t stream);
 
 // ---- Error feedback ----
 //
@@ -135,38 +124,33 @@ Status UnpackBucket16Cuda(Float16Format format, const BucketSlice* slices,
 // compressor's for c. Exactly the Ef*Cpu references.
 
 // fp16/bf16: one pass; wire[0, n).
-Status EfFloat16Cuda(Float16Format format, const float* g, float* residual,
-                     bool has_residual, size_t n, uint16_t* wire,
-                     cudaStream_t stream);
+Status EfFloat16Cuda(Float16Format format, const float* g, float* residual, bool has_residual,
+                     size_t n, uint16_t* wire, cudaStream_t stream);
 // Sign and QSGD: one kernel, chunk by chunk.
-Status EfSignCuda(const float* g, float* residual, bool has_residual, size_t n,
-                  size_t chunk, float* scales, uint8_t* bits,
-                  cudaStream_t stream);
-Status EfQsgdCuda(const float* g, float* residual, bool has_residual, size_t n,
-                  size_t chunk, int levels, uint64_t key, float* norms,
-                  int8_t* q, cudaStream_t stream);
+Status EfSignCuda(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+                  float* scales, uint8_t* bits, cudaStream_t stream);
+Status EfQsgdCuda(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+                  int levels, uint64_t key, float* norms, int8_t* q, cudaStream_t stream);
 // Top-k on c (c is formed in `residual`, then the kept elements' residuals
 // are set); workspace as for TopKCuda.
-Status EfTopKCuda(const float* g, float* residual, bool has_residual, size_t n,
-                  size_t k, SparseValueFormat format, int32_t* indices,
-                  void* values, void* workspace, size_t workspace_bytes,
-                  cudaStream_t stream);
+Status EfTopKCuda(const float* g, float* residual, bool has_residual, size_t n, size_t k,
+                  SparseValueFormat format, int32_t* indices, void* values, void* workspace,
+                  size_t workspace_bytes, cudaStream_t stream);
 // Random-k with host-drawn indices (device copy) and scale RandomKScale(n, k):
 // values[j] = c[indices[j]], e_new[indices[j]] = c - values[j] * scale.
-Status EfRandomKCuda(const float* g, float* residual, bool has_residual,
-                     size_t n, const uint32_t* indices, size_t k, float scale,
-                     float* values, cudaStream_t stream);
+Status EfRandomKCuda(const float* g, float* residual, bool has_residual, size_t n,
+                     const uint32_t* indices, size_t k, float scale, float* values,
+                     cudaStream_t stream);
 
 // ---- Bucket arithmetic (client/elementwise.h on the device) ----
 //
 // Same bits as the CPU: each result is one rounding of the fp32 operation.
 
 // acc[i] = round16(widen(acc[i]) + widen(in[i])).
-Status Add16IntoCuda(Float16Format format, uint16_t* acc, const uint16_t* in,
-                     size_t n, cudaStream_t stream);
+Status Add16IntoCuda(Float16Format format, uint16_t* acc, const uint16_t* in, size_t n,
+                     cudaStream_t stream);
 // data[i] = data[i] / divisor.
-Status DivideFloatCuda(float* data, size_t n, float divisor,
-                       cudaStream_t stream);
+Status DivideFloatCuda(float* data, size_t n, float divisor, cudaStream_t stream);
 // data[i] = round16(widen(data[i]) * scale).
 Status Scale16Cuda(Float16Format format, uint16_t* data, size_t n, float scale,
                    cudaStream_t stream);

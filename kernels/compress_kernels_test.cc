@@ -18,9 +18,9 @@
 
 #include "common/half.h"
 #include "gtest/gtest.h"
-#include "kernels/gpu_test_util.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_test_util.h"
+#include "kernels/gpu_test_util.h"
 
 namespace gradsync::kernels {
 namespace {
@@ -42,9 +42,8 @@ using testing_util::TestValues;
   } while (0)
 
 // Sizes around warps, bytes, chunks and tiles, and one past 2^20.
-const size_t kSizes[] = {0,    1,    7,    8,    9,     31,
-                         32,   33,   511,  512,  513,   1023,
-                         1024, 4095, 4097, 8193, 65537, (size_t{1} << 20) + 7};
+const size_t kSizes[] = {0,   1,   7,    8,    9,    31,   32,   33,    511,
+                         512, 513, 1023, 1024, 4095, 4097, 8193, 65537, (size_t{1} << 20) + 7};
 
 // n elements of T in device memory, `offset` elements past a cudaMalloc'd
 // (256-byte aligned) address, poisoned with 0xA5 bytes so that unwritten
@@ -70,15 +69,13 @@ class DeviceArray {
   size_t size() const { return n_; }
   void Upload(const std::vector<T>& host) {
     if (n_ > 0) {
-      Expect(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T),
-                        cudaMemcpyHostToDevice));
+      Expect(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
     }
   }
   std::vector<T> Download() const {
     std::vector<T> host(n_);
     if (n_ > 0) {
-      Expect(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T),
-                        cudaMemcpyDeviceToHost));
+      Expect(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
     }
     return host;
   }
@@ -94,24 +91,22 @@ class DeviceArray {
 };
 
 template <typename T>
-void ExpectSame(const std::vector<T>& got, const std::vector<T>& want,
-                const std::string& what) {
+void ExpectSame(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      FAIL() << what << ": first difference at " << i << " of " << got.size()
-             << ": got " << +got[i] << ", want " << +want[i];
+      FAIL() << what << ": first difference at " << i << " of " << got.size() << ": got " << +got[i]
+             << ", want " << +want[i];
     }
   }
 }
 
 // Bitwise, except that any two NaNs are equal.
-void ExpectSameFloats(const std::vector<float>& got,
-                      const std::vector<float>& want, const std::string& what) {
+void ExpectSameFloats(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   EXPECT_LT(FirstDifference(got.data(), want.data(), got.size()), 0)
-      << what << ": "
-      << DescribeDifference(got.data(), want.data(), got.size());
+      << what << ": " << DescribeDifference(got.data(), want.data(), got.size());
 }
 
 float FromBits(uint32_t u) {
@@ -126,8 +121,7 @@ std::vector<std::vector<float>> Inputs(size_t n, uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
   const float levels[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f};
   for (float& x : ties) x = levels[rng() % 6];
-  return {TestValues(n, seed), TestValues(n, seed + 1, true), ties,
-          std::vector<float>(n, -0.5f)};
+  return {TestValues(n, seed), TestValues(n, seed + 1, true), ties, std::vector<float>(n, -0.5f)};
 }
 
 class CompressKernelsTest : public ::testing::Test {
@@ -188,8 +182,7 @@ TEST_F(CompressKernelsTest, NarrowingIsBitExactWithCommonHalf) {
   // Aligned (vector path), head to align, and no common alignment (scalar).
   const size_t offsets[][2] = {{0, 0}, {1, 2}, {3, 3}, {1, 0}, {0, 1}};
   for (const auto& off : offsets) {
-    SCOPED_TRACE("in+" + std::to_string(off[0]) + " out+" +
-                 std::to_string(off[1]));
+    SCOPED_TRACE("in+" + std::to_string(off[0]) + " out+" + std::to_string(off[1]));
     DeviceArray<float> d_in(in, off[0]);
     DeviceArray<uint16_t> d_half(in.size(), off[1]), d_bf16(in.size(), off[1]);
     ASSERT_OK(FloatToHalfCuda(d_in.get(), d_half.get(), in.size(), stream_));
@@ -208,8 +201,7 @@ TEST_F(CompressKernelsTest, WideningIsBitExactForEverySixteenBitPattern) {
   Bf16ToFloatCpu(all.data(), want_bf16.data(), all.size());
   const size_t offsets[][2] = {{0, 0}, {2, 1}, {1, 1}, {0, 3}};
   for (const auto& off : offsets) {
-    SCOPED_TRACE("in+" + std::to_string(off[0]) + " out+" +
-                 std::to_string(off[1]));
+    SCOPED_TRACE("in+" + std::to_string(off[0]) + " out+" + std::to_string(off[1]));
     DeviceArray<uint16_t> d_in(all, off[0]);
     DeviceArray<float> d_half(all.size(), off[1]), d_bf16(all.size(), off[1]);
     ASSERT_OK(HalfToFloatCuda(d_in.get(), d_half.get(), all.size(), stream_));
@@ -240,8 +232,8 @@ TEST_F(CompressKernelsTest, CastsAtEverySize) {
 
 // ---- Top-k ----
 
-void RunTopK(cudaStream_t stream, const std::vector<float>& in, size_t k,
-             SparseValueFormat format, size_t offset) {
+void RunTopK(cudaStream_t stream, const std::vector<float>& in, size_t k, SparseValueFormat format,
+             size_t offset) {
   const size_t n = in.size();
   const bool f16 = format == SparseValueFormat::kF16;
   std::vector<int32_t> want_idx(k);
@@ -256,8 +248,7 @@ void RunTopK(cudaStream_t stream, const std::vector<float>& in, size_t k,
   const size_t ws_bytes = TopKWorkspaceBytes(n);
   DeviceArray<uint8_t> ws(ws_bytes);
   ASSERT_OK(TopKCuda(d_in.get(), n, k, format, d_idx.get(),
-                     f16 ? static_cast<void*>(d16.get()) : d32.get(), ws.get(),
-                     ws_bytes, stream));
+                     f16 ? static_cast<void*>(d16.get()) : d32.get(), ws.get(), ws_bytes, stream));
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ExpectSame(d_idx.Download(), want_idx, "indices");
   if (f16) {
@@ -272,15 +263,13 @@ TEST_F(CompressKernelsTest, TopKSelectsTheReferenceSet) {
     if (n == 0) continue;
     const std::vector<std::vector<float>> inputs = Inputs(n, 7 * n);
     for (size_t v = 0; v < inputs.size(); ++v) {
-      std::vector<size_t> ks = {1, SparseKeepCount(0.01, n),
-                                SparseKeepCount(0.1, n), n / 2 + 1, n};
+      std::vector<size_t> ks = {1, SparseKeepCount(0.01, n), SparseKeepCount(0.1, n), n / 2 + 1, n};
       std::sort(ks.begin(), ks.end());
       ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
       for (size_t k : ks) {
         for (auto format : {SparseValueFormat::kF32, SparseValueFormat::kF16}) {
-          SCOPED_TRACE("n=" + std::to_string(n) + " input " +
-                       std::to_string(v) + " k=" + std::to_string(k) +
-                       (format == SparseValueFormat::kF16 ? " fp16" : ""));
+          SCOPED_TRACE("n=" + std::to_string(n) + " input " + std::to_string(v) + " k=" +
+                       std::to_string(k) + (format == SparseValueFormat::kF16 ? " fp16" : ""));
           RunTopK(stream_, inputs[v], k, format, v == 1 ? 1 : 0);
           if (HasFatalFailure()) return;
         }
@@ -304,9 +293,8 @@ TEST_F(CompressKernelsTest, TopKDecompressMatchesReference) {
     DeviceArray<int32_t> d_idx(idx);
     DeviceArray<float> d32(v32), d_out(n);
     DeviceArray<uint16_t> d16(v16);
-    ASSERT_OK(SparseDecompressCuda(
-        d_idx.get(), f16 ? static_cast<void*>(d16.get()) : d32.get(), format, k,
-        n, d_out.get(), stream_));
+    ASSERT_OK(SparseDecompressCuda(d_idx.get(), f16 ? static_cast<void*>(d16.get()) : d32.get(),
+                                   format, k, n, d_out.get(), stream_));
     Sync();
     ExpectSame(d_out.Download(), want, f16 ? "fp16" : "fp32");
   }
@@ -329,10 +317,8 @@ TEST_F(CompressKernelsTest, RandomKGatherAndScatterMatchReference) {
     DeviceArray<float> d_in(in), d_values(k), d_scattered(n);
     DeviceArray<uint32_t> d_idx(idx);
     ASSERT_OK(GatherCuda(d_in.get(), d_idx.get(), k, d_values.get(), stream_));
-    ASSERT_OK(ScatterCuda(d_values.get(), d_idx.get(), k, scale, n,
-                          d_scattered.get(), stream_));
-    ASSERT_OK(ScatterAddCuda(d_values.get(), d_idx.get(), k, scale, d_acc.get(),
-                             stream_));
+    ASSERT_OK(ScatterCuda(d_values.get(), d_idx.get(), k, scale, n, d_scattered.get(), stream_));
+    ASSERT_OK(ScatterAddCuda(d_values.get(), d_idx.get(), k, scale, d_acc.get(), stream_));
     Sync();
     ExpectSame(d_values.Download(), values, "gathered");
     ExpectSameFloats(d_scattered.Download(), scattered, "scattered");
@@ -346,8 +332,8 @@ TEST_F(CompressKernelsTest, SignEncodeDecodeMatchReference) {
   for (size_t chunk : {size_t{8}, size_t{64}, size_t{512}, size_t{4096}}) {
     for (size_t n : kSizes) {
       for (bool specials : {false, true}) {
-        SCOPED_TRACE("chunk=" + std::to_string(chunk) +
-                     " n=" + std::to_string(n) + (specials ? " specials" : ""));
+        SCOPED_TRACE("chunk=" + std::to_string(chunk) + " n=" + std::to_string(n) +
+                     (specials ? " specials" : ""));
         const std::vector<float> in = TestValues(n, chunk + n, specials);
         const size_t chunks = NumChunks(n, chunk);
         std::vector<float> scales(chunks), out(n);
@@ -357,10 +343,8 @@ TEST_F(CompressKernelsTest, SignEncodeDecodeMatchReference) {
         DeviceArray<float> d_in(in), d_scales(chunks);
         DeviceArray<float> d_out(n, specials ? 1 : 0);
         DeviceArray<uint8_t> d_bits(bits.size());
-        ASSERT_OK(SignEncodeCuda(d_in.get(), n, chunk, d_scales.get(),
-                                 d_bits.get(), stream_));
-        ASSERT_OK(SignDecodeCuda(d_scales.get(), d_bits.get(), n, chunk,
-                                 d_out.get(), stream_));
+        ASSERT_OK(SignEncodeCuda(d_in.get(), n, chunk, d_scales.get(), d_bits.get(), stream_));
+        ASSERT_OK(SignDecodeCuda(d_scales.get(), d_bits.get(), n, chunk, d_out.get(), stream_));
         Sync();
         ExpectSameFloats(d_scales.Download(), scales, "scales");
         ExpectSame(d_bits.Download(), bits, "bits");
@@ -380,13 +364,12 @@ TEST_F(CompressKernelsTest, QsgdEncodeDecodeMatchReference) {
   for (size_t chunk : {size_t{8}, size_t{64}, size_t{512}}) {
     for (int levels : {1, 7, 127}) {
       std::vector<std::vector<float>> inputs;
-      for (size_t n : kSizes)
-        inputs.push_back(TestValues(n, n + levels, n % 2));
+      for (size_t n : kSizes) inputs.push_back(TestValues(n, n + levels, n % 2));
       inputs.push_back(tiny);
       for (const std::vector<float>& in : inputs) {
         const size_t n = in.size();
-        SCOPED_TRACE("chunk=" + std::to_string(chunk) + " levels=" +
-                     std::to_string(levels) + " n=" + std::to_string(n));
+        SCOPED_TRACE("chunk=" + std::to_string(chunk) + " levels=" + std::to_string(levels) +
+                     " n=" + std::to_string(n));
         const uint64_t key = QsgdKey({42, n, 3});
         const size_t chunks = NumChunks(n, chunk);
         std::vector<float> norms(chunks), out(n);
@@ -396,10 +379,9 @@ TEST_F(CompressKernelsTest, QsgdEncodeDecodeMatchReference) {
         const size_t misalign = n % 3;  // Scalar decode paths too.
         DeviceArray<float> d_in(in), d_norms(chunks), d_out(n, misalign);
         DeviceArray<int8_t> d_q(n, misalign);
-        ASSERT_OK(QsgdEncodeCuda(d_in.get(), n, chunk, levels, key,
-                                 d_norms.get(), d_q.get(), stream_));
-        ASSERT_OK(QsgdDecodeCuda(d_norms.get(), d_q.get(), n, chunk, levels,
-                                 d_out.get(), stream_));
+        ASSERT_OK(
+            QsgdEncodeCuda(d_in.get(), n, chunk, levels, key, d_norms.get(), d_q.get(), stream_));
+        ASSERT_OK(QsgdDecodeCuda(d_norms.get(), d_q.get(), n, chunk, levels, d_out.get(), stream_));
         Sync();
         ExpectSame(d_norms.Download(), norms, "norms");  // Max keys: bitwise.
         ExpectSame(d_q.Download(), q, "levels");
@@ -436,9 +418,7 @@ Layout MakeLayout(uint32_t seed) {
 
 TEST_F(CompressKernelsTest, BucketPackAndUnpackMatchReference) {
   Layout l = MakeLayout(3);
-  ASSERT_TRUE(
-      ValidateSlices(l.host_slices.data(), l.host_slices.size(), l.bucket_elems)
-          .ok());
+  ASSERT_TRUE(ValidateSlices(l.host_slices.data(), l.host_slices.size(), l.bucket_elems).ok());
   std::vector<std::unique_ptr<DeviceArray<float>>> d_tensors;
   std::vector<BucketSlice> device_slices = l.host_slices;
   for (size_t t = 0; t < l.tensors.size(); ++t) {
@@ -460,10 +440,10 @@ TEST_F(CompressKernelsTest, BucketPackAndUnpackMatchReference) {
   DeviceArray<float> d_bucket(l.bucket_elems);
   DeviceArray<uint16_t> d_half(l.bucket_elems), d_bf16(l.bucket_elems);
   ASSERT_OK(PackBucketCuda(slices, s, l.bucket_elems, d_bucket.get(), stream_));
-  ASSERT_OK(PackBucket16Cuda(Float16Format::kFp16, slices, s, l.bucket_elems,
-                             d_half.get(), stream_));
-  ASSERT_OK(PackBucket16Cuda(Float16Format::kBf16, slices, s, l.bucket_elems,
-                             d_bf16.get(), stream_));
+  ASSERT_OK(
+      PackBucket16Cuda(Float16Format::kFp16, slices, s, l.bucket_elems, d_half.get(), stream_));
+  ASSERT_OK(
+      PackBucket16Cuda(Float16Format::kBf16, slices, s, l.bucket_elems, d_bf16.get(), stream_));
   Sync();
   ExpectSame(d_bucket.Download(), bucket, "packed");
   ExpectSame(d_half.Download(), half, "packed fp16");
@@ -471,15 +451,12 @@ TEST_F(CompressKernelsTest, BucketPackAndUnpackMatchReference) {
 
   // Round trip: unpacking the packed bucket gives the tensors back.
   for (auto& t : d_tensors) {
-    ASSERT_CUDA_OK(
-        cudaMemsetAsync(t->get(), 0, t->size() * sizeof(float), stream_));
+    ASSERT_CUDA_OK(cudaMemsetAsync(t->get(), 0, t->size() * sizeof(float), stream_));
   }
-  ASSERT_OK(
-      UnpackBucketCuda(slices, s, l.bucket_elems, d_bucket.get(), stream_));
+  ASSERT_OK(UnpackBucketCuda(slices, s, l.bucket_elems, d_bucket.get(), stream_));
   Sync();
   for (size_t t = 0; t < l.tensors.size(); ++t) {
-    ExpectSame(d_tensors[t]->Download(), l.tensors[t],
-               "round trip, tensor " + std::to_string(t));
+    ExpectSame(d_tensors[t]->Download(), l.tensors[t], "round trip, tensor " + std::to_string(t));
   }
 
   // Unpack a different bucket (fp32, then fp16 over it) into the tensors.
@@ -491,19 +468,15 @@ TEST_F(CompressKernelsTest, BucketPackAndUnpackMatchReference) {
     DeviceArray<uint16_t> d_other_half(other_half);
     if (format == 0) {
       UnpackBucketCpu(l.host_slices.data(), s, other.data());
-      ASSERT_OK(
-          UnpackBucketCuda(slices, s, l.bucket_elems, d_other.get(), stream_));
+      ASSERT_OK(UnpackBucketCuda(slices, s, l.bucket_elems, d_other.get(), stream_));
     } else {
-      UnpackBucket16Cpu(Float16Format::kFp16, l.host_slices.data(), s,
-                        other_half.data());
-      ASSERT_OK(UnpackBucket16Cuda(Float16Format::kFp16, slices, s,
-                                   l.bucket_elems, d_other_half.get(),
-                                   stream_));
+      UnpackBucket16Cpu(Float16Format::kFp16, l.host_slices.data(), s, other_half.data());
+      ASSERT_OK(UnpackBucket16Cuda(Float16Format::kFp16, slices, s, l.bucket_elems,
+                                   d_other_half.get(), stream_));
     }
     Sync();
     for (size_t t = 0; t < l.tensors.size(); ++t) {
-      ExpectSame(d_tensors[t]->Download(), l.tensors[t],
-                 "tensor " + std::to_string(t));
+      ExpectSame(d_tensors[t]->Download(), l.tensors[t], "tensor " + std::to_string(t));
     }
   }
 }
@@ -518,15 +491,12 @@ void ExpectIdentity(const std::vector<float>& c, const std::vector<float>& d,
     if (exact) {
       ASSERT_EQ(d[i] + e[i], c[i]) << i;
     } else {
-      ASSERT_NEAR(d[i] + e[i], c[i],
-                  1.2e-7f * (std::fabs(c[i]) + std::fabs(d[i])))
-          << i;
+      ASSERT_NEAR(d[i] + e[i], c[i], 1.2e-7f * (std::fabs(c[i]) + std::fabs(d[i]))) << i;
     }
   }
 }
 
-class ErrorFeedbackTest : public CompressKernelsTest,
-                          public ::testing::WithParamInterface<size_t> {
+class ErrorFeedbackTest : public CompressKernelsTest, public ::testing::WithParamInterface<size_t> {
  protected:
   void Prepare(bool has_residual) {
     n_ = GetParam();
@@ -552,11 +522,10 @@ TEST_P(ErrorFeedbackTest, Float16SignQsgdMatchReference) {
     const size_t n = n_;
     std::vector<float> e = e_old_, d(n);
     std::vector<uint16_t> wire(n);
-    EfFloat16Cpu(Float16Format::kFp16, g_.data(), e.data(), has, n,
-                 wire.data());
+    EfFloat16Cpu(Float16Format::kFp16, g_.data(), e.data(), has, n, wire.data());
     DeviceArray<uint16_t> d_wire(n, 1);
-    ASSERT_OK(EfFloat16Cuda(Float16Format::kFp16, d_g_->get(), d_e_->get(), has,
-                            n, d_wire.get(), stream_));
+    ASSERT_OK(EfFloat16Cuda(Float16Format::kFp16, d_g_->get(), d_e_->get(), has, n, d_wire.get(),
+                            stream_));
     Sync();
     ExpectSame(d_wire.Download(), wire, "fp16 wire");
     ExpectSameFloats(d_e_->Download(), e, "fp16 residual");
@@ -571,8 +540,8 @@ TEST_P(ErrorFeedbackTest, Float16SignQsgdMatchReference) {
     EfSignCpu(g_.data(), e.data(), has, n, 512, scales.data(), bits.data());
     DeviceArray<float> d_scales(chunks);
     DeviceArray<uint8_t> d_bits(bits.size());
-    ASSERT_OK(EfSignCuda(d_g_->get(), d_e_->get(), has, n, 512, d_scales.get(),
-                         d_bits.get(), stream_));
+    ASSERT_OK(
+        EfSignCuda(d_g_->get(), d_e_->get(), has, n, 512, d_scales.get(), d_bits.get(), stream_));
     Sync();
     ExpectSameFloats(d_scales.Download(), scales, "sign scales");
     ExpectSame(d_bits.Download(), bits, "sign bits");
@@ -585,12 +554,11 @@ TEST_P(ErrorFeedbackTest, Float16SignQsgdMatchReference) {
     const uint64_t key = QsgdKey({1, 2, 3});
     std::vector<float> norms(chunks);
     std::vector<int8_t> q(n);
-    EfQsgdCpu(g_.data(), e.data(), has, n, 512, 127, key, norms.data(),
-              q.data());
+    EfQsgdCpu(g_.data(), e.data(), has, n, 512, 127, key, norms.data(), q.data());
     DeviceArray<float> d_norms(chunks);
     DeviceArray<int8_t> d_q(n);
-    ASSERT_OK(EfQsgdCuda(d_g_->get(), d_e_->get(), has, n, 512, 127, key,
-                         d_norms.get(), d_q.get(), stream_));
+    ASSERT_OK(EfQsgdCuda(d_g_->get(), d_e_->get(), has, n, 512, 127, key, d_norms.get(), d_q.get(),
+                         stream_));
     Sync();
     ExpectSame(d_norms.Download(), norms, "qsgd norms");
     ExpectSame(d_q.Download(), q, "qsgd levels");
@@ -618,10 +586,9 @@ TEST_P(ErrorFeedbackTest, SparseMatchReference) {
       DeviceArray<uint16_t> d16(k);
       const size_t ws_bytes = TopKWorkspaceBytes(n);
       DeviceArray<uint8_t> ws(ws_bytes);
-      ASSERT_OK(EfTopKCuda(d_g_->get(), d_e_->get(), has, n, k, format,
-                           d_idx.get(),
-                           f16 ? static_cast<void*>(d16.get()) : d32.get(),
-                           ws.get(), ws_bytes, stream_));
+      ASSERT_OK(EfTopKCuda(d_g_->get(), d_e_->get(), has, n, k, format, d_idx.get(),
+                           f16 ? static_cast<void*>(d16.get()) : d32.get(), ws.get(), ws_bytes,
+                           stream_));
       Sync();
       ExpectSame(d_idx.Download(), idx, "top-k indices");
       if (f16) {
@@ -638,12 +605,11 @@ TEST_P(ErrorFeedbackTest, SparseMatchReference) {
     const std::vector<uint32_t> ridx = RandomKIndicesCpu({7, 8, 9}, n, k);
     const float scale = k > 0 ? RandomKScale(n, k) : 1.0f;
     std::vector<float> e = e_old_, values(k), d(n);
-    EfRandomKCpu(g_.data(), e.data(), has, n, ridx.data(), k, scale,
-                 values.data());
+    EfRandomKCpu(g_.data(), e.data(), has, n, ridx.data(), k, scale, values.data());
     DeviceArray<uint32_t> d_ridx(ridx);
     DeviceArray<float> d_values(k);
-    ASSERT_OK(EfRandomKCuda(d_g_->get(), d_e_->get(), has, n, d_ridx.get(), k,
-                            scale, d_values.get(), stream_));
+    ASSERT_OK(EfRandomKCuda(d_g_->get(), d_e_->get(), has, n, d_ridx.get(), k, scale,
+                            d_values.get(), stream_));
     Sync();
     ExpectSameFloats(d_values.Download(), values, "random-k values");
     ExpectSameFloats(d_e_->Download(), e, "random-k residual");
@@ -653,8 +619,7 @@ TEST_P(ErrorFeedbackTest, SparseMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ErrorFeedbackTest,
-                         ::testing::Values(0, 1, 31, 33, 513, 4097, 65537,
-                                           (size_t{1} << 20) + 7));
+                         ::testing::Values(0, 1, 31, 33, 513, 4097, 65537, (size_t{1} << 20) + 7));
 
 // ---- Arguments ----
 
@@ -671,37 +636,29 @@ TEST_F(CompressKernelsTest, RejectsBadArguments) {
   EXPECT_EQ(FloatToHalfCuda(nullptr, h, 4, stream_).code(), invalid);
   EXPECT_TRUE(FloatToHalfCuda(f, h + 1, 4, stream_).ok());
   EXPECT_TRUE(HalfToFloatCuda(h + 1, f + 1, 4, stream_).ok());
-  EXPECT_EQ(
-      HalfToFloatCuda(h, reinterpret_cast<float*>(h + 1), 4, stream_).code(),
-      invalid);  // A float pointer that is only 2-byte aligned.
-  EXPECT_EQ(
-      SignEncodeCuda(f, 8, 12, f, reinterpret_cast<uint8_t*>(f + 8), stream_)
-          .code(),
-      invalid);
-  EXPECT_EQ(
-      QsgdEncodeCuda(f, 8, 8, 128, 0, f, reinterpret_cast<int8_t*>(f), stream_)
-          .code(),
-      invalid);
+  EXPECT_EQ(HalfToFloatCuda(h, reinterpret_cast<float*>(h + 1), 4, stream_).code(),
+            invalid);  // A float pointer that is only 2-byte aligned.
+  EXPECT_EQ(SignEncodeCuda(f, 8, 12, f, reinterpret_cast<uint8_t*>(f + 8), stream_).code(),
+            invalid);
+  EXPECT_EQ(QsgdEncodeCuda(f, 8, 8, 128, 0, f, reinterpret_cast<int8_t*>(f), stream_).code(),
+            invalid);
   int32_t* idx = reinterpret_cast<int32_t*>(f + 64);
-  EXPECT_EQ(TopKCuda(f, 8, 9, SparseValueFormat::kF32, idx, f + 128, f + 192,
-                     TopKWorkspaceBytes(8), stream_)
+  EXPECT_EQ(TopKCuda(f, 8, 9, SparseValueFormat::kF32, idx, f + 128, f + 192, TopKWorkspaceBytes(8),
+                     stream_)
                 .code(),
             invalid);
   EXPECT_EQ(TopKCuda(f, 8, 2, SparseValueFormat::kF32, idx, f + 128, f + 192,
                      TopKWorkspaceBytes(8) - 1, stream_)
                 .code(),
             invalid);
-  EXPECT_EQ(TopKCuda(f, size_t{1} << 31, 2, SparseValueFormat::kF32, idx,
-                     f + 128, f + 192, 1 << 30, stream_)
+  EXPECT_EQ(TopKCuda(f, size_t{1} << 31, 2, SparseValueFormat::kF32, idx, f + 128, f + 192, 1 << 30,
+                     stream_)
                 .code(),
             invalid);
-  EXPECT_TRUE(TopKCuda(f, 8, 0, SparseValueFormat::kF32, nullptr, nullptr,
-                       nullptr, 0, stream_)
-                  .ok());
-  EXPECT_EQ(
-      ScatterCuda(f, reinterpret_cast<uint32_t*>(idx), 9, 1.0f, 8, f, stream_)
-          .code(),
-      invalid);
+  EXPECT_TRUE(
+      TopKCuda(f, 8, 0, SparseValueFormat::kF32, nullptr, nullptr, nullptr, 0, stream_).ok());
+  EXPECT_EQ(ScatterCuda(f, reinterpret_cast<uint32_t*>(idx), 9, 1.0f, 8, f, stream_).code(),
+            invalid);
   Sync();
   ASSERT_CUDA_OK(cudaFree(raw));
 }

@@ -113,12 +113,8 @@ GRADSYNC_HD float RoundEven(float x) {
 
 GRADSYNC_HD float Abs(float x) { return BitsFloat(FloatBits(x) & 0x7FFFFFFFu); }
 GRADSYNC_HD bool SignBit(float x) { return (FloatBits(x) >> 31) != 0; }
-GRADSYNC_HD bool IsFinite(float x) {
-  return (FloatBits(x) & 0x7F800000u) != 0x7F800000u;
-}
-GRADSYNC_HD bool IsInf(float x) {
-  return (FloatBits(x) & 0x7FFFFFFFu) == 0x7F800000u;
-}
+GRADSYNC_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7F800000u) != 0x7F800000u; }
+GRADSYNC_HD bool IsInf(float x) { return (FloatBits(x) & 0x7FFFFFFFu) == 0x7F800000u; }
 
 // ---- 16-bit floats (common/half.cc) ----
 
@@ -151,8 +147,7 @@ GRADSYNC_HD float HalfBitsToFloat(uint16_t h) {
     return BitsFloat(sign | FloatBits(magnitude));
   }
   if (exp == 31) {
-    return BitsFloat(sign | 0x7F800000u | (mant << 13) |
-                     (mant != 0 ? 0x400000u : 0u));
+    return BitsFloat(sign | 0x7F800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
   }
   return BitsFloat(sign | ((exp + 112) << 23) | (mant << 13));
 }
@@ -167,16 +162,12 @@ GRADSYNC_HD uint16_t FloatToBf16Bits(float value) {
   return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
-GRADSYNC_HD float Bf16BitsToFloat(uint16_t b) {
-  return BitsFloat(static_cast<uint32_t>(b) << 16);
-}
+GRADSYNC_HD float Bf16BitsToFloat(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }
 
 // ---- Top-k (compression/topk_select.h) ----
 
 // The float's bits without the sign: orders like |x|, NaN above infinity.
-GRADSYNC_HD uint32_t MagnitudeKey(float x) {
-  return FloatBits(x) & 0x7FFFFFFFu;
-}
+GRADSYNC_HD uint32_t MagnitudeKey(float x) { return FloatBits(x) & 0x7FFFFFFFu; }
 
 // ---- Sign (compression/quantize_kernels.cc) ----
 
@@ -189,8 +180,7 @@ GRADSYNC_HD float SignDecode(float scale, uint32_t bit) {
 // The chunk's scale from its 8 lane sums, in the reduction order of
 // compression/quantize_kernels.h.
 GRADSYNC_HD float ReduceLanes(const float* l) {
-  return Add(Add(Add(l[0], l[4]), Add(l[2], l[6])),
-             Add(Add(l[1], l[5]), Add(l[3], l[7])));
+  return Add(Add(Add(l[0], l[4]), Add(l[2], l[6])), Add(Add(l[1], l[5]), Add(l[3], l[7])));
 }
 
 // ---- QSGD (compression/qsgd_compressor.cc, quantize_kernels.cc) ----
@@ -215,13 +205,12 @@ GRADSYNC_HD QsgdChunkPlan PlanQsgdChunk(float norm, int levels) {
 
 // The level of x: sign(x) * floor(min(|x| * inv + u, levels)) with
 // u = (hash >> 8) * 2^-24.
-GRADSYNC_HD int8_t QsgdLevel(float x, const QsgdChunkPlan& plan, float top,
-                             uint64_t key, uint32_t index) {
+GRADSYNC_HD int8_t QsgdLevel(float x, const QsgdChunkPlan& plan, float top, uint64_t key,
+                             uint32_t index) {
   if (plan.zero) return 0;
   const float v = Mul(x, plan.prescale);
   const float r = Mul(Abs(v), plan.inv);
-  const float u =
-      Mul(static_cast<float>(RoundingHash(key, index) >> 8), kTwoToMinus24);
+  const float u = Mul(static_cast<float>(RoundingHash(key, index) >> 8), kTwoToMinus24);
   const float sum = Add(r, u);
   const float t = top < sum ? top : sum;
   const int8_t q = static_cast<int8_t>(static_cast<int32_t>(t));
@@ -230,13 +219,10 @@ GRADSYNC_HD int8_t QsgdLevel(float x, const QsgdChunkPlan& plan, float top,
 
 // The decoded step of a chunk: M / levels, or NaN for a non-finite M.
 GRADSYNC_HD float QsgdStep(float norm, int levels) {
-  return IsFinite(norm) ? Div(norm, static_cast<float>(levels))
-                        : BitsFloat(kCanonicalNan);
+  return IsFinite(norm) ? Div(norm, static_cast<float>(levels)) : BitsFloat(kCanonicalNan);
 }
 
-GRADSYNC_HD float QsgdDecode(int8_t q, float step) {
-  return Mul(static_cast<float>(q), step);
-}
+GRADSYNC_HD float QsgdDecode(int8_t q, float step) { return Mul(static_cast<float>(q), step); }
 
 }  // namespace gradsync::kernels::math
 

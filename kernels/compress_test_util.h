@@ -27,8 +27,7 @@ inline uint64_t Mix64(uint64_t x) {
 // Gradient-like values over 2^-20 .. 2^12 with random signs, about 1 in 32
 // each of +0, -0 and a repeated magnitude (+-0.375, for ties); with
 // `specials` also +-inf and NaN, about 1 in 256 each.
-inline std::vector<float> TestValues(size_t n, uint64_t seed,
-                                     bool specials = false) {
+inline std::vector<float> TestValues(size_t n, uint64_t seed, bool specials = false) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t r = Mix64(seed * 0x100000001B3ull + i);
@@ -45,8 +44,8 @@ inline std::vector<float> TestValues(size_t n, uint64_t seed,
     } else if (kind < 26) {
       v[i] = (r >> 8) & 1 ? 0.375f : -0.375f;
     } else {
-      const int32_t mantissa = static_cast<int32_t>((r >> 8) & 0xFFFFFF) -
-                               0x800000;  // [-2^23, 2^23)
+      const int32_t mantissa =
+          static_cast<int32_t>((r >> 8) & 0xFFFFFF) - 0x800000;  // [-2^23, 2^23)
       const int exponent = static_cast<int>((r >> 40) % 32) - 20;
       v[i] = std::ldexp(static_cast<float>(mantissa) / 8388608.0f, exponent);
     }
@@ -56,12 +55,10 @@ inline std::vector<float> TestValues(size_t n, uint64_t seed,
 
 // 0, 1, around warps, bytes, chunks and tiles, and a few large ones.
 inline std::vector<size_t> TestSizes() {
-  return {0,  1,   7,   8,   9,    31,   32,   33,
-          63, 511, 512, 513, 1000, 1023, 4097, 65537};
+  return {0, 1, 7, 8, 9, 31, 32, 33, 63, 511, 512, 513, 1000, 1023, 4097, 65537};
 }
 
-inline uint64_t Fnv1a(const void* data, size_t bytes,
-                      uint64_t h = 14695981039346656037ull) {
+inline uint64_t Fnv1a(const void* data, size_t bytes, uint64_t h = 14695981039346656037ull) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < bytes; ++i) {
     h ^= p[i];
@@ -87,15 +84,13 @@ inline long FirstDifference(const float* a, const float* b, size_t n) {
   return -1;
 }
 
-inline std::string DescribeDifference(const float* got, const float* want,
-                                      size_t n) {
+inline std::string DescribeDifference(const float* got, const float* want, size_t n) {
   const long i = FirstDifference(got, want, n);
   if (i < 0) return "equal";
   char buf[160];
-  std::snprintf(
-      buf, sizeof(buf),
-      "first difference at %ld of %zu: got %.9g (0x%08x), want %.9g (0x%08x)",
-      i, n, got[i], Bits(got[i]), want[i], Bits(want[i]));
+  std::snprintf(buf, sizeof(buf),
+                "first difference at %ld of %zu: got %.9g (0x%08x), want %.9g (0x%08x)", i, n,
+                got[i], Bits(got[i]), want[i], Bits(want[i]));
   return buf;
 }
 

@@ -40,8 +40,7 @@ struct Pointer {
   size_t align;
 };
 
-inline Status CheckPointers(const char* fn,
-                            std::initializer_list<Pointer> args) {
+inline Status CheckPointers(const char* fn, std::initializer_list<Pointer> args) {
   for (const Pointer& a : args) {
     if (a.ptr == nullptr) {
       return InvalidArgumentError(std::string(fn) + ": " + a.name + " is null");
@@ -66,8 +65,7 @@ inline Status CheckChunk(const char* fn, size_t chunk) {
 
 inline Status CheckLevels(const char* fn, int levels) {
   if (levels >= 1 && levels <= 127) return OkStatus();
-  return InvalidArgumentError(std::string(fn) +
-                              ": levels must be in [1, 127], got " +
+  return InvalidArgumentError(std::string(fn) + ": levels must be in [1, 127], got " +
                               std::to_string(levels));
 }
 
@@ -75,8 +73,7 @@ inline Status CheckLevels(const char* fn, int levels) {
 inline Status LaunchStatus(const char* fn, cudaError_t err = cudaSuccess) {
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err == cudaSuccess) return OkStatus();
-  return InternalError(std::string(fn) +
-                       ": launch failed: " + cudaGetErrorString(err));
+  return InternalError(std::string(fn) + ": launch failed: " + cudaGetErrorString(err));
 }
 
 // A buffer walked in groups of 8 elements of `elem` bytes, each group loaded
@@ -93,8 +90,7 @@ inline size_t VectorHead(std::initializer_list<Stream8> buffers) {
   for (size_t h = 0; h < 8; ++h) {
     bool aligned = true;
     for (const Stream8& b : buffers) {
-      aligned &=
-          (reinterpret_cast<uintptr_t>(b.ptr) + h * b.elem) % b.align == 0;
+      aligned &= (reinterpret_cast<uintptr_t>(b.ptr) + h * b.elem) % b.align == 0;
     }
     if (aligned) return h;
   }
@@ -115,9 +111,8 @@ inline VectorSplit SplitForVectors(size_t n, size_t head) {
 
 // The argument checks of TopKCuda (topk_kernels.cu) for n elements, without
 // the input pointer: k <= n < 2^31, outputs and workspace when k > 0.
-Status CheckTopKArgs(const char* fn, size_t n, size_t k,
-                     SparseValueFormat format, const int32_t* indices,
-                     const void* values, const void* workspace,
+Status CheckTopKArgs(const char* fn, size_t n, size_t k, SparseValueFormat format,
+                     const int32_t* indices, const void* values, const void* workspace,
                      size_t workspace_bytes);
 
 }  // namespace gradsync::kernels::launch

@@ -47,24 +47,22 @@ using launch::LaunchStatus;
 
 // What the encoder sees of element i: g, or c = g + e_old with a residual.
 template <bool kEf>
-__device__ __forceinline__ float Input(const float* in, const float* residual,
-                                       bool has_residual, size_t i) {
+__device__ __forceinline__ float Input(const float* in, const float* residual, bool has_residual,
+                                       size_t i) {
   if (!kEf || !has_residual) return in[i];
   return math::Corrected(in[i], residual[i]);
 }
 
 // 8 threads per chunk; `residual` is only touched when kEf.
 template <bool kEf>
-__global__ void SignEncodeKernel(const float* __restrict__ in, float* residual,
-                                 bool has_residual, size_t n, size_t chunk,
-                                 size_t num_chunks, float* __restrict__ scales,
-                                 uint8_t* __restrict__ bits) {
+__global__ void SignEncodeKernel(const float* __restrict__ in, float* residual, bool has_residual,
+                                 size_t n, size_t chunk, size_t num_chunks,
+                                 float* __restrict__ scales, uint8_t* __restrict__ bits) {
   const size_t c = ThreadIndex() / 8;
   const unsigned int lane = threadIdx.x % 8;
   const unsigned int byte_shift = threadIdx.x % 32 / 8 * 8;
   const size_t first = c * chunk;
-  const size_t len =
-      c < num_chunks ? (chunk < n - first ? chunk : n - first) : 0;
+  const size_t len = c < num_chunks ? (chunk < n - first ? chunk : n - first) : 0;
   const size_t rounds = chunk / 8;
   float sum = 0.0f;
 #pragma unroll 4
@@ -85,24 +83,20 @@ __global__ void SignEncodeKernel(const float* __restrict__ in, float* residual,
   sum = math::Add(sum, __shfl_down_sync(kFullMask, sum, 4, 8));
   sum = math::Add(sum, __shfl_down_sync(kFullMask, sum, 2, 8));
   sum = math::Add(sum, __shfl_down_sync(kFullMask, sum, 1, 8));
-  const float scale =
-      __shfl_sync(kFullMask, math::Div(sum, static_cast<float>(len)), 0, 8);
+  const float scale = __shfl_sync(kFullMask, math::Div(sum, static_cast<float>(len)), 0, 8);
   if (len == 0) return;
   if (lane == 0) scales[c] = scale;
   if constexpr (kEf) {
     for (size_t i = lane; i < len; i += 8) {
       const float x = Input<kEf>(in, residual, has_residual, first + i);
-      residual[first + i] =
-          math::Sub(x, math::SignDecode(scale, math::SignBit(x) ? 1u : 0u));
+      residual[first + i] = math::Sub(x, math::SignDecode(scale, math::SignBit(x) ? 1u : 0u));
     }
   }
 }
 
 // One group of 8 elements (one byte of bits) per iteration.
-__global__ void SignDecodeKernel(const float* __restrict__ scales,
-                                 const uint8_t* __restrict__ bits, size_t n,
-                                 size_t chunk, float* __restrict__ out,
-                                 bool vector_out) {
+__global__ void SignDecodeKernel(const float* __restrict__ scales, const uint8_t* __restrict__ bits,
+                                 size_t n, size_t chunk, float* __restrict__ out, bool vector_out) {
   const size_t groups = (n + 7) / 8;
   for (size_t g = ThreadIndex(); g < groups; g += GridStride()) {
     const size_t i0 = 8 * g;
@@ -150,11 +144,9 @@ __global__ void SignDecodeQuadKernel(const float* __restrict__ scales,
 
 // One warp per chunk: the norm, then the levels (and e_new when kEf).
 template <bool kEf>
-__global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual,
-                                 bool has_residual, size_t n, size_t chunk,
-                                 size_t num_chunks, int levels, uint64_t key,
-                                 float* __restrict__ norms,
-                                 int8_t* __restrict__ q) {
+__global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual, bool has_residual,
+                                 size_t n, size_t chunk, size_t num_chunks, int levels,
+                                 uint64_t key, float* __restrict__ norms, int8_t* __restrict__ q) {
   const size_t c = ThreadIndex() / 32;
   if (c >= num_chunks) return;  // The whole warp.
   const unsigned int lane = threadIdx.x % 32;
@@ -163,8 +155,7 @@ __global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual,
   uint32_t m = 0;
 #pragma unroll 4
   for (size_t i = lane; i < len; i += 32) {
-    const uint32_t k =
-        math::MagnitudeKey(Input<kEf>(in, residual, has_residual, first + i));
+    const uint32_t k = math::MagnitudeKey(Input<kEf>(in, residual, has_residual, first + i));
     m = k > m ? k : m;
   }
   m = WarpMax(m);
@@ -176,8 +167,7 @@ __global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual,
 #pragma unroll 4
   for (size_t i = lane; i < len; i += 32) {
     const float x = Input<kEf>(in, residual, has_residual, first + i);
-    const int8_t level =
-        math::QsgdLevel(x, plan, top, key, static_cast<uint32_t>(first + i));
+    const int8_t level = math::QsgdLevel(x, plan, top, key, static_cast<uint32_t>(first + i));
     q[first + i] = level;
     if constexpr (kEf) {
       residual[first + i] = math::Sub(x, math::QsgdDecode(level, step));
@@ -185,10 +175,9 @@ __global__ void QsgdEncodeKernel(const float* __restrict__ in, float* residual,
   }
 }
 
-__global__ void QsgdDecodeKernel(const float* __restrict__ norms,
-                                 const int8_t* __restrict__ q, size_t n,
-                                 size_t chunk, int levels,
-                                 float* __restrict__ out, bool vector) {
+__global__ void QsgdDecodeKernel(const float* __restrict__ norms, const int8_t* __restrict__ q,
+                                 size_t n, size_t chunk, int levels, float* __restrict__ out,
+                                 bool vector) {
   const size_t groups = (n + 7) / 8;
   for (size_t g = ThreadIndex(); g < groups; g += GridStride()) {
     const size_t i0 = 8 * g;
@@ -207,112 +196,97 @@ __global__ void QsgdDecodeKernel(const float* __restrict__ norms,
   }
 }
 
-size_t NumChunksOf(size_t n, size_t chunk) {
-  return n / chunk + (n % chunk != 0);
-}
+size_t NumChunksOf(size_t n, size_t chunk) { return n / chunk + (n % chunk != 0); }
 
-bool Aligned(const void* p, size_t align) {
-  return reinterpret_cast<uintptr_t>(p) % align == 0;
-}
+bool Aligned(const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align == 0; }
 
 template <bool kEf>
-Status LaunchSignEncode(const char* fn, const float* in, float* residual,
-                        bool has_residual, size_t n, size_t chunk,
-                        float* scales, uint8_t* bits, cudaStream_t stream) {
+Status LaunchSignEncode(const char* fn, const float* in, float* residual, bool has_residual,
+                        size_t n, size_t chunk, float* scales, uint8_t* bits, cudaStream_t stream) {
   GS_RETURN_IF_ERROR(launch::CheckChunk(fn, chunk));
   if (n == 0) return OkStatus();
-  GS_RETURN_IF_ERROR(CheckPointers(
-      fn, {{"in", in, 4}, {"scales", scales, 4}, {"bits", bits, 1}}));
+  GS_RETURN_IF_ERROR(CheckPointers(fn, {{"in", in, 4}, {"scales", scales, 4}, {"bits", bits, 1}}));
   if constexpr (kEf) {
     GS_RETURN_IF_ERROR(CheckPointers(fn, {{"residual", residual, 4}}));
   }
   const size_t chunks = NumChunksOf(n, chunk);
   SignEncodeKernel<kEf>
-      <<<Blocks(8 * chunks, launch::kThreads, ~size_t{0} >> 33),
-         launch::kThreads, 0, stream>>>(in, residual, has_residual, n, chunk,
-                                        chunks, scales, bits);
+      <<<Blocks(8 * chunks, launch::kThreads, ~size_t{0} >> 33), launch::kThreads, 0, stream>>>(
+          in, residual, has_residual, n, chunk, chunks, scales, bits);
   return LaunchStatus(fn);
 }
 
 template <bool kEf>
-Status LaunchQsgdEncode(const char* fn, const float* in, float* residual,
-                        bool has_residual, size_t n, size_t chunk, int levels,
-                        uint64_t key, float* norms, int8_t* q,
+Status LaunchQsgdEncode(const char* fn, const float* in, float* residual, bool has_residual,
+                        size_t n, size_t chunk, int levels, uint64_t key, float* norms, int8_t* q,
                         cudaStream_t stream) {
   GS_RETURN_IF_ERROR(launch::CheckChunk(fn, chunk));
   GS_RETURN_IF_ERROR(launch::CheckLevels(fn, levels));
   if (n == 0) return OkStatus();
-  GS_RETURN_IF_ERROR(
-      CheckPointers(fn, {{"in", in, 4}, {"norms", norms, 4}, {"q", q, 1}}));
+  GS_RETURN_IF_ERROR(CheckPointers(fn, {{"in", in, 4}, {"norms", norms, 4}, {"q", q, 1}}));
   if constexpr (kEf) {
     GS_RETURN_IF_ERROR(CheckPointers(fn, {{"residual", residual, 4}}));
   }
   const size_t chunks = NumChunksOf(n, chunk);
   QsgdEncodeKernel<kEf>
-      <<<Blocks(32 * chunks, launch::kThreads, ~size_t{0} >> 33),
-         launch::kThreads, 0, stream>>>(in, residual, has_residual, n, chunk,
-                                        chunks, levels, key, norms, q);
+      <<<Blocks(32 * chunks, launch::kThreads, ~size_t{0} >> 33), launch::kThreads, 0, stream>>>(
+          in, residual, has_residual, n, chunk, chunks, levels, key, norms, q);
   return LaunchStatus(fn);
 }
 
 }  // namespace
 
-Status SignEncodeCuda(const float* in, size_t n, size_t chunk, float* scales,
-                      uint8_t* bits, cudaStream_t stream) {
-  return LaunchSignEncode<false>("SignEncodeCuda", in, nullptr, false, n, chunk,
-                                 scales, bits, stream);
+Status SignEncodeCuda(const float* in, size_t n, size_t chunk, float* scales, uint8_t* bits,
+                      cudaStream_t stream) {
+  return LaunchSignEncode<false>("SignEncodeCuda", in, nullptr, false, n, chunk, scales, bits,
+                                 stream);
 }
 
-Status SignDecodeCuda(const float* scales, const uint8_t* bits, size_t n,
-                      size_t chunk, float* out, cudaStream_t stream) {
+Status SignDecodeCuda(const float* scales, const uint8_t* bits, size_t n, size_t chunk, float* out,
+                      cudaStream_t stream) {
   constexpr char kFn[] = "SignDecodeCuda";
   GS_RETURN_IF_ERROR(launch::CheckChunk(kFn, chunk));
   if (n == 0) return OkStatus();
-  GS_RETURN_IF_ERROR(CheckPointers(
-      kFn, {{"scales", scales, 4}, {"bits", bits, 1}, {"out", out, 4}}));
+  GS_RETURN_IF_ERROR(
+      CheckPointers(kFn, {{"scales", scales, 4}, {"bits", bits, 1}, {"out", out, 4}}));
   if (Aligned(out, 16) && n / 4 <= 0xFFFFFFFFu && chunk <= 0xFFFFFFFFu) {
     SignDecodeQuadKernel<<<Blocks((n + 3) / 4), launch::kThreads, 0, stream>>>(
         scales, bits, n, static_cast<uint32_t>(chunk / 4), out);
   } else {
-    SignDecodeKernel<<<Blocks((n + 7) / 8), launch::kThreads, 0, stream>>>(
-        scales, bits, n, chunk, out, Aligned(out, 16));
+    SignDecodeKernel<<<Blocks((n + 7) / 8), launch::kThreads, 0, stream>>>(scales, bits, n, chunk,
+                                                                           out, Aligned(out, 16));
   }
   return LaunchStatus(kFn);
 }
 
-Status QsgdEncodeCuda(const float* in, size_t n, size_t chunk, int levels,
-                      uint64_t key, float* norms, int8_t* q,
-                      cudaStream_t stream) {
-  return LaunchQsgdEncode<false>("QsgdEncodeCuda", in, nullptr, false, n, chunk,
-                                 levels, key, norms, q, stream);
+Status QsgdEncodeCuda(const float* in, size_t n, size_t chunk, int levels, uint64_t key,
+                      float* norms, int8_t* q, cudaStream_t stream) {
+  return LaunchQsgdEncode<false>("QsgdEncodeCuda", in, nullptr, false, n, chunk, levels, key, norms,
+                                 q, stream);
 }
 
-Status QsgdDecodeCuda(const float* norms, const int8_t* q, size_t n,
-                      size_t chunk, int levels, float* out,
-                      cudaStream_t stream) {
+Status QsgdDecodeCuda(const float* norms, const int8_t* q, size_t n, size_t chunk, int levels,
+                      float* out, cudaStream_t stream) {
   constexpr char kFn[] = "QsgdDecodeCuda";
   GS_RETURN_IF_ERROR(launch::CheckChunk(kFn, chunk));
   GS_RETURN_IF_ERROR(launch::CheckLevels(kFn, levels));
   if (n == 0) return OkStatus();
-  GS_RETURN_IF_ERROR(
-      CheckPointers(kFn, {{"norms", norms, 4}, {"q", q, 1}, {"out", out, 4}}));
+  GS_RETURN_IF_ERROR(CheckPointers(kFn, {{"norms", norms, 4}, {"q", q, 1}, {"out", out, 4}}));
   QsgdDecodeKernel<<<Blocks((n + 7) / 8), launch::kThreads, 0, stream>>>(
       norms, q, n, chunk, levels, out, Aligned(q, 8) && Aligned(out, 16));
   return LaunchStatus(kFn);
 }
 
-Status EfSignCuda(const float* g, float* residual, bool has_residual, size_t n,
-                  size_t chunk, float* scales, uint8_t* bits,
-                  cudaStream_t stream) {
-  return LaunchSignEncode<true>("EfSignCuda", g, residual, has_residual, n,
-                                chunk, scales, bits, stream);
+Status EfSignCuda(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+                  float* scales, uint8_t* bits, cudaStream_t stream) {
+  return LaunchSignEncode<true>("EfSignCuda", g, residual, has_residual, n, chunk, scales, bits,
+                                stream);
 }
 
-Status EfQsgdCuda(const float* g, float* residual, bool has_residual, size_t n,
-                  size_t chunk, int levels, uint64_t key, float* norms,
-                  int8_t* q, cudaStream_t stream) {
-  return LaunchQsgdEncode<true>("EfQsgdCuda", g, residual, has_residual, n,
-                                chunk, levels, key, norms, q, stream);
+Status EfQsgdCuda(const float* g, float* residual, bool has_residual, size_t n, size_t chunk,
+                  int levels, uint64_t key, float* norms, int8_t* q, cudaStream_t stream) {
+  return LaunchQsgdEncode<true>("EfQsgdCuda", g, residual, has_residual, n, chunk, levels, key,
+                                norms, q, stream);
 }
 
 }  // namespace gradsync::kernels

@@ -14,18 +14,15 @@ constexpr size_t kMaxBlocks = 4096;
 // dst[i] += src[i] for scalars, grid-stride.
 __global__ void SumIntoScalar(float* dst, const float* src, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     dst[i] += src[i];
   }
 }
 
 // The same with 16-byte loads and stores: dst and src are 16-byte aligned;
 // n4 float4s followed by `tail` (< 4) floats.
-__global__ void SumIntoVec4(float4* dst, const float4* src, size_t n4,
-                            int tail) {
-  const size_t first =
-      static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+__global__ void SumIntoVec4(float4* dst, const float4* src, size_t n4, int tail) {
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = first; i < n4; i += stride) {
     float4 d = dst[i];
@@ -55,12 +52,10 @@ size_t HeadToAlign16(const float* p) {
 
 }  // namespace
 
-Status SumIntoCuda(float* dst, const float* src, size_t n,
-                   cudaStream_t stream) {
+Status SumIntoCuda(float* dst, const float* src, size_t n, cudaStream_t stream) {
   if (n == 0) return OkStatus();
   if (dst == nullptr || src == nullptr) {
-    return InvalidArgumentError("SumIntoCuda: null pointer with n = " +
-                                std::to_string(n));
+    return InvalidArgumentError("SumIntoCuda: null pointer with n = " + std::to_string(n));
   }
   if (reinterpret_cast<uintptr_t>(dst) % alignof(float) != 0 ||
       reinterpret_cast<uintptr_t>(src) % alignof(float) != 0) {
@@ -74,14 +69,13 @@ Status SumIntoCuda(float* dst, const float* src, size_t n,
     if (head > 0) SumIntoScalar<<<1, kThreads, 0, stream>>>(dst, src, head);
     const size_t n4 = (n - head) / 4;
     const int tail = static_cast<int>((n - head) % 4);
-    SumIntoVec4<<<Blocks(n4), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(dst + head),
-        reinterpret_cast<const float4*>(src + head), n4, tail);
+    SumIntoVec4<<<Blocks(n4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(dst + head),
+                                                     reinterpret_cast<const float4*>(src + head),
+                                                     n4, tail);
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    return InternalError(std::string("SumIntoCuda: launch failed: ") +
-                         cudaGetErrorString(err));
+    return InternalError(std::string("SumIntoCuda: launch failed: ") + cudaGetErrorString(err));
   }
   return OkStatus();
 }

@@ -31,8 +31,7 @@ void ScalarSum(float* dst, const float* src, size_t n) {
 // Bit-for-bit equality (NaN payloads and -0 included); safe for empty vectors.
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
-         (a.empty() ||
-          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 class SumIntoCpuTest : public ::testing::TestWithParam<size_t> {};
@@ -61,8 +60,7 @@ TEST_P(SumIntoCpuTest, HandlesUnalignedOffsetsAndSelfSum) {
   EXPECT_TRUE(BitEqual(dst, want));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, SumIntoCpuTest,
-                         ::testing::Values(0, 1, 3, 7, 1000, 4097));
+INSTANTIATE_TEST_SUITE_P(Sizes, SumIntoCpuTest, ::testing::Values(0, 1, 3, 7, 1000, 4097));
 
 TEST(SumIntoCpuSpecialsTest, FollowsIeeeRules) {
   const float inf = std::numeric_limits<float>::infinity();

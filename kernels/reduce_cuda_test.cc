@@ -36,8 +36,7 @@ std::vector<float> Values(size_t n, uint32_t seed) {
 // Bit-for-bit equality (NaN payloads and -0 included); safe for empty vectors.
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
-         (a.empty() ||
-          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 struct Case {
@@ -52,9 +51,7 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 class SumIntoCudaTest : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(HaveCudaDevice());
-  }
+  void SetUp() override { ASSERT_TRUE(HaveCudaDevice()); }
 };
 
 TEST_P(SumIntoCudaTest, MatchesCpuReferenceBitForBit) {
@@ -88,18 +85,16 @@ TEST_P(SumIntoCudaTest, MatchesCpuReferenceBitForBit) {
   ASSERT_CUDA_OK(cudaFree(d_src));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sizes, SumIntoCudaTest,
-    ::testing::Values(Case{0, 0, 0}, Case{1, 0, 0}, Case{3, 0, 0},
-                      Case{1000003, 0, 0},
-                      // Same offset from 16 bytes: scalar head, then float4.
-                      Case{1000003, 1, 1},
-                      // Different offsets: scalar path throughout.
-                      Case{1000003, 1, 2}, Case{3, 3, 0}));
+INSTANTIATE_TEST_SUITE_P(Sizes, SumIntoCudaTest,
+                         ::testing::Values(Case{0, 0, 0}, Case{1, 0, 0}, Case{3, 0, 0},
+                                           Case{1000003, 0, 0},
+                                           // Same offset from 16 bytes: scalar head, then float4.
+                                           Case{1000003, 1, 1},
+                                           // Different offsets: scalar path throughout.
+                                           Case{1000003, 1, 2}, Case{3, 3, 0}));
 
 TEST(SumIntoCudaArgsTest, RejectsNullPointers) {
-  EXPECT_EQ(SumIntoCuda(nullptr, nullptr, 4, nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(SumIntoCuda(nullptr, nullptr, 4, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(SumIntoCuda(nullptr, nullptr, 0, nullptr).ok());
 }
 

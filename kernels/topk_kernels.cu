@@ -91,8 +91,7 @@ __device__ T BlockExclusiveSum(T value, T* total = nullptr) {
 template <typename F>
 __device__ __forceinline__ void ForEachInput(const float* in, size_t n, F f) {
   const size_t misaligned = (reinterpret_cast<uintptr_t>(in) % 16) / 4;
-  const size_t head =
-      misaligned == 0 ? 0 : (4 - misaligned < n ? 4 - misaligned : n);
+  const size_t head = misaligned == 0 ? 0 : (4 - misaligned < n ? 4 - misaligned : n);
   const size_t n4 = (n - head) / 4;
   const float4* v = reinterpret_cast<const float4*>(in + head);
   for (size_t g = ThreadIndex(); g < n4; g += GridStride()) {
@@ -111,8 +110,7 @@ __device__ __forceinline__ void ForEachInput(const float* in, size_t n, F f) {
 // bits above the digit equal the state's prefix.
 template <int kShift, int kBits>
 __global__ void HistogramKernel(const float* __restrict__ in, size_t n,
-                                const TopKState* __restrict__ state,
-                                uint32_t* __restrict__ hist) {
+                                const TopKState* __restrict__ state, uint32_t* __restrict__ hist) {
   constexpr int kBins = 1 << kBits;
   constexpr int kMatch = kShift + kBits;
   __shared__ uint32_t counts[kBins];
@@ -135,8 +133,7 @@ __global__ void HistogramKernel(const float* __restrict__ in, size_t n,
 // rank-th largest matching key (bins scanned from the top) and narrows the
 // state to it. The first pass starts from rank k and an empty prefix.
 template <int kBins>
-__global__ void SelectKernel(TopKState* state,
-                             const uint32_t* __restrict__ hist, int shift,
+__global__ void SelectKernel(TopKState* state, const uint32_t* __restrict__ hist, int shift,
                              bool first, uint32_t k) {
   constexpr int kPer = kBins / kSelectThreads;
   const uint32_t rank = first ? k : state->rank;
@@ -163,8 +160,8 @@ __global__ void SelectKernel(TopKState* state,
 }
 
 // The 16 consecutive elements of this thread in its tile; false where past n.
-__device__ __forceinline__ void LoadRun(const float* in, size_t n, size_t base,
-                                        float* x, bool* valid) {
+__device__ __forceinline__ void LoadRun(const float* in, size_t n, size_t base, float* x,
+                                        bool* valid) {
   if (base + kPerThread <= n && reinterpret_cast<uintptr_t>(in) % 16 == 0) {
     const float4* v = reinterpret_cast<const float4*>(in + base);
 #pragma unroll
@@ -187,8 +184,7 @@ __device__ __forceinline__ void LoadRun(const float* in, size_t n, size_t base,
 }
 
 // Keys > T in the low 16 bits, keys == T in the high 16 (at most 16 each).
-__device__ __forceinline__ uint32_t CountRun(const float* x, const bool* valid,
-                                             uint32_t t) {
+__device__ __forceinline__ uint32_t CountRun(const float* x, const bool* valid, uint32_t t) {
   uint32_t packed = 0;
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
@@ -199,8 +195,7 @@ __device__ __forceinline__ uint32_t CountRun(const float* x, const bool* valid,
 }
 
 __global__ void CountKernel(const float* __restrict__ in, size_t n,
-                            const TopKState* __restrict__ state,
-                            u64* __restrict__ tile_counts) {
+                            const TopKState* __restrict__ state, u64* __restrict__ tile_counts) {
   float x[kPerThread];
   bool valid[kPerThread];
   LoadRun(in, n, blockIdx.x * kTile + threadIdx.x * kPerThread, x, valid);
@@ -218,8 +213,7 @@ __global__ void ScanTilesKernel(const u64* __restrict__ counts, size_t tiles,
   for (size_t base = 0; base < tiles; base += blockDim.x) {
     const size_t t = base + threadIdx.x;
     u64 total = 0;
-    const u64 before =
-        BlockExclusiveSum(t < tiles ? counts[t] : u64{0}, &total);
+    const u64 before = BlockExclusiveSum(t < tiles ? counts[t] : u64{0}, &total);
     if (t < tiles) offsets[t] = carry + before;
     carry += total;
   }
@@ -227,10 +221,8 @@ __global__ void ScanTilesKernel(const u64* __restrict__ counts, size_t tiles,
 
 template <bool kF16>
 __global__ void WriteKernel(const float* __restrict__ in, size_t n, uint32_t k,
-                            const TopKState* __restrict__ state,
-                            const u64* __restrict__ offsets,
-                            int32_t* __restrict__ indices,
-                            void* __restrict__ values) {
+                            const TopKState* __restrict__ state, const u64* __restrict__ offsets,
+                            int32_t* __restrict__ indices, void* __restrict__ values) {
   const uint32_t t = state->prefix;
   const uint32_t ties = k - state->greater;
   const size_t base = blockIdx.x * kTile + threadIdx.x * kPerThread;
@@ -268,77 +260,70 @@ void SelectPass(const float* in, size_t n, size_t k, int pass, void* workspace,
                 cudaStream_t stream) {
   auto* state = static_cast<TopKState*>(workspace);
   uint32_t* hist =
-      reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) + kHistOffset) +
-      pass * kMaxBins;
+      reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) + kHistOffset) + pass * kMaxBins;
   HistogramKernel<kShift, kBits>
-      <<<launch::Blocks(n, kTile, kHistogramBlocks), kTileThreads, 0, stream>>>(
-          in, n, state, hist);
-  SelectKernel<(1 << kBits)><<<1, kSelectThreads, 0, stream>>>(
-      state, hist, kShift, pass == 0, static_cast<uint32_t>(k));
+      <<<launch::Blocks(n, kTile, kHistogramBlocks), kTileThreads, 0, stream>>>(in, n, state, hist);
+  SelectKernel<(1 << kBits)>
+      <<<1, kSelectThreads, 0, stream>>>(state, hist, kShift, pass == 0, static_cast<uint32_t>(k));
 }
 
 }  // namespace
 
 namespace launch {
 
-Status CheckTopKArgs(const char* fn, size_t n, size_t k,
-                     SparseValueFormat format, const int32_t* indices,
-                     const void* values, const void* workspace,
+Status CheckTopKArgs(const char* fn, size_t n, size_t k, SparseValueFormat format,
+                     const int32_t* indices, const void* values, const void* workspace,
                      size_t workspace_bytes) {
   if (n > kMaxElements) {
     return InvalidArgumentError(std::string(fn) + ": " + std::to_string(n) +
                                 " elements exceed the int32 index limit");
   }
   if (k > n) {
-    return InvalidArgumentError(std::string(fn) + ": k " + std::to_string(k) +
-                                " exceeds n " + std::to_string(n));
+    return InvalidArgumentError(std::string(fn) + ": k " + std::to_string(k) + " exceeds n " +
+                                std::to_string(n));
   }
   if (k == 0) return OkStatus();
   const size_t value_bytes = format == SparseValueFormat::kF16 ? 2 : 4;
-  GS_RETURN_IF_ERROR(CheckPointers(fn, {{"indices", indices, 4},
-                                        {"values", values, value_bytes},
-                                        {"workspace", workspace, 16}}));
+  GS_RETURN_IF_ERROR(CheckPointers(
+      fn,
+      {{"indices", indices, 4}, {"values", values, value_bytes}, {"workspace", workspace, 16}}));
   if (workspace_bytes < TopKWorkspaceBytes(n)) {
-    return InvalidArgumentError(
-        std::string(fn) + ": workspace of " + std::to_string(workspace_bytes) +
-        " bytes, " + std::to_string(TopKWorkspaceBytes(n)) + " needed");
+    return InvalidArgumentError(std::string(fn) + ": workspace of " +
+                                std::to_string(workspace_bytes) + " bytes, " +
+                                std::to_string(TopKWorkspaceBytes(n)) + " needed");
   }
   return OkStatus();
 }
 
 }  // namespace launch
 
-size_t TopKWorkspaceBytes(size_t n) {
-  return kCountsOffset + 2 * NumTiles(n) * sizeof(u64);
-}
+size_t TopKWorkspaceBytes(size_t n) { return kCountsOffset + 2 * NumTiles(n) * sizeof(u64); }
 
-Status TopKCuda(const float* in, size_t n, size_t k, SparseValueFormat format,
-                int32_t* indices, void* values, void* workspace,
-                size_t workspace_bytes, cudaStream_t stream) {
+Status TopKCuda(const float* in, size_t n, size_t k, SparseValueFormat format, int32_t* indices,
+                void* values, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   constexpr char kFn[] = "TopKCuda";
-  GS_RETURN_IF_ERROR(launch::CheckTopKArgs(kFn, n, k, format, indices, values,
-                                           workspace, workspace_bytes));
+  GS_RETURN_IF_ERROR(
+      launch::CheckTopKArgs(kFn, n, k, format, indices, values, workspace, workspace_bytes));
   if (k == 0) return OkStatus();
   GS_RETURN_IF_ERROR(launch::CheckPointers(kFn, {{"in", in, 4}}));
-  GS_RETURN_IF_ERROR(launch::LaunchStatus(
-      kFn, cudaMemsetAsync(workspace, 0, kCountsOffset, stream)));
+  GS_RETURN_IF_ERROR(
+      launch::LaunchStatus(kFn, cudaMemsetAsync(workspace, 0, kCountsOffset, stream)));
   SelectPass<20, 11>(in, n, k, 0, workspace, stream);
   SelectPass<10, 10>(in, n, k, 1, workspace, stream);
   SelectPass<0, 10>(in, n, k, 2, workspace, stream);
   const size_t tiles = NumTiles(n);
   const auto* state = static_cast<const TopKState*>(workspace);
-  u64* counts =
-      reinterpret_cast<u64*>(static_cast<char*>(workspace) + kCountsOffset);
+  u64* counts = reinterpret_cast<u64*>(static_cast<char*>(workspace) + kCountsOffset);
   u64* offsets = counts + tiles;
   const unsigned int grid = static_cast<unsigned int>(tiles);
   CountKernel<<<grid, kTileThreads, 0, stream>>>(in, n, state, counts);
   ScanTilesKernel<<<1, kSelectThreads, 0, stream>>>(counts, tiles, offsets);
   if (format == SparseValueFormat::kF16) {
-    WriteKernel<true><<<grid, kTileThreads, 0, stream>>>(
-        in, n, static_cast<uint32_t>(k), state, offsets, indices, values);
+    WriteKernel<true><<<grid, kTileThreads, 0, stream>>>(in, n, static_cast<uint32_t>(k), state,
+                                                         offsets, indices, values);
   } else {
-    WriteKernel<false><<<grid, kTileThreads, 0, stream>>>(
-        in, n, static_cast<uint32_t>(k), state, offsets, indices, values);
+    WriteKernel<false><<<grid, kTileThreads, 0, stream>>>(in, n, static_cast<uint32_t>(k), state,
+                                                          offsets, indices, values);
   }
   return launch::LaunchStatus(kFn);
 }

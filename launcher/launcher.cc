@@ -1,8 +1,5 @@
 #include "launcher/launcher.h"
 
-#include "launcher/launcher_process.h"
-#include "launcher/slurm.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -26,6 +23,8 @@
 #include "common/net.h"
 #include "common/private_files.h"
 #include "common/subprocess.h"
+#include "launcher/launcher_process.h"
+#include "launcher/slurm.h"
 #include "wire/curve.h"
 
 namespace gradsync::launcher {
@@ -50,8 +49,7 @@ std::string SelfPath() {
 StatusOr<std::string> FindCommand(const std::string& name) {
   if (name.find('/') != std::string::npos) {
     if (IsExecutable(name)) return name;
-    return NotFoundError("worker command " + name +
-                         " is not an executable file");
+    return NotFoundError("worker command " + name + " is not an executable file");
   }
   const char* path = std::getenv("PATH");
   std::string dirs = path ? path : "/usr/bin:/bin";
@@ -66,18 +64,15 @@ StatusOr<std::string> FindCommand(const std::string& name) {
 }
 
 Status Stopped(int sig) {
-  return CancelledError("stopped by signal " + std::to_string(sig) + " (" +
-                        strsignal(sig) + ")");
+  return CancelledError("stopped by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")");
 }
 
-StatusOr<int> IntFlag(const Config& config, const char* name, int64_t def,
-                      int64_t lo, int64_t hi) {
+StatusOr<int> IntFlag(const Config& config, const char* name, int64_t def, int64_t lo, int64_t hi) {
   GS_ASSIGN_OR_RETURN(int64_t v, config.GetInt(name, def));
   if (v < lo || v > hi) {
-    return InvalidArgumentError("--" + std::string(name) + "=" +
-                                std::to_string(v) + " is out of range [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) +
-                                "]");
+    return InvalidArgumentError("--" + std::string(name) + "=" + std::to_string(v) +
+                                " is out of range [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "]");
   }
   return static_cast<int>(v);
 }
@@ -90,8 +85,7 @@ std::string Describe(int code) {
   return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
 }
 
-StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
-                                                const char* const* argv) {
+StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc, const char* const* argv) {
   int split = 1;
   while (split < argc && std::strcmp(argv[split], "--") != 0) ++split;
   GS_ASSIGN_OR_RETURN(Config config, Config::FromArgs(split, argv, nullptr));
@@ -103,9 +97,10 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   GS_ASSIGN_OR_RETURN(o.max_workers, IntFlag(config, "max_workers", o.workers, o.workers, 4096));
   GS_ASSIGN_OR_RETURN(o.restarts, IntFlag(config, "restarts", 0, 0, 1000));
   if (o.restarts > 0 && !o.Elastic()) {
-    return InvalidArgumentError("--restarts needs an elastic job (--min_workers below --workers, "
-                                "or --max_workers above it): a failed worker of any other job "
-                                "stops it");
+    return InvalidArgumentError(
+        "--restarts needs an elastic job (--min_workers below --workers, "
+        "or --max_workers above it): a failed worker of any other job "
+        "stops it");
   }
   GS_ASSIGN_OR_RETURN(o.port, IntFlag(config, "port", 0, 0, 65535));
   int metrics_default = kSchedulerMetricsPort;
@@ -113,8 +108,7 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
     if (*env == '\0' || *end != '\0' || v < 0 || v > 65535) {
-      return InvalidArgumentError(std::string("GRADSYNC_METRICS_PORT='") + env +
-                                  "' is not a port");
+      return InvalidArgumentError(std::string("GRADSYNC_METRICS_PORT='") + env + "' is not a port");
     }
     metrics_default = static_cast<int>(v);
   }
@@ -136,13 +130,11 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc,
   }
   GS_RETURN_IF_ERROR(config.CheckKnownFlags());
   if (!config.positional().empty()) {
-    return InvalidArgumentError("unexpected argument '" +
-                                config.positional()[0] + "' before '--'");
+    return InvalidArgumentError("unexpected argument '" + config.positional()[0] + "' before '--'");
   }
   for (int i = split + 1; i < argc; ++i) o.worker_command.push_back(argv[i]);
   if (o.worker_command.empty()) {
-    return InvalidArgumentError(
-        "no worker command: gradsync_launch [flags] -- command [args]");
+    return InvalidArgumentError("no worker command: gradsync_launch [flags] -- command [args]");
   }
   return o;
 }
@@ -180,19 +172,16 @@ Status Launcher::Prepare() {
     options_.server_binary = DefaultServerBinary();
   }
   if (!IsExecutable(options_.server_binary)) {
-    return NotFoundError(
-        "no gradsync_server binary at '" + options_.server_binary +
-        "': build //server:gradsync_server or pass --server_binary");
+    return NotFoundError("no gradsync_server binary at '" + options_.server_binary +
+                         "': build //server:gradsync_server or pass --server_binary");
   }
-  GS_ASSIGN_OR_RETURN(options_.worker_command[0],
-                      FindCommand(options_.worker_command[0]));
+  GS_ASSIGN_OR_RETURN(options_.worker_command[0], FindCommand(options_.worker_command[0]));
   if (options_.log_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(tmp && *tmp ? tmp : "/tmp") + "/gradsync_launch.XXXXXX";
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/gradsync_launch.XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) {
-      return UnavailableError("cannot create a log directory " + pattern +
-                              ": " + std::strerror(errno));
+      return UnavailableError("cannot create a log directory " + pattern + ": " +
+                              std::strerror(errno));
     }
     options_.log_dir = pattern;
   } else {
@@ -212,10 +201,9 @@ Status Launcher::Prepare() {
   return OkStatus();
 }
 
-Status Launcher::Start(
-    const std::string& name, bool is_worker,
-    const std::vector<std::string>& argv,
-    const std::vector<std::pair<std::string, std::string>>& env) {
+Status Launcher::Start(const std::string& name, bool is_worker,
+                       const std::vector<std::string>& argv,
+                       const std::vector<std::pair<std::string, std::string>>& env) {
   std::string file = name;
   for (char& c : file) c = c == ' ' ? '_' : c;
   const std::string path = options_.log_dir + "/" + file + ".log";
@@ -223,8 +211,7 @@ Status Launcher::Start(
   close(created);
   const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
-    return UnavailableError("cannot read " + path + ": " +
-                            std::strerror(errno));
+    return UnavailableError("cannot read " + path + ": " + std::strerror(errno));
   }
   std::map<std::string, std::string> env_map(env.begin(), env.end());
   auto sub = Subprocess::Spawn(argv, env_map, path);
@@ -232,8 +219,7 @@ Status Launcher::Start(
     close(fd);
     return sub.status().WithPrefix("starting " + name);
   }
-  processes_.push_back(
-      std::make_unique<Process>(name, is_worker, std::move(*sub), fd));
+  processes_.push_back(std::make_unique<Process>(name, is_worker, std::move(*sub), fd));
   processes_.back()->env = env;
   return OkStatus();
 }
@@ -241,27 +227,21 @@ Status Launcher::Start(
 Status Launcher::StartScheduler(const std::atomic<int>& stop_signal) {
   GS_RETURN_IF_ERROR(
       Start("scheduler", false,
-            {options_.server_binary, "--role=scheduler",
-             "--port=" + std::to_string(options_.port),
+            {options_.server_binary, "--role=scheduler", "--port=" + std::to_string(options_.port),
              "--metrics_port=" + std::to_string(options_.metrics_port),
              "--num_workers=" + std::to_string(options_.workers),
              "--num_servers=" + std::to_string(options_.servers),
              "--min_workers=" + std::to_string(options_.MinWorkers()),
-             "--max_workers=" + std::to_string(options_.MaxWorkers()),
-             "--host=" + options_.host},
+             "--max_workers=" + std::to_string(options_.MaxWorkers()), "--host=" + options_.host},
             security_));
   Process& scheduler = *processes_.back();
   const Deadline deadline = Deadline::After(options_.startup_timeout);
   for (;;) {
     const std::string out = scheduler.sub.Output();
     const size_t at = out.find(kListening);
-    const size_t colon = at == std::string::npos
-                             ? at
-                             : out.find(':', at + sizeof(kListening) - 1);
-    if (colon != std::string::npos &&
-        out.find('\n', colon) != std::string::npos) {
-      scheduler_address_ = options_.host + ":" +
-                           std::to_string(std::atoi(out.c_str() + colon + 1));
+    const size_t colon = at == std::string::npos ? at : out.find(':', at + sizeof(kListening) - 1);
+    if (colon != std::string::npos && out.find('\n', colon) != std::string::npos) {
+      scheduler_address_ = options_.host + ":" + std::to_string(std::atoi(out.c_str() + colon + 1));
       return OkStatus();
     }
     PumpAll(false);
@@ -294,9 +274,8 @@ int FreeTcpPort(const std::string& host) {
   socklen_t len = sizeof(bound);
   if (fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 &&
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
-    port = ntohs(bound.ss_family == AF_INET6
-                     ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                     : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   }
   if (fd >= 0) close(fd);
   freeaddrinfo(found);
@@ -311,18 +290,17 @@ Status Launcher::StartNodes() {
       {"GRADSYNC_NUM_WORKERS", std::to_string(options_.workers)},
       {"GRADSYNC_NUM_SERVERS", std::to_string(options_.servers)}};
   job.insert(job.end(), security_.begin(), security_.end());
-  Say("scheduler at " + scheduler_address_ + ", starting " +
-      std::to_string(options_.servers) + " servers and " +
-      std::to_string(options_.workers) + " workers");
+  Say("scheduler at " + scheduler_address_ + ", starting " + std::to_string(options_.servers) +
+      " servers and " + std::to_string(options_.workers) + " workers");
   for (int s = 0; s < options_.servers; ++s) {
     const int metrics = options_.metrics_port > 0 ? options_.metrics_port + 1 + s : 0;
     // The rank is the label's: "[server 1]" is server 1 in every log line.
     auto env = job;
     env.emplace_back("GRADSYNC_RANK", std::to_string(s));
-    GS_RETURN_IF_ERROR(Start("server " + std::to_string(s), false,
-                             {options_.server_binary, "--role=server",
-                              "--metrics_port=" + std::to_string(metrics)},
-                             env));
+    GS_RETURN_IF_ERROR(Start(
+        "server " + std::to_string(s), false,
+        {options_.server_binary, "--role=server", "--metrics_port=" + std::to_string(metrics)},
+        env));
   }
   // torch.distributed's env:// variables, so that a PyTorch worker's
   // dist.init_process_group("gradsync") finds this job as under torchrun.
@@ -333,16 +311,17 @@ Status Launcher::StartNodes() {
     env.emplace_back("GRADSYNC_RANK", std::to_string(r));
     env.emplace_back("GRADSYNC_LOCAL_RANK", std::to_string(r));
     for (const auto& [name, value] :
-         std::vector<std::pair<std::string, std::string>>{
-             {"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
-             {"WORLD_SIZE", workers}, {"LOCAL_WORLD_SIZE", workers},
-             {"MASTER_ADDR", options_.host}, {"MASTER_PORT", torch_port}}) {
+         std::vector<std::pair<std::string, std::string>>{{"RANK", std::to_string(r)},
+                                                          {"LOCAL_RANK", std::to_string(r)},
+                                                          {"WORLD_SIZE", workers},
+                                                          {"LOCAL_WORLD_SIZE", workers},
+                                                          {"MASTER_ADDR", options_.host},
+                                                          {"MASTER_PORT", torch_port}}) {
       env.emplace_back(name, value);
     }
     env.emplace_back("GRADSYNC_METRICS_BASE_PORT",
                      std::to_string(options_.metrics_port > 0 ? options_.metrics_port + 10 : 0));
-    GS_RETURN_IF_ERROR(Start("worker " + std::to_string(r), true,
-                             options_.worker_command, env));
+    GS_RETURN_IF_ERROR(Start("worker " + std::to_string(r), true, options_.worker_command, env));
   }
   return OkStatus();
 }
@@ -357,8 +336,7 @@ Launcher::Process* Launcher::Reap() {
   return nullptr;
 }
 
-Status Launcher::Failure(const Process& p,
-                         const std::atomic<int>& stop_signal) {
+Status Launcher::Failure(const Process& p, const std::atomic<int>& stop_signal) {
   // A Ctrl-C reaches the children as well; let the launcher's own signal win.
   const int code = *p.code;
   if (code == 128 + SIGINT || code == 128 + SIGTERM) {
@@ -421,8 +399,7 @@ void Launcher::StopAll() {
   for (auto& p : processes_) {
     if (!p->code) p->code = p->sub.Wait(deadline);
     if (!p->code) {
-      Say(p->name + " did not stop within " + FormatSeconds(options_.grace) +
-          ", killing it");
+      Say(p->name + " did not stop within " + FormatSeconds(options_.grace) + ", killing it");
       p->sub.Signal(SIGKILL);
       p->code = p->sub.Wait(Deadline::Infinite());
     }
@@ -439,8 +416,8 @@ void Launcher::PumpAll(bool final) {
     }
     size_t start = 0, end;
     while ((end = p->pending.find('\n', start)) != std::string::npos) {
-      std::fprintf(out_, "[%s] %.*s\n", p->name.c_str(),
-                   static_cast<int>(end - start), p->pending.data() + start);
+      std::fprintf(out_, "[%s] %.*s\n", p->name.c_str(), static_cast<int>(end - start),
+                   p->pending.data() + start);
       start = end + 1;
     }
     p->pending.erase(0, start);

@@ -8,9 +8,9 @@
 // copies of the command after "--", each with GRADSYNC_SCHEDULER,
 // GRADSYNC_NUM_WORKERS, GRADSYNC_NUM_SERVERS and (workers only)
 // GRADSYNC_RANK and GRADSYNC_LOCAL_RANK in its environment, and /metrics
-// ports that do not collide (see LaunchOptions::metrics_port). Every process writes to a log file of
-// its own in the log directory; the launcher streams each file's lines to
-// its output with the process's name in front ("[worker 2] ...").
+// ports that do not collide (see LaunchOptions::metrics_port). Every process writes to a log file
+// of its own in the log directory; the launcher streams each file's lines to its output with the
+// process's name in front ("[worker 2] ...").
 //
 // With `min_workers` below `workers` (or `max_workers` above it) the job is
 // elastic (docs/design/failure_model.md#elastic-jobs): the scheduler gets
@@ -50,7 +50,9 @@ struct LaunchOptions {
   // The fewest workers the job goes on with; 0 or `workers` (the default):
   // a failed worker stops the job.
   int min_workers = 0;
-  int MinWorkers() const { return min_workers > 0 && min_workers < workers ? min_workers : workers; }
+  int MinWorkers() const {
+    return min_workers > 0 && min_workers < workers ? min_workers : workers;
+  }
   // The most workers the job takes (the scheduler refuses joiners past it);
   // 0: `workers`.
   int max_workers = 0;
@@ -92,8 +94,8 @@ struct LaunchOptions {
   // Parses `[--flag=value...] -- command [args...]` (argv[0] is the
   // launcher). Flags: workers, servers, min_workers, max_workers, restarts
   // (elastic jobs only), port, metrics_port, host,
-  // server_binary, log_dir, grace_ms, security. InvalidArgument for a missing command, an unknown flag, an
-  // argument before "--" or a value out of range.
+  // server_binary, log_dir, grace_ms, security. InvalidArgument for a missing command, an unknown
+  // flag, an argument before "--" or a value out of range.
   static StatusOr<LaunchOptions> FromArgs(int argc, const char* const* argv);
 };
 
@@ -131,8 +133,7 @@ class Launcher {
   Status Prepare();
   Status StartScheduler(const std::atomic<int>& stop_signal);
   Status StartNodes();
-  Status Start(const std::string& name, bool is_worker,
-               const std::vector<std::string>& argv,
+  Status Start(const std::string& name, bool is_worker, const std::vector<std::string>& argv,
                const std::vector<std::pair<std::string, std::string>>& env);
   Status Supervise(const std::atomic<int>& stop_signal);
   Status FinishInfrastructure(const std::atomic<int>& stop_signal);

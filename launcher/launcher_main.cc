@@ -24,16 +24,16 @@ int Main(int argc, char** argv) {
   SignalWatcher signals([&](int sig) { stop.store(sig); });
   auto options = LaunchOptions::FromArgs(argc, argv);
   if (!options.ok()) {
-    std::fprintf(stderr, "gradsync_launch: %s\n",
-                 options.status().message().c_str());
+    std::fprintf(stderr, "gradsync_launch: %s\n", options.status().message().c_str());
     return 2;
   }
   if (options->slurm) {
     // One task of a Slurm step: become its scheduler, shard or worker.
     const std::string server =
         options->server_binary.empty() ? DefaultServerBinary() : options->server_binary;
-    Status s = ExecSlurmTask(options->servers, options->port > 0 ? options->port : kSlurmDefaultPort,
-                             server, options->worker_command, options->min_workers);
+    Status s =
+        ExecSlurmTask(options->servers, options->port > 0 ? options->port : kSlurmDefaultPort,
+                      server, options->worker_command, options->min_workers);
     std::fprintf(stderr, "gradsync_launch: %s\n", s.message().c_str());
     return 2;
   }
@@ -42,8 +42,8 @@ int Main(int argc, char** argv) {
   if (status.ok()) return 0;
   std::fprintf(stderr, "gradsync_launch: %s\n", status.message().c_str());
   if (status.code() == StatusCode::kCancelled) return 128 + stop.load();
-  const bool setup = status.code() == StatusCode::kInvalidArgument ||
-                     status.code() == StatusCode::kNotFound;
+  const bool setup =
+      status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound;
   return setup ? 2 : 1;
 }
 

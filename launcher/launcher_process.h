@@ -27,7 +27,7 @@ struct Launcher::Process {
   int fd;               // reads the log file
   std::string pending;  // output after the last newline
   std::optional<int> code;
-  bool reported = false;  // its exit was looked at
+  bool reported = false;                                 // its exit was looked at
   std::vector<std::pair<std::string, std::string>> env;  // what it was started with
 };
 

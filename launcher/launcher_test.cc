@@ -1,7 +1,6 @@
 // The launcher with the real scheduler binary and small shell commands as
 // workers: a clean run, a failing or killed worker, Ctrl-C, flag parsing.
 #include "launcher/launcher.h"
-#include "launcher/slurm.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,6 +15,7 @@
 
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "launcher/slurm.h"
 
 namespace gradsync::launcher {
 namespace {
@@ -30,16 +30,12 @@ std::string TmpPath(const std::string& name) {
   return std::string(dir ? dir : "/tmp") + "/" + name;
 }
 
-std::string TestName() {
-  return ::testing::UnitTest::GetInstance()->current_test_info()->name();
-}
+std::string TestName() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
 
 // Starts gradsync_launch with `flags`, then "--", then `command`.
-Subprocess Launch(std::vector<std::string> flags,
-                  const std::vector<std::string>& command) {
-  std::vector<std::string> argv = {
-      Runfile("launcher/gradsync_launch"),
-      "--log_dir=" + TmpPath(TestName() + ".logs")};
+Subprocess Launch(std::vector<std::string> flags, const std::vector<std::string>& command) {
+  std::vector<std::string> argv = {Runfile("launcher/gradsync_launch"),
+                                   "--log_dir=" + TmpPath(TestName() + ".logs")};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back("--");
   argv.insert(argv.end(), command.begin(), command.end());
@@ -73,8 +69,7 @@ std::string PidPrintingServer() {
 // The pids the processes printed ("[worker N] pid P", "[server N] pid P").
 std::vector<pid_t> PrintedPids(const std::string& out) {
   std::vector<pid_t> pids;
-  for (size_t at = out.find("] pid "); at != std::string::npos;
-       at = out.find("] pid ", at + 1)) {
+  for (size_t at = out.find("] pid "); at != std::string::npos; at = out.find("] pid ", at + 1)) {
     pids.push_back(static_cast<pid_t>(std::atoi(out.c_str() + at + 6)));
   }
   return pids;
@@ -88,41 +83,33 @@ void ExpectGone(const std::vector<pid_t>& pids) {
 }
 
 TEST(LauncherTest, CleanRunExitsZeroAndGivesEveryWorkerItsEnvironment) {
-  Subprocess p =
-      Launch({"--workers=3", "--grace_ms=1000"},
-             {"sh", "-c",
-              "echo rank $GRADSYNC_RANK of $GRADSYNC_NUM_WORKERS, "
-              "$GRADSYNC_NUM_SERVERS servers, scheduler $GRADSYNC_SCHEDULER"});
+  Subprocess p = Launch({"--workers=3", "--grace_ms=1000"},
+                        {"sh", "-c",
+                         "echo rank $GRADSYNC_RANK of $GRADSYNC_NUM_WORKERS, "
+                         "$GRADSYNC_NUM_SERVERS servers, scheduler $GRADSYNC_SCHEDULER"});
   auto code = p.Wait(Deadline::AfterMs(60000));
   ASSERT_TRUE(code.has_value()) << p.Output();
   EXPECT_EQ(*code, 0) << p.Output();
   const std::string out = p.Output();
   for (int r = 0; r < 3; ++r) {
-    const std::string line = "[worker " + std::to_string(r) + "] rank " +
-                             std::to_string(r) +
+    const std::string line = "[worker " + std::to_string(r) + "] rank " + std::to_string(r) +
                              " of 3, 0 servers, scheduler 127.0.0.1:";
     EXPECT_NE(out.find(line), std::string::npos) << out;
   }
   EXPECT_NE(out.find("[scheduler] "), std::string::npos) << out;
-  EXPECT_NE(out.find("all 3 workers exited with code 0"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("all 3 workers exited with code 0"), std::string::npos) << out;
   EXPECT_NE(out.find("stopping scheduler"), std::string::npos) << out;
 }
 
 TEST(LauncherTest, FailingWorkerStopsEverythingAndIsNamed) {
   const auto start = std::chrono::steady_clock::now();
-  Subprocess p =
-      Launch({"--workers=4", "--grace_ms=2000"}, SleeperExcept(2, "exit 3"));
+  Subprocess p = Launch({"--workers=4", "--grace_ms=2000"}, SleeperExcept(2, "exit 3"));
   auto code = p.Wait(Deadline::AfterMs(60000));
   ASSERT_TRUE(code.has_value()) << p.Output();
   EXPECT_EQ(*code, 1) << p.Output();
   const std::string out = p.Output();
-  EXPECT_NE(out.find("gradsync_launch: worker 2 exited with code 3"),
-            std::string::npos)
-      << out;
-  EXPECT_NE(out.find("stopping scheduler, worker 0, worker 1, worker 3"),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("gradsync_launch: worker 2 exited with code 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopping scheduler, worker 0, worker 1, worker 3"), std::string::npos) << out;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   const auto pids = PrintedPids(out);
   EXPECT_EQ(pids.size(), 4u) << out;
@@ -130,22 +117,19 @@ TEST(LauncherTest, FailingWorkerStopsEverythingAndIsNamed) {
 }
 
 TEST(LauncherTest, FailingWorkerAlsoStopsTheSchedulerAndTheServers) {
-  Subprocess p = Launch({"--workers=3", "--servers=2", "--grace_ms=2000",
-                         "--server_binary=" + PidPrintingServer()},
-                        SleeperExcept(1, "exit 7"));
+  Subprocess p = Launch(
+      {"--workers=3", "--servers=2", "--grace_ms=2000", "--server_binary=" + PidPrintingServer()},
+      SleeperExcept(1, "exit 7"));
   auto code = p.Wait(Deadline::AfterMs(60000));
   ASSERT_TRUE(code.has_value()) << p.Output();
   EXPECT_EQ(*code, 1) << p.Output();
   const std::string out = p.Output();
-  EXPECT_NE(out.find("gradsync_launch: worker 1 exited with code 7"),
+  EXPECT_NE(out.find("gradsync_launch: worker 1 exited with code 7"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopping scheduler, server 0, server 1, worker 0, worker 2"),
             std::string::npos)
       << out;
-  EXPECT_NE(
-      out.find("stopping scheduler, server 0, server 1, worker 0, worker 2"),
-      std::string::npos)
-      << out;
-  for (const char* name : {"[scheduler] pid ", "[server 0] pid ",
-                           "[server 1] pid ", "[worker 1] pid "}) {
+  for (const char* name :
+       {"[scheduler] pid ", "[server 0] pid ", "[server 1] pid ", "[worker 1] pid "}) {
     EXPECT_NE(out.find(name), std::string::npos) << name << "\n" << out;
   }
   const auto pids = PrintedPids(out);
@@ -154,13 +138,11 @@ TEST(LauncherTest, FailingWorkerAlsoStopsTheSchedulerAndTheServers) {
 }
 
 TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
-  Subprocess p = Launch({"--workers=2", "--grace_ms=2000"},
-                        SleeperExcept(1, "kill -9 $$"));
+  Subprocess p = Launch({"--workers=2", "--grace_ms=2000"}, SleeperExcept(1, "kill -9 $$"));
   auto code = p.Wait(Deadline::AfterMs(60000));
   ASSERT_TRUE(code.has_value()) << p.Output();
   EXPECT_EQ(*code, 1) << p.Output();
-  EXPECT_NE(p.Output().find("gradsync_launch: worker 1 killed by signal 9"),
-            std::string::npos)
+  EXPECT_NE(p.Output().find("gradsync_launch: worker 1 killed by signal 9"), std::string::npos)
       << p.Output();
   ExpectGone(PrintedPids(p.Output()));
 }
@@ -169,13 +151,14 @@ TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
 pid_t WorkerPid(const std::string& out, int rank) {
   const std::string tag = "[worker " + std::to_string(rank) + "] pid ";
   const size_t at = out.find(tag);
-  return at == std::string::npos ? -1 : static_cast<pid_t>(std::atoi(out.c_str() + at + tag.size()));
+  return at == std::string::npos ? -1
+                                 : static_cast<pid_t>(std::atoi(out.c_str() + at + tag.size()));
 }
 
 TEST(LauncherTest, AnElasticJobGoesOnWithoutAKilledWorker) {
-  Subprocess p = Launch({"--workers=4", "--min_workers=2", "--grace_ms=5000", "--metrics_port=0"},
-                        {"sh", "-c", "echo \"pid $$\"; exec '" + Runfile("tests/elastic_worker") +
-                                         "' --steps=400"});
+  Subprocess p = Launch(
+      {"--workers=4", "--min_workers=2", "--grace_ms=5000", "--metrics_port=0"},
+      {"sh", "-c", "echo \"pid $$\"; exec '" + Runfile("tests/elastic_worker") + "' --steps=400"});
   ASSERT_TRUE(p.WaitForOutput("[worker 2] reached step 100", Deadline::AfterMs(60000)))
       << p.Output();
   const pid_t victim = WorkerPid(p.Output(), 2);
@@ -187,11 +170,13 @@ TEST(LauncherTest, AnElasticJobGoesOnWithoutAKilledWorker) {
   const std::string out = p.Output();
   EXPECT_NE(out.find("worker 2 killed by signal 9 (Killed): the elastic job goes on with 3 "
                      "workers"),
-            std::string::npos) << out;
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("3 of 4 workers exited with code 0 (1 lost)"), std::string::npos) << out;
   for (int r : {0, 1, 3}) {
     EXPECT_NE(out.find("[worker " + std::to_string(r) + "] final step 400 world 3 epoch 1"),
-              std::string::npos) << out;
+              std::string::npos)
+        << out;
   }
 }
 
@@ -200,19 +185,19 @@ TEST(LauncherTest, AnElasticJobGoesOnWithoutAKilledWorker) {
 TEST(LauncherTest, AFailedWorkerIsRestartedAndRejoinsTheElasticJob) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string once = std::string(tmp ? tmp : "/tmp") + "/died_once";
-  Subprocess p = Launch({"--workers=4", "--min_workers=3", "--restarts=1", "--grace_ms=5000",
-                         "--metrics_port=0"},
-                        {Runfile("tests/elastic_worker"), "--steps=400", "--die_at_step=100",
-                         "--die_rank=2", "--die_once=" + once});
+  Subprocess p = Launch(
+      {"--workers=4", "--min_workers=3", "--restarts=1", "--grace_ms=5000", "--metrics_port=0"},
+      {Runfile("tests/elastic_worker"), "--steps=400", "--die_at_step=100", "--die_rank=2",
+       "--die_once=" + once});
   auto code = p.Wait(Deadline::AfterMs(120000));
   ASSERT_TRUE(code.has_value()) << p.Output();
   EXPECT_EQ(*code, 0) << p.Output();
   const std::string out = p.Output();
   EXPECT_NE(out.find("worker 2 killed by signal 9 (Killed): starting it again as worker 2 "
                      "(restart 1) (restart 1 of 1); it rejoins the running job"),
-            std::string::npos) << out;
-  EXPECT_NE(out.find("4 of 4 workers exited with code 0 (1 restarted)"), std::string::npos)
+            std::string::npos)
       << out;
+  EXPECT_NE(out.find("4 of 4 workers exited with code 0 (1 restarted)"), std::string::npos) << out;
   for (const std::string w : {"worker 0", "worker 1", "worker 3", "worker 2 (restart 1)"}) {
     EXPECT_NE(out.find("[" + w + "] final step 400 world 4 epoch 2"), std::string::npos) << out;
   }
@@ -227,20 +212,15 @@ TEST(LauncherTest, RestartsNeedAnElasticJob) {
 }
 
 TEST(LauncherTest, InterruptStopsEverything) {
-  Subprocess p =
-      Launch({"--workers=3", "--grace_ms=2000"}, SleeperExcept(-1, "true"));
-  ASSERT_TRUE(p.WaitForOutput("[worker 2] pid", Deadline::AfterMs(30000)))
-      << p.Output();
-  ASSERT_TRUE(p.WaitForOutput("[worker 0] pid", Deadline::AfterMs(30000)))
-      << p.Output();
-  ASSERT_TRUE(p.WaitForOutput("[worker 1] pid", Deadline::AfterMs(30000)))
-      << p.Output();
+  Subprocess p = Launch({"--workers=3", "--grace_ms=2000"}, SleeperExcept(-1, "true"));
+  ASSERT_TRUE(p.WaitForOutput("[worker 2] pid", Deadline::AfterMs(30000))) << p.Output();
+  ASSERT_TRUE(p.WaitForOutput("[worker 0] pid", Deadline::AfterMs(30000))) << p.Output();
+  ASSERT_TRUE(p.WaitForOutput("[worker 1] pid", Deadline::AfterMs(30000))) << p.Output();
   p.Signal(SIGINT);
   auto code = p.Wait(Deadline::AfterMs(30000));
   ASSERT_TRUE(code.has_value()) << p.Output();
   EXPECT_EQ(*code, 128 + SIGINT) << p.Output();
-  EXPECT_NE(p.Output().find("stopped by signal 2"), std::string::npos)
-      << p.Output();
+  EXPECT_NE(p.Output().find("stopped by signal 2"), std::string::npos) << p.Output();
   ExpectGone(PrintedPids(p.Output()));
 }
 
@@ -268,8 +248,7 @@ TEST(LauncherTest, ServersGetTheJobAndAreStoppedAfterTheWorkers) {
   std::fclose(out);
   EXPECT_NE(text.find("[worker 0] done"), std::string::npos) << text;
   EXPECT_NE(text.find("[server 0] "), std::string::npos) << text;
-  EXPECT_NE(text.find("stopping scheduler, server 0"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("stopping scheduler, server 0"), std::string::npos) << text;
 }
 
 // Runs a launcher whose scheduler (/bin/false) exits at once, with its logs
@@ -331,27 +310,23 @@ TEST(LauncherTest, LinksAreNotFollowedForLogs) {
 }
 
 TEST(LauncherTest, ParsesFlagsAndTheCommand) {
-  const char* argv[] = {"gradsync_launch", "--workers=4", "--servers=2",
-                        "--port=0",        "--",          "trainer",
-                        "--epochs=3"};
+  const char* argv[] = {"gradsync_launch", "--workers=4", "--servers=2", "--port=0", "--",
+                        "trainer",         "--epochs=3"};
   auto options = LaunchOptions::FromArgs(7, argv);
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->workers, 4);
   EXPECT_EQ(options->servers, 2);
-  EXPECT_EQ(options->worker_command,
-            (std::vector<std::string>{"trainer", "--epochs=3"}));
+  EXPECT_EQ(options->worker_command, (std::vector<std::string>{"trainer", "--epochs=3"}));
 
   const char* no_command[] = {"gradsync_launch", "--workers=4"};
-  EXPECT_EQ(LaunchOptions::FromArgs(2, no_command).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchOptions::FromArgs(2, no_command).status().code(), StatusCode::kInvalidArgument);
   const char* typo[] = {"gradsync_launch", "--worker=4", "--", "true"};
-  EXPECT_NE(LaunchOptions::FromArgs(4, typo).status().message().find(
-                "unknown flag --worker"),
+  EXPECT_NE(LaunchOptions::FromArgs(4, typo).status().message().find("unknown flag --worker"),
             std::string::npos);
   const char* zero[] = {"gradsync_launch", "--workers=0", "--", "true"};
   EXPECT_FALSE(LaunchOptions::FromArgs(4, zero).ok());
-  const char* more[] = {"gradsync_launch", "--workers=2", "--min_workers=3", "--slurm=false", "--",
-                        "true"};
+  const char* more[] = {"gradsync_launch", "--workers=2", "--min_workers=3",
+                        "--slurm=false",   "--",          "true"};
   EXPECT_NE(LaunchOptions::FromArgs(6, more).status().message().find("exceeds --workers=2"),
             std::string::npos);
   const char* slurm[] = {"gradsync_launch", "--min_workers=3", "--slurm=true", "--", "true"};
@@ -371,9 +346,7 @@ TEST(LauncherTest, MissingWorkerCommandIsNotFound) {
   Status status = launcher.Run(stop);
   std::fclose(out);
   EXPECT_EQ(status.code(), StatusCode::kNotFound);
-  EXPECT_NE(status.message().find("no-such-command-anywhere"),
-            std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find("no-such-command-anywhere"), std::string::npos) << status;
 }
 
 }  // namespace
@@ -422,8 +395,10 @@ TEST(SlurmTest, TasksBecomeSchedulerShardsAndWorkers) {
   EXPECT_EQ(SlurmExecFor(*scheduler, "/bin/server", {"trainer"}, "").argv.back(),
             "--num_servers=2");
   // Too few tasks for a scheduler, 2 shards and a worker.
-  auto small = PlanSlurmTask({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"},
-                              {"SLURM_JOB_NODELIST", "node[1-5]"}, {"SLURMD_NODENAME", "node1"}},
+  auto small = PlanSlurmTask({{"SLURM_PROCID", "0"},
+                              {"SLURM_NTASKS", "3"},
+                              {"SLURM_JOB_NODELIST", "node[1-5]"},
+                              {"SLURMD_NODENAME", "node1"}},
                              2, 29400, address, first);
   EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
 }

@@ -2,10 +2,10 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cctype>
 #include <cstring>
 
 namespace gradsync::launcher {
@@ -79,10 +79,10 @@ StatusOr<SlurmTask> PlanSlurmTask(
   GS_ASSIGN_OR_RETURN(int procid, IntOf(env, "SLURM_PROCID"));
   GS_ASSIGN_OR_RETURN(int ntasks, IntOf(env, "SLURM_NTASKS"));
   if (ntasks < servers + 2) {
-    return InvalidArgumentError(
-        "a Slurm step of " + std::to_string(ntasks) + " tasks has no room for the scheduler, " +
-        std::to_string(servers) + " servers and a worker: run at least " +
-        std::to_string(servers + 2) + " tasks, one per node");
+    return InvalidArgumentError("a Slurm step of " + std::to_string(ntasks) +
+                                " tasks has no room for the scheduler, " + std::to_string(servers) +
+                                " servers and a worker: run at least " +
+                                std::to_string(servers + 2) + " tasks, one per node");
   }
   if (procid >= ntasks) return InvalidArgumentError("SLURM_PROCID is not below SLURM_NTASKS");
   SlurmTask t;
@@ -117,7 +117,10 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
            {"GRADSYNC_HOST", task.host}};
   switch (task.role) {
     case SlurmTask::Role::kScheduler:
-      e.argv = {server_binary, "--role=scheduler", "--host=" + task.host, "--port=" + port,
+      e.argv = {server_binary,
+                "--role=scheduler",
+                "--host=" + task.host,
+                "--port=" + port,
                 "--num_workers=" + std::to_string(task.num_workers),
                 "--num_servers=" + std::to_string(task.num_servers)};
       if (task.min_workers > 0 && task.min_workers < task.num_workers) {
@@ -139,8 +142,8 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
 Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
                      const std::vector<std::string>& worker_command, int min_workers) {
   std::map<std::string, std::string> env;
-  for (const char* key : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST",
-                          "SLURMD_NODENAME", "SLURM_LOCALID"}) {
+  for (const char* key :
+       {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURMD_NODENAME", "SLURM_LOCALID"}) {
     if (const char* v = std::getenv(key)) env[key] = v;
   }
   GS_ASSIGN_OR_RETURN(SlurmTask task,

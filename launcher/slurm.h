@@ -57,7 +57,8 @@ struct SlurmExec {
   std::map<std::string, std::string> env;
 };
 SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
-                       const std::vector<std::string>& worker_command, const std::string& local_rank);
+                       const std::vector<std::string>& worker_command,
+                       const std::string& local_rank);
 
 // Plans this task from the real environment and scontrol, then replaces
 // this process with it. Returns only on failure.

@@ -13,8 +13,9 @@ Status JobCodec::Admit(const std::string& codec, int32_t worker) const {
   const std::string name = NameOf(codec);
   std::lock_guard<std::mutex> lock(mu_);
   if (name_.empty() && worker != 0) {
-    return UnavailableError("waits for worker 0's first compressed push, which fixes the "
-                            "job's compressor; send it again later");
+    return UnavailableError(
+        "waits for worker 0's first compressed push, which fixes the "
+        "job's compressor; send it again later");
   }
   if (name_.empty() || name == name_) return OkStatus();
   return InvalidArgumentError("is compressed with \"" + name + "\", this job's pushes with \"" +

@@ -24,8 +24,7 @@ class Momentum : public Optimizer {
  public:
   Momentum(float lr, float momentum) : lr_(lr), momentum_(momentum) {}
   OptimizerKind kind() const override { return OptimizerKind::kMomentum; }
-  void Step(float* p, const float* g, size_t n, OptimizerSlots* s,
-            float lr_scale) const override {
+  void Step(float* p, const float* g, size_t n, OptimizerSlots* s, float lr_scale) const override {
     if (s->velocity.size() != n) s->velocity.assign(n, 0.0f);
     const float lr = lr_ * lr_scale;
     float* v = s->velocity.data();
@@ -42,11 +41,9 @@ class Momentum : public Optimizer {
 
 class Adam : public Optimizer {
  public:
-  explicit Adam(const OptimizerOptions& o)
-      : lr_(o.lr), b1_(o.beta1), b2_(o.beta2), eps_(o.eps) {}
+  explicit Adam(const OptimizerOptions& o) : lr_(o.lr), b1_(o.beta1), b2_(o.beta2), eps_(o.eps) {}
   OptimizerKind kind() const override { return OptimizerKind::kAdam; }
-  void Step(float* p, const float* g, size_t n, OptimizerSlots* s,
-            float lr_scale) const override {
+  void Step(float* p, const float* g, size_t n, OptimizerSlots* s, float lr_scale) const override {
     if (s->m.size() != n) s->m.assign(n, 0.0f);
     if (s->v.size() != n) s->v.assign(n, 0.0f);
     s->steps++;
@@ -72,18 +69,21 @@ StatusOr<OptimizerKind> ParseKind(const std::string& name) {
   if (name == "sgd") return OptimizerKind::kSgd;
   if (name == "momentum") return OptimizerKind::kMomentum;
   if (name == "adam") return OptimizerKind::kAdam;
-  return InvalidArgumentError("optimizer must be none, sgd, momentum or adam, got '" + name +
-                              "'");
+  return InvalidArgumentError("optimizer must be none, sgd, momentum or adam, got '" + name + "'");
 }
 
 }  // namespace
 
 const char* OptimizerName(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kNone: return "none";
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kMomentum: return "momentum";
-    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kNone:
+      return "none";
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kMomentum:
+      return "momentum";
+    case OptimizerKind::kAdam:
+      return "adam";
   }
   return "invalid";
 }
@@ -115,10 +115,14 @@ StatusOr<OptimizerOptions> OptimizerOptions::FromConfig(const Config& config) {
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerOptions& options) {
   switch (options.kind) {
-    case OptimizerKind::kNone: return nullptr;
-    case OptimizerKind::kSgd: return std::make_unique<Sgd>(options.lr);
-    case OptimizerKind::kMomentum: return std::make_unique<Momentum>(options.lr, options.momentum);
-    case OptimizerKind::kAdam: return std::make_unique<Adam>(options);
+    case OptimizerKind::kNone:
+      return nullptr;
+    case OptimizerKind::kSgd:
+      return std::make_unique<Sgd>(options.lr);
+    case OptimizerKind::kMomentum:
+      return std::make_unique<Momentum>(options.lr, options.momentum);
+    case OptimizerKind::kAdam:
+      return std::make_unique<Adam>(options);
   }
   return nullptr;
 }

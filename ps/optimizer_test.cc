@@ -113,8 +113,8 @@ TEST(OptimizerTest, NoneMakesNoOptimizer) {
 }
 
 TEST(OptimizerOptionsTest, ReadsTheSettingsAndRefusesBadOnes) {
-  auto o = OptimizerOptions::FromConfig(Config::FromMap(
-      {{"optimizer", "adam"}, {"lr", "0.5"}, {"beta1", "0.8"}, {"eps", "0.001"}}));
+  auto o = OptimizerOptions::FromConfig(
+      Config::FromMap({{"optimizer", "adam"}, {"lr", "0.5"}, {"beta1", "0.8"}, {"eps", "0.001"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->kind, OptimizerKind::kAdam);
   EXPECT_EQ(o->lr, 0.5f);

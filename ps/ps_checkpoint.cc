@@ -79,8 +79,7 @@ class KeyDecoder {
   bool Decode(KeyTable::Key* key, KeyState* k, std::string* why) {
     uint8_t initialised;
     if (!r_.U32(&key->first) || !r_.U32(&key->second) || !r_.U64(&k->num_elements) ||
-        !r_.U8(&initialised) || initialised > 1 || !r_.U64(&k->version) ||
-        !r_.U64(&k->closed)) {
+        !r_.U8(&initialised) || initialised > 1 || !r_.U64(&k->version) || !r_.U64(&k->closed)) {
       return Fail("its counters are truncated", why);
     }
     k->initialised = initialised == 1;
@@ -94,7 +93,8 @@ class KeyDecoder {
     }
     if (k->initialised && (k->num_elements == 0 || k->params.size() != k->num_elements)) {
       return Fail("it is initialised but holds " + std::to_string(k->params.size()) +
-                  " parameters for " + std::to_string(k->num_elements) + " elements", why);
+                      " parameters for " + std::to_string(k->num_elements) + " elements",
+                  why);
     }
     return DecodeOpen(k, why) && DecodeResults(k, why) && DecodeTaken(k, why);
   }
@@ -104,9 +104,7 @@ class KeyDecoder {
     *why = what;
     return false;
   }
-  bool Sized(const std::vector<float>& v) const {
-    return v.empty() || v.size() == num_elements_;
-  }
+  bool Sized(const std::vector<float>& v) const { return v.empty() || v.size() == num_elements_; }
   bool Worker(int32_t w) const { return w >= 0 && w < num_workers_; }
 
   bool DecodeOpen(KeyState* k, std::string* why) {
@@ -126,11 +124,11 @@ class KeyDecoder {
         if (!r_.I32(&worker) || !r_.U64(&c.version) || !r_.Floats(&c.grad)) {
           return Fail("a contribution to round " + std::to_string(round) + " is truncated", why);
         }
-        if (!Worker(worker) || contributions.count(worker) ||
-            c.grad.size() != k->num_elements) {
+        if (!Worker(worker) || contributions.count(worker) || c.grad.size() != k->num_elements) {
           return Fail("round " + std::to_string(round) + " holds a contribution of worker " +
-                      std::to_string(worker) + " that is repeated, out of range or of " +
-                      std::to_string(c.grad.size()) + " elements", why);
+                          std::to_string(worker) + " that is repeated, out of range or of " +
+                          std::to_string(c.grad.size()) + " elements",
+                      why);
         }
         contributions[worker] = std::move(c);
       }
@@ -146,8 +144,7 @@ class KeyDecoder {
       Snapshot s;
       if (!r_.U64(&round) || !ReadSnap(r_, &s)) return Fail("a result is truncated", why);
       if (k->results.count(round) || round > k->closed) {
-        return Fail("result of round " + std::to_string(round) + " is repeated or not closed",
-                    why);
+        return Fail("result of round " + std::to_string(round) + " is repeated or not closed", why);
       }
       if (s.values && s.values->size() != k->num_elements) {
         return Fail("result of round " + std::to_string(round) + " has the wrong size", why);
@@ -172,8 +169,9 @@ class KeyDecoder {
         return Fail("taken rounds are truncated", why);
       }
       if (!Worker(worker) || k->taken.count(worker)) {
-        return Fail("taken rounds of worker " + std::to_string(worker) +
-                    " are repeated or out of range", why);
+        return Fail(
+            "taken rounds of worker " + std::to_string(worker) + " are repeated or out of range",
+            why);
       }
       for (uint32_t j = 0; j < above; ++j) {
         uint64_t round;
@@ -225,11 +223,11 @@ StatusOr<ShardState> DecodeBody(ByteReader& r, ShardState st, const std::string&
     std::string why;
     if (!decoder.Decode(&key, &k, &why)) {
       return Corrupt(name, "key " + std::to_string(i) + " (bucket " + std::to_string(key.first) +
-                     " partition " + std::to_string(key.second) + "): " + why);
+                               " partition " + std::to_string(key.second) + "): " + why);
     }
     if (!st.keys.empty() && !(st.keys.rbegin()->first < key)) {
       return Corrupt(name, "keys are out of order at bucket " + std::to_string(key.first) +
-                     " partition " + std::to_string(key.second));
+                               " partition " + std::to_string(key.second));
     }
     st.keys.emplace_hint(st.keys.end(), key, std::move(k));
   }
@@ -245,9 +243,7 @@ std::string Hex(uint32_t v) {
   return out.str();
 }
 
-Status Errno(const std::string& what) {
-  return InternalError(what + ": " + std::strerror(errno));
-}
+Status Errno(const std::string& what) { return InternalError(what + ": " + std::strerror(errno)); }
 
 Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
   size_t done = 0;
@@ -305,8 +301,10 @@ std::string EncodeCheckpoint(const ShardState& st) {
 StatusOr<ShardState> DecodeCheckpoint(const std::string& bytes, const CheckpointExpect& expect,
                                       const std::string& name) {
   if (bytes.size() < kCheckpointHeaderBytes) {
-    return Corrupt(name, "truncated: " + std::to_string(bytes.size()) + " bytes, the header alone "
-                   "needs " + std::to_string(kCheckpointHeaderBytes));
+    return Corrupt(name, "truncated: " + std::to_string(bytes.size()) +
+                             " bytes, the header alone "
+                             "needs " +
+                             std::to_string(kCheckpointHeaderBytes));
   }
   if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return Corrupt(name, "bad magic (not a gradsync shard checkpoint)");
@@ -329,23 +327,23 @@ StatusOr<ShardState> DecodeCheckpoint(const std::string& bytes, const Checkpoint
   h.U32(&header_crc);
   if (format != kCheckpointFormat) {
     return Corrupt(name, "format version " + std::to_string(format) + ", this build reads " +
-                   std::to_string(kCheckpointFormat));
+                             std::to_string(kCheckpointFormat));
   }
   const uint32_t header_want = Crc32(0, bytes.data(), kCheckpointHeaderBytes - 4);
   if (header_crc != header_want) {
     return Corrupt(name, "header CRC mismatch (stored " + Hex(header_crc) + ", computed " +
-                   Hex(header_want) + ")");
+                             Hex(header_want) + ")");
   }
   const uint64_t have = bytes.size() - kCheckpointHeaderBytes;
   if (have != body_size) {
     return Corrupt(name, (have < body_size ? "truncated: " : "trailing bytes: ") +
-                   std::to_string(have) + " body bytes, the header says " +
-                   std::to_string(body_size));
+                             std::to_string(have) + " body bytes, the header says " +
+                             std::to_string(body_size));
   }
   const uint32_t body_want = Crc32(0, bytes.data() + kCheckpointHeaderBytes, body_size);
   if (body_crc != body_want) {
-    return Corrupt(name, "body CRC mismatch (stored " + Hex(body_crc) + ", computed " +
-                   Hex(body_want) + ")");
+    return Corrupt(
+        name, "body CRC mismatch (stored " + Hex(body_crc) + ", computed " + Hex(body_want) + ")");
   }
   if (mode > static_cast<uint8_t>(PsMode::kSsp) ||
       optimizer > static_cast<uint8_t>(OptimizerKind::kAdam) || pad0 != 0 || pad1 != 0 ||

@@ -189,8 +189,7 @@ TEST(PsCheckpointTest, EveryTruncationIsRejected) {
   auto cut = DecodeCheckpoint(bytes.substr(0, bytes.size() - 1), ExpectOf(st), "mem");
   EXPECT_NE(cut.status().message().find("truncated"), std::string::npos) << cut.status();
   auto longer = DecodeCheckpoint(bytes + "x", ExpectOf(st), "mem");
-  EXPECT_NE(longer.status().message().find("trailing bytes"), std::string::npos)
-      << longer.status();
+  EXPECT_NE(longer.status().message().find("trailing bytes"), std::string::npos) << longer.status();
 }
 
 TEST(PsCheckpointTest, EveryBitFlipIsRejected) {
@@ -232,7 +231,8 @@ TEST(PsCheckpointTest, AnotherJobRankModeOptimizerOrJobSizeIsRefusedNamingIt) {
   e = ExpectOf(st);
   e.mode = PsMode::kAsync;
   EXPECT_NE(refuse(e).message().find("holds ps_mode=sync, this shard runs async"),
-            std::string::npos) << refuse(e);
+            std::string::npos)
+      << refuse(e);
   e = ExpectOf(st);
   e.optimizer = OptimizerKind::kAdam;
   EXPECT_NE(refuse(e).message().find("optimizer=momentum"), std::string::npos) << refuse(e);
@@ -266,8 +266,8 @@ TEST(PsCheckpointTest, ABodyThatContradictsItselfIsRejectedEvenWithAGoodCrc) {
   p.initialised = true;  // without its parameters
   st.keys[{0, 0}] = p;
   back = DecodeCheckpoint(EncodeCheckpoint(st), ExpectOf(st), "c");
-  EXPECT_NE(back.status().message().find("initialised but holds 0 parameters"),
-            std::string::npos) << back.status();
+  EXPECT_NE(back.status().message().find("initialised but holds 0 parameters"), std::string::npos)
+      << back.status();
 }
 
 TEST(PsCheckpointTest, WriteRenamesAWholeFileAndReadFindsIt) {

@@ -24,8 +24,8 @@ wire::Message RawPush(const wire::Sender& from, uint32_t partition, uint64_t ele
   f.num_elements = elements;
   f.round = 1;
   f.codec = codec;
-  return wire::MakeData(from, MsgType::Push, f, {wire::Payload::Copy(junk.data(), junk.size())},
-                        1, 1);
+  return wire::MakeData(from, MsgType::Push, f, {wire::Payload::Copy(junk.data(), junk.size())}, 1,
+                        1);
 }
 
 // Seen live: this push ended a shard with std::bad_alloc.

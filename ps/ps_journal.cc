@@ -25,9 +25,7 @@ constexpr size_t kSegmentHeaderBytes = 40;
 constexpr size_t kMaxBatch = 512;
 constexpr size_t kWriteChunk = size_t{8} << 20;
 
-Status Errno(const std::string& what) {
-  return InternalError(what + ": " + std::strerror(errno));
-}
+Status Errno(const std::string& what) { return InternalError(what + ": " + std::strerror(errno)); }
 
 std::string SegmentPrefix(int32_t rank) { return "shard-" + std::to_string(rank) + ".log."; }
 
@@ -83,9 +81,8 @@ bool TornTail(const std::string& bytes, size_t at) {
 }
 
 // Checks one segment and, when `apply` is set, applies its records.
-Status ScanSegment(const std::string& path, const std::string& bytes, int32_t rank,
-                   uint64_t job_id, uint64_t segment, bool last,
-                   const Apply* apply, JournalReplay* out) {
+Status ScanSegment(const std::string& path, const std::string& bytes, int32_t rank, uint64_t job_id,
+                   uint64_t segment, bool last, const Apply* apply, JournalReplay* out) {
   auto damaged = [&](size_t at, const std::string& what) {
     return DataLossError("journal " + path + " is damaged at byte " + std::to_string(at) + ": " +
                          what);
@@ -100,7 +97,8 @@ Status ScanSegment(const std::string& path, const std::string& bytes, int32_t ra
   }
   if (bytes.compare(0, kSegmentHeaderBytes, SegmentHeader(rank, job_id, segment)) != 0) {
     return damaged(0, "the header is not that of segment " + std::to_string(segment) +
-                   " of shard " + std::to_string(rank) + " in job " + std::to_string(job_id));
+                          " of shard " + std::to_string(rank) + " in job " +
+                          std::to_string(job_id));
   }
   size_t at = kSegmentHeaderBytes;
   while (at < bytes.size()) {
@@ -115,8 +113,8 @@ Status ScanSegment(const std::string& path, const std::string& bytes, int32_t ra
         out->torn_tail = true;
         return OkStatus();
       }
-      return damaged(at, whole ? "a record fails its CRC or does not parse"
-                               : "a record is cut short");
+      return damaged(at,
+                     whole ? "a record fails its CRC or does not parse" : "a record is cut short");
     }
     if (apply != nullptr) {
       GS_RETURN_IF_ERROR((*apply)(rec));
@@ -171,8 +169,8 @@ StatusOr<JournalReplay> ReplayJournal(const std::string& dir, int32_t rank, uint
   }
   for (size_t i = 1; i < segments.size(); ++i) {
     if (segments[i] != segments[i - 1] + 1) {
-      return DataLossError("journal segment " +
-                           JournalSegmentPath(dir, rank, segments[i - 1] + 1) + " is missing");
+      return DataLossError("journal segment " + JournalSegmentPath(dir, rank, segments[i - 1] + 1) +
+                           " is missing");
     }
   }
   // Everything is checked before anything is applied.
@@ -192,8 +190,7 @@ StatusOr<JournalReplay> ReplayJournal(const std::string& dir, int32_t rank, uint
 }
 
 Journal::Journal(std::string dir, int32_t rank, uint64_t job_id, SendFn send)
-    : dir_(std::move(dir)), rank_(rank), job_id_(job_id), send_(std::move(send)),
-      queue_(1024) {}
+    : dir_(std::move(dir)), rank_(rank), job_id_(job_id), send_(std::move(send)), queue_(1024) {}
 
 StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir, int32_t rank,
                                                  uint64_t job_id, uint64_t segment, SendFn send) {

@@ -143,7 +143,7 @@ class Journal {
   bool dirty_ = false;  // bytes handed to the kernel but not yet synced
 
   mutable std::mutex mu_;
-  Status health_;         // guarded by mu_
+  Status health_;           // guarded by mu_
   bool shut_down_ = false;  // guarded by mu_
 };
 

@@ -52,8 +52,8 @@ JournalRecord Dead(std::set<int32_t> dead) {
 // An answer that names its step, so the order of sends can be checked.
 Outgoing Answer(uint64_t step) {
   return Outgoing{wire::Route::Inbound("w"),
-                  wire::MakeData(wire::Sender{wire::Role::Server, kRank, kJob},
-                                 wire::MsgType::Ack, wire::DataFields{}, {}, step)};
+                  wire::MakeData(wire::Sender{wire::Role::Server, kRank, kJob}, wire::MsgType::Ack,
+                                 wire::DataFields{}, {}, step)};
 }
 
 struct Sent {
@@ -110,8 +110,9 @@ TEST(PsJournalTest, RecordsComeBackInOrderAndAnswersLeaveInOrder) {
     std::vector<Outgoing> out;
     out.push_back(Answer(i));
     std::optional<JournalRecord> rec;
-    if (i % 5 != 0) rec = Push(static_cast<uint32_t>(i), static_cast<int32_t>(i % 4), i,
-                               {float(i), -float(i), 0.5f * float(i)});
+    if (i % 5 != 0)
+      rec = Push(static_cast<uint32_t>(i), static_cast<int32_t>(i % 4), i,
+                 {float(i), -float(i), 0.5f * float(i)});
     if (i == 25) rec = Dead({2, 3});
     j->Append(std::move(rec), std::move(out));
   }
@@ -240,8 +241,8 @@ TEST(PsJournalTest, SegmentsAreTheOwnersOnly) {
 }
 
 TEST(PsJournalTest, AnUnwritableDirectoryFailsOpenNamingTheFile) {
-  auto j = Journal::Open("/nonexistent-dir", kRank, kJob, 0,
-                         [](const wire::Route&, wire::Message) {});
+  auto j =
+      Journal::Open("/nonexistent-dir", kRank, kJob, 0, [](const wire::Route&, wire::Message) {});
   ASSERT_FALSE(j.ok());
   EXPECT_NE(j.status().message().find("/nonexistent-dir/shard-1.log."), std::string::npos)
       << j.status();

@@ -36,11 +36,10 @@ wire::Message Data(int worker, MsgType type, uint32_t bucket, uint64_t round,
   f.round = round;
   std::vector<wire::Payload> payloads;
   if (type == MsgType::Push) {
-    payloads.push_back(
-        wire::Payload::Copy(values.data(), values.size() * sizeof(float)));
+    payloads.push_back(wire::Payload::Copy(values.data(), values.size() * sizeof(float)));
   }
-  return wire::MakeData({wire::Role::Worker, worker, kJob}, type, f,
-                        std::move(payloads), round, round);
+  return wire::MakeData({wire::Role::Worker, worker, kJob}, type, f, std::move(payloads), round,
+                        round);
 }
 
 class KeyFlood : public ::testing::Test {
@@ -61,8 +60,7 @@ class KeyFlood : public ::testing::Test {
       ASSERT_TRUE(conn.ok()) << conn.status();
       conns_.push_back(*conn);
     }
-    auto shard =
-        PsShard::Start(server_.get(), o, {wire::Role::Server, 0, kJob});
+    auto shard = PsShard::Start(server_.get(), o, {wire::Role::Server, 0, kJob});
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = std::move(*shard);
   }
@@ -71,10 +69,10 @@ class KeyFlood : public ::testing::Test {
   }
 
   void Send(int w, wire::Message m) {
-    ASSERT_TRUE(workers_[w]
-                    ->Send(wire::Route::Connection(conns_[w]), std::move(m),
-                           Deadline::AfterMs(10000))
-                    .ok());
+    ASSERT_TRUE(
+        workers_[w]
+            ->Send(wire::Route::Connection(conns_[w]), std::move(m), Deadline::AfterMs(10000))
+            .ok());
   }
   // The next message worker w gets that is not an Ack.
   wire::Message Next(int w) {
@@ -82,8 +80,7 @@ class KeyFlood : public ::testing::Test {
       auto in = workers_[w]->Receive(Deadline::AfterMs(20000));
       EXPECT_TRUE(in.ok()) << in.status();
       if (!in.ok()) return {};
-      if (in->message.header_view()->type() != MsgType::Ack)
-        return std::move(in->message);
+      if (in->message.header_view()->type() != MsgType::Ack) return std::move(in->message);
     }
   }
 
@@ -140,8 +137,7 @@ TEST_F(KeyFlood, KeysOutsideThePlanAreRefusedAndLeaveNoKeyBehind) {
   for (int w = 0; w < 2; ++w) {
     for (int b = 0; b < kPlanKeys; ++b) {
       wire::Message m = Next(w);
-      ASSERT_EQ(m.header_view()->type(), MsgType::Reply)
-          << "key " << b << " worker " << w;
+      ASSERT_EQ(m.header_view()->type(), MsgType::Reply) << "key " << b << " worker " << w;
       std::vector<float> got(4);
       std::memcpy(got.data(), m.payloads.at(0).data, sizeof(float) * 4);
       EXPECT_EQ(got, (std::vector<float>{0.5f, 2, 4, 8}));

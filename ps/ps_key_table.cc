@@ -12,9 +12,12 @@ using wire::MsgType;
 
 const char* PsModeName(PsMode mode) {
   switch (mode) {
-    case PsMode::kSync: return "sync";
-    case PsMode::kAsync: return "async";
-    case PsMode::kSsp: return "ssp";
+    case PsMode::kSync:
+      return "sync";
+    case PsMode::kAsync:
+      return "async";
+    case PsMode::kSsp:
+      return "ssp";
   }
   return "invalid";
 }
@@ -51,7 +54,8 @@ void ShardCounters::Rejected(wire::ErrorCode code) {
 void ShardCounters::RoundClosed(SteadyTime first, SteadyTime last) {
   Add(rounds_closed);
   straggler_wait_ns_.fetch_add(
-      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(last - first).count()),
+      static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(last - first).count()),
       std::memory_order_relaxed);
   if (metrics == nullptr) return;
   using Seconds = std::chrono::duration<double>;
@@ -106,7 +110,6 @@ namespace {
 // no state and no context.
 bool IsReplyCodec(const std::string& codec) { return codec == "fp16" || codec == "bf16"; }
 
-
 Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
   return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
 }
@@ -115,7 +118,10 @@ Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
 
 KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
                    ShardCounters* counters, JobCodec* codec)
-    : rules_(rules), optimizer_(optimizer), self_(self), counters_(counters),
+    : rules_(rules),
+      optimizer_(optimizer),
+      self_(self),
+      counters_(counters),
       own_codec_(codec == nullptr ? std::make_unique<JobCodec>(rules.compression) : nullptr),
       codec_(codec == nullptr ? own_codec_.get() : codec) {
   compression::RegisterBuiltins(&reply_codecs_);
@@ -125,8 +131,16 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
                       std::vector<Outgoing>* out, std::vector<float>* decoded) {
   took_ = false;
   const wire::DataBody& d = *h.body_as_DataBody();
-  Request r{from,      h.type(),  h.sender_rank(), {d.bucket(), d.partition()},
-            d.num_elements(), d.round(), d.version(), h.step(), h.seq(), d.dtype(),
+  Request r{from,
+            h.type(),
+            h.sender_rank(),
+            {d.bucket(), d.partition()},
+            d.num_elements(),
+            d.round(),
+            d.version(),
+            h.step(),
+            h.seq(),
+            d.dtype(),
             d.codec() != nullptr ? d.codec()->str() : std::string()};
   if (!Admit(r, h.sender_role(), d, msg, out)) return false;
   const bool known = keys_.count(r.key) > 0;
@@ -179,36 +193,43 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
   if (w < rules_.worker_identities.size() && !rules_.worker_identities[w].empty() &&
       (r.from.kind != wire::Route::Kind::kInbound ||
        r.from.identity != rules_.worker_identities[w])) {
-    Reject(r, ErrorCode::BadSender, "comes over another connection than worker " +
-           std::to_string(r.worker) + "'s own", out);
+    Reject(r, ErrorCode::BadSender,
+           "comes over another connection than worker " + std::to_string(r.worker) + "'s own", out);
     return false;
   }
   if (r.dtype != wire::DType::F32) {
-    Reject(r, ErrorCode::WrongType, std::string("carries ") + wire::EnumNameDType(r.dtype) +
-           " data; this shard takes f32 (compressed or not)", out);
+    Reject(r, ErrorCode::WrongType,
+           std::string("carries ") + wire::EnumNameDType(r.dtype) +
+               " data; this shard takes f32 (compressed or not)",
+           out);
     return false;
   }
-  if (rules_.num_shards > 0 && ShardOf(r.key.first, r.key.second, rules_.num_shards) != rules_.shard) {
-    Reject(r, ErrorCode::Mismatch, "names a key placed on shard " +
-           std::to_string(ShardOf(r.key.first, r.key.second, rules_.num_shards)) +
-           ", this is shard " + std::to_string(rules_.shard), out);
+  if (rules_.num_shards > 0 &&
+      ShardOf(r.key.first, r.key.second, rules_.num_shards) != rules_.shard) {
+    Reject(r, ErrorCode::Mismatch,
+           "names a key placed on shard " +
+               std::to_string(ShardOf(r.key.first, r.key.second, rules_.num_shards)) +
+               ", this is shard " + std::to_string(rules_.shard),
+           out);
     return false;
   }
   const auto it = keys_.find(r.key);
   const uint64_t held = it == keys_.end() ? 0 : it->second.num_elements;
   if (r.num_elements == 0 || r.num_elements > rules_.max_elements ||
       (held != 0 && r.num_elements != held)) {
-    const std::string limit = held != 0 ? "the key holds " + std::to_string(held)
-                                        : "a partition holds at most " +
-                                              std::to_string(rules_.max_elements) +
-                                              " (partition_bytes)";
+    const std::string limit = held != 0
+                                  ? "the key holds " + std::to_string(held)
+                                  : "a partition holds at most " +
+                                        std::to_string(rules_.max_elements) + " (partition_bytes)";
     Reject(r, ErrorCode::SizeMismatch,
            "carries " + std::to_string(r.num_elements) + " elements, " + limit, out);
     return false;
   }
   if (it == keys_.end() && keys_.size() >= rules_.max_keys) {
-    Reject(r, ErrorCode::Oversized, "would be key number " + std::to_string(keys_.size() + 1) +
-           " of a table that holds at most " + std::to_string(rules_.max_keys), out);
+    Reject(r, ErrorCode::Oversized,
+           "would be key number " + std::to_string(keys_.size() + 1) +
+               " of a table that holds at most " + std::to_string(rules_.max_keys),
+           out);
     return false;
   }
   if (r.type == MsgType::Push && !r.codec.empty()) {
@@ -241,8 +262,8 @@ bool KeyTable::AdmitPull(const Request& r, std::vector<Outgoing>* out) {
     return false;
   }
   if (!r.codec.empty() && !IsReplyCodec(r.codec)) {
-    Reject(r, ErrorCode::WrongType, "asks for replies encoded as \"" + r.codec +
-           "\"; replies are fp32, fp16 or bf16", out);
+    Reject(r, ErrorCode::WrongType,
+           "asks for replies encoded as \"" + r.codec + "\"; replies are fp32, fp16 or bf16", out);
     return false;
   }
   return true;
@@ -269,8 +290,9 @@ bool KeyTable::Planned(const Request& r, std::vector<Outgoing>* out) {
     return false;
   }
   counters_->Unplanned();
-  ErrorTo(r, ErrorCode::Busy, "names a key worker " + std::to_string(author) +
-          " has not pushed: the job's keys are those it pushes; push again once it has",
+  ErrorTo(r, ErrorCode::Busy,
+          "names a key worker " + std::to_string(author) +
+              " has not pushed: the job's keys are those it pushes; push again once it has",
           out);
   return false;
 }
@@ -299,7 +321,7 @@ Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t
                          " elements, the key holds " + std::to_string(held) + ", the job has " +
                          std::to_string(rules_.num_workers) + " workers");
   }
-  Request r{wire::Route{}, MsgType::Push, worker, key, values.size(), round, version, 0, 0,
+  Request r{wire::Route{},    MsgType::Push, worker, key, values.size(), round, version, 0, 0,
             wire::DType::F32, std::string()};
   std::vector<Outgoing> answers;
   OnPush(r, values, &answers);
@@ -351,7 +373,8 @@ void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<O
   if (optimizer_ == nullptr) {
     return Reject(r, ErrorCode::WrongType,
                   "this shard only aggregates (optimizer=none) and takes no initial "
-                  "parameters", out);
+                  "parameters",
+                  out);
   }
   if (r.worker != 0) {
     return Reject(r, ErrorCode::BadSender, "only worker 0 pushes initial parameters", out);
@@ -370,20 +393,21 @@ void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<O
   AnswerHeld(r.key, k, out);
 }
 
-void KeyTable::PushRound(const Request& r, std::vector<float> values,
-                         std::vector<Outgoing>* out) {
+void KeyTable::PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
   if (r.round <= k.closed) {
     // Taken rounds were acknowledged as duplicates before this point: the
     // round closed without this worker, which was then declared dead.
-    return Reject(r, ErrorCode::BadSequence, "is for a round this key closed without it (" +
-                  std::to_string(k.closed) + " closed)", out);
+    return Reject(
+        r, ErrorCode::BadSequence,
+        "is for a round this key closed without it (" + std::to_string(k.closed) + " closed)", out);
   }
   const uint64_t limit = k.closed + rules_.staleness + 1;
   if (r.round > limit) {
-    return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (" +
-                  std::to_string(k.closed) + " closed, at most round " +
-                  std::to_string(limit) + " may be pushed)", out);
+    return Reject(r, ErrorCode::BadSequence,
+                  "is ahead of the rounds this key allows (" + std::to_string(k.closed) +
+                      " closed, at most round " + std::to_string(limit) + " may be pushed)",
+                  out);
   }
   k.num_elements = r.num_elements;
   k.open[r.round][r.worker] = Contribution{std::move(values), r.version};
@@ -394,14 +418,15 @@ void KeyTable::PushRound(const Request& r, std::vector<float> values,
   AnswerHeld(r.key, k, out);
 }
 
-void KeyTable::PushAsync(const Request& r, std::vector<float> grad,
-                         std::vector<Outgoing>* out) {
+void KeyTable::PushAsync(const Request& r, std::vector<float> grad, std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
   const TakenRounds& taken = k.taken[r.worker];
   if (r.round > taken.floor + rules_.async_window || r.version > k.version) {
-    return Reject(r, ErrorCode::BadSequence, "is implausible (key version " +
-                  std::to_string(k.version) + ", push version " + std::to_string(r.version) +
-                  ", rounds up to " + std::to_string(taken.floor) + " taken)", out);
+    return Reject(r, ErrorCode::BadSequence,
+                  "is implausible (key version " + std::to_string(k.version) + ", push version " +
+                      std::to_string(r.version) + ", rounds up to " + std::to_string(taken.floor) +
+                      " taken)",
+                  out);
   }
   const uint64_t staleness = k.version - r.version;
   const float scale =
@@ -468,11 +493,12 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
 void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
   const bool async = rules_.mode == PsMode::kAsync;
-  const uint64_t limit = async ? k.taken[r.worker].floor + rules_.async_window
-                               : k.closed + rules_.staleness + 1;
+  const uint64_t limit =
+      async ? k.taken[r.worker].floor + rules_.async_window : k.closed + rules_.staleness + 1;
   if (r.round > limit) {
-    return Reject(r, ErrorCode::BadSequence, "is ahead of the rounds this key allows (at most " +
-                  std::to_string(limit) + ")", out);
+    return Reject(r, ErrorCode::BadSequence,
+                  "is ahead of the rounds this key allows (at most " + std::to_string(limit) + ")",
+                  out);
   }
   HeldPull pull{r.from, r.worker, r.round, r.step, r.seq, r.codec};
   if (Answer(r.key, k, pull, out)) return;
@@ -504,9 +530,11 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
     auto it = k.results.find(pull.round);
     if (it == k.results.end()) {
       out->push_back({pull.to, wire::MakeError(self_, ErrorCode::BadSequence,
-                      "round " + std::to_string(pull.round) + " of bucket " +
-                      std::to_string(key.first) + " partition " + std::to_string(key.second) +
-                      " is too old to be answered again", MsgType::Pull)});
+                                               "round " + std::to_string(pull.round) +
+                                                   " of bucket " + std::to_string(key.first) +
+                                                   " partition " + std::to_string(key.second) +
+                                                   " is too old to be answered again",
+                                               MsgType::Pull)});
       counters_->Rejected(ErrorCode::BadSequence);
       return true;
     }
@@ -519,15 +547,14 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
   f.round = pull.round;
   f.version = snap.version;
   f.codec = pull.codec;
-  out->push_back({pull.to, wire::MakeData(self_, MsgType::Reply, f,
-                                          {ReplyPayload(k, snap, pull.codec)}, pull.step,
-                                          pull.seq)});
+  out->push_back(
+      {pull.to, wire::MakeData(self_, MsgType::Reply, f, {ReplyPayload(k, snap, pull.codec)},
+                               pull.step, pull.seq)});
   counters_->Add(counters_->replies);
   return true;
 }
 
-wire::Payload KeyTable::ReplyPayload(KeyState& k, const Snapshot& snap,
-                                     const std::string& codec) {
+wire::Payload KeyTable::ReplyPayload(KeyState& k, const Snapshot& snap, const std::string& codec) {
   const auto& values = snap.values;
   if (codec.empty()) {
     return wire::Payload::Borrow(values->data(), values->size() * sizeof(float), values);

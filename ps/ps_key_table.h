@@ -97,8 +97,8 @@ const char* PsModeName(PsMode mode);
 
 struct PsRules {
   PsMode mode = PsMode::kSync;
-  uint64_t staleness = 0;        // ssp: the bound s
-  bool staleness_lr = false;     // async: lr / max(1, staleness)
+  uint64_t staleness = 0;     // ssp: the bound s
+  bool staleness_lr = false;  // async: lr / max(1, staleness)
   int32_t num_workers = 1;
   uint64_t async_window = 1024;  // async: rounds a push may run ahead
   uint64_t kept_results = 4;     // sync: closed rounds kept for late pulls
@@ -127,14 +127,14 @@ struct PsRules {
 
 struct PsShardStats {
   uint64_t pushes_applied = 0;
-  uint64_t duplicates = 0;       // pushes acknowledged again, not applied
-  uint64_t early_pulls = 0;      // pulls of a key no push made, answered Busy
-  uint64_t unplanned = 0;        // other workers' pushes of a key worker 0 did not push, Busy
-  uint64_t rejected = 0;         // messages answered with an Error
-  uint64_t rounds_closed = 0;    // sync/ssp
+  uint64_t duplicates = 0;     // pushes acknowledged again, not applied
+  uint64_t early_pulls = 0;    // pulls of a key no push made, answered Busy
+  uint64_t unplanned = 0;      // other workers' pushes of a key worker 0 did not push, Busy
+  uint64_t rejected = 0;       // messages answered with an Error
+  uint64_t rounds_closed = 0;  // sync/ssp
   uint64_t replies = 0;
   uint64_t max_staleness = 0;
-  uint64_t staleness_sum = 0;    // over applied pushes
+  uint64_t staleness_sum = 0;  // over applied pushes
   // From the first to the last push of each closed round (sync/ssp): the
   // gradsync_server_straggler_wait_seconds observations, summed.
   double straggler_wait_s = 0;
@@ -209,8 +209,8 @@ struct KeyState {
   bool initialised = false;   // optimizer: parameters set by round 0
   std::vector<float> params;
   OptimizerSlots slots;
-  uint64_t version = 0;       // updates applied
-  uint64_t closed = 0;        // sync/ssp: rounds 1..closed applied
+  uint64_t version = 0;                                      // updates applied
+  uint64_t closed = 0;                                       // sync/ssp: rounds 1..closed applied
   std::map<uint64_t, std::map<int32_t, Contribution>> open;  // round -> worker
   std::map<uint64_t, Snapshot> results;                      // sync/ssp, by round
   Snapshot latest;                                           // async

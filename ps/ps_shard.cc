@@ -25,8 +25,9 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t threads, config.GetInt("ps_threads", 2));
   GS_ASSIGN_OR_RETURN(o.checkpoint_dir, config.GetString("checkpoint_dir", ""));
   GS_ASSIGN_OR_RETURN(o.rules.compression, config.GetString("compression", ""));
-  GS_ASSIGN_OR_RETURN(int64_t partition,
-                      config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
+  GS_ASSIGN_OR_RETURN(
+      int64_t partition,
+      config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
   GS_ASSIGN_OR_RETURN(int64_t max_keys, config.GetInt("ps_max_keys", 65536));
   GS_ASSIGN_OR_RETURN(int64_t per_peer,
                       config.GetInt("ps_max_queued_bytes_per_peer",
@@ -65,7 +66,9 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
 }
 
 PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self)
-    : transport_(transport), options_(options), self_(self),
+    : transport_(transport),
+      options_(options),
+      self_(self),
       optimizer_(MakeOptimizer(options.optimizer)),
       policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})),
       codec_(options.rules.compression) {
@@ -184,12 +187,12 @@ void PsShard::Dispatch(wire::Incoming in) {
   const size_t bytes = in.message.header.size() + in.message.PayloadBytes();
   if (!Admit(in.from.identity, bytes)) {
     counters_.Rejected(wire::ErrorCode::Busy);
-    Send(in.from, wire::MakeError(AnswerAs(in.from), wire::ErrorCode::Busy,
-                                  "more than " +
-                                      std::to_string(options_.max_queued_bytes_per_peer) +
-                                      " bytes of this peer's messages wait already; send it "
-                                      "again later",
-                                  v.type));
+    Send(in.from,
+         wire::MakeError(AnswerAs(in.from), wire::ErrorCode::Busy,
+                         "more than " + std::to_string(options_.max_queued_bytes_per_peer) +
+                             " bytes of this peer's messages wait already; send it "
+                             "again later",
+                         v.type));
     return;
   }
   const wire::DataBody* d = v.header->body_as_DataBody();
@@ -214,8 +217,7 @@ bool PsShard::Admit(const std::string& peer, size_t bytes) {
     return false;
   }
   room_.wait(lock, [&] {
-    return stop_.load() || queued_bytes_ == 0 ||
-           queued_bytes_ + bytes <= options_.max_queued_bytes;
+    return stop_.load() || queued_bytes_ == 0 || queued_bytes_ + bytes <= options_.max_queued_bytes;
   });
   queued_bytes_ += bytes;
   peer_bytes_[peer] += bytes;
@@ -268,8 +270,8 @@ void PsShard::KeyLoop(KeyThread* t) {
           record->payloads = std::move(in.message.payloads);
         } else {
           auto values = std::make_shared<std::vector<float>>(std::move(decoded));
-          record->payloads.push_back(wire::Payload::Borrow(
-              values->data(), values->size() * sizeof(float), values));
+          record->payloads.push_back(
+              wire::Payload::Borrow(values->data(), values->size() * sizeof(float), values));
         }
       }
     }

@@ -75,7 +75,7 @@ struct PsShardOptions {
   OptimizerOptions optimizer;
   int threads = 2;
   Millis send_timeout{5000};
-  std::string checkpoint_dir;  // empty: no checkpoints, no journal
+  std::string checkpoint_dir;                   // empty: no checkpoints, no journal
   size_t max_queued_bytes = size_t{256} << 20;  // received, waiting for the key threads
   // Of those, what one peer may hold: past it (and once it holds anything)
   // its messages are answered with Busy and not taken, so one peer that
@@ -107,8 +107,7 @@ class PsShard {
   // read by the shard only. `self` names the shard in headers; its rank and
   // job id name the checkpoint.
   static StatusOr<std::unique_ptr<PsShard>> Start(wire::Transport* transport,
-                                                  const PsShardOptions& options,
-                                                  wire::Sender self);
+                                                  const PsShardOptions& options, wire::Sender self);
   ~PsShard();  // Shutdown()
 
   // The worker of rank `rank` was declared dead: rounds stop waiting for it.
@@ -196,9 +195,9 @@ class PsShard {
   std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
 
   std::mutex mu_;
-  std::set<int32_t> dead_;  // guarded by mu_
+  std::set<int32_t> dead_;   // guarded by mu_
   uint64_t dead_epoch_ = 0;  // changes of dead_ since start; guarded by mu_
-  bool shut_down_ = false;  // guarded by mu_
+  bool shut_down_ = false;   // guarded by mu_
 
   std::mutex checkpoint_mu_;  // held by the checkpoint being written
   mutable std::mutex stats_mu_;

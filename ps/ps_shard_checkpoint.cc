@@ -42,9 +42,8 @@ Status PsShard::Restore() {
     GS_ASSIGN_OR_RETURN(JournalReplay replay,
                         ReplayJournal(dir, self_.rank, self_.job_id, start,
                                       [this](const JournalRecord& r) { return ApplyRecord(r); }));
-    restored += "; replayed " + std::to_string(replay.records) +
-                " journal records from segments " + std::to_string(replay.first_segment) +
-                ".." + std::to_string(replay.last_segment) +
+    restored += "; replayed " + std::to_string(replay.records) + " journal records from segments " +
+                std::to_string(replay.first_segment) + ".." + std::to_string(replay.last_segment) +
                 (replay.torn_tail ? " (a torn last record ignored)" : "");
   } else if (saved.status().code() == StatusCode::kNotFound) {
     GS_LOG(INFO) << "no checkpoint at " << path << ": starting empty";

@@ -58,8 +58,10 @@ class ShardHarness {
   }
 
   void Send(int w, wire::Message msg) {
-    ASSERT_TRUE(workers_[w]->Send(wire::Route::Connection(conns_[w]), std::move(msg),
-                                  Deadline::AfterMs(1000)).ok());
+    ASSERT_TRUE(
+        workers_[w]
+            ->Send(wire::Route::Connection(conns_[w]), std::move(msg), Deadline::AfterMs(1000))
+            .ok());
   }
   void Push(int w, uint64_t round, uint64_t version, const std::vector<float>& v,
             uint32_t partition = 0, int as_rank = -2) {
@@ -168,7 +170,8 @@ class ShardHarness {
 
  private:
   void StartShard() {
-    wire::Transport* transport = links_ ? static_cast<wire::Transport*>(links_.get()) : server_.get();
+    wire::Transport* transport =
+        links_ ? static_cast<wire::Transport*>(links_.get()) : server_.get();
     auto shard = PsShard::Start(transport, options_, wire::Sender{wire::Role::Server, 0, job_});
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = std::move(*shard);

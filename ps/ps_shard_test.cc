@@ -1,11 +1,10 @@
 #include "ps/ps_shard.h"
-#include "ps/ps_shard_harness.h"
 
 #include <sys/stat.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -19,6 +18,7 @@
 #include "common/half.h"
 #include "compression/wire_codec.h"
 #include "gtest/gtest.h"
+#include "ps/ps_shard_harness.h"
 #include "wire/inproc_transport.h"
 #include "wire/same_host_transport.h"
 #include "wire/shm_link.h"
@@ -26,9 +26,9 @@
 namespace gradsync::server {
 namespace {
 
-using wire::MsgType;
 using testing::kJob;
 using testing::ShardHarness;
+using wire::MsgType;
 
 TEST(PsShardTest, SyncAnswersTheAverageOnceEveryWorkerPushed) {
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 3);
@@ -70,9 +70,7 @@ TEST(PsShardTest, ABrokenSameHostLinkIsCountedAndTheShardKeepsServing) {
   for (int w = 0; w < 2; ++w) EXPECT_EQ(h.Reply(w), (std::vector<float>{2, 3}));
 }
 
-uint64_t Count(prometheus::Histogram& h) {
-  return h.Collect().histogram.sample_count;
-}
+uint64_t Count(prometheus::Histogram& h) { return h.Collect().histogram.sample_count; }
 
 TEST(PsShardTest, ExportsRoundsStragglersStalenessRefusalsAndMembership) {
   prometheus::Registry registry;
@@ -125,8 +123,8 @@ TEST(PsShardCheckpointTest, ACheckpointIsExported) {
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 1, 0, dir, kJob, &m);
   h.Push(0, 1, 0, {5});
   EXPECT_EQ(h.NextType(0), MsgType::Ack);
-  const double before = std::chrono::duration<double>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const double before =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   ASSERT_TRUE(h.shard().Checkpoint().ok());
   EXPECT_GE(Count(*m.checkpoint_duration), 1u);
   EXPECT_GE(m.last_checkpoint->Value(), before - 1);
@@ -264,7 +262,7 @@ TEST(PsShardTest, APeerPastItsShareOfTheQueueIsToldBusyAndTheOthersGoOn) {
   // arrives stays queued.
   Gate gate;
   h.options().before_handle = gate.Hook();
-  const std::vector<float> v(1000, 1.0f);     // 4000 payload bytes a push
+  const std::vector<float> v(1000, 1.0f);         // 4000 payload bytes a push
   h.options().max_queued_bytes_per_peer = 14000;  // 3 pushes and their headers
   h.Restart();
   for (int i = 0; i < 8; ++i) h.Push(0, 1, 0, v);  // the same push, 8 times

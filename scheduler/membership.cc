@@ -20,8 +20,8 @@ std::map<std::string, int32_t> Dense(const std::map<std::string, int32_t>& membe
 
 }  // namespace
 
-std::map<std::string, int32_t> Membership::EndEpoch(
-    const std::map<std::string, int32_t>& survivors, const std::string& why, SteadyTime now) {
+std::map<std::string, int32_t> Membership::EndEpoch(const std::map<std::string, int32_t>& survivors,
+                                                    const std::string& why, SteadyTime now) {
   std::map<std::string, int32_t> ranks = Dense(survivors);
   ++epoch_;
   world_size_ = static_cast<int32_t>(ranks.size());
@@ -33,8 +33,8 @@ std::map<std::string, int32_t> Membership::EndEpoch(
 }
 
 std::map<std::string, int32_t> Membership::Join(const std::map<std::string, int32_t>& members,
-                                                const std::string& joiner,
-                                                const std::string& why, SteadyTime now) {
+                                                const std::string& joiner, const std::string& why,
+                                                SteadyTime now) {
   std::map<std::string, int32_t> ranks = Dense(members);
   ranks[joiner] = static_cast<int32_t>(members.size());
   ++epoch_;

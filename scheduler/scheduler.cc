@@ -46,7 +46,8 @@ StatusOr<SchedulerOptions> SchedulerOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t missed, config.GetInt("missed_heartbeats", 6));
   GS_ASSIGN_OR_RETURN(int64_t rendezvous_ms, config.GetInt("rendezvous_timeout_ms", 120000));
   GS_ASSIGN_OR_RETURN(int64_t grace_ms, config.GetInt("server_grace_ms", 0));
-  if (port < 0 || port > 65535) return InvalidArgumentError("port " + std::to_string(port) + " out of range");
+  if (port < 0 || port > 65535)
+    return InvalidArgumentError("port " + std::to_string(port) + " out of range");
   if (workers < 1) return InvalidArgumentError("num_workers must be at least 1");
   if (servers < 0) return InvalidArgumentError("num_servers must not be negative");
   if (heartbeat_ms <= 0 || missed <= 0) {
@@ -107,8 +108,9 @@ Status Scheduler::Run(const std::atomic<bool>& stop) {
   while (phase_ != Phase::kDone) {
     if (stop.load()) {
       GS_LOG(INFO) << "stopping: telling every node the job is shut down";
-      Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
-                                                "the scheduler was stopped"); });
+      Broadcast([&] {
+        return wire::MakeJobState(sender(), wire::JobPhase::Shutdown, "the scheduler was stopped");
+      });
       return OkStatus();
     }
     auto in = transport_->Receive(Deadline::After(tick));
@@ -139,9 +141,9 @@ void Scheduler::Handle(wire::Incoming in) {
   auto it = nodes_.find(identity);
   if (it == nodes_.end() || !it->second.alive || it->second.left) {
     Refuse(identity, ErrorCode::NotRegistered,
-           it == nodes_.end()       ? "this node is not registered with the scheduler"
+           it == nodes_.end()   ? "this node is not registered with the scheduler"
            : it->second.removed ? "this worker was removed from the job: " + it->second.removed_why
-                                    : "this node was declared dead or left the job",
+                                : "this node was declared dead or left the job",
            h.type(), h.type() != MsgType::Error);
     return;
   }
@@ -193,8 +195,8 @@ void Scheduler::Dispatch(Node& node, const wire::Header& h) {
   }
 }
 
-std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
-    const wire::RegisterBody& r, std::string* replaces) const {
+std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(const wire::RegisterBody& r,
+                                                               std::string* replaces) const {
   std::string build = r.build_id() ? r.build_id()->str() : "";
   if (build != kBuildId) {
     return Refusal{ErrorCode::WrongBuild,
@@ -203,10 +205,12 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
   const char* role = wire::RoleName(r.role());
   if ((r.num_workers() >= 0 && r.num_workers() != options_.num_workers) ||
       (r.num_servers() >= 0 && r.num_servers() != options_.num_servers)) {
-    return Refusal{ErrorCode::WrongJob, std::string("job size mismatch: this ") + role + " expects " +
-        std::to_string(r.num_workers()) + " workers and " + std::to_string(r.num_servers()) +
-        " servers, the scheduler expects " + std::to_string(options_.num_workers) +
-        " and " + std::to_string(options_.num_servers)};
+    return Refusal{ErrorCode::WrongJob, std::string("job size mismatch: this ") + role +
+                                            " expects " + std::to_string(r.num_workers()) +
+                                            " workers and " + std::to_string(r.num_servers()) +
+                                            " servers, the scheduler expects " +
+                                            std::to_string(options_.num_workers) + " and " +
+                                            std::to_string(options_.num_servers)};
   }
   if (phase_ == Phase::kRunning && r.role() == Role::Server) return CheckRejoin(r, replaces);
   if (phase_ == Phase::kRunning && membership_.elastic()) return std::nullopt;  // a joiner
@@ -225,10 +229,10 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRegistration(
   }
   for (const auto& [id, n] : nodes_) {
     if (n.info.role == r.role() && r.requested_rank() >= 0 && n.info.rank == r.requested_rank()) {
-      return Refusal{ErrorCode::RankTaken,
-                     std::string(role) + " rank " + std::to_string(r.requested_rank()) +
-                         " is already taken by pid " + std::to_string(n.pid) + " on " +
-                         n.info.host};
+      return Refusal{ErrorCode::RankTaken, std::string(role) + " rank " +
+                                               std::to_string(r.requested_rank()) +
+                                               " is already taken by pid " + std::to_string(n.pid) +
+                                               " on " + n.info.host};
     }
   }
   return std::nullopt;
@@ -240,21 +244,23 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
   const std::string key = r.public_key() ? r.public_key()->str() : "";
   const std::string data_identity = r.identity() ? r.identity()->str() : "";
   if (!wire::IsCurvePublicKey(key) || data_identity.empty()) {
-    return Refusal{ErrorCode::WrongKey, "a node of a CURVE job registers with its data "
+    return Refusal{ErrorCode::WrongKey,
+                   "a node of a CURVE job registers with its data "
                    "identity and its own public key (40 Z85 characters)"};
   }
   if (!replaces.empty()) {
     const Node& old = nodes_.at(replaces);
     if (old.info.public_key == key) return std::nullopt;
     return Refusal{ErrorCode::WrongKey,
-                   old.info.Name() + " registered with another node key: a restarted server "
-                   "proves it is the same one with the key it kept (in its checkpoint_dir, "
-                   "or node_key_file)"};
+                   old.info.Name() +
+                       " registered with another node key: a restarted server "
+                       "proves it is the same one with the key it kept (in its checkpoint_dir, "
+                       "or node_key_file)"};
   }
   for (const auto& [id, n] : nodes_) {
     if (n.info.public_key == key || n.info.identity == data_identity) {
-      return Refusal{ErrorCode::WrongKey, "that node key or data identity is already bound to " +
-                                              n.info.Name()};
+      return Refusal{ErrorCode::WrongKey,
+                     "that node key or data identity is already bound to " + n.info.Name()};
     }
   }
   return std::nullopt;
@@ -272,27 +278,30 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBod
     const bool same_rank = r.requested_rank() == n.info.rank;
     const std::string known = n.info.host + ":" + std::to_string(n.info.data_port);
     if (!same_address && same_rank) {
-      return Refusal{ErrorCode::BadSender,
-                     n.info.Name() + " can only rejoin at " + known + ", where the workers "
-                     "reach it (start it there with --data_port=" +
-                     std::to_string(n.info.data_port) + "), not at " + address};
+      return Refusal{ErrorCode::BadSender, n.info.Name() + " can only rejoin at " + known +
+                                               ", where the workers "
+                                               "reach it (start it there with --data_port=" +
+                                               std::to_string(n.info.data_port) + "), not at " +
+                                               address};
     }
     if (!same_address) continue;
     if (r.requested_rank() >= 0 && !same_rank) {
       return Refusal{ErrorCode::RankTaken, address + " is the address of " + n.info.Name() +
-                     ", not of server " + std::to_string(r.requested_rank())};
+                                               ", not of server " +
+                                               std::to_string(r.requested_rank())};
     }
     if (!n.alive) {
-      return Refusal{ErrorCode::PeerDead, n.info.Name() + " was declared dead and the workers "
-                     "were told; the job cannot take it back"};
+      return Refusal{ErrorCode::PeerDead, n.info.Name() +
+                                              " was declared dead and the workers "
+                                              "were told; the job cannot take it back"};
     }
     *replaces = id;
     return std::nullopt;
   }
   return Refusal{ErrorCode::JobFull,
                  "the job has already assembled; no more nodes are accepted (a restarted "
-                 "server rejoins with the host and data port it first had, " + address +
-                 " is not one of them)"};
+                 "server rejoins with the host and data port it first had, " +
+                     address + " is not one of them)"};
 }
 
 void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
@@ -300,8 +309,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   auto known = nodes_.find(identity);
   if (known != nodes_.end() && known->second.info.public_key != key) {
     Refuse(identity, ErrorCode::WrongKey,
-           known->second.info.Name() + " registered with another node key",
-           MsgType::Register);
+           known->second.info.Name() + " registered with another node key", MsgType::Register);
     return;
   }
   if (known != nodes_.end() || rejoins_.count(identity) || waiting_joiners_.count(identity)) {
@@ -339,12 +347,11 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
   GS_LOG(INFO) << "registered a " << wire::RoleName(r.role()) << " (pid " << r.pid() << " on "
-               << PeerText(node.info.host) << ":" << node.info.data_port << "): "
-               << Count(Role::Worker) << "/" << options_.num_workers << " workers, "
+               << PeerText(node.info.host) << ":" << node.info.data_port
+               << "): " << Count(Role::Worker) << "/" << options_.num_workers << " workers, "
                << Count(Role::Server) << "/" << options_.num_servers << " servers (requested rank "
                << node.info.rank << ", data identity " << PeerText(node.info.identity) << ")";
-  if (Count(Role::Worker) == options_.num_workers &&
-      Count(Role::Server) == options_.num_servers) {
+  if (Count(Role::Worker) == options_.num_workers && Count(Role::Server) == options_.num_servers) {
     AssignRanks();
   }
 }
@@ -355,7 +362,8 @@ void Scheduler::AssignRanks() {
   for (Role role : {Role::Worker, Role::Server}) {
     std::set<int> taken;
     for (const auto& id : order_) {
-      if (nodes_[id].info.role == role && nodes_[id].info.rank >= 0) taken.insert(nodes_[id].info.rank);
+      if (nodes_[id].info.role == role && nodes_[id].info.rank >= 0)
+        taken.insert(nodes_[id].info.rank);
     }
     int next = 0;
     for (const auto& id : order_) {
@@ -381,8 +389,7 @@ void Scheduler::SendAssignment(const std::string& identity) {
     return std::make_pair(a.role, a.rank) < std::make_pair(b.role, b.rank);
   });
   const auto heartbeat_ms = static_cast<uint32_t>(options_.heartbeat_interval.count());
-  const wire::EpochFields epoch{membership_.epoch(), membership_.change(),
-                                 membership_.elastic()};
+  const wire::EpochFields epoch{membership_.epoch(), membership_.change(), membership_.elastic()};
   Reply(identity, wire::MakeRankAssignment(sender(), nodes_[identity].info.rank,
                                            membership_.world_size(), options_.num_servers, peers,
                                            heartbeat_ms, options_.missed_heartbeats, epoch));
@@ -396,9 +403,10 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
                             const wire::RegisterBody& r) {
   const Node& old = nodes_[old_identity];
   if (old.left || clock_->Now() - old.last_seen > 2 * options_.heartbeat_interval) {
-    Rejoin(old_identity, identity, PendingRejoin{old_identity, r.pid(), r.metrics_port(),
-                                                 r.identity() ? r.identity()->str() : "",
-                                                 r.boot_id() ? r.boot_id()->str() : ""});
+    Rejoin(old_identity, identity,
+           PendingRejoin{old_identity, r.pid(), r.metrics_port(),
+                         r.identity() ? r.identity()->str() : "",
+                         r.boot_id() ? r.boot_id()->str() : ""});
     return;
   }
   for (const auto& [claimant, claim] : rejoins_) {
@@ -409,9 +417,9 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
       return;
     }
   }
-  rejoins_[identity] = PendingRejoin{old_identity, r.pid(), r.metrics_port(),
-                                     r.identity() ? r.identity()->str() : "",
-                                     r.boot_id() ? r.boot_id()->str() : ""};
+  rejoins_[identity] =
+      PendingRejoin{old_identity, r.pid(), r.metrics_port(),
+                    r.identity() ? r.identity()->str() : "", r.boot_id() ? r.boot_id()->str() : ""};
 }
 
 // The old process of a pending claim spoke: it is alive, the claim is false.
@@ -470,14 +478,12 @@ void Scheduler::Rejoin(const std::string& old_identity, const std::string& ident
   UpdateLiveGauges();
   GS_LOG(INFO) << node.info.Name() << " rejoined the job: pid " << node.pid << " on "
                << PeerText(node.info.host) << ":" << node.info.data_port << " replaces pid "
-               << old_pid
-               << " (" << was << ")";
+               << old_pid << " (" << was << ")";
   SendAssignment(identity);
   for (const auto& [id, n] : nodes_) {
     if (!n.alive) {
       Reply(identity, wire::MakeNodeDead(sender(), n.info,
-                                         "declared dead before " + node.info.Name() +
-                                             " rejoined"));
+                                         "declared dead before " + node.info.Name() + " rejoined"));
     }
   }
 }
@@ -661,8 +667,9 @@ void Scheduler::Tick() {
   if (phase_ == Phase::kRunning && anyone && !any_worker && !servers_released_) {
     servers_released_ = true;
     GS_LOG(INFO) << "every worker is gone: releasing the servers";
-    Broadcast([&] { return wire::MakeJobState(sender(), wire::JobPhase::Shutdown,
-                                              "every worker has finished"); });
+    Broadcast([&] {
+      return wire::MakeJobState(sender(), wire::JobPhase::Shutdown, "every worker has finished");
+    });
   }
   if (phase_ == Phase::kRunning && !anyone) {
     phase_ = Phase::kDone;
@@ -704,10 +711,10 @@ void Scheduler::MarkDead(Node& node, const std::string& why) {
   }
   for (const BarrierKey& k : broken) {
     for (const std::string& id : barriers_[k]) {
-      ReplyError(id, ErrorCode::PeerDead,
-                 "barrier " + std::to_string(k.second) + " cannot complete: " + info.Name() +
-                     " is dead",
-                 MsgType::Barrier);
+      ReplyError(
+          id, ErrorCode::PeerDead,
+          "barrier " + std::to_string(k.second) + " cannot complete: " + info.Name() + " is dead",
+          MsgType::Barrier);
     }
     barriers_.erase(k);
   }

@@ -15,9 +15,9 @@
 // and data port of one of the job's servers replaces it once the old
 // process is silent for two heartbeat intervals (the claim waits until
 // then; if the old process speaks meanwhile it is alive, and the claim is
-// refused with RankTaken); a requested rank, if any, must be that server's. The new process gets the same rank, the job id, the peer list
-// and the nodes already dead, and is Ready once its reachability report is
-// in; the workers' connections to that address reconnect to it. A silent
+// refused with RankTaken); a requested rank, if any, must be that server's. The new process gets
+// the same rank, the job id, the peer list and the nodes already dead, and is Ready once its
+// reachability report is in; the workers' connections to that address reconnect to it. A silent
 // server is given server_grace to come back this way before it is declared
 // dead (0: declared dead at once, as any node). A server declared dead is
 // not taken back.
@@ -68,15 +68,15 @@ struct SchedulerOptions {
   Millis heartbeat_interval{500};
   uint32_t missed_heartbeats = 6;
   Millis rendezvous_timeout{120000};
-  Millis server_grace{0};  // a silent server's time to restart, after the heartbeats
+  Millis server_grace{0};               // a silent server's time to restart, after the heartbeats
   std::optional<wire::CurveKey> curve;  // CURVE with the job's key (wire/curve.h)
-  ElasticOptions elastic;  // min_workers 0: not elastic
+  ElasticOptions elastic;               // min_workers 0: not elastic
 
   // Reads num_workers, num_servers, heartbeat_ms, missed_heartbeats,
   // rendezvous_timeout_ms, server_grace_ms, min_workers (num_workers: not
-  // elastic), max_workers (num_workers), elastic_timeout_ms (60000), host (the address to listen on,
-  // 127.0.0.1), security and key_file (wire/curve.h); the port comes from
-  // `scheduler` (host:port) or `port`.
+  // elastic), max_workers (num_workers), elastic_timeout_ms (60000), host (the address to listen
+  // on, 127.0.0.1), security and key_file (wire/curve.h); the port comes from `scheduler`
+  // (host:port) or `port`.
   static StatusOr<SchedulerOptions> FromConfig(const Config& config);
 };
 
@@ -192,8 +192,8 @@ class Scheduler {
   uint64_t job_id_ = 0;
   SteadyTime started_;
   SteadyTime reach_started_;
-  std::map<std::string, Node> nodes_;   // by transport identity
-  std::vector<std::string> order_;      // registration order
+  std::map<std::string, Node> nodes_;  // by transport identity
+  std::vector<std::string> order_;     // registration order
   // Claims to be a restarted server, waiting to see whether the old process
   // is silent; by the claimant's identity, at most one per server.
   struct PendingRejoin {

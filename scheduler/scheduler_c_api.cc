@@ -27,8 +27,7 @@ using gradsync::Status;
 
 extern "C" {
 
-int gs_scheduler_start(const char* const* args, int num_args,
-                       gs_scheduler** out, int* out_port) {
+int gs_scheduler_start(const char* const* args, int num_args, gs_scheduler** out, int* out_port) {
   return gradsync::CApiGuard("gs_scheduler_start", [&]() -> Status {
     if (out == nullptr || out_port == nullptr) {
       return InvalidArgumentError("out or out_port is NULL");
@@ -38,11 +37,9 @@ int gs_scheduler_start(const char* const* args, int num_args,
     }
     std::vector<const char*> argv = {"gradsync_scheduler"};
     argv.insert(argv.end(), args, args + num_args);
-    GS_ASSIGN_OR_RETURN(
-        Config config,
-        Config::FromArgs(static_cast<int>(argv.size()), argv.data(), environ));
-    GS_ASSIGN_OR_RETURN(auto scheduler,
-                        gradsync::server::EmbeddedScheduler::Start(config));
+    GS_ASSIGN_OR_RETURN(Config config,
+                        Config::FromArgs(static_cast<int>(argv.size()), argv.data(), environ));
+    GS_ASSIGN_OR_RETURN(auto scheduler, gradsync::server::EmbeddedScheduler::Start(config));
     GS_RETURN_IF_ERROR(config.CheckKnownFlags("scheduler setting"));
     *out_port = scheduler->port();
     *out = new gs_scheduler{std::move(scheduler)};
@@ -55,8 +52,7 @@ int gs_scheduler_stop(gs_scheduler* s, int64_t timeout_ms) {
     if (s == nullptr) return gradsync::OkStatus();
     std::unique_ptr<gs_scheduler> owned(s);
     const gradsync::Deadline deadline =
-        timeout_ms < 0 ? gradsync::Deadline::Infinite()
-                       : gradsync::Deadline::AfterMs(timeout_ms);
+        timeout_ms < 0 ? gradsync::Deadline::Infinite() : gradsync::Deadline::AfterMs(timeout_ms);
     return owned->scheduler->Stop(deadline);
   });
 }

@@ -20,8 +20,7 @@ typedef struct gs_scheduler gs_scheduler;
  * environment (GRADSYNC_NUM_WORKERS, ...). *out_port receives the port it
  * listens on. Errors: GS_INVALID_ARGUMENT for a bad or unknown setting,
  * GS_UNAVAILABLE when the port cannot be bound. */
-int gs_scheduler_start(const char* const* args, int num_args,
-                       gs_scheduler** out, int* out_port);
+int gs_scheduler_start(const char* const* args, int num_args, gs_scheduler** out, int* out_port);
 
 /* Gives the job `timeout_ms` to end by itself (every node left), then stops
  * the scheduler, joins its thread and frees `s`. Returns the job's result:

@@ -68,8 +68,8 @@ void Scheduler::OnJoinRequest(Node node) {
     return;
   }
   GS_LOG(WARNING) << "a worker (pid " << node.pid << ") asks to join at max_workers "
-                  << membership_.max_workers() << ": waiting up to "
-                  << FormatSeconds(JoinWait()) << " for a worker to be declared lost";
+                  << membership_.max_workers() << ": waiting up to " << FormatSeconds(JoinWait())
+                  << " for a worker to be declared lost";
   waiting_joiners_[node.identity] = std::move(node);
 }
 
@@ -105,14 +105,13 @@ void Scheduler::AdmitJoiner(Node node) {
   order_.push_back(identity);
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
-  const std::string change = "membership changed: worker " +
-                             wire::Escaped(node.info.identity, 64) + " joined (pid " +
-                             std::to_string(node.pid) + " on " +
+  const std::string change = "membership changed: worker " + wire::Escaped(node.info.identity, 64) +
+                             " joined (pid " + std::to_string(node.pid) + " on " +
                              wire::Escaped(node.info.host, 256) + ")";
   GS_LOG(WARNING) << "a worker joins the running job: pid " << node.pid << " on "
                   << wire::Escaped(node.info.host, 256);
-  StartEpoch(membership_.Join(members, identity, change, clock_->Now()),
-             MembershipReason::kJoined, identity);
+  StartEpoch(membership_.Join(members, identity, change, clock_->Now()), MembershipReason::kJoined,
+             identity);
 }
 
 // The members first, the joiner (if any) last: the members' node keys

@@ -46,9 +46,10 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
                .Add({});
   auto& changes = prometheus::BuildCounter()
                       .Name("gradsync_scheduler_membership_changes_total")
-                      .Help("Membership changes of an elastic job: a worker lost and a new "
-                            "epoch (worker_dead) or a wait for workers (below_min_workers), "
-                            "or a worker joined (worker_joined).")
+                      .Help(
+                          "Membership changes of an elastic job: a worker lost and a new "
+                          "epoch (worker_dead) or a wait for workers (below_min_workers), "
+                          "or a worker joined (worker_joined).")
                       .Register(registry);
   membership_changes[static_cast<int>(MembershipReason::kDead)] =
       &changes.Add({{"reason", "worker_dead"}});
@@ -58,19 +59,22 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
       &changes.Add({{"reason", "worker_joined"}});
   join_seconds = &prometheus::BuildHistogram()
                       .Name("gradsync_scheduler_join_seconds")
-                      .Help("From a worker's registration with the running job to every member "
-                            "of its epoch in that epoch's barrier.")
+                      .Help(
+                          "From a worker's registration with the running job to every member "
+                          "of its epoch in that epoch's barrier.")
                       .Register(registry)
                       .Add({}, LatencyBuckets());
-  recovery_seconds = &prometheus::BuildHistogram()
-                          .Name("gradsync_scheduler_recovery_seconds")
-                          .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
-                          .Register(registry)
-                          .Add({}, LatencyBuckets());
+  recovery_seconds =
+      &prometheus::BuildHistogram()
+           .Name("gradsync_scheduler_recovery_seconds")
+           .Help("From a worker declared lost to every survivor in the new epoch's barrier.")
+           .Register(registry)
+           .Add({}, LatencyBuckets());
   last_recovery_seconds = &prometheus::BuildGauge()
                                .Name("gradsync_scheduler_last_recovery_seconds")
-                               .Help("The last membership change's recovery time (as "
-                                     "gradsync_scheduler_recovery_seconds); 0 before the first.")
+                               .Help(
+                                   "The last membership change's recovery time (as "
+                                   "gradsync_scheduler_recovery_seconds); 0 before the first.")
                                .Register(registry)
                                .Add({});
 }

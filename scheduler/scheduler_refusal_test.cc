@@ -29,8 +29,7 @@ class SchedulerRefusalTest : public ::testing::Test {
     o.num_workers = 1;
     o.heartbeat_interval = Millis(50);
     o.rendezvous_timeout = Millis(20000);
-    scheduler_ =
-        std::make_unique<Scheduler>(o, NewTransport(), nullptr, &clock_);
+    scheduler_ = std::make_unique<Scheduler>(o, NewTransport(), nullptr, &clock_);
     auto bound = scheduler_->Start();
     ASSERT_TRUE(bound.ok()) << bound.status();
     endpoint_ = *bound;
@@ -44,8 +43,7 @@ class SchedulerRefusalTest : public ::testing::Test {
     node.role = wire::Role::Worker;
     node.data_port = 1;
     node.heartbeat_interval = Millis(50);
-    auto agent = cluster::NodeAgent::Join(node, NewTransport(),
-                                          Deadline::AfterMs(10000));
+    auto agent = cluster::NodeAgent::Join(node, NewTransport(), Deadline::AfterMs(10000));
     ASSERT_TRUE(agent.ok()) << agent.status();
     agent_ = std::move(*agent);
     job_id_ = agent_->assignment().job_id;
@@ -64,19 +62,16 @@ class SchedulerRefusalTest : public ::testing::Test {
     wire::Transport& t = *outsiders_.back();
     auto conn = t.Connect(endpoint_);
     EXPECT_TRUE(conn.ok()) << conn.status();
-    EXPECT_TRUE(t.Send(wire::Route::Connection(*conn), std::move(msg),
-                       Deadline::AfterMs(5000))
-                    .ok());
+    EXPECT_TRUE(
+        t.Send(wire::Route::Connection(*conn), std::move(msg), Deadline::AfterMs(5000)).ok());
     auto in = t.Receive(Deadline::AfterMs(10000));
     EXPECT_TRUE(in.ok()) << in.status();
     return in.ok() ? std::move(in->message) : wire::Message{};
   }
 
   // Checks that `answer` is an Error of `code` that does not tell the job id.
-  void ExpectErrorWithoutJobId(const wire::Message& answer,
-                               wire::ErrorCode code) {
-    const wire::Verdict v =
-        wire::Validate(answer, wire::Policy::Accepting({wire::MsgType::Error}));
+  void ExpectErrorWithoutJobId(const wire::Message& answer, wire::ErrorCode code) {
+    const wire::Verdict v = wire::Validate(answer, wire::Policy::Accepting({wire::MsgType::Error}));
     ASSERT_TRUE(v.ok()) << v.detail;
     EXPECT_EQ(v.header->body_as_ErrorBody()->code(), code);
     EXPECT_EQ(v.header->job_id(), 0u) << "an outsider was told the job id";
@@ -96,16 +91,13 @@ class SchedulerRefusalTest : public ::testing::Test {
 
 TEST_F(SchedulerRefusalTest, AnUnregisteredPeerIsNotToldTheJobId) {
   StartJob();
-  ExpectErrorWithoutJobId(
-      AnswerTo(wire::MakeHeartbeat({wire::Role::Worker, 0, 0})),
-      wire::ErrorCode::NotRegistered);
-  ExpectErrorWithoutJobId(
-      AnswerTo(wire::MakeHeartbeat({wire::Role::Worker, 0, 12345})),
-      wire::ErrorCode::WrongJob);
-  ExpectErrorWithoutJobId(
-      AnswerTo(wire::MakeBarrier({wire::Role::Worker, 0, 12345},
-                                 wire::MsgType::Barrier, 1, wire::Group::All)),
-      wire::ErrorCode::WrongJob);
+  ExpectErrorWithoutJobId(AnswerTo(wire::MakeHeartbeat({wire::Role::Worker, 0, 0})),
+                          wire::ErrorCode::NotRegistered);
+  ExpectErrorWithoutJobId(AnswerTo(wire::MakeHeartbeat({wire::Role::Worker, 0, 12345})),
+                          wire::ErrorCode::WrongJob);
+  ExpectErrorWithoutJobId(AnswerTo(wire::MakeBarrier({wire::Role::Worker, 0, 12345},
+                                                     wire::MsgType::Barrier, 1, wire::Group::All)),
+                          wire::ErrorCode::WrongJob);
   EXPECT_TRUE(agent_->job_status().ok()) << "the job's own node was disturbed";
 }
 
@@ -117,23 +109,20 @@ TEST_F(SchedulerRefusalTest, ANodesTextIsLoggedEscapedCutAndRateLimited) {
   auto node = NewTransport();
   const wire::ConnId conn = *node->Connect(endpoint_);
   auto send = [&](wire::Message m) {
-    ASSERT_TRUE(node->Send(wire::Route::Connection(conn), std::move(m),
-                           Deadline::AfterMs(5000))
-                    .ok());
+    ASSERT_TRUE(
+        node->Send(wire::Route::Connection(conn), std::move(m), Deadline::AfterMs(5000)).ok());
   };
   wire::NodeInfo me;
   me.host = "evil\nI forged this line\x1b[2J";
   me.data_port = 1;
-  send(wire::MakeRegister({wire::Role::Worker, -1, 0}, me, kBuildId, 1,
-                          kProtocolVersion));
+  send(wire::MakeRegister({wire::Role::Worker, -1, 0}, me, kBuildId, 1, kProtocolVersion));
   auto assigned = node->Receive(Deadline::AfterMs(10000));
   ASSERT_TRUE(assigned.ok()) << assigned.status();
   const uint64_t job = assigned->message.header_view()->job_id();
   ASSERT_NE(job, 0u);
   const std::string long_text = "line one\nline two" + std::string(2000, 'x');
   for (int i = 0; i < 10; ++i) {
-    send(wire::MakeError({wire::Role::Worker, 0, job},
-                         wire::ErrorCode::Mismatch, long_text,
+    send(wire::MakeError({wire::Role::Worker, 0, job}, wire::ErrorCode::Mismatch, long_text,
                          wire::MsgType::Heartbeat));
   }
   // The scheduler handles one peer's messages in order: once this is
@@ -145,15 +134,11 @@ TEST_F(SchedulerRefusalTest, ANodesTextIsLoggedEscapedCutAndRateLimited) {
     if (in->message.header_view()->type() == wire::MsgType::Heartbeat) break;
   }
   const std::string log = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(log.find("\nI forged this line"), std::string::npos)
-      << "a host forged a log line";
-  EXPECT_NE(log.find("evil\\x0aI forged this line\\x1b[2J"), std::string::npos)
-      << log;
-  EXPECT_EQ(log.find("\nline two"), std::string::npos)
-      << "a node's text broke a log line";
+  EXPECT_EQ(log.find("\nI forged this line"), std::string::npos) << "a host forged a log line";
+  EXPECT_NE(log.find("evil\\x0aI forged this line\\x1b[2J"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\nline two"), std::string::npos) << "a node's text broke a log line";
   EXPECT_NE(log.find("line one\\x0aline two"), std::string::npos) << log;
-  EXPECT_EQ(log.find(std::string(300, 'x')), std::string::npos)
-      << "a node's text was not cut";
+  EXPECT_EQ(log.find(std::string(300, 'x')), std::string::npos) << "a node's text was not cut";
   size_t reports = 0;
   for (size_t at = log.find("reports an error"); at != std::string::npos;
        at = log.find("reports an error", at + 1)) {

@@ -30,8 +30,8 @@ class SchedulerTest : public ::testing::Test {
     o.missed_heartbeats = 4;
     o.rendezvous_timeout = Millis(5000);
     o.elastic = elastic_;
-    scheduler_ = std::make_unique<Scheduler>(o, network_.NewTransport("scheduler"), &metrics_,
-                                             &clock_);
+    scheduler_ =
+        std::make_unique<Scheduler>(o, network_.NewTransport("scheduler"), &metrics_, &clock_);
     ASSERT_TRUE(scheduler_->Start().ok());
     thread_ = std::thread([this] { result_ = scheduler_->Run(stop_); });
   }
@@ -68,15 +68,11 @@ class SchedulerTest : public ::testing::Test {
 
   // A node's transport to the scheduler, plus a listener on its data
   // endpoint so that peers' reachability probes find it.
-  std::unique_ptr<wire::Transport> NewTransport() {
-    return network_.NewTransport();
-  }
+  std::unique_ptr<wire::Transport> NewTransport() { return network_.NewTransport(); }
 
   void ListenData(const cluster::NodeOptions& o) {
     data_.push_back(network_.NewTransport());
-    ASSERT_TRUE(data_.back()
-                    ->Listen("tcp://" + o.host + ":" + std::to_string(o.data_port))
-                    .ok());
+    ASSERT_TRUE(data_.back()->Listen("tcp://" + o.host + ":" + std::to_string(o.data_port)).ok());
   }
 
   static Status UnknownError() { return InternalError("not joined"); }
@@ -197,7 +193,8 @@ TEST_F(SchedulerTest, TakenAndOutOfRangeRanksAreRefused) {
     ASSERT_FALSE(a[i].ok());
     errors.push_back(a[i].status().message());
   }
-  EXPECT_NE(errors[0].find("worker rank 0 is already taken by pid"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("worker rank 0 is already taken by pid"), std::string::npos)
+      << errors[0];
   EXPECT_NE(errors[1].find("worker rank 7 is out of range (the job has 2)"), std::string::npos)
       << errors[1];
   EXPECT_NE(errors[2].find("the job already has all 0 servers"), std::string::npos) << errors[2];
@@ -255,7 +252,7 @@ TEST_F(SchedulerTest, ASilentServerThatRejoinsAtItsAddressKeepsItsRankAndTheJobG
   auto agents = RunningJob(2, Millis(5000));
   ASSERT_EQ(agents.size(), 3u);
   const uint64_t job = agents[0]->assignment().job_id;
-  raw_[2]->Shutdown();  // the server dies without a word
+  raw_[2]->Shutdown();                       // the server dies without a word
   std::this_thread::sleep_for(Millis(600));  // well past 4 heartbeats of 50 ms
   EXPECT_TRUE(agents[0]->dead_peers().empty());
   EXPECT_TRUE(agents[0]->job_status().ok()) << agents[0]->job_status();
@@ -277,7 +274,8 @@ TEST_F(SchedulerTest, ASilentServerThatRejoinsAtItsAddressKeepsItsRankAndTheJobG
   auto wrong = cluster::NodeAgent::Join(elsewhere, NewTransport(), Deadline::AfterMs(5000));
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("server 0 can only rejoin at 127.0.0.1:1002"),
-            std::string::npos) << wrong.status();
+            std::string::npos)
+      << wrong.status();
 }
 
 TEST_F(SchedulerTest, AServerThatDoesNotComeBackWithinTheGraceIsDeclaredDeadNamingIt) {
@@ -316,7 +314,8 @@ TEST_F(SchedulerTest, AClaimOnALiveServersAddressIsRefusedAndTheServerKeepsItsPl
   ASSERT_FALSE(impostor.ok());
   EXPECT_EQ(impostor.status().code(), StatusCode::kFailedPrecondition) << impostor.status();
   EXPECT_NE(impostor.status().message().find("server 0 at 127.0.0.1:1002 is alive"),
-            std::string::npos) << impostor.status();
+            std::string::npos)
+      << impostor.status();
   std::this_thread::sleep_for(Millis(300));
   EXPECT_TRUE(agents[0]->dead_peers().empty());
   EXPECT_TRUE(agents[2]->job_status().ok()) << agents[2]->job_status();
@@ -330,8 +329,8 @@ TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWork
   EXPECT_TRUE(agents[0]->latest().elastic);
   const std::string lost_identity = agents[1]->assignment().self.identity;
   raw_[1]->Shutdown();  // worker 1 dies without a word
-  ASSERT_TRUE(WaitUntil([&] { return agents[0]->latest().epoch == 1 &&
-                                     agents[2]->latest().epoch == 1; }));
+  ASSERT_TRUE(
+      WaitUntil([&] { return agents[0]->latest().epoch == 1 && agents[2]->latest().epoch == 1; }));
   const cluster::Assignment a0 = agents[0]->latest(), a2 = agents[2]->latest();
   EXPECT_EQ(a0.self.rank, 0);
   EXPECT_EQ(a2.self.rank, 1);  // densely re-ranked
@@ -339,7 +338,8 @@ TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWork
   EXPECT_EQ(a0.peers.size(), 3u);  // the two survivors and the server
   EXPECT_NE(a0.change.find("membership changed: worker rank 1 (identity " + lost_identity +
                            ") left: no message for"),
-            std::string::npos) << a0.change;
+            std::string::npos)
+      << a0.change;
   // The workers go on; only the server hears of a dead node.
   EXPECT_TRUE(agents[0]->job_status().ok()) << agents[0]->job_status();
   EXPECT_TRUE(agents[0]->dead_peers().empty());
@@ -355,8 +355,8 @@ TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWork
   raw_[2]->Shutdown();
   ASSERT_TRUE(WaitUntil([&] { return !agents[0]->job_status().ok(); }));
   const Status failed = agents[0]->job_status();
-  EXPECT_NE(failed.message().find("only 1 workers remain, below min_workers 2"),
-            std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("only 1 workers remain, below min_workers 2"), std::string::npos)
+      << failed;
   EXPECT_NE(failed.message().find("worker 1 lost: no message for"), std::string::npos) << failed;
   EXPECT_EQ(metrics_.membership_changes[1]->Value(), 1);
 }
@@ -376,13 +376,16 @@ TEST_F(SchedulerTest, AJoinerIsRankedLastInANewEpochAndTheJoinIsCounted) {
   EXPECT_EQ(j.num_workers, 3);
   EXPECT_EQ(j.peers.size(), 4u);
   EXPECT_NE(j.change.find("joined (pid "), std::string::npos) << j.change;
-  ASSERT_TRUE(WaitUntil([&] { return agents[0]->latest().epoch == 1 &&
-                                     agents[1]->latest().epoch == 1 &&
-                                     agents[2]->latest().epoch == 1; }));  // the server too
+  ASSERT_TRUE(WaitUntil([&] {
+    return agents[0]->latest().epoch == 1 && agents[1]->latest().epoch == 1 &&
+           agents[2]->latest().epoch == 1;
+  }));  // the server too
   EXPECT_EQ(agents[1]->latest().self.rank, 1);
   // Every member's barrier, the joiner's included, releases the epoch.
-  std::thread member([&] { EXPECT_TRUE(agents[1]->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
-  std::thread joined([&] { EXPECT_TRUE((*joiner)->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
+  std::thread member(
+      [&] { EXPECT_TRUE(agents[1]->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
+  std::thread joined(
+      [&] { EXPECT_TRUE((*joiner)->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
   EXPECT_TRUE(agents[0]->EpochBarrier(1, Deadline::AfterMs(5000)).ok());
   member.join();
   joined.join();
@@ -397,7 +400,8 @@ TEST_F(SchedulerTest, AJoinerIsRankedLastInANewEpochAndTheJoinIsCounted) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("the running job already has 3 workers, its "
                                             "max_workers 3"),
-            std::string::npos) << refused.status();
+            std::string::npos)
+      << refused.status();
 }
 
 TEST_F(SchedulerTest, MinWorkersOutsideOneToNumWorkersIsRefused) {
@@ -405,7 +409,8 @@ TEST_F(SchedulerTest, MinWorkersOutsideOneToNumWorkersIsRefused) {
   auto o = SchedulerOptions::FromConfig(config);
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("min_workers must be within [1, num_workers]"),
-            std::string::npos) << o.status();
+            std::string::npos)
+      << o.status();
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   Scheduler scheduler(*options, std::move(*transport), &scheduler_metrics, &clock);
   auto bound = scheduler.Start();
   if (!bound.ok()) return Fail(bound.status(), 1);
-  GS_LOG(INFO) << "listening on " << *bound << " for " << options->num_workers
-               << " workers and " << options->num_servers << " servers (pid " << getpid() << ")";
+  GS_LOG(INFO) << "listening on " << *bound << " for " << options->num_workers << " workers and "
+               << options->num_servers << " servers (pid " << getpid() << ")";
   Status result = scheduler.Run(stop);
   if (!result.ok()) return Fail(result, 1);
   GS_LOG(INFO) << "scheduler exiting";
@@ -94,9 +94,9 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
 std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions& options,
                                                     cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
-  return cluster::OverSameHostLinks(
-      node.data.get(), cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers),
-      "workers on this host reach the shard through shared memory");
+  return cluster::OverSameHostLinks(node.data.get(),
+                                    cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers),
+                                    "workers on this host reach the shard through shared memory");
 }
 
 // Starts the shard on `transport` (the node's data transport, or one over
@@ -139,20 +139,20 @@ void CheckpointNow(PsShard& shard, const std::string& when) {
     return;
   }
   const CheckpointStats c = shard.checkpoint_stats();
-  GS_LOG(INFO) << "checkpoint written " << when << ": " << c.last_keys << " keys, "
-               << c.last_bytes << " bytes in " << c.last_duration_seconds << " s";
+  GS_LOG(INFO) << "checkpoint written " << when << ": " << c.last_keys << " keys, " << c.last_bytes
+               << " bytes in " << c.last_duration_seconds << " s";
 }
 
 void LogShardStats(const PsShardStats& s) {
   GS_LOG(INFO) << "shard stats: pushes applied " << s.pushes_applied << ", duplicates "
                << s.duplicates << ", early pulls " << s.early_pulls << ", unplanned pushes "
-               << s.unplanned << ", rejected "
-               << s.rejected << ", rounds closed "
+               << s.unplanned << ", rejected " << s.rejected << ", rounds closed "
                << s.rounds_closed << ", replies " << s.replies << ", max staleness "
                << s.max_staleness << ", total staleness " << s.staleness_sum
                << ", straggler wait mean "
-               << (s.rounds_closed > 0 ? s.straggler_wait_s * 1e3 / static_cast<double>(s.rounds_closed)
-                                       : 0.0)
+               << (s.rounds_closed > 0
+                       ? s.straggler_wait_s * 1e3 / static_cast<double>(s.rounds_closed)
+                       : 0.0)
                << " ms";
 }
 
@@ -226,8 +226,10 @@ int Main(int argc, char** argv) {
   if (*role == "scheduler") run = RunScheduler;
   if (*role == "server") run = RunServer;
   if (run == nullptr) {
-    std::fprintf(stderr, "gradsync_server: --role (GRADSYNC_ROLE) must be 'scheduler' or "
-                         "'server', not '%s'\n", role->c_str());
+    std::fprintf(stderr,
+                 "gradsync_server: --role (GRADSYNC_ROLE) must be 'scheduler' or "
+                 "'server', not '%s'\n",
+                 role->c_str());
     return 2;
   }
   return run(*config, stop);

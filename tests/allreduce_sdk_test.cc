@@ -75,8 +75,8 @@ TEST_F(AllReduceSdkTest, RanksThatDisagreeAllFailWithinASecondNamingTheTensor) {
 }
 
 TEST_F(AllReduceSdkTest, AKilledWorkerIsNamedByTheOthers) {
-  auto workers = StartWorkers(4, {"--mode=stall", "--victim=3", "--victim_step=2",
-                                  "--steps=5", "--op_timeout_ms=30000"});
+  auto workers = StartWorkers(
+      4, {"--mode=stall", "--victim=3", "--victim_step=2", "--steps=5", "--op_timeout_ms=30000"});
   ASSERT_TRUE(workers[3]->WaitForOutput("stops contributing", Deadline::AfterMs(60000)))
       << workers[3]->Output();
   workers[3]->Signal(SIGKILL);
@@ -94,8 +94,8 @@ TEST_F(AllReduceSdkTest, AKilledWorkerIsNamedByTheOthers) {
 }
 
 TEST_F(AllReduceSdkTest, AWorkerThatStopsContributingIsNamedByTheDeadline) {
-  auto workers = StartWorkers(3, {"--mode=stall", "--victim=1", "--victim_step=1",
-                                  "--steps=3", "--op_timeout_ms=2000"});
+  auto workers = StartWorkers(
+      3, {"--mode=stall", "--victim=1", "--victim_step=1", "--steps=3", "--op_timeout_ms=2000"});
   for (int r : {0, 2}) {
     auto code = workers[r]->Wait(Deadline::AfterMs(30000));
     ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
@@ -117,8 +117,8 @@ TEST_F(AllReduceSdkTest, AFailedDirectCallNeverReadsTheCallersBufferAfterReturni
   for (const bool shm : {false, true}) {
     SCOPED_TRACE(shm ? "shared memory" : "ZeroMQ");
     tag_ = shm ? "shm" : "zmq";  // a log of its own for each job
-    auto workers = StartWorkers(3, {"--mode=protect", "--victim=2",
-                                    std::string("--ring_shm=") + (shm ? "true" : "false")});
+    auto workers = StartWorkers(
+        3, {"--mode=protect", "--victim=2", std::string("--ring_shm=") + (shm ? "true" : "false")});
     ASSERT_TRUE(workers[2]->WaitForOutput("stops itself", Deadline::AfterMs(60000)))
         << workers[2]->Output();
     for (int r : {0, 1}) {

@@ -98,18 +98,21 @@ TEST_F(ClusterTest, OtherProtocolVersionAndBuildAreRefusedNamingBoth) {
   ASSERT_TRUE(t.ok());
   auto agent = cluster::NodeAgent::Join(o, std::move(*t), Deadline::AfterMs(10000));
   ASSERT_FALSE(agent.ok());
-  EXPECT_NE(agent.status().message().find(
-                "protocol version " + std::to_string(kProtocolVersion + 1) +
-                ", this node speaks " + std::to_string(kProtocolVersion)),
-            std::string::npos) << agent.status();
+  EXPECT_NE(
+      agent.status().message().find("protocol version " + std::to_string(kProtocolVersion + 1) +
+                                    ", this node speaks " + std::to_string(kProtocolVersion)),
+      std::string::npos)
+      << agent.status();
 
   o = AgentOptions(1, 0);
   o.build_id = "gradsync-9.9.9";
   t = wire::ZmqTransport::Create({});
   agent = cluster::NodeAgent::Join(o, std::move(*t), Deadline::AfterMs(10000));
   ASSERT_FALSE(agent.ok());
-  EXPECT_NE(agent.status().message().find("peer is 'gradsync-9.9.9', scheduler is 'gradsync-0.1.0'"),
-            std::string::npos) << agent.status();
+  EXPECT_NE(
+      agent.status().message().find("peer is 'gradsync-9.9.9', scheduler is 'gradsync-0.1.0'"),
+      std::string::npos)
+      << agent.status();
 
   o = AgentOptions(3, 0);
   t = wire::ZmqTransport::Create({});
@@ -117,7 +120,8 @@ TEST_F(ClusterTest, OtherProtocolVersionAndBuildAreRefusedNamingBoth) {
   ASSERT_FALSE(agent.ok());
   EXPECT_NE(agent.status().message().find("expects 3 workers and 0 servers, the scheduler "
                                           "expects 1 and 0"),
-            std::string::npos) << agent.status();
+            std::string::npos)
+      << agent.status();
   // The scheduler keeps serving: a good worker still joins.
   SetJob(1, 0);
   Subprocess& w = StartWorker(0, {});
@@ -142,8 +146,9 @@ TEST_F(ClusterTest, MalformedMessagesGetErrorRepliesAndTheSchedulerKeepsServing)
   EXPECT_NE(v.header->body_as_ErrorBody()->message()->str().find("not a valid gradsync header"),
             std::string::npos);
   // A heartbeat from a node that never registered.
-  ASSERT_TRUE((*t)->Send(wire::Route::Connection(*conn), wire::MakeHeartbeat({}),
-                         Deadline::AfterMs(2000)).ok());
+  ASSERT_TRUE(
+      (*t)->Send(wire::Route::Connection(*conn), wire::MakeHeartbeat({}), Deadline::AfterMs(2000))
+          .ok());
   reply = (*t)->Receive(Deadline::AfterMs(5000));
   ASSERT_TRUE(reply.ok());
   v = wire::Validate(reply->message, wire::Policy::Accepting({wire::MsgType::Error}));
@@ -166,7 +171,8 @@ TEST_F(ClusterTest, UnreachableSchedulerFailsWithinTheDeadlineNamingTheAddress) 
   const auto took = std::chrono::duration_cast<Millis>(steady_clock::now() - start);
   ASSERT_FALSE(agent.ok());
   EXPECT_NE(agent.status().message().find("cannot reach the scheduler at 127.0.0.1:1"),
-            std::string::npos) << agent.status();
+            std::string::npos)
+      << agent.status();
   EXPECT_LT(took.count(), 3000);
 }
 
@@ -185,7 +191,8 @@ TEST_F(ClusterTest, UnreachablePeerFailsTheJobNamingBothAddresses) {
   Status reach = (*agent)->CheckReachability({}, Deadline::AfterMs(20000));
   ASSERT_FALSE(reach.ok());
   EXPECT_NE(reach.message().find("worker 0 (127.0.0.1) cannot reach worker 1 at tcp://127.0.0.1:1"),
-            std::string::npos) << reach;
+            std::string::npos)
+      << reach;
   EXPECT_EQ(w0.Wait(Deadline::AfterMs(10000)), 1);
   EXPECT_NE(w0.Output().find("cannot reach worker 1 at tcp://127.0.0.1:1"), std::string::npos);
   EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(5000)), 1);

@@ -28,9 +28,8 @@ namespace gradsync {
 namespace {
 
 constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
-constexpr const char* kDataFiles[] = {
-    "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+constexpr const char* kDataFiles[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                      "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
 constexpr char kReference[] = "allreduce-ring";
 constexpr char kSyncPs[] = "ps-sync";
 
@@ -114,8 +113,7 @@ std::optional<Mode> ParseMode(const std::string& line, std::string* error) {
   std::istringstream in(line.substr(1, line.size() - 2));
   for (std::string part; std::getline(in, part, '|');) parts.push_back(part);
   if (parts.size() == 3) parts.emplace_back();
-  if (parts.size() != 4 || parts[0].empty() ||
-      (parts[1] != "0" && parts[1] != "1")) {
+  if (parts.size() != 4 || parts[0].empty() || (parts[1] != "0" && parts[1] != "1")) {
     *error = "a MODES entry needs name|0 or 1|environment|flags: " + line;
     return std::nullopt;
   }
@@ -195,19 +193,18 @@ std::string Tail(const std::string& text, size_t n = 4000) {
 }
 
 JobRun RunMode(const Mode& mode) {
-  std::vector<std::string> argv = {
-      Runfile("launcher/gradsync_launch"),
-      "--workers=" + std::to_string(kWorkers),
-      "--servers=" + std::to_string(mode.uses_servers ? kServers : 0),
-      "--port=0",
-      "--server_binary=" + Runfile("server/gradsync_server"),
-      "--log_dir=" + TmpFile(mode.name + ".logs"),
-      "--",
-      Runfile("examples/fmnist_trainer"),
-      "--mode=" + mode.name,
-      "--epochs=" + std::to_string(kEpochs),
-      "--max_steps=" + std::to_string(kSteps),
-      std::string("--data_dir=") + kDataDir};
+  std::vector<std::string> argv = {Runfile("launcher/gradsync_launch"),
+                                   "--workers=" + std::to_string(kWorkers),
+                                   "--servers=" + std::to_string(mode.uses_servers ? kServers : 0),
+                                   "--port=0",
+                                   "--server_binary=" + Runfile("server/gradsync_server"),
+                                   "--log_dir=" + TmpFile(mode.name + ".logs"),
+                                   "--",
+                                   Runfile("examples/fmnist_trainer"),
+                                   "--mode=" + mode.name,
+                                   "--epochs=" + std::to_string(kEpochs),
+                                   "--max_steps=" + std::to_string(kSteps),
+                                   std::string("--data_dir=") + kDataDir};
   argv.insert(argv.end(), mode.flags.begin(), mode.flags.end());
   std::map<std::string, std::string> env = mode.env;
   env.emplace("GRADSYNC_METRICS_PORT", "0");
@@ -217,8 +214,7 @@ JobRun RunMode(const Mode& mode) {
   const auto start = std::chrono::steady_clock::now();
   auto launcher = Subprocess::Spawn(argv, env, TmpFile(mode.name + ".out"));
   if (!launcher.ok()) {
-    run.output =
-        "cannot start gradsync_launch: " + launcher.status().ToString();
+    run.output = "cannot start gradsync_launch: " + launcher.status().ToString();
     return run;
   }
   run.exit_code = launcher->Wait(Deadline::AfterMs(kJobTimeoutMs));
@@ -226,9 +222,7 @@ JobRun RunMode(const Mode& mode) {
     launcher->Signal(SIGTERM);  // the launcher stops its processes
     launcher->Wait(Deadline::AfterMs(30000));
   }
-  run.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   run.output = launcher->Output();
   run.result = ResultLine(run.output);
   return run;
@@ -244,13 +238,12 @@ class DemoE2eTest : public ::testing::Test {
     if (!error_->empty()) return;
     *modes_ = ReadModes(Runfile("tools/demo.sh"), error_);
     for (const Mode& mode : *modes_) (*runs_)[mode.name] = RunMode(mode);
-    std::printf("%-18s %5s %9s %10s %10s %9s\n", "mode", "exit", "test_acc",
-                "first_loss", "last_loss", "seconds");
+    std::printf("%-18s %5s %9s %10s %10s %9s\n", "mode", "exit", "test_acc", "first_loss",
+                "last_loss", "seconds");
     for (const Mode& mode : *modes_) {
       const JobRun& run = (*runs_)[mode.name];
       std::printf("%-18s %5d %9.4f %10.4f %10.4f %9.1f\n", mode.name.c_str(),
-                  run.exit_code.value_or(-1),
-                  Number(run.result, "test_accuracy").value_or(NAN),
+                  run.exit_code.value_or(-1), Number(run.result, "test_accuracy").value_or(NAN),
                   Number(run.result, "first_loss").value_or(NAN),
                   Number(run.result, "last_loss").value_or(NAN), run.seconds);
     }
@@ -266,8 +259,7 @@ class DemoE2eTest : public ::testing::Test {
   // Whether mode `name` ran, exited 0 and reported its results.
   static ::testing::AssertionResult Finished(const std::string& name) {
     if (!runs_->count(name)) {
-      return ::testing::AssertionFailure()
-             << "tools/demo.sh has no mode " << name;
+      return ::testing::AssertionFailure() << "tools/demo.sh has no mode " << name;
     }
     const JobRun& run = runs_->at(name);
     if (!run.exit_code) {
@@ -309,9 +301,7 @@ TEST_F(DemoE2eTest, EveryModeExitsZeroAndLearns) {
     const std::string& result = runs_->at(mode.name).result;
     EXPECT_EQ(Get(mode.name, "steps"), kSteps) << result;
     EXPECT_EQ(Get(mode.name, "workers"), kWorkers) << result;
-    EXPECT_LT(Get(mode.name, "last_loss"),
-              kMaxLossRatio * Get(mode.name, "first_loss"))
-        << result;
+    EXPECT_LT(Get(mode.name, "last_loss"), kMaxLossRatio * Get(mode.name, "first_loss")) << result;
     EXPECT_GT(Get(mode.name, "test_accuracy"), kMinAccuracy) << result;
   }
 }
@@ -329,8 +319,7 @@ TEST_F(DemoE2eTest, EveryModeEndsNearRingAllReduce) {
     if (!finished) continue;
     EXPECT_NEAR(Get(mode.name, "test_accuracy"), accuracy, kAccuracyTolerance)
         << runs_->at(mode.name).result;
-    EXPECT_NEAR(Get(mode.name, "last_loss"), loss, kLossTolerance)
-        << runs_->at(mode.name).result;
+    EXPECT_NEAR(Get(mode.name, "last_loss"), loss, kLossTolerance) << runs_->at(mode.name).result;
   }
 }
 
@@ -338,13 +327,10 @@ TEST_F(DemoE2eTest, SyncParameterServerMatchesRingAllReduce) {
   ASSERT_TRUE(error_->empty()) << *error_;
   ASSERT_TRUE(Finished(kReference));
   ASSERT_TRUE(Finished(kSyncPs));
-  const std::string context =
-      runs_->at(kReference).result + "\n" + runs_->at(kSyncPs).result;
-  EXPECT_NEAR(Get(kSyncPs, "first_loss"), Get(kReference, "first_loss"),
-              kSyncFirstLossTolerance)
+  const std::string context = runs_->at(kReference).result + "\n" + runs_->at(kSyncPs).result;
+  EXPECT_NEAR(Get(kSyncPs, "first_loss"), Get(kReference, "first_loss"), kSyncFirstLossTolerance)
       << context;
-  EXPECT_NEAR(Get(kSyncPs, "last_loss"), Get(kReference, "last_loss"),
-              kSyncLastLossTolerance)
+  EXPECT_NEAR(Get(kSyncPs, "last_loss"), Get(kReference, "last_loss"), kSyncLastLossTolerance)
       << context;
   EXPECT_NEAR(Get(kSyncPs, "test_accuracy"), Get(kReference, "test_accuracy"),
               kSyncAccuracyTolerance)

@@ -26,7 +26,8 @@ class DeviceGradientsTest : public ::testing::Test {
     host.SetJob(workers, servers);
     dev.SetJob(workers, servers);
     for (int s = 0; s < servers; ++s) {
-      host.Start({Runfile("server/gradsync_server"), "--role=server"}, "server" + std::to_string(s));
+      host.Start({Runfile("server/gradsync_server"), "--role=server"},
+                 "server" + std::to_string(s));
       dev.Start({Runfile("server/gradsync_server"), "--role=server"}, "server" + std::to_string(s));
     }
     std::vector<Subprocess*> procs;
@@ -66,21 +67,24 @@ TEST_F(DeviceGradientsTest, RingFourProcessesFp16WithErrorFeedback) {
 }
 
 TEST_F(DeviceGradientsTest, RingFourProcessesTopKWithErrorFeedbackAndFp16Values) {
-  RunJobs(4, 0, {"--compression=topk:ratio=0.01,ef=1",
-                 "--compression_overrides=fc2.weight=topk_fp16:ratio=0.05"});
+  RunJobs(4, 0,
+          {"--compression=topk:ratio=0.01,ef=1",
+           "--compression_overrides=fc2.weight=topk_fp16:ratio=0.05"});
 }
 
 // Both jobs draw from the same seed (compression_seed), so that QSGD and
 // random-k draw the same numbers in both.
 TEST_F(DeviceGradientsTest, RingFourProcessesSignQsgdRandomK) {
-  RunJobs(4, 0, {"--compression=sign:ef=1", "--compression_seed=77",
-                 "--compression_overrides=fc2.weight=qsgd:ef=1;embedding=randomk:ratio=0.1,ef=1"});
+  RunJobs(4, 0,
+          {"--compression=sign:ef=1", "--compression_seed=77",
+           "--compression_overrides=fc2.weight=qsgd:ef=1;embedding=randomk:ratio=0.1,ef=1"});
 }
 
 TEST_F(DeviceGradientsTest, RingFourProcessesQsgdRandomKNoErrorFeedbackSampledTopK) {
-  RunJobs(4, 0, {"--compression=qsgd:chunk=256,levels=15", "--compression_seed=78",
-                 "--compression_overrides=fc2.weight=randomk:ratio=0.05;"
-                 "embedding=topk_sampled:ratio=0.01,ef=1"});
+  RunJobs(4, 0,
+          {"--compression=qsgd:chunk=256,levels=15", "--compression_seed=78",
+           "--compression_overrides=fc2.weight=randomk:ratio=0.05;"
+           "embedding=topk_sampled:ratio=0.01,ef=1"});
 }
 
 // PowerSGD has no device form: it runs on a pinned host copy.
@@ -98,16 +102,19 @@ TEST_F(DeviceGradientsTest, ParameterServerTwoProcesses) {
 // differs between the two jobs.)
 TEST_F(DeviceGradientsTest, ParameterServerTwoProcessesCompressedOnTheDevice) {
   RunJobs(2, 1, {"--path=ps", "--f32_only", "--compression=fp16"});
-  RunJobs(2, 1, {"--path=ps", "--f32_only", "--compression=fp16:ef=1",
-                 "--compression_overrides=fc1.weight=topk:ratio=0.01,ef=1;"
-                 "fc2.weight=sign:ef=1;embedding=bf16"});
+  RunJobs(2, 1,
+          {"--path=ps", "--f32_only", "--compression=fp16:ef=1",
+           "--compression_overrides=fc1.weight=topk:ratio=0.01,ef=1;"
+           "fc2.weight=sign:ef=1;embedding=bf16"});
 }
 
 TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
-  RunJobs(1, 0, {"--backend=nccl", "--compression=topk:ratio=0.01,ef=1",
-                 "--compression_overrides=fc2.weight=fp16:ef=1;embedding=bf16"});
-  RunJobs(1, 0, {"--backend=nccl", "--compression=sign:ef=1", "--compression_seed=80",
-                 "--compression_overrides=fc2.weight=qsgd:ef=1;embedding=randomk:ratio=0.1"});
+  RunJobs(1, 0,
+          {"--backend=nccl", "--compression=topk:ratio=0.01,ef=1",
+           "--compression_overrides=fc2.weight=fp16:ef=1;embedding=bf16"});
+  RunJobs(1, 0,
+          {"--backend=nccl", "--compression=sign:ef=1", "--compression_seed=80",
+           "--compression_overrides=fc2.weight=qsgd:ef=1;embedding=randomk:ratio=0.1"});
 }
 
 TEST_F(DeviceGradientsTest, NcclWorldOneUncompressed) { RunJobs(1, 0, {"--backend=nccl"}); }

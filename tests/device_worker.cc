@@ -139,8 +139,8 @@ class Worker {
       // The CUDA gradient is produced on the trainer's stream, late.
       std::memcpy(pinned_[i], host[i].data(), host[i].size());
       if (!CudaOk(cudaLaunchHostFunc(stream_, Delay, nullptr), "cudaLaunchHostFunc") ||
-          !CudaOk(cudaMemcpyAsync(device_[i], pinned_[i], host[i].size(),
-                                  cudaMemcpyHostToDevice, stream_),
+          !CudaOk(cudaMemcpyAsync(device_[i], pinned_[i], host[i].size(), cudaMemcpyHostToDevice,
+                                  stream_),
                   "cudaMemcpyAsync")) {
         return 1;
       }
@@ -177,9 +177,10 @@ class Worker {
         uint32_t w = 0, g = 0;
         std::memcpy(&w, want.data() + e * es, es);
         std::memcpy(&g, got.data() + e * es, es);
-        std::printf("worker %d: MISMATCH %s tensor %s element %zu of %zu: host 0x%08x, "
-                    "cuda 0x%08x\n",
-                    rank_, where.c_str(), s.name, e, s.count, w, g);
+        std::printf(
+            "worker %d: MISMATCH %s tensor %s element %zu of %zu: host 0x%08x, "
+            "cuda 0x%08x\n",
+            rank_, where.c_str(), s.name, e, s.count, w, g);
         break;
       }
     }
@@ -212,17 +213,18 @@ class Worker {
     void* mem = nullptr;
     if (!CudaOk(cudaMalloc(&mem, 4 * v.size()), "cudaMalloc")) return 1;
     auto* d = static_cast<float*>(mem);
-    if (
-        !CudaOk(cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice), "cudaMemcpy")) {
+    if (!CudaOk(cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice), "cudaMemcpy")) {
       return 1;
     }
-    Status s = dev_->AllReduce(d, v.size(), DType::kF32, client::ReduceOp::kSum, Deadline::AfterMs(30000));
+    Status s =
+        dev_->AllReduce(d, v.size(), DType::kF32, client::ReduceOp::kSum, Deadline::AfterMs(30000));
     if (!s.ok()) return Error(s);
     cudaMemcpy(got.data(), d, 4 * v.size(), cudaMemcpyDeviceToHost);
     for (size_t i = 0; i < v.size(); ++i) {
       const float want = static_cast<float>(1000 * n * (n - 1) / 2 + n * static_cast<int>(i));
       if (got[i] != want) {
-        std::printf("worker %d: device AllReduce element %zu: %g, want %g\n", rank_, i, got[i], want);
+        std::printf("worker %d: device AllReduce element %zu: %g, want %g\n", rank_, i, got[i],
+                    want);
         return 1;
       }
     }
@@ -265,7 +267,8 @@ int Main(int argc, char** argv) {
       shared.push_back(arg);
     }
   }
-  auto make = [&](const std::string& scheduler, bool cuda) -> StatusOr<std::unique_ptr<Communicator>> {
+  auto make = [&](const std::string& scheduler,
+                  bool cuda) -> StatusOr<std::unique_ptr<Communicator>> {
     std::vector<std::string> args = shared;
     args.push_back("--scheduler=" + scheduler);
     if (cuda) args.push_back("--gradient_device=cuda");

@@ -86,8 +86,8 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     workers[1]->Signal(SIGKILL);
     ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
         << workers[0]->Output();
-    Subprocess& joiner = Start({Runfile("tests/elastic_worker"), "--steps=400",
-                                "--step_sleep_ms=5"}, "joiner");
+    Subprocess& joiner =
+        Start({Runfile("tests/elastic_worker"), "--steps=400", "--step_sleep_ms=5"}, "joiner");
     std::set<std::string> params;
     for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {
       ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
@@ -97,9 +97,10 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     }
     for (Subprocess* w : {workers[0], workers[2], workers[3]}) {
       EXPECT_NE(w->Output().find("membership_changed: membership changed: worker node-"),
-                std::string::npos) << w->Output();
-      EXPECT_NE(w->Output().find(" joined (pid " + std::to_string(joiner.pid())),
-                std::string::npos) << w->Output();
+                std::string::npos)
+          << w->Output();
+      EXPECT_NE(w->Output().find(" joined (pid " + std::to_string(joiner.pid())), std::string::npos)
+          << w->Output();
     }
     EXPECT_NE(joiner.Output().find("as rank 3 of 4 (epoch 2)"), std::string::npos)
         << joiner.Output();
@@ -108,7 +109,8 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
     EXPECT_NE(scheduler_->Output().find("epoch 2 starts with 4 workers: membership changed: "
                                         "worker node-"),
-              std::string::npos) << scheduler_->Output();
+              std::string::npos)
+        << scheduler_->Output();
   }
 };
 
@@ -136,7 +138,8 @@ TEST_F(ElasticTest, AJoinerPastMaxWorkersIsRefusedClearly) {
   EXPECT_EQ(joiner.Wait(Deadline::AfterMs(30000)), 3) << joiner.Output();
   EXPECT_NE(joiner.Output().find("refused this node: the running job already has 2 workers, "
                                  "its max_workers 2"),
-            std::string::npos) << joiner.Output();
+            std::string::npos)
+      << joiner.Output();
   for (Subprocess* w : workers) {
     ASSERT_EQ(w->Wait(Deadline::AfterMs(60000)), 0) << w->Output();
     EXPECT_NE(w->Output().find("final step 1500 world 2 epoch 0"), std::string::npos);

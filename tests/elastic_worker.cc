@@ -35,7 +35,7 @@ namespace gradsync {
 namespace {
 
 constexpr int kDim = 256;
-constexpr int kSamples = 4800;  // whole global batches
+constexpr int kSamples = 4800;    // whole global batches
 constexpr int kGlobalBatch = 48;  // divides evenly among 1, 2, 3 or 4 workers
 constexpr float kRate = 0.2f;
 constexpr float kMomentum = 0.9f;

@@ -28,8 +28,7 @@ inline double PeakRssMiB(pid_t pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0)
-      return std::atof(line.c_str() + 6) / 1024.0;
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
   }
   return -1;
 }
@@ -39,8 +38,7 @@ inline int ConnectTo(const std::string& address) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(
-      std::atoi(address.c_str() + address.rfind(':') + 1)));
+  a.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + address.rfind(':') + 1)));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     close(fd);
@@ -76,11 +74,9 @@ class Flood {
   void Run() {
     std::vector<int> fds;
     std::vector<char> garbage(4096);
-    for (size_t i = 0; i < garbage.size(); ++i)
-      garbage[i] = static_cast<char>(i * 131 + 7);
+    for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>(i * 131 + 7);
     for (int i = 0; i < kGarbageSockets; ++i) {
-      const int fd =
-          ConnectTo(targets_[static_cast<size_t>(i) % targets_.size()]);
+      const int fd = ConnectTo(targets_[static_cast<size_t>(i) % targets_.size()]);
       if (fd < 0) continue;
       ++garbage_connected_;
       (void)!write(fd, garbage.data(), garbage.size());
@@ -90,8 +86,7 @@ class Flood {
     std::thread never_reads([this, &ctx] { NeverRead(ctx); });
     std::vector<zmq::socket_t> huge;
     for (const std::string& t : targets_) {
-      for (int i = 0; i < kHugePeersPerTarget; ++i)
-        huge.push_back(Peer(ctx, t, 1 << 20));
+      for (int i = 0; i < kHugePeersPerTarget; ++i) huge.push_back(Peer(ctx, t, 1 << 20));
     }
     while (!stop_.load()) {
       for (zmq::socket_t& s : huge) SendHuge(s);
@@ -115,8 +110,7 @@ class Flood {
     }
   }
 
-  static zmq::socket_t Peer(zmq::context_t& ctx, const std::string& address,
-                            int buffer) {
+  static zmq::socket_t Peer(zmq::context_t& ctx, const std::string& address, int buffer) {
     zmq::socket_t s(ctx, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::sndhwm, 2);
@@ -131,14 +125,12 @@ class Flood {
     f.num_elements = kHugeFrame / sizeof(float);
     f.round = 1;
     const wire::Message m =
-        wire::MakeData(wire::Sender{wire::Role::Worker, 1, job_},
-                       wire::MsgType::Push, f, {}, 1, 1);
+        wire::MakeData(wire::Sender{wire::Role::Worker, 1, job_}, wire::MsgType::Push, f, {}, 1, 1);
     if (!s.send(zmq::buffer(m.header.data(), m.header.size()),
                 zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
       return;
     }
-    s.send(zmq::message_t(huge_.data(), huge_.size(), nullptr, nullptr),
-           zmq::send_flags::none);
+    s.send(zmq::message_t(huge_.data(), huge_.size(), nullptr, nullptr), zmq::send_flags::none);
     huge_sent_.fetch_add(1);
   }
 
@@ -147,10 +139,8 @@ class Flood {
     f.num_elements = 4;
     f.round = 1;
     const wire::Message m =
-        wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_},
-                       wire::MsgType::Pull, f, {}, 1, 1);
-    if (s.send(zmq::buffer(m.header.data(), m.header.size()),
-               zmq::send_flags::none)) {
+        wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, wire::MsgType::Pull, f, {}, 1, 1);
+    if (s.send(zmq::buffer(m.header.data(), m.header.size()), zmq::send_flags::none)) {
       forged_sent_.fetch_add(1);
     }
   }

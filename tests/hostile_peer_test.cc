@@ -59,9 +59,9 @@ enum class Attack { kNone, kForge, kFlood };
 class HostilePeerTest : public ::testing::Test, public LocalJob {
  protected:
   struct Result {
-    std::vector<std::string> params;  // each worker's "params H"
-    double rejected = 0;              // by the shards and the scheduler
-    double auth_failures = 0;         // refused handshakes, same processes
+    std::vector<std::string> params;   // each worker's "params H"
+    double rejected = 0;               // by the shards and the scheduler
+    double auth_failures = 0;          // refused handshakes, same processes
     std::vector<double> peak_rss_mib;  // VmHWM: the scheduler, then each shard
   };
 
@@ -86,8 +86,9 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     wire::NodeInfo me;
     me.role = wire::Role::Worker;
     me.host = "127.0.0.1";
-    const wire::Message reg = wire::MakeRegister(wire::Sender{wire::Role::Worker, -1, 0}, me,
-                                                 kBuildId, 4242, kProtocolVersion, kWorkers, kServers);
+    const wire::Message reg =
+        wire::MakeRegister(wire::Sender{wire::Role::Worker, -1, 0}, me, kBuildId, 4242,
+                           kProtocolVersion, kWorkers, kServers);
     SendRaw(address_, std::string(reg.header.begin(), reg.header.end()));
   }
 
@@ -121,13 +122,12 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     }
     std::vector<Subprocess*> workers;
     for (int r = 0; r < kWorkers; ++r) {
-      workers.push_back(&Start({Runfile("tests/ps_worker"), "--rank=" + std::to_string(r),
-                                "--path=ps", "--mode=train", "--optimizer=momentum",
-                                "--steps=" + std::to_string(steps), "--slow_ms=20",
-                                "--metrics_base_port=0",
-                                "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
-                                "--bucket_bytes=2097152", "--partition_bytes=262144"},
-                               "worker" + std::to_string(r)));
+      workers.push_back(&Start(
+          {Runfile("tests/ps_worker"), "--rank=" + std::to_string(r), "--path=ps", "--mode=train",
+           "--optimizer=momentum", "--steps=" + std::to_string(steps), "--slow_ms=20",
+           "--metrics_base_port=0", "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
+           "--bucket_bytes=2097152", "--partition_bytes=262144"},
+          "worker" + std::to_string(r)));
     }
     Result result;
     std::unique_ptr<Flood> flood;
@@ -175,10 +175,11 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       EXPECT_EQ(flood->garbage_connected(), Flood::kGarbageSockets);
       EXPECT_GT(flood->huge_sent(), 0u);
       EXPECT_GT(flood->forged_sent(), 0u);
-      std::printf("flood: %d garbage connections, %llu frames of 64 MiB, %llu forged pulls "
-                  "never read\n", flood->garbage_connected(),
-                  static_cast<unsigned long long>(flood->huge_sent()),
-                  static_cast<unsigned long long>(flood->forged_sent()));
+      std::printf(
+          "flood: %d garbage connections, %llu frames of 64 MiB, %llu forged pulls "
+          "never read\n",
+          flood->garbage_connected(), static_cast<unsigned long long>(flood->huge_sent()),
+          static_cast<unsigned long long>(flood->forged_sent()));
     }
     result.peak_rss_mib.push_back(PeakRssMiB(scheduler_->pid()));
     for (int s = 0; s < kServers; ++s) result.peak_rss_mib.push_back(PeakRssMiB(nodes_[s]->pid()));
@@ -221,14 +222,14 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
                      const std::string& what) {
     auto conn = t.Connect("tcp://" + address);
     ASSERT_TRUE(conn.ok()) << conn.status();
-    ASSERT_TRUE(t.Send(wire::Route::Connection(*conn), std::move(msg), Deadline::AfterMs(5000))
-                    .ok());
+    ASSERT_TRUE(
+        t.Send(wire::Route::Connection(*conn), std::move(msg), Deadline::AfterMs(5000)).ok());
     for (Deadline d = Deadline::AfterMs(15000); !d.Expired();) {
       auto in = t.Receive(d);
       if (!in.ok()) break;
-      wire::Verdict v = wire::Validate(in->message, wire::Policy::Accepting({wire::MsgType::Error,
-                                                                             wire::MsgType::Ack,
-                                                                             wire::MsgType::Reply}));
+      wire::Verdict v = wire::Validate(
+          in->message, wire::Policy::Accepting(
+                           {wire::MsgType::Error, wire::MsgType::Ack, wire::MsgType::Reply}));
       if (v.ok() && v.type == wire::MsgType::Error) {
         ++refused_;
         return;
@@ -245,8 +246,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     f.num_elements = elements;
     f.round = round;
     f.codec = codec;
-    return wire::MakeData(wire::Sender{wire::Role::Worker, as_worker, job_}, wire::MsgType::Push,
-                          f, {wire::Payload::Copy(junk.data(), junk.size())}, round, round);
+    return wire::MakeData(wire::Sender{wire::Role::Worker, as_worker, job_}, wire::MsgType::Push, f,
+                          {wire::Payload::Copy(junk.data(), junk.size())}, round, round);
   }
 
   void Forge() {
@@ -254,7 +255,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     auto t = std::move(wire::ZmqTransport::Create({})).value();
     for (const std::string& shard : servers_) {
       // Seen live: ended a shard with std::bad_alloc.
-      ExpectRefused(*t, shard, Push(1, 0, 1, uint64_t{1} << 40, "topk:ratio=0.01", 64), "a 2^40-element top-k push");
+      ExpectRefused(*t, shard, Push(1, 0, 1, uint64_t{1} << 40, "topk:ratio=0.01", 64),
+                    "a 2^40-element top-k push");
       // A closed round, impersonating a worker, over another connection.
       ExpectRefused(*t, shard, Push(2, 0, 1, 4, "", 16), "a push for a closed round");
       wire::DataFields pull;
@@ -276,12 +278,12 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       const int left = static_cast<int>((r + kWorkers - 1) % kWorkers);
       auto conn = t->Connect("tcp://" + workers_[r]);
       ASSERT_TRUE(conn.ok());
-      ASSERT_TRUE(t->Send(wire::Route::Connection(*conn),
-                          wire::MakeRingData(wire::Sender{wire::Role::Worker, left, job_}, f,
-                                             {wire::Payload::Copy(bytes.data(), bytes.size())},
-                                             0, 0),
-                          Deadline::AfterMs(5000))
-                      .ok());
+      ASSERT_TRUE(
+          t->Send(wire::Route::Connection(*conn),
+                  wire::MakeRingData(wire::Sender{wire::Role::Worker, left, job_}, f,
+                                     {wire::Payload::Copy(bytes.data(), bytes.size())}, 0, 0),
+                  Deadline::AfterMs(5000))
+              .ok());
     }
     // A registration claiming a live shard's address.
     wire::NodeInfo claim;
@@ -291,8 +293,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     claim.host = servers_[0].substr(0, colon);
     claim.data_port = static_cast<uint16_t>(std::atoi(servers_[0].c_str() + colon + 1));
     ExpectRefused(*t, address_,
-                  wire::MakeRegister(wire::Sender{wire::Role::Server, 0, 0}, claim, kBuildId,
-                                     4242, kProtocolVersion, kWorkers, kServers),
+                  wire::MakeRegister(wire::Sender{wire::Role::Server, 0, 0}, claim, kBuildId, 4242,
+                                     kProtocolVersion, kWorkers, kServers),
                   "a registration claiming a live shard's address");
     t->Shutdown();
   }
@@ -319,8 +321,7 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     huge.connect("tcp://" + address);
     const std::string garbage(48, '\x5a');
     while (!stop) {
-      huge.send(zmq::message_t(const_cast<uint8_t*>(frame.data()), frame.size(), nullptr,
-                               nullptr),
+      huge.send(zmq::message_t(const_cast<uint8_t*>(frame.data()), frame.size(), nullptr, nullptr),
                 zmq::send_flags::dontwait);
       zmq::pollitem_t out{dealer.handle(), 0, ZMQ_POLLOUT, 0};
       if (zmq::poll(&out, 1, std::chrono::milliseconds(20)) == 0) continue;
@@ -374,12 +375,12 @@ TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePast
   const std::string go = TmpFile("flood.go");
   std::vector<Subprocess*> workers;
   for (int r = 0; r < kRing; ++r) {
-    workers.push_back(&Start({Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r),
-                              "--mode=direct", "--steps=" + std::to_string(kOps), "--victim=1",
-                              "--victim_step=" + std::to_string(kStall), "--go_file=" + go,
-                              "--metrics_base_port=0",
-                              "--op_timeout_ms=" + std::to_string(kDeadlineMs)},
-                             "worker" + std::to_string(r)));
+    workers.push_back(
+        &Start({Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r), "--mode=direct",
+                "--steps=" + std::to_string(kOps), "--victim=1",
+                "--victim_step=" + std::to_string(kStall), "--go_file=" + go,
+                "--metrics_base_port=0", "--op_timeout_ms=" + std::to_string(kDeadlineMs)},
+               "worker" + std::to_string(r)));
   }
   ReadJob(kRing, 0);
   std::atomic<bool> stop{false};
@@ -396,8 +397,7 @@ TEST_F(HostilePeerTest, AGarbageFloodFromAPeerThatNeverReadsHoldsNoAllReducePast
   { std::ofstream(go) << "go"; }
   for (int r : {0, 2}) {
     auto code = workers[r]->Wait(Deadline::AfterMs(60000));
-    EXPECT_TRUE(code.has_value()) << "worker " << r << " is still held:\n"
-                                  << workers[r]->Output();
+    EXPECT_TRUE(code.has_value()) << "worker " << r << " is still held:\n" << workers[r]->Output();
     if (code) {
       EXPECT_EQ(*code, 3) << workers[r]->Output();
     }
@@ -449,4 +449,3 @@ TEST_F(HostilePeerTest, AFloodOfGarbageHugeFramesAndAPeerThatNeverReadsLeavesThe
 
 }  // namespace
 }  // namespace gradsync
-

@@ -37,7 +37,8 @@ inline std::string Scrape(int port) {
     const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
     if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[4096];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+        out.append(buf, static_cast<size_t>(n));
     }
   }
   close(fd);

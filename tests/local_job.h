@@ -37,8 +37,10 @@ class LocalJob {
 
   // Starts a scheduler on a free port and returns "127.0.0.1:port".
   std::string StartScheduler(int workers, int servers, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {Runfile("server/gradsync_server"), "--role=scheduler",
-                                     "--port=0", "--num_workers=" + std::to_string(workers),
+    std::vector<std::string> argv = {Runfile("server/gradsync_server"),
+                                     "--role=scheduler",
+                                     "--port=0",
+                                     "--num_workers=" + std::to_string(workers),
                                      "--num_servers=" + std::to_string(servers),
                                      "--heartbeat_ms=" + std::to_string(kHeartbeatMs),
                                      "--missed_heartbeats=" + std::to_string(kMissed)};

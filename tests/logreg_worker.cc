@@ -53,8 +53,8 @@ int Main(int argc, char** argv) {
   }
   // The loss over every rank's whole shard, averaged over ranks.
   float loss = static_cast<float>(LogregLossAndGradient(data, w, 0, kSamples, nullptr));
-  Status s = c.AllReduce(&loss, 1, DType::kF32, client::ReduceOp::kAverage,
-                         Deadline::AfterMs(30000));
+  Status s =
+      c.AllReduce(&loss, 1, DType::kF32, client::ReduceOp::kAverage, Deadline::AfterMs(30000));
   if (!s.ok()) return 3;
   const auto stats = c.stats();
   std::printf("final loss %.6f wire bytes %llu raw bytes %llu\n", loss,

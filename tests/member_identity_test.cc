@@ -9,8 +9,8 @@
 // restarted, with its own key, while the shard is silent; (4) under its own
 // identity it floods the shard with keys outside the job's plan. Each is
 // refused and counted, the shard ends with the plan's keys only, and every
-// worker ends with the parameters, bit for bit, of the same job without it. (A connection that finds another key than the
-// peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
+// worker ends with the parameters, bit for bit, of the same job without it. (A connection that
+// finds another key than the peer's own at the peer's endpoint is wire/node_keys_test.cc's.)
 #include <signal.h>
 #include <unistd.h>
 
@@ -65,29 +65,28 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     tag_ = tag;
     // A loaded machine may stall a process for a second: 10 s of silence
     // before a node is declared dead.
-    StartScheduler(kWorkers, 1, {"--key_file=" + job_file_, "--metrics_port=0",
-                                 "--server_grace_ms=60000", "--missed_heartbeats=50"});
+    StartScheduler(kWorkers, 1,
+                   {"--key_file=" + job_file_, "--metrics_port=0", "--server_grace_ms=60000",
+                    "--missed_heartbeats=50"});
     SetJob(kWorkers, 1);
     env_["GRADSYNC_KEY_FILE"] = job_file_;
     checkpoint_dir_ = TmpFile(tag + ".checkpoints");
     shard_metrics_ = FreePort();
     shard_port_ = FreePort();
-    Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server",
-                               "--ps_mode=sync", "--optimizer=momentum", "--lr=0.05",
-                               "--partition_bytes=262144", "--checkpoint_dir=" + checkpoint_dir_,
-                               "--scheduler_grace_ms=60000",
+    Subprocess& shard = Start({Runfile("server/gradsync_server"), "--role=server", "--ps_mode=sync",
+                               "--optimizer=momentum", "--lr=0.05", "--partition_bytes=262144",
+                               "--checkpoint_dir=" + checkpoint_dir_, "--scheduler_grace_ms=60000",
                                "--data_port=" + std::to_string(shard_port_),
                                "--metrics_port=" + std::to_string(shard_metrics_)},
                               "server0");
     std::vector<Subprocess*> workers;
     for (int r = 0; r < kWorkers; ++r) {
-      workers.push_back(&Start({Runfile("tests/ps_worker"), "--rank=" + std::to_string(r),
-                                "--path=ps", "--mode=train", "--optimizer=momentum",
-                                "--steps=60", "--slow_ms=30", "--metrics_base_port=0",
-                                "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
-                                "--bucket_bytes=2097152", "--partition_bytes=262144",
-                                "--node_key_file=" + worker_files_[static_cast<size_t>(r)]},
-                               "worker" + std::to_string(r)));
+      workers.push_back(&Start(
+          {Runfile("tests/ps_worker"), "--rank=" + std::to_string(r), "--path=ps", "--mode=train",
+           "--optimizer=momentum", "--steps=60", "--slow_ms=30", "--metrics_base_port=0",
+           "--op_timeout_ms=" + std::to_string(kOpTimeoutMs), "--bucket_bytes=2097152",
+           "--partition_bytes=262144", "--node_key_file=" + worker_files_[static_cast<size_t>(r)]},
+          "worker" + std::to_string(r)));
     }
     if (attack) {
       ReadJob();
@@ -110,7 +109,8 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     EXPECT_TRUE(shard.Wait(Deadline::AfterMs(30000)).has_value());
     std::smatch m;
     const std::string log = shard.Output();
-    EXPECT_TRUE(std::regex_search(log, m, std::regex(R"(checkpoint written on exit[^:]*: (\d+) keys)")))
+    EXPECT_TRUE(
+        std::regex_search(log, m, std::regex(R"(checkpoint written on exit[^:]*: (\d+) keys)")))
         << log;
     shard_keys_.push_back(m.empty() ? -1 : std::stoi(m[1].str()));
     scheduler_->Wait(Deadline::AfterMs(10000));
@@ -175,7 +175,8 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     f.num_elements = 4;
     f.round = round;
     std::vector<wire::Payload> payloads;
-    if (type == wire::MsgType::Push) payloads.push_back(wire::Payload::Copy("0123456789abcdef", 16));
+    if (type == wire::MsgType::Push)
+      payloads.push_back(wire::Payload::Copy("0123456789abcdef", 16));
     return wire::MakeData(wire::Sender{wire::Role::Worker, rank, job_}, type, f,
                           std::move(payloads), round, round);
   }
@@ -235,14 +236,16 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     }
     EXPECT_GE(counted, 2 * kForgedKeys) << "keys outside the plan were taken\n" << shard.Output();
     const double rss_after = PeakRssMiB(shard.pid());  // the job's own keys grow it too
-    std::printf("shard peak RSS %.1f MiB before %d messages for keys outside the plan, "
-                "%.1f MiB after\n", rss_before, 2 * kForgedKeys, rss_after);
+    std::printf(
+        "shard peak RSS %.1f MiB before %d messages for keys outside the plan, "
+        "%.1f MiB after\n",
+        rss_before, 2 * kForgedKeys, rss_after);
   }
 
   // (2) Worker 0's left neighbour is worker 2.
   void AbortTheRingAsWorker2(const Subprocess& worker0) {
     zmq::socket_t& s = Connect(workers_[0].address, worker_keys_[0].public_z85,
-                              workers_[2].identity + "#0123456789abcdef");
+                               workers_[2].identity + "#0123456789abcdef");
     wire::RingAbortFields abort;
     abort.origin_rank = 2;
     abort.blamed_rank = 0;
@@ -271,19 +274,20 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     me.public_key = worker_keys_[1].public_z85;
     shard.Signal(SIGSTOP);
     std::this_thread::sleep_for(std::chrono::milliseconds(8 * kHeartbeatMs));
-    ASSERT_TRUE(t->Send(wire::Route::Connection(*conn),
-                        wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
-                                           static_cast<uint32_t>(getpid()), kProtocolVersion,
-                                           kWorkers, 1),
-                        Deadline::AfterMs(5000))
-                    .ok());
+    ASSERT_TRUE(
+        t->Send(wire::Route::Connection(*conn),
+                wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
+                                   static_cast<uint32_t>(getpid()), kProtocolVersion, kWorkers, 1),
+                Deadline::AfterMs(5000))
+            .ok());
     std::optional<wire::ErrorCode> answer;
     bool assigned = false;
     for (Deadline d = Deadline::AfterMs(10000); !answer && !assigned && !d.Expired();) {
       auto in = t->Receive(d);
       if (!in.ok()) break;
       wire::Verdict v = wire::Validate(
-          in->message, wire::Policy::Accepting({wire::MsgType::Error, wire::MsgType::RankAssignment}));
+          in->message,
+          wire::Policy::Accepting({wire::MsgType::Error, wire::MsgType::RankAssignment}));
       if (!v.ok()) continue;
       assigned = v.type == wire::MsgType::RankAssignment;
       if (v.type == wire::MsgType::Error) answer = v.header->body_as_ErrorBody()->code();
@@ -292,8 +296,8 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     t->Shutdown();
     EXPECT_FALSE(assigned) << "the scheduler gave the shard's place to another key";
     EXPECT_EQ(answer, std::optional<wire::ErrorCode>(wire::ErrorCode::WrongKey));
-    EXPECT_TRUE(scheduler_->WaitForOutput("registered with another node key",
-                                          Deadline::AfterMs(5000)));
+    EXPECT_TRUE(
+        scheduler_->WaitForOutput("registered with another node key", Deadline::AfterMs(5000)));
   }
 
   std::string job_file_;
@@ -308,7 +312,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
   std::vector<Peer> workers_;
   zmq::context_t context_;
   std::list<zmq::socket_t> sockets_;  // the member's connections
-  std::vector<int> shard_keys_;               // per job: the keys its shard saved on exit
+  std::vector<int> shard_keys_;       // per job: the keys its shard saved on exit
 };
 
 TEST_F(MemberIdentityTest, AMemberCannotTakeAnotherMembersPlace) {

@@ -35,10 +35,10 @@ constexpr int kStopAtStep = 70;
 enum class Fault { kNone, kSigkill, kSigterm, kSigkillForGood };
 
 struct JobResult {
-  std::vector<std::string> params;  // per worker: "params H"
+  std::vector<std::string> params;   // per worker: "params H"
   std::vector<std::string> workers;  // their logs
-  std::string restarted;            // the restarted shard's log
-  std::string stopped;              // the stopped shard's log
+  std::string restarted;             // the restarted shard's log
+  std::string stopped;               // the stopped shard's log
   std::string scheduler;
   std::string checkpoint_dir;
   int stopped_exit = -1;
@@ -71,13 +71,12 @@ std::string Field(const std::string& out, const std::string& key) {
 class PsRestartTest : public ::testing::Test, public LocalJob {
  protected:
   // Reads the checkpoint the stopped shard left behind.
-  static void ReadSaved(const std::string& log, int rank, const std::string& dir,
-                        JobResult* out) {
+  static void ReadSaved(const std::string& log, int rank, const std::string& dir, JobResult* out) {
     const std::string job = Field(log, "joined job");
     ASSERT_FALSE(job.empty()) << log;
     const server::CheckpointExpect expect{std::strtoull(job.c_str(), nullptr, 10), rank,
-                                          server::PsMode::kSync,
-                                          server::OptimizerKind::kMomentum, kWorkers};
+                                          server::PsMode::kSync, server::OptimizerKind::kMomentum,
+                                          kWorkers};
     auto saved = server::ReadCheckpoint(dir, expect);
     ASSERT_TRUE(saved.ok()) << saved.status();
     out->saved_keys = saved->keys.size();
@@ -88,17 +87,31 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
   }
 
   std::vector<std::string> ServerArgv(int rank, int port, const std::string& dir) {
-    return {Runfile("server/gradsync_server"), "--role=server", "--rank=" + std::to_string(rank),
-            "--data_port=" + std::to_string(port), "--ps_mode=sync", "--optimizer=momentum",
-            "--lr=0.05", "--momentum=0.9", "--checkpoint_dir=" + dir,
-            "--checkpoint_interval_s=0.25", "--metrics_port=0"};
+    return {Runfile("server/gradsync_server"),
+            "--role=server",
+            "--rank=" + std::to_string(rank),
+            "--data_port=" + std::to_string(port),
+            "--ps_mode=sync",
+            "--optimizer=momentum",
+            "--lr=0.05",
+            "--momentum=0.9",
+            "--checkpoint_dir=" + dir,
+            "--checkpoint_interval_s=0.25",
+            "--metrics_port=0"};
   }
 
   std::vector<std::string> WorkerArgv(int rank) {
-    return {Runfile("tests/ps_worker"), "--rank=" + std::to_string(rank), "--path=ps",
-            "--mode=train", "--optimizer=momentum", "--steps=" + std::to_string(kSteps),
-            "--size_divisor=100", "--first_bucket_bytes=8192", "--bucket_bytes=16384",
-            "--partition_bytes=4096", "--ps_resend_ms=200"};
+    return {Runfile("tests/ps_worker"),
+            "--rank=" + std::to_string(rank),
+            "--path=ps",
+            "--mode=train",
+            "--optimizer=momentum",
+            "--steps=" + std::to_string(kSteps),
+            "--size_divisor=100",
+            "--first_bucket_bytes=8192",
+            "--bucket_bytes=16384",
+            "--partition_bytes=4096",
+            "--ps_resend_ms=200"};
   }
 
   // Runs the whole job; with a fault, stops shard `victim` once worker 0 is
@@ -115,8 +128,8 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
     SetJob(kWorkers, kServers);
     if (!key_file_.empty()) env_["GRADSYNC_KEY_FILE"] = key_file_;
     out.checkpoint_dir =
-        TmpFile(std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-                "." + tag + ".checkpoints");
+        TmpFile(std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "." +
+                tag + ".checkpoints");
     std::vector<std::vector<std::string>> server_argv;
     std::vector<Subprocess*> servers, workers;
     for (int s = 0; s < kServers; ++s) {
@@ -131,8 +144,8 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
       const std::string step = "worker 0 step " + std::to_string(kStopAtStep);
       EXPECT_TRUE(workers[0]->WaitForOutput(step, Deadline::AfterMs(120000)))
           << workers[0]->Output();
-      EXPECT_TRUE(shard.WaitForOutput("checkpoint written periodically",
-                                      Deadline::AfterMs(30000))) << shard.Output();
+      EXPECT_TRUE(shard.WaitForOutput("checkpoint written periodically", Deadline::AfterMs(30000)))
+          << shard.Output();
       shard.Signal(fault == Fault::kSigterm ? SIGTERM : SIGKILL);
       auto code = shard.Wait(Deadline::AfterMs(30000));
       EXPECT_TRUE(code.has_value()) << shard.Output();
@@ -142,12 +155,12 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
       ReadSaved(shard.Output(), victim, out.checkpoint_dir, &out);
       if (fault != Fault::kSigterm) {
         // Past its heartbeats: the scheduler holds its place for the grace.
-        EXPECT_TRUE(scheduler_->WaitForOutput("is silent: waiting up to",
-                                              Deadline::AfterMs(30000))) << scheduler_->Output();
+        EXPECT_TRUE(scheduler_->WaitForOutput("is silent: waiting up to", Deadline::AfterMs(30000)))
+            << scheduler_->Output();
       }
       if (restart) {
-        servers[victim] = &Start(server_argv[victim], "server" + std::to_string(victim) +
-                                                          ".restarted");
+        servers[victim] =
+            &Start(server_argv[victim], "server" + std::to_string(victim) + ".restarted");
       }
     }
     for (int r = 0; r < kWorkers; ++r) {
@@ -162,8 +175,7 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
     scheduler_->Signal(SIGTERM);
     for (int s = 0; s < kServers; ++s) {
       if (!restart && s == victim) continue;
-      EXPECT_TRUE(servers[s]->Wait(Deadline::AfterMs(30000)).has_value())
-          << servers[s]->Output();
+      EXPECT_TRUE(servers[s]->Wait(Deadline::AfterMs(30000)).has_value()) << servers[s]->Output();
     }
     scheduler_->Wait(Deadline::AfterMs(10000));
     out.scheduler = scheduler_->Output();
@@ -192,8 +204,7 @@ TEST_F(PsRestartTest, AShardKilledMidRunResumesFromItsCheckpointAndEndsBitEqual)
   EXPECT_GT(killed.saved_keys, 0u);
   EXPECT_GT(killed.saved_min_closed, 0u) << "no periodic checkpoint before the kill";
   ExpectSameParams(clean, killed);
-  EXPECT_NE(killed.restarted.find("restored checkpoint: "), std::string::npos)
-      << killed.restarted;
+  EXPECT_NE(killed.restarted.find("restored checkpoint: "), std::string::npos) << killed.restarted;
   EXPECT_NE(killed.restarted.find("journal records"), std::string::npos) << killed.restarted;
   EXPECT_NE(killed.scheduler.find("server 1 rejoined the job"), std::string::npos)
       << killed.scheduler;
@@ -206,7 +217,8 @@ TEST_F(PsRestartTest, AShardKilledMidRunResumesFromItsCheckpointAndEndsBitEqual)
     EXPECT_NE(killed.workers[r].find("on this host uses shared memory"), std::string::npos)
         << killed.workers[r];
     EXPECT_NE(killed.workers[r].find("is gone (closed or died); sending through the network"),
-              std::string::npos) << killed.workers[r];
+              std::string::npos)
+        << killed.workers[r];
   }
 }
 
@@ -245,7 +257,8 @@ TEST_F(PsRestartTest, AShardThatDoesNotComeBackFailsTheJobNamingIt) {
   EXPECT_EQ(lost.stopped_exit, 128 + SIGKILL);
   for (int r = 0; r < kWorkers; ++r) {
     EXPECT_NE(lost.workers[r].find("server 1 died (declared dead by the scheduler)"),
-              std::string::npos) << lost.workers[r];
+              std::string::npos)
+        << lost.workers[r];
     EXPECT_EQ(lost.workers[r].find("params"), std::string::npos) << lost.workers[r];
   }
   EXPECT_NE(lost.scheduler.find("server 1 dead: no message for"), std::string::npos)

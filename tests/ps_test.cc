@@ -72,8 +72,10 @@ class PsTest : public ::testing::Test, public LocalJob {
 
   // As LocalJob::StartScheduler, with a log of its own for each run.
   void StartScheduler(int workers, int servers, const std::string& tag) {
-    std::vector<std::string> argv = {Runfile("server/gradsync_server"), "--role=scheduler",
-                                     "--port=0", "--num_workers=" + std::to_string(workers),
+    std::vector<std::string> argv = {Runfile("server/gradsync_server"),
+                                     "--role=scheduler",
+                                     "--port=0",
+                                     "--num_workers=" + std::to_string(workers),
                                      "--num_servers=" + std::to_string(servers),
                                      "--heartbeat_ms=" + std::to_string(kHeartbeatMs),
                                      "--missed_heartbeats=" + std::to_string(kMissed)};
@@ -141,8 +143,8 @@ TEST_F(PsTest, SspWithZeroStalenessIsSyncBitForBit) {
 TEST_F(PsTest, SspStalenessNeverExceedsTheBound) {
   const std::vector<std::string> worker = {"--path=ps", "--mode=train", "--steps=8",
                                            "--optimizer=sgd", "--slow_ms=40"};
-  JobOutput ssp = Run(3, 2, {"--ps_mode=ssp", "--staleness=2", "--optimizer=sgd", "--lr=0.1"},
-                      worker);
+  JobOutput ssp =
+      Run(3, 2, {"--ps_mode=ssp", "--staleness=2", "--optimizer=sgd", "--lr=0.1"}, worker);
   const long seen = MaxStaleness(ssp);
   EXPECT_GE(seen, 0);
   EXPECT_LE(seen, 2);
@@ -182,8 +184,7 @@ TEST_F(PsTest, ALargeModelOfTenThousandLongNamesTrainsOnEveryPath) {
   JobOutput async = Run(3, 2, {"--ps_mode=async", "--optimizer=sgd", "--lr=0.1"},
                         with({"--path=ps", "--mode=train", "--optimizer=sgd"}));
   for (size_t r = 0; r < async.workers.size(); ++r) {
-    EXPECT_NE(async.workers[r].find("worker " + std::to_string(r) + " step 2"),
-              std::string::npos)
+    EXPECT_NE(async.workers[r].find("worker " + std::to_string(r) + " step 2"), std::string::npos)
         << async.workers[r];
   }
 }
@@ -191,8 +192,8 @@ TEST_F(PsTest, ALargeModelOfTenThousandLongNamesTrainsOnEveryPath) {
 TEST_F(PsTest, AShardRefusesAsyncWithoutOptimizer) {
   StartScheduler(1, 1, "refuse");
   SetJob(1, 1);
-  Subprocess& s = Start({Runfile("server/gradsync_server"), "--role=server", "--ps_mode=async"},
-                        "server");
+  Subprocess& s =
+      Start({Runfile("server/gradsync_server"), "--role=server", "--ps_mode=async"}, "server");
   auto code = s.Wait(Deadline::AfterMs(10000));
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 2);

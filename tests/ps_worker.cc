@@ -50,8 +50,8 @@ struct BaseSpec {
   size_t count;
 };
 
-const BaseSpec kSpecs[] = {{"embedding", 300000}, {"fc1.weight", 700001}, {"fc1.bias", 1001},
-                           {"head.bias", 1}};
+const BaseSpec kSpecs[] = {
+    {"embedding", 300000}, {"fc1.weight", 700001}, {"fc1.bias", 1001}, {"head.bias", 1}};
 
 float Value(int rank, int64_t step, size_t tensor, size_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + step * 5 + tensor * 3) % 17) - 8);
@@ -181,15 +181,15 @@ int Main(int argc, char** argv) {
   const std::string mode = config->GetString("mode", "average").value();
   const int64_t steps = config->GetInt("steps", 4).value();
   const int64_t slow_ms = config->GetInt("slow_ms", 0).value();
-  const std::vector<Spec> specs = Specs(config->GetInt("size_divisor", 1).value(),
-                                        config->GetInt("tensors", 0).value(),
-                                        config->GetInt("name_bytes", 100).value());
+  const std::vector<Spec> specs =
+      Specs(config->GetInt("size_divisor", 1).value(), config->GetInt("tensors", 0).value(),
+            config->GetInt("name_bytes", 100).value());
   auto comm = Communicator::Create(*config, Deadline::AfterMs(60000));
   if (!comm.ok()) return Fail(comm.status());
   std::printf("worker %d joined, backend %s\n", (*comm)->rank(), (*comm)->backend());
   std::fflush(stdout);
-  const int rc = mode == "train" ? RunTrain(**comm, steps, slow_ms, specs)
-                                  : RunAverage(**comm, steps, specs);
+  const int rc =
+      mode == "train" ? RunTrain(**comm, steps, slow_ms, specs) : RunAverage(**comm, steps, specs);
   std::fflush(stdout);
   return rc;
 }

@@ -47,8 +47,8 @@ int Main(int argc, char** argv) {
   if (nccl) {
     std::vector<uint8_t> id(128);
     for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<uint8_t>(i * 7 + 3);
-    auto got = s.ShareNcclId(s.rank() == 0 ? std::optional(id) : std::nullopt,
-                             Deadline::AfterMs(30000));
+    auto got =
+        s.ShareNcclId(s.rank() == 0 ? std::optional(id) : std::nullopt, Deadline::AfterMs(30000));
     if (!got.ok() || *got != id) {
       GS_LOG(ERROR) << "NCCL id exchange failed: "
                     << (got.ok() ? "bytes differ" : got.status().message());

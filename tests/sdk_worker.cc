@@ -29,10 +29,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -154,9 +154,11 @@ class Worker {
       Status s = comm_->AllReduce(data.data(), data.size(), DType::kF32, client::ReduceOp::kSum,
                                   Deadline::AfterMs(op_timeout_ms_));
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::steady_clock::now() - start_).count();
-      Say("worker %d %s", comm_->rank(), "allreduce " + std::to_string(k) + " took " +
-                                             std::to_string(ms) + " ms: " + s.ToString());
+                          std::chrono::steady_clock::now() - start_)
+                          .count();
+      Say("worker %d %s", comm_->rank(),
+          "allreduce " + std::to_string(k) + " took " + std::to_string(ms) +
+              " ms: " + s.ToString());
       if (!s.ok()) return Fail(s);
       for (size_t i = 0; i < data.size(); ++i) {
         const int64_t sum = world * (world - 1) / 2 + world * (k + static_cast<int64_t>(i % 3));
@@ -177,8 +179,8 @@ class Worker {
     auto* data = static_cast<float*>(mem);
     for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i % 7);
     float one = 1;
-    Status s = comm_->AllReduce(&one, 1, DType::kF32, client::ReduceOp::kSum,
-                                Deadline::AfterMs(30000));
+    Status s =
+        comm_->AllReduce(&one, 1, DType::kF32, client::ReduceOp::kSum, Deadline::AfterMs(30000));
     if (s.ok()) s = comm_->Barrier(Deadline::AfterMs(30000));  // every rank is past the first
     if (!s.ok()) return Fail(s);
     if (comm_->rank() == victim_) {
@@ -189,8 +191,7 @@ class Worker {
     }
     // The victim has stopped; the scheduler names it dead about a second later.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    s = comm_->AllReduce(data, count, DType::kF32, client::ReduceOp::kSum,
-                         Deadline::AfterMs(3000));
+    s = comm_->AllReduce(data, count, DType::kF32, client::ReduceOp::kSum, Deadline::AfterMs(3000));
     if (s.ok()) {
       Say("worker %d %s", comm_->rank(), "WRONG: the all-reduce succeeded without the victim");
       return 1;
@@ -204,7 +205,8 @@ class Worker {
 
   int Fail(const Status& s) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now() - start_).count();
+                        std::chrono::steady_clock::now() - start_)
+                        .count();
     std::printf("worker %d error after %lld ms: %s\n", comm_ ? comm_->rank() : -1,
                 static_cast<long long>(ms), s.ToString().c_str());
     std::fflush(stdout);
@@ -255,8 +257,8 @@ class Worker {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i] = comm_->rank() == 0 ? static_cast<float>(i) * 0.5f : -1.0f;
     }
-    Status s = comm_->Broadcast(params.data(), params.size(), DType::kF32, 0,
-                                Deadline::AfterMs(30000));
+    Status s =
+        comm_->Broadcast(params.data(), params.size(), DType::kF32, 0, Deadline::AfterMs(30000));
     if (!s.ok()) return Fail(s);
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i] != static_cast<float>(i) * 0.5f) {
@@ -333,8 +335,8 @@ int Worker::CheckAccumulation() {
   std::memcpy(got.data(), grads[2].data(), kDim * 4);
   for (int d = 0; d < kDim; ++d) {
     if (std::fabs(got[d] - want[d]) > 1e-5f * (1.0f + std::fabs(want[d]))) {
-      std::printf("worker %d WRONG accumulated gradient [%d]: %g, large batch %g\n",
-                  comm_->rank(), d, got[d], want[d]);
+      std::printf("worker %d WRONG accumulated gradient [%d]: %g, large batch %g\n", comm_->rank(),
+                  d, got[d], want[d]);
       return 1;
     }
   }

@@ -83,12 +83,14 @@ StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
     return std::optional<CurveKey>(key);
   }
   if (security == "curve") {
-    return InvalidArgumentError("security=curve needs a key_file (GRADSYNC_KEY_FILE); "
-                                "gradsync_launch makes one for its job");
+    return InvalidArgumentError(
+        "security=curve needs a key_file (GRADSYNC_KEY_FILE); "
+        "gradsync_launch makes one for its job");
   }
   if (IsLoopbackHost(host)) return std::optional<CurveKey>();
   return InvalidArgumentError(
-      "host " + host + " is not loopback (it does not resolve to 127.0.0.0/8 or ::1 alone): "
+      "host " + host +
+      " is not loopback (it does not resolve to 127.0.0.0/8 or ::1 alone): "
       "a node others can reach runs with CURVE (give "
       "key_file, the job's key file, which gradsync_launch makes) or, to run unencrypted "
       "and unauthenticated, security=none");

@@ -50,8 +50,7 @@ StatusOr<CurveKey> ReadKeyFile(const std::string& path);
 // the node is reached at; nullopt: no CURVE. InvalidArgument naming the
 // setting for a bad value, a missing or unreadable key file, or an
 // insecure start on a host that is not loopback.
-StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config,
-                                                     const std::string& host);
+StatusOr<std::optional<CurveKey>> SecurityFromConfig(const Config& config, const std::string& host);
 
 }  // namespace gradsync::wire
 

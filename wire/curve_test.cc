@@ -29,8 +29,7 @@ TEST(CurveLoopbackTest, ANameSpelledLikeLoopbackNeedsCurve) {
   for (const char* host : {"127.0.0.1.invalid", "localhost.invalid", "0.0.0.0"}) {
     auto security = SecurityFromConfig(config, host);
     ASSERT_FALSE(security.ok()) << host << " started without CURVE";
-    EXPECT_NE(security.status().message().find("key_file"), std::string::npos)
-        << security.status();
+    EXPECT_NE(security.status().message().find("key_file"), std::string::npos) << security.status();
   }
 }
 
@@ -47,7 +46,8 @@ TEST(CurveKeyFileTest, ALinkToAKeyFileIsRefused) {
   ASSERT_FALSE(read.ok()) << "a key file was read through a link";
   EXPECT_EQ(read.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(read.status().message().find("key_file " + link + " is a symbolic link"),
-            std::string::npos) << read.status();
+            std::string::npos)
+      << read.status();
 }
 
 TEST(CurveKeyFileTest, AKeyFileOfAnotherUserIsRefused) {
@@ -57,8 +57,7 @@ TEST(CurveKeyFileTest, AKeyFileOfAnotherUserIsRefused) {
   ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
   auto read = ReadKeyFile(path);
   ASSERT_FALSE(read.ok()) << "another user's key file was taken";
-  EXPECT_NE(read.status().message().find("owned by uid 65534"), std::string::npos)
-      << read.status();
+  EXPECT_NE(read.status().message().find("owned by uid 65534"), std::string::npos) << read.status();
 }
 
 TEST(ListenEndpointTest, BindsTheResolvedNumericAddress) {

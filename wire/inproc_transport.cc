@@ -98,8 +98,7 @@ Status InProcTransport::Send(const Route& to, Message message, Deadline /*deadli
   InProcTransport* peer = network_->ByIdentity(to.identity);
   ConnId back = peer ? peer->ConnTo(endpoint) : -1;
   if (back < 0) return UnavailableError(to.ToString() + " is not connected");
-  return peer->incoming_.Push({Route::Connection(back), std::move(message)},
-                              Deadline::Infinite());
+  return peer->incoming_.Push({Route::Connection(back), std::move(message)}, Deadline::Infinite());
 }
 
 StatusOr<Incoming> InProcTransport::Receive(Deadline deadline) {

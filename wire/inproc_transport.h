@@ -32,7 +32,7 @@ class InProcNetwork {
   friend class InProcTransport;
   Status Bind(const std::string& endpoint, InProcTransport* t);
   void Detach(InProcTransport* t);
-  InProcTransport* Listener(const std::string& endpoint);   // requires mu_
+  InProcTransport* Listener(const std::string& endpoint);    // requires mu_
   InProcTransport* ByIdentity(const std::string& identity);  // requires mu_
 
   std::mutex mu_;
@@ -62,9 +62,9 @@ class InProcTransport : public Transport {
   const std::string identity_;
   BlockingQueue<Incoming> incoming_;
   std::mutex mu_;
-  std::string listen_endpoint_;                   // guarded by mu_
-  std::map<ConnId, std::string> conns_;           // guarded by mu_
-  bool shut_down_ = false;                        // guarded by mu_
+  std::string listen_endpoint_;          // guarded by mu_
+  std::map<ConnId, std::string> conns_;  // guarded by mu_
+  bool shut_down_ = false;               // guarded by mu_
 };
 
 }  // namespace gradsync::wire

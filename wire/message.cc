@@ -1,7 +1,6 @@
 #include "wire/message.h"
 
 #include <algorithm>
-
 #include <cctype>
 #include <cstring>
 
@@ -13,9 +12,8 @@ namespace {
 using flatbuffers::FlatBufferBuilder;
 using flatbuffers::Offset;
 
-Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type,
-               Offset<void> body, uint64_t step = 0, uint64_t seq = 0,
-               uint32_t protocol_version = kProtocolVersion) {
+Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type, Offset<void> body,
+               uint64_t step = 0, uint64_t seq = 0, uint32_t protocol_version = kProtocolVersion) {
   HeaderBuilder hb(fbb);
   hb.add_job_id(from.job_id);
   hb.add_step(step);
@@ -47,8 +45,8 @@ uint64_t TotalBytes(const std::vector<Payload>& payloads) {
 }  // namespace
 
 Payload Payload::Copy(const void* data, size_t size) {
-  auto copy = std::make_shared<std::vector<uint8_t>>(
-      static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
+  auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(data),
+                                                     static_cast<const uint8_t*>(data) + size);
   return Payload{copy->data(), size, copy};
 }
 
@@ -73,26 +71,40 @@ std::string NodeInfo::DataEndpoint() const {
 
 Body ExpectedBody(MsgType type) {
   switch (type) {
-    case MsgType::Register: return Body::RegisterBody;
-    case MsgType::RankAssignment: return Body::RankAssignmentBody;
-    case MsgType::Heartbeat: return Body::HeartbeatBody;
-    case MsgType::Leave: return Body::LeaveBody;
+    case MsgType::Register:
+      return Body::RegisterBody;
+    case MsgType::RankAssignment:
+      return Body::RankAssignmentBody;
+    case MsgType::Heartbeat:
+      return Body::HeartbeatBody;
+    case MsgType::Leave:
+      return Body::LeaveBody;
     case MsgType::Barrier:
-    case MsgType::BarrierRelease: return Body::BarrierBody;
-    case MsgType::Error: return Body::ErrorBody;
-    case MsgType::NodeDead: return Body::NodeDeadBody;
-    case MsgType::ReachReport: return Body::ReachReportBody;
-    case MsgType::JobState: return Body::JobStateBody;
+    case MsgType::BarrierRelease:
+      return Body::BarrierBody;
+    case MsgType::Error:
+      return Body::ErrorBody;
+    case MsgType::NodeDead:
+      return Body::NodeDeadBody;
+    case MsgType::ReachReport:
+      return Body::ReachReportBody;
+    case MsgType::JobState:
+      return Body::JobStateBody;
     case MsgType::NcclIdOffer:
     case MsgType::NcclIdRequest:
-    case MsgType::NcclId: return Body::NcclIdBody;
+    case MsgType::NcclId:
+      return Body::NcclIdBody;
     case MsgType::Push:
     case MsgType::Pull:
     case MsgType::Reply:
-    case MsgType::Ack: return Body::DataBody;
-    case MsgType::RingData: return Body::RingDataBody;
-    case MsgType::RingAbort: return Body::RingAbortBody;
-    case MsgType::Layout: return Body::LayoutBody;
+    case MsgType::Ack:
+      return Body::DataBody;
+    case MsgType::RingData:
+      return Body::RingDataBody;
+    case MsgType::RingAbort:
+      return Body::RingAbortBody;
+    case MsgType::Layout:
+      return Body::LayoutBody;
   }
   return Body::NONE;
 }
@@ -104,9 +116,12 @@ const char* MsgTypeName(MsgType type) {
 
 const char* RoleName(Role role) {
   switch (role) {
-    case Role::Scheduler: return "scheduler";
-    case Role::Worker: return "worker";
-    case Role::Server: return "server";
+    case Role::Scheduler:
+      return "scheduler";
+    case Role::Worker:
+      return "worker";
+    case Role::Server:
+      return "server";
   }
   return "invalid-role";
 }
@@ -126,10 +141,9 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
                      int32_t num_servers) {
   FlatBufferBuilder fbb(256);
   auto body = CreateRegisterBody(fbb, me.role, me.rank, fbb.CreateString(build_id),
-                                 fbb.CreateString(me.host), me.data_port, me.metrics_port,
-                                 pid, num_workers, num_servers,
-                                 fbb.CreateString(me.identity), fbb.CreateString(me.boot_id),
-                                 fbb.CreateString(me.public_key));
+                                 fbb.CreateString(me.host), me.data_port, me.metrics_port, pid,
+                                 num_workers, num_servers, fbb.CreateString(me.identity),
+                                 fbb.CreateString(me.boot_id), fbb.CreateString(me.public_key));
   return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
 }
 
@@ -149,9 +163,9 @@ Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers
   addrs.reserve(peers.size());
   for (const NodeInfo& p : peers) addrs.push_back(BuildAddress(fbb, p));
   auto change = epoch.change.empty() ? 0 : fbb.CreateString(epoch.change);
-  auto body = CreateRankAssignmentBody(fbb, rank, num_workers, num_servers,
-                                       fbb.CreateVector(addrs), heartbeat_interval_ms,
-                                       missed_heartbeats, epoch.epoch, change, epoch.elastic);
+  auto body = CreateRankAssignmentBody(fbb, rank, num_workers, num_servers, fbb.CreateVector(addrs),
+                                       heartbeat_interval_ms, missed_heartbeats, epoch.epoch,
+                                       change, epoch.elastic);
   return Finish(fbb, from, MsgType::RankAssignment, body.Union());
 }
 
@@ -194,8 +208,8 @@ Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& res
   FlatBufferBuilder fbb(256);
   std::vector<Offset<ReachResult>> rs;
   for (const ReachOutcome& r : results) {
-    rs.push_back(CreateReachResult(fbb, BuildAddress(fbb, r.peer), r.ok,
-                                   fbb.CreateString(r.detail)));
+    rs.push_back(
+        CreateReachResult(fbb, BuildAddress(fbb, r.peer), r.ok, fbb.CreateString(r.detail)));
   }
   auto body = CreateReachReportBody(fbb, fbb.CreateVector(rs));
   return Finish(fbb, from, MsgType::ReachReport, body.Union());
@@ -224,8 +238,8 @@ Message MakeData(const Sender& from, MsgType type, const DataFields& f,
   return msg;
 }
 
-Message MakeRingData(const Sender& from, const RingDataFields& f,
-                     std::vector<Payload> payloads, uint64_t step, uint64_t seq) {
+Message MakeRingData(const Sender& from, const RingDataFields& f, std::vector<Payload> payloads,
+                     uint64_t step, uint64_t seq) {
   FlatBufferBuilder fbb(128);
   auto body = CreateRingDataBody(fbb, f.bucket, f.index, f.dtype, f.num_elements,
                                  TotalBytes(payloads), f.names_hash, f.op_fingerprint);
@@ -234,8 +248,7 @@ Message MakeRingData(const Sender& from, const RingDataFields& f,
   return msg;
 }
 
-Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t step,
-                      uint64_t seq) {
+Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t step, uint64_t seq) {
   FlatBufferBuilder fbb(256);
   auto message = fbb.CreateString(f.message);
   auto body = CreateRingAbortBody(fbb, f.origin_rank, f.blamed_rank, f.received, f.timed_out,
@@ -243,8 +256,8 @@ Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t ste
   return Finish(fbb, from, MsgType::RingAbort, body.Union(), step, seq);
 }
 
-Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece,
-                   uint64_t first, uint64_t total) {
+Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece, uint64_t first,
+                   uint64_t total) {
   FlatBufferBuilder fbb(1024);
   std::vector<Offset<TensorSpec>> specs;
   specs.reserve(piece.size());
@@ -300,9 +313,7 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   return n;
 }
 
-std::string PsClientIdentity(const std::string& data_identity) {
-  return data_identity + "/ps";
-}
+std::string PsClientIdentity(const std::string& data_identity) { return data_identity + "/ps"; }
 
 std::string Escaped(const std::string& text, size_t max_bytes) {
   static const char kHex[] = "0123456789abcdef";

@@ -31,8 +31,7 @@ struct Payload {
   // A payload holding its own copy of `size` bytes.
   static Payload Copy(const void* data, size_t size);
   // A payload that points at `data`, which `owner` keeps alive.
-  static Payload Borrow(const void* data, size_t size,
-                        std::shared_ptr<const void> owner);
+  static Payload Borrow(const void* data, size_t size, std::shared_ptr<const void> owner);
 };
 
 struct Message {
@@ -175,8 +174,8 @@ Message MakeRingData(const Sender& from, const RingDataFields& fields,
 Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
                       uint64_t seq = 0);
 // One Layout piece: `piece`, tensors #first .. of a layout of `total`.
-Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece,
-                   uint64_t first, uint64_t total);
+Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece, uint64_t first,
+                   uint64_t total);
 // The most bytes of names and fields one Layout piece carries (a tensor
 // whose name alone is more goes in a piece of its own): far below
 // Limits::max_header_bytes, so that every transport takes it.

@@ -93,8 +93,8 @@ TEST(MessageTest, RegisterRoundTrip) {
 }
 
 TEST(MessageTest, RegisterDefaultsReadMinusOne) {
-  Message msg = MakeRegister(From(Role::Worker, -1, 0), Node(Role::Worker, -1, "h", 1, 2),
-                             kBuildId, 1, kProtocolVersion);
+  Message msg = MakeRegister(From(Role::Worker, -1, 0), Node(Role::Worker, -1, "h", 1, 2), kBuildId,
+                             1, kProtocolVersion);
   const Header* h = Accepted(msg, MsgType::Register);
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->body_as_RegisterBody()->requested_rank(), -1);
@@ -174,8 +174,7 @@ TEST(MessageTest, BarrierAndReleaseRoundTrip) {
 
 TEST(MessageTest, ErrorRoundTrip) {
   const Sender from = From(Role::Scheduler, -1, 5);
-  Message msg = MakeError(from, ErrorCode::JobFull, "job has 4 workers already",
-                          MsgType::Register);
+  Message msg = MakeError(from, ErrorCode::JobFull, "job has 4 workers already", MsgType::Register);
   const Header* h = Accepted(msg, MsgType::Error);
   ASSERT_NE(h, nullptr);
   ExpectCommon(*h, MsgType::Error, from);

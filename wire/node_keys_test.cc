@@ -4,6 +4,8 @@
 // handshake waits for the plan that names its key, a flood of strangers'
 // handshakes does not shut out a peer the plan names late, and a shard's key
 // survives its restart.
+#include "wire/node_keys.h"
+
 #include <sys/stat.h>
 
 #include <chrono>
@@ -17,7 +19,6 @@
 #include "gtest/gtest.h"
 #include "wire/curve.h"
 #include "wire/message.h"
-#include "wire/node_keys.h"
 #include "wire/zmq_curve.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"

@@ -97,7 +97,7 @@ class SameHostTransport::BufferPool : public std::enable_shared_from_this<Buffer
   const size_t max_bytes_;
   std::mutex mu_;
   std::vector<std::pair<size_t, std::unique_ptr<uint8_t[]>>> free_;  // guarded by mu_
-  size_t pooled_ = 0;                                                 // guarded by mu_
+  size_t pooled_ = 0;                                                // guarded by mu_
 };
 
 struct SameHostTransport::Out {
@@ -107,14 +107,17 @@ struct SameHostTransport::Out {
   std::mutex mu;
   enum class State { kUntried, kOpen, kGone };
   State state = State::kUntried;  // guarded by mu
-  std::shared_ptr<ShmLink> link;   // guarded by mu; set once, when opened
-  std::deque<Framed> queue;        // guarded by mu; the front may be mid-write
-  SteadyTime next_alive_check{};   // guarded by mu
+  std::shared_ptr<ShmLink> link;  // guarded by mu; set once, when opened
+  std::deque<Framed> queue;       // guarded by mu; the front may be mid-write
+  SteadyTime next_alive_check{};  // guarded by mu
 };
 
 struct SameHostTransport::In {
   In(std::string id, const Out* o, std::shared_ptr<ShmLink> l)
-      : identity(std::move(id)), out(o), link(std::move(l)), begin(link->data()),
+      : identity(std::move(id)),
+        out(o),
+        link(std::move(l)),
+        begin(link->data()),
         bytes(link->capacity()) {}
   const std::string identity;
   // The same peer's Out, when this transport sends to it too: its answers
@@ -122,7 +125,7 @@ struct SameHostTransport::In {
   // transport's do; what it sends over its own comes from its identity.
   const Out* const out;
   const std::shared_ptr<ShmLink> link;  // made at construction
-  std::atomic<bool> done{false};  // given up: the peer is heard through the inner transport
+  std::atomic<bool> done{false};        // given up: the peer is heard through the inner transport
   // Where the link's buffer is while it is read, for Send's threads.
   std::atomic<const uint8_t*> begin;
   const size_t bytes;
@@ -132,10 +135,10 @@ struct SameHostTransport::In {
   Stage stage = Stage::kPrefix;
   uint8_t prefix[8];
   bool reply = false;  // the message answers an inbound route
-  size_t got = 0;  // bytes of the current part
+  size_t got = 0;      // bytes of the current part
   std::vector<uint64_t> sizes;
-  std::vector<uint8_t> header;                   // frame 0
-  std::vector<std::shared_ptr<uint8_t>> frames;  // payloads copied, from the pool
+  std::vector<uint8_t> header;                    // frame 0
+  std::vector<std::shared_ptr<uint8_t>> frames;   // payloads copied, from the pool
   std::vector<std::shared_ptr<const void>> lent;  // payloads lent by the link
   size_t frame = 0;
   bool placed = false;     // the padding before `frame` is skipped
@@ -153,8 +156,7 @@ struct SameHostTransport::In {
 std::string SameHostTransport::LinkName(uint64_t job, const std::string& writer,
                                         const std::string& reader) {
   char prefix[40];
-  std::snprintf(prefix, sizeof(prefix), "/gradsync-%016llx-",
-                static_cast<unsigned long long>(job));
+  std::snprintf(prefix, sizeof(prefix), "/gradsync-%016llx-", static_cast<unsigned long long>(job));
   std::string name = prefix;
   auto add = [&name](const std::string& id) {
     for (char c : id) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_';
@@ -171,7 +173,8 @@ SameHostTransport::SameHostTransport(std::unique_ptr<Transport> inner, SameHostO
 }
 
 SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
-    : inner_(inner), options_(std::move(options)),
+    : inner_(inner),
+      options_(std::move(options)),
       pool_(std::make_shared<BufferPool>(std::min<size_t>(4 * options_.link_bytes, 64 << 20))) {
   bool sends = false;
   for (const SameHostPeer& p : options_.peers) {
@@ -435,8 +438,8 @@ void SameHostTransport::WriterLoop() {
 
 Status SameHostTransport::CheckSizes(const In& in) const {
   const auto refuse = [&](const std::string& what, uint64_t size, uint64_t limit) {
-    return DataLossError("the same-host link from " + in.identity + " announces " + what +
-                         " of " + std::to_string(size) + " bytes, above the limit of " +
+    return DataLossError("the same-host link from " + in.identity + " announces " + what + " of " +
+                         std::to_string(size) + " bytes, above the limit of " +
                          std::to_string(limit));
   };
   uint64_t total = 0;
@@ -462,8 +465,8 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadSome(In& in) {
       if ((magic != kFrameMagic && magic != kReplyMagic) || count == 0 ||
           count > options_.max_frames) {
         return DataLossError("the same-host link from " + in.identity +
-                             " carries a bad frame table (magic " + std::to_string(magic) +
-                             ", " + std::to_string(count) + " frames)");
+                             " carries a bad frame table (magic " + std::to_string(magic) + ", " +
+                             std::to_string(count) + " frames)");
       }
       in.reply = magic == kReplyMagic;
       in.sizes.assign(count, 0);
@@ -594,8 +597,8 @@ StatusOr<Incoming> SameHostTransport::Receive(Deadline deadline) {
     bool waiting = false;
     const std::vector<ShmLink*>& live = Live(&waiting);
     if (live.empty() && !waiting) return inner_->Receive(deadline);
-    const Deadline inner = live.empty() ? deadline.Min(Deadline::After(kAttachEvery))
-                                        : Deadline::After(Millis(0));
+    const Deadline inner =
+        live.empty() ? deadline.Min(Deadline::After(kAttachEvery)) : Deadline::After(Millis(0));
     auto other = inner_->Receive(inner);
     if (other.ok() || other.status().code() != StatusCode::kDeadlineExceeded) return other;
     if (deadline.Expired()) return DeadlineExceededError("nothing received before the deadline");

@@ -92,8 +92,8 @@ struct SameHostOptions {
   // largest one the protocol on top sends, since a frame's buffer is
   // allocated once its first bytes are in the link.
   size_t max_message_bytes = (size_t{1} << 30) + (64 << 10);
-  Millis open_wait{5000};   // Connect's wait for the peer's link
-  Millis alive_every{20};   // how often a reader's liveness is checked
+  Millis open_wait{5000};  // Connect's wait for the peer's link
+  Millis alive_every{20};  // how often a reader's liveness is checked
 };
 
 class SameHostTransport : public Transport {
@@ -166,7 +166,7 @@ class SameHostTransport : public Transport {
   const SameHostOptions options_;
   std::vector<std::unique_ptr<Out>> outs_;
   std::vector<std::unique_ptr<In>> ins_;
-  size_t next_in_ = 0;  // Receive's thread only: the link to look at first
+  size_t next_in_ = 0;          // Receive's thread only: the link to look at first
   std::vector<ShmLink*> live_;  // Receive's thread only: Live's answer
   std::atomic<uint64_t> refused_links_{0};
 

@@ -51,9 +51,11 @@ Message WithPayloads(const std::vector<size_t>& sizes, uint8_t seed,
     std::vector<uint8_t> bytes(n);
     for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(seed + i * 7);
     Payload p = Payload::Copy(bytes.data(), n);
-    if (owner) p = Payload::Borrow(p.data, p.size, std::make_shared<std::pair<
-                                       std::shared_ptr<const void>, std::shared_ptr<const void>>>(
-                                       p.owner, owner));
+    if (owner)
+      p = Payload::Borrow(
+          p.data, p.size,
+          std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>>(
+              p.owner, owner));
     m.payloads.push_back(p);
   }
   return m;
@@ -105,13 +107,14 @@ TEST(SameHostTransportTest, MessagesOfEverySizeArriveWholeAndInOrderBesideTheInn
   for (size_t i = 0; i < shapes.size(); ++i) {
     ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b),
                           WithPayloads(shapes[i], static_cast<uint8_t>(i), owner),
-                          Deadline::AfterMs(1000)).ok());
+                          Deadline::AfterMs(1000))
+                    .ok());
   }
   // A message through the inner transport from a third peer.
   auto c = p.net.NewTransport("worker-c");
   ConnId c_to_b = *c->Connect("inproc://b");
-  ASSERT_TRUE(c->Send(Route::Connection(c_to_b), WithPayloads({10}, 200),
-                      Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(
+      c->Send(Route::Connection(c_to_b), WithPayloads({10}, 200), Deadline::AfterMs(1000)).ok());
   bool saw_c = false;
   size_t next = 0;
   while (next < shapes.size() || !saw_c) {
@@ -140,8 +143,9 @@ TEST(SameHostTransportTest, SendsNeverWaitForAReaderThatHasNotReadYet) {
   // Far more than the link holds, before the reader reads anything.
   for (int i = 0; i < 64; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({8192}, 1),
-                          Deadline::AfterMs(1000)).ok());
+    ASSERT_TRUE(
+        p.a->Send(Route::Connection(p.a_to_b), WithPayloads({8192}, 1), Deadline::AfterMs(1000))
+            .ok());
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
   }
   for (int i = 0; i < 64; ++i) {
@@ -160,7 +164,8 @@ TEST(SameHostTransportTest, HeldPayloadsStayIntactAndTheLinkComesBack) {
     for (int i = 0; i < 3; ++i) {
       ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b),
                             WithPayloads({700, 300}, static_cast<uint8_t>(round * 3 + i)),
-                            Deadline::AfterMs(1000)).ok());
+                            Deadline::AfterMs(1000))
+                      .ok());
     }
     for (int i = 0; i < 3; ++i) {
       auto in = p.b->Receive(Deadline::AfterMs(5000));
@@ -180,8 +185,9 @@ TEST(SameHostTransportTest, APeerWithoutALinkIsHeardThroughTheInnerTransport) {
     // reader made none (the writer gives up after its open_wait).
     Pair p(4096, a_uses_shm, /*b_uses_shm=*/!a_uses_shm);
     EXPECT_EQ(p.a->sending_by_shm(), 0u);
-    ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({300}, 9),
-                          Deadline::AfterMs(1000)).ok());
+    ASSERT_TRUE(
+        p.a->Send(Route::Connection(p.a_to_b), WithPayloads({300}, 9), Deadline::AfterMs(1000))
+            .ok());
     auto in = p.b->Receive(Deadline::AfterMs(3000));
     ASSERT_TRUE(in.ok()) << in.status();
     ExpectSame(in->message, {300}, 9);
@@ -219,9 +225,11 @@ TEST(SameHostTransportTest, SeveralWritersReachOneReaderWhichAnswersEach) {
   constexpr int kEach = 20;
   for (int i = 0; i < kEach; ++i) {
     for (size_t w = 0; w < names.size(); ++w) {
-      ASSERT_TRUE(workers[w]->Send(Route::Connection(to_shard[w]),
-                                   WithPayloads({20000 + w}, static_cast<uint8_t>(i)),
-                                   Deadline::AfterMs(1000)).ok());
+      ASSERT_TRUE(workers[w]
+                      ->Send(Route::Connection(to_shard[w]),
+                             WithPayloads({20000 + w}, static_cast<uint8_t>(i)),
+                             Deadline::AfterMs(1000))
+                      .ok());
     }
   }
   std::vector<int> next(names.size(), 0);
@@ -232,8 +240,9 @@ TEST(SameHostTransportTest, SeveralWritersReachOneReaderWhichAnswersEach) {
     ASSERT_LT(w, names.size());
     ExpectSame(in->message, {20000 + w}, static_cast<uint8_t>(next[w]++));
     // The answer goes back through the worker's own link.
-    ASSERT_TRUE(shard.Send(in->from, WithPayloads({100}, static_cast<uint8_t>(w)),
-                           Deadline::AfterMs(1000)).ok());
+    ASSERT_TRUE(
+        shard.Send(in->from, WithPayloads({100}, static_cast<uint8_t>(w)), Deadline::AfterMs(1000))
+            .ok());
   }
   EXPECT_EQ(shard.receiving_by_shm(), names.size());
   EXPECT_EQ(shard.sending_by_shm(), names.size());
@@ -257,14 +266,14 @@ TEST(SameHostTransportTest, SeveralWritersReachOneReaderWhichAnswersEach) {
 TEST(SameHostTransportTest, AfterItsReaderIsGoneAPeerIsSentToThroughTheNetwork) {
   Pair p(4096);
   ASSERT_EQ(p.a->sending_by_shm(), 1u);
-  ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({50}, 1),
-                        Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(
+      p.a->Send(Route::Connection(p.a_to_b), WithPayloads({50}, 1), Deadline::AfterMs(1000)).ok());
   auto first = p.b->Receive(Deadline::AfterMs(3000));
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(p.b->receiving_by_shm(), 1u);
   p.b->Shutdown();
-  ASSERT_TRUE(p.a->Send(Route::Connection(p.a_to_b), WithPayloads({60}, 2),
-                        Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(
+      p.a->Send(Route::Connection(p.a_to_b), WithPayloads({60}, 2), Deadline::AfterMs(1000)).ok());
   EXPECT_EQ(p.a->sending_by_shm(), 0u);
   auto second = p.b_inner->Receive(Deadline::AfterMs(3000));
   ASSERT_TRUE(second.ok()) << second.status();
@@ -295,7 +304,8 @@ void ExpectBroken(const std::vector<uint8_t>& bytes, const std::string& why) {
   ASSERT_TRUE(inner->Listen("inproc://b").ok());
   auto c = net.NewTransport("worker-c");
   ASSERT_TRUE(c->Send(Route::Connection(*c->Connect("inproc://b")), WithPayloads({10}, 5),
-                      Deadline::AfterMs(1000)).ok());
+                      Deadline::AfterMs(1000))
+                  .ok());
   auto next = b.Receive(Deadline::AfterMs(3000));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->from.identity, "worker-c");

@@ -1,8 +1,8 @@
 #include "wire/shm_link.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -108,8 +108,12 @@ std::string BootId() {
 
 ShmLink::ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t map_bytes,
                  size_t capacity)
-    : name_(std::move(name)), writer_(writer), fd_(fd), shared_(shared),
-      data_(reinterpret_cast<uint8_t*>(shared) + HeaderBytes()), map_bytes_(map_bytes),
+    : name_(std::move(name)),
+      writer_(writer),
+      fd_(fd),
+      shared_(shared),
+      data_(reinterpret_cast<uint8_t*>(shared) + HeaderBytes()),
+      map_bytes_(map_bytes),
       capacity_(capacity) {}
 
 namespace {
@@ -118,7 +122,7 @@ namespace {
 // has the link open: an open file description's lock goes when its process
 // does, however it ends.
 bool LockReaderByte(int fd, int cmd) {
-  struct flock l{};
+  struct flock l {};
   l.l_type = F_WRLCK;
   l.l_whence = SEEK_SET;
   l.l_start = 0;
@@ -135,8 +139,7 @@ Status CheckOwned(const std::string& name, const struct stat& st) {
     char what[96];
     std::snprintf(what, sizeof(what), " (uid %u, mode %04o)", static_cast<unsigned>(st.st_uid),
                   static_cast<unsigned>(st.st_mode & 07777));
-    return FailedPreconditionError("shared memory " + name +
-                                   " is not this user's own link (uid " +
+    return FailedPreconditionError("shared memory " + name + " is not this user's own link (uid " +
                                    std::to_string(geteuid()) + ", mode 0600)" + what);
   }
   return OkStatus();
@@ -224,8 +227,7 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
   }
   const uint64_t cap = shared->capacity;
   std::string boot(shared->boot_id, strnlen(shared->boot_id, sizeof(shared->boot_id)));
-  if (cap < 4096 || cap > kMaxCapacity || (cap & (cap - 1)) != 0 ||
-      HeaderBytes() + cap != bytes) {
+  if (cap < 4096 || cap > kMaxCapacity || (cap & (cap - 1)) != 0 || HeaderBytes() + cap != bytes) {
     return refuse(FailedPreconditionError("shared memory " + name + " has a bad layout"));
   }
   if (boot.empty() || boot != BootId()) {
@@ -262,8 +264,7 @@ void ShmLink::Close() {
 }
 
 bool ShmLink::PeerClosed() const {
-  return broken_.load() ||
-         (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
+  return broken_.load() || (writer_ ? shared_->reader_closed : shared_->writer_closed).load() != 0;
 }
 
 void ShmLink::Break() const {
@@ -427,12 +428,13 @@ void ShmLink::WaitReadableAny(const std::vector<ShmLink*>& links, Deadline deadl
   if (!ready()) {
     const auto cap = std::chrono::milliseconds(n < links.size() ? 1 : 100);
     const auto until = std::min(deadline.at(), std::chrono::steady_clock::now() + cap);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        until.time_since_epoch()).count();
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count();
     // steady_clock is CLOCK_MONOTONIC; futex_waitv's timeout is absolute.
     timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
     if (syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(n), 0, &ts,
-                CLOCK_MONOTONIC) < 0 && errno == ENOSYS) {
+                CLOCK_MONOTONIC) < 0 &&
+        errno == ENOSYS) {
       FutexWait(&links[0]->shared_->data_seq, static_cast<uint32_t>(waiters[0].val),
                 Deadline::At(until));
     }

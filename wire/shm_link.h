@@ -114,8 +114,7 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   static constexpr size_t kDataOffset = 4096;
 
  private:
-  ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t map_bytes,
-          size_t capacity);
+  ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t map_bytes, size_t capacity);
   // Reader: returns [start, start + n) and moves the shared tail up to the
   // first region still lent out.
   void Release(uint64_t start);

@@ -63,8 +63,8 @@ void DumpAddress(std::ostream& os, const NodeAddress* a) {
     return;
   }
   os << "{role=" << static_cast<int>(a->role()) << " rank=" << a->rank()
-     << " host=" << (a->host() ? a->host()->str() : "<null>")
-     << " data_port=" << a->data_port() << " metrics_port=" << a->metrics_port() << "}";
+     << " host=" << (a->host() ? a->host()->str() : "<null>") << " data_port=" << a->data_port()
+     << " metrics_port=" << a->metrics_port() << "}";
 }
 
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : "<null>"; }
@@ -143,8 +143,7 @@ void DumpBody(std::ostream& os, const Header& h) {
       os << "bucket=" << b->bucket() << " partition=" << b->partition()
          << " dtype=" << static_cast<int>(b->dtype()) << " num_elements=" << b->num_elements()
          << " wire_bytes=" << b->wire_bytes() << " names_hash=" << b->names_hash()
-         << " round=" << b->round() << " version=" << b->version()
-         << " codec=" << Str(b->codec());
+         << " round=" << b->round() << " version=" << b->version() << " codec=" << Str(b->codec());
       break;
     }
     case Body::RingDataBody: {
@@ -210,10 +209,9 @@ Message SampleMessage(MsgType type) {
       return MakeRegister(from, Node(Role::Worker, 3), kBuildId, 4321, kProtocolVersion,
                           /*num_workers=*/4, /*num_servers=*/2);
     case MsgType::RankAssignment:
-      return MakeRankAssignment(from, 3, 4, 2,
-                                {Node(Role::Worker, 0), Node(Role::Worker, 1),
-                                 Node(Role::Server, 0)},
-                                500, 6);
+      return MakeRankAssignment(
+          from, 3, 4, 2, {Node(Role::Worker, 0), Node(Role::Worker, 1), Node(Role::Server, 0)}, 500,
+          6);
     case MsgType::Heartbeat:
       return MakeHeartbeat(from);
     case MsgType::Leave:

@@ -143,8 +143,8 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
 };
 
 TEST_P(TransportTest, RequestAndReplyOnConnectionAndInboundRoutes) {
-  ASSERT_TRUE(client_->Send(Route::Connection(conn_), MakeHeartbeat(Me()),
-                            Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      client_->Send(Route::Connection(conn_), MakeHeartbeat(Me()), Deadline::AfterMs(5000)).ok());
   Incoming request = MustReceive(*server_);
   EXPECT_EQ(request.from.kind, Route::Kind::kInbound);
   EXPECT_EQ(request.from.identity, client_->identity());
@@ -185,8 +185,8 @@ TEST_P(TransportTest, PayloadBytesArriveIntact) {
   fields.dtype = DType::U8;
   fields.num_elements = total;
   Message msg = MakeData(Me(), MsgType::Push, fields, std::move(payloads), 1, 2);
-  ASSERT_TRUE(client_->Send(Route::Connection(conn_), std::move(msg),
-                            Deadline::AfterMs(10000)).ok());
+  ASSERT_TRUE(
+      client_->Send(Route::Connection(conn_), std::move(msg), Deadline::AfterMs(10000)).ok());
   Incoming in = MustReceive(*server_);
   ASSERT_EQ(in.message.payloads.size(), sizes.size());
   for (size_t f = 0; f < sizes.size(); ++f) {
@@ -213,8 +213,8 @@ TEST_P(TransportTest, PayloadBytesArriveIntact) {
 TEST_P(TransportTest, MessagesOnOneRouteArriveInOrder) {
   constexpr uint64_t kCount = 1000;
   for (uint64_t i = 0; i < kCount; ++i) {
-    ASSERT_TRUE(client_->Send(Route::Connection(conn_), Numbered(i),
-                              Deadline::AfterMs(10000)).ok());
+    ASSERT_TRUE(
+        client_->Send(Route::Connection(conn_), Numbered(i), Deadline::AfterMs(10000)).ok());
   }
   Route back;
   for (uint64_t i = 0; i < kCount; ++i) {
@@ -247,8 +247,7 @@ TEST_P(TransportTest, ReceiveGivesUpAtItsDeadline) {
 
 TEST_P(TransportTest, SendToUnknownInboundIdentityFailsAtOnce) {
   const auto start = Clock::now();
-  Status s = server_->Send(Route::Inbound("nobody"), MakeHeartbeat(Me()),
-                           Deadline::AfterMs(10000));
+  Status s = server_->Send(Route::Inbound("nobody"), MakeHeartbeat(Me()), Deadline::AfterMs(10000));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("nobody"));
   EXPECT_LT(MillisSince(start), 1000);
@@ -275,9 +274,10 @@ TEST_P(TransportTest, ShutdownUnblocksReceive) {
   EXPECT_EQ(got.code(), StatusCode::kCancelled) << got;
   // Later calls are cancelled too, and Shutdown is idempotent.
   EXPECT_EQ(server_->Receive(Deadline::AfterMs(10)).status().code(), StatusCode::kCancelled);
-  EXPECT_EQ(server_->Send(Route::Inbound(client_->identity()), MakeHeartbeat(Me()),
-                          Deadline::AfterMs(10)).code(),
-            StatusCode::kCancelled);
+  EXPECT_EQ(
+      server_->Send(Route::Inbound(client_->identity()), MakeHeartbeat(Me()), Deadline::AfterMs(10))
+          .code(),
+      StatusCode::kCancelled);
   server_->Shutdown();
 }
 
@@ -295,8 +295,7 @@ TEST_P(TransportTest, ProbeFindsListenerAndNamesAnUnreachableEndpoint) {
 INSTANTIATE_TEST_SUITE_P(
     Transports, TransportTest,
     ::testing::Values(Kind{"Zmq", [] { return std::unique_ptr<Factory>(new ZmqFactory); }},
-                      Kind{"InProc",
-                           [] { return std::unique_ptr<Factory>(new InProcFactory); }}),
+                      Kind{"InProc", [] { return std::unique_ptr<Factory>(new InProcFactory); }}),
     [](const ::testing::TestParamInfo<Kind>& info) { return info.param.name; });
 
 // ZeroMQ only: sending zero-copy hands the payload owners to ZeroMQ, which
@@ -316,11 +315,11 @@ TEST(ZmqTransportTest, ZeroCopyPayloadOwnersAreReleasedAfterSending) {
   DataFields f;
   f.dtype = DType::U8;
   f.num_elements = owner->size();
-  Message msg = MakeData(Me(), MsgType::Push, f,
-                         {Payload::Borrow(owner->data(), owner->size(), owner)});
+  Message msg =
+      MakeData(Me(), MsgType::Push, f, {Payload::Borrow(owner->data(), owner->size(), owner)});
   EXPECT_EQ(owner.use_count(), 2);
-  ASSERT_TRUE(client->Send(Route::Connection(*conn), std::move(msg),
-                           Deadline::AfterMs(10000)).ok());
+  ASSERT_TRUE(
+      client->Send(Route::Connection(*conn), std::move(msg), Deadline::AfterMs(10000)).ok());
   auto in = server->Receive(Deadline::AfterMs(10000));
   ASSERT_TRUE(in.ok()) << in.status();
   ASSERT_EQ(in->message.payloads.size(), 1u);
@@ -344,8 +343,7 @@ TEST(ZmqTransportTest, PeerThatReconnectsUnderItsIdentityGetsReplies) {
     auto peer = factory.New("worker-7");
     auto conn = peer->Connect(*bound);
     ASSERT_TRUE(conn.ok());
-    ASSERT_TRUE(peer->Send(Route::Connection(*conn), Numbered(life),
-                           Deadline::AfterMs(5000)).ok());
+    ASSERT_TRUE(peer->Send(Route::Connection(*conn), Numbered(life), Deadline::AfterMs(5000)).ok());
     auto in = server->Receive(Deadline::AfterMs(10000));
     ASSERT_TRUE(in.ok()) << in.status();
     EXPECT_EQ(in->from.identity, "worker-7");
@@ -457,8 +455,8 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
   // The stuck peer's sends are now waiting; another peer's go through.
   const auto start = Clock::now();
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(p.sender->Send(Route::Connection(*p.to_reader), Numbered(i),
-                               Deadline::AfterMs(2000)).ok());
+    ASSERT_TRUE(
+        p.sender->Send(Route::Connection(*p.to_reader), Numbered(i), Deadline::AfterMs(2000)).ok());
     ASSERT_TRUE(p.reader->Receive(Deadline::AfterMs(2000)).ok());
   }
   EXPECT_LT(MillisSince(start), 2000);
@@ -497,13 +495,12 @@ TEST(ZmqTransportTest, PostNeverWaitsAndReportsTheOutcomeLater) {
   }
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(outcomes.size(), 16u) << "every post reports once";
-  EXPECT_EQ(std::count_if(outcomes.begin(), outcomes.end(),
-                          [](const Status& s) { return s.code() == StatusCode::kDeadlineExceeded; }),
-            std::count_if(outcomes.begin(), outcomes.end(),
-                          [](const Status& s) { return !s.ok(); }));
-  EXPECT_GT(std::count_if(outcomes.begin(), outcomes.end(),
-                          [](const Status& s) { return !s.ok(); }),
-            0)
+  EXPECT_EQ(
+      std::count_if(outcomes.begin(), outcomes.end(),
+                    [](const Status& s) { return s.code() == StatusCode::kDeadlineExceeded; }),
+      std::count_if(outcomes.begin(), outcomes.end(), [](const Status& s) { return !s.ok(); }));
+  EXPECT_GT(
+      std::count_if(outcomes.begin(), outcomes.end(), [](const Status& s) { return !s.ok(); }), 0)
       << "a peer that never reads took 128 MiB";
   EXPECT_TRUE(delivered.load());
 }

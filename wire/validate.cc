@@ -34,14 +34,18 @@ bool StringOk(const flatbuffers::String* s, const Limits& limits) {
 Verdict CheckLayout(const LayoutBody& b, const Limits& limits, MsgType t) {
   const uint64_t n = b.tensors() ? b.tensors()->size() : 0;
   if (b.first() > b.total() || n > b.total() - b.first() || (n == 0 && b.total() != 0)) {
-    return Reject(ErrorCode::Malformed, "layout piece of " + std::to_string(n) +
-                  " tensors from #" + std::to_string(b.first()) + " does not fit a layout of " +
-                  std::to_string(b.total()), t);
+    return Reject(ErrorCode::Malformed,
+                  "layout piece of " + std::to_string(n) + " tensors from #" +
+                      std::to_string(b.first()) + " does not fit a layout of " +
+                      std::to_string(b.total()),
+                  t);
   }
   if (b.tensors() == nullptr) return Verdict();
   if (b.tensors()->size() > limits.max_tensors) {
-    return Reject(ErrorCode::Oversized, "layout lists " + std::to_string(b.tensors()->size()) +
-                  " tensors, at most " + std::to_string(limits.max_tensors) + " allowed", t);
+    return Reject(ErrorCode::Oversized,
+                  "layout lists " + std::to_string(b.tensors()->size()) + " tensors, at most " +
+                      std::to_string(limits.max_tensors) + " allowed",
+                  t);
   }
   for (const TensorSpec* spec : *b.tensors()) {
     if (spec == nullptr || spec->name() == nullptr) {
@@ -51,8 +55,8 @@ Verdict CheckLayout(const LayoutBody& b, const Limits& limits, MsgType t) {
       return Reject(ErrorCode::Oversized, "tensor name too long", t);
     }
     if (!InRange(spec->dtype())) {
-      return Reject(ErrorCode::BadEnum, "dtype of tensor '" + spec->name()->str() +
-                    "' is out of range", t);
+      return Reject(ErrorCode::BadEnum,
+                    "dtype of tensor '" + spec->name()->str() + "' is out of range", t);
     }
   }
   return Verdict();
@@ -74,18 +78,19 @@ Verdict CheckAddress(const NodeAddress* a, const Limits& limits, MsgType t) {
 Verdict CheckBody(const Header& h, const Limits& limits) {
   const MsgType t = h.type();
   auto bad_enum = [t](const std::string& field) {
-    return Reject(ErrorCode::BadEnum, std::string(MsgTypeName(t)) + "." + field +
-                                          " is out of range", t);
+    return Reject(ErrorCode::BadEnum,
+                  std::string(MsgTypeName(t)) + "." + field + " is out of range", t);
   };
   auto too_long = [t]() {
-    return Reject(ErrorCode::Oversized, std::string(MsgTypeName(t)) +
-                                            " has a string longer than allowed", t);
+    return Reject(ErrorCode::Oversized,
+                  std::string(MsgTypeName(t)) + " has a string longer than allowed", t);
   };
   switch (h.body_type()) {
     case Body::RegisterBody: {
       const auto* b = h.body_as_RegisterBody();
       if (!InRange(b->role()) || b->role() == Role::Scheduler) return bad_enum("role");
-      if (b->requested_rank() < -1) return Reject(ErrorCode::BadSender, "negative requested rank", t);
+      if (b->requested_rank() < -1)
+        return Reject(ErrorCode::BadSender, "negative requested rank", t);
       if (!StringOk(b->host(), limits) || !StringOk(b->build_id(), limits) ||
           !StringOk(b->identity(), limits) || !StringOk(b->boot_id(), limits) ||
           !StringOk(b->public_key(), limits)) {
@@ -96,8 +101,8 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
     case Body::RankAssignmentBody: {
       const auto* b = h.body_as_RankAssignmentBody();
       if (b->peers() && b->peers()->size() > limits.max_peers) {
-        return Reject(ErrorCode::Oversized, "peer list of " +
-                      std::to_string(b->peers()->size()) + " entries", t);
+        return Reject(ErrorCode::Oversized,
+                      "peer list of " + std::to_string(b->peers()->size()) + " entries", t);
       }
       if (b->peers()) {
         for (const NodeAddress* a : *b->peers()) {
@@ -126,7 +131,8 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       break;
     case Body::ReachReportBody: {
       const auto* rs = h.body_as_ReachReportBody()->results();
-      if (rs && rs->size() > limits.max_peers) return Reject(ErrorCode::Oversized, "reach report too long", t);
+      if (rs && rs->size() > limits.max_peers)
+        return Reject(ErrorCode::Oversized, "reach report too long", t);
       if (rs) {
         for (const ReachResult* r : *rs) {
           Verdict bad = CheckAddress(r->peer(), limits, t);
@@ -145,8 +151,10 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       size_t n = id ? id->size() : 0;
       size_t want = t == MsgType::NcclIdRequest ? 0 : kNcclIdBytes;
       if (n != want) {
-        return Reject(ErrorCode::SizeMismatch, std::string(MsgTypeName(t)) + " carries " +
-                      std::to_string(n) + " id bytes, expected " + std::to_string(want), t);
+        return Reject(ErrorCode::SizeMismatch,
+                      std::string(MsgTypeName(t)) + " carries " + std::to_string(n) +
+                          " id bytes, expected " + std::to_string(want),
+                      t);
       }
       break;
     }
@@ -174,13 +182,13 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
 // `bytes` (the payload frames' total) against the `wire_bytes` a header
 // states and, for uncompressed data (`elements` set), against `elements` of
 // `dtype`.
-Verdict CheckSizes(const std::string& name, uint64_t wire_bytes,
-                   std::optional<uint64_t> elements, DType dtype, uint64_t bytes,
-                   const Limits& limits, MsgType t) {
+Verdict CheckSizes(const std::string& name, uint64_t wire_bytes, std::optional<uint64_t> elements,
+                   DType dtype, uint64_t bytes, const Limits& limits, MsgType t) {
   if (wire_bytes != bytes) {
-    return Reject(ErrorCode::SizeMismatch, name + " says wire_bytes=" +
-                  std::to_string(wire_bytes) + " but its payload frames hold " +
-                  std::to_string(bytes) + " bytes", t);
+    return Reject(ErrorCode::SizeMismatch,
+                  name + " says wire_bytes=" + std::to_string(wire_bytes) +
+                      " but its payload frames hold " + std::to_string(bytes) + " bytes",
+                  t);
   }
   if (!elements) return Verdict();
   // wire::DType and gradsync::DType share their values (common/dtype.h).
@@ -190,9 +198,10 @@ Verdict CheckSizes(const std::string& name, uint64_t wire_bytes,
     // Past the limit the product may wrap: do not print it.
     const std::string needs = too_many ? "more than " + std::to_string(limits.max_payload_bytes)
                                        : std::to_string(*elements * size);
-    return Reject(ErrorCode::SizeMismatch, name + " of " + std::to_string(*elements) + " " +
-                  EnumNameDType(dtype) + " elements needs " + needs + " bytes, payload holds " +
-                  std::to_string(bytes), t);
+    return Reject(ErrorCode::SizeMismatch,
+                  name + " of " + std::to_string(*elements) + " " + EnumNameDType(dtype) +
+                      " elements needs " + needs + " bytes, payload holds " + std::to_string(bytes),
+                  t);
   }
   return Verdict();
 }
@@ -204,19 +213,23 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
   const size_t frames = msg.payloads.size();
   const uint64_t bytes = msg.PayloadBytes();
   if (frames > limits.max_payload_frames) {
-    return Reject(ErrorCode::Oversized, name + " has " + std::to_string(frames) +
-                  " payload frames, at most " + std::to_string(limits.max_payload_frames) +
-                  " allowed", t);
+    return Reject(ErrorCode::Oversized,
+                  name + " has " + std::to_string(frames) + " payload frames, at most " +
+                      std::to_string(limits.max_payload_frames) + " allowed",
+                  t);
   }
   if (bytes > limits.max_payload_bytes) {
-    return Reject(ErrorCode::Oversized, name + " payload of " + std::to_string(bytes) +
-                  " bytes exceeds the limit of " + std::to_string(limits.max_payload_bytes), t);
+    return Reject(ErrorCode::Oversized,
+                  name + " payload of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                      std::to_string(limits.max_payload_bytes),
+                  t);
   }
   const bool carries = t == MsgType::Push || t == MsgType::Reply || t == MsgType::RingData;
   if (!carries) {
     if (frames != 0) {
-      return Reject(ErrorCode::SizeMismatch, name + " carries " + std::to_string(frames) +
-                    " payload frame(s), expected none", t);
+      return Reject(
+          ErrorCode::SizeMismatch,
+          name + " carries " + std::to_string(frames) + " payload frame(s), expected none", t);
     }
     return Verdict();
   }
@@ -228,8 +241,8 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
   // What a codec writes its decoder checks (compression/wire_codec.h).
   const bool compressed = d->codec() != nullptr && d->codec()->size() > 0;
   return CheckSizes(name, d->wire_bytes(),
-                    compressed ? std::nullopt : std::optional(d->num_elements()), d->dtype(),
-                    bytes, limits, t);
+                    compressed ? std::nullopt : std::optional(d->num_elements()), d->dtype(), bytes,
+                    limits, t);
 }
 
 // The type and protocol version of a header frame, read alone: their slots
@@ -271,48 +284,54 @@ Verdict Validate(const Message& msg, const Policy& policy) {
   if (size == 0) return Reject(ErrorCode::Malformed, "empty header frame");
   if (size > limits.max_header_bytes) {
     return Reject(ErrorCode::Oversized, "header frame of " + std::to_string(size) +
-                  " bytes exceeds the limit of " + std::to_string(limits.max_header_bytes));
+                                            " bytes exceeds the limit of " +
+                                            std::to_string(limits.max_header_bytes));
   }
   const std::optional<Preamble> preamble = PeekPreamble(msg.header.data(), size);
   if (preamble && preamble->protocol_version != kProtocolVersion) {
-    return Reject(ErrorCode::WrongVersion, "peer speaks protocol version " +
-                  std::to_string(preamble->protocol_version) + ", this node speaks " +
-                  std::to_string(kProtocolVersion),
+    return Reject(ErrorCode::WrongVersion,
+                  "peer speaks protocol version " + std::to_string(preamble->protocol_version) +
+                      ", this node speaks " + std::to_string(kProtocolVersion),
                   InRange(preamble->type) ? std::optional(preamble->type) : std::nullopt);
   }
-  flatbuffers::Verifier verifier(msg.header.data(), size, /*max_depth=*/8,
-                                 /*max_tables=*/std::max(limits.max_peers * 2, limits.max_tensors) + 64);
+  flatbuffers::Verifier verifier(
+      msg.header.data(), size, /*max_depth=*/8,
+      /*max_tables=*/std::max(limits.max_peers * 2, limits.max_tensors) + 64);
   if (!VerifyHeaderBuffer(verifier)) {
     return Reject(ErrorCode::Malformed, "header frame of " + std::to_string(size) +
-                  " bytes is not a valid gradsync header");
+                                            " bytes is not a valid gradsync header");
   }
   const Header* h = GetHeader(msg.header.data());
   if (!InRange(h->type())) {
-    return Reject(ErrorCode::BadEnum, "message type " +
-                  std::to_string(static_cast<int>(h->type())) + " is out of range");
+    return Reject(
+        ErrorCode::BadEnum,
+        "message type " + std::to_string(static_cast<int>(h->type())) + " is out of range");
   }
   const MsgType t = h->type();
   if (h->body() == nullptr || h->body_type() != ExpectedBody(t)) {
-    return Reject(ErrorCode::WrongType, std::string(MsgTypeName(t)) + " must carry a " +
-                  EnumNameBody(ExpectedBody(t)) + ", found " +
-                  (InRange(h->body_type()) ? EnumNameBody(h->body_type()) : "an unknown body"), t);
+    return Reject(ErrorCode::WrongType,
+                  std::string(MsgTypeName(t)) + " must carry a " + EnumNameBody(ExpectedBody(t)) +
+                      ", found " +
+                      (InRange(h->body_type()) ? EnumNameBody(h->body_type()) : "an unknown body"),
+                  t);
   }
   if (!policy.accepted.test(static_cast<size_t>(t))) {
-    return Reject(ErrorCode::WrongType, std::string(MsgTypeName(t)) +
-                  " is not accepted by this endpoint", t);
+    return Reject(ErrorCode::WrongType,
+                  std::string(MsgTypeName(t)) + " is not accepted by this endpoint", t);
   }
-  if (!InRange(h->sender_role())) return Reject(ErrorCode::BadEnum, "sender_role is out of range", t);
+  if (!InRange(h->sender_role()))
+    return Reject(ErrorCode::BadEnum, "sender_role is out of range", t);
   if (h->sender_rank() < -1 || h->sender_rank() >= static_cast<int32_t>(limits.max_peers)) {
-    return Reject(ErrorCode::BadSender, "sender rank " + std::to_string(h->sender_rank()) +
-                  " is impossible", t);
+    return Reject(ErrorCode::BadSender,
+                  "sender rank " + std::to_string(h->sender_rank()) + " is impossible", t);
   }
   // Registrations, and heartbeats sent while waiting for the assignment,
   // carry job id 0.
   const bool before_job = t == MsgType::Register || (t == MsgType::Heartbeat && h->job_id() == 0);
   if (policy.job_id != 0 && !before_job && h->job_id() != policy.job_id) {
     // This job's id is not named: the sender may not be a member.
-    return Reject(ErrorCode::WrongJob, "message of job " + std::to_string(h->job_id()) +
-                  ", not of this job", t);
+    return Reject(ErrorCode::WrongJob,
+                  "message of job " + std::to_string(h->job_id()) + ", not of this job", t);
   }
   Verdict body = CheckBody(*h, limits);
   if (body.code != ErrorCode::Unknown) return body;

@@ -27,9 +27,9 @@ struct Limits {
   size_t max_header_bytes = 64 * 1024;
   uint64_t max_payload_bytes = uint64_t{1} << 30;  // per message
   size_t max_payload_frames = 64;
-  uint32_t max_peers = 4096;           // entries in a peer list or report
-  uint32_t max_string_bytes = 4096;    // hosts, reasons, messages
-  uint32_t max_tensors = 16384;        // entries in a Layout
+  uint32_t max_peers = 4096;         // entries in a peer list or report
+  uint32_t max_string_bytes = 4096;  // hosts, reasons, messages
+  uint32_t max_tensors = 16384;      // entries in a Layout
 };
 
 struct Policy {
@@ -44,7 +44,7 @@ struct Verdict {
   const Header* header = nullptr;  // points into the message; set iff ok
   ErrorCode code = ErrorCode::Unknown;
   std::string detail;
-  MsgType type = MsgType::Error;   // the message's type, if type_known
+  MsgType type = MsgType::Error;  // the message's type, if type_known
   bool type_known = false;
 
   bool ok() const { return header != nullptr; }

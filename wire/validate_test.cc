@@ -160,8 +160,8 @@ TEST(ValidateTest, OversizedHeader) {
   Message small = MakeHeartbeat(TestSender());
   ASSERT_GT(small.header.size(), 32u);
   Verdict v = Validate(small, tight);
-  ExpectRejected(v, ErrorCode::Oversized, "header frame of " +
-                                              std::to_string(small.header.size()) + " bytes");
+  ExpectRejected(v, ErrorCode::Oversized,
+                 "header frame of " + std::to_string(small.header.size()) + " bytes");
 }
 
 TEST(ValidateTest, OversizedPayload) {
@@ -175,11 +175,9 @@ TEST(ValidateTest, OversizedPayload) {
 }
 
 TEST(ValidateTest, TooManyPayloadFrames) {
-  Message msg = DataMessage(MsgType::Push, DType::U8, 65, "",
-                            std::vector<size_t>(65, 1));
+  Message msg = DataMessage(MsgType::Push, DType::U8, 65, "", std::vector<size_t>(65, 1));
   ExpectRejected(Check(msg), ErrorCode::Oversized, "has 65 payload frames, at most 64");
-  Message ok = DataMessage(MsgType::Push, DType::U8, 64, "",
-                           std::vector<size_t>(64, 1));
+  Message ok = DataMessage(MsgType::Push, DType::U8, 64, "", std::vector<size_t>(64, 1));
   EXPECT_TRUE(Check(ok).ok()) << Check(ok).detail;
 }
 
@@ -199,8 +197,8 @@ TEST(ValidateTest, StringsListsAndHostsLongerThanAllowed) {
                  "NodeDead has a string");
   ExpectRejected(Check(MakeRankAssignment(TestSender(), 0, 1, 0, {far}, 100, 3)),
                  ErrorCode::Oversized, "peer host too long");
-  ExpectRejected(Check(MakeReachReport(TestSender(), {{far, true, ""}})),
-                 ErrorCode::Oversized, "peer host too long");
+  ExpectRejected(Check(MakeReachReport(TestSender(), {{far, true, ""}})), ErrorCode::Oversized,
+                 "peer host too long");
   ExpectRejected(Check(MakeReachReport(TestSender(), {{NodeInfo(), false, long_text}})),
                  ErrorCode::Oversized, "ReachReport has a string");
 
@@ -225,8 +223,7 @@ TEST(ValidateTest, LayoutPiecesThatDoNotFitTheirTotal) {
                  "layout piece of 2 tensors from #4 does not fit a layout of 5");
   ExpectRejected(Check(MakeLayout(TestSender(), two, 0, 1)), ErrorCode::Malformed,
                  "does not fit a layout of 1");
-  ExpectRejected(Check(MakeLayout(TestSender(), {}, 6, 5)), ErrorCode::Malformed,
-                 "does not fit");
+  ExpectRejected(Check(MakeLayout(TestSender(), {}, 6, 5)), ErrorCode::Malformed, "does not fit");
   ExpectRejected(Check(MakeLayout(TestSender(), two, ~uint64_t{0}, 1)), ErrorCode::Malformed,
                  "does not fit");
   // An empty piece of a layout that has tensors: a receiver would wait on
@@ -267,9 +264,9 @@ TEST(ValidateTest, APeerOfVersionTwoIsToldBothVersions) {
   const float values[6] = {};
   msg.payloads.push_back(Payload::Copy(values, sizeof(values)));
   Verdict v = Check(msg);
-  ExpectRejected(v, ErrorCode::WrongVersion,
-                 "peer speaks protocol version 2, this node speaks " +
-                     std::to_string(kProtocolVersion));
+  ExpectRejected(
+      v, ErrorCode::WrongVersion,
+      "peer speaks protocol version 2, this node speaks " + std::to_string(kProtocolVersion));
   EXPECT_TRUE(v.type_known);
   EXPECT_EQ(v.type, MsgType::RingData);
 }
@@ -283,9 +280,8 @@ TEST(ValidateTest, EveryRefusalButAnErrorIsAnswered) {
 
   Spec spec;
   spec.type = static_cast<MsgType>(99);
-  Verdict unknown = Check(HandBuilt(spec, [](FlatBufferBuilder& fbb) {
-    return CreateHeartbeatBody(fbb).Union();
-  }));
+  Verdict unknown = Check(
+      HandBuilt(spec, [](FlatBufferBuilder& fbb) { return CreateHeartbeatBody(fbb).Union(); }));
   EXPECT_FALSE(unknown.type_known);
   EXPECT_TRUE(unknown.ShouldAnswer());
 
@@ -322,10 +318,10 @@ TEST(ValidateTest, BodyThatDoesNotMatchItsType) {
   Spec spec;
   spec.type = MsgType::Push;
   spec.body_type = Body::HeartbeatBody;
-  Message msg = HandBuilt(spec, [](FlatBufferBuilder& fbb) {
-    return CreateHeartbeatBody(fbb).Union();
-  });
-  ExpectRejected(Check(msg), ErrorCode::WrongType, "Push must carry a DataBody, found HeartbeatBody");
+  Message msg =
+      HandBuilt(spec, [](FlatBufferBuilder& fbb) { return CreateHeartbeatBody(fbb).Union(); });
+  ExpectRejected(Check(msg), ErrorCode::WrongType,
+                 "Push must carry a DataBody, found HeartbeatBody");
 
   spec.type = MsgType::Heartbeat;
   spec.body_type = Body::NONE;
@@ -333,27 +329,24 @@ TEST(ValidateTest, BodyThatDoesNotMatchItsType) {
                  "Heartbeat must carry a HeartbeatBody");
 
   spec.body_type = static_cast<Body>(99);  // unknown union member
-  Message unknown = HandBuilt(spec, [](FlatBufferBuilder& fbb) {
-    return CreateHeartbeatBody(fbb).Union();
-  });
+  Message unknown =
+      HandBuilt(spec, [](FlatBufferBuilder& fbb) { return CreateHeartbeatBody(fbb).Union(); });
   ExpectRejected(Check(unknown), ErrorCode::WrongType, "found an unknown body");
 }
 
 TEST(ValidateTest, MessageTypeOutOfRange) {
   Spec spec;
   spec.type = static_cast<MsgType>(99);
-  Message msg = HandBuilt(spec, [](FlatBufferBuilder& fbb) {
-    return CreateHeartbeatBody(fbb).Union();
-  });
+  Message msg =
+      HandBuilt(spec, [](FlatBufferBuilder& fbb) { return CreateHeartbeatBody(fbb).Union(); });
   ExpectRejected(Check(msg), ErrorCode::BadEnum, "message type 99 is out of range");
 }
 
 TEST(ValidateTest, SenderRoleOutOfRange) {
   Spec spec;
   spec.sender_role = static_cast<Role>(7);
-  Message msg = HandBuilt(spec, [](FlatBufferBuilder& fbb) {
-    return CreateHeartbeatBody(fbb).Union();
-  });
+  Message msg =
+      HandBuilt(spec, [](FlatBufferBuilder& fbb) { return CreateHeartbeatBody(fbb).Union(); });
   ExpectRejected(Check(msg), ErrorCode::BadEnum, "sender_role");
 }
 
@@ -475,13 +468,11 @@ TEST(ValidateTest, PayloadThatDisagreesWithDtypeAndCount) {
   ExpectRejected(Check(msg), ErrorCode::SizeMismatch,
                  "Push of 10 F32 elements needs 40 bytes, payload holds 39");
   EXPECT_TRUE(Check(DataMessage(MsgType::Push, DType::F32, 10, "", {40})).ok());
-  EXPECT_TRUE(
-      Check(DataMessage(MsgType::Reply, DType::F16, 10, "", {8, 12})).ok());
+  EXPECT_TRUE(Check(DataMessage(MsgType::Reply, DType::F16, 10, "", {8, 12})).ok());
   ExpectRejected(Check(DataMessage(MsgType::Reply, DType::BF16, 3, "", {4})),
                  ErrorCode::SizeMismatch, "Reply of 3 BF16 elements needs 6 bytes");
   // A count whose byte size overflows 64 bits is refused, not wrapped.
-  ExpectRejected(Check(DataMessage(MsgType::Push, DType::F32, (uint64_t{1} << 62) + 1,
-                                   "", {4})),
+  ExpectRejected(Check(DataMessage(MsgType::Push, DType::F32, (uint64_t{1} << 62) + 1, "", {4})),
                  ErrorCode::SizeMismatch, "F32 elements needs more than 1073741824 bytes");
   // Compressed payloads are sized by the compressor: only wire_bytes binds.
   EXPECT_TRUE(Check(DataMessage(MsgType::Push, DType::F32, 1000, "topk:ratio=0.01", {77})).ok());
@@ -493,8 +484,7 @@ TEST(ValidateTest, CodecIsBounded) {
   f.codec = "fp16";
   EXPECT_TRUE(Check(MakeData(TestSender(), MsgType::Pull, f, {})).ok());
   f.codec = std::string(5000, 'x');
-  ExpectRejected(Check(MakeData(TestSender(), MsgType::Pull, f, {})), ErrorCode::Oversized,
-                 "");
+  ExpectRejected(Check(MakeData(TestSender(), MsgType::Pull, f, {})), ErrorCode::Oversized, "");
 }
 
 TEST(ValidateTest, RingDataPayloadMustHoldItsElements) {
@@ -518,7 +508,8 @@ TEST(ValidateTest, WireBytesThatDisagreeWithFrames) {
                  "Push says wire_bytes=40 but its payload frames hold 41 bytes");
   Message none = DataMessage(MsgType::Reply, DType::U8, 40, "sign", {40});
   none.payloads.clear();
-  ExpectRejected(Check(none), ErrorCode::SizeMismatch, "wire_bytes=40 but its payload frames hold 0");
+  ExpectRejected(Check(none), ErrorCode::SizeMismatch,
+                 "wire_bytes=40 but its payload frames hold 0");
 }
 
 TEST(ValidateTest, PayloadOnAMessageThatCarriesNone) {
@@ -537,13 +528,13 @@ TEST(ValidateTest, NcclIdOfTheWrongLength) {
   const std::vector<uint8_t> short_id(kNcclIdBytes - 1, 1);
   ExpectRejected(Check(MakeNcclId(TestSender(), MsgType::NcclId, short_id)),
                  ErrorCode::SizeMismatch, "NcclId carries 127 id bytes, expected 128");
-  ExpectRejected(Check(MakeNcclId(TestSender(), MsgType::NcclIdOffer, {})),
-                 ErrorCode::SizeMismatch, "NcclIdOffer carries 0 id bytes, expected 128");
+  ExpectRejected(Check(MakeNcclId(TestSender(), MsgType::NcclIdOffer, {})), ErrorCode::SizeMismatch,
+                 "NcclIdOffer carries 0 id bytes, expected 128");
   ExpectRejected(Check(MakeNcclId(TestSender(), MsgType::NcclIdRequest, {1, 2, 3})),
                  ErrorCode::SizeMismatch, "NcclIdRequest carries 3 id bytes, expected 0");
   const std::vector<uint8_t> long_id(kNcclIdBytes + 1, 1);
-  ExpectRejected(Check(MakeNcclId(TestSender(), MsgType::NcclId, long_id)),
-                 ErrorCode::SizeMismatch, "129 id bytes");
+  ExpectRejected(Check(MakeNcclId(TestSender(), MsgType::NcclId, long_id)), ErrorCode::SizeMismatch,
+                 "129 id bytes");
 }
 
 }  // namespace

@@ -88,7 +88,8 @@ StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
     zmq::context_t& context, const std::string& admitted_z85,
     std::function<void(const Status&)> on_failure) {
   std::array<uint8_t, 32> admitted;
-  if (admitted_z85.size() != 40 || zmq_z85_decode(admitted.data(), admitted_z85.c_str()) == nullptr) {
+  if (admitted_z85.size() != 40 ||
+      zmq_z85_decode(admitted.data(), admitted_z85.c_str()) == nullptr) {
     return InvalidArgumentError("the admitted CURVE key is not 40 Z85 characters");
   }
   Admit admit = [admitted](const uint8_t* key) -> std::optional<std::string> {
@@ -109,9 +110,8 @@ StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
     zmq::socket_t socket(context, zmq::socket_type::router);
     socket.set(zmq::sockopt::linger, 0);
     socket.bind("inproc://zeromq.zap.01");
-    h->thread_ = std::thread([raw = h.get(), s = std::move(socket)]() mutable {
-      raw->Serve(std::move(s));
-    });
+    h->thread_ =
+        std::thread([raw = h.get(), s = std::move(socket)]() mutable { raw->Serve(std::move(s)); });
   } catch (const zmq::error_t& e) {
     return UnavailableError(std::string("cannot start the ZAP handler: ") + e.what());
   }
@@ -134,9 +134,8 @@ void ZapHandler::Serve(zmq::socket_t socket) {
   if (stop_.load()) return;
   socket.close();  // from now on every CURVE socket of the context refuses everyone
   failed_.store(true);
-  const Status failure = UnavailableError(
-      std::string("the ZAP handler failed (") + error.what() +
-      "): CURVE connections are refused from now on");
+  const Status failure = UnavailableError(std::string("the ZAP handler failed (") + error.what() +
+                                          "): CURVE connections are refused from now on");
   GS_LOG(ERROR) << failure.message();
   if (on_failure_) on_failure_(failure);
 }

@@ -64,9 +64,9 @@ class ZapHandler {
   // to `hold` (a peer that has not received the plan naming it yet; libzmq
   // does not reconnect after a refusal); at most kMaxHeld are held, others
   // are refused at once.
-  static StatusOr<std::unique_ptr<ZapHandler>> Start(
-      zmq::context_t& context, Admit admit, Millis hold,
-      std::function<void(const Status&)> on_failure);
+  static StatusOr<std::unique_ptr<ZapHandler>> Start(zmq::context_t& context, Admit admit,
+                                                     Millis hold,
+                                                     std::function<void(const Status&)> on_failure);
   static constexpr size_t kMaxHeld = 256;
   ~ZapHandler();
 
@@ -78,7 +78,7 @@ class ZapHandler {
   struct Request {
     std::string routing_id;  // of the requesting socket's ZAP pipe
     std::string request_id;
-    std::string key;         // 32 bytes; empty: not a CURVE request
+    std::string key;  // 32 bytes; empty: not a CURVE request
     SteadyTime since;
   };
   // Answers what came and what is held; false when the socket failed

@@ -35,8 +35,10 @@ std::unique_ptr<ZmqTransport> Make(std::optional<CurveKey> key,
 bool Delivered(ZmqTransport& client, ZmqTransport& server, const std::string& endpoint) {
   auto conn = client.Connect(endpoint);
   if (!conn.ok()) return false;
-  if (!client.Send(Route::Connection(*conn), MakeHeartbeat(Sender{Role::Worker, 0, 1}),
-                   Deadline::AfterMs(500)).ok()) {
+  if (!client
+           .Send(Route::Connection(*conn), MakeHeartbeat(Sender{Role::Worker, 0, 1}),
+                 Deadline::AfterMs(500))
+           .ok()) {
     return false;
   }
   return server.Receive(Deadline::AfterMs(1500)).ok();
@@ -173,10 +175,11 @@ TEST(ZmqCurveTest, AReplayedRegistrationIsRefusedAndCounted) {
   NodeInfo me;
   me.host = "127.0.0.1";
   me.data_port = 5555;
-  ASSERT_TRUE(member->Send(Route::Connection(*conn),
-                           MakeRegister(Sender{Role::Worker, -1, 1}, me, "build", 42,
-                                        1, 4, 2),
-                           Deadline::AfterMs(3000)).ok());
+  ASSERT_TRUE(member
+                  ->Send(Route::Connection(*conn),
+                         MakeRegister(Sender{Role::Worker, -1, 1}, me, "build", 42, 1, 4, 2),
+                         Deadline::AfterMs(3000))
+                  .ok());
   auto first = server->Receive(Deadline::AfterMs(3000));
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_GT(relay.recorded().size(), 100u);

@@ -11,8 +11,8 @@ HandshakeRetry::HandshakeRetry(zmq::context_t& context, Millis first, Millis max
     : context_(context), first_(first), max_(std::max(first, max)) {}
 
 Status HandshakeRetry::Watch(int64_t id, zmq::socket_t& socket, const std::string& endpoint) {
-  const std::string address = "inproc://gradsync-outgoing-handshakes-" +
-                              std::to_string(next_monitor_++);
+  const std::string address =
+      "inproc://gradsync-outgoing-handshakes-" + std::to_string(next_monitor_++);
   const int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
   if (zmq_socket_monitor(socket.handle(), address.c_str(), events) != 0) {
@@ -59,8 +59,7 @@ long HandshakeRetry::NextDueMs() const {
   const SteadyTime now = std::chrono::steady_clock::now();
   for (const auto& [id, w] : watched_) {
     if (!w.due) continue;
-    const long ms = std::max<long>(
-        0, std::chrono::duration_cast<Millis>(*w.due - now).count() + 1);
+    const long ms = std::max<long>(0, std::chrono::duration_cast<Millis>(*w.due - now).count() + 1);
     next = next < 0 ? ms : std::min(next, ms);
   }
   return next;
@@ -71,8 +70,7 @@ void HandshakeRetry::ReadEvents(Watched& w) {
   for (;;) {
     std::vector<zmq::message_t> frames;
     try {
-      if (!zmq::recv_multipart(*w.monitor, std::back_inserter(frames),
-                               zmq::recv_flags::dontwait)) {
+      if (!zmq::recv_multipart(*w.monitor, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
         return;
       }
     } catch (const zmq::error_t&) {

@@ -45,14 +45,13 @@ TEST(ZmqRetryTest, SendsToAPeerThatNeverReadsCostLinearWork) {
   for (int i = 0; i < kSends; ++i) {
     DataFields f;
     f.num_elements = block->size() / 4;
-    (*t)->Post(Route::Connection(*conn),
-               MakeData({Role::Worker, 0, 1}, MsgType::Push, f, {payload}, 0,
-                        static_cast<uint64_t>(i)),
-               deadline, [&](const Status& s) {
-                 if (s.code() == StatusCode::kDeadlineExceeded)
-                   expired.fetch_add(1);
-                 done.fetch_add(1);
-               });
+    (*t)->Post(
+        Route::Connection(*conn),
+        MakeData({Role::Worker, 0, 1}, MsgType::Push, f, {payload}, 0, static_cast<uint64_t>(i)),
+        deadline, [&](const Status& s) {
+          if (s.code() == StatusCode::kDeadlineExceeded) expired.fetch_add(1);
+          done.fetch_add(1);
+        });
   }
   const Deadline wait = Deadline::AfterMs(120000);
   while (done.load() < kSends && !wait.Expired()) {

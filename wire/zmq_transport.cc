@@ -88,8 +88,7 @@ Status ZmqError(const std::string& what, const zmq::error_t& e) {
 
 class ZmqTransport::Impl {
  public:
-  Impl(ZmqOptions options)
-      : options_(std::move(options)), incoming_(options_.max_queued_incoming) {
+  Impl(ZmqOptions options) : options_(std::move(options)), incoming_(options_.max_queued_incoming) {
     if (options_.identity.empty()) options_.identity = RandomIdentity("node");
     if (options_.node_keys && !options_.curve) options_.curve = options_.node_keys->job();
   }
@@ -249,7 +248,7 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> impostors_{0};
   // With node keys: the routing id of each identity's latest connection.
   std::map<std::string, std::string> routing_ids_;
-  std::atomic<size_t> queued_bytes_{0};  // in incoming_
+  std::atomic<size_t> queued_bytes_{0};     // in incoming_
   std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::unique_ptr<HandshakeRetry> retry_;  // watches dealers_ to nodes (made on demand)
@@ -339,10 +338,13 @@ void ZmqTransport::Impl::RunCommands() {
 
 void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
   switch (cmd->kind) {
-    case Command::Kind::kListen: DoListen(*cmd); return;
-    case Command::Kind::kConnect: DoConnect(*cmd); return;
-    case Command::Kind::kSend:
-    {
+    case Command::Kind::kListen:
+      DoListen(*cmd);
+      return;
+    case Command::Kind::kConnect:
+      DoConnect(*cmd);
+      return;
+    case Command::Kind::kSend: {
       // Keep per-peer order: queue behind anything already waiting for it.
       auto waiting = pending_.find(RouteKey(cmd->route));
       if (waiting != pending_.end()) {
@@ -371,11 +373,12 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
       if (!zap_) {
         auto on_failure = [this](const Status&) { Wake(); };
         auto zap = options_.node_keys
-                       ? ZapHandler::Start(context_,
-                                           [keys = options_.node_keys](const uint8_t* key) {
-                                             return keys->IdentityOf(key);
-                                           },
-                                           kZapHold, on_failure)
+                       ? ZapHandler::Start(
+                             context_,
+                             [keys = options_.node_keys](const uint8_t* key) {
+                               return keys->IdentityOf(key);
+                             },
+                             kZapHold, on_failure)
                        : ZapHandler::Start(context_, options_.curve->public_z85, on_failure);
         if (!zap.ok()) {
           cmd.done.set_value({zap.status(), "", -1});
@@ -463,14 +466,13 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
     }
     for (size_t i = 0; i < m.payloads.size(); ++i) {
       bool last = i + 1 == m.payloads.size();
-      socket->send(ZeroCopyFrame(m.payloads[i]), last ? zmq::send_flags::none
-                                                      : zmq::send_flags::sndmore);
+      socket->send(ZeroCopyFrame(m.payloads[i]),
+                   last ? zmq::send_flags::none : zmq::send_flags::sndmore);
     }
     cmd.Finish({OkStatus(), "", -1});
   } catch (const zmq::error_t& e) {
-    Status s = e.num() == EHOSTUNREACH
-                   ? UnavailableError(to.ToString() + " is not connected")
-                   : ZmqError("send to " + to.ToString() + " failed", e);
+    Status s = e.num() == EHOSTUNREACH ? UnavailableError(to.ToString() + " is not connected")
+                                       : ZmqError("send to " + to.ToString() + " failed", e);
     cmd.Finish({s, "", -1});
   }
   return true;
@@ -562,8 +564,7 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
       in.message.header.assign(h, h + frames[first].size());
       for (size_t i = first + 1; i < frames.size(); ++i) {
         auto owned = std::make_shared<zmq::message_t>(std::move(frames[i]));
-        in.message.payloads.push_back(
-            Payload::Borrow(owned->data(), owned->size(), owned));
+        in.message.payloads.push_back(Payload::Borrow(owned->data(), owned->size(), owned));
       }
     }
     // The queue has room (checked above) and only this thread pushes.
@@ -589,11 +590,11 @@ std::optional<std::string> ZmqTransport::Impl::Authenticate(
   }
   impostors_.fetch_add(1);
   if (options_.on_impostor) {
-    options_.on_impostor(
-        Escaped(routing_id, 64),
-        "a message under identity " + Escaped(claimed.value_or(routing_id), 64) +
-            " (the sender's key is bound to " +
-            (bound.empty() ? std::string("no identity") : Escaped(bound, 64)) + ")");
+    options_.on_impostor(Escaped(routing_id, 64),
+                         "a message under identity " + Escaped(claimed.value_or(routing_id), 64) +
+                             " (the sender's key is bound to " +
+                             (bound.empty() ? std::string("no identity") : Escaped(bound, 64)) +
+                             ")");
   }
   return std::nullopt;
 }
@@ -751,9 +752,7 @@ void ZmqTransport::Post(const Route& to, Message message, Deadline deadline,
   impl_->Post(std::move(cmd));
 }
 
-StatusOr<Incoming> ZmqTransport::Receive(Deadline deadline) {
-  return impl_->Receive(deadline);
-}
+StatusOr<Incoming> ZmqTransport::Receive(Deadline deadline) { return impl_->Receive(deadline); }
 
 void ZmqTransport::Shutdown() { impl_->Shutdown(); }
 
@@ -767,8 +766,8 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
     dealer.set(zmq::sockopt::reconnect_ivl, 100);
     impl_->ApplyClientKeys(dealer, endpoint);
     const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
     if (zmq_socket_monitor(dealer.handle(), monitor_addr.c_str(), events) != 0) {
       return InternalError("cannot monitor probe socket");
     }
@@ -789,7 +788,8 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
       if (event == ZMQ_EVENT_CONNECT_RETRIED) ++retries;
       if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
           (impl_->curve() && event != ZMQ_EVENT_CONNECT_RETRIED)) {
-        return UnavailableError(endpoint + " refused the handshake: it does not run CURVE "
+        return UnavailableError(endpoint +
+                                " refused the handshake: it does not run CURVE "
                                 "with this job's key (security, key_file)");
       }
       if (event != ZMQ_EVENT_CONNECT_RETRIED) {
@@ -799,8 +799,10 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
   } catch (const zmq::error_t& e) {
     return ZmqError("cannot probe " + endpoint, e);
   }
-  return DeadlineExceededError("cannot reach " + endpoint + ": no connection within the "
-                               "deadline (" + std::to_string(retries) +
+  return DeadlineExceededError("cannot reach " + endpoint +
+                               ": no connection within the "
+                               "deadline (" +
+                               std::to_string(retries) +
                                " connection attempts refused or unanswered)");
 }
 

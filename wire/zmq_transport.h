@@ -62,15 +62,15 @@
 namespace gradsync::wire {
 
 struct ZmqOptions {
-  std::string identity;                        // empty: RandomIdentity("node")
+  std::string identity;  // empty: RandomIdentity("node")
   int64_t max_frame_bytes = (int64_t{1} << 30) + (64 << 10);
-  int send_hwm = 1000;                         // messages per connection
+  int send_hwm = 1000;  // messages per connection
   int recv_hwm = 1000;
   int reconnect_ivl_ms = 100;
   int reconnect_ivl_max_ms = 2000;
-  int linger_ms = 1000;                        // flush time at shutdown
-  size_t max_queued_incoming = 4096;           // messages received, not yet taken
-  size_t max_queued_incoming_bytes = size_t{256} << 20;  // their bytes
+  int linger_ms = 1000;                                     // flush time at shutdown
+  size_t max_queued_incoming = 4096;                        // messages received, not yet taken
+  size_t max_queued_incoming_bytes = size_t{256} << 20;     // their bytes
   size_t max_payload_frames = Limits{}.max_payload_frames;  // per message
   size_t max_header_bytes = Limits{}.max_header_bytes;      // of the header frame
   // Set: every socket runs CURVE with the job's key, and only peers holding

@@ -31,8 +31,8 @@
 namespace gradsync::fuzz {
 namespace {
 
-using compression::Compressor;
 using compression::CompressContext;
+using compression::Compressor;
 
 constexpr size_t kMaxElements = 4096;
 constexpr size_t kMaxSpec = 64;
@@ -112,8 +112,8 @@ void RoundTrip(Compressor& c, const uint8_t* data, size_t size, size_t n,
 
 // The peer's bytes, in storage of exactly their size, into room for
 // exactly n floats.
-void Hostile(Compressor& c, const uint8_t* data, size_t size, size_t n,
-             const CompressContext& ctx, bool rewrite, bool fit) {
+void Hostile(Compressor& c, const uint8_t* data, size_t size, size_t n, const CompressContext& ctx,
+             bool rewrite, bool fit) {
   std::vector<uint8_t> fitted;
   if (fit) {
     fitted.assign(data, data + size);

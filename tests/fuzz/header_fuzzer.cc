@@ -19,8 +19,7 @@ namespace {
 // refusal with a known code and a detail, whose type (if known) is real.
 void CheckVerdict(const wire::Message& msg, const wire::Verdict& v) {
   if (!v.ok()) {
-    if (v.code == wire::ErrorCode::Unknown || v.code > wire::ErrorCode::MAX ||
-        v.detail.empty()) {
+    if (v.code == wire::ErrorCode::Unknown || v.code > wire::ErrorCode::MAX || v.detail.empty()) {
       std::abort();
     }
     if (wire::ErrorCodeLabel(v.code) == "invalid") std::abort();
@@ -28,7 +27,8 @@ void CheckVerdict(const wire::Message& msg, const wire::Verdict& v) {
     return;
   }
   const wire::Header& h = *v.header;
-  if (!v.type_known || h.type() != v.type || h.body_type() != wire::ExpectedBody(h.type())) std::abort();
+  if (!v.type_known || h.type() != v.type || h.body_type() != wire::ExpectedBody(h.type()))
+    std::abort();
   if (wire::DumpHeader(h).empty()) std::abort();
   uint8_t sum = 0;
   for (const wire::Payload& p : msg.payloads) {

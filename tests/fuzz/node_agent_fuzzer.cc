@@ -56,9 +56,9 @@ wire::Message NextMessage(FuzzedDataProvider& in) {
                                  0, static_cast<int>(wire::ErrorCode::MAX))),
                              in.ConsumeRandomLengthString(32), MsgType::Register);
     case 3:
-      return wire::MakeJobState(
-          from, static_cast<wire::JobPhase>(in.ConsumeIntegralInRange<int>(0, 2)),
-          in.ConsumeRandomLengthString(32));
+      return wire::MakeJobState(from,
+                                static_cast<wire::JobPhase>(in.ConsumeIntegralInRange<int>(0, 2)),
+                                in.ConsumeRandomLengthString(32));
     case 4: {
       wire::NodeInfo dead;
       dead.role = static_cast<Role>(in.ConsumeIntegralInRange<int>(0, 2));

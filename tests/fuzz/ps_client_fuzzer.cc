@@ -113,8 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.poll_interval = Millis(1);
   options.server_optimizer = in.ConsumeBool();
   options.reply_codec = kReplyCodecs[in.ConsumeIntegralInRange<int>(0, 2)];
-  auto client = client::PsClient::Create(net.NewTransport("worker0"), peers, options, nullptr,
-                                         nullptr);
+  auto client =
+      client::PsClient::Create(net.NewTransport("worker0"), peers, options, nullptr, nullptr);
   if (!client.ok()) std::abort();
   if (in.ConsumeBool() && !(*client)->SetCompression(0, "topk:ratio=0.25").ok()) std::abort();
 
@@ -123,14 +123,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<float> buf(kCount, 1.0f);
     for (uint64_t step = 0; step < 2; ++step) {
       const client::OpTag tag{step, 0, step, 5};
-      (*client)->AllReduce(buf.data(), kCount, DType::kF32, client::ReduceOp::kAverage, tag,
-                           Deadline::AfterMs(40))
+      (*client)
+          ->AllReduce(buf.data(), kCount, DType::kF32, client::ReduceOp::kAverage, tag,
+                      Deadline::AfterMs(40))
           .IgnoreError();
     }
     done = true;
   });
-  const wire::Policy policy =
-      wire::Policy::Accepting({MsgType::Push, MsgType::Pull});
+  const wire::Policy policy = wire::Policy::Accepting({MsgType::Push, MsgType::Pull});
   while (!done.load()) {
     for (int s = 0; s < kShards && !done.load(); ++s) {
       auto got = shards[static_cast<size_t>(s)]->Receive(Deadline::AfterMs(1));
@@ -141,7 +141,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       wire::Message answer;
       // Once the input is spent every answer is the correct Reply.
       if (!Answer(in, v, s, options.reply_codec, &answer)) continue;
-      shards[static_cast<size_t>(s)]->Send(got->from, std::move(answer), Deadline::AfterMs(10))
+      shards[static_cast<size_t>(s)]
+          ->Send(got->from, std::move(answer), Deadline::AfterMs(10))
           .IgnoreError();
     }
   }

@@ -43,19 +43,19 @@ wire::Message RingData(FuzzedDataProvider& in, int as_rank) {
                                     : uint64_t{1} << in.ConsumeIntegralInRange<int>(0, 62);
   const auto kind = in.ConsumeBool() ? RingOpKind::kAllReduce : RingOpKind::kBroadcast;
   f.op_fingerprint = in.ConsumeBool()
-                      ? client::RingFingerprint(kind, kTag, DType::kF32, kCount,
-                                                static_cast<uint64_t>(client::ReduceOp::kSum))
-                      : in.ConsumeIntegral<uint64_t>();
+                         ? client::RingFingerprint(kind, kTag, DType::kF32, kCount,
+                                                   static_cast<uint64_t>(client::ReduceOp::kSum))
+                         : in.ConsumeIntegral<uint64_t>();
   f.names_hash = kTag.names_hash;
-  const size_t bytes = in.ConsumeBool() ? f.num_elements * 4 % 4096
-                                        : in.ConsumeIntegralInRange<size_t>(0, 256);
+  const size_t bytes =
+      in.ConsumeBool() ? f.num_elements * 4 % 4096 : in.ConsumeIntegralInRange<size_t>(0, 256);
   std::vector<float> values(bytes / 4 + 1);
   for (float& v : values) v = static_cast<float>(in.ConsumeIntegralInRange<int>(-8, 8));
   std::vector<wire::Payload> frames;
   const int n = in.ConsumeIntegralInRange<int>(0, 2);
   for (int i = 0; i < n; ++i) frames.push_back(wire::Payload::Copy(values.data(), bytes));
-  return wire::MakeRingData(wire::Sender{wire::Role::Worker, as_rank, kJob}, f,
-                            std::move(frames), kTag.step, kTag.seq);
+  return wire::MakeRingData(wire::Sender{wire::Role::Worker, as_rank, kJob}, f, std::move(frames),
+                            kTag.step, kTag.seq);
 }
 
 wire::Message Other(FuzzedDataProvider& in, int as_rank) {
@@ -96,7 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace gradsync::fuzz;
   FuzzedDataProvider in(data, size);
   wire::InProcNetwork net;
-  auto left = net.NewTransport("w0");   // the fuzzer, as rank 0
+  auto left = net.NewTransport("w0");  // the fuzzer, as rank 0
   auto stranger = net.NewTransport("x");
   auto me = net.NewTransport("w1");
   if (!left->Listen("inproc://r0").ok() || !me->Listen("inproc://r1").ok()) std::abort();
@@ -119,16 +119,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int i = in.ConsumeIntegralInRange<int>(1, 8); i > 0 && in.remaining_bytes() > 0; --i) {
     const bool strange = in.ConsumeIntegralInRange<int>(0, 7) == 0;
     const int as_rank = in.ConsumeIntegralInRange<int>(-1, 2);
-    wire::Message msg = in.ConsumeIntegralInRange<int>(0, 3) > 0 ? RingData(in, as_rank)
-                                                                 : Other(in, as_rank);
+    wire::Message msg =
+        in.ConsumeIntegralInRange<int>(0, 3) > 0 ? RingData(in, as_rank) : Other(in, as_rank);
     wire::Transport& from = strange ? *stranger : *left;
     from.Send(wire::Route::Connection(strange ? *stranger_to_me : *to_me), std::move(msg),
               Deadline::AfterMs(100))
         .IgnoreError();
   }
   std::vector<float> buf(kCount, 1.0f);
-  const Status s = (*ring)->AllReduce(buf.data(), kCount, DType::kF32, client::ReduceOp::kSum,
-                                      kTag, Deadline::AfterMs(15));
+  const Status s = (*ring)->AllReduce(buf.data(), kCount, DType::kF32, client::ReduceOp::kSum, kTag,
+                                      Deadline::AfterMs(15));
   if (s.ok()) {
     for (float v : buf) {
       if (!std::isfinite(v)) std::abort();

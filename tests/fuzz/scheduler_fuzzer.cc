@@ -76,8 +76,8 @@ wire::Message NextMessage(FuzzedDataProvider& in, int node, const FuzzNode& me) 
     }
     case 4: {
       const std::vector<uint8_t> id = in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange(0, 200));
-      return wire::MakeNcclId(from, in.ConsumeBool() ? MsgType::NcclIdOffer : MsgType::NcclIdRequest,
-                              id);
+      return wire::MakeNcclId(from,
+                              in.ConsumeBool() ? MsgType::NcclIdOffer : MsgType::NcclIdRequest, id);
     }
     case 5:
       return wire::MakeLeave(from, in.ConsumeRandomLengthString(16));
@@ -129,8 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int i = in.ConsumeIntegralInRange<int>(1, 6); i > 0 && in.remaining_bytes() > 0; --i) {
       const int node = in.ConsumeIntegralInRange<int>(0, kNodes - 1);
       FuzzNode& n = nodes[node];
-      n.transport->Send(wire::Route::Connection(n.conn), NextMessage(in, node, n),
-                        Deadline::AfterMs(50))
+      n.transport
+          ->Send(wire::Route::Connection(n.conn), NextMessage(in, node, n), Deadline::AfterMs(50))
           .IgnoreError();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));

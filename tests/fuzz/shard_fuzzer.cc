@@ -35,10 +35,19 @@ using wire::MsgType;
 constexpr uint64_t kJob = 42;
 constexpr int kWorkers = 3;
 
-const char* const kCodecs[] = {"fp16", "bf16", "topk:ratio=0.25", "topk_fp16:ratio=0.5",
-                               "randomk:ratio=0.25", "sign:chunk=4", "qsgd:chunk=4,levels=8",
-                               "topk_sampled:ratio=0.5", "none", "lz4", "topk:ratio=9",
-                               "sign:chunk=0", ""};
+const char* const kCodecs[] = {"fp16",
+                               "bf16",
+                               "topk:ratio=0.25",
+                               "topk_fp16:ratio=0.5",
+                               "randomk:ratio=0.25",
+                               "sign:chunk=4",
+                               "qsgd:chunk=4,levels=8",
+                               "topk_sampled:ratio=0.5",
+                               "none",
+                               "lz4",
+                               "topk:ratio=9",
+                               "sign:chunk=0",
+                               ""};
 
 std::string Identity(int worker) { return "worker" + std::to_string(worker); }
 
@@ -79,8 +88,8 @@ wire::Message NextMessage(FuzzedDataProvider& in) {
     payloads.push_back(wire::Payload::Copy(full.data(), full.size()));
   }
   return wire::MakeData(wire::Sender{wire::Role::Worker, worker, kJob},
-                        push ? MsgType::Push : MsgType::Pull, f, std::move(payloads),
-                        f.round, f.round);
+                        push ? MsgType::Push : MsgType::Pull, f, std::move(payloads), f.round,
+                        f.round);
 }
 
 void CheckTable(const KeyTable& table, const PsRules& rules) {
@@ -98,8 +107,8 @@ void CheckTable(const KeyTable& table, const PsRules& rules) {
 }
 
 void CheckAnswers(const std::vector<server::Outgoing>& out) {
-  static const wire::Policy answers = wire::Policy::Accepting(
-      {MsgType::Ack, MsgType::Reply, MsgType::Error});
+  static const wire::Policy answers =
+      wire::Policy::Accepting({MsgType::Ack, MsgType::Reply, MsgType::Error});
   for (const server::Outgoing& o : out) {
     if (!wire::Validate(o.message, answers).ok()) std::abort();
   }

@@ -145,7 +145,8 @@ void PeerOp(Link& l, uint8_t op, Input& in) {
                 (in.Byte() & 1) ? l.reader->Position() + Length(in) - 128 : in.Word(8), 8);
       break;
     default: {  // any bytes anywhere in the header page or the buffer
-      const size_t offset = static_cast<size_t>(in.Word(2)) % (ShmLink::kDataOffset + kCapacity - 8);
+      const size_t offset =
+          static_cast<size_t>(in.Word(2)) % (ShmLink::kDataOffset + kCapacity - 8);
       PeerStore(*l.reader, offset, in.Word(8), 1 + in.Byte() % 8);
       break;
     }
@@ -172,10 +173,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int steps = 0; !in.empty() && steps < 256; ++steps) {
     const uint8_t op = in.Byte();
     switch (op >> 6) {
-      case 0: f::ReaderOp(l, op & 3, in); break;
-      case 1: f::WriterOp(l, op & 1, in); break;
-      case 2: f::PeerOp(l, op % 3, in); break;
-      default: f::ReaderOp(l, 0, in); f::WriterOp(l, 0, in); break;
+      case 0:
+        f::ReaderOp(l, op & 3, in);
+        break;
+      case 1:
+        f::WriterOp(l, op & 1, in);
+        break;
+      case 2:
+        f::PeerOp(l, op % 3, in);
+        break;
+      default:
+        f::ReaderOp(l, 0, in);
+        f::WriterOp(l, 0, in);
+        break;
     }
   }
   // Regions still lent are released after both sides are done with them.

@@ -148,10 +148,18 @@ void Damage(const uint8_t* data, size_t size, std::string* bytes) {
     const size_t at = (data[i] | (size_t{data[i + 1]} << 8)) % bytes->size();
     const uint8_t value = data[i + 3];
     switch (data[i + 2] & 3) {
-      case 0: (*bytes)[at] = static_cast<char>((*bytes)[at] ^ value); break;
-      case 1: (*bytes)[at] = static_cast<char>(value); break;
-      case 2: bytes->erase(at, 1 + (data[i + 2] >> 5)); break;
-      default: bytes->insert(at, 1 + (data[i + 2] >> 5), static_cast<char>(value)); break;
+      case 0:
+        (*bytes)[at] = static_cast<char>((*bytes)[at] ^ value);
+        break;
+      case 1:
+        (*bytes)[at] = static_cast<char>(value);
+        break;
+      case 2:
+        bytes->erase(at, 1 + (data[i + 2] >> 5));
+        break;
+      default:
+        bytes->insert(at, 1 + (data[i + 2] >> 5), static_cast<char>(value));
+        break;
     }
   }
 }
@@ -187,8 +195,8 @@ void MendJournal(std::string* bytes) {
 }
 
 void DecodeCheckpoint(const std::string& bytes) {
-  const server::CheckpointExpect expect{77, 1, server::PsMode::kSync,
-                                        server::OptimizerKind::kNone, 3};
+  const server::CheckpointExpect expect{77, 1, server::PsMode::kSync, server::OptimizerKind::kNone,
+                                        3};
   auto st = server::DecodeCheckpoint(bytes, expect, "fuzz.ckpt");
   if (!st.ok()) {
     const StatusCode c = st.status().code();
