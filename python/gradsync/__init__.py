@@ -22,14 +22,14 @@ import os
 import sys
 
 from gradsync._comm import Communicator, EmbeddedScheduler
-from gradsync._lib import GradsyncError
+from gradsync._lib import GradsyncError, MembershipChanged
 from gradsync._net import own_address
 
 __version__ = "0.4.0"
 
-__all__ = ["__version__", "GradsyncError", "init", "is_initialized", "rank", "size",
-           "local_rank", "communicator", "shutdown", "torchrun_job",
-           "TORCHRUN_PORT_OFFSET"]
+__all__ = ["__version__", "GradsyncError", "MembershipChanged", "init",
+           "is_initialized", "rank", "size", "local_rank", "communicator",
+           "shutdown", "torchrun_job", "TORCHRUN_PORT_OFFSET"]
 
 # Under torchrun the scheduler listens on MASTER_PORT + this.
 TORCHRUN_PORT_OFFSET = 1

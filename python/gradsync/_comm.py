@@ -4,7 +4,7 @@ import os
 import threading
 
 from gradsync import _lib
-from gradsync._lib import GradsyncError
+from gradsync._lib import GradsyncError, MembershipChanged
 
 _DEFAULT_OP_TIMEOUT_MS = 60000
 # Python-side waits outlast gradsync's own deadline (op_timeout_ms), so that
@@ -34,10 +34,9 @@ class Communicator:
         self.cuda = str(settings.get(
             "gradient_device",
             os.environ.get("GRADSYNC_GRADIENT_DEVICE", "cpu"))) == "cuda"
-        self.rank = self._query("rank")
-        self.size = self._query("world_size")
         self._executor = None
         self._bucket_owner = None
+        self._seen_epoch = self.epoch  # the last one a caller was told of
 
     def claim_buckets(self, owner):
         """Whether `owner` (a DistributedOptimizer's or a DDP hook's state)
@@ -59,10 +58,71 @@ class Communicator:
                 self._executor = SerialExecutor("gradsync-r%d" % self.rank)
             return self._executor
 
+    @property
+    def rank(self):
+        """This worker's rank in the current membership epoch."""
+        return self._query("rank")
+
+    @property
+    def size(self):
+        """The number of workers in the current membership epoch."""
+        return self._query("world_size")
+
+    @property
+    def epoch(self):
+        """The membership epoch: 0 until an elastic job's membership
+        changes (a worker that joined a running job starts above 0)."""
+        out = ctypes.c_uint32()
+        _lib.call("epoch", self._live(), ctypes.byref(out))
+        return out.value
+
     def _query(self, name):
         out = ctypes.c_int()
         _lib.call(name, self._live(), ctypes.byref(out))
         return out.value
+
+    def _call(self, name, *args):
+        """gs_<name>(this member, *args). Raises MembershipChanged (with the
+        new epoch, rank and size) when an elastic job's membership changed,
+        GradsyncError for any other failure.
+
+        A change is reported once, by the first call that finds it, even
+        where gradsync itself would go on: a call made after the change
+        raises before it starts, and gs_mark_ready, which re-forms the ring
+        and goes on with the step's earlier gradients dropped, raises after
+        it. A collective that completed in a new epoch completed with every
+        member of it, so it tells of the change."""
+        self._check_epoch("before gs_" + name)
+        try:
+            _lib.call(name, self._live(), *args)
+        except GradsyncError as e:
+            if e.code != "membership_changed":
+                raise
+            self._seen_epoch = self.epoch
+            raise MembershipChanged(str(e), self._seen_epoch, self.rank,
+                                    self.size) from None
+        if name.startswith("mark_ready"):
+            self._check_epoch("while the step's gradients were handed over")
+        else:
+            self._seen_epoch = self.epoch
+
+    def _check_epoch(self, when):
+        epoch = self.epoch
+        if epoch != self._seen_epoch:
+            self._seen_epoch = epoch
+            raise MembershipChanged(
+                "membership changed %s: epoch %d, %d workers"
+                % (when, epoch, self.size), epoch, self.rank, self.size)
+
+    def agree_step(self, completed_steps):
+        """After MembershipChanged, on every worker of the new epoch: the
+        most steps any of them completed and the lowest rank that completed
+        that many, (step, root). Blocks as allgather; raises
+        MembershipChanged if the membership changes again meanwhile."""
+        step, root = ctypes.c_uint64(), ctypes.c_int()
+        self._call("agree_step", int(completed_steps), self.timeout_ms,
+                   ctypes.byref(step), ctypes.byref(root))
+        return step.value, root.value
 
     def _live(self):
         if self._handle is None:
@@ -88,30 +148,27 @@ class Communicator:
         For a CUDA gradient, `stream` is the cudaStream_t (int) whose queued
         work produces it; gradsync's own stream waits for that work."""
         if stream is None:
-            _lib.call("mark_ready", self._live(), tensor_id, address, None,
-                      None, None)
+            self._call("mark_ready", tensor_id, address, None, None, None)
         else:
-            _lib.call("mark_ready_on_stream", self._live(), tensor_id,
-                      address, stream, None, None, None)
+            self._call("mark_ready_on_stream", tensor_id, address, stream,
+                       None, None, None)
 
     def synchronize(self):
-        _lib.call("synchronize", self._live(), self.timeout_ms)
+        self._call("synchronize", self.timeout_ms)
 
     def barrier(self):
-        _lib.call("barrier", self._live(), self.timeout_ms)
+        self._call("barrier", self.timeout_ms)
 
     def broadcast(self, address, count, dtype, root):
-        _lib.call("broadcast", self._live(), address, count, dtype, root,
-                  self.timeout_ms)
+        self._call("broadcast", address, count, dtype, root, self.timeout_ms)
 
     def allreduce(self, address, count, dtype, average=True):
         op = _lib.GS_AVERAGE if average else _lib.GS_SUM
-        _lib.call("allreduce", self._live(), address, count, dtype, op,
-                  self.timeout_ms)
+        self._call("allreduce", address, count, dtype, op, self.timeout_ms)
 
     def allgather(self, in_address, nbytes, out_address):
-        _lib.call("allgather", self._live(), in_address, nbytes, out_address,
-                  self.timeout_ms)
+        self._call("allgather", in_address, nbytes, out_address,
+                   self.timeout_ms)
 
     def stats(self):
         """{"steps", "buckets_reduced", "bytes_reduced", "last_sync_seconds"}."""

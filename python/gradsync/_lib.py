@@ -26,6 +26,17 @@ class GradsyncError(RuntimeError):
         self.code = code
 
 
+class MembershipChanged(GradsyncError):
+    """An elastic job's membership changed (a worker left, or joined) while
+    this call ran; the call did not complete. `epoch`, `rank` and
+    `world_size` describe this worker in the new epoch; the message names
+    who left. gradsync.torch.elastic.run recovers from it."""
+
+    def __init__(self, message, epoch, rank, world_size):
+        super().__init__(message, "membership_changed")
+        self.epoch, self.rank, self.world_size = epoch, rank, world_size
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [("steps", ctypes.c_uint64),
                 ("buckets_reduced", ctypes.c_uint64),
@@ -42,6 +53,10 @@ _SIGNATURES = {
     "gs_destroy": ([_P], _INT),
     "gs_rank": ([_P, ctypes.POINTER(_INT)], _INT),
     "gs_world_size": ([_P, ctypes.POINTER(_INT)], _INT),
+    "gs_epoch": ([_P, ctypes.POINTER(ctypes.c_uint32)], _INT),
+    "gs_agree_step": ([_P, ctypes.c_uint64, _I64,
+                       ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_INT)],
+                      _INT),
     "gs_register_tensor": ([_P, ctypes.c_char_p, ctypes.c_size_t, _INT,
                             ctypes.POINTER(ctypes.c_int32)], _INT),
     "gs_register_tensor_shaped": ([_P, ctypes.c_char_p, ctypes.c_size_t, _INT,

@@ -41,6 +41,12 @@ class _Registry:
         self.accumulated = set()  # gradients from passes inside no_sync()
         self.marked = set()
 
+    def abandon_step(self):
+        """Forgets the gradients handed over in a step that failed (a
+        membership change): the step is redone from its backward pass."""
+        self._reset()
+        self.synchronized = False
+
     def add(self, named):
         if self.registered:
             raise GradsyncError(

@@ -19,6 +19,7 @@ or leave torch.distributed out altogether (Horovod's model):
 import datetime
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -27,11 +28,12 @@ import gradsync
 from gradsync import _tensors
 from gradsync._hook import HookState, allreduce_hook
 from gradsync._optimizer import DistributedOptimizer
-from gradsync._lib import GradsyncError
+from gradsync._lib import GradsyncError, MembershipChanged
 
 __all__ = ["HookState", "allreduce_hook", "DistributedOptimizer",
            "broadcast_parameters", "broadcast_optimizer_state", "allreduce",
-           "init_process_group", "GradsyncError"]
+           "init_process_group", "GradsyncError", "MembershipChanged",
+           "elastic"]
 
 
 def _comm(comm):
@@ -114,21 +116,35 @@ def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
     comm = _comm(comm)
     _fill_missing_state(optimizer)
     state, tensors = _state_tensors(optimizer)
+    _check_same_shape(comm, tensors, root_rank, "optimizer state")
+    for (kind, index, key), tensor in tensors:
+        _tensors.broadcast_tensor(comm, tensor, root_rank,
+                                  "optimizer state %s" % (key,))
+        _store_state(state, kind, index, key, tensor)
+    optimizer.load_state_dict(state)
+
+
+def _check_same_shape(comm, tensors, root_rank, what):
+    """Raises GradsyncError unless every rank holds as many (name, tensor)
+    pairs of as many elements in all as `root_rank` does."""
     shape = torch.tensor([float(len(tensors)),
                           float(sum(t.numel() for _, t in tensors))])
     shapes = torch.zeros(comm.size, 2)
     comm.allgather(shape.data_ptr(), shape.numel() * 4, shapes.data_ptr())
     if not bool((shapes == shapes[root_rank]).all()):
         raise GradsyncError(
-            "optimizer state differs between ranks ([tensors, elements] by "
-            "rank: %s)" % shapes.tolist(), "failed_precondition")
-    for (kind, index, key), tensor in tensors:
-        _tensors.broadcast_tensor(comm, tensor, root_rank,
-                                  "optimizer state %s" % (key,))
-        target = state["param_groups"] if kind == "group" else state["state"]
-        if kind == "group" or not torch.is_tensor(target[index][key]):
-            target[index][key] = type(target[index][key])(tensor.item())
-    optimizer.load_state_dict(state)
+            "%s differs between ranks ([tensors, elements] by rank: %s)"
+            % (what, shapes.tolist()), "failed_precondition")
+
+
+def _store_state(state, kind, index, key, tensor):
+    """Writes `tensor`, one of _state_tensors' entries, into the optimizer's
+    state_dict `state`: copied into a state tensor, or as its scalar."""
+    target = state["param_groups"] if kind == "group" else state["state"]
+    if kind == "group" or not torch.is_tensor(target[index][key]):
+        target[index][key] = type(target[index][key])(tensor.item())
+    elif target[index][key] is not tensor:
+        target[index][key].copy_(tensor)
 
 
 def allreduce(tensor, average=True, comm=None):
@@ -167,3 +183,8 @@ def init_process_group(backend="gradsync", comm=None, timeout_s=60.0):
     dist.init_process_group(
         backend, init_method="tcp://%s:%d" % (host, int(offer.item())),
         rank=comm.rank, world_size=comm.size, timeout=timeout)
+
+
+# gradsync.torch.elastic (import gradsync.torch.elastic works as well).
+from gradsync import _elastic as elastic  # noqa: E402
+sys.modules[__name__ + ".elastic"] = elastic

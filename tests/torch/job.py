@@ -165,10 +165,11 @@ def run_ok(worker, scenario, workers, **kwargs):
     return {rank: result for rank, (_, result, _) in results.items()}
 
 
-def launch(argv, workers, servers, timeout_s, extra_env=None):
-    """Runs `argv` as a gradsync_launch job; returns (exit code, output)."""
+def launch(argv, workers, servers, timeout_s, extra_env=None, flags=()):
+    """Runs `argv` as a gradsync_launch job (more launcher `flags`, such as
+    "--min_workers=3"); returns (exit code, output)."""
     command = [LAUNCH, "--workers=%d" % workers, "--servers=%d" % servers,
-               "--metrics_port=0", "--"] + argv
+               "--metrics_port=0"] + list(flags) + ["--"] + argv
     try:
         done = subprocess.run(command, env=base_env(extra_env),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
