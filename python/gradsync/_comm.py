@@ -36,7 +36,6 @@ class Communicator:
             os.environ.get("GRADSYNC_GRADIENT_DEVICE", "cpu"))) == "cuda"
         self._executor = None
         self._bucket_owner = None
-        self._seen_epoch = self.epoch  # the last one a caller was told of
 
     def claim_buckets(self, owner):
         """Whether `owner` (a DistributedOptimizer's or a DDP hook's state)
@@ -84,35 +83,16 @@ class Communicator:
     def _call(self, name, *args):
         """gs_<name>(this member, *args). Raises MembershipChanged (with the
         new epoch, rank and size) when an elastic job's membership changed,
-        GradsyncError for any other failure.
-
-        A change is reported once, by the first call that finds it, even
-        where gradsync itself would go on: a call made after the change
-        raises before it starts, and gs_mark_ready, which re-forms the ring
-        and goes on with the step's earlier gradients dropped, raises after
-        it. A collective that completed in a new epoch completed with every
-        member of it, so it tells of the change."""
-        self._check_epoch("before gs_" + name)
+        GradsyncError for any other failure. gradsync reports a change once,
+        to the first call after it (gs_mark_ready in the backward pass
+        included), whatever that call is (client/communicator.h)."""
         try:
             _lib.call(name, self._live(), *args)
         except GradsyncError as e:
             if e.code != "membership_changed":
                 raise
-            self._seen_epoch = self.epoch
-            raise MembershipChanged(str(e), self._seen_epoch, self.rank,
+            raise MembershipChanged(str(e), self.epoch, self.rank,
                                     self.size) from None
-        if name.startswith("mark_ready"):
-            self._check_epoch("while the step's gradients were handed over")
-        else:
-            self._seen_epoch = self.epoch
-
-    def _check_epoch(self, when):
-        epoch = self.epoch
-        if epoch != self._seen_epoch:
-            self._seen_epoch = epoch
-            raise MembershipChanged(
-                "membership changed %s: epoch %d, %d workers"
-                % (when, epoch, self.size), epoch, self.rank, self.size)
 
     def agree_step(self, completed_steps):
         """After MembershipChanged, on every worker of the new epoch: the
