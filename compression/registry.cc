@@ -105,6 +105,7 @@ StatusOr<CompressorSpec> ParseCompressorSpec(const std::string& spec) {
       return BadSpec(spec, "bad value \"" + value + "\" for \"" + key + "\"");
     }
     parsed.keys.push_back(key);
+    parsed.values.push_back(value);
     if (comma == spec.size()) return parsed;
     start = comma + 1;
   }

@@ -72,7 +72,8 @@ struct CompressorOptions {
 struct CompressorSpec {
   std::string name;
   CompressorOptions options;
-  std::vector<std::string> keys;  // The keys the spec set, in order.
+  std::vector<std::string> keys;    // The keys the spec set, in order.
+  std::vector<std::string> values;  // Their values, as the spec wrote them.
 };
 
 // Parses a spec string (syntax above). InvalidArgument, naming the spec,

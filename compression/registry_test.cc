@@ -128,6 +128,7 @@ TEST(CompressorRegistryTest, ParseCompressorSpecReportsKeysInOrder) {
   EXPECT_TRUE(s->options.error_feedback);
   EXPECT_EQ(s->options.ratio, 0.01);
   EXPECT_EQ(s->keys, (std::vector<std::string>{"levels", "ef", "chunk"}));
+  EXPECT_EQ(s->values, (std::vector<std::string>{"7", "1", "64"}));
 }
 
 TEST(CompressorRegistryTest, NamesWithSpecCharactersAreRejected) {

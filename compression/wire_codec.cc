@@ -15,19 +15,6 @@ namespace {
 // Keys the partition streams apart from the job-wide seed.
 constexpr uint64_t kPartitionSalt = 0x7061727469746E21ull;  // "partitn!"
 
-// The value text of `key` in a parsed spec "name:k=v,k=v" (the key is in it).
-std::string SpecValue(const std::string& spec, const std::string& key) {
-  size_t start = spec.find(':') + 1;
-  while (true) {
-    const size_t end = std::min(spec.find(',', start), spec.size());
-    if (spec.compare(start, key.size() + 1, key + "=") == 0) {
-      return spec.substr(start + key.size() + 1, end - start - key.size() - 1);
-    }
-    if (end == spec.size()) return "";
-    start = end + 1;
-  }
-}
-
 }  // namespace
 
 StatusOr<wire::Compression> WireCompressionOf(const std::string& name) {
@@ -202,8 +189,8 @@ StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(const float* in, size_t n,
   char text[32];
   std::snprintf(text, sizeof(text), "%.17g", ratio);
   std::string codec = parsed_.name + ":ratio=" + text;
-  for (const std::string& key : parsed_.keys) {  // top-k takes ratio and ef
-    if (key != "ratio") codec += "," + key + "=" + SpecValue(spec_, key);
+  for (size_t i = 0; i < parsed_.keys.size(); ++i) {  // top-k: ratio, ef, momentum
+    if (parsed_.keys[i] != "ratio") codec += "," + parsed_.keys[i] + "=" + parsed_.values[i];
   }
   topk_->HintThreshold(at_least);
   StatusOr<wire::Payload> payload = CompressInto(in, n, ctx, fields, std::move(codec));
