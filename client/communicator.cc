@@ -183,6 +183,9 @@ class Communicator::Impl {
     no_sync_depth_ += on ? 1 : -1;
   }
   Status Barrier(Deadline deadline);
+  // Tells the backend the step its epoch goes on from (SyncBackend::ResumeAt),
+  // after everything queued before.
+  void ResumeAt(uint64_t completed);
   // Runs `op` on the comm engine thread after everything queued before it;
   // it is recorded in the metrics as `label`.
   // Runs `op` on the engine thread, in order with the buckets, on a buffer
@@ -756,6 +759,20 @@ Status Communicator::Impl::EnsureEpoch(Deadline deadline, bool recovery) {
   return done.get();
 }
 
+void Communicator::Impl::ResumeAt(uint64_t completed) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> resumed = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    Enqueue([this, completed, done] {
+      backend_->ResumeAt(completed);  // swapped on this thread only
+      done->set_value();
+    });
+  }
+  resumed.wait();
+}
+
 Status Communicator::Impl::Reform(Deadline deadline) {
   const SteadyTime start = std::chrono::steady_clock::now();
   Status s;
@@ -782,8 +799,8 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       const auto now = std::chrono::steady_clock::now();
       metrics_.SetMembership(epoch, session_->num_workers());
       metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
-      GS_LOG(WARNING) << "epoch " << epoch << ": re-formed the ring as worker " << session_->rank()
-                      << " of " << session_->num_workers() << " in "
+      GS_LOG(WARNING) << "epoch " << epoch << ": re-formed " << backend_->name() << " as worker "
+                      << session_->rank() << " of " << session_->num_workers() << " in "
                       << std::chrono::duration<double>(now - start).count() << " s";
       return Status();
     }
@@ -794,8 +811,8 @@ Status Communicator::Impl::Reform(Deadline deadline) {
     if (s.code() != StatusCode::kMembershipChanged || deadline.Expired()) break;
   }
   if (s.ok()) {
-    s = UnimplementedError(std::string("after a membership change only backend=ring re-forms, "
-                                       "not ") +
+    s = UnimplementedError(std::string("after a membership change backend=ring and path=ps "
+                                       "re-form, not backend=") +
                            backend_->name());
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -932,6 +949,7 @@ StatusOr<Communicator::ResumePoint> Communicator::AgreeOnStep(uint64_t completed
   for (size_t r = 0; r < steps.size(); ++r) {
     if (steps[r] > point.step) point = ResumePoint{steps[r], static_cast<int>(r)};
   }
+  impl_->ResumeAt(point.step);
   return point;
 }
 

@@ -405,13 +405,19 @@ Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, c
                                             "only; bucket ") +
                                 std::to_string(tag.bucket) + " is " + DTypeName(dtype));
   }
+  if (peers_.epoch > 0 && !resume_at_) {
+    return FailedPreconditionError(
+        "membership epoch " + std::to_string(peers_.epoch) +
+        ": the parameter-server path goes on from the step the workers agree on; call "
+        "AgreeOnStep (gs_agree_step) before the epoch's first step");
+  }
   BucketState& b = buckets_[tag.bucket];
   const int32_t shards = static_cast<int32_t>(conns_.size());
   auto plan = PlanPartitions(tag.bucket, count, sizeof(float), options_.partition_bytes, shards);
   if (b.count == 0) {
     b.count = count;
-    b.next_round = options_.server_optimizer ? 0 : 1;
-    b.versions.assign(plan.size(), 0);
+    b.next_round = FirstRound();
+    b.versions.assign(plan.size(), resume_at_.value_or(0));
   }
   if (b.count != count) {
     return InvalidArgumentError("bucket " + std::to_string(tag.bucket) + " had " +
@@ -424,7 +430,10 @@ Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, c
       b.encoders.push_back(std::move(encoder));
     }
   }
-  Exchange exchange(this, tag.bucket, static_cast<uint8_t*>(data), b.next_round, tag, deadline);
+  OpTag in_epoch = tag;
+  in_epoch.step |= static_cast<uint64_t>(peers_.epoch) << 32;
+  Exchange exchange(this, tag.bucket, static_cast<uint8_t*>(data), b.next_round, in_epoch,
+                    deadline);
   Status s = exchange.Run(std::move(plan), &b);
   last_traffic_ = exchange.traffic();
   if (!s.ok()) {
@@ -470,9 +479,19 @@ bool PsClient::PushesRaw(uint32_t bucket) const {
   auto it = buckets_.find(bucket);
   if (it == buckets_.end() || it->second.spec == "none") return true;
   const BucketState& b = it->second;
-  const uint64_t round = b.count == 0 ? (options_.server_optimizer ? 0 : 1) : b.next_round;
-  return round == 0;
+  return (b.count == 0 ? FirstRound() : b.next_round) == 0;
 }
+
+uint64_t PsClient::FirstRound() const {
+  const uint64_t completed = resume_at_.value_or(0);
+  return completed == 0 && options_.server_optimizer ? 0 : completed + 1;
+}
+
+void PsClient::ResumeAt(uint64_t completed) {
+  if (peers_.epoch > 0) resume_at_ = completed;
+}
+
+void PsClient::Close() { transport_->Shutdown(); }
 
 void PsClient::CountRejected(wire::ErrorCode code) {
   rejected_++;

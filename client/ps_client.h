@@ -28,6 +28,12 @@
 // reply_codec "fp16" or "bf16" the shards answer in that encoding (half the pull bytes; the values
 // are rounded, the shards keep fp32).
 //
+// Membership epochs (elastic jobs): a client serves one epoch (PsPeers::epoch),
+// whose number its messages carry in the upper 32 bits of their header step.
+// In a later epoch than 0 nothing is pushed before ResumeAt names the step
+// the job goes on from: bucket rounds continue from it (round r is step r),
+// so a round the shards closed before the change is not applied again.
+//
 // Every push carries (worker, bucket, partition, round, seq) so the shard
 // applies it once; a push or pull that is not answered within `resend_after`
 // is sent again, the wait doubling up to 8 x resend_after. A shard that
@@ -53,6 +59,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +94,7 @@ struct PsClientOptions {
 struct PsPeers {
   int rank = 0;
   int world_size = 1;
+  uint32_t epoch = 0;                         // the membership epoch
   std::vector<std::string> server_endpoints;  // data endpoint of shard i at [i]
   wire::Sender sender;                        // this worker, as headers name it
 };
@@ -124,6 +132,15 @@ class PsClient : public Collectives {
                    Deadline deadline) override;
 
   PsClientStats stats() const;
+
+  // In an epoch later than 0: every worker of the epoch goes on from step
+  // `completed` (Communicator::AgreeOnStep): each bucket's first round is
+  // completed + 1 (round 0, the shards' initial parameters, when completed
+  // is 0 and the shards step), from the parameters of version `completed`.
+  // Before the first AllReduce of the epoch; ignored in epoch 0.
+  void ResumeAt(uint64_t completed);
+  // Shuts the transport down (its same-host links too); later calls fail.
+  void Close();
 
   // Compresses the gradient pushes of `bucket` with `spec` (see
   // compression/registry.h; "none": uncompressed). Before the bucket's
@@ -166,6 +183,8 @@ class PsClient : public Collectives {
 
   PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
            const PsClientOptions& options, Collectives* fallback, Health health);
+  // The round of a bucket's first AllReduce in this client.
+  uint64_t FirstRound() const;
   // A received message refused: counted, and exported by reason.
   void CountRejected(wire::ErrorCode code);
 
@@ -183,6 +202,7 @@ class PsClient : public Collectives {
   Traffic last_traffic_;
   PartitionEncoder partition_encoder_;
   uint64_t seq_ = 0;
+  std::optional<uint64_t> resume_at_;  // ResumeAt's step
   Status broken_;
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, resent_{0}, rejected_{0}, stray_{0}, busy_{0};
 };

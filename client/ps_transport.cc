@@ -11,10 +11,12 @@ namespace gradsync::client {
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links) {
   wire::ZmqOptions zmq = cluster::TransportOptions(session.curve(), nullptr);
-  zmq.identity = wire::PsClientIdentity(session.data().identity());
+  zmq.identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
   zmq.node_keys = session.node_keys();
   zmq.max_frame_bytes = cluster::PartitionFrameBytes(links.partition_bytes);  // replies
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport, wire::ZmqTransport::Create(zmq));
+  // The shards read the links of the first epoch's clients only.
+  if (session.epoch() > 0) return transport;
   return cluster::OverSameHostLinks(
       std::move(transport),
       cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers()),

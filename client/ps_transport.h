@@ -1,7 +1,10 @@
 // The transport a worker's PS client talks to the shards on: a ZeroMQ
 // transport of its own (identity wire::PsClientIdentity of the session's
 // data transport, which the shards answer), with the shards of this host
-// written to and heard through shared memory (cluster/ps_links.h).
+// written to and heard through shared memory (cluster/ps_links.h). A client
+// of a later membership epoch than 0 has an identity of its own and talks
+// to every shard over the network (the shards read the first epoch's
+// links only).
 #ifndef GRADSYNC_CLIENT_PS_TRANSPORT_H_
 #define GRADSYNC_CLIENT_PS_TRANSPORT_H_
 

@@ -152,6 +152,12 @@ class PsBackend : public SyncBackend {
   SyncOp BucketOp(const BucketCompression::Traffic&) const override { return SyncOp::kPushPull; }
   uint64_t SentBytes(uint64_t wire_bytes) const override { return wire_bytes; }  // pushes
   uint64_t Resent() const override { return ps_->stats().resent; }
+  bool CanReform() const override { return true; }
+  void CloseLinks() override {
+    if (ring_.same_host) ring_.same_host->Shutdown();
+    ps_->Close();
+  }
+  void ResumeAt(uint64_t completed) override { ps_->ResumeAt(completed); }
 
  private:
   Ring ring_;
@@ -166,7 +172,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
                                                      std::function<bool()> stopped) {
   const int n = session->num_workers();
   const int r = session->rank();
-  PsPeers peers{r, n, {}, wire::Sender{wire::Role::Worker, r, session->job_id()}};
+  PsPeers peers{r, n, session->epoch(), {}, wire::Sender{wire::Role::Worker, r, session->job_id()}};
   peers.server_endpoints.resize(static_cast<size_t>(session->num_servers()));
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session->num_servers()) {

@@ -79,8 +79,11 @@ class SyncBackend {
   // Operations sent again after a timeout, since the start.
   virtual uint64_t Resent() const { return 0; }
   // Whether a new backend can take this one's place in a later membership
-  // epoch of an elastic job (the CPU ring: yes; NCCL and PS: not yet).
+  // epoch of an elastic job (the CPU ring and PS: yes; NCCL: not yet).
   virtual bool CanReform() const { return false; }
+  // The workers of this backend's epoch go on from step `completed`
+  // (Communicator::AgreeOnStep); before its first bucket.
+  virtual void ResumeAt(uint64_t completed) { (void)completed; }
   // Before a re-form: closes this backend's shared-memory links, so the
   // next epoch's can take their names. The backend is not used again, but
   // is kept until the Communicator goes (sends may point into it).

@@ -230,8 +230,13 @@ void NodeAgent::OnEpoch(const wire::Header& h) {
   }
   latest_ = ReadAssignment(h.job_id(), *a);
   for (const EpochCallback& cb : epoch_callbacks_) cb(latest_);
-  GS_LOG(WARNING) << "epoch " << latest_.epoch << ": now worker " << latest_.self.rank << " of "
-                  << latest_.num_workers << " (" << latest_.change << ")";
+  if (latest_.self.role == wire::Role::Worker) {
+    GS_LOG(WARNING) << "epoch " << latest_.epoch << ": now worker " << latest_.self.rank << " of "
+                    << latest_.num_workers << " (" << latest_.change << ")";
+  } else {
+    GS_LOG(WARNING) << "epoch " << latest_.epoch << ": the job has " << latest_.num_workers
+                    << " workers (" << latest_.change << ")";
+  }
 }
 
 uint32_t NodeAgent::latest_epoch() const {

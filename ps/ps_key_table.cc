@@ -142,7 +142,7 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
             h.seq(),
             d.dtype(),
             d.codec() != nullptr ? d.codec()->str() : std::string()};
-  if (!Admit(r, h.sender_role(), d, msg, out)) return false;
+  if (!OfThisEpoch(r, out) || !Admit(r, h.sender_role(), d, msg, out)) return false;
   const bool known = keys_.count(r.key) > 0;
   Take(r, h, d, msg, out, decoded);
   if (!known) DropIfEmpty(r.key);
@@ -176,6 +176,47 @@ void KeyTable::DropIfEmpty(const Key& key) {
   if (k.num_elements == 0 && !k.initialised && k.open.empty() && k.held.empty() &&
       k.results.empty()) {
     keys_.erase(it);
+  }
+}
+
+bool KeyTable::OfThisEpoch(const Request& r, std::vector<Outgoing>* out) {
+  const auto epoch = static_cast<uint32_t>(r.step >> 32);
+  const std::string epochs =
+      std::to_string(epoch) + " (this shard is in epoch " + std::to_string(epoch_) + ")";
+  if (epoch < epoch_) {
+    ErrorTo(r, ErrorCode::BadSequence, "is of membership epoch " + epochs + ", which ended", out);
+    return false;
+  }
+  if (epoch > epoch_) {
+    ErrorTo(r, ErrorCode::Busy, "is of membership epoch " + epochs + ": send it again", out);
+    return false;
+  }
+  if (epoch > 0 && rules_.mode != PsMode::kSync) {
+    Reject(r, ErrorCode::WrongType,
+           std::string("is of membership epoch ") + std::to_string(epoch) + ": ps_mode=" +
+               PsModeName(rules_.mode) + " does not go on after a membership change (sync does)",
+           out);
+    return false;
+  }
+  return true;
+}
+
+void KeyTable::StartEpoch(uint32_t epoch, int32_t num_workers,
+                          std::vector<std::string> identities) {
+  epoch_ = epoch;
+  rules_.num_workers = num_workers;
+  rules_.worker_identities = std::move(identities);
+  dead_.clear();
+  for (auto& [key, k] : keys_) {
+    for (auto& [round, contributions] : k.open) {
+      for (auto& [worker, c] : contributions) Recycle(std::move(c.grad));
+    }
+    k.open.clear();
+    k.held.clear();
+    k.taken.clear();
+    // Every round closed so far counts as taken from every worker: pushed
+    // again, it is acknowledged, not applied.
+    for (int32_t w = 0; w < num_workers; ++w) k.taken[w].floor = k.closed;
   }
 }
 
@@ -607,6 +648,10 @@ void KeyTable::ErrorTo(const Request& r, ErrorCode code, const std::string& why,
 }
 
 bool PsRules::IsJobWorker(const wire::Route& from) const {
+  return server::IsJobWorker(worker_identities, from);
+}
+
+bool IsJobWorker(const std::vector<std::string>& worker_identities, const wire::Route& from) {
   const bool checked = std::any_of(worker_identities.begin(), worker_identities.end(),
                                    [](const std::string& id) { return !id.empty(); });
   if (!checked) return true;

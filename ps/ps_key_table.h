@@ -52,6 +52,19 @@
 // it over the same connection, round 0 after worker 0's initial
 // parameters). Neither counts in rejected: an honest worker meets them too.
 //
+// Membership epochs (elastic jobs, scheduler/membership.h): every message
+// carries its epoch in the upper 32 bits of its header step. StartEpoch
+// takes the next epoch's workers (re-ranked densely; a joiner last): rounds
+// that did not close are dropped, with the pulls held for them (the workers
+// redo them, numbered as before: round r is their step r), no worker is
+// dead, and every closed round stays closed with its result kept, so a push
+// of the new epoch for a round that closed before it is acknowledged and not
+// applied again, and its pull answered with that result. A message of an
+// earlier epoch is answered BadSequence, one of a later epoch Busy (the
+// shard hears of an epoch before its workers, but on another connection);
+// neither counts as rejected. ps_mode sync only: with async or ssp every
+// message of a later epoch than 0 is refused (WrongType).
+//
 // Errors (answered with an Error naming the key, counted, state unchanged):
 // sender not a worker of the job, or a message claiming a worker that does
 // not come under that worker's identity (BadSender); a key placed on another shard
@@ -124,6 +137,9 @@ struct PsRules {
   // peer counts as one.
   bool IsJobWorker(const wire::Route& from) const;
 };
+
+// PsRules::IsJobWorker for the identities `worker_identities`.
+bool IsJobWorker(const std::vector<std::string>& worker_identities, const wire::Route& from);
 
 struct PsShardStats {
   uint64_t pushes_applied = 0;
@@ -243,6 +259,11 @@ class KeyTable {
               std::vector<Outgoing>* out, std::vector<float>* decoded = nullptr);
   // Workers declared dead no longer hold rounds back.
   void SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out);
+  // Membership epoch `epoch` begins with `num_workers` workers, worker r's
+  // messages under identities[r] (as PsRules::worker_identities; empty: not
+  // checked). See the protocol above.
+  void StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::string> identities);
+  uint32_t epoch() const { return epoch_; }
 
   const std::map<Key, KeyState>& keys() const { return keys_; }
   const std::set<int32_t>& dead() const { return dead_; }
@@ -265,6 +286,8 @@ class KeyTable {
   // otherwise.
   bool Admit(const Request& r, wire::Role role, const wire::DataBody& d, const wire::Message& msg,
              std::vector<Outgoing>* out);
+  // Whether `r` is of the table's membership epoch; answers it otherwise.
+  bool OfThisEpoch(const Request& r, std::vector<Outgoing>* out);
   // The rules of a Pull that need no key state; refuses it otherwise.
   bool AdmitPull(const Request& r, std::vector<Outgoing>* out);
   // The worker whose pushes make the plan's keys: the lowest live one.
@@ -303,7 +326,8 @@ class KeyTable {
   // Keeps a consumed gradient's buffer for TakeBuffer, up to kSpareBytes.
   void Recycle(std::vector<float> buffer);
 
-  const PsRules rules_;
+  PsRules rules_;  // num_workers and worker_identities change with the epoch
+  uint32_t epoch_ = 0;
   const Optimizer* const optimizer_;
   bool took_ = false;  // the message being handled was a push taken
   const wire::Sender self_;

@@ -71,7 +71,9 @@ PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire
       self_(self),
       optimizer_(MakeOptimizer(options.optimizer)),
       policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})),
-      codec_(options.rules.compression) {
+      codec_(options.rules.compression),
+      num_workers_(options.rules.num_workers),
+      worker_identities_(options.rules.worker_identities) {
   policy_.job_id = self.job_id;
   // No codec writes more than 8 bytes per element, and no push carries more
   // than a partition's elements (KeyTable checks the exact size).
@@ -125,12 +127,47 @@ void PsShard::WorkerDied(int32_t rank) {
     if (shut_down_ || !dead_.insert(rank).second) return;
     ++dead_epoch_;
     if (options_.metrics != nullptr) {
-      options_.metrics->SetWorkers(options_.rules.num_workers, static_cast<int>(dead_.size()));
+      options_.metrics->SetWorkers(num_workers_, static_cast<int>(dead_.size()));
     }
   }
   // Never waits (this is the heartbeat thread): a thread whose queue is full
   // takes the change before its next message anyway.
   for (auto& t : key_threads_) t->queue.Push(Work{}, Deadline::After(Millis(0))).IgnoreError();
+}
+
+void PsShard::StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::string> identities) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_ || epoch <= epoch_) return;
+    epoch_ = epoch;
+    num_workers_ = num_workers;
+    worker_identities_ = std::move(identities);
+    dead_.clear();
+    ++dead_epoch_;
+    if (options_.metrics != nullptr) options_.metrics->SetWorkers(num_workers, 0);
+  }
+  GS_LOG(WARNING) << "membership epoch " << epoch << ": " << num_workers
+                  << " workers; rounds that did not close are redone";
+  for (auto& t : key_threads_) t->queue.Push(Work{}, Deadline::After(Millis(0))).IgnoreError();
+}
+
+void PsShard::CatchUpEpoch(KeyThread* t) {
+  uint32_t epoch = 0;
+  int32_t workers = 0;
+  std::vector<std::string> identities;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (t->epoch_seen == epoch_) return;
+    epoch = t->epoch_seen = epoch_;
+    workers = num_workers_;
+    identities = worker_identities_;
+  }
+  t->table.StartEpoch(epoch, workers, std::move(identities));
+}
+
+wire::Sender PsShard::AnswerAs(const wire::Route& to) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wire::AnswerAs(self_, IsJobWorker(worker_identities_, to));
 }
 
 void PsShard::CatchUpDeaths(KeyThread* t) {
@@ -238,6 +275,7 @@ void PsShard::KeyLoop(KeyThread* t) {
   for (;;) {
     auto work = t->queue.Pop(Deadline::Infinite());
     if (!work.ok()) return;
+    CatchUpEpoch(t);  // before the deaths: those of a new epoch name its ranks
     CatchUpDeaths(t);
     if (work->visit) {
       work->visit(t->table);

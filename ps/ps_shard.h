@@ -112,6 +112,12 @@ class PsShard {
 
   // The worker of rank `rank` was declared dead: rounds stop waiting for it.
   void WorkerDied(int32_t rank);
+  // Membership epoch `epoch` of an elastic job begins: `num_workers`
+  // workers, worker r's parameter-server client under identities[r]
+  // (KeyTable::StartEpoch); earlier deaths are forgotten (the ranks are new).
+  // Not journalled: a shard restarted from its checkpoint after a change
+  // knows the first epoch's workers only.
+  void StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::string> identities);
   PsShardStats stats() const { return counters_.Snapshot(); }
   // Writes a checkpoint of every key now and blocks until it is durable; the
   // key threads pause only to copy their keys. One at a time.
@@ -141,7 +147,8 @@ class PsShard {
     KeyTable table;
     BlockingQueue<Work> queue;
     std::thread thread;
-    uint64_t dead_seen = 0;  // the shard's dead_epoch_ this table has taken
+    uint64_t dead_seen = 0;   // the shard's dead_epoch_ this table has taken
+    uint32_t epoch_seen = 0;  // the membership epoch this table is in
   };
 
   PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self);
@@ -164,13 +171,13 @@ class PsShard {
   void Dequeued(const std::string& peer, size_t bytes);
   // Gives `t`'s table the dead workers it has not taken yet (journalled).
   void CatchUpDeaths(KeyThread* t);
+  // Gives `t`'s table the membership epoch it is not in yet.
+  void CatchUpEpoch(KeyThread* t);
   void Emit(std::optional<JournalRecord> record, std::vector<Outgoing> out);
   void Send(const wire::Route& to, wire::Message msg);
   // This shard as the sender of an answer to `to`: with the job id only
   // for the job's workers.
-  wire::Sender AnswerAs(const wire::Route& to) const {
-    return wire::AnswerAs(self_, options_.rules.IsJobWorker(to));
-  }
+  wire::Sender AnswerAs(const wire::Route& to) const;
 
   wire::Transport* const transport_;
   const PsShardOptions options_;
@@ -194,10 +201,15 @@ class PsShard {
 
   std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::set<int32_t> dead_;   // guarded by mu_
   uint64_t dead_epoch_ = 0;  // changes of dead_ since start; guarded by mu_
   bool shut_down_ = false;   // guarded by mu_
+  // The membership epoch, its number of workers and their identities
+  // (PsRules::worker_identities); guarded by mu_.
+  uint32_t epoch_ = 0;
+  int32_t num_workers_ = 0;
+  std::vector<std::string> worker_identities_;
 
   std::mutex checkpoint_mu_;  // held by the checkpoint being written
   mutable std::mutex stats_mu_;

@@ -63,15 +63,17 @@ class ShardHarness {
             ->Send(wire::Route::Connection(conns_[w]), std::move(msg), Deadline::AfterMs(1000))
             .ok());
   }
+  // As rank `as_rank` (-2: w) of membership epoch `epoch`.
   void Push(int w, uint64_t round, uint64_t version, const std::vector<float>& v,
-            uint32_t partition = 0, int as_rank = -2) {
+            uint32_t partition = 0, int as_rank = -2, uint32_t epoch = 0) {
     wire::DataFields f;
     f.partition = partition;
     f.num_elements = v.size();
     f.round = round;
     f.version = version;
     Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Push, f,
-                           {wire::Payload::Copy(v.data(), v.size() * 4)}, 0, round));
+                           {wire::Payload::Copy(v.data(), v.size() * 4)},
+                           static_cast<uint64_t>(epoch) << 32, round));
   }
   // A push of `v` compressed by `spec`, as a PS client sends it.
   void PushCompressed(int w, uint64_t round, uint64_t version, const std::vector<float>& v,
@@ -94,14 +96,15 @@ class ShardHarness {
     return compression::PartitionContext(job_, round, 0, partition);
   }
   // `codec`: the encoding the Reply should have ("": fp32).
-  void Pull(int w, uint64_t round, size_t n, uint32_t partition = 0,
-            const std::string& codec = "") {
+  void Pull(int w, uint64_t round, size_t n, uint32_t partition = 0, const std::string& codec = "",
+            int as_rank = -2, uint32_t epoch = 0) {
     wire::DataFields f;
     f.partition = partition;
     f.num_elements = n;
     f.round = round;
     f.codec = codec;
-    Send(w, wire::MakeData(Sender(w), MsgType::Pull, f, {}, 0, round));
+    Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Pull, f, {},
+                           static_cast<uint64_t>(epoch) << 32, round));
   }
   // The next message worker w receives, or nullopt after `ms`.
   std::optional<wire::Message> Next(int w, int ms = 3000) {

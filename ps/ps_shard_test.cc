@@ -140,6 +140,58 @@ TEST(PsShardTest, ADeadWorkerNoLongerHoldsTheRoundBack) {
   EXPECT_EQ(h.Reply(0), (std::vector<float>{2, 4}));
 }
 
+// Elastic jobs: worker 0 is lost after round 1 closed on partition 0 but
+// not on partition 1. Worker 1, rank 0 of epoch 1, redoes round 1: partition
+// 0's push is acknowledged and not applied again (its pull gets the round's
+// result), partition 1's closes with it alone.
+TEST(PsShardTest, ANewMembershipEpochRedoesOnlyTheRoundsThatDidNotClose) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  h.Push(0, 1, 0, {2}, 0);
+  h.Push(1, 1, 0, {4}, 0);
+  h.Push(0, 1, 0, {6}, 1);
+  EXPECT_EQ(h.NextType(1), MsgType::Ack);
+  h.shard().StartEpoch(1, 1, {"worker1"});
+  h.Push(1, 1, 0, {40}, 0, 0, 1);
+  h.Push(1, 1, 0, {8}, 1, 0, 1);
+  h.Pull(1, 1, 1, 0, "", 0, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{3}));
+  h.Pull(1, 1, 1, 1, "", 0, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{8}));
+  const PsShardStats stats = h.shard().stats();
+  EXPECT_EQ(stats.rounds_closed, 2u);
+  EXPECT_EQ(stats.duplicates, 1u);
+  EXPECT_EQ(stats.rejected, 0u);
+  // Round 2 goes on with the one worker.
+  h.Push(1, 2, 1, {5}, 0, 0, 1);
+  h.Pull(1, 2, 1, 0, "", 0, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{5}));
+}
+
+TEST(PsShardTest, MessagesOfAnotherMembershipEpochAreAnsweredNotTaken) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+  h.shard().StartEpoch(1, 1, {"worker1"});
+  h.Push(0, 1, 0, {2});  // the lost worker, late
+  EXPECT_NE(h.NextError(0).find("is of membership epoch 0 (this shard is in epoch 1), which ended"),
+            std::string::npos);
+  h.Push(1, 1, 0, {2}, 0, 0, 2);  // a worker that heard of epoch 2 before the shard
+  EXPECT_NE(h.NextError(1).find("is of membership epoch 2 (this shard is in epoch 1): send it "
+                                "again"),
+            std::string::npos);
+  h.Push(0, 1, 0, {2}, 0, 0, 1);  // another connection than rank 0's of epoch 1
+  EXPECT_NE(h.NextError(0).find("comes over another connection than worker 0's own"),
+            std::string::npos);
+  EXPECT_EQ(h.shard().stats().rejected, 1u);
+  EXPECT_EQ(h.shard().stats().pushes_applied, 0u);
+}
+
+TEST(PsShardTest, AsynchronousShardsRefuseALaterMembershipEpoch) {
+  ShardHarness h(PsMode::kAsync, OptimizerKind::kSgd, 2);
+  h.shard().StartEpoch(1, 1, {"worker1"});
+  h.Push(1, 1, 0, {2}, 0, 0, 1);
+  EXPECT_NE(h.NextError(1).find("ps_mode=async does not go on after a membership change"),
+            std::string::npos);
+}
+
 TEST(PsShardTest, DuplicatedAndReorderedPushesAreAppliedOnce) {
   ShardHarness h(PsMode::kAsync, OptimizerKind::kSgd, 1);
   h.Push(0, 0, 0, {10, 10});

@@ -577,12 +577,12 @@ void Scheduler::TryRelease(const BarrierKey& key) {
     if (n.alive && !n.left && InGroup(n, key.first) && !it->second.count(id)) return;
   }
   if (HoldsEpochBarrier(key)) return;
+  EpochBarrierReleased(key);  // counted before anyone is released
   for (const std::string& id : it->second) {
     Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
   }
   barriers_.erase(it);
   if (metrics_) metrics_->barriers_completed->Increment();
-  EpochBarrierReleased(key);
 }
 
 void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {

@@ -31,7 +31,8 @@ void Scheduler::RemoveWorker(Node& node, const std::string& why) {
   GS_LOG(ERROR) << who << " is lost: " << why;
   if (metrics_) metrics_->heartbeat_timeouts[static_cast<int>(Role::Worker)]->Increment();
   UpdateLiveGauges();
-  // The servers hear of it as before; the workers through their next epoch.
+  // The servers hear of it as before, then of the next epoch with the
+  // workers.
   const wire::NodeInfo info = node.info;
   for (const std::string& id : order_) {
     const Node& n = nodes_[id];
@@ -114,9 +115,10 @@ void Scheduler::AdmitJoiner(Node node) {
              identity);
 }
 
-// The members first, the joiner (if any) last: the members' node keys
-// admit it by the time it probes them. The servers learn of a joiner too
-// (their node keys must admit it).
+// The servers first (their shards count the new epoch's workers before a
+// worker of it pushes, and their node keys admit a joiner), then the
+// members, the joiner (if any) last: the members' node keys admit it by
+// the time it probes them.
 void Scheduler::StartEpoch(const std::map<std::string, int32_t>& ranks, MembershipReason reason,
                            const std::string& joiner) {
   if (metrics_) {
@@ -140,15 +142,14 @@ void Scheduler::StartEpoch(const std::map<std::string, int32_t>& ranks, Membersh
   std::vector<BarrierKey> keys;
   for (const auto& kv : barriers_) keys.push_back(kv.first);
   for (const BarrierKey& k : keys) TryRelease(k);
-  for (const auto& [id, rank] : ranks) {
-    if (id != joiner) SendAssignment(id);
-  }
-  if (joiner.empty()) return;
   for (const std::string& id : order_) {
     const Node& n = nodes_[id];
     if (n.alive && !n.left && n.info.role == Role::Server) SendAssignment(id);
   }
-  SendAssignment(joiner);
+  for (const auto& [id, rank] : ranks) {
+    if (id != joiner) SendAssignment(id);
+  }
+  if (!joiner.empty()) SendAssignment(joiner);
 }
 
 // The barrier of an epoch below min_workers holds its workers until a

@@ -124,6 +124,21 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
   for (const wire::NodeInfo& dead : node.agent->dead_peers()) {
     if (dead.role == wire::Role::Worker) shard->WorkerDied(dead.rank);
   }
+  // Elastic jobs: each membership epoch's workers, re-ranked.
+  auto start_epoch = [weak](const cluster::Assignment& next) {
+    auto s = weak.lock();
+    if (!s || next.epoch == 0) return;
+    std::vector<std::string> identities(static_cast<size_t>(next.num_workers));
+    for (const wire::NodeInfo& p : next.peers) {
+      if (p.role == wire::Role::Worker && !p.identity.empty() && p.rank >= 0 &&
+          p.rank < next.num_workers) {
+        identities[static_cast<size_t>(p.rank)] = wire::PsClientIdentity(p.identity, next.epoch);
+      }
+    }
+    s->StartEpoch(next.epoch, next.num_workers, std::move(identities));
+  };
+  node.agent->OnNewEpoch(start_epoch);
+  start_epoch(node.agent->latest());  // one that came before the callback
   GS_LOG(INFO) << "parameter-server shard: ps_mode=" << PsModeName(options.rules.mode)
                << " staleness=" << options.rules.staleness
                << " optimizer=" << OptimizerName(options.optimizer.kind)

@@ -1,8 +1,10 @@
-// Elastic jobs across real processes: a scheduler and ring workers
-// (tests/elastic_worker) on this machine; one worker is SIGKILLed in the
-// middle of training.
+// Elastic jobs across real processes: a scheduler, ring or parameter-server
+// workers (tests/elastic_worker) and shards on this machine; one worker is
+// SIGKILLed in the middle of training.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,17 +19,49 @@ namespace {
 
 using std::chrono::steady_clock;
 
+// The parameter-server shards of a job, and the flags its workers take.
+struct Shards {
+  int count = 0;  // 0: the ring
+  std::vector<std::string> flags;
+  std::vector<std::string> worker_flags;
+};
+
+// Two shards that average (ps_mode=sync, optimizer=none); each of the
+// workers' two buckets is one key.
+Shards SyncShards() {
+  return {2,
+          {"--ps_mode=sync"},
+          {"--path=ps", "--split=true", "--bucket_bytes=512", "--first_bucket_bytes=512"}};
+}
+
+// Two shards that step (ps_mode=sync, optimizer=sgd).
+Shards SteppingShards() {
+  return {2,
+          {"--ps_mode=sync", "--optimizer=sgd", "--lr=0.2"},
+          {"--path=ps", "--optimizer=sgd", "--server_optimizer=true", "--split=true",
+           "--bucket_bytes=512", "--first_bucket_bytes=512"}};
+}
+
 class ElasticTest : public ::testing::Test, public LocalJob {
  protected:
-  // Starts `workers` trainers of a job whose scheduler takes `flags`.
-  // With `key_file`, the job runs CURVE: every node with its own key.
+  // Starts `workers` trainers of a job whose scheduler takes `flags`, and
+  // `shards`. With `key_file`, the job runs CURVE: every node with its own
+  // key.
   std::vector<Subprocess*> StartJob(int workers, std::vector<std::string> flags,
                                     const std::string& steps, const std::string& key_file = "",
-                                    std::vector<std::string> worker_flags = {"--step_sleep_ms=5"}) {
+                                    std::vector<std::string> worker_flags = {"--step_sleep_ms=5"},
+                                    const Shards& shards = {}) {
     if (!key_file.empty()) flags.push_back("--key_file=" + key_file);
-    StartScheduler(workers, 0, flags);
-    SetJob(workers, 0);
+    StartScheduler(workers, shards.count, flags);
+    SetJob(workers, shards.count);
     if (!key_file.empty()) env_["GRADSYNC_KEY_FILE"] = key_file;
+    for (int s = 0; s < shards.count; ++s) {
+      std::vector<std::string> argv = {Runfile("server/gradsync_server"), "--role=server"};
+      argv.insert(argv.end(), shards.flags.begin(), shards.flags.end());
+      shards_.push_back(&Start(argv, "server" + std::to_string(s)));
+    }
+    worker_flags.insert(worker_flags.end(), shards.worker_flags.begin(), shards.worker_flags.end());
+    worker_flags_ = worker_flags;
     std::vector<Subprocess*> procs;
     for (int r = 0; r < workers; ++r) {
       std::vector<std::string> argv = {Runfile("tests/elastic_worker"),
@@ -36,6 +70,29 @@ class ElasticTest : public ::testing::Test, public LocalJob {
       procs.push_back(&Start(argv, "worker" + std::to_string(r)));
     }
     return procs;
+  }
+
+  // A worker joining the running job, with the flags the others took.
+  Subprocess& StartJoiner(const std::string& steps) {
+    std::vector<std::string> argv = {Runfile("tests/elastic_worker"), "--steps=" + steps};
+    argv.insert(argv.end(), worker_flags_.begin(), worker_flags_.end());
+    return Start(argv, "joiner");
+  }
+
+  // The shards end with the job; every round closed once per key (each of
+  // the workers' two buckets a key): `steps` per key, none closed again
+  // when the survivors redo a step.
+  void ExpectEveryRoundClosedOnce(int steps) {
+    int closed = 0;
+    for (Subprocess* s : shards_) {
+      ASSERT_EQ(s->Wait(Deadline::AfterMs(20000)), 0) << s->Output();
+      const std::string out = s->Output();
+      const size_t at = out.find("rounds closed ");
+      ASSERT_NE(at, std::string::npos) << out;
+      closed += std::atoi(out.c_str() + at + std::strlen("rounds closed "));
+      EXPECT_NE(out.find("membership epoch 1: "), std::string::npos) << out;
+    }
+    EXPECT_EQ(closed, 2 * steps) << "the shards closed a round twice, or missed one";
   }
 
   static std::string Params(const std::string& output) {
@@ -47,8 +104,8 @@ class ElasticTest : public ::testing::Test, public LocalJob {
 
   // 4 workers, worker 2 SIGKILLed at step 100: the other 3 finish in epoch 1
   // with the same parameters.
-  void KillOneOfFour(const std::string& key_file) {
-    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file);
+  void KillOneOfFour(const std::string& key_file, const Shards& shards = {}) {
+    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file, {"--step_sleep_ms=5"}, shards);
     ASSERT_TRUE(workers[2]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
         << workers[2]->Output();
     const auto killed_at = steady_clock::now();
@@ -76,20 +133,20 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     // Every worker left at the end: the job succeeded.
     EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
     EXPECT_NE(scheduler_->Output().find("epoch 1 starts with 3 workers"), std::string::npos);
+    if (shards.count > 0) ExpectEveryRoundClosedOnce(400);
   }
 
   // 4 workers, worker 1 SIGKILLed at step 100; once the survivors resumed,
   // a new worker process joins: all 4 finish in epoch 2 with the same
   // parameters, the joiner ranked last.
-  void KillOneOfFourAndJoin(const std::string& key_file) {
-    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file);
+  void KillOneOfFourAndJoin(const std::string& key_file, const Shards& shards = {}) {
+    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file, {"--step_sleep_ms=5"}, shards);
     ASSERT_TRUE(workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
         << workers[1]->Output();
     workers[1]->Signal(SIGKILL);
     ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
         << workers[0]->Output();
-    Subprocess& joiner =
-        Start({Runfile("tests/elastic_worker"), "--steps=400", "--step_sleep_ms=5"}, "joiner");
+    Subprocess& joiner = StartJoiner("400");
     std::set<std::string> params;
     for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {
       ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
@@ -113,7 +170,11 @@ class ElasticTest : public ::testing::Test, public LocalJob {
                                         "worker node-"),
               std::string::npos)
         << scheduler_->Output();
+    if (shards.count > 0) ExpectEveryRoundClosedOnce(400);
   }
+
+  std::vector<Subprocess*> shards_;
+  std::vector<std::string> worker_flags_;
 };
 
 TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) { KillOneOfFour(""); }
@@ -141,6 +202,44 @@ TEST_F(ElasticTest, AChangeDuringBackwardIsReportedByTheNextMarkReady) {
     params.insert(Params(out));
   }
   EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+}
+
+// The shards average: the survivors redo the step that did not close,
+// numbered as before, and no key closes a round twice.
+TEST_F(ElasticTest, SurvivorsOfAKilledParameterServerWorkerFinishAndAgreeBitForBit) {
+  KillOneOfFour("", SyncShards());
+}
+
+// The shards step (sgd): every worker ends with the shards' parameters.
+TEST_F(ElasticTest, WhenTheShardsStepTheSurvivorsGoOnFromTheShardsParameters) {
+  KillOneOfFour("", SteppingShards());
+}
+
+// The joiner takes the live state and pushes to the shards from its first
+// step; with CURVE, its parameter-server client's key is the joiner's own.
+TEST_F(ElasticTest, ANewWorkerJoinsTheParameterServerJobAndEndsWithTheSameParameters) {
+  const std::string key_file = TmpFile("ps_join.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  KillOneOfFourAndJoin(key_file, SteppingShards());
+}
+
+// Asynchronous shards do not go on after a change: the survivors fail
+// with the reason instead of training on a mixed-up key table.
+TEST_F(ElasticTest, AsynchronousShardsRefuseTheNextEpochClearly) {
+  auto workers = StartJob(3, {"--min_workers=2"}, "100000", "", {"--step_sleep_ms=5"},
+                          {1,
+                           {"--ps_mode=async", "--optimizer=sgd", "--lr=0.2"},
+                           {"--path=ps", "--optimizer=sgd", "--server_optimizer=true"}});
+  ASSERT_TRUE(workers[2]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
+      << workers[2]->Output();
+  workers[2]->Signal(SIGKILL);
+  for (int r : {0, 1}) {
+    EXPECT_EQ(workers[r]->Wait(Deadline::AfterMs(30000)), 3) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("is of membership epoch 1: ps_mode=async does not go on "
+                                        "after a membership change (sync does)"),
+              std::string::npos)
+        << workers[r]->Output();
+  }
 }
 
 TEST_F(ElasticTest, ANewWorkerJoinsTheRunningRingAndEndsWithTheSameParameters) {

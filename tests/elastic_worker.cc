@@ -6,9 +6,15 @@
 // take that rank's parameters and momentum (Broadcast), re-shard the batch
 // for their new rank and size, and redo the step.
 //
+// With --server_optimizer (path=ps, the shards run optimizer=sgd) the shards
+// step instead: the first synchronisation hands them the parameters (and
+// every worker receives theirs), each later one a gradient, and the buffer
+// receives the new parameters; after a change at step 0 the first one is
+// handed the parameters again.
+//
 //   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
-//       [--step_sleep_ms=5] [--split --mark_gap_ms=N] [--die_at_step=N --die_rank=R
-//       --die_once=PATH]
+//       [--step_sleep_ms=5] [--split --mark_gap_ms=N] [--server_optimizer]
+//       [--die_at_step=N --die_rank=R --die_once=PATH]
 // With die_at_step, the worker started with rank R SIGKILLs itself after
 // step N, once: only if it could create PATH (a restart finds it there).
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
@@ -52,6 +58,8 @@ struct State {
   std::vector<float> w = std::vector<float>(kDim, 0.0f);
   std::vector<float> m = std::vector<float>(kDim, 0.0f);  // momentum
   uint64_t step = 0;                                      // steps completed
+  bool server_optimizer = false;
+  bool from_shards = false;  // server_optimizer: the shards' parameters were taken
 };
 
 // After a membership change: every survivor takes the state of the rank
@@ -66,6 +74,7 @@ Status Recover(client::Communicator& c, State* state) {
               c.epoch());
   std::fflush(stdout);
   state->step = at.step;
+  state->from_shards = at.step > 0;  // the shards' first round of the epoch is a gradient's
   return Status();
 }
 
@@ -77,13 +86,8 @@ struct Tensors {
   int64_t gap_ms = 0;
 };
 
-// One step on this rank's share of the global batch.
-Status Step(client::Communicator& c, const Tensors& tensors, const LogregData& data, State* state,
-            std::vector<float>* g) {
-  const int share = kGlobalBatch / c.world_size();
-  const int begin = static_cast<int>((state->step * kGlobalBatch) % kSamples) + c.rank() * share;
-  std::fill(g->begin(), g->end(), 0.0f);
-  LogregLossAndGradient(data, state->w, begin, begin + share, g);
+// Hands `g` over tensor by tensor and waits for its synchronisation.
+Status Sync(client::Communicator& c, const Tensors& tensors, std::vector<float>* g) {
   const size_t part = g->size() / tensors.ids.size();
   for (size_t i = 0; i < tensors.ids.size(); ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(tensors.gap_ms));
@@ -91,7 +95,28 @@ Status Step(client::Communicator& c, const Tensors& tensors, const LogregData& d
     GS_ASSIGN_OR_RETURN(client::SyncHandle h, c.MarkReady(tensors.ids[i], g->data() + at));
     (void)h;
   }
-  GS_RETURN_IF_ERROR(c.Synchronize(Deadline::AfterMs(60000)));
+  return c.Synchronize(Deadline::AfterMs(60000));
+}
+
+// One step on this rank's share of the global batch.
+Status Step(client::Communicator& c, const Tensors& tensors, const LogregData& data, State* state,
+            std::vector<float>* g) {
+  if (state->server_optimizer && !state->from_shards) {
+    *g = state->w;  // the first round: the parameters in, the shards' out
+    GS_RETURN_IF_ERROR(Sync(c, tensors, g));
+    state->w = *g;
+    state->from_shards = true;
+  }
+  const int share = kGlobalBatch / c.world_size();
+  const int begin = static_cast<int>((state->step * kGlobalBatch) % kSamples) + c.rank() * share;
+  std::fill(g->begin(), g->end(), 0.0f);
+  LogregLossAndGradient(data, state->w, begin, begin + share, g);
+  GS_RETURN_IF_ERROR(Sync(c, tensors, g));
+  if (state->server_optimizer) {
+    state->w = *g;  // the new parameters
+    ++state->step;
+    return Status();
+  }
   for (int j = 0; j < kDim; ++j) {
     state->m[j] = kMomentum * state->m[j] + (*g)[j];
     state->w[j] -= kRate * state->m[j];
@@ -159,6 +184,7 @@ int Main(int argc, char** argv) {
   }
   const LogregData data = MakeLogregData(kDim, kSamples, 99);  // one set, shared
   State state;
+  state.server_optimizer = config->GetBool("server_optimizer", false).value();
   std::vector<float> g(kDim);
   // A worker that joined a running job takes the state as a survivor does.
   const bool joiner = c.epoch() > 0;

@@ -313,7 +313,9 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   return n;
 }
 
-std::string PsClientIdentity(const std::string& data_identity) { return data_identity + "/ps"; }
+std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch) {
+  return data_identity + "/ps" + (epoch > 0 ? std::to_string(epoch) : "");
+}
 
 std::string Escaped(const std::string& text, size_t max_bytes) {
   static const char kHex[] = "0123456789abcdef";

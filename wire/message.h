@@ -192,8 +192,10 @@ std::vector<Message> MakeLayoutPieces(const Sender& from,
                                       size_t piece_bytes = kLayoutPieceBytes);
 
 // The transport identity of a worker's parameter-server client, from the
-// identity of the worker's data transport.
-std::string PsClientIdentity(const std::string& data_identity);
+// identity of the worker's data transport: "<identity>/ps" in membership
+// epoch 0, "<identity>/ps<epoch>" in a later one (each epoch's client is a
+// new peer to the shards, with links of its own).
+std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch = 0);
 
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);

@@ -60,7 +60,14 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
 }
 
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound) {
-  return !bound.empty() && (claimed == bound || claimed == PsClientIdentity(bound));
+  if (bound.empty()) return false;
+  if (claimed == bound) return true;
+  const std::string ps = PsClientIdentity(bound);
+  if (claimed.compare(0, ps.size(), ps) != 0) return false;
+  // "/ps" alone (epoch 0) or followed by a later epoch's number.
+  const std::string epoch = claimed.substr(ps.size());
+  return epoch.empty() || (epoch.size() <= 10 && epoch[0] != '0' &&
+                           epoch.find_first_not_of("0123456789") == std::string::npos);
 }
 
 StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& keep_at) {

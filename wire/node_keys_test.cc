@@ -198,6 +198,12 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_EQ(RoutedIdentity(id), std::optional<std::string>("node-1/ps"));
   EXPECT_EQ(RoutedIdentity("node-1"), std::nullopt);
   EXPECT_TRUE(IdentityMatchesKey("node-1/ps", "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/ps3", "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey(PsClientIdentity("node-1", 12), "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/ps03", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/psx", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/ps12345678901", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-12/ps", "node-1"));
   EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1", ""));
