@@ -195,6 +195,10 @@ class State:
         registry = getattr(self.optimizer, "_gs", None)
         if registry is not None:
             registry.abandon_step()
+            if registry.server_steps and self.step == 0:
+                # The shards' first round of the epoch takes the parameters,
+                # as at the start; from any later step it takes a gradient.
+                registry.start_from_root()
         for callback in self._on_reset:
             callback(self)
 

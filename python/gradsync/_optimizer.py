@@ -47,7 +47,9 @@ class _Distributed:
         self.unused_gradients = 0
         self._gs = _Registry(self, comm)
         self._gs.add(_named(self.param_groups, named_parameters))
-        if self._gs.server_steps:
+        if self._gs.server_steps and comm.epoch == 0:
+            # A worker that joined a running job takes the parameters from
+            # a member instead (gradsync.torch.elastic).
             self._gs.start_from_root()
 
     def add_param_group(self, param_group):

@@ -20,12 +20,13 @@ KILL_STEP = 30
 KILLED = 2
 
 
-def _train_and_kill(flags):
+def _train_and_kill(flags, servers=0, extra_env=None):
     """The job with launcher `flags`; (killed line, result lines, output)."""
     code, output = job.launch(
         ["/usr/bin/python3", SCRIPT, "--max_steps=%d" % STEPS,
          "--kill_rank=%d" % KILLED, "--kill_step=%d" % KILL_STEP],
-        workers=4, servers=0, timeout_s=240, flags=flags)
+        workers=4, servers=servers, timeout_s=240, extra_env=extra_env,
+        flags=flags)
     if "unknown flag --restarts" in output:
         pytest.skip("this gradsync_launch cannot restart a worker")
     assert code == 0, output[-6000:]
@@ -57,6 +58,40 @@ def test_survivors_of_a_killed_worker_finish_alike():
         assert r["recovered_at"][0] > killed["killed_at"], r
         assert r["last_loss"] <= torch_cnn_e2e_test.MAX_LOSS_RATIO * \
             r["first_loss"], r
+
+
+def test_parameter_server_survivors_finish_alike():
+    """path=ps, 2 shards that average: the survivors redo the step that did
+    not close and finish alike."""
+    killed, results, output = _train_and_kill(
+        ["--min_workers=3"], servers=2,
+        extra_env={"GRADSYNC_PATH": "ps", "GRADSYNC_PS_MODE": "sync"})
+    assert "3 of 4 workers exited with code 0 (1 lost)" in output, output[-6000:]
+    assert len(results) == 3, output[-6000:]
+    _alike(results)
+    for r in results:
+        assert r["workers"] == 3 and r["membership_epoch"] == 1, r
+        assert r["recovered_at"][0] > killed["killed_at"], r
+
+
+def test_parameter_server_that_steps_takes_a_restarted_worker_back():
+    """path=ps, 2 shards that step (momentum): the restarted worker joins,
+    and all 4 end with the shards' parameters."""
+    killed, results, output = _train_and_kill(
+        ["--min_workers=3", "--restarts=1"], servers=2,
+        extra_env={"GRADSYNC_PATH": "ps", "GRADSYNC_PS_MODE": "sync",
+                   "GRADSYNC_OPTIMIZER": "momentum", "GRADSYNC_LR": "0.05",
+                   "GRADSYNC_MOMENTUM": "0.9"})
+    assert "4 of 4 workers exited with code 0 (1 restarted)" in output, \
+        output[-6000:]
+    assert len(results) == 4, output[-6000:]
+    assert len({r["state_sha256"] for r in results}) == 1, results
+    for r in results:
+        assert r["steps"] == STEPS, r
+        assert r["test_accuracy"] >= torch_cnn_e2e_test.MIN_ACCURACY, r
+        assert r["workers"] == 4 and r["membership_epoch"] == 2, r
+    joiners = [r for r in results if r["joined"]]
+    assert len(joiners) == 1 and joiners[0]["rank"] == 3, results
 
 
 def test_a_restarted_worker_rejoins_with_the_live_state():
