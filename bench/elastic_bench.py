@@ -5,7 +5,10 @@ restart, 4 workers of the Fashion-MNIST CNN on this machine, same seed.
 
 gradsync: examples/torch_elastic.py under gradsync_launch --min_workers=3
 (gradsync.torch.elastic: the 3 survivors agree on the step, take the
-state of one of them and go on). torchrun: bench/elastic_peer.py under
+state of one of them and go on), on the ring and (--paths=ring,ps) on 2
+parameter-server shards that average (ps_mode=sync); demo-ring and demo-ps
+run the demo's trainer instead (examples/fmnist_trainer, the MLP, 3
+epochs; build with --config=opt). torchrun: bench/elastic_peer.py under
 torchrun --max_restarts=1 (c10d rendezvous on loopback, DDP over gloo, a
 checkpoint every epoch): every worker restarts and resumes from the last
 checkpoint. In both the worker of rank 2 SIGKILLs itself before step
@@ -49,6 +52,12 @@ def parse_args(argv):
     p.add_argument("--rejoin", action="store_true",
                    help="gradsync_launch --restarts=1: the killed worker is "
                         "started again and joins the running job")
+    p.add_argument("--paths", default="ring",
+                   help="gradsync's runs, comma-separated: ring, ps (the torch "
+                        "example), demo-ring, demo-ps (the demo's trainer)")
+    p.add_argument("--demo_epochs", type=int, default=3)
+    p.add_argument("--demo_kill_step", type=int, default=0,
+                   help="default: the middle of the demo's second epoch")
     p.add_argument("--timeout_s", type=int, default=900)
     return p.parse_args(argv)
 
@@ -62,8 +71,9 @@ def env(args):
     return e
 
 
-def execute(name, command, args):
-    done = subprocess.run(command, env=env(args), stdout=subprocess.PIPE,
+def execute(name, command, args, extra_env=None):
+    done = subprocess.run(command, env=dict(env(args), **(extra_env or {})),
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=args.timeout_s)
     output = done.stdout.decode("utf-8", "replace")
     lines = job.json_lines(output)
@@ -74,15 +84,34 @@ def execute(name, command, args):
     return killed[0], [r for r in lines if "test_accuracy" in r], output
 
 
-def run_gradsync(args):
-    command = [job.LAUNCH, "--workers=%d" % WORKERS,
+def demo_command(args):
+    steps_per_epoch = 60000 // (WORKERS * 64)
+    kill_step = args.demo_kill_step or steps_per_epoch * 3 // 2
+    trainer = os.path.join(ROOT, "examples", "fmnist_trainer")
+    return [trainer, "--epochs=%d" % args.demo_epochs, "--kill_rank=%d" % KILLED,
+            "--kill_step=%d" % kill_step]
+
+
+def run_gradsync(args, path):
+    demo = path.startswith("demo-")
+    path = path[len("demo-"):] if demo else path
+    servers = 2 if path == "ps" else 0
+    extra_env = {"GRADSYNC_PATH": "ps", "GRADSYNC_PS_MODE": "sync"} if servers else {}
+    command = [job.LAUNCH, "--workers=%d" % WORKERS, "--servers=%d" % servers,
                "--min_workers=%d" % (WORKERS - 1), "--metrics_port=0"]
     command += ["--restarts=1"] if args.rejoin else []
-    command += ["--",
-               "/usr/bin/python3", os.path.join(ROOT, "examples", "torch_elastic.py"),
-               "--epochs=%d" % args.epochs, "--kill_rank=%d" % KILLED,
-               "--kill_step=%d" % args.kill_step]
-    killed, results, output = execute("gradsync", command, args)
+    command += ["--"]
+    if demo:
+        command += demo_command(args) + ["--mode=" + path]
+    else:
+        command += ["/usr/bin/python3", os.path.join(ROOT, "examples", "torch_elastic.py"),
+                    "--epochs=%d" % args.epochs, "--kill_rank=%d" % KILLED,
+                    "--kill_step=%d" % args.kill_step]
+    killed, results, output = execute("gradsync", command, args, extra_env)
+    if demo:  # the workers' elastic lines; the accuracy on rank 0's result
+        accuracy = [r["test_accuracy"] for r in results if "mode" in r]
+        results = [dict(r, test_accuracy=accuracy[0] if accuracy else -1)
+                   for r in job.json_lines(output) if r.get("elastic")]
     survivors = [r for r in results if not r["joined"]]
     joiners = [r for r in results if r["joined"]]
     if len(survivors) != WORKERS - 1 or len(joiners) != int(args.rejoin):
@@ -124,31 +153,36 @@ def run_torchrun(args):
 
 def main(argv):
     args = parse_args(argv)
-    runs = {"gradsync": [], "torchrun": []}
+    impls = [("gradsync-" + path, lambda a, path=path: run_gradsync(a, path))
+             for path in args.paths.split(",")]
+    impls.append(("torchrun", run_torchrun))
+    runs = {name: [] for name, _ in impls}
     for rep in range(args.reps):
-        for name, fn in (("gradsync", run_gradsync), ("torchrun", run_torchrun)):
+        for name, fn in impls:
             runs[name].append(fn(args))
             print("rep %d %s %s" % (rep, name, json.dumps(runs[name][-1])),
                   file=sys.stderr, flush=True)
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
            for name, rs in runs.items()}
-    ratio = med["torchrun"]["kill_to_step_s"] / med["gradsync"]["kill_to_step_s"]
-    print("%-10s %16s %16s %14s" % ("impl", "kill_to_step_s", "back_at_kill_s",
+    print("%-14s %16s %16s %14s" % ("impl", "kill_to_step_s", "back_at_kill_s",
                                      "test_accuracy"))
     for name, m in med.items():
-        print("%-10s %16.2f %16.2f %14.4f" % (name, m["kill_to_step_s"],
+        print("%-14s %16.2f %16.2f %14.4f" % (name, m["kill_to_step_s"],
                                                m["back_at_kill_s"],
                                                m["test_accuracy"]))
-    print("torchrun / gradsync kill_to_step: %.1fx" % ratio)
-    if args.rejoin:
-        print("gradsync replacement start_to_step_s: %.2f" %
-              med["gradsync"]["start_to_step_s"])
+    ratios = {name: med["torchrun"]["kill_to_step_s"] / m["kill_to_step_s"]
+              for name, m in med.items() if name != "torchrun"}
+    for name, ratio in ratios.items():
+        print("torchrun / %s kill_to_step: %.1fx" % (name, ratio))
+        if args.rejoin:
+            print("%s replacement start_to_step_s: %.2f" %
+                  (name, med[name]["start_to_step_s"]))
     for name, m in med.items():
         row = {"impl": name, "reps": args.reps, "epochs": args.epochs,
                "kill_step": args.kill_step}
         row.update({k: round(v, 4) for k, v in m.items()})
-        if name == "torchrun":
-            row["kill_to_step_ratio"] = round(ratio, 2)
+        if name in ratios:
+            row["torchrun_kill_to_step_ratio"] = round(ratios[name], 2)
         print(json.dumps(row))
     return 0
 

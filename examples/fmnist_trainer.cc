@@ -5,7 +5,7 @@
 //   fmnist_trainer [--epochs=3] [--batch=64] [--lr=0.05] [--momentum=0.9]
 //                      [--seed=1] [--mode=allreduce-ring] [--data_dir=...]
 //                      [--max_steps=0] [--eval_every_steps=0]
-//                      [--target_accuracy=0.85]
+//                      [--target_accuracy=0.85] [--kill_rank=-1 --kill_step=-1]
 //
 // Every worker reads the whole data set and trains on its shard: each epoch
 // all ranks draw the same permutation (seeded with seed + epoch) and rank r
@@ -22,6 +22,20 @@
 // --eval_every_steps=N > 0 evaluates the test accuracy every N steps (all
 // ranks together, outside the training time) to find when training first
 // reached --target_accuracy.
+//
+// Elastic jobs (gradsync_launch --min_workers, docs/design/failure_model.md):
+// when a worker is lost or joins, the step in flight fails with
+// kMembershipChanged; the workers of the new epoch agree on the step to go on
+// from (Communicator::AgreeOnStep), take that rank's parameters, momentum and
+// place in the epoch (Broadcast), deal the samples of the epoch not trained
+// yet among their new ranks and redo the step. A worker that joined a running
+// job does the same before its first step. --kill_rank=R --kill_step=S: the
+// worker started as rank R SIGKILLs itself before step S (unless it joined a
+// running job: a restart of it goes on), after printing {"killed_at": wall
+// clock s}. Each worker of a job that changed prints, before the result line,
+// {"elastic":true, rank, workers, membership_epoch, steps, joined,
+// started_at, recoveries, recovered_at (wall clock of the first step completed
+// after each change)}.
 //
 // Rank 0 shows progress on stderr (one line redrawn in place on a terminal,
 // a few plain lines otherwise). At the end the ranks evaluate a slice of the
@@ -40,6 +54,7 @@
 //   --target_accuracy; -1 when none did or evaluation was off) and
 //   target_step (the step of that evaluation; -1 likewise).
 // Exit status: 0 on success, 1 when training failed, 2 for bad flags.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,6 +100,8 @@ struct Options {
   int64_t eval_every_steps = 0;  // 0: evaluate only at the end
   double target_accuracy = 0;
   bool server_optimizer = false;  // the PS shards hold the parameters
+  int64_t kill_rank = -1;         // the rank (at the start) that SIGKILLs itself
+  int64_t kill_step = -1;         // before this step
 };
 
 StatusOr<Options> ReadOptions(const Config& config) {
@@ -99,6 +116,8 @@ StatusOr<Options> ReadOptions(const Config& config) {
   GS_ASSIGN_OR_RETURN(o.max_steps, config.GetInt("max_steps", 0));
   GS_ASSIGN_OR_RETURN(o.eval_every_steps, config.GetInt("eval_every_steps", 0));
   GS_ASSIGN_OR_RETURN(o.target_accuracy, config.GetDouble("target_accuracy", 0.85));
+  GS_ASSIGN_OR_RETURN(o.kill_rank, config.GetInt("kill_rank", -1));
+  GS_ASSIGN_OR_RETURN(o.kill_step, config.GetInt("kill_step", -1));
   GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
   o.server_optimizer = optimizer != "none";
   if (o.epochs < 1 || o.batch < 1 || o.lr <= 0 || o.momentum < 0 || o.momentum >= 1 ||
@@ -116,8 +135,11 @@ StatusOr<Options> ReadOptions(const Config& config) {
   return o;
 }
 
-// This rank's sample indices for one epoch (DistributedSampler semantics).
-std::vector<size_t> ShardOfEpoch(size_t n, int rank, int world, uint64_t seed, int64_t epoch) {
+// This rank's sample indices for one epoch (DistributedSampler semantics),
+// of the epoch's permutation without its first `consumed` samples (trained
+// before a membership change).
+std::vector<size_t> ShardOfEpoch(size_t n, int rank, int world, uint64_t seed, int64_t epoch,
+                                 size_t consumed) {
   std::vector<size_t> perm(n);
   std::iota(perm.begin(), perm.end(), 0);
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1;
@@ -128,6 +150,8 @@ std::vector<size_t> ShardOfEpoch(size_t n, int rank, int world, uint64_t seed, i
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     std::swap(perm[i - 1], perm[(z ^ (z >> 31)) % i]);
   }
+  perm.erase(perm.begin(), perm.begin() + static_cast<std::ptrdiff_t>(std::min(consumed, n)));
+  if (perm.empty()) return {};
   const size_t per_rank = (n + world - 1) / world;
   for (size_t i = 0; perm.size() < per_rank * world; ++i) {
     perm.push_back(perm[i]);
@@ -203,6 +227,10 @@ struct RunStats {
   int64_t target_step = -1;
 };
 
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -223,11 +251,15 @@ class Trainer {
         test_(test),
         model_({784, 256, 128, 10}, static_cast<uint64_t>(options_.seed)),
         sgd_(model_, static_cast<float>(options_.lr), static_cast<float>(options_.momentum)),
-        progress_(comm->rank() == 0, options_.epochs) {}
+        progress_(comm->rank() == 0, options_.epochs),
+        first_rank_(comm->rank()),
+        joined_(comm->epoch() > 0) {}
 
   Mlp& model() { return model_; }
 
-  // Registers the gradients and starts every rank from rank 0's parameters.
+  // Registers the gradients and starts every rank from rank 0's parameters
+  // (a worker that joined a running job: from the state the members agree
+  // on).
   Status Setup() {
     for (size_t t = 0; t < model_.num_tensors(); ++t) {
       GS_ASSIGN_OR_RETURN(
@@ -235,14 +267,30 @@ class Trainer {
           comm_->RegisterTensor(model_.tensor_name(t), model_.tensor_size(t), DType::kF32));
       ids_.push_back(id);
     }
-    if (options_.server_optimizer) {
-      // The first synchronisation hands the shards rank 0's parameters and
-      // gives every rank the same values back.
-      for (size_t t = 0; t < model_.num_tensors(); ++t) {
-        GS_RETURN_IF_ERROR(comm_->MarkReady(ids_[t], model_.param(t)).status());
-      }
-      return comm_->Synchronize(Deadline::AfterMs(kOpDeadlineMs));
+    if (joined_) return Recover(MembershipChangedError("joined the running job"));
+    Status s = StartFromRankZero();
+    return s.code() == StatusCode::kMembershipChanged ? Recover(s) : s;
+  }
+
+  // The JSON line of a worker of a job whose membership changed (or that
+  // was to lose a worker).
+  void PrintElastic(double started_at) const {
+    if (recovered_at_.empty() && !joined_ && options_.kill_rank < 0) return;
+    std::printf("{\"elastic\":true,\"rank\":%d,\"workers\":%d,\"membership_epoch\":%u,",
+                comm_->rank(), comm_->world_size(), comm_->epoch());
+    std::printf("\"steps\":%zu,\"joined\":%s,\"started_at\":%.3f,\"recoveries\":%d,", stats_.steps,
+                joined_ ? "true" : "false", started_at, recoveries_);
+    std::printf("\"recovered_at\":[");
+    for (size_t i = 0; i < recovered_at_.size(); ++i) {
+      std::printf("%s%.3f", i ? "," : "", recovered_at_[i]);
     }
+    std::printf("]}\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  Status StartFromRankZero() {
+    if (options_.server_optimizer) return HandParametersToShards();
     for (size_t t = 0; t < model_.num_tensors(); ++t) {
       GS_RETURN_IF_ERROR(comm_->Broadcast(model_.param(t), model_.tensor_size(t), DType::kF32, 0,
                                           Deadline::AfterMs(kOpDeadlineMs)));
@@ -250,11 +298,67 @@ class Trainer {
     return OkStatus();
   }
 
+  Status HandParametersToShards() {
+    // The first synchronisation hands the shards rank 0's parameters and
+    // gives every rank the same values back.
+    for (size_t t = 0; t < model_.num_tensors(); ++t) {
+      GS_RETURN_IF_ERROR(comm_->MarkReady(ids_[t], model_.param(t)).status());
+    }
+    return comm_->Synchronize(Deadline::AfterMs(kOpDeadlineMs));
+  }
+
+  // After a membership change (`why`): the workers of the new epoch take
+  // the state of the rank that completed the most steps; again while the
+  // membership keeps changing.
+  Status Recover(Status why) {
+    for (;;) {
+      GS_LOG(WARNING) << why.ToString() << "; now rank " << comm_->rank() << " of "
+                      << comm_->world_size() << " (epoch " << comm_->epoch() << ")";
+      Status s = TakeAgreedState();
+      if (s.code() != StatusCode::kMembershipChanged) {
+        ++recoveries_;
+        recovering_ = true;
+        return s;
+      }
+      why = s;
+    }
+  }
+
+  Status TakeAgreedState() {
+    const Deadline deadline = Deadline::AfterMs(kOpDeadlineMs);
+    GS_ASSIGN_OR_RETURN(Communicator::ResumePoint at, comm_->AgreeOnStep(stats_.steps, deadline));
+    for (size_t t = 0; t < model_.num_tensors(); ++t) {
+      GS_RETURN_IF_ERROR(
+          comm_->Broadcast(model_.param(t), model_.tensor_size(t), DType::kF32, at.root, deadline));
+      if (!options_.server_optimizer) {
+        GS_RETURN_IF_ERROR(comm_->Broadcast(sgd_.velocity(t), model_.tensor_size(t), DType::kF32,
+                                            at.root, deadline));
+      }
+    }
+    uint64_t place[3] = {stats_.steps, static_cast<uint64_t>(epoch_), consumed_};
+    GS_RETURN_IF_ERROR(comm_->Broadcast(place, sizeof(place), DType::kU8, at.root, deadline));
+    stats_.steps = place[0];
+    epoch_ = static_cast<int64_t>(place[1]);
+    consumed_ = place[2];
+    GS_LOG(WARNING) << "resuming at step " << stats_.steps << " (epoch " << epoch_ + 1 << ", "
+                    << consumed_ << " samples trained) from rank " << at.root << " as rank "
+                    << comm_->rank() << " of " << comm_->world_size();
+    // The shards' first round of an epoch takes a gradient, unless the job
+    // goes on from step 0: then the parameters, as at the start.
+    if (options_.server_optimizer && stats_.steps == 0) return HandParametersToShards();
+    return OkStatus();
+  }
+
+ public:
   StatusOr<RunStats> Train() {
     const auto start = Clock::now();
     const client::CommunicatorStats before = comm_->stats();
-    for (int64_t epoch = 0; epoch < options_.epochs && !StepLimitReached(); ++epoch) {
-      GS_RETURN_IF_ERROR(RunEpoch(epoch, start));
+    while (epoch_ < options_.epochs && !StepLimitReached()) {
+      GS_ASSIGN_OR_RETURN(bool finished, RunEpoch(start));
+      if (finished) {
+        ++epoch_;
+        consumed_ = 0;
+      }
     }
     stats_.wall_s = Elapsed(start);
     const client::CommunicatorStats after = comm_->stats();
@@ -292,10 +396,14 @@ class Trainer {
     return options_.max_steps > 0 && stats_.steps >= static_cast<size_t>(options_.max_steps);
   }
 
-  Status RunEpoch(int64_t epoch, Clock::time_point start) {
+  // The rest of epoch_ from consumed_; false when a membership change cut
+  // it short (the state is the agreed one: deal the rest again).
+  StatusOr<bool> RunEpoch(Clock::time_point start) {
+    const int64_t epoch = epoch_;
+    const size_t world = static_cast<size_t>(comm_->world_size());
     const std::vector<size_t> shard =
         ShardOfEpoch(train_->labels.size(), comm_->rank(), comm_->world_size(),
-                     static_cast<uint64_t>(options_.seed), epoch);
+                     static_cast<uint64_t>(options_.seed), epoch, consumed_);
     const size_t batch = static_cast<size_t>(options_.batch);
     size_t steps = (shard.size() + batch - 1) / batch;
     if (options_.max_steps > 0) {
@@ -305,15 +413,38 @@ class Trainer {
     for (size_t s = 0; s < steps; ++s) {
       const size_t count = std::min(batch, shard.size() - s * batch);
       Gather(*train_, shard.data() + s * batch, count, &inputs_, &labels_);
-      GS_ASSIGN_OR_RETURN(float loss, Step(count));
-      loss_sum += loss;
-      stats_.samples += count * static_cast<size_t>(comm_->world_size());
-      GS_RETURN_IF_ERROR(MaybeEvaluate(start));
+      MaybeDie();
+      StatusOr<float> loss = Step(count);
+      Status done = loss.status();
+      if (done.ok()) {
+        loss_sum += *loss;
+        stats_.samples += count * world;
+        consumed_ = std::min(consumed_ + count * world, train_->labels.size());
+        if (recovering_) recovered_at_.push_back(WallSeconds());
+        recovering_ = false;
+        done = MaybeEvaluate(start);
+      }
+      if (done.code() == StatusCode::kMembershipChanged) {
+        GS_RETURN_IF_ERROR(Recover(done));
+        return false;
+      }
+      GS_RETURN_IF_ERROR(done);
       const double elapsed = Elapsed(start);
       progress_.Update(epoch, s + 1, steps, loss_sum / static_cast<double>(s + 1),
                        static_cast<double>(stats_.samples) / elapsed);
     }
-    return OkStatus();
+    return true;
+  }
+
+  // --kill_rank / --kill_step: SIGKILLs this process before the step.
+  void MaybeDie() const {
+    if (joined_ || first_rank_ != options_.kill_rank ||
+        static_cast<int64_t>(stats_.steps) != options_.kill_step) {
+      return;
+    }
+    std::printf("{\"killed_at\":%.3f}\n", WallSeconds());
+    std::fflush(stdout);
+    raise(SIGKILL);
   }
 
   StatusOr<float> Step(size_t count) {
@@ -354,6 +485,13 @@ class Trainer {
   std::vector<float> inputs_;
   std::vector<uint8_t> labels_;
   RunStats stats_;
+  const int first_rank_;  // the rank this worker started with
+  const bool joined_;     // it joined a running job
+  int64_t epoch_ = 0;     // of training; with consumed_, where training is
+  size_t consumed_ = 0;   // samples of epoch_'s permutation trained
+  int recoveries_ = 0;
+  bool recovering_ = false;  // recovered; no step completed since
+  std::vector<double> recovered_at_;
 };
 
 // Test accuracy over all ranks: each evaluates a contiguous slice.
@@ -421,7 +559,7 @@ int Fail(const std::string& what, const Status& s, int code) {
   return code;
 }
 
-int Run(const Config& config, const Options& options) {
+int Run(const Config& config, const Options& options, double started_at) {
   auto train = ReadFashionMnist(options.data_dir, /*train=*/true);
   if (!train.ok()) return Fail("reading the training set", train.status(), 1);
   auto test = ReadFashionMnist(options.data_dir, /*train=*/false);
@@ -438,18 +576,20 @@ int Run(const Config& config, const Options& options) {
   if (!accuracy.ok()) return Fail("evaluating", accuracy.status(), 1);
   Status losses = AverageLossWindows(comm->get(), &*run);
   if (!losses.ok()) return Fail("averaging the losses", losses, 1);
+  trainer.PrintElastic(started_at);
   if ((*comm)->rank() == 0) PrintResult(options, *run, *accuracy, comm->get());
   (*comm)->Shutdown();
   return 0;
 }
 
 int Main(int argc, char** argv) {
+  const double started_at = WallSeconds();
   SetLogTag("worker");
   auto config = Config::FromArgs(argc, argv, environ);
   if (!config.ok()) return Fail("flags", config.status(), 2);
   auto options = ReadOptions(*config);
   if (!options.ok()) return Fail("flags", options.status(), 2);
-  return Run(*config, *options);
+  return Run(*config, *options, started_at);
 }
 
 }  // namespace

@@ -78,6 +78,8 @@ class SgdMomentum {
   SgdMomentum(const Mlp& model, float lr, float momentum);
   // Applies the model's current gradients to its parameters.
   void Step(Mlp* model);
+  // The velocity of tensor `tensor` (as many floats as the tensor).
+  float* velocity(size_t tensor) { return velocity_[tensor].data(); }
 
  private:
   float lr_;

@@ -337,12 +337,14 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   node.info.boot_id = r.boot_id() ? r.boot_id()->str() : "";
   node.info.public_key = key;
   node.pid = r.pid();
+  node.pid_ns = r.pid_ns() ? r.pid_ns()->str() : "";
   node.last_seen = clock_->Now();
   if (phase_ == Phase::kRunning) {
     OnJoinRequest(std::move(node));
     return;
   }
   nodes_[identity] = node;
+  WatchProcess(node);
   order_.push_back(identity);
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
@@ -625,7 +627,24 @@ void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
   for (const BarrierKey& k : keys) TryRelease(k);
 }
 
+void Scheduler::WatchProcess(const Node& node) {
+  if (node.info.role != Role::Worker) return;  // a server may restart within its grace
+  if (exits_.Watch(node.identity, node.pid, node.info.boot_id, node.pid_ns)) {
+    GS_LOG(INFO) << node.info.Name() << " runs on this machine: its exit (pid " << node.pid
+                 << ") is seen at once";
+  }
+}
+
+void Scheduler::TakeExits() {
+  for (const std::string& id : exits_.Exited()) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end() || !it->second.alive || it->second.left) continue;
+    MarkDead(it->second, "its process (pid " + std::to_string(it->second.pid) + ") exited");
+  }
+}
+
 void Scheduler::Tick() {
+  TakeExits();
   TakeSilentClaims();
   TakeWaitingJoiners();
   const SteadyTime now = clock_->Now();

@@ -53,6 +53,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "scheduler/membership.h"
+#include "scheduler/process_watch.h"
 #include "scheduler/scheduler_metrics.h"
 #include "wire/curve.h"
 #include "wire/message.h"
@@ -100,6 +101,7 @@ class Scheduler {
     std::string identity;
     wire::NodeInfo info;
     uint32_t pid = 0;
+    std::string pid_ns;  // of pid, as it registered (ProcessWatch)
     SteadyTime last_seen;
     bool alive = true;
     bool left = false;
@@ -144,6 +146,10 @@ class Scheduler {
   void OnNcclOffer(Node& node, const wire::NcclIdBody& body);
   void OnLeave(Node& node, const wire::LeaveBody& body);
   void Tick();
+  // Watches a worker's process when it runs on this machine (ProcessWatch).
+  void WatchProcess(const Node& node);
+  // Declares dead the workers whose process exited.
+  void TakeExits();
   void DeclareDead(Node& node, Millis silent);
   // Declares `node` dead for `why`: recorded, and every node is told.
   void MarkDead(Node& node, const std::string& why);
@@ -213,6 +219,8 @@ class Scheduler {
   std::vector<std::string> dead_;         // names of nodes declared dead
   bool servers_released_ = false;
   Membership membership_;
+  // Workers of this machine: declared dead the moment their process exits.
+  ProcessWatch exits_;
   std::vector<std::string> removed_;  // workers an elastic job lost, and why
   Status result_;
   RefusalLog refusal_log_;

@@ -103,6 +103,7 @@ void Scheduler::AdmitJoiner(Node node) {
   node.info.rank = -1;
   node.last_seen = clock_->Now();
   nodes_[identity] = node;
+  WatchProcess(node);
   order_.push_back(identity);
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();

@@ -11,6 +11,11 @@
 # WORKERS (4), SERVERS (2, for the modes that use servers), PORT (29500; 0
 # picks a free port) and EPOCHS (3) override the defaults; TRAINER_FLAGS adds
 # flags to every trainer (--batch=, --lr=, --momentum=, --seed=).
+# KILL_STEP=N runs each mode as an elastic job that loses a worker and gets
+# it back: worker 2 SIGKILLs itself before step N, the launcher restarts it
+# (--min_workers=WORKERS-1 --restarts=1) and it joins the running job; the
+# asynchronous and SSP modes, which do not go on after a change, are left
+# out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +25,12 @@ PORT=${PORT:-29500}
 EPOCHS=${EPOCHS:-3}
 MODE=${MODE:-}
 TRAINER_FLAGS=${TRAINER_FLAGS:-}
+KILL_STEP=${KILL_STEP:-}
+LAUNCH_FLAGS=""
+if [ -n "$KILL_STEP" ]; then
+  LAUNCH_FLAGS="--min_workers=$((WORKERS - 1)) --restarts=1"
+  TRAINER_FLAGS="$TRAINER_FLAGS --kill_rank=2 --kill_step=$KILL_STEP"
+fi
 
 # One mode per entry: name|uses servers (0 or 1)|job environment|trainer flags.
 # Stale gradients act as momentum of their own: the asynchronous mode keeps
@@ -47,6 +58,9 @@ MODES=(
 
 selected=()
 for entry in "${MODES[@]}"; do
+  if [ -n "$KILL_STEP" ] && [[ "$entry" == *"PS_MODE=async"* || "$entry" == *"PS_MODE=ssp"* ]]; then
+    continue
+  fi
   [ -z "$MODE" ] || [ "${entry%%|*}" = "$MODE" ] && selected+=("$entry")
 done
 if [ ${#selected[@]} -eq 0 ]; then
@@ -70,7 +84,7 @@ run_mode() {
   echo "=== $name: $WORKERS workers, $servers servers, $EPOCHS epochs ==="
   # shellcheck disable=SC2086  # the environment and flags are words
   env $job_env "$bin/launcher/gradsync_launch" --workers="$WORKERS" --servers="$servers" --port="$PORT" \
-      --log_dir="$logs/$name" -- "$bin/examples/fmnist_trainer" --mode="$name" \
+      --log_dir="$logs/$name" $LAUNCH_FLAGS -- "$bin/examples/fmnist_trainer" --mode="$name" \
       --epochs="$EPOCHS" $flags $TRAINER_FLAGS 2>&1 | tee "$logs/$name.out"
 }
 

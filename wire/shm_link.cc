@@ -99,6 +99,12 @@ void WaitOn(std::atomic<uint32_t>* seq, std::atomic<uint32_t>* waiting, Deadline
 
 }  // namespace
 
+std::string PidNamespace() {
+  char link[128];
+  const ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+  return n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string();
+}
+
 std::string BootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;

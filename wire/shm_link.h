@@ -152,6 +152,10 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
 
 // This machine's boot id (/proc/sys/kernel/random/boot_id), "" if unknown.
 std::string BootId();
+// This process's pid namespace ("pid:[4026531836]", the link
+// /proc/self/ns/pid), "" if unknown: with the boot id, two processes that
+// agree on it name each other's processes by the same pids.
+std::string PidNamespace();
 
 }  // namespace gradsync::wire
 

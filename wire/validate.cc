@@ -93,7 +93,7 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
         return Reject(ErrorCode::BadSender, "negative requested rank", t);
       if (!StringOk(b->host(), limits) || !StringOk(b->build_id(), limits) ||
           !StringOk(b->identity(), limits) || !StringOk(b->boot_id(), limits) ||
-          !StringOk(b->public_key(), limits)) {
+          !StringOk(b->public_key(), limits) || !StringOk(b->pid_ns(), limits)) {
         return too_long();
       }
       break;
