@@ -164,10 +164,10 @@ def main(argv):
                   file=sys.stderr, flush=True)
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
            for name, rs in runs.items()}
-    print("%-14s %16s %16s %14s" % ("impl", "kill_to_step_s", "back_at_kill_s",
+    print("%-20s %16s %16s %14s" % ("impl", "kill_to_step_s", "back_at_kill_s",
                                      "test_accuracy"))
     for name, m in med.items():
-        print("%-14s %16.2f %16.2f %14.4f" % (name, m["kill_to_step_s"],
+        print("%-20s %16.2f %16.2f %14.4f" % (name, m["kill_to_step_s"],
                                                m["back_at_kill_s"],
                                                m["test_accuracy"]))
     ratios = {name: med["torchrun"]["kill_to_step_s"] / m["kill_to_step_s"]

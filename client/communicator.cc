@@ -226,6 +226,9 @@ class Communicator::Impl {
   void EnqueueLayoutCheckLocked();
   void ResetStepLocked();
   std::vector<wire::TensorSpecFields> LayoutLocked();
+  // Each bucket's compressor spec (BucketCompression::SpecOf); after
+  // FinalizeLocked.
+  std::vector<std::pair<uint32_t, std::string>> BucketSpecsLocked();
   // Records one operation of the engine thread, and the retries since the last.
   void Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s);
 
@@ -436,9 +439,7 @@ Status Communicator::Impl::FinalizeLocked() {
   finalized_ = true;
   // On the engine thread, before any bucket (the PS client compresses each
   // partition itself, so that the shards decompress what they own).
-  std::vector<std::pair<uint32_t, std::string>> specs;
-  for (const BucketInfo& info : infos) specs.emplace_back(info.id, compression_->SpecOf(info.id));
-  Enqueue([this, specs = std::move(specs)] {
+  Enqueue([this, specs = BucketSpecsLocked()] {
     Status s = backend_->PrepareBuckets(specs);
     if (!s.ok()) Fail(s);
   });
@@ -708,6 +709,12 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
   return done.get();  // the engine runs every job queued before it stops
 }
 
+std::vector<std::pair<uint32_t, std::string>> Communicator::Impl::BucketSpecsLocked() {
+  std::vector<std::pair<uint32_t, std::string>> specs;
+  for (const Bucket& b : bucketer_.buckets()) specs.emplace_back(b.id, compression_->SpecOf(b.id));
+  return specs;
+}
+
 std::vector<wire::TensorSpecFields> Communicator::Impl::LayoutLocked() {
   std::vector<wire::TensorSpecFields> layout;
   for (const Tensor& t : bucketer_.tensors()) {
@@ -790,6 +797,14 @@ Status Communicator::Impl::Reform(Deadline deadline) {
           backend, session_.get(), compression_.get(), device_.get(), &ring_rejected_,
           &ps_rejected_, [] { return false; }, deadline);
       s = next.status();
+    }
+    if (s.ok()) {  // the buckets keep their compression in the new backend
+      std::vector<std::pair<uint32_t, std::string>> specs;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (finalized_) specs = BucketSpecsLocked();
+      }
+      if (!specs.empty()) s = (*next)->PrepareBuckets(specs);
     }
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);

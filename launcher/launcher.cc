@@ -94,9 +94,13 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc, const char* const* arg
   GS_ASSIGN_OR_RETURN(o.servers, IntFlag(config, "servers", 0, 0, 4096));
   // 0 (not given): not elastic. Under Slurm the step's size sets the workers.
   GS_ASSIGN_OR_RETURN(o.min_workers, IntFlag(config, "min_workers", 0, 0, 4096));
-  GS_ASSIGN_OR_RETURN(o.max_workers, IntFlag(config, "max_workers", o.workers, o.workers, 4096));
+  GS_ASSIGN_OR_RETURN(o.slurm, config.GetBool("slurm", InSlurmStep()));
+  // Under Slurm the step's size sets the workers: RunSlurmTask checks these.
+  GS_ASSIGN_OR_RETURN(o.max_workers_given, IntFlag(config, "max_workers", 0, 0, 4096));
+  GS_ASSIGN_OR_RETURN(o.max_workers,
+                      IntFlag(config, "max_workers", o.workers, o.slurm ? 0 : o.workers, 4096));
   GS_ASSIGN_OR_RETURN(o.restarts, IntFlag(config, "restarts", 0, 0, 1000));
-  if (o.restarts > 0 && !o.Elastic()) {
+  if (o.restarts > 0 && !o.slurm && !o.Elastic()) {
     return InvalidArgumentError(
         "--restarts needs an elastic job (--min_workers below --workers, "
         "or --max_workers above it): a failed worker of any other job "
@@ -120,7 +124,6 @@ StatusOr<LaunchOptions> LaunchOptions::FromArgs(int argc, const char* const* arg
   GS_ASSIGN_OR_RETURN(o.server_binary, config.GetString("server_binary", ""));
   GS_ASSIGN_OR_RETURN(o.log_dir, config.GetString("log_dir", ""));
   GS_ASSIGN_OR_RETURN(o.security, config.GetString("security", o.security));
-  GS_ASSIGN_OR_RETURN(o.slurm, config.GetBool("slurm", InSlurmStep()));
   if (!o.slurm && o.min_workers > o.workers) {
     return InvalidArgumentError("--min_workers=" + std::to_string(o.min_workers) +
                                 " exceeds --workers=" + std::to_string(o.workers));

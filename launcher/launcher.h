@@ -56,6 +56,7 @@ struct LaunchOptions {
   // The most workers the job takes (the scheduler refuses joiners past it);
   // 0: `workers`.
   int max_workers = 0;
+  int max_workers_given = 0;  // --max_workers as given (0: not); Slurm steps
   int MaxWorkers() const { return max_workers > workers ? max_workers : workers; }
   bool Elastic() const { return MinWorkers() < workers || MaxWorkers() > workers; }
   // Elastic jobs: how many times in all a failed worker is started again

@@ -31,10 +31,15 @@ int Main(int argc, char** argv) {
     // One task of a Slurm step: become its scheduler, shard or worker.
     const std::string server =
         options->server_binary.empty() ? DefaultServerBinary() : options->server_binary;
-    Status s =
-        ExecSlurmTask(options->servers, options->port > 0 ? options->port : kSlurmDefaultPort,
-                      server, options->worker_command, options->min_workers);
-    std::fprintf(stderr, "gradsync_launch: %s\n", s.message().c_str());
+    SlurmElastic elastic;
+    elastic.min_workers = options->min_workers;
+    elastic.max_workers = options->max_workers_given;
+    elastic.restarts = options->restarts;
+    StatusOr<int> code =
+        RunSlurmTask(options->servers, options->port > 0 ? options->port : kSlurmDefaultPort,
+                     server, options->worker_command, elastic, stop);
+    if (code.ok()) return *code;
+    std::fprintf(stderr, "gradsync_launch: %s\n", code.status().message().c_str());
     return 2;
   }
   Launcher launcher(*options, stdout);

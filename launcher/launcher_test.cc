@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -401,6 +402,25 @@ TEST(SlurmTest, TasksBecomeSchedulerShardsAndWorkers) {
                               {"SLURMD_NODENAME", "node1"}},
                              2, 29400, address, first);
   EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+}
+
+// A worker task with restarts runs its trainer as a child and starts it
+// again after a failure: the second run finds the mark of the first.
+TEST(SlurmTest, AWorkerTaskStartsAFailedTrainerAgain) {
+  const std::string mark = ::testing::TempDir() + "/supervised_once";
+  std::remove(mark.c_str());
+  SlurmExec e;
+  e.argv = {"/bin/sh", "-c", "if [ -e \"$MARK\" ]; then exit 0; fi; touch \"$MARK\"; kill -9 $$"};
+  e.env = {{"MARK", mark}};
+  std::atomic<int> stop{0};
+  auto code = SuperviseWorker(e, "worker 2", 1, stop);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  // Without restarts the failure is the task's.
+  std::remove(mark.c_str());
+  code = SuperviseWorker(e, "worker 2", 0, stop);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 128 + 9);
 }
 
 }  // namespace gradsync::launcher

@@ -1,5 +1,7 @@
 #include "launcher/slurm.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -126,6 +128,9 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
       if (task.min_workers > 0 && task.min_workers < task.num_workers) {
         e.argv.push_back("--min_workers=" + std::to_string(task.min_workers));
       }
+      if (task.max_workers > task.num_workers) {
+        e.argv.push_back("--max_workers=" + std::to_string(task.max_workers));
+      }
       break;
     case SlurmTask::Role::kServer:
       e.argv = {server_binary, "--role=server", "--rank=" + std::to_string(task.rank)};
@@ -139,8 +144,49 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
   return e;
 }
 
-Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
-                     const std::vector<std::string>& worker_command, int min_workers) {
+StatusOr<int> SuperviseWorker(const SlurmExec& e, const std::string& name, int restarts,
+                              const std::atomic<int>& stop) {
+  for (int attempt = 0;; ++attempt) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t child = fork();
+    if (child < 0) return UnavailableError(std::string("cannot fork: ") + std::strerror(errno));
+    if (child == 0) {
+      for (const auto& [k, v] : e.env) setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (const std::string& a : e.argv) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execvp(argv[0], argv.data());
+      std::fprintf(stderr, "gradsync_launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      _exit(127);
+    }
+    int status = 0;
+    bool forwarded = false;
+    for (;;) {
+      const pid_t done = waitpid(child, &status, WNOHANG);
+      if (done == child) break;
+      if (done < 0 && errno != EINTR) {
+        return UnavailableError(std::string("waitpid: ") + std::strerror(errno));
+      }
+      if (stop.load() != 0 && !forwarded) {
+        kill(child, stop.load());
+        forwarded = true;
+      }
+      usleep(20000);
+    }
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code == 0 || stop.load() != 0 || attempt >= restarts) return code;
+    std::fprintf(
+        stderr, "gradsync_launch: %s %s; starting it again (restart %d of %d)\n", name.c_str(),
+        WIFEXITED(status) ? ("exited with code " + std::to_string(code)).c_str()
+                          : ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str(),
+        attempt + 1, restarts);
+  }
+}
+
+StatusOr<int> RunSlurmTask(int servers, int port, const std::string& server_binary,
+                           const std::vector<std::string>& worker_command,
+                           const SlurmElastic& elastic, const std::atomic<int>& stop) {
   std::map<std::string, std::string> env;
   for (const char* key :
        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURMD_NODENAME", "SLURM_LOCALID"}) {
@@ -148,12 +194,25 @@ Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
   }
   GS_ASSIGN_OR_RETURN(SlurmTask task,
                       PlanSlurmTask(env, servers, port, ScontrolAddress, ScontrolFirstNode));
-  if (min_workers > task.num_workers) {
-    return InvalidArgumentError("--min_workers=" + std::to_string(min_workers) + " exceeds the " +
-                                std::to_string(task.num_workers) + " workers of this Slurm step");
+  if (elastic.min_workers > task.num_workers) {
+    return InvalidArgumentError("--min_workers=" + std::to_string(elastic.min_workers) +
+                                " exceeds the " + std::to_string(task.num_workers) +
+                                " workers of this Slurm step");
   }
-  task.min_workers = min_workers;
+  task.min_workers = elastic.min_workers;
+  task.max_workers = elastic.max_workers;
+  const bool is_elastic = (task.min_workers > 0 && task.min_workers < task.num_workers) ||
+                          task.max_workers > task.num_workers;
+  if (elastic.restarts > 0 && !is_elastic) {
+    return InvalidArgumentError(
+        "--restarts needs an elastic step (--min_workers below its " +
+        std::to_string(task.num_workers) +
+        " workers, or --max_workers above): a failed worker of any other job stops it");
+  }
   SlurmExec e = SlurmExecFor(task, server_binary, worker_command, env["SLURM_LOCALID"]);
+  if (task.role == SlurmTask::Role::kWorker && elastic.restarts > 0) {
+    return SuperviseWorker(e, "worker " + std::to_string(task.rank), elastic.restarts, stop);
+  }
   for (const auto& [k, v] : e.env) setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> argv;
   for (std::string& a : e.argv) argv.push_back(a.data());

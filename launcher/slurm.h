@@ -12,10 +12,15 @@
 // --security=none. With --min_workers below the allocation's workers the
 // scheduler runs an elastic job: a worker task that dies ends a membership
 // epoch, not the job (srun must then not kill the step on a task's failure:
-// --kill-on-bad-exit=0, Slurm's default).
+// --kill-on-bad-exit=0, Slurm's default). --max_workers above them lets
+// workers join the running job. With --restarts=N a worker task does not
+// become its trainer but runs it, and starts it again (up to N times in
+// all) when it fails: the new process joins the running job with the same
+// environment.
 #ifndef GRADSYNC_LAUNCHER_SLURM_H_
 #define GRADSYNC_LAUNCHER_SLURM_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <string>
@@ -37,6 +42,7 @@ struct SlurmTask {
   int num_workers = 0;
   int num_servers = 0;
   int min_workers = 0;    // in (0, num_workers): an elastic job
+  int max_workers = 0;    // above num_workers: joiners are admitted up to it
   std::string scheduler;  // host:port
   std::string host;       // this node's address
 };
@@ -60,12 +66,29 @@ SlurmExec SlurmExecFor(const SlurmTask& task, const std::string& server_binary,
                        const std::vector<std::string>& worker_command,
                        const std::string& local_rank);
 
+// The elastic settings of a step (LaunchOptions): 0 where not given.
+struct SlurmElastic {
+  int min_workers = 0;  // must not exceed the step's workers
+  int max_workers = 0;
+  int restarts = 0;  // worker tasks: start a failed trainer again, this many times
+};
+
 // Plans this task from the real environment and scontrol, then replaces
-// this process with it. Returns only on failure.
-// `min_workers` (0: not elastic) must not exceed the step's workers
-// (InvalidArgument).
-Status ExecSlurmTask(int servers, int port, const std::string& server_binary,
-                     const std::vector<std::string>& worker_command, int min_workers = 0);
+// this process with it, or (a worker task with restarts) runs it as a
+// child until it succeeds or the restarts are spent, and returns its exit
+// status. `stop` (a signal number, 0: none) is forwarded to the child.
+// InvalidArgument for settings the step cannot take; otherwise returns
+// only on failure to start.
+StatusOr<int> RunSlurmTask(int servers, int port, const std::string& server_binary,
+                           const std::vector<std::string>& worker_command,
+                           const SlurmElastic& elastic, const std::atomic<int>& stop);
+
+// Runs `e` as a child, inheriting stdout and stderr, and starts it again
+// after each failure (an exit status other than 0), `restarts` times in all;
+// `name` names it in the launcher's lines. Returns the last exit status (128
+// + signal for a child killed by a signal).
+StatusOr<int> SuperviseWorker(const SlurmExec& e, const std::string& name, int restarts,
+                              const std::atomic<int>& stop);
 
 }  // namespace gradsync::launcher
 

@@ -55,10 +55,9 @@ TEST(ProcessWatchTest, OnlyTheNodesOwnProcessCounts) {
   const pid_t a = SleepingChild(), b = SleepingChild();
   ASSERT_GT(a, 0);
   ASSERT_GT(b, 0);
-  const bool watched = watch.Watch("a", static_cast<uint32_t>(a), wire::BootId(),
-                                   wire::PidNamespace()) &&
-                       watch.Watch("b", static_cast<uint32_t>(b), wire::BootId(),
-                                   wire::PidNamespace());
+  const bool watched =
+      watch.Watch("a", static_cast<uint32_t>(a), wire::BootId(), wire::PidNamespace()) &&
+      watch.Watch("b", static_cast<uint32_t>(b), wire::BootId(), wire::PidNamespace());
   kill(b, SIGKILL);
   if (watched) {
     EXPECT_EQ(WaitForExit(watch), std::vector<std::string>{"b"});

@@ -27,11 +27,12 @@ struct Shards {
 };
 
 // Two shards that average (ps_mode=sync, optimizer=none); each of the
-// workers' two buckets is one key.
+// workers' two buckets is one key, pushed in fp16.
 Shards SyncShards() {
   return {2,
           {"--ps_mode=sync"},
-          {"--path=ps", "--split=true", "--bucket_bytes=512", "--first_bucket_bytes=512"}};
+          {"--path=ps", "--split=true", "--bucket_bytes=512", "--first_bucket_bytes=512",
+           "--compression=fp16", "--compression_min_bytes=0"}};
 }
 
 // Two shards that step (ps_mode=sync, optimizer=sgd).
@@ -95,6 +96,22 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     EXPECT_EQ(closed, 2 * steps) << "the shards closed a round twice, or missed one";
   }
 
+  // fp16 pushes: after compression, half the gradient bytes (give or take
+  // the pushes of the step the change failed, counted as sent: at most its
+  // two 512-byte buckets).
+  static void ExpectHalved(const std::string& output) {
+    const size_t at = output.find("gradient bytes ");
+    ASSERT_NE(at, std::string::npos) << output;
+    unsigned long long raw = 0, wire = 0;
+    ASSERT_EQ(std::sscanf(output.c_str() + at, "gradient bytes %llu, after compression %llu", &raw,
+                          &wire),
+              2)
+        << output;
+    EXPECT_GT(raw, 0u);
+    EXPECT_GE(wire * 2, raw) << output;
+    EXPECT_LE(wire * 2, raw + 2 * 1024) << output;
+  }
+
   static std::string Params(const std::string& output) {
     const size_t at = output.find("final step ");
     if (at == std::string::npos) return "";
@@ -127,6 +144,9 @@ class ElasticTest : public ::testing::Test, public LocalJob {
           << out;
       EXPECT_NE(out.find("final step 400 world 3 epoch 1 params "), std::string::npos) << out;
       params.insert(Params(out));
+      if (shards.count > 0 && shards.worker_flags.back() == "--compression_min_bytes=0") {
+        ExpectHalved(out);  // the new epoch's client compresses too
+      }
     }
     EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
     EXPECT_FALSE(params.begin()->empty());

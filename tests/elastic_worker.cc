@@ -18,7 +18,8 @@
 // With die_at_step, the worker started with rank R SIGKILLs itself after
 // step N, once: only if it could create PATH (a restart finds it there).
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
-// change, and at the end "final step S world W epoch E params HEX".
+// change, and at the end "final step S world W epoch E params HEX" and the
+// gradient bytes synchronised before and after compression.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -222,6 +223,10 @@ int Main(int argc, char** argv) {
   std::printf("final step %llu world %d epoch %u params %016llx\n",
               static_cast<unsigned long long>(state.step), c.world_size(), c.epoch(),
               static_cast<unsigned long long>(Fnv(state.w)));
+  const client::CommunicatorStats stats = c.stats();
+  std::printf("gradient bytes %llu, after compression %llu\n",
+              static_cast<unsigned long long>(stats.bytes_reduced),
+              static_cast<unsigned long long>(stats.wire_bytes));
   return 0;
 }
 

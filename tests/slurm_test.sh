@@ -9,7 +9,7 @@
 # sync). Skips (exit 0 with a line "GRADSYNC-SKIPPED: why", which
 # tools/test_summary.sh counts as skipped) without root or without Slurm
 # (slurm-wlm, munge). Then an elastic ring job under Slurm loses a worker
-# task and goes on (below).
+# task and goes on, and one whose worker tasks restart their trainer (below).
 set -euo pipefail
 
 for tool in slurmctld slurmd srun sinfo munged; do
@@ -117,6 +117,17 @@ for r in 0 1; do
 done
 echo "PASSED: scheduler on node1, shard on node2, workers 0 and 1 on node3 and node4"
 
+# expect_finals WORLD EPOCH FILE: WORLD workers of tests/elastic_worker
+# finished 400 steps in epoch EPOCH with equal parameters.
+expect_finals() {
+  local finals
+  finals=$(grep -o "final step 400 world $1 epoch $2 params [0-9a-f]*" "$3" || true)
+  [ "$(wc -l <<<"$finals")" -eq "$1" ] && [ -n "$finals" ] ||
+    fail "expected $1 workers to finish 400 steps in epoch $2, got: $finals"
+  [ "$(awk '{print $NF}' <<<"$finals" | sort -u | wc -l)" -eq 1 ] ||
+    fail "the workers' parameters differ: $finals"
+}
+
 # An elastic job under Slurm: 3 ring workers with --min_workers=2; one
 # worker task is killed mid-training and the step goes on without it
 # (srun --kill-on-bad-exit=0): the 2 survivors finish every step and agree
@@ -140,9 +151,24 @@ kill -9 "$victim"
 echo "slurm: killed worker process $victim at step 50 or later"
 wait "$srun_pid" || true  # the killed task makes srun's status non-zero
 cat "$dir/elastic.out"
-finals=$(grep -o "final step 400 world 2 epoch 1 params [0-9a-f]*" "$dir/elastic.out" || true)
-[ "$(wc -l <<<"$finals")" -eq 2 ] && [ -n "$finals" ] ||
-  fail "expected 2 survivors to finish 400 steps in epoch 1, got: $finals"
-[ "$(awk '{print $NF}' <<<"$finals" | sort -u | wc -l)" -eq 1 ] ||
-  fail "the survivors' parameters differ: $finals"
+expect_finals 2 1 "$dir/elastic.out"
 echo "PASSED: elastic step under Slurm: 2 survivors finished 400 steps with equal parameters"
+
+# --restarts under Slurm: the worker tasks run their trainer and start it
+# again when it fails. Worker 2 SIGKILLs itself after step 100, once; its
+# task starts it again, it joins the running job, and all 3 finish in epoch
+# 2 with equal parameters; srun exits 0.
+code=0
+tools/simhosts.sh run "$name" 0 env GRADSYNC_KEY_FILE="$dir/job.key" GRADSYNC_METRICS_BASE_PORT=0 \
+  GRADSYNC_HEARTBEAT_MS=200 GRADSYNC_MISSED_HEARTBEATS=5 \
+  timeout 180 srun -N4 --ntasks-per-node=1 --kill-on-bad-exit=0 --label \
+  "$here/launcher/gradsync_launch" --servers=0 --min_workers=2 --restarts=1 \
+  --server_binary="$here/server/gradsync_server" \
+  -- "$here/tests/elastic_worker" --steps=400 --die_at_step=100 --die_rank=2 \
+  --die_once="$dir/died_once" > "$dir/restart.out" 2>&1 || code=$?
+cat "$dir/restart.out"
+[ "$code" -eq 0 ] || fail "srun exited $code with a worker restarted"
+grep -q "worker 2 was killed by signal 9; starting it again (restart 1 of 1)" "$dir/restart.out" ||
+  fail "worker 2's task did not start it again"
+expect_finals 3 2 "$dir/restart.out"
+echo "PASSED: --restarts under Slurm: the restarted worker joined and 3 finished with equal parameters"
