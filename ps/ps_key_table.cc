@@ -191,13 +191,6 @@ bool KeyTable::OfThisEpoch(const Request& r, std::vector<Outgoing>* out) {
     ErrorTo(r, ErrorCode::Busy, "is of membership epoch " + epochs + ": send it again", out);
     return false;
   }
-  if (epoch > 0 && rules_.mode != PsMode::kSync) {
-    Reject(r, ErrorCode::WrongType,
-           std::string("is of membership epoch ") + std::to_string(epoch) + ": ps_mode=" +
-               PsModeName(rules_.mode) + " does not go on after a membership change (sync does)",
-           out);
-    return false;
-  }
   return true;
 }
 
@@ -207,6 +200,7 @@ void KeyTable::StartEpoch(uint32_t epoch, int32_t num_workers,
   rules_.num_workers = num_workers;
   rules_.worker_identities = std::move(identities);
   dead_.clear();
+  resumed_.clear();
   for (auto& [key, k] : keys_) {
     for (auto& [round, contributions] : k.open) {
       for (auto& [worker, c] : contributions) Recycle(std::move(c.grad));
@@ -214,10 +208,29 @@ void KeyTable::StartEpoch(uint32_t epoch, int32_t num_workers,
     k.open.clear();
     k.held.clear();
     k.taken.clear();
+    if (rules_.mode == PsMode::kAsync) {
+      // Round 0 of the epoch answers with the parameters as they are now.
+      if (k.initialised) k.results[0] = MakeSnapshot(k.params, k.version);
+      continue;  // each worker's rounds go on from its first push (TakenFirst)
+    }
     // Every round closed so far counts as taken from every worker: pushed
     // again, it is acknowledged, not applied.
     for (int32_t w = 0; w < num_workers; ++w) k.taken[w].floor = k.closed;
   }
+}
+
+bool KeyTable::ResumeRounds(const Request& r, KeyState& k) {
+  if (epoch_ == 0 || !resumed_.insert(r.key).second || r.round <= k.closed + 1) return true;
+  // ssp: rounds between the last closed one and the epoch's first are given
+  // up (their gradients went with the epoch): at most staleness + 1 of them.
+  const uint64_t skipped = r.round - 1 - k.closed;
+  if (skipped > rules_.staleness + 1) {
+    resumed_.erase(r.key);
+    return false;
+  }
+  k.closed = r.round - 1;
+  for (auto& [worker, taken] : k.taken) taken.floor = std::max(taken.floor, k.closed);
+  return true;
 }
 
 bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
@@ -402,7 +415,8 @@ void KeyTable::OnPush(const Request& r, std::vector<float> values, std::vector<O
     return Reject(r, ErrorCode::BadSequence,
                   "the key has no parameters yet: worker 0 pushes them first (round 0)", out);
   }
-  if (k.taken[r.worker].Contains(r.round)) {
+  const auto taken = k.taken.find(r.worker);  // none yet: PushAsync starts it
+  if (taken != k.taken.end() && taken->second.Contains(r.round)) {
     counters_->Duplicate();
     return Ack(r, k, out);
   }
@@ -436,6 +450,13 @@ void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<O
 
 void KeyTable::PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
+  if (rules_.mode == PsMode::kSsp && !ResumeRounds(r, k)) {
+    return Reject(r, ErrorCode::BadSequence,
+                  "is the first of membership epoch " + std::to_string(epoch_) +
+                      " but more than staleness + 1 rounds ahead of the " +
+                      std::to_string(k.closed) + " closed",
+                  out);
+  }
   if (r.round <= k.closed) {
     // Taken rounds were acknowledged as duplicates before this point: the
     // round closed without this worker, which was then declared dead.
@@ -461,6 +482,11 @@ void KeyTable::PushRound(const Request& r, std::vector<float> values, std::vecto
 
 void KeyTable::PushAsync(const Request& r, std::vector<float> grad, std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
+  // A worker's first push of a later epoch: its rounds go on from there,
+  // and the parameters it computed from came from another worker at the
+  // change (their version unknown here): counted as fresh.
+  const bool first_of_epoch = epoch_ > 0 && k.taken.count(r.worker) == 0;
+  if (first_of_epoch) k.taken[r.worker].floor = r.round - 1;
   const TakenRounds& taken = k.taken[r.worker];
   if (r.round > taken.floor + rules_.async_window || r.version > k.version) {
     return Reject(r, ErrorCode::BadSequence,
@@ -469,7 +495,7 @@ void KeyTable::PushAsync(const Request& r, std::vector<float> grad, std::vector<
                       " taken)",
                   out);
   }
-  const uint64_t staleness = k.version - r.version;
+  const uint64_t staleness = first_of_epoch ? 0 : k.version - r.version;
   const float scale =
       rules_.staleness_lr ? 1.0f / static_cast<float>(std::max<uint64_t>(1, staleness)) : 1.0f;
   optimizer_->Step(k.params.data(), grad.data(), k.params.size(), &k.slots, scale);

@@ -62,8 +62,12 @@
 // applied again, and its pull answered with that result. A message of an
 // earlier epoch is answered BadSequence, one of a later epoch Busy (the
 // shard hears of an epoch before its workers, but on another connection);
-// neither counts as rejected. ps_mode sync only: with async or ssp every
-// message of a later epoch than 0 is refused (WrongType).
+// neither counts as rejected. async: each worker's rounds on a key go on
+// from its first push of the epoch (counted as fresh: the parameters it
+// computed from came from another worker), and round 0 of the epoch
+// answers with the parameters as they are. ssp: the rounds between the last
+// closed one and the epoch's first push (at most staleness + 1, their
+// gradients gone with the epoch) are given up.
 //
 // Errors (answered with an Error naming the key, counted, state unchanged):
 // sender not a worker of the job, or a message claiming a worker that does
@@ -303,6 +307,9 @@ class KeyTable {
   void OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
+  // ssp, the epoch's first push of `r.key`: gives up the rounds before it;
+  // false when it is further ahead than the rules allow.
+  bool ResumeRounds(const Request& r, KeyState& k);
   void PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void PushAsync(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   // The payload of a Reply of `snap` in `codec` (empty: fp32).
@@ -328,6 +335,7 @@ class KeyTable {
 
   PsRules rules_;  // num_workers and worker_identities change with the epoch
   uint32_t epoch_ = 0;
+  std::set<Key> resumed_;  // ssp: keys pushed in this epoch
   const Optimizer* const optimizer_;
   bool took_ = false;  // the message being handled was a push taken
   const wire::Sender self_;

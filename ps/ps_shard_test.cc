@@ -184,12 +184,50 @@ TEST(PsShardTest, MessagesOfAnotherMembershipEpochAreAnsweredNotTaken) {
   EXPECT_EQ(h.shard().stats().pushes_applied, 0u);
 }
 
-TEST(PsShardTest, AsynchronousShardsRefuseALaterMembershipEpoch) {
+// async: a worker's rounds go on from its first push of the new epoch,
+// counted as fresh; round 0 of the epoch answers with the parameters as
+// they were when it began.
+TEST(PsShardTest, AsynchronousShardsGoOnInALaterMembershipEpoch) {
   ShardHarness h(PsMode::kAsync, OptimizerKind::kSgd, 2);
+  h.Push(0, 0, 0, {10});
+  h.Push(0, 1, 0, {2});
+  h.Push(1, 1, 0, {2});  // lr 0.5: 10 - 1 - 1
+  h.Pull(1, 1, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{8}));
   h.shard().StartEpoch(1, 1, {"worker1"});
-  h.Push(1, 1, 0, {2}, 0, 0, 1);
-  EXPECT_NE(h.NextError(1).find("ps_mode=async does not go on after a membership change"),
+  h.Push(1, 6, 2, {4}, 0, 0, 1);  // goes on from step 5
+  h.Pull(1, 6, 1, 0, "", 0, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{6}));
+  h.Pull(1, 0, 1, 0, "", 0, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{8}));
+  h.Push(1, 7, 3, {2}, 0, 0, 1);
+  h.Pull(1, 7, 1, 0, "", 0, 1);
+  EXPECT_EQ(h.Reply(1), (std::vector<float>{5}));
+  const PsShardStats stats = h.shard().stats();
+  EXPECT_EQ(stats.pushes_applied, 4u);
+  EXPECT_EQ(stats.max_staleness, 1u);  // worker 1's first push, of epoch 0
+  EXPECT_EQ(stats.rejected, 0u);
+}
+
+// ssp: the rounds between the last closed one and the epoch's first push
+// are given up, at most staleness + 1 of them.
+TEST(PsShardTest, SspGivesUpTheRoundsTheChangeLeftOpen) {
+  ShardHarness h(PsMode::kSsp, OptimizerKind::kNone, 2, /*staleness=*/2);
+  h.Push(0, 1, 0, {2});
+  h.Push(1, 1, 0, {4});
+  h.Push(0, 2, 1, {6});
+  h.Push(0, 3, 1, {8});
+  h.Pull(0, 1, 1);
+  EXPECT_EQ(h.Reply(0), (std::vector<float>{3}));
+  h.shard().StartEpoch(1, 1, {"worker0"});
+  h.Push(0, 4, 1, {10}, 0, 0, 1);  // the survivor goes on from step 3
+  h.Pull(0, 4, 1, 0, "", 0, 1);
+  EXPECT_EQ(h.Reply(0), (std::vector<float>{10}));
+  h.shard().StartEpoch(2, 1, {"worker0"});
+  h.Push(0, 20, 2, {1}, 0, 0, 2);  // 15 rounds ahead of the 4 closed
+  EXPECT_NE(h.NextError(0).find("more than staleness + 1 rounds ahead of the 4 closed"),
             std::string::npos);
+  EXPECT_EQ(h.shard().stats().rounds_closed, 2u);
 }
 
 TEST(PsShardTest, DuplicatedAndReorderedPushesAreAppliedOnce) {

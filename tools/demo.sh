@@ -13,9 +13,7 @@
 # flags to every trainer (--batch=, --lr=, --momentum=, --seed=).
 # KILL_STEP=N runs each mode as an elastic job that loses a worker and gets
 # it back: worker 2 SIGKILLs itself before step N, the launcher restarts it
-# (--min_workers=WORKERS-1 --restarts=1) and it joins the running job; the
-# asynchronous and SSP modes, which do not go on after a change, are left
-# out.
+# (--min_workers=WORKERS-1 --restarts=1) and it joins the running job.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,9 +56,6 @@ MODES=(
 
 selected=()
 for entry in "${MODES[@]}"; do
-  if [ -n "$KILL_STEP" ] && [[ "$entry" == *"PS_MODE=async"* || "$entry" == *"PS_MODE=ssp"* ]]; then
-    continue
-  fi
   [ -z "$MODE" ] || [ "${entry%%|*}" = "$MODE" ] && selected+=("$entry")
 done
 if [ ${#selected[@]} -eq 0 ]; then
