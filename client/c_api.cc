@@ -353,4 +353,12 @@ int gs_shutdown(gs_comm* comm) {
   });
 }
 
+int gs_depart(gs_comm* comm, const char* reason) {
+  return Guard("gs_depart", [&]() -> Status {
+    GS_RETURN_IF_ERROR(CheckComm(comm));
+    comm->comm->Depart(reason != nullptr ? reason : "");
+    return OkStatus();
+  });
+}
+
 }  // extern "C"

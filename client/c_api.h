@@ -228,6 +228,12 @@ int gs_get_stats(const gs_comm* comm, gs_stats* out);
  * `comm` must still be destroyed. */
 int gs_shutdown(gs_comm* comm);
 
+/* Leaves a running elastic job before its end (Communicator::Depart): the
+ * other workers go on in a new epoch at once, their operation in flight
+ * ending GS_MEMBERSHIP_CHANGED naming `reason` (NULL: "departed"). Then as
+ * gs_shutdown. */
+int gs_depart(gs_comm* comm, const char* reason);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

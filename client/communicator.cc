@@ -147,7 +147,9 @@ class Communicator::Impl {
 
   // `started`: when Create began (a joiner's time to join counts from it).
   Status Start(Deadline deadline, SteadyTime started);
-  void Shutdown();
+  // `departing` (not empty): leaves the running job before its end, for
+  // that reason (Communicator::Depart).
+  void Shutdown(const std::string& departing = "");
 
   int rank() const { return session_->rank(); }
   int world_size() const { return session_->num_workers(); }
@@ -319,12 +321,14 @@ Status Communicator::Impl::EnterJoinedEpoch(Deadline deadline) {
   }
 }
 
-void Communicator::Impl::Shutdown() {
+void Communicator::Impl::Shutdown(const std::string& departing) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
   }
+  // The scheduler first: the others re-form while this one winds down.
+  if (!departing.empty()) session_->Leave(departing, /*departing=*/true);
   cv_.notify_all();  // the engine thread leaves once its queue is empty
   Fail(CancelledError("the communicator was shut down"));
   // An operation in flight ends at its deadline, or at once when the
@@ -970,5 +974,8 @@ StatusOr<Communicator::ResumePoint> Communicator::AgreeOnStep(uint64_t completed
 
 CommunicatorStats Communicator::stats() const { return impl_->stats(); }
 void Communicator::Shutdown() { impl_->Shutdown(); }
+void Communicator::Depart(const std::string& reason) {
+  impl_->Shutdown(reason.empty() ? "departed" : reason);
+}
 
 }  // namespace gradsync::client

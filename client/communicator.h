@@ -205,6 +205,13 @@ class Communicator {
   CommunicatorStats stats() const;
   // Leaves the job; pending operations fail with Cancelled. Idempotent.
   void Shutdown();
+  // Leaves a running elastic job on purpose before its end (a node about to
+  // be preempted, a job scaled down): the scheduler removes this worker at
+  // once and the others go on in a new epoch (their operation in flight
+  // fails with kMembershipChanged naming `reason`), without waiting for a
+  // heartbeat deadline. Then as Shutdown. In a job that is not elastic, the
+  // others fail as when a worker dies.
+  void Depart(const std::string& reason);
 
   class Impl;
 

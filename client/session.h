@@ -84,7 +84,10 @@ class Session {
   // What the data port refused (handshakes, dropped messages).
   std::shared_ptr<wire::TransportRefusals> refusals() const { return node_.refusals; }
   // Leaves the job on purpose (done, or failing) so nobody waits for us.
-  void Leave(const std::string& reason) { node_.agent->Leave(reason); }
+  // `departing`: before the job's end (NodeAgent::Leave).
+  void Leave(const std::string& reason, bool departing = false) {
+    node_.agent->Leave(reason, departing);
+  }
 
  private:
   explicit Session(cluster::Node node)

@@ -462,13 +462,13 @@ void NodeAgent::OnPeerDead(DeadCallback callback) {
   dead_callbacks_.push_back(std::move(callback));
 }
 
-void NodeAgent::Leave(const std::string& reason) {
+void NodeAgent::Leave(const std::string& reason, bool departing) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (left_) return;
     left_ = true;
   }
-  Send(wire::MakeLeave(sender(), reason), Deadline::AfterMs(1000)).IgnoreError();
+  Send(wire::MakeLeave(sender(), reason, departing), Deadline::AfterMs(1000)).IgnoreError();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

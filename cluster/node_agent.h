@@ -125,7 +125,9 @@ class NodeAgent {
   using EpochCallback = std::function<void(const Assignment& next)>;
   void OnNewEpoch(EpochCallback callback);
   // Tells the scheduler this node leaves on purpose, then stops the agent.
-  void Leave(const std::string& reason);
+  // `departing`: a worker leaving a running elastic job before its end
+  // (LeaveBody.departing); otherwise it is done.
+  void Leave(const std::string& reason, bool departing = false);
 
  private:
   NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport> transport);

@@ -11,7 +11,9 @@ DistributedOptimizer over SGD with momentum, gradients clipped to
 after a change), the test set evaluated at the end. --kill_rank R
 --kill_step S: the worker started as rank R SIGKILLs itself before step S (to
 watch the job go on). Each worker prints JSON lines: the one that kills
-itself {"killed_at": wall clock}, and at the end every other one {rank,
+itself {"killed_at": wall clock} (--depart_rank / --depart_step: that
+worker leaves the job on purpose, gradsync.depart, and prints
+{"departed_at"}), and at the end every other one {rank,
 workers, membership_epoch, steps, test_accuracy, first_loss, last_loss,
 joined (a worker that joined the running job), started_at, recoveries,
 reset_at / recovered_at (wall clock of each recovery and of the next
@@ -49,6 +51,9 @@ def parse_args(argv):
                    help="> 0: stop after that many steps")
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_step", type=int, default=-1)
+    p.add_argument("--depart_rank", type=int, default=-1,
+                   help="this rank leaves the job on purpose (gradsync.depart)")
+    p.add_argument("--depart_step", type=int, default=-1)
     p.add_argument("--data_dir", default=torch_cnn.DATA_DIR)
     return p.parse_args(argv)
 
@@ -107,6 +112,12 @@ class Trainer:
         if self.first_rank == args.kill_rank and state.step == args.kill_step:
             print(json.dumps({"killed_at": time.time()}), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.first_rank == args.depart_rank and \
+                state.step == args.depart_step:
+            # As on a preemption notice: the others go on at once.
+            print(json.dumps({"departed_at": time.time()}), flush=True)
+            gradsync.depart("preempted")
+            sys.exit(0)
         loss = F.cross_entropy(state.model(x), y)
         self.opt.zero_grad()
         loss.backward()

@@ -602,6 +602,14 @@ void Scheduler::OnNcclOffer(Node& node, const wire::NcclIdBody& body) {
 
 void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
   const std::string reason = PeerText(body.reason());
+  if (body.departing() && node.info.role == Role::Worker && phase_ == Phase::kRunning &&
+      node.alive) {
+    // Before the job's end: an elastic job goes on without it at once,
+    // another fails as when a worker dies.
+    MarkDead(node, "it left the job (" + reason + ")");
+    node.left = true;
+    return;
+  }
   if (node.info.role == Role::Server && phase_ == Phase::kRunning && !servers_released_ &&
       node.alive) {
     // The workers still need this shard. A restart may bring it back within

@@ -231,6 +231,25 @@ TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) { KillO
 // change rather than re-form silently: the trainer would otherwise go on in
 // the new epoch without its recovery, the second half's mark dropped
 // ("tensors never marked ready").
+// A worker that leaves on purpose (Communicator::Depart) is removed at once:
+// the others go on in the next epoch, told why.
+TEST_F(ElasticTest, AWorkerThatDepartsIsRemovedAndTheOthersGoOn) {
+  auto workers = StartJob(4, {"--min_workers=2"}, "400", "",
+                          {"--step_sleep_ms=5", "--depart_at_step=100", "--depart_rank=1"});
+  ASSERT_EQ(workers[1]->Wait(Deadline::AfterMs(60000)), 0) << workers[1]->Output();
+  EXPECT_NE(workers[1]->Output().find("departing after step 100"), std::string::npos);
+  std::set<std::string> params;
+  for (int r : {0, 2, 3}) {
+    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
+    const std::string out = workers[r]->Output();
+    EXPECT_NE(out.find(") left: it left the job (scaled down)"), std::string::npos) << out;
+    EXPECT_NE(out.find("final step 400 world 3 epoch 1 params "), std::string::npos) << out;
+    params.insert(Params(out));
+  }
+  EXPECT_EQ(params.size(), 1u) << "the others' parameters differ";
+  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
+}
+
 TEST_F(ElasticTest, AChangeDuringBackwardIsReportedByTheNextMarkReady) {
   auto workers = StartJob(3, {"--min_workers=2"}, "5", "",
                           {"--step_sleep_ms=5", "--split=true", "--mark_gap_ms=2500",

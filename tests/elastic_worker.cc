@@ -15,8 +15,11 @@
 //   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
 //       [--step_sleep_ms=5] [--split --mark_gap_ms=N] [--server_optimizer]
 //       [--die_at_step=N --die_rank=R --die_once=PATH]
+//       [--depart_at_step=N --depart_rank=R]
 // With die_at_step, the worker started with rank R SIGKILLs itself after
 // step N, once: only if it could create PATH (a restart finds it there).
+// With depart_at_step, the worker started with rank R leaves the job after
+// step N (Communicator::Depart) and exits 0.
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX" and the
 // gradient bytes synchronised before and after compression.
@@ -207,6 +210,14 @@ int Main(int argc, char** argv) {
     if (!s.ok()) {
       std::printf("error: %s\n", s.ToString().c_str());
       return 3;
+    }
+    if (static_cast<int64_t>(state.step) == config->GetInt("depart_at_step", -1).value() &&
+        config->GetInt("rank", -1).value() == config->GetInt("depart_rank", -2).value() &&
+        !joiner) {
+      std::printf("departing after step %llu\n", static_cast<unsigned long long>(state.step));
+      std::fflush(stdout);
+      c.Depart("scaled down");
+      return 0;
     }
     if (DiesAt(*config, state.step)) {
       std::printf("dying after step %llu at wall_ms %lld\n",

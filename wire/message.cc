@@ -175,9 +175,9 @@ Message MakeHeartbeat(const Sender& from) {
   return Finish(fbb, from, MsgType::Heartbeat, CreateHeartbeatBody(fbb).Union());
 }
 
-Message MakeLeave(const Sender& from, const std::string& reason) {
+Message MakeLeave(const Sender& from, const std::string& reason, bool departing) {
   FlatBufferBuilder fbb(128);
-  auto body = CreateLeaveBody(fbb, fbb.CreateString(reason));
+  auto body = CreateLeaveBody(fbb, fbb.CreateString(reason), departing);
   return Finish(fbb, from, MsgType::Leave, body.Union());
 }
 

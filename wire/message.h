@@ -142,7 +142,7 @@ Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers
                            uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats,
                            const EpochFields& epoch);
 Message MakeHeartbeat(const Sender& from);
-Message MakeLeave(const Sender& from, const std::string& reason);
+Message MakeLeave(const Sender& from, const std::string& reason, bool departing = false);
 Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group);
 // Barrier ids from here up are an elastic job's epoch barriers (this plus
 // the epoch, group Workers): every survivor enters one before it re-forms.

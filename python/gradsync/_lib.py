@@ -72,6 +72,7 @@ _SIGNATURES = {
     "gs_allgather": ([_P, _P, ctypes.c_size_t, _P, _I64], _INT),
     "gs_get_stats": ([_P, ctypes.POINTER(_Stats)], _INT),
     "gs_shutdown": ([_P], _INT),
+    "gs_depart": ([_P, ctypes.c_char_p], _INT),
     "gs_scheduler_start": ([_P, _INT, ctypes.POINTER(_P),
                             ctypes.POINTER(_INT)], _INT),
     "gs_scheduler_stop": ([_P, _I64], _INT),

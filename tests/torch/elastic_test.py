@@ -60,6 +60,26 @@ def test_survivors_of_a_killed_worker_finish_alike():
             r["first_loss"], r
 
 
+def test_a_departing_worker_is_let_go_and_the_others_finish_alike():
+    """gradsync.depart() (a preemption notice): the worker leaves on
+    purpose, exits 0, and the 3 others go on at once in epoch 1."""
+    code, output = job.launch(
+        ["/usr/bin/python3", SCRIPT, "--max_steps=%d" % STEPS,
+         "--depart_rank=%d" % KILLED, "--depart_step=%d" % KILL_STEP],
+        workers=4, servers=0, timeout_s=240, flags=["--min_workers=3"])
+    assert code == 0, output[-6000:]
+    assert "all 4 workers exited with code 0" in output, output[-6000:]
+    assert "left: it left the job (preempted)" in output, output[-6000:]
+    lines = job.json_lines(output)
+    departed = [r for r in lines if "departed_at" in r]
+    results = [r for r in lines if "state_sha256" in r]
+    assert len(departed) == 1 and len(results) == 3, output[-6000:]
+    _alike(results)
+    for r in results:
+        assert r["workers"] == 3 and r["membership_epoch"] == 1, r
+        assert r["recovered_at"][0] > departed[0]["departed_at"], r
+
+
 def test_parameter_server_survivors_finish_alike():
     """path=ps, 2 shards that average: the survivors redo the step that did
     not close and finish alike."""
