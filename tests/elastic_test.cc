@@ -199,16 +199,16 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     if (shards.count > 0) ExpectEveryRoundClosedOnce(400);
   }
 
-  // 3 workers, worker 2 SIGKILLed at step 50: the 2 others finish 300
+  // 4 workers, worker 2 SIGKILLed at step 50: the 3 others finish 300
   // steps in epoch 1; the shards took the epoch and end cleanly.
   void SurvivorsFinish(const Shards& shards) {
-    auto workers = StartJob(3, {"--min_workers=2"}, "300", "", {"--step_sleep_ms=5"}, shards);
+    auto workers = StartJob(4, {"--min_workers=2"}, "300", "", {"--step_sleep_ms=5"}, shards);
     ASSERT_TRUE(workers[2]->WaitForOutput("reached step 50", Deadline::AfterMs(60000)))
         << workers[2]->Output();
     workers[2]->Signal(SIGKILL);
-    for (int r : {0, 1}) {
+    for (int r : {0, 1, 3}) {
       ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
-      EXPECT_NE(workers[r]->Output().find("final step 300 world 2 epoch 1 params "),
+      EXPECT_NE(workers[r]->Output().find("final step 300 world 3 epoch 1 params "),
                 std::string::npos)
           << workers[r]->Output();
     }

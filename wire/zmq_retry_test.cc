@@ -65,5 +65,56 @@ TEST(ZmqRetryTest, SendsToAPeerThatNeverReadsCostLinearWork) {
   (*t)->Shutdown();
 }
 
+// A peer that never reads holds at most max_pending_sends_per_peer sends
+// waiting: the rest fail at once, so its backlog cannot grow the process.
+TEST(ZmqRetryTest, APeerThatNeverReadsHoldsABoundedBacklog) {
+  zmq::context_t ctx(1);
+  zmq::socket_t sink(ctx, zmq::socket_type::router);
+  sink.set(zmq::sockopt::rcvhwm, 1);
+  sink.set(zmq::sockopt::rcvbuf, 4096);
+  sink.set(zmq::sockopt::linger, 0);
+  sink.bind("tcp://127.0.0.1:0");
+  const std::string endpoint = sink.get(zmq::sockopt::last_endpoint);
+
+  ZmqOptions o;
+  o.identity = "answerer";
+  o.send_hwm = 1;
+  o.linger_ms = 0;
+  o.max_pending_sends_per_peer = 100;
+  auto t = ZmqTransport::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto conn = (*t)->Connect(endpoint);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+
+  constexpr int kSends = 3000;
+  auto block = std::make_shared<std::vector<uint8_t>>(size_t{256} << 10, 7);
+  const Payload payload = Payload::Borrow(block->data(), block->size(), block);
+  std::atomic<int> done{0}, refused{0};
+  const Deadline deadline = Deadline::AfterMs(1500);
+  for (int i = 0; i < kSends; ++i) {
+    DataFields f;
+    f.num_elements = block->size() / 4;
+    (*t)->Post(
+        Route::Connection(*conn),
+        MakeData({Role::Worker, 0, 1}, MsgType::Push, f, {payload}, 0, static_cast<uint64_t>(i)),
+        deadline, [&](const Status& s) {
+          if (s.code() == StatusCode::kUnavailable &&
+              s.message().find("it is not reading") != std::string::npos) {
+            refused.fetch_add(1);
+          }
+          done.fetch_add(1);
+        });
+  }
+  const Deadline wait = Deadline::AfterMs(120000);
+  while (done.load() < kSends && !wait.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(done.load(), kSends);
+  // Besides what the connection took, 100 waited; the rest were refused.
+  EXPECT_GE(refused.load(), kSends - 100 - 64);
+  EXPECT_EQ((*t)->dropped_sends(), static_cast<uint64_t>(refused.load()));
+  (*t)->Shutdown();
+}
+
 }  // namespace
 }  // namespace gradsync::wire

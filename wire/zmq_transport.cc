@@ -153,6 +153,7 @@ class ZmqTransport::Impl {
   uint64_t dropped() const { return dropped_.load(); }
   uint64_t impostors() const { return impostors_.load(); }
   uint64_t retry_steps() const { return retry_steps_.load(); }
+  uint64_t dropped_sends() const { return dropped_sends_.load(); }
 
  private:
   // Queues `cmd` for the I/O thread, or finishes it as cancelled once the
@@ -257,6 +258,7 @@ class ZmqTransport::Impl {
   // holds back only the sends to it. Keyed by RouteKey.
   std::map<std::string, PeerQueue> pending_;
   std::atomic<uint64_t> retry_steps_{0};  // see ZmqTransport::retry_steps
+  std::atomic<uint64_t> dropped_sends_{0};
   ConnId next_conn_ = 0;
 };
 
@@ -347,7 +349,14 @@ void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
     case Command::Kind::kSend: {
       // Keep per-peer order: queue behind anything already waiting for it.
       auto waiting = pending_.find(RouteKey(cmd->route));
-      if (waiting != pending_.end()) {
+      if (waiting != pending_.end() &&
+          waiting->second.order.size() >= options_.max_pending_sends_per_peer) {
+        dropped_sends_.fetch_add(1, std::memory_order_relaxed);
+        cmd->Finish({UnavailableError("send to " + cmd->route.ToString() +
+                                      " dropped: " + std::to_string(waiting->second.order.size()) +
+                                      " sends wait for this peer already (it is not reading)"),
+                     "", -1});
+      } else if (waiting != pending_.end()) {
         waiting->second.Add(std::move(cmd));
       } else if (!TrySend(*cmd)) {
         pending_[RouteKey(cmd->route)].Add(std::move(cmd));
@@ -711,6 +720,7 @@ uint64_t ZmqTransport::auth_failures() const { return impl_->auth_failures(); }
 uint64_t ZmqTransport::dropped() const { return impl_->dropped(); }
 uint64_t ZmqTransport::impostors() const { return impl_->impostors(); }
 uint64_t ZmqTransport::retry_steps() const { return impl_->retry_steps(); }
+uint64_t ZmqTransport::dropped_sends() const { return impl_->dropped_sends(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
   auto cmd = std::make_unique<Command>();

@@ -68,7 +68,11 @@ struct ZmqOptions {
   int recv_hwm = 1000;
   int reconnect_ivl_ms = 100;
   int reconnect_ivl_max_ms = 2000;
-  int linger_ms = 1000;                                     // flush time at shutdown
+  int linger_ms = 1000;  // flush time at shutdown
+  // Sends waiting for one peer that does not take them (its connection at
+  // send_hwm): past this many a send to it fails at once (Unavailable), so
+  // a peer that never reads cannot grow this process by what it is sent.
+  size_t max_pending_sends_per_peer = 4096;
   size_t max_queued_incoming = 4096;                        // messages received, not yet taken
   size_t max_queued_incoming_bytes = size_t{256} << 20;     // their bytes
   size_t max_payload_frames = Limits{}.max_payload_frames;  // per message
@@ -132,6 +136,8 @@ class ZmqTransport : public Transport {
   // that goes or expires, however many wait behind a peer that does not
   // read and however often they are retried.
   uint64_t retry_steps() const;
+  // Sends dropped because their peer had max_pending_sends_per_peer waiting.
+  uint64_t dropped_sends() const;
 
   class Impl;
 
