@@ -194,45 +194,6 @@ bool KeyTable::OfThisEpoch(const Request& r, std::vector<Outgoing>* out) {
   return true;
 }
 
-void KeyTable::StartEpoch(uint32_t epoch, int32_t num_workers,
-                          std::vector<std::string> identities) {
-  epoch_ = epoch;
-  rules_.num_workers = num_workers;
-  rules_.worker_identities = std::move(identities);
-  dead_.clear();
-  resumed_.clear();
-  for (auto& [key, k] : keys_) {
-    for (auto& [round, contributions] : k.open) {
-      for (auto& [worker, c] : contributions) Recycle(std::move(c.grad));
-    }
-    k.open.clear();
-    k.held.clear();
-    k.taken.clear();
-    if (rules_.mode == PsMode::kAsync) {
-      // Round 0 of the epoch answers with the parameters as they are now.
-      if (k.initialised) k.results[0] = MakeSnapshot(k.params, k.version);
-      continue;  // each worker's rounds go on from its first push (TakenFirst)
-    }
-    // Every round closed so far counts as taken from every worker: pushed
-    // again, it is acknowledged, not applied.
-    for (int32_t w = 0; w < num_workers; ++w) k.taken[w].floor = k.closed;
-  }
-}
-
-bool KeyTable::ResumeRounds(const Request& r, KeyState& k) {
-  if (epoch_ == 0 || !resumed_.insert(r.key).second || r.round <= k.closed + 1) return true;
-  // ssp: rounds between the last closed one and the epoch's first are given
-  // up (their gradients went with the epoch): at most staleness + 1 of them.
-  const uint64_t skipped = r.round - 1 - k.closed;
-  if (skipped > rules_.staleness + 1) {
-    resumed_.erase(r.key);
-    return false;
-  }
-  k.closed = r.round - 1;
-  for (auto& [worker, taken] : k.taken) taken.floor = std::max(taken.floor, k.closed);
-  return true;
-}
-
 bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
                      const wire::Message& msg, std::vector<Outgoing>* out) {
   if (role != wire::Role::Worker || r.worker < 0 || r.worker >= rules_.num_workers) {
@@ -450,7 +411,7 @@ void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<O
 
 void KeyTable::PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
-  if (rules_.mode == PsMode::kSsp && !ResumeRounds(r, k)) {
+  if (rules_.mode == PsMode::kSsp && !ResumeRounds(r.key, r.round, k)) {
     return Reject(r, ErrorCode::BadSequence,
                   "is the first of membership epoch " + std::to_string(epoch_) +
                       " but more than staleness + 1 rounds ahead of the " +

@@ -307,9 +307,10 @@ class KeyTable {
   void OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
-  // ssp, the epoch's first push of `r.key`: gives up the rounds before it;
+  // ssp, the epoch's first push of `key` (of round `round`): gives up the
+  // rounds before it;
   // false when it is further ahead than the rules allow.
-  bool ResumeRounds(const Request& r, KeyState& k);
+  bool ResumeRounds(const Key& key, uint64_t round, KeyState& k);
   void PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void PushAsync(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   // The payload of a Reply of `snap` in `codec` (empty: fp32).
