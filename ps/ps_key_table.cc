@@ -181,6 +181,7 @@ void KeyTable::DropIfEmpty(const Key& key) {
 
 bool KeyTable::OfThisEpoch(const Request& r, std::vector<Outgoing>* out) {
   const auto epoch = static_cast<uint32_t>(r.step >> 32);
+  if (epoch == epoch_) return true;
   const std::string epochs =
       std::to_string(epoch) + " (this shard is in epoch " + std::to_string(epoch_) + ")";
   if (epoch < epoch_) {
@@ -376,12 +377,15 @@ void KeyTable::OnPush(const Request& r, std::vector<float> values, std::vector<O
     return Reject(r, ErrorCode::BadSequence,
                   "the key has no parameters yet: worker 0 pushes them first (round 0)", out);
   }
-  const auto taken = k.taken.find(r.worker);  // none yet: PushAsync starts it
-  if (taken != k.taken.end() && taken->second.Contains(r.round)) {
+  // async: a worker's first push of a later epoch (PushAsync).
+  const bool first_of_epoch = epoch_ > 0 && k.taken.count(r.worker) == 0;
+  if (k.taken[r.worker].Contains(r.round)) {
     counters_->Duplicate();
     return Ack(r, k, out);
   }
-  if (rules_.mode == PsMode::kAsync) return PushAsync(r, std::move(values), out);
+  if (rules_.mode == PsMode::kAsync) {
+    return PushAsync(r, std::move(values), first_of_epoch, out);
+  }
   PushRound(r, std::move(values), out);
 }
 
@@ -441,12 +445,12 @@ void KeyTable::PushRound(const Request& r, std::vector<float> values, std::vecto
   AnswerHeld(r.key, k, out);
 }
 
-void KeyTable::PushAsync(const Request& r, std::vector<float> grad, std::vector<Outgoing>* out) {
+void KeyTable::PushAsync(const Request& r, std::vector<float> grad, bool first_of_epoch,
+                         std::vector<Outgoing>* out) {
   KeyState& k = keys_[r.key];
   // A worker's first push of a later epoch: its rounds go on from there,
   // and the parameters it computed from came from another worker at the
   // change (their version unknown here): counted as fresh.
-  const bool first_of_epoch = epoch_ > 0 && k.taken.count(r.worker) == 0;
   if (first_of_epoch) k.taken[r.worker].floor = r.round - 1;
   const TakenRounds& taken = k.taken[r.worker];
   if (r.round > taken.floor + rules_.async_window || r.version > k.version) {

@@ -312,7 +312,9 @@ class KeyTable {
   // false when it is further ahead than the rules allow.
   bool ResumeRounds(const Key& key, uint64_t round, KeyState& k);
   void PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
-  void PushAsync(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
+  // `first_of_epoch`: the worker's first push of the key in a later epoch.
+  void PushAsync(const Request& r, std::vector<float> values, bool first_of_epoch,
+                 std::vector<Outgoing>* out);
   // The payload of a Reply of `snap` in `codec` (empty: fp32).
   wire::Payload ReplyPayload(KeyState& k, const Snapshot& snap, const std::string& codec);
   void TryClose(KeyState& k);

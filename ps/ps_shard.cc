@@ -140,6 +140,7 @@ void PsShard::StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::s
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_ || epoch <= epoch_) return;
     epoch_ = epoch;
+    started_epoch_.store(epoch, std::memory_order_release);
     num_workers_ = num_workers;
     worker_identities_ = std::move(identities);
     dead_.clear();
@@ -152,6 +153,7 @@ void PsShard::StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::s
 }
 
 void PsShard::CatchUpEpoch(KeyThread* t) {
+  if (t->epoch_seen == started_epoch_.load(std::memory_order_acquire)) return;  // no lock
   uint32_t epoch = 0;
   int32_t workers = 0;
   std::vector<std::string> identities;

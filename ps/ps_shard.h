@@ -208,6 +208,7 @@ class PsShard {
   // The membership epoch, its number of workers and their identities
   // (PsRules::worker_identities); guarded by mu_.
   uint32_t epoch_ = 0;
+  std::atomic<uint32_t> started_epoch_{0};  // epoch_, read without mu_
   int32_t num_workers_ = 0;
   std::vector<std::string> worker_identities_;
 
