@@ -288,6 +288,24 @@ class Trainer {
     std::fflush(stdout);
   }
 
+  StatusOr<RunStats> Train() {
+    const auto start = Clock::now();
+    const client::CommunicatorStats before = comm_->stats();
+    while (epoch_ < options_.epochs && !StepLimitReached()) {
+      GS_ASSIGN_OR_RETURN(bool finished, RunEpoch(start));
+      if (finished) {
+        ++epoch_;
+        consumed_ = 0;
+      }
+    }
+    stats_.wall_s = Elapsed(start);
+    const client::CommunicatorStats after = comm_->stats();
+    stats_.raw_bytes = after.bytes_reduced - before.bytes_reduced;
+    stats_.wire_bytes = after.wire_bytes - before.wire_bytes;
+    stats_.sent_bytes = after.sent_bytes - before.sent_bytes;
+    return stats_;
+  }
+
  private:
   Status StartFromRankZero() {
     if (options_.server_optimizer) return HandParametersToShards();
@@ -349,26 +367,6 @@ class Trainer {
     return OkStatus();
   }
 
- public:
-  StatusOr<RunStats> Train() {
-    const auto start = Clock::now();
-    const client::CommunicatorStats before = comm_->stats();
-    while (epoch_ < options_.epochs && !StepLimitReached()) {
-      GS_ASSIGN_OR_RETURN(bool finished, RunEpoch(start));
-      if (finished) {
-        ++epoch_;
-        consumed_ = 0;
-      }
-    }
-    stats_.wall_s = Elapsed(start);
-    const client::CommunicatorStats after = comm_->stats();
-    stats_.raw_bytes = after.bytes_reduced - before.bytes_reduced;
-    stats_.wire_bytes = after.wire_bytes - before.wire_bytes;
-    stats_.sent_bytes = after.sent_bytes - before.sent_bytes;
-    return stats_;
-  }
-
- private:
   // Training time since `start`, the evaluations left out.
   double Elapsed(Clock::time_point start) const {
     return std::chrono::duration<double>(Clock::now() - start).count() - eval_s_;

@@ -110,10 +110,6 @@ namespace {
 // no state and no context.
 bool IsReplyCodec(const std::string& codec) { return codec == "fp16" || codec == "bf16"; }
 
-Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
-  return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
-}
-
 }  // namespace
 
 KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sender self,

@@ -207,6 +207,9 @@ struct Snapshot {
   std::shared_ptr<const std::vector<float>> values;
   uint64_t version = 0;
 };
+inline Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
+  return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
+}
 
 struct HeldPull {
   wire::Route to;
@@ -267,7 +270,6 @@ class KeyTable {
   // messages under identities[r] (as PsRules::worker_identities; empty: not
   // checked). See the protocol above.
   void StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::string> identities);
-  uint32_t epoch() const { return epoch_; }
 
   const std::map<Key, KeyState>& keys() const { return keys_; }
   const std::set<int32_t>& dead() const { return dead_; }
@@ -308,8 +310,7 @@ class KeyTable {
   void OnInit(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   void OnPull(const Request& r, std::vector<Outgoing>* out);
   // ssp, the epoch's first push of `key` (of round `round`): gives up the
-  // rounds before it;
-  // false when it is further ahead than the rules allow.
+  // rounds before it; false when it is further ahead than the rules allow.
   bool ResumeRounds(const Key& key, uint64_t round, KeyState& k);
   void PushRound(const Request& r, std::vector<float> values, std::vector<Outgoing>* out);
   // `first_of_epoch`: the worker's first push of the key in a later epoch.

@@ -1,7 +1,6 @@
 // KeyTable's membership epochs (ps/ps_key_table.h): starting the next
 // epoch, and where ssp rounds go on in it.
 #include <algorithm>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,10 +25,8 @@ void KeyTable::StartEpoch(uint32_t epoch, int32_t num_workers,
     k.taken.clear();
     if (rules_.mode == PsMode::kAsync) {
       // Round 0 of the epoch answers with the parameters as they are now.
-      if (k.initialised) {
-        k.results[0] = Snapshot{std::make_shared<const std::vector<float>>(k.params), k.version};
-      }
-      continue;  // each worker's rounds go on from its first push (TakenFirst)
+      if (k.initialised) k.results[0] = MakeSnapshot(k.params, k.version);
+      continue;  // each worker's rounds go on from its first push (PushAsync)
     }
     // Every round closed so far counts as taken from every worker: pushed
     // again, it is acknowledged, not applied.

@@ -173,11 +173,12 @@ wire::Sender PsShard::AnswerAs(const wire::Route& to) const {
 }
 
 void PsShard::CatchUpDeaths(KeyThread* t) {
+  if (t->dead_seen == dead_epoch_.load(std::memory_order_acquire)) return;  // no lock
   std::set<int32_t> dead;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (t->dead_seen == dead_epoch_) return;
-    t->dead_seen = dead_epoch_;
+    if (t->dead_seen == dead_epoch_.load()) return;
+    t->dead_seen = dead_epoch_.load();
     dead = dead_;
   }
   std::vector<Outgoing> out;

@@ -202,9 +202,11 @@ class PsShard {
   std::unique_ptr<Journal> journal_;  // null without checkpoint_dir
 
   mutable std::mutex mu_;
-  std::set<int32_t> dead_;   // guarded by mu_
-  uint64_t dead_epoch_ = 0;  // changes of dead_ since start; guarded by mu_
-  bool shut_down_ = false;   // guarded by mu_
+  std::set<int32_t> dead_;  // guarded by mu_
+  // Changes of dead_ since start: written under mu_, read without it by the
+  // key threads' check before every message.
+  std::atomic<uint64_t> dead_epoch_{0};
+  bool shut_down_ = false;  // guarded by mu_
   // The membership epoch, its number of workers and their identities
   // (PsRules::worker_identities); guarded by mu_.
   uint32_t epoch_ = 0;

@@ -99,6 +99,19 @@ std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions
                                     "workers on this host reach the shard through shared memory");
 }
 
+// By rank, the identity each worker of `a`'s epoch reaches the shards
+// under (PsRules::worker_identities; "" where a worker gave none).
+std::vector<std::string> PsWorkerIdentities(const cluster::Assignment& a) {
+  std::vector<std::string> identities(static_cast<size_t>(a.num_workers));
+  for (const wire::NodeInfo& p : a.peers) {
+    if (p.role == wire::Role::Worker && !p.identity.empty() && p.rank >= 0 &&
+        p.rank < a.num_workers) {
+      identities[static_cast<size_t>(p.rank)] = wire::PsClientIdentity(p.identity, a.epoch);
+    }
+  }
+  return identities;
+}
+
 // Starts the shard on `transport` (the node's data transport, or one over
 // it); workers the scheduler declares dead stop holding rounds back.
 StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transport* transport,
@@ -106,13 +119,7 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
   options.rules.num_workers = node.agent->assignment().num_workers;
   options.rules.shard = node.agent->sender().rank;
   options.rules.num_shards = node.agent->assignment().num_servers;
-  options.rules.worker_identities.assign(static_cast<size_t>(options.rules.num_workers), "");
-  for (const wire::NodeInfo& p : node.agent->assignment().peers) {
-    if (p.role == wire::Role::Worker && !p.identity.empty()) {
-      options.rules.worker_identities[static_cast<size_t>(p.rank)] =
-          wire::PsClientIdentity(p.identity);
-    }
-  }
+  options.rules.worker_identities = PsWorkerIdentities(node.agent->assignment());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> started,
                       PsShard::Start(transport, options, node.agent->sender()));
   std::shared_ptr<PsShard> shard = std::move(started);
@@ -128,14 +135,7 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
   auto start_epoch = [weak](const cluster::Assignment& next) {
     auto s = weak.lock();
     if (!s || next.epoch == 0) return;
-    std::vector<std::string> identities(static_cast<size_t>(next.num_workers));
-    for (const wire::NodeInfo& p : next.peers) {
-      if (p.role == wire::Role::Worker && !p.identity.empty() && p.rank >= 0 &&
-          p.rank < next.num_workers) {
-        identities[static_cast<size_t>(p.rank)] = wire::PsClientIdentity(p.identity, next.epoch);
-      }
-    }
-    s->StartEpoch(next.epoch, next.num_workers, std::move(identities));
+    s->StartEpoch(next.epoch, next.num_workers, PsWorkerIdentities(next));
   };
   node.agent->OnNewEpoch(start_epoch);
   start_epoch(node.agent->latest());  // one that came before the callback

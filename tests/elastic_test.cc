@@ -73,6 +73,22 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     return procs;
   }
 
+  // Each of `procs` exits 0 having printed `said` and `final` (a "final
+  // step ... params " prefix), all with the same parameters.
+  static void ExpectFinishAlike(const std::vector<Subprocess*>& procs, const std::string& said,
+                                const std::string& final) {
+    std::set<std::string> params;
+    for (Subprocess* w : procs) {
+      ASSERT_EQ(w->Wait(Deadline::AfterMs(60000)), 0) << w->Output();
+      const std::string out = w->Output();
+      EXPECT_NE(out.find(said), std::string::npos) << out;
+      EXPECT_NE(out.find(final), std::string::npos) << out;
+      params.insert(Params(out));
+    }
+    EXPECT_EQ(params.size(), 1u) << "the workers' parameters differ";
+    EXPECT_FALSE(params.begin()->empty());
+  }
+
   // A worker joining the running job, with the flags the others took.
   Subprocess& StartJoiner(const std::string& steps) {
     std::vector<std::string> argv = {Runfile("tests/elastic_worker"), "--steps=" + steps};
@@ -238,15 +254,8 @@ TEST_F(ElasticTest, AWorkerThatDepartsIsRemovedAndTheOthersGoOn) {
                           {"--step_sleep_ms=5", "--depart_at_step=100", "--depart_rank=1"});
   ASSERT_EQ(workers[1]->Wait(Deadline::AfterMs(60000)), 0) << workers[1]->Output();
   EXPECT_NE(workers[1]->Output().find("departing after step 100"), std::string::npos);
-  std::set<std::string> params;
-  for (int r : {0, 2, 3}) {
-    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
-    const std::string out = workers[r]->Output();
-    EXPECT_NE(out.find(") left: it left the job (scaled down)"), std::string::npos) << out;
-    EXPECT_NE(out.find("final step 400 world 3 epoch 1 params "), std::string::npos) << out;
-    params.insert(Params(out));
-  }
-  EXPECT_EQ(params.size(), 1u) << "the others' parameters differ";
+  ExpectFinishAlike({workers[0], workers[2], workers[3]}, ") left: it left the job (scaled down)",
+                    "final step 400 world 3 epoch 1 params ");
   EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
 }
 
@@ -350,15 +359,8 @@ TEST_F(ElasticTest, TwoLossesOneAfterTheOtherIncludingRankZero) {
   ASSERT_TRUE(workers[3]->WaitForOutput("reached step 300", Deadline::AfterMs(60000)))
       << workers[3]->Output();
   workers[3]->Signal(SIGKILL);
-  std::set<std::string> params;
-  for (int r : {1, 2}) {
-    ASSERT_EQ(workers[r]->Wait(Deadline::AfterMs(60000)), 0) << workers[r]->Output();
-    const std::string out = workers[r]->Output();
-    EXPECT_NE(out.find("worker rank 0 (identity "), std::string::npos) << out;
-    EXPECT_NE(out.find("final step 600 world 2 epoch 2 params "), std::string::npos) << out;
-    params.insert(Params(out));
-  }
-  EXPECT_EQ(params.size(), 1u) << "the survivors' parameters differ";
+  ExpectFinishAlike({workers[1], workers[2]}, "worker rank 0 (identity ",
+                    "final step 600 world 2 epoch 2 params ");
 }
 
 TEST_F(ElasticTest, AStoppedWorkerThatWakesUpAfterItsRemovalIsRefusedAndToldWhy) {

@@ -192,6 +192,9 @@ int Main(int argc, char** argv) {
   std::vector<float> g(kDim);
   // A worker that joined a running job takes the state as a survivor does.
   const bool joiner = c.epoch() > 0;
+  const int64_t depart_at = config->GetInt("depart_at_step", -1).value();
+  const bool departs =
+      !joiner && config->GetInt("rank", -1).value() == config->GetInt("depart_rank", -2).value();
   Status joined = joiner ? MembershipChangedError("joined the running job") : Status();
   bool changed = false, first_since_join = joiner;
   while (state.step < steps) {
@@ -211,9 +214,7 @@ int Main(int argc, char** argv) {
       std::printf("error: %s\n", s.ToString().c_str());
       return 3;
     }
-    if (static_cast<int64_t>(state.step) == config->GetInt("depart_at_step", -1).value() &&
-        config->GetInt("rank", -1).value() == config->GetInt("depart_rank", -2).value() &&
-        !joiner) {
+    if (departs && static_cast<int64_t>(state.step) == depart_at) {
       std::printf("departing after step %llu\n", static_cast<unsigned long long>(state.step));
       std::fflush(stdout);
       c.Depart("scaled down");
