@@ -118,7 +118,9 @@ KeyTable::KeyTable(const PsRules& rules, const Optimizer* optimizer, wire::Sende
       optimizer_(optimizer),
       self_(self),
       counters_(counters),
-      own_codec_(codec == nullptr ? std::make_unique<JobCodec>(rules.compression) : nullptr),
+      own_codec_(codec == nullptr
+                     ? std::make_unique<JobCodec>(rules.compression, rules.compression_overrides)
+                     : nullptr),
       codec_(codec == nullptr ? own_codec_.get() : codec) {
   compression::RegisterBuiltins(&reply_codecs_);
 }
@@ -155,7 +157,7 @@ void KeyTable::Take(const Request& r, const wire::Header& h, const wire::DataBod
         compression::PartitionContext(h.job_id(), r.step, r.key.first, r.key.second);
     Status s = decoder_.Decode(d, msg.payloads, ctx, values.data(), &code);
     if (!s.ok()) return Reject(r, code, s.message(), out);
-    if (!r.codec.empty()) codec_->Taken(r.codec, r.worker);
+    if (!r.codec.empty()) codec_->Taken(r.codec, r.worker, r.key.first);
     const bool keep = decoded != nullptr && !r.codec.empty();
     if (keep) *decoded = values;
     OnPush(r, std::move(values), out);
@@ -245,7 +247,7 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
     return false;
   }
   if (r.type == MsgType::Push && !r.codec.empty()) {
-    Status s = codec_->Admit(r.codec, r.worker);
+    Status s = codec_->Admit(r.codec, r.worker, r.key.first);
     if (s.code() == StatusCode::kUnavailable) {  // flow control, not a refusal
       ErrorTo(r, ErrorCode::Busy, s.message(), out);
       return false;

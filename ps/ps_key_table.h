@@ -131,9 +131,11 @@ struct PsRules {
   // claiming worker r under another is refused. Empty, or "" for a rank:
   // not checked.
   std::vector<std::string> worker_identities;
-  // The job's compressor (ps/job_codec.h): a spec or name; empty: worker
-  // 0's first compressed push fixes it.
+  // The job's compressors (ps/job_codec.h): the compression setting (a spec
+  // or name) and compression_overrides ("KEY=SPEC;..."); both empty: worker
+  // 0's first compressed push of each bucket fixes the bucket's.
   std::string compression;
+  std::string compression_overrides;
 
   // Whether `from` is the route of one of worker_identities: only those
   // peers get the job id on an Error (wire::AnswerAs). With no identity

@@ -25,6 +25,7 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t threads, config.GetInt("ps_threads", 2));
   GS_ASSIGN_OR_RETURN(o.checkpoint_dir, config.GetString("checkpoint_dir", ""));
   GS_ASSIGN_OR_RETURN(o.rules.compression, config.GetString("compression", ""));
+  GS_ASSIGN_OR_RETURN(o.rules.compression_overrides, config.GetString("compression_overrides", ""));
   GS_ASSIGN_OR_RETURN(
       int64_t partition,
       config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
@@ -71,7 +72,7 @@ PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire
       self_(self),
       optimizer_(MakeOptimizer(options.optimizer)),
       policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})),
-      codec_(options.rules.compression),
+      codec_(options.rules.compression, options.rules.compression_overrides),
       num_workers_(options.rules.num_workers),
       worker_identities_(options.rules.worker_identities) {
   policy_.job_id = self.job_id;

@@ -35,9 +35,10 @@
 //   ps_max_queued_bytes_per_peer (64 MiB: what one peer's messages may hold
 //   of the bytes waiting for the key threads; past it they are answered
 //   with Busy and counted, and the PS client sends them again),
-//   compression (the job's compressor, as the workers' setting: a
-//   compressed push naming another is refused, ps/job_codec.h; unset:
-//   worker 0's first compressed push fixes it).
+//   compression and compression_overrides (the job's compressors, as the
+//   workers' settings: a compressed push naming another is refused; each
+//   bucket keeps one, ps/job_codec.h; unset: worker 0's first compressed
+//   push of a bucket fixes the bucket's).
 //   async and ssp need a server-side optimizer.
 //
 // Thread-safety: all methods are thread-safe.

@@ -77,23 +77,25 @@ class ShardHarness {
   }
   // A push of `v` compressed by `spec`, as a PS client sends it.
   void PushCompressed(int w, uint64_t round, uint64_t version, const std::vector<float>& v,
-                      const std::string& spec, uint32_t partition = 0) {
+                      const std::string& spec, uint32_t partition = 0, uint32_t bucket = 0) {
     compression::CompressorRegistry registry;
     compression::RegisterBuiltins(&registry);
     auto encoder = compression::PayloadEncoder::Create(registry, spec);
     ASSERT_TRUE(encoder.ok()) << encoder.status();
     wire::DataFields f;
+    f.bucket = bucket;
     f.partition = partition;
     f.num_elements = v.size();
     f.round = round;
     f.version = version;
-    auto payload = (*encoder)->Encode(v.data(), v.size(), Context(round, partition), &f);
+    auto payload = (*encoder)->Encode(v.data(), v.size(), Context(round, partition, bucket), &f);
     ASSERT_TRUE(payload.ok()) << payload.status();
     Send(w, wire::MakeData(Sender(w), MsgType::Push, f, {*payload}, round, round));
   }
   // The context a push of `round` (sent as step `round`) is compressed with.
-  compression::CompressContext Context(uint64_t round, uint32_t partition = 0) const {
-    return compression::PartitionContext(job_, round, 0, partition);
+  compression::CompressContext Context(uint64_t round, uint32_t partition = 0,
+                                       uint32_t bucket = 0) const {
+    return compression::PartitionContext(job_, round, bucket, partition);
   }
   // `codec`: the encoding the Reply should have ("": fp32).
   void Pull(int w, uint64_t round, size_t n, uint32_t partition = 0, const std::string& codec = "",

@@ -439,9 +439,9 @@ TEST(PsShardTest, CompressedPushesAreDecompressedAndAveragedInFp32) {
   }
 }
 
-// A shard decodes the job's compressor only: the configured one, or else the
-// first one a push was taken with.
-TEST(PsShardTest, APushCompressedWithAnotherCompressorThanTheJobsIsRefused) {
+// A shard decodes the job's compressors only: the configured ones, or else
+// the one worker 0's first push of the bucket was taken with.
+TEST(PsShardTest, APushCompressedWithAnotherCompressorThanTheBucketsIsRefused) {
   const size_t n = 1000;
   const std::vector<float> g = Ramp(n, 1.0f);
   for (const std::string configured : {"topk:ratio=0.1,ef=1", ""}) {
@@ -455,10 +455,10 @@ TEST(PsShardTest, APushCompressedWithAnotherCompressorThanTheJobsIsRefused) {
     }
     EXPECT_EQ(h.NextType(0), MsgType::Ack);
     h.PushCompressed(1, 1, 0, g, "qsgd:chunk=128");
-    EXPECT_NE(h.NextError(1).find("is compressed with \"qsgd\", this job's pushes with "
-                                  "\"topk\""),
-              std::string::npos)
-        << configured;
+    const std::string error = h.NextError(1);
+    EXPECT_NE(error.find("is compressed with \"qsgd\", this job's pushes "), std::string::npos)
+        << configured << ": " << error;
+    EXPECT_NE(error.find(" with \"topk\""), std::string::npos) << error;
     EXPECT_EQ(h.shard().stats().rejected, 1u);
     h.PushCompressed(1, 1, 0, g, "topk:ratio=0.05,ef=1");  // another ratio, the same codec
     EXPECT_EQ(h.NextType(1), MsgType::Ack);
@@ -467,23 +467,60 @@ TEST(PsShardTest, APushCompressedWithAnotherCompressorThanTheJobsIsRefused) {
   }
 }
 
-// With no compressor configured, only worker 0 fixes it: another worker's
-// compressed push before worker 0's is answered Busy (and taken when sent
-// again), so a member cannot pick the job's compressor by pushing first.
-TEST(PsShardTest, OnlyWorkerZerosFirstCompressedPushFixesTheJobsCompressor) {
+// With no compressor configured, only worker 0 fixes a bucket's: another
+// worker's compressed push before worker 0's is answered Busy (and taken
+// when sent again), so a member cannot pick it by pushing first.
+TEST(PsShardTest, OnlyWorkerZerosFirstCompressedPushFixesTheBucketsCompressor) {
   const size_t n = 1000;
   const std::vector<float> g = Ramp(n, 1.0f);
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
   h.PushCompressed(1, 1, 0, g, "qsgd:chunk=128");
-  EXPECT_NE(h.NextError(1).find("waits for worker 0's first compressed push"), std::string::npos);
+  EXPECT_NE(h.NextError(1).find("waits for worker 0's first compressed push of bucket 0"),
+            std::string::npos);
   h.PushCompressed(0, 1, 0, g, "topk:ratio=0.2,ef=1");  // fixes "topk"
   EXPECT_EQ(h.NextType(0), MsgType::Ack);
   h.PushCompressed(1, 1, 0, g, "qsgd:chunk=128");
-  EXPECT_NE(h.NextError(1).find("is compressed with \"qsgd\", this job's pushes with \"topk\""),
+  EXPECT_NE(h.NextError(1).find(
+                "is compressed with \"qsgd\", this job's pushes of bucket 0 with \"topk\""),
             std::string::npos);
   h.PushCompressed(1, 1, 0, g, "topk:ratio=0.2,ef=1");
   EXPECT_EQ(h.NextType(1), MsgType::Ack);
   EXPECT_EQ(h.shard().stats().rounds_closed, 1u);
+}
+
+// Buckets of one job compressed differently (compression_overrides): each
+// bucket keeps its own compressor, learned from worker 0 or configured.
+TEST(PsShardTest, BucketsOfOneJobMayUseDifferentCompressors) {
+  const size_t n = 1000;
+  const std::vector<float> g = Ramp(n, 1.0f);
+  for (const bool configured : {false, true}) {
+    ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 2);
+    if (configured) {
+      h.options().rules.compression = "fp16:ef=1";
+      h.options().rules.compression_overrides = "fc1.weight=topk:ratio=0.01,ef=1;7=sign:ef=1";
+      h.Restart();
+    }
+    const std::vector<std::pair<uint32_t, std::string>> buckets = {
+        {1, "topk:ratio=0.2,ef=1"}, {2, "sign:ef=1"}, {3, "fp16"}};
+    for (const auto& [bucket, spec] : buckets) {
+      for (int w = 0; w < 2; ++w) {
+        h.PushCompressed(w, 1, 0, g, spec, 0, bucket);
+        EXPECT_EQ(h.NextType(w), MsgType::Ack) << spec << " worker " << w;
+      }
+    }
+    EXPECT_EQ(h.shard().stats().rounds_closed, 3u) << configured;
+    EXPECT_EQ(h.shard().stats().rejected, 0u) << configured;
+    // A worker may not name bucket 1's compressor for bucket 2.
+    h.PushCompressed(1, 2, 1, g, "topk:ratio=0.2,ef=1", 0, 2);
+    EXPECT_NE(h.NextError(1).find("this job's pushes of bucket 2 with \"sign\""), std::string::npos)
+        << configured;
+    // Configured: a compressor no setting names is refused for any bucket.
+    if (configured) {
+      h.PushCompressed(0, 1, 0, g, "qsgd:chunk=128", 0, 9);
+      EXPECT_NE(h.NextError(0).find("this job's pushes with one of \"fp16\", \"sign\", \"topk\""),
+                std::string::npos);
+    }
+  }
 }
 
 TEST(PsShardTest, BadCompressedPushesAreRefusedCountedAndChangeNothing) {
