@@ -47,6 +47,10 @@ class Collectives {
   virtual const char* name() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // Whether the data of its calls is best handed over as device memory
+  // (NCCL: device memory is reduced in place, host memory staged through
+  // the GPU); false: host memory.
+  virtual bool takes_device_memory() const { return false; }
 
   // In place: data[0, count) becomes the sum (or average) over all ranks.
   // fp16 and bf16 are added in fp32 and rounded back once per addition.

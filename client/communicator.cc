@@ -513,6 +513,14 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   }
   if (no_sync_depth_ > 0) {
     t.holds_sum = true;
+    if (device_ != nullptr) {
+      // The addition into the bucket still reads `data` on the GPU: the
+      // handle completes once it has.
+      Enqueue([this, state = handle.state_, bucket = t.bucket] {
+        state->Complete(device_->WaitStaged(bucket, Deadline::After(options_.sync.op_timeout)));
+      });
+      return handle;
+    }
     lock.unlock();
     handle.state_->Complete(Status());
     return handle;
@@ -690,16 +698,27 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
   // still point into its buffer after the call returned, when the caller's
   // buffer is the caller's again. A failed operation's copy is kept.
   GS_RETURN_IF_ERROR(EnsureEpoch(Deadline::After(options_.sync.op_timeout)));
-  auto staged = std::make_shared<std::vector<uint8_t>>(staged_bytes);
+  // With CUDA gradients and a backend that takes device memory (NCCL) the
+  // copy is device memory of the communicator's, reused by the next
+  // operation (a failed one aborted NCCL, which touches it no more).
+  auto staged = std::make_shared<std::vector<uint8_t>>();
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> done = result->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
     if (stop_) return CancelledError("the communicator was shut down");
-    Enqueue([this, label, op = std::move(op), result, staged] {
+    Enqueue([this, label, op = std::move(op), result, staged, staged_bytes] {
       const SteadyTime start = std::chrono::steady_clock::now();
-      Status s = op(backend_->direct(), seq_++, staged->data());
+      Collectives& collectives = backend_->direct();
+      StatusOr<uint8_t*> buffer = static_cast<uint8_t*>(nullptr);
+      if (device_ != nullptr && collectives.takes_device_memory()) {
+        buffer = device_->Scratch(staged_bytes);
+      } else {
+        staged->resize(staged_bytes);
+        buffer = staged->data();
+      }
+      Status s = buffer.ok() ? op(collectives, seq_++, *buffer) : buffer.status();
       Record(label, backend_->direct_path(), start, s);
       if (!s.ok()) {
         s = Classify(s);

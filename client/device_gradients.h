@@ -4,9 +4,12 @@
 // backend must carry.
 //
 // - Stage copies a tensor's gradient into its bucket (device to device) on
-//   gradsync's own stream, ordered after the work the trainer queued on its
-//   stream so far (an event recorded there; the trainer's stream is never
-//   synchronised, the call never waits).
+//   gradsync's staging stream, ordered after the work the trainer queued on
+//   its stream so far (an event recorded there; the trainer's stream is
+//   never synchronised, the call never waits). Each bucket records an event
+//   after its staging; the bucket's reduction, on gradsync's work stream,
+//   waits for that event only, so it starts as soon as its own gradients
+//   are staged, while the backward pass goes on for later buckets.
 // - Reduce averages a bucket over the ranks:
 //   * NCCL takes the device bucket itself (in place, no host staging).
 //   * A host backend (the CPU ring) gets only the bytes that travel: the
@@ -90,10 +93,17 @@ class DeviceGradients {
       const compression::CompressContext& ctx, Deadline deadline) = 0;
   // data = bucket[offset, offset + bytes), queued on gradsync's stream.
   virtual Status Unstage(int bucket, size_t offset_bytes, void* data, size_t bytes) = 0;
-  // Waits until gradsync's stream has done everything queued on it.
+  // Waits until gradsync's work stream has done everything queued on it
+  // (not the staging of buckets that no call above has taken up yet).
   virtual Status Wait(Deadline deadline) = 0;
+  // Waits until everything staged into `bucket` so far is done: the tensors
+  // handed to Stage are free again.
+  virtual Status WaitStaged(int bucket, Deadline deadline) = 0;
   // dst = src for `bytes`, each host or device memory; returns when done.
   virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;
+  // Device memory of at least `bytes`, kept and reused by the next call
+  // (the direct collectives' copy of the caller's data).
+  virtual StatusOr<uint8_t*> Scratch(size_t bytes) = 0;
 };
 
 // The gradients of CUDA device `device`. FailedPrecondition when gradsync

@@ -55,6 +55,24 @@ cudaError_t PinnedAlloc(void** p, size_t n) { return cudaMallocHost(p, n); }
 using DeviceBuffer = Buffer<DeviceAlloc, cudaFree>;
 using PinnedBuffer = Buffer<PinnedAlloc, cudaFreeHost>;
 
+// A CUDA event without timing, destroyed with its owner.
+class Event {
+ public:
+  Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  Status Create() {
+    return Cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // What a compressor spec becomes on the device.
 struct Codec {
   enum Kind { kNone, kHalf, kTopK, kRandomK, kSign, kQsgd, kHost } kind = kNone;
@@ -127,13 +145,17 @@ class CudaGradients : public DeviceGradients {
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(device_);
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
+    for (cudaStream_t s : {stage_stream_, stream_}) {
+      if (s != nullptr) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
     }
     if (event_ != nullptr) cudaEventDestroy(event_);
     buckets_.clear();
     state_.clear();
+    staged_.clear();
+    reduced_.clear();
     cudaSetDevice(previous);
   }
 
@@ -147,6 +169,8 @@ class CudaGradients : public DeviceGradients {
     GS_RETURN_IF_ERROR(Select());
     GS_RETURN_IF_ERROR(
         Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    GS_RETURN_IF_ERROR(
+        Cuda(cudaStreamCreateWithFlags(&stage_stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
     return Cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
   }
 
@@ -179,6 +203,14 @@ class CudaGradients : public DeviceGradients {
       GS_RETURN_IF_ERROR(buckets_.back()->Reserve(bucket_bytes[i], "a gradient bucket"));
     }
     for (size_t i = 0; i < bucket_bytes.size(); ++i) state_.push_back(std::make_unique<State>());
+    staged_.clear();
+    reduced_.clear();
+    for (size_t i = 0; i < bucket_bytes.size(); ++i) {
+      staged_.push_back(std::make_unique<Event>());
+      reduced_.push_back(std::make_unique<Event>());
+      GS_RETURN_IF_ERROR(staged_.back()->Create());
+      GS_RETURN_IF_ERROR(reduced_.back()->Create());
+    }
     return Status();
   }
 
@@ -197,6 +229,7 @@ class CudaGradients : public DeviceGradients {
                 Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
                 BucketCompression::Traffic* traffic, const HostReduce& host) override {
     GS_RETURN_IF_ERROR(Select());
+    GS_RETURN_IF_ERROR(AfterStaged(bucket));
     State& st = *state_.at(static_cast<size_t>(bucket));
     if (st.spec != spec) {
       GS_ASSIGN_OR_RETURN(st.codec, CodecOf(spec));
@@ -205,7 +238,7 @@ class CudaGradients : public DeviceGradients {
     const Codec::Kind kind = dtype == DType::kF32 ? st.codec.kind : Codec::kNone;
     if (kind == Codec::kHost)
       return ViaHost(bucket, count * DTypeSize(dtype), deadline, traffic, host);
-    const bool nccl = std::strcmp(backend.name(), "nccl") == 0;
+    const bool nccl = backend.takes_device_memory();
     if (kind == Codec::kNone) {
       const size_t bytes = count * DTypeSize(dtype);
       *traffic = BucketCompression::Traffic{bytes, bytes, false};
@@ -229,6 +262,7 @@ class CudaGradients : public DeviceGradients {
   Status ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
                       BucketCompression::Traffic* traffic, const HostReduce& host) override {
     GS_RETURN_IF_ERROR(Select());
+    GS_RETURN_IF_ERROR(AfterStaged(bucket));
     return ViaHost(bucket, bytes, deadline, traffic, host, copy_in);
   }
 
@@ -236,6 +270,7 @@ class CudaGradients : public DeviceGradients {
       int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
       const compression::CompressContext& ctx, Deadline deadline) override {
     GS_RETURN_IF_ERROR(Select());
+    GS_RETURN_IF_ERROR(AfterStaged(bucket));
     std::unique_ptr<State>& slot = partitions_[{bucket, partition}];
     if (slot == nullptr) slot = std::make_unique<State>();
     State& st = *slot;
@@ -264,19 +299,32 @@ class CudaGradients : public DeviceGradients {
 
   Status Unstage(int bucket, size_t offset, void* data, size_t bytes) override {
     GS_RETURN_IF_ERROR(Select());
-    return Cuda(
+    GS_RETURN_IF_ERROR(Cuda(
         cudaMemcpyAsync(data, Bucket(bucket) + offset, bytes, cudaMemcpyDeviceToDevice, stream_),
-        "copying a synchronised gradient back to its tensor");
+        "copying a synchronised gradient back to its tensor"));
+    // The next staging into this bucket waits for the copies out of it.
+    return Cuda(cudaEventRecord(Reduced(bucket), stream_), "cudaEventRecord");
+  }
+
+  Status WaitStaged(int bucket, Deadline deadline) override {
+    return Poll([&] { return cudaEventQuery(Staged(bucket)); },
+                "the staging of bucket " + std::to_string(bucket), deadline);
   }
 
   Status Wait(Deadline deadline) override {
-    // Polled, so that a hung GPU fails the step at its deadline.
+    return Poll([&] { return cudaStreamQuery(stream_); }, "gradsync's stream", deadline);
+  }
+
+  // Polls `query` (cudaSuccess: done) so that a hung GPU fails the step at
+  // its deadline.
+  template <typename Query>
+  Status Poll(Query query, const std::string& what, Deadline deadline) {
     for (int spins = 0;; ++spins) {
-      const cudaError_t err = cudaStreamQuery(stream_);
+      const cudaError_t err = query();
       if (err == cudaSuccess) return Status();
-      if (err != cudaErrorNotReady) return Cuda(err, "gradsync's CUDA stream");
+      if (err != cudaErrorNotReady) return Cuda(err, what);
       if (deadline.Expired()) {
-        return DeadlineExceededError("the GPU work of gradsync's stream on cuda:" +
+        return DeadlineExceededError("the GPU work of " + what + " on cuda:" +
                                      std::to_string(device_) + " did not finish in time");
       }
       if (spins < 200) {
@@ -292,9 +340,20 @@ class CudaGradients : public DeviceGradients {
     int previous = 0;
     GS_RETURN_IF_ERROR(Cuda(cudaGetDevice(&previous), "cudaGetDevice"));
     GS_RETURN_IF_ERROR(Select());
+    // On the legacy default stream, as cudaMemcpy is: after the caller's
+    // work on blocking streams. A copy between device buffers may return
+    // before it is done: waited for, so that another stream (NCCL's) reads
+    // the result.
     Status s = Cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    if (s.ok()) s = Cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
     cudaSetDevice(previous);
     return s;
+  }
+
+  StatusOr<uint8_t*> Scratch(size_t bytes) override {
+    GS_RETURN_IF_ERROR(Select());
+    GS_RETURN_IF_ERROR(direct_.Reserve(bytes, "a collective's device copy"));
+    return direct_.get();
   }
 
  private:
@@ -310,29 +369,48 @@ class CudaGradients : public DeviceGradients {
   }
 
   uint8_t* Bucket(int bucket) const { return buckets_.at(static_cast<size_t>(bucket))->get(); }
+  cudaEvent_t Staged(int bucket) const { return staged_.at(static_cast<size_t>(bucket))->get(); }
+  cudaEvent_t Reduced(int bucket) const { return reduced_.at(static_cast<size_t>(bucket))->get(); }
+
+  // The work stream's next work on `bucket` waits for the bucket's staging
+  // (only: later buckets' staging, which waits on the trainer's backward
+  // pass, is not in its way).
+  Status AfterStaged(int bucket) {
+    return Cuda(cudaStreamWaitEvent(stream_, Staged(bucket), 0), "cudaStreamWaitEvent");
+  }
 
   Status StageOn(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
                  cudaStream_t stream) {
-    // gradsync's stream waits for the trainer's work so far (the backward
-    // kernel that produced the gradient); the trainer's stream does not wait.
+    // The staging stream waits for the trainer's work so far (the backward
+    // kernel that produced the gradient) and for the copies out of the
+    // bucket's last reduction; the trainer's stream does not wait.
     GS_RETURN_IF_ERROR(
         Cuda(cudaEventRecord(event_, stream), "cudaEventRecord on the trainer's stream"));
-    GS_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, event_, 0), "cudaStreamWaitEvent"));
+    GS_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stage_stream_, event_, 0), "cudaStreamWaitEvent"));
+    GS_RETURN_IF_ERROR(
+        Cuda(cudaStreamWaitEvent(stage_stream_, Reduced(bucket), 0), "cudaStreamWaitEvent"));
+    GS_RETURN_IF_ERROR(StageCopy(bucket, offset, data, count, dtype, add));
+    return Cuda(cudaEventRecord(Staged(bucket), stage_stream_), "cudaEventRecord");
+  }
+
+  Status StageCopy(int bucket, size_t offset, const void* data, size_t count, DType dtype,
+                   bool add) {
     uint8_t* dst = Bucket(bucket) + offset;
     if (!add) {
-      return Cuda(
-          cudaMemcpyAsync(dst, data, count * DTypeSize(dtype), cudaMemcpyDeviceToDevice, stream_),
-          "copying a gradient into its bucket");
+      return Cuda(cudaMemcpyAsync(dst, data, count * DTypeSize(dtype), cudaMemcpyDeviceToDevice,
+                                  stage_stream_),
+                  "copying a gradient into its bucket");
     }
     switch (dtype) {
       case DType::kF32:
         return kernels::SumIntoCuda(reinterpret_cast<float*>(dst), static_cast<const float*>(data),
-                                    count, stream_);
+                                    count, stage_stream_);
       case DType::kF16:
       case DType::kBF16:
         return kernels::Add16IntoCuda(
             dtype == DType::kF16 ? kernels::Float16Format::kFp16 : kernels::Float16Format::kBf16,
-            reinterpret_cast<uint16_t*>(dst), static_cast<const uint16_t*>(data), count, stream_);
+            reinterpret_cast<uint16_t*>(dst), static_cast<const uint16_t*>(data), count,
+            stage_stream_);
       default:
         return InvalidArgumentError(std::string("gradients of dtype ") + DTypeName(dtype));
     }
@@ -575,14 +653,20 @@ class CudaGradients : public DeviceGradients {
   }
 
   const int device_;
+  // Two streams: staging (after the trainer's work) and the rest (reduction,
+  // copies to and from the host, copies back into the tensors). Per bucket,
+  // `staged_` marks the end of its staging so far and `reduced_` the end of
+  // the copies out of it.
   cudaStream_t stream_ = nullptr;
+  cudaStream_t stage_stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
   std::mutex stage_mu_;  // Stage: event_ is recorded and waited on as one
+  std::vector<std::unique_ptr<Event>> staged_, reduced_;
   std::vector<std::unique_ptr<DeviceBuffer>> buckets_;
   std::vector<std::unique_ptr<State>> state_;
   // The parameter-server path compresses each partition with its own state.
   std::map<std::pair<int, uint32_t>, std::unique_ptr<State>> partitions_;
-  DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_;
+  DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_, direct_;
   PinnedBuffer mirror_, wire_host_, gathered_host_;
 };
 

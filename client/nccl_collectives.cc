@@ -174,6 +174,12 @@ StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(
     out->records_ = nullptr;
     return CudaError("cudaMalloc of " + std::to_string(bytes) + " bytes for call records", err);
   }
+  const cudaError_t host =
+      cudaMallocHost(reinterpret_cast<void**>(&out->host_records_), bytes + sizeof(NcclCallRecord));
+  if (host != cudaSuccess) {
+    out->host_records_ = nullptr;
+    return CudaError("cudaMallocHost of call records", host);
+  }
   return StatusOr<std::unique_ptr<NcclCollectives>>(std::move(out));
 }
 
@@ -207,21 +213,22 @@ NcclCollectives::~NcclCollectives() {
   (void)cudaSetDevice(comm_->device());
   (void)cudaFree(staging_);
   (void)cudaFree(records_);
+  (void)cudaFreeHost(host_records_);
 }
 
 Status NcclCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
                                   const OpTag& tag, Deadline deadline) {
-  return Record(DoAllReduce(data, count, dtype, op, tag, deadline));
+  return Record(CheckCall(DoAllReduce(data, count, dtype, op, tag, deadline), deadline));
 }
 
 Status NcclCollectives::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
                                   Deadline deadline) {
-  return Record(DoAllGather(in, bytes, out, tag, deadline));
+  return Record(CheckCall(DoAllGather(in, bytes, out, tag, deadline), deadline));
 }
 
 Status NcclCollectives::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
                                   Deadline deadline) {
-  return Record(DoBroadcast(data, bytes, root, tag, deadline));
+  return Record(CheckCall(DoBroadcast(data, bytes, root, tag, deadline), deadline));
 }
 
 Status NcclCollectives::DoAllReduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -236,9 +243,9 @@ Status NcclCollectives::DoAllReduce(void* data, size_t count, DType dtype, Reduc
                                 " elements is too large");
   }
   if (data == nullptr && count > 0) return InvalidArgumentError("nccl AllReduce: null data");
-  GS_RETURN_IF_ERROR(CheckCall(
-      MakeCallRecord(NcclOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(op)),
-      deadline));
+  GS_RETURN_IF_ERROR(
+      PostCall(MakeCallRecord(NcclOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(op)),
+               deadline));
   if (count == 0) return OkStatus();
   const size_t bytes = count * DTypeSize(dtype);
   const kernels::NcclReduceOp nccl_op =
@@ -264,7 +271,7 @@ Status NcclCollectives::DoAllGather(const void* in, size_t bytes, void* out, con
     return InvalidArgumentError("nccl AllGather: null buffer");
   }
   GS_RETURN_IF_ERROR(
-      CheckCall(MakeCallRecord(NcclOpKind::kAllGather, tag, DType::kU8, bytes, 0), deadline));
+      PostCall(MakeCallRecord(NcclOpKind::kAllGather, tag, DType::kU8, bytes, 0), deadline));
   if (bytes == 0) return OkStatus();
   if (OnDevice(in) && OnDevice(out)) return comm_->AllGather(in, out, bytes, deadline);
   GS_RETURN_IF_ERROR(Reserve(bytes * world));
@@ -282,7 +289,7 @@ Status NcclCollectives::DoBroadcast(void* data, size_t bytes, int root, const Op
                                 " is not in a world of " + std::to_string(world_size()));
   }
   if (data == nullptr && bytes > 0) return InvalidArgumentError("nccl Broadcast: null data");
-  GS_RETURN_IF_ERROR(CheckCall(
+  GS_RETURN_IF_ERROR(PostCall(
       MakeCallRecord(NcclOpKind::kBroadcast, tag, DType::kU8, bytes, static_cast<uint64_t>(root)),
       deadline));
   if (bytes == 0) return OkStatus();
@@ -294,14 +301,34 @@ Status NcclCollectives::DoBroadcast(void* data, size_t bytes, int root, const Op
   return CopyOut(data, staging_, bytes, deadline);
 }
 
-Status NcclCollectives::CheckCall(const NcclCallRecord& mine, Deadline deadline) {
+Status NcclCollectives::PostCall(const NcclCallRecord& mine, Deadline deadline) {
   const size_t world = static_cast<size_t>(world_size());
   void* slot = static_cast<uint8_t*>(records_) + static_cast<size_t>(rank()) * sizeof(mine);
-  GS_RETURN_IF_ERROR(CopyIn(slot, &mine, sizeof(mine)));
-  GS_RETURN_IF_ERROR(comm_->AllGather(slot, records_, sizeof(mine), deadline));
-  std::vector<NcclCallRecord> all(world);
-  GS_RETURN_IF_ERROR(CopyOut(all.data(), records_, world * sizeof(mine), deadline));
-  return CompareCallRecords(all, rank());
+  host_records_[0] = mine;  // pinned: the copy is queued, not made now
+  GS_RETURN_IF_ERROR(CopyIn(slot, &host_records_[0], sizeof(mine)));
+  GS_RETURN_IF_ERROR(comm_->AllGather(slot, records_, sizeof(mine), deadline,
+                                      /*wait=*/false));
+  const cudaError_t err = cudaMemcpyAsync(&host_records_[1], records_, world * sizeof(mine),
+                                          cudaMemcpyDeviceToHost, comm_->stream());
+  if (err != cudaSuccess) return CudaError("cudaMemcpyAsync of the call records", err);
+  records_posted_ = true;
+  return OkStatus();
+}
+
+Status NcclCollectives::CheckCall(Status call, Deadline deadline) {
+  if (!records_posted_) return call;
+  records_posted_ = false;
+  if (call.ok()) {
+    // The call waited for its stream; a call that had nothing to do did not.
+    GS_RETURN_IF_ERROR(comm_->Synchronize("the all-gather of the call records", deadline));
+  } else if (cudaStreamQuery(comm_->stream()) != cudaSuccess) {
+    cudaGetLastError();
+    return call;  // the records did not come back: the call's error stands
+  }
+  const size_t world = static_cast<size_t>(world_size());
+  Status compared = CompareCallRecords(
+      std::vector<NcclCallRecord>(host_records_ + 1, host_records_ + 1 + world), rank());
+  return compared.ok() ? call : compared;
 }
 
 bool NcclCollectives::OnDevice(const void* p) {

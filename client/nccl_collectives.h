@@ -88,6 +88,7 @@ class NcclCollectives : public Collectives {
   ~NcclCollectives() override;
 
   const char* name() const override { return "nccl"; }
+  bool takes_device_memory() const override { return true; }
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->world_size(); }
 
@@ -110,8 +111,13 @@ class NcclCollectives : public Collectives {
   Status DoBroadcast(void* data, size_t bytes, int root, const OpTag& tag, Deadline deadline);
   // True for CUDA device or managed memory.
   static bool OnDevice(const void* p);
-  // All-gathers `mine` and compares the records of all ranks.
-  Status CheckCall(const NcclCallRecord& mine, Deadline deadline);
+  // Queues the all-gather of `mine` and the copy of every rank's record to
+  // the host, ahead of the call on the same stream; nothing waits for it.
+  Status PostCall(const NcclCallRecord& mine, Deadline deadline);
+  // After the call (whose outcome is `call`): compares the records, which
+  // the call's own wait brought back, and returns the mismatch, which
+  // explains whatever the call did, or else `call`.
+  Status CheckCall(Status call, Deadline deadline);
   // Selects the comm's device for this thread; fails on a recorded error.
   Status Begin();
   Status Reserve(size_t bytes);
@@ -124,7 +130,9 @@ class NcclCollectives : public Collectives {
   std::unique_ptr<kernels::NcclComm> comm_;
   void* staging_ = nullptr;  // device memory, staging_bytes_ long
   size_t staging_bytes_ = 0;
-  void* records_ = nullptr;  // device memory for world_size() NcclCallRecords
+  void* records_ = nullptr;                 // device memory for world_size() NcclCallRecords
+  NcclCallRecord* host_records_ = nullptr;  // pinned: this rank's, then every rank's
+  bool records_posted_ = false;
   Status error_;
 };
 

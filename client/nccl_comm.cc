@@ -49,13 +49,14 @@ StatusOr<ncclDataType_t> NcclType(DType dtype) {
   }
 }
 
-// Sleeps between polls: a few microseconds at first, so that short
-// operations return quickly, growing to a millisecond for long ones.
+// Sleeps between polls: a few microseconds at first, growing to 64 us, so
+// that the wake-up after a long operation is late by no more than that (a
+// step waits on several NCCL calls).
 class Backoff {
  public:
   void Sleep() {
     std::this_thread::sleep_for(delay_);
-    delay_ = std::min(delay_ * 2, std::chrono::microseconds(1000));
+    delay_ = std::min(delay_ * 2, std::chrono::microseconds(64));
   }
 
  private:
@@ -135,14 +136,14 @@ Status NcclComm::Begin(const std::string& what, Deadline deadline) {
 }
 
 Status NcclComm::Run(const std::string& what, Deadline deadline,
-                     const std::function<int(ncclComm*)>& enqueue) {
+                     const std::function<int(ncclComm*)>& enqueue, bool wait_stream) {
   GS_RETURN_IF_ERROR(Begin(what, deadline));
   const SteadyTime start = std::chrono::steady_clock::now();
   const auto result = static_cast<ncclResult_t>(enqueue(comm_));
   if (result != ncclSuccess && result != ncclInProgress) {
     return Fail(NcclError(what, result, comm_));
   }
-  return Wait(what, start, deadline, /*wait_stream=*/true);
+  return Wait(what, start, deadline, wait_stream);
 }
 
 Status NcclComm::Wait(const std::string& what, SteadyTime start, Deadline deadline,
@@ -242,16 +243,20 @@ Status NcclComm::AllReduce(const void* send, void* recv, size_t count, DType dty
   });
 }
 
-Status NcclComm::AllGather(const void* send, void* recv, size_t bytes, Deadline deadline) {
+Status NcclComm::AllGather(const void* send, void* recv, size_t bytes, Deadline deadline,
+                           bool wait) {
   const std::string what = "ncclAllGather of " + std::to_string(bytes) + " bytes per rank";
   if (bytes > 0 && (send == nullptr || recv == nullptr)) {
     return Fail(InvalidArgumentError(what + ": null buffer"));
   }
   GS_RETURN_IF_ERROR(status());
   if (bytes == 0) return OkStatus();
-  return Run(what, deadline, [&](ncclComm* comm) {
-    return static_cast<int>(ncclAllGather(send, recv, bytes, ncclUint8, comm, stream_));
-  });
+  return Run(
+      what, deadline,
+      [&](ncclComm* comm) {
+        return static_cast<int>(ncclAllGather(send, recv, bytes, ncclUint8, comm, stream_));
+      },
+      wait);
 }
 
 Status NcclComm::Broadcast(const void* send, void* recv, size_t bytes, int root,

@@ -103,7 +103,9 @@ class NcclComm {
                    Deadline deadline);
   // recv[r * bytes, (r + 1) * bytes) = rank r's send[0, bytes). `recv` holds
   // world_size() * bytes; send may be recv + rank() * bytes (in place).
-  Status AllGather(const void* send, void* recv, size_t bytes, Deadline deadline);
+  // `wait` false: returns once the gather is queued on stream() (what is
+  // queued after it runs after it).
+  Status AllGather(const void* send, void* recv, size_t bytes, Deadline deadline, bool wait = true);
   // recv[0, bytes) on every rank = send[0, bytes) of rank `root`. `send` is
   // only read on the root and may equal `recv`.
   Status Broadcast(const void* send, void* recv, size_t bytes, int root, Deadline deadline);
@@ -117,7 +119,7 @@ class NcclComm {
   Status Init(const std::vector<uint8_t>& unique_id, Deadline deadline);
   // Runs `enqueue` (one NCCL collective on stream_) and waits for it.
   Status Run(const std::string& what, Deadline deadline,
-             const std::function<int(ncclComm*)>& enqueue);
+             const std::function<int(ncclComm*)>& enqueue, bool wait_stream = true);
   // Polls until NCCL's state is no longer in progress and, when
   // `wait_stream`, stream_ is idle.
   Status Wait(const std::string& what, SteadyTime start, Deadline deadline, bool wait_stream);

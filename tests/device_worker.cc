@@ -113,7 +113,7 @@ class Worker {
         // A micro-step under NoSync on both, then the step itself.
         auto a = host_->StartNoSync();
         auto b = dev_->StartNoSync();
-        if (int rc = Step(step * 100 + 50, false); rc != 0) return rc;
+        if (int rc = Step(step * 100 + 50, false, /*no_sync=*/true); rc != 0) return rc;
       }
       if (int rc = Step(step, true); rc != 0) return rc;
       std::printf("worker %d: step %d bit-identical\n", rank_, step);
@@ -131,7 +131,10 @@ class Worker {
   }
 
   // One (micro-)step: backward order, the last tensor first.
-  int Step(int step, bool compare) {
+  // `no_sync`: a micro-step under NoSync; each CUDA handle must complete
+  // only once its tensor was added into the bucket (the trainer's work
+  // that produced it is done), and the tensor is overwritten right after.
+  int Step(int step, bool compare, bool no_sync = false) {
     std::vector<std::vector<uint8_t>> host(specs_.size());
     for (size_t i = specs_.size(); i-- > 0;) {
       const Spec& s = specs_[i];
@@ -144,8 +147,29 @@ class Worker {
                   "cudaMemcpyAsync")) {
         return 1;
       }
+      cudaEvent_t produced = nullptr;
+      if (no_sync && (!CudaOk(cudaEventCreate(&produced), "cudaEventCreate") ||
+                      !CudaOk(cudaEventRecord(produced, stream_), "cudaEventRecord"))) {
+        return 1;
+      }
       auto b = dev_->MarkReady(dev_ids_[i], device_[i], nullptr, stream_);
       if (!b.ok()) return Error(b.status());
+      if (no_sync) {
+        Status waited = b->Wait(Deadline::AfterMs(60000));
+        if (!waited.ok()) return Error(waited);
+        const cudaError_t done = cudaEventQuery(produced);
+        cudaEventDestroy(produced);
+        if (done != cudaSuccess) {
+          std::printf(
+              "worker %d: a NoSync handle of %s completed before the gradient was "
+              "produced (%s)\n",
+              rank_, s.name, cudaGetErrorString(done));
+          return 1;
+        }
+        // The caller's buffer is its own again: garbage now must not reach
+        // the sum.
+        if (!CudaOk(cudaMemset(device_[i], 0x7F, host[i].size()), "cudaMemset")) return 1;
+      }
       auto a = host_->MarkReady(host_ids_[i], host[i].data());
       if (!a.ok()) return Error(a.status());
     }
