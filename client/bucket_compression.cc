@@ -103,10 +103,16 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
   compression::Compressor& c = *it->second;
   const size_t wire_bytes = c.WireBytes(count);
   wire_.resize(wire_bytes);
+  // A sum of fp16 values overflows past 65504: fp16 buckets are divided by
+  // the world size before the cast, and their sum is the average.
+  const bool divided = c.summable() && c.summable_dtype() == DType::kF16;
+  if (divided) {
+    DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
+  }
   GS_RETURN_IF_ERROR(c.Compress(data, count, ctx, wire_.data(), wire_.size()));
   if (c.summable()) {
     *traffic = Traffic{wire_bytes, wire_bytes, false};
-    return ReduceSummable(backend, c, data, count, tag, ctx, deadline);
+    return ReduceSummable(backend, c, data, count, tag, ctx, deadline, divided);
   }
   const size_t others = static_cast<size_t>(backend.world_size() - 1);
   *traffic = Traffic{wire_bytes, wire_bytes * others, true};
@@ -173,13 +179,14 @@ Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compressio
 
 Status BucketCompression::ReduceSummable(Collectives& backend, compression::Compressor& c,
                                          float* data, size_t count, const OpTag& tag,
-                                         const compression::CompressContext& ctx,
-                                         Deadline deadline) {
+                                         const compression::CompressContext& ctx, Deadline deadline,
+                                         bool divided) {
   const DType dtype = c.summable_dtype();
   const size_t elems = wire_.size() / DTypeSize(dtype);
   GS_RETURN_IF_ERROR(backend.AllReduce(wire_.data(), elems, dtype, ReduceOp::kSum, tag, deadline));
   GS_RETURN_IF_ERROR(c.Decompress(wire_.data(), wire_.size(), count, ctx, data));
-  DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
+  if (!divided)
+    DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
   return Status();
 }
 

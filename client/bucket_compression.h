@@ -97,9 +97,11 @@ class BucketCompression {
   Status ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p, float* data,
                                const OpTag& tag, const compression::CompressContext& ctx,
                                Deadline deadline, Traffic* traffic, bool* done);
+  // `divided`: the values were divided by the world size before they were
+  // compressed (fp16), so the sum is the average.
   Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data, size_t count,
                         const OpTag& tag, const compression::CompressContext& ctx,
-                        Deadline deadline);
+                        Deadline deadline, bool divided);
   Status ReduceGathered(Collectives& backend, compression::Compressor& c, float* data, size_t count,
                         const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline);

@@ -112,6 +112,41 @@ INSTANTIATE_TEST_SUITE_P(Compressors, BucketCompressionTest,
                            return n;
                          });
 
+// fp16 at a larger world: each rank's values near 8000, whose sum over 16
+// ranks (128,000) is past fp16's largest value (65504). The average comes
+// back finite and right because the values are divided before the cast.
+TEST(BucketCompressionFp16Test, LargeWorldSumsDoNotOverflow) {
+  constexpr int kRanks = 16;
+  constexpr size_t kN = 20000;
+  Ring ring(kRanks);
+  std::vector<std::unique_ptr<BucketCompression>> bcs;
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < kRanks; ++r) {
+    bcs.push_back(Make({{"compression", "fp16"}}));
+    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kN * 4, {"w"}, {}}}).ok());
+    std::vector<float> g(kN);
+    for (size_t i = 0; i < kN; ++i) g[i] = 8000.0f + static_cast<float>((i + r) % 64) - 32.0f;
+    data.push_back(std::move(g));
+  }
+  std::vector<BucketCompression::Traffic> wire(kRanks);
+  auto st = ring.Run([&](int r) {
+    return bcs[r]->Reduce(ring[r], 0, data[r].data(), kN, OpTag{1, 0, 1, 9}, 7, Soon(), &wire[r]);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    ASSERT_EQ(data[r], data[0]) << "rank " << r;
+  }
+  for (size_t i = 0; i < kN; ++i) {
+    double want = 0;
+    for (int r = 0; r < kRanks; ++r) want += 8000.0 + static_cast<double>((i + r) % 64) - 32.0;
+    want /= kRanks;
+    ASSERT_TRUE(std::isfinite(data[0][i])) << i;
+    // Each of the 15 additions rounds the partial sum (of values near 500,
+    // reaching 8000) to fp16, whose spacing between 4096 and 8192 is 4.
+    ASSERT_NEAR(data[0][i], want, 30.0) << i;
+  }
+}
+
 // PowerSGD over the ring, two steps (the second warm-started): every rank
 // ends with the same bits, equal to standalone PowerSgd instances summing
 // over another ring; at full rank (rank 64 of a 64 x 64 bucket) that is the

@@ -595,6 +595,11 @@ class CudaGradients : public DeviceGradients {
                         const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic) {
     const size_t wb = code.elems * DTypeSize(code.dtype);
     GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
+    // As BucketCompression: fp16 values are divided by the world size before
+    // the cast (a sum of fp16 overflows past 65504), so the sum is the average.
+    const bool divided = code.dtype == DType::kF16;
+    const auto world = static_cast<float>(backend.world_size());
+    if (divided) GS_RETURN_IF_ERROR(kernels::DivideFloatCuda(data, n, world, stream_));
     GS_RETURN_IF_ERROR(code.encode(wire_.get()));
     *traffic = BucketCompression::Traffic{wb, wb, false};
     if (nccl) {
@@ -609,7 +614,8 @@ class CudaGradients : public DeviceGradients {
       GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
     }
     GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
-    return kernels::DivideFloatCuda(data, n, static_cast<float>(backend.world_size()), stream_);
+    if (divided) return Status();
+    return kernels::DivideFloatCuda(data, n, world, stream_);
   }
 
   Status ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,

@@ -4,6 +4,7 @@ environment; rank 0 hosts the scheduler) or through a gradsync_server
 scheduler process (and shards), as gradsync_launch runs them."""
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,23 +29,41 @@ HEARTBEAT_MS = 200
 MISSED_HEARTBEATS = 5
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port):
+    try:
+        with socket.socket() as s:
+            s.bind(("", port))
+        return True
+    except OSError:
+        return False
+
+
+def free_port(span=1):
+    """A port that is free now, with the `span - 1` ports after it. It is
+    drawn at random below the kernel's ephemeral range: a port found by
+    binding port 0 is an ephemeral one, which any other process that binds
+    port 0 (tests run side by side) can be handed before the job binds it."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(10000, max(10001, low - span))
+        if all(_bindable(port + i) for i in range(span)):
+            return port
 
 
 def master_port():
     """A free MASTER_PORT whose successor (gradsync's scheduler under
     torchrun) is free as well."""
-    while True:
-        port = free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("", port + 1))
-            return port
-        except OSError:
-            continue
+    return free_port(span=2)
 
 
 def base_env(extra=None):
