@@ -9,6 +9,8 @@ of world size 1 (one GPU admits one NCCL rank):
   optimizer  gradsync.torch.DistributedOptimizer (gradsync's NCCL backend)
 
     python3 bench/torch_gpu_bench.py [--reps=2] [--steps=60] [--batch=128]
+    python3 -m torch.distributed.run --nproc_per_node=1 bench/torch_gpu_bench.py \
+        --worker --config=hook --profile        # one configuration, profiled
 
 Each step is timed on the host from its start to torch.cuda.synchronize()
 after the optimizer step; the figure is the median over the steps and the
@@ -107,6 +109,16 @@ def worker(args):
         torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                opt.zero_grad(set_to_none=False)
+                loss_fn(net(x), y).backward()
+                opt.step()
+                torch.cuda.synchronize()
+        for key in ("self_cpu_time_total", "self_cuda_time_total"):
+            print(prof.key_averages().table(sort_by=key, row_limit=18), flush=True)
     if args.config != "local":
         tensors = chunks_of(torch, params, device)
         if args.config == "ddp":
@@ -158,6 +170,8 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--profile", action="store_true",
+                   help="with --worker: also print torch.profiler tables of 10 steps")
     args = p.parse_args()
     if args.worker:
         return worker(args)

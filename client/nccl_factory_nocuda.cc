@@ -3,6 +3,7 @@
 namespace gradsync::client {
 
 StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(Session* /*session*/, int /*device*/,
+                                                           Collectives* /*exchange*/,
                                                            Deadline /*deadline*/) {
   return FailedPreconditionError(
       "gradsync was built without CUDA; rebuild with --config=cuda to use the "

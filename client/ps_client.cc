@@ -174,7 +174,8 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
     const PartitionSpan& span = plan_[p];
     const compression::CompressContext ctx =
         compression::PartitionContext(c_->peers_.sender.job_id, tag_.step, bucket_, span.partition);
-    if (c_->partition_encoder_) {
+    // A budget shared over partitions is chosen here, on the whole bucket.
+    if (c_->partition_encoder_ && keep.empty()) {
       GS_ASSIGN_OR_RETURN(
           wire::Payload payload,
           c_->partition_encoder_(bucket_, span.partition, span.offset, span.count, ctx));
@@ -199,7 +200,7 @@ Status PsClient::Exchange::Compress(BucketState* bucket) {
 std::vector<size_t> PsClient::Exchange::SharedBudget(BucketState* bucket,
                                                      uint32_t* threshold) const {
   const std::optional<double> ratio = bucket->encoders[0]->shared_budget_ratio();
-  if (!ratio || plan_.size() < 2 || c_->partition_encoder_) return {};
+  if (!ratio || plan_.size() < 2) return {};
   std::vector<size_t> sizes;
   for (const PartitionSpan& span : plan_) sizes.push_back(span.count);
   std::vector<uint32_t>& keys = bucket->keys;
@@ -470,15 +471,22 @@ Status PsClient::SetCompression(uint32_t bucket, const std::string& spec) {
           "bucket " + std::to_string(bucket) + ": compression \"" + spec +
           "\" is not available on the parameter-server path: " + made.status().message());
     }
+    b.shared_budget = (*made)->shared_budget_ratio().has_value();
   }
   b.spec = spec;
   return Status();
 }
 
-bool PsClient::PushesRaw(uint32_t bucket) const {
+bool PsClient::PushesRaw(uint32_t bucket, size_t count) const {
   auto it = buckets_.find(bucket);
   if (it == buckets_.end() || it->second.spec == "none") return true;
   const BucketState& b = it->second;
+  if (b.shared_budget) {  // several partitions: encoded here, from the buffer
+    const int32_t shards = static_cast<int32_t>(conns_.size());
+    if (PlanPartitions(bucket, count, sizeof(float), options_.partition_bytes, shards).size() > 1) {
+      return true;
+    }
+  }
   return (b.count == 0 ? FirstRound() : b.next_round) == 0;
 }
 

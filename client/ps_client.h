@@ -154,13 +154,17 @@ class PsClient : public Collectives {
       std::function<StatusOr<wire::Payload>(uint32_t bucket, uint32_t partition, size_t offset,
                                             size_t count, const compression::CompressContext& ctx)>;
   // Compressed pushes are made by `encoder` (the CUDA gradients' device
-  // compression) instead of on the host. Before the first AllReduce.
+  // compression) instead of on the host, except those of a top-k bucket of
+  // several partitions (its budget is shared over the bucket: chosen here,
+  // so that both make the same selection). Before the first AllReduce.
   void SetPartitionEncoder(PartitionEncoder encoder) { partition_encoder_ = std::move(encoder); }
-  // Whether the next AllReduce of `bucket` reads the caller's buffer to
-  // push: uncompressed, or the round that initialises the shards. Otherwise
-  // every push comes from the partition encoder and the buffer only
-  // receives the result.
-  bool PushesRaw(uint32_t bucket) const;
+  // Whether the next AllReduce of `bucket` (of `count` elements) reads the
+  // caller's buffer to push: uncompressed, the round that initialises the
+  // shards, or a top-k whose budget is shared over several partitions
+  // (chosen on the whole bucket, here, not by the partition encoder).
+  // Otherwise every push comes from the partition encoder and the buffer
+  // only receives the result.
+  bool PushesRaw(uint32_t bucket, size_t count) const;
 
   // The payload bytes the last AllReduce pushed and received.
   struct Traffic {
@@ -178,6 +182,7 @@ class PsClient : public Collectives {
     // Per partition; empty: uncompressed.
     std::vector<std::unique_ptr<compression::PayloadEncoder>> encoders;
     std::vector<uint32_t> keys;  // scratch of a top-k budget shared over partitions
+    bool shared_budget = false;  // the spec's top-k shares its budget over partitions
   };
   class Exchange;  // one AllReduce in flight (ps_client.cc)
 

@@ -3,6 +3,7 @@
 #include "client/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -438,6 +439,44 @@ TEST(PsClientTest, CompressedPushesAverageWhatEveryWorkersCompressorSent) {
       EXPECT_EQ(t.received, n * sizeof(float));
     }
   }
+}
+
+// With a partition encoder (the CUDA gradients' device compression), a
+// top-k bucket of several partitions is still encoded by the client: its
+// budget is shared over the whole bucket, which an encoder that sees one
+// partition at a time cannot choose. So the device path selects what the
+// host path selects.
+TEST(PsClientTest, ASharedTopKBudgetIsChosenOnTheWholeBucketDespiteAPartitionEncoder) {
+  const int workers = 2, shards = 2, rounds = 3;
+  const size_t n = 150;  // 10 partitions of 16 floats
+  const std::string spec = "topk:ratio=0.25,ef=1";
+  PsJob job(Spec(workers, shards));
+  std::vector<std::vector<float>> want;
+  CompressedAverage mirror(spec, workers, n, 2, shards);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::vector<float>> inputs;
+    for (int w = 0; w < workers; ++w) inputs.push_back(Gradient(w, round, n));
+    want.push_back(mirror.Next(inputs, static_cast<uint64_t>(round)));
+  }
+  std::atomic<int> encoded{0};
+  job.Run([&](int rank, PsClient& c) {
+    ASSERT_TRUE(c.SetCompression(2, spec).ok());
+    c.SetPartitionEncoder([&](uint32_t, uint32_t, size_t, size_t,
+                              const compression::CompressContext&) -> StatusOr<wire::Payload> {
+      encoded++;
+      return InternalError("the partition encoder was asked for a shared-budget partition");
+    });
+    for (int round = 0; round < rounds; ++round) {
+      EXPECT_TRUE(c.PushesRaw(2, n));  // the device hands over the bucket itself
+      std::vector<float> g = Gradient(rank, round, n);
+      OpTag tag{static_cast<uint64_t>(round), 2, static_cast<uint64_t>(round), 0};
+      ASSERT_TRUE(
+          c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag, Deadline::AfterMs(10000))
+              .ok());
+      ASSERT_EQ(g, want[static_cast<size_t>(round)]) << "rank " << rank << " round " << round;
+    }
+  });
+  EXPECT_EQ(encoded.load(), 0);
 }
 
 TEST(PsClientTest, RepliesInFp16AreTheRoundedAverage) {

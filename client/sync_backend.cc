@@ -147,7 +147,8 @@ class PsBackend : public SyncBackend {
     (void)tag;
     // The shards' results come back through host memory; the bucket goes
     // there only when the pushes carry it uncompressed.
-    return device.ReduceOnHost(index, b.bytes(), ps_->PushesRaw(b.id), deadline, traffic, host);
+    return device.ReduceOnHost(index, b.bytes(), ps_->PushesRaw(b.id, b.count), deadline, traffic,
+                               host);
   }
   SyncOp BucketOp(const BucketCompression::Traffic&) const override { return SyncOp::kPushPull; }
   uint64_t SentBytes(uint64_t wire_bytes) const override { return wire_bytes; }  // pushes
@@ -224,7 +225,8 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
   }
   std::unique_ptr<Collectives> nccl;
   if (options.backend == "nccl") {
-    GS_ASSIGN_OR_RETURN(nccl, MakeNcclCollectives(session, options.cuda_device, deadline));
+    GS_ASSIGN_OR_RETURN(
+        nccl, MakeNcclCollectives(session, options.cuda_device, ring.ring.get(), deadline));
   }
   return std::unique_ptr<SyncBackend>(new AllReduceBackend(std::move(ring), std::move(nccl),
                                                            compression, options.compression_seed));

@@ -18,7 +18,8 @@ class DeviceGradientsTest : public ::testing::Test {
  protected:
   // Runs `workers` device_workers with `settings` against two fresh jobs
   // (and `servers` shards in each) and expects every one to pass.
-  void RunJobs(int workers, int servers, const std::vector<std::string>& settings) {
+  void RunJobs(int workers, int servers, const std::vector<std::string>& settings,
+               const std::string& refused = "") {
     const std::string round = std::to_string(rounds_++);
     LocalJob host("host" + round), dev("cuda" + round);
     const std::string host_address = host.StartScheduler(workers, servers);
@@ -47,6 +48,11 @@ class DeviceGradientsTest : public ::testing::Test {
     for (int r = 0; r < workers; ++r) {
       auto code = procs[r]->Wait(Deadline::AfterMs(180000));
       ASSERT_TRUE(code.has_value()) << "worker " << r << " still running:\n" << procs[r]->Output();
+      if (!refused.empty()) {  // a gradsync error (exit 3) saying `refused`
+        EXPECT_EQ(*code, 3) << procs[r]->Output();
+        EXPECT_NE(procs[r]->Output().find(refused), std::string::npos) << procs[r]->Output();
+        continue;
+      }
       EXPECT_EQ(*code, 0) << procs[r]->Output();
       EXPECT_NE(procs[r]->Output().find("device path ok"), std::string::npos) << procs[r]->Output();
       EXPECT_NE(procs[r]->Output().find("is host memory"), std::string::npos) << procs[r]->Output();
@@ -96,16 +102,21 @@ TEST_F(DeviceGradientsTest, ParameterServerTwoProcesses) {
   RunJobs(2, 1, {"--path=ps", "--f32_only"});
 }
 
-// Compressed pushes are made on the GPU, partition by partition (fc1.weight's
-// bucket spans two 4 MiB partitions), each with its own residual. (QSGD and
+// Compressed pushes are made on the GPU, partition by partition, each with
+// its own residual; with 1 MiB partitions fc1.weight's bucket (4 MB) spans
+// four and the embedding's two. Top-k over several partitions shares its
+// budget over the bucket and is chosen on the host on both paths. (QSGD and
 // random-k are left out: on this path they draw from the job id, which
 // differs between the two jobs.)
 TEST_F(DeviceGradientsTest, ParameterServerTwoProcessesCompressedOnTheDevice) {
   RunJobs(2, 1, {"--path=ps", "--f32_only", "--compression=fp16"});
   RunJobs(2, 1,
-          {"--path=ps", "--f32_only", "--compression=fp16:ef=1",
+          {"--path=ps", "--f32_only", "--compression=fp16:ef=1", "--partition_bytes=1048576",
            "--compression_overrides=fc1.weight=topk:ratio=0.01,ef=1;"
            "fc2.weight=sign:ef=1;embedding=bf16"});
+  RunJobs(2, 1,
+          {"--path=ps", "--f32_only", "--compression=topk:ratio=0.01,ef=1",
+           "--partition_bytes=1048576"});
 }
 
 TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
@@ -118,6 +129,12 @@ TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
 }
 
 TEST_F(DeviceGradientsTest, NcclWorldOneUncompressed) { RunJobs(1, 0, {"--backend=nccl"}); }
+
+// Two ranks of an NCCL job on the one GPU: refused before NCCL starts,
+// naming both ranks.
+TEST_F(DeviceGradientsTest, NcclRefusesTwoRanksOnOneGpu) {
+  RunJobs(2, 0, {"--backend=nccl", "--cuda_device=0"}, "ranks 0 and 1 both use GPU ");
+}
 
 }  // namespace
 }  // namespace gradsync
