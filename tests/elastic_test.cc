@@ -187,7 +187,10 @@ class ElasticTest : public ::testing::Test, public LocalJob {
         << workers[1]->Output();
     workers[1]->Signal(SIGKILL);
     ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
-        << workers[0]->Output();
+        << workers[0]->Output() << "\n--- worker 2:\n"
+        << workers[2]->Output() << "\n--- worker 3:\n"
+        << workers[3]->Output() << "\n--- scheduler:\n"
+        << scheduler_->Output();
     Subprocess& joiner = StartJoiner("400");
     std::set<std::string> params;
     for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {

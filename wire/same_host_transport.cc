@@ -337,6 +337,11 @@ bool SameHostTransport::InLink(const void* p) const {
 }
 
 Status SameHostTransport::Send(const Route& to, Message message, Deadline deadline) {
+  return Deliver(to, std::move(message), deadline, nullptr);
+}
+
+Status SameHostTransport::Deliver(const Route& to, Message message, Deadline deadline,
+                                  std::function<void(const Status&)>* post) {
   Out* out = OutFor(to);
   if (out == nullptr) return inner_->Send(to, std::move(message), deadline);
   if (message.payloads.size() + 1 > options_.max_frames) {
@@ -356,6 +361,11 @@ Status SameHostTransport::Send(const Route& to, Message message, Deadline deadli
   std::unique_lock<std::mutex> lock(out->mu);
   if (!Usable(*out, to)) {
     lock.unlock();
+    if (post != nullptr) {  // a post stays one: the network may hold it until its deadline
+      inner_->Post(to, std::move(f.message), deadline, std::move(*post));
+      *post = nullptr;
+      return Status();
+    }
     return inner_->Send(to, std::move(f.message), deadline);
   }
   // In order: straight into the link only behind nothing queued.
@@ -390,7 +400,8 @@ void SameHostTransport::Post(const Route& to, Message message, Deadline deadline
   if (OutFor(to) == nullptr) {
     return inner_->Post(to, std::move(message), deadline, std::move(done));
   }
-  Status s = Send(to, std::move(message), deadline);  // never waits on a link
+  // Never waits: not on a link, nor on the network it falls back to.
+  Status s = Deliver(to, std::move(message), deadline, &done);
   if (done) done(s);
 }
 

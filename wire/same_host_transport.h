@@ -130,6 +130,11 @@ class SameHostTransport : public Transport {
   uint64_t links_refused() const { return refused_links_.load(); }
 
  private:
+  // Send, or with `post` a Post whose completion is *post: a message that
+  // falls back to the network (the link's reader is gone) is posted there,
+  // *post moved along, so that a Post never waits for an unreachable peer.
+  Status Deliver(const Route& to, Message message, Deadline deadline,
+                 std::function<void(const Status&)>* post);
   struct Framed {
     std::vector<uint8_t> table;  // magic, count, sizes
     Message message;

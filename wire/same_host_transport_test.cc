@@ -14,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -22,8 +24,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "wire/curve.h"
 #include "wire/inproc_transport.h"
+#include "wire/node_keys.h"
 #include "wire/shm_link.h"
+#include "wire/zmq_transport.h"
 
 namespace gradsync::wire {
 namespace {
@@ -278,6 +283,64 @@ TEST(SameHostTransportTest, AfterItsReaderIsGoneAPeerIsSentToThroughTheNetwork) 
   auto second = p.b_inner->Receive(Deadline::AfterMs(3000));
   ASSERT_TRUE(second.ok()) << second.status();
   ExpectSame(second->message, {60}, 2);
+}
+
+// With per-node CURVE keys a message to a peer that is not connected waits
+// in the network transport for the connection (until its deadline). A Post
+// to a peer whose link reader is gone falls back to the network and must
+// stay a Post: it returns at once, and its completion reports the outcome
+// later (a ring step posts to its neighbour and goes on polling the job's
+// health; waiting in the Post hid a membership change until the deadline).
+TEST(SameHostTransportTest, APostToAGoneReaderDoesNotWaitForTheNetwork) {
+  const CurveKey job = *GenerateCurveKey(), a_key = *GenerateCurveKey(),
+                 b_key = *GenerateCurveKey();
+  auto a_keys = std::make_shared<NodeKeys>(job, a_key);
+  auto b_keys = std::make_shared<NodeKeys>(job, b_key);
+  ZmqOptions ao, bo;
+  ao.identity = "worker-a";
+  ao.node_keys = a_keys;
+  bo.identity = "worker-b";
+  bo.node_keys = b_keys;
+  auto a_inner = std::move(ZmqTransport::Create(ao)).value();
+  auto b_inner = std::move(ZmqTransport::Create(bo)).value();
+  const std::string endpoint = *b_inner->Listen("tcp://127.0.0.1:0");
+  auto entry = [](const std::string& identity, const CurveKey& key, const std::string& at) {
+    NodeInfo n;
+    n.identity = identity;
+    n.public_key = key.public_z85;
+    n.host = "127.0.0.1";
+    n.data_port = static_cast<uint16_t>(std::atoi(at.c_str() + at.rfind(':') + 1));
+    return n;
+  };
+  const std::vector<NodeInfo> plan = {entry("worker-a", a_key, "tcp://127.0.0.1:1"),
+                                      entry("worker-b", b_key, endpoint)};
+  a_keys->SetPlan(plan);
+  b_keys->SetPlan(plan);
+  SameHostOptions so;
+  so.job_id = kJob;
+  so.peers = {{"worker-a", "", false, true}};
+  auto b = std::make_unique<SameHostTransport>(b_inner.get(), so);
+  so.peers = {{"worker-b", endpoint, true, false}};
+  so.open_wait = Millis(2000);
+  SameHostTransport a(a_inner.get(), so);
+  const ConnId to_b = *a.Connect(endpoint);
+  ASSERT_EQ(a.sending_by_shm(), 1u);
+  ASSERT_TRUE(a.Send(Route::Connection(to_b), WithPayloads({50}, 1), Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(b->Receive(Deadline::AfterMs(5000)).ok());
+  // The peer is gone: its link's reader and its network end.
+  b->Shutdown();
+  b_inner->Shutdown();
+  b.reset();
+  b_inner.reset();
+  auto finished = std::make_shared<std::promise<Status>>();
+  const Deadline deadline = Deadline::AfterMs(30000);
+  a.Post(Route::Connection(to_b), WithPayloads({60}, 2), deadline,
+         [finished](const Status& s) { finished->set_value(s); });
+  EXPECT_FALSE(deadline.Expired()) << "Post waited for the unreachable peer";
+  EXPECT_EQ(a.sending_by_shm(), 0u);
+  a.Shutdown();
+  a_inner->Shutdown();  // ends the send still waiting for its connection
+  EXPECT_FALSE(finished->get_future().get().ok());
 }
 
 // What a broken or hostile writer could put in the link.
