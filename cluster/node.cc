@@ -35,6 +35,10 @@ wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
   o.on_impostor = [refusals, log](const std::string& peer, const std::string& why) {
     Refused(*log, refusals ? &refusals->impostors : nullptr, peer, "impostor", "refused " + why);
   };
+  o.on_send_dropped = [refusals, log](const std::string& peer) {
+    Refused(*log, refusals ? &refusals->sends_dropped : nullptr, peer, "send",
+            "dropped sends: too many wait for a peer that is not reading, the peer");
+  };
   o.on_auth_failure = [refusals, log](const std::string& peer) {
     Refused(*log, refusals ? &refusals->handshakes : nullptr, peer, "handshake",
             "refused a connection whose handshake failed (no, wrong or another job's CURVE "

@@ -100,13 +100,18 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                          std::stod(f[21]) * static_cast<double>(sysconf(_SC_PAGESIZE))));
   }
   out.push_back(Family("process_open_fds", "Open file descriptors.", MetricType::Gauge, OpenFds()));
-  uint64_t refused = 0, dropped = 0, impostors = 0;
+  uint64_t refused = 0, dropped = 0, impostors = 0, sends_dropped = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& c : auth_failures_) refused += c->load();
     for (const auto& c : dropped_) dropped += c->load();
     for (const auto& c : impostors_) impostors += c->load();
+    for (const auto& c : sends_dropped_) sends_dropped += c->load();
   }
+  out.push_back(Family("gradsync_sends_dropped_total",
+                       "Sends failed at once because too many were already waiting for a "
+                       "peer that does not read (max_pending_sends_per_peer).",
+                       MetricType::Counter, static_cast<double>(sends_dropped)));
   out.push_back(Family("gradsync_impostors_total",
                        "Messages refused because the identity they came under is not the one "
                        "bound to the sender's node key.",
@@ -127,11 +132,13 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   return out;
 }
 
-void ProcessCollector::Add(Count auth_failures, Count dropped, Count impostors) {
+void ProcessCollector::Add(Count auth_failures, Count dropped, Count impostors,
+                           Count sends_dropped) {
   std::lock_guard<std::mutex> lock(mu_);
   auth_failures_.push_back(std::move(auth_failures));
   dropped_.push_back(std::move(dropped));
   impostors_.push_back(std::move(impostors));
+  sends_dropped_.push_back(std::move(sends_dropped));
 }
 
 ProcessMetrics::ProcessMetrics(const std::string& role)

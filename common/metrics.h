@@ -48,19 +48,22 @@ const std::vector<double>& LatencyBuckets();
 // sums of the counters added: gradsync_auth_failures_total (handshakes a
 // listening socket refused) and gradsync_transport_dropped_total (messages
 // dropped as they were read: too many frames, a header too large;
-// wire/zmq_transport.h) and gradsync_impostors_total (messages under an
-// identity that is not the one bound to the sender's node key).
+// wire/zmq_transport.h), gradsync_impostors_total (messages under an
+// identity that is not the one bound to the sender's node key) and
+// gradsync_sends_dropped_total (sends failed at once: too many were waiting
+// for a peer that does not read).
 class ProcessCollector : public prometheus::Collectable {
  public:
   using Count = std::shared_ptr<const std::atomic<uint64_t>>;
   std::vector<prometheus::MetricFamily> Collect() const override;
-  void Add(Count auth_failures, Count dropped, Count impostors);
+  void Add(Count auth_failures, Count dropped, Count impostors, Count sends_dropped);
 
  private:
   mutable std::mutex mu_;
   std::vector<Count> auth_failures_;  // guarded by mu_
   std::vector<Count> dropped_;        // guarded by mu_
   std::vector<Count> impostors_;      // guarded by mu_
+  std::vector<Count> sends_dropped_;  // guarded by mu_
 };
 
 class ProcessMetrics {
@@ -72,13 +75,15 @@ class ProcessMetrics {
   prometheus::Registry& registry() { return *registry_; }
   // Exports the counts of `refusals` (a wire::TransportRefusals; added to
   // any counted before) as gradsync_auth_failures_total,
-  // gradsync_transport_dropped_total and gradsync_impostors_total.
+  // gradsync_transport_dropped_total, gradsync_impostors_total and
+  // gradsync_sends_dropped_total.
   template <typename Refusals>
   void AddTransportRefusals(std::shared_ptr<Refusals> refusals) {
     if (refusals == nullptr) return;
     process_->Add(ProcessCollector::Count(refusals, &refusals->handshakes),
                   ProcessCollector::Count(refusals, &refusals->dropped),
-                  ProcessCollector::Count(refusals, &refusals->impostors));
+                  ProcessCollector::Count(refusals, &refusals->impostors),
+                  ProcessCollector::Count(refusals, &refusals->sends_dropped));
   }
   // Serves /metrics on `address` ("0.0.0.0:9100"). Port 0 in the address
   // picks a free port. Returns the bound port.

@@ -104,6 +104,7 @@ struct Refusals {
   std::atomic<uint64_t> handshakes{0};
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> impostors{0};
+  std::atomic<uint64_t> sends_dropped{0};
 };
 
 TEST(MetricsTest, TransportRefusalsAreSummedOverEverySourceAdded) {
@@ -117,7 +118,10 @@ TEST(MetricsTest, TransportRefusalsAreSummedOverEverySourceAdded) {
   b->handshakes = 1;
   b->dropped = 5;
   a->impostors = 4;
+  a->sends_dropped = 6;
+  b->sends_dropped = 1;
   auto s = Samples(metrics.Scrape());
+  EXPECT_EQ(s["gradsync_sends_dropped_total"], 7.0);
   EXPECT_EQ(s["gradsync_impostors_total"], 4.0);
   EXPECT_EQ(s["gradsync_auth_failures_total"], 3.0);
   EXPECT_EQ(s["gradsync_transport_dropped_total"], 5.0);

@@ -87,6 +87,8 @@ TEST(ZmqRetryTest, APeerThatNeverReadsHoldsABoundedBacklog) {
   ZmqOptions o;
   o.identity = "answerer";
   o.max_pending_sends_per_peer = 100;
+  std::atomic<int> reported{0};  // what /metrics counts (cluster::TransportOptions)
+  o.on_send_dropped = [&reported](const std::string&) { reported.fetch_add(1); };
   std::atomic<int> refused{0};
   std::unique_ptr<ZmqTransport> t;
   PostToAPeerThatNeverReads(o, &t, [&](const Status& s) {
@@ -99,6 +101,7 @@ TEST(ZmqRetryTest, APeerThatNeverReadsHoldsABoundedBacklog) {
   // Besides what the connection took, 100 waited; the rest were refused.
   EXPECT_GE(refused.load(), kSends - 100 - 64);
   EXPECT_EQ(t->dropped_sends(), static_cast<uint64_t>(refused.load()));
+  EXPECT_EQ(reported.load(), refused.load());
   t->Shutdown();
 }
 

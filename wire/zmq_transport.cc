@@ -352,6 +352,7 @@ void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
       if (waiting != pending_.end() &&
           waiting->second.order.size() >= options_.max_pending_sends_per_peer) {
         dropped_sends_.fetch_add(1, std::memory_order_relaxed);
+        if (options_.on_send_dropped) options_.on_send_dropped(cmd->route.ToString());
         cmd->Finish({UnavailableError("send to " + cmd->route.ToString() +
                                       " dropped: " + std::to_string(waiting->second.order.size()) +
                                       " sends wait for this peer already (it is not reading)"),

@@ -91,14 +91,18 @@ struct ZmqOptions {
   // Called (on the I/O thread) for each message dropped as it was read,
   // with the route it came on and why.
   std::function<void(const std::string& peer, const std::string& why)> on_dropped;
+  // Called (on the I/O thread) for each send failed at once because its peer
+  // had max_pending_sends_per_peer sends waiting (it is not reading).
+  std::function<void(const std::string& peer)> on_send_dropped;
 };
 
 // What the transports of one process refused before a message reached its
 // receiver, for /metrics (cluster::TransportOptions fills it).
 struct TransportRefusals {
-  std::atomic<uint64_t> handshakes{0};  // failed handshakes (CURVE)
-  std::atomic<uint64_t> dropped{0};     // messages dropped as they were read
-  std::atomic<uint64_t> impostors{0};   // messages under another node's identity
+  std::atomic<uint64_t> handshakes{0};     // failed handshakes (CURVE)
+  std::atomic<uint64_t> dropped{0};        // messages dropped as they were read
+  std::atomic<uint64_t> impostors{0};      // messages under another node's identity
+  std::atomic<uint64_t> sends_dropped{0};  // sends to a peer that was not reading
 };
 
 // Once per process, unless GRADSYNC_TUNE_MALLOC=0 or GLIBC_TUNABLES sets
