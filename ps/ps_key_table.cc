@@ -46,6 +46,11 @@ void ShardCounters::Unplanned() {
   if (metrics != nullptr) metrics->unplanned->Increment();
 }
 
+void ShardCounters::OtherEpoch() {
+  Add(other_epoch);
+  if (metrics != nullptr) metrics->other_epoch->Increment();
+}
+
 void ShardCounters::Rejected(wire::ErrorCode code) {
   Add(rejected);
   if (metrics != nullptr) metrics->rejected.Count(code);
@@ -70,6 +75,7 @@ PsShardStats ShardCounters::Snapshot() const {
   s.duplicates = duplicates.load();
   s.early_pulls = early_pulls.load();
   s.unplanned = unplanned.load();
+  s.other_epoch = other_epoch.load();
   s.rejected = rejected.load();
   s.rounds_closed = rounds_closed.load();
   s.replies = replies.load();
@@ -180,6 +186,7 @@ void KeyTable::DropIfEmpty(const Key& key) {
 bool KeyTable::OfThisEpoch(const Request& r, std::vector<Outgoing>* out) {
   const auto epoch = static_cast<uint32_t>(r.step >> 32);
   if (epoch == epoch_) return true;
+  counters_->OtherEpoch();
   const std::string epochs =
       std::to_string(epoch) + " (this shard is in epoch " + std::to_string(epoch_) + ")";
   if (epoch < epoch_) {

@@ -152,6 +152,7 @@ struct PsShardStats {
   uint64_t duplicates = 0;     // pushes acknowledged again, not applied
   uint64_t early_pulls = 0;    // pulls of a key no push made, answered Busy
   uint64_t unplanned = 0;      // other workers' pushes of a key worker 0 did not push, Busy
+  uint64_t other_epoch = 0;    // messages of another membership epoch (not in rejected)
   uint64_t rejected = 0;       // messages answered with an Error
   uint64_t rounds_closed = 0;  // sync/ssp
   uint64_t replies = 0;
@@ -170,6 +171,7 @@ class ShardCounters {
   void Duplicate();
   void EarlyPull();
   void Unplanned();
+  void OtherEpoch();
   void Rejected(wire::ErrorCode code);
   // A round whose first push arrived at `first` and last at `last` was
   // closed now.
@@ -180,8 +182,8 @@ class ShardCounters {
   // shard serves.
   ShardMetrics* metrics = nullptr;
 
-  std::atomic<uint64_t> duplicates{0}, early_pulls{0}, unplanned{0}, rejected{0}, rounds_closed{0},
-      replies{0};
+  std::atomic<uint64_t> duplicates{0}, early_pulls{0}, unplanned{0}, other_epoch{0}, rejected{0},
+      rounds_closed{0}, replies{0};
 
  private:
   std::atomic<uint64_t> applied_{0}, max_staleness_{0}, staleness_sum_{0};

@@ -42,6 +42,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& r) : rejected(r, "shard") {
   early_pulls = Counter(r, "gradsync_server_early_pulls_total",
                         "Pulls of a key no push made yet (behind a lost push, or outside the "
                         "job's plan): answered Busy, nothing kept.");
+  other_epoch = Counter(r, "gradsync_server_other_epoch_total",
+                        "Pushes and pulls of another membership epoch than the shard's: an "
+                        "ended one (refused) or a later one (answered Busy, sent again).");
   unplanned = Counter(r, "gradsync_server_unplanned_pushes_total",
                       "Pushes of a key worker 0 has not pushed (ahead of it, or outside the "
                       "job's plan) by another worker: answered Busy, nothing kept.");

@@ -8,6 +8,7 @@
 //   gradsync_server_pushes_total, _pulls_total, _duplicates_total
 //   gradsync_server_early_pulls_total   pulls of a key no push made, answered Busy
 //   gradsync_server_unplanned_pushes_total  pushes of a key worker 0 did not push, Busy
+//   gradsync_server_other_epoch_total  messages of another membership epoch
 //   gradsync_server_expected_workers, _connected_workers (live per the
 //   scheduler), _missing_workers (declared dead)
 //   gradsync_server_checkpoint_duration_seconds
@@ -42,6 +43,7 @@ struct ShardMetrics {
   prometheus::Counter* pulls = nullptr;
   prometheus::Counter* duplicates = nullptr;
   prometheus::Counter* early_pulls = nullptr;
+  prometheus::Counter* other_epoch = nullptr;
   prometheus::Counter* unplanned = nullptr;
   prometheus::Gauge* expected_workers = nullptr;
   prometheus::Gauge* connected_workers = nullptr;

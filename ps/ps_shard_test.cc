@@ -181,6 +181,7 @@ TEST(PsShardTest, MessagesOfAnotherMembershipEpochAreAnsweredNotTaken) {
   EXPECT_NE(h.NextError(0).find("comes over another connection than worker 0's own"),
             std::string::npos);
   EXPECT_EQ(h.shard().stats().rejected, 1u);
+  EXPECT_EQ(h.shard().stats().other_epoch, 2u);  // counted apart from rejected
   EXPECT_EQ(h.shard().stats().pushes_applied, 0u);
 }
 
