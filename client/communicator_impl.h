@@ -6,8 +6,6 @@
 #ifndef GRADSYNC_CLIENT_COMMUNICATOR_IMPL_H_
 #define GRADSYNC_CLIENT_COMMUNICATOR_IMPL_H_
 
-#include "client/communicator.h"
-
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -21,6 +19,7 @@
 #include "client/bucket_compression.h"
 #include "client/bucketer.h"
 #include "client/client_metrics.h"
+#include "client/communicator.h"
 #include "client/cuda_device.h"
 #include "client/device_gradients.h"
 #include "client/elementwise.h"
