@@ -5,8 +5,6 @@
 #ifndef GRADSYNC_WIRE_ZMQ_TRANSPORT_IMPL_H_
 #define GRADSYNC_WIRE_ZMQ_TRANSPORT_IMPL_H_
 
-#include "wire/zmq_transport.h"
-
 #include <malloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -29,6 +27,7 @@
 #include "common/logging.h"
 #include "wire/zmq_curve.h"
 #include "wire/zmq_handshake_retry.h"
+#include "wire/zmq_transport.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -92,7 +91,6 @@ constexpr Millis kZapHold(10000);
 inline Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
-
 
 class ZmqTransport::Impl {
  public:
