@@ -1,7 +1,8 @@
 // RingCollectives::Op: sending, receiving and checking one operation's
 // messages, and failing it with the rank to blame.
-#include "client/elementwise.h"
 #include "client/ring_op.h"
+
+#include "client/elementwise.h"
 #include "common/logging.h"
 
 namespace gradsync::client {
@@ -13,7 +14,6 @@ std::string DescribeData(const wire::Header& h) {
          std::to_string(h.seq()) + " " + wire::EnumNameDType(d->dtype()) + " names-hash " +
          std::to_string(d->names_hash());
 }
-
 
 }  // namespace
 
