@@ -35,8 +35,6 @@ inline size_t PaddingBefore(uint64_t at, size_t size, size_t capacity) {
   return capacity - offset;
 }
 
-
-
 // Buffers of received payloads, kept for reuse up to a bound in bytes.
 class SameHostTransport::BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
