@@ -6,9 +6,9 @@
 #   tools/format.sh          # check: lists every file that is not formatted
 #   tools/format.sh --fix    # rewrites them in place
 #
-# Files: every tracked *.c, *.cc, *.h, *.cu and *.cuh outside third_party/
-# (git ls-files; outside a git checkout, the same names found under the
-# tree). Exit status: 0 when every file is formatted (or after --fix), 1
+# Files: every *.c, *.cc, *.h, *.cu and *.cuh outside third_party/ that git
+# tracks or would track (new files not ignored too; outside a git checkout,
+# the same names found under the tree). Exit status: 0 when every file is formatted (or after --fix), 1
 # otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,8 @@ fix=0
 [ "${1:-}" = "--fix" ] && fix=1
 
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  mapfile -t files < <(git ls-files -- '*.c' '*.cc' '*.h' '*.cu' '*.cuh' | grep -v '^third_party/')
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard -- \
+    '*.c' '*.cc' '*.h' '*.cu' '*.cuh' | grep -v '^third_party/')
 else
   mapfile -t files < <(find . -path ./third_party -prune -o -path './bazel-*' -prune -o \
     -type f \( -name '*.c' -o -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) \
