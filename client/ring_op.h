@@ -28,11 +28,11 @@ constexpr int kMaxRepliesInFlight = 64;
 // Counts the sends that still point into each segment of the caller's
 // buffer; a segment is overwritten only once its count is back to zero.
 // Shared with the payload owners, which may outlive the operation.
-class SendHolds {
+class RingSendHolds {
  public:
-  explicit SendHolds(int segments) : held_(static_cast<size_t>(segments), 0) {}
+  explicit RingSendHolds(int segments) : held_(static_cast<size_t>(segments), 0) {}
 
-  std::shared_ptr<const void> Hold(const std::shared_ptr<SendHolds>& self, int seg) {
+  std::shared_ptr<const void> Hold(const std::shared_ptr<RingSendHolds>& self, int seg) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++held_[static_cast<size_t>(seg)];
@@ -76,7 +76,7 @@ class RingCollectives::Op {
         dtype_(dtype),
         fingerprint_(RingFingerprint(kind, tag_, dtype, count, extra)),
         deadline_(deadline),
-        holds_(std::make_shared<SendHolds>(segments)) {}
+        holds_(std::make_shared<RingSendHolds>(segments)) {}
 
   int rank() const { return ring_->peers_.rank; }
   int left() const { return RingIndex(rank() - 1, ring_->peers_.world_size); }
@@ -215,7 +215,7 @@ class RingCollectives::Op {
   const DType dtype_;
   const uint64_t fingerprint_;
   const Deadline deadline_;
-  std::shared_ptr<SendHolds> holds_;
+  std::shared_ptr<RingSendHolds> holds_;
   wire::PostedSends posted_;  // this operation's sends
   Status send_failure_;       // SendFailure's verdict, once there is one
   uint64_t sent_ = 0;
