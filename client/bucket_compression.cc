@@ -6,26 +6,6 @@
 #include "client/elementwise.h"
 
 namespace gradsync::client {
-namespace {
-
-std::map<std::string, std::string> ParseOverrides(const std::string& list) {
-  std::map<std::string, std::string> out;
-  size_t start = 0;
-  while (start < list.size()) {
-    size_t end = list.find(';', start);
-    if (end == std::string::npos) end = list.size();
-    const std::string entry = list.substr(start, end - start);
-    const size_t eq = entry.find('=');
-    if (eq != std::string::npos)
-      out[entry.substr(0, eq)] = entry.substr(eq + 1);
-    else if (!entry.empty())
-      out[entry] = "";
-    start = end + 1;
-  }
-  return out;
-}
-
-}  // namespace
 
 StatusOr<std::unique_ptr<BucketCompression>> BucketCompression::FromConfig(const Config& config) {
   std::unique_ptr<BucketCompression> bc(new BucketCompression());
@@ -35,7 +15,7 @@ StatusOr<std::unique_ptr<BucketCompression>> BucketCompression::FromConfig(const
   GS_ASSIGN_OR_RETURN(std::string overrides, config.GetString("compression_overrides", ""));
   if (min_bytes < 0) return InvalidArgumentError("compression_min_bytes must not be negative");
   bc->min_bytes_ = static_cast<size_t>(min_bytes);
-  bc->overrides_ = ParseOverrides(overrides);
+  bc->overrides_ = compression::ParseCompressionOverrides(overrides);
   // Refuse bad specs now, not at the first step.
   Status bad = bc->CheckSpec(bc->default_spec_);
   if (!bad.ok()) return InvalidArgumentError("compression: " + bad.message());
@@ -103,16 +83,13 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
   compression::Compressor& c = *it->second;
   const size_t wire_bytes = c.WireBytes(count);
   wire_.resize(wire_bytes);
-  // A sum of fp16 values overflows past 65504: fp16 buckets are divided by
-  // the world size before the cast, and their sum is the average.
-  const bool divided = c.summable() && c.summable_dtype() == DType::kF16;
-  if (divided) {
+  if (c.summable() && DividesBeforeSum(c.summable_dtype())) {
     DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
   }
   GS_RETURN_IF_ERROR(c.Compress(data, count, ctx, wire_.data(), wire_.size()));
   if (c.summable()) {
     *traffic = Traffic{wire_bytes, wire_bytes, false};
-    return ReduceSummable(backend, c, data, count, tag, ctx, deadline, divided);
+    return ReduceSummable(backend, c, data, count, tag, ctx, deadline);
   }
   const size_t others = static_cast<size_t>(backend.world_size() - 1);
   *traffic = Traffic{wire_bytes, wire_bytes * others, true};
@@ -179,14 +156,15 @@ Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compressio
 
 Status BucketCompression::ReduceSummable(Collectives& backend, compression::Compressor& c,
                                          float* data, size_t count, const OpTag& tag,
-                                         const compression::CompressContext& ctx, Deadline deadline,
-                                         bool divided) {
+                                         const compression::CompressContext& ctx,
+                                         Deadline deadline) {
   const DType dtype = c.summable_dtype();
   const size_t elems = wire_.size() / DTypeSize(dtype);
   GS_RETURN_IF_ERROR(backend.AllReduce(wire_.data(), elems, dtype, ReduceOp::kSum, tag, deadline));
   GS_RETURN_IF_ERROR(c.Decompress(wire_.data(), wire_.size(), count, ctx, data));
-  if (!divided)
+  if (!DividesBeforeSum(dtype)) {  // else divided before it was compressed (Reduce)
     DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
+  }
   return Status();
 }
 

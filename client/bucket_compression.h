@@ -80,6 +80,12 @@ class BucketCompression {
     bool gathered = false;  // all-gather, not all-reduce
   };
 
+  // Whether a summable compressor whose wire values are `summed` has the
+  // bucket divided by the world size before it compresses, so that the sum
+  // is the average: fp16, whose sums overflow past 65504 (the CUDA path
+  // follows the same rule).
+  static bool DividesBeforeSum(DType summed) { return summed == DType::kF16; }
+
   // Averages the f32 bucket `data` over all ranks through `backend`, using
   // the bucket's compressor; uncompressed buckets are one AllReduce.
   Status Reduce(Collectives& backend, uint32_t bucket, float* data, size_t count, const OpTag& tag,
@@ -97,11 +103,9 @@ class BucketCompression {
   Status ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p, float* data,
                                const OpTag& tag, const compression::CompressContext& ctx,
                                Deadline deadline, Traffic* traffic, bool* done);
-  // `divided`: the values were divided by the world size before they were
-  // compressed (fp16), so the sum is the average.
   Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data, size_t count,
                         const OpTag& tag, const compression::CompressContext& ctx,
-                        Deadline deadline, bool divided);
+                        Deadline deadline);
   Status ReduceGathered(Collectives& backend, compression::Compressor& c, float* data, size_t count,
                         const OpTag& tag, const compression::CompressContext& ctx,
                         Deadline deadline);

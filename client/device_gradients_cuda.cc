@@ -595,9 +595,8 @@ class CudaGradients : public DeviceGradients {
                         const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic) {
     const size_t wb = code.elems * DTypeSize(code.dtype);
     GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
-    // As BucketCompression: fp16 values are divided by the world size before
-    // the cast (a sum of fp16 overflows past 65504), so the sum is the average.
-    const bool divided = code.dtype == DType::kF16;
+    // The rule of the host path (a sum of fp16 overflows past 65504).
+    const bool divided = BucketCompression::DividesBeforeSum(code.dtype);
     const auto world = static_cast<float>(backend.world_size());
     if (divided) GS_RETURN_IF_ERROR(kernels::DivideFloatCuda(data, n, world, stream_));
     GS_RETURN_IF_ERROR(code.encode(wire_.get()));

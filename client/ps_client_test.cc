@@ -415,6 +415,18 @@ std::vector<float> Gradient(int rank, int round, size_t n) {
   return g;
 }
 
+// What `mirror` makes of every worker's Gradient in rounds 0 .. rounds - 1.
+std::vector<std::vector<float>> ExpectedRounds(CompressedAverage& mirror, int workers, size_t n,
+                                               int rounds) {
+  std::vector<std::vector<float>> want;
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::vector<float>> inputs;
+    for (int w = 0; w < workers; ++w) inputs.push_back(Gradient(w, round, n));
+    want.push_back(mirror.Next(inputs, static_cast<uint64_t>(round)));
+  }
+  return want;
+}
+
 TEST(PsClientTest, CompressedPushesAverageWhatEveryWorkersCompressorSent) {
   const int workers = 3, shards = 2, rounds = 4;
   const size_t n = 150;  // 10 partitions of 16 floats, the last short
@@ -425,13 +437,8 @@ TEST(PsClientTest, CompressedPushesAverageWhatEveryWorkersCompressorSent) {
     // Lost messages are resent as the same bytes: residuals move once a round.
     js.make_hook = [] { return DropFirst(3); };
     PsJob job(js);
-    std::vector<std::vector<float>> want;
     CompressedAverage mirror(spec, workers, n, 2, shards);
-    for (int round = 0; round < rounds; ++round) {
-      std::vector<std::vector<float>> inputs;
-      for (int w = 0; w < workers; ++w) inputs.push_back(Gradient(w, round, n));
-      want.push_back(mirror.Next(inputs, static_cast<uint64_t>(round)));
-    }
+    const std::vector<std::vector<float>> want = ExpectedRounds(mirror, workers, n, rounds);
     std::vector<PsClient::Traffic> traffic(workers);
     job.Run([&](int rank, PsClient& c) {
       ASSERT_TRUE(c.SetCompression(2, spec).ok());
@@ -463,13 +470,8 @@ TEST(PsClientTest, ASharedTopKBudgetIsChosenOnTheWholeBucketDespiteAPartitionEnc
   const size_t n = 150;  // 10 partitions of 16 floats
   const std::string spec = "topk:ratio=0.25,ef=1";
   PsJob job(Spec(workers, shards));
-  std::vector<std::vector<float>> want;
   CompressedAverage mirror(spec, workers, n, 2, shards);
-  for (int round = 0; round < rounds; ++round) {
-    std::vector<std::vector<float>> inputs;
-    for (int w = 0; w < workers; ++w) inputs.push_back(Gradient(w, round, n));
-    want.push_back(mirror.Next(inputs, static_cast<uint64_t>(round)));
-  }
+  const std::vector<std::vector<float>> want = ExpectedRounds(mirror, workers, n, rounds);
   std::atomic<int> encoded{0};
   job.Run([&](int rank, PsClient& c) {
     ASSERT_TRUE(c.SetCompression(2, spec).ok());

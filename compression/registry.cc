@@ -84,6 +84,24 @@ StatusOr<std::unique_ptr<Compressor>> Upcast(StatusOr<std::unique_ptr<T>> made) 
 
 }  // namespace
 
+std::map<std::string, std::string> ParseCompressionOverrides(const std::string& list) {
+  std::map<std::string, std::string> out;
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t end = list.find(';', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string entry = list.substr(start, end - start);
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) {
+      out[entry.substr(0, eq)] = entry.substr(eq + 1);
+    } else if (!entry.empty()) {
+      out[entry] = "";
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
 StatusOr<CompressorSpec> ParseCompressorSpec(const std::string& spec) {
   CompressorSpec parsed;
   const size_t colon = spec.find(':');

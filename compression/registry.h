@@ -81,6 +81,11 @@ struct CompressorSpec {
 // value that does not parse. Ranges are checked by the factories.
 StatusOr<CompressorSpec> ParseCompressorSpec(const std::string& spec);
 
+// The compression_overrides setting, "KEY=SPEC;KEY=SPEC" (KEY a bucket id or
+// a tensor name): KEY -> SPEC; an entry without '=' maps to "" (the caller
+// refuses it), empty entries are skipped. The specs are not parsed.
+std::map<std::string, std::string> ParseCompressionOverrides(const std::string& list);
+
 class CompressorRegistry {
  public:
   // Returns a new compressor; never null.

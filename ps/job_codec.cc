@@ -1,6 +1,6 @@
 #include "ps/job_codec.h"
 
-#include <algorithm>
+#include "compression/registry.h"
 
 namespace gradsync::server {
 namespace {
@@ -22,13 +22,8 @@ std::string Quoted(const std::set<std::string>& names) {
 
 JobCodec::JobCodec(const std::string& spec, const std::string& overrides) {
   AddName(spec, &configured_);
-  size_t start = 0;
-  while (start <= overrides.size()) {
-    const size_t end = std::min(overrides.find(';', start), overrides.size());
-    const std::string entry = overrides.substr(start, end - start);
-    const size_t eq = entry.find('=');
-    if (eq != std::string::npos) AddName(entry.substr(eq + 1), &configured_);
-    start = end + 1;
+  for (const auto& entry : compression::ParseCompressionOverrides(overrides)) {
+    AddName(entry.second, &configured_);
   }
 }
 
