@@ -271,21 +271,27 @@ void NodeAgent::Run() {
   const Millis silence_limit = interval * assignment_.missed_heartbeats + options_.scheduler_grace;
   SteadyTime next_beat = std::chrono::steady_clock::now();
   for (;;) {
+    bool silent;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
-      if (job_status_.ok() && std::chrono::steady_clock::now() - last_heard_ > silence_limit) {
-        job_status_ = UnavailableError("the scheduler at " + options_.scheduler +
-                                       " stopped answering (silent for more than " +
-                                       FormatSeconds(silence_limit) + ")");
-        cv_.notify_all();
-      }
+      silent = job_status_.ok() && std::chrono::steady_clock::now() - last_heard_ > silence_limit;
+    }
+    // What the scheduler sent while this thread was held up (a loaded
+    // machine) is read before its silence is judged: a shutdown it sent
+    // last is not mistaken for its death.
+    auto in = transport_->Receive(silent ? Deadline::After(Millis(0)) : Deadline::At(next_beat));
+    if (silent && !in.ok() && in.status().code() != StatusCode::kCancelled) {
+      std::lock_guard<std::mutex> lock(mu_);
+      FailJob(UnavailableError("the scheduler at " + options_.scheduler +
+                               " stopped answering (silent for more than " +
+                               FormatSeconds(silence_limit) + ")"));
+      cv_.notify_all();
     }
     if (std::chrono::steady_clock::now() >= next_beat) {
       Send(wire::MakeHeartbeat(sender()), Deadline::After(interval)).IgnoreError();
       next_beat += interval;
     }
-    auto in = transport_->Receive(Deadline::At(next_beat));
     if (!in.ok()) {
       if (in.status().code() == StatusCode::kCancelled) return;
       continue;

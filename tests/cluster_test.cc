@@ -218,7 +218,8 @@ TEST_F(ClusterTest, SigtermShutsTheJobDownCleanly) {
   EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(5000)), 0);
   EXPECT_EQ(w.Wait(Deadline::AfterMs(5000)), 0) << w.Output();
   EXPECT_EQ(server.Wait(Deadline::AfterMs(5000)), 0) << server.Output();
-  EXPECT_NE(server.Output().find("job shut down: the scheduler was stopped"), std::string::npos);
+  EXPECT_NE(server.Output().find("job shut down: the scheduler was stopped"), std::string::npos)
+      << server.Output() << scheduler_->Output();
 }
 
 }  // namespace

@@ -355,6 +355,43 @@ TEST(ZmqTransportTest, PeerThatReconnectsUnderItsIdentityGetsReplies) {
   }
 }
 
+// A last broadcast posted just before Shutdown (the scheduler's "job shut
+// down") reaches every peer: nothing queued before Shutdown is dropped.
+TEST(ZmqTransportTest, PostsQueuedBeforeShutdownAreAllSent) {
+  constexpr int kPeers = 8;
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ZmqOptions options;
+    options.identity = "hub";
+    auto hub = std::move(ZmqTransport::Create(options)).value();
+    auto bound = hub->Listen("tcp://127.0.0.1:0");
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    std::vector<std::unique_ptr<ZmqTransport>> peers;
+    std::vector<Route> routes;
+    for (int i = 0; i < kPeers; ++i) {
+      ZmqOptions peer_options;
+      peer_options.identity = "peer-" + std::to_string(i);
+      peers.push_back(std::move(ZmqTransport::Create(peer_options)).value());
+      auto conn = peers.back()->Connect(*bound);
+      ASSERT_TRUE(conn.ok()) << conn.status();
+      ASSERT_TRUE(
+          peers.back()->Send(Route::Connection(*conn), Numbered(i), Deadline::AfterMs(5000)).ok());
+      auto in = hub->Receive(Deadline::AfterMs(10000));
+      ASSERT_TRUE(in.ok()) << in.status();
+      routes.push_back(in->from);
+    }
+    for (int i = 0; i < kPeers; ++i) {
+      hub->Post(routes[static_cast<size_t>(i)], Numbered(100 + i), Deadline::AfterMs(5000), {});
+    }
+    hub->Shutdown();
+    for (int i = 0; i < kPeers; ++i) {
+      auto got = peers[static_cast<size_t>(i)]->Receive(Deadline::AfterMs(10000));
+      ASSERT_TRUE(got.ok()) << "peer " << i << ": " << got.status();
+      EXPECT_EQ(got->message.header_view()->seq(), static_cast<uint64_t>(100 + i));
+    }
+  }
+}
+
 TEST(ZmqTransportTest, ListenTwiceFails) {
   ZmqFactory factory;
   auto server = factory.New("server");

@@ -6,11 +6,16 @@ namespace gradsync::wire {
 
 void ZmqTransport::Impl::IoLoop() {
   for (;;) {
-    RunCommands();
+    // Whatever was queued before Shutdown is sent (a last broadcast
+    // included): Enqueue takes nothing once stopping_ is set, so the batch
+    // run after reading it holds every command that came before.
+    bool stopping;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) break;
+      stopping = stopping_;
     }
+    RunCommands();
+    if (stopping) break;
     if (router_ && zap_ && zap_->failed()) CloseListening();
     std::vector<zmq::pollitem_t> items;
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
