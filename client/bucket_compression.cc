@@ -81,6 +81,7 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
     return backend.AllReduce(data, count, DType::kF32, ReduceOp::kAverage, tag, deadline);
   }
   compression::Compressor& c = *it->second;
+  c.BeginStep(tag.step);  // every rank the same step: the same wire size
   const size_t wire_bytes = c.WireBytes(count);
   wire_.resize(wire_bytes);
   if (c.summable() && DividesBeforeSum(c.summable_dtype())) {

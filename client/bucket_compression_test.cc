@@ -9,6 +9,8 @@
 #include "client/ring_test_util.h"
 #include "compression/powersgd.h"
 #include "compression/registry.h"
+#include "compression/topk_compressor.h"
+#include "compression/wire_util.h"
 #include "gtest/gtest.h"
 
 namespace gradsync::client {
@@ -97,6 +99,33 @@ TEST_P(BucketCompressionTest, AverageMatchesTheReferenceOnEveryRank) {
     EXPECT_LT(wire[0].sent, kCount * 4);
   } else {
     EXPECT_EQ(wire[0].sent, kCount * 4);
+  }
+}
+
+// During top-k's warm-up every rank sends the step's larger share, and the
+// ranks agree: the same average on every rank, past the warm-up too.
+TEST(BucketCompressionWarmupTest, EveryRankFollowsTheStepsRatio) {
+  Ring ring(kWorld);
+  std::vector<std::unique_ptr<BucketCompression>> bcs;
+  for (int r = 0; r < kWorld; ++r) {
+    bcs.push_back(Make({{"compression", "topk:ratio=0.01,ef=1,warmup=4"}}));
+    ASSERT_TRUE(bcs.back()->Assign({{0, DType::kF32, kCount * 4, {"w"}, {}}}).ok());
+  }
+  for (uint64_t step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    std::vector<std::vector<float>> data;
+    for (int r = 0; r < kWorld; ++r) data.push_back(Gradient(r));
+    std::vector<BucketCompression::Traffic> wire(kWorld);
+    auto st = ring.Run([&](int r) {
+      return bcs[r]->Reduce(ring[r], 0, data[r].data(), kCount, OpTag{step, 0, 1, 9}, 7, Soon(),
+                            &wire[r]);
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+      ASSERT_EQ(data[r], data[0]) << "rank " << r << " differs";
+    }
+    const double ratio = compression::TopKCompressor::WarmupRatio(0.01, 4, step);
+    EXPECT_EQ(wire[0].sent, compression::KeepCount(ratio, kCount) * 8);
   }
 }
 

@@ -94,6 +94,11 @@ StatusOr<Codec> CodecOf(const std::string& spec) {
                               "\": error feedback with momentum runs on host gradients only "
                               "(gradient_device=cpu)");
   }
+  if (parsed.options.warmup != 0) {
+    return UnimplementedError("\"" + spec +
+                              "\": top-k's warm-up runs on host gradients only "
+                              "(gradient_device=cpu)");
+  }
   c.ef = parsed.options.error_feedback;
   c.ratio = parsed.options.ratio;
   c.chunk = parsed.options.chunk;

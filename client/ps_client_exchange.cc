@@ -65,6 +65,7 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
 // and the error-feedback residuals move once per round.
 Status PsClient::Exchange::Compress(BucketState* bucket) {
   if (bucket->encoders.empty()) return Status();
+  for (auto& encoder : bucket->encoders) encoder->BeginStep(tag_.step);
   uint32_t threshold = 0;
   const std::vector<size_t> keep = SharedBudget(bucket, &threshold);
   for (size_t p = 0; p < plan_.size(); ++p) {

@@ -59,8 +59,15 @@ class Compressor {
   // compressed bytes as (fp16 for "fp16", fp32 for "none" and "randomk").
   virtual DType summable_dtype() const { return DType::kF32; }
 
+  // The training step of the calls that follow. A compressor whose format
+  // follows a schedule (top-k's warm-up) sets it here; every rank calls it
+  // with the same step before WireBytes, so all agree on the format. The
+  // others ignore it.
+  virtual void BeginStep(uint64_t step) { (void)step; }
+
   // Exact number of bytes Compress writes for `num_elements` floats.
-  // Depends only on `num_elements`, never on the values or the context.
+  // Depends only on `num_elements` (and the step BeginStep set), never on
+  // the values or the context.
   virtual size_t WireBytes(size_t num_elements) const = 0;
 
   // Compresses in[0, n) into out[0, WireBytes(n)). `out_size` is the size of

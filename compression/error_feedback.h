@@ -52,6 +52,7 @@ class ErrorFeedback : public Compressor {
   std::string name() const override { return inner_->name(); }
   bool summable() const override { return inner_->summable(); }
   DType summable_dtype() const override { return inner_->summable_dtype(); }
+  void BeginStep(uint64_t step) override { inner_->BeginStep(step); }
   size_t WireBytes(size_t num_elements) const override { return inner_->WireBytes(num_elements); }
   Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
                   size_t out_size) override;

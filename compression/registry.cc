@@ -18,6 +18,7 @@ namespace {
 
 constexpr char kEf[] = "ef";
 constexpr char kMomentum[] = "momentum";
+constexpr char kWarmup[] = "warmup";
 constexpr char kPowerSgd[] = "powersgd";  // PowerSgd::kName
 
 Status BadSpec(const std::string& spec, const std::string& why) {
@@ -58,6 +59,10 @@ bool SetOption(const std::string& key, const std::string& value, CompressorOptio
     return true;
   }
   if (key == kMomentum) return ParseDouble(value, &options->momentum);
+  if (key == kWarmup && ParseUnsigned(value, &u)) {
+    options->warmup = static_cast<uint64_t>(u);
+    return true;
+  }
   if (key == kEf && (value == "0" || value == "1")) {
     options->error_feedback = value == "1";
     return true;
@@ -67,7 +72,7 @@ bool SetOption(const std::string& key, const std::string& value, CompressorOptio
 
 bool IsKnownKey(const std::string& key) {
   return key == "ratio" || key == "chunk" || key == "levels" || key == "rank" || key == kEf ||
-         key == kMomentum;
+         key == kMomentum || key == kWarmup;
 }
 
 std::string JoinKeys(const std::vector<std::string>& keys) {
@@ -216,10 +221,10 @@ void RegisterBuiltins(CompressorRegistry* registry) {
   for (TopKMethod m : {TopKMethod::kExact, TopKMethod::kSampled}) {
     for (TopKValues v : {TopKValues::kFp32, TopKValues::kFp16}) {
       auto make = [m, v](const CompressorOptions& o) {
-        return Upcast(TopKCompressor::Create(m, v, o.ratio));
+        return Upcast(TopKCompressor::Create(m, v, o.ratio, o.warmup));
       };
       const std::string name = TopKCompressor::Create(m, v, 0.01).value()->name();
-      registry->RegisterWithOptions(name, {"ratio", kMomentum}, make).IgnoreError();
+      registry->RegisterWithOptions(name, {"ratio", kMomentum, kWarmup}, make).IgnoreError();
     }
   }
   registry

@@ -19,6 +19,9 @@
 //           (deep gradient compression) in the error feedback: the sparse
 //           compressors (topk family, randomk) with ef=1 only; the trainer
 //           then takes plain SGD steps (compression/error_feedback.h)
+//   warmup  W >= 0 steps: the topk family's ratio starts at 1/4 and falls
+//           geometrically to `ratio` over the first W steps (warm-up of deep
+//           gradient compression; compression/topk_compressor.h)
 // A key a compressor does not take is an error, not ignored.
 //
 // Builtin names and wire formats (details in each compressor's header):
@@ -67,6 +70,7 @@ struct CompressorOptions {
   int rank = 4;                 // In [1, 64] (powersgd).
   bool error_feedback = false;  // Wrap in ErrorFeedback.
   double momentum = 0;          // ErrorFeedback's momentum, in [0, 1).
+  uint64_t warmup = 0;          // Top-k's warm-up steps (topk_compressor.h).
 };
 
 struct CompressorSpec {

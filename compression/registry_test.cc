@@ -51,11 +51,22 @@ TEST(CompressorRegistryTest, DefaultsAndOptionsReachTheCompressors) {
       {"qsgd", 1024, 2 * 4 + 1024},
       {"qsgd:chunk=256,levels=15", 1024, 4 * 4 + 1024},
       {"fp16:ef=1", 10, 20},
+      {"topk:ratio=0.01,warmup=100", 1000, 10 * 8},  // before any step: the ratio
   };
   for (const Case& c : cases) {
     StatusOr<std::unique_ptr<Compressor>> made = registry.Create(c.spec);
     ASSERT_TRUE(made.ok()) << c.spec << ": " << made.status();
     EXPECT_EQ((*made)->WireBytes(c.n), c.bytes) << c.spec;
+  }
+  // The warm-up reaches top-k through the error feedback too.
+  auto warm = registry.Create("topk_sampled:ratio=0.01,ef=1,momentum=0.9,warmup=10");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  (*warm)->BeginStep(0);
+  EXPECT_EQ((*warm)->WireBytes(1000), 250u * 8);
+  (*warm)->BeginStep(10);
+  EXPECT_EQ((*warm)->WireBytes(1000), 10u * 8);
+  for (const char* bad : {"fp16:warmup=5", "randomk:warmup=5", "topk:warmup=-1", "topk:warmup=x"}) {
+    EXPECT_FALSE(registry.Create(bad).ok()) << bad;
   }
 }
 

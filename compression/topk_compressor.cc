@@ -28,12 +28,22 @@ size_t CandidateCap(size_t k) { return 4 * k + 64; }
 }  // namespace
 
 StatusOr<std::unique_ptr<TopKCompressor>> TopKCompressor::Create(TopKMethod method,
-                                                                 TopKValues values, double ratio) {
+                                                                 TopKValues values, double ratio,
+                                                                 uint64_t warmup) {
   if (!(ratio > 0.0 && ratio <= 1.0)) {
     return InvalidArgumentError("top-k: ratio must be in (0, 1], got " + std::to_string(ratio));
   }
-  return std::unique_ptr<TopKCompressor>(new TopKCompressor(method, values, ratio));
+  return std::unique_ptr<TopKCompressor>(new TopKCompressor(method, values, ratio, warmup));
 }
+
+double TopKCompressor::WarmupRatio(double ratio, uint64_t warmup, uint64_t step) {
+  constexpr double kWarmupStart = 0.25;
+  if (step >= warmup || ratio >= kWarmupStart) return ratio;
+  const double t = static_cast<double>(step) / static_cast<double>(warmup);
+  return std::max(ratio, kWarmupStart * std::pow(ratio / kWarmupStart, t));
+}
+
+void TopKCompressor::BeginStep(uint64_t step) { ratio_ = WarmupRatio(base_ratio_, warmup_, step); }
 
 Status TopKCompressor::SetRatio(double ratio) {
   if (!(ratio > 0.0 && ratio <= 1.0)) {

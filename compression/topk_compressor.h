@@ -21,6 +21,13 @@
 //     too imprecise), when candidates would exceed 4k + 64 (many equal
 //     magnitudes), or after the retries.
 //
+// Warm-up (deep gradient compression's, Lin et al. 2018): with `warmup`
+// W > 0 steps, the ratio of step t < W is r0 (r / r0)^(t / W), r0 =
+// max(r, 1/4): from a quarter of the elements down to r, geometrically;
+// from step W on it is r. Early steps, when gradients change fastest and
+// error feedback has little to carry, then send more. BeginStep(t) sets it;
+// before any BeginStep (a receiver's decoder) the ratio is r.
+//
 // Wire format (no header), with k = ceil(ratio * n) computed in double:
 //   k int32 indices, strictly ascending, each < n        (4k bytes)
 //   k values, in the same order, fp32 or fp16            (4k or 2k bytes)
@@ -67,11 +74,15 @@ class TopKCompressor : public Compressor {
 
   // InvalidArgument unless 0 < ratio <= 1.
   static StatusOr<std::unique_ptr<TopKCompressor>> Create(TopKMethod method, TopKValues values,
-                                                          double ratio);
+                                                          double ratio, uint64_t warmup = 0);
+  // The ratio of step `step` under `warmup` (above).
+  static double WarmupRatio(double ratio, uint64_t warmup, uint64_t step);
 
   // "topk", "topk_fp16", "topk_sampled", "topk_sampled_fp16".
   std::string name() const override;
   bool summable() const override { return false; }
+  // Sets the ratio of the step's calls (warm-up).
+  void BeginStep(uint64_t step) override;
   size_t WireBytes(size_t num_elements) const override;
   Status Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
                   size_t out_size) override;
@@ -101,8 +112,8 @@ class TopKCompressor : public Compressor {
   const SampledStats& last_sampled_stats() const { return stats_; }
 
  private:
-  TopKCompressor(TopKMethod method, TopKValues values, double ratio)
-      : method_(method), values_(values), ratio_(ratio) {}
+  TopKCompressor(TopKMethod method, TopKValues values, double ratio, uint64_t warmup)
+      : method_(method), values_(values), base_ratio_(ratio), warmup_(warmup), ratio_(ratio) {}
 
   size_t ValueBytes() const { return values_ == TopKValues::kFp32 ? 4 : 2; }
   // Fills indices_[0, k) for in[0, n).
@@ -121,6 +132,8 @@ class TopKCompressor : public Compressor {
 
   const TopKMethod method_;
   const TopKValues values_;
+  const double base_ratio_;  // the spec's
+  const uint64_t warmup_;
   double ratio_;
   uint32_t hint_ = 0;  // HintThreshold's
   SampledStats stats_;

@@ -130,6 +130,41 @@ TEST(TopKCompressorTest, WireBytesIsExactlyKTimesEntrySize) {
   }
 }
 
+TEST(TopKCompressorTest, WarmupRampsFromAQuarterDownToTheRatio) {
+  constexpr uint64_t kWarmup = 40;
+  EXPECT_DOUBLE_EQ(TopKCompressor::WarmupRatio(0.01, kWarmup, 0), 0.25);
+  EXPECT_DOUBLE_EQ(TopKCompressor::WarmupRatio(0.01, kWarmup, kWarmup / 2), 0.05);  // sqrt(.25 .01)
+  EXPECT_EQ(TopKCompressor::WarmupRatio(0.01, kWarmup, kWarmup), 0.01);
+  EXPECT_EQ(TopKCompressor::WarmupRatio(0.01, kWarmup, 1000000), 0.01);
+  EXPECT_EQ(TopKCompressor::WarmupRatio(0.01, 0, 0), 0.01);      // no warm-up
+  EXPECT_EQ(TopKCompressor::WarmupRatio(0.5, kWarmup, 0), 0.5);  // above the start already
+  double last = 1;
+  for (uint64_t t = 0; t <= kWarmup; ++t) {
+    const double r = TopKCompressor::WarmupRatio(0.01, kWarmup, t);
+    EXPECT_LT(r, last) << t;
+    EXPECT_GE(r, 0.01) << t;
+    last = r;
+  }
+  // The compressor follows the step it is given; until then it is at the
+  // spec's ratio (a receiver decoding a stated ratio).
+  auto c = TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.01, kWarmup);
+  ASSERT_TRUE(c.ok());
+  const size_t n = 10000;
+  EXPECT_EQ((*c)->WireBytes(n), 100u * 8);
+  (*c)->BeginStep(0);
+  EXPECT_EQ((*c)->WireBytes(n), 2500u * 8);
+  (*c)->BeginStep(kWarmup / 2);
+  EXPECT_EQ((*c)->KeepCount(n), 500u);
+  const std::vector<float> g = Gaussian(n, 1.0f, 3);
+  std::vector<uint8_t> wire((*c)->WireBytes(n));
+  ASSERT_TRUE((*c)->Compress(g.data(), n, {1, kWarmup / 2, 0}, wire.data(), wire.size()).ok());
+  std::vector<float> back(n);
+  ASSERT_TRUE((*c)->Decompress(wire.data(), wire.size(), n, {}, back.data()).ok());
+  EXPECT_EQ(std::count_if(back.begin(), back.end(), [](float v) { return v != 0; }), 500);
+  (*c)->BeginStep(kWarmup);
+  EXPECT_EQ((*c)->WireBytes(n), 100u * 8);
+}
+
 TEST(TopKCompressorTest, SizeChecks) {
   for (const Variant& v : kVariants) {
     auto c = Make(v, 0.1);

@@ -128,7 +128,19 @@ PayloadEncoder::PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec par
   Compressor* inner = compressor_.get();
   if (auto* ef = dynamic_cast<ErrorFeedback*>(inner)) inner = &ef->inner();
   topk_ = dynamic_cast<TopKCompressor*>(inner);
-  if (topk_ != nullptr) ratio_ = topk_->ratio();
+}
+
+std::string PayloadEncoder::CodecWithRatio(double ratio) const {
+  // %.17g reads back as the same double.
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", ratio);
+  std::string codec = parsed_.name + ":ratio=" + text;
+  for (size_t i = 0; i < parsed_.keys.size(); ++i) {  // top-k: ratio, ef, momentum, warmup
+    if (parsed_.keys[i] != "ratio" && parsed_.keys[i] != "warmup") {
+      codec += "," + parsed_.keys[i] + "=" + parsed_.values[i];
+    }
+  }
+  return codec;
 }
 
 StatusOr<std::unique_ptr<PayloadEncoder>> PayloadEncoder::Create(const CompressorRegistry& registry,
@@ -149,10 +161,14 @@ StatusOr<wire::Payload> PayloadEncoder::CompressInto(const float* in, size_t n,
   return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
 }
 
-// EncodeKeeping sets the spec's ratio back whatever happens.
+// EncodeKeeping sets the step's ratio back whatever happens. A warm-up
+// step states its own ratio.
 StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
                                                const CompressContext& ctx,
                                                wire::DataFields* fields) {
+  if (topk_ != nullptr && topk_->ratio() != parsed_.options.ratio) {
+    return CompressInto(in, n, ctx, fields, CodecWithRatio(topk_->ratio()));
+  }
   return CompressInto(in, n, ctx, fields, spec_);
 }
 
@@ -183,19 +199,14 @@ StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(const float* in, size_t n,
                                 std::to_string(n) + " elements");
   }
   // ceil(ratio * n) == keep for ratio = (keep - 1/2) / n, whatever the
-  // rounding of the division; %.17g reads back as the same double.
+  // rounding of the division.
   const double ratio = (static_cast<double>(keep) - 0.5) / static_cast<double>(n);
+  const double step_ratio = topk_->ratio();
   GS_RETURN_IF_ERROR(topk_->SetRatio(ratio));
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.17g", ratio);
-  std::string codec = parsed_.name + ":ratio=" + text;
-  for (size_t i = 0; i < parsed_.keys.size(); ++i) {  // top-k: ratio, ef, momentum
-    if (parsed_.keys[i] != "ratio") codec += "," + parsed_.keys[i] + "=" + parsed_.values[i];
-  }
   topk_->HintThreshold(at_least);
-  StatusOr<wire::Payload> payload = CompressInto(in, n, ctx, fields, std::move(codec));
+  StatusOr<wire::Payload> payload = CompressInto(in, n, ctx, fields, CodecWithRatio(ratio));
   topk_->HintThreshold(0);
-  GS_RETURN_IF_ERROR(topk_->SetRatio(ratio_));
+  GS_RETURN_IF_ERROR(topk_->SetRatio(step_ratio));
   return payload;
 }
 

@@ -88,6 +88,10 @@ class PayloadEncoder {
   static StatusOr<std::unique_ptr<PayloadEncoder>> Create(const CompressorRegistry& registry,
                                                           const std::string& spec);
 
+  // The training step of the calls that follow (Compressor::BeginStep):
+  // top-k's warm-up ratio. Encode then states that step's ratio.
+  void BeginStep(uint64_t step) { compressor_->BeginStep(step); }
+
   // Compresses `n` floats into one owned payload frame and fills the
   // codec of `fields`.
   StatusOr<wire::Payload> Encode(const float* in, size_t n, const CompressContext& ctx,
@@ -97,9 +101,9 @@ class PayloadEncoder {
   const std::string& spec() const { return spec_; }
 
   // Top-k only (else none): how many elements a partition may keep can
-  // vary from call to call (EncodeKeeping). The spec's ratio.
+  // vary from call to call (EncodeKeeping). The ratio of the step.
   std::optional<double> shared_budget_ratio() const {
-    return topk_ ? std::optional<double>(ratio_) : std::nullopt;
+    return topk_ ? std::optional<double>(topk_->ratio()) : std::nullopt;
   }
   // The magnitude keys (MagnitudeKey) of what Encode would select from:
   // `in` (with an error-feedback momentum: the velocity m u + in) plus the
@@ -117,6 +121,8 @@ class PayloadEncoder {
 
  private:
   PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed, std::string spec);
+  // The spec with `ratio` for its ratio and without its warm-up (top-k).
+  std::string CodecWithRatio(double ratio) const;
   // Compresses with the compressor as it is set into one owned frame and
   // fills `fields` with `codec`.
   StatusOr<wire::Payload> CompressInto(const float* in, size_t n, const CompressContext& ctx,
@@ -127,7 +133,6 @@ class PayloadEncoder {
   const std::string spec_;
   mutable std::vector<float> velocity_;  // MagnitudeKeys' m u + in
   TopKCompressor* topk_ = nullptr;       // compressor_ or its inner one, if top-k
-  double ratio_ = 0;                     // parsed_'s
 };
 
 // How many elements each partition of one bucket keeps so that together

@@ -1,10 +1,12 @@
 #include "compression/wire_codec.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "compression/test_util.h"
+#include "compression/topk_compressor.h"
 #include "compression/topk_select.h"
 #include "compression/wire_util.h"
 #include "gmock/gmock.h"
@@ -324,6 +326,55 @@ TEST(WireCodecTest, EncodeKeepingStatesItsRatioAndDecodesAsThatCodec) {
   EXPECT_FALSE((*fp16)->shared_budget_ratio().has_value());
   wire::DataFields f;
   EXPECT_FALSE((*fp16)->EncodeKeeping(g.data(), n, 10, CompressContext{}, &f).ok());
+}
+
+// During top-k's warm-up the encoder states the step's ratio (without the
+// warm-up), the shared budget follows it, and a receiver decodes it.
+TEST(WireCodecTest, WarmupStepsStateTheirRatio) {
+  CompressorRegistry registry;
+  RegisterBuiltins(&registry);
+  PayloadDecoder decoder;
+  const size_t n = 1000;
+  const std::vector<float> g = testing_util::Gaussian(n, 1.0f, 5);
+  const std::string spec = "topk:ratio=0.01,ef=1,momentum=0.9,warmup=8";
+  auto encoder = PayloadEncoder::Create(registry, spec);
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  for (uint64_t step : {0, 4, 8, 9}) {
+    SCOPED_TRACE(step);
+    (*encoder)->BeginStep(step);
+    const double ratio = TopKCompressor::WarmupRatio(0.01, 8, step);
+    EXPECT_EQ(*(*encoder)->shared_budget_ratio(), ratio);
+    const CompressContext ctx = PartitionContext(99, step, 4, 0);
+    wire::DataFields f;
+    f.num_elements = n;
+    auto payload = (*encoder)->Encode(g.data(), n, ctx, &f);
+    ASSERT_TRUE(payload.ok()) << payload.status();
+    EXPECT_EQ(payload->size, KeepCount(ratio, n) * 8);
+    if (step >= 8) {
+      EXPECT_EQ(f.codec, spec);
+    } else {
+      EXPECT_EQ(f.codec.find("warmup"), std::string::npos) << f.codec;
+      auto stated = ParseCompressorSpec(f.codec);
+      ASSERT_TRUE(stated.ok()) << f.codec;
+      EXPECT_EQ(stated->options.ratio, ratio);
+      EXPECT_EQ(stated->options.momentum, 0.9);
+    }
+    // EncodeKeeping goes back to the step's ratio, not the spec's.
+    ASSERT_TRUE((*encoder)->EncodeKeeping(g.data(), n, 3, ctx, &f).ok());
+    EXPECT_EQ(*(*encoder)->shared_budget_ratio(), ratio);
+    wire::DataFields again;
+    again.num_elements = n;
+    auto second = (*encoder)->Encode(g.data(), n, ctx, &again);
+    ASSERT_TRUE(second.ok());
+    std::vector<float> got(n);
+    Received r = Receive(again, {*second});
+    ASSERT_NE(r.body, nullptr);
+    ErrorCode code = ErrorCode::Unknown;
+    ASSERT_TRUE(decoder.Decode(*r.body, r.msg.payloads, ctx, got.data(), &code).ok());
+    EXPECT_EQ(static_cast<size_t>(
+                  std::count_if(got.begin(), got.end(), [](float v) { return v != 0.0f; })),
+              KeepCount(ratio, n));
+  }
 }
 
 TEST(WireCodecTest, MagnitudeKeysIncludeTheErrorFeedbackResidual) {
