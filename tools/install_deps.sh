@@ -7,7 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   bazel-bootstrap g++ git
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libssl-dev
   libflatbuffers-dev flatbuffers-compiler
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
