@@ -5,11 +5,15 @@
 # RATE in turn. Beside each mode: the link-bound ideal of the uncompressed
 # ring, 2(n-1)/n x model bytes / rate per step.
 #
-#   bazel run --config=opt //bench:shaped_link_bench -- [RATES] [EPOCHS] [SLOW] [MODES]
+#   bazel run --config=opt //bench:shaped_link_bench -- [RATES] [EPOCHS] [SLOW] [MODES] [SECURITY]
 #   RATES: "1gbit 10gbit" (default); EPOCHS: 3 (default, the demo's);
 #   SLOW: a rate for worker 3's host alone (a slow host; default none);
 #   MODES: which modes, comma-separated (default ring,ps-sync,fp16,topk-ef,powersgd;
-#   also ps-async)
+#   also ps-async);
+#   SECURITY: curve (default: every process with the job's key), none
+#   (security=none, no key), or both: each mode with CURVE and then without,
+#   one after the other on the same links, and a column x_plain with the
+#   step time over the same mode's without CURVE.
 #
 # Per mode: step_ms = training wall time / steps (rank 0), sync_p50_ms =
 # median Synchronize time, wire KiB per step (what rank 0 sent), test
@@ -29,6 +33,13 @@ RATES=${1:-"1gbit 10gbit"}
 EPOCHS=${2:-3}
 SLOW=${3:-}
 SELECTED=${4:-ring,ps-sync,fp16,topk-ef,powersgd}
+SECURITY=${5:-curve}
+case "$SECURITY" in
+  curve) SECURITIES="curve" ;;
+  none) SECURITIES="none" ;;
+  both) SECURITIES="curve none" ;;
+  *) echo "shaped_link_bench: SECURITY must be curve, none or both, not '$SECURITY'" >&2; exit 2 ;;
+esac
 
 if ! tools/simhosts.sh check; then
   echo "shaped_link_bench: needs network namespaces (root)" >&2
@@ -64,47 +75,54 @@ for rate in $RATES; do
   for entry in "${MODES[@]}"; do
     IFS='|' read -r mode servers env flags <<< "$entry"
     [[ ",$SELECTED," == *",$mode,"* ]] || continue
-    port=$((port + 1))
-    nserv=$((servers * 2))
-    common=(GRADSYNC_KEY_FILE="$tmp/job.key" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$nserv
-            GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port" $env)
-    tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-      --host="$sched" --port=$port --num_workers=4 --num_servers=$nserv --metrics_port=0 \
-      > "$tmp/$rate.$mode.scheduler.log" 2>&1 &
-    pids+=($!)
-    for ((s = 0; s < nserv; s++)); do
-      tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" server/gradsync_server \
-        --role=server --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
-        > "$tmp/$rate.$mode.server$s.log" 2>&1 &
-      pids+=($!)
-    done
-    workers=()
-    for r in 0 1 2 3; do
-      tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
-        GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-        examples/fmnist_trainer --rank=$r --mode="$mode" --epochs="$EPOCHS" \
-        --eval_every_steps=25 --target_accuracy=0.85 $flags \
-        > "$tmp/$rate.$mode.worker$r.log" 2>&1 &
-      workers+=($!)
-      pids+=($!)
-    done
-    for w in "${workers[@]}"; do
-      if ! wait "$w"; then
-        echo "shaped_link_bench: $mode at $rate failed; logs in $tmp" >&2
-        tail -5 "$tmp/$rate.$mode.worker0.log" >&2
-        trap - EXIT
-        cleanup
-        exit 1
+    for security in $SECURITIES; do
+      port=$((port + 1))
+      nserv=$((servers * 2))
+      if [ "$security" = curve ]; then
+        keying=(GRADSYNC_KEY_FILE="$tmp/job.key")
+      else
+        keying=(GRADSYNC_SECURITY=none)
       fi
+      common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$nserv
+              GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port" $env)
+      tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
+        --host="$sched" --port=$port --num_workers=4 --num_servers=$nserv --metrics_port=0 \
+        > "$tmp/$rate.$mode.$security.scheduler.log" 2>&1 &
+      pids+=($!)
+      for ((s = 0; s < nserv; s++)); do
+        tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" server/gradsync_server \
+          --role=server --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
+          > "$tmp/$rate.$mode.$security.server$s.log" 2>&1 &
+        pids+=($!)
+      done
+      workers=()
+      for r in 0 1 2 3; do
+        tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
+          GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
+          examples/fmnist_trainer --rank=$r --mode="$mode" --epochs="$EPOCHS" \
+          --eval_every_steps=25 --target_accuracy=0.85 $flags \
+          > "$tmp/$rate.$mode.$security.worker$r.log" 2>&1 &
+        workers+=($!)
+        pids+=($!)
+      done
+      for w in "${workers[@]}"; do
+        if ! wait "$w"; then
+          echo "shaped_link_bench: $mode at $rate failed; logs in $tmp" >&2
+          tail -5 "$tmp/$rate.$mode.$security.worker0.log" >&2
+          trap - EXIT
+          cleanup
+          exit 1
+        fi
+      done
+      wait || true  # the scheduler and shards end with the job
+      line=$(grep '^{' "$tmp/$rate.$mode.$security.worker0.log" | tail -1)
+      # The shards' mean straggler wait per round, averaged over the shards.
+      straggler=$(cat /dev/null $(for ((s = 0; s < nserv; s++)); do echo "$tmp/$rate.$mode.$security.server$s.log"; done) |
+        sed -n 's/.*straggler wait mean \([0-9.e+-]*\) ms.*/\1/p' |
+        awk '{ t += $1; n++ } END { if (n) printf "%.3f", t / n; else printf "-1" }')
+      echo "{\"rate\":\"$rate\",\"security\":\"$security\",\"straggler_ms\":$straggler,${line#\{}" >> "$results"
+      echo "$rate $mode ($security) done" >&2
     done
-    wait || true  # the scheduler and shards end with the job
-    line=$(grep '^{' "$tmp/$rate.$mode.worker0.log" | tail -1)
-    # The shards' mean straggler wait per round, averaged over the shards.
-    straggler=$(cat /dev/null $(for ((s = 0; s < nserv; s++)); do echo "$tmp/$rate.$mode.server$s.log"; done) |
-      sed -n 's/.*straggler wait mean \([0-9.e+-]*\) ms.*/\1/p' |
-      awk '{ t += $1; n++ } END { if (n) printf "%.3f", t / n; else printf "-1" }')
-    echo "{\"rate\":\"$rate\",\"straggler_ms\":$straggler,${line#\{}" >> "$results"
-    echo "$rate $mode done" >&2
   done
 done
 
@@ -115,27 +133,34 @@ def bits_per_s(rate):
     m = re.match(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate)
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 n = 4
-print("%-8s %-9s %9s %11s %12s %9s %9s %8s %8s %7s %12s" % (
-    "rate", "mode", "step_ms", "sync_p50_ms", "wire_KiB/st", "ideal_ms", "x_ideal",
-    "x_fp16", "test_acc", "t85_s", "straggler_ms"))
+print("%-8s %-9s %-5s %9s %11s %12s %9s %9s %8s %8s %8s %7s %12s" % (
+    "rate", "mode", "sec", "step_ms", "sync_p50_ms", "wire_KiB/st", "ideal_ms", "x_ideal",
+    "x_fp16", "x_plain", "test_acc", "t85_s", "straggler_ms"))
+def step_of(r):
+    return r["wall_s"] / r["steps"] * 1e3
 for rate in dict.fromkeys(r["rate"] for r in rows):
     group = [r for r in rows if r["rate"] == rate]
+    plain = {r["mode"]: r for r in group if r["security"] == "none"}
     ring = next((r for r in group if r["mode"] == "ring"), None)
     # The ring sends 2(n-1)/n of the model per step: its wire bytes.
     ideal_ms = (ring["wire_bytes"] / ring["steps"] * 8 / bits_per_s(rate) * 1e3
                 if ring else float("nan"))
-    fp16 = next((r for r in group if r["mode"] == "fp16"), None)
-    fp16_ms = fp16["wall_s"] / fp16["steps"] * 1e3 if fp16 else None
+    fp16_ms = {r["security"]: step_of(r) for r in group if r["mode"] == "fp16"}
     for r in group:
         step_ms = r["wall_s"] / r["steps"] * 1e3
         t85 = r["time_to_target_s"]
         straggler = r["straggler_ms"]
-        print("%-8s %-9s %9.2f %11.2f %12.1f %9.2f %9.2f %8s %8.4f %7s %12s" % (
-            rate, r["mode"], step_ms, r["p50_ms"], r["wire_bytes"] / r["steps"] / 1024,
-            ideal_ms, step_ms / ideal_ms,
-            "%.2f" % (step_ms / fp16_ms) if fp16_ms else "-", r["test_accuracy"],
+        base = plain.get(r["mode"])
+        x_plain = step_ms / step_of(base) if base else None
+        print("%-8s %-9s %-5s %9.2f %11.2f %12.1f %9.2f %9.2f %8s %8s %8.4f %7s %12s" % (
+            rate, r["mode"], r["security"], step_ms, r["p50_ms"],
+            r["wire_bytes"] / r["steps"] / 1024, ideal_ms, step_ms / ideal_ms,
+            "%.2f" % (step_ms / fp16_ms[r["security"]]) if r["security"] in fp16_ms else "-",
+            "%.2f" % x_plain if x_plain else "-", r["test_accuracy"],
             "%.2f" % t85 if t85 >= 0 else "-", "%.2f" % straggler if straggler >= 0 else "-"))
-        print(json.dumps({"rate": rate, "mode": r["mode"], "step_ms": round(step_ms, 3),
+        print(json.dumps({"rate": rate, "mode": r["mode"], "security": r["security"],
+                          "step_ms": round(step_ms, 3),
+                          "step_over_plain": round(x_plain, 3) if x_plain else None,
                           "ideal_ring_ms": round(ideal_ms, 3),
                           "step_over_ideal": round(step_ms / ideal_ms, 3),
                           "test_accuracy": r["test_accuracy"],

@@ -113,7 +113,7 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers
-               << " servers)";
+               << " servers, " << (node.curve ? "CURVE on every link" : "no CURVE") << ")";
   GS_RETURN_IF_ERROR(node.agent->CheckReachability(PeersToReach(a.self, a.peers), deadline));
   return node;
 }

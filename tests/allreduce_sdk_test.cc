@@ -12,6 +12,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/local_job.h"
+#include "wire/curve.h"
 
 namespace gradsync {
 namespace {
@@ -20,9 +21,17 @@ using std::chrono::steady_clock;
 
 class AllReduceSdkTest : public ::testing::Test, public LocalJob {
  protected:
-  std::vector<Subprocess*> StartWorkers(int n, std::vector<std::string> extra) {
-    StartScheduler(n, 0);
+  // With `key_file`, the job runs CURVE and its ring goes over TCP.
+  std::vector<Subprocess*> StartWorkers(int n, std::vector<std::string> extra,
+                                        const std::string& key_file = "") {
+    StartScheduler(n, 0,
+                   key_file.empty() ? std::vector<std::string>{}
+                                    : std::vector<std::string>{"--key_file=" + key_file});
     SetJob(n, 0);
+    if (!key_file.empty()) {
+      env_["GRADSYNC_KEY_FILE"] = key_file;
+      env_["GRADSYNC_RING_SHM"] = "false";
+    }
     std::vector<Subprocess*> workers;
     for (int r = 0; r < n; ++r) {
       // No /metrics: the fixed ports (9410 + rank) would collide with the
@@ -35,6 +44,21 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
     return workers;
   }
 
+  // Every worker of a mode=train job passed its exact checks.
+  static void ExpectTrained(const std::vector<Subprocess*>& workers) {
+    for (size_t r = 0; r < workers.size(); ++r) {
+      auto code = workers[r]->Wait(Deadline::AfterMs(120000));
+      ASSERT_TRUE(code.has_value()) << "worker " << r << " still running:\n"
+                                    << workers[r]->Output();
+      EXPECT_EQ(*code, 0) << workers[r]->Output();
+      EXPECT_NE(workers[r]->Output().find("backend ring"), std::string::npos);
+      EXPECT_NE(workers[r]->Output().find("finished step 3"), std::string::npos);
+      EXPECT_NE(workers[r]->Output().find("broadcast ok"), std::string::npos);
+      EXPECT_NE(workers[r]->Output().find("accumulation ok"), std::string::npos)
+          << workers[r]->Output();
+    }
+  }
+
   // The "error after N ms" a worker printed, or -1.
   static long ErrorAfterMs(const std::string& out) {
     const size_t at = out.find("error after ");
@@ -44,16 +68,21 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
 };
 
 TEST_F(AllReduceSdkTest, FourWorkersBucketedMixedDtypesExactAverageBroadcastAndAccumulation) {
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"});
-  for (int r = 0; r < 4; ++r) {
-    auto code = workers[r]->Wait(Deadline::AfterMs(120000));
-    ASSERT_TRUE(code.has_value()) << "worker " << r << " still running:\n" << workers[r]->Output();
-    EXPECT_EQ(*code, 0) << workers[r]->Output();
-    EXPECT_NE(workers[r]->Output().find("backend ring"), std::string::npos);
-    EXPECT_NE(workers[r]->Output().find("finished step 3"), std::string::npos);
-    EXPECT_NE(workers[r]->Output().find("broadcast ok"), std::string::npos);
-    EXPECT_NE(workers[r]->Output().find("accumulation ok"), std::string::npos)
-        << workers[r]->Output();
+  ExpectTrained(StartWorkers(4, {"--mode=train", "--steps=4"}));
+}
+
+// The same steps under CURVE (every node with its own key, the ring over
+// TCP rather than shared memory) give every rank the same exact averages,
+// broadcast and accumulation: CURVE changes how the bytes travel, never
+// which bytes arrive.
+TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResults) {
+  const std::string key_file = TmpFile("sdk_curve.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, key_file);
+  ExpectTrained(workers);
+  for (Subprocess* w : workers) {
+    EXPECT_NE(w->Output().find("CURVE on every link"), std::string::npos) << w->Output();
+    EXPECT_EQ(w->Output().find("use shared memory"), std::string::npos) << w->Output();
   }
 }
 
