@@ -35,7 +35,7 @@
 //   bazel run --config=opt //bench:allreduce_bench -- --quick
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
-//                  gradsync_ring_shm,
+//                  gradsync_ring_shm,gradsync_ring_sealed,
 //                  openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
 //          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
 
@@ -74,6 +74,7 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "wire/curve.h"
+#include "wire/node_keys.h"
 #include "wire/same_host_transport.h"
 #include "wire/zmq_transport.h"
 
@@ -84,19 +85,23 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 // gradsync_ring_curve: our ring with CurveZMQ (wire/curve.h) on every socket.
+// gradsync_ring_sealed: our ring as a CURVE job's data transports run it
+// with bulk_encryption: every rank its own node key, the ring's messages
+// sealed with AES-256-GCM on a plain connection (wire/bulk_cipher.h).
 // gradsync_ring_shm: our ring with the neighbours' messages in shared memory
 // (wire/same_host_transport.h), as a job on one host runs it.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
-constexpr const char* kImplNames[] = {"gradsync_ring",       "gloo_ring",   "gloo_ring_chunked",
-                                      "gradsync_ring_curve", "openmpi_tcp", "openmpi",
-                                      "gradsync_ring_shm"};
-constexpr int kNumImpls = 7;
+constexpr const char* kImplNames[] = {
+    "gradsync_ring", "gloo_ring", "gloo_ring_chunked", "gradsync_ring_curve",
+    "openmpi_tcp",   "openmpi",   "gradsync_ring_shm", "gradsync_ring_sealed"};
+constexpr int kNumImpls = 8;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
 constexpr int kMpi = 5;
 constexpr int kOursShm = 6;
+constexpr int kOursSealed = 7;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -150,7 +155,7 @@ Status ParseLists(const Config& config, Settings* s) {
                       config.GetString("impls",
                                        "gradsync_ring,gloo_ring,gloo_ring_chunked,"
                                        "gradsync_ring_curve,gradsync_ring_shm,"
-                                       "openmpi_tcp,openmpi"));
+                                       "gradsync_ring_sealed,openmpi_tcp,openmpi"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -351,8 +356,9 @@ StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine, const std:
   return std::string(got.begin(), got.end());
 }
 
-// The job's CURVE key: made by rank 0, shared through the store.
-StatusOr<wire::CurveKey> SharedKey(Rank* r) {
+// The job's CURVE key: made by rank 0, shared through the store under
+// `name`.
+StatusOr<wire::CurveKey> SharedKey(Rank* r, const std::string& name) {
   wire::CurveKey key;
   if (r->args.rank == 0) {
     GS_ASSIGN_OR_RETURN(key, wire::GenerateCurveKey());
@@ -360,9 +366,9 @@ StatusOr<wire::CurveKey> SharedKey(Rank* r) {
   const std::string mine = key.public_z85 + key.secret_z85;
   std::vector<char> got;
   GS_RETURN_IF_ERROR(GlooCall("store", [&] {
-    if (r->args.rank == 0) r->store->set("curve_key", {mine.begin(), mine.end()});
-    r->store->wait({"curve_key"}, std::chrono::seconds(r->settings.op_timeout_s));
-    got = r->store->get("curve_key");
+    if (r->args.rank == 0) r->store->set(name, {mine.begin(), mine.end()});
+    r->store->wait({name}, std::chrono::seconds(r->settings.op_timeout_s));
+    got = r->store->get(name);
   }));
   if (got.size() != 80) return DataLossError("the shared CURVE key is not 80 characters");
   return wire::CurveKey{std::string(got.begin(), got.begin() + 40),
@@ -387,18 +393,65 @@ StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r,
                         std::string(got_right.begin(), got_right.end()));
 }
 
-// Our ring for implementation `impl` (kOurs, kOursCurve or kOursShm).
+// With node keys (kOursSealed): every rank's identity, public key and
+// endpoint, through the store, become the plan of `keys`; returns the left
+// neighbour's identity.
+StatusOr<std::string> SharePlan(Rank* r, const std::string& endpoint, wire::NodeKeys* keys,
+                                const std::string& identity) {
+  const int n = r->args.world;
+  auto key = [](int rank) { return "sealed_plan_" + std::to_string(rank); };
+  const std::string mine = identity + "\n" + keys->own().public_z85 + "\n" + endpoint;
+  std::vector<std::string> all(static_cast<size_t>(n));
+  GS_RETURN_IF_ERROR(GlooCall("store", [&] {
+    r->store->set(key(r->args.rank), {mine.begin(), mine.end()});
+    for (int k = 0; k < n; ++k) {
+      r->store->wait({key(k)}, std::chrono::seconds(r->settings.op_timeout_s));
+      std::vector<char> got = r->store->get(key(k));
+      all[static_cast<size_t>(k)].assign(got.begin(), got.end());
+    }
+  }));
+  std::vector<wire::NodeInfo> plan;
+  for (int k = 0; k < n; ++k) {
+    const std::vector<std::string> f = Split(all[static_cast<size_t>(k)], '\n');
+    if (f.size() != 3) return DataLossError("a rank's plan entry is malformed");
+    wire::NodeInfo node;
+    node.rank = k;
+    node.identity = f[0];
+    node.public_key = f[1];
+    node.host = "127.0.0.1";
+    node.data_port = static_cast<uint16_t>(std::atoi(f[2].c_str() + f[2].rfind(':') + 1));
+    plan.push_back(node);
+  }
+  keys->SetPlan(plan);
+  return plan[static_cast<size_t>((r->args.rank + n - 1) % n)].identity;
+}
+
+// Our ring for implementation `impl` (kOurs, kOursCurve, kOursShm or
+// kOursSealed).
 Status ConnectOurs(Rank* r, int impl) {
   Rank::OurRing& ours = r->ours[impl];
   wire::ZmqOptions zmq;
-  if (impl == kOursCurve) {
-    GS_ASSIGN_OR_RETURN(zmq.curve, SharedKey(r));
+  std::shared_ptr<wire::NodeKeys> keys;
+  if (impl == kOursCurve || impl == kOursSealed) {
+    GS_ASSIGN_OR_RETURN(zmq.curve, SharedKey(r, std::string(kImplNames[impl]) + "_key"));
+  }
+  if (impl == kOursSealed) {
+    GS_ASSIGN_OR_RETURN(wire::CurveKey own, wire::GenerateCurveKey());
+    keys = std::make_shared<wire::NodeKeys>(*zmq.curve, own);
+    zmq.node_keys = keys;
+    zmq.identity = "rank-" + std::to_string(r->args.rank);
+    zmq.bulk_encryption = true;
   }
   GS_ASSIGN_OR_RETURN(ours.transport, wire::ZmqTransport::Create(zmq));
   GS_ASSIGN_OR_RETURN(std::string endpoint, ours.transport->Listen("tcp://127.0.0.1:0"));
+  std::string left_identity;
+  if (keys) {
+    GS_ASSIGN_OR_RETURN(left_identity, SharePlan(r, endpoint, keys.get(), zmq.identity));
+  }
   GS_ASSIGN_OR_RETURN(std::string right,
                       SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_endpoint_"));
   client::RingPeers peers;
+  peers.left_identity = left_identity;
   peers.rank = r->args.rank;
   peers.world_size = r->args.world;
   peers.right_endpoint = right;
@@ -545,7 +598,7 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  for (int impl : {kOurs, kOursCurve, kOursShm}) {
+  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;
@@ -793,6 +846,10 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     }
     const Row* curve = Find(rows, kOursCurve, world, bytes);
     if (ours && curve) std::printf(" | curve/plain busbw %5.2fx", curve->busbw() / ours->busbw());
+    const Row* sealed = Find(rows, kOursSealed, world, bytes);
+    if (ours && sealed) {
+      std::printf(" | sealed/plain busbw %5.2fx", sealed->busbw() / ours->busbw());
+    }
     // Over TCP our plain ring against OpenMPI's TCP; on one host our
     // shared-memory ring against OpenMPI's default (shared memory).
     for (auto [mine, impl] : {std::pair<int, int>{kOurs, kMpiTcp}, {kOursShm, kMpi}}) {

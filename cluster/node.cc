@@ -76,10 +76,13 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
     GS_ASSIGN_OR_RETURN(node.keys,
                         NodeKeysFromConfig(config, role, *node.curve, options.host, data_port));
   }
+  GS_ASSIGN_OR_RETURN(bool bulk, config.GetBool("bulk_encryption", true));
+  node.bulk_encryption = bulk && node.keys != nullptr;
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
   data.max_frame_bytes = max_frame_bytes;
   data.node_keys = node.keys;
+  data.bulk_encryption = node.bulk_encryption;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(
@@ -113,7 +116,11 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers
-               << " servers, " << (node.curve ? "CURVE on every link" : "no CURVE") << ")";
+               << " servers, "
+               << (!node.curve            ? "no CURVE"
+                   : node.bulk_encryption ? "CURVE on every link, bulk messages sealed"
+                                          : "CURVE on every link")
+               << ")";
   GS_RETURN_IF_ERROR(node.agent->CheckReachability(PeersToReach(a.self, a.peers), deadline));
   return node;
 }

@@ -31,6 +31,9 @@ struct Node {
   std::shared_ptr<wire::NodeKeys> keys;
   // What the node's listening socket refused: handshakes, dropped messages.
   std::shared_ptr<wire::TransportRefusals> refusals;
+  // With CURVE: the setting bulk_encryption (its data transports seal bulk
+  // messages with AES-256-GCM on a plain connection; wire/bulk_cipher.h).
+  bool bulk_encryption = false;
 };
 
 // Transport options for a socket of this process: the node's key, and

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@
 #include "wire/zmq_curve.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"
+#include "zmq_addon.hpp"
 
 namespace gradsync::wire {
 namespace {
@@ -35,11 +37,13 @@ struct Member {
 };
 
 // A data transport of identity `identity` with the node key `own`.
-Member Make(const CurveKey& job, const std::string& identity, const CurveKey& own) {
+Member Make(const CurveKey& job, const std::string& identity, const CurveKey& own,
+            bool bulk = false) {
   Member m{identity, own, std::make_shared<NodeKeys>(job, own), nullptr, ""};
   ZmqOptions o;
   o.identity = identity;
   o.node_keys = m.keys;
+  o.bulk_encryption = bulk;
   m.transport = std::move(ZmqTransport::Create(o)).value();
   return m;
 }
@@ -207,6 +211,147 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1", ""));
+}
+
+// Sealed bulk messages (wire/bulk_cipher.h): message `i` of a stream, a
+// heartbeat header and, every third, a payload of `large` bytes that holds i.
+Message Numbered(size_t i, size_t large) {
+  Message m = MakeHeartbeat(Sender{Role::Worker, static_cast<int32_t>(i % 1000), 1});
+  std::vector<uint8_t> bytes(i % 3 == 0 ? large : 8);
+  for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = static_cast<uint8_t>(i * 7 + b);
+  m.payloads.push_back(Payload::Copy(bytes.data(), bytes.size()));
+  return m;
+}
+
+void ExpectNumbered(const Incoming& in, size_t i, size_t large) {
+  const Message want = Numbered(i, large);
+  EXPECT_EQ(in.message.header, want.header) << i;
+  ASSERT_EQ(in.message.payloads.size(), 1u) << i;
+  ASSERT_EQ(in.message.payloads[0].size, want.payloads[0].size) << i;
+  EXPECT_EQ(std::memcmp(in.message.payloads[0].data, want.payloads[0].data, want.payloads[0].size),
+            0)
+      << i;
+}
+
+class BulkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    job_ = *GenerateCurveKey();
+    server_ = Make(job_, "server", *GenerateCurveKey(), true);
+    server_.endpoint = *server_.transport->Listen("tcp://127.0.0.1:0");
+    client_ = Make(job_, "client", *GenerateCurveKey(), true);
+    plan_ = {Entry("client", client_.key, "tcp://127.0.0.1:1"),
+             Entry("server", server_.key, server_.endpoint)};
+    client_.keys->SetPlan(plan_);
+    server_.keys->SetPlan(plan_);
+  }
+
+  // Sends `count` numbered messages from the client, all posted at once,
+  // and checks that the server gets them in order, intact, from "client".
+  void Stream(size_t from, size_t count, size_t large) {
+    auto conn = client_.transport->Connect(server_.endpoint);
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    for (size_t i = from; i < from + count; ++i) {
+      client_.transport->Post(Route::Connection(*conn), Numbered(i, large),
+                              Deadline::AfterMs(20000), [](const Status&) {});
+    }
+    for (size_t i = from; i < from + count; ++i) {
+      auto in = server_.transport->Receive(Deadline::AfterMs(20000));
+      ASSERT_TRUE(in.ok()) << "message " << i << ": " << in.status();
+      EXPECT_EQ(in->from.ToString(), Route::Inbound("client").ToString());
+      ExpectNumbered(*in, i, large);
+    }
+  }
+
+  // Streams small batches from message `*next` on until one went sealed.
+  void UntilSealed(size_t* next) {
+    const uint64_t before = client_.transport->bulk_sent();
+    for (Deadline d = Deadline::AfterMs(20000);
+         client_.transport->bulk_sent() == before && !d.Expired(); *next += 3) {
+      Stream(*next, 3, 65536);
+    }
+    ASSERT_GT(client_.transport->bulk_sent(), before) << "nothing went sealed";
+  }
+
+  CurveKey job_;
+  Member server_;
+  Member client_;
+  std::vector<NodeInfo> plan_;
+};
+
+// Messages posted before, during and after the switch to the sealed path
+// arrive in order and intact; most went sealed.
+TEST_F(BulkTest, MessagesArriveInOrderAcrossTheSwitchToSealed) {
+  Stream(0, 120, size_t{256} << 10);
+  Stream(120, 30, size_t{256} << 10);
+  EXPECT_GT(client_.transport->bulk_sent(), 0u);
+  EXPECT_EQ(server_.transport->bulk_received(), client_.transport->bulk_sent());
+  EXPECT_EQ(server_.transport->bulk_refused(), 0u);
+  EXPECT_FALSE(server_.transport->bulk_endpoint().empty());
+}
+
+// A receiver without bulk_encryption never answers: the connection stays on
+// CURVE and loses nothing.
+TEST_F(BulkTest, APeerWithoutItKeepsTheConnectionOnCurve) {
+  server_ = Make(job_, "server", server_.key, false);
+  server_.endpoint = *server_.transport->Listen("tcp://127.0.0.1:0");
+  plan_[1] = Entry("server", server_.key, server_.endpoint);
+  client_.keys->SetPlan(plan_);
+  server_.keys->SetPlan(plan_);
+  Stream(0, 60, 4096);  // small: CURVE's hand-off is slow under TSan
+  EXPECT_EQ(client_.transport->bulk_sent(), 0u);
+  EXPECT_TRUE(server_.transport->bulk_endpoint().empty());
+}
+
+// Strangers on the bulk port (no token, a guessed one, junk frames) are
+// dropped as they are read and counted; the sealed link goes on.
+TEST_F(BulkTest, StrangersOnTheBulkPortAreDroppedAndCounted) {
+  size_t next = 0;
+  UntilSealed(&next);
+  zmq::context_t context;
+  const std::vector<std::string> ids = {"", "bulk-00000000000000000000000000000000", "server",
+                                        "client"};
+  std::list<zmq::socket_t> strangers;
+  for (const std::string& id : ids) {
+    zmq::socket_t& s = strangers.emplace_back(context, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    if (!id.empty()) s.set(zmq::sockopt::routing_id, id);
+    s.connect(server_.transport->bulk_endpoint());
+    std::vector<zmq::message_t> junk;
+    junk.emplace_back(std::string(40, 'x'));
+    junk.emplace_back(std::string(1000, 'y'));
+    ASSERT_TRUE(zmq::send_multipart(s, junk));
+  }
+  for (Deadline d = Deadline::AfterMs(10000);
+       server_.transport->bulk_refused() < ids.size() && !d.Expired();) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server_.transport->bulk_refused(), ids.size());
+  UntilSealed(&next);
+  EXPECT_EQ(server_.transport->bulk_refused(), ids.size());
+}
+
+// A receiver that restarts (same key, same endpoint) knows no token: the
+// sender's connection hands it a new one, and what it sends after the
+// restart arrives.
+TEST_F(BulkTest, ARestartedReceiverGetsANewTokenAndTheStreamGoesOn) {
+  size_t next = 0;
+  UntilSealed(&next);
+  const CurveKey key = server_.key;
+  const std::string endpoint = server_.endpoint;
+  server_.transport.reset();
+  server_ = Make(job_, "server", key, true);
+  // The old socket lets go of the port a little after it closes.
+  StatusOr<std::string> bound = server_.transport->Listen(endpoint);
+  for (Deadline d = Deadline::AfterMs(10000); !bound.ok() && !d.Expired();) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bound = server_.transport->Listen(endpoint);
+  }
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  server_.endpoint = endpoint;
+  server_.keys->SetPlan(plan_);
+  UntilSealed(&next);
+  EXPECT_EQ(server_.transport->bulk_refused(), 0u);
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
     dealers_[id] = std::move(dealer);
     conn_by_endpoint_[cmd.endpoint] = id;
     cmd.done.set_value({OkStatus(), cmd.endpoint, id});
+    if (node && options_.bulk_encryption) StartBulk(id, cmd.endpoint);
   } catch (const zmq::error_t& e) {
     cmd.done.set_value({ZmqError("cannot connect to " + cmd.endpoint, e), "", -1});
   }
@@ -141,6 +142,9 @@ void ZmqTransport::Impl::CloseAll() {
   monitor_.reset();
   router_.reset();
   retry_.reset();
+  bulk_out_.clear();
+  bulk_in_.clear();
+  bulk_router_.reset();
   dealers_.clear();
 }
 
@@ -158,6 +162,7 @@ Status ZmqTransport::Impl::RetryRefusedHandshakes(ConnId id, zmq::socket_t& deal
   if (!retry_) {
     retry_ = std::make_unique<HandshakeRetry>(context_, Millis(options_.reconnect_ivl_ms),
                                               Millis(options_.reconnect_ivl_max_ms));
+    retry_->OnHandshake([this](int64_t conn) { OnBulkHandshake(conn); });
   }
   dealer.set(zmq::sockopt::immediate, 1);
   return retry_->Watch(id, dealer, endpoint);
@@ -227,6 +232,10 @@ uint64_t ZmqTransport::dropped() const { return impl_->dropped(); }
 uint64_t ZmqTransport::impostors() const { return impl_->impostors(); }
 uint64_t ZmqTransport::retry_steps() const { return impl_->retry_steps(); }
 uint64_t ZmqTransport::dropped_sends() const { return impl_->dropped_sends(); }
+uint64_t ZmqTransport::bulk_sent() const { return impl_->bulk_sent(); }
+uint64_t ZmqTransport::bulk_received() const { return impl_->bulk_received(); }
+uint64_t ZmqTransport::bulk_refused() const { return impl_->bulk_refused(); }
+std::string ZmqTransport::bulk_endpoint() const { return impl_->bulk_endpoint(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
   auto cmd = std::make_unique<Command>();

@@ -28,6 +28,21 @@
 //   waits in the transport, until its deadline, for a handshake that
 //   succeeded (ZMQ_IMMEDIATE): Send to such a connection returns once the
 //   message is handed to a connection that is up.
+// - With ZmqOptions::bulk_encryption (and node keys), sealed bulk messages
+//   (wire/bulk_cipher.h, docs/design/bulk_encryption.md): each outgoing
+//   connection to a plan node hands the peer a fresh AES-256-GCM key and a
+//   token over the CURVE connection; a peer with bulk_encryption answers
+//   with the port of its plain bulk socket (on the host the connection
+//   reached), and from the sender's 'S' on, every message of the connection
+//   travels there, each frame sealed under the key with the message's
+//   counter. The receiver takes a sealed message only under a token it
+//   handed out, opened under that token's key with a counter above the
+//   last, as coming from the identity that received the token (sealed
+//   messages that overtake the 'S' wait for it, bounded like the incoming
+//   queue); anything else is dropped, counted (bulk_refused) and reported
+//   to on_impostor. A peer without bulk_encryption never answers and the
+//   connection stays on CURVE. Replies on the listening socket stay on
+//   CURVE.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose
@@ -94,6 +109,8 @@ struct ZmqOptions {
   // Called (on the I/O thread) for each send failed at once because its peer
   // had max_pending_sends_per_peer sends waiting (it is not reading).
   std::function<void(const std::string& peer)> on_send_dropped;
+  // With node_keys: sealed bulk messages (see above).
+  bool bulk_encryption = false;
 };
 
 // What the transports of one process refused before a message reached its
@@ -142,6 +159,13 @@ class ZmqTransport : public Transport {
   uint64_t retry_steps() const;
   // Sends dropped because their peer had max_pending_sends_per_peer waiting.
   uint64_t dropped_sends() const;
+  // Sealed bulk messages sent and taken, and those refused (on the bulk
+  // port under no token this node handed out, or that did not open).
+  uint64_t bulk_sent() const;
+  uint64_t bulk_received() const;
+  uint64_t bulk_refused() const;
+  // The bulk port's endpoint once a peer was handed a token; else empty.
+  std::string bulk_endpoint() const;
 
   class Impl;
 

@@ -25,6 +25,7 @@
 
 #include "common/blocking_queue.h"
 #include "common/logging.h"
+#include "wire/bulk_cipher.h"
 #include "wire/zmq_curve.h"
 #include "wire/zmq_handshake_retry.h"
 #include "wire/zmq_transport.h"
@@ -53,6 +54,9 @@ struct Command {
   std::promise<Result> done;
   // Set for a posted send: called with the outcome instead of `done`.
   std::function<void(const Status&)> posted;
+  // Not empty: a transport control message (wire/bulk_cipher.h), sent as an
+  // empty frame and this one instead of `message`.
+  std::string control;
 
   void Finish(Result r) {
     if (posted) {
@@ -160,6 +164,13 @@ class ZmqTransport::Impl {
   uint64_t impostors() const { return impostors_.load(); }
   uint64_t retry_steps() const { return retry_steps_.load(); }
   uint64_t dropped_sends() const { return dropped_sends_.load(); }
+  uint64_t bulk_sent() const { return bulk_sent_.load(); }
+  uint64_t bulk_received() const { return bulk_received_.load(); }
+  uint64_t bulk_refused() const { return bulk_refused_.load(); }
+  std::string bulk_endpoint() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bulk_endpoint_;
+  }
 
  private:
   // Queues `cmd` for the I/O thread, or finishes it as cancelled once the
@@ -235,6 +246,49 @@ class ZmqTransport::Impl {
   Status MonitorHandshakes(zmq::socket_t& router);
   void ReadMonitor();
 
+  // Sealed bulk messages (wire/bulk_cipher.h; zmq_transport_bulk.cc).
+  // An outgoing connection's: hello sent, waiting for the answer; switching
+  // (its 'S' queued); on (what follows goes sealed on `socket`).
+  struct BulkOut {
+    enum class State { kHello, kSwitching, kOn } state = State::kHello;
+    BulkToken token{};
+    std::unique_ptr<BulkKey> key;
+    std::string endpoint;  // the connection's (its host serves the bulk port too)
+    std::unique_ptr<zmq::socket_t> socket;
+    uint64_t counter = 0;
+    int handshakes = 0;  // of the CURVE connection
+  };
+  // A token this node handed out: whose it is, its key, whether its 'S'
+  // came (sealed messages that come before it wait, bounded).
+  struct BulkIn {
+    std::string identity;
+    std::unique_ptr<BulkKey> key;
+    bool on = false;
+    uint64_t next = 0;  // the lowest counter still taken
+    std::deque<std::vector<zmq::message_t>> early;
+    size_t early_bytes = 0;
+  };
+  // After connecting to a plan node: hands it a token and a key.
+  void StartBulk(ConnId id, const std::string& endpoint);
+  // The CURVE handshake of connection `id` succeeded: after its first, the
+  // peer may be a new process that knows no token, so a new one is handed.
+  void OnBulkHandshake(ConnId id);
+  // A control message read on the listening socket from `identity`, or on
+  // connection `conn` (-1: the former).
+  void OnBulkControl(const std::string& identity, ConnId conn, const zmq::message_t& frame);
+  // Hands on the sealed messages that waited for their 'S', while the
+  // incoming queue has room.
+  void DrainBulk();
+  // Seals and sends cmd's message on `out`; false when it would block.
+  bool TrySendSealed(Command& cmd, BulkOut& out);
+  bool EnsureBulkListener();
+  void ReadBulk();
+  // Opens a sealed message and queues it; refuses it (counted) otherwise.
+  void DeliverSealed(BulkIn& in, std::vector<zmq::message_t>& frames);
+  void RefuseBulk(const std::string& from, const std::string& why);
+  // A control message to `to` (a connection, or an identity on the router).
+  void SendControl(const Route& to, const BulkControl& control);
+
   ZmqOptions options_;
   zmq::context_t context_{1};
   std::atomic<uint64_t> next_probe_{0};
@@ -242,9 +296,10 @@ class ZmqTransport::Impl {
   int wake_fd_ = -1;
   std::thread io_thread_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::deque<std::unique_ptr<Command>> commands_;  // guarded by mu_
   bool stopping_ = false;                          // guarded by mu_
+  std::string bulk_endpoint_;                      // guarded by mu_
 
   // Owned by the I/O thread.
   std::unique_ptr<zmq::socket_t> router_;
@@ -255,6 +310,15 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> impostors_{0};
   // With node keys: the routing id of each identity's latest connection.
   std::map<std::string, std::string> routing_ids_;
+  std::map<ConnId, BulkOut> bulk_out_;
+  std::map<std::string, BulkIn> bulk_in_;             // by the token's routing id
+  std::map<std::string, std::string> bulk_token_of_;  // identity -> its token's routing id
+  std::unique_ptr<zmq::socket_t> bulk_router_;        // the bulk port, plain
+  std::set<std::string> bulk_draining_;               // tokens with early messages, 'S' in
+  size_t bulk_early_bytes_ = 0;                       // early messages' bytes, all tokens
+  std::atomic<uint64_t> bulk_sent_{0};
+  std::atomic<uint64_t> bulk_received_{0};
+  std::atomic<uint64_t> bulk_refused_{0};
   std::atomic<size_t> queued_bytes_{0};     // in incoming_
   std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;

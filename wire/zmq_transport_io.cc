@@ -23,6 +23,7 @@ void ZmqTransport::Impl::IoLoop() {
     const short in = room ? ZMQ_POLLIN : 0;
     if (router_) items.push_back({router_->handle(), 0, in, 0});
     if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
+    if (bulk_router_) items.push_back({bulk_router_->handle(), 0, in, 0});
     std::vector<ConnId> ids;
     for (auto& [id, sock] : dealers_) {
       items.push_back({sock->handle(), 0, in, 0});
@@ -55,6 +56,10 @@ void ZmqTransport::Impl::IoLoop() {
       if (items[next].revents & ZMQ_POLLIN) ReadMonitor();
       ++next;
     }
+    if (bulk_router_) {
+      if (items[next].revents & ZMQ_POLLIN) ReadBulk();
+      ++next;
+    }
     for (ConnId id : ids) {
       Route route = Route::Connection(id);
       if ((items[next++].revents & ZMQ_POLLIN) && dealers_.count(id)) {
@@ -62,6 +67,7 @@ void ZmqTransport::Impl::IoLoop() {
       }
     }
     if (retry_) retry_->Service(&items[retry_at]);
+    if (!bulk_draining_.empty()) DrainBulk();
     RetryPending();
   }
   CloseAll();
@@ -69,6 +75,12 @@ void ZmqTransport::Impl::IoLoop() {
 
 bool ZmqTransport::Impl::TrySend(Command& cmd) {
   const Route& to = cmd.route;
+  if (to.kind == Route::Kind::kConnection && cmd.control.empty()) {
+    auto bulk = bulk_out_.find(to.conn);
+    if (bulk != bulk_out_.end() && bulk->second.state == BulkOut::State::kOn) {
+      return TrySendSealed(cmd, bulk->second);
+    }
+  }
   zmq::socket_t* socket = nullptr;
   std::string routing_id = to.identity;
   if (to.kind == Route::Kind::kInbound) {
@@ -93,6 +105,16 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
   try {
     if (to.kind == Route::Kind::kInbound) {
       if (!socket->send(zmq::buffer(routing_id), more)) return false;
+    }
+    if (!cmd.control.empty()) {
+      if (!socket->send(zmq::message_t(), more)) return false;
+      socket->send(zmq::buffer(cmd.control), zmq::send_flags::none);
+      if (cmd.control[0] == 'S' && to.kind == Route::Kind::kConnection) {
+        auto bulk = bulk_out_.find(to.conn);
+        if (bulk != bulk_out_.end()) bulk->second.state = BulkOut::State::kOn;
+      }
+      cmd.Finish({OkStatus(), "", -1});
+      return true;
     }
     auto header_flags = m.payloads.empty() ? zmq::send_flags::dontwait : more;
     if (!socket->send(zmq::message_t(m.header.data(), m.header.size()), header_flags)) {
@@ -177,6 +199,13 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     } else {
       in.from = Route::Inbound(frames[0].to_string());
       first = 1;
+    }
+    // An empty first frame (no gradsync header is empty): a control message
+    // of the sealed bulk path, from an authenticated peer only.
+    if (frames.size() == first + 2 && frames[first].size() == 0 &&
+        (fixed_route || options_.node_keys)) {
+      OnBulkControl(in.from.identity, fixed_route ? fixed_route->conn : -1, frames[first + 1]);
+      continue;
     }
     const size_t payloads = frames.size() > first ? frames.size() - first - 1 : 0;
     if (payloads > options_.max_payload_frames ||

@@ -1,0 +1,92 @@
+// Sealed bulk messages (docs/design/bulk_encryption.md): with
+// ZmqOptions::bulk_encryption, a data transport of a CURVE job hands each
+// outgoing connection to a plan node a fresh AES-256-GCM key over the CURVE
+// connection, and from then on sends that connection's messages over a
+// second, plain connection, every frame sealed under the key. This file
+// holds the cipher and the control messages; the transport's use of them is
+// in wire/zmq_transport.h.
+//
+// Frames of a sealed message (one ZeroMQ multipart message on the bulk
+// connection, after the receiver's routing-id frame):
+//   frame 0:  counter (8 bytes, little endian) | tag (16) | sealed header
+//   frame i:  tag (16) | sealed payload i-1
+// Frame i is sealed with the 96-bit nonce counter (8, LE) | i (4, LE), so no
+// two frames under one key share a nonce while the counter only grows.
+//
+// Control messages travel over the CURVE connection as two frames, an empty
+// one (which no gradsync header is) and one of:
+//   'H' token (16) key (32)       sender -> receiver: hello
+//   'A' token (16) port (2, LE)   receiver -> sender: the bulk port, on the
+//                                 host the sender reached it at
+//   'S' token (16)                sender -> receiver: what follows is sealed
+//
+// Thread-safety: a BulkKey is used by one thread at a time.
+#ifndef GRADSYNC_WIRE_BULK_CIPHER_H_
+#define GRADSYNC_WIRE_BULK_CIPHER_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+
+namespace gradsync::wire {
+
+constexpr size_t kBulkKeyBytes = 32;
+constexpr size_t kBulkTokenBytes = 16;
+constexpr size_t kBulkTagBytes = 16;
+constexpr size_t kBulkCounterBytes = 8;
+
+using BulkToken = std::array<uint8_t, kBulkTokenBytes>;
+
+// AES-256-GCM under one key (OpenSSL EVP).
+class BulkKey {
+ public:
+  // A new random key; nullptr only if OpenSSL fails.
+  static std::unique_ptr<BulkKey> Random();
+  // The key of `bytes` (kBulkKeyBytes of them).
+  static std::unique_ptr<BulkKey> FromBytes(const uint8_t* bytes);
+  ~BulkKey();
+  BulkKey(const BulkKey&) = delete;
+  BulkKey& operator=(const BulkKey&) = delete;
+
+  const uint8_t* bytes() const { return key_.data(); }
+
+  // Seals in[0, n) into out[0, kBulkTagBytes + n): tag, then ciphertext,
+  // under nonce (counter, index). `out` must not overlap `in`.
+  Status Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out);
+  // Opens in[0, n) (tag, then ciphertext; n >= kBulkTagBytes) into
+  // out[0, n - kBulkTagBytes); false when the tag does not verify (what was
+  // written to `out` is then garbage).
+  bool Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out);
+
+ private:
+  BulkKey();
+  std::array<uint8_t, kBulkKeyBytes> key_{};
+  void* encrypt_ = nullptr;  // EVP_CIPHER_CTX*
+  void* decrypt_ = nullptr;
+};
+
+// A random token (the bulk connection's routing id, in hex); nullopt only
+// if OpenSSL's generator fails.
+std::optional<BulkToken> RandomBulkToken();
+std::string BulkRoutingId(const BulkToken& token);
+
+// Control messages (the second frame).
+struct BulkControl {
+  char kind = 0;  // 'H', 'A' or 'S'
+  BulkToken token{};
+  std::array<uint8_t, kBulkKeyBytes> key{};  // 'H'
+  uint16_t port = 0;                         // 'A'
+};
+std::string EncodeBulkControl(const BulkControl& c);
+// nullopt for anything but a well-formed control message (an 'A' port is
+// not 0).
+std::optional<BulkControl> ParseBulkControl(const uint8_t* data, size_t size);
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_BULK_CIPHER_H_

@@ -1,0 +1,105 @@
+#include "wire/bulk_cipher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gradsync::wire {
+namespace {
+
+std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + 31 * i + (i >> 8));
+  return v;
+}
+
+TEST(BulkCipherTest, SealedFramesOpenOnlyUnderTheirKeyCounterAndIndex) {
+  auto key = BulkKey::Random();
+  ASSERT_NE(key, nullptr);
+  auto same = BulkKey::FromBytes(key->bytes());
+  auto other = BulkKey::Random();
+  ASSERT_NE(same, nullptr);
+  ASSERT_NE(other, nullptr);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{4096}, size_t{1} << 20}) {
+    SCOPED_TRACE(n);
+    const std::vector<uint8_t> plain = Bytes(n, 7);
+    std::vector<uint8_t> sealed(kBulkTagBytes + n);
+    ASSERT_TRUE(key->Seal(42, 3, plain.data(), n, sealed.data()).ok());
+    if (n >= 16) {
+      EXPECT_NE(std::memcmp(sealed.data() + kBulkTagBytes, plain.data(), 16), 0);
+    }
+    std::vector<uint8_t> back(n + 1);
+    ASSERT_TRUE(same->Open(42, 3, sealed.data(), sealed.size(), back.data()));
+    EXPECT_TRUE(std::equal(plain.begin(), plain.end(), back.begin()));
+    EXPECT_FALSE(other->Open(42, 3, sealed.data(), sealed.size(), back.data()));
+    EXPECT_FALSE(same->Open(43, 3, sealed.data(), sealed.size(), back.data()));  // replayed later
+    EXPECT_FALSE(same->Open(42, 4, sealed.data(), sealed.size(), back.data()));  // another frame
+    for (size_t at : {size_t{0}, kBulkTagBytes - 1, sealed.size() - 1}) {
+      std::vector<uint8_t> flipped = sealed;
+      flipped[at] ^= 0x01;
+      EXPECT_FALSE(same->Open(42, 3, flipped.data(), flipped.size(), back.data())) << at;
+    }
+    if (n > 0) {  // cut short
+      EXPECT_FALSE(same->Open(42, 3, sealed.data(), sealed.size() - 1, back.data()));
+    }
+  }
+  uint8_t tiny[kBulkTagBytes - 1] = {};
+  uint8_t out[1];
+  EXPECT_FALSE(key->Open(0, 0, tiny, sizeof(tiny), out));
+}
+
+TEST(BulkCipherTest, TokensAndKeysAreFreshAndRoutingIdsReadable) {
+  auto a = RandomBulkToken();
+  auto b = RandomBulkToken();
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(BulkRoutingId(*a).size(), 5 + 2 * kBulkTokenBytes);
+  EXPECT_EQ(BulkRoutingId(*a).rfind("bulk-", 0), 0u);
+  auto k1 = BulkKey::Random();
+  auto k2 = BulkKey::Random();
+  EXPECT_NE(std::memcmp(k1->bytes(), k2->bytes(), kBulkKeyBytes), 0);
+}
+
+TEST(BulkCipherTest, ControlMessagesRoundTripAndBadOnesAreRefused) {
+  BulkControl hello;
+  hello.kind = 'H';
+  hello.token = *RandomBulkToken();
+  hello.key[0] = 9;
+  const std::string h = EncodeBulkControl(hello);
+  auto parsed = ParseBulkControl(reinterpret_cast<const uint8_t*>(h.data()), h.size());
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->kind, 'H');
+  EXPECT_EQ(parsed->token, hello.token);
+  EXPECT_EQ(parsed->key, hello.key);
+  BulkControl answer;
+  answer.kind = 'A';
+  answer.token = hello.token;
+  answer.port = 40123;
+  const std::string a = EncodeBulkControl(answer);
+  parsed = ParseBulkControl(reinterpret_cast<const uint8_t*>(a.data()), a.size());
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->port, 40123);
+  BulkControl go;
+  go.kind = 'S';
+  go.token = hello.token;
+  const std::string s = EncodeBulkControl(go);
+  parsed = ParseBulkControl(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->kind, 'S');
+  auto refused = [](std::string bytes) {
+    return !ParseBulkControl(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  };
+  EXPECT_TRUE(refused(""));
+  EXPECT_TRUE(refused(h.substr(0, h.size() - 1)));  // a key cut short
+  EXPECT_TRUE(refused(h + "x"));
+  EXPECT_TRUE(refused(a + "x"));
+  EXPECT_TRUE(refused(s + "x"));
+  EXPECT_TRUE(refused("X" + s.substr(1)));  // unknown kind
+  answer.port = 0;
+  EXPECT_TRUE(refused(EncodeBulkControl(answer)));
+}
+
+}  // namespace
+}  // namespace gradsync::wire

@@ -1,0 +1,302 @@
+// ZmqTransport::Impl's sealed bulk path (wire/bulk_cipher.h): the hello,
+// answer and switch over CURVE, sealing on the way out, and the bulk port's
+// reads, on the I/O thread.
+#include "wire/zmq_transport_impl.h"
+
+namespace gradsync::wire {
+namespace {
+
+// At most this many tokens handed out at once (one per peer identity; an
+// elastic job's parameter-server clients take one per epoch).
+constexpr size_t kMaxBulkTokens = 4096;
+
+uint64_t ReadCounter(const uint8_t* p) {
+  uint64_t c = 0;
+  for (int i = 0; i < 8; ++i) c |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return c;
+}
+
+void WriteCounter(uint64_t c, uint8_t* p) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(c >> (8 * i));
+}
+
+// "tcp://host:port" -> "tcp://host:`port`".
+std::string WithPort(const std::string& endpoint, uint16_t port) {
+  return endpoint.substr(0, endpoint.rfind(':')) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+void ZmqTransport::Impl::StartBulk(ConnId id, const std::string& endpoint) {
+  std::optional<BulkToken> token = RandomBulkToken();
+  std::unique_ptr<BulkKey> key = BulkKey::Random();
+  if (!token || key == nullptr) {
+    GS_LOG(WARNING) << "no random key for sealed bulk messages to " << endpoint
+                    << ": the connection stays on CURVE";
+    return;
+  }
+  BulkOut& out = bulk_out_[id];
+  out.token = *token;
+  out.endpoint = endpoint;
+  BulkControl hello;
+  hello.kind = 'H';
+  hello.token = *token;
+  std::memcpy(hello.key.data(), key->bytes(), kBulkKeyBytes);
+  out.key = std::move(key);
+  SendControl(Route::Connection(id), hello);
+}
+
+void ZmqTransport::Impl::SendControl(const Route& to, const BulkControl& control) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kSend;
+  cmd->route = to;
+  cmd->control = EncodeBulkControl(control);
+  // A hello waits for the connection's handshake like any first message.
+  cmd->deadline = Deadline::AfterMs(60000);
+  cmd->posted = [](const Status&) {};
+  Execute(std::move(cmd));
+}
+
+void ZmqTransport::Impl::OnBulkHandshake(ConnId id) {
+  auto out = bulk_out_.find(id);
+  if (out == bulk_out_.end() || ++out->second.handshakes == 1) return;
+  const std::string endpoint = out->second.endpoint;
+  const int handshakes = out->second.handshakes;
+  bulk_out_.erase(out);
+  StartBulk(id, endpoint);
+  auto again = bulk_out_.find(id);
+  if (again != bulk_out_.end()) again->second.handshakes = handshakes;
+}
+
+void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
+                                       const zmq::message_t& frame) {
+  std::optional<BulkControl> c = ParseBulkControl(frame.data<uint8_t>(), frame.size());
+  if (!c) return;
+  if (conn >= 0) {  // on an outgoing connection: the answer to its hello
+    auto out = bulk_out_.find(conn);
+    if (c->kind != 'A' || out == bulk_out_.end() || out->second.token != c->token ||
+        out->second.state != BulkOut::State::kHello) {
+      return;
+    }
+    try {
+      auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+      Configure(*socket);
+      socket->set(zmq::sockopt::routing_id, BulkRoutingId(c->token));
+      // As on the CURVE connection: a message waits in the transport for a
+      // connection that is up, not in one to a peer that is gone (a
+      // restarted peer gets it over CURVE once a new token is handed).
+      socket->set(zmq::sockopt::immediate, 1);
+      socket->connect(WithPort(out->second.endpoint, c->port));
+      out->second.socket = std::move(socket);
+    } catch (const zmq::error_t& e) {
+      GS_LOG(WARNING) << "cannot reach the bulk port of " << out->second.endpoint << ": "
+                      << e.what() << "; the connection stays on CURVE";
+      bulk_out_.erase(out);
+      return;
+    }
+    out->second.state = BulkOut::State::kSwitching;
+    BulkControl go;
+    go.kind = 'S';
+    go.token = c->token;
+    SendControl(Route::Connection(conn), go);  // behind what waits for the peer
+    return;
+  }
+  if (c->kind == 'H') {
+    if (!options_.bulk_encryption || !EnsureBulkListener()) return;  // stays on CURVE
+    const std::string rid = BulkRoutingId(c->token);
+    auto old = bulk_token_of_.find(identity);
+    if (old != bulk_token_of_.end()) {  // a new connection of it
+      auto gone = bulk_in_.find(old->second);
+      if (gone != bulk_in_.end()) {
+        bulk_early_bytes_ -= gone->second.early_bytes;
+        bulk_in_.erase(gone);
+      }
+    }
+    if (bulk_in_.count(rid) > 0 || bulk_in_.size() >= kMaxBulkTokens) return;
+    std::unique_ptr<BulkKey> key = BulkKey::FromBytes(c->key.data());
+    if (key == nullptr) return;
+    BulkIn& in = bulk_in_[rid];
+    in.identity = identity;
+    in.key = std::move(key);
+    bulk_token_of_[identity] = rid;
+    BulkControl answer;
+    answer.kind = 'A';
+    answer.token = c->token;
+    const std::string bound = bulk_router_->get(zmq::sockopt::last_endpoint);
+    answer.port = static_cast<uint16_t>(std::atoi(bound.c_str() + bound.rfind(':') + 1));
+    SendControl(Route::Inbound(identity), answer);
+    return;
+  }
+  if (c->kind == 'S') {
+    auto in = bulk_in_.find(BulkRoutingId(c->token));
+    if (in == bulk_in_.end() || in->second.identity != identity || in->second.on) return;
+    in->second.on = true;
+    if (!in->second.early.empty()) bulk_draining_.insert(in->first);
+  }
+}
+
+void ZmqTransport::Impl::DrainBulk() {
+  for (auto rid = bulk_draining_.begin(); rid != bulk_draining_.end();) {
+    auto in = bulk_in_.find(*rid);
+    while (in != bulk_in_.end() && !in->second.early.empty() && Room()) {
+      std::vector<zmq::message_t> frames = std::move(in->second.early.front());
+      in->second.early.pop_front();
+      for (const zmq::message_t& f : frames) {
+        in->second.early_bytes -= f.size();
+        bulk_early_bytes_ -= f.size();
+      }
+      DeliverSealed(in->second, frames);
+    }
+    const bool done = in == bulk_in_.end() || in->second.early.empty();
+    rid = done ? bulk_draining_.erase(rid) : std::next(rid);
+  }
+}
+
+bool ZmqTransport::Impl::EnsureBulkListener() {
+  if (bulk_router_) return true;
+  if (!router_) return false;
+  const std::string listening = router_->get(zmq::sockopt::last_endpoint);
+  try {
+    auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::router);
+    Configure(*socket);
+    socket->set(zmq::sockopt::maxmsgsize,
+                options_.max_frame_bytes + static_cast<int64_t>(kBulkCounterBytes + kBulkTagBytes));
+    socket->bind(listening.substr(0, listening.rfind(':')) + ":*");
+    std::lock_guard<std::mutex> lock(mu_);
+    bulk_endpoint_ = socket->get(zmq::sockopt::last_endpoint);
+    bulk_router_ = std::move(socket);
+  } catch (const zmq::error_t& e) {
+    GS_LOG(WARNING) << "cannot open a bulk port beside " << listening << ": " << e.what()
+                    << "; peers stay on CURVE";
+    return false;
+  }
+  return true;
+}
+
+bool ZmqTransport::Impl::TrySendSealed(Command& cmd, BulkOut& out) {
+  if (!(out.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT)) return false;
+  const Message& m = cmd.message;
+  const uint64_t counter = out.counter;
+  std::vector<zmq::message_t> frames;
+  frames.reserve(1 + m.payloads.size());
+  frames.emplace_back(kBulkCounterBytes + kBulkTagBytes + m.header.size());
+  auto* head = frames[0].data<uint8_t>();
+  WriteCounter(counter, head);
+  Status sealed =
+      out.key->Seal(counter, 0, m.header.data(), m.header.size(), head + kBulkCounterBytes);
+  for (size_t i = 0; sealed.ok() && i < m.payloads.size(); ++i) {
+    const Payload& p = m.payloads[i];
+    frames.emplace_back(kBulkTagBytes + p.size);
+    sealed = out.key->Seal(counter, static_cast<uint32_t>(i + 1), p.data, p.size,
+                           frames.back().data<uint8_t>());
+  }
+  if (!sealed.ok()) {
+    cmd.Finish({sealed, "", -1});
+    return true;
+  }
+  try {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const bool last = i + 1 == frames.size();
+      const auto flags =
+          last ? zmq::send_flags::dontwait : zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+      if (!out.socket->send(std::move(frames[i]), flags)) {
+        if (i == 0) return false;  // nothing went: retried as it is
+        // A multipart message takes its later frames once its first is in.
+        cmd.Finish({InternalError("a sealed message was cut short"), "", -1});
+        return true;
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    cmd.Finish({ZmqError("sealed send to " + cmd.route.ToString() + " failed", e), "", -1});
+    return true;
+  }
+  out.counter = counter + 1;
+  bulk_sent_.fetch_add(1, std::memory_order_relaxed);
+  cmd.Finish({OkStatus(), "", -1});
+  return true;
+}
+
+void ZmqTransport::Impl::ReadBulk() {
+  for (int budget = 64; budget > 0 && Room(); --budget) {
+    std::vector<zmq::message_t> frames;
+    std::optional<size_t> got;
+    try {
+      got =
+          zmq::recv_multipart(*bulk_router_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      GS_LOG(WARNING) << "bulk receive failed: " << e.what();
+      return;
+    }
+    if (!got) return;
+    auto in = bulk_in_.find(frames[0].to_string());
+    if (in == bulk_in_.end()) {
+      RefuseBulk(Escaped(frames[0].to_string(), 64),
+                 "a message on the bulk port under no token this node handed out");
+      continue;
+    }
+    if (in->second.on && in->second.early.empty()) {
+      DeliverSealed(in->second, frames);
+      continue;
+    }
+    // Overtook its sender's 'S' on the CURVE connection (or follows those
+    // that did): waits, bounded over every token together.
+    size_t bytes = 0;
+    for (const zmq::message_t& f : frames) bytes += f.size();
+    if (in->second.early.size() >= options_.max_queued_incoming ||
+        bulk_early_bytes_ + bytes > options_.max_queued_incoming_bytes) {
+      RefuseBulk(in->second.identity, "sealed messages ahead of the switch past the bound");
+      continue;
+    }
+    in->second.early_bytes += bytes;
+    bulk_early_bytes_ += bytes;
+    in->second.early.push_back(std::move(frames));
+  }
+}
+
+void ZmqTransport::Impl::DeliverSealed(BulkIn& in, std::vector<zmq::message_t>& frames) {
+  constexpr size_t kHead = kBulkCounterBytes + kBulkTagBytes;
+  const size_t payloads = frames.size() >= 2 ? frames.size() - 2 : 0;
+  if (frames.size() < 2 || frames[1].size() < kHead || payloads > options_.max_payload_frames ||
+      frames[1].size() - kHead > options_.max_header_bytes) {
+    RefuseBulk(in.identity, "a sealed message of the wrong shape");
+    return;
+  }
+  const uint8_t* head = frames[1].data<uint8_t>();
+  const uint64_t counter = ReadCounter(head);
+  if (counter < in.next) {
+    RefuseBulk(in.identity, "a sealed message replayed or out of turn");
+    return;
+  }
+  Incoming msg;
+  msg.from = Route::Inbound(in.identity);
+  msg.message.header.resize(frames[1].size() - kHead);
+  bool opened = in.key->Open(counter, 0, head + kBulkCounterBytes,
+                             frames[1].size() - kBulkCounterBytes, msg.message.header.data());
+  for (size_t i = 0; opened && i < payloads; ++i) {
+    const zmq::message_t& f = frames[i + 2];
+    if (f.size() < kBulkTagBytes) {
+      opened = false;
+      break;
+    }
+    const size_t n = f.size() - kBulkTagBytes;
+    std::shared_ptr<uint8_t> buf(new uint8_t[n > 0 ? n : 1], std::default_delete<uint8_t[]>());
+    opened =
+        in.key->Open(counter, static_cast<uint32_t>(i + 1), f.data<uint8_t>(), f.size(), buf.get());
+    msg.message.payloads.push_back(Payload::Borrow(buf.get(), n, buf));
+  }
+  if (!opened) {
+    RefuseBulk(in.identity, "a sealed message that does not open under its token's key");
+    return;
+  }
+  in.next = counter + 1;
+  bulk_received_.fetch_add(1, std::memory_order_relaxed);
+  queued_bytes_.fetch_add(msg.message.header.size() + msg.message.PayloadBytes());
+  incoming_.Push(std::move(msg), Deadline::Infinite()).IgnoreError();
+}
+
+void ZmqTransport::Impl::RefuseBulk(const std::string& from, const std::string& why) {
+  bulk_refused_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.on_impostor) options_.on_impostor(from, why);
+}
+
+}  // namespace gradsync::wire
