@@ -126,6 +126,7 @@ std::optional<BulkControl> ParseBulkControl(const uint8_t* data, size_t size) {
       if (c.port == 0) return std::nullopt;
       return c;
     case 'S':
+    case 'R':
       if (left != 0) return std::nullopt;
       return c;
     default:

@@ -10,8 +10,10 @@
 // connection, after the receiver's routing-id frame):
 //   frame 0:  counter (8 bytes, little endian) | tag (16) | sealed header
 //   frame i:  tag (16) | sealed payload i-1
-// Frame i is sealed with the 96-bit nonce counter (8, LE) | i (4, LE), so no
-// two frames under one key share a nonce while the counter only grows.
+// Frame i is sealed with the 96-bit nonce counter (8, LE) | i (4, LE); a
+// reply going back on the bulk connection has its own counter and the top
+// bit of i set, so no two frames under one key share a nonce while each
+// counter only grows.
 //
 // Control messages travel over the CURVE connection as two frames, an empty
 // one (which no gradsync header is) and one of:
@@ -19,6 +21,8 @@
 //   'A' token (16) port (2, LE)   receiver -> sender: the bulk port, on the
 //                                 host the sender reached it at
 //   'S' token (16)                sender -> receiver: what follows is sealed
+//   'R' token (16)                receiver -> sender: replies that follow
+//                                 come sealed on the bulk connection
 //
 // Thread-safety: a BulkKey is used by one thread at a time.
 #ifndef GRADSYNC_WIRE_BULK_CIPHER_H_
@@ -77,7 +81,7 @@ std::string BulkRoutingId(const BulkToken& token);
 
 // Control messages (the second frame).
 struct BulkControl {
-  char kind = 0;  // 'H', 'A' or 'S'
+  char kind = 0;  // 'H', 'A', 'S' or 'R'
   BulkToken token{};
   std::array<uint8_t, kBulkKeyBytes> key{};  // 'H'
   uint16_t port = 0;                         // 'A'

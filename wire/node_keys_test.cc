@@ -290,6 +290,33 @@ TEST_F(BulkTest, MessagesArriveInOrderAcrossTheSwitchToSealed) {
   EXPECT_FALSE(server_.transport->bulk_endpoint().empty());
 }
 
+// Replies from the receiver to the sender's identity go back sealed on the
+// bulk connection once it switched, in order across that switch too.
+TEST_F(BulkTest, RepliesComeBackSealedInOrder) {
+  size_t next = 0;
+  UntilSealed(&next);
+  auto conn = client_.transport->Connect(server_.endpoint);
+  ASSERT_TRUE(conn.ok());
+  size_t reply = 0;
+  for (Deadline d = Deadline::AfterMs(20000);
+       server_.transport->bulk_sent() == 0 && !d.Expired();) {
+    for (size_t i = reply; i < reply + 40; ++i) {
+      server_.transport->Post(Route::Inbound("client"), Numbered(i, size_t{256} << 10),
+                              Deadline::AfterMs(20000), [](const Status&) {});
+    }
+    for (size_t i = reply; i < reply + 40; ++i) {
+      auto in = client_.transport->Receive(Deadline::AfterMs(20000));
+      ASSERT_TRUE(in.ok()) << "reply " << i << ": " << in.status();
+      EXPECT_EQ(in->from.ToString(), Route::Connection(*conn).ToString());
+      ExpectNumbered(*in, i, size_t{256} << 10);
+    }
+    reply += 40;
+  }
+  EXPECT_GT(server_.transport->bulk_sent(), 0u);
+  EXPECT_EQ(client_.transport->bulk_received(), server_.transport->bulk_sent());
+  EXPECT_EQ(client_.transport->bulk_refused(), 0u);
+}
+
 // A receiver without bulk_encryption never answers: the connection stays on
 // CURVE and loses nothing.
 TEST_F(BulkTest, APeerWithoutItKeepsTheConnectionOnCurve) {

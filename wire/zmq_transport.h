@@ -41,8 +41,9 @@
 //   messages that overtake the 'S' wait for it, bounded like the incoming
 //   queue); anything else is dropped, counted (bulk_refused) and reported
 //   to on_impostor. A peer without bulk_encryption never answers and the
-//   connection stays on CURVE. Replies on the listening socket stay on
-//   CURVE.
+//   connection stays on CURVE. Replies to such a sender (on the listening
+//   socket) go back sealed on its bulk connection once the receiver's 'R'
+//   has gone over CURVE behind the replies before it.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose

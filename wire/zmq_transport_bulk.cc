@@ -20,6 +20,97 @@ void WriteCounter(uint64_t c, uint8_t* p) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(c >> (8 * i));
 }
 
+// The nonce index of frame i of a message going back (a reply on the
+// bulk connection, from its receiver to its sender): never one of the
+// forward direction's.
+constexpr uint32_t kBack = 0x80000000u;
+
+// Seals `m` under `key` as message `counter` of direction `direction` (0 or
+// kBack) into `frames`: frame 0 the counter, a tag and the sealed header,
+// then a tag and a sealed payload each.
+Status SealMessage(BulkKey& key, uint64_t counter, uint32_t direction, const Message& m,
+                   std::vector<zmq::message_t>* frames) {
+  frames->reserve(1 + m.payloads.size());
+  frames->emplace_back(kBulkCounterBytes + kBulkTagBytes + m.header.size());
+  auto* head = frames->back().data<uint8_t>();
+  WriteCounter(counter, head);
+  GS_RETURN_IF_ERROR(
+      key.Seal(counter, direction, m.header.data(), m.header.size(), head + kBulkCounterBytes));
+  for (size_t i = 0; i < m.payloads.size(); ++i) {
+    const Payload& p = m.payloads[i];
+    frames->emplace_back(kBulkTagBytes + p.size);
+    GS_RETURN_IF_ERROR(key.Seal(counter, direction | static_cast<uint32_t>(i + 1), p.data, p.size,
+                                frames->back().data<uint8_t>()));
+  }
+  return OkStatus();
+}
+
+// Opens the sealed message in frames[first, end) (as SealMessage made it)
+// into `out`, when its counter is at least `*next` and every frame opens;
+// then `*next` passes it. Else false, and `why` says what was wrong.
+bool OpenMessage(BulkKey& key, uint32_t direction, const std::vector<zmq::message_t>& frames,
+                 size_t first, const ZmqOptions& limits, uint64_t* next, Message* out,
+                 std::string* why) {
+  constexpr size_t kHead = kBulkCounterBytes + kBulkTagBytes;
+  const size_t payloads = frames.size() > first ? frames.size() - first - 1 : 0;
+  if (frames.size() <= first || frames[first].size() < kHead ||
+      payloads > limits.max_payload_frames ||
+      frames[first].size() - kHead > limits.max_header_bytes) {
+    *why = "a sealed message of the wrong shape";
+    return false;
+  }
+  const uint8_t* head = frames[first].data<uint8_t>();
+  const uint64_t counter = ReadCounter(head);
+  if (counter < *next) {
+    *why = "a sealed message replayed or out of turn";
+    return false;
+  }
+  out->header.resize(frames[first].size() - kHead);
+  bool opened = key.Open(counter, direction, head + kBulkCounterBytes,
+                         frames[first].size() - kBulkCounterBytes, out->header.data());
+  for (size_t i = 0; opened && i < payloads; ++i) {
+    const zmq::message_t& f = frames[first + 1 + i];
+    if (f.size() < kBulkTagBytes) {
+      opened = false;
+      break;
+    }
+    const size_t n = f.size() - kBulkTagBytes;
+    std::shared_ptr<uint8_t> buf(new uint8_t[n > 0 ? n : 1], std::default_delete<uint8_t[]>());
+    opened = key.Open(counter, direction | static_cast<uint32_t>(i + 1), f.data<uint8_t>(),
+                      f.size(), buf.get());
+    out->payloads.push_back(Payload::Borrow(buf.get(), n, buf));
+  }
+  if (!opened) {
+    *why = "a sealed message that does not open under its token's key";
+    return false;
+  }
+  *next = counter + 1;
+  return true;
+}
+
+// Sends `frames` on `socket` (after the routing id `to`, when not empty)
+// without waiting: false when nothing went because it would block; an
+// error in `*failed` when it failed.
+bool SendFrames(zmq::socket_t& socket, const std::string& to, std::vector<zmq::message_t>& frames,
+                Status* failed) {
+  const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+  try {
+    if (!to.empty() && !socket.send(zmq::buffer(to), more)) return false;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const bool last = i + 1 == frames.size();
+      if (!socket.send(std::move(frames[i]), last ? zmq::send_flags::dontwait : more)) {
+        if (i == 0 && to.empty()) return false;  // nothing went: retried as it is
+        // A multipart message takes its later frames once its first is in.
+        *failed = InternalError("a sealed message was cut short");
+        return true;
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    *failed = UnavailableError(std::string("sealed send failed: ") + e.what());
+  }
+  return true;
+}
+
 // "tcp://host:port" -> "tcp://host:`port`".
 std::string WithPort(const std::string& endpoint, uint16_t port) {
   return endpoint.substr(0, endpoint.rfind(':')) + ":" + std::to_string(port);
@@ -62,6 +153,9 @@ void ZmqTransport::Impl::OnBulkHandshake(ConnId id) {
   if (out == bulk_out_.end() || ++out->second.handshakes == 1) return;
   const std::string endpoint = out->second.endpoint;
   const int handshakes = out->second.handshakes;
+  for (const auto& frames : out->second.back_early) {
+    for (const zmq::message_t& f : frames) bulk_early_bytes_ -= f.size();
+  }
   bulk_out_.erase(out);
   StartBulk(id, endpoint);
   auto again = bulk_out_.find(id);
@@ -72,6 +166,13 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
                                        const zmq::message_t& frame) {
   std::optional<BulkControl> c = ParseBulkControl(frame.data<uint8_t>(), frame.size());
   if (!c) return;
+  if (conn >= 0 && c->kind == 'R') {  // replies come sealed from now on
+    auto out = bulk_out_.find(conn);
+    if (out == bulk_out_.end() || out->second.token != c->token || out->second.back_on) return;
+    out->second.back_on = true;
+    if (!out->second.back_early.empty()) bulk_back_draining_.insert(conn);
+    return;
+  }
   if (conn >= 0) {  // on an outgoing connection: the answer to its hello
     auto out = bulk_out_.find(conn);
     if (c->kind != 'A' || out == bulk_out_.end() || out->second.token != c->token ||
@@ -132,6 +233,10 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
     if (in == bulk_in_.end() || in->second.identity != identity || in->second.on) return;
     in->second.on = true;
     if (!in->second.early.empty()) bulk_draining_.insert(in->first);
+    BulkControl back;
+    back.kind = 'R';
+    back.token = c->token;
+    SendControl(Route::Inbound(identity), back);  // behind the replies before it
   }
 }
 
@@ -150,6 +255,17 @@ void ZmqTransport::Impl::DrainBulk() {
     const bool done = in == bulk_in_.end() || in->second.early.empty();
     rid = done ? bulk_draining_.erase(rid) : std::next(rid);
   }
+  for (auto id = bulk_back_draining_.begin(); id != bulk_back_draining_.end();) {
+    auto out = bulk_out_.find(*id);
+    while (out != bulk_out_.end() && !out->second.back_early.empty() && Room()) {
+      std::vector<zmq::message_t> frames = std::move(out->second.back_early.front());
+      out->second.back_early.pop_front();
+      for (const zmq::message_t& f : frames) bulk_early_bytes_ -= f.size();
+      DeliverSealedBack(*id, out->second, frames);
+    }
+    const bool done = out == bulk_out_.end() || out->second.back_early.empty();
+    id = done ? bulk_back_draining_.erase(id) : std::next(id);
+  }
 }
 
 bool ZmqTransport::Impl::EnsureBulkListener() {
@@ -161,6 +277,7 @@ bool ZmqTransport::Impl::EnsureBulkListener() {
     Configure(*socket);
     socket->set(zmq::sockopt::maxmsgsize,
                 options_.max_frame_bytes + static_cast<int64_t>(kBulkCounterBytes + kBulkTagBytes));
+    socket->set(zmq::sockopt::router_mandatory, 1);  // a reply to a gone peer fails
     socket->bind(listening.substr(0, listening.rfind(':')) + ":*");
     std::lock_guard<std::mutex> lock(mu_);
     bulk_endpoint_ = socket->get(zmq::sockopt::last_endpoint);
@@ -175,44 +292,26 @@ bool ZmqTransport::Impl::EnsureBulkListener() {
 
 bool ZmqTransport::Impl::TrySendSealed(Command& cmd, BulkOut& out) {
   if (!(out.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT)) return false;
-  const Message& m = cmd.message;
-  const uint64_t counter = out.counter;
   std::vector<zmq::message_t> frames;
-  frames.reserve(1 + m.payloads.size());
-  frames.emplace_back(kBulkCounterBytes + kBulkTagBytes + m.header.size());
-  auto* head = frames[0].data<uint8_t>();
-  WriteCounter(counter, head);
-  Status sealed =
-      out.key->Seal(counter, 0, m.header.data(), m.header.size(), head + kBulkCounterBytes);
-  for (size_t i = 0; sealed.ok() && i < m.payloads.size(); ++i) {
-    const Payload& p = m.payloads[i];
-    frames.emplace_back(kBulkTagBytes + p.size);
-    sealed = out.key->Seal(counter, static_cast<uint32_t>(i + 1), p.data, p.size,
-                           frames.back().data<uint8_t>());
+  Status status = SealMessage(*out.key, out.counter, 0, cmd.message, &frames);
+  if (status.ok() && !SendFrames(*out.socket, "", frames, &status)) return false;
+  if (status.ok()) {
+    ++out.counter;
+    bulk_sent_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (!sealed.ok()) {
-    cmd.Finish({sealed, "", -1});
-    return true;
+  cmd.Finish({status, "", -1});
+  return true;
+}
+
+bool ZmqTransport::Impl::TrySendSealedBack(Command& cmd, const std::string& rid, BulkIn& in) {
+  std::vector<zmq::message_t> frames;
+  Status status = SealMessage(*in.key, in.back_counter, kBack, cmd.message, &frames);
+  if (status.ok() && !SendFrames(*bulk_router_, rid, frames, &status)) return false;
+  if (status.ok()) {
+    ++in.back_counter;
+    bulk_sent_.fetch_add(1, std::memory_order_relaxed);
   }
-  try {
-    for (size_t i = 0; i < frames.size(); ++i) {
-      const bool last = i + 1 == frames.size();
-      const auto flags =
-          last ? zmq::send_flags::dontwait : zmq::send_flags::sndmore | zmq::send_flags::dontwait;
-      if (!out.socket->send(std::move(frames[i]), flags)) {
-        if (i == 0) return false;  // nothing went: retried as it is
-        // A multipart message takes its later frames once its first is in.
-        cmd.Finish({InternalError("a sealed message was cut short"), "", -1});
-        return true;
-      }
-    }
-  } catch (const zmq::error_t& e) {
-    cmd.Finish({ZmqError("sealed send to " + cmd.route.ToString() + " failed", e), "", -1});
-    return true;
-  }
-  out.counter = counter + 1;
-  bulk_sent_.fetch_add(1, std::memory_order_relaxed);
-  cmd.Finish({OkStatus(), "", -1});
+  cmd.Finish({status, "", -1});
   return true;
 }
 
@@ -254,41 +353,58 @@ void ZmqTransport::Impl::ReadBulk() {
 }
 
 void ZmqTransport::Impl::DeliverSealed(BulkIn& in, std::vector<zmq::message_t>& frames) {
-  constexpr size_t kHead = kBulkCounterBytes + kBulkTagBytes;
-  const size_t payloads = frames.size() >= 2 ? frames.size() - 2 : 0;
-  if (frames.size() < 2 || frames[1].size() < kHead || payloads > options_.max_payload_frames ||
-      frames[1].size() - kHead > options_.max_header_bytes) {
-    RefuseBulk(in.identity, "a sealed message of the wrong shape");
-    return;
-  }
-  const uint8_t* head = frames[1].data<uint8_t>();
-  const uint64_t counter = ReadCounter(head);
-  if (counter < in.next) {
-    RefuseBulk(in.identity, "a sealed message replayed or out of turn");
-    return;
-  }
   Incoming msg;
   msg.from = Route::Inbound(in.identity);
-  msg.message.header.resize(frames[1].size() - kHead);
-  bool opened = in.key->Open(counter, 0, head + kBulkCounterBytes,
-                             frames[1].size() - kBulkCounterBytes, msg.message.header.data());
-  for (size_t i = 0; opened && i < payloads; ++i) {
-    const zmq::message_t& f = frames[i + 2];
-    if (f.size() < kBulkTagBytes) {
-      opened = false;
-      break;
-    }
-    const size_t n = f.size() - kBulkTagBytes;
-    std::shared_ptr<uint8_t> buf(new uint8_t[n > 0 ? n : 1], std::default_delete<uint8_t[]>());
-    opened =
-        in.key->Open(counter, static_cast<uint32_t>(i + 1), f.data<uint8_t>(), f.size(), buf.get());
-    msg.message.payloads.push_back(Payload::Borrow(buf.get(), n, buf));
-  }
-  if (!opened) {
-    RefuseBulk(in.identity, "a sealed message that does not open under its token's key");
+  std::string why;
+  if (!OpenMessage(*in.key, 0, frames, 1, options_, &in.next, &msg.message, &why)) {
+    RefuseBulk(in.identity, why);
     return;
   }
-  in.next = counter + 1;
+  bulk_received_.fetch_add(1, std::memory_order_relaxed);
+  queued_bytes_.fetch_add(msg.message.header.size() + msg.message.PayloadBytes());
+  incoming_.Push(std::move(msg), Deadline::Infinite()).IgnoreError();
+}
+
+void ZmqTransport::Impl::ReadBulkReplies(ConnId id) {
+  auto out = bulk_out_.find(id);
+  if (out == bulk_out_.end() || !out->second.socket) return;
+  for (int budget = 64; budget > 0 && Room(); --budget) {
+    std::vector<zmq::message_t> frames;
+    std::optional<size_t> got;
+    try {
+      got = zmq::recv_multipart(*out->second.socket, std::back_inserter(frames),
+                                zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      GS_LOG(WARNING) << "bulk receive failed: " << e.what();
+      return;
+    }
+    if (!got) return;
+    if (out->second.back_on && out->second.back_early.empty()) {
+      DeliverSealedBack(id, out->second, frames);
+      continue;
+    }
+    // Overtook the peer's 'R' on the CURVE connection: waits, bounded.
+    size_t bytes = 0;
+    for (const zmq::message_t& f : frames) bytes += f.size();
+    if (out->second.back_early.size() >= options_.max_queued_incoming ||
+        bulk_early_bytes_ + bytes > options_.max_queued_incoming_bytes) {
+      RefuseBulk(out->second.endpoint, "sealed replies ahead of the switch past the bound");
+      continue;
+    }
+    bulk_early_bytes_ += bytes;
+    out->second.back_early.push_back(std::move(frames));
+  }
+}
+
+void ZmqTransport::Impl::DeliverSealedBack(ConnId id, BulkOut& out,
+                                           std::vector<zmq::message_t>& frames) {
+  Incoming msg;
+  msg.from = Route::Connection(id);
+  std::string why;
+  if (!OpenMessage(*out.key, kBack, frames, 0, options_, &out.back_next, &msg.message, &why)) {
+    RefuseBulk(out.endpoint, why);
+    return;
+  }
   bulk_received_.fetch_add(1, std::memory_order_relaxed);
   queued_bytes_.fetch_add(msg.message.header.size() + msg.message.PayloadBytes());
   incoming_.Push(std::move(msg), Deadline::Infinite()).IgnoreError();

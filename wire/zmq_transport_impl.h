@@ -257,6 +257,11 @@ class ZmqTransport::Impl {
     std::unique_ptr<zmq::socket_t> socket;
     uint64_t counter = 0;
     int handshakes = 0;  // of the CURVE connection
+    // Sealed replies on `socket`: taken once the peer's 'R' came over CURVE
+    // (those that overtake it wait, bounded).
+    bool back_on = false;
+    uint64_t back_next = 0;
+    std::deque<std::vector<zmq::message_t>> back_early;
   };
   // A token this node handed out: whose it is, its key, whether its 'S'
   // came (sealed messages that come before it wait, bounded).
@@ -267,6 +272,10 @@ class ZmqTransport::Impl {
     uint64_t next = 0;  // the lowest counter still taken
     std::deque<std::vector<zmq::message_t>> early;
     size_t early_bytes = 0;
+    // Replies to the identity go sealed on the bulk connection once its 'R'
+    // went over CURVE, behind every reply before it.
+    bool back = false;
+    uint64_t back_counter = 0;
   };
   // After connecting to a plan node: hands it a token and a key.
   void StartBulk(ConnId id, const std::string& endpoint);
@@ -281,6 +290,11 @@ class ZmqTransport::Impl {
   void DrainBulk();
   // Seals and sends cmd's message on `out`; false when it would block.
   bool TrySendSealed(Command& cmd, BulkOut& out);
+  // The same for a reply to the holder of token `rid`, on the bulk port.
+  bool TrySendSealedBack(Command& cmd, const std::string& rid, BulkIn& in);
+  // Sealed replies read on connection `id`'s bulk socket.
+  void ReadBulkReplies(ConnId id);
+  void DeliverSealedBack(ConnId id, BulkOut& out, std::vector<zmq::message_t>& frames);
   bool EnsureBulkListener();
   void ReadBulk();
   // Opens a sealed message and queues it; refuses it (counted) otherwise.
@@ -315,6 +329,7 @@ class ZmqTransport::Impl {
   std::map<std::string, std::string> bulk_token_of_;  // identity -> its token's routing id
   std::unique_ptr<zmq::socket_t> bulk_router_;        // the bulk port, plain
   std::set<std::string> bulk_draining_;               // tokens with early messages, 'S' in
+  std::set<ConnId> bulk_back_draining_;               // connections with early replies, 'R' in
   size_t bulk_early_bytes_ = 0;                       // early messages' bytes, all tokens
   std::atomic<uint64_t> bulk_sent_{0};
   std::atomic<uint64_t> bulk_received_{0};

@@ -29,6 +29,12 @@ void ZmqTransport::Impl::IoLoop() {
       items.push_back({sock->handle(), 0, in, 0});
       ids.push_back(id);
     }
+    std::vector<ConnId> bulk_ids;  // sealed replies come back on these
+    for (auto& [id, out] : bulk_out_) {
+      if (!out.socket) continue;
+      items.push_back({out.socket->handle(), 0, in, 0});
+      bulk_ids.push_back(id);
+    }
     const size_t retry_at = items.size();
     long timeout_ms = pending_.empty() ? -1 : 1;
     if (retry_) {
@@ -66,8 +72,11 @@ void ZmqTransport::Impl::IoLoop() {
         ReadSocket(*dealers_[id], &route);
       }
     }
+    for (ConnId id : bulk_ids) {
+      if (items[next++].revents & ZMQ_POLLIN) ReadBulkReplies(id);
+    }
     if (retry_) retry_->Service(&items[retry_at]);
-    if (!bulk_draining_.empty()) DrainBulk();
+    if (!bulk_draining_.empty() || !bulk_back_draining_.empty()) DrainBulk();
     RetryPending();
   }
   CloseAll();
@@ -79,6 +88,13 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
     auto bulk = bulk_out_.find(to.conn);
     if (bulk != bulk_out_.end() && bulk->second.state == BulkOut::State::kOn) {
       return TrySendSealed(cmd, bulk->second);
+    }
+  }
+  if (to.kind == Route::Kind::kInbound && cmd.control.empty()) {
+    auto token = bulk_token_of_.find(to.identity);
+    auto bulk = token == bulk_token_of_.end() ? bulk_in_.end() : bulk_in_.find(token->second);
+    if (bulk != bulk_in_.end() && bulk->second.back) {
+      return TrySendSealedBack(cmd, bulk->first, bulk->second);
     }
   }
   zmq::socket_t* socket = nullptr;
@@ -112,6 +128,11 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
       if (cmd.control[0] == 'S' && to.kind == Route::Kind::kConnection) {
         auto bulk = bulk_out_.find(to.conn);
         if (bulk != bulk_out_.end()) bulk->second.state = BulkOut::State::kOn;
+      }
+      if (cmd.control[0] == 'R' && to.kind == Route::Kind::kInbound) {
+        auto token = bulk_token_of_.find(to.identity);
+        auto bulk = token == bulk_token_of_.end() ? bulk_in_.end() : bulk_in_.find(token->second);
+        if (bulk != bulk_in_.end()) bulk->second.back = true;
       }
       cmd.Finish({OkStatus(), "", -1});
       return true;
