@@ -6,7 +6,11 @@
 // survives its restart.
 #include "wire/node_keys.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "wire/bulk_cipher.h"
 #include "wire/curve.h"
 #include "wire/message.h"
 #include "wire/zmq_curve.h"
@@ -38,12 +43,13 @@ struct Member {
 
 // A data transport of identity `identity` with the node key `own`.
 Member Make(const CurveKey& job, const std::string& identity, const CurveKey& own,
-            bool bulk = false) {
+            bool bulk = false, int bulk_connect_timeout_ms = 5000) {
   Member m{identity, own, std::make_shared<NodeKeys>(job, own), nullptr, ""};
   ZmqOptions o;
   o.identity = identity;
   o.node_keys = m.keys;
   o.bulk_encryption = bulk;
+  o.bulk_connect_timeout_ms = bulk_connect_timeout_ms;
   m.transport = std::move(ZmqTransport::Create(o)).value();
   return m;
 }
@@ -315,6 +321,83 @@ TEST_F(BulkTest, RepliesComeBackSealedInOrder) {
   EXPECT_GT(server_.transport->bulk_sent(), 0u);
   EXPECT_EQ(client_.transport->bulk_received(), server_.transport->bulk_sent());
   EXPECT_EQ(client_.transport->bulk_refused(), 0u);
+}
+
+// A peer whose bulk port takes no connection (a firewall; here a port
+// bound and not listening) leaves the connection on CURVE: no 'S' goes, and
+// every message arrives over CURVE, those sent after the wait too.
+TEST_F(BulkTest, ABulkPortNobodyReachesKeepsTheConnectionOnCurve) {
+  constexpr int kWaitMs = 300;
+  client_ = Make(job_, "client", client_.key, true, kWaitMs);
+  const CurveKey raw_key = *GenerateCurveKey();
+  zmq::context_t context;
+  zmq::socket_t raw(context, zmq::socket_type::router);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::curve_server, 1);
+  raw.set(zmq::sockopt::curve_secretkey, raw_key.secret_z85);
+  raw.bind("tcp://127.0.0.1:*");
+  const std::string raw_endpoint = raw.get(zmq::sockopt::last_endpoint);
+  const int dead = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(dead, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(dead, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(dead, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const uint16_t dead_port = ntohs(addr.sin_port);
+  client_.keys->SetPlan(
+      {Entry("client", client_.key, "tcp://127.0.0.1:1"), Entry("raw", raw_key, raw_endpoint)});
+  auto conn = client_.transport->Connect(raw_endpoint);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto post = [&](size_t i) {
+    client_.transport->Post(Route::Connection(*conn), Numbered(i, 4096), Deadline::AfterMs(10000),
+                            [](const Status&) {});
+  };
+  // Reads the raw server's next message: a control message is answered
+  // ('H': the dead port) and counted, a gradsync message returned.
+  size_t controls = 0;
+  auto next = [&]() -> std::vector<zmq::message_t> {
+    for (Deadline d = Deadline::AfterMs(10000); !d.Expired();) {
+      zmq::pollitem_t item{raw.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(raw, std::back_inserter(frames))) continue;
+      if (frames.size() == 3 && frames[1].size() == 0) {
+        ++controls;
+        auto c = ParseBulkControl(frames[2].data<uint8_t>(), frames[2].size());
+        if (c && c->kind == 'H') {
+          BulkControl answer;
+          answer.kind = 'A';
+          answer.token = c->token;
+          answer.port = dead_port;
+          std::vector<zmq::message_t> reply;
+          reply.emplace_back(frames[0].data(), frames[0].size());
+          reply.emplace_back();
+          reply.emplace_back(EncodeBulkControl(answer));
+          zmq::send_multipart(raw, reply);
+        }
+        continue;
+      }
+      return frames;
+    }
+    return {};
+  };
+  for (size_t i = 0; i < 5; ++i) {
+    post(i);
+    auto frames = next();
+    ASSERT_EQ(frames.size(), 3u) << "message " << i;
+    EXPECT_EQ(frames[2].size(), i % 3 == 0 ? 4096u : 8u);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * kWaitMs));
+  for (size_t i = 5; i < 20; ++i) {
+    post(i);
+    auto frames = next();
+    ASSERT_EQ(frames.size(), 3u) << "message " << i << " did not come over CURVE";
+  }
+  EXPECT_EQ(controls, 1u) << "only the hello: no switch";
+  EXPECT_EQ(client_.transport->bulk_sent(), 0u);
+  close(dead);
 }
 
 // A receiver without bulk_encryption never answers: the connection stays on

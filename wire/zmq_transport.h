@@ -33,17 +33,15 @@
 //   connection to a plan node hands the peer a fresh AES-256-GCM key and a
 //   token over the CURVE connection; a peer with bulk_encryption answers
 //   with the port of its plain bulk socket (on the host the connection
-//   reached), and from the sender's 'S' on, every message of the connection
-//   travels there, each frame sealed under the key with the message's
-//   counter. The receiver takes a sealed message only under a token it
-//   handed out, opened under that token's key with a counter above the
-//   last, as coming from the identity that received the token (sealed
-//   messages that overtake the 'S' wait for it, bounded like the incoming
-//   queue); anything else is dropped, counted (bulk_refused) and reported
-//   to on_impostor. A peer without bulk_encryption never answers and the
-//   connection stays on CURVE. Replies to such a sender (on the listening
-//   socket) go back sealed on its bulk connection once the receiver's 'R'
-//   has gone over CURVE behind the replies before it.
+//   reached); once that connection is up, the sender sends 'S' and from
+//   then on every message of the connection travels there, each frame sealed under the key with the
+//   message's counter. The receiver takes a sealed message only under a token it handed out, opened
+//   under that token's key with a counter above the last, as coming from the identity that received
+//   the token (sealed messages that overtake the 'S' wait for it, bounded like the incoming queue);
+//   anything else is dropped, counted (bulk_refused) and reported to on_impostor. A peer without
+//   bulk_encryption never answers and the connection stays on CURVE. Replies to such a sender (on
+//   the listening socket) go back sealed on its bulk connection once the receiver's 'R' has gone
+//   over CURVE behind the replies before it.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose
@@ -110,8 +108,11 @@ struct ZmqOptions {
   // Called (on the I/O thread) for each send failed at once because its peer
   // had max_pending_sends_per_peer sends waiting (it is not reading).
   std::function<void(const std::string& peer)> on_send_dropped;
-  // With node_keys: sealed bulk messages (see above).
+  // With node_keys: sealed bulk messages (see above). A connection whose
+  // peer's bulk port does not take its bulk connection within
+  // bulk_connect_timeout_ms (a firewall) stays on CURVE, with a warning.
   bool bulk_encryption = false;
+  int bulk_connect_timeout_ms = 5000;
 };
 
 // What the transports of one process refused before a message reached its

@@ -195,11 +195,10 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
       bulk_out_.erase(out);
       return;
     }
-    out->second.state = BulkOut::State::kSwitching;
-    BulkControl go;
-    go.kind = 'S';
-    go.token = c->token;
-    SendControl(Route::Connection(conn), go);  // behind what waits for the peer
+    // 'S' once the bulk connection is up (CheckBulkConnections).
+    out->second.state = BulkOut::State::kConnecting;
+    out->second.connecting_since = std::chrono::steady_clock::now();
+    bulk_connecting_.insert(conn);
     return;
   }
   if (c->kind == 'H') {
@@ -268,6 +267,38 @@ void ZmqTransport::Impl::DrainBulk() {
   }
 }
 
+void ZmqTransport::Impl::CheckBulkConnections() {
+  const SteadyTime now = std::chrono::steady_clock::now();
+  for (auto id = bulk_connecting_.begin(); id != bulk_connecting_.end();) {
+    auto out = bulk_out_.find(*id);
+    if (out == bulk_out_.end() || out->second.state != BulkOut::State::kConnecting) {
+      id = bulk_connecting_.erase(id);
+      continue;
+    }
+    BulkOut& b = out->second;
+    if (b.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT) {  // up (ZMQ_IMMEDIATE)
+      b.state = BulkOut::State::kSwitching;
+      BulkControl go;
+      go.kind = 'S';
+      go.token = b.token;
+      SendControl(Route::Connection(*id), go);  // behind what waits for the peer
+      id = bulk_connecting_.erase(id);
+      continue;
+    }
+    if (now - b.connecting_since > Millis(options_.bulk_connect_timeout_ms)) {
+      GS_LOG(WARNING) << "the bulk port of " << b.endpoint << " took no connection within "
+                      << options_.bulk_connect_timeout_ms
+                      << " ms (a firewall?): this connection stays on CURVE; "
+                         "bulk_encryption=false keeps every connection there";
+      b.state = BulkOut::State::kOff;
+      b.socket.reset();
+      id = bulk_connecting_.erase(id);
+      continue;
+    }
+    ++id;
+  }
+}
+
 bool ZmqTransport::Impl::EnsureBulkListener() {
   if (bulk_router_) return true;
   if (!router_) return false;
@@ -282,6 +313,8 @@ bool ZmqTransport::Impl::EnsureBulkListener() {
     std::lock_guard<std::mutex> lock(mu_);
     bulk_endpoint_ = socket->get(zmq::sockopt::last_endpoint);
     bulk_router_ = std::move(socket);
+    GS_LOG(INFO) << "sealed bulk messages from peers on " << bulk_endpoint_
+                 << " (beside the data port " << listening << ")";
   } catch (const zmq::error_t& e) {
     GS_LOG(WARNING) << "cannot open a bulk port beside " << listening << ": " << e.what()
                     << "; peers stay on CURVE";

@@ -249,8 +249,11 @@ class ZmqTransport::Impl {
   // Sealed bulk messages (wire/bulk_cipher.h; zmq_transport_bulk.cc).
   // An outgoing connection's: hello sent, waiting for the answer; switching
   // (its 'S' queued); on (what follows goes sealed on `socket`).
+  // Or, when the bulk port did not take the connection in time, off (the
+  // connection stays on CURVE until it is made again).
   struct BulkOut {
-    enum class State { kHello, kSwitching, kOn } state = State::kHello;
+    enum class State { kHello, kConnecting, kSwitching, kOn, kOff } state = State::kHello;
+    SteadyTime connecting_since;
     BulkToken token{};
     std::unique_ptr<BulkKey> key;
     std::string endpoint;  // the connection's (its host serves the bulk port too)
@@ -288,6 +291,9 @@ class ZmqTransport::Impl {
   // Hands on the sealed messages that waited for their 'S', while the
   // incoming queue has room.
   void DrainBulk();
+  // Connections whose bulk socket is up send their 'S'; those that waited
+  // past options_.bulk_connect_timeout_ms stay on CURVE.
+  void CheckBulkConnections();
   // Seals and sends cmd's message on `out`; false when it would block.
   bool TrySendSealed(Command& cmd, BulkOut& out);
   // The same for a reply to the holder of token `rid`, on the bulk port.
@@ -330,6 +336,7 @@ class ZmqTransport::Impl {
   std::unique_ptr<zmq::socket_t> bulk_router_;        // the bulk port, plain
   std::set<std::string> bulk_draining_;               // tokens with early messages, 'S' in
   std::set<ConnId> bulk_back_draining_;               // connections with early replies, 'R' in
+  std::set<ConnId> bulk_connecting_;                  // in BulkOut::State::kConnecting
   size_t bulk_early_bytes_ = 0;                       // early messages' bytes, all tokens
   std::atomic<uint64_t> bulk_sent_{0};
   std::atomic<uint64_t> bulk_received_{0};

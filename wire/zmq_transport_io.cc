@@ -37,6 +37,7 @@ void ZmqTransport::Impl::IoLoop() {
     }
     const size_t retry_at = items.size();
     long timeout_ms = pending_.empty() ? -1 : 1;
+    if (!bulk_connecting_.empty() && (timeout_ms < 0 || timeout_ms > 5)) timeout_ms = 5;
     if (retry_) {
       retry_->AddPollItems(&items);
       const long due = retry_->NextDueMs();
@@ -77,6 +78,7 @@ void ZmqTransport::Impl::IoLoop() {
     }
     if (retry_) retry_->Service(&items[retry_at]);
     if (!bulk_draining_.empty() || !bulk_back_draining_.empty()) DrainBulk();
+    if (!bulk_connecting_.empty()) CheckBulkConnections();
     RetryPending();
   }
   CloseAll();
