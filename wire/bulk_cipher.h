@@ -44,6 +44,11 @@ constexpr size_t kBulkTokenBytes = 16;
 constexpr size_t kBulkTagBytes = 16;
 constexpr size_t kBulkCounterBytes = 8;
 
+// Set in the nonce's frame index of a reply (going back on the bulk
+// connection, from its receiver to its sender): no nonce of one direction is
+// one of the other's.
+constexpr uint32_t kBulkReplyDirection = 0x80000000u;
+
 using BulkToken = std::array<uint8_t, kBulkTokenBytes>;
 
 // AES-256-GCM under one key (OpenSSL EVP).
@@ -63,8 +68,9 @@ class BulkKey {
   // under nonce (counter, index). `out` must not overlap `in`.
   Status Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out);
   // Opens in[0, n) (tag, then ciphertext; n >= kBulkTagBytes) into
-  // out[0, n - kBulkTagBytes); false when the tag does not verify (what was
-  // written to `out` is then garbage).
+  // out[0, n - kBulkTagBytes); `out` may be in + kBulkTagBytes (in place).
+  // False when the tag does not verify (what was written to `out` is then
+  // garbage).
   bool Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out);
 
  private:

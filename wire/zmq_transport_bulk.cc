@@ -20,13 +20,8 @@ void WriteCounter(uint64_t c, uint8_t* p) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(c >> (8 * i));
 }
 
-// The nonce index of frame i of a message going back (a reply on the
-// bulk connection, from its receiver to its sender): never one of the
-// forward direction's.
-constexpr uint32_t kBack = 0x80000000u;
-
 // Seals `m` under `key` as message `counter` of direction `direction` (0 or
-// kBack) into `frames`: frame 0 the counter, a tag and the sealed header,
+// kBulkReplyDirection) into `frames`: frame 0 the counter, a tag and the sealed header,
 // then a tag and a sealed payload each.
 Status SealMessage(BulkKey& key, uint64_t counter, uint32_t direction, const Message& m,
                    std::vector<zmq::message_t>* frames) {
@@ -45,40 +40,38 @@ Status SealMessage(BulkKey& key, uint64_t counter, uint32_t direction, const Mes
   return OkStatus();
 }
 
-// Opens the sealed message in frames[first, end) (as SealMessage made it)
-// into `out`, when its counter is at least `*next` and every frame opens;
-// then `*next` passes it. Else false, and `why` says what was wrong.
-bool OpenMessage(BulkKey& key, uint32_t direction, const std::vector<zmq::message_t>& frames,
-                 size_t first, const ZmqOptions& limits, uint64_t* next, Message* out,
-                 std::string* why) {
+// Opens the sealed message in `frames` (as SealMessage made it) into
+// `out`, when its counter is at least `*next` and every frame opens; then
+// `*next` passes it. Payloads are opened in place: each is the rest of its
+// frame, which `out` keeps. Else false, and `why` says what was wrong.
+bool OpenMessage(BulkKey& key, uint32_t direction, std::vector<zmq::message_t>& frames,
+                 const ZmqOptions& limits, uint64_t* next, Message* out, std::string* why) {
   constexpr size_t kHead = kBulkCounterBytes + kBulkTagBytes;
-  const size_t payloads = frames.size() > first ? frames.size() - first - 1 : 0;
-  if (frames.size() <= first || frames[first].size() < kHead ||
-      payloads > limits.max_payload_frames ||
-      frames[first].size() - kHead > limits.max_header_bytes) {
+  if (frames.empty() || frames[0].size() < kHead || frames.size() - 1 > limits.max_payload_frames ||
+      frames[0].size() - kHead > limits.max_header_bytes) {
     *why = "a sealed message of the wrong shape";
     return false;
   }
-  const uint8_t* head = frames[first].data<uint8_t>();
+  const uint8_t* head = frames[0].data<uint8_t>();
   const uint64_t counter = ReadCounter(head);
   if (counter < *next) {
     *why = "a sealed message replayed or out of turn";
     return false;
   }
-  out->header.resize(frames[first].size() - kHead);
+  out->header.resize(frames[0].size() - kHead);
   bool opened = key.Open(counter, direction, head + kBulkCounterBytes,
-                         frames[first].size() - kBulkCounterBytes, out->header.data());
-  for (size_t i = 0; opened && i < payloads; ++i) {
-    const zmq::message_t& f = frames[first + 1 + i];
-    if (f.size() < kBulkTagBytes) {
+                         frames[0].size() - kBulkCounterBytes, out->header.data());
+  for (size_t i = 1; opened && i < frames.size(); ++i) {
+    if (frames[i].size() < kBulkTagBytes) {
       opened = false;
       break;
     }
-    const size_t n = f.size() - kBulkTagBytes;
-    std::shared_ptr<uint8_t> buf(new uint8_t[n > 0 ? n : 1], std::default_delete<uint8_t[]>());
-    opened = key.Open(counter, direction | static_cast<uint32_t>(i + 1), f.data<uint8_t>(),
-                      f.size(), buf.get());
-    out->payloads.push_back(Payload::Borrow(buf.get(), n, buf));
+    auto kept = std::make_shared<zmq::message_t>(std::move(frames[i]));
+    uint8_t* sealed = kept->data<uint8_t>();
+    opened = key.Open(counter, direction | static_cast<uint32_t>(i), sealed, kept->size(),
+                      sealed + kBulkTagBytes);
+    out->payloads.push_back(
+        Payload::Borrow(sealed + kBulkTagBytes, kept->size() - kBulkTagBytes, kept));
   }
   if (!opened) {
     *why = "a sealed message that does not open under its token's key";
@@ -118,7 +111,7 @@ std::string WithPort(const std::string& endpoint, uint16_t port) {
 
 }  // namespace
 
-void ZmqTransport::Impl::StartBulk(ConnId id, const std::string& endpoint) {
+void ZmqTransport::Impl::StartBulk(ConnId id, const std::string& endpoint, int handshakes) {
   std::optional<BulkToken> token = RandomBulkToken();
   std::unique_ptr<BulkKey> key = BulkKey::Random();
   if (!token || key == nullptr) {
@@ -129,6 +122,7 @@ void ZmqTransport::Impl::StartBulk(ConnId id, const std::string& endpoint) {
   BulkOut& out = bulk_out_[id];
   out.token = *token;
   out.endpoint = endpoint;
+  out.handshakes = handshakes;
   BulkControl hello;
   hello.kind = 'H';
   hello.token = *token;
@@ -153,13 +147,9 @@ void ZmqTransport::Impl::OnBulkHandshake(ConnId id) {
   if (out == bulk_out_.end() || ++out->second.handshakes == 1) return;
   const std::string endpoint = out->second.endpoint;
   const int handshakes = out->second.handshakes;
-  for (const auto& frames : out->second.back_early) {
-    for (const zmq::message_t& f : frames) bulk_early_bytes_ -= f.size();
-  }
+  DropInbox(out->second.replies);
   bulk_out_.erase(out);
-  StartBulk(id, endpoint);
-  auto again = bulk_out_.find(id);
-  if (again != bulk_out_.end()) again->second.handshakes = handshakes;
+  StartBulk(id, endpoint, handshakes);
 }
 
 void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
@@ -168,9 +158,9 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
   if (!c) return;
   if (conn >= 0 && c->kind == 'R') {  // replies come sealed from now on
     auto out = bulk_out_.find(conn);
-    if (out == bulk_out_.end() || out->second.token != c->token || out->second.back_on) return;
-    out->second.back_on = true;
-    if (!out->second.back_early.empty()) bulk_back_draining_.insert(conn);
+    if (out == bulk_out_.end() || out->second.token != c->token || out->second.replies.on) return;
+    out->second.replies.on = true;
+    if (!out->second.replies.early.empty()) bulk_replies_draining_.insert(conn);
     return;
   }
   if (conn >= 0) {  // on an outgoing connection: the answer to its hello
@@ -208,7 +198,7 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
     if (old != bulk_token_of_.end()) {  // a new connection of it
       auto gone = bulk_in_.find(old->second);
       if (gone != bulk_in_.end()) {
-        bulk_early_bytes_ -= gone->second.early_bytes;
+        DropInbox(gone->second.inbox);
         bulk_in_.erase(gone);
       }
     }
@@ -222,16 +212,15 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
     BulkControl answer;
     answer.kind = 'A';
     answer.token = c->token;
-    const std::string bound = bulk_router_->get(zmq::sockopt::last_endpoint);
-    answer.port = static_cast<uint16_t>(std::atoi(bound.c_str() + bound.rfind(':') + 1));
+    answer.port = bulk_port_;
     SendControl(Route::Inbound(identity), answer);
     return;
   }
   if (c->kind == 'S') {
     auto in = bulk_in_.find(BulkRoutingId(c->token));
-    if (in == bulk_in_.end() || in->second.identity != identity || in->second.on) return;
-    in->second.on = true;
-    if (!in->second.early.empty()) bulk_draining_.insert(in->first);
+    if (in == bulk_in_.end() || in->second.identity != identity || in->second.inbox.on) return;
+    in->second.inbox.on = true;
+    if (!in->second.inbox.early.empty()) bulk_draining_.insert(in->first);
     BulkControl back;
     back.kind = 'R';
     back.token = c->token;
@@ -240,31 +229,40 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
 }
 
 void ZmqTransport::Impl::DrainBulk() {
-  for (auto rid = bulk_draining_.begin(); rid != bulk_draining_.end();) {
-    auto in = bulk_in_.find(*rid);
-    while (in != bulk_in_.end() && !in->second.early.empty() && Room()) {
-      std::vector<zmq::message_t> frames = std::move(in->second.early.front());
-      in->second.early.pop_front();
+  // True when nothing is left waiting in `box`.
+  auto drain = [this](SealedInbox& box, const InboxSource& source) {
+    while (!box.early.empty() && Room()) {
+      std::vector<zmq::message_t> frames = std::move(box.early.front());
+      box.early.pop_front();
       for (const zmq::message_t& f : frames) {
-        in->second.early_bytes -= f.size();
+        box.early_bytes -= f.size();
         bulk_early_bytes_ -= f.size();
       }
-      DeliverSealed(in->second, frames);
+      DeliverSealed(box, source, frames);
     }
-    const bool done = in == bulk_in_.end() || in->second.early.empty();
+    return box.early.empty();
+  };
+  for (auto rid = bulk_draining_.begin(); rid != bulk_draining_.end();) {
+    auto in = bulk_in_.find(*rid);
+    const bool done =
+        in == bulk_in_.end() ||
+        drain(in->second.inbox,
+              {in->second.key.get(), 0, Route::Inbound(in->second.identity), in->second.identity});
     rid = done ? bulk_draining_.erase(rid) : std::next(rid);
   }
-  for (auto id = bulk_back_draining_.begin(); id != bulk_back_draining_.end();) {
+  for (auto id = bulk_replies_draining_.begin(); id != bulk_replies_draining_.end();) {
     auto out = bulk_out_.find(*id);
-    while (out != bulk_out_.end() && !out->second.back_early.empty() && Room()) {
-      std::vector<zmq::message_t> frames = std::move(out->second.back_early.front());
-      out->second.back_early.pop_front();
-      for (const zmq::message_t& f : frames) bulk_early_bytes_ -= f.size();
-      DeliverSealedBack(*id, out->second, frames);
-    }
-    const bool done = out == bulk_out_.end() || out->second.back_early.empty();
-    id = done ? bulk_back_draining_.erase(id) : std::next(id);
+    const bool done = out == bulk_out_.end() ||
+                      drain(out->second.replies, {out->second.key.get(), kBulkReplyDirection,
+                                                  Route::Connection(*id), out->second.endpoint});
+    id = done ? bulk_replies_draining_.erase(id) : std::next(id);
   }
+}
+
+void ZmqTransport::Impl::DropInbox(SealedInbox& box) {
+  bulk_early_bytes_ -= box.early_bytes;
+  box.early.clear();
+  box.early_bytes = 0;
 }
 
 void ZmqTransport::Impl::CheckBulkConnections() {
@@ -310,11 +308,15 @@ bool ZmqTransport::Impl::EnsureBulkListener() {
                 options_.max_frame_bytes + static_cast<int64_t>(kBulkCounterBytes + kBulkTagBytes));
     socket->set(zmq::sockopt::router_mandatory, 1);  // a reply to a gone peer fails
     socket->bind(listening.substr(0, listening.rfind(':')) + ":*");
-    std::lock_guard<std::mutex> lock(mu_);
-    bulk_endpoint_ = socket->get(zmq::sockopt::last_endpoint);
+    const std::string bound = socket->get(zmq::sockopt::last_endpoint);
+    bulk_port_ = static_cast<uint16_t>(std::atoi(bound.c_str() + bound.rfind(':') + 1));
     bulk_router_ = std::move(socket);
-    GS_LOG(INFO) << "sealed bulk messages from peers on " << bulk_endpoint_
-                 << " (beside the data port " << listening << ")";
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bulk_endpoint_ = bound;
+    }
+    GS_LOG(INFO) << "sealed bulk messages from peers on " << bound << " (beside the data port "
+                 << listening << ")";
   } catch (const zmq::error_t& e) {
     GS_LOG(WARNING) << "cannot open a bulk port beside " << listening << ": " << e.what()
                     << "; peers stay on CURVE";
@@ -323,25 +325,20 @@ bool ZmqTransport::Impl::EnsureBulkListener() {
   return true;
 }
 
-bool ZmqTransport::Impl::TrySendSealed(Command& cmd, BulkOut& out) {
-  if (!(out.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT)) return false;
-  std::vector<zmq::message_t> frames;
-  Status status = SealMessage(*out.key, out.counter, 0, cmd.message, &frames);
-  if (status.ok() && !SendFrames(*out.socket, "", frames, &status)) return false;
-  if (status.ok()) {
-    ++out.counter;
-    bulk_sent_.fetch_add(1, std::memory_order_relaxed);
-  }
-  cmd.Finish({status, "", -1});
-  return true;
+ZmqTransport::Impl::BulkIn* ZmqTransport::Impl::SealedRepliesTo(const std::string& identity) {
+  auto token = bulk_token_of_.find(identity);
+  if (token == bulk_token_of_.end()) return nullptr;
+  auto in = bulk_in_.find(token->second);
+  return in != bulk_in_.end() && in->second.replies_sealed ? &in->second : nullptr;
 }
 
-bool ZmqTransport::Impl::TrySendSealedBack(Command& cmd, const std::string& rid, BulkIn& in) {
+bool ZmqTransport::Impl::TrySendSealed(Command& cmd, zmq::socket_t& socket, const std::string& to,
+                                       BulkKey& key, uint32_t direction, uint64_t* counter) {
   std::vector<zmq::message_t> frames;
-  Status status = SealMessage(*in.key, in.back_counter, kBack, cmd.message, &frames);
-  if (status.ok() && !SendFrames(*bulk_router_, rid, frames, &status)) return false;
+  Status status = SealMessage(key, *counter, direction, cmd.message, &frames);
+  if (status.ok() && !SendFrames(socket, to, frames, &status)) return false;
   if (status.ok()) {
-    ++in.back_counter;
+    ++*counter;
     bulk_sent_.fetch_add(1, std::memory_order_relaxed);
   }
   cmd.Finish({status, "", -1});
@@ -366,76 +363,60 @@ void ZmqTransport::Impl::ReadBulk() {
                  "a message on the bulk port under no token this node handed out");
       continue;
     }
-    if (in->second.on && in->second.early.empty()) {
-      DeliverSealed(in->second, frames);
-      continue;
-    }
-    // Overtook its sender's 'S' on the CURVE connection (or follows those
-    // that did): waits, bounded over every token together.
-    size_t bytes = 0;
-    for (const zmq::message_t& f : frames) bytes += f.size();
-    if (in->second.early.size() >= options_.max_queued_incoming ||
-        bulk_early_bytes_ + bytes > options_.max_queued_incoming_bytes) {
-      RefuseBulk(in->second.identity, "sealed messages ahead of the switch past the bound");
-      continue;
-    }
-    in->second.early_bytes += bytes;
-    bulk_early_bytes_ += bytes;
-    in->second.early.push_back(std::move(frames));
+    frames.erase(frames.begin());  // the routing id: the token
+    BulkIn& b = in->second;
+    TakeSealed(b.inbox, {b.key.get(), 0, Route::Inbound(b.identity), b.identity},
+               std::move(frames));
   }
-}
-
-void ZmqTransport::Impl::DeliverSealed(BulkIn& in, std::vector<zmq::message_t>& frames) {
-  Incoming msg;
-  msg.from = Route::Inbound(in.identity);
-  std::string why;
-  if (!OpenMessage(*in.key, 0, frames, 1, options_, &in.next, &msg.message, &why)) {
-    RefuseBulk(in.identity, why);
-    return;
-  }
-  bulk_received_.fetch_add(1, std::memory_order_relaxed);
-  queued_bytes_.fetch_add(msg.message.header.size() + msg.message.PayloadBytes());
-  incoming_.Push(std::move(msg), Deadline::Infinite()).IgnoreError();
 }
 
 void ZmqTransport::Impl::ReadBulkReplies(ConnId id) {
   auto out = bulk_out_.find(id);
   if (out == bulk_out_.end() || !out->second.socket) return;
+  BulkOut& b = out->second;
   for (int budget = 64; budget > 0 && Room(); --budget) {
     std::vector<zmq::message_t> frames;
     std::optional<size_t> got;
     try {
-      got = zmq::recv_multipart(*out->second.socket, std::back_inserter(frames),
-                                zmq::recv_flags::dontwait);
+      got = zmq::recv_multipart(*b.socket, std::back_inserter(frames), zmq::recv_flags::dontwait);
     } catch (const zmq::error_t& e) {
       GS_LOG(WARNING) << "bulk receive failed: " << e.what();
       return;
     }
     if (!got) return;
-    if (out->second.back_on && out->second.back_early.empty()) {
-      DeliverSealedBack(id, out->second, frames);
-      continue;
-    }
-    // Overtook the peer's 'R' on the CURVE connection: waits, bounded.
-    size_t bytes = 0;
-    for (const zmq::message_t& f : frames) bytes += f.size();
-    if (out->second.back_early.size() >= options_.max_queued_incoming ||
-        bulk_early_bytes_ + bytes > options_.max_queued_incoming_bytes) {
-      RefuseBulk(out->second.endpoint, "sealed replies ahead of the switch past the bound");
-      continue;
-    }
-    bulk_early_bytes_ += bytes;
-    out->second.back_early.push_back(std::move(frames));
+    TakeSealed(b.replies, {b.key.get(), kBulkReplyDirection, Route::Connection(id), b.endpoint},
+               std::move(frames));
   }
 }
 
-void ZmqTransport::Impl::DeliverSealedBack(ConnId id, BulkOut& out,
-                                           std::vector<zmq::message_t>& frames) {
+void ZmqTransport::Impl::TakeSealed(SealedInbox& box, const InboxSource& source,
+                                    std::vector<zmq::message_t> frames) {
+  if (box.on && box.early.empty()) {
+    DeliverSealed(box, source, frames);
+    return;
+  }
+  // Overtook the peer's marker on the CURVE connection (or follows those
+  // that did): waits, bounded over every inbox together.
+  size_t bytes = 0;
+  for (const zmq::message_t& f : frames) bytes += f.size();
+  if (box.early.size() >= options_.max_queued_incoming ||
+      bulk_early_bytes_ + bytes > options_.max_queued_incoming_bytes) {
+    RefuseBulk(source.who, "sealed messages ahead of the switch past the bound");
+    return;
+  }
+  box.early_bytes += bytes;
+  bulk_early_bytes_ += bytes;
+  box.early.push_back(std::move(frames));
+}
+
+void ZmqTransport::Impl::DeliverSealed(SealedInbox& box, const InboxSource& source,
+                                       std::vector<zmq::message_t>& frames) {
   Incoming msg;
-  msg.from = Route::Connection(id);
+  msg.from = source.from;
   std::string why;
-  if (!OpenMessage(*out.key, kBack, frames, 0, options_, &out.back_next, &msg.message, &why)) {
-    RefuseBulk(out.endpoint, why);
+  if (!OpenMessage(*source.key, source.direction, frames, options_, &box.next, &msg.message,
+                   &why)) {
+    RefuseBulk(source.who, why);
     return;
   }
   bulk_received_.fetch_add(1, std::memory_order_relaxed);

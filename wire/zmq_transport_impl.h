@@ -247,10 +247,30 @@ class ZmqTransport::Impl {
   void ReadMonitor();
 
   // Sealed bulk messages (wire/bulk_cipher.h; zmq_transport_bulk.cc).
-  // An outgoing connection's: hello sent, waiting for the answer; switching
-  // (its 'S' queued); on (what follows goes sealed on `socket`).
-  // Or, when the bulk port did not take the connection in time, off (the
-  // connection stays on CURVE until it is made again).
+  // Sealed messages coming one way over a bulk connection: taken once the
+  // peer's marker for that way ('S', or 'R' for replies) came over CURVE;
+  // those that overtake it wait, bounded with every other inbox's
+  // (bulk_early_bytes_).
+  struct SealedInbox {
+    bool on = false;
+    uint64_t next = 0;  // the lowest counter still taken
+    std::deque<std::vector<zmq::message_t>> early;
+    size_t early_bytes = 0;
+  };
+  // What an inbox's messages are opened with and handed on as: the key,
+  // the nonce direction (0, or the replies' bit), the route, and whom a
+  // refusal names.
+  struct InboxSource {
+    BulkKey* key;
+    uint32_t direction;
+    Route from;
+    std::string who;
+  };
+  // An outgoing connection's: hello sent, waiting for the answer;
+  // connecting to the bulk port; switching (its 'S' queued); on (what
+  // follows goes sealed on `socket`). Or, when the bulk port did not take
+  // the connection in time, off (the connection stays on CURVE until it is
+  // made again).
   struct BulkOut {
     enum class State { kHello, kConnecting, kSwitching, kOn, kOff } state = State::kHello;
     SteadyTime connecting_since;
@@ -259,52 +279,54 @@ class ZmqTransport::Impl {
     std::string endpoint;  // the connection's (its host serves the bulk port too)
     std::unique_ptr<zmq::socket_t> socket;
     uint64_t counter = 0;
-    int handshakes = 0;  // of the CURVE connection
-    // Sealed replies on `socket`: taken once the peer's 'R' came over CURVE
-    // (those that overtake it wait, bounded).
-    bool back_on = false;
-    uint64_t back_next = 0;
-    std::deque<std::vector<zmq::message_t>> back_early;
+    int handshakes = 0;   // of the CURVE connection
+    SealedInbox replies;  // sealed replies on `socket`
   };
-  // A token this node handed out: whose it is, its key, whether its 'S'
-  // came (sealed messages that come before it wait, bounded).
+  // A token this node handed out: whose it is, its key, the sealed
+  // messages under it, and whether replies to the identity go sealed on
+  // the bulk connection (once its 'R' went over CURVE, behind every reply
+  // before it).
   struct BulkIn {
     std::string identity;
     std::unique_ptr<BulkKey> key;
-    bool on = false;
-    uint64_t next = 0;  // the lowest counter still taken
-    std::deque<std::vector<zmq::message_t>> early;
-    size_t early_bytes = 0;
-    // Replies to the identity go sealed on the bulk connection once its 'R'
-    // went over CURVE, behind every reply before it.
-    bool back = false;
-    uint64_t back_counter = 0;
+    SealedInbox inbox;
+    bool replies_sealed = false;
+    uint64_t reply_counter = 0;
   };
   // After connecting to a plan node: hands it a token and a key.
-  void StartBulk(ConnId id, const std::string& endpoint);
+  void StartBulk(ConnId id, const std::string& endpoint, int handshakes = 0);
   // The CURVE handshake of connection `id` succeeded: after its first, the
   // peer may be a new process that knows no token, so a new one is handed.
   void OnBulkHandshake(ConnId id);
   // A control message read on the listening socket from `identity`, or on
   // connection `conn` (-1: the former).
   void OnBulkControl(const std::string& identity, ConnId conn, const zmq::message_t& frame);
-  // Hands on the sealed messages that waited for their 'S', while the
-  // incoming queue has room.
-  void DrainBulk();
   // Connections whose bulk socket is up send their 'S'; those that waited
   // past options_.bulk_connect_timeout_ms stay on CURVE.
   void CheckBulkConnections();
-  // Seals and sends cmd's message on `out`; false when it would block.
-  bool TrySendSealed(Command& cmd, BulkOut& out);
-  // The same for a reply to the holder of token `rid`, on the bulk port.
-  bool TrySendSealedBack(Command& cmd, const std::string& rid, BulkIn& in);
-  // Sealed replies read on connection `id`'s bulk socket.
-  void ReadBulkReplies(ConnId id);
-  void DeliverSealedBack(ConnId id, BulkOut& out, std::vector<zmq::message_t>& frames);
+  // The token whose holder's replies go sealed, for `identity`; null if none.
+  BulkIn* SealedRepliesTo(const std::string& identity);
+  // Seals cmd's message under `key` (nonce `direction`, message *counter)
+  // and sends it on `socket` (after routing id `to`, if not empty); false
+  // when it would block.
+  bool TrySendSealed(Command& cmd, zmq::socket_t& socket, const std::string& to, BulkKey& key,
+                     uint32_t direction, uint64_t* counter);
   bool EnsureBulkListener();
+  // Reads the bulk port (sealed messages) and connection `id`'s bulk
+  // socket (sealed replies).
   void ReadBulk();
+  void ReadBulkReplies(ConnId id);
+  // A sealed message read for `box`: handed on at once when the box is on
+  // and nothing waits in it, else it waits (bounded; refused past that).
+  void TakeSealed(SealedInbox& box, const InboxSource& source, std::vector<zmq::message_t> frames);
   // Opens a sealed message and queues it; refuses it (counted) otherwise.
-  void DeliverSealed(BulkIn& in, std::vector<zmq::message_t>& frames);
+  void DeliverSealed(SealedInbox& box, const InboxSource& source,
+                     std::vector<zmq::message_t>& frames);
+  // Hands on what waits in the inboxes whose marker came, while the
+  // incoming queue has room.
+  void DrainBulk();
+  // Forgets what waits in `box` (its token or connection is gone).
+  void DropInbox(SealedInbox& box);
   void RefuseBulk(const std::string& from, const std::string& why);
   // A control message to `to` (a connection, or an identity on the router).
   void SendControl(const Route& to, const BulkControl& control);
@@ -335,9 +357,10 @@ class ZmqTransport::Impl {
   std::map<std::string, std::string> bulk_token_of_;  // identity -> its token's routing id
   std::unique_ptr<zmq::socket_t> bulk_router_;        // the bulk port, plain
   std::set<std::string> bulk_draining_;               // tokens with early messages, 'S' in
-  std::set<ConnId> bulk_back_draining_;               // connections with early replies, 'R' in
+  std::set<ConnId> bulk_replies_draining_;            // connections with early replies, 'R' in
   std::set<ConnId> bulk_connecting_;                  // in BulkOut::State::kConnecting
-  size_t bulk_early_bytes_ = 0;                       // early messages' bytes, all tokens
+  size_t bulk_early_bytes_ = 0;                       // early messages' bytes, all inboxes
+  uint16_t bulk_port_ = 0;                            // bulk_router_'s
   std::atomic<uint64_t> bulk_sent_{0};
   std::atomic<uint64_t> bulk_received_{0};
   std::atomic<uint64_t> bulk_refused_{0};

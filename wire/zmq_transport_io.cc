@@ -77,7 +77,7 @@ void ZmqTransport::Impl::IoLoop() {
       if (items[next++].revents & ZMQ_POLLIN) ReadBulkReplies(id);
     }
     if (retry_) retry_->Service(&items[retry_at]);
-    if (!bulk_draining_.empty() || !bulk_back_draining_.empty()) DrainBulk();
+    if (!bulk_draining_.empty() || !bulk_replies_draining_.empty()) DrainBulk();
     if (!bulk_connecting_.empty()) CheckBulkConnections();
     RetryPending();
   }
@@ -89,14 +89,15 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
   if (to.kind == Route::Kind::kConnection && cmd.control.empty()) {
     auto bulk = bulk_out_.find(to.conn);
     if (bulk != bulk_out_.end() && bulk->second.state == BulkOut::State::kOn) {
-      return TrySendSealed(cmd, bulk->second);
+      BulkOut& b = bulk->second;
+      if (!(b.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT)) return false;
+      return TrySendSealed(cmd, *b.socket, "", *b.key, 0, &b.counter);
     }
   }
   if (to.kind == Route::Kind::kInbound && cmd.control.empty()) {
-    auto token = bulk_token_of_.find(to.identity);
-    auto bulk = token == bulk_token_of_.end() ? bulk_in_.end() : bulk_in_.find(token->second);
-    if (bulk != bulk_in_.end() && bulk->second.back) {
-      return TrySendSealedBack(cmd, bulk->first, bulk->second);
+    if (BulkIn* b = SealedRepliesTo(to.identity)) {
+      return TrySendSealed(cmd, *bulk_router_, bulk_token_of_[to.identity], *b->key,
+                           kBulkReplyDirection, &b->reply_counter);
     }
   }
   zmq::socket_t* socket = nullptr;
@@ -133,8 +134,9 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
       }
       if (cmd.control[0] == 'R' && to.kind == Route::Kind::kInbound) {
         auto token = bulk_token_of_.find(to.identity);
-        auto bulk = token == bulk_token_of_.end() ? bulk_in_.end() : bulk_in_.find(token->second);
-        if (bulk != bulk_in_.end()) bulk->second.back = true;
+        if (token != bulk_token_of_.end() && bulk_in_.count(token->second) > 0) {
+          bulk_in_[token->second].replies_sealed = true;
+        }
       }
       cmd.Finish({OkStatus(), "", -1});
       return true;
