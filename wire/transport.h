@@ -58,6 +58,12 @@ struct Incoming {
   Message message;
 };
 
+// MeasureLink's answer.
+struct LinkTiming {
+  std::chrono::microseconds empty{0};  // round trip of an empty message
+  std::chrono::microseconds full{0};   // round trip of a message of the probe's bytes
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -85,6 +91,15 @@ class Transport {
   // Checks that a peer listens at `endpoint`: OK once a connection and
   // protocol handshake succeed, DeadlineExceeded naming the endpoint if not.
   virtual Status Probe(const std::string& endpoint, Deadline deadline) = 0;
+  // How long the link to the peer listening at `endpoint` takes: the round
+  // trip of an empty message and of one carrying `bytes`, each echoed by the
+  // peer's transport (never delivered to its Receive). Unimplemented where
+  // the transport has no links to time (in-process).
+  virtual StatusOr<LinkTiming> MeasureLink(const std::string& endpoint, size_t bytes,
+                                           Deadline deadline) {
+    (void)endpoint, (void)bytes, (void)deadline;
+    return UnimplementedError("this transport does not time its links");
+  }
   // Stops I/O; blocked and later calls return Cancelled. Idempotent.
   virtual void Shutdown() = 0;
 };

@@ -92,6 +92,12 @@ inline Status ListenClosedError() {
 // names it (a peer may get it a little before this node does).
 constexpr Millis kZapHold(10000);
 
+// Link-timing echo (ZmqTransport::MeasureLink): an empty frame, then 'E' and
+// an 8-byte id, then at most one payload frame; the answer is 'e' and the id.
+constexpr char kEchoRequest = 'E';
+constexpr char kEchoAnswer = 'e';
+constexpr size_t kEchoRequestBytes = 9;
+
 inline Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
@@ -330,6 +336,9 @@ class ZmqTransport::Impl {
   void RefuseBulk(const std::string& from, const std::string& why);
   // A control message to `to` (a connection, or an identity on the router).
   void SendControl(const Route& to, const BulkControl& control);
+  // A link-timing echo request read on the router (MeasureLink's): answered
+  // at once and true; false for any other message.
+  bool AnswerEcho(zmq::socket_t& router, const std::vector<zmq::message_t>& frames);
 
   ZmqOptions options_;
   zmq::context_t context_{1};
