@@ -47,6 +47,19 @@ StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(wire::Transpo
     return InvalidArgumentError("ring rank " + std::to_string(peers.rank) + " of " +
                                 std::to_string(peers.world_size) + " is impossible");
   }
+  if (!peers.order.empty()) {
+    std::vector<int> sorted = peers.order;
+    std::sort(sorted.begin(), sorted.end());
+    bool permutation = sorted.size() == static_cast<size_t>(peers.world_size);
+    for (size_t i = 0; permutation && i < sorted.size(); ++i) {
+      permutation = sorted[i] == static_cast<int>(i);
+    }
+    if (!permutation) {
+      return InvalidArgumentError("ring order of " + std::to_string(peers.order.size()) +
+                                  " ranks is not an order of the " +
+                                  std::to_string(peers.world_size) + " ranks");
+    }
+  }
   if (options.chunk_bytes < 64) {
     return InvalidArgumentError("ring chunk_bytes must be at least 64, got " +
                                 std::to_string(options.chunk_bytes));
@@ -98,9 +111,9 @@ Status RingCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceO
 Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
                                           ReduceOp reduce) {
   const int n = peers_.world_size;
-  const int r = peers_.rank;
+  const int r = pos_;
   const size_t bytes = count * DTypeSize(dtype);
-  // Every rank's buffer, by rank, in the ring's scratch space.
+  // Every rank's buffer, by ring position, in the ring's scratch space.
   // Grown, never shrunk: a smaller operation in between (a barrier, a
   // one-float all-reduce) does not make the next one fill it again.
   const size_t scratch = bytes * static_cast<size_t>(n);
@@ -126,7 +139,7 @@ Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, D
 Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
                                      ReduceOp reduce) {
   const int n = peers_.world_size;
-  const int r = peers_.rank;
+  const int r = pos_;  // segments go by ring position
   const size_t es = DTypeSize(dtype);
   const size_t ce = std::max<size_t>(1, options_.chunk_bytes / es);
   const Span own = Segment(count, n, r);
@@ -178,6 +191,7 @@ Status RingCollectives::AllGather(const void* in, size_t bytes, void* out, const
 Status RingCollectives::RunAllGather(Op& op, size_t bytes, uint8_t* base) {
   const int n = peers_.world_size;
   const int r = peers_.rank;
+  const int p = pos_;
   const size_t ce = options_.chunk_bytes;
   const Span own{static_cast<size_t>(r) * bytes, static_cast<size_t>(r + 1) * bytes};
   for (size_t j = 0; j < NumChunks(own, ce); ++j) {
@@ -185,7 +199,7 @@ Status RingCollectives::RunAllGather(Op& op, size_t bytes, uint8_t* base) {
     GS_RETURN_IF_ERROR(op.SendFromBuffer(base + c.begin, c.size(), 0));
   }
   for (int s = 0; s + 1 < n; ++s) {
-    const size_t block = static_cast<size_t>(RingIndex(r - s - 1, n));
+    const size_t block = static_cast<size_t>(RankAt(p - s - 1));
     const Span span{block * bytes, (block + 1) * bytes};
     for (size_t j = 0; j < NumChunks(span, ce); ++j) {
       const Span c = Chunk(span, ce, j);
@@ -213,7 +227,7 @@ Status RingCollectives::Broadcast(void* data, size_t bytes, int root, const OpTa
   Status s = [&]() -> Status {
     const size_t ce = options_.chunk_bytes;
     const Span all{0, bytes};
-    const bool forward = RingIndex(r + 1, n) != root;
+    const bool forward = RankAt(pos_ + 1) != root;
     for (size_t j = 0; j < NumChunks(all, ce); ++j) {
       const Span c = Chunk(all, ce, j);
       if (r == root) {

@@ -1,7 +1,7 @@
 // RingCollectives: all-reduce, all-gather and broadcast over a ring of
-// workers, each sending to its right neighbour (rank + 1) and receiving from
-// its left (rank - 1) through a wire::Transport (ZeroMQ between processes,
-// in-process in tests).
+// workers, each sending to its right neighbour (rank + 1, or the next in
+// RingPeers::order) and receiving from its left through a wire::Transport
+// (ZeroMQ between processes, in-process in tests).
 //
 // All-reduce of small buffers (up to `small_bytes`): every rank's whole
 // buffer travels once around the ring (n - 1 steps), and each rank adds the n
@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "client/collectives.h"
+#include "client/ring_plan.h"
 #include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
@@ -76,16 +77,22 @@ struct RingOptions {
 struct RingPeers {
   int rank = 0;
   int world_size = 1;
-  std::string right_endpoint;  // data endpoint of rank + 1; unused when world_size == 1
+  std::string right_endpoint;  // data endpoint of the right neighbour; unused when world_size == 1
   wire::Sender sender;         // this worker, as headers name it
-  // The transport identity of rank - 1 (wire::NodeInfo::identity): only
-  // messages under it are taken as the left neighbour's. "": any.
+  // The transport identity of the left neighbour (wire::NodeInfo::identity):
+  // only messages under it are taken as the left neighbour's. "": any.
   std::string left_identity;
   // An elastic job's membership epoch (0 before any loss). The ring's steps
   // carry it in their upper 32 bits, and a RingData or RingAbort of an
   // earlier epoch (sent before a loss, and late) is dropped unanswered,
   // counted in RingStats::stale.
   uint32_t epoch = 0;
+  // The ranks in ring order (a permutation of 0..world_size-1, see
+  // cluster/ring_order.h); empty: rank order. Each rank sends to the next
+  // one (its right neighbour) and receives from the one before (its left).
+  // Results do not depend on it: all-gather places blocks by rank, and
+  // broadcast roots are ranks.
+  std::vector<int> order;
 };
 
 struct RingStats {
@@ -159,6 +166,13 @@ class RingCollectives : public Collectives {
   const HealthCheck health_;
   wire::Policy policy_;
   wire::ConnId right_ = -1;
+  // This rank's place in the ring, and the rank at each place.
+  int pos_ = 0;
+  std::vector<int> rank_at_;
+  int RankAt(int pos) const {
+    return rank_at_[static_cast<size_t>(RingIndex(pos, peers_.world_size))];
+  }
+  int PosOf(int rank) const;
   Status broken_;  // the first error; sticky
   // Whether `from` is a job member's route: the connection to the right
   // neighbour, or the left neighbour's own. Only members get the job id on

@@ -65,9 +65,11 @@ TEST(RingFaultTest, DifferentSizesAreAMismatchNotAHang) {
 }
 
 TEST(RingFaultTest, AStalledRankIsNamedByEveryOtherRankByTheDeadline) {
-  for (int stalled : {0, 2}) {
+  // In rank order and in another ring order.
+  for (const auto& [stalled, order] : std::vector<std::pair<int, std::vector<int>>>{
+           {0, {}}, {2, {}}, {0, {2, 0, 3, 1}}, {3, {2, 0, 3, 1}}}) {
     const int n = 4;
-    Ring ring(n, FastOptions());
+    Ring ring(n, FastOptions(), nullptr, order);
     std::vector<std::vector<float>> bufs(n, std::vector<float>(20000, 1.0f));
     const auto start = steady_clock::now();
     auto st = ring.Run([&](int r) {
@@ -437,8 +439,12 @@ TEST(RingFaultTest, RefusalsNeverWaitOnAPeerThatDoesNotRead) {
   StuckAnswers stuck(inproc[1].get());
   std::vector<std::unique_ptr<RingCollectives>> ring;
   for (int r = 0; r < 2; ++r) {
-    RingPeers p{r, 2, Ring::Endpoint(1 - r), wire::Sender{wire::Role::Worker, r, kJob},
-                "w" + std::to_string(1 - r)};
+    RingPeers p;
+    p.rank = r;
+    p.world_size = 2;
+    p.right_endpoint = Ring::Endpoint(1 - r);
+    p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+    p.left_identity = "w" + std::to_string(1 - r);
     wire::Transport* t = r == 1 ? static_cast<wire::Transport*>(&stuck) : inproc[0].get();
     auto made = RingCollectives::Create(t, p, FastOptions(), nullptr);
     ASSERT_TRUE(made.ok()) << made.status().ToString();

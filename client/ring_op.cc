@@ -2,6 +2,8 @@
 // messages, and failing it with the rank to blame.
 #include "client/ring_op.h"
 
+#include <algorithm>
+
 #include "client/elementwise.h"
 #include "common/logging.h"
 
@@ -238,11 +240,13 @@ std::string RingCollectives::Op::Blame(const std::vector<Report>& reports) const
   const Report* worst = &reports[0];
   for (const Report& r : reports) {
     const bool fewer = r.received < worst->received;
-    const bool further = r.received == worst->received &&
-                         RingIndex(rank() - r.origin, n) > RingIndex(rank() - worst->origin, n);
+    const int mine = ring_->pos_;
+    const bool further =
+        r.received == worst->received && RingIndex(mine - ring_->PosOf(r.origin), n) >
+                                             RingIndex(mine - ring_->PosOf(worst->origin), n);
     if (fewer || further) worst = &r;
   }
-  const int blamed = RingIndex(worst->origin - 1, n);
+  const int blamed = ring_->RankAt(ring_->PosOf(worst->origin) - 1);
   return Describe() + ": rank " + std::to_string(blamed) + " stopped contributing; rank " +
          std::to_string(worst->origin) + " received " + std::to_string(worst->received) +
          " message(s) of this operation from it before the deadline";
@@ -254,8 +258,17 @@ RingCollectives::RingCollectives(wire::Transport* transport, const RingPeers& pe
   policy_ = wire::Policy::Accepting(
       {MsgType::RingData, MsgType::RingAbort, MsgType::Layout, MsgType::Error});
   policy_.job_id = peers.sender.job_id;
+  rank_at_ = peers.order;
+  if (rank_at_.empty()) {
+    for (int r = 0; r < peers.world_size; ++r) rank_at_.push_back(r);
+  }
+  pos_ = PosOf(peers.rank);
 }
 
 RingCollectives::~RingCollectives() = default;
+
+int RingCollectives::PosOf(int rank) const {
+  return static_cast<int>(std::find(rank_at_.begin(), rank_at_.end(), rank) - rank_at_.begin());
+}
 
 }  // namespace gradsync::client

@@ -79,7 +79,8 @@ class RingCollectives::Op {
         holds_(std::make_shared<RingSendHolds>(segments)) {}
 
   int rank() const { return ring_->peers_.rank; }
-  int left() const { return RingIndex(rank() - 1, ring_->peers_.world_size); }
+  int left() const { return ring_->RankAt(ring_->pos_ - 1); }
+  int right() const { return ring_->RankAt(ring_->pos_ + 1); }
 
   // Sends bytes [data, data + elems) of segment `seg` without copying.
   Status SendFromBuffer(const uint8_t* data, size_t elems, int seg) {
@@ -111,11 +112,9 @@ class RingCollectives::Op {
   Status SendFailure() {
     const Status first = posted_.first_failure();
     if (first.ok() || !send_failure_.ok()) return send_failure_;
-    send_failure_ =
-        Fail(UnavailableError(Describe() + ": sending to rank " +
-                              std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
-                              " failed: " + first.message()),
-             ErrorCode::Unreachable, -1);
+    send_failure_ = Fail(UnavailableError(Describe() + ": sending to rank " +
+                                          std::to_string(right()) + " failed: " + first.message()),
+                         ErrorCode::Unreachable, -1);
     return send_failure_;
   }
 
@@ -131,11 +130,9 @@ class RingCollectives::Op {
       GS_RETURN_IF_ERROR(SendFailure());
       GS_RETURN_IF_ERROR(CheckHealth());
       if (deadline_.Expired()) {
-        return Fail(
-            DeadlineExceededError(Describe() + ": rank " +
-                                  std::to_string(RingIndex(rank() + 1, ring_->peers_.world_size)) +
-                                  " did not take this rank's messages in time"),
-            ErrorCode::Timeout, -1);
+        return Fail(DeadlineExceededError(Describe() + ": rank " + std::to_string(right()) +
+                                          " did not take this rank's messages in time"),
+                    ErrorCode::Timeout, -1);
       }
     }
   }

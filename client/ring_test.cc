@@ -2,6 +2,7 @@
 // in-process transport.
 #include "client/ring.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -146,6 +147,88 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, RingSizesTest, ::testing::ValuesIn(Case
                            return "world" + std::to_string(info.param.world) + "_count" +
                                   std::to_string(info.param.count);
                          });
+
+// A ring in an order other than the ranks' (cluster/ring_order.h) gives the
+// same results: all-reduce sums, all-gather blocks by rank, broadcast from
+// the root rank.
+class RingOrderTest : public ::testing::TestWithParam<int> {};
+
+std::vector<int> Shuffled(int n) {
+  std::vector<int> order;
+  for (int r = 0; r < n; ++r) order.push_back(r);
+  std::mt19937 rng(static_cast<unsigned>(n));
+  std::shuffle(order.begin() + 1, order.end(), rng);
+  std::swap(order[0], order[static_cast<size_t>(n / 2)]);  // rank 0 away from the start
+  return order;
+}
+
+TEST_P(RingOrderTest, EveryCollectiveGivesTheRankOrderResults) {
+  const int n = GetParam();
+  const std::vector<int> order = Shuffled(n);
+  SCOPED_TRACE("order of " + std::to_string(n));
+  for (size_t small : {size_t{0}, size_t{1} << 20}) {
+    RingOptions options = SmallChunks();
+    options.small_bytes = small;
+    Ring ring(n, options, nullptr, order);
+    const size_t count = 3 * static_cast<size_t>(n) * (kChunkBytes / 4) + 17;
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(count));
+    std::vector<float> want(count, 0.0f);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        bufs[r][i] = IntValue(r, i);
+        want[i] += IntValue(r, i);
+      }
+    }
+    auto st = ring.Run([&](int r) {
+      return ring[r].AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(1), Soon());
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+      ASSERT_EQ(bufs[r], want) << "rank " << r << ", small_bytes " << small;
+    }
+    const size_t bytes = 5000;
+    std::vector<std::vector<uint8_t>> in(n, std::vector<uint8_t>(bytes));
+    std::vector<uint8_t> gathered;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < bytes; ++i) in[r][i] = static_cast<uint8_t>(i * 31 + r * 7);
+      gathered.insert(gathered.end(), in[r].begin(), in[r].end());
+    }
+    std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(bytes * n));
+    st = ring.Run([&](int r) {
+      return ring[r].AllGather(in[r].data(), bytes, out[r].data(), Tag(2), Soon());
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+      ASSERT_EQ(out[r], gathered) << "rank " << r;
+    }
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::vector<uint8_t>> data = in;
+      st = ring.Run([&](int r) {
+        return ring[r].Broadcast(data[r].data(), bytes, root, Tag(3 + root), Soon());
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+        ASSERT_EQ(data[r], in[root]) << "rank " << r << " root " << root;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, RingOrderTest, ::testing::Range(2, 9));
+
+TEST(RingOrderCheckTest, AnOrderThatIsNotOfTheRanksIsRefused) {
+  wire::InProcNetwork net;
+  auto transport = net.NewTransport("w0");
+  for (const std::vector<int>& order :
+       {std::vector<int>{0, 1}, std::vector<int>{0, 1, 1}, std::vector<int>{0, 1, 3}}) {
+    RingPeers p;
+    p.world_size = 3;
+    p.order = order;
+    p.right_endpoint = "inproc://nowhere";
+    auto ring = RingCollectives::Create(transport.get(), p, RingOptions(), nullptr);
+    EXPECT_EQ(ring.status().code(), StatusCode::kInvalidArgument);
+  }
+}
 
 // Buffers up to small_bytes travel whole around the ring and are added in
 // rank order: exact on integers, the same bits everywhere on random floats.

@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_CLIENT_RING_TEST_UTIL_H_
 #define GRADSYNC_CLIENT_RING_TEST_UTIL_H_
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -21,18 +22,28 @@ constexpr size_t kChunkBytes = 4096;  // 1024 f32 elements per chunk
 
 class Ring {
  public:
-  Ring(int n, RingOptions options = RingOptions(), HealthCheck health = nullptr) : n_(n) {
+  // `order`: the ranks in ring order (RingPeers::order); empty: by rank.
+  Ring(int n, RingOptions options = RingOptions(), HealthCheck health = nullptr,
+       std::vector<int> order = {})
+      : n_(n) {
     for (int r = 0; r < n; ++r) {
       transports_.push_back(net_.NewTransport("w" + std::to_string(r)));
       EXPECT_TRUE(transports_.back()->Listen(Endpoint(r)).ok());
     }
+    std::vector<int> at = order;
+    for (int r = 0; at.size() < static_cast<size_t>(n); ++r) at.push_back(r);
+    auto next = [&](int r, int step) {
+      const size_t pos = static_cast<size_t>(std::find(at.begin(), at.end(), r) - at.begin());
+      return at[(pos + static_cast<size_t>(n + step)) % static_cast<size_t>(n)];
+    };
     for (int r = 0; r < n; ++r) {
       RingPeers p;
       p.rank = r;
       p.world_size = n;
-      p.right_endpoint = Endpoint((r + 1) % n);
+      p.order = order;
+      p.right_endpoint = Endpoint(next(r, 1));
       p.sender = wire::Sender{wire::Role::Worker, r, kJob};
-      p.left_identity = "w" + std::to_string((r + n - 1) % n);
+      p.left_identity = "w" + std::to_string(next(r, -1));
       auto ring = RingCollectives::Create(transports_[r].get(), p, options, health);
       EXPECT_TRUE(ring.ok()) << ring.status().ToString();
       rings_.push_back(std::move(*ring));
