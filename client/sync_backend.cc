@@ -1,10 +1,13 @@
 #include "client/sync_backend.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "client/nccl_factory.h"
 #include "client/ps_transport.h"
 #include "cluster/node.h"
+#include "cluster/ring_order.h"
 #include "cluster/same_host_links.h"
 #include "common/logging.h"
 #include "wire/same_host_transport.h"
@@ -12,6 +15,18 @@
 
 namespace gradsync::client {
 namespace {
+
+// The ring order's link probes: most bytes per probe, the longest a probe may
+// take, how much faster another order must be to replace rank order, and
+// the bucket id of the operation that shares the timings.
+constexpr size_t kRingProbeBytes = size_t{1} << 20;
+constexpr Millis kProbeTimeout(10000);
+constexpr double kRingOrderMargin = 1.5;
+// Probes faster than this count as this: below it (links of more than about
+// 4 Gbit/s for a 512 KiB probe) a busy host's scheduling moves the times
+// more than the links do.
+constexpr std::chrono::microseconds kProbeFloor(1000);
+constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 
 // Fails when the job already knows that a collective cannot finish: the job
 // ended, or a node of `role` died.
@@ -33,20 +48,121 @@ struct Ring {
   std::unique_ptr<RingCollectives> ring;               // destroyed first
 };
 
-StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
-                        wire::RejectedMetrics* rejected) {
+// This worker's ring peers, in `order` (empty: rank order).
+RingPeers PeersInOrder(Session* session, const std::vector<int>& order) {
   const int n = session->num_workers();
   const int r = session->rank();
   RingPeers peers;
   peers.rank = r;
   peers.world_size = n;
+  peers.order = order;
   peers.sender = wire::Sender{wire::Role::Worker, r, session->job_id()};
   peers.epoch = session->epoch();
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  if (!order.empty()) {
+    const size_t pos =
+        static_cast<size_t>(std::find(order.begin(), order.end(), r) - order.begin());
+    right = order[(pos + 1) % order.size()];
+    left = order[(pos + order.size() - 1) % order.size()];
+  }
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role != wire::Role::Worker || n < 2) continue;
-    if (p.rank == (r + 1) % n) peers.right_endpoint = p.DataEndpoint();
-    if (p.rank == (r + n - 1) % n) peers.left_identity = p.identity;
+    if (p.rank == right) peers.right_endpoint = p.DataEndpoint();
+    if (p.rank == left) peers.left_identity = p.identity;
   }
+  return peers;
+}
+
+// The ring order from measured links (cluster/ring_order.h); empty: rank
+// order. Each host's lowest rank times its links to the other hosts' (in
+// turn, host h + 1, h + 2, ...); the rows go round a ring in rank order,
+// and a barrier keeps that ring's last messages from meeting the next
+// ring's. Every worker derives the same order from the same rows.
+StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOptions& options,
+                                         Deadline deadline) {
+  const std::vector<wire::NodeInfo> peers = session->peers();
+  const std::vector<std::vector<int>> hosts = cluster::WorkerHosts(peers);
+  const int n = session->num_workers();
+  const size_t h_count = hosts.size();
+  if (options.ring_order != "measured" || h_count < 4 || session->epoch() != 0) {
+    return std::vector<int>{};
+  }
+  const int r = session->rank();
+  std::vector<const wire::NodeInfo*> first(h_count, nullptr);
+  size_t mine = 0;
+  for (size_t h = 0; h < h_count; ++h) {
+    if (std::find(hosts[h].begin(), hosts[h].end(), r) != hosts[h].end()) mine = h;
+    for (const wire::NodeInfo& p : peers) {
+      if (p.role == wire::Role::Worker && p.rank == hosts[h][0]) first[h] = &p;
+    }
+  }
+  std::vector<double> row(h_count, 0.0);
+  if (hosts[mine][0] == r) {
+    for (size_t k = 1; k < h_count; ++k) {
+      const size_t h = (mine + k) % h_count;
+      if (first[h] == nullptr) continue;
+      // Half the largest frame a worker's data port takes.
+      const size_t bytes = std::min(kRingProbeBytes, RingFrameBytes(options.ring) / 2);
+      auto timing = session->data().MeasureLink(first[h]->DataEndpoint(), bytes,
+                                                deadline.Min(Deadline::After(kProbeTimeout)));
+      if (!timing.ok()) {
+        GS_LOG(WARNING) << "cannot time the link to " << first[h]->Name() << " ("
+                        << timing.status().message() << "); the ring order counts it as slow";
+        continue;
+      }
+      row[h] = static_cast<double>(std::max(kProbeFloor, timing->full).count());
+    }
+  }
+  // The rows of every worker (zeros for all but each host's first).
+  std::vector<double> rows(row.size() * static_cast<size_t>(n));
+  {
+    RingOptions ring_options = options.ring;
+    ring_options.rejected = nullptr;
+    GS_ASSIGN_OR_RETURN(
+        auto ring,
+        RingCollectives::Create(&session->data(), PeersInOrder(session, {}), ring_options,
+                                [session] { return SessionHealth(*session, wire::Role::Worker); }));
+    GS_RETURN_IF_ERROR(ring->AllGather(row.data(), row.size() * sizeof(double), rows.data(),
+                                       OpTag{0, kRingProbeBucket, 0, 0}, deadline));
+  }
+  GS_RETURN_IF_ERROR(session->Barrier(deadline));
+  std::vector<std::vector<double>> cost(h_count);
+  for (size_t h = 0; h < h_count; ++h) {
+    const double* from = rows.data() + static_cast<size_t>(hosts[h][0]) * h_count;
+    cost[h].assign(from, from + h_count);
+  }
+  const std::vector<int> cycle = cluster::HostCycle(cost, kRingOrderMargin);
+  std::vector<int> ranked(h_count);
+  for (size_t h = 0; h < h_count; ++h) ranked[h] = static_cast<int>(h);
+  auto slowest = [&](const std::vector<int>& c) {
+    double most = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      most = std::max(most, cluster::LinkCost(cost, c[i], c[(i + 1) % c.size()]));
+    }
+    return most / 1000.0;
+  };
+  if (cycle == ranked) {
+    if (r == 0) {
+      GS_LOG(INFO) << "ring in rank order over " << h_count << " hosts (measured links: slowest "
+                   << slowest(ranked) << " ms a probe)";
+    }
+    return std::vector<int>{};
+  }
+  std::vector<int> order = cluster::RingOrderOf(hosts, cycle);
+  if (r == 0) {
+    GS_LOG(INFO) << "ring order " << cluster::OrderText(order) << " from measured links over "
+                 << h_count << " hosts: slowest link " << slowest(cycle) << " ms a probe, against "
+                 << slowest(ranked) << " ms in rank order";
+  }
+  return order;
+}
+
+StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
+                        wire::RejectedMetrics* rejected, Deadline deadline) {
+  const int n = session->num_workers();
+  const int r = session->rank();
+  GS_ASSIGN_OR_RETURN(std::vector<int> order, MeasuredOrder(session, options, deadline));
+  RingPeers peers = PeersInOrder(session, order);
   wire::SameHostOptions links;
   links.job_id = session->job_id();
   links.link_bytes = options.shm_link_bytes;
@@ -54,7 +170,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   links.max_message_bytes = links.max_frame_bytes + wire::Limits{}.max_header_bytes;
   // The scheduler passed on every node's host address and boot id.
   if (options.shm) {
-    links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n);
+    links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n, order);
   }
   Ring out;
   wire::Transport* transport = &session->data();
@@ -218,7 +334,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
     const SyncBackendOptions& options, Session* session, BucketCompression* compression,
     DeviceGradients* device, wire::RejectedMetrics* ring_rejected,
     wire::RejectedMetrics* ps_rejected, std::function<bool()> stopped, Deadline deadline) {
-  GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, ring_rejected));
+  GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, ring_rejected, deadline));
   if (options.path == "ps") {
     return MakePsBackend(options, session, compression, device, std::move(ring), ps_rejected,
                          std::move(stopped));

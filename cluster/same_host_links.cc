@@ -1,5 +1,6 @@
 #include "cluster/same_host_links.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/logging.h"
@@ -19,15 +20,22 @@ bool SharesMachine(const wire::NodeInfo& self, const wire::NodeInfo& peer) {
 
 wire::SameHostOptions RingSameHostOptions(wire::SameHostOptions base, const wire::NodeInfo& self,
                                           const std::vector<wire::NodeInfo>& peers, int rank,
-                                          int world) {
+                                          int world, const std::vector<int>& order) {
   base.peers.clear();
   if (world < 2) return base;
+  int right_rank = (rank + 1) % world, left_rank = (rank + world - 1) % world;
+  if (order.size() == static_cast<size_t>(world)) {
+    const size_t pos =
+        static_cast<size_t>(std::find(order.begin(), order.end(), rank) - order.begin());
+    right_rank = order[(pos + 1) % order.size()];
+    left_rank = order[(pos + order.size() - 1) % order.size()];
+  }
   wire::SameHostPeer right{"", "", false, false}, left{"", "", false, false};
   for (const wire::NodeInfo& p : peers) {
     if (p.role != wire::Role::Worker) continue;
     const bool here = SharesMachine(self, p);
-    if (p.rank == (rank + 1) % world) right = {p.identity, p.DataEndpoint(), here, false};
-    if (p.rank == (rank + world - 1) % world) left = {p.identity, "", false, here};
+    if (p.rank == right_rank) right = {p.identity, p.DataEndpoint(), here, false};
+    if (p.rank == left_rank) left = {p.identity, "", false, here};
   }
   if (world == 2) {
     right.receive = left.receive;  // one neighbour, both ways

@@ -26,10 +26,11 @@ bool SharesMachine(const wire::NodeInfo& self, const wire::NodeInfo& peer);
 // `base` (job id, sizes) with the ring links of worker `rank` of `world`
 // among `peers`: to its right neighbour (written to at its data endpoint)
 // and from its left one, each when it shares the machine; with two ranks
-// the one neighbour both ways. None for a world of one.
+// the one neighbour both ways. None for a world of one. `order`: the ranks
+// in ring order (client::RingPeers::order); empty: rank order.
 wire::SameHostOptions RingSameHostOptions(wire::SameHostOptions base, const wire::NodeInfo& self,
                                           const std::vector<wire::NodeInfo>& peers, int rank,
-                                          int world);
+                                          int world, const std::vector<int>& order = {});
 
 // `base`'s traffic with shared-memory links to `links.peers`; null when
 // there are none (then `base` alone carries it). `base` must outlive the

@@ -3,7 +3,10 @@
 # workers, each in a network namespace of its own with its own address,
 # every link shaped to 1 Gbit/s, started by hand as the README's multi-node
 # commands start them (a job key, --host, GRADSYNC_SCHEDULER; no launcher).
-#   1. The ring trains with exact checks on every step (tests/sdk_worker).
+#   1. The ring trains with exact checks on every step (tests/sdk_worker),
+#      in rank order (equal links). 1b: with the link between the hosts of
+#      ranks 0 and 1 at 20 Mbit/s, the ring order leaves it out, with
+#      exact checks too.
 #   2. The parameter server: 2 shards on hosts of their own, the same 4
 #      workers, sync, exact averages (tests/ps_worker); both shards carry
 #      part of every round (buckets are split over the shards).
@@ -109,6 +112,23 @@ for r in 0 1 2 3; do
   grep -q "finished step 3" "$tmp/train.worker$r.log" || fail "worker $r did not finish step 3"
 done
 echo "4 workers on 4 hosts finished 4 steps with exact averages"
+grep -q "ring in rank order over 4 hosts" "$tmp/train.worker0.log" ||
+  fail "with equal links the ring did not keep rank order"
+
+echo "== 1b. one slow link (ranks 0-1 at 20 Mbit/s): the ring goes round it"
+tools/simhosts.sh pair "$name" 1 2 20mbit 1gbit
+start_job order 9010 4
+for r in 0 1 2 3; do
+  code=0
+  wait_for "${workers[$r]}" 120 || code=$?
+  [ "$code" -eq 0 ] || fail "worker $r exited $code"
+  grep -q "finished step 3" "$tmp/order.worker$r.log" || fail "worker $r did not finish step 3"
+done
+grep -E "ring order 0 [23] 1 [23] from measured links" "$tmp/order.worker0.log" ||
+  fail "the ring order did not leave out the slow link between ranks 0 and 1"
+tools/simhosts.sh shape "$name" 1 1gbit
+tools/simhosts.sh shape "$name" 2 1gbit
+echo "the ring left the slow link out and trained with exact averages"
 
 # start_ps_job TAG PORT MODE STEPS [SCHEDULER FLAGS...]: a scheduler on host
 # 0, shard s on host 5 + s, worker r on host r + 1 (ps_worker --mode=MODE).

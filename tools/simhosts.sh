@@ -9,6 +9,8 @@
 #   tools/simhosts.sh run NAME I CMD...    # runs CMD on host I (in its namespace)
 #   tools/simhosts.sh shape NAME I RATE    # sets host I's link rate (both directions)
 #   tools/simhosts.sh link NAME I up|down  # cuts or restores host I's link
+#   tools/simhosts.sh pair NAME I J RATE BASE  # traffic between hosts I and J at
+#                                          # RATE, the rest of theirs at BASE
 #   tools/simhosts.sh down NAME            # deletes every namespace of NAME
 #   tools/simhosts.sh check                # exit 0 if namespaces can be made here
 #
@@ -37,6 +39,19 @@ shape_dev() {
   local ns=$1 dev=$2 rate=$3
   "$IP" netns exec "$ns" "$TC" qdisc replace dev "$dev" root tbf rate "$rate" \
     burst 256kb latency 50ms
+}
+
+# On host i's own end: traffic to `dst` at `rate`, the rest at `base`
+# (htb, one class each; replaces the tbf of `shape`).
+shape_pair_dev() {
+  local ns=$1 dst=$2 rate=$3 base=$4
+  "$IP" netns exec "$ns" "$TC" qdisc replace dev eth0 root handle 1: htb default 10
+  "$IP" netns exec "$ns" "$TC" class replace dev eth0 parent 1: classid 1:10 htb rate "$base" \
+    quantum 65536
+  "$IP" netns exec "$ns" "$TC" class replace dev eth0 parent 1: classid 1:20 htb rate "$rate" \
+    quantum 65536
+  "$IP" netns exec "$ns" "$TC" filter replace dev eth0 parent 1: protocol ip prio 1 u32 \
+    match ip dst "$dst/32" flowid 1:20
 }
 
 up() {
@@ -90,6 +105,11 @@ case "$cmd" in
     shape_dev "$(ns_host "$1" "$2")" eth0 "$3"
     shape_dev "$(ns_bridge "$1")" "p$2" "$3"
     ;;
+  pair)
+    name=$1 i=$2 j=$3
+    shape_pair_dev "$(ns_host "$name" "$i")" "$(addr "$name" "$j")" "$4" "$5"
+    shape_pair_dev "$(ns_host "$name" "$j")" "$(addr "$name" "$i")" "$4" "$5"
+    ;;
   link)
     [ "$3" = up ] || [ "$3" = down ] || die "link takes up or down"
     "$IP" -n "$(ns_bridge "$1")" link set "p$2" "$3"
@@ -104,5 +124,5 @@ case "$cmd" in
     echo "simhosts: cannot create network namespaces here (needs root / CAP_NET_ADMIN)" >&2
     exit 1
     ;;
-  *) die "usage: simhosts.sh up|addr|run|shape|link|down|check ..." ;;
+  *) die "usage: simhosts.sh up|addr|run|shape|pair|link|down|check ..." ;;
 esac

@@ -92,7 +92,8 @@ class Transport {
   // protocol handshake succeed, DeadlineExceeded naming the endpoint if not.
   virtual Status Probe(const std::string& endpoint, Deadline deadline) = 0;
   // How long the link to the peer listening at `endpoint` takes: the round
-  // trip of an empty message and of one carrying `bytes`, each echoed by the
+  // trip of an empty message and of one carrying `bytes` (at most the
+  // peer's largest frame; the fastest of a few tries), each echoed by the
   // peer's transport (never delivered to its Receive). Unimplemented where
   // the transport has no links to time (in-process).
   virtual StatusOr<LinkTiming> MeasureLink(const std::string& endpoint, size_t bytes,

@@ -97,6 +97,7 @@ constexpr Millis kZapHold(10000);
 constexpr char kEchoRequest = 'E';
 constexpr char kEchoAnswer = 'e';
 constexpr size_t kEchoRequestBytes = 9;
+constexpr int kEchoRounds = 3;  // round trips of each kind timed
 
 inline Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
