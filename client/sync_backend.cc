@@ -99,6 +99,7 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   std::vector<double> row(h_count, 0.0);
   if (hosts[mine][0] == r) {
     for (size_t k = 1; k < h_count; ++k) {
+      GS_RETURN_IF_ERROR(SessionHealth(*session, wire::Role::Worker));
       const size_t h = (mine + k) % h_count;
       if (first[h] == nullptr) continue;
       // Half the largest frame a worker's data port takes.
