@@ -83,6 +83,12 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   data.max_frame_bytes = max_frame_bytes;
   data.node_keys = node.keys;
   data.bulk_encryption = node.bulk_encryption;
+  GS_ASSIGN_OR_RETURN(int64_t bulk_offset, config.GetInt("bulk_port_offset", 0));
+  if (bulk_offset < 0 || bulk_offset > 65535) {
+    return InvalidArgumentError("bulk_port_offset must be in [0, 65535], got " +
+                                std::to_string(bulk_offset));
+  }
+  data.bulk_port_offset = static_cast<int>(bulk_offset);
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(

@@ -43,13 +43,14 @@ struct Member {
 
 // A data transport of identity `identity` with the node key `own`.
 Member Make(const CurveKey& job, const std::string& identity, const CurveKey& own,
-            bool bulk = false, int bulk_connect_timeout_ms = 5000) {
+            bool bulk = false, int bulk_connect_timeout_ms = 5000, int bulk_port_offset = 0) {
   Member m{identity, own, std::make_shared<NodeKeys>(job, own), nullptr, ""};
   ZmqOptions o;
   o.identity = identity;
   o.node_keys = m.keys;
   o.bulk_encryption = bulk;
   o.bulk_connect_timeout_ms = bulk_connect_timeout_ms;
+  o.bulk_port_offset = bulk_port_offset;
   m.transport = std::move(ZmqTransport::Create(o)).value();
   return m;
 }
@@ -325,6 +326,32 @@ TEST_F(BulkTest, MessagesArriveInOrderAcrossTheSwitchToSealed) {
   EXPECT_EQ(server_.transport->bulk_received(), client_.transport->bulk_sent());
   EXPECT_EQ(server_.transport->bulk_refused(), 0u);
   EXPECT_FALSE(server_.transport->bulk_endpoint().empty());
+}
+
+// bulk_port_offset puts the bulk port at the data port plus the offset; an
+// offset past the last port leaves the connection on CURVE.
+TEST_F(BulkTest, TheBulkPortCanSitAtAFixedOffsetFromTheDataPort) {
+  for (int offset : {1000, 65535}) {
+    const CurveKey key = server_.key;
+    server_ = Make(job_, "server", key, true, 5000, offset);
+    server_.endpoint = *server_.transport->Listen("tcp://127.0.0.1:0");
+    plan_ = {Entry("client", client_.key, "tcp://127.0.0.1:1"),
+             Entry("server", server_.key, server_.endpoint)};
+    client_ = Make(job_, "client", client_.key, true);
+    client_.keys->SetPlan(plan_);
+    server_.keys->SetPlan(plan_);
+    const int data_port = std::atoi(server_.endpoint.c_str() + server_.endpoint.rfind(':') + 1);
+    if (offset == 1000) {
+      size_t next = 0;
+      UntilSealed(&next);
+      const std::string bulk = server_.transport->bulk_endpoint();
+      EXPECT_EQ(std::atoi(bulk.c_str() + bulk.rfind(':') + 1), data_port + offset) << bulk;
+    } else {
+      Stream(0, 30, size_t{256} << 10);  // all of it over CURVE
+      EXPECT_EQ(client_.transport->bulk_sent(), 0u);
+      EXPECT_TRUE(server_.transport->bulk_endpoint().empty());
+    }
+  }
 }
 
 // Replies from the receiver to the sender's identity go back sealed on the

@@ -39,7 +39,8 @@
 //   under that token's key with a counter above the last, as coming from the identity that received
 //   the token (sealed messages that overtake the 'S' wait for it, bounded like the incoming queue);
 //   anything else is dropped, counted (bulk_refused) and reported to on_impostor. A peer without
-//   bulk_encryption never answers and the connection stays on CURVE. Replies to such a sender (on
+//   bulk_encryption never answers and the connection stays on CURVE, as does one whose hello
+//   comes while 4096 tokens are handed out (counted in bulk_refused). Replies to such a sender (on
 //   the listening socket) go back sealed on its bulk connection once the receiver's 'R' has gone
 //   over CURVE behind the replies before it.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
@@ -113,6 +114,10 @@ struct ZmqOptions {
   // bulk_connect_timeout_ms (a firewall) stays on CURVE, with a warning.
   bool bulk_encryption = false;
   int bulk_connect_timeout_ms = 5000;
+  // The bulk port: 0, any free port of the listening address; else the
+  // listening port plus this (for firewalls). A port that cannot be bound
+  // leaves peers on CURVE, with one warning.
+  int bulk_port_offset = 0;
 };
 
 // What the transports of one process refused before a message reached its
@@ -166,7 +171,8 @@ class ZmqTransport : public Transport {
   // Sends dropped because their peer had max_pending_sends_per_peer waiting.
   uint64_t dropped_sends() const;
   // Sealed bulk messages sent and taken, and those refused (on the bulk
-  // port under no token this node handed out, or that did not open).
+  // port under no token this node handed out, or that did not open), and
+  // hellos refused because 4096 tokens were out.
   uint64_t bulk_sent() const;
   uint64_t bulk_received() const;
   uint64_t bulk_refused() const;

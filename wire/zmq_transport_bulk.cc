@@ -202,7 +202,11 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
         bulk_in_.erase(gone);
       }
     }
-    if (bulk_in_.count(rid) > 0 || bulk_in_.size() >= kMaxBulkTokens) return;
+    if (bulk_in_.count(rid) > 0) return;
+    if (bulk_in_.size() >= kMaxBulkTokens) {  // that peer stays on CURVE
+      bulk_refused_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     std::unique_ptr<BulkKey> key = BulkKey::FromBytes(c->key.data());
     if (key == nullptr) return;
     BulkIn& in = bulk_in_[rid];
@@ -299,15 +303,27 @@ void ZmqTransport::Impl::CheckBulkConnections() {
 
 bool ZmqTransport::Impl::EnsureBulkListener() {
   if (bulk_router_) return true;
-  if (!router_) return false;
+  if (!router_ || bulk_listen_failed_) return false;
   const std::string listening = router_->get(zmq::sockopt::last_endpoint);
+  const size_t colon = listening.rfind(':');
+  std::string port = "*";
+  if (options_.bulk_port_offset > 0) {
+    const int fixed = std::atoi(listening.c_str() + colon + 1) + options_.bulk_port_offset;
+    if (fixed > 65535) {
+      GS_LOG(WARNING) << "no bulk port beside " << listening << ": the data port plus "
+                      << options_.bulk_port_offset << " is past 65535; peers stay on CURVE";
+      bulk_listen_failed_ = true;
+      return false;
+    }
+    port = std::to_string(fixed);
+  }
   try {
     auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::router);
     Configure(*socket);
     socket->set(zmq::sockopt::maxmsgsize,
                 options_.max_frame_bytes + static_cast<int64_t>(kBulkCounterBytes + kBulkTagBytes));
     socket->set(zmq::sockopt::router_mandatory, 1);  // a reply to a gone peer fails
-    socket->bind(listening.substr(0, listening.rfind(':')) + ":*");
+    socket->bind(listening.substr(0, colon) + ":" + port);
     const std::string bound = socket->get(zmq::sockopt::last_endpoint);
     bulk_port_ = static_cast<uint16_t>(std::atoi(bound.c_str() + bound.rfind(':') + 1));
     bulk_router_ = std::move(socket);
@@ -318,8 +334,9 @@ bool ZmqTransport::Impl::EnsureBulkListener() {
     GS_LOG(INFO) << "sealed bulk messages from peers on " << bound << " (beside the data port "
                  << listening << ")";
   } catch (const zmq::error_t& e) {
-    GS_LOG(WARNING) << "cannot open a bulk port beside " << listening << ": " << e.what()
-                    << "; peers stay on CURVE";
+    GS_LOG(WARNING) << "cannot open a bulk port (" << port << ") beside " << listening << ": "
+                    << e.what() << "; peers stay on CURVE";
+    bulk_listen_failed_ = true;
     return false;
   }
   return true;

@@ -374,6 +374,7 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> bulk_sent_{0};
   std::atomic<uint64_t> bulk_received_{0};
   std::atomic<uint64_t> bulk_refused_{0};
+  bool bulk_listen_failed_ = false;         // the bulk port could not be bound: not tried again
   std::atomic<size_t> queued_bytes_{0};     // in incoming_
   std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
