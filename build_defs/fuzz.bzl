@@ -30,7 +30,7 @@ def clang_fuzzer(name, srcs, hdrs = [], linkopts = [], visibility = None, teston
         name = name,
         srcs = srcs + hdrs,
         outs = [name + ".bin"],
-        cmd = "%s %s -I. -I$(GENDIR) %s -o $@ %s" % (
+        cmd = "%s %s -I. -Iinclude -I$(GENDIR) %s -o $@ %s" % (
             CLANG,
             FUZZ_FLAGS,
             " ".join(["$(location %s)" % s for s in cc_srcs]),

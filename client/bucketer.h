@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "gradsync/communicator.h"
 
 namespace gradsync::client {
 

@@ -1,4 +1,4 @@
-#include "client/c_api.h"
+#include "gradsync/c_api.h"
 
 #include <cstring>
 #include <exception>
@@ -9,12 +9,12 @@
 #include <utility>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/c_api_guard.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "gradsync/communicator.h"
 
 extern char** environ;
 

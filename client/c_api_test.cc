@@ -1,6 +1,6 @@
 // The C API over a real job: a scheduler process on loopback and workers as
 // threads of this process, each with its own gs_comm.
-#include "client/c_api.h"
+#include "gradsync/c_api.h"
 
 #include <atomic>
 #include <chrono>

@@ -3,7 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "client/c_api.h"
+#include "gradsync/c_api.h"
 
 /* Returns 0, or the line of the first failed check. */
 int gs_c_check_argument_errors(void) {

@@ -25,10 +25,9 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "gradsync/reduce_op.h"
 
 namespace gradsync::client {
-
-enum class ReduceOp { kSum, kAverage };
 
 // Identifies one collective operation. Each field takes part in the
 // fingerprint that ranks compare.

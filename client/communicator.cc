@@ -1,4 +1,4 @@
-#include "client/communicator.h"
+#include "gradsync/communicator.h"
 
 #include <cstring>
 

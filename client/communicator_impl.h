@@ -2,7 +2,7 @@
 // (client/communicator.cc: start, registration, MarkReady and the public
 // API; communicator_sync.cc: buckets to the engine thread, Synchronize and
 // the direct collectives; communicator_epoch.cc: failures and membership
-// changes). The public interface is client/communicator.h.
+// changes). The public interface is include/gradsync/communicator.h.
 #ifndef GRADSYNC_CLIENT_COMMUNICATOR_IMPL_H_
 #define GRADSYNC_CLIENT_COMMUNICATOR_IMPL_H_
 
@@ -19,7 +19,6 @@
 #include "client/bucket_compression.h"
 #include "client/bucketer.h"
 #include "client/client_metrics.h"
-#include "client/communicator.h"
 #include "client/cuda_device.h"
 #include "client/device_gradients.h"
 #include "client/elementwise.h"
@@ -29,6 +28,7 @@
 #include "client/sync_backend.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "gradsync/communicator.h"
 #include "wire/rejected_metrics.h"
 
 namespace gradsync::client {

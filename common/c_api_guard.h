@@ -1,4 +1,4 @@
-// The error convention of gradsync's C APIs (client/c_api.h,
+// The error convention of gradsync's C APIs (include/gradsync/c_api.h,
 // scheduler/scheduler_c_api.h): every gs_ function runs its body through
 // CApiGuard, which returns the Status code as an int (the gs_code values are
 // the StatusCode values) and records the message that gs_last_error()

@@ -31,7 +31,7 @@ enum class StatusCode {
   kUnavailable,
   kDataLoss,
   // An elastic job's membership changed under the operation: a worker was
-  // lost and the survivors start a new epoch (client/communicator.h).
+  // lost and the survivors start a new epoch (include/gradsync/communicator.h).
   kMembershipChanged,
 };
 

@@ -68,11 +68,11 @@
 #include <string>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "examples/idx_reader.h"
 #include "examples/mlp.h"
+#include "gradsync/communicator.h"
 
 extern char** environ;
 

@@ -1,5 +1,5 @@
 /* The job's scheduler inside the calling process, for the Python package's
- * torchrun support (rank 0 hosts it). Same conventions as client/c_api.h:
+ * torchrun support (rank 0 hosts it). Same conventions as include/gradsync/c_api.h:
  * functions return a gs_code and set gs_last_error().
  */
 #ifndef GRADSYNC_SCHEDULER_SCHEDULER_C_API_H_

@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/half.h"
+#include "gradsync/communicator.h"
 
 extern char** environ;
 

@@ -35,9 +35,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "gradsync/communicator.h"
 #include "tests/test_worker.h"
 
 extern char** environ;

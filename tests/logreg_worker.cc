@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "gradsync/communicator.h"
 #include "tests/test_worker.h"
 
 extern char** environ;

@@ -28,9 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "gradsync/communicator.h"
 
 extern char** environ;
 

@@ -36,10 +36,10 @@
 #include <thread>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/half.h"
 #include "common/logging.h"
+#include "gradsync/communicator.h"
 
 extern char** environ;
 

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "client/communicator.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "gradsync/communicator.h"
 
 namespace gradsync {
 

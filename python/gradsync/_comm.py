@@ -1,4 +1,4 @@
-"""Communicator: one member of a gradsync job (client/c_api.h's gs_comm)."""
+"""Communicator: one member of a gradsync job (include/gradsync/c_api.h's gs_comm)."""
 import ctypes
 import os
 import threading
@@ -85,7 +85,7 @@ class Communicator:
         new epoch, rank and size) when an elastic job's membership changed,
         GradsyncError for any other failure. gradsync reports a change once,
         to the first call after it (gs_mark_ready in the backward pass
-        included), whatever that call is (client/communicator.h)."""
+        included), whatever that call is (include/gradsync/communicator.h)."""
         try:
             _lib.call(name, self._live(), *args)
         except GradsyncError as e:

@@ -1,4 +1,4 @@
-"""ctypes binding of libgradsync.so: the client C API (client/c_api.h) and
+"""ctypes binding of libgradsync.so: the client C API (include/gradsync/c_api.h) and
 the in-process scheduler (scheduler/scheduler_c_api.h).
 
 Calls through ctypes.CDLL release the GIL for their duration, so a thread

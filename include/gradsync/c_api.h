@@ -1,4 +1,4 @@
-/* gradsync C API: the client SDK (client/communicator.h) for C and for
+/* gradsync C API: the client SDK (include/gradsync/communicator.h) for C and for
  * languages that call C (Python ctypes/cffi, Rust, Julia).
  *
  *   const char* args[] = {"--scheduler=10.0.0.1:9000", "--num_workers=4"};
@@ -35,8 +35,8 @@
  * gs_barrier, gs_broadcast, gs_allreduce, gs_allgather and gs_shutdown
  * block; each is bounded by its timeout or by the job's op_timeout_ms.
  */
-#ifndef GRADSYNC_CLIENT_C_API_H_
-#define GRADSYNC_CLIENT_C_API_H_
+#ifndef GRADSYNC_INCLUDE_GRADSYNC_C_API_H_
+#define GRADSYNC_INCLUDE_GRADSYNC_C_API_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -72,7 +72,7 @@ typedef enum gs_code {
   GS_DATA_LOSS = 12,
   /* An elastic job lost or gained a worker: gs_rank, gs_world_size and gs_epoch
    * already give the new epoch; gs_agree_step says which step to redo
-   * (client/communicator.h). */
+   * (include/gradsync/communicator.h). */
   GS_MEMBERSHIP_CHANGED = 13
 } gs_code;
 
@@ -109,7 +109,7 @@ const char* gs_code_name(int code);
 
 /* Joins the job and builds the backend; blocks until every worker has
  * joined, or `timeout_ms`. `args` holds `num_args` settings "--name=value"
- * (see client/communicator.h: scheduler, num_workers, rank, backend, ...);
+ * (see include/gradsync/communicator.h: scheduler, num_workers, rank, backend, ...);
  * settings missing there are read from the process environment
  * (GRADSYNC_SCHEDULER, ...). `args` may be NULL when `num_args` is 0; the
  * strings are not kept. On success *out is a new gs_comm owned by the
@@ -238,4 +238,4 @@ int gs_depart(gs_comm* comm, const char* reason);
 } /* extern "C" */
 #endif
 
-#endif /* GRADSYNC_CLIENT_C_API_H_ */
+#endif /* GRADSYNC_INCLUDE_GRADSYNC_C_API_H_ */

@@ -73,8 +73,8 @@
 // Ownership: the data pointer given to MarkReady must stay valid and
 // untouched until its handle completes; the Communicator owns its threads,
 // sockets and buffers, and destroying it leaves the job.
-#ifndef GRADSYNC_CLIENT_COMMUNICATOR_H_
-#define GRADSYNC_CLIENT_COMMUNICATOR_H_
+#ifndef GRADSYNC_INCLUDE_GRADSYNC_COMMUNICATOR_H_
+#define GRADSYNC_INCLUDE_GRADSYNC_COMMUNICATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -83,11 +83,11 @@
 #include <string>
 #include <vector>
 
-#include "client/collectives.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "gradsync/reduce_op.h"
 
 namespace gradsync::client {
 
@@ -222,4 +222,4 @@ class Communicator {
 
 }  // namespace gradsync::client
 
-#endif  // GRADSYNC_CLIENT_COMMUNICATOR_H_
+#endif  // GRADSYNC_INCLUDE_GRADSYNC_COMMUNICATOR_H_
