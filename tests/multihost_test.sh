@@ -103,14 +103,19 @@ wait_for() {
   wait "$pid"
 }
 
+# expect_trained TAG: every worker of start_job TAG ... 4 passed its checks.
+expect_trained() {
+  for r in 0 1 2 3; do
+    local code=0
+    wait_for "${workers[$r]}" 120 || code=$?
+    [ "$code" -eq 0 ] || fail "worker $r exited $code"
+    grep -q "finished step 3" "$tmp/$1.worker$r.log" || fail "worker $r did not finish step 3"
+  done
+}
+
 echo "== 1. ring across 4 hosts at 1 Gbit/s, exact checks"
 start_job train 9000 4
-for r in 0 1 2 3; do
-  code=0
-  wait_for "${workers[$r]}" 120 || code=$?
-  [ "$code" -eq 0 ] || fail "worker $r exited $code"
-  grep -q "finished step 3" "$tmp/train.worker$r.log" || fail "worker $r did not finish step 3"
-done
+expect_trained train
 echo "4 workers on 4 hosts finished 4 steps with exact averages"
 grep -q "ring in rank order over 4 hosts" "$tmp/train.worker0.log" ||
   fail "with equal links the ring did not keep rank order"
@@ -118,12 +123,7 @@ grep -q "ring in rank order over 4 hosts" "$tmp/train.worker0.log" ||
 echo "== 1b. one slow link (ranks 0-1 at 20 Mbit/s): the ring goes round it"
 tools/simhosts.sh pair "$name" 1 2 20mbit 1gbit
 start_job order 9010 4
-for r in 0 1 2 3; do
-  code=0
-  wait_for "${workers[$r]}" 120 || code=$?
-  [ "$code" -eq 0 ] || fail "worker $r exited $code"
-  grep -q "finished step 3" "$tmp/order.worker$r.log" || fail "worker $r did not finish step 3"
-done
+expect_trained order
 grep -E "ring order 0 [23] 1 [23] from measured links" "$tmp/order.worker0.log" ||
   fail "the ring order did not leave out the slow link between ranks 0 and 1"
 tools/simhosts.sh shape "$name" 1 1gbit
