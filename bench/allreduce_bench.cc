@@ -890,7 +890,7 @@ void PrintTargets(const std::vector<Row>& rows) {
     int impl;
     double max_latency;  // ours / theirs at 4 KiB
   };
-  for (const MpiTarget t : {MpiTarget{kOurs, kMpiTcp, 3.0}, MpiTarget{kOursShm, kMpi, 5.0}}) {
+  for (const MpiTarget t : {MpiTarget{kOurs, kMpiTcp, 3.0}, MpiTarget{kOursShm, kMpi, 3.0}}) {
     std::string bw, lat;
     int bw_n = 0, lat_n = 0;
     for (const Row& r : rows) {

@@ -108,7 +108,7 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
                                                 deadline.Min(Deadline::After(kProbeTimeout)));
       if (!timing.ok()) {
         GS_LOG(WARNING) << "cannot time the link to " << first[h]->Name() << " ("
-                        << timing.status().message() << "); the ring order counts it as slow";
+                        << timing.status().message() << "); the ring order avoids it where it can";
         continue;
       }
       row[h] = static_cast<double>(std::max(kProbeFloor, timing->full).count());

@@ -160,7 +160,9 @@ double LinkCost(const std::vector<std::vector<double>>& cost, int a, int b) {
   for (const auto& row : cost) {
     for (double v : row) slowest = std::max(slowest, v);
   }
-  if (slowest <= 0) slowest = 1;
+  // A link nobody could time (unreachable?) is avoided wherever an order
+  // can: far slower than any measured.
+  slowest = slowest > 0 ? kUnmeasuredFactor * slowest : 1;
   auto one = [&](int x, int y) {
     const double v = cost[static_cast<size_t>(x)][static_cast<size_t>(y)];
     return v > 0 ? v : slowest;

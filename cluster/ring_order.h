@@ -25,6 +25,7 @@
 namespace gradsync::cluster {
 
 inline constexpr int kExactHosts = 12;
+inline constexpr double kUnmeasuredFactor = 1000;
 
 // Workers grouped by host address: host h holds the ranks in hosts[h],
 // ascending; hosts are numbered by their lowest rank (rank 0's is host 0).
@@ -33,7 +34,8 @@ std::vector<std::vector<int>> WorkerHosts(const std::vector<wire::NodeInfo>& pee
 
 // A link's cost between hosts a and b: the slower of the two directions.
 // `cost[a][b]` is the time host a measured to host b (any unit, > 0 off the
-// diagonal; 0 or less: not measured, taken as the slowest of all).
+// diagonal; 0 or less: not measured (the peer did not answer), taken as
+// kUnmeasuredFactor times the slowest measured, so orders avoid it).
 double LinkCost(const std::vector<std::vector<double>>& cost, int a, int b);
 
 // The cycle of hosts (starting at host 0) as described above.

@@ -95,11 +95,12 @@ TEST(HostCycleTest, WhenEveryOrderMeetsASlowLinkTheTotalDecides) {
   EXPECT_TRUE(Uses(cycle, 3, 4));
 }
 
-TEST(HostCycleTest, AnUnmeasuredLinkCountsAsTheSlowest) {
+TEST(HostCycleTest, AnUnmeasuredLinkIsAvoided) {
   Matrix m = Uniform(5, 1.0);
+  m[1][2] = 0;                                      // host 1 could not time its link to host 2
+  EXPECT_EQ(LinkCost(m, 2, 1), kUnmeasuredFactor);  // both ways
+  EXPECT_FALSE(Uses(HostCycle(m, 1.5), 1, 2));
   Slow(m, 0, 3, 4.0);
-  m[1][2] = 0;                        // host 1 could not time its link to host 2
-  EXPECT_EQ(LinkCost(m, 2, 1), 4.0);  // the slowest measured, both ways
   const std::vector<int> cycle = HostCycle(m, 1.5);
   EXPECT_FALSE(Uses(cycle, 1, 2));
   EXPECT_FALSE(Uses(cycle, 0, 3));
