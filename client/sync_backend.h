@@ -99,7 +99,7 @@ struct SyncBackendOptions {
   // `shm_link_bytes` each.
   bool shm = true;
   size_t shm_link_bytes = size_t{4} << 20;
-  // "measured": at the start of a job whose workers span four hosts or more,
+  // "measured": in a job of fixed size whose workers span four hosts or more,
   // the ring goes round the hosts in the order its measured links favour
   // (cluster/ring_order.h); "rank": always rank order.
   std::string ring_order = "measured";
