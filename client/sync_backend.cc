@@ -26,6 +26,7 @@ constexpr double kRingOrderMargin = 1.5;
 // 4 Gbit/s for a 512 KiB probe) a busy host's scheduling moves the times
 // more than the links do.
 constexpr std::chrono::microseconds kProbeFloor(1000);
+constexpr double kLongestProbeMicros = 3.6e9;
 constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 
 // Fails when the job already knows that a collective cannot finish: the job
@@ -133,6 +134,11 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   for (size_t h = 0; h < h_count; ++h) {
     const double* from = rows.data() + static_cast<size_t>(hosts[h][0]) * h_count;
     cost[h].assign(from, from + h_count);
+    // A peer's row is its word only: what no probe could give (not a
+    // number, not positive, past an hour) counts as not measured.
+    for (double& v : cost[h]) {
+      if (!(v > 0 && v < kLongestProbeMicros)) v = 0;
+    }
   }
   const std::vector<int> cycle = cluster::HostCycle(cost, kRingOrderMargin);
   std::vector<int> ranked(h_count);

@@ -177,6 +177,7 @@ std::vector<int> HostCycle(const std::vector<std::vector<double>>& cost, double 
   for (int i = 0; i < n; ++i) ranked[static_cast<size_t>(i)] = i;
   if (n <= 3) return ranked;  // every cycle of three hosts uses every link
   const std::vector<int> chosen = n <= kExactHosts ? ExactCycle(c) : TwoOptCycle(c);
+  if (chosen.size() != ranked.size()) return ranked;  // costs no cycle could add up
   const Score keep = c.ScoreOf(ranked), best = c.ScoreOf(chosen);
   if (keep.slowest > margin * best.slowest || keep.total > margin * best.total) return chosen;
   return ranked;

@@ -1,6 +1,7 @@
 #include "cluster/ring_order.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -104,6 +105,19 @@ TEST(HostCycleTest, AnUnmeasuredLinkIsAvoided) {
   const std::vector<int> cycle = HostCycle(m, 1.5);
   EXPECT_FALSE(Uses(cycle, 1, 2));
   EXPECT_FALSE(Uses(cycle, 0, 3));
+}
+
+TEST(HostCycleTest, InfiniteCostsGiveACycleStill) {
+  Matrix m = Uniform(5, 1.0);
+  Slow(m, 1, 2, std::numeric_limits<double>::infinity());
+  Slow(m, 0, 4, std::numeric_limits<double>::max());
+  const std::vector<int> cycle = HostCycle(m, 1.5);
+  ExpectACycleFromZero(cycle, 5);
+  EXPECT_FALSE(Uses(cycle, 1, 2));
+  EXPECT_FALSE(Uses(cycle, 0, 4));
+  // Every link infinite: no order adds up, rank order stays.
+  EXPECT_EQ(HostCycle(Uniform(5, std::numeric_limits<double>::infinity()), 1.5),
+            (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
 TEST(HostCycleTest, ManyHostsImproveOnRankOrder) {
