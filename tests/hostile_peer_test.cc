@@ -130,6 +130,23 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
           "worker" + std::to_string(r)));
     }
     Result result;
+    // The peak resident sets, sampled while the job runs: the scheduler and
+    // the shards exit with the job, and a process gone has none to read.
+    std::vector<double> peaks(static_cast<size_t>(kServers) + 1, -1);
+    std::atomic<bool> sampling{true};
+    auto sample = [&] {
+      peaks[0] = std::max(peaks[0], PeakRssMiB(scheduler_->pid()));
+      for (int s = 0; s < kServers; ++s) {
+        double& peak = peaks[static_cast<size_t>(s) + 1];
+        peak = std::max(peak, PeakRssMiB(nodes_[s]->pid()));
+      }
+    };
+    std::thread sampler([&] {
+      while (sampling.load()) {
+        sample();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
     std::unique_ptr<Flood> flood;
     if (attack == Attack::kFlood) {
       ReadJob();
@@ -181,8 +198,10 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
           flood->garbage_connected(), static_cast<unsigned long long>(flood->huge_sent()),
           static_cast<unsigned long long>(flood->forged_sent()));
     }
-    result.peak_rss_mib.push_back(PeakRssMiB(scheduler_->pid()));
-    for (int s = 0; s < kServers; ++s) result.peak_rss_mib.push_back(PeakRssMiB(nodes_[s]->pid()));
+    sampling.store(false);
+    sampler.join();
+    sample();  // the last word of those still there
+    result.peak_rss_mib = peaks;
     std::printf("%s: peak RSS (VmHWM) scheduler %.1f MiB", tag.c_str(), result.peak_rss_mib[0]);
     for (int s = 0; s < kServers; ++s) {
       std::printf(", server%d %.1f MiB", s, result.peak_rss_mib[static_cast<size_t>(s) + 1]);
