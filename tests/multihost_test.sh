@@ -121,14 +121,18 @@ grep -q "ring in rank order over 4 hosts" "$tmp/train.worker0.log" ||
   fail "with equal links the ring did not keep rank order"
 
 echo "== 1b. one slow link (ranks 0-1 at 20 Mbit/s): the ring goes round it"
-tools/simhosts.sh pair "$name" 1 2 20mbit 1gbit
-start_job order 9010 4
-expect_trained order
-grep -E "ring order 0 [23] 1 [23] from measured links" "$tmp/order.worker0.log" ||
-  fail "the ring order did not leave out the slow link between ranks 0 and 1"
-tools/simhosts.sh shape "$name" 1 1gbit
-tools/simhosts.sh shape "$name" 2 1gbit
-echo "the ring left the slow link out and trained with exact averages"
+if tools/simhosts.sh pair "$name" 1 2 20mbit 1gbit; then
+  start_job order 9010 4
+  expect_trained order
+  grep -E "ring order 0 [23] 1 [23] from measured links" "$tmp/order.worker0.log" ||
+    fail "the ring order did not leave out the slow link between ranks 0 and 1"
+  tools/simhosts.sh shape "$name" 1 1gbit
+  tools/simhosts.sh shape "$name" 2 1gbit
+  echo "the ring left the slow link out and trained with exact averages"
+else
+  # The whole test then counts as skipped: part of it could not run.
+  echo "GRADSYNC-SKIPPED: section 1b needs tc's htb qdisc, which this kernel lacks"
+fi
 
 # start_ps_job TAG PORT MODE STEPS [SCHEDULER FLAGS...]: a scheduler on host
 # 0, shard s on host 5 + s, worker r on host r + 1 (ps_worker --mode=MODE).
