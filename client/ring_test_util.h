@@ -3,7 +3,6 @@
 #ifndef GRADSYNC_CLIENT_RING_TEST_UTIL_H_
 #define GRADSYNC_CLIENT_RING_TEST_UTIL_H_
 
-#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "client/ring.h"
+#include "cluster/ring_order.h"
 #include "gtest/gtest.h"
 #include "wire/inproc_transport.h"
 
@@ -30,20 +30,15 @@ class Ring {
       transports_.push_back(net_.NewTransport("w" + std::to_string(r)));
       EXPECT_TRUE(transports_.back()->Listen(Endpoint(r)).ok());
     }
-    std::vector<int> at = order;
-    for (int r = 0; at.size() < static_cast<size_t>(n); ++r) at.push_back(r);
-    auto next = [&](int r, int step) {
-      const size_t pos = static_cast<size_t>(std::find(at.begin(), at.end(), r) - at.begin());
-      return at[(pos + static_cast<size_t>(n + step)) % static_cast<size_t>(n)];
-    };
     for (int r = 0; r < n; ++r) {
+      const cluster::RingNeighbours next = cluster::NeighboursOf(order, r, n);
       RingPeers p;
       p.rank = r;
       p.world_size = n;
       p.order = order;
-      p.right_endpoint = Endpoint(next(r, 1));
+      p.right_endpoint = Endpoint(next.right);
       p.sender = wire::Sender{wire::Role::Worker, r, kJob};
-      p.left_identity = "w" + std::to_string(next(r, -1));
+      p.left_identity = "w" + std::to_string(next.left);
       auto ring = RingCollectives::Create(transports_[r].get(), p, options, health);
       EXPECT_TRUE(ring.ok()) << ring.status().ToString();
       rings_.push_back(std::move(*ring));

@@ -59,17 +59,11 @@ RingPeers PeersInOrder(Session* session, const std::vector<int>& order) {
   peers.order = order;
   peers.sender = wire::Sender{wire::Role::Worker, r, session->job_id()};
   peers.epoch = session->epoch();
-  int right = (r + 1) % n, left = (r + n - 1) % n;
-  if (!order.empty()) {
-    const size_t pos =
-        static_cast<size_t>(std::find(order.begin(), order.end(), r) - order.begin());
-    right = order[(pos + 1) % order.size()];
-    left = order[(pos + order.size() - 1) % order.size()];
-  }
+  const cluster::RingNeighbours next = cluster::NeighboursOf(order, r, n);
   for (const wire::NodeInfo& p : session->peers()) {
     if (p.role != wire::Role::Worker || n < 2) continue;
-    if (p.rank == right) peers.right_endpoint = p.DataEndpoint();
-    if (p.rank == left) peers.left_identity = p.identity;
+    if (p.rank == next.right) peers.right_endpoint = p.DataEndpoint();
+    if (p.rank == next.left) peers.left_identity = p.identity;
   }
   return peers;
 }
@@ -101,12 +95,12 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   }
   std::vector<double> row(h_count, 0.0);
   if (hosts[mine][0] == r) {
+    // Half the largest frame a worker's data port takes.
+    const size_t bytes = std::min(kRingProbeBytes, RingFrameBytes(options.ring) / 2);
     for (size_t k = 1; k < h_count; ++k) {
       GS_RETURN_IF_ERROR(SessionHealth(*session, wire::Role::Worker));
       const size_t h = (mine + k) % h_count;
       if (first[h] == nullptr) continue;
-      // Half the largest frame a worker's data port takes.
-      const size_t bytes = std::min(kRingProbeBytes, RingFrameBytes(options.ring) / 2);
       auto timing = session->data().MeasureLink(first[h]->DataEndpoint(), bytes,
                                                 deadline.Min(Deadline::After(kProbeTimeout)));
       if (!timing.ok()) {
@@ -143,13 +137,7 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   const std::vector<int> cycle = cluster::HostCycle(cost, kRingOrderMargin);
   std::vector<int> ranked(h_count);
   for (size_t h = 0; h < h_count; ++h) ranked[h] = static_cast<int>(h);
-  auto slowest = [&](const std::vector<int>& c) {
-    double most = 0;
-    for (size_t i = 0; i < c.size(); ++i) {
-      most = std::max(most, cluster::LinkCost(cost, c[i], c[(i + 1) % c.size()]));
-    }
-    return most / 1000.0;
-  };
+  auto slowest = [&](const std::vector<int>& c) { return cluster::SlowestLink(cost, c) / 1000; };
   if (cycle == ranked) {
     if (r == 0) {
       GS_LOG(INFO) << "ring in rank order over " << h_count << " hosts (measured links: slowest "

@@ -20,12 +20,33 @@ struct Score {
   }
 };
 
+// What a link nobody timed costs: far slower than any that was (1 when
+// none was).
+double UnmeasuredCost(const std::vector<std::vector<double>>& cost) {
+  double slowest = 0;
+  for (const auto& row : cost) {
+    for (double v : row) slowest = std::max(slowest, v);
+  }
+  return slowest > 0 ? kUnmeasuredFactor * slowest : 1;
+}
+
+double CostGiven(const std::vector<std::vector<double>>& cost, int a, int b, double unmeasured) {
+  auto one = [&](int x, int y) {
+    const double v = cost[static_cast<size_t>(x)][static_cast<size_t>(y)];
+    return v > 0 ? v : unmeasured;
+  };
+  return std::max(one(a, b), one(b, a));
+}
+
 class Costs {
  public:
   explicit Costs(const std::vector<std::vector<double>>& cost)
       : n_(static_cast<int>(cost.size())), c_(static_cast<size_t>(n_ * n_), 0.0) {
+    const double unmeasured = UnmeasuredCost(cost);
     for (int a = 0; a < n_; ++a) {
-      for (int b = 0; b < n_; ++b) c_[Index(a, b)] = a == b ? 0.0 : LinkCost(cost, a, b);
+      for (int b = 0; b < n_; ++b) {
+        c_[Index(a, b)] = a == b ? 0.0 : CostGiven(cost, a, b, unmeasured);
+      }
     }
   }
   int size() const { return n_; }
@@ -156,18 +177,21 @@ std::vector<std::vector<int>> WorkerHosts(const std::vector<wire::NodeInfo>& pee
 }
 
 double LinkCost(const std::vector<std::vector<double>>& cost, int a, int b) {
-  double slowest = 0;
-  for (const auto& row : cost) {
-    for (double v : row) slowest = std::max(slowest, v);
+  return CostGiven(cost, a, b, UnmeasuredCost(cost));
+}
+
+double SlowestLink(const std::vector<std::vector<double>>& cost, const std::vector<int>& cycle) {
+  return Costs(cost).ScoreOf(cycle).slowest;
+}
+
+RingNeighbours NeighboursOf(const std::vector<int>& order, int rank, int world) {
+  if (order.size() != static_cast<size_t>(world) || world < 1) {
+    return {(rank + world - 1) % std::max(world, 1), (rank + 1) % std::max(world, 1)};
   }
-  // A link nobody could time (unreachable?) is avoided wherever an order
-  // can: far slower than any measured.
-  slowest = slowest > 0 ? kUnmeasuredFactor * slowest : 1;
-  auto one = [&](int x, int y) {
-    const double v = cost[static_cast<size_t>(x)][static_cast<size_t>(y)];
-    return v > 0 ? v : slowest;
-  };
-  return std::max(one(a, b), one(b, a));
+  const size_t n = order.size();
+  const size_t pos =
+      static_cast<size_t>(std::find(order.begin(), order.end(), rank) - order.begin());
+  return {order[(pos + n - 1) % n], order[(pos + 1) % n]};
 }
 
 std::vector<int> HostCycle(const std::vector<std::vector<double>>& cost, double margin) {

@@ -38,6 +38,9 @@ std::vector<std::vector<int>> WorkerHosts(const std::vector<wire::NodeInfo>& pee
 // kUnmeasuredFactor times the slowest measured, so orders avoid it).
 double LinkCost(const std::vector<std::vector<double>>& cost, int a, int b);
 
+// The slowest link of `cycle` under `cost` (as LinkCost counts it).
+double SlowestLink(const std::vector<std::vector<double>>& cost, const std::vector<int>& cycle);
+
 // The cycle of hosts (starting at host 0) as described above.
 std::vector<int> HostCycle(const std::vector<std::vector<double>>& cost, double margin);
 
@@ -45,6 +48,14 @@ std::vector<int> HostCycle(const std::vector<std::vector<double>>& cost, double 
 // ascending.
 std::vector<int> RingOrderOf(const std::vector<std::vector<int>>& hosts,
                              const std::vector<int>& cycle);
+
+// The ranks `rank` receives from (left) and sends to (right) in a ring of
+// `world` ranks in `order` (ranks by position; empty: rank order).
+struct RingNeighbours {
+  int left = 0;
+  int right = 0;
+};
+RingNeighbours NeighboursOf(const std::vector<int>& order, int rank, int world);
 
 // "0 1 2 3" for logs.
 std::string OrderText(const std::vector<int>& order);

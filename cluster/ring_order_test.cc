@@ -131,6 +131,17 @@ TEST(HostCycleTest, ManyHostsImproveOnRankOrder) {
   EXPECT_LT(slow, n / 2);
 }
 
+TEST(RingOrderTest, NeighboursFollowTheOrder) {
+  const std::vector<int> order{2, 0, 3, 1};
+  EXPECT_EQ(NeighboursOf(order, 0, 4).left, 2);
+  EXPECT_EQ(NeighboursOf(order, 0, 4).right, 3);
+  EXPECT_EQ(NeighboursOf(order, 2, 4).left, 1);  // around the end
+  EXPECT_EQ(NeighboursOf(order, 1, 4).right, 2);
+  EXPECT_EQ(NeighboursOf({}, 0, 4).left, 3);  // rank order
+  EXPECT_EQ(NeighboursOf({}, 3, 4).right, 0);
+  EXPECT_EQ(NeighboursOf({}, 0, 1).right, 0);
+}
+
 TEST(RingOrderTest, WorkersOfAHostStayTogether) {
   std::vector<wire::NodeInfo> peers;
   const char* hosts[] = {"10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.3", "10.0.0.2"};

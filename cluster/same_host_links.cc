@@ -1,8 +1,8 @@
 #include "cluster/same_host_links.h"
 
-#include <algorithm>
 #include <utility>
 
+#include "cluster/ring_order.h"
 #include "common/logging.h"
 
 namespace gradsync::cluster {
@@ -23,19 +23,13 @@ wire::SameHostOptions RingSameHostOptions(wire::SameHostOptions base, const wire
                                           int world, const std::vector<int>& order) {
   base.peers.clear();
   if (world < 2) return base;
-  int right_rank = (rank + 1) % world, left_rank = (rank + world - 1) % world;
-  if (order.size() == static_cast<size_t>(world)) {
-    const size_t pos =
-        static_cast<size_t>(std::find(order.begin(), order.end(), rank) - order.begin());
-    right_rank = order[(pos + 1) % order.size()];
-    left_rank = order[(pos + order.size() - 1) % order.size()];
-  }
+  const RingNeighbours next = NeighboursOf(order, rank, world);
   wire::SameHostPeer right{"", "", false, false}, left{"", "", false, false};
   for (const wire::NodeInfo& p : peers) {
     if (p.role != wire::Role::Worker) continue;
     const bool here = SharesMachine(self, p);
-    if (p.rank == right_rank) right = {p.identity, p.DataEndpoint(), here, false};
-    if (p.rank == left_rank) left = {p.identity, "", false, here};
+    if (p.rank == next.right) right = {p.identity, p.DataEndpoint(), here, false};
+    if (p.rank == next.left) left = {p.identity, "", false, here};
   }
   if (world == 2) {
     right.receive = left.receive;  // one neighbour, both ways
