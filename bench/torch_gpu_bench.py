@@ -14,7 +14,9 @@ of world size 1 (one GPU admits one NCCL rank):
 
 Each step is timed on the host from its start to torch.cuda.synchronize()
 after the optimizer step; the figure is the median over the steps and the
-repetitions (configurations interleaved). `comm_ms` is the time of the
+repetitions (configurations interleaved). `backward_ms` is the host's time
+from the step's start until backward() returns (forward and backward
+queued, and whatever the gradient hand-over waits for). `comm_ms` is the time of the
 implementation's own all-reduce of the model's gradient bytes in 25 MB
 tensors with nothing else running (torch.distributed.all_reduce for ddp,
 gradsync's allreduce for hook and optimizer); `exposed` is
@@ -100,15 +102,17 @@ def worker(args):
     x = torch.randn(args.batch, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
     loss_fn = torch.nn.CrossEntropyLoss()
-    times = []
+    times, backward = [], []
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss_fn(net(x), y).backward()
+        returned = time.perf_counter()
         opt.step()
         torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+            backward.append(returned - start)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -137,7 +141,8 @@ def worker(args):
             torch.cuda.synchronize()
             samples.append(time.perf_counter() - start)
         comm_time = statistics.median(samples)
-    print("RESULT " + json.dumps({"config": args.config, "step_s": times, "params": params,
+    print("RESULT " + json.dumps({"config": args.config, "step_s": times,
+                                  "backward_s": backward, "params": params,
                                   "comm_s": comm_time, "gpu": torch.cuda.get_device_name(0)}),
           flush=True)
     if args.config in ("hook", "optimizer"):
@@ -176,27 +181,31 @@ def main():
     if args.worker:
         return worker(args)
     configs = args.configs.split(",")
-    results = {c: {"step_s": [], "comm_s": []} for c in configs}
+    results = {c: {"step_s": [], "backward_s": [], "comm_s": []} for c in configs}
     port = 29500 + os.getpid() % 1000
     for rep in range(args.reps):
         for c in configs:
             r = run_config(args, c, port)
             port += 2
             results[c]["step_s"] += r["step_s"]
+            results[c]["backward_s"] += r["backward_s"]
             if r["comm_s"] is not None:
                 results[c]["comm_s"].append(r["comm_s"])
             results[c]["params"] = r["params"]
             results[c]["gpu"] = r["gpu"]
     step = {c: statistics.median(results[c]["step_s"]) * 1e3 for c in configs}
-    print("%-10s %10s %10s %10s %9s" % ("config", "step_ms", "vs_ddp", "comm_ms", "exposed"))
+    print("%-10s %10s %10s %12s %10s %9s" % ("config", "step_ms", "vs_ddp", "backward_ms",
+                                            "comm_ms", "exposed"))
     for c in configs:
         comm = statistics.median(results[c]["comm_s"]) * 1e3 if results[c]["comm_s"] else None
+        back = statistics.median(results[c]["backward_s"]) * 1e3
         vs = step[c] / step["ddp"] if "ddp" in step else None
         exposed = (step[c] - step["local"]) / comm if comm and "local" in step else None
-        print("%-10s %10.3f %10s %10s %9s" % (
-            c, step[c], "%.3f" % vs if vs else "-", "%.3f" % comm if comm else "-",
+        print("%-10s %10.3f %10s %12.3f %10s %9s" % (
+            c, step[c], "%.3f" % vs if vs else "-", back, "%.3f" % comm if comm else "-",
             "%.2f" % exposed if exposed is not None else "-"))
-        print(json.dumps({"impl": c, "step_ms": step[c], "vs_ddp": vs, "comm_ms": comm,
+        print(json.dumps({"impl": c, "step_ms": step[c], "vs_ddp": vs, "backward_ms": back,
+                          "comm_ms": comm,
                           "exposed": exposed, "params": results[c]["params"],
                           "steps": len(results[c]["step_s"]), "gpu": results[c]["gpu"]}))
 

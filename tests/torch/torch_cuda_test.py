@@ -3,7 +3,8 @@ share the GPU, with the model and its gradients CUDA tensors that gradsync
 takes as they are (gradient_device=cuda), through the DDP comm hook with fp16
 and through DistributedOptimizer with top-k 1% and error feedback, over the
 CPU ring; each against the same run on the CPU, 2 epochs of the real
-Fashion-MNIST data."""
+Fashion-MNIST data. And broadcast_parameters of a CUDA model (integer
+buffers, channels_last and gapped tensors) across 2 processes."""
 import os
 import shutil
 import subprocess
@@ -84,6 +85,26 @@ def test_an_interpreter_with_cuda_torch_is_found():
     assert PYTHON is not None, (
         "a GPU is present but no interpreter's torch has CUDA; tried %s; set "
         "GRADSYNC_PYTHON" % [c for c in CANDIDATES if c])
+
+
+def test_broadcast_parameters_takes_cuda_integer_buffers_and_gapped_tensors():
+    """A CUDA model's int64 BatchNorm counter, a channels_last weight and a
+    strided view come out as rank 0's on every rank."""
+    assert PYTHON is not None, "no interpreter with CUDA torch (above)"
+    argv = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            "--master_port=%d" % job.master_port(), "--redirects=1", "--tee=1",
+            os.path.join(job.ROOT, "tests", "torch", "cuda_broadcast_worker.py")]
+    done = subprocess.run(argv, env=job.base_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=300)
+    output = done.stdout.decode("utf-8", "replace")
+    assert done.returncode == 0, output[-6000:]
+    lines = sorted(job.json_lines(output), key=lambda r: r["rank"])
+    assert [r["rank"] for r in lines] == [0, 1], output[-6000:]
+    zero, one = lines
+    assert zero["sums"]["1.num_batches_tracked"][:3] == ["torch.int64", "cuda", 7.0], zero
+    assert zero["sums"]["0.weight"][1] == "cuda", zero
+    assert not zero["contiguous_weight"], zero  # channels_last stayed in place
+    assert one["sums"] == zero["sums"], (zero, one)
 
 
 @pytest.mark.parametrize("comm,setting", [
