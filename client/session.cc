@@ -13,7 +13,7 @@ StatusOr<std::unique_ptr<Session>> Session::Join(const Config& config, Deadline 
 Session::~Session() { node_.agent->Leave("session closed"); }
 
 Status Session::Barrier(Deadline deadline) {
-  return node_.agent->Barrier(wire::Group::Workers, deadline);
+  return node_.agent->Barrier(wire::Group::Workers, epoch(), deadline);
 }
 
 StatusOr<std::vector<uint8_t>> Session::ShareNcclId(std::optional<std::vector<uint8_t>> mine,

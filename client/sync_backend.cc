@@ -72,16 +72,16 @@ RingPeers PeersInOrder(Session* session, const std::vector<int>& order) {
 // order. Each host's lowest rank times its links to the other hosts' (in
 // turn, host h + 1, h + 2, ...); the rows go round a ring in rank order,
 // and a barrier keeps that ring's last messages from meeting the next
-// ring's. Every worker derives the same order from the same rows.
+// ring's. Every worker derives the same order from the same rows. An
+// elastic job measures again in each epoch (its barriers count per epoch,
+// so a worker that joined takes part as the others do).
 StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOptions& options,
                                          Deadline deadline) {
   const std::vector<wire::NodeInfo> peers = session->peers();
   const std::vector<std::vector<int>> hosts = cluster::WorkerHosts(peers);
   const int n = session->num_workers();
   const size_t h_count = hosts.size();
-  // An elastic job keeps rank order: the barrier below would count one more
-  // on its first workers than on a worker that joins later.
-  if (options.ring_order != "measured" || h_count < 4 || session->elastic()) {
+  if (options.ring_order != "measured" || h_count < 4) {
     return std::vector<int>{};
   }
   const int r = session->rank();

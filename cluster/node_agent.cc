@@ -412,18 +412,31 @@ Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers, De
       "the scheduler to confirm that every node reaches its peers");
 }
 
-Status NodeAgent::Barrier(wire::Group group, Deadline deadline) {
+Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) {
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    id = ++barrier_called_[group];
+    if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
+    const uint64_t n = ++barrier_called_[{group, epoch}];
+    // Epoch 0 numbers as before epochs existed (n alone); every id stays
+    // below the epoch barriers' and grows with the epoch.
+    if (n > wire::kMaxBarriersPerEpoch || epoch > wire::kMaxBarrierEpoch) {
+      return OutOfRangeError("barrier " + std::to_string(n) + " of epoch " + std::to_string(epoch) +
+                             ": past the barriers an id can number");
+    }
+    id = wire::UserBarrierId(epoch, n);
   }
   GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
   std::unique_lock<std::mutex> lock(mu_);
-  auto done = [&] { return barrier_released_[group] >= id || !barrier_error_.ok(); };
-  GS_RETURN_IF_ERROR(WaitFor(
-      lock, deadline, done, "barrier " + std::to_string(id) + " of " + wire::EnumNameGroup(group)));
+  auto done = [&] {
+    return barrier_released_[group] >= id || !barrier_error_.ok() || latest_.epoch > epoch;
+  };
+  GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
+                             "barrier " + std::to_string(id & wire::kMaxBarriersPerEpoch) +
+                                 " of epoch " + std::to_string(epoch) + " of " +
+                                 wire::EnumNameGroup(group)));
   if (barrier_released_[group] >= id) return OkStatus();
+  if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
   Status error = barrier_error_;
   barrier_error_ = OkStatus();
   return error;

@@ -97,8 +97,11 @@ class NodeAgent {
   // can reach its peers, FailedPrecondition listing every pair that cannot.
   Status CheckReachability(const std::vector<wire::NodeInfo>& peers, Deadline deadline);
   // Blocks until every live member of `group` reached barrier number n (this
-  // node's n-th call for that group). Fails if a member is dead.
-  Status Barrier(wire::Group group, Deadline deadline);
+  // node's n-th call for that group in membership epoch `epoch`: a worker
+  // that joined a running job counts from 1 as the others do from the
+  // epoch it joined in). Fails if a member is dead; MembershipChanged when
+  // a later epoch starts meanwhile.
+  Status Barrier(wire::Group group, uint32_t epoch, Deadline deadline);
   // Worker rank 0 passes its NCCL unique id; the others pass nullopt and get
   // rank 0's id.
   StatusOr<std::vector<uint8_t>> ShareNcclId(std::optional<std::vector<uint8_t>> mine,
@@ -161,9 +164,10 @@ class NodeAgent {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Status job_status_;                                 // guarded by mu_
-  bool ready_ = false;                                // guarded by mu_
-  std::map<wire::Group, uint64_t> barrier_called_;    // guarded by mu_
+  Status job_status_;   // guarded by mu_
+  bool ready_ = false;  // guarded by mu_
+  // Barriers called per group and epoch; guarded by mu_.
+  std::map<std::pair<wire::Group, uint32_t>, uint64_t> barrier_called_;
   std::map<wire::Group, uint64_t> barrier_released_;  // guarded by mu_
   Status barrier_error_;                              // guarded by mu_
   std::optional<std::vector<uint8_t>> nccl_id_;       // guarded by mu_

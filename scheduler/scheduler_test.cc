@@ -223,18 +223,18 @@ TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
   std::atomic<int> passed{0};
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      EXPECT_TRUE(agents[r]->Barrier(wire::Group::Workers, Deadline::AfterMs(5000)).ok());
+      EXPECT_TRUE(agents[r]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(5000)).ok());
       ++passed;
     });
   }
   std::this_thread::sleep_for(Millis(200));
   EXPECT_EQ(passed.load(), 0);  // worker 2 has not arrived
-  EXPECT_TRUE(agents[2]->Barrier(wire::Group::Workers, Deadline::AfterMs(5000)).ok());
+  EXPECT_TRUE(agents[2]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(5000)).ok());
   for (auto& t : threads) t.join();
   EXPECT_EQ(passed.load(), 2);
   // Worker 2 dies silently (its transport goes away without a Leave).
   raw[2]->Shutdown();
-  Status s = agents[0]->Barrier(wire::Group::Workers, Deadline::AfterMs(5000));
+  Status s = agents[0]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(5000));
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("worker 2 is dead"), std::string::npos) << s;
   // Worker 1 hears of it on its own agent thread.

@@ -180,9 +180,11 @@ class ElasticTest : public ::testing::Test, public LocalJob {
 
   // 4 workers, worker 1 SIGKILLed at step 100; once the survivors resumed,
   // a new worker process joins: all 4 finish in epoch 2 with the same
-  // parameters, the joiner ranked last.
+  // parameters, the joiner ranked last. Every 50 steps they all enter a
+  // barrier, the joiner as the others.
   void KillOneOfFourAndJoin(const std::string& key_file, const Shards& shards = {}) {
-    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file, {"--step_sleep_ms=5"}, shards);
+    auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file,
+                            {"--step_sleep_ms=5", "--barrier_every=50"}, shards);
     ASSERT_TRUE(workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
         << workers[1]->Output();
     workers[1]->Signal(SIGKILL);
@@ -197,6 +199,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
       ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
       const std::string out = w->Output();
       EXPECT_NE(out.find("final step 400 world 4 epoch 2 params "), std::string::npos) << out;
+      EXPECT_NE(out.find("barrier after step 400"), std::string::npos) << out;
       params.insert(Params(out));
     }
     for (Subprocess* w : {workers[0], workers[2], workers[3]}) {
@@ -316,6 +319,47 @@ TEST_F(ElasticTest, SspShardsGoOnAfterALoss) {
 
 TEST_F(ElasticTest, ANewWorkerJoinsTheRunningRingAndEndsWithTheSameParameters) {
   KillOneOfFourAndJoin("");
+}
+
+// Workers on four hosts (127.0.0.1-4): each epoch with four hosts times
+// its links for the ring order, a worker that joined included, and the
+// barriers of every epoch line up.
+TEST_F(ElasticTest, OnFourHostsEveryEpochTimesItsLinksAJoinerIncluded) {
+  StartScheduler(4, 0, {"--min_workers=2"});
+  SetJob(4, 0);
+  const std::vector<std::string> flags = {"--steps=400", "--step_sleep_ms=5", "--barrier_every=50"};
+  auto start = [&](const std::string& name, std::vector<std::string> argv) -> Subprocess& {
+    argv.insert(argv.begin(), Runfile("tests/elastic_worker"));
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return Start(argv, name);
+  };
+  std::vector<Subprocess*> workers;
+  for (int r = 0; r < 4; ++r) {
+    workers.push_back(
+        &start("worker" + std::to_string(r),
+               {"--rank=" + std::to_string(r), "--host=127.0.0." + std::to_string(r + 1)}));
+  }
+  ASSERT_TRUE(workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
+      << workers[1]->Output();
+  workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
+      << workers[0]->Output();
+  Subprocess& joiner = start("joiner", {"--host=127.0.0.2"});
+  ExpectFinishAlike({workers[0], workers[2], workers[3], &joiner}, "barrier after step 400",
+                    "final step 400 world 4 epoch 2 params ");
+  // Rank 0 logs the order it took in epoch 0 and again in epoch 2 (epoch 1
+  // has three hosts: rank order without timing).
+  const std::string out = workers[0]->Output();
+  size_t orders = 0;
+  for (size_t at = out.find(" over 4 hosts"); at != std::string::npos;
+       at = out.find(" over 4 hosts", at + 1)) {
+    ++orders;
+  }
+  EXPECT_EQ(orders, 2u) << out;
+  for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {
+    EXPECT_EQ(w->Output().find("cannot time the link"), std::string::npos) << w->Output();
+  }
+  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
 }
 
 // The joiner's own node key gets into every member's plan: its ring

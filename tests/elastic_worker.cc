@@ -15,11 +15,13 @@
 //   elastic_worker --scheduler=... --num_workers=4 [--steps=400]
 //       [--step_sleep_ms=5] [--split --mark_gap_ms=N] [--server_optimizer]
 //       [--die_at_step=N --die_rank=R --die_once=PATH]
-//       [--depart_at_step=N --depart_rank=R]
+//       [--depart_at_step=N --depart_rank=R] [--barrier_every=N]
 // With die_at_step, the worker started with rank R SIGKILLs itself after
 // step N, once: only if it could create PATH (a restart finds it there).
 // With depart_at_step, the worker started with rank R leaves the job after
-// step N (Communicator::Depart) and exits 0.
+// step N (Communicator::Depart) and exits 0. With barrier_every, every
+// worker enters a Barrier after each N-th step (a joiner too, from the step
+// it resumed at) and prints "barrier after step S".
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX" and the
 // gradient bytes synchronised before and after compression.
@@ -193,12 +195,16 @@ int Main(int argc, char** argv) {
   // A worker that joined a running job takes the state as a survivor does.
   const bool joiner = c.epoch() > 0;
   const int64_t depart_at = config->GetInt("depart_at_step", -1).value();
+  const int64_t barrier_every = config->GetInt("barrier_every", 0).value();
   const bool departs =
       !joiner && config->GetInt("rank", -1).value() == config->GetInt("depart_rank", -2).value();
   Status joined = joiner ? MembershipChangedError("joined the running job") : Status();
   bool changed = false, first_since_join = joiner;
   while (state.step < steps) {
     Status s = joined.ok() ? Step(c, tensors, data, &state, &g) : joined;
+    // The barrier follows a step this worker completed, never a recovery:
+    // every worker of the epoch then enters the same ones.
+    const bool stepped = s.ok();
     if (s.ok() && changed) {
       PrintFirstStep(c, first_since_join, started);
       first_since_join = false;
@@ -213,6 +219,22 @@ int Main(int argc, char** argv) {
     if (!s.ok()) {
       std::printf("error: %s\n", s.ToString().c_str());
       return 3;
+    }
+    if (stepped && barrier_every > 0 && static_cast<int64_t>(state.step) % barrier_every == 0) {
+      s = c.Barrier(Deadline::AfterMs(60000));
+      while (s.code() == StatusCode::kMembershipChanged) {
+        std::printf("%s (in a barrier); now rank %d of %d\n", s.ToString().c_str(), c.rank(),
+                    c.world_size());
+        std::fflush(stdout);
+        s = Recover(c, &state);
+        changed = true;
+      }
+      if (!s.ok()) {
+        std::printf("error: barrier after step %llu: %s\n",
+                    static_cast<unsigned long long>(state.step), s.ToString().c_str());
+        return 3;
+      }
+      std::printf("barrier after step %llu\n", static_cast<unsigned long long>(state.step));
     }
     if (departs && static_cast<int64_t>(state.step) == depart_at) {
       std::printf("departing after step %llu\n", static_cast<unsigned long long>(state.step));

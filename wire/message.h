@@ -147,6 +147,14 @@ Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group
 // Barrier ids from here up are an elastic job's epoch barriers (this plus
 // the epoch, group Workers): every survivor enters one before it re-forms.
 constexpr uint64_t kEpochBarrierBase = uint64_t{1} << 62;
+// Below it, the n-th barrier a node calls in membership epoch e is
+// (e << 32) | n: a worker that joins in epoch e counts from 1 as the
+// others do, and epoch 0's ids are the plain count.
+constexpr uint64_t kMaxBarriersPerEpoch = 0xFFFFFFFFu;
+constexpr uint32_t kMaxBarrierEpoch = (1u << 30) - 1;
+constexpr uint64_t UserBarrierId(uint32_t epoch, uint64_t n) {
+  return (static_cast<uint64_t>(epoch) << 32) | n;
+}
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
                   MsgType in_reply_to);
 // The sender to put on an answer to a peer: `self` for a member of the job

@@ -205,7 +205,8 @@ int gs_no_sync_end(gs_comm* comm);
  * difference. Each blocks until done on this worker or `timeout_ms`; after a
  * failure the job cannot continue.
  *
- * Blocks until every worker reached its n-th barrier. */
+ * Blocks until every worker reached its n-th barrier of the membership
+ * epoch; GS_MEMBERSHIP_CHANGED when the epoch changes meanwhile. */
 int gs_barrier(gs_comm* comm, int64_t timeout_ms);
 
 /* Copies rank `root`'s data[0, count) to every worker's `data`.

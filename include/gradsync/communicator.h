@@ -183,7 +183,9 @@ class Communicator {
   };
   NoSync StartNoSync();
 
-  // Blocks until every worker reached its n-th Barrier.
+  // Blocks until every worker reached its n-th Barrier of the membership
+  // epoch (a worker that joined counts from its first epoch, as the others
+  // do from theirs). MembershipChanged when the epoch changes meanwhile.
   Status Barrier(Deadline deadline);
   // Copies rank `root`'s data[0, num_elements) to every rank (initial
   // parameters).
