@@ -7,7 +7,15 @@
 #   tools/gpu_bundle.sh [OUT_DIR] [EXTRA_TARGET...]      # OUT_DIR: gpu_bundle
 #   gpu_bundle/run_tests.sh                # every bundled *_test, one line each
 #   gpu_bundle/run.sh compression_kernel_bench --quick    # any bundled binary
+#   gpu_bundle/run_all.sh [LOG_DIR]        # tests, GPU and PyTorch benches,
+#                                          # PyTorch GPU tests, CPU scaling
 #
+# run_all.sh runs from a checkout of the same commit holding the bundle (the
+# PyTorch parts use its python/, bench/ and tests/); the PyTorch parts need
+# a python3 whose torch has CUDA (GRADSYNC_PYTHON names another) and the
+# Fashion-MNIST files: GRADSYNC_FASHION_MNIST, or OUT_DIR/fashion-mnist,
+# which GPU_BUNDLE_DATA=1 copies in from Debian's dataset-fashion-mnist.
+# The binaries and libraries are stripped.
 # Binaries keep their workspace paths under OUT_DIR/gradsync/ and the tests
 # run with TEST_SRCDIR=OUT_DIR, so multi-process tests find the binaries they
 # start (tests/local_job.h). Libraries larger than 32 MiB (NCCL) are left
@@ -23,7 +31,14 @@ targets=(
   //kernels:reduce_cuda_test
   //client:nccl_comm_test
   //client:nccl_collectives_test
+  //tests:device_gradients_test
+  //tests:device_worker
+  //server:gradsync_server
+  //python:libgradsync.so
   //bench:compression_kernel_bench
+  //bench:device_pipeline_bench
+  //bench:allreduce_bench
+  //bench:ps_bench
   "$@"
 )
 max_lib_bytes=$((32 << 20))
@@ -94,5 +109,57 @@ for t in "$here"/gradsync/*/*_test; do
 done
 exit $status
 RUN
-chmod +x "$out/run.sh" "$out/run_tests.sh"
+cat >"$out/run_all.sh" <<'RUN'
+#!/usr/bin/env bash
+# run_all.sh [LOG_DIR]: the bundle's tests, the GPU benchmarks, the PyTorch
+# GPU bench and tests, and the CPU scaling benchmarks, each under a time
+# limit; one line per part, logs in LOG_DIR. Exit status 1 if a part failed.
+source "$(dirname "$0")/env.sh"
+logs=${1:-$(mktemp -d)}
+mkdir -p "$logs"
+root=$(cd "$here/.." && pwd)
+status=0
+part() {  # NAME LIMIT_S CMD...
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  echo "$name: rc=$rc in $((SECONDS - t0)) s"
+  [ "$rc" -eq 0 ] || status=1
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+for t in "$here"/gradsync/*/*_test; do
+  part "$(basename "$t")" 300 "$t" --gtest_brief=1
+done
+part compression_kernel_bench 120 "$here/run.sh" compression_kernel_bench --quick
+part device_pipeline_bench 120 "$here/run.sh" device_pipeline_bench --reps=20
+python=${GRADSYNC_PYTHON:-python3}
+if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  data=${GRADSYNC_FASHION_MNIST:-$here/fashion-mnist}
+  [ -d "$data" ] || data=/usr/share/datasets/fashion-mnist
+  (
+    cd "$root"
+    export GRADSYNC_LIBRARY=$here/gradsync/python/libgradsync.so GRADSYNC_PYTHON=$python
+    export GRADSYNC_FASHION_MNIST=$data PYTHONPATH=$root/python:$root/tests/torch
+    export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+    part torch_gpu_bench 300 "$python" bench/torch_gpu_bench.py --reps=1 --steps=60
+    part torch_cuda_test 400 "$python" -m pytest -q -rs -p no:cacheprovider \
+      tests/torch/torch_cuda_test.py
+    exit $status
+  ) || status=1
+else
+  echo "PyTorch parts: skipped ($python has no torch with CUDA; set GRADSYNC_PYTHON)"
+fi
+part allreduce_bench 300 "$here/run.sh" allreduce_bench --quick --ranks=8 \
+  --impls=gradsync_ring,gloo_ring,gradsync_ring_shm,gradsync_ring_curve,gradsync_ring_sealed
+part ps_bench 300 "$here/run.sh" ps_bench --quick --workers=8 --shards=1,2,4 \
+  --server_bin="$here/gradsync/server/gradsync_server"
+echo "logs: $logs"
+exit $status
+RUN
+chmod +x "$out/run.sh" "$out/run_tests.sh" "$out/run_all.sh"
+strip --strip-unneeded "$out"/gradsync/*/* "$out"/lib/* 2>/dev/null || true
+if [ "${GPU_BUNDLE_DATA:-0}" = 1 ]; then
+  cp -r /usr/share/datasets/fashion-mnist "$out/fashion-mnist"
+fi
 du -sh "$out"
