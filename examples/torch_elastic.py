@@ -10,14 +10,17 @@ DistributedOptimizer over SGD with momentum, gradients clipped to
 --clip, an ElasticSampler over the training set (re-dealt among the workers
 after a change), the test set evaluated at the end. --kill_rank R
 --kill_step S: the worker started as rank R SIGKILLs itself before step S (to
-watch the job go on). Each worker prints JSON lines: the one that kills
+watch the job go on). --checkpoint_every N --checkpoint_dir D: after every
+N-th step rank 0 saves the model and optimizer to D/checkpoint.pt and all
+workers meet in a barrier (the others wait until it is written). Each worker prints JSON lines: the one that kills
 itself {"killed_at": wall clock} (--depart_rank / --depart_step: that
 worker leaves the job on purpose, gradsync.depart, and prints
 {"departed_at"}), and at the end every other one {rank,
 workers, membership_epoch, steps, test_accuracy, first_loss, last_loss,
 joined (a worker that joined the running job), started_at, recoveries,
 reset_at / recovered_at (wall clock of each recovery and of the next
-completed step), state_sha256 (parameters, buffers and optimizer state)}.
+completed step), checkpoints (the checkpoint barriers it passed),
+state_sha256 (parameters, buffers and optimizer state)}.
 """
 import argparse
 import hashlib
@@ -54,6 +57,9 @@ def parse_args(argv):
     p.add_argument("--depart_rank", type=int, default=-1,
                    help="this rank leaves the job on purpose (gradsync.depart)")
     p.add_argument("--depart_step", type=int, default=-1)
+    p.add_argument("--checkpoint_every", type=int, default=0,
+                   help="> 0: rank 0 saves a checkpoint every N steps")
+    p.add_argument("--checkpoint_dir", default=".")
     p.add_argument("--data_dir", default=torch_cnn.DATA_DIR)
     return p.parse_args(argv)
 
@@ -101,7 +107,7 @@ class Trainer:
         self.state.on_reset(self.reset)
         self.losses = []
         self.marks = {"recoveries": 0, "joined": self.joined, "reset_at": [],
-                      "recovered_at": []}
+                      "recovered_at": [], "checkpoints": 0}
 
     def reset(self, state):
         self.marks["recoveries"] += 1
@@ -130,6 +136,22 @@ class Trainer:
         if len(marks["recovered_at"]) < len(marks["reset_at"]):
             marks["recovered_at"].append(time.time())
         self.losses.append(loss.item())
+        if args.checkpoint_every > 0 and state.step % args.checkpoint_every == 0:
+            self.checkpoint()
+
+    def checkpoint(self):
+        """Rank 0 writes the state; every worker waits for it in a barrier
+        (a change of workers meanwhile raises MembershipChanged, and run()
+        goes on from the agreed step)."""
+        comm = gradsync.communicator()
+        if comm.rank == 0:
+            path = os.path.join(self.args.checkpoint_dir, "checkpoint.pt")
+            torch.save({"step": self.state.step,
+                        "model": self.state.model.state_dict(),
+                        "optimizer": self.opt.state_dict()}, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        comm.barrier()
+        self.marks["checkpoints"] += 1
 
     def train(self, state):
         while state.epoch < self.args.epochs:

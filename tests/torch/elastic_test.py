@@ -6,6 +6,7 @@ exit 0, hold bit-equal parameters and optimizer state and learn as the
 non-elastic job does. And the ElasticSampler alone: re-dealt mid-epoch it
 trains every sample of the epoch once."""
 import os
+import tempfile
 
 import pytest
 import torch
@@ -20,11 +21,12 @@ KILL_STEP = 30
 KILLED = 2
 
 
-def _train_and_kill(flags, servers=0, extra_env=None):
+def _train_and_kill(flags, servers=0, extra_env=None, script_flags=()):
     """The job with launcher `flags`; (killed line, result lines, output)."""
     code, output = job.launch(
         ["/usr/bin/python3", SCRIPT, "--max_steps=%d" % STEPS,
-         "--kill_rank=%d" % KILLED, "--kill_step=%d" % KILL_STEP],
+         "--kill_rank=%d" % KILLED, "--kill_step=%d" % KILL_STEP] +
+        list(script_flags),
         workers=4, servers=servers, timeout_s=240, extra_env=extra_env,
         flags=flags)
     if "unknown flag --restarts" in output:
@@ -117,9 +119,12 @@ def test_parameter_server_that_steps_takes_a_restarted_worker_back():
 def test_a_restarted_worker_rejoins_with_the_live_state():
     """--restarts=1: the killed worker is started again, joins the running
     job (epoch > 0 when run() starts), takes the state of a survivor and
-    ends with the same state as the 3 others."""
-    killed, results, output = _train_and_kill(["--min_workers=3",
-                                               "--restarts=1"])
+    ends with the same state as the 3 others. Every 20 steps rank 0 writes
+    a checkpoint and all meet in a barrier, the joiner as the others."""
+    directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    killed, results, output = _train_and_kill(
+        ["--min_workers=3", "--restarts=1"],
+        script_flags=["--checkpoint_every=20", "--checkpoint_dir=" + directory])
     assert "4 of 4 workers exited with code 0 (1 restarted)" in output, \
         output[-6000:]
     assert len(results) == 4, output[-6000:]
@@ -134,6 +139,12 @@ def test_a_restarted_worker_rejoins_with_the_live_state():
         assert r["recoveries"] >= 1 and (r["recoveries"] == 1 or
                                          not r["joined"]), r
     assert joiners[0]["recovered_at"][0] > killed["killed_at"], joiners
+    # Steps 20, ..., 80: the joiner (in after step 30) meets the others at
+    # the checkpoints of its epoch; the last one, step 80, everyone passes.
+    assert all(r["checkpoints"] >= 1 for r in results), results
+    assert max(r["checkpoints"] for r in results) >= 3, results
+    saved = torch.load(os.path.join(directory, "checkpoint.pt"))
+    assert saved["step"] == STEPS, saved["step"]
 
 
 class _Member:
