@@ -99,9 +99,10 @@ struct SyncBackendOptions {
   // `shm_link_bytes` each.
   bool shm = true;
   size_t shm_link_bytes = size_t{4} << 20;
-  // "measured": in a job of fixed size whose workers span four hosts or more,
-  // the ring goes round the hosts in the order its measured links favour
-  // (cluster/ring_order.h); "rank": always rank order.
+  // "measured": when the workers of the job (of the membership epoch, in an
+  // elastic job) span four hosts or more, the ring goes round the hosts in
+  // the order its measured links favour (cluster/ring_order.h); "rank":
+  // always rank order.
   std::string ring_order = "measured";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).

@@ -413,11 +413,11 @@ Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers, De
 }
 
 Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) {
-  uint64_t id;
+  uint64_t n, id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
-    const uint64_t n = ++barrier_called_[{group, epoch}];
+    n = ++barrier_called_[{group, epoch}];
     // Epoch 0 numbers as before epochs existed (n alone); every id stays
     // below the epoch barriers' and grows with the epoch.
     if (n > wire::kMaxBarriersPerEpoch || epoch > wire::kMaxBarrierEpoch) {
@@ -432,9 +432,8 @@ Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) 
     return barrier_released_[group] >= id || !barrier_error_.ok() || latest_.epoch > epoch;
   };
   GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
-                             "barrier " + std::to_string(id & wire::kMaxBarriersPerEpoch) +
-                                 " of epoch " + std::to_string(epoch) + " of " +
-                                 wire::EnumNameGroup(group)));
+                             "barrier " + std::to_string(n) + " of epoch " + std::to_string(epoch) +
+                                 " of " + wire::EnumNameGroup(group)));
   if (barrier_released_[group] >= id) return OkStatus();
   if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
   Status error = barrier_error_;

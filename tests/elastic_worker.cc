@@ -20,8 +20,9 @@
 // step N, once: only if it could create PATH (a restart finds it there).
 // With depart_at_step, the worker started with rank R leaves the job after
 // step N (Communicator::Depart) and exits 0. With barrier_every, every
-// worker enters a Barrier after each N-th step (a joiner too, from the step
-// it resumed at) and prints "barrier after step S".
+// worker enters a Barrier after each N-th step it completed (not after a
+// recovery; a joiner from its first completed step on) and prints "barrier
+// after step S".
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX" and the
 // gradient bytes synchronised before and after compression.
