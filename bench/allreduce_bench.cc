@@ -37,6 +37,7 @@
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
 //                  gradsync_ring_shm,gradsync_ring_sealed,
 //                  openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
+//          --bulk_crypto_threads=N (gradsync_ring_sealed; -1 by cores)
 //          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
 
 #include <sys/socket.h>
@@ -112,11 +113,12 @@ struct Settings {
   bool quick = false;
   std::vector<int> ranks;
   std::vector<size_t> sizes;
-  std::vector<bool> impl_on;  // by index into kImplNames
-  int64_t iters = 0;          // 0: by size
-  int64_t warmup = -1;        // -1: by size
-  int64_t chunk_bytes = 0;    // 0: RingOptions default
-  int64_t small_bytes = -1;   // -1: RingOptions default
+  std::vector<bool> impl_on;         // by index into kImplNames
+  int64_t iters = 0;                 // 0: by size
+  int64_t warmup = -1;               // -1: by size
+  int64_t chunk_bytes = 0;           // 0: RingOptions default
+  int64_t small_bytes = -1;          // -1: RingOptions default
+  int64_t bulk_crypto_threads = -1;  // ZmqOptions::bulk_crypto_threads
   int64_t op_timeout_s = 60;
   int64_t group_timeout_s = 0;  // 0: by plan
   bool keep_tmp = false;
@@ -183,6 +185,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.warmup, config.GetInt("warmup", -1));
   GS_ASSIGN_OR_RETURN(s.chunk_bytes, config.GetInt("chunk_bytes", 0));
   GS_ASSIGN_OR_RETURN(s.small_bytes, config.GetInt("small_bytes", -1));
+  GS_ASSIGN_OR_RETURN(s.bulk_crypto_threads, config.GetInt("bulk_crypto_threads", -1));
   GS_ASSIGN_OR_RETURN(s.op_timeout_s, config.GetInt("op_timeout_s", 60));
   GS_ASSIGN_OR_RETURN(s.group_timeout_s, config.GetInt("group_timeout_s", 0));
   GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
@@ -441,6 +444,7 @@ Status ConnectOurs(Rank* r, int impl) {
     zmq.node_keys = keys;
     zmq.identity = "rank-" + std::to_string(r->args.rank);
     zmq.bulk_encryption = true;
+    zmq.bulk_crypto_threads = static_cast<int>(r->settings.bulk_crypto_threads);
   }
   GS_ASSIGN_OR_RETURN(ours.transport, wire::ZmqTransport::Create(zmq));
   GS_ASSIGN_OR_RETURN(std::string endpoint, ours.transport->Listen("tcp://127.0.0.1:0"));
@@ -657,7 +661,7 @@ std::vector<std::string> ChildArgv(const Config& config, int rank, int world, ui
                                    "--dir=" + dir,
                                    "--results=" + dir + "/results.txt"};
   for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
-                           "small_bytes", "op_timeout_s"}) {
+                           "small_bytes", "bulk_crypto_threads", "op_timeout_s"}) {
     auto v = config.Lookup(name);
     if (v) argv.push_back(std::string("--") + name + "=" + *v);
   }

@@ -14,6 +14,7 @@ StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
   zmq.identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
   zmq.node_keys = session.node_keys();
   zmq.bulk_encryption = session.bulk_encryption();
+  zmq.bulk_crypto_threads = session.bulk_crypto_threads();
   zmq.max_frame_bytes = cluster::PartitionFrameBytes(links.partition_bytes);  // replies
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport, wire::ZmqTransport::Create(zmq));
   // The shards read the links of the first epoch's clients only.

@@ -80,6 +80,7 @@ class Session {
   // The job's CURVE key, when the job runs CURVE.
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
   bool bulk_encryption() const { return node_.bulk_encryption; }
+  int bulk_crypto_threads() const { return node_.bulk_crypto_threads; }
   // The node key and plan with CURVE (null without): for its data transports.
   std::shared_ptr<const wire::NodeKeys> node_keys() const { return node_.keys; }
   // What the data port refused (handshakes, dropped messages).

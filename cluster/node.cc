@@ -89,6 +89,13 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
                                 std::to_string(bulk_offset));
   }
   data.bulk_port_offset = static_cast<int>(bulk_offset);
+  GS_ASSIGN_OR_RETURN(int64_t crypto_threads, config.GetInt("bulk_crypto_threads", -1));
+  if (crypto_threads < -1 || crypto_threads > 64) {
+    return InvalidArgumentError("bulk_crypto_threads must be in [-1, 64], got " +
+                                std::to_string(crypto_threads));
+  }
+  node.bulk_crypto_threads = static_cast<int>(crypto_threads);
+  data.bulk_crypto_threads = node.bulk_crypto_threads;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(

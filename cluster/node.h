@@ -34,6 +34,8 @@ struct Node {
   // With CURVE: the setting bulk_encryption (its data transports seal bulk
   // messages with AES-256-GCM on a plain connection; wire/bulk_cipher.h).
   bool bulk_encryption = false;
+  // The setting bulk_crypto_threads (wire::ZmqOptions::bulk_crypto_threads).
+  int bulk_crypto_threads = -1;
 };
 
 // Transport options for a socket of this process: the node's key, and

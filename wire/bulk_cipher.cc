@@ -81,6 +81,36 @@ bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n
          EVP_DecryptFinal_ex(c, out + len, &len) == 1;
 }
 
+std::shared_ptr<BulkKeyPool> BulkKeyPool::Of(const uint8_t* bytes) {
+  std::unique_ptr<BulkKey> first = BulkKey::FromBytes(bytes);
+  if (first == nullptr) return nullptr;
+  return std::shared_ptr<BulkKeyPool>(new BulkKeyPool(std::move(first)));
+}
+
+std::shared_ptr<BulkKeyPool> BulkKeyPool::Random() {
+  std::unique_ptr<BulkKey> first = BulkKey::Random();
+  if (first == nullptr) return nullptr;
+  return std::shared_ptr<BulkKeyPool>(new BulkKeyPool(std::move(first)));
+}
+
+BulkKeyPool::Lease BulkKeyPool::Take() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<BulkKey> key = std::move(idle_.back());
+      idle_.pop_back();
+      return Lease(this, std::move(key));
+    }
+  }
+  return Lease(this, BulkKey::FromBytes(first_->bytes()));
+}
+
+BulkKeyPool::Lease::~Lease() {
+  if (key_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(pool_->mu_);
+  pool_->idle_.push_back(std::move(key_));
+}
+
 std::optional<BulkToken> RandomBulkToken() {
   BulkToken t{};
   if (RAND_bytes(t.data(), static_cast<int>(t.size())) != 1) return std::nullopt;

@@ -24,7 +24,8 @@
 //   'R' token (16)                receiver -> sender: replies that follow
 //                                 come sealed on the bulk connection
 //
-// Thread-safety: a BulkKey is used by one thread at a time.
+// Thread-safety: a BulkKey is used by one thread at a time; a BulkKeyPool
+// by any number.
 #ifndef GRADSYNC_WIRE_BULK_CIPHER_H_
 #define GRADSYNC_WIRE_BULK_CIPHER_H_
 
@@ -32,8 +33,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -78,6 +81,46 @@ class BulkKey {
   std::array<uint8_t, kBulkKeyBytes> key_{};
   void* encrypt_ = nullptr;  // EVP_CIPHER_CTX*
   void* decrypt_ = nullptr;
+};
+
+// One key's cipher contexts for the threads that seal and open under it:
+// each takes a context for as long as it seals or opens a message, and it
+// goes back to the pool afterwards (a context holds the key's schedule, so
+// taking one costs a lock, not a key setup).
+class BulkKeyPool {
+ public:
+  // A pool of the key `bytes` (kBulkKeyBytes); nullptr only if OpenSSL
+  // fails.
+  static std::shared_ptr<BulkKeyPool> Of(const uint8_t* bytes);
+  // A pool of a new random key.
+  static std::shared_ptr<BulkKeyPool> Random();
+
+  const uint8_t* bytes() const { return first_->bytes(); }
+
+  // A context of the key, back in the pool when the lease ends. The pool
+  // must outlive its leases.
+  class Lease {
+   public:
+    Lease(BulkKeyPool* pool, std::unique_ptr<BulkKey> key) : pool_(pool), key_(std::move(key)) {}
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+    // False only if OpenSSL could not make a context.
+    explicit operator bool() const { return key_ != nullptr; }
+    BulkKey& operator*() const { return *key_; }
+    BulkKey* operator->() const { return key_.get(); }
+
+   private:
+    BulkKeyPool* pool_;
+    std::unique_ptr<BulkKey> key_;
+  };
+  Lease Take();
+
+ private:
+  explicit BulkKeyPool(std::unique_ptr<BulkKey> first) : first_(std::move(first)) {}
+  std::unique_ptr<BulkKey> first_;  // the key's bytes; never leased
+  std::mutex mu_;
+  std::vector<std::unique_ptr<BulkKey>> idle_;  // guarded by mu_
 };
 
 // A random token (the bulk connection's routing id, in hex); nullopt only

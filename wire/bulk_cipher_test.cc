@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -48,6 +49,45 @@ TEST(BulkCipherTest, SealedFramesOpenOnlyUnderTheirKeyCounterAndIndex) {
   uint8_t tiny[kBulkTagBytes - 1] = {};
   uint8_t out[1];
   EXPECT_FALSE(key->Open(0, 0, tiny, sizeof(tiny), out));
+}
+
+// Threads that seal and open under one pool at once each get a context of
+// the same key: what one seals, another (or a pool of the same bytes) opens.
+TEST(BulkCipherTest, APoolsContextsSealAndOpenUnderOneKeyOnManyThreads) {
+  auto pool = BulkKeyPool::Random();
+  ASSERT_NE(pool, nullptr);
+  auto same = BulkKeyPool::Of(pool->bytes());
+  auto other = BulkKeyPool::Random();
+  ASSERT_NE(same, nullptr);
+  ASSERT_NE(other, nullptr);
+  constexpr int kThreads = 4;
+  constexpr size_t kBytes = 65536;
+  std::vector<std::vector<uint8_t>> sealed(kThreads, std::vector<uint8_t>(kBulkTagBytes + kBytes));
+  std::vector<int> opened(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::vector<uint8_t> plain = Bytes(kBytes, static_cast<uint8_t>(t));
+      for (int round = 0; round < 50; ++round) {
+        {
+          BulkKeyPool::Lease key = pool->Take();
+          if (!key || !key->Seal(round, t, plain.data(), kBytes, sealed[t].data()).ok()) return;
+        }
+        std::vector<uint8_t> back(kBytes);
+        BulkKeyPool::Lease opener = (round % 2 ? same : pool)->Take();
+        if (opener && opener->Open(round, t, sealed[t].data(), sealed[t].size(), back.data()) &&
+            back == plain) {
+          ++opened[t];
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(opened[t], 50) << "thread " << t;
+    std::vector<uint8_t> back(kBytes);
+    EXPECT_FALSE(other->Take()->Open(49, t, sealed[t].data(), sealed[t].size(), back.data()));
+  }
 }
 
 TEST(BulkCipherTest, TokensAndKeysAreFreshAndRoutingIdsReadable) {

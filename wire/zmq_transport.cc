@@ -144,6 +144,10 @@ void ZmqTransport::Impl::CloseAll() {
   retry_.reset();
   bulk_out_.clear();
   bulk_in_.clear();
+  {
+    std::lock_guard<std::mutex> lock(seal_mu_);
+    sealers_.clear();
+  }
   bulk_router_.reset();
   dealers_.clear();
 }
@@ -267,13 +271,16 @@ std::unique_ptr<Command> SendCommand(const Route& to, Message message, Deadline 
 }  // namespace
 
 Status ZmqTransport::Send(const Route& to, Message message, Deadline deadline) {
-  return impl_->Submit(SendCommand(to, std::move(message), deadline)).status;
+  auto cmd = SendCommand(to, std::move(message), deadline);
+  impl_->PreSeal(*cmd, /*here=*/true);
+  return impl_->Submit(std::move(cmd)).status;
 }
 
 void ZmqTransport::Post(const Route& to, Message message, Deadline deadline,
                         std::function<void(const Status&)> done) {
   auto cmd = SendCommand(to, std::move(message), deadline);
   cmd->posted = done ? std::move(done) : [](const Status&) {};
+  impl_->PreSeal(*cmd, /*here=*/false);
   impl_->Post(std::move(cmd));
 }
 

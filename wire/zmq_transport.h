@@ -100,8 +100,10 @@ struct ZmqOptions {
   // Set (with curve): per-node identity, see above. Shared with the node
   // that updates its plan.
   std::shared_ptr<const NodeKeys> node_keys;
-  // Called (on the I/O thread) for each message whose identity is not the
-  // one bound to its sender's key, with the route and why.
+  // Called for each message whose identity is not the one bound to its
+  // sender's key, or sealed message refused, with the route and why: on the
+  // I/O thread, or on the thread in Receive for a sealed message whose
+  // payloads do not open (they are opened after its header).
   std::function<void(const std::string& peer, const std::string& why)> on_impostor;
   // Called (on the I/O thread) for each message dropped as it was read,
   // with the route it came on and why.
@@ -118,6 +120,12 @@ struct ZmqOptions {
   // listening port plus this (for firewalls). A port that cannot be bound
   // leaves peers on CURVE, with one warning.
   int bulk_port_offset = 0;
+  // Threads that seal posted messages and open received ones, side by
+  // side (started with the first sealed message). 0: callers of Post seal
+  // their own messages and the I/O thread opens, which is faster on a host
+  // of few cores (the threads only take turns there). -1: 2 on a host of
+  // 8 cores or more, else 0.
+  int bulk_crypto_threads = -1;
 };
 
 // What the transports of one process refused before a message reached its

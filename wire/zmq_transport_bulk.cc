@@ -20,37 +20,26 @@ void WriteCounter(uint64_t c, uint8_t* p) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(c >> (8 * i));
 }
 
-// Seals `m` under `key` as message `counter` of direction `direction` (0 or
-// kBulkReplyDirection) into `frames`: frame 0 the counter, a tag and the sealed header,
-// then a tag and a sealed payload each.
-Status SealMessage(BulkKey& key, uint64_t counter, uint32_t direction, const Message& m,
-                   std::vector<zmq::message_t>* frames) {
-  frames->reserve(1 + m.payloads.size());
-  frames->emplace_back(kBulkCounterBytes + kBulkTagBytes + m.header.size());
-  auto* head = frames->back().data<uint8_t>();
-  WriteCounter(counter, head);
-  GS_RETURN_IF_ERROR(
-      key.Seal(counter, direction, m.header.data(), m.header.size(), head + kBulkCounterBytes));
-  for (size_t i = 0; i < m.payloads.size(); ++i) {
-    const Payload& p = m.payloads[i];
-    frames->emplace_back(kBulkTagBytes + p.size);
-    GS_RETURN_IF_ERROR(key.Seal(counter, direction | static_cast<uint32_t>(i + 1), p.data, p.size,
-                                frames->back().data<uint8_t>()));
-  }
-  return OkStatus();
-}
-
-// Opens the sealed message in `frames` (as SealMessage made it) into
-// `out`, when its counter is at least `*next` and every frame opens; then
-// `*next` passes it. Payloads are opened in place: each is the rest of its
-// frame, which `out` keeps. Else false, and `why` says what was wrong.
-bool OpenMessage(BulkKey& key, uint32_t direction, std::vector<zmq::message_t>& frames,
-                 const ZmqOptions& limits, uint64_t* next, Message* out, std::string* why) {
+// Opens the header of the sealed message in `frames` (as SealMessage made
+// it) into `out`, when its counter is at least `*next`; then `*next` passes
+// it. The header authenticates the counter: no forged counter moves `*next`.
+// The payload frames go into `sealed` as they are, still sealed; the
+// payloads of `out`, once opened in place, are the rest of those frames.
+// Else false, and `why` says what was wrong.
+bool OpenHeader(BulkKey& key, uint32_t direction, std::vector<zmq::message_t>& frames,
+                const ZmqOptions& limits, uint64_t* next, Message* out, SealedPayloads* sealed,
+                std::string* why) {
   constexpr size_t kHead = kBulkCounterBytes + kBulkTagBytes;
   if (frames.empty() || frames[0].size() < kHead || frames.size() - 1 > limits.max_payload_frames ||
       frames[0].size() - kHead > limits.max_header_bytes) {
     *why = "a sealed message of the wrong shape";
     return false;
+  }
+  for (size_t i = 1; i < frames.size(); ++i) {
+    if (frames[i].size() < kBulkTagBytes) {
+      *why = "a sealed message of the wrong shape";
+      return false;
+    }
   }
   const uint8_t* head = frames[0].data<uint8_t>();
   const uint64_t counter = ReadCounter(head);
@@ -59,25 +48,20 @@ bool OpenMessage(BulkKey& key, uint32_t direction, std::vector<zmq::message_t>& 
     return false;
   }
   out->header.resize(frames[0].size() - kHead);
-  bool opened = key.Open(counter, direction, head + kBulkCounterBytes,
-                         frames[0].size() - kBulkCounterBytes, out->header.data());
-  for (size_t i = 1; opened && i < frames.size(); ++i) {
-    if (frames[i].size() < kBulkTagBytes) {
-      opened = false;
-      break;
-    }
-    auto kept = std::make_shared<zmq::message_t>(std::move(frames[i]));
-    uint8_t* sealed = kept->data<uint8_t>();
-    opened = key.Open(counter, direction | static_cast<uint32_t>(i), sealed, kept->size(),
-                      sealed + kBulkTagBytes);
-    out->payloads.push_back(
-        Payload::Borrow(sealed + kBulkTagBytes, kept->size() - kBulkTagBytes, kept));
-  }
-  if (!opened) {
+  if (!key.Open(counter, direction, head + kBulkCounterBytes, frames[0].size() - kBulkCounterBytes,
+                out->header.data())) {
     *why = "a sealed message that does not open under its token's key";
     return false;
   }
   *next = counter + 1;
+  sealed->counter = counter;
+  sealed->direction = direction;
+  for (size_t i = 1; i < frames.size(); ++i) {
+    auto kept = std::make_shared<zmq::message_t>(std::move(frames[i]));
+    out->payloads.push_back(
+        Payload::Borrow(kept->data<uint8_t>() + kBulkTagBytes, kept->size() - kBulkTagBytes, kept));
+    sealed->frames.push_back(std::move(kept));
+  }
   return true;
 }
 
@@ -111,9 +95,90 @@ std::string WithPort(const std::string& endpoint, uint16_t port) {
 
 }  // namespace
 
+Status SealMessage(BulkKey& key, uint64_t counter, uint32_t direction, const Message& m,
+                   std::vector<zmq::message_t>* frames) {
+  frames->reserve(1 + m.payloads.size());
+  frames->emplace_back(kBulkCounterBytes + kBulkTagBytes + m.header.size());
+  auto* head = frames->back().data<uint8_t>();
+  WriteCounter(counter, head);
+  GS_RETURN_IF_ERROR(
+      key.Seal(counter, direction, m.header.data(), m.header.size(), head + kBulkCounterBytes));
+  for (size_t i = 0; i < m.payloads.size(); ++i) {
+    const Payload& p = m.payloads[i];
+    frames->emplace_back(kBulkTagBytes + p.size);
+    GS_RETURN_IF_ERROR(key.Seal(counter, direction | static_cast<uint32_t>(i + 1), p.data, p.size,
+                                frames->back().data<uint8_t>()));
+  }
+  return OkStatus();
+}
+
+std::shared_ptr<SealJob> NewSealJob(std::shared_ptr<SealWay> way) {
+  auto job = std::make_shared<SealJob>();
+  job->counter = way->next.fetch_add(1, std::memory_order_relaxed);
+  job->way = std::move(way);
+  return job;
+}
+
+void SealInto(const Message& m, SealJob* job) {
+  BulkKeyPool::Lease key = job->way->key->Take();
+  job->status = key ? SealMessage(*key, job->counter, job->way->direction, m, &job->frames)
+                    : InternalError("no cipher context to seal a message with");
+  job->done.store(true, std::memory_order_release);
+}
+
+void SealedPayloads::Open() {
+  bool opened = true;
+  BulkKeyPool::Lease k = key->Take();
+  if (!k) opened = false;
+  for (size_t i = 0; opened && i < frames.size(); ++i) {
+    uint8_t* sealed = frames[i]->data<uint8_t>();
+    opened = k->Open(counter, direction | static_cast<uint32_t>(i + 1), sealed, frames[i]->size(),
+                     sealed + kBulkTagBytes);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  opened_ = opened;
+  cv_.notify_all();
+}
+
+bool SealedPayloads::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  return opened_;
+}
+
+void ZmqTransport::Impl::PreSeal(Command& cmd, bool here) {
+  std::shared_ptr<SealJob> job;
+  {
+    std::lock_guard<std::mutex> lock(seal_mu_);
+    if (sealers_.empty()) return;
+    auto it = sealers_.find(RouteKey(cmd.route));
+    if (it == sealers_.end()) return;
+    job = NewSealJob(it->second);
+  }
+  cmd.sealed = job;
+  // The task keeps what it reads: the command may end (its deadline) first.
+  if (here || crypto_ == nullptr || !crypto_->Run([this, job, m = cmd.message] {
+        SealInto(m, job.get());
+        Wake();  // the I/O thread may wait for it
+      })) {
+    SealInto(cmd.message, job.get());
+  }
+}
+
+void ZmqTransport::Impl::Publish(const Route& to, std::shared_ptr<SealWay> way) {
+  std::lock_guard<std::mutex> lock(seal_mu_);
+  sealers_[RouteKey(to)] = std::move(way);
+}
+
+void ZmqTransport::Impl::Unpublish(const Route& to) {
+  std::lock_guard<std::mutex> lock(seal_mu_);
+  sealers_.erase(RouteKey(to));
+}
+
 void ZmqTransport::Impl::StartBulk(ConnId id, const std::string& endpoint, int handshakes) {
   std::optional<BulkToken> token = RandomBulkToken();
-  std::unique_ptr<BulkKey> key = BulkKey::Random();
+  std::shared_ptr<BulkKeyPool> key = BulkKeyPool::Random();
   if (!token || key == nullptr) {
     GS_LOG(WARNING) << "no random key for sealed bulk messages to " << endpoint
                     << ": the connection stays on CURVE";
@@ -148,6 +213,7 @@ void ZmqTransport::Impl::OnBulkHandshake(ConnId id) {
   const std::string endpoint = out->second.endpoint;
   const int handshakes = out->second.handshakes;
   DropInbox(out->second.replies);
+  Unpublish(Route::Connection(id));
   bulk_out_.erase(out);
   StartBulk(id, endpoint, handshakes);
 }
@@ -199,6 +265,7 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
       auto gone = bulk_in_.find(old->second);
       if (gone != bulk_in_.end()) {
         DropInbox(gone->second.inbox);
+        Unpublish(Route::Inbound(identity));
         bulk_in_.erase(gone);
       }
     }
@@ -207,7 +274,7 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
       bulk_refused_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    std::unique_ptr<BulkKey> key = BulkKey::FromBytes(c->key.data());
+    std::shared_ptr<BulkKeyPool> key = BulkKeyPool::Of(c->key.data());
     if (key == nullptr) return;
     BulkIn& in = bulk_in_[rid];
     in.identity = identity;
@@ -251,13 +318,13 @@ void ZmqTransport::Impl::DrainBulk() {
     const bool done =
         in == bulk_in_.end() ||
         drain(in->second.inbox,
-              {in->second.key.get(), 0, Route::Inbound(in->second.identity), in->second.identity});
+              {in->second.key, 0, Route::Inbound(in->second.identity), in->second.identity});
     rid = done ? bulk_draining_.erase(rid) : std::next(rid);
   }
   for (auto id = bulk_replies_draining_.begin(); id != bulk_replies_draining_.end();) {
     auto out = bulk_out_.find(*id);
     const bool done = out == bulk_out_.end() ||
-                      drain(out->second.replies, {out->second.key.get(), kBulkReplyDirection,
+                      drain(out->second.replies, {out->second.key, kBulkReplyDirection,
                                                   Route::Connection(*id), out->second.endpoint});
     id = done ? bulk_replies_draining_.erase(id) : std::next(id);
   }
@@ -346,18 +413,29 @@ ZmqTransport::Impl::BulkIn* ZmqTransport::Impl::SealedRepliesTo(const std::strin
   auto token = bulk_token_of_.find(identity);
   if (token == bulk_token_of_.end()) return nullptr;
   auto in = bulk_in_.find(token->second);
-  return in != bulk_in_.end() && in->second.replies_sealed ? &in->second : nullptr;
+  return in != bulk_in_.end() && in->second.replies != nullptr ? &in->second : nullptr;
 }
 
 bool ZmqTransport::Impl::TrySendSealed(Command& cmd, zmq::socket_t& socket, const std::string& to,
-                                       BulkKey& key, uint32_t direction, uint64_t* counter) {
-  std::vector<zmq::message_t> frames;
-  Status status = SealMessage(key, *counter, direction, cmd.message, &frames);
-  if (status.ok() && !SendFrames(socket, to, frames, &status)) return false;
-  if (status.ok()) {
-    ++*counter;
-    bulk_sent_.fetch_add(1, std::memory_order_relaxed);
+                                       const std::shared_ptr<SealWay>& way) {
+  SealJob* job = cmd.sealed.get();
+  const bool usable = job != nullptr && job->way == way && job->counter >= way->floor;
+  if (usable && !job->done.load(std::memory_order_acquire)) return false;  // still sealing
+  if (!usable || !job->status.ok()) {  // sealed here, under a counter of now
+    cmd.sealed = NewSealJob(way);
+    SealInto(cmd.message, cmd.sealed.get());
+    job = cmd.sealed.get();
+    if (!job->status.ok()) {
+      cmd.Finish({job->status, "", -1});
+      return true;
+    }
   }
+  Status status;
+  // Nothing went: the frames stay for the retry, under the same counter
+  // (sends to this peer wait behind this one).
+  if (!SendFrames(socket, to, job->frames, &status)) return false;
+  way->floor = job->counter + 1;
+  if (status.ok()) bulk_sent_.fetch_add(1, std::memory_order_relaxed);
   cmd.Finish({status, "", -1});
   return true;
 }
@@ -382,8 +460,7 @@ void ZmqTransport::Impl::ReadBulk() {
     }
     frames.erase(frames.begin());  // the routing id: the token
     BulkIn& b = in->second;
-    TakeSealed(b.inbox, {b.key.get(), 0, Route::Inbound(b.identity), b.identity},
-               std::move(frames));
+    TakeSealed(b.inbox, {b.key, 0, Route::Inbound(b.identity), b.identity}, std::move(frames));
   }
 }
 
@@ -401,7 +478,7 @@ void ZmqTransport::Impl::ReadBulkReplies(ConnId id) {
       return;
     }
     if (!got) return;
-    TakeSealed(b.replies, {b.key.get(), kBulkReplyDirection, Route::Connection(id), b.endpoint},
+    TakeSealed(b.replies, {b.key, kBulkReplyDirection, Route::Connection(id), b.endpoint},
                std::move(frames));
   }
 }
@@ -428,17 +505,22 @@ void ZmqTransport::Impl::TakeSealed(SealedInbox& box, const InboxSource& source,
 
 void ZmqTransport::Impl::DeliverSealed(SealedInbox& box, const InboxSource& source,
                                        std::vector<zmq::message_t>& frames) {
-  Incoming msg;
-  msg.from = source.from;
+  Queued q;
+  q.in.from = source.from;
+  auto sealed = std::make_shared<SealedPayloads>();
   std::string why;
-  if (!OpenMessage(*source.key, source.direction, frames, options_, &box.next, &msg.message,
-                   &why)) {
-    RefuseBulk(source.who, why);
+  BulkKeyPool::Lease key = source.key->Take();
+  if (!key || !OpenHeader(*key, source.direction, frames, options_, &box.next, &q.in.message,
+                          sealed.get(), &why)) {
+    RefuseBulk(source.who, key ? why : "no cipher context to open a sealed message with");
     return;
   }
-  bulk_received_.fetch_add(1, std::memory_order_relaxed);
-  queued_bytes_.fetch_add(msg.message.header.size() + msg.message.PayloadBytes());
-  incoming_.Push(std::move(msg), Deadline::Infinite()).IgnoreError();
+  sealed->key = source.key;
+  sealed->who = source.who;
+  if (crypto_ == nullptr || !crypto_->Run([sealed] { sealed->Open(); })) sealed->Open();
+  q.sealed = std::move(sealed);
+  queued_bytes_.fetch_add(q.in.message.header.size() + q.in.message.PayloadBytes());
+  incoming_.Push(std::move(q), Deadline::Infinite()).IgnoreError();
 }
 
 void ZmqTransport::Impl::RefuseBulk(const std::string& from, const std::string& why) {

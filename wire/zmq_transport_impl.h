@@ -7,11 +7,13 @@
 
 #include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -25,6 +27,7 @@
 
 #include "common/blocking_queue.h"
 #include "common/logging.h"
+#include "common/task_pool.h"
 #include "wire/bulk_cipher.h"
 #include "wire/zmq_curve.h"
 #include "wire/zmq_handshake_retry.h"
@@ -44,6 +47,33 @@ struct Result {
   ConnId conn = -1;
 };
 
+// Where sealed messages go out one way (wire/bulk_cipher.h): an outgoing
+// connection's, or the replies to one token's holder. While it is published
+// (ZmqTransport::Impl::PreSeal), a message sent its way is sealed before
+// the I/O thread sees it: by the thread calling Send, or for Post on the
+// transport's crypto threads. The I/O thread only sends it.
+struct SealWay {
+  SealWay(std::shared_ptr<BulkKeyPool> k, uint32_t d) : key(std::move(k)), direction(d) {}
+  const std::shared_ptr<BulkKeyPool> key;
+  const uint32_t direction;       // 0, or kBulkReplyDirection
+  std::atomic<uint64_t> next{0};  // the next counter handed out
+  // I/O thread: one past the counter last sent. A message sealed with a
+  // lower counter (its sender's thread lost the race to the queue) is
+  // sealed again, under a new counter: the receiver takes counters rising.
+  uint64_t floor = 0;
+};
+
+// A message sealed under `way` with `counter` (set when the job is made,
+// in the order sends are made), by the caller or a crypto thread; `frames`
+// and `status` are the I/O thread's once `done` is set.
+struct SealJob {
+  std::shared_ptr<SealWay> way;
+  uint64_t counter = 0;
+  std::vector<zmq::message_t> frames;
+  Status status;
+  std::atomic<bool> done{false};
+};
+
 struct Command {
   enum class Kind { kListen, kConnect, kSend };
   Kind kind = Kind::kSend;
@@ -57,6 +87,10 @@ struct Command {
   // Not empty: a transport control message (wire/bulk_cipher.h), sent as an
   // empty frame and this one instead of `message`.
   std::string control;
+  // Set: `message` sealed, or being sealed, before the I/O thread took it;
+  // `message` stays (the connection may be back on CURVE by the time it is
+  // sent).
+  std::shared_ptr<SealJob> sealed;
 
   void Finish(Result r) {
     if (posted) {
@@ -103,11 +137,58 @@ inline Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
 
+// Seals `m` under `key` as message `counter` of direction `direction` (0 or
+// kBulkReplyDirection) into `frames`: frame 0 the counter, a tag and the
+// sealed header, then a tag and a sealed payload each.
+Status SealMessage(BulkKey& key, uint64_t counter, uint32_t direction, const Message& m,
+                   std::vector<zmq::message_t>* frames);
+
+// A job under `way`'s next counter.
+std::shared_ptr<SealJob> NewSealJob(std::shared_ptr<SealWay> way);
+// Seals `m` into job->frames and job->status, then sets job->done (any
+// thread).
+void SealInto(const Message& m, SealJob* job);
+
+// The payloads of a sealed message whose header the I/O thread opened (and
+// whose counter it checked): still sealed, each behind its tag in its
+// frame, opened in place on a crypto thread while the message waits in the
+// incoming queue; its receiver waits for this message's opening only.
+class SealedPayloads {
+ public:
+  std::shared_ptr<BulkKeyPool> key;
+  uint64_t counter = 0;
+  uint32_t direction = 0;
+  std::string who;  // whom a refusal names
+  std::vector<std::shared_ptr<zmq::message_t>> frames;
+
+  // Opens every payload in place, then wakes Wait.
+  void Open();
+  // True once every payload opened; false when one did not.
+  bool Wait();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;    // guarded by mu_
+  bool opened_ = false;  // guarded by mu_
+};
+
+// A message in the incoming queue.
+struct Queued {
+  Incoming in;
+  std::shared_ptr<SealedPayloads> sealed;  // set: it came sealed
+};
+
 class ZmqTransport::Impl {
  public:
   Impl(ZmqOptions options) : options_(std::move(options)), incoming_(options_.max_queued_incoming) {
     if (options_.identity.empty()) options_.identity = RandomIdentity("node");
     if (options_.node_keys && !options_.curve) options_.curve = options_.node_keys->job();
+    int crypto = options_.bulk_crypto_threads;
+    if (crypto < 0) crypto = std::thread::hardware_concurrency() >= 8 ? 2 : 0;
+    if (options_.bulk_encryption && crypto > 0) {
+      crypto_ = std::make_unique<TaskPool>(crypto, "gradsync-crypto");
+    }
   }
 
   Status Start() {
@@ -119,6 +200,7 @@ class ZmqTransport::Impl {
 
   ~Impl() {
     Shutdown();
+    crypto_.reset();  // its tasks wake the I/O thread's fd
     if (wake_fd_ >= 0) close(wake_fd_);
   }
 
@@ -141,18 +223,30 @@ class ZmqTransport::Impl {
   void Post(std::unique_ptr<Command> cmd) { Enqueue(std::move(cmd)); }
 
   StatusOr<Incoming> Receive(Deadline deadline) {
-    if (listen_closed_.load()) return ListenClosedError();
-    auto item = incoming_.Pop(deadline);
-    if (item.ok()) {
-      queued_bytes_.fetch_sub(item->message.header.size() + item->message.PayloadBytes());
-      Wake();  // room again: resume reading if it had paused
-    }
-    if (!item.ok() && item.status().code() == StatusCode::kCancelled) {
+    for (;;) {
       if (listen_closed_.load()) return ListenClosedError();
-      return CancelledError("transport is shut down");
+      StatusOr<Queued> item = incoming_.Pop(deadline);
+      if (!item.ok()) {
+        if (item.status().code() == StatusCode::kCancelled) {
+          if (listen_closed_.load()) return ListenClosedError();
+          return CancelledError("transport is shut down");
+        }
+        return item.status();
+      }
+      queued_bytes_.fetch_sub(item->in.message.header.size() + item->in.message.PayloadBytes());
+      Wake();  // room again: resume reading if it had paused
+      if (item->sealed == nullptr) return std::move(item->in);
+      if (item->sealed->Wait()) {
+        bulk_received_.fetch_add(1, std::memory_order_relaxed);
+        return std::move(item->in);
+      }
+      RefuseBulk(item->sealed->who, "a sealed message that does not open under its token's key");
     }
-    return item;
   }
+
+  // When cmd's way is sealed: seals its message on the calling thread
+  // (`here`), or hands that to the crypto threads.
+  void PreSeal(Command& cmd, bool here);
 
   void Shutdown() {
     {
@@ -268,7 +362,7 @@ class ZmqTransport::Impl {
   // the nonce direction (0, or the replies' bit), the route, and whom a
   // refusal names.
   struct InboxSource {
-    BulkKey* key;
+    std::shared_ptr<BulkKeyPool> key;
     uint32_t direction;
     Route from;
     std::string who;
@@ -282,24 +376,27 @@ class ZmqTransport::Impl {
     enum class State { kHello, kConnecting, kSwitching, kOn, kOff } state = State::kHello;
     SteadyTime connecting_since;
     BulkToken token{};
-    std::unique_ptr<BulkKey> key;
-    std::string endpoint;  // the connection's (its host serves the bulk port too)
+    std::shared_ptr<BulkKeyPool> key;
+    std::shared_ptr<SealWay> way;  // set once on
+    std::string endpoint;          // the connection's (its host serves the bulk port too)
     std::unique_ptr<zmq::socket_t> socket;
-    uint64_t counter = 0;
     int handshakes = 0;   // of the CURVE connection
     SealedInbox replies;  // sealed replies on `socket`
   };
   // A token this node handed out: whose it is, its key, the sealed
-  // messages under it, and whether replies to the identity go sealed on
-  // the bulk connection (once its 'R' went over CURVE, behind every reply
-  // before it).
+  // messages under it, and the way replies to the identity go sealed on
+  // the bulk connection (set once its 'R' went over CURVE, behind every
+  // reply before it).
   struct BulkIn {
     std::string identity;
-    std::unique_ptr<BulkKey> key;
+    std::shared_ptr<BulkKeyPool> key;
     SealedInbox inbox;
-    bool replies_sealed = false;
-    uint64_t reply_counter = 0;
+    std::shared_ptr<SealWay> replies;
   };
+  // Sends to `to` are sealed under `way` by their callers from now on /
+  // no longer.
+  void Publish(const Route& to, std::shared_ptr<SealWay> way);
+  void Unpublish(const Route& to);
   // After connecting to a plan node: hands it a token and a key.
   void StartBulk(ConnId id, const std::string& endpoint, int handshakes = 0);
   // The CURVE handshake of connection `id` succeeded: after its first, the
@@ -313,11 +410,13 @@ class ZmqTransport::Impl {
   void CheckBulkConnections();
   // The token whose holder's replies go sealed, for `identity`; null if none.
   BulkIn* SealedRepliesTo(const std::string& identity);
-  // Seals cmd's message under `key` (nonce `direction`, message *counter)
-  // and sends it on `socket` (after routing id `to`, if not empty); false
-  // when it would block.
-  bool TrySendSealed(Command& cmd, zmq::socket_t& socket, const std::string& to, BulkKey& key,
-                     uint32_t direction, uint64_t* counter);
+  // Sends cmd's message sealed under `way` on `socket` (after routing id
+  // `to`, if not empty), sealing it first unless that was done before
+  // (under this way, with a counter above the last sent); false when it
+  // would block, or while a crypto thread still seals it (it wakes the I/O
+  // thread when done).
+  bool TrySendSealed(Command& cmd, zmq::socket_t& socket, const std::string& to,
+                     const std::shared_ptr<SealWay>& way);
   bool EnsureBulkListener();
   // Reads the bulk port (sealed messages) and connection `id`'s bulk
   // socket (sealed replies).
@@ -326,7 +425,8 @@ class ZmqTransport::Impl {
   // A sealed message read for `box`: handed on at once when the box is on
   // and nothing waits in it, else it waits (bounded; refused past that).
   void TakeSealed(SealedInbox& box, const InboxSource& source, std::vector<zmq::message_t> frames);
-  // Opens a sealed message and queues it; refuses it (counted) otherwise.
+  // Opens a sealed message's header and queues the message (its payloads
+  // are opened by Receive); refuses it (counted) otherwise.
   void DeliverSealed(SealedInbox& box, const InboxSource& source,
                      std::vector<zmq::message_t>& frames);
   // Hands on what waits in the inboxes whose marker came, while the
@@ -342,9 +442,10 @@ class ZmqTransport::Impl {
   bool AnswerEcho(zmq::socket_t& router, const std::vector<zmq::message_t>& frames);
 
   ZmqOptions options_;
+  std::unique_ptr<TaskPool> crypto_;  // with bulk_encryption: seals and opens
   zmq::context_t context_{1};
   std::atomic<uint64_t> next_probe_{0};
-  BlockingQueue<Incoming> incoming_;
+  BlockingQueue<Queued> incoming_;
   int wake_fd_ = -1;
   std::thread io_thread_;
 
@@ -352,6 +453,8 @@ class ZmqTransport::Impl {
   std::deque<std::unique_ptr<Command>> commands_;  // guarded by mu_
   bool stopping_ = false;                          // guarded by mu_
   std::string bulk_endpoint_;                      // guarded by mu_
+  std::mutex seal_mu_;
+  std::map<std::string, std::shared_ptr<SealWay>> sealers_;  // by RouteKey; guarded by seal_mu_
 
   // Owned by the I/O thread.
   std::unique_ptr<zmq::socket_t> router_;

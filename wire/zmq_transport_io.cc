@@ -5,6 +5,7 @@
 namespace gradsync::wire {
 
 void ZmqTransport::Impl::IoLoop() {
+  pthread_setname_np(pthread_self(), "gradsync-io");  // in top -H, perf and gdb
   for (;;) {
     // Whatever was queued before Shutdown is sent (a last broadcast
     // included): Enqueue takes nothing once stopping_ is set, so the batch
@@ -91,13 +92,12 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
     if (bulk != bulk_out_.end() && bulk->second.state == BulkOut::State::kOn) {
       BulkOut& b = bulk->second;
       if (!(b.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT)) return false;
-      return TrySendSealed(cmd, *b.socket, "", *b.key, 0, &b.counter);
+      return TrySendSealed(cmd, *b.socket, "", b.way);
     }
   }
   if (to.kind == Route::Kind::kInbound && cmd.control.empty()) {
     if (BulkIn* b = SealedRepliesTo(to.identity)) {
-      return TrySendSealed(cmd, *bulk_router_, bulk_token_of_[to.identity], *b->key,
-                           kBulkReplyDirection, &b->reply_counter);
+      return TrySendSealed(cmd, *bulk_router_, bulk_token_of_[to.identity], b->replies);
     }
   }
   zmq::socket_t* socket = nullptr;
@@ -130,12 +130,18 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
       socket->send(zmq::buffer(cmd.control), zmq::send_flags::none);
       if (cmd.control[0] == 'S' && to.kind == Route::Kind::kConnection) {
         auto bulk = bulk_out_.find(to.conn);
-        if (bulk != bulk_out_.end()) bulk->second.state = BulkOut::State::kOn;
+        if (bulk != bulk_out_.end()) {
+          bulk->second.state = BulkOut::State::kOn;
+          bulk->second.way = std::make_shared<SealWay>(bulk->second.key, 0);
+          Publish(to, bulk->second.way);
+        }
       }
       if (cmd.control[0] == 'R' && to.kind == Route::Kind::kInbound) {
         auto token = bulk_token_of_.find(to.identity);
         if (token != bulk_token_of_.end() && bulk_in_.count(token->second) > 0) {
-          bulk_in_[token->second].replies_sealed = true;
+          BulkIn& in = bulk_in_[token->second];
+          in.replies = std::make_shared<SealWay>(in.key, kBulkReplyDirection);
+          Publish(to, in.replies);
         }
       }
       cmd.Finish({OkStatus(), "", -1});
@@ -213,7 +219,8 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     }
     if (!got) return;
     if (!fixed_route && AnswerEcho(socket, frames)) continue;
-    Incoming in;
+    Queued q;
+    Incoming& in = q.in;
     size_t first = 0;
     if (fixed_route) {
       in.from = *fixed_route;
@@ -258,7 +265,7 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     }
     // The queue has room (checked above) and only this thread pushes.
     queued_bytes_.fetch_add(in.message.header.size() + in.message.PayloadBytes());
-    incoming_.Push(std::move(in), Deadline::Infinite()).IgnoreError();
+    incoming_.Push(std::move(q), Deadline::Infinite()).IgnoreError();
   }
 }
 
