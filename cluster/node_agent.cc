@@ -417,6 +417,10 @@ Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
+    // Counts of past epochs are never read again (their calls fail above).
+    for (auto it = barrier_called_.begin(); it != barrier_called_.end();) {
+      it = it->first.second < latest_.epoch ? barrier_called_.erase(it) : std::next(it);
+    }
     n = ++barrier_called_[{group, epoch}];
     // Epoch 0 numbers as before epochs existed (n alone); every id stays
     // below the epoch barriers' and grows with the epoch.

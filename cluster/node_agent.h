@@ -166,7 +166,8 @@ class NodeAgent {
   std::condition_variable cv_;
   Status job_status_;   // guarded by mu_
   bool ready_ = false;  // guarded by mu_
-  // Barriers called per group and epoch; guarded by mu_.
+  // Barriers called per group and epoch (the current epoch's and any
+  // later's only); guarded by mu_.
   std::map<std::pair<wire::Group, uint32_t>, uint64_t> barrier_called_;
   std::map<wire::Group, uint64_t> barrier_released_;  // guarded by mu_
   Status barrier_error_;                              // guarded by mu_

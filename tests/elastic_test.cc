@@ -47,7 +47,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
  protected:
   // Starts `workers` trainers of a job whose scheduler takes `flags`, and
   // `shards`. With `key_file`, the job runs CURVE: every node with its own
-  // key.
+  // key. Worker r runs on host hosts_[r] when there is one.
   std::vector<Subprocess*> StartJob(int workers, std::vector<std::string> flags,
                                     const std::string& steps, const std::string& key_file = "",
                                     std::vector<std::string> worker_flags = {"--step_sleep_ms=5"},
@@ -67,6 +67,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     for (int r = 0; r < workers; ++r) {
       std::vector<std::string> argv = {Runfile("tests/elastic_worker"),
                                        "--rank=" + std::to_string(r), "--steps=" + steps};
+      if (r < static_cast<int>(hosts_.size())) argv.push_back("--host=" + hosts_[r]);
       argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
       procs.push_back(&Start(argv, "worker" + std::to_string(r)));
     }
@@ -89,9 +90,11 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     EXPECT_FALSE(params.begin()->empty());
   }
 
-  // A worker joining the running job, with the flags the others took.
-  Subprocess& StartJoiner(const std::string& steps) {
+  // A worker joining the running job (on `host`, if not empty), with the
+  // flags the others took.
+  Subprocess& StartJoiner(const std::string& steps, const std::string& host = "") {
     std::vector<std::string> argv = {Runfile("tests/elastic_worker"), "--steps=" + steps};
+    if (!host.empty()) argv.push_back("--host=" + host);
     argv.insert(argv.end(), worker_flags_.begin(), worker_flags_.end());
     return Start(argv, "joiner");
   }
@@ -180,24 +183,34 @@ class ElasticTest : public ::testing::Test, public LocalJob {
 
   // 4 workers, worker 1 SIGKILLed at step 100; once the survivors resumed,
   // a new worker process joins: all 4 finish in epoch 2 with the same
-  // parameters, the joiner ranked last. Every 50 steps they all enter a
-  // barrier, the joiner as the others.
-  void KillOneOfFourAndJoin(const std::string& key_file, const Shards& shards = {}) {
+  // parameters, the joiner (on `joiner_host`, if not empty) ranked last.
+  // Every 50 steps they all enter a barrier, the joiner as the others.
+  // Returns the outputs of worker 0, the two other survivors and the
+  // joiner.
+  std::vector<std::string> KillOneOfFourAndJoin(const std::string& key_file,
+                                                const Shards& shards = {},
+                                                const std::string& joiner_host = "") {
     auto workers = StartJob(4, {"--min_workers=2"}, "400", key_file,
                             {"--step_sleep_ms=5", "--barrier_every=50"}, shards);
-    ASSERT_TRUE(workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
-        << workers[1]->Output();
+    if (!workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000))) {
+      ADD_FAILURE() << workers[1]->Output();
+      return {};
+    }
     workers[1]->Signal(SIGKILL);
-    ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
-        << workers[0]->Output() << "\n--- worker 2:\n"
-        << workers[2]->Output() << "\n--- worker 3:\n"
-        << workers[3]->Output() << "\n--- scheduler:\n"
-        << scheduler_->Output();
-    Subprocess& joiner = StartJoiner("400");
+    if (!workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000))) {
+      ADD_FAILURE() << workers[0]->Output() << "\n--- worker 2:\n"
+                    << workers[2]->Output() << "\n--- worker 3:\n"
+                    << workers[3]->Output() << "\n--- scheduler:\n"
+                    << scheduler_->Output();
+      return {};
+    }
+    Subprocess& joiner = StartJoiner("400", joiner_host);
     std::set<std::string> params;
+    std::vector<std::string> outputs;
     for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {
-      ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
+      EXPECT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
       const std::string out = w->Output();
+      outputs.push_back(out);
       EXPECT_NE(out.find("final step 400 world 4 epoch 2 params "), std::string::npos) << out;
       EXPECT_NE(out.find("barrier after step 400"), std::string::npos) << out;
       params.insert(Params(out));
@@ -219,6 +232,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
               std::string::npos)
         << scheduler_->Output();
     if (shards.count > 0) ExpectEveryRoundClosedOnce(400);
+    return outputs;
   }
 
   // 4 workers, worker 2 SIGKILLed at step 50: the 3 others finish 300
@@ -243,6 +257,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
 
   std::vector<Subprocess*> shards_;
   std::vector<std::string> worker_flags_;
+  std::vector<std::string> hosts_;  // worker r on hosts_[r], when set
 };
 
 TEST_F(ElasticTest, SurvivorsOfAKilledRingWorkerFinishAndAgreeBitForBit) { KillOneOfFour(""); }
@@ -325,41 +340,21 @@ TEST_F(ElasticTest, ANewWorkerJoinsTheRunningRingAndEndsWithTheSameParameters) {
 // its links for the ring order, a worker that joined included, and the
 // barriers of every epoch line up.
 TEST_F(ElasticTest, OnFourHostsEveryEpochTimesItsLinksAJoinerIncluded) {
-  StartScheduler(4, 0, {"--min_workers=2"});
-  SetJob(4, 0);
-  const std::vector<std::string> flags = {"--steps=400", "--step_sleep_ms=5", "--barrier_every=50"};
-  auto start = [&](const std::string& name, std::vector<std::string> argv) -> Subprocess& {
-    argv.insert(argv.begin(), Runfile("tests/elastic_worker"));
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    return Start(argv, name);
-  };
-  std::vector<Subprocess*> workers;
-  for (int r = 0; r < 4; ++r) {
-    workers.push_back(
-        &start("worker" + std::to_string(r),
-               {"--rank=" + std::to_string(r), "--host=127.0.0." + std::to_string(r + 1)}));
-  }
-  ASSERT_TRUE(workers[1]->WaitForOutput("reached step 100", Deadline::AfterMs(60000)))
-      << workers[1]->Output();
-  workers[1]->Signal(SIGKILL);
-  ASSERT_TRUE(workers[0]->WaitForOutput("resuming at step", Deadline::AfterMs(20000)))
-      << workers[0]->Output();
-  Subprocess& joiner = start("joiner", {"--host=127.0.0.2"});
-  ExpectFinishAlike({workers[0], workers[2], workers[3], &joiner}, "barrier after step 400",
-                    "final step 400 world 4 epoch 2 params ");
+  hosts_ = {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"};
+  const std::vector<std::string> outputs = KillOneOfFourAndJoin("", {}, "127.0.0.2");
+  ASSERT_EQ(outputs.size(), 4u);
   // Rank 0 logs the order it took in epoch 0 and again in epoch 2 (epoch 1
   // has three hosts: rank order without timing).
-  const std::string out = workers[0]->Output();
+  const std::string& out = outputs[0];
   size_t orders = 0;
   for (size_t at = out.find(" over 4 hosts"); at != std::string::npos;
        at = out.find(" over 4 hosts", at + 1)) {
     ++orders;
   }
   EXPECT_EQ(orders, 2u) << out;
-  for (Subprocess* w : {workers[0], workers[2], workers[3], &joiner}) {
-    EXPECT_EQ(w->Output().find("cannot time the link"), std::string::npos) << w->Output();
+  for (const std::string& o : outputs) {
+    EXPECT_EQ(o.find("cannot time the link"), std::string::npos) << o;
   }
-  EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
 }
 
 // The joiner's own node key gets into every member's plan: its ring
