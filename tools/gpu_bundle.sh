@@ -152,6 +152,12 @@ else
 fi
 part allreduce_bench 300 "$here/run.sh" allreduce_bench --quick --ranks=8 \
   --impls=gradsync_ring,gloo_ring,gradsync_ring_shm,gradsync_ring_curve,gradsync_ring_sealed
+# Sealed bulk messages with the cipher on the callers' and I/O threads (0)
+# and on 2 crypto threads a transport, against the plain ring.
+for threads in 0 2; do
+  part "allreduce_sealed_threads$threads" 300 "$here/run.sh" allreduce_bench --ranks=8 \
+    --sizes=1M,4M,16M --impls=gradsync_ring,gradsync_ring_sealed --bulk_crypto_threads=$threads
+done
 part ps_bench 300 "$here/run.sh" ps_bench --quick --workers=8 --shards=1,2,4 \
   --server_bin="$here/gradsync/server/gradsync_server"
 echo "logs: $logs"
