@@ -1,0 +1,377 @@
+// CudaGradients (client/device_gradients_cuda.h): averaging a bucket, and
+// the device compressors' exchange.
+#include <cstring>
+
+#include "client/device_gradients_cuda.h"
+#include "compression/registry.h"
+#include "kernels/compress_cpu.h"
+#include "kernels/compress_kernels.h"
+#include "kernels/reduce_cuda.h"
+
+namespace gradsync::client {
+namespace {
+
+StatusOr<Codec> CodecOf(const std::string& spec) {
+  Codec c;
+  if (spec == "none") return c;
+  GS_ASSIGN_OR_RETURN(compression::CompressorSpec parsed, compression::ParseCompressorSpec(spec));
+  const std::string& name = parsed.name;
+  if (parsed.options.momentum != 0) {
+    return UnimplementedError("\"" + spec +
+                              "\": error feedback with momentum runs on host gradients only "
+                              "(gradient_device=cpu)");
+  }
+  if (parsed.options.warmup != 0) {
+    return UnimplementedError("\"" + spec +
+                              "\": top-k's warm-up runs on host gradients only "
+                              "(gradient_device=cpu)");
+  }
+  c.ef = parsed.options.error_feedback;
+  c.ratio = parsed.options.ratio;
+  c.chunk = parsed.options.chunk;
+  c.levels = parsed.options.levels;
+  if (name == "fp16" || name == "bf16") {
+    c.kind = Codec::kHalf;
+    c.half = name == "fp16" ? kernels::Float16Format::kFp16 : kernels::Float16Format::kBf16;
+  } else if (name == "topk" || name == "topk_fp16" || name == "topk_sampled" ||
+             name == "topk_sampled_fp16") {
+    // The sampled selection picks exactly the top-k set: same wire bytes.
+    c.kind = Codec::kTopK;
+    c.values = name.size() > 5 && name.substr(name.size() - 5) == "_fp16"
+                   ? kernels::SparseValueFormat::kF16
+                   : kernels::SparseValueFormat::kF32;
+  } else if (name == "randomk") {
+    c.kind = Codec::kRandomK;
+  } else if (name == "sign") {
+    c.kind = Codec::kSign;
+  } else if (name == "qsgd") {
+    c.kind = Codec::kQsgd;
+  } else {
+    c.kind = Codec::kHost;  // powersgd
+  }
+  return c;
+}
+
+// Top-k wire bytes of one rank, as the CPU decompressor checks them: k
+// indices strictly ascending and below n.
+Status CheckSparse(const uint8_t* wire, size_t k, size_t n, int rank) {
+  int64_t last = -1;
+  for (size_t j = 0; j < k; ++j) {
+    int32_t index;
+    std::memcpy(&index, wire + 4 * j, 4);
+    if (index <= last || static_cast<size_t>(index) >= n) {
+      return InvalidArgumentError("top-k bytes of rank " + std::to_string(rank) + ": index " +
+                                  std::to_string(index) + " at " + std::to_string(j) +
+                                  " is out of range or not ascending (n = " + std::to_string(n) +
+                                  ")");
+    }
+    last = index;
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
+                             Collectives& backend, const OpTag& tag, uint64_t seed,
+                             Deadline deadline, BucketCompression::Traffic* traffic,
+                             const HostReduce& host) {
+  GS_RETURN_IF_ERROR(Select());
+  GS_RETURN_IF_ERROR(AfterStaged(bucket));
+  State& st = *state_.at(static_cast<size_t>(bucket));
+  if (st.spec != spec) {
+    GS_ASSIGN_OR_RETURN(st.codec, CodecOf(spec));
+    st.spec = spec;
+  }
+  const Codec::Kind kind = dtype == DType::kF32 ? st.codec.kind : Codec::kNone;
+  if (kind == Codec::kHost)
+    return ViaHost(bucket, count * DTypeSize(dtype), deadline, traffic, host);
+  const bool nccl = backend.takes_device_memory();
+  if (kind == Codec::kNone) {
+    const size_t bytes = count * DTypeSize(dtype);
+    *traffic = BucketCompression::Traffic{bytes, bytes, false};
+    if (!nccl) {
+      return ViaHost(bucket, bytes, deadline, traffic,
+                     [&](uint8_t* h, BucketCompression::Traffic*) {
+                       return backend.AllReduce(h, count, dtype, ReduceOp::kAverage, tag, deadline);
+                     });
+    }
+    GS_RETURN_IF_ERROR(Wait(deadline));
+    return backend.AllReduce(Bucket(bucket), count, dtype, ReduceOp::kAverage, tag, deadline);
+  }
+  auto* data = reinterpret_cast<float*>(Bucket(bucket));
+  if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
+  const kernels::SeedContext ctx{seed, tag.step, tag.bucket};
+  Status s = ReduceCompressed(st, data, count, ctx, backend, nccl, tag, deadline, traffic);
+  if (st.codec.ef) st.has_residual = true;
+  return s;
+}
+
+Status CudaGradients::ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
+                                   BucketCompression::Traffic* traffic, const HostReduce& host) {
+  GS_RETURN_IF_ERROR(Select());
+  GS_RETURN_IF_ERROR(AfterStaged(bucket));
+  return ViaHost(bucket, bytes, deadline, traffic, host, copy_in);
+}
+
+StatusOr<std::shared_ptr<std::vector<uint8_t>>> CudaGradients::EncodePartition(
+    int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
+    const compression::CompressContext& ctx, Deadline deadline) {
+  GS_RETURN_IF_ERROR(Select());
+  GS_RETURN_IF_ERROR(AfterStaged(bucket));
+  std::unique_ptr<State>& slot = partitions_[{bucket, partition}];
+  if (slot == nullptr) slot = std::make_unique<State>();
+  State& st = *slot;
+  if (st.spec != spec) {
+    GS_ASSIGN_OR_RETURN(st.codec, CodecOf(spec));
+    st.spec = spec;
+  }
+  if (st.codec.kind == Codec::kNone || st.codec.kind == Codec::kHost) {
+    return InvalidArgumentError("compression \"" + spec + "\" has no device form");
+  }
+  if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
+  auto* data = reinterpret_cast<float*>(Bucket(bucket)) + offset;
+  GS_ASSIGN_OR_RETURN(
+      Code code,
+      MakeCode(st.codec, data, count, reinterpret_cast<float*>(st.residual.get()), st.has_residual,
+               kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}));
+  GS_RETURN_IF_ERROR(wire_.Reserve(code.wire_bytes + 4, "compressed bytes"));
+  GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+  if (st.codec.ef) st.has_residual = true;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(code.wire_bytes);
+  GS_RETURN_IF_ERROR(wire_host_.Reserve(code.wire_bytes + 4, "compressed bytes"));
+  GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), code.wire_bytes, deadline));
+  if (!bytes->empty()) std::memcpy(bytes->data(), wire_host_.get(), bytes->size());
+  return bytes;
+}
+
+Status CudaGradients::ViaHost(int bucket, size_t bytes, Deadline deadline,
+                              BucketCompression::Traffic* traffic, const HostReduce& host,
+                              bool copy_in) {
+  GS_RETURN_IF_ERROR(mirror_.Reserve(bytes, "the host copy of a bucket"));
+  if (copy_in) {
+    GS_RETURN_IF_ERROR(ToHost(mirror_.get(), Bucket(bucket), bytes, deadline));
+  } else {
+    GS_RETURN_IF_ERROR(Wait(deadline));  // earlier results still being copied from mirror_
+  }
+  GS_RETURN_IF_ERROR(host(mirror_.get(), traffic));
+  return ToDevice(Bucket(bucket), mirror_.get(), bytes);
+}
+
+Status CudaGradients::ToHost(uint8_t* host, const uint8_t* dev, size_t bytes, Deadline deadline) {
+  GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_),
+                          "copying to the host"));
+  return Wait(deadline);
+}
+
+Status CudaGradients::ToDevice(uint8_t* dev, const uint8_t* host, size_t bytes) {
+  return Cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_),
+              "copying to the GPU");
+}
+
+StatusOr<CudaGradients::Code> CudaGradients::MakeCode(const Codec& c, float* data, size_t n,
+                                                      float* residual, bool has,
+                                                      const kernels::SeedContext& ctx) {
+  const size_t chunks = c.chunk > 0 ? kernels::NumChunks(n, c.chunk) : 0;
+  const cudaStream_t stream = stream_;
+  Code code;
+  code.check = [](const uint8_t*, int) { return Status(); };
+  switch (c.kind) {
+    case Codec::kHalf: {
+      const bool fp16 = c.half == kernels::Float16Format::kFp16;
+      code.summable = true;
+      code.dtype = fp16 ? DType::kF16 : DType::kBF16;
+      code.elems = n;
+      code.wire_bytes = 2 * n;
+      code.encode = [=](uint8_t* w) {
+        auto* wire = reinterpret_cast<uint16_t*>(w);
+        if (c.ef) return kernels::EfFloat16Cuda(c.half, data, residual, has, n, wire, stream);
+        return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream)
+                    : kernels::FloatToBf16Cuda(data, wire, n, stream);
+      };
+      code.decode = [=](const uint8_t* w, float* out) {
+        auto* wire = reinterpret_cast<const uint16_t*>(w);
+        return fp16 ? kernels::HalfToFloatCuda(wire, out, n, stream)
+                    : kernels::Bf16ToFloatCuda(wire, out, n, stream);
+      };
+      return code;
+    }
+    case Codec::kRandomK: {
+      // Every rank draws the same indices from the context, on the host.
+      // Unbiased (n / k) alone; with error feedback the dropped part is
+      // carried instead (compression/registry.cc), so the scale is 1.
+      const size_t k = kernels::SparseKeepCount(c.ratio, n);
+      const std::vector<uint32_t> indices = kernels::RandomKIndicesCpu(ctx, n, k);
+      const float scale = c.ef ? 1.0f : kernels::RandomKScale(n, k);
+      GS_RETURN_IF_ERROR(indices_.Reserve(4 * k + 4, "random-k indices"));
+      auto* idx = reinterpret_cast<uint32_t*>(indices_.get());
+      // From pageable memory: staged before the call returns.
+      GS_RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice, stream),
+               "copying random-k indices to the GPU"));
+      code.summable = true;
+      code.dtype = DType::kF32;
+      code.elems = k;
+      code.wire_bytes = 4 * k;
+      code.encode = [=](uint8_t* w) {
+        auto* values = reinterpret_cast<float*>(w);
+        if (c.ef)
+          return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale, values, stream);
+        return kernels::GatherCuda(data, idx, k, values, stream);
+      };
+      code.decode = [=](const uint8_t* w, float* out) {
+        return kernels::ScatterCuda(reinterpret_cast<const float*>(w), idx, k, scale, n, out,
+                                    stream);
+      };
+      return code;
+    }
+    case Codec::kTopK: {
+      const size_t k = kernels::SparseKeepCount(c.ratio, n);
+      const size_t vb = c.values == kernels::SparseValueFormat::kF16 ? 2 : 4;
+      const size_t ws = kernels::TopKWorkspaceBytes(n);
+      GS_RETURN_IF_ERROR(workspace_.Reserve(ws, "the top-k workspace"));
+      uint8_t* workspace = workspace_.get();
+      code.wire_bytes = k * (4 + vb);
+      code.encode = [=](uint8_t* w) {
+        auto* idx = reinterpret_cast<int32_t*>(w);
+        if (c.ef) {
+          return kernels::EfTopKCuda(data, residual, has, n, k, c.values, idx, w + 4 * k, workspace,
+                                     ws, stream);
+        }
+        return kernels::TopKCuda(data, n, k, c.values, idx, w + 4 * k, workspace, ws, stream);
+      };
+      code.check = [=](const uint8_t* w, int rank) { return CheckSparse(w, k, n, rank); };
+      code.decode = [=](const uint8_t* w, float* out) {
+        return kernels::SparseDecompressCuda(reinterpret_cast<const int32_t*>(w), w + 4 * k,
+                                             c.values, k, n, out, stream);
+      };
+      return code;
+    }
+    case Codec::kSign: {
+      code.wire_bytes = 4 * chunks + (n + 7) / 8;  // every bit pattern decodes
+      code.encode = [=](uint8_t* w) {
+        auto* scales = reinterpret_cast<float*>(w);
+        uint8_t* bits = w + 4 * chunks;
+        if (c.ef) return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits, stream);
+        return kernels::SignEncodeCuda(data, n, c.chunk, scales, bits, stream);
+      };
+      code.decode = [=](const uint8_t* w, float* out) {
+        return kernels::SignDecodeCuda(reinterpret_cast<const float*>(w), w + 4 * chunks, n,
+                                       c.chunk, out, stream);
+      };
+      return code;
+    }
+    case Codec::kQsgd: {
+      const uint64_t key = kernels::QsgdKey(ctx);
+      code.wire_bytes = 4 * chunks + n;
+      code.encode = [=](uint8_t* w) {
+        auto* norms = reinterpret_cast<float*>(w);
+        auto* q = reinterpret_cast<int8_t*>(w + 4 * chunks);
+        if (c.ef) {
+          return kernels::EfQsgdCuda(data, residual, has, n, c.chunk, c.levels, key, norms, q,
+                                     stream);
+        }
+        return kernels::QsgdEncodeCuda(data, n, c.chunk, c.levels, key, norms, q, stream);
+      };
+      code.check = [=](const uint8_t* w, int rank) -> Status {
+        const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks);
+        for (size_t i = 0; i < n; ++i) {
+          if (q[i] > c.levels || q[i] < -c.levels) {
+            return InvalidArgumentError("qsgd bytes of rank " + std::to_string(rank) + ": level " +
+                                        std::to_string(q[i]) + " at " + std::to_string(i) +
+                                        " exceeds " + std::to_string(c.levels));
+          }
+        }
+        return Status();
+      };
+      code.decode = [=](const uint8_t* w, float* out) {
+        return kernels::QsgdDecodeCuda(reinterpret_cast<const float*>(w),
+                                       reinterpret_cast<const int8_t*>(w + 4 * chunks), n, c.chunk,
+                                       c.levels, out, stream);
+      };
+      return code;
+    }
+    default:
+      return InternalError("no device form for this compressor");
+  }
+}
+
+Status CudaGradients::ReduceCompressed(State& st, float* data, size_t n,
+                                       const kernels::SeedContext& ctx, Collectives& backend,
+                                       bool nccl, const OpTag& tag, Deadline deadline,
+                                       BucketCompression::Traffic* traffic) {
+  GS_ASSIGN_OR_RETURN(Code code,
+                      MakeCode(st.codec, data, n, reinterpret_cast<float*>(st.residual.get()),
+                               st.has_residual, ctx));
+  if (code.summable) return ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic);
+  return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+}
+
+Status CudaGradients::ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend,
+                                     bool nccl, const OpTag& tag, Deadline deadline,
+                                     BucketCompression::Traffic* traffic) {
+  const size_t wb = code.elems * DTypeSize(code.dtype);
+  GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
+  // The rule of the host path (a sum of fp16 overflows past 65504).
+  const bool divided = BucketCompression::DividesBeforeSum(code.dtype);
+  const auto world = static_cast<float>(backend.world_size());
+  if (divided) GS_RETURN_IF_ERROR(kernels::DivideFloatCuda(data, n, world, stream_));
+  GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+  *traffic = BucketCompression::Traffic{wb, wb, false};
+  if (nccl) {
+    GS_RETURN_IF_ERROR(Wait(deadline));
+    GS_RETURN_IF_ERROR(
+        backend.AllReduce(wire_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
+  } else {
+    GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
+    GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
+    GS_RETURN_IF_ERROR(
+        backend.AllReduce(wire_host_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
+    GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
+  }
+  GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
+  if (divided) return Status();
+  return kernels::DivideFloatCuda(data, n, world, stream_);
+}
+
+Status CudaGradients::ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend,
+                                     bool nccl, const OpTag& tag, Deadline deadline,
+                                     BucketCompression::Traffic* traffic) {
+  const size_t wb = code.wire_bytes;
+  const size_t world = static_cast<size_t>(backend.world_size());
+  GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
+  GS_RETURN_IF_ERROR(gathered_.Reserve(wb * world + 4, "gathered compressed bytes"));
+  GS_RETURN_IF_ERROR(scratch_.Reserve(n * sizeof(float) + wb + 16, "decompression scratch"));
+  GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+  *traffic = BucketCompression::Traffic{wb, wb * (world - 1), true};
+  if (nccl) {
+    GS_RETURN_IF_ERROR(Wait(deadline));
+    GS_RETURN_IF_ERROR(backend.AllGather(wire_.get(), wb, gathered_.get(), tag, deadline));
+  } else {
+    GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
+    GS_RETURN_IF_ERROR(gathered_host_.Reserve(wb * world + 4, "gathered compressed bytes"));
+    GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
+    GS_RETURN_IF_ERROR(
+        backend.AllGather(wire_host_.get(), wb, gathered_host_.get(), tag, deadline));
+    // Peers' bytes are checked before the GPU reads them.
+    for (size_t r = 0; r < world; ++r) {
+      GS_RETURN_IF_ERROR(code.check(gathered_host_.get() + r * wb, static_cast<int>(r)));
+    }
+    GS_RETURN_IF_ERROR(ToDevice(gathered_.get(), gathered_host_.get(), wb * world));
+  }
+  auto* scratch = reinterpret_cast<float*>(scratch_.get());
+  uint8_t* aligned = scratch_.get() + n * sizeof(float);  // 4-byte aligned: n floats
+  for (size_t r = 0; r < world; ++r) {
+    const uint8_t* part = gathered_.get() + r * wb;
+    if ((r * wb) % 4 != 0) {  // the 4-byte parts of this rank's bytes: realign
+      GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(aligned, part, wb, cudaMemcpyDeviceToDevice, stream_),
+                              "realigning compressed bytes"));
+      part = aligned;
+    }
+    GS_RETURN_IF_ERROR(code.decode(part, r == 0 ? data : scratch));
+    if (r > 0) GS_RETURN_IF_ERROR(kernels::SumIntoCuda(data, scratch, n, stream_));
+  }
+  return kernels::DivideFloatCuda(data, n, static_cast<float>(world), stream_);
+}
+
+}  // namespace gradsync::client

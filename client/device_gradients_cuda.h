@@ -1,0 +1,221 @@
+// CudaGradients: DeviceGradients on CUDA (client/device_gradients.h), and
+// what its two files share. device_gradients_cuda.cc holds the buckets'
+// memory: allocation, staging on the staging stream, the copies back into
+// the tensors, waits. device_exchange_cuda.cc averages a bucket: NCCL in
+// place, a host backend through pinned copies, and the device compressors'
+// wire bytes (encode, check a peer's bytes, decode, sum or gather). Internal
+// to //client:device_gradients, built with --config=cuda only.
+#ifndef GRADSYNC_CLIENT_DEVICE_GRADIENTS_CUDA_H_
+#define GRADSYNC_CLIENT_DEVICE_GRADIENTS_CUDA_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/device_gradients.h"
+#include "kernels/compress_kernels.h"
+
+namespace gradsync::client {
+
+inline Status Cuda(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status();
+  cudaGetLastError();  // clears a non-sticky error
+  return InternalError(what + " failed: " + cudaGetErrorString(err));
+}
+
+// Device or pinned host memory, grown on demand, never shrunk.
+template <cudaError_t (*Alloc)(void**, size_t), cudaError_t (*Free)(void*)>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (ptr_ != nullptr) Free(ptr_);
+  }
+  Status Reserve(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return Status();
+    if (ptr_ != nullptr) Free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    GS_RETURN_IF_ERROR(Cuda(Alloc(&ptr_, bytes), std::string("allocating ") +
+                                                     std::to_string(bytes) + " bytes for " + what));
+    bytes_ = bytes;
+    return Status();
+  }
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+inline cudaError_t DeviceAlloc(void** p, size_t n) { return cudaMalloc(p, n); }
+inline cudaError_t PinnedAlloc(void** p, size_t n) { return cudaMallocHost(p, n); }
+using DeviceBuffer = Buffer<DeviceAlloc, cudaFree>;
+using PinnedBuffer = Buffer<PinnedAlloc, cudaFreeHost>;
+
+// A CUDA event without timing, destroyed with its owner.
+class Event {
+ public:
+  Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  Status Create() {
+    return Cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// What a compressor spec becomes on the device.
+struct Codec {
+  enum Kind { kNone, kHalf, kTopK, kRandomK, kSign, kQsgd, kHost } kind = kNone;
+  kernels::Float16Format half = kernels::Float16Format::kFp16;
+  kernels::SparseValueFormat values = kernels::SparseValueFormat::kF32;
+  double ratio = 0;
+  size_t chunk = 0;
+  int levels = 0;
+  bool ef = false;
+};
+
+class CudaGradients : public DeviceGradients {
+ public:
+  explicit CudaGradients(int device) : device_(device) {}
+  ~CudaGradients() override;
+
+  Status Init();
+
+  int device() const override { return device_; }
+
+  Status CheckPointer(const void* data, const std::string& what) const override;
+
+  Status Allocate(const std::vector<size_t>& bucket_bytes) override;
+
+  Status Stage(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
+               void* stream) override;
+
+  Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
+                Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
+                BucketCompression::Traffic* traffic, const HostReduce& host) override;
+
+  Status ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
+                      BucketCompression::Traffic* traffic, const HostReduce& host) override;
+
+  StatusOr<std::shared_ptr<std::vector<uint8_t>>> EncodePartition(
+      int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
+      const compression::CompressContext& ctx, Deadline deadline) override;
+
+  Status Unstage(int bucket, size_t offset, void* data, size_t bytes) override;
+
+  Status WaitStaged(int bucket, Deadline deadline) override;
+
+  Status Wait(Deadline deadline) override;
+
+  // Polls `query` (cudaSuccess: done) so that a hung GPU fails the step at
+  // its deadline.
+  template <typename Query>
+  Status Poll(Query query, const std::string& what, Deadline deadline);
+
+  Status Copy(void* dst, const void* src, size_t bytes) override;
+
+  StatusOr<uint8_t*> Scratch(size_t bytes) override;
+
+ private:
+  struct State {
+    std::string spec;
+    Codec codec;
+    DeviceBuffer residual;
+    bool has_residual = false;
+  };
+
+  Status Select() const {
+    return Cuda(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
+  }
+
+  uint8_t* Bucket(int bucket) const { return buckets_.at(static_cast<size_t>(bucket))->get(); }
+  cudaEvent_t Staged(int bucket) const { return staged_.at(static_cast<size_t>(bucket))->get(); }
+  cudaEvent_t Reduced(int bucket) const { return reduced_.at(static_cast<size_t>(bucket))->get(); }
+
+  // The work stream's next work on `bucket` waits for the bucket's staging
+  // (only: later buckets' staging, which waits on the trainer's backward
+  // pass, is not in its way).
+  Status AfterStaged(int bucket) {
+    return Cuda(cudaStreamWaitEvent(stream_, Staged(bucket), 0), "cudaStreamWaitEvent");
+  }
+
+  Status StageOn(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
+                 cudaStream_t stream);
+
+  Status StageCopy(int bucket, size_t offset, const void* data, size_t count, DType dtype,
+                   bool add);
+
+  // The bucket goes to `host` as a pinned copy and comes back.
+  Status ViaHost(int bucket, size_t bytes, Deadline deadline, BucketCompression::Traffic* traffic,
+                 const HostReduce& host, bool copy_in = true);
+
+  Status ToHost(uint8_t* host, const uint8_t* dev, size_t bytes, Deadline deadline);
+
+  Status ToDevice(uint8_t* dev, const uint8_t* host, size_t bytes);
+
+  // What a codec makes of data[0, n): the bytes that travel, how they are
+  // combined (summed by the backend, or gathered and decoded rank by rank,
+  // as the CPU path does), and how they decode. `check` vets a peer's bytes
+  // on the host before the GPU reads them.
+  struct Code {
+    bool summable = false;
+    DType dtype = DType::kU8;  // summable: `elems` values of it travel
+    size_t elems = 0;
+    size_t wire_bytes = 0;
+    std::function<Status(uint8_t* wire)> encode;
+    std::function<Status(const uint8_t* host_wire, int rank)> check;
+    std::function<Status(const uint8_t* wire, float* out)> decode;
+  };
+
+  StatusOr<Code> MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
+                          const kernels::SeedContext& ctx);
+
+  Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
+                          Collectives& backend, bool nccl, const OpTag& tag, Deadline deadline,
+                          BucketCompression::Traffic* traffic);
+
+  Status ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,
+                        const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic);
+
+  Status ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,
+                        const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic);
+
+  const int device_;
+  // Two streams: staging (after the trainer's work) and the rest (reduction,
+  // copies to and from the host, copies back into the tensors). Per bucket,
+  // `staged_` marks the end of its staging so far and `reduced_` the end of
+  // the copies out of it.
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t stage_stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  std::mutex stage_mu_;  // Stage: event_ is recorded and waited on as one
+  std::vector<std::unique_ptr<Event>> staged_, reduced_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buckets_;
+  std::vector<std::unique_ptr<State>> state_;
+  // The parameter-server path compresses each partition with its own state.
+  std::map<std::pair<int, uint32_t>, std::unique_ptr<State>> partitions_;
+  DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_, direct_;
+  PinnedBuffer mirror_, wire_host_, gathered_host_;
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_DEVICE_GRADIENTS_CUDA_H_
