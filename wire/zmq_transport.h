@@ -43,6 +43,9 @@
 //   comes while 4096 tokens are handed out (counted in bulk_refused). Replies to such a sender (on
 //   the listening socket) go back sealed on its bulk connection once the receiver's 'R' has gone
 //   over CURVE behind the replies before it.
+//   Posted messages are sealed on the transport's crypto threads, and received ones opened
+//   there while they wait in the incoming queue (the I/O thread opens only the header, which
+//   carries the counter); see ZmqOptions::bulk_crypto_threads.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose
