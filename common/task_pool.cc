@@ -1,6 +1,7 @@
 #include "common/task_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <limits>
@@ -30,6 +31,13 @@ bool TaskPool::Run(std::function<void()> task) {
     for (int i = 0; i < threads_; ++i) running_.emplace_back([this] { Loop(); });
   }
   return tasks_.Push(std::move(task), Deadline::Infinite()).ok();
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 void TaskPool::Loop() {

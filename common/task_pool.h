@@ -42,6 +42,11 @@ class TaskPool {
   bool stopping_ = false;             // guarded by mu_
 };
 
+// The cores the calling thread may run on: its CPU affinity (what a Slurm
+// task's or a container's cpuset allows), else the machine's count; at
+// least 1. A CPU quota without a cpuset is not seen.
+int UsableCores();
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_TASK_POOL_H_

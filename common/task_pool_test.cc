@@ -1,10 +1,13 @@
 #include "common/task_pool.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -51,6 +54,30 @@ TEST(TaskPoolTest, APoolNeverUsedStartsNoThreadAndAtLeastOneIsKept) {
     std::this_thread::yield();
   }
   EXPECT_TRUE(ran.load());
+}
+
+// A thread bound to one core (as a cpuset binds a task) sees one; the
+// process sees at least that.
+TEST(UsableCoresTest, FollowsTheThreadsAffinity) {
+  EXPECT_GE(UsableCores(), 1);
+  int seen = 0;
+  std::thread bound([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &all)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    }
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    seen = UsableCores();
+  });
+  bound.join();
+  EXPECT_EQ(seen, 1);
 }
 
 }  // namespace

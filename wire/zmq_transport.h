@@ -126,8 +126,8 @@ struct ZmqOptions {
   // Threads that seal posted messages and open received ones, side by
   // side (started with the first sealed message). 0: callers of Post seal
   // their own messages and the I/O thread opens, which is faster on a host
-  // of few cores (the threads only take turns there). -1: 2 on a host of
-  // 8 cores or more, else 0.
+  // of few cores (the threads only take turns there). -1: 2 where the
+  // process may run on 8 cores or more (its CPU affinity), else 0.
   int bulk_crypto_threads = -1;
 };
 

@@ -185,7 +185,7 @@ class ZmqTransport::Impl {
     if (options_.identity.empty()) options_.identity = RandomIdentity("node");
     if (options_.node_keys && !options_.curve) options_.curve = options_.node_keys->job();
     int crypto = options_.bulk_crypto_threads;
-    if (crypto < 0) crypto = std::thread::hardware_concurrency() >= 8 ? 2 : 0;
+    if (crypto < 0) crypto = UsableCores() >= 8 ? 2 : 0;
     if (options_.bulk_encryption && crypto > 0) {
       crypto_ = std::make_unique<TaskPool>(crypto, "gradsync-crypto");
     }
