@@ -230,6 +230,11 @@ void NodeAgent::OnEpoch(const wire::Header& h) {
     return;
   }
   latest_ = ReadAssignment(h.job_id(), *a);
+  // Barrier counts of past epochs are never read again (Barrier refuses
+  // calls of an epoch behind the latest).
+  for (auto it = barrier_called_.begin(); it != barrier_called_.end();) {
+    it = it->first.second < latest_.epoch ? barrier_called_.erase(it) : std::next(it);
+  }
   for (const EpochCallback& cb : epoch_callbacks_) cb(latest_);
   if (latest_.self.role == wire::Role::Worker) {
     GS_LOG(WARNING) << "epoch " << latest_.epoch << ": now worker " << latest_.self.rank << " of "
@@ -417,10 +422,6 @@ Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
-    // Counts of past epochs are never read again (their calls fail above).
-    for (auto it = barrier_called_.begin(); it != barrier_called_.end();) {
-      it = it->first.second < latest_.epoch ? barrier_called_.erase(it) : std::next(it);
-    }
     n = ++barrier_called_[{group, epoch}];
     // Epoch 0 numbers as before epochs existed (n alone); every id stays
     // below the epoch barriers' and grows with the epoch.
