@@ -29,6 +29,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "gradsync/communicator.h"
+#include "wire/message.h"
 #include "wire/rejected_metrics.h"
 
 namespace gradsync::client {
@@ -58,7 +59,7 @@ struct SyncHandle::State {
 // The Communicator's settings (Config), read once at Create.
 struct CommOptions {
   // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes,
-  // ring_order), ps
+  // ring_order, ring_lanes), ps
   // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
@@ -90,6 +91,13 @@ struct CommOptions {
       return InvalidArgumentError("ring_order must be measured or rank, got '" + o.sync.ring_order +
                                   "'");
     }
+    GS_ASSIGN_OR_RETURN(int64_t lanes, config.GetInt("ring_lanes", 1));
+    if (lanes < 1 || lanes > wire::kMaxRingLanes) {
+      return InvalidArgumentError("ring_lanes must be in [1, " +
+                                  std::to_string(wire::kMaxRingLanes) + "], got " +
+                                  std::to_string(lanes));
+    }
+    o.sync.ring_lanes = static_cast<int>(lanes);
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port,
                         config.GetInt("metrics_base_port", kWorkerMetricsBasePort));

@@ -20,6 +20,16 @@ namespace gradsync::client {
 constexpr uint64_t kJob = 77;
 constexpr size_t kChunkBytes = 4096;  // 1024 f32 elements per chunk
 
+// Runs fn(rank) for ranks 0 to n - 1, one thread each; returns each rank's
+// status.
+inline std::vector<Status> RunRanks(int n, const std::function<Status(int)>& fn) {
+  std::vector<Status> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
 class Ring {
  public:
   // `order`: the ranks in ring order (RingPeers::order); empty: by rank.
@@ -50,13 +60,7 @@ class Ring {
   wire::InProcNetwork& net() { return net_; }
 
   // Runs fn(rank) on one thread per rank; returns each rank's status.
-  std::vector<Status> Run(const std::function<Status(int)>& fn) {
-    std::vector<Status> out(n_);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n_; ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
-    for (auto& t : threads) t.join();
-    return out;
-  }
+  std::vector<Status> Run(const std::function<Status(int)>& fn) { return RunRanks(n_, fn); }
 
  private:
   int n_;

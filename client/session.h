@@ -83,6 +83,11 @@ class Session {
   int bulk_crypto_threads() const { return node_.bulk_crypto_threads; }
   // The node key and plan with CURVE (null without): for its data transports.
   std::shared_ptr<const wire::NodeKeys> node_keys() const { return node_.keys; }
+  // With CURVE: the peer `identity` also serves `endpoint` (its ring lane),
+  // under its own key (wire::NodeKeys::AddEndpoint). Nothing without.
+  void AddPeerEndpoint(const std::string& identity, const std::string& endpoint) {
+    if (node_.keys) node_.keys->AddEndpoint(identity, endpoint);
+  }
   // What the data port refused (handshakes, dropped messages).
   std::shared_ptr<wire::TransportRefusals> refusals() const { return node_.refusals; }
   // Leaves the job on purpose (done, or failing) so nobody waits for us.

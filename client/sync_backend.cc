@@ -1,6 +1,8 @@
 #include "client/sync_backend.h"
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,10 @@ constexpr double kRingOrderMargin = 1.5;
 constexpr std::chrono::microseconds kProbeFloor(1000);
 constexpr double kLongestProbeMicros = 3.6e9;
 constexpr uint32_t kRingProbeBucket = 0xffffffffu;
+// The ring lanes' endpoints: the bucket id of their exchange, and the
+// bytes of one endpoint in it (NUL-padded).
+constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
+constexpr size_t kLaneEndpointBytes = 96;
 
 // Fails when the job already knows that a collective cannot finish: the job
 // ended, or a node of `role` died.
@@ -42,11 +48,17 @@ Status SessionHealth(const Session& session, wire::Role role) {
   return Status();
 }
 
-// The ring to this worker's neighbours, and the transport under it when
-// it is not the session's own.
+// The ring to this worker's neighbours (its lanes), and the transports
+// under it that are not the session's own.
 struct Ring {
-  std::unique_ptr<wire::SameHostTransport> same_host;  // a neighbour is on this host
-  std::unique_ptr<RingCollectives> ring;               // destroyed first
+  std::unique_ptr<wire::SameHostTransport> same_host;             // a neighbour is on this host
+  std::vector<std::unique_ptr<wire::Transport>> lane_transports;  // lanes 1 and up
+  std::unique_ptr<RingLanes> lanes;                               // destroyed first
+  RingCollectives* ring() const { return &lanes->first(); }
+  void Shutdown() {
+    if (same_host) same_host->Shutdown();
+    for (auto& t : lane_transports) t->Shutdown();
+  }
 };
 
 // This worker's ring peers, in `order` (empty: rank order).
@@ -154,6 +166,72 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   return order;
 }
 
+// The endpoint of lane `lane` that `right` announced in `record`, when it
+// is one of `right`'s host (the scheduler's word): "tcp://HOST:PORT".
+StatusOr<std::string> LaneEndpointOf(const wire::NodeInfo& right, const uint8_t* record,
+                                     size_t lane) {
+  const char* at = reinterpret_cast<const char*>(record) + (lane - 1) * kLaneEndpointBytes;
+  const std::string endpoint(at, strnlen(at, kLaneEndpointBytes));
+  const std::string data = right.DataEndpoint();
+  const std::string host = data.substr(0, data.rfind(':') + 1);
+  const std::string port = endpoint.size() > host.size() ? endpoint.substr(host.size()) : "";
+  if (endpoint.size() == kLaneEndpointBytes || endpoint.compare(0, host.size(), host) != 0 ||
+      port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+      std::stoi(port) > 65535) {
+    return FailedPreconditionError(right.Name() + " announced ring lane " + std::to_string(lane) +
+                                   " at '" + wire::Escaped(endpoint, 64) +
+                                   "', not a port of its host " + right.host);
+  }
+  return endpoint;
+}
+
+// Lanes 1 to options.ring_lanes - 1 of this worker's ring, beside `first`:
+// each a transport of its own listening on a free port of this host; the
+// workers exchange the endpoints over `first`.
+Status AddLanes(Session* session, const SyncBackendOptions& options, const RingPeers& peers,
+                const wire::NodeInfo& right, const std::string& left_identity,
+                const RingOptions& ring_options, const HealthCheck& health, RingCollectives& first,
+                Ring* out, std::vector<std::unique_ptr<RingCollectives>>* lanes,
+                Deadline deadline) {
+  const size_t extra = static_cast<size_t>(options.ring_lanes - 1);
+  std::vector<uint8_t> mine(extra * kLaneEndpointBytes, 0);
+  for (size_t k = 1; k <= extra; ++k) {
+    wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), session->refusals());
+    zmq.identity = wire::RingLaneIdentity(session->data().identity(), static_cast<int>(k));
+    zmq.node_keys = session->node_keys();
+    zmq.bulk_encryption = session->bulk_encryption();
+    zmq.bulk_crypto_threads = session->bulk_crypto_threads();
+    zmq.max_frame_bytes = static_cast<int64_t>(RingFrameBytes(ring_options));
+    GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
+                        wire::ZmqTransport::Create(std::move(zmq)));
+    GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(session->host(), 0));
+    GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(endpoint));
+    if (bound.size() >= kLaneEndpointBytes) {
+      return InternalError("ring lane endpoint '" + bound + "' is too long to announce");
+    }
+    std::memcpy(mine.data() + (k - 1) * kLaneEndpointBytes, bound.data(), bound.size());
+    out->lane_transports.push_back(std::move(transport));
+  }
+  const size_t n = static_cast<size_t>(peers.world_size);
+  std::vector<uint8_t> all(mine.size() * n);
+  GS_RETURN_IF_ERROR(first.AllGather(mine.data(), mine.size(), all.data(),
+                                     OpTag{0, kRingLanesBucket, 0, 0}, deadline));
+  const uint8_t* record = all.data() + static_cast<size_t>(right.rank) * mine.size();
+  for (size_t k = 1; k <= extra; ++k) {
+    GS_ASSIGN_OR_RETURN(std::string endpoint, LaneEndpointOf(right, record, k));
+    session->AddPeerEndpoint(right.identity, endpoint);
+    RingPeers lane = peers;
+    lane.right_endpoint = endpoint;
+    lane.left_identity =
+        left_identity.empty() ? "" : wire::RingLaneIdentity(left_identity, static_cast<int>(k));
+    GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports[k - 1].get(), lane,
+                                                           ring_options, health));
+    lanes->push_back(std::move(ring));
+  }
+  return Status();
+}
+
 StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
                         wire::RejectedMetrics* rejected, Deadline deadline) {
   const int n = session->num_workers();
@@ -176,9 +254,39 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   if (out.same_host != nullptr) transport = out.same_host.get();
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
-  GS_ASSIGN_OR_RETURN(out.ring, RingCollectives::Create(transport, peers, ring_options, [session] {
-                        return SessionHealth(*session, wire::Role::Worker);
-                      }));
+  auto alarm = std::make_shared<LaneAlarm>();
+  HealthCheck health = [session, alarm]() -> Status {
+    GS_RETURN_IF_ERROR(SessionHealth(*session, wire::Role::Worker));
+    return alarm->status();
+  };
+  std::vector<std::unique_ptr<RingCollectives>> lanes;
+  GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
+  lanes.push_back(std::move(first));
+  // Lanes where a link is TCP: not when every worker is on one host and
+  // they all share memory.
+  const bool tcp = !options.shm || cluster::WorkerHosts(session->peers()).size() > 1;
+  const bool nccl = options.path == "allreduce" && options.backend == "nccl";
+  if (options.ring_lanes > 1 && n > 1 && tcp && !nccl) {
+    const cluster::RingNeighbours next = cluster::NeighboursOf(order, r, n);
+    std::optional<wire::NodeInfo> right;
+    std::string left_identity;
+    for (const wire::NodeInfo& p : session->peers()) {
+      if (p.role != wire::Role::Worker) continue;
+      if (p.rank == next.right) right = p;
+      if (p.rank == next.left) left_identity = p.identity;
+    }
+    if (!right) return InternalError("the ring's right neighbour is not a peer");
+    Status s = AddLanes(session, options, peers, *right, left_identity, ring_options, health,
+                        *lanes[0], &out, &lanes, deadline);
+    if (!s.ok()) {
+      out.Shutdown();
+      return s;
+    }
+    if (r == 0) {
+      GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
+    }
+  }
+  out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));
   return out;
 }
 
@@ -195,7 +303,7 @@ class AllReduceBackend : public SyncBackend {
   Collectives& direct() override { return collectives(); }
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
                      Deadline deadline) override {
-    return ring_.ring->CheckLayout(layout, deadline);
+    return ring_.ring()->CheckLayout(layout, deadline);
   }
   Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
                     BucketCompression::Traffic* traffic) override {
@@ -212,16 +320,14 @@ class AllReduceBackend : public SyncBackend {
                          seed_, deadline, traffic, host);
   }
   uint64_t SentBytes(uint64_t) const override {
-    return nccl_ ? 0 : ring_.ring->stats().bytes_sent;  // NCCL counts none
+    return nccl_ ? 0 : ring_.lanes->stats().bytes_sent;  // NCCL counts none
   }
   bool CanReform() const override { return nccl_ == nullptr; }
-  void CloseLinks() override {
-    if (ring_.same_host) ring_.same_host->Shutdown();
-  }
+  void CloseLinks() override { ring_.Shutdown(); }
 
  private:
   Collectives& collectives() const {
-    return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_.ring);
+    return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_.lanes);
   }
 
   Ring ring_;
@@ -237,11 +343,11 @@ class PsBackend : public SyncBackend {
 
   const char* name() const override { return ps_->name(); }
   SyncPath path() const override { return SyncPath::kPs; }
-  Collectives& direct() override { return *ring_.ring; }
+  Collectives& direct() override { return *ring_.lanes; }
   SyncPath direct_path() const override { return SyncPath::kRing; }
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
                      Deadline deadline) override {
-    return ring_.ring->CheckLayout(layout, deadline);
+    return ring_.ring()->CheckLayout(layout, deadline);
   }
   Status PrepareBuckets(const std::vector<std::pair<uint32_t, std::string>>& specs) override {
     for (const auto& [id, spec] : specs) GS_RETURN_IF_ERROR(ps_->SetCompression(id, spec));
@@ -268,7 +374,7 @@ class PsBackend : public SyncBackend {
   uint64_t Resent() const override { return ps_->stats().resent; }
   bool CanReform() const override { return true; }
   void CloseLinks() override {
-    if (ring_.same_host) ring_.same_host->Shutdown();
+    ring_.Shutdown();
     ps_->Close();
   }
   void ResumeAt(uint64_t completed) override { ps_->ResumeAt(completed); }
@@ -305,7 +411,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
   PsClientOptions ps_options = options.ps;
   ps_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(
-      auto ps, PsClient::Create(std::move(transport), peers, ps_options, ring.ring.get(), health));
+      auto ps, PsClient::Create(std::move(transport), peers, ps_options, ring.ring(), health));
   if (device != nullptr) {
     // Compressed pushes are made on the GPU: only their bytes reach the host.
     const Millis timeout = options.op_timeout;
@@ -338,8 +444,8 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
   }
   std::unique_ptr<Collectives> nccl;
   if (options.backend == "nccl") {
-    GS_ASSIGN_OR_RETURN(
-        nccl, MakeNcclCollectives(session, options.cuda_device, ring.ring.get(), deadline));
+    GS_ASSIGN_OR_RETURN(nccl,
+                        MakeNcclCollectives(session, options.cuda_device, ring.ring(), deadline));
   }
   return std::unique_ptr<SyncBackend>(new AllReduceBackend(std::move(ring), std::move(nccl),
                                                            compression, options.compression_seed));

@@ -30,6 +30,7 @@
 #include "client/device_gradients.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
+#include "client/ring_lanes.h"
 #include "client/session.h"
 #include "cluster/ps_links.h"
 #include "common/status.h"
@@ -104,6 +105,12 @@ struct SyncBackendOptions {
   // the order its measured links favour (cluster/ring_order.h); "rank":
   // always rank order.
   std::string ring_order = "measured";
+  // The ring's lanes (client/ring_lanes.h): each lane past the first is a
+  // transport of its own on a free port of the worker's host, whose
+  // endpoint the workers exchange over the first. Used by the ring backend
+  // and the direct collectives of the ps path when the workers span two
+  // hosts or more, or ring neighbours do not share memory (shm off).
+  int ring_lanes = 1;
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).
   cluster::PsLinkOptions ps_links;

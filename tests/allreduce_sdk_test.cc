@@ -89,6 +89,19 @@ TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResults) {
   }
 }
 
+// The same under CURVE with the ring in three lanes (client/ring_lanes.h):
+// the 4 MB bucket goes over all three, each lane a transport of its own
+// with its own CURVE and sealed connections, and every rank gets the same
+// exact results.
+TEST_F(AllReduceSdkTest, UnderCurveInThreeLanesTheSameExactResults) {
+  const std::string key_file = TmpFile("sdk_lanes.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_lanes=3"}, key_file);
+  ExpectTrained(workers);
+  EXPECT_NE(workers[0]->Output().find("ring of 3 lanes"), std::string::npos)
+      << workers[0]->Output();
+}
+
 // Four workers on four host addresses (loopback), under CURVE: each host's
 // first worker times its links to the others through the data ports'
 // echoes, the times go round the ring, the order is chosen and logged, and
@@ -160,13 +173,16 @@ TEST_F(AllReduceSdkTest, AWorkerThatStopsContributingIsNamedByTheDeadline) {
 // A direct all-reduce that fails while the sends into its buffer are still
 // queued (the right neighbour has stopped): once the call has returned, the
 // caller's buffer is the caller's, and nothing reads it again, over ZeroMQ
-// or over the same-host shared-memory link.
+// (one ring, or three lanes) or over the same-host shared-memory link.
 TEST_F(AllReduceSdkTest, AFailedDirectCallNeverReadsTheCallersBufferAfterReturning) {
-  for (const bool shm : {false, true}) {
-    SCOPED_TRACE(shm ? "shared memory" : "ZeroMQ");
-    tag_ = shm ? "shm" : "zmq";  // a log of its own for each job
+  for (const std::string way : {"zmq", "shm", "lanes"}) {
+    SCOPED_TRACE(way);
+    tag_ = way;  // a log of its own for each job
+    const bool shm = way == "shm";
+    // In three lanes, the 64 MiB all-reduce is cut over all three.
     auto workers = StartWorkers(
-        3, {"--mode=protect", "--victim=2", std::string("--ring_shm=") + (shm ? "true" : "false")});
+        3, {"--mode=protect", "--victim=2", std::string("--ring_shm=") + (shm ? "true" : "false"),
+            std::string("--ring_lanes=") + (way == "lanes" ? "3" : "1")});
     ASSERT_TRUE(workers[2]->WaitForOutput("stops itself", Deadline::AfterMs(60000)))
         << workers[2]->Output();
     for (int r : {0, 1}) {

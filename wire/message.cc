@@ -318,6 +318,10 @@ std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch) {
   return data_identity + "/ps" + (epoch > 0 ? std::to_string(epoch) : "");
 }
 
+std::string RingLaneIdentity(const std::string& data_identity, int lane) {
+  return data_identity + "/lane" + std::to_string(lane);
+}
+
 std::string Escaped(const std::string& text, size_t max_bytes) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;

@@ -205,6 +205,11 @@ std::vector<Message> MakeLayoutPieces(const Sender& from,
 // epoch 0, "<identity>/ps<epoch>" in a later one (each epoch's client is a
 // new peer to the shards, with links of its own).
 std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch = 0);
+// The transport identity of lane `lane` (1 to kMaxRingLanes - 1) of a
+// worker's ring (client/ring_lanes.h): "<identity>/lane<lane>". Lane 0 is
+// the data transport itself.
+constexpr int kMaxRingLanes = 16;
+std::string RingLaneIdentity(const std::string& data_identity, int lane);
 
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);

@@ -22,16 +22,27 @@ std::optional<std::string> DecodeKey(const std::string& z85) {
 }  // namespace
 
 void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
-  std::map<std::string, std::string> identities, keys;
+  std::map<std::string, std::string> identities, keys, by_identity;
   for (const NodeInfo& p : peers) {
     auto binary = DecodeKey(p.public_key);
     if (!binary || p.identity.empty()) continue;
     identities[*binary] = p.identity;
     keys[p.DataEndpoint()] = p.public_key;
+    by_identity[p.identity] = p.public_key;
   }
   std::lock_guard<std::mutex> lock(mu_);
   identity_by_key_.swap(identities);
   key_by_endpoint_.swap(keys);
+  key_by_identity_.swap(by_identity);
+}
+
+void NodeKeys::AddEndpoint(const std::string& identity, const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (key_by_endpoint_.count(endpoint) != 0) return;  // the plan's word stands
+  if (extra_endpoints_.size() >= kMaxExtraEndpoints && extra_endpoints_.count(endpoint) == 0) {
+    extra_endpoints_.erase(extra_endpoints_.begin());
+  }
+  extra_endpoints_[endpoint] = identity;
 }
 
 std::optional<std::string> NodeKeys::IdentityOf(const uint8_t* key) const {
@@ -45,8 +56,12 @@ std::optional<std::string> NodeKeys::IdentityOf(const uint8_t* key) const {
 std::optional<std::string> NodeKeys::ServerKeyAt(const std::string& endpoint) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = key_by_endpoint_.find(endpoint);
-  if (it == key_by_endpoint_.end()) return std::nullopt;
-  return it->second;
+  if (it != key_by_endpoint_.end()) return it->second;
+  auto extra = extra_endpoints_.find(endpoint);
+  if (extra == extra_endpoints_.end()) return std::nullopt;
+  auto key = key_by_identity_.find(extra->second);
+  if (key == key_by_identity_.end()) return std::nullopt;  // no longer in the plan
+  return key->second;
 }
 
 std::string RoutingIdFor(const std::string& identity) {
@@ -62,6 +77,9 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound) {
   if (bound.empty()) return false;
   if (claimed == bound) return true;
+  for (int lane = 1; lane < kMaxRingLanes; ++lane) {
+    if (claimed == RingLaneIdentity(bound, lane)) return true;
+  }
   const std::string ps = PsClientIdentity(bound);
   if (claimed.compare(0, ps.size(), ps) != 0) return false;
   // "/ps" alone (epoch 0) or followed by a later epoch's number.

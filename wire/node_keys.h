@@ -45,8 +45,16 @@ class NodeKeys {
   // key is not one of the plan's.
   std::optional<std::string> IdentityOf(const uint8_t* key) const;
   // The public key (Z85) of the plan's node at `endpoint` (NodeInfo::
-  // DataEndpoint); nullopt for an endpoint outside the plan.
+  // DataEndpoint, or one added by AddEndpoint); nullopt for an endpoint
+  // outside the plan.
   std::optional<std::string> ServerKeyAt(const std::string& endpoint) const;
+  // The node `identity` also serves `endpoint` (a ring lane's, announced by
+  // that node): connections there require that node's key, looked up in
+  // the plan of the moment (none once the node left it). An endpoint of the
+  // plan keeps its own node's key. At most kMaxExtraEndpoints are kept
+  // (the lowest endpoint goes first).
+  static constexpr size_t kMaxExtraEndpoints = 1024;
+  void AddEndpoint(const std::string& identity, const std::string& endpoint);
 
  private:
   const CurveKey job_;
@@ -54,6 +62,8 @@ class NodeKeys {
   mutable std::mutex mu_;
   std::map<std::string, std::string> identity_by_key_;  // binary key -> identity
   std::map<std::string, std::string> key_by_endpoint_;  // endpoint -> Z85 key
+  std::map<std::string, std::string> key_by_identity_;  // identity -> Z85 key
+  std::map<std::string, std::string> extra_endpoints_;  // endpoint -> identity
 };
 
 // The identity a data transport's outgoing connection presents as its
@@ -63,8 +73,9 @@ class NodeKeys {
 std::string RoutingIdFor(const std::string& identity);
 std::optional<std::string> RoutedIdentity(const std::string& routing_id);
 // Whether a message under transport identity `claimed` may come from the
-// node whose key is bound to `bound`: the node's own data identity or its
-// parameter-server client's of any epoch (PsClientIdentity).
+// node whose key is bound to `bound`: the node's own data identity, its
+// parameter-server client's of any epoch (PsClientIdentity) or one of its
+// ring lanes' (RingLaneIdentity).
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound);
 
 // The node key of a process: the key file `node_key_file` (the setting)

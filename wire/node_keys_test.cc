@@ -137,6 +137,45 @@ TEST_F(NodeKeysTest, AConnectionTalksOnlyToTheServerHoldingThePeersKey) {
   }
 }
 
+// A ring lane (client/ring_lanes.h): the server's second transport, under
+// its lane identity with the server's node key, listens at an endpoint the
+// plan does not name; once added for the server, a client's lane reaches
+// it under the client's lane identity, and the endpoint is bound to the
+// server's key only (a squatter there with another key gets nothing).
+TEST_F(NodeKeysTest, ALaneEndpointIsServedUnderItsNodesKeyOnly) {
+  Member client = Make(job_, RingLaneIdentity("client", 1), *GenerateCurveKey());
+  Member lane = Make(job_, RingLaneIdentity("server", 1), server_.key);
+  lane.endpoint = *lane.transport->Listen("tcp://127.0.0.1:0");
+  const std::vector<NodeInfo> plan = {Entry("client", client.key, "tcp://127.0.0.1:1"),
+                                      Entry("server", server_.key, server_.endpoint)};
+  client.keys->SetPlan(plan);
+  server_.keys->SetPlan(plan);
+  lane.keys->SetPlan(plan);
+  EXPECT_EQ(client.keys->ServerKeyAt(lane.endpoint), std::nullopt);
+  client.keys->AddEndpoint("server", lane.endpoint);
+  EXPECT_EQ(client.keys->ServerKeyAt(lane.endpoint),
+            std::optional<std::string>(server_.key.public_z85));
+  // The plan's endpoints keep their own node's key.
+  client.keys->AddEndpoint("client", server_.endpoint);
+  EXPECT_EQ(client.keys->ServerKeyAt(server_.endpoint),
+            std::optional<std::string>(server_.key.public_z85));
+  SendTo(client, lane.endpoint);
+  auto in = lane.transport->Receive(Deadline::AfterMs(10000));
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->from.ToString(), Route::Inbound(RingLaneIdentity("client", 1)).ToString());
+
+  // A node that left the plan no longer vouches for its lane's endpoint.
+  client.keys->SetPlan({Entry("client", client.key, "tcp://127.0.0.1:1")});
+  EXPECT_EQ(client.keys->ServerKeyAt(lane.endpoint), std::nullopt);
+
+  Member squatter = Make(job_, "squatter", *GenerateCurveKey());
+  squatter.endpoint = *squatter.transport->Listen("tcp://127.0.0.1:0");
+  client.keys->SetPlan(plan);
+  client.keys->AddEndpoint("server", squatter.endpoint);
+  squatter.keys->SetPlan(plan);
+  EXPECT_FALSE(client.transport->Probe(squatter.endpoint, Deadline::AfterMs(3000)).ok());
+}
+
 TEST_F(NodeKeysTest, AMemberTimesItsLinkAndItsRouteStaysWhereItWas) {
   Member client = Make(job_, "client", *GenerateCurveKey());
   client.endpoint = *client.transport->Listen("tcp://127.0.0.1:0");
@@ -249,6 +288,12 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_FALSE(IdentityMatchesKey("node-1/psx", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1/ps12345678901", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-12/ps", "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey(RingLaneIdentity("node-1", 1), "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/lane15", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane16", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane0", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane01", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-2/lane1", "node-1"));
   EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1", ""));

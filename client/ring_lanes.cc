@@ -1,0 +1,116 @@
+#include "client/ring_lanes.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <utility>
+
+namespace gradsync::client {
+
+void LaneAlarm::Raise(const Status& failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_.ok()) first_ = failure;
+}
+
+Status LaneAlarm::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_;
+}
+
+RingLanes::RingLanes(std::vector<std::unique_ptr<RingCollectives>> lanes,
+                     std::shared_ptr<LaneAlarm> alarm)
+    : lanes_(std::move(lanes)), alarm_(std::move(alarm)) {
+  if (lanes_.size() > 1) {
+    pool_ = std::make_unique<TaskPool>(static_cast<int>(lanes_.size() - 1), "gs-lanes");
+  }
+}
+
+RingLanes::~RingLanes() = default;
+
+size_t RingLanes::LanesFor(size_t bytes) const {
+  return std::max<size_t>(1, std::min(lanes_.size(), bytes / kMinLaneBytes));
+}
+
+Status RingLanes::OnLanes(
+    size_t used, size_t units,
+    const std::function<Status(size_t lane, size_t first, size_t count)>& run) {
+  std::vector<Status> results(used);
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t pending = used - 1;
+  auto lane_run = [&](size_t lane) {
+    const size_t first = units * lane / used;
+    const size_t end = units * (lane + 1) / used;
+    Status s = run(lane, first, end - first);
+    if (!s.ok()) alarm_->Raise(s);
+    return s;
+  };
+  for (size_t lane = 1; lane < used; ++lane) {
+    const bool queued = pool_->Run([&, lane] {
+      Status s = lane_run(lane);
+      std::lock_guard<std::mutex> lock(mu);
+      results[lane] = std::move(s);
+      if (--pending == 0) cv.notify_all();
+    });
+    if (!queued) {  // the pool is going: only while the lanes are destroyed
+      std::lock_guard<std::mutex> lock(mu);
+      results[lane] = CancelledError("the ring's lanes are shutting down");
+      --pending;
+    }
+  }
+  results[0] = lane_run(0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending == 0; });
+  }
+  for (const Status& s : results) {
+    if (!s.ok()) {
+      // The first lane to fail names the cause; the others failed on it.
+      Status first = alarm_->status();
+      return first.ok() ? s : first;
+    }
+  }
+  return Status();
+}
+
+Status RingLanes::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                            Deadline deadline) {
+  const size_t element = DTypeSize(dtype);
+  const size_t used = LanesFor(count * element);
+  if (used == 1) return lanes_[0]->AllReduce(data, count, dtype, op, tag, deadline);
+  auto* bytes = static_cast<uint8_t*>(data);
+  return OnLanes(used, count, [&](size_t lane, size_t first, size_t n) {
+    return lanes_[lane]->AllReduce(bytes + first * element, n, dtype, op, tag, deadline);
+  });
+}
+
+Status RingLanes::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                            Deadline deadline) {
+  return lanes_[0]->AllGather(in, bytes, out, tag, deadline);
+}
+
+Status RingLanes::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                            Deadline deadline) {
+  const size_t used = LanesFor(bytes);
+  if (used == 1) return lanes_[0]->Broadcast(data, bytes, root, tag, deadline);
+  auto* base = static_cast<uint8_t*>(data);
+  return OnLanes(used, bytes, [&](size_t lane, size_t first, size_t n) {
+    return lanes_[lane]->Broadcast(base + first, n, root, tag, deadline);
+  });
+}
+
+RingStats RingLanes::stats() const {
+  RingStats sum;
+  for (const auto& lane : lanes_) {
+    const RingStats s = lane->stats();
+    sum.messages_sent += s.messages_sent;
+    sum.messages_received += s.messages_received;
+    sum.bytes_sent += s.bytes_sent;
+    sum.bytes_received += s.bytes_received;
+    sum.rejected += s.rejected;
+    sum.replies_dropped += s.replies_dropped;
+    sum.stale += s.stale;
+  }
+  return sum;
+}
+
+}  // namespace gradsync::client
