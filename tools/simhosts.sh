@@ -4,15 +4,22 @@
 # tbf. Only the namespaces it creates (NAME-br, NAME-h0, NAME-h1, ...) are
 # touched; nothing outside them changes. Needs root (CAP_NET_ADMIN).
 #
-#   tools/simhosts.sh up NAME N [RATE]     # hosts 0..N-1 at 10.77.0.1..N/24; RATE e.g. 1gbit
+#   tools/simhosts.sh up NAME N [RATE] [FLOW]  # hosts 0..N-1 at 10.77.0.1..N/24; RATE e.g.
+#                                          # 10gbit; FLOW: each TCP flow capped at FLOW too
 #   tools/simhosts.sh addr NAME I          # prints host I's address
 #   tools/simhosts.sh run NAME I CMD...    # runs CMD on host I (in its namespace)
-#   tools/simhosts.sh shape NAME I RATE    # sets host I's link rate (both directions)
+#   tools/simhosts.sh shape NAME I RATE [FLOW]  # sets host I's link rate (both directions)
 #   tools/simhosts.sh link NAME I up|down  # cuts or restores host I's link
 #   tools/simhosts.sh pair NAME I J RATE BASE  # traffic between hosts I and J at
 #                                          # RATE, the rest of theirs at BASE
 #   tools/simhosts.sh down NAME            # deletes every namespace of NAME
 #   tools/simhosts.sh check                # exit 0 if namespaces can be made here
+#
+# FLOW stands for a network that caps each flow (a cloud's per-flow limit):
+# htb, the link at RATE and under it 64 classes of at most FLOW each; a TCP
+# segment goes to the class of the low 3 bits of its source and of its
+# destination port, so flows mostly get a class each (4 flows: 9 in 10
+# times), and flows that share one share its cap.
 #
 # Callers tear down with `trap 'tools/simhosts.sh down NAME' EXIT`, so the
 # namespaces go even after a failure. Each host's veth end in the bridge
@@ -41,6 +48,35 @@ shape_dev() {
     burst 256kb latency 50ms
 }
 
+# As shape_dev, each TCP flow also capped at `flow` (see above).
+shape_flows_dev() {
+  local ns=$1 dev=$2 rate=$3 flow=$4
+  {
+    echo "qdisc replace dev $dev root handle 1: htb default 2"
+    echo "class replace dev $dev parent 1: classid 1:1 htb rate $rate quantum 65536"
+    echo "class replace dev $dev parent 1:1 classid 1:2 htb rate 10mbit ceil $rate quantum 65536"
+    for ((c = 0; c < 64; c++)); do
+      echo "class replace dev $dev parent 1:1 classid 1:$((c + 16)) htb rate 10mbit ceil $flow" \
+        "quantum 65536"
+      # Word 20 of an IP packet without options: source and destination port.
+      echo "filter add dev $dev parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff" \
+        "match u32 $(printf '0x%08x' $((((c >> 3) << 16) | (c & 7)))) 0x00070007 at 20" \
+        "flowid 1:$((c + 16))"
+    done
+  } | "$IP" netns exec "$ns" "$TC" -batch -
+}
+
+shape_host() {
+  local name=$1 i=$2 rate=$3 flow=${4:-}
+  if [ -n "$flow" ]; then
+    shape_flows_dev "$(ns_host "$name" "$i")" eth0 "$rate" "$flow"
+    shape_flows_dev "$(ns_bridge "$name")" "p$i" "$rate" "$flow"
+  else
+    shape_dev "$(ns_host "$name" "$i")" eth0 "$rate"
+    shape_dev "$(ns_bridge "$name")" "p$i" "$rate"
+  fi
+}
+
 # On host i's own end: traffic to `dst` at `rate`, the rest at `base`
 # (htb, one class each; replaces the tbf of `shape`).
 shape_pair_dev() {
@@ -55,7 +91,7 @@ shape_pair_dev() {
 }
 
 up() {
-  local name=$1 n=$2 rate=${3:-}
+  local name=$1 n=$2 rate=${3:-} flow=${4:-}
   [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "N must be 1..200"
   local br
   br=$(ns_bridge "$name")
@@ -73,10 +109,7 @@ up() {
     "$IP" -n "$h" link set eth0 up
     "$IP" -n "$br" link set "p$i" master br0
     "$IP" -n "$br" link set "p$i" up
-    if [ -n "$rate" ]; then
-      shape_dev "$h" eth0 "$rate"
-      shape_dev "$br" "p$i" "$rate"
-    fi
+    if [ -n "$rate" ]; then shape_host "$name" "$i" "$rate" "$flow"; fi
   done
 }
 
@@ -101,10 +134,7 @@ case "$cmd" in
     # also remount /sys, hiding the cgroup file system from daemons.
     exec nsenter --net="/run/netns/$(ns_host "$name" "$i")" "$@"
     ;;
-  shape)
-    shape_dev "$(ns_host "$1" "$2")" eth0 "$3"
-    shape_dev "$(ns_bridge "$1")" "p$2" "$3"
-    ;;
+  shape) shape_host "$@" ;;
   pair)
     name=$1 i=$2 j=$3
     shape_pair_dev "$(ns_host "$name" "$i")" "$(addr "$name" "$j")" "$4" "$5"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Busbw of a large all-reduce between simulated hosts (tools/simhosts.sh;
+# needs root) with the ring in 1, 2, 4 ... lanes (the setting ring_lanes,
+# docs/design/ring_lanes.md): a scheduler on host 0 and 4 workers on hosts
+# 1-4 (bench/lanes_worker: --iters timed all-reduces of BYTES through the
+# Communicator), every link shaped to RATE and, with FLOW, every TCP flow
+# capped at FLOW too (a network with a per-flow limit).
+#
+#   bazel run --config=opt //bench:ring_lanes_bench -- [RATE] [FLOW] [LANES] [SECURITY] [BYTES]
+#   RATE: 10gbit (default); FLOW: a per-flow cap, e.g. 2gbit ("" for none,
+#   the default); LANES: "1 2 4" (default); SECURITY: none (default), curve
+#   or both; BYTES: 67108864 (64 MiB, default).
+#
+# Per run: p50_ms of rank 0's all-reduces, busbw_gbit = 2(n-1)/n x BYTES x 8
+# / p50, x_link = busbw / RATE, x_lanes1 = busbw / the same security's with
+# one lane.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/lanes_worker" ]; then
+  cd "$here/.."
+else
+  cd "$here/ring_lanes_bench.runfiles/gradsync"
+fi
+RATE=${1:-10gbit}
+FLOW=${2:-}
+LANES=${3:-"1 2 4"}
+SECURITY=${4:-none}
+BYTES=${5:-67108864}
+case "$SECURITY" in
+  curve | none) SECURITIES="$SECURITY" ;;
+  both) SECURITIES="none curve" ;;
+  *) echo "ring_lanes_bench: SECURITY must be curve, none or both, not '$SECURITY'" >&2; exit 2 ;;
+esac
+if ! tools/simhosts.sh check; then
+  echo "ring_lanes_bench: needs network namespaces (root)" >&2
+  exit 1
+fi
+
+tmp=$(mktemp -d)
+name="gsrl$$"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  tools/simhosts.sh down "$name"
+}
+trap cleanup EXIT
+wire/gradsync_keygen "$tmp/job.key" > /dev/null
+tools/simhosts.sh up "$name" 5 "$RATE" "$FLOW"
+sched=$(tools/simhosts.sh addr "$name" 0)
+results="$tmp/results.jsonl"
+port=9200
+for security in $SECURITIES; do
+  for lanes in $LANES; do
+    port=$((port + 1))
+    tag="$security.$lanes"
+    if [ "$security" = curve ]; then
+      keying=(GRADSYNC_KEY_FILE="$tmp/job.key")
+    else
+      keying=(GRADSYNC_SECURITY=none)
+    fi
+    common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=0
+            GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port")
+    tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
+      --host="$sched" --port=$port --num_workers=4 --num_servers=0 --metrics_port=0 \
+      > "$tmp/$tag.scheduler.log" 2>&1 &
+    pids+=($!)
+    workers=()
+    for r in 0 1 2 3; do
+      tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
+        GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
+        bench/lanes_worker --rank=$r --ring_lanes="$lanes" --bytes="$BYTES" \
+        > "$tmp/$tag.worker$r.log" 2>&1 &
+      workers+=($!)
+      pids+=($!)
+    done
+    for w in "${workers[@]}"; do
+      if ! wait "$w"; then
+        echo "ring_lanes_bench: $lanes lanes ($security) failed; logs in $tmp" >&2
+        tail -5 "$tmp/$tag.worker0.log" >&2
+        trap - EXIT
+        cleanup
+        exit 1
+      fi
+    done
+    wait || true  # the scheduler ends with the job
+    line=$(grep '^{' "$tmp/$tag.worker0.log" | tail -1)
+    echo "{\"security\":\"$security\",${line#\{}" >> "$results"
+    echo "$lanes lanes ($security) done" >&2
+  done
+done
+
+/usr/bin/python3 - "$results" "$RATE" "${FLOW:-none}" <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rate, flow = sys.argv[2], sys.argv[3]
+def bits_per_s(text):
+    m = re.match(r"(\d+(?:\.\d+)?)([kmg]?)bit", text)
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+print("%-8s %-8s %-5s %5s %10s %9s %9s %11s %7s %9s" % (
+    "rate", "flow", "sec", "lanes", "MiB", "p50_ms", "p90_ms", "busbw_gbit", "x_link", "x_lanes1"))
+one = {r["security"]: r for r in rows if r["lanes"] == 1}
+for r in rows:
+    n = r["workers"]
+    busbw = 2 * (n - 1) / n * r["bytes"] * 8 / (r["p50_ms"] / 1e3) / 1e9
+    base = one.get(r["security"])
+    x1 = r["p50_ms"] and base and base["p50_ms"] / r["p50_ms"]
+    print("%-8s %-8s %-5s %5d %10.0f %9.2f %9.2f %11.2f %7.2f %9s" % (
+        rate, flow, r["security"], r["lanes"], r["bytes"] / 2**20, r["p50_ms"], r["p90_ms"],
+        busbw, busbw * 1e9 / bits_per_s(rate), "%.2f" % x1 if x1 else "-"))
+    print(json.dumps({"rate": rate, "flow": flow, "security": r["security"], "lanes": r["lanes"],
+                      "bytes": r["bytes"], "p50_ms": r["p50_ms"], "busbw_gbit": round(busbw, 3),
+                      "busbw_over_lanes1": round(x1, 3) if x1 else None}), file=sys.stderr)
+PY
