@@ -6,14 +6,19 @@
 # Communicator), every link shaped to RATE and, with FLOW, every TCP flow
 # capped at FLOW too (a network with a per-flow limit).
 #
-#   bazel run --config=opt //bench:ring_lanes_bench -- [RATE] [FLOW] [LANES] [SECURITY] [BYTES]
+#   bazel run --config=opt //bench:ring_lanes_bench -- [RATE] [FLOW] [LANES] [SECURITY] [BYTES] \
+#     [PATH]
 #   RATE: 10gbit (default); FLOW: a per-flow cap, e.g. 2gbit ("" for none,
 #   the default); LANES: "1 2 4" (default); SECURITY: none (default), curve
-#   or both; BYTES: 67108864 (64 MiB, default).
+#   or both; BYTES: 67108864 (64 MiB, default); PATH: ring (default: direct
+#   all-reduces over ring_lanes) or ps (one bucket of BYTES through 2 shards
+#   on hosts 5 and 6 in sync mode, ps_lanes connections to each, 4 MiB
+#   partitions).
 #
 # Per run: p50_ms of rank 0's all-reduces, busbw_gbit = 2(n-1)/n x BYTES x 8
-# / p50, x_link = busbw / RATE, x_lanes1 = busbw / the same security's with
-# one lane.
+# / p50 (for ps, what a worker's link carries is 2 x BYTES: the same figure
+# counts 1.5 x BYTES), x_link = busbw / RATE, x_lanes1 = busbw / the same
+# security's with one lane.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/lanes_worker" ]; then
@@ -26,6 +31,12 @@ FLOW=${2:-}
 LANES=${3:-"1 2 4"}
 SECURITY=${4:-none}
 BYTES=${5:-67108864}
+PATH_=${6:-ring}
+case "$PATH_" in
+  ring) SHARDS=0 ;;
+  ps) SHARDS=2 ;;
+  *) echo "ring_lanes_bench: PATH must be ring or ps, not '$PATH_'" >&2; exit 2 ;;
+esac
 case "$SECURITY" in
   curve | none) SECURITIES="$SECURITY" ;;
   both) SECURITIES="none curve" ;;
@@ -45,7 +56,7 @@ cleanup() {
 }
 trap cleanup EXIT
 wire/gradsync_keygen "$tmp/job.key" > /dev/null
-tools/simhosts.sh up "$name" 5 "$RATE" "$FLOW"
+tools/simhosts.sh up "$name" $((5 + SHARDS)) "$RATE" "$FLOW"
 sched=$(tools/simhosts.sh addr "$name" 0)
 results="$tmp/results.jsonl"
 port=9200
@@ -58,17 +69,28 @@ for security in $SECURITIES; do
     else
       keying=(GRADSYNC_SECURITY=none)
     fi
-    common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=0
+    common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$SHARDS
             GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port")
     tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-      --host="$sched" --port=$port --num_workers=4 --num_servers=0 --metrics_port=0 \
+      --host="$sched" --port=$port --num_workers=4 --num_servers=$SHARDS --metrics_port=0 \
       > "$tmp/$tag.scheduler.log" 2>&1 &
     pids+=($!)
+    for ((s = 0; s < SHARDS; s++)); do
+      tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" server/gradsync_server \
+        --role=server --ps_mode=sync --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" \
+        --metrics_port=0 > "$tmp/$tag.server$s.log" 2>&1 &
+      pids+=($!)
+    done
+    if [ "$PATH_" = ps ]; then
+      how=(--path=ps --bucketed --ps_lanes="$lanes" --bucket_bytes="$BYTES")
+    else
+      how=(--ring_lanes="$lanes")
+    fi
     workers=()
     for r in 0 1 2 3; do
       tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
         GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-        bench/lanes_worker --rank=$r --ring_lanes="$lanes" --bytes="$BYTES" \
+        bench/lanes_worker --rank=$r "${how[@]}" --bytes="$BYTES" \
         > "$tmp/$tag.worker$r.log" 2>&1 &
       workers+=($!)
       pids+=($!)
@@ -82,32 +104,33 @@ for security in $SECURITIES; do
         exit 1
       fi
     done
-    wait || true  # the scheduler ends with the job
+    wait || true  # the scheduler and shards end with the job
     line=$(grep '^{' "$tmp/$tag.worker0.log" | tail -1)
     echo "{\"security\":\"$security\",${line#\{}" >> "$results"
     echo "$lanes lanes ($security) done" >&2
   done
 done
 
-/usr/bin/python3 - "$results" "$RATE" "${FLOW:-none}" <<'PY'
+/usr/bin/python3 - "$results" "$RATE" "${FLOW:-none}" "$PATH_" <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-rate, flow = sys.argv[2], sys.argv[3]
+rate, flow, path = sys.argv[2], sys.argv[3], sys.argv[4]
 def bits_per_s(text):
     m = re.match(r"(\d+(?:\.\d+)?)([kmg]?)bit", text)
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-print("%-8s %-8s %-5s %5s %10s %9s %9s %11s %7s %9s" % (
-    "rate", "flow", "sec", "lanes", "MiB", "p50_ms", "p90_ms", "busbw_gbit", "x_link", "x_lanes1"))
+print("%-5s %-8s %-8s %-5s %5s %10s %9s %9s %11s %7s %9s" % (
+    "path", "rate", "flow", "sec", "lanes", "MiB", "p50_ms", "p90_ms", "busbw_gbit", "x_link",
+    "x_lanes1"))
 one = {r["security"]: r for r in rows if r["lanes"] == 1}
 for r in rows:
     n = r["workers"]
     busbw = 2 * (n - 1) / n * r["bytes"] * 8 / (r["p50_ms"] / 1e3) / 1e9
     base = one.get(r["security"])
     x1 = r["p50_ms"] and base and base["p50_ms"] / r["p50_ms"]
-    print("%-8s %-8s %-5s %5d %10.0f %9.2f %9.2f %11.2f %7.2f %9s" % (
-        rate, flow, r["security"], r["lanes"], r["bytes"] / 2**20, r["p50_ms"], r["p90_ms"],
+    print("%-5s %-8s %-8s %-5s %5d %10.0f %9.2f %9.2f %11.2f %7.2f %9s" % (
+        path, rate, flow, r["security"], r["lanes"], r["bytes"] / 2**20, r["p50_ms"], r["p90_ms"],
         busbw, busbw * 1e9 / bits_per_s(rate), "%.2f" % x1 if x1 else "-"))
-    print(json.dumps({"rate": rate, "flow": flow, "security": r["security"], "lanes": r["lanes"],
+    print(json.dumps({"path": path, "rate": rate, "flow": flow, "security": r["security"], "lanes": r["lanes"],
                       "bytes": r["bytes"], "p50_ms": r["p50_ms"], "busbw_gbit": round(busbw, 3),
                       "busbw_over_lanes1": round(x1, 3) if x1 else None}), file=sys.stderr)
 PY

@@ -92,10 +92,9 @@ struct CommOptions {
                                   "'");
     }
     GS_ASSIGN_OR_RETURN(int64_t lanes, config.GetInt("ring_lanes", 1));
-    if (lanes < 1 || lanes > wire::kMaxRingLanes) {
-      return InvalidArgumentError("ring_lanes must be in [1, " +
-                                  std::to_string(wire::kMaxRingLanes) + "], got " +
-                                  std::to_string(lanes));
+    if (lanes < 1 || lanes > wire::kMaxLanes) {
+      return InvalidArgumentError("ring_lanes must be in [1, " + std::to_string(wire::kMaxLanes) +
+                                  "], got " + std::to_string(lanes));
     }
     o.sync.ring_lanes = static_cast<int>(lanes);
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));

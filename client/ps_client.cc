@@ -20,6 +20,12 @@ StatusOr<PsClientOptions> PsClientOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(std::string optimizer, config.GetString("optimizer", "none"));
   GS_ASSIGN_OR_RETURN(int64_t resend, config.GetInt("ps_resend_ms", 1000));
   GS_ASSIGN_OR_RETURN(std::string reply, config.GetString("ps_reply_compression", "none"));
+  GS_ASSIGN_OR_RETURN(int64_t lanes, config.GetInt("ps_lanes", 2));
+  if (lanes < 1 || lanes > wire::kMaxLanes) {
+    return InvalidArgumentError("ps_lanes must be in [1, " + std::to_string(wire::kMaxLanes) +
+                                "], got " + std::to_string(lanes));
+  }
+  o.lanes = static_cast<int>(lanes);
   if (reply != "none" && reply != "fp16" && reply != "bf16") {
     return InvalidArgumentError("ps_reply_compression must be none, fp16 or bf16, got '" + reply +
                                 "'");
@@ -58,8 +64,12 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Trans
   std::unique_ptr<PsClient> c(
       new PsClient(std::move(transport), peers, options, fallback, std::move(health)));
   for (const std::string& endpoint : peers.server_endpoints) {
-    GS_ASSIGN_OR_RETURN(wire::ConnId id, c->transport_->Connect(endpoint));
-    c->conns_.push_back(id);
+    std::vector<wire::ConnId> lanes;
+    for (int lane = 0; lane < std::max(1, options.lanes); ++lane) {
+      GS_ASSIGN_OR_RETURN(wire::ConnId id, c->transport_->ConnectLane(endpoint, lane));
+      lanes.push_back(id);
+    }
+    c->conns_.push_back(std::move(lanes));
   }
   return c;
 }

@@ -86,8 +86,14 @@ struct PsClientOptions {
   Millis poll_interval{20};                   // how often a waiting call runs `health`
   wire::RejectedMetrics* rejected = nullptr;  // refused messages by reason; may be null
   std::string reply_codec;                    // "", "fp16" or "bf16"
+  // Connections to each shard (wire::Transport::ConnectLane): a bucket's
+  // partitions for one shard take them in turn, a partition always the
+  // same one (its pushes and pulls keep their order). The setting ps_lanes
+  // (default 2).
+  int lanes = 1;
 
-  // Reads partition_bytes, optimizer, ps_resend_ms and ps_reply_compression.
+  // Reads partition_bytes, optimizer, ps_resend_ms, ps_reply_compression
+  // and ps_lanes.
   static StatusOr<PsClientOptions> FromConfig(const Config& config);
 };
 
@@ -199,7 +205,7 @@ class PsClient : public Collectives {
   Collectives* const fallback_;
   const Health health_;
   wire::Policy policy_;
-  std::vector<wire::ConnId> conns_;  // per shard
+  std::vector<std::vector<wire::ConnId>> conns_;  // per shard, per lane
   std::map<uint32_t, BucketState> buckets_;
   compression::CompressorRegistry registry_;
   compression::PayloadDecoder decoder_;

@@ -19,6 +19,13 @@ Status PsClient::Exchange::Run(std::vector<PartitionSpan> plan, BucketState* buc
   plan_ = std::move(plan);
   parts_.resize(plan_.size());
   remaining_ = plan_.size();
+  // A shard's partitions take its lanes in turn, each partition the same
+  // lane in every round.
+  std::vector<size_t> per_shard(c_->conns_.size(), 0);
+  lane_.resize(plan_.size());
+  for (size_t p = 0; p < plan_.size(); ++p) {
+    lane_[p] = per_shard[static_cast<size_t>(plan_[p].shard)]++;
+  }
   push_ = round_ > 0 || c_->peers_.rank == 0;
   std::vector<uint64_t>* versions = &bucket->versions;
   if (push_ && round_ > 0) GS_RETURN_IF_ERROR(Compress(bucket));
@@ -177,7 +184,8 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   }
   wire::Message msg =
       wire::MakeData(c_->peers_.sender, type, f, std::move(payloads), tag_.step, ++c_->seq_);
-  const wire::Route to = wire::Route::Connection(c_->conns_[static_cast<size_t>(span.shard)]);
+  const std::vector<wire::ConnId>& lanes = c_->conns_[static_cast<size_t>(span.shard)];
+  const wire::Route to = wire::Route::Connection(lanes[lane_[p] % lanes.size()]);
   // Posted: the pushes and pulls of every partition go out without waiting
   // on each other; a send that fails is seen by the loop in Run.
   c_->transport_->Post(to, std::move(msg), deadline_, posted_.callback());
@@ -252,9 +260,10 @@ std::string PsClient::Exchange::Missing() const {
 }
 
 int PsClient::Exchange::ShardOf(const wire::Route& from) const {
+  if (from.kind != wire::Route::Kind::kConnection) return -1;
   for (size_t s = 0; s < c_->conns_.size(); ++s) {
-    if (from.kind == wire::Route::Kind::kConnection && c_->conns_[s] == from.conn) {
-      return static_cast<int>(s);
+    for (wire::ConnId id : c_->conns_[s]) {
+      if (id == from.conn) return static_cast<int>(s);
     }
   }
   return -1;

@@ -93,6 +93,7 @@ class PsClient::Exchange {
   wire::PostedSends posted_;  // the pushes and pulls of this exchange
   std::vector<PartitionSpan> plan_;
   std::vector<Part> parts_;
+  std::vector<size_t> lane_;  // per partition: the shard's lane it goes over
   size_t remaining_ = 0;
   bool push_ = true;
   bool busy_ = false;  // a shard answered Busy since the loop last looked

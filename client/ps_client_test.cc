@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -39,6 +40,9 @@ class HookTransport : public wire::Transport {
   const std::string& identity() const override { return inner_->identity(); }
   StatusOr<std::string> Listen(const std::string& e) override { return inner_->Listen(e); }
   StatusOr<wire::ConnId> Connect(const std::string& e) override { return inner_->Connect(e); }
+  StatusOr<wire::ConnId> ConnectLane(const std::string& e, int lane) override {
+    return inner_->ConnectLane(e, lane);
+  }
   Status Send(const wire::Route& to, wire::Message msg, Deadline deadline) override {
     return hook_(*inner_, to, std::move(msg), deadline);
   }
@@ -98,6 +102,7 @@ struct JobSpec {
   std::string reply_codec;
   size_t shard_bytes_per_peer = 0;  // 0: the shard's default
   Millis shard_handle_delay{0};     // each key thread message waits this long first
+  int lanes = 1;                    // PsClientOptions::lanes
 };
 
 JobSpec Spec(int workers, int shards, PsMode mode = PsMode::kSync, uint64_t staleness = 0,
@@ -141,6 +146,7 @@ class PsJob {
     co.server_optimizer = spec.optimizer != OptimizerKind::kNone || spec.client_thinks_optimizer;
     co.resend_after = Millis(30);
     co.reply_codec = spec.reply_codec;
+    co.lanes = spec.lanes;
     for (int w = 0; w < spec.workers; ++w) {
       peers.rank = w;
       peers.sender = wire::Sender{wire::Role::Worker, w, kJob};
@@ -224,6 +230,35 @@ TEST(PsClientTest, SyncGivesTheExactAverageForOneToFourWorkersAndShards) {
       EXPECT_EQ(job.ShardStats().rejected, 0u);
     }
   }
+}
+
+// With three lanes to each shard (the setting ps_lanes), a shard's
+// partitions take them in turn: each worker sends over all six connections
+// (two shards, three lanes), the shards answer each on its own, and the
+// averages are the same exact ones.
+TEST(PsClientTest, InThreeLanesEveryLaneCarriesAndTheAveragesAreExact) {
+  JobSpec spec = Spec(3, 2);
+  spec.lanes = 3;
+  std::mutex mu;
+  std::vector<std::shared_ptr<std::set<wire::ConnId>>> used;
+  spec.make_hook = [&] {
+    auto conns = std::make_shared<std::set<wire::ConnId>>();
+    used.push_back(conns);
+    return [&mu, conns](wire::Transport& inner, const wire::Route& to, wire::Message msg,
+                        Deadline deadline) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        conns->insert(to.conn);
+      }
+      return inner.Send(to, std::move(msg), deadline);
+    };
+  };
+  PsJob job(spec);
+  ExpectExactAverages(job, 3, 3);
+  EXPECT_EQ(job.ShardStats().rejected, 0u);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(used.size(), 3u);
+  for (const auto& conns : used) EXPECT_EQ(conns->size(), 6u);
 }
 
 TEST(PsClientTest, DuplicatedAndReorderedPushesAreAppliedOnce) {

@@ -46,7 +46,7 @@ class Lanes {
 
   static std::string Identity(int r, size_t k) {
     const std::string id = "w" + std::to_string(r);
-    return k == 0 ? id : wire::RingLaneIdentity(id, static_cast<int>(k));
+    return k == 0 ? id : wire::LaneIdentity(id, static_cast<int>(k));
   }
   static std::string Endpoint(int r, size_t k) {
     return "inproc://lane" + std::to_string(k) + "-rank" + std::to_string(r);

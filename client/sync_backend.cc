@@ -198,7 +198,7 @@ Status AddLanes(Session* session, const SyncBackendOptions& options, const RingP
   std::vector<uint8_t> mine(extra * kLaneEndpointBytes, 0);
   for (size_t k = 1; k <= extra; ++k) {
     wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), session->refusals());
-    zmq.identity = wire::RingLaneIdentity(session->data().identity(), static_cast<int>(k));
+    zmq.identity = wire::LaneIdentity(session->data().identity(), static_cast<int>(k));
     zmq.node_keys = session->node_keys();
     zmq.bulk_encryption = session->bulk_encryption();
     zmq.bulk_crypto_threads = session->bulk_crypto_threads();
@@ -224,7 +224,7 @@ Status AddLanes(Session* session, const SyncBackendOptions& options, const RingP
     RingPeers lane = peers;
     lane.right_endpoint = endpoint;
     lane.left_identity =
-        left_identity.empty() ? "" : wire::RingLaneIdentity(left_identity, static_cast<int>(k));
+        left_identity.empty() ? "" : wire::LaneIdentity(left_identity, static_cast<int>(k));
     GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports[k - 1].get(), lane,
                                                            ring_options, health));
     lanes->push_back(std::move(ring));

@@ -114,7 +114,7 @@ bool KeyTable::Admit(const Request& r, wire::Role role, const wire::DataBody& d,
   const auto w = static_cast<size_t>(r.worker);
   if (w < rules_.worker_identities.size() && !rules_.worker_identities[w].empty() &&
       (r.from.kind != wire::Route::Kind::kInbound ||
-       r.from.identity != rules_.worker_identities[w])) {
+       wire::LaneBase(r.from.identity) != rules_.worker_identities[w])) {
     Reject(r, ErrorCode::BadSender,
            "comes over another connection than worker " + std::to_string(r.worker) + "'s own", out);
     return false;
@@ -357,9 +357,11 @@ bool IsJobWorker(const std::vector<std::string>& worker_identities, const wire::
   const bool checked = std::any_of(worker_identities.begin(), worker_identities.end(),
                                    [](const std::string& id) { return !id.empty(); });
   if (!checked) return true;
-  return from.kind == wire::Route::Kind::kInbound && !from.identity.empty() &&
-         std::find(worker_identities.begin(), worker_identities.end(), from.identity) !=
-             worker_identities.end();
+  if (from.kind != wire::Route::Kind::kInbound || from.identity.empty()) return false;
+  // A worker's lanes (PsClientOptions::lanes) are the worker.
+  const std::string worker = wire::LaneBase(from.identity);
+  return std::find(worker_identities.begin(), worker_identities.end(), worker) !=
+         worker_identities.end();
 }
 
 }  // namespace gradsync::server

@@ -251,7 +251,9 @@ void PsShard::Dispatch(wire::Incoming in) {
   t.queue.Push(std::move(work), Deadline::Infinite()).IgnoreError();
 }
 
-bool PsShard::Admit(const std::string& peer, size_t bytes) {
+bool PsShard::Admit(const std::string& route, size_t bytes) {
+  // A peer's lanes share its bytes.
+  const std::string peer = wire::LaneBase(route);
   std::unique_lock<std::mutex> lock(bytes_mu_);
   auto held = peer_bytes_.find(peer);
   if (held != peer_bytes_.end() && held->second + bytes > options_.max_queued_bytes_per_peer) {
@@ -269,7 +271,7 @@ void PsShard::Dequeued(const std::string& peer, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(bytes_mu_);
     queued_bytes_ -= bytes;
-    auto held = peer_bytes_.find(peer);
+    auto held = peer_bytes_.find(wire::LaneBase(peer));
     if (held != peer_bytes_.end() && (held->second -= bytes) == 0) peer_bytes_.erase(held);
   }
   room_.notify_all();

@@ -164,9 +164,9 @@ class PsShard {
   void ReceiveLoop();
   void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
-  // Takes `bytes` from `peer` (the identity of its inbound route) into the
-  // key threads' queues, waiting for room; false (nothing taken) when that
-  // peer holds its share already.
+  // Takes `bytes` from `peer` (the identity of its inbound route; a peer's
+  // lanes share one share) into the key threads' queues, waiting for room;
+  // false (nothing taken) when that peer holds its share already.
   bool Admit(const std::string& peer, size_t bytes);
   // A message of `bytes` from `peer` left the key threads' queues.
   void Dequeued(const std::string& peer, size_t bytes);

@@ -12,6 +12,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/local_job.h"
+#include "wire/curve.h"
 
 namespace gradsync {
 namespace {
@@ -32,10 +33,12 @@ std::string Field(const std::string& out, const std::string& key) {
 class PsTest : public ::testing::Test, public LocalJob {
  protected:
   // Runs a whole job and returns every process's output once all ended.
+  // With `key_file`, every process runs CURVE with that job key.
   JobOutput Run(int workers, int servers, const std::vector<std::string>& server_flags,
-                const std::vector<std::string>& worker_flags) {
-    StartScheduler(workers, servers, Tag());
+                const std::vector<std::string>& worker_flags, const std::string& key_file = "") {
+    StartScheduler(workers, servers, Tag(), key_file);
     SetJob(workers, servers);
+    if (!key_file.empty()) env_["GRADSYNC_KEY_FILE"] = key_file;
     std::vector<Subprocess*> shard_procs, worker_procs;
     for (int s = 0; s < servers; ++s) {
       std::vector<std::string> argv = {Runfile("server/gradsync_server"), "--role=server"};
@@ -71,7 +74,8 @@ class PsTest : public ::testing::Test, public LocalJob {
   std::string Tag() const { return "run" + std::to_string(runs_); }
 
   // As LocalJob::StartScheduler, with a log of its own for each run.
-  void StartScheduler(int workers, int servers, const std::string& tag) {
+  void StartScheduler(int workers, int servers, const std::string& tag,
+                      const std::string& key_file = "") {
     std::vector<std::string> argv = {Runfile("server/gradsync_server"),
                                      "--role=scheduler",
                                      "--port=0",
@@ -79,6 +83,7 @@ class PsTest : public ::testing::Test, public LocalJob {
                                      "--num_servers=" + std::to_string(servers),
                                      "--heartbeat_ms=" + std::to_string(kHeartbeatMs),
                                      "--missed_heartbeats=" + std::to_string(kMissed)};
+    if (!key_file.empty()) argv.push_back("--key_file=" + key_file);
     auto p = Subprocess::Spawn(argv, {}, TmpFile(Name("scheduler." + tag)));
     ASSERT_TRUE(p.ok()) << p.status();
     scheduler_ = std::make_unique<Subprocess>(std::move(*p));
@@ -138,6 +143,27 @@ TEST_F(PsTest, SspWithZeroStalenessIsSyncBitForBit) {
   JobOutput ssp = Run(3, 2, ssp_flags, worker);
   EXPECT_EQ(Agreed(sync, "params"), Agreed(ssp, "params"));
   EXPECT_EQ(MaxStaleness(ssp), 0);
+}
+
+// Three connections from each worker to each shard (ps_lanes=3, over TCP:
+// no shared memory), with CURVE and without: the same parameters, bit for
+// bit, as one connection.
+TEST_F(PsTest, SyncInThreeLanesIsSyncBitForBit) {
+  const std::string key_file = TmpFile("ps_lanes.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  const std::vector<std::string> shard = {"--ps_mode=sync", "--optimizer=momentum", "--lr=0.1"};
+  std::vector<std::string> worker = {"--path=ps", "--mode=train", "--steps=6",
+                                     "--optimizer=momentum", "--ps_shm=false"};
+  JobOutput one = Run(3, 2, shard, worker);
+  worker.push_back("--ps_lanes=3");
+  JobOutput lanes = Run(3, 2, shard, worker);
+  JobOutput curve = Run(3, 2, shard, worker, key_file);
+  EXPECT_EQ(Agreed(lanes, "params"), Agreed(one, "params"));
+  EXPECT_EQ(Agreed(curve, "params"), Agreed(one, "params"));
+  EXPECT_NE(curve.workers[0].find("CURVE on every link"), std::string::npos) << curve.workers[0];
+  for (const std::string& s : curve.servers) {
+    EXPECT_EQ(s.find("refused"), std::string::npos) << s;
+  }
 }
 
 TEST_F(PsTest, SspStalenessNeverExceedsTheBound) {

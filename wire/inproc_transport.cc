@@ -57,33 +57,41 @@ StatusOr<std::string> InProcTransport::Listen(const std::string& endpoint) {
 }
 
 StatusOr<ConnId> InProcTransport::Connect(const std::string& endpoint) {
+  return ConnectLane(endpoint, 0);
+}
+
+StatusOr<ConnId> InProcTransport::ConnectLane(const std::string& endpoint, int lane) {
+  if (lane < 0 || lane >= kMaxLanes) return InvalidArgumentError("no lane " + std::to_string(lane));
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return CancelledError("transport is shut down");
-  for (const auto& [id, ep] : conns_) {
-    if (ep == endpoint) return id;
+  const std::pair<std::string, int> key(endpoint, lane);
+  for (const auto& [id, conn] : conns_) {
+    if (conn == key) return id;
   }
   ConnId id = static_cast<ConnId>(conns_.size());
-  conns_[id] = endpoint;
+  conns_[id] = key;
   return id;
 }
 
-ConnId InProcTransport::ConnTo(const std::string& endpoint) {
+ConnId InProcTransport::ConnTo(const std::string& endpoint, int lane) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [id, ep] : conns_) {
-    if (ep == endpoint) return id;
+  for (const auto& [id, conn] : conns_) {
+    if (conn.first == endpoint && conn.second == lane) return id;
   }
   return -1;
 }
 
 Status InProcTransport::Send(const Route& to, Message message, Deadline /*deadline*/) {
   std::string endpoint;
+  int lane = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return CancelledError("transport is shut down");
     if (to.kind == Route::Kind::kConnection) {
       auto it = conns_.find(to.conn);
       if (it == conns_.end()) return UnavailableError("no socket for " + to.ToString());
-      endpoint = it->second;
+      endpoint = it->second.first;
+      lane = it->second.second;
     } else {
       endpoint = listen_endpoint_;
     }
@@ -92,11 +100,15 @@ Status InProcTransport::Send(const Route& to, Message message, Deadline /*deadli
   if (to.kind == Route::Kind::kConnection) {
     InProcTransport* peer = network_->Listener(endpoint);
     if (peer == nullptr) return UnavailableError("nobody listens on " + endpoint);
-    return peer->incoming_.Push({Route::Inbound(identity_), std::move(message)},
-                                Deadline::Infinite());
+    return peer->incoming_.Push(
+        {Route::Inbound(lane == 0 ? identity_ : LaneIdentity(identity_, lane)), std::move(message)},
+        Deadline::Infinite());
   }
-  InProcTransport* peer = network_->ByIdentity(to.identity);
-  ConnId back = peer ? peer->ConnTo(endpoint) : -1;
+  // A lane's identity names its transport's and the lane.
+  const std::string base = LaneBase(to.identity);
+  const int back_lane = base == to.identity ? 0 : std::stoi(to.identity.substr(base.size() + 5));
+  InProcTransport* peer = network_->ByIdentity(base);
+  ConnId back = peer ? peer->ConnTo(endpoint, back_lane) : -1;
   if (back < 0) return UnavailableError(to.ToString() + " is not connected");
   return peer->incoming_.Push({Route::Connection(back), std::move(message)}, Deadline::Infinite());
 }

@@ -47,6 +47,7 @@ class InProcTransport : public Transport {
   const std::string& identity() const override { return identity_; }
   StatusOr<std::string> Listen(const std::string& endpoint) override;
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
+  StatusOr<ConnId> ConnectLane(const std::string& endpoint, int lane) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
   StatusOr<Incoming> Receive(Deadline deadline) override;
   Status Probe(const std::string& endpoint, Deadline deadline) override;
@@ -55,16 +56,16 @@ class InProcTransport : public Transport {
  private:
   friend class InProcNetwork;
   InProcTransport(InProcNetwork* network, std::string identity);
-  // The connection this transport holds to `endpoint`, or -1.
-  ConnId ConnTo(const std::string& endpoint);
+  // The connection this transport holds to `endpoint` in `lane`, or -1.
+  ConnId ConnTo(const std::string& endpoint, int lane);
 
   InProcNetwork* const network_;
   const std::string identity_;
   BlockingQueue<Incoming> incoming_;
   std::mutex mu_;
-  std::string listen_endpoint_;          // guarded by mu_
-  std::map<ConnId, std::string> conns_;  // guarded by mu_
-  bool shut_down_ = false;               // guarded by mu_
+  std::string listen_endpoint_;                          // guarded by mu_
+  std::map<ConnId, std::pair<std::string, int>> conns_;  // guarded by mu_; (endpoint, lane)
+  bool shut_down_ = false;                               // guarded by mu_
 };
 
 }  // namespace gradsync::wire

@@ -205,11 +205,14 @@ std::vector<Message> MakeLayoutPieces(const Sender& from,
 // epoch 0, "<identity>/ps<epoch>" in a later one (each epoch's client is a
 // new peer to the shards, with links of its own).
 std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch = 0);
-// The transport identity of lane `lane` (1 to kMaxRingLanes - 1) of a
-// worker's ring (client/ring_lanes.h): "<identity>/lane<lane>". Lane 0 is
-// the data transport itself.
-constexpr int kMaxRingLanes = 16;
-std::string RingLaneIdentity(const std::string& data_identity, int lane);
+// Lanes: further connections of one node to one peer, each a TCP
+// connection of its own (client/ring_lanes.h, the parameter-server
+// client's ps_lanes). Lane `lane` (1 to kMaxLanes - 1) presents the identity
+// "<identity>/lane<lane>"; lane 0 is `identity` itself. LaneBase gives the
+// identity a lane identity belongs to (`identity` when it is none).
+constexpr int kMaxLanes = 16;
+std::string LaneIdentity(const std::string& identity, int lane);
+std::string LaneBase(const std::string& identity);
 
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);

@@ -74,12 +74,10 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
   return routing_id.substr(0, at);
 }
 
-bool IdentityMatchesKey(const std::string& claimed, const std::string& bound) {
+bool IdentityMatchesKey(const std::string& lane_claimed, const std::string& bound) {
   if (bound.empty()) return false;
+  const std::string claimed = LaneBase(lane_claimed);
   if (claimed == bound) return true;
-  for (int lane = 1; lane < kMaxRingLanes; ++lane) {
-    if (claimed == RingLaneIdentity(bound, lane)) return true;
-  }
   const std::string ps = PsClientIdentity(bound);
   if (claimed.compare(0, ps.size(), ps) != 0) return false;
   // "/ps" alone (epoch 0) or followed by a later epoch's number.

@@ -143,8 +143,8 @@ TEST_F(NodeKeysTest, AConnectionTalksOnlyToTheServerHoldingThePeersKey) {
 // it under the client's lane identity, and the endpoint is bound to the
 // server's key only (a squatter there with another key gets nothing).
 TEST_F(NodeKeysTest, ALaneEndpointIsServedUnderItsNodesKeyOnly) {
-  Member client = Make(job_, RingLaneIdentity("client", 1), *GenerateCurveKey());
-  Member lane = Make(job_, RingLaneIdentity("server", 1), server_.key);
+  Member client = Make(job_, LaneIdentity("client", 1), *GenerateCurveKey());
+  Member lane = Make(job_, LaneIdentity("server", 1), server_.key);
   lane.endpoint = *lane.transport->Listen("tcp://127.0.0.1:0");
   const std::vector<NodeInfo> plan = {Entry("client", client.key, "tcp://127.0.0.1:1"),
                                       Entry("server", server_.key, server_.endpoint)};
@@ -162,7 +162,7 @@ TEST_F(NodeKeysTest, ALaneEndpointIsServedUnderItsNodesKeyOnly) {
   SendTo(client, lane.endpoint);
   auto in = lane.transport->Receive(Deadline::AfterMs(10000));
   ASSERT_TRUE(in.ok()) << in.status();
-  EXPECT_EQ(in->from.ToString(), Route::Inbound(RingLaneIdentity("client", 1)).ToString());
+  EXPECT_EQ(in->from.ToString(), Route::Inbound(LaneIdentity("client", 1)).ToString());
 
   // A node that left the plan no longer vouches for its lane's endpoint.
   client.keys->SetPlan({Entry("client", client.key, "tcp://127.0.0.1:1")});
@@ -288,12 +288,16 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_FALSE(IdentityMatchesKey("node-1/psx", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1/ps12345678901", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-12/ps", "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey(RingLaneIdentity("node-1", 1), "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity("node-1", 1), "node-1"));
   EXPECT_TRUE(IdentityMatchesKey("node-1/lane15", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1/lane16", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1/lane0", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1/lane01", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-2/lane1", "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity(PsClientIdentity("node-1", 3), 2), "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane1/lane1", "node-1"));
+  EXPECT_EQ(LaneBase("node-1/ps/lane3"), "node-1/ps");
+  EXPECT_EQ(LaneBase("node-1/lane16"), "node-1/lane16");
   EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1", ""));

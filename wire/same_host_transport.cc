@@ -141,6 +141,14 @@ StatusOr<ConnId> SameHostTransport::Connect(const std::string& endpoint) {
   return id;
 }
 
+StatusOr<ConnId> SameHostTransport::ConnectLane(const std::string& endpoint, int lane) {
+  for (auto& out : outs_) {
+    // A shared-memory link is one: its peer's lanes are the link.
+    if (out->peer.endpoint == endpoint) return Connect(endpoint);
+  }
+  return inner_->ConnectLane(endpoint, lane);
+}
+
 SameHostTransport::Out* SameHostTransport::OutFor(const Route& to) {
   for (auto& out : outs_) {
     if (to.kind == Route::Kind::kConnection ? out->conn.load() == to.conn

@@ -109,6 +109,8 @@ class SameHostTransport : public Transport {
     return inner_->Listen(endpoint);
   }
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
+  // Lanes go to the inner transport, but for a peer over shared memory.
+  StatusOr<ConnId> ConnectLane(const std::string& endpoint, int lane) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
   void Post(const Route& to, Message message, Deadline deadline,
             std::function<void(const Status&)> done) override;

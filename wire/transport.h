@@ -76,6 +76,14 @@ class Transport {
   // Opens an outgoing connection. Does not wait for the peer: messages queue
   // until it is reachable, and a lost connection is re-established.
   virtual StatusOr<ConnId> Connect(const std::string& endpoint) = 0;
+  // As Connect, over a connection of its own that presents the identity
+  // LaneIdentity(identity(), lane) (message.h): a further TCP connection to
+  // the same peer, FIFO on its own (lane 0 is Connect's). Unimplemented for
+  // lanes past 0 where the transport has no such thing (in-process).
+  virtual StatusOr<ConnId> ConnectLane(const std::string& endpoint, int lane) {
+    if (lane == 0) return Connect(endpoint);
+    return UnimplementedError("this transport has no lanes");
+  }
   virtual Status Send(const Route& to, Message message, Deadline deadline) = 0;
   // Sends without waiting: returns at once, and `done` (may be empty) is
   // called once with what Send would have returned, on a thread of the

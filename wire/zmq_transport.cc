@@ -98,7 +98,7 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
 }
 
 void ZmqTransport::Impl::DoConnect(Command& cmd) {
-  auto known = conn_by_endpoint_.find(cmd.endpoint);
+  auto known = conn_by_endpoint_.find({cmd.endpoint, cmd.lane});
   if (known != conn_by_endpoint_.end()) {
     cmd.done.set_value({OkStatus(), cmd.endpoint, known->second});
     return;
@@ -107,8 +107,9 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
     auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
     Configure(*dealer);
     const bool node = ApplyClientKeys(*dealer, cmd.endpoint);
-    dealer->set(zmq::sockopt::routing_id,
-                node ? RoutingIdFor(options_.identity) : options_.identity);
+    const std::string identity =
+        cmd.lane == 0 ? options_.identity : LaneIdentity(options_.identity, cmd.lane);
+    dealer->set(zmq::sockopt::routing_id, node ? RoutingIdFor(identity) : identity);
     const ConnId id = next_conn_;
     if (node) {
       Status watched = RetryRefusedHandshakes(id, *dealer, cmd.endpoint);
@@ -120,7 +121,7 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
     dealer->connect(cmd.endpoint);
     ++next_conn_;
     dealers_[id] = std::move(dealer);
-    conn_by_endpoint_[cmd.endpoint] = id;
+    conn_by_endpoint_[{cmd.endpoint, cmd.lane}] = id;
     cmd.done.set_value({OkStatus(), cmd.endpoint, id});
     if (node && options_.bulk_encryption) StartBulk(id, cmd.endpoint);
   } catch (const zmq::error_t& e) {
@@ -251,9 +252,18 @@ StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
 }
 
 StatusOr<ConnId> ZmqTransport::Connect(const std::string& endpoint) {
+  return ConnectLane(endpoint, 0);
+}
+
+StatusOr<ConnId> ZmqTransport::ConnectLane(const std::string& endpoint, int lane) {
+  if (lane < 0 || lane >= kMaxLanes) {
+    return InvalidArgumentError("lane " + std::to_string(lane) + " is not in [0, " +
+                                std::to_string(kMaxLanes) + ")");
+  }
   auto cmd = std::make_unique<Command>();
   cmd->kind = Command::Kind::kConnect;
   cmd->endpoint = endpoint;
+  cmd->lane = lane;
   Result r = impl_->Submit(std::move(cmd));
   if (!r.status.ok()) return r.status;
   return r.conn;

@@ -78,6 +78,7 @@ struct Command {
   enum class Kind { kListen, kConnect, kSend };
   Kind kind = Kind::kSend;
   std::string endpoint;
+  int lane = 0;  // kConnect
   Route route;
   Message message;
   Deadline deadline = Deadline::Infinite();
@@ -482,7 +483,7 @@ class ZmqTransport::Impl {
   std::atomic<bool> listen_closed_{false};  // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::unique_ptr<HandshakeRetry> retry_;  // watches dealers_ to nodes (made on demand)
-  std::map<std::string, ConnId> conn_by_endpoint_;
+  std::map<std::pair<std::string, int>, ConnId> conn_by_endpoint_;  // (endpoint, lane)
   // Sends that would block, in order, per peer: one peer that stops reading
   // holds back only the sends to it. Keyed by RouteKey.
   std::map<std::string, PeerQueue> pending_;
