@@ -357,6 +357,25 @@ TEST_F(ElasticTest, OnFourHostsEveryEpochTimesItsLinksAJoinerIncluded) {
   }
 }
 
+// The ring in two lanes (each lane a transport of its own, over TCP), under
+// CURVE: every epoch makes its lanes again, the survivors' and then the
+// joiner's (whose lane endpoints its neighbours bind to its node key), and
+// all four end with the same parameters.
+TEST_F(ElasticTest, WithCurveAndTwoLanesEveryEpochMakesItsLanesTheJoinersIncluded) {
+  const std::string key_file = TmpFile("lanes.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  const std::vector<std::string> outputs =
+      KillOneOfFourAndJoin(key_file, Shards{0, {}, {"--ring_lanes=2", "--ring_shm=false"}});
+  ASSERT_FALSE(outputs.empty());
+  // Rank 0 (worker 0 in every epoch) logs its lanes once per epoch: 0, 1, 2.
+  size_t epochs = 0;
+  for (size_t at = outputs[0].find("ring of 2 lanes"); at != std::string::npos;
+       at = outputs[0].find("ring of 2 lanes", at + 1)) {
+    ++epochs;
+  }
+  EXPECT_EQ(epochs, 3u) << outputs[0];
+}
+
 // The joiner's own node key gets into every member's plan: its ring
 // neighbours admit it.
 TEST_F(ElasticTest, WithCurveAJoinersNodeKeyIsAdmittedByItsNeighbours) {
