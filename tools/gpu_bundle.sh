@@ -39,6 +39,8 @@ targets=(
   //bench:device_pipeline_bench
   //bench:allreduce_bench
   //bench:ps_bench
+  //bench:lanes_worker
+  //wire:gradsync_keygen
   "$@"
 )
 max_lib_bytes=$((32 << 20))
@@ -70,6 +72,11 @@ for target in "${targets[@]}"; do
       cp -L "$lib" "$out/lib/$soname"
     done
 done
+
+# ring_lanes_bench runs from the bundle's tree as from bazel-bin.
+mkdir -p "$out/gradsync/tools"
+cp bench/ring_lanes_bench.sh "$out/gradsync/bench/"
+cp tools/simhosts.sh "$out/gradsync/tools/"
 
 cat >"$out/env.sh" <<'ENV'
 # Sourced by run.sh and run_tests.sh: the bundle's libraries, then NCCL.
@@ -160,6 +167,15 @@ for threads in 0 2; do
 done
 part ps_bench 300 "$here/run.sh" ps_bench --quick --workers=8 --shards=1,2,4 \
   --server_bin="$here/gradsync/server/gradsync_server"
+# Lanes on simulated 10 Gbit/s hosts, no per-flow cap: whether more lanes
+# pay where the cores are not the limit.
+if "$here/gradsync/tools/simhosts.sh" check 2>/dev/null; then
+  part ring_lanes_bench 300 "$here/gradsync/bench/ring_lanes_bench.sh" 10gbit "" "1 2 4" both
+  part ps_lanes_bench 300 "$here/gradsync/bench/ring_lanes_bench.sh" 10gbit "" "1 2 4" none \
+    67108864 ps
+else
+  echo "ring_lanes_bench: skipped (no network namespaces here)"
+fi
 echo "logs: $logs"
 exit $status
 RUN
