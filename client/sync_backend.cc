@@ -30,10 +30,12 @@ constexpr double kRingOrderMargin = 1.5;
 constexpr std::chrono::microseconds kProbeFloor(1000);
 constexpr double kLongestProbeMicros = 3.6e9;
 constexpr uint32_t kRingProbeBucket = 0xffffffffu;
-// The ring lanes' endpoints: the bucket id of their exchange, and the
-// bytes of one endpoint in it (NUL-padded).
+// The ring lanes' exchange: its bucket id, the bytes of one endpoint in it
+// (NUL-padded), and of a worker's record (its lane count, then an endpoint
+// for each lane past the first, of the most lanes there may be).
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
 constexpr size_t kLaneEndpointBytes = 96;
+constexpr size_t kLaneRecordBytes = sizeof(int32_t) + (wire::kMaxLanes - 1) * kLaneEndpointBytes;
 
 // Fails when the job already knows that a collective cannot finish: the job
 // ended, or a node of `role` died.
@@ -170,7 +172,8 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
 // is one of `right`'s host (the scheduler's word): "tcp://HOST:PORT".
 StatusOr<std::string> LaneEndpointOf(const wire::NodeInfo& right, const uint8_t* record,
                                      size_t lane) {
-  const char* at = reinterpret_cast<const char*>(record) + (lane - 1) * kLaneEndpointBytes;
+  const char* at =
+      reinterpret_cast<const char*>(record) + sizeof(int32_t) + (lane - 1) * kLaneEndpointBytes;
   const std::string endpoint(at, strnlen(at, kLaneEndpointBytes));
   const std::string data = right.DataEndpoint();
   const std::string host = data.substr(0, data.rfind(':') + 1);
@@ -186,16 +189,24 @@ StatusOr<std::string> LaneEndpointOf(const wire::NodeInfo& right, const uint8_t*
   return endpoint;
 }
 
-// Lanes 1 to options.ring_lanes - 1 of this worker's ring, beside `first`:
-// each a transport of its own listening on a free port of this host; the
-// workers exchange the endpoints over `first`.
-Status AddLanes(Session* session, const SyncBackendOptions& options, const RingPeers& peers,
-                const wire::NodeInfo& right, const std::string& left_identity,
-                const RingOptions& ring_options, const HealthCheck& health, RingCollectives& first,
-                Ring* out, std::vector<std::unique_ptr<RingCollectives>>* lanes,
-                Deadline deadline) {
-  const size_t extra = static_cast<size_t>(options.ring_lanes - 1);
-  std::vector<uint8_t> mine(extra * kLaneEndpointBytes, 0);
+// Lanes 1 to `count` - 1 of this worker's ring beside lanes->front(), the
+// ring of `peers` in `order`: each a transport of its own (in
+// out->lane_transports) listening on a free port of this host. The workers
+// exchange their lane counts and endpoints over the first lane; lane counts
+// that differ fail every worker, naming one that differs.
+Status AddLanes(Session* session, int count, const RingPeers& peers, const std::vector<int>& order,
+                const RingOptions& ring_options, const HealthCheck& health, Ring* out,
+                std::vector<std::unique_ptr<RingCollectives>>* lanes, Deadline deadline) {
+  const cluster::RingNeighbours next = cluster::NeighboursOf(order, peers.rank, peers.world_size);
+  std::optional<wire::NodeInfo> right;
+  for (const wire::NodeInfo& p : session->peers()) {
+    if (p.role == wire::Role::Worker && p.rank == next.right) right = p;
+  }
+  if (!right) return InternalError("the ring's right neighbour is not a peer");
+  const size_t extra = static_cast<size_t>(count - 1);
+  std::vector<uint8_t> mine(kLaneRecordBytes, 0);
+  const int32_t announced_count = count;
+  std::memcpy(mine.data(), &announced_count, sizeof(announced_count));
   for (size_t k = 1; k <= extra; ++k) {
     wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), session->refusals());
     zmq.identity = wire::LaneIdentity(session->data().identity(), static_cast<int>(k));
@@ -207,24 +218,39 @@ Status AddLanes(Session* session, const SyncBackendOptions& options, const RingP
                         wire::ZmqTransport::Create(std::move(zmq)));
     GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(session->host(), 0));
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(endpoint));
-    if (bound.size() >= kLaneEndpointBytes) {
-      return InternalError("ring lane endpoint '" + bound + "' is too long to announce");
+    // Announced under the host as peers know it (a name stays a name), as
+    // the data endpoint is.
+    const std::string announced = "tcp://" + session->host() + bound.substr(bound.rfind(':'));
+    if (announced.size() >= kLaneEndpointBytes) {
+      return InternalError("ring lane endpoint '" + announced + "' is too long to announce");
     }
-    std::memcpy(mine.data() + (k - 1) * kLaneEndpointBytes, bound.data(), bound.size());
+    std::memcpy(mine.data() + sizeof(int32_t) + (k - 1) * kLaneEndpointBytes, announced.data(),
+                announced.size());
     out->lane_transports.push_back(std::move(transport));
   }
   const size_t n = static_cast<size_t>(peers.world_size);
   std::vector<uint8_t> all(mine.size() * n);
-  GS_RETURN_IF_ERROR(first.AllGather(mine.data(), mine.size(), all.data(),
-                                     OpTag{0, kRingLanesBucket, 0, 0}, deadline));
-  const uint8_t* record = all.data() + static_cast<size_t>(right.rank) * mine.size();
+  GS_RETURN_IF_ERROR(lanes->front()->AllGather(mine.data(), mine.size(), all.data(),
+                                               OpTag{0, kRingLanesBucket, 0, 0}, deadline));
+  for (int q = 0; q < peers.world_size; ++q) {
+    int32_t theirs = 0;
+    std::memcpy(&theirs, all.data() + static_cast<size_t>(q) * kLaneRecordBytes, sizeof(theirs));
+    if (theirs != count) {
+      return FailedPreconditionError(
+          "worker " + std::to_string(q) + " runs ring_lanes=" + std::to_string(theirs) +
+          ", worker " + std::to_string(peers.rank) + " ring_lanes=" + std::to_string(count) +
+          ": every worker needs the same");
+    }
+  }
+  const uint8_t* record = all.data() + static_cast<size_t>(right->rank) * kLaneRecordBytes;
   for (size_t k = 1; k <= extra; ++k) {
-    GS_ASSIGN_OR_RETURN(std::string endpoint, LaneEndpointOf(right, record, k));
-    session->AddPeerEndpoint(right.identity, endpoint);
+    GS_ASSIGN_OR_RETURN(std::string endpoint, LaneEndpointOf(*right, record, k));
+    session->AddPeerEndpoint(right->identity, endpoint);
     RingPeers lane = peers;
     lane.right_endpoint = endpoint;
-    lane.left_identity =
-        left_identity.empty() ? "" : wire::LaneIdentity(left_identity, static_cast<int>(k));
+    lane.left_identity = peers.left_identity.empty()
+                             ? ""
+                             : wire::LaneIdentity(peers.left_identity, static_cast<int>(k));
     GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports[k - 1].get(), lane,
                                                            ring_options, health));
     lanes->push_back(std::move(ring));
@@ -266,23 +292,14 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   // they all share memory.
   const bool tcp = !options.shm || cluster::WorkerHosts(session->peers()).size() > 1;
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
-  if (options.ring_lanes > 1 && n > 1 && tcp && !nccl) {
-    const cluster::RingNeighbours next = cluster::NeighboursOf(order, r, n);
-    std::optional<wire::NodeInfo> right;
-    std::string left_identity;
-    for (const wire::NodeInfo& p : session->peers()) {
-      if (p.role != wire::Role::Worker) continue;
-      if (p.rank == next.right) right = p;
-      if (p.rank == next.left) left_identity = p.identity;
-    }
-    if (!right) return InternalError("the ring's right neighbour is not a peer");
-    Status s = AddLanes(session, options, peers, *right, left_identity, ring_options, health,
-                        *lanes[0], &out, &lanes, deadline);
+  if (n > 1 && tcp && !nccl) {
+    Status s = AddLanes(session, options.ring_lanes, peers, order, ring_options, health, &out,
+                        &lanes, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;
     }
-    if (r == 0) {
+    if (r == 0 && options.ring_lanes > 1) {
       GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
     }
   }

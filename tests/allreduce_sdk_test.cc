@@ -92,14 +92,37 @@ TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResults) {
 // The same under CURVE with the ring in three lanes (client/ring_lanes.h):
 // the 4 MB bucket goes over all three, each lane a transport of its own
 // with its own CURVE and sealed connections, and every rank gets the same
-// exact results.
+// exact results. The workers give their host by name: lanes are announced
+// under it, as data ports are.
 TEST_F(AllReduceSdkTest, UnderCurveInThreeLanesTheSameExactResults) {
   const std::string key_file = TmpFile("sdk_lanes.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_lanes=3"}, key_file);
+  auto workers = StartWorkers(
+      4, {"--mode=train", "--steps=4", "--ring_lanes=3", "--host=localhost"}, key_file);
   ExpectTrained(workers);
   EXPECT_NE(workers[0]->Output().find("ring of 3 lanes"), std::string::npos)
       << workers[0]->Output();
+}
+
+// Workers started with different ring_lanes all fail at the start, naming
+// a worker that differs and both counts.
+TEST_F(AllReduceSdkTest, WorkersOfDifferentLaneCountsAllFailNamingTheCounts) {
+  StartScheduler(2, 0);
+  SetJob(2, 0);
+  std::vector<Subprocess*> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(&Start(
+        {Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r), "--mode=train", "--steps=2",
+         "--metrics_base_port=0", "--ring_shm=false", "--ring_lanes=" + std::to_string(r + 1)},
+        "worker" + std::to_string(r)));
+  }
+  for (Subprocess* w : workers) {
+    auto code = w->Wait(Deadline::AfterMs(60000));
+    ASSERT_TRUE(code.has_value()) << w->Output();
+    EXPECT_NE(*code, 0) << w->Output();
+    EXPECT_NE(w->Output().find("runs ring_lanes="), std::string::npos) << w->Output();
+    EXPECT_NE(w->Output().find("every worker needs the same"), std::string::npos) << w->Output();
+  }
 }
 
 // Four workers on four host addresses (loopback), under CURVE: each host's
