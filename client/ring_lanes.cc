@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <utility>
 
 namespace gradsync::client {
@@ -85,7 +86,23 @@ Status RingLanes::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, 
 
 Status RingLanes::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
                             Deadline deadline) {
-  return lanes_[0]->AllGather(in, bytes, out, tag, deadline);
+  const size_t used = LanesFor(bytes);
+  if (used == 1) return lanes_[0]->AllGather(in, bytes, out, tag, deadline);
+  // Lane k gathers slice k of every rank's block into a buffer of its own
+  // (rank after rank), then puts each where the rank's block has it.
+  const size_t n = static_cast<size_t>(world_size());
+  if (gathered_.size() < used) gathered_.resize(used);
+  const auto* from = static_cast<const uint8_t*>(in);
+  auto* to = static_cast<uint8_t*>(out);
+  return OnLanes(used, bytes, [&](size_t lane, size_t first, size_t count) -> Status {
+    std::vector<uint8_t>& mine = gathered_[lane];
+    if (mine.size() < count * n) mine.resize(count * n);
+    GS_RETURN_IF_ERROR(lanes_[lane]->AllGather(from + first, count, mine.data(), tag, deadline));
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(to + r * bytes + first, mine.data() + r * count, count);
+    }
+    return Status();
+  });
 }
 
 Status RingLanes::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,

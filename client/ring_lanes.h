@@ -5,10 +5,12 @@
 // connection), L lanes carry up to L flows' worth; each lane also has its
 // own I/O thread and, with CURVE, its own cipher streams.
 //
-// An all-reduce or broadcast of at least 2 x kMinLaneBytes is cut into
-// contiguous slices, one per lane (as many lanes as slices of at least
-// kMinLaneBytes), each reduced by its lane's ring side by side; lane 0 runs
-// on the caller's thread. Smaller ones, all-gathers and the layout check go
+// An all-reduce, broadcast or all-gather (of a rank's block) of at least
+// 2 x kMinLaneBytes is cut into contiguous slices, one per lane (as many
+// lanes as slices of at least kMinLaneBytes), each run by its lane's ring
+// side by side; lane 0 runs on the caller's thread. An all-gather's lanes
+// gather into buffers of their own (kept for the next) and copy each
+// rank's slice to its place. Smaller operations and the layout check go
 // over lane 0 alone. Every rank cuts a buffer the same way (from its count,
 // which each lane's fingerprint checks), so all ranks get the same bits;
 // how a buffer is cut is fixed by its size and the lane count, so the
@@ -26,6 +28,7 @@
 #ifndef GRADSYNC_CLIENT_RING_LANES_H_
 #define GRADSYNC_CLIENT_RING_LANES_H_
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -88,6 +91,9 @@ class RingLanes : public Collectives {
 
   std::vector<std::unique_ptr<RingCollectives>> lanes_;
   std::shared_ptr<LaneAlarm> alarm_;
+  // Each lane's all-gather output; after a failure sends may still point
+  // into them (the lanes are broken then, and never resize them again).
+  std::vector<std::vector<uint8_t>> gathered_;
   std::unique_ptr<TaskPool> pool_;  // lanes 1 and up; null with one lane
 };
 

@@ -130,7 +130,7 @@ TEST(RingLanesTest, EachLaneCarriesItsSliceOverItsOwnTransport) {
   EXPECT_TRUE(failed_at_once);
 }
 
-TEST(RingLanesTest, BroadcastIsStripedAndSmallOperationsTakeTheFirstLane) {
+TEST(RingLanesTest, BroadcastAndAllGatherAreStripedAndSmallOnesTakeTheFirstLane) {
   constexpr int kRanks = 3;
   Lanes lanes(kRanks, 2);
   const size_t bytes = (size_t{3} << 20) + 5;
@@ -158,6 +158,32 @@ TEST(RingLanesTest, BroadcastIsStripedAndSmallOperationsTakeTheFirstLane) {
     ASSERT_TRUE(s.ok()) << s;
   }
   EXPECT_EQ(all, (std::vector<int32_t>{0, 0, 1, 10, 2, 20}));
+  EXPECT_EQ(lanes[0].stats().bytes_sent - lanes[0].first().stats().bytes_sent, 0u);
+
+  // An all-gather of 3 MiB + 1 from each rank goes over both lanes, every
+  // rank's block in its place.
+  const size_t block = (size_t{3} << 20) + 1;
+  std::vector<std::vector<uint8_t>> gathered(kRanks);
+  const uint64_t second_before = lanes[2].stats().bytes_sent - lanes[2].first().stats().bytes_sent;
+  for (const Status& s : lanes.Run([&](int r) {
+         std::vector<uint8_t> in(block);
+         for (size_t i = 0; i < block; ++i) in[i] = static_cast<uint8_t>(i * 13 + r * 101);
+         gathered[r].resize(block * kRanks);
+         return lanes[r].AllGather(in.data(), block, gathered[r].data(), Tag(3), Soon());
+       })) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(gathered[r], gathered[0]) << "rank " << r;
+    for (int q = 0; q < kRanks; ++q) {
+      for (size_t i = 0; i < block; i += 4099) {
+        ASSERT_EQ(gathered[r][q * block + i], static_cast<uint8_t>(i * 13 + q * 101));
+      }
+      ASSERT_EQ(gathered[r][q * block + block - 1],
+                static_cast<uint8_t>((block - 1) * 13 + q * 101));
+    }
+  }
+  EXPECT_GT(lanes[2].stats().bytes_sent - lanes[2].first().stats().bytes_sent, second_before);
 }
 
 }  // namespace
