@@ -105,10 +105,8 @@ Status InProcTransport::Send(const Route& to, Message message, Deadline /*deadli
         Deadline::Infinite());
   }
   // A lane's identity names its transport's and the lane.
-  const std::string base = LaneBase(to.identity);
-  const int back_lane = base == to.identity ? 0 : std::stoi(to.identity.substr(base.size() + 5));
-  InProcTransport* peer = network_->ByIdentity(base);
-  ConnId back = peer ? peer->ConnTo(endpoint, back_lane) : -1;
+  InProcTransport* peer = network_->ByIdentity(LaneBase(to.identity));
+  ConnId back = peer ? peer->ConnTo(endpoint, LaneOf(to.identity)) : -1;
   if (back < 0) return UnavailableError(to.ToString() + " is not connected");
   return peer->incoming_.Push({Route::Connection(back), std::move(message)}, Deadline::Infinite());
 }

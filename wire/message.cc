@@ -318,21 +318,29 @@ std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch) {
   return data_identity + "/ps" + (epoch > 0 ? std::to_string(epoch) : "");
 }
 
+namespace {
+constexpr char kLaneSuffix[] = "/lane";
+}  // namespace
+
 std::string LaneIdentity(const std::string& identity, int lane) {
-  return identity + "/lane" + std::to_string(lane);
+  return identity + kLaneSuffix + std::to_string(lane);
+}
+
+int LaneOf(const std::string& identity) {
+  const size_t at = identity.rfind(kLaneSuffix);
+  if (at == std::string::npos) return 0;
+  const std::string number = identity.substr(at + std::strlen(kLaneSuffix));
+  if (number.empty() || number.size() > 2 || number[0] == '0' ||
+      number.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  const int lane = std::stoi(number);
+  return lane < kMaxLanes ? lane : 0;
 }
 
 std::string LaneBase(const std::string& identity) {
-  static constexpr char kLane[] = "/lane";
-  const size_t at = identity.rfind(kLane);
-  if (at == std::string::npos) return identity;
-  const std::string number = identity.substr(at + std::strlen(kLane));
-  if (number.empty() || number.size() > 2 || number[0] == '0' ||
-      number.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(number) >= kMaxLanes) {
-    return identity;
-  }
-  return identity.substr(0, at);
+  if (LaneOf(identity) == 0) return identity;
+  return identity.substr(0, identity.rfind(kLaneSuffix));
 }
 
 std::string Escaped(const std::string& text, size_t max_bytes) {

@@ -209,10 +209,13 @@ std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch = 
 // connection of its own (client/ring_lanes.h, the parameter-server
 // client's ps_lanes). Lane `lane` (1 to kMaxLanes - 1) presents the identity
 // "<identity>/lane<lane>"; lane 0 is `identity` itself. LaneBase gives the
-// identity a lane identity belongs to (`identity` when it is none).
+// identity a lane identity belongs to (`identity` when it is none), LaneOf
+// its lane.
 constexpr int kMaxLanes = 16;
 std::string LaneIdentity(const std::string& identity, int lane);
 std::string LaneBase(const std::string& identity);
+// The lane of a LaneIdentity; 0 for any other identity.
+int LaneOf(const std::string& identity);
 
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);

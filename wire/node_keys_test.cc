@@ -298,6 +298,9 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_FALSE(IdentityMatchesKey("node-1/lane1/lane1", "node-1"));
   EXPECT_EQ(LaneBase("node-1/ps/lane3"), "node-1/ps");
   EXPECT_EQ(LaneBase("node-1/lane16"), "node-1/lane16");
+  EXPECT_EQ(LaneOf("node-1/ps/lane3"), 3);
+  EXPECT_EQ(LaneOf("node-1/ps"), 0);
+  EXPECT_EQ(LaneOf("node-1/lane07"), 0);
   EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1", ""));
