@@ -57,7 +57,7 @@ cleanup() {
 trap cleanup EXIT
 wire/gradsync_keygen "$tmp/job.key" > /dev/null
 tools/simhosts.sh up "$name" $((5 + SHARDS)) "$RATE" "$FLOW"
-sched=$(tools/simhosts.sh addr "$name" 0)
+source bench/sim_job.sh
 results="$tmp/results.jsonl"
 port=9200
 for security in $SECURITIES; do
@@ -69,42 +69,15 @@ for security in $SECURITIES; do
     else
       keying=(GRADSYNC_SECURITY=none)
     fi
-    common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$SHARDS
-            GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port")
-    tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-      --host="$sched" --port=$port --num_workers=4 --num_servers=$SHARDS --metrics_port=0 \
-      > "$tmp/$tag.scheduler.log" 2>&1 &
-    pids+=($!)
-    for ((s = 0; s < SHARDS; s++)); do
-      tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" server/gradsync_server \
-        --role=server --ps_mode=sync --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" \
-        --metrics_port=0 > "$tmp/$tag.server$s.log" 2>&1 &
-      pids+=($!)
-    done
     if [ "$PATH_" = ps ]; then
       how=(--path=ps --bucketed --ps_lanes="$lanes" --bucket_bytes="$BYTES")
     else
       how=(--ring_lanes="$lanes")
     fi
-    workers=()
-    for r in 0 1 2 3; do
-      tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
-        GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-        bench/lanes_worker --rank=$r "${how[@]}" --bytes="$BYTES" \
-        > "$tmp/$tag.worker$r.log" 2>&1 &
-      workers+=($!)
-      pids+=($!)
-    done
-    for w in "${workers[@]}"; do
-      if ! wait "$w"; then
-        echo "ring_lanes_bench: $lanes lanes ($security) failed; logs in $tmp" >&2
-        tail -5 "$tmp/$tag.worker0.log" >&2
-        trap - EXIT
-        cleanup
-        exit 1
-      fi
-    done
-    wait || true  # the scheduler and shards end with the job
+    job_env=("${keying[@]}")
+    shard_flags=(--ps_mode=sync)
+    worker_cmd=(bench/lanes_worker "${how[@]}" --bytes="$BYTES")
+    sim_job "$name" "$tag" "$port" "$SHARDS"
     line=$(grep '^{' "$tmp/$tag.worker0.log" | tail -1)
     echo "{\"security\":\"$security\",${line#\{}" >> "$results"
     echo "$lanes lanes ($security) done" >&2

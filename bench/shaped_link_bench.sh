@@ -76,7 +76,7 @@ cleanup() {
 }
 trap cleanup EXIT
 wire/gradsync_keygen "$tmp/job.key" > /dev/null
-sched=$(tools/simhosts.sh addr "$name" 0)
+source bench/sim_job.sh
 results="$tmp/results.jsonl"
 port=9100
 
@@ -98,38 +98,11 @@ for rate in $RATES; do
       else
         keying=(GRADSYNC_SECURITY=none)
       fi
-      common=("${keying[@]}" GRADSYNC_RING_ORDER=$order GRADSYNC_NUM_WORKERS=4 GRADSYNC_NUM_SERVERS=$nserv
-              GRADSYNC_METRICS_BASE_PORT=0 GRADSYNC_SCHEDULER="$sched:$port" $env)
-      tools/simhosts.sh run "$name" 0 env "${common[@]}" server/gradsync_server --role=scheduler \
-        --host="$sched" --port=$port --num_workers=4 --num_servers=$nserv --metrics_port=0 \
-        > "$tmp/$tag.scheduler.log" 2>&1 &
-      pids+=($!)
-      for ((s = 0; s < nserv; s++)); do
-        tools/simhosts.sh run "$name" $((s + 5)) env "${common[@]}" server/gradsync_server \
-          --role=server --host="$(tools/simhosts.sh addr "$name" $((s + 5)))" --metrics_port=0 \
-          > "$tmp/$tag.server$s.log" 2>&1 &
-        pids+=($!)
-      done
-      workers=()
-      for r in 0 1 2 3; do
-        tools/simhosts.sh run "$name" $((r + 1)) env "${common[@]}" \
-          GRADSYNC_HOST="$(tools/simhosts.sh addr "$name" $((r + 1)))" \
-          examples/fmnist_trainer --rank=$r --mode="$mode" --epochs="$EPOCHS" \
-          --eval_every_steps=25 --target_accuracy=0.85 $flags \
-          > "$tmp/$tag.worker$r.log" 2>&1 &
-        workers+=($!)
-        pids+=($!)
-      done
-      for w in "${workers[@]}"; do
-        if ! wait "$w"; then
-          echo "shaped_link_bench: $mode at $rate failed; logs in $tmp" >&2
-          tail -5 "$tmp/$tag.worker0.log" >&2
-          trap - EXIT
-          cleanup
-          exit 1
-        fi
-      done
-      wait || true  # the scheduler and shards end with the job
+      job_env=("${keying[@]}" GRADSYNC_RING_ORDER=$order $env)
+      shard_flags=()
+      worker_cmd=(examples/fmnist_trainer --mode="$mode" --epochs="$EPOCHS" --eval_every_steps=25
+                  --target_accuracy=0.85 $flags)
+      sim_job "$name" "$tag" "$port" "$nserv"
       line=$(grep '^{' "$tmp/$tag.worker0.log" | tail -1)
       # The shards' mean straggler wait per round, averaged over the shards.
       straggler=$(cat /dev/null $(for ((s = 0; s < nserv; s++)); do echo "$tmp/$tag.server$s.log"; done) |

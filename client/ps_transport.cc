@@ -10,12 +10,9 @@ namespace gradsync::client {
 
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links) {
-  wire::ZmqOptions zmq = cluster::TransportOptions(session.curve(), nullptr);
-  zmq.identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
-  zmq.node_keys = session.node_keys();
-  zmq.bulk_encryption = session.bulk_encryption();
-  zmq.bulk_crypto_threads = session.bulk_crypto_threads();
-  zmq.max_frame_bytes = cluster::PartitionFrameBytes(links.partition_bytes);  // replies
+  wire::ZmqOptions zmq = session.DataTransportOptions(
+      wire::PsClientIdentity(session.data().identity(), session.epoch()),
+      cluster::PartitionFrameBytes(links.partition_bytes));  // replies
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport, wire::ZmqTransport::Create(zmq));
   // The shards read the links of the first epoch's clients only.
   if (session.epoch() > 0) return transport;

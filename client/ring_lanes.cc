@@ -1,18 +1,21 @@
 #include "client/ring_lanes.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
+#include <future>
 #include <utility>
 
 namespace gradsync::client {
 
 void LaneAlarm::Raise(const Status& failure) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (first_.ok()) first_ = failure;
+  if (!first_.ok()) return;
+  first_ = failure;
+  raised_.store(true, std::memory_order_release);
 }
 
 Status LaneAlarm::status() const {
+  if (!raised_.load(std::memory_order_acquire)) return Status();  // each poll of every lane
   std::lock_guard<std::mutex> lock(mu_);
   return first_;
 }
@@ -31,53 +34,42 @@ size_t RingLanes::LanesFor(size_t bytes) const {
   return std::max<size_t>(1, std::min(lanes_.size(), bytes / kMinLaneBytes));
 }
 
+Status RingLanes::Raised(Status s) {
+  if (!s.ok()) alarm_->Raise(s);
+  return s;
+}
+
 Status RingLanes::OnLanes(
     size_t used, size_t units,
     const std::function<Status(size_t lane, size_t first, size_t count)>& run) {
-  std::vector<Status> results(used);
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t pending = used - 1;
+  // After a failure every lane is broken (and sends may still point into
+  // the lanes' buffers): nothing runs again.
+  GS_RETURN_IF_ERROR(alarm_->status());
   auto lane_run = [&](size_t lane) {
     const size_t first = units * lane / used;
-    const size_t end = units * (lane + 1) / used;
-    Status s = run(lane, first, end - first);
-    if (!s.ok()) alarm_->Raise(s);
-    return s;
+    return Raised(run(lane, first, units * (lane + 1) / used - first));
   };
+  std::vector<std::promise<Status>> done(used);
   for (size_t lane = 1; lane < used; ++lane) {
-    const bool queued = pool_->Run([&, lane] {
-      Status s = lane_run(lane);
-      std::lock_guard<std::mutex> lock(mu);
-      results[lane] = std::move(s);
-      if (--pending == 0) cv.notify_all();
-    });
-    if (!queued) {  // the pool is going: only while the lanes are destroyed
-      std::lock_guard<std::mutex> lock(mu);
-      results[lane] = CancelledError("the ring's lanes are shutting down");
-      --pending;
+    if (!pool_->Run([&, lane] { done[lane].set_value(lane_run(lane)); })) {
+      done[lane].set_value(CancelledError("the ring's lanes are shutting down"));
     }
   }
-  results[0] = lane_run(0);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return pending == 0; });
+  Status result = lane_run(0);
+  for (size_t lane = 1; lane < used; ++lane) {
+    Status s = done[lane].get_future().get();
+    if (result.ok()) result = std::move(s);
   }
-  for (const Status& s : results) {
-    if (!s.ok()) {
-      // The first lane to fail names the cause; the others failed on it.
-      Status first = alarm_->status();
-      return first.ok() ? s : first;
-    }
-  }
-  return Status();
+  // The first lane to fail names the cause; the others failed on it.
+  if (!result.ok()) return alarm_->status();
+  return result;
 }
 
 Status RingLanes::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
                             Deadline deadline) {
   const size_t element = DTypeSize(dtype);
   const size_t used = LanesFor(count * element);
-  if (used == 1) return lanes_[0]->AllReduce(data, count, dtype, op, tag, deadline);
+  if (used == 1) return Raised(lanes_[0]->AllReduce(data, count, dtype, op, tag, deadline));
   auto* bytes = static_cast<uint8_t*>(data);
   return OnLanes(used, count, [&](size_t lane, size_t first, size_t n) {
     return lanes_[lane]->AllReduce(bytes + first * element, n, dtype, op, tag, deadline);
@@ -87,7 +79,7 @@ Status RingLanes::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, 
 Status RingLanes::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
                             Deadline deadline) {
   const size_t used = LanesFor(bytes);
-  if (used == 1) return lanes_[0]->AllGather(in, bytes, out, tag, deadline);
+  if (used == 1) return Raised(lanes_[0]->AllGather(in, bytes, out, tag, deadline));
   // Lane k gathers slice k of every rank's block into a buffer of its own
   // (rank after rank), then puts each where the rank's block has it.
   const size_t n = static_cast<size_t>(world_size());
@@ -108,7 +100,7 @@ Status RingLanes::AllGather(const void* in, size_t bytes, void* out, const OpTag
 Status RingLanes::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
                             Deadline deadline) {
   const size_t used = LanesFor(bytes);
-  if (used == 1) return lanes_[0]->Broadcast(data, bytes, root, tag, deadline);
+  if (used == 1) return Raised(lanes_[0]->Broadcast(data, bytes, root, tag, deadline));
   auto* base = static_cast<uint8_t*>(data);
   return OnLanes(used, bytes, [&](size_t lane, size_t first, size_t n) {
     return lanes_[lane]->Broadcast(base + first, n, root, tag, deadline);

@@ -21,13 +21,15 @@
 // A lane that fails fails the operation on every lane: the first failure is
 // kept, the other lanes' health checks return it at their next poll
 // (RingOptions::poll_interval), and the operation returns it. After a
-// failure every lane is broken, as a RingCollectives is.
+// failure (of any operation, one lane's included) every operation returns
+// it, as a broken RingCollectives does.
 //
 // Thread-safety: as Collectives (one operation at a time); stats() from any
 // thread.
 #ifndef GRADSYNC_CLIENT_RING_LANES_H_
 #define GRADSYNC_CLIENT_RING_LANES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -49,6 +51,7 @@ class LaneAlarm {
   Status status() const;
 
  private:
+  std::atomic<bool> raised_{false};  // first_ is set
   mutable std::mutex mu_;
   Status first_;  // guarded by mu_
 };
@@ -88,11 +91,13 @@ class RingLanes : public Collectives {
                  const std::function<Status(size_t lane, size_t first, size_t count)>& run);
   // How many lanes a buffer of `bytes` goes over.
   size_t LanesFor(size_t bytes) const;
+  // Raises a failure `s` of one lane on the alarm; returns `s`.
+  Status Raised(Status s);
 
   std::vector<std::unique_ptr<RingCollectives>> lanes_;
   std::shared_ptr<LaneAlarm> alarm_;
   // Each lane's all-gather output; after a failure sends may still point
-  // into them (the lanes are broken then, and never resize them again).
+  // into them (OnLanes runs nothing then, so they are never resized again).
   std::vector<std::vector<uint8_t>> gathered_;
   std::unique_ptr<TaskPool> pool_;  // lanes 1 and up; null with one lane
 };

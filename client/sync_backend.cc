@@ -1,7 +1,6 @@
 #include "client/sync_backend.h"
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -30,12 +29,16 @@ constexpr double kRingOrderMargin = 1.5;
 constexpr std::chrono::microseconds kProbeFloor(1000);
 constexpr double kLongestProbeMicros = 3.6e9;
 constexpr uint32_t kRingProbeBucket = 0xffffffffu;
-// The ring lanes' exchange: its bucket id, the bytes of one endpoint in it
-// (NUL-padded), and of a worker's record (its lane count, then an endpoint
-// for each lane past the first, of the most lanes there may be).
+// The bucket id of the ring lanes' exchange, and what each worker puts in
+// it: its lane count and the port of each lane past the first (ports[k],
+// lane k), on the host the scheduler has for it.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
-constexpr size_t kLaneEndpointBytes = 96;
-constexpr size_t kLaneRecordBytes = sizeof(int32_t) + (wire::kMaxLanes - 1) * kLaneEndpointBytes;
+struct LaneRecord {
+  int32_t count = 0;
+  uint16_t ports[wire::kMaxLanes] = {};
+};
+static_assert(sizeof(LaneRecord) == sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t),
+              "a LaneRecord goes over the wire as it is: no padding");
 
 // Fails when the job already knows that a collective cannot finish: the job
 // ended, or a node of `role` died.
@@ -168,31 +171,10 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   return order;
 }
 
-// The endpoint of lane `lane` that `right` announced in `record`, when it
-// is one of `right`'s host (the scheduler's word): "tcp://HOST:PORT".
-StatusOr<std::string> LaneEndpointOf(const wire::NodeInfo& right, const uint8_t* record,
-                                     size_t lane) {
-  const char* at =
-      reinterpret_cast<const char*>(record) + sizeof(int32_t) + (lane - 1) * kLaneEndpointBytes;
-  const std::string endpoint(at, strnlen(at, kLaneEndpointBytes));
-  const std::string data = right.DataEndpoint();
-  const std::string host = data.substr(0, data.rfind(':') + 1);
-  const std::string port = endpoint.size() > host.size() ? endpoint.substr(host.size()) : "";
-  if (endpoint.size() == kLaneEndpointBytes || endpoint.compare(0, host.size(), host) != 0 ||
-      port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
-      std::stoi(port) > 65535) {
-    return FailedPreconditionError(right.Name() + " announced ring lane " + std::to_string(lane) +
-                                   " at '" + wire::Escaped(endpoint, 64) +
-                                   "', not a port of its host " + right.host);
-  }
-  return endpoint;
-}
-
 // Lanes 1 to `count` - 1 of this worker's ring beside lanes->front(), the
 // ring of `peers` in `order`: each a transport of its own (in
 // out->lane_transports) listening on a free port of this host. The workers
-// exchange their lane counts and endpoints over the first lane; lane counts
+// exchange their lane counts and ports over the first lane; lane counts
 // that differ fail every worker, naming one that differs.
 Status AddLanes(Session* session, int count, const RingPeers& peers, const std::vector<int>& order,
                 const RingOptions& ring_options, const HealthCheck& health, Ring* out,
@@ -203,56 +185,46 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
     if (p.role == wire::Role::Worker && p.rank == next.right) right = p;
   }
   if (!right) return InternalError("the ring's right neighbour is not a peer");
-  const size_t extra = static_cast<size_t>(count - 1);
-  std::vector<uint8_t> mine(kLaneRecordBytes, 0);
-  const int32_t announced_count = count;
-  std::memcpy(mine.data(), &announced_count, sizeof(announced_count));
-  for (size_t k = 1; k <= extra; ++k) {
-    wire::ZmqOptions zmq = cluster::TransportOptions(session->curve(), session->refusals());
-    zmq.identity = wire::LaneIdentity(session->data().identity(), static_cast<int>(k));
-    zmq.node_keys = session->node_keys();
-    zmq.bulk_encryption = session->bulk_encryption();
-    zmq.bulk_crypto_threads = session->bulk_crypto_threads();
-    zmq.max_frame_bytes = static_cast<int64_t>(RingFrameBytes(ring_options));
+  LaneRecord mine;
+  mine.count = count;
+  for (int k = 1; k < count; ++k) {
     GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
-                        wire::ZmqTransport::Create(std::move(zmq)));
+                        wire::ZmqTransport::Create(session->DataTransportOptions(
+                            wire::LaneIdentity(session->data().identity(), k),
+                            static_cast<int64_t>(RingFrameBytes(ring_options)))));
     GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(session->host(), 0));
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(endpoint));
-    // Announced under the host as peers know it (a name stays a name), as
-    // the data endpoint is.
-    const std::string announced = "tcp://" + session->host() + bound.substr(bound.rfind(':'));
-    if (announced.size() >= kLaneEndpointBytes) {
-      return InternalError("ring lane endpoint '" + announced + "' is too long to announce");
-    }
-    std::memcpy(mine.data() + sizeof(int32_t) + (k - 1) * kLaneEndpointBytes, announced.data(),
-                announced.size());
+    mine.ports[k] = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
     out->lane_transports.push_back(std::move(transport));
   }
-  const size_t n = static_cast<size_t>(peers.world_size);
-  std::vector<uint8_t> all(mine.size() * n);
-  GS_RETURN_IF_ERROR(lanes->front()->AllGather(mine.data(), mine.size(), all.data(),
+  std::vector<LaneRecord> all(static_cast<size_t>(peers.world_size));
+  GS_RETURN_IF_ERROR(lanes->front()->AllGather(&mine, sizeof(mine), all.data(),
                                                OpTag{0, kRingLanesBucket, 0, 0}, deadline));
   for (int q = 0; q < peers.world_size; ++q) {
-    int32_t theirs = 0;
-    std::memcpy(&theirs, all.data() + static_cast<size_t>(q) * kLaneRecordBytes, sizeof(theirs));
-    if (theirs != count) {
+    if (all[static_cast<size_t>(q)].count != count) {
       return FailedPreconditionError(
-          "worker " + std::to_string(q) + " runs ring_lanes=" + std::to_string(theirs) +
-          ", worker " + std::to_string(peers.rank) + " ring_lanes=" + std::to_string(count) +
+          "worker " + std::to_string(q) +
+          " runs ring_lanes=" + std::to_string(all[static_cast<size_t>(q)].count) + ", worker " +
+          std::to_string(peers.rank) + " ring_lanes=" + std::to_string(count) +
           ": every worker needs the same");
     }
   }
-  const uint8_t* record = all.data() + static_cast<size_t>(right->rank) * kLaneRecordBytes;
-  for (size_t k = 1; k <= extra; ++k) {
-    GS_ASSIGN_OR_RETURN(std::string endpoint, LaneEndpointOf(*right, record, k));
+  const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
+  for (int k = 1; k < count; ++k) {
+    if (theirs.ports[k] == 0) {
+      return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
+                                     std::to_string(k));
+    }
+    // On the right neighbour's host as the scheduler knows it, under its key.
+    const std::string endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
     session->AddPeerEndpoint(right->identity, endpoint);
     RingPeers lane = peers;
     lane.right_endpoint = endpoint;
-    lane.left_identity = peers.left_identity.empty()
-                             ? ""
-                             : wire::LaneIdentity(peers.left_identity, static_cast<int>(k));
-    GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports[k - 1].get(), lane,
-                                                           ring_options, health));
+    lane.left_identity =
+        peers.left_identity.empty() ? "" : wire::LaneIdentity(peers.left_identity, k);
+    GS_ASSIGN_OR_RETURN(
+        auto ring, RingCollectives::Create(out->lane_transports[static_cast<size_t>(k - 1)].get(),
+                                           lane, ring_options, health));
     lanes->push_back(std::move(ring));
   }
   return Status();

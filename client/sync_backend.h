@@ -107,7 +107,7 @@ struct SyncBackendOptions {
   std::string ring_order = "measured";
   // The ring's lanes (client/ring_lanes.h): each lane past the first is a
   // transport of its own on a free port of the worker's host, whose
-  // endpoint the workers exchange over the first. Used by the ring backend
+  // port the workers exchange over the first. Used by the ring backend
   // and the direct collectives of the ps path when the workers span two
   // hosts or more, or ring neighbours do not share memory (shm off).
   int ring_lanes = 1;

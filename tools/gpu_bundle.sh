@@ -75,7 +75,7 @@ done
 
 # ring_lanes_bench runs from the bundle's tree as from bazel-bin.
 mkdir -p "$out/gradsync/tools"
-cp bench/ring_lanes_bench.sh "$out/gradsync/bench/"
+cp bench/ring_lanes_bench.sh bench/sim_job.sh "$out/gradsync/bench/"
 cp tools/simhosts.sh "$out/gradsync/tools/"
 
 cat >"$out/env.sh" <<'ENV'
