@@ -94,6 +94,11 @@ ClientMetrics::ClientMetrics(prometheus::Registry& registry) {
                     .Help("Gradient buckets handed to the comm engine and not yet back.")
                     .Register(registry)
                     .Add({});
+  device_bytes_ = &prometheus::BuildGauge()
+                       .Name("gradsync_client_device_memory_bytes")
+                       .Help("GPU memory gradsync holds in this process (CUDA gradients).")
+                       .Register(registry)
+                       .Add({});
   last_step_ = &prometheus::BuildGauge()
                     .Name("gradsync_client_last_completed_step")
                     .Help("Training steps whose gradients are synchronised.")

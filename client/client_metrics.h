@@ -66,6 +66,7 @@ class ClientMetrics {
                uint64_t wire_received);
   void Retried(uint64_t n) { retries_->Increment(static_cast<double>(n)); }
   void SetBucketsInFlight(int64_t n) { in_flight_->Set(static_cast<double>(n)); }
+  void SetDeviceBytes(size_t n) { device_bytes_->Set(static_cast<double>(n)); }
   void SetLastCompletedStep(uint64_t step) { last_step_->Set(static_cast<double>(step)); }
   void SetMembership(uint32_t epoch, int world_size) {
     epoch_->Set(static_cast<double>(epoch));
@@ -91,6 +92,7 @@ class ClientMetrics {
   prometheus::Counter* wire_sent_ = nullptr;
   prometheus::Counter* wire_received_ = nullptr;
   prometheus::Gauge* in_flight_ = nullptr;
+  prometheus::Gauge* device_bytes_ = nullptr;
   prometheus::Gauge* last_step_ = nullptr;
   prometheus::Gauge* world_size_ = nullptr;
   prometheus::Gauge* epoch_ = nullptr;

@@ -43,6 +43,7 @@ TEST(ClientMetricsTest, RecordsLatencyRequestsFailuresAndTraffic) {
   m.Traffic(4000, 1000, 4000, 3000);
   m.Retried(2);
   m.SetBucketsInFlight(3);
+  m.SetDeviceBytes(1 << 20);
   m.SetLastCompletedStep(17);
   const std::string text = process.Scrape();
   auto has = [&](const std::string& line) {
@@ -60,6 +61,7 @@ TEST(ClientMetricsTest, RecordsLatencyRequestsFailuresAndTraffic) {
   has("gradsync_client_wire_bytes_total{direction=\"received\"} 3000");
   has("gradsync_client_retries_total 2");
   has("gradsync_client_buckets_in_flight 3");
+  has("gradsync_client_device_memory_bytes 1048576");
   has("gradsync_client_last_completed_step 17");
 }
 

@@ -140,6 +140,7 @@ Status Communicator::Impl::FinalizeLocked() {
     std::vector<size_t> bytes;  // by bucket id, which is the bucket's index
     for (const Bucket& b : bucketer_.buckets()) bytes.push_back(b.bytes());
     GS_RETURN_IF_ERROR(device_->Allocate(bytes));
+    metrics_.SetDeviceBytes(device_->DeviceBytes());
   }
   std::vector<BucketInfo> infos;
   for (const Bucket& b : bucketer_.buckets()) {
@@ -200,12 +201,15 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
     GS_RETURN_IF_ERROR(device_->CheckPointer(data, "tensor '" + t.name + "'"));
   t.marked = true;
   const bool add = t.holds_sum;
+  // The bucket's last tensor (unless another thread marks one of its
+  // tensors meanwhile: then the bucket's reduction stages what is left).
+  const bool last = no_sync_depth_ == 0 && b.pending == 1;
   const size_t offset = t.offset * DTypeSize(t.dtype);
   uint8_t* region = b.data();  // null for CUDA gradients
   lock.unlock();
   if (device_ != nullptr) {
     // Queued on gradsync's stream after the trainer's work on `stream`.
-    Status s = device_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream);
+    Status s = device_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream, last);
     if (!s.ok()) {
       Fail(s);
       return s;

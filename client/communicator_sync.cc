@@ -42,6 +42,7 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   Record(backend_->BucketOp(traffic), backend_->path(), start, s);
   if (!s.ok()) return Fail(Classify(s));
   metrics_.Traffic(b->bytes(), traffic.sent, b->bytes(), traffic.received);
+  if (device_ != nullptr) metrics_.SetDeviceBytes(device_->DeviceBytes());
   // The bucket is in flight: its tensors' destinations and handles are this
   // thread's until it is handed back, so the copies need no lock. A failure
   // meanwhile (Shutdown, a dead peer) completed the handles with it and gave
@@ -62,10 +63,10 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   if (device_ == nullptr) {
     for (Tensor* t : tensors) std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
   } else {
-    Status copied;
-    for (Tensor* t : tensors) {
-      if (copied.ok()) copied = device_->Unstage(index, t->offset * es, t->data, t->count * es);
-    }
+    std::vector<DeviceGradients::Slice> slices;
+    slices.reserve(tensors.size());
+    for (Tensor* t : tensors) slices.push_back({t->offset * es, t->data, t->count * es});
+    Status copied = device_->Unstage(index, slices, b->dtype);
     if (copied.ok()) copied = device_->Wait(deadline);
     if (!copied.ok()) {
       for (auto& h : handles) {

@@ -189,6 +189,12 @@ StatusOr<CudaGradients::Code> CudaGradients::MakeCode(const Codec& c, float* dat
         return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream)
                     : kernels::FloatToBf16Cuda(data, wire, n, stream);
       };
+      if (fp16 && !c.ef) {
+        code.encode_divided = [=](uint8_t* w, float divisor) {
+          return kernels::DividedToHalfCuda(data, divisor, reinterpret_cast<uint16_t*>(w), n,
+                                            stream);
+        };
+      }
       code.decode = [=](const uint8_t* w, float* out) {
         auto* wire = reinterpret_cast<const uint16_t*>(w);
         return fp16 ? kernels::HalfToFloatCuda(wire, out, n, stream)
@@ -315,8 +321,12 @@ Status CudaGradients::ReduceSummable(float* data, size_t n, const Code& code, Co
   // The rule of the host path (a sum of fp16 overflows past 65504).
   const bool divided = BucketCompression::DividesBeforeSum(code.dtype);
   const auto world = static_cast<float>(backend.world_size());
-  if (divided) GS_RETURN_IF_ERROR(kernels::DivideFloatCuda(data, n, world, stream_));
-  GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+  if (divided && code.encode_divided) {
+    GS_RETURN_IF_ERROR(code.encode_divided(wire_.get(), world));
+  } else {
+    if (divided) GS_RETURN_IF_ERROR(kernels::DivideFloatCuda(data, n, world, stream_));
+    GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+  }
   *traffic = BucketCompression::Traffic{wb, wb, false};
   if (nccl) {
     GS_RETURN_IF_ERROR(Wait(deadline));

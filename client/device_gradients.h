@@ -5,11 +5,15 @@
 //
 // - Stage copies a tensor's gradient into its bucket (device to device) on
 //   gradsync's staging stream, ordered after the work the trainer queued on
-//   its stream so far (an event recorded there; the trainer's stream is
-//   never synchronised, the call never waits). Each bucket records an event
-//   after its staging; the bucket's reduction, on gradsync's work stream,
-//   waits for that event only, so it starts as soon as its own gradients
-//   are staged, while the backward pass goes on for later buckets.
+//   its stream (an event recorded there; the trainer's stream is never
+//   synchronised, the call never waits). fp32 copies are gathered per
+//   bucket and go in as one fused pack kernel when the bucket's last
+//   tensor comes (or, at the latest, when the bucket is first used): a few
+//   CUDA calls a bucket instead of several a tensor. Each bucket records an
+//   event after its staging; the bucket's reduction, on gradsync's work
+//   stream, waits for that event only, so it starts as soon as its own
+//   gradients are staged, while the backward pass goes on for later
+//   buckets.
 // - Reduce averages a bucket over the ranks:
 //   * NCCL takes the device bucket itself (in place, no host staging).
 //   * A host backend (the CPU ring) gets only the bytes that travel: the
@@ -25,10 +29,13 @@
 //     compressed on the device (EncodePartition) and only its bytes cross
 //     to the host; the shards' replies come back into a pinned copy that
 //     goes to the device.
-// - Unstage copies the averaged bucket back into a tensor; Wait waits for
-//   gradsync's stream, bounded by a deadline.
+// - Unstage copies the averaged bucket back into its tensors (fp32: one
+//   fused unpack kernel); Wait waits for gradsync's stream, bounded by a
+//   deadline.
 //
 // Errors: InvalidArgument for a pointer that is not memory of this device;
+// FailedPrecondition when GPU (or pinned host) memory cannot be had, naming
+// what the GPU has free and what gradsync holds;
 // Internal naming the CUDA call that failed; DeadlineExceeded when the GPU
 // work does not finish in time; the backend's errors.
 // Thread-safety: Stage and CheckPointer may be called from any thread;
@@ -67,9 +74,14 @@ class DeviceGradients {
   virtual Status Allocate(const std::vector<size_t>& bucket_bytes) = 0;
   // bucket[offset, offset + count elements) = data (add: += data), after
   // the work queued on `stream` (a cudaStream_t; null is the default
-  // stream). Never waits.
+  // stream). Never waits. A copy (not `add`) of fp32 may wait for the
+  // bucket's `last` tensor (the caller's hint), for an addition into the
+  // same bucket, or for the bucket's first use below, whichever is first;
+  // the trainer's work on `stream` up to then comes before it, so `data`
+  // must hold the gradient, unchanged, until then (it is written back
+  // into after the reduction anyway).
   virtual Status Stage(int bucket, size_t offset_bytes, const void* data, size_t count, DType dtype,
-                       bool add, void* stream) = 0;
+                       bool add, void* stream, bool last) = 0;
   // Averages bucket[0, count) over the ranks through `backend` with the
   // compressor `spec` (BucketCompression::SpecOf; "none" for f16 and bf16
   // buckets); `host` when the work cannot stay on the device. `seed` is the
@@ -91,8 +103,15 @@ class DeviceGradients {
   virtual StatusOr<std::shared_ptr<std::vector<uint8_t>>> EncodePartition(
       int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
       const compression::CompressContext& ctx, Deadline deadline) = 0;
-  // data = bucket[offset, offset + bytes), queued on gradsync's stream.
-  virtual Status Unstage(int bucket, size_t offset_bytes, void* data, size_t bytes) = 0;
+  // One tensor's place in a bucket, for Unstage.
+  struct Slice {
+    size_t offset_bytes = 0;
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  // slice.data = bucket[offset, offset + bytes) for each slice (disjoint
+  // regions of a bucket of `dtype`), queued on gradsync's stream.
+  virtual Status Unstage(int bucket, const std::vector<Slice>& slices, DType dtype) = 0;
   // Waits until gradsync's work stream has done everything queued on it
   // (not the staging of buckets that no call above has taken up yet).
   virtual Status Wait(Deadline deadline) = 0;
@@ -104,6 +123,10 @@ class DeviceGradients {
   // Device memory of at least `bytes`, kept and reused by the next call
   // (the direct collectives' copy of the caller's data).
   virtual StatusOr<uint8_t*> Scratch(size_t bytes) = 0;
+  // GPU memory gradsync holds in this process (buckets, compression and
+  // copy buffers), in bytes. A failed allocation says it, beside what the
+  // GPU has free.
+  virtual size_t DeviceBytes() const = 0;
 };
 
 // The gradients of CUDA device `device`. FailedPrecondition when gradsync

@@ -2,9 +2,12 @@
 // staging, the copies back and the waits.
 #include "client/device_gradients_cuda.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
+#include "kernels/compress_cpu.h"
 #include "kernels/reduce_cuda.h"
 
 namespace gradsync::client {
@@ -40,6 +43,7 @@ CudaGradients::~CudaGradients() {
   if (event_ != nullptr) cudaEventDestroy(event_);
   buckets_.clear();
   state_.clear();
+  fused_.clear();
   staged_.clear();
   reduced_.clear();
   cudaSetDevice(previous);
@@ -87,6 +91,11 @@ Status CudaGradients::Allocate(const std::vector<size_t>& bucket_bytes) {
     GS_RETURN_IF_ERROR(buckets_.back()->Reserve(bucket_bytes[i], "a gradient bucket"));
   }
   for (size_t i = 0; i < bucket_bytes.size(); ++i) state_.push_back(std::make_unique<State>());
+  {
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    fused_.clear();
+    for (size_t i = 0; i < bucket_bytes.size(); ++i) fused_.push_back(std::make_unique<Fused>());
+  }
   staged_.clear();
   reduced_.clear();
   for (size_t i = 0; i < bucket_bytes.size(); ++i) {
@@ -99,28 +108,85 @@ Status CudaGradients::Allocate(const std::vector<size_t>& bucket_bytes) {
 }
 
 Status CudaGradients::Stage(int bucket, size_t offset, const void* data, size_t count, DType dtype,
-                            bool add, void* stream) {
+                            bool add, void* stream, bool last) {
   std::lock_guard<std::mutex> lock(stage_mu_);
   int previous = 0;
   GS_RETURN_IF_ERROR(Cuda(cudaGetDevice(&previous), "cudaGetDevice"));
   GS_RETURN_IF_ERROR(Select());
-  Status s = StageOn(bucket, offset, data, count, dtype, add, static_cast<cudaStream_t>(stream));
+  Status s =
+      StageOn(bucket, offset, data, count, dtype, add, static_cast<cudaStream_t>(stream), last);
   cudaSetDevice(previous);  // the trainer's thread keeps its device
   return s;
 }
 
 Status CudaGradients::StageOn(int bucket, size_t offset, const void* data, size_t count,
-                              DType dtype, bool add, cudaStream_t stream) {
+                              DType dtype, bool add, cudaStream_t stream, bool last) {
+  if (!add && dtype == DType::kF32) {
+    fused_.at(static_cast<size_t>(bucket))
+        ->gathered.push_back(GatheredCopy{offset / sizeof(float), data, count, stream});
+    return last ? FlushLocked(bucket) : Status();
+  }
+  // An addition comes after the bucket's copies gathered so far.
+  GS_RETURN_IF_ERROR(FlushLocked(bucket));
+  GS_RETURN_IF_ERROR(StageAfter(bucket, stream));
+  GS_RETURN_IF_ERROR(StageCopy(bucket, offset, data, count, dtype, add));
+  return Cuda(cudaEventRecord(Staged(bucket), stage_stream_), "cudaEventRecord");
+}
+
+Status CudaGradients::StageAfter(int bucket, cudaStream_t stream) {
   // The staging stream waits for the trainer's work so far (the backward
   // kernel that produced the gradient) and for the copies out of the
   // bucket's last reduction; the trainer's stream does not wait.
   GS_RETURN_IF_ERROR(
       Cuda(cudaEventRecord(event_, stream), "cudaEventRecord on the trainer's stream"));
   GS_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stage_stream_, event_, 0), "cudaStreamWaitEvent"));
-  GS_RETURN_IF_ERROR(
-      Cuda(cudaStreamWaitEvent(stage_stream_, Reduced(bucket), 0), "cudaStreamWaitEvent"));
-  GS_RETURN_IF_ERROR(StageCopy(bucket, offset, data, count, dtype, add));
+  return Cuda(cudaStreamWaitEvent(stage_stream_, Reduced(bucket), 0), "cudaStreamWaitEvent");
+}
+
+Status CudaGradients::FlushLocked(int bucket) {
+  Fused& f = *fused_.at(static_cast<size_t>(bucket));
+  if (f.gathered.empty()) return Status();
+  std::vector<GatheredCopy> gathered;
+  gathered.swap(f.gathered);
+  // After the trainer's work on each stream the copies came from.
+  std::vector<cudaStream_t> streams;
+  for (const GatheredCopy& g : gathered) {
+    if (std::find(streams.begin(), streams.end(), g.stream) == streams.end()) {
+      streams.push_back(g.stream);
+      GS_RETURN_IF_ERROR(StageAfter(bucket, g.stream));
+    }
+  }
+  std::vector<kernels::BucketSlice> slices;
+  slices.reserve(gathered.size());
+  size_t elems = 0;
+  for (const GatheredCopy& g : gathered) {
+    // The kernel reads `tensor` only when packing.
+    slices.push_back({static_cast<float*>(const_cast<void*>(g.data)), g.offset, g.count});
+    elems = std::max(elems, g.offset + g.count);
+  }
+  GS_ASSIGN_OR_RETURN(const kernels::BucketSlice* table,
+                      Upload(slices, elems, f.pack_host, f.pack_slices, stage_stream_));
+  GS_RETURN_IF_ERROR(kernels::PackBucketCuda(
+      table, slices.size(), elems, reinterpret_cast<float*>(Bucket(bucket)), stage_stream_));
   return Cuda(cudaEventRecord(Staged(bucket), stage_stream_), "cudaEventRecord");
+}
+
+StatusOr<const kernels::BucketSlice*> CudaGradients::Upload(
+    std::vector<kernels::BucketSlice>& slices, size_t elems, PinnedBuffer& host, DeviceBuffer& dev,
+    cudaStream_t stream) {
+  std::sort(slices.begin(), slices.end(),
+            [](const kernels::BucketSlice& a, const kernels::BucketSlice& b) {
+              return a.offset < b.offset;
+            });
+  GS_RETURN_IF_ERROR(kernels::ValidateSlices(slices.data(), slices.size(), elems));
+  const size_t bytes = slices.size() * sizeof(kernels::BucketSlice);
+  GS_RETURN_IF_ERROR(host.Reserve(bytes, "a bucket's slice table"));
+  GS_RETURN_IF_ERROR(dev.Reserve(bytes, "a bucket's slice table"));
+  std::memcpy(host.get(), slices.data(), bytes);
+  GS_RETURN_IF_ERROR(
+      Cuda(cudaMemcpyAsync(dev.get(), host.get(), bytes, cudaMemcpyHostToDevice, stream),
+           "copying a bucket's slice table to the device"));
+  return reinterpret_cast<const kernels::BucketSlice*>(dev.get());
 }
 
 Status CudaGradients::StageCopy(int bucket, size_t offset, const void* data, size_t count,
@@ -146,16 +212,39 @@ Status CudaGradients::StageCopy(int bucket, size_t offset, const void* data, siz
   }
 }
 
-Status CudaGradients::Unstage(int bucket, size_t offset, void* data, size_t bytes) {
+Status CudaGradients::Unstage(int bucket, const std::vector<Slice>& slices, DType dtype) {
   GS_RETURN_IF_ERROR(Select());
-  GS_RETURN_IF_ERROR(
-      Cuda(cudaMemcpyAsync(data, Bucket(bucket) + offset, bytes, cudaMemcpyDeviceToDevice, stream_),
-           "copying a synchronised gradient back to its tensor"));
+  if (dtype == DType::kF32 && slices.size() > 1) {
+    std::vector<kernels::BucketSlice> table;
+    table.reserve(slices.size());
+    size_t elems = 0;
+    for (const Slice& s : slices) {
+      table.push_back(
+          {static_cast<float*>(s.data), s.offset_bytes / sizeof(float), s.bytes / sizeof(float)});
+      elems = std::max(elems, table.back().offset + table.back().count);
+    }
+    Fused& f = *fused_.at(static_cast<size_t>(bucket));
+    GS_ASSIGN_OR_RETURN(const kernels::BucketSlice* dev,
+                        Upload(table, elems, f.unpack_host, f.unpack_slices, stream_));
+    GS_RETURN_IF_ERROR(kernels::UnpackBucketCuda(
+        dev, table.size(), elems, reinterpret_cast<const float*>(Bucket(bucket)), stream_));
+  } else {
+    for (const Slice& s : slices) {
+      GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(s.data, Bucket(bucket) + s.offset_bytes, s.bytes,
+                                              cudaMemcpyDeviceToDevice, stream_),
+                              "copying a synchronised gradient back to its tensor"));
+    }
+  }
   // The next staging into this bucket waits for the copies out of it.
   return Cuda(cudaEventRecord(Reduced(bucket), stream_), "cudaEventRecord");
 }
 
 Status CudaGradients::WaitStaged(int bucket, Deadline deadline) {
+  GS_RETURN_IF_ERROR(Select());
+  {
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    GS_RETURN_IF_ERROR(FlushLocked(bucket));
+  }
   return Poll([&] { return cudaEventQuery(Staged(bucket)); },
               "the staging of bucket " + std::to_string(bucket), deadline);
 }

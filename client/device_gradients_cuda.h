@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -31,37 +32,74 @@ inline Status Cuda(cudaError_t err, const std::string& what) {
   return InternalError(what + " failed: " + cudaGetErrorString(err));
 }
 
-// Device or pinned host memory, grown on demand, never shrunk.
-template <cudaError_t (*Alloc)(void**, size_t), cudaError_t (*Free)(void*)>
+// Bytes held by every Buffer of one kind in this process.
+template <bool kDevice>
+std::atomic<size_t>& HeldBytes() {
+  static std::atomic<size_t> held{0};
+  return held;
+}
+
+// The error of a failed allocation of `bytes` for `what`: for device memory
+// what the GPU has free and what gradsync holds, so that a nearly full GPU
+// says so.
+inline Status AllocationError(cudaError_t err, size_t bytes, const char* what, bool device) {
+  cudaGetLastError();  // clears a non-sticky error
+  std::string m = "allocating " + std::to_string(bytes) + " bytes of " +
+                  (device ? "GPU" : "pinned host") + " memory for " + what +
+                  " failed: " + cudaGetErrorString(err);
+  if (device) {
+    size_t free_bytes = 0, total_bytes = 0;
+    int dev = -1;
+    cudaGetDevice(&dev);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) cudaGetLastError();
+    m += " (cuda:" + std::to_string(dev) + " has " + std::to_string(free_bytes >> 20) +
+         " MiB free of " + std::to_string(total_bytes >> 20) + " MiB; gradsync holds " +
+         std::to_string(HeldBytes<true>().load() >> 20) +
+         " MiB of it in this process): free GPU memory first (a framework's cache "
+         "too: torch.cuda.empty_cache()) or lower bucket_bytes";
+  }
+  return FailedPreconditionError(m);
+}
+
+// Device or pinned host memory, grown on demand, never shrunk; counted in
+// HeldBytes.
+template <cudaError_t (*Alloc)(void**, size_t), cudaError_t (*Free)(void*), bool kDevice>
 class Buffer {
  public:
   Buffer() = default;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (ptr_ != nullptr) Free(ptr_);
-  }
+  ~Buffer() { Release(); }
   Status Reserve(size_t bytes, const char* what) {
     if (bytes <= bytes_) return Status();
-    if (ptr_ != nullptr) Free(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-    GS_RETURN_IF_ERROR(Cuda(Alloc(&ptr_, bytes), std::string("allocating ") +
-                                                     std::to_string(bytes) + " bytes for " + what));
+    Release();
+    void* p = nullptr;
+    const cudaError_t err = Alloc(&p, bytes);
+    if (err != cudaSuccess) return AllocationError(err, bytes, what, kDevice);
+    ptr_ = p;
     bytes_ = bytes;
+    HeldBytes<kDevice>() += bytes;
     return Status();
   }
   uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
 
  private:
+  void Release() {
+    if (ptr_ == nullptr) return;
+    Free(ptr_);
+    HeldBytes<kDevice>() -= bytes_;
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
 inline cudaError_t DeviceAlloc(void** p, size_t n) { return cudaMalloc(p, n); }
 inline cudaError_t PinnedAlloc(void** p, size_t n) { return cudaMallocHost(p, n); }
-using DeviceBuffer = Buffer<DeviceAlloc, cudaFree>;
-using PinnedBuffer = Buffer<PinnedAlloc, cudaFreeHost>;
+using DeviceBuffer = Buffer<DeviceAlloc, cudaFree, true>;
+using PinnedBuffer = Buffer<PinnedAlloc, cudaFreeHost, false>;
 
 // A CUDA event without timing, destroyed with its owner.
 class Event {
@@ -106,7 +144,7 @@ class CudaGradients : public DeviceGradients {
   Status Allocate(const std::vector<size_t>& bucket_bytes) override;
 
   Status Stage(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
-               void* stream) override;
+               void* stream, bool last) override;
 
   Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
                 Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
@@ -119,7 +157,7 @@ class CudaGradients : public DeviceGradients {
       int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
       const compression::CompressContext& ctx, Deadline deadline) override;
 
-  Status Unstage(int bucket, size_t offset, void* data, size_t bytes) override;
+  Status Unstage(int bucket, const std::vector<Slice>& slices, DType dtype) override;
 
   Status WaitStaged(int bucket, Deadline deadline) override;
 
@@ -133,6 +171,8 @@ class CudaGradients : public DeviceGradients {
   Status Copy(void* dst, const void* src, size_t bytes) override;
 
   StatusOr<uint8_t*> Scratch(size_t bytes) override;
+
+  size_t DeviceBytes() const override { return HeldBytes<true>().load(); }
 
  private:
   struct State {
@@ -152,13 +192,48 @@ class CudaGradients : public DeviceGradients {
 
   // The work stream's next work on `bucket` waits for the bucket's staging
   // (only: later buckets' staging, which waits on the trainer's backward
-  // pass, is not in its way).
+  // pass, is not in its way). Copies still gathered are packed first.
   Status AfterStaged(int bucket) {
+    {
+      std::lock_guard<std::mutex> lock(stage_mu_);
+      GS_RETURN_IF_ERROR(FlushLocked(bucket));
+    }
     return Cuda(cudaStreamWaitEvent(stream_, Staged(bucket), 0), "cudaStreamWaitEvent");
   }
 
   Status StageOn(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
-                 cudaStream_t stream);
+                 cudaStream_t stream, bool last);
+
+  // The staging stream waits for the trainer's work on `stream` so far and
+  // for the copies out of the bucket's last reduction.
+  Status StageAfter(int bucket, cudaStream_t stream);
+
+  // Packs the fp32 copies gathered for `bucket` (one kernel) and records
+  // its staging event. Holds stage_mu_; the caller selected the device.
+  Status FlushLocked(int bucket);
+
+  // One fp32 tensor's copy waiting in `Gathered`.
+  struct GatheredCopy {
+    size_t offset = 0;  // elements
+    const void* data = nullptr;
+    size_t count = 0;
+    cudaStream_t stream = nullptr;
+  };
+  // Per bucket: the copies gathered, and the slice tables of the fused pack
+  // and unpack (pinned, then on the device; rewritten only once the
+  // bucket's previous staging or copies out are done, which the bucket's
+  // next staging and reduction wait for).
+  struct Fused {
+    std::vector<GatheredCopy> gathered;
+    PinnedBuffer pack_host, unpack_host;
+    DeviceBuffer pack_slices, unpack_slices;
+  };
+
+  // Uploads `slices` (sorted by offset) into `host` and `dev` on `stream`;
+  // the device table.
+  StatusOr<const kernels::BucketSlice*> Upload(std::vector<kernels::BucketSlice>& slices,
+                                               size_t elems, PinnedBuffer& host, DeviceBuffer& dev,
+                                               cudaStream_t stream);
 
   Status StageCopy(int bucket, size_t offset, const void* data, size_t count, DType dtype,
                    bool add);
@@ -181,6 +256,9 @@ class CudaGradients : public DeviceGradients {
     size_t elems = 0;
     size_t wire_bytes = 0;
     std::function<Status(uint8_t* wire)> encode;
+    // Where set: encode of data / divisor, data unchanged (one pass for
+    // a divide-before-sum dtype).
+    std::function<Status(uint8_t* wire, float divisor)> encode_divided;
     std::function<Status(const uint8_t* host_wire, int rank)> check;
     std::function<Status(const uint8_t* wire, float* out)> decode;
   };
@@ -209,6 +287,7 @@ class CudaGradients : public DeviceGradients {
   std::mutex stage_mu_;  // Stage: event_ is recorded and waited on as one
   std::vector<std::unique_ptr<Event>> staged_, reduced_;
   std::vector<std::unique_ptr<DeviceBuffer>> buckets_;
+  std::vector<std::unique_ptr<Fused>> fused_;  // under stage_mu_ (gathered)
   std::vector<std::unique_ptr<State>> state_;
   // The parameter-server path compresses each partition with its own state.
   std::map<std::pair<int, uint32_t>, std::unique_ptr<State>> partitions_;

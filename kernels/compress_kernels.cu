@@ -56,6 +56,10 @@ struct FromFp16 {
 struct FromBf16 {
   __device__ float operator()(uint16_t h) const { return From16<true>(h); }
 };
+struct DividedToFp16 {
+  float divisor;
+  __device__ uint16_t operator()(float x) const { return To16<false>(math::Div(x, divisor)); }
+};
 struct Identity {
   __device__ float operator()(float x) const { return x; }
 };
@@ -81,13 +85,14 @@ unsigned int MapBlocks(size_t n, VectorSplit split) {
 }
 
 template <typename In, typename Out, typename Conv>
-Status Map(const char* fn, const In* in, Out* out, size_t n, cudaStream_t stream) {
+Status Map(const char* fn, const In* in, Out* out, size_t n, cudaStream_t stream,
+           Conv conv = Conv()) {
   if (n == 0) return OkStatus();
   GS_RETURN_IF_ERROR(CheckPointers(fn, {{"in", in, sizeof(In)}, {"out", out, sizeof(Out)}}));
   const VectorSplit split =
       launch::SplitForVectors(n, launch::VectorHead({{in, sizeof(In), alignof(Pack8<In>)},
                                                      {out, sizeof(Out), alignof(Pack8<Out>)}}));
-  MapKernel<<<MapBlocks(n, split), launch::kThreads, 0, stream>>>(in, out, n, split, Conv());
+  MapKernel<<<MapBlocks(n, split), launch::kThreads, 0, stream>>>(in, out, n, split, conv);
   return LaunchStatus(fn);
 }
 
@@ -310,6 +315,12 @@ Status FloatToBf16Cuda(const float* in, uint16_t* out, size_t n, cudaStream_t st
 
 Status Bf16ToFloatCuda(const uint16_t* in, float* out, size_t n, cudaStream_t stream) {
   return Map<uint16_t, float, FromBf16>("Bf16ToFloatCuda", in, out, n, stream);
+}
+
+Status DividedToHalfCuda(const float* in, float divisor, uint16_t* out, size_t n,
+                         cudaStream_t stream) {
+  return Map<float, uint16_t, DividedToFp16>("DividedToHalfCuda", in, out, n, stream,
+                                             DividedToFp16{divisor});
 }
 
 Status SparseDecompressCuda(const int32_t* indices, const void* values, SparseValueFormat format,

@@ -43,6 +43,10 @@ Status FloatToHalfCuda(const float* in, uint16_t* out, size_t n, cudaStream_t st
 Status HalfToFloatCuda(const uint16_t* in, float* out, size_t n, cudaStream_t stream);
 Status FloatToBf16Cuda(const float* in, uint16_t* out, size_t n, cudaStream_t stream);
 Status Bf16ToFloatCuda(const uint16_t* in, float* out, size_t n, cudaStream_t stream);
+// out[i] = fp16(in[i] / divisor): the bits of DivideFloatCuda then
+// FloatToHalfCuda in one pass, `in` left as it is.
+Status DividedToHalfCuda(const float* in, float divisor, uint16_t* out, size_t n,
+                         cudaStream_t stream);
 
 // ---- Top-k ----
 //

@@ -19,6 +19,7 @@
 #include "common/half.h"
 #include "gtest/gtest.h"
 #include "kernels/compress_cpu.h"
+#include "kernels/compress_math.h"
 #include "kernels/compress_test_util.h"
 #include "kernels/gpu_test_util.h"
 
@@ -190,6 +191,28 @@ TEST_F(CompressKernelsTest, NarrowingIsBitExactWithCommonHalf) {
     Sync();
     ExpectSame(d_half.Download(), want_half, "fp16");
     ExpectSame(d_bf16.Download(), want_bf16, "bf16");
+  }
+}
+
+TEST_F(CompressKernelsTest, DividedToHalfIsDivideThenCastInOnePass) {
+  std::vector<float> in = TestValues(100003, 7, true);
+  in[0] = 65504.0f * 7;  // finite only once divided
+  in[1] = -1e-8f;        // subnormal once divided
+  for (float divisor : {1.0f, 3.0f, 7.0f, 64.0f}) {
+    SCOPED_TRACE("divisor " + std::to_string(divisor));
+    std::vector<float> divided(in.size());
+    for (size_t i = 0; i < in.size(); ++i) divided[i] = math::Div(in[i], divisor);
+    std::vector<uint16_t> want(in.size());
+    FloatToHalfCpu(divided.data(), want.data(), in.size());
+    for (size_t off : {0, 1, 3}) {
+      SCOPED_TRACE("out+" + std::to_string(off));
+      DeviceArray<float> d_in(in);
+      DeviceArray<uint16_t> d_out(in.size(), off);
+      ASSERT_OK(DividedToHalfCuda(d_in.get(), divisor, d_out.get(), in.size(), stream_));
+      Sync();
+      ExpectSame(d_out.Download(), want, "fp16 of the quotient");
+      ExpectSame(d_in.Download(), in, "the input, unchanged");
+    }
   }
 }
 

@@ -2,8 +2,9 @@
 // at once, one whose gradients are host memory and one whose gradients are
 // CUDA memory (gradient_device=cuda), with the same settings otherwise. Each
 // step it hands the same gradients to both (to the CUDA one from a buffer
-// filled on its own stream behind a 2 ms host callback, so that a missing
-// stream dependency would read stale data) and checks that every
+// filled on one of two trainer streams behind a 2 ms host callback, so
+// that a missing stream dependency would read stale data; a bucket's
+// tensors come from both) and checks that every
 // synchronised gradient is bit-identical between the two. It also checks
 // that host memory is refused by the CUDA job and a stream by the host job,
 // and the direct collectives on device memory.
@@ -89,7 +90,10 @@ class Worker {
   }
 
   int Run(int steps) {
-    if (!CudaOk(cudaStreamCreate(&stream_), "cudaStreamCreate")) return 1;
+    if (!CudaOk(cudaStreamCreate(&stream_), "cudaStreamCreate") ||
+        !CudaOk(cudaStreamCreate(&other_stream_), "cudaStreamCreate")) {
+      return 1;
+    }
     for (size_t t = 0; t < specs_.size(); ++t) {
       const Spec& s = specs_[t];
       auto a = host_->RegisterTensor(s.name, s.count, s.dtype);
@@ -139,20 +143,21 @@ class Worker {
     for (size_t i = specs_.size(); i-- > 0;) {
       const Spec& s = specs_[i];
       host[i] = Fill(s, i, rank_, step);
-      // The CUDA gradient is produced on the trainer's stream, late.
+      // The CUDA gradient is produced on a trainer's stream, late.
+      const cudaStream_t stream = i % 2 == 0 ? stream_ : other_stream_;
       std::memcpy(pinned_[i], host[i].data(), host[i].size());
-      if (!CudaOk(cudaLaunchHostFunc(stream_, Delay, nullptr), "cudaLaunchHostFunc") ||
+      if (!CudaOk(cudaLaunchHostFunc(stream, Delay, nullptr), "cudaLaunchHostFunc") ||
           !CudaOk(cudaMemcpyAsync(device_[i], pinned_[i], host[i].size(), cudaMemcpyHostToDevice,
-                                  stream_),
+                                  stream),
                   "cudaMemcpyAsync")) {
         return 1;
       }
       cudaEvent_t produced = nullptr;
       if (no_sync && (!CudaOk(cudaEventCreate(&produced), "cudaEventCreate") ||
-                      !CudaOk(cudaEventRecord(produced, stream_), "cudaEventRecord"))) {
+                      !CudaOk(cudaEventRecord(produced, stream), "cudaEventRecord"))) {
         return 1;
       }
-      auto b = dev_->MarkReady(dev_ids_[i], device_[i], nullptr, stream_);
+      auto b = dev_->MarkReady(dev_ids_[i], device_[i], nullptr, stream);
       if (!b.ok()) return Error(b.status());
       if (no_sync) {
         Status waited = b->Wait(Deadline::AfterMs(60000));
@@ -177,7 +182,10 @@ class Worker {
     Status s = host_->Synchronize(deadline);
     if (s.ok()) s = dev_->Synchronize(deadline);
     if (!s.ok()) return Error(s);
-    if (!CudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) return 1;
+    if (!CudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize") ||
+        !CudaOk(cudaStreamSynchronize(other_stream_), "cudaStreamSynchronize")) {
+      return 1;
+    }
     if (!compare) return 0;
     for (size_t i = 0; i < specs_.size(); ++i) {
       std::vector<uint8_t> got(host[i].size());
@@ -272,6 +280,7 @@ class Worker {
   const int rank_;
   std::vector<Spec> specs_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t other_stream_ = nullptr;
   std::vector<TensorId> host_ids_, dev_ids_;
   std::vector<void*> device_;
   std::vector<uint8_t*> pinned_;

@@ -4,7 +4,8 @@ takes as they are (gradient_device=cuda), through the DDP comm hook with fp16
 and through DistributedOptimizer with top-k 1% and error feedback, over the
 CPU ring; each against the same run on the CPU, 2 epochs of the real
 Fashion-MNIST data. And broadcast_parameters of a CUDA model (integer
-buffers, channels_last and gapped tensors) across 2 processes."""
+buffers, channels_last and gapped tensors) across 2 processes, and the
+error of a step on a GPU that PyTorch has filled."""
 import os
 import shutil
 import subprocess
@@ -105,6 +106,25 @@ def test_broadcast_parameters_takes_cuda_integer_buffers_and_gapped_tensors():
     assert zero["sums"]["0.weight"][1] == "cuda", zero
     assert not zero["contiguous_weight"], zero  # channels_last stayed in place
     assert one["sums"] == zero["sums"], (zero, one)
+
+
+def test_a_nearly_full_gpu_fails_with_what_is_free_and_held():
+    """PyTorch holds all but about 96 MiB of the GPU; the optimizer's step
+    needs a 256 MiB bucket: the trainer gets an error that says so."""
+    assert PYTHON is not None, "no interpreter with CUDA torch (above)"
+    argv = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=1",
+            "--master_port=%d" % job.master_port(), "--redirects=1", "--tee=1",
+            os.path.join(job.ROOT, "tests", "torch", "cuda_memory_worker.py")]
+    done = subprocess.run(argv, env=job.base_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=300)
+    output = done.stdout.decode("utf-8", "replace")
+    lines = job.json_lines(output)
+    assert len(lines) == 1, output[-6000:]
+    error = lines[0]["error"]
+    assert error is not None, lines[0]
+    for part in ("GPU memory for a gradient bucket failed", "MiB free of",
+                 "gradsync holds", "bucket_bytes"):
+        assert part in error, error
 
 
 @pytest.mark.parametrize("comm,setting", [
