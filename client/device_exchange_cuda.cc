@@ -78,6 +78,7 @@ Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::s
                              const HostReduce& host) {
   GS_RETURN_IF_ERROR(Select());
   GS_RETURN_IF_ERROR(AfterStaged(bucket));
+  wire_result_ = -1;
   State& st = *state_.at(static_cast<size_t>(bucket));
   if (st.spec != spec) {
     GS_ASSIGN_OR_RETURN(st.codec, CodecOf(spec));
@@ -102,8 +103,10 @@ Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::s
   auto* data = reinterpret_cast<float*>(Bucket(bucket));
   if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
   const kernels::SeedContext ctx{seed, tag.step, tag.bucket};
+  wire_holds_result_ = false;
   Status s = ReduceCompressed(st, data, count, ctx, backend, nccl, tag, deadline, traffic);
   if (st.codec.ef) st.has_residual = true;
+  if (s.ok() && wire_holds_result_) wire_result_ = bucket;
   return s;
 }
 
@@ -111,6 +114,7 @@ Status CudaGradients::ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadl
                                    BucketCompression::Traffic* traffic, const HostReduce& host) {
   GS_RETURN_IF_ERROR(Select());
   GS_RETURN_IF_ERROR(AfterStaged(bucket));
+  wire_result_ = -1;
   return ViaHost(bucket, bytes, deadline, traffic, host, copy_in);
 }
 
@@ -338,6 +342,10 @@ Status CudaGradients::ReduceSummable(float* data, size_t n, const Code& code, Co
     GS_RETURN_IF_ERROR(
         backend.AllReduce(wire_host_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
     GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
+  }
+  if (divided && code.encode_divided) {
+    wire_holds_result_ = true;  // Unstage widens it into the tensors
+    return Status();
   }
   GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
   if (divided) return Status();

@@ -86,6 +86,7 @@ Status CudaGradients::Allocate(const std::vector<size_t>& bucket_bytes) {
   buckets_.clear();
   state_.clear();
   partitions_.clear();
+  wire_result_ = -1;
   for (size_t i = 0; i < bucket_bytes.size(); ++i) {
     buckets_.push_back(std::make_unique<DeviceBuffer>());
     GS_RETURN_IF_ERROR(buckets_.back()->Reserve(bucket_bytes[i], "a gradient bucket"));
@@ -214,7 +215,9 @@ Status CudaGradients::StageCopy(int bucket, size_t offset, const void* data, siz
 
 Status CudaGradients::Unstage(int bucket, const std::vector<Slice>& slices, DType dtype) {
   GS_RETURN_IF_ERROR(Select());
-  if (dtype == DType::kF32 && slices.size() > 1) {
+  const bool widen = bucket == wire_result_;
+  wire_result_ = -1;
+  if (dtype == DType::kF32 && (slices.size() > 1 || widen)) {
     std::vector<kernels::BucketSlice> table;
     table.reserve(slices.size());
     size_t elems = 0;
@@ -226,8 +229,14 @@ Status CudaGradients::Unstage(int bucket, const std::vector<Slice>& slices, DTyp
     Fused& f = *fused_.at(static_cast<size_t>(bucket));
     GS_ASSIGN_OR_RETURN(const kernels::BucketSlice* dev,
                         Upload(table, elems, f.unpack_host, f.unpack_slices, stream_));
-    GS_RETURN_IF_ERROR(kernels::UnpackBucketCuda(
-        dev, table.size(), elems, reinterpret_cast<const float*>(Bucket(bucket)), stream_));
+    if (widen) {
+      GS_RETURN_IF_ERROR(
+          kernels::UnpackBucket16Cuda(kernels::Float16Format::kFp16, dev, table.size(), elems,
+                                      reinterpret_cast<const uint16_t*>(wire_.get()), stream_));
+    } else {
+      GS_RETURN_IF_ERROR(kernels::UnpackBucketCuda(
+          dev, table.size(), elems, reinterpret_cast<const float*>(Bucket(bucket)), stream_));
+    }
   } else {
     for (const Slice& s : slices) {
       GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(s.data, Bucket(bucket) + s.offset_bytes, s.bytes,

@@ -292,6 +292,11 @@ class CudaGradients : public DeviceGradients {
   // The parameter-server path compresses each partition with its own state.
   std::map<std::pair<int, uint32_t>, std::unique_ptr<State>> partitions_;
   DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_, direct_;
+  // fp16 without error feedback: the averaged values stay in wire_ and
+  // Unstage widens them straight into the tensors (one pass, not a widen
+  // into the bucket and a copy out). The bucket they are of, or -1.
+  int wire_result_ = -1;
+  bool wire_holds_result_ = false;  // set by ReduceSummable
   PinnedBuffer mirror_, wire_host_, gathered_host_;
 };
 

@@ -200,17 +200,34 @@ TEST_F(CompressKernelsTest, DividedToHalfIsDivideThenCastInOnePass) {
   in[1] = -1e-8f;        // subnormal once divided
   for (float divisor : {1.0f, 3.0f, 7.0f, 64.0f}) {
     SCOPED_TRACE("divisor " + std::to_string(divisor));
+    // The two passes it replaces, on the device: the same bits, NaNs too.
+    DeviceArray<float> d_divided(in);
+    DeviceArray<uint16_t> d_two_pass(in.size());
+    ASSERT_OK(DivideFloatCuda(d_divided.get(), in.size(), divisor, stream_));
+    ASSERT_OK(FloatToHalfCuda(d_divided.get(), d_two_pass.get(), in.size(), stream_));
+    Sync();
+    const std::vector<uint16_t> two_pass = d_two_pass.Download();
+    // The CPU's divide and cast: the same bits but for NaN payloads (the
+    // GPU's division makes every NaN the canonical one).
     std::vector<float> divided(in.size());
     for (size_t i = 0; i < in.size(); ++i) divided[i] = math::Div(in[i], divisor);
-    std::vector<uint16_t> want(in.size());
-    FloatToHalfCpu(divided.data(), want.data(), in.size());
+    std::vector<uint16_t> cpu(in.size());
+    FloatToHalfCpu(divided.data(), cpu.data(), in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (std::isnan(in[i])) {
+        ASSERT_EQ(two_pass[i] & 0x7C00, 0x7C00) << i;
+        ASSERT_NE(two_pass[i] & 0x03FF, 0) << i;
+      } else {
+        ASSERT_EQ(two_pass[i], cpu[i]) << "element " << i << " of " << in[i];
+      }
+    }
     for (size_t off : {0, 1, 3}) {
       SCOPED_TRACE("out+" + std::to_string(off));
       DeviceArray<float> d_in(in);
       DeviceArray<uint16_t> d_out(in.size(), off);
       ASSERT_OK(DividedToHalfCuda(d_in.get(), divisor, d_out.get(), in.size(), stream_));
       Sync();
-      ExpectSame(d_out.Download(), want, "fp16 of the quotient");
+      ExpectSame(d_out.Download(), two_pass, "fp16 of the quotient");
       ExpectSame(d_in.Download(), in, "the input, unchanged");
     }
   }

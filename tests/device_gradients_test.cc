@@ -130,6 +130,14 @@ TEST_F(DeviceGradientsTest, NcclWorldOneEveryCompressor) {
 
 TEST_F(DeviceGradientsTest, NcclWorldOneUncompressed) { RunJobs(1, 0, {"--backend=nccl"}); }
 
+// fp16 without error feedback: the averaged values are widened from the
+// wire straight into the tensors; one bucket of many tensors among them.
+TEST_F(DeviceGradientsTest, NcclWorldOneFp16WidenedIntoTheTensors) {
+  RunJobs(1, 0,
+          {"--backend=nccl", "--compression=fp16", "--compression_overrides=fc2.weight=bf16",
+           "--bucket_bytes=8388608"});
+}
+
 // Two ranks of an NCCL job on the one GPU: refused before NCCL starts,
 // naming both ranks.
 TEST_F(DeviceGradientsTest, NcclRefusesTwoRanksOnOneGpu) {
