@@ -522,6 +522,28 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
   for (auto& t : fillers) t.join();
 }
 
+// A receiver whose queue holds one message pauses its reads while it is
+// full and resumes as its owner takes them: every message comes, in order.
+TEST(ZmqTransportTest, AReceiverWhoseQueueFilledGetsEveryMessageAsItReads) {
+  ZmqOptions small;
+  small.max_queued_incoming = 1;
+  auto receiver = std::move(ZmqTransport::Create(small)).value();
+  auto sender = std::move(ZmqTransport::Create({})).value();
+  auto conn = sender->Connect(*receiver->Listen("tcp://127.0.0.1:0"));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  // All sent (into ZeroMQ's queues) before the receiver takes one: it has
+  // read one and paused.
+  constexpr int kMessages = 200;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(sender->Send(Route::Connection(*conn), Numbered(i), Deadline::AfterMs(20000)).ok());
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    auto in = receiver->Receive(Deadline::AfterMs(20000));
+    ASSERT_TRUE(in.ok()) << "message " << i << ": " << in.status();
+    EXPECT_EQ(in->message.header_view()->seq(), static_cast<uint64_t>(i));
+  }
+}
+
 // Post returns at once even to a peer that never reads: its outcome comes
 // later (DeadlineExceeded once the message could not go out in time), and
 // a later post to another peer goes out meanwhile.

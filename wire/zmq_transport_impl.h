@@ -235,7 +235,11 @@ class ZmqTransport::Impl {
         return item.status();
       }
       queued_bytes_.fetch_sub(item->in.message.header.size() + item->in.message.PayloadBytes());
-      Wake();  // room again: resume reading if it had paused
+      // Room again: the I/O thread resumes reading if it had paused (it
+      // says so before its last look at the room, so one of the two sees
+      // the other). Not otherwise: a wake per message costs the I/O
+      // thread a turn of its loop.
+      if (reading_paused_.load()) Wake();
       if (item->sealed == nullptr) return std::move(item->in);
       if (item->sealed->Wait()) {
         bulk_received_.fetch_add(1, std::memory_order_relaxed);
@@ -478,9 +482,10 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> bulk_sent_{0};
   std::atomic<uint64_t> bulk_received_{0};
   std::atomic<uint64_t> bulk_refused_{0};
-  bool bulk_listen_failed_ = false;         // the bulk port could not be bound: not tried again
-  std::atomic<size_t> queued_bytes_{0};     // in incoming_
-  std::atomic<bool> listen_closed_{false};  // CloseListening ran
+  bool bulk_listen_failed_ = false;          // the bulk port could not be bound: not tried again
+  std::atomic<size_t> queued_bytes_{0};      // in incoming_
+  std::atomic<bool> reading_paused_{false};  // the I/O thread has no Room()
+  std::atomic<bool> listen_closed_{false};   // CloseListening ran
   std::map<ConnId, std::unique_ptr<zmq::socket_t>> dealers_;
   std::unique_ptr<HandshakeRetry> retry_;  // watches dealers_ to nodes (made on demand)
   std::map<std::pair<std::string, int>, ConnId> conn_by_endpoint_;  // (endpoint, lane)

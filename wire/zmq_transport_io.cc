@@ -20,7 +20,12 @@ void ZmqTransport::Impl::IoLoop() {
     if (router_ && zap_ && zap_->failed()) CloseListening();
     std::vector<zmq::pollitem_t> items;
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    const bool room = Room();
+    bool room = Room();
+    if (!room) {
+      reading_paused_.store(true);
+      room = Room();  // a receiver that took one before the store wakes no one
+    }
+    if (room) reading_paused_.store(false);
     const short in = room ? ZMQ_POLLIN : 0;
     if (router_) items.push_back({router_->handle(), 0, in, 0});
     if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
@@ -37,7 +42,7 @@ void ZmqTransport::Impl::IoLoop() {
       bulk_ids.push_back(id);
     }
     const size_t retry_at = items.size();
-    long timeout_ms = pending_.empty() ? -1 : 1;
+    long timeout_ms = pending_.empty() && room ? -1 : 1;
     if (!bulk_connecting_.empty() && (timeout_ms < 0 || timeout_ms > 5)) timeout_ms = 5;
     if (retry_) {
       retry_->AddPollItems(&items);
