@@ -22,6 +22,7 @@
 #ifndef GRADSYNC_COMPRESSION_COMPRESSOR_H_
 #define GRADSYNC_COMPRESSION_COMPRESSOR_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,6 +39,22 @@ struct CompressContext {
   uint64_t seed = 0;       // Job-wide seed, agreed at rendezvous.
   uint64_t step = 0;       // Training step of the gradients.
   uint32_t bucket_id = 0;  // Bucket the elements belong to.
+};
+
+// How many elements a sparse compressor keeps (top-k), as a fraction a
+// caller may change between calls: the parameter-server client shares one
+// budget over a bucket's partitions this way.
+class KeepRatio {
+ public:
+  virtual double ratio() const = 0;
+  // The ratio of later calls. InvalidArgument unless 0 < ratio <= 1.
+  virtual Status SetRatio(double ratio) = 0;
+  // The next selection may take the elements whose magnitude key is at
+  // least `key` in one pass, when exactly as many are as it keeps. 0: none.
+  virtual void HintThreshold(uint32_t key) = 0;
+
+ protected:
+  ~KeepRatio() = default;
 };
 
 class Compressor {
@@ -87,6 +104,18 @@ class Compressor {
   // unchanged then). This decompresses into `scratch` and subtracts; a
   // sparse compressor subtracts the elements it kept only (x - 0 is x, bit
   // for bit), without a pass over the rest.
+  // The kept fraction of a sparse compressor (top-k; an error-feedback
+  // wrapper gives the one of the compressor it wraps); null for the others.
+  virtual KeepRatio* keep_ratio() { return nullptr; }
+
+  // out[0, n) = the values Compress(in, n, a context of `bucket_id`) would
+  // compress now: `in` itself, or with error feedback what it adds to it.
+  // Changes nothing; `in` and `out` may be the same.
+  virtual void CompressedValues(const float* in, size_t n, uint32_t bucket_id, float* out) const {
+    (void)bucket_id;
+    if (out != in) std::copy(in, in + n, out);
+  }
+
   virtual Status SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
                                       const CompressContext& ctx, float* out,
                                       std::vector<float>* scratch) {

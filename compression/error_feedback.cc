@@ -69,6 +69,20 @@ void ErrorFeedback::KeepMaskedVelocity(size_t n, const std::vector<float>* old_r
   }
 }
 
+void ErrorFeedback::CompressedValues(const float* in, size_t n, uint32_t bucket_id,
+                                     float* out) const {
+  if (momentum_ > 0 && AllFinite(in, n)) {
+    Velocity(in, n, bucket_id, out);
+    in = out;
+  }
+  auto it = residuals_.find(bucket_id);
+  if (it != residuals_.end() && it->second.size() == n) {
+    Add(in, it->second.data(), out, n);
+  } else if (out != in) {
+    std::copy(in, in + n, out);
+  }
+}
+
 Status ErrorFeedback::Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
                                size_t out_size) {
   // With a momentum, a finite g goes in as m u + g (u is kept below).

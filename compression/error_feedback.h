@@ -58,6 +58,10 @@ class ErrorFeedback : public Compressor {
                   size_t out_size) override;
   Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
                     float* out) override;
+  KeepRatio* keep_ratio() override { return inner_->keep_ratio(); }
+  // c = (m u + g) + e_old, as Compress forms it (g alone without a
+  // residual; without the velocity for a gradient with inf or NaN).
+  void CompressedValues(const float* in, size_t n, uint32_t bucket_id, float* out) const override;
 
   // The residual of `bucket_id`, or null before its first Compress. The
   // pointer is valid until the next Compress or ClearResiduals.

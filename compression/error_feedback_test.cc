@@ -303,6 +303,45 @@ TEST(ErrorFeedbackTest, MomentumFollowsTheDgcRecurrenceBitForBit) {
   }
 }
 
+// CompressedValues(g) is what Compress(g) hands the wrapped compressor:
+// the wrapped one's bytes of it are Compress's, step after step (momentum,
+// residuals, a NaN step that skips the velocity), and nothing changes.
+TEST(ErrorFeedbackTest, CompressedValuesAreWhatCompressCompresses) {
+  const size_t n = 256;
+  ErrorFeedback ef(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.05).value(),
+                   0.9f);
+  std::unique_ptr<TopKCompressor> plain =
+      TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.05).value();
+  CompressContext ctx;
+  ctx.bucket_id = 7;
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE(step);
+    std::vector<float> g = Gaussian(n, 1.0f, 200 + step);
+    if (step == 3) g[5] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> values(n), again(n);
+    ef.CompressedValues(g.data(), n, ctx.bucket_id, values.data());
+    ef.CompressedValues(g.data(), n, ctx.bucket_id, again.data());
+    EXPECT_EQ(0, std::memcmp(values.data(), again.data(), n * sizeof(float)));
+    std::vector<uint8_t> want(plain->WireBytes(n)), got(ef.WireBytes(n));
+    ASSERT_TRUE(plain->Compress(values.data(), n, ctx, want.data(), want.size()).ok());
+    ASSERT_TRUE(ef.Compress(g.data(), n, ctx, got.data(), got.size()).ok());
+    EXPECT_EQ(got, want);
+  }
+}
+
+// The kept fraction of top-k is reachable through the wrapper; other
+// compressors have none.
+TEST(ErrorFeedbackTest, TheKeptFractionIsTheWrappedTopKs) {
+  ErrorFeedback topk(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.25).value());
+  ASSERT_NE(topk.keep_ratio(), nullptr);
+  EXPECT_EQ(topk.keep_ratio(), topk.inner().keep_ratio());
+  ASSERT_TRUE(topk.keep_ratio()->SetRatio(0.5).ok());
+  EXPECT_EQ(topk.WireBytes(16), topk.inner().WireBytes(16));
+  EXPECT_EQ(topk.keep_ratio()->ratio(), 0.5);
+  ErrorFeedback sign(SignCompressor::Create(64).value());
+  EXPECT_EQ(sign.keep_ratio(), nullptr);
+}
+
 TEST(ErrorFeedbackTest, AnOverflowedGradientLeavesTheVelocityAsItWas) {
   const size_t n = 16;
   ErrorFeedback ef(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, 0.25).value(),

@@ -58,7 +58,7 @@ namespace gradsync::compression {
 enum class TopKMethod { kExact, kSampled };
 enum class TopKValues { kFp32, kFp16 };
 
-class TopKCompressor : public Compressor {
+class TopKCompressor : public Compressor, public KeepRatio {
  public:
   static constexpr double kDefaultRatio = 0.01;
 
@@ -97,14 +97,15 @@ class TopKCompressor : public Compressor {
   // is at least `key`, in one pass, when exactly k are (they are the k
   // largest then); with any other count it selects as usual. 0: no hint.
   // The selection that uses it clears it.
-  void HintThreshold(uint32_t key) { hint_ = key; }
+  void HintThreshold(uint32_t key) override { hint_ = key; }
 
   // k for n elements.
   size_t KeepCount(size_t n) const;
-  double ratio() const { return ratio_; }
+  double ratio() const override { return ratio_; }
   // The ratio of later calls (a sender varying k per call states it in the
   // spec it sends). InvalidArgument unless 0 < ratio <= 1.
-  Status SetRatio(double ratio);
+  Status SetRatio(double ratio) override;
+  KeepRatio* keep_ratio() override { return this; }
   // m, the sample size kSampled draws for n elements: max(n / 100,
   // 640 / ratio), at most n / 2, rounded down to a multiple of 64; 0 (use
   // kExact) if ratio * m < 400, and always 0 for kExact.

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "common/seeded_random.h"
-#include "compression/error_feedback.h"
 #include "compression/topk_select.h"
 #include "compression/wire_util.h"
 
@@ -124,11 +123,10 @@ Status PayloadDecoder::Decode(const wire::DataBody& d, const std::vector<wire::P
 
 PayloadEncoder::PayloadEncoder(std::unique_ptr<Compressor> c, CompressorSpec parsed,
                                std::string spec)
-    : compressor_(std::move(c)), parsed_(std::move(parsed)), spec_(std::move(spec)) {
-  Compressor* inner = compressor_.get();
-  if (auto* ef = dynamic_cast<ErrorFeedback*>(inner)) inner = &ef->inner();
-  topk_ = dynamic_cast<TopKCompressor*>(inner);
-}
+    : compressor_(std::move(c)),
+      parsed_(std::move(parsed)),
+      spec_(std::move(spec)),
+      keep_(compressor_->keep_ratio()) {}
 
 std::string PayloadEncoder::CodecWithRatio(double ratio) const {
   // %.17g reads back as the same double.
@@ -166,47 +164,35 @@ StatusOr<wire::Payload> PayloadEncoder::CompressInto(const float* in, size_t n,
 StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
                                                const CompressContext& ctx,
                                                wire::DataFields* fields) {
-  if (topk_ != nullptr && topk_->ratio() != parsed_.options.ratio) {
-    return CompressInto(in, n, ctx, fields, CodecWithRatio(topk_->ratio()));
+  if (keep_ != nullptr && keep_->ratio() != parsed_.options.ratio) {
+    return CompressInto(in, n, ctx, fields, CodecWithRatio(keep_->ratio()));
   }
   return CompressInto(in, n, ctx, fields, spec_);
 }
 
 void PayloadEncoder::MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
                                    uint32_t* keys) const {
-  const std::vector<float>* residual = nullptr;
-  if (auto* ef = dynamic_cast<const ErrorFeedback*>(compressor_.get())) {
-    residual = ef->Residual(ctx.bucket_id);
-    if (ef->momentum() > 0) {  // ErrorFeedback compresses m u + g
-      velocity_.resize(n);
-      ef->Velocity(in, n, ctx.bucket_id, velocity_.data());
-      in = velocity_.data();
-    }
-  }
-  if (residual != nullptr && residual->size() == n) {
-    // The same float addition ErrorFeedback makes before compressing.
-    for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(in[i] + (*residual)[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(in[i]);
-  }
+  values_.resize(n);
+  compressor_->CompressedValues(in, n, ctx.bucket_id, values_.data());
+  for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(values_[i]);
 }
 
 StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(const float* in, size_t n, size_t keep,
                                                       const CompressContext& ctx,
                                                       wire::DataFields* fields, uint32_t at_least) {
-  if (topk_ == nullptr || keep < 1 || keep > n) {
+  if (keep_ == nullptr || keep < 1 || keep > n) {
     return InvalidArgumentError("\"" + spec_ + "\" cannot keep " + std::to_string(keep) + " of " +
                                 std::to_string(n) + " elements");
   }
   // ceil(ratio * n) == keep for ratio = (keep - 1/2) / n, whatever the
   // rounding of the division.
   const double ratio = (static_cast<double>(keep) - 0.5) / static_cast<double>(n);
-  const double step_ratio = topk_->ratio();
-  GS_RETURN_IF_ERROR(topk_->SetRatio(ratio));
-  topk_->HintThreshold(at_least);
+  const double step_ratio = keep_->ratio();
+  GS_RETURN_IF_ERROR(keep_->SetRatio(ratio));
+  keep_->HintThreshold(at_least);
   StatusOr<wire::Payload> payload = CompressInto(in, n, ctx, fields, CodecWithRatio(ratio));
-  topk_->HintThreshold(0);
-  GS_RETURN_IF_ERROR(topk_->SetRatio(step_ratio));
+  keep_->HintThreshold(0);
+  GS_RETURN_IF_ERROR(keep_->SetRatio(step_ratio));
   return payload;
 }
 

@@ -103,7 +103,7 @@ class PayloadEncoder {
   // Top-k only (else none): how many elements a partition may keep can
   // vary from call to call (EncodeKeeping). The ratio of the step.
   std::optional<double> shared_budget_ratio() const {
-    return topk_ ? std::optional<double>(topk_->ratio()) : std::nullopt;
+    return keep_ ? std::optional<double>(keep_->ratio()) : std::nullopt;
   }
   // The magnitude keys (MagnitudeKey) of what Encode would select from:
   // `in` (with an error-feedback momentum: the velocity m u + in) plus the
@@ -131,8 +131,8 @@ class PayloadEncoder {
   std::unique_ptr<Compressor> compressor_;
   const CompressorSpec parsed_;
   const std::string spec_;
-  mutable std::vector<float> velocity_;  // MagnitudeKeys' m u + in
-  TopKCompressor* topk_ = nullptr;       // compressor_ or its inner one, if top-k
+  mutable std::vector<float> values_;  // MagnitudeKeys' compressed values
+  KeepRatio* const keep_;              // compressor_'s kept fraction, if top-k
 };
 
 // How many elements each partition of one bucket keeps so that together
