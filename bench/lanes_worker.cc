@@ -32,7 +32,9 @@ int Main(int argc, char** argv) {
   const int64_t warmup = config->GetInt("warmup", 3).value();
   const bool bucketed = config->GetBool("bucketed", false).value();
   const std::string path = config->GetString("path", "allreduce").value();
-  const int64_t lanes = config->GetInt(path == "ps" ? "ps_lanes" : "ring_lanes", 1).value();
+  // A count, or "auto" (ring_lanes): printed as given.
+  std::string lanes = config->GetString(path == "ps" ? "ps_lanes" : "ring_lanes", "1").value();
+  if (lanes.find_first_not_of("0123456789") != std::string::npos) lanes = "\"" + lanes + "\"";
   auto comm = client::Communicator::Create(*config, Deadline::AfterMs(60000));
   if (!comm.ok()) {
     std::fprintf(stderr, "lanes_worker: %s\n", comm.status().ToString().c_str());
@@ -96,10 +98,9 @@ int Main(int argc, char** argv) {
     return ms[static_cast<size_t>(q * static_cast<double>(ms.size() - 1))];
   };
   std::printf(
-      "{\"rank\":%d,\"workers\":%d,\"bytes\":%lld,\"lanes\":%lld,\"p50_ms\":%.3f,\"p10_ms\":%.3f,"
+      "{\"rank\":%d,\"workers\":%d,\"bytes\":%lld,\"lanes\":%s,\"p50_ms\":%.3f,\"p10_ms\":%.3f,"
       "\"p90_ms\":%.3f}\n",
-      rank, world, static_cast<long long>(bytes), static_cast<long long>(lanes), at(0.5), at(0.1),
-      at(0.9));
+      rank, world, static_cast<long long>(bytes), lanes.c_str(), at(0.5), at(0.1), at(0.9));
   return 0;
 }
 

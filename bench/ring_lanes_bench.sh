@@ -9,7 +9,8 @@
 #   bazel run --config=opt //bench:ring_lanes_bench -- [RATE] [FLOW] [LANES] [SECURITY] [BYTES] \
 #     [PATH]
 #   RATE: 10gbit (default); FLOW: a per-flow cap, e.g. 2gbit ("" for none,
-#   the default); LANES: "1 2 4" (default); SECURITY: none (default), curve
+#   the default); LANES: "1 2 4" (default; "auto" too, ring_lanes=auto);
+#   SECURITY: none (default), curve
 #   or both; BYTES: 67108864 (64 MiB, default); PATH: ring (default: direct
 #   all-reduces over ring_lanes) or ps (one bucket of BYTES through 2 shards
 #   on hosts 5 and 6 in sync mode, ps_lanes connections to each, 4 MiB
@@ -81,6 +82,7 @@ for security in $SECURITIES; do
     line=$(grep '^{' "$tmp/$tag.worker0.log" | tail -1)
     echo "{\"security\":\"$security\",${line#\{}" >> "$results"
     echo "$lanes lanes ($security) done" >&2
+    grep -ho "ring_lanes=auto: .*" "$tmp/$tag.worker0.log" >&2 || true
   done
 done
 
@@ -100,7 +102,7 @@ for r in rows:
     busbw = 2 * (n - 1) / n * r["bytes"] * 8 / (r["p50_ms"] / 1e3) / 1e9
     base = one.get(r["security"])
     x1 = r["p50_ms"] and base and base["p50_ms"] / r["p50_ms"]
-    print("%-5s %-8s %-8s %-5s %5d %10.0f %9.2f %9.2f %11.2f %7.2f %9s" % (
+    print("%-5s %-8s %-8s %-5s %5s %10.0f %9.2f %9.2f %11.2f %7.2f %9s" % (
         path, rate, flow, r["security"], r["lanes"], r["bytes"] / 2**20, r["p50_ms"], r["p90_ms"],
         busbw, busbw * 1e9 / bits_per_s(rate), "%.2f" % x1 if x1 else "-"))
     print(json.dumps({"path": path, "rate": rate, "flow": flow, "security": r["security"], "lanes": r["lanes"],

@@ -91,12 +91,19 @@ struct CommOptions {
       return InvalidArgumentError("ring_order must be measured or rank, got '" + o.sync.ring_order +
                                   "'");
     }
-    GS_ASSIGN_OR_RETURN(int64_t lanes, config.GetInt("ring_lanes", 1));
-    if (lanes < 1 || lanes > wire::kMaxLanes) {
-      return InvalidArgumentError("ring_lanes must be in [1, " + std::to_string(wire::kMaxLanes) +
-                                  "], got " + std::to_string(lanes));
+    GS_ASSIGN_OR_RETURN(std::string lanes, config.GetString("ring_lanes", "1"));
+    if (lanes == "auto") {
+      o.sync.ring_lanes = kAutoRingLanes;
+      o.sync.ring_lanes_auto = true;
+    } else {
+      GS_ASSIGN_OR_RETURN(int64_t count, config.GetInt("ring_lanes", 1));
+      if (count < 1 || count > wire::kMaxLanes) {
+        return InvalidArgumentError("ring_lanes must be auto or in [1, " +
+                                    std::to_string(wire::kMaxLanes) + "], got " +
+                                    std::to_string(count));
+      }
+      o.sync.ring_lanes = static_cast<int>(count);
     }
-    o.sync.ring_lanes = static_cast<int>(lanes);
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port,
                         config.GetInt("metrics_base_port", kWorkerMetricsBasePort));

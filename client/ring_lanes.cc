@@ -22,7 +22,7 @@ Status LaneAlarm::status() const {
 
 RingLanes::RingLanes(std::vector<std::unique_ptr<RingCollectives>> lanes,
                      std::shared_ptr<LaneAlarm> alarm)
-    : lanes_(std::move(lanes)), alarm_(std::move(alarm)) {
+    : lanes_(std::move(lanes)), active_(lanes_.size()), alarm_(std::move(alarm)) {
   if (lanes_.size() > 1) {
     pool_ = std::make_unique<TaskPool>(static_cast<int>(lanes_.size() - 1), "gs-lanes");
   }
@@ -31,7 +31,7 @@ RingLanes::RingLanes(std::vector<std::unique_ptr<RingCollectives>> lanes,
 RingLanes::~RingLanes() = default;
 
 size_t RingLanes::LanesFor(size_t bytes) const {
-  return std::max<size_t>(1, std::min(lanes_.size(), bytes / kMinLaneBytes));
+  return std::max<size_t>(1, std::min(active_, bytes / kMinLaneBytes));
 }
 
 Status RingLanes::Raised(Status s) {

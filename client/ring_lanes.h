@@ -29,6 +29,7 @@
 #ifndef GRADSYNC_CLIENT_RING_LANES_H_
 #define GRADSYNC_CLIENT_RING_LANES_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -71,6 +72,11 @@ class RingLanes : public Collectives {
   int rank() const override { return lanes_[0]->rank(); }
   int world_size() const override { return lanes_[0]->world_size(); }
   size_t lanes() const { return lanes_.size(); }
+  // Buffers are cut over the first `used` lanes only (1 to lanes(); all
+  // of them until set), the others left idle. Between operations; every
+  // rank must use the same count.
+  void SetActive(size_t used) { active_ = std::max<size_t>(1, std::min(used, lanes_.size())); }
+  size_t active() const { return active_; }
   RingCollectives& first() { return *lanes_[0]; }
 
   Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
@@ -95,6 +101,7 @@ class RingLanes : public Collectives {
   Status Raised(Status s);
 
   std::vector<std::unique_ptr<RingCollectives>> lanes_;
+  size_t active_;  // SetActive
   std::shared_ptr<LaneAlarm> alarm_;
   // Each lane's all-gather output; after a failure sends may still point
   // into them (OnLanes runs nothing then, so they are never resized again).

@@ -130,6 +130,49 @@ TEST(RingLanesTest, EachLaneCarriesItsSliceOverItsOwnTransport) {
   EXPECT_TRUE(failed_at_once);
 }
 
+// SetActive(k): buffers are cut over the first k lanes only, exactly; the
+// others carry nothing.
+TEST(RingLanesTest, OnlyTheActiveLanesCarry) {
+  constexpr int kRanks = 3;
+  Lanes lanes(kRanks, 3);
+  const size_t count = (size_t{6} << 20) / 4;
+  for (size_t active : {size_t{1}, size_t{2}, size_t{3}}) {
+    SCOPED_TRACE("active " + std::to_string(active));
+    std::vector<uint64_t> before(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      lanes[r].SetActive(active);
+      EXPECT_EQ(lanes[r].active(), active);
+      before[static_cast<size_t>(r)] = lanes[r].stats().bytes_sent;
+    }
+    std::vector<uint64_t> first_before(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      first_before[static_cast<size_t>(r)] = lanes[r].first().stats().bytes_sent;
+    }
+    std::vector<std::vector<float>> bufs(kRanks, std::vector<float>(count));
+    for (int r = 0; r < kRanks; ++r) {
+      for (size_t i = 0; i < count; ++i) bufs[r][i] = Value(r, i);
+    }
+    for (const Status& s : lanes.Run([&](int r) {
+           return lanes[r].AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kSum,
+                                     Tag(10 + active), Soon());
+         })) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    for (size_t i = 0; i < count; i += 4099) {
+      EXPECT_EQ(bufs[1][i], Value(0, i) + Value(1, i) + Value(2, i)) << i;
+    }
+    const uint64_t sent = lanes[0].stats().bytes_sent - before[0];
+    const uint64_t first = lanes[0].first().stats().bytes_sent - first_before[0];
+    // The first lane carries 1/active of the buffer (within a slice's
+    // rounding), the idle lanes nothing.
+    EXPECT_NEAR(static_cast<double>(first) / static_cast<double>(sent), 1.0 / active, 0.01);
+  }
+  lanes[0].SetActive(0);
+  EXPECT_EQ(lanes[0].active(), 1u);
+  lanes[0].SetActive(99);
+  EXPECT_EQ(lanes[0].active(), 3u);
+}
+
 TEST(RingLanesTest, BroadcastAndAllGatherAreStripedAndSmallOnesTakeTheFirstLane) {
   constexpr int kRanks = 3;
   Lanes lanes(kRanks, 2);

@@ -1,7 +1,9 @@
 #include "client/sync_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,10 +37,20 @@ constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
 struct LaneRecord {
   int32_t count = 0;
+  int32_t automatic = 0;  // ring_lanes=auto
   uint16_t ports[wire::kMaxLanes] = {};
 };
-static_assert(sizeof(LaneRecord) == sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t),
+static_assert(sizeof(LaneRecord) == 2 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
+
+std::string LanesSetting(const LaneRecord& r) {
+  return r.automatic != 0 ? "auto" : std::to_string(r.count);
+}
+
+// ring_lanes=auto: the all-reduce each lane count is timed with, and how
+// much faster every lane must be than lane 0 alone to be used.
+constexpr size_t kAutoLanesBytes = size_t{4} << 20;
+constexpr double kAutoLanesGain = 1.25;
 
 // Fails when the job already knows that a collective cannot finish: the job
 // ended, or a node of `role` died.
@@ -177,8 +189,9 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
 // exchange their lane counts and ports over the first lane; lane counts
 // that differ fail every worker, naming one that differs.
 Status AddLanes(Session* session, int count, const RingPeers& peers, const std::vector<int>& order,
-                const RingOptions& ring_options, const HealthCheck& health, Ring* out,
-                std::vector<std::unique_ptr<RingCollectives>>* lanes, Deadline deadline) {
+                bool automatic, const RingOptions& ring_options, const HealthCheck& health,
+                Ring* out, std::vector<std::unique_ptr<RingCollectives>>* lanes,
+                Deadline deadline) {
   const cluster::RingNeighbours next = cluster::NeighboursOf(order, peers.rank, peers.world_size);
   std::optional<wire::NodeInfo> right;
   for (const wire::NodeInfo& p : session->peers()) {
@@ -187,6 +200,7 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
   if (!right) return InternalError("the ring's right neighbour is not a peer");
   LaneRecord mine;
   mine.count = count;
+  mine.automatic = automatic ? 1 : 0;
   for (int k = 1; k < count; ++k) {
     GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
                         wire::ZmqTransport::Create(session->DataTransportOptions(
@@ -201,11 +215,11 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
   GS_RETURN_IF_ERROR(lanes->front()->AllGather(&mine, sizeof(mine), all.data(),
                                                OpTag{0, kRingLanesBucket, 0, 0}, deadline));
   for (int q = 0; q < peers.world_size; ++q) {
-    if (all[static_cast<size_t>(q)].count != count) {
+    const LaneRecord& theirs = all[static_cast<size_t>(q)];
+    if (theirs.count != count || theirs.automatic != mine.automatic) {
       return FailedPreconditionError(
-          "worker " + std::to_string(q) +
-          " runs ring_lanes=" + std::to_string(all[static_cast<size_t>(q)].count) + ", worker " +
-          std::to_string(peers.rank) + " ring_lanes=" + std::to_string(count) +
+          "worker " + std::to_string(q) + " runs ring_lanes=" + LanesSetting(theirs) + ", worker " +
+          std::to_string(peers.rank) + " ring_lanes=" + LanesSetting(mine) +
           ": every worker needs the same");
     }
   }
@@ -226,6 +240,47 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
         auto ring, RingCollectives::Create(out->lane_transports[static_cast<size_t>(k - 1)].get(),
                                            lane, ring_options, health));
     lanes->push_back(std::move(ring));
+  }
+  return Status();
+}
+
+// ring_lanes=auto: times an all-reduce of kAutoLanesBytes over lane 0 alone
+// and over every lane (the best of two each, after one over every lane
+// that opens their connections) and keeps every lane when that is at least
+// kAutoLanesGain faster, lane 0 alone otherwise. Rank 0's times decide and
+// it tells the others, so that every rank cuts buffers alike.
+Status ChooseLanes(RingLanes& lanes, int rank, Deadline deadline) {
+  std::vector<float> data(kAutoLanesBytes / sizeof(float), 0.0f);
+  uint64_t step = 1;
+  auto timed = [&](size_t used) -> StatusOr<double> {
+    lanes.SetActive(used);
+    const SteadyTime start = std::chrono::steady_clock::now();
+    GS_RETURN_IF_ERROR(lanes.AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum,
+                                       OpTag{step++, kRingLanesBucket, 0, 0}, deadline));
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  const size_t all = lanes.lanes();
+  GS_RETURN_IF_ERROR(timed(all).status());
+  double one_ms = 0, all_ms = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    GS_ASSIGN_OR_RETURN(double one, timed(1));
+    GS_ASSIGN_OR_RETURN(double every, timed(all));
+    one_ms = rep == 0 ? one : std::min(one_ms, one);
+    all_ms = rep == 0 ? every : std::min(all_ms, every);
+  }
+  int32_t chosen = one_ms >= kAutoLanesGain * all_ms ? static_cast<int32_t>(all) : 1;
+  GS_RETURN_IF_ERROR(
+      lanes.Broadcast(&chosen, sizeof(chosen), 0, OpTag{step, kRingLanesBucket, 0, 0}, deadline));
+  if (chosen != 1 && chosen != static_cast<int32_t>(all)) {
+    return InternalError("worker 0 chose " + std::to_string(chosen) + " ring lanes of " +
+                         std::to_string(all));
+  }
+  lanes.SetActive(static_cast<size_t>(chosen));
+  if (rank == 0) {
+    GS_LOG(INFO) << "ring_lanes=auto: a " << (kAutoLanesBytes >> 20) << " MiB all-reduce took "
+                 << one_ms << " ms over 1 lane, " << all_ms << " ms over " << all << ": using "
+                 << chosen << (chosen == 1 ? " lane" : " lanes");
   }
   return Status();
 }
@@ -265,17 +320,24 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   const bool tcp = !options.shm || cluster::WorkerHosts(session->peers()).size() > 1;
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
   if (n > 1 && tcp && !nccl) {
-    Status s = AddLanes(session, options.ring_lanes, peers, order, ring_options, health, &out,
-                        &lanes, deadline);
+    Status s = AddLanes(session, options.ring_lanes, peers, order, options.ring_lanes_auto,
+                        ring_options, health, &out, &lanes, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;
     }
-    if (r == 0 && options.ring_lanes > 1) {
+    if (r == 0 && options.ring_lanes > 1 && !options.ring_lanes_auto) {
       GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
     }
   }
   out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));
+  if (options.ring_lanes_auto && out.lanes->lanes() > 1) {
+    Status s = ChooseLanes(*out.lanes, r, deadline);
+    if (!s.ok()) {
+      out.Shutdown();
+      return s;
+    }
+  }
   return out;
 }
 

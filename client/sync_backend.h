@@ -40,6 +40,9 @@
 
 namespace gradsync::client {
 
+// The lanes ring_lanes=auto opens and chooses among (all, or the first).
+constexpr int kAutoRingLanes = 4;
+
 class SyncBackend {
  public:
   virtual ~SyncBackend() = default;
@@ -111,6 +114,10 @@ struct SyncBackendOptions {
   // and the direct collectives of the ps path when the workers span two
   // hosts or more, or ring neighbours do not share memory (shm off).
   int ring_lanes = 1;
+  // ring_lanes=auto: kAutoRingLanes lanes are opened, and the ring uses
+  // them all or lane 0 alone, whichever a timed all-reduce of each favours
+  // when the ring is made (client/ring_lanes.h, SetActive).
+  bool ring_lanes_auto = false;
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).
   cluster::PsLinkOptions ps_links;

@@ -104,25 +104,52 @@ TEST_F(AllReduceSdkTest, UnderCurveInThreeLanesTheSameExactResults) {
       << workers[0]->Output();
 }
 
+// ring_lanes=auto: the ring opens 4 lanes, times an all-reduce over lane 0
+// and over all of them, and every rank uses the count rank 0 chose (which
+// this machine's loopback decides); the results are exact either way.
+TEST_F(AllReduceSdkTest, WithAutoLanesTheRingChoosesACountAndTheResultsAreExact) {
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_lanes=auto",
+                                  "--ring_shm=false", "--host=localhost"});
+  ExpectTrained(workers);
+  const std::string& out = workers[0]->Output();
+  const size_t at = out.find("ring_lanes=auto: a 4 MiB all-reduce took ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_TRUE(line.find("using 1 lane") != std::string::npos ||
+              line.find("using 4 lanes") != std::string::npos)
+      << line;
+}
+
 // Workers started with different ring_lanes all fail at the start, naming
-// a worker that differs and both counts.
-TEST_F(AllReduceSdkTest, WorkersOfDifferentLaneCountsAllFailNamingTheCounts) {
-  StartScheduler(2, 0);
-  SetJob(2, 0);
+// a worker that differs and both settings: worker 0 runs ring_lanes=1,
+// worker 1 `other`.
+void ExpectLaneSettingsRefused(LocalJob& job, const std::string& other) {
+  job.StartScheduler(2, 0);
+  job.SetJob(2, 0);
   std::vector<Subprocess*> workers;
   for (int r = 0; r < 2; ++r) {
-    workers.push_back(&Start(
+    workers.push_back(&job.Start(
         {Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r), "--mode=train", "--steps=2",
-         "--metrics_base_port=0", "--ring_shm=false", "--ring_lanes=" + std::to_string(r + 1)},
+         "--metrics_base_port=0", "--ring_shm=false", "--ring_lanes=" + (r == 0 ? "1" : other)},
         "worker" + std::to_string(r)));
   }
-  for (Subprocess* w : workers) {
+  for (int r = 0; r < 2; ++r) {
+    Subprocess* w = workers[static_cast<size_t>(r)];
     auto code = w->Wait(Deadline::AfterMs(60000));
     ASSERT_TRUE(code.has_value()) << w->Output();
     EXPECT_NE(*code, 0) << w->Output();
-    EXPECT_NE(w->Output().find("runs ring_lanes="), std::string::npos) << w->Output();
+    EXPECT_NE(w->Output().find("runs ring_lanes=" + (r == 0 ? other : "1")), std::string::npos)
+        << w->Output();
     EXPECT_NE(w->Output().find("every worker needs the same"), std::string::npos) << w->Output();
   }
+}
+
+TEST_F(AllReduceSdkTest, WorkersOfDifferentLaneCountsAllFailNamingTheCounts) {
+  ExpectLaneSettingsRefused(*this, "2");
+}
+
+TEST_F(AllReduceSdkTest, AutoLanesBesideACountAllFailNamingBoth) {
+  ExpectLaneSettingsRefused(*this, "auto");
 }
 
 // Four workers on four host addresses (loopback), under CURVE: each host's

@@ -6,7 +6,8 @@
 #   1. The ring trains with exact checks on every step (tests/sdk_worker),
 #      in rank order (equal links). 1b: with the link between the hosts of
 #      ranks 0 and 1 at 20 Mbit/s, the ring order leaves it out, with
-#      exact checks too.
+#      exact checks too. 1c: with every TCP flow capped at 200 Mbit/s,
+#      ring_lanes=auto measures its lanes and takes all 4.
 #   2. The parameter server: 2 shards on hosts of their own, the same 4
 #      workers, sync, exact averages (tests/ps_worker); both shards carry
 #      part of every round (buckets are split over the shards).
@@ -133,6 +134,24 @@ else
   # The whole test then counts as skipped: part of it could not run.
   echo "GRADSYNC-SKIPPED: section 1b needs tc's htb qdisc, which this kernel lacks"
 fi
+
+echo "== 1c. every TCP flow capped at 200 Mbit/s (links 1 Gbit/s): ring_lanes=auto takes 4 lanes"
+capped=1
+for h in 1 2 3 4; do
+  tools/simhosts.sh shape "$name" "$h" 1gbit 200mbit || capped=0
+done
+if [ "$capped" = 1 ]; then
+  job_env=("${common[@]}" GRADSYNC_RING_LANES=auto)
+  start_job lanes 9020 4
+  expect_trained lanes
+  grep -E "ring_lanes=auto: .* using 4 lanes" "$tmp/lanes.worker0.log" ||
+    fail "with every flow capped, ring_lanes=auto did not take every lane"
+  job_env=("${common[@]}")
+  echo "the ring measured its lanes, took all 4 and trained with exact averages"
+else
+  echo "GRADSYNC-SKIPPED: section 1c needs tc's htb qdisc, which this kernel lacks"
+fi
+for h in 1 2 3 4; do tools/simhosts.sh shape "$name" "$h" 1gbit; done
 
 # start_ps_job TAG PORT MODE STEPS [SCHEDULER FLAGS...]: a scheduler on host
 # 0, shard s on host 5 + s, worker r on host r + 1 (ps_worker --mode=MODE).
