@@ -201,15 +201,20 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
     GS_RETURN_IF_ERROR(device_->CheckPointer(data, "tensor '" + t.name + "'"));
   t.marked = true;
   const bool add = t.holds_sum;
-  // The bucket's last tensor (unless another thread marks one of its
-  // tensors meanwhile: then the bucket's reduction stages what is left).
-  const bool last = no_sync_depth_ == 0 && b.pending == 1;
+  // Under NoSync each handle waits for its own copy: copied at once.
+  // Otherwise gathered, and packed at the bucket's last tensor (unless
+  // another thread marks one of its tensors meanwhile: then the bucket's
+  // reduction packs what is left).
+  using Staging = DeviceGradients::Staging;
+  const Staging how = no_sync_depth_ > 0 ? Staging::kNow
+                      : b.pending == 1   ? Staging::kGatherLast
+                                         : Staging::kGather;
   const size_t offset = t.offset * DTypeSize(t.dtype);
   uint8_t* region = b.data();  // null for CUDA gradients
   lock.unlock();
   if (device_ != nullptr) {
     // Queued on gradsync's stream after the trainer's work on `stream`.
-    Status s = device_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream, last);
+    Status s = device_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream, how);
     if (!s.ok()) {
       Fail(s);
       return s;

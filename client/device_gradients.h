@@ -72,16 +72,21 @@ class DeviceGradients {
   virtual Status CheckPointer(const void* data, const std::string& what) const = 0;
   // One device buffer per bucket, bucket_bytes[i] long. Once.
   virtual Status Allocate(const std::vector<size_t>& bucket_bytes) = 0;
+  // How Stage queues a copy (not an addition) of fp32: at once, or
+  // gathered for the bucket's one pack kernel, which goes when the
+  // bucket's last tensor comes (kGatherLast, the caller's hint), or at an
+  // addition into the same bucket or the bucket's first use below,
+  // whichever is first. A bucket is packed once a step: callers whose
+  // copies may be waited for one by one (NoSync) copy at once.
+  enum class Staging { kNow, kGather, kGatherLast };
   // bucket[offset, offset + count elements) = data (add: += data), after
   // the work queued on `stream` (a cudaStream_t; null is the default
-  // stream). Never waits. A copy (not `add`) of fp32 may wait for the
-  // bucket's `last` tensor (the caller's hint), for an addition into the
-  // same bucket, or for the bucket's first use below, whichever is first;
-  // the trainer's work on `stream` up to then comes before it, so `data`
-  // must hold the gradient, unchanged, until then (it is written back
-  // into after the reduction anyway).
+  // stream). Never waits. A gathered copy comes after the trainer's work
+  // on `stream` up to its pack, so `data` must hold the gradient,
+  // unchanged, until then (it is written back into after the reduction
+  // anyway).
   virtual Status Stage(int bucket, size_t offset_bytes, const void* data, size_t count, DType dtype,
-                       bool add, void* stream, bool last) = 0;
+                       bool add, void* stream, Staging how) = 0;
   // Averages bucket[0, count) over the ranks through `backend` with the
   // compressor `spec` (BucketCompression::SpecOf; "none" for f16 and bf16
   // buckets); `host` when the work cannot stay on the device. `seed` is the

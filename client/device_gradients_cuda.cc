@@ -109,23 +109,23 @@ Status CudaGradients::Allocate(const std::vector<size_t>& bucket_bytes) {
 }
 
 Status CudaGradients::Stage(int bucket, size_t offset, const void* data, size_t count, DType dtype,
-                            bool add, void* stream, bool last) {
+                            bool add, void* stream, Staging how) {
   std::lock_guard<std::mutex> lock(stage_mu_);
   int previous = 0;
   GS_RETURN_IF_ERROR(Cuda(cudaGetDevice(&previous), "cudaGetDevice"));
   GS_RETURN_IF_ERROR(Select());
   Status s =
-      StageOn(bucket, offset, data, count, dtype, add, static_cast<cudaStream_t>(stream), last);
+      StageOn(bucket, offset, data, count, dtype, add, static_cast<cudaStream_t>(stream), how);
   cudaSetDevice(previous);  // the trainer's thread keeps its device
   return s;
 }
 
 Status CudaGradients::StageOn(int bucket, size_t offset, const void* data, size_t count,
-                              DType dtype, bool add, cudaStream_t stream, bool last) {
-  if (!add && dtype == DType::kF32) {
+                              DType dtype, bool add, cudaStream_t stream, Staging how) {
+  if (!add && dtype == DType::kF32 && how != Staging::kNow) {
     fused_.at(static_cast<size_t>(bucket))
         ->gathered.push_back(GatheredCopy{offset / sizeof(float), data, count, stream});
-    return last ? FlushLocked(bucket) : Status();
+    return how == Staging::kGatherLast ? FlushLocked(bucket) : Status();
   }
   // An addition comes after the bucket's copies gathered so far.
   GS_RETURN_IF_ERROR(FlushLocked(bucket));

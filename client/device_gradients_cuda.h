@@ -144,7 +144,7 @@ class CudaGradients : public DeviceGradients {
   Status Allocate(const std::vector<size_t>& bucket_bytes) override;
 
   Status Stage(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
-               void* stream, bool last) override;
+               void* stream, Staging how) override;
 
   Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
                 Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
@@ -202,7 +202,7 @@ class CudaGradients : public DeviceGradients {
   }
 
   Status StageOn(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
-                 cudaStream_t stream, bool last);
+                 cudaStream_t stream, Staging how);
 
   // The staging stream waits for the trainer's work on `stream` so far and
   // for the copies out of the bucket's last reduction.
@@ -220,9 +220,10 @@ class CudaGradients : public DeviceGradients {
     cudaStream_t stream = nullptr;
   };
   // Per bucket: the copies gathered, and the slice tables of the fused pack
-  // and unpack (pinned, then on the device; rewritten only once the
-  // bucket's previous staging or copies out are done, which the bucket's
-  // next staging and reduction wait for).
+  // and unpack (pinned, then on the device). A table is rewritten only
+  // once its last upload is done: the pack's in the next step (a bucket is
+  // packed once a step, and its reduction waits for the pack), the
+  // unpack's after the host waited for the copies out.
   struct Fused {
     std::vector<GatheredCopy> gathered;
     PinnedBuffer pack_host, unpack_host;
