@@ -376,6 +376,21 @@ TEST_F(ElasticTest, WithCurveAndTwoLanesEveryEpochMakesItsLanesTheJoinersInclude
   EXPECT_EQ(epochs, 3u) << outputs[0];
 }
 
+// ring_lanes=auto: every epoch (the survivors', then the joiner's) opens
+// its lanes, times them and chooses again; all four end alike.
+TEST_F(ElasticTest, WithAutoLanesEveryEpochChoosesItsLanesAgain) {
+  const std::vector<std::string> outputs =
+      KillOneOfFourAndJoin("", Shards{0, {}, {"--ring_lanes=auto", "--ring_shm=false"}});
+  ASSERT_FALSE(outputs.empty());
+  size_t epochs = 0;
+  const std::string line = "ring_lanes=auto: a 4 MiB all-reduce took ";
+  for (size_t at = outputs[0].find(line); at != std::string::npos;
+       at = outputs[0].find(line, at + 1)) {
+    ++epochs;
+  }
+  EXPECT_EQ(epochs, 3u) << outputs[0];
+}
+
 // The joiner's own node key gets into every member's plan: its ring
 // neighbours admit it.
 TEST_F(ElasticTest, WithCurveAJoinersNodeKeyIsAdmittedByItsNeighbours) {
