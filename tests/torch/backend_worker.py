@@ -131,17 +131,21 @@ def collectives():
     dist.destroy_process_group()
 
 
-def ddp_vs_gloo(hook):
+def ddp_vs_gloo(hook, view=False):
     """DDP over the gradsync group (no hook, or gradsync's hook with the
     given compression) against DDP over a gloo group, on integer-valued
-    gradients: the same gradients bit for bit (fp16 too: small integers)."""
+    gradients: the same gradients bit for bit (fp16 too: small integers).
+    `view`: both with gradient_as_bucket_view (the gradients are views into
+    DDP's buckets, which the hook gets)."""
     dist.init_process_group("gradsync")
     rank = dist.get_rank()
     gloo_group = dist.new_group(backend="gloo")
     torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 4096
     gloo = DistributedDataParallel(mlp(1, True), bucket_cap_mb=0.008,
-                                   process_group=gloo_group)
-    ours = DistributedDataParallel(mlp(1, True), bucket_cap_mb=0.008)
+                                   process_group=gloo_group,
+                                   gradient_as_bucket_view=view)
+    ours = DistributedDataParallel(mlp(1, True), bucket_cap_mb=0.008,
+                                   gradient_as_bucket_view=view)
     if hook:
         ours.register_comm_hook(gst.HookState(), gst.allreduce_hook)
     identical = True
@@ -235,6 +239,7 @@ SCENARIOS = {
     "collectives": collectives,
     "ddp": lambda: ddp_vs_gloo(False),
     "ddp_hook": lambda: ddp_vs_gloo(True),
+    "ddp_hook_view": lambda: ddp_vs_gloo(True, view=True),
     "killed": lambda: killed(False),
     "killed_hook": lambda: killed(True),
     "sparse_hook": sparse_hook,
