@@ -6,96 +6,77 @@
 // completion), which the CUDA path pays as well.
 //
 //   bazel run --config=opt //bench:sdk_step_bench -- [--tensors=64,1000] [--reps=200]
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "gradsync/communicator.h"
 #include "scheduler/embedded_scheduler.h"
 
+extern char** environ;
+
 namespace gradsync {
 namespace {
 
-void CheckOk(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "sdk_step_bench: %s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-Config Settings(const std::vector<std::string>& args) {
-  std::vector<const char*> argv = {"sdk_step_bench"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  auto c = Config::FromArgs(static_cast<int>(argv.size()), argv.data(), nullptr);
-  CheckOk(c.status(), "settings");
-  return *c;
+void Check(const Status& s, const std::string& what) {
+  if (!s.ok()) bench::Die(what + ": " + s.ToString());
 }
 
 // Median host microseconds of a step of `tensors` tensors of 16 floats.
-double StepMicros(int tensors, int reps) {
-  auto scheduler = server::EmbeddedScheduler::Start(Settings({"--port=0", "--num_workers=1"}));
-  CheckOk(scheduler.status(), "EmbeddedScheduler::Start");
-  auto comm = client::Communicator::Create(
-      Settings({"--scheduler=127.0.0.1:" + std::to_string((*scheduler)->port()), "--rank=0",
-                "--num_workers=1", "--host=127.0.0.1", "--metrics_base_port=0"}),
-      Deadline::AfterMs(60000));
-  CheckOk(comm.status(), "Communicator::Create");
+double StepMicros(size_t tensors, int reps) {
+  auto scheduler = bench::OrDie(
+      server::EmbeddedScheduler::Start(Config::FromMap({{"port", "0"}, {"num_workers", "1"}})),
+      "EmbeddedScheduler::Start");
+  auto comm = bench::OrDie(
+      client::Communicator::Create(
+          Config::FromMap({{"scheduler", "127.0.0.1:" + std::to_string(scheduler->port())},
+                           {"rank", "0"},
+                           {"num_workers", "1"},
+                           {"host", "127.0.0.1"},
+                           {"metrics_base_port", "0"}}),
+          Deadline::AfterMs(60000)),
+      "Communicator::Create");
   std::vector<client::TensorId> ids;
-  std::vector<std::vector<float>> grads(static_cast<size_t>(tensors), std::vector<float>(16, 1.0f));
-  for (int t = 0; t < tensors; ++t) {
-    auto id = (*comm)->RegisterTensor("t" + std::to_string(t), 16, DType::kF32);
-    CheckOk(id.status(), "RegisterTensor");
-    ids.push_back(*id);
+  std::vector<std::vector<float>> grads(tensors, std::vector<float>(16, 1.0f));
+  for (size_t t = 0; t < tensors; ++t) {
+    ids.push_back(
+        bench::OrDie(comm->RegisterTensor("t" + std::to_string(t), 16, DType::kF32), "Register"));
   }
   std::vector<double> steps;
   for (int rep = 0; rep < reps + 10; ++rep) {
     const auto start = std::chrono::steady_clock::now();
-    for (int t = tensors; t-- > 0;) {  // backward order
-      CheckOk((*comm)
-                  ->MarkReady(ids[static_cast<size_t>(t)], grads[static_cast<size_t>(t)].data())
-                  .status(),
-              "MarkReady");
+    for (size_t t = tensors; t-- > 0;) {  // backward order
+      Check(comm->MarkReady(ids[t], grads[t].data()).status(), "MarkReady");
     }
-    CheckOk((*comm)->Synchronize(Deadline::AfterMs(30000)), "Synchronize");
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    if (rep >= 10) steps.push_back(us);
+    Check(comm->Synchronize(Deadline::AfterMs(30000)), "Synchronize");
+    if (rep >= 10) {
+      steps.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
   }
-  (*comm)->Shutdown();
-  comm->reset();
-  CheckOk((*scheduler)->Stop(Deadline::AfterMs(10000)), "the job");
-  std::sort(steps.begin(), steps.end());
-  return steps[steps.size() / 2];
+  comm->Shutdown();
+  comm.reset();
+  Check(scheduler->Stop(Deadline::AfterMs(10000)), "the job");
+  return bench::Quantile(steps, 0.5);
 }
 
 int Main(int argc, char** argv) {
-  std::vector<int> counts = {64, 1000};
-  int reps = 200;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--tensors=", 0) == 0) {
-      counts.clear();
-      std::stringstream list(a.substr(10));
-      for (std::string item; std::getline(list, item, ',');)
-        counts.push_back(std::atoi(item.c_str()));
-    } else if (a.rfind("--reps=", 0) == 0) {
-      reps = std::atoi(a.c_str() + 7);
-    } else {
-      std::fprintf(stderr, "usage: sdk_step_bench [--tensors=64,1000] [--reps=200]\n");
-      return 2;
-    }
-  }
+  const Config config = bench::OrDie(Config::FromArgs(argc, argv, environ), "flags");
+  const std::vector<size_t> counts = bench::OrDie(
+      bench::ParseSizes(bench::OrDie(config.GetString("tensors", "64,1000"), "--tensors")),
+      "--tensors");
+  const int reps = static_cast<int>(bench::OrDie(config.GetInt("reps", 200), "--reps"));
   std::printf("%8s %12s %14s\n", "tensors", "step_us", "us_per_tensor");
-  for (int t : counts) {
+  for (size_t t : counts) {
     const double us = StepMicros(t, reps);
-    std::printf("%8d %12.1f %14.2f\n", t, us, us / t);
-    std::printf("{\"tensors\":%d,\"step_us\":%.1f,\"us_per_tensor\":%.3f}\n", t, us, us / t);
+    const double per = us / static_cast<double>(t);
+    std::printf("%8zu %12.1f %14.2f\n", t, us, per);
+    std::printf("{\"tensors\":%zu,\"step_us\":%.1f,\"us_per_tensor\":%.3f}\n", t, us, per);
   }
   return 0;
 }

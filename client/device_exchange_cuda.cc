@@ -103,10 +103,9 @@ Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::s
   auto* data = reinterpret_cast<float*>(Bucket(bucket));
   if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
   const kernels::SeedContext ctx{seed, tag.step, tag.bucket};
-  wire_holds_result_ = false;
   Status s = ReduceCompressed(st, data, count, ctx, backend, nccl, tag, deadline, traffic);
   if (st.codec.ef) st.has_residual = true;
-  if (s.ok() && wire_holds_result_) wire_result_ = bucket;
+  if (s.ok() && st.codec.ResultInWire()) wire_result_ = bucket;
   return s;
 }
 
@@ -193,7 +192,7 @@ StatusOr<CudaGradients::Code> CudaGradients::MakeCode(const Codec& c, float* dat
         return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream)
                     : kernels::FloatToBf16Cuda(data, wire, n, stream);
       };
-      if (fp16 && !c.ef) {
+      if (c.ResultInWire()) {
         code.encode_divided = [=](uint8_t* w, float divisor) {
           return kernels::DividedToHalfCuda(data, divisor, reinterpret_cast<uint16_t*>(w), n,
                                             stream);
@@ -343,10 +342,7 @@ Status CudaGradients::ReduceSummable(float* data, size_t n, const Code& code, Co
         backend.AllReduce(wire_host_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
     GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
   }
-  if (divided && code.encode_divided) {
-    wire_holds_result_ = true;  // Unstage widens it into the tensors
-    return Status();
-  }
+  if (divided && code.encode_divided) return Status();  // Unstage widens it
   GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
   if (divided) return Status();
   return kernels::DivideFloatCuda(data, n, world, stream_);

@@ -123,8 +123,13 @@ Status CudaGradients::Stage(int bucket, size_t offset, const void* data, size_t 
 Status CudaGradients::StageOn(int bucket, size_t offset, const void* data, size_t count,
                               DType dtype, bool add, cudaStream_t stream, Staging how) {
   if (!add && dtype == DType::kF32 && how != Staging::kNow) {
-    fused_.at(static_cast<size_t>(bucket))
-        ->gathered.push_back(GatheredCopy{offset / sizeof(float), data, count, stream});
+    Fused& f = *fused_.at(static_cast<size_t>(bucket));
+    // The pack kernel reads `tensor` only.
+    f.gathered.push_back(
+        {static_cast<float*>(const_cast<void*>(data)), offset / sizeof(float), count});
+    if (std::find(f.streams.begin(), f.streams.end(), stream) == f.streams.end()) {
+      f.streams.push_back(stream);
+    }
     return how == Staging::kGatherLast ? FlushLocked(bucket) : Status();
   }
   // An addition comes after the bucket's copies gathered so far.
@@ -147,28 +152,17 @@ Status CudaGradients::StageAfter(int bucket, cudaStream_t stream) {
 Status CudaGradients::FlushLocked(int bucket) {
   Fused& f = *fused_.at(static_cast<size_t>(bucket));
   if (f.gathered.empty()) return Status();
-  std::vector<GatheredCopy> gathered;
-  gathered.swap(f.gathered);
   // After the trainer's work on each stream the copies came from.
-  std::vector<cudaStream_t> streams;
-  for (const GatheredCopy& g : gathered) {
-    if (std::find(streams.begin(), streams.end(), g.stream) == streams.end()) {
-      streams.push_back(g.stream);
-      GS_RETURN_IF_ERROR(StageAfter(bucket, g.stream));
-    }
-  }
-  std::vector<kernels::BucketSlice> slices;
-  slices.reserve(gathered.size());
+  for (cudaStream_t stream : f.streams) GS_RETURN_IF_ERROR(StageAfter(bucket, stream));
   size_t elems = 0;
-  for (const GatheredCopy& g : gathered) {
-    // The kernel reads `tensor` only when packing.
-    slices.push_back({static_cast<float*>(const_cast<void*>(g.data)), g.offset, g.count});
-    elems = std::max(elems, g.offset + g.count);
-  }
+  for (const kernels::BucketSlice& g : f.gathered) elems = std::max(elems, g.offset + g.count);
   GS_ASSIGN_OR_RETURN(const kernels::BucketSlice* table,
-                      Upload(slices, elems, f.pack_host, f.pack_slices, stage_stream_));
+                      Upload(f.gathered, elems, f.pack_host, f.pack_slices, stage_stream_));
+  const size_t n = f.gathered.size();
+  f.gathered.clear();
+  f.streams.clear();
   GS_RETURN_IF_ERROR(kernels::PackBucketCuda(
-      table, slices.size(), elems, reinterpret_cast<float*>(Bucket(bucket)), stage_stream_));
+      table, n, elems, reinterpret_cast<float*>(Bucket(bucket)), stage_stream_));
   return Cuda(cudaEventRecord(Staged(bucket), stage_stream_), "cudaEventRecord");
 }
 
@@ -218,15 +212,15 @@ Status CudaGradients::Unstage(int bucket, const std::vector<Slice>& slices, DTyp
   const bool widen = bucket == wire_result_;
   wire_result_ = -1;
   if (dtype == DType::kF32 && (slices.size() > 1 || widen)) {
-    std::vector<kernels::BucketSlice> table;
-    table.reserve(slices.size());
+    Fused& f = *fused_.at(static_cast<size_t>(bucket));
+    std::vector<kernels::BucketSlice>& table = f.unpack;
+    table.clear();
     size_t elems = 0;
     for (const Slice& s : slices) {
       table.push_back(
           {static_cast<float*>(s.data), s.offset_bytes / sizeof(float), s.bytes / sizeof(float)});
       elems = std::max(elems, table.back().offset + table.back().count);
     }
-    Fused& f = *fused_.at(static_cast<size_t>(bucket));
     GS_ASSIGN_OR_RETURN(const kernels::BucketSlice* dev,
                         Upload(table, elems, f.unpack_host, f.unpack_slices, stream_));
     if (widen) {

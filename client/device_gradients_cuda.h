@@ -128,6 +128,11 @@ struct Codec {
   size_t chunk = 0;
   int levels = 0;
   bool ef = false;
+  // fp16 without error feedback divides as it casts, and its sum is the
+  // result: widened from the wire into the tensors.
+  bool ResultInWire() const {
+    return kind == kHalf && half == kernels::Float16Format::kFp16 && !ef;
+  }
 };
 
 class CudaGradients : public DeviceGradients {
@@ -212,20 +217,15 @@ class CudaGradients : public DeviceGradients {
   // its staging event. Holds stage_mu_; the caller selected the device.
   Status FlushLocked(int bucket);
 
-  // One fp32 tensor's copy waiting in `Gathered`.
-  struct GatheredCopy {
-    size_t offset = 0;  // elements
-    const void* data = nullptr;
-    size_t count = 0;
-    cudaStream_t stream = nullptr;
-  };
-  // Per bucket: the copies gathered, and the slice tables of the fused pack
-  // and unpack (pinned, then on the device). A table is rewritten only
-  // once its last upload is done: the pack's in the next step (a bucket is
-  // packed once a step, and its reduction waits for the pack), the
-  // unpack's after the host waited for the copies out.
+  // Per bucket: the fp32 copies gathered (their slices of the bucket and
+  // the trainer's streams they came on), the unpack's slice table, and the
+  // slice tables on their way to the device (pinned, then device memory).
+  // A table is rewritten only once its last upload is done: the pack's in
+  // the next step (a bucket is packed once a step, and its reduction waits
+  // for the pack), the unpack's after the host waited for the copies out.
   struct Fused {
-    std::vector<GatheredCopy> gathered;
+    std::vector<kernels::BucketSlice> gathered, unpack;
+    std::vector<cudaStream_t> streams;
     PinnedBuffer pack_host, unpack_host;
     DeviceBuffer pack_slices, unpack_slices;
   };
@@ -288,16 +288,16 @@ class CudaGradients : public DeviceGradients {
   std::mutex stage_mu_;  // Stage: event_ is recorded and waited on as one
   std::vector<std::unique_ptr<Event>> staged_, reduced_;
   std::vector<std::unique_ptr<DeviceBuffer>> buckets_;
-  std::vector<std::unique_ptr<Fused>> fused_;  // under stage_mu_ (gathered)
+  std::vector<std::unique_ptr<Fused>> fused_;  // gathered, streams: under stage_mu_
   std::vector<std::unique_ptr<State>> state_;
   // The parameter-server path compresses each partition with its own state.
   std::map<std::pair<int, uint32_t>, std::unique_ptr<State>> partitions_;
   DeviceBuffer wire_, gathered_, workspace_, scratch_, indices_, direct_;
-  // fp16 without error feedback: the averaged values stay in wire_ and
-  // Unstage widens them straight into the tensors (one pass, not a widen
-  // into the bucket and a copy out). The bucket they are of, or -1.
+  // fp16 without error feedback (Codec::ResultInWire): the averaged values
+  // stay in wire_ and Unstage widens them straight into the tensors (one
+  // pass, not a widen into the bucket and a copy out). The bucket they are
+  // of, or -1.
   int wire_result_ = -1;
-  bool wire_holds_result_ = false;  // set by ReduceSummable
   PinnedBuffer mirror_, wire_host_, gathered_host_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -216,7 +217,7 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
                                                OpTag{0, kRingLanesBucket, 0, 0}, deadline));
   for (int q = 0; q < peers.world_size; ++q) {
     const LaneRecord& theirs = all[static_cast<size_t>(q)];
-    if (theirs.count != count || theirs.automatic != mine.automatic) {
+    if (theirs.count != count || (theirs.automatic != 0) != automatic) {
       return FailedPreconditionError(
           "worker " + std::to_string(q) + " runs ring_lanes=" + LanesSetting(theirs) + ", worker " +
           std::to_string(peers.rank) + " ring_lanes=" + LanesSetting(mine) +
@@ -262,19 +263,19 @@ Status ChooseLanes(RingLanes& lanes, int rank, Deadline deadline) {
   };
   const size_t all = lanes.lanes();
   GS_RETURN_IF_ERROR(timed(all).status());
-  double one_ms = 0, all_ms = 0;
+  double one_ms = std::numeric_limits<double>::infinity(), all_ms = one_ms;
   for (int rep = 0; rep < 2; ++rep) {
     GS_ASSIGN_OR_RETURN(double one, timed(1));
     GS_ASSIGN_OR_RETURN(double every, timed(all));
-    one_ms = rep == 0 ? one : std::min(one_ms, one);
-    all_ms = rep == 0 ? every : std::min(all_ms, every);
+    one_ms = std::min(one_ms, one);
+    all_ms = std::min(all_ms, every);
   }
   int32_t chosen = one_ms >= kAutoLanesGain * all_ms ? static_cast<int32_t>(all) : 1;
   GS_RETURN_IF_ERROR(
       lanes.Broadcast(&chosen, sizeof(chosen), 0, OpTag{step, kRingLanesBucket, 0, 0}, deadline));
-  if (chosen != 1 && chosen != static_cast<int32_t>(all)) {
-    return InternalError("worker 0 chose " + std::to_string(chosen) + " ring lanes of " +
-                         std::to_string(all));
+  if (chosen != 1 && chosen != static_cast<int32_t>(all)) {  // worker 0's bytes
+    return FailedPreconditionError("worker 0 chose " + std::to_string(chosen) +
+                                   " ring lanes, not 1 or " + std::to_string(all));
   }
   lanes.SetActive(static_cast<size_t>(chosen));
   if (rank == 0) {

@@ -22,7 +22,6 @@
 #ifndef GRADSYNC_COMPRESSION_COMPRESSOR_H_
 #define GRADSYNC_COMPRESSION_COMPRESSOR_H_
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -99,23 +98,26 @@ class Compressor {
   virtual Status Decompress(const uint8_t* in, size_t in_size, size_t n, const CompressContext& ctx,
                             float* out) = 0;
 
+  // The kept fraction of a sparse compressor (top-k; an error-feedback
+  // wrapper gives the one of the compressor it wraps); null for the others.
+  virtual KeepRatio* keep_ratio() { return nullptr; }
+
+  // The n values Compress(in, n, a context of `bucket_id`) would compress
+  // now: `in` itself (no copy), or what error feedback forms from it, in
+  // `scratch`. Changes nothing.
+  virtual const float* CompressedValues(const float* in, size_t n, uint32_t bucket_id,
+                                        std::vector<float>* scratch) const {
+    (void)n;
+    (void)bucket_id;
+    (void)scratch;
+    return in;
+  }
+
   // out[i] -= Decompress(in)[i] for i < n, as float subtractions: what error
   // feedback keeps of what it compressed. The same errors as Decompress (out
   // unchanged then). This decompresses into `scratch` and subtracts; a
   // sparse compressor subtracts the elements it kept only (x - 0 is x, bit
   // for bit), without a pass over the rest.
-  // The kept fraction of a sparse compressor (top-k; an error-feedback
-  // wrapper gives the one of the compressor it wraps); null for the others.
-  virtual KeepRatio* keep_ratio() { return nullptr; }
-
-  // out[0, n) = the values Compress(in, n, a context of `bucket_id`) would
-  // compress now: `in` itself, or with error feedback what it adds to it.
-  // Changes nothing; `in` and `out` may be the same.
-  virtual void CompressedValues(const float* in, size_t n, uint32_t bucket_id, float* out) const {
-    (void)bucket_id;
-    if (out != in) std::copy(in, in + n, out);
-  }
-
   virtual Status SubtractDecompressed(const uint8_t* in, size_t in_size, size_t n,
                                       const CompressContext& ctx, float* out,
                                       std::vector<float>* scratch) {

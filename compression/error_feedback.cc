@@ -69,18 +69,24 @@ void ErrorFeedback::KeepMaskedVelocity(size_t n, const std::vector<float>* old_r
   }
 }
 
-void ErrorFeedback::CompressedValues(const float* in, size_t n, uint32_t bucket_id,
-                                     float* out) const {
+void ErrorFeedback::AddResidual(const float* in, size_t n, const std::vector<float>* residual,
+                                float* out) {
+  if (residual != nullptr && residual->size() == n) {
+    Add(in, residual->data(), out, n);
+  } else if (out != in && n > 0) {
+    std::copy(in, in + n, out);  // New or resized bucket.
+  }
+}
+
+const float* ErrorFeedback::CompressedValues(const float* in, size_t n, uint32_t bucket_id,
+                                             std::vector<float>* scratch) const {
+  scratch->resize(n);
   if (momentum_ > 0 && AllFinite(in, n)) {
-    Velocity(in, n, bucket_id, out);
-    in = out;
+    Velocity(in, n, bucket_id, scratch->data());
+    in = scratch->data();
   }
-  auto it = residuals_.find(bucket_id);
-  if (it != residuals_.end() && it->second.size() == n) {
-    Add(in, it->second.data(), out, n);
-  } else if (out != in) {
-    std::copy(in, in + n, out);
-  }
+  AddResidual(in, n, Residual(bucket_id), scratch->data());
+  return scratch->data();
 }
 
 Status ErrorFeedback::Compress(const float* in, size_t n, const CompressContext& ctx, uint8_t* out,
@@ -95,11 +101,7 @@ Status ErrorFeedback::Compress(const float* in, size_t n, const CompressContext&
   }
   auto it = residuals_.find(ctx.bucket_id);
   corrected_.resize(n);
-  if (it != residuals_.end() && it->second.size() == n) {
-    Add(in, it->second.data(), corrected_.data(), n);
-  } else if (n > 0) {
-    std::copy(in, in + n, corrected_.begin());  // New or resized bucket.
-  }
+  AddResidual(in, n, it == residuals_.end() ? nullptr : &it->second, corrected_.data());
   GS_RETURN_IF_ERROR(inner_->Compress(corrected_.data(), n, ctx, out, out_size));
   // A gradient with inf or NaN (an overflowed step, which the trainer
   // skips) goes out as it is, so every rank sees the overflow, but leaves

@@ -61,7 +61,8 @@ class ErrorFeedback : public Compressor {
   KeepRatio* keep_ratio() override { return inner_->keep_ratio(); }
   // c = (m u + g) + e_old, as Compress forms it (g alone without a
   // residual; without the velocity for a gradient with inf or NaN).
-  void CompressedValues(const float* in, size_t n, uint32_t bucket_id, float* out) const override;
+  const float* CompressedValues(const float* in, size_t n, uint32_t bucket_id,
+                                std::vector<float>* scratch) const override;
 
   // The residual of `bucket_id`, or null before its first Compress. The
   // pointer is valid until the next Compress or ClearResiduals.
@@ -83,6 +84,10 @@ class ErrorFeedback : public Compressor {
   // Keeps velocity_ (m u + g) as the bucket's u, zeroed where the element
   // was sent: where the new residual in corrected_ differs from u + e_old.
   void KeepMaskedVelocity(size_t n, const std::vector<float>* old_residual, uint32_t bucket_id);
+  // out = in + residual (in itself without one, or for a resized bucket);
+  // `in` may be `out`.
+  static void AddResidual(const float* in, size_t n, const std::vector<float>* residual,
+                          float* out);
 
   std::unique_ptr<Compressor> inner_;
   const float momentum_;

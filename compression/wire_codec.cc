@@ -172,9 +172,8 @@ StatusOr<wire::Payload> PayloadEncoder::Encode(const float* in, size_t n,
 
 void PayloadEncoder::MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx,
                                    uint32_t* keys) const {
-  values_.resize(n);
-  compressor_->CompressedValues(in, n, ctx.bucket_id, values_.data());
-  for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(values_[i]);
+  const float* values = compressor_->CompressedValues(in, n, ctx.bucket_id, &values_);
+  for (size_t i = 0; i < n; ++i) keys[i] = MagnitudeKey(values[i]);
 }
 
 StatusOr<wire::Payload> PayloadEncoder::EncodeKeeping(const float* in, size_t n, size_t keep,

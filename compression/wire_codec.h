@@ -105,9 +105,9 @@ class PayloadEncoder {
   std::optional<double> shared_budget_ratio() const {
     return keep_ ? std::optional<double>(keep_->ratio()) : std::nullopt;
   }
-  // The magnitude keys (MagnitudeKey) of what Encode would select from:
-  // `in` (with an error-feedback momentum: the velocity m u + in) plus the
-  // error-feedback residual kept for `ctx`, if any.
+  // The magnitude keys (MagnitudeKey) of what Encode would select from
+  // (Compressor::CompressedValues: `in`, or with error feedback m u + in +
+  // the residual kept for `ctx`).
   void MagnitudeKeys(const float* in, size_t n, const CompressContext& ctx, uint32_t* keys) const;
   // As Encode, keeping exactly `keep` elements (1 <= keep <= n; top-k
   // only): the codec put in `fields` states the ratio that gives `keep`.
@@ -131,7 +131,7 @@ class PayloadEncoder {
   std::unique_ptr<Compressor> compressor_;
   const CompressorSpec parsed_;
   const std::string spec_;
-  mutable std::vector<float> values_;  // MagnitudeKeys' compressed values
+  mutable std::vector<float> values_;  // MagnitudeKeys' error-feedback values
   KeepRatio* const keep_;              // compressor_'s kept fraction, if top-k
 };
 

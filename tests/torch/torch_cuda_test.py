@@ -59,16 +59,26 @@ MIN_ACCURACY = 0.83
 ACCURACY_TOLERANCE = 0.03
 
 
-def run(device, comm, setting, seed=1):
-    argv = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=4",
-            "--master_port=%d" % job.master_port(),
-            "--redirects=1", "--tee=1", SCRIPT,
-            "--device=" + device, "--comm=" + comm, "--setting=" + setting,
-            "--epochs=%d" % EPOCHS, "--seed=%d" % seed, "--threads=2"]
+def torchrun(workers, script, *args):
+    """`script` with `args` in `workers` processes under torchrun, with the
+    interpreter whose torch has CUDA: (exit code, output)."""
+    argv = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=%d" % workers,
+            "--master_port=%d" % job.master_port(), "--redirects=1", "--tee=1",
+            script] + list(args)
     done = subprocess.run(argv, env=job.base_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=300)
-    output = done.stdout.decode("utf-8", "replace")
-    assert done.returncode == 0, output[-6000:]
+    return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def worker_script(name):
+    return os.path.join(job.ROOT, "tests", "torch", name)
+
+
+def run(device, comm, setting, seed=1):
+    code, output = torchrun(4, SCRIPT, "--device=" + device, "--comm=" + comm,
+                            "--setting=" + setting, "--epochs=%d" % EPOCHS,
+                            "--seed=%d" % seed, "--threads=2")
+    assert code == 0, output[-6000:]
     lines = job.json_lines(output)
     assert len(lines) == 1, output[-6000:]
     result = lines[0]
@@ -92,13 +102,8 @@ def test_broadcast_parameters_takes_cuda_integer_buffers_and_gapped_tensors():
     """A CUDA model's int64 BatchNorm counter, a channels_last weight and a
     strided view come out as rank 0's on every rank."""
     assert PYTHON is not None, "no interpreter with CUDA torch (above)"
-    argv = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            "--master_port=%d" % job.master_port(), "--redirects=1", "--tee=1",
-            os.path.join(job.ROOT, "tests", "torch", "cuda_broadcast_worker.py")]
-    done = subprocess.run(argv, env=job.base_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=300)
-    output = done.stdout.decode("utf-8", "replace")
-    assert done.returncode == 0, output[-6000:]
+    code, output = torchrun(2, worker_script("cuda_broadcast_worker.py"))
+    assert code == 0, output[-6000:]
     lines = sorted(job.json_lines(output), key=lambda r: r["rank"])
     assert [r["rank"] for r in lines] == [0, 1], output[-6000:]
     zero, one = lines
@@ -112,12 +117,7 @@ def test_a_nearly_full_gpu_fails_with_what_is_free_and_held():
     """PyTorch holds all but about 96 MiB of the GPU; the optimizer's step
     needs a 256 MiB bucket: the trainer gets an error that says so."""
     assert PYTHON is not None, "no interpreter with CUDA torch (above)"
-    argv = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=1",
-            "--master_port=%d" % job.master_port(), "--redirects=1", "--tee=1",
-            os.path.join(job.ROOT, "tests", "torch", "cuda_memory_worker.py")]
-    done = subprocess.run(argv, env=job.base_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=300)
-    output = done.stdout.decode("utf-8", "replace")
+    _, output = torchrun(1, worker_script("cuda_memory_worker.py"))
     lines = job.json_lines(output)
     assert len(lines) == 1, output[-6000:]
     error = lines[0]["error"]
