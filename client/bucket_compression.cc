@@ -82,19 +82,20 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
   }
   compression::Compressor& c = *it->second;
   c.BeginStep(tag.step);  // every rank the same step: the same wire size
-  const size_t wire_bytes = c.WireBytes(count);
-  wire_.resize(wire_bytes);
-  if (c.summable() && DividesBeforeSum(c.summable_dtype())) {
-    DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
+  WireCode code;
+  code.wire_bytes = c.WireBytes(count);
+  code.summable = c.summable();
+  if (code.summable) {
+    code.dtype = c.summable_dtype();
+    code.elems = code.wire_bytes / DTypeSize(code.dtype);
   }
-  GS_RETURN_IF_ERROR(c.Compress(data, count, ctx, wire_.data(), wire_.size()));
-  if (c.summable()) {
-    *traffic = Traffic{wire_bytes, wire_bytes, false};
-    return ReduceSummable(backend, c, data, count, tag, ctx, deadline);
-  }
-  const size_t others = static_cast<size_t>(backend.world_size() - 1);
-  *traffic = Traffic{wire_bytes, wire_bytes * others, true};
-  return ReduceGathered(backend, c, data, count, tag, ctx, deadline);
+  const size_t wb = code.wire_bytes;
+  code.encode = [&](uint8_t* wire) { return c.Compress(data, count, ctx, wire, wb); };
+  code.decode = [&](const uint8_t* wire, float* out) {
+    return c.Decompress(wire, wb, count, ctx, out);
+  };
+  bool in_wire = false;  // only codes with encode_divided leave it there
+  return ReduceWire(code, data, count, space_, backend, tag, deadline, traffic, &in_wire);
 }
 
 Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::PowerSgd& p,
@@ -152,41 +153,6 @@ Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compressio
     bytes += scratch_.size() * sizeof(float);
   }
   *traffic = Traffic{bytes, bytes, false};
-  return Status();
-}
-
-Status BucketCompression::ReduceSummable(Collectives& backend, compression::Compressor& c,
-                                         float* data, size_t count, const OpTag& tag,
-                                         const compression::CompressContext& ctx,
-                                         Deadline deadline) {
-  const DType dtype = c.summable_dtype();
-  const size_t elems = wire_.size() / DTypeSize(dtype);
-  GS_RETURN_IF_ERROR(backend.AllReduce(wire_.data(), elems, dtype, ReduceOp::kSum, tag, deadline));
-  GS_RETURN_IF_ERROR(c.Decompress(wire_.data(), wire_.size(), count, ctx, data));
-  if (!DividesBeforeSum(dtype)) {  // else divided before it was compressed (Reduce)
-    DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, backend.world_size());
-  }
-  return Status();
-}
-
-Status BucketCompression::ReduceGathered(Collectives& backend, compression::Compressor& c,
-                                         float* data, size_t count, const OpTag& tag,
-                                         const compression::CompressContext& ctx,
-                                         Deadline deadline) {
-  const int n = backend.world_size();
-  const size_t wb = wire_.size();
-  gathered_.resize(wb * static_cast<size_t>(n));
-  GS_RETURN_IF_ERROR(backend.AllGather(wire_.data(), wb, gathered_.data(), tag, deadline));
-  // Rank 0's values land in `data`, the others are added in rank order.
-  GS_RETURN_IF_ERROR(c.Decompress(gathered_.data(), wb, count, ctx, data));
-  scratch_.resize(count);
-  for (int r = 1; r < n; ++r) {
-    GS_RETURN_IF_ERROR(c.Decompress(gathered_.data() + static_cast<size_t>(r) * wb, wb, count, ctx,
-                                    scratch_.data()));
-    AddInto(reinterpret_cast<uint8_t*>(data), reinterpret_cast<const uint8_t*>(scratch_.data()),
-            count, DType::kF32);
-  }
-  DivideBy(reinterpret_cast<uint8_t*>(data), count, DType::kF32, n);
   return Status();
 }
 

@@ -11,11 +11,12 @@
 //                               else that of its first tensor that has one.
 // Only f32 buckets are compressed; f16 and bf16 buckets travel as they are.
 //
-// Summable compressors (none, fp16, bf16, randomk) compress, all-reduce the
-// compressed values (summed in fp32), decompress and divide by the number
-// of workers. The others (top-k, sign, qsgd) compress, all-gather every
-// rank's bytes, decompress each and sum them in rank order, so every rank
-// ends with the same bits. PowerSGD ("powersgd:rank=R", compression/
+// Compressed buckets go through the one reducer (client/wire_reduce.h):
+// summable compressors (fp16, bf16, randomk) compress, all-reduce the
+// compressed values, decompress and divide by the number of workers; the
+// others (top-k, sign, qsgd) compress, all-gather every rank's bytes,
+// decompress each and sum them in rank order, so every rank ends with the
+// same bits. PowerSGD ("powersgd:rank=R", compression/
 // powersgd.h; always with error feedback and warm start) all-reduces its two
 // rank-R factors in fp32, (rows + cols) * R floats for a bucket viewed as a
 // rows x cols matrix, and every rank rebuilds the same average from them.
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "client/collectives.h"
+#include "client/wire_reduce.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "compression/compressor.h"
@@ -72,19 +74,7 @@ class BucketCompression {
   std::string SpecOf(uint32_t id) const;
 
   // What one Reduce moved, in compressed form.
-  struct Traffic {
-    size_t sent = 0;        // the bytes this rank contributed
-    size_t received = 0;    // the bytes of the result it received: as much as it
-                            // sent through an all-reduce, the other ranks'
-                            // contributions through an all-gather
-    bool gathered = false;  // all-gather, not all-reduce
-  };
-
-  // Whether a summable compressor whose wire values are `summed` has the
-  // bucket divided by the world size before it compresses, so that the sum
-  // is the average: fp16, whose sums overflow past 65504 (the CUDA path
-  // follows the same rule).
-  static bool DividesBeforeSum(DType summed) { return summed == DType::kF16; }
+  using Traffic = WireTraffic;
 
   // Averages the f32 bucket `data` over all ranks through `backend`, using
   // the bucket's compressor; uncompressed buckets are one AllReduce.
@@ -103,13 +93,6 @@ class BucketCompression {
   Status ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p, float* data,
                                const OpTag& tag, const compression::CompressContext& ctx,
                                Deadline deadline, Traffic* traffic, bool* done);
-  Status ReduceSummable(Collectives& backend, compression::Compressor& c, float* data, size_t count,
-                        const OpTag& tag, const compression::CompressContext& ctx,
-                        Deadline deadline);
-  Status ReduceGathered(Collectives& backend, compression::Compressor& c, float* data, size_t count,
-                        const OpTag& tag, const compression::CompressContext& ctx,
-                        Deadline deadline);
-
   compression::CompressorRegistry registry_;
   std::string default_spec_ = "none";
   size_t min_bytes_ = 65536;
@@ -118,9 +101,8 @@ class BucketCompression {
   std::map<uint32_t, std::unique_ptr<compression::Compressor>> compressors_;
   std::map<uint32_t, std::unique_ptr<compression::PowerSgd>> powersgd_;
   std::map<uint32_t, std::vector<BucketTensor>> layouts_;  // bucket -> its tensors
-  std::vector<uint8_t> wire_;
-  std::vector<uint8_t> gathered_;
-  std::vector<float> scratch_;
+  HostReduceSpace space_;                                  // the reducer's buffers
+  std::vector<float> scratch_;                             // PowerSGD's vectors
 };
 
 }  // namespace gradsync::client

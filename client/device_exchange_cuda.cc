@@ -103,9 +103,10 @@ Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::s
   auto* data = reinterpret_cast<float*>(Bucket(bucket));
   if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
   const kernels::SeedContext ctx{seed, tag.step, tag.bucket};
-  Status s = ReduceCompressed(st, data, count, ctx, backend, nccl, tag, deadline, traffic);
+  bool in_wire = false;
+  Status s = ReduceCompressed(st, data, count, ctx, backend, tag, deadline, traffic, &in_wire);
   if (st.codec.ef) st.has_residual = true;
-  if (s.ok() && st.codec.ResultInWire()) wire_result_ = bucket;
+  if (s.ok() && in_wire) wire_result_ = bucket;  // Unstage widens it
   return s;
 }
 
@@ -135,7 +136,7 @@ StatusOr<std::shared_ptr<std::vector<uint8_t>>> CudaGradients::EncodePartition(
   if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
   auto* data = reinterpret_cast<float*>(Bucket(bucket)) + offset;
   GS_ASSIGN_OR_RETURN(
-      Code code,
+      WireCode code,
       MakeCode(st.codec, data, count, reinterpret_cast<float*>(st.residual.get()), st.has_residual,
                kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}));
   GS_RETURN_IF_ERROR(wire_.Reserve(code.wire_bytes + 4, "compressed bytes"));
@@ -172,13 +173,11 @@ Status CudaGradients::ToDevice(uint8_t* dev, const uint8_t* host, size_t bytes) 
               "copying to the GPU");
 }
 
-StatusOr<CudaGradients::Code> CudaGradients::MakeCode(const Codec& c, float* data, size_t n,
-                                                      float* residual, bool has,
-                                                      const kernels::SeedContext& ctx) {
+StatusOr<WireCode> CudaGradients::MakeCode(const Codec& c, float* data, size_t n, float* residual,
+                                           bool has, const kernels::SeedContext& ctx) {
   const size_t chunks = c.chunk > 0 ? kernels::NumChunks(n, c.chunk) : 0;
   const cudaStream_t stream = stream_;
-  Code code;
-  code.check = [](const uint8_t*, int) { return Status(); };
+  WireCode code;
   switch (c.kind) {
     case Codec::kHalf: {
       const bool fp16 = c.half == kernels::Float16Format::kFp16;
@@ -307,85 +306,51 @@ StatusOr<CudaGradients::Code> CudaGradients::MakeCode(const Codec& c, float* dat
 
 Status CudaGradients::ReduceCompressed(State& st, float* data, size_t n,
                                        const kernels::SeedContext& ctx, Collectives& backend,
-                                       bool nccl, const OpTag& tag, Deadline deadline,
-                                       BucketCompression::Traffic* traffic) {
-  GS_ASSIGN_OR_RETURN(Code code,
+                                       const OpTag& tag, Deadline deadline,
+                                       BucketCompression::Traffic* traffic, bool* in_wire) {
+  GS_ASSIGN_OR_RETURN(WireCode code,
                       MakeCode(st.codec, data, n, reinterpret_cast<float*>(st.residual.get()),
                                st.has_residual, ctx));
-  if (code.summable) return ReduceSummable(data, n, code, backend, nccl, tag, deadline, traffic);
-  return ReduceGathered(data, n, code, backend, nccl, tag, deadline, traffic);
+  return ReduceWire(code, data, n, space_, backend, tag, deadline, traffic, in_wire);
 }
 
-Status CudaGradients::ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend,
-                                     bool nccl, const OpTag& tag, Deadline deadline,
-                                     BucketCompression::Traffic* traffic) {
-  const size_t wb = code.elems * DTypeSize(code.dtype);
-  GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
-  // The rule of the host path (a sum of fp16 overflows past 65504).
-  const bool divided = BucketCompression::DividesBeforeSum(code.dtype);
-  const auto world = static_cast<float>(backend.world_size());
-  if (divided && code.encode_divided) {
-    GS_RETURN_IF_ERROR(code.encode_divided(wire_.get(), world));
-  } else {
-    if (divided) GS_RETURN_IF_ERROR(kernels::DivideFloatCuda(data, n, world, stream_));
-    GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+StatusOr<uint8_t*> CudaGradients::Space::Buffer(Slot slot, size_t bytes) {
+  CudaGradients& g = *owner_;
+  switch (slot) {
+    case Slot::kWire:
+      GS_RETURN_IF_ERROR(g.wire_.Reserve(bytes, "compressed bytes"));
+      return g.wire_.get();
+    case Slot::kGathered:
+      GS_RETURN_IF_ERROR(g.gathered_.Reserve(bytes, "gathered compressed bytes"));
+      return g.gathered_.get();
+    case Slot::kScratch:
+      GS_RETURN_IF_ERROR(g.scratch_.Reserve(bytes, "decompression scratch"));
+      return g.scratch_.get();
+    case Slot::kHostWire:
+      GS_RETURN_IF_ERROR(g.wire_host_.Reserve(bytes, "compressed bytes"));
+      return g.wire_host_.get();
+    case Slot::kHostGathered:
+      GS_RETURN_IF_ERROR(g.gathered_host_.Reserve(bytes, "gathered compressed bytes"));
+      return g.gathered_host_.get();
   }
-  *traffic = BucketCompression::Traffic{wb, wb, false};
-  if (nccl) {
-    GS_RETURN_IF_ERROR(Wait(deadline));
-    GS_RETURN_IF_ERROR(
-        backend.AllReduce(wire_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
-  } else {
-    GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
-    GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
-    GS_RETURN_IF_ERROR(
-        backend.AllReduce(wire_host_.get(), code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
-    GS_RETURN_IF_ERROR(ToDevice(wire_.get(), wire_host_.get(), wb));
-  }
-  if (divided && code.encode_divided) return Status();  // Unstage widens it
-  GS_RETURN_IF_ERROR(code.decode(wire_.get(), data));
-  if (divided) return Status();
-  return kernels::DivideFloatCuda(data, n, world, stream_);
+  return InternalError("no such reduce buffer");
 }
 
-Status CudaGradients::ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend,
-                                     bool nccl, const OpTag& tag, Deadline deadline,
-                                     BucketCompression::Traffic* traffic) {
-  const size_t wb = code.wire_bytes;
-  const size_t world = static_cast<size_t>(backend.world_size());
-  GS_RETURN_IF_ERROR(wire_.Reserve(wb + 4, "compressed bytes"));
-  GS_RETURN_IF_ERROR(gathered_.Reserve(wb * world + 4, "gathered compressed bytes"));
-  GS_RETURN_IF_ERROR(scratch_.Reserve(n * sizeof(float) + wb + 16, "decompression scratch"));
-  GS_RETURN_IF_ERROR(code.encode(wire_.get()));
-  *traffic = BucketCompression::Traffic{wb, wb * (world - 1), true};
-  if (nccl) {
-    GS_RETURN_IF_ERROR(Wait(deadline));
-    GS_RETURN_IF_ERROR(backend.AllGather(wire_.get(), wb, gathered_.get(), tag, deadline));
-  } else {
-    GS_RETURN_IF_ERROR(wire_host_.Reserve(wb + 4, "compressed bytes"));
-    GS_RETURN_IF_ERROR(gathered_host_.Reserve(wb * world + 4, "gathered compressed bytes"));
-    GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wb, deadline));
-    GS_RETURN_IF_ERROR(
-        backend.AllGather(wire_host_.get(), wb, gathered_host_.get(), tag, deadline));
-    // Peers' bytes are checked before the GPU reads them.
-    for (size_t r = 0; r < world; ++r) {
-      GS_RETURN_IF_ERROR(code.check(gathered_host_.get() + r * wb, static_cast<int>(r)));
-    }
-    GS_RETURN_IF_ERROR(ToDevice(gathered_.get(), gathered_host_.get(), wb * world));
-  }
-  auto* scratch = reinterpret_cast<float*>(scratch_.get());
-  uint8_t* aligned = scratch_.get() + n * sizeof(float);  // 4-byte aligned: n floats
-  for (size_t r = 0; r < world; ++r) {
-    const uint8_t* part = gathered_.get() + r * wb;
-    if ((r * wb) % 4 != 0) {  // the 4-byte parts of this rank's bytes: realign
-      GS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(aligned, part, wb, cudaMemcpyDeviceToDevice, stream_),
-                              "realigning compressed bytes"));
-      part = aligned;
-    }
-    GS_RETURN_IF_ERROR(code.decode(part, r == 0 ? data : scratch));
-    if (r > 0) GS_RETURN_IF_ERROR(kernels::SumIntoCuda(data, scratch, n, stream_));
-  }
-  return kernels::DivideFloatCuda(data, n, static_cast<float>(world), stream_);
+Status CudaGradients::Space::Divide(float* data, size_t n, int divisor) {
+  return kernels::DivideFloatCuda(data, n, static_cast<float>(divisor), owner_->stream_);
+}
+
+Status CudaGradients::Space::SumInto(float* data, const float* add, size_t n) {
+  return kernels::SumIntoCuda(data, add, n, owner_->stream_);
+}
+
+StatusOr<const uint8_t*> CudaGradients::Space::Aligned(const uint8_t* part, size_t bytes,
+                                                       uint8_t* aligned) {
+  if (reinterpret_cast<uintptr_t>(part) % 4 == 0) return part;
+  GS_RETURN_IF_ERROR(
+      Cuda(cudaMemcpyAsync(aligned, part, bytes, cudaMemcpyDeviceToDevice, owner_->stream_),
+           "realigning compressed bytes"));
+  return static_cast<const uint8_t*>(aligned);
 }
 
 }  // namespace gradsync::client

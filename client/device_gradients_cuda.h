@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/device_gradients.h"
+#include "client/wire_reduce.h"
 #include "kernels/compress_kernels.h"
 
 namespace gradsync::client {
@@ -247,35 +248,34 @@ class CudaGradients : public DeviceGradients {
 
   Status ToDevice(uint8_t* dev, const uint8_t* host, size_t bytes);
 
-  // What a codec makes of data[0, n): the bytes that travel, how they are
-  // combined (summed by the backend, or gathered and decoded rank by rank,
-  // as the CPU path does), and how they decode. `check` vets a peer's bytes
-  // on the host before the GPU reads them.
-  struct Code {
-    bool summable = false;
-    DType dtype = DType::kU8;  // summable: `elems` values of it travel
-    size_t elems = 0;
-    size_t wire_bytes = 0;
-    std::function<Status(uint8_t* wire)> encode;
-    // Where set: encode of data / divisor, data unchanged (one pass for
-    // a divide-before-sum dtype).
-    std::function<Status(uint8_t* wire, float divisor)> encode_divided;
-    std::function<Status(const uint8_t* host_wire, int rank)> check;
-    std::function<Status(const uint8_t* wire, float* out)> decode;
-  };
-
-  StatusOr<Code> MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
-                          const kernels::SeedContext& ctx);
+  // What a codec makes of data[0, n) on this device (client/wire_reduce.h).
+  StatusOr<WireCode> MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
+                              const kernels::SeedContext& ctx);
 
   Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
-                          Collectives& backend, bool nccl, const OpTag& tag, Deadline deadline,
-                          BucketCompression::Traffic* traffic);
+                          Collectives& backend, const OpTag& tag, Deadline deadline,
+                          BucketCompression::Traffic* traffic, bool* in_wire);
 
-  Status ReduceSummable(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,
-                        const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic);
+  // The reducer's buffers on this device, and its arithmetic there.
+  class Space : public ReduceSpace {
+   public:
+    explicit Space(CudaGradients* owner) : owner_(owner) {}
+    bool device() const override { return true; }
+    StatusOr<uint8_t*> Buffer(Slot slot, size_t bytes) override;
+    Status Divide(float* data, size_t n, int divisor) override;
+    Status SumInto(float* data, const float* add, size_t n) override;
+    StatusOr<const uint8_t*> Aligned(const uint8_t* part, size_t bytes, uint8_t* aligned) override;
+    Status ToHost(uint8_t* host, const uint8_t* mine, size_t bytes, Deadline deadline) override {
+      return owner_->ToHost(host, mine, bytes, deadline);
+    }
+    Status ToDevice(uint8_t* mine, const uint8_t* host, size_t bytes) override {
+      return owner_->ToDevice(mine, host, bytes);
+    }
+    Status Wait(Deadline deadline) override { return owner_->Wait(deadline); }
 
-  Status ReduceGathered(float* data, size_t n, const Code& code, Collectives& backend, bool nccl,
-                        const OpTag& tag, Deadline deadline, BucketCompression::Traffic* traffic);
+   private:
+    CudaGradients* owner_;
+  };
 
   const int device_;
   // Two streams: staging (after the trainer's work) and the rest (reduction,
@@ -299,6 +299,7 @@ class CudaGradients : public DeviceGradients {
   // of, or -1.
   int wire_result_ = -1;
   PinnedBuffer mirror_, wire_host_, gathered_host_;
+  Space space_{this};
 };
 
 }  // namespace gradsync::client
