@@ -1,18 +1,10 @@
 #include "client/bucketer.h"
 
-#include <cstdlib>
-
 #include "client/ring_plan.h"
 #include "wire/validate.h"
 
 namespace gradsync::client {
 namespace {
-
-std::shared_ptr<uint8_t> AlignedBuffer(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
-}
 
 uint64_t HashTensor(uint64_t h, const Tensor& t) {
   h = HashName(t.name.data(), t.name.size(), h);
@@ -45,7 +37,7 @@ StatusOr<TensorId> Bucketer::Add(const std::string& name, size_t count, DType dt
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
-void Bucketer::Build(bool host_buffers) {
+void Bucketer::Build() {
   size_t cap = first_cap_;
   for (size_t i = tensors_.size(); i-- > 0;) {
     Tensor& t = tensors_[i];
@@ -69,7 +61,6 @@ void Bucketer::Build(bool host_buffers) {
   }
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int>(b.tensors.size());
-    if (host_buffers) b.storage = AlignedBuffer(b.bytes());
     uint64_t h = 0;
     for (TensorId id : b.tensors) h = HashTensor(h, tensors_[static_cast<size_t>(id)]);
     b.names_hash = h;

@@ -48,9 +48,7 @@ struct Bucket {
   uint64_t names_hash = 0;        // names, sizes and dtypes of its tensors
   int pending = 0;                // tensors not yet marked ready this step
   bool in_flight = false;         // the engine has not finished with it
-  std::shared_ptr<uint8_t> storage;
 
-  uint8_t* data() const { return storage.get(); }
   size_t bytes() const { return count * DTypeSize(dtype); }
 };
 
@@ -64,10 +62,9 @@ class Bucketer {
   // wire::Limits::max_string_bytes), zero elements, or a dtype that cannot
   // be reduced.
   StatusOr<TensorId> Add(const std::string& name, size_t count, DType dtype);
-  // Assigns buckets (bucket ids are their indices) and, with
-  // `host_buffers`, allocates their buffers (CUDA gradients keep their
-  // buckets on the device instead). Once.
-  void Build(bool host_buffers = true);
+  // Assigns buckets (bucket ids are their indices; their memory is a
+  // BucketMemory's, client/bucket_memory.h). Once.
+  void Build();
 
   std::vector<Tensor>& tensors() { return tensors_; }
   Tensor& tensor(TensorId id) { return tensors_[static_cast<size_t>(id)]; }

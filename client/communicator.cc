@@ -37,7 +37,9 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
                                                         options_.local_rank, VisibleCudaDevices()));
   }
   if (options_.cuda_gradients) {
-    GS_ASSIGN_OR_RETURN(device_, MakeDeviceGradients(cuda_device_));
+    GS_ASSIGN_OR_RETURN(memory_, MakeDeviceGradients(cuda_device_));
+  } else {
+    memory_ = MakeHostBuckets();
   }
   if (session_->epoch() > 0) {
     GS_RETURN_IF_ERROR(EnterJoinedEpoch(deadline));
@@ -48,7 +50,7 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
   backend.cuda_device = cuda_device_;
   backend.compression_seed = CompressionSeed();
   GS_ASSIGN_OR_RETURN(backend_, MakeSyncBackend(
-                                    backend, session_.get(), compression_.get(), device_.get(),
+                                    backend, session_.get(), compression_.get(), memory_.get(),
                                     &ring_rejected_, &ps_rejected_,
                                     [this] {
                                       std::lock_guard<std::mutex> lock(mu_);
@@ -135,13 +137,11 @@ StatusOr<TensorId> Communicator::Impl::Register(const std::string& name, size_t 
 Status Communicator::Impl::FinalizeLocked() {
   if (finalized_) return Status();
   if (bucketer_.tensors().empty()) return FailedPreconditionError("no tensor is registered");
-  bucketer_.Build(/*host_buffers=*/device_ == nullptr);
-  if (device_ != nullptr) {
-    std::vector<size_t> bytes;  // by bucket id, which is the bucket's index
-    for (const Bucket& b : bucketer_.buckets()) bytes.push_back(b.bytes());
-    GS_RETURN_IF_ERROR(device_->Allocate(bytes));
-    metrics_.SetDeviceBytes(device_->DeviceBytes());
-  }
+  bucketer_.Build();
+  std::vector<size_t> bytes;  // by bucket id, which is the bucket's index
+  for (const Bucket& b : bucketer_.buckets()) bytes.push_back(b.bytes());
+  GS_RETURN_IF_ERROR(memory_->Allocate(bytes));
+  if (memory_->device()) metrics_.SetDeviceBytes(memory_->DeviceBytes());
   std::vector<BucketInfo> infos;
   for (const Bucket& b : bucketer_.buckets()) {
     BucketInfo info{b.id, b.dtype, b.bytes(), {}, {}};
@@ -176,7 +176,7 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
                                                    void* stream) {
   if (data == nullptr) return InvalidArgumentError("MarkReady needs the gradient's data");
   GS_RETURN_IF_ERROR(EnsureEpoch(Deadline::After(options_.sync.op_timeout)));
-  if (stream != nullptr && device_ == nullptr) {
+  if (stream != nullptr && !memory_->device()) {
     return InvalidArgumentError(
         "MarkReady got a CUDA stream, but this communicator's gradients "
         "are host memory (set gradient_device=cuda)");
@@ -197,32 +197,25 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   // The bucket's previous reduction must be done with its buffer.
   cv_.wait(lock, [&] { return !b.in_flight || !failed_.ok(); });
   if (!failed_.ok()) return failed_;
-  if (device_ != nullptr)
-    GS_RETURN_IF_ERROR(device_->CheckPointer(data, "tensor '" + t.name + "'"));
+  GS_RETURN_IF_ERROR(memory_->CheckPointer(data, "tensor '" + t.name + "'"));
   t.marked = true;
   const bool add = t.holds_sum;
   // Under NoSync each handle waits for its own copy: copied at once.
   // Otherwise gathered, and packed at the bucket's last tensor (unless
   // another thread marks one of its tensors meanwhile: then the bucket's
   // reduction packs what is left).
-  using Staging = DeviceGradients::Staging;
+  using Staging = BucketMemory::Staging;
   const Staging how = no_sync_depth_ > 0 ? Staging::kNow
                       : b.pending == 1   ? Staging::kGatherLast
                                          : Staging::kGather;
   const size_t offset = t.offset * DTypeSize(t.dtype);
-  uint8_t* region = b.data();  // null for CUDA gradients
   lock.unlock();
-  if (device_ != nullptr) {
-    // Queued on gradsync's stream after the trainer's work on `stream`.
-    Status s = device_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream, how);
-    if (!s.ok()) {
-      Fail(s);
-      return s;
-    }
-  } else if (add) {
-    AddInto(region + offset, static_cast<const uint8_t*>(data), t.count, t.dtype);
-  } else {
-    std::memcpy(region + offset, data, t.count * DTypeSize(t.dtype));
+  // On a device, queued on gradsync's stream after the trainer's work on
+  // `stream`; in host memory, copied now.
+  Status staged = memory_->Stage(t.bucket, offset, data, t.count, t.dtype, add, stream, how);
+  if (!staged.ok()) {
+    Fail(staged);
+    return staged;
   }
   SyncHandle handle;
   handle.state_->callback = std::move(done);
@@ -234,11 +227,11 @@ StatusOr<SyncHandle> Communicator::Impl::MarkReady(TensorId id, void* data, Call
   }
   if (no_sync_depth_ > 0) {
     t.holds_sum = true;
-    if (device_ != nullptr) {
+    if (memory_->device()) {
       // The addition into the bucket still reads `data` on the GPU: the
       // handle completes once it has.
       Enqueue([this, state = handle.state_, bucket = t.bucket] {
-        state->Complete(device_->WaitStaged(bucket, Deadline::After(options_.sync.op_timeout)));
+        state->Complete(memory_->WaitStaged(bucket, Deadline::After(options_.sync.op_timeout)));
       });
       return handle;
     }

@@ -113,7 +113,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       backend.cuda_device = cuda_device_;
       backend.compression_seed = CompressionSeed();
       next = MakeSyncBackend(
-          backend, session_.get(), compression_.get(), device_.get(), &ring_rejected_,
+          backend, session_.get(), compression_.get(), memory_.get(), &ring_rejected_,
           &ps_rejected_, [] { return false; }, deadline);
       s = next.status();
     }

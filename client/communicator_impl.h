@@ -178,12 +178,7 @@ class Communicator::Impl {
   StatusOr<SyncHandle> MarkReady(TensorId id, void* data, Callback done, void* stream);
   // dst = src, each host memory or (with CUDA gradients) device memory.
   Status CopyUser(void* dst, const void* src, size_t bytes) {
-    if (bytes == 0) return Status();
-    if (device_ == nullptr) {
-      std::memcpy(dst, src, bytes);
-      return Status();
-    }
-    return device_->Copy(dst, src, bytes);
+    return bytes == 0 ? Status() : memory_->Copy(dst, src, bytes);
   }
   Status Synchronize(Deadline deadline);
   void SetNoSync(bool on) {
@@ -248,8 +243,8 @@ class Communicator::Impl {
   ClientMetrics metrics_;
   wire::RejectedMetrics ring_rejected_;
   wire::RejectedMetrics ps_rejected_;
-  std::unique_ptr<DeviceGradients> device_;  // gradient_device=cuda
-  std::unique_ptr<SyncBackend> backend_;     // set by Start; swapped under mu_
+  std::unique_ptr<BucketMemory> memory_;  // the buckets: host, or CUDA (gradient_device=cuda)
+  std::unique_ptr<SyncBackend> backend_;  // set by Start; swapped under mu_
   // Backends of earlier epochs: failed sends may still point into them.
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time

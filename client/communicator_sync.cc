@@ -29,20 +29,12 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
   const OpTag tag{step, b->id, seq_++, b->names_hash};
   const SteadyTime start = std::chrono::steady_clock::now();
   const Deadline deadline = Deadline::After(options_.sync.op_timeout);
-  BucketCompression::Traffic traffic{b->bytes(), b->bytes(), false};
-  Status s;
-  if (device_ == nullptr) {
-    s = backend_->ReduceHost(*b, b->data(), tag, deadline, &traffic);
-  } else {
-    auto host = [&](uint8_t* data, BucketCompression::Traffic* t) {
-      return backend_->ReduceHost(*b, data, tag, deadline, t);
-    };
-    s = backend_->ReduceDevice(*device_, index, *b, tag, deadline, &traffic, host);
-  }
+  WireTraffic traffic{b->bytes(), b->bytes(), false};
+  Status s = backend_->Reduce(*memory_, index, *b, tag, deadline, &traffic);
   Record(backend_->BucketOp(traffic), backend_->path(), start, s);
   if (!s.ok()) return Fail(Classify(s));
   metrics_.Traffic(b->bytes(), traffic.sent, b->bytes(), traffic.received);
-  if (device_ != nullptr) metrics_.SetDeviceBytes(device_->DeviceBytes());
+  if (memory_->device()) metrics_.SetDeviceBytes(memory_->DeviceBytes());
   // The bucket is in flight: its tensors' destinations and handles are this
   // thread's until it is handed back, so the copies need no lock. A failure
   // meanwhile (Shutdown, a dead peer) completed the handles with it and gave
@@ -60,20 +52,16 @@ void Communicator::Impl::ReduceBucket(int index, uint64_t step) {
     }
   }
   const size_t es = DTypeSize(b->dtype);
-  if (device_ == nullptr) {
-    for (Tensor* t : tensors) std::memcpy(t->data, b->data() + t->offset * es, t->count * es);
-  } else {
-    std::vector<DeviceGradients::Slice> slices;
-    slices.reserve(tensors.size());
-    for (Tensor* t : tensors) slices.push_back({t->offset * es, t->data, t->count * es});
-    Status copied = device_->Unstage(index, slices, b->dtype);
-    if (copied.ok()) copied = device_->Wait(deadline);
-    if (!copied.ok()) {
-      for (auto& h : handles) {
-        if (h) h->Complete(copied);
-      }
-      return Fail(copied);
+  std::vector<BucketMemory::Slice> slices;
+  slices.reserve(tensors.size());
+  for (Tensor* t : tensors) slices.push_back({t->offset * es, t->data, t->count * es});
+  Status copied = memory_->Unstage(index, slices, b->dtype);
+  if (copied.ok()) copied = memory_->Wait(deadline);
+  if (!copied.ok()) {
+    for (auto& h : handles) {
+      if (h) h->Complete(copied);
     }
+    return Fail(copied);
   }
   // Callbacks run before Synchronize can see the bucket finished.
   for (auto& h : handles) {
@@ -188,8 +176,8 @@ Status Communicator::Impl::RunOnEngine(SyncOp label, size_t staged_bytes,
       const SteadyTime start = std::chrono::steady_clock::now();
       Collectives& collectives = backend_->direct();
       StatusOr<uint8_t*> buffer = static_cast<uint8_t*>(nullptr);
-      if (device_ != nullptr && collectives.takes_device_memory()) {
-        buffer = device_->Scratch(staged_bytes);
+      if (collectives.takes_device_memory()) {
+        buffer = memory_->Scratch(staged_bytes);
       } else {
         staged->resize(staged_bytes);
         buffer = staged->data();

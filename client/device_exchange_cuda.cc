@@ -72,31 +72,40 @@ Status CheckSparse(const uint8_t* wire, size_t k, size_t n, int rank) {
 
 }  // namespace
 
-Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
-                             Collectives& backend, const OpTag& tag, uint64_t seed,
-                             Deadline deadline, BucketCompression::Traffic* traffic,
-                             const HostReduce& host) {
-  GS_RETURN_IF_ERROR(Select());
-  GS_RETURN_IF_ERROR(AfterStaged(bucket));
-  wire_result_ = -1;
+StatusOr<CudaGradients::State*> CudaGradients::StateOf(int bucket, const std::string& spec) {
   State& st = *state_.at(static_cast<size_t>(bucket));
   if (st.spec != spec) {
     GS_ASSIGN_OR_RETURN(st.codec, CodecOf(spec));
     st.spec = spec;
   }
+  return &st;
+}
+
+bool CudaGradients::Reduces(int bucket, DType dtype, const std::string& spec,
+                            const Collectives& backend) {
+  StatusOr<State*> st = StateOf(bucket, spec);
+  if (!st.ok()) return true;  // Reduce says what is wrong with the spec
+  const Codec::Kind kind = dtype == DType::kF32 ? (*st)->codec.kind : Codec::kNone;
+  if (kind == Codec::kHost) return false;
+  return kind != Codec::kNone || backend.takes_device_memory();
+}
+
+Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
+                             Collectives& backend, const OpTag& tag, uint64_t seed,
+                             Deadline deadline, WireTraffic* traffic) {
+  GS_RETURN_IF_ERROR(Select());
+  GS_RETURN_IF_ERROR(AfterStaged(bucket));
+  wire_result_ = -1;
+  GS_ASSIGN_OR_RETURN(State * state, StateOf(bucket, spec));
+  State& st = *state;
   const Codec::Kind kind = dtype == DType::kF32 ? st.codec.kind : Codec::kNone;
-  if (kind == Codec::kHost)
-    return ViaHost(bucket, count * DTypeSize(dtype), deadline, traffic, host);
-  const bool nccl = backend.takes_device_memory();
+  if (kind == Codec::kHost || (kind == Codec::kNone && !backend.takes_device_memory())) {
+    return InternalError("bucket " + std::to_string(bucket) +
+                         " is averaged through its host view (Reduces)");
+  }
   if (kind == Codec::kNone) {
     const size_t bytes = count * DTypeSize(dtype);
-    *traffic = BucketCompression::Traffic{bytes, bytes, false};
-    if (!nccl) {
-      return ViaHost(bucket, bytes, deadline, traffic,
-                     [&](uint8_t* h, BucketCompression::Traffic*) {
-                       return backend.AllReduce(h, count, dtype, ReduceOp::kAverage, tag, deadline);
-                     });
-    }
+    *traffic = WireTraffic{bytes, bytes, false};
     GS_RETURN_IF_ERROR(Wait(deadline));
     return backend.AllReduce(Bucket(bucket), count, dtype, ReduceOp::kAverage, tag, deadline);
   }
@@ -110,12 +119,22 @@ Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::s
   return s;
 }
 
-Status CudaGradients::ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
-                                   BucketCompression::Traffic* traffic, const HostReduce& host) {
+StatusOr<uint8_t*> CudaGradients::HostView(int bucket, size_t bytes, bool copy_in,
+                                           Deadline deadline) {
   GS_RETURN_IF_ERROR(Select());
   GS_RETURN_IF_ERROR(AfterStaged(bucket));
   wire_result_ = -1;
-  return ViaHost(bucket, bytes, deadline, traffic, host, copy_in);
+  GS_RETURN_IF_ERROR(mirror_.Reserve(bytes, "the host copy of a bucket"));
+  if (copy_in) {
+    GS_RETURN_IF_ERROR(ToHost(mirror_.get(), Bucket(bucket), bytes, deadline));
+  } else {
+    GS_RETURN_IF_ERROR(Wait(deadline));  // earlier results still being copied from mirror_
+  }
+  return mirror_.get();
+}
+
+Status CudaGradients::EndHostView(int bucket, size_t bytes) {
+  return ToDevice(Bucket(bucket), mirror_.get(), bytes);
 }
 
 StatusOr<std::shared_ptr<std::vector<uint8_t>>> CudaGradients::EncodePartition(
@@ -147,19 +166,6 @@ StatusOr<std::shared_ptr<std::vector<uint8_t>>> CudaGradients::EncodePartition(
   GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), code.wire_bytes, deadline));
   if (!bytes->empty()) std::memcpy(bytes->data(), wire_host_.get(), bytes->size());
   return bytes;
-}
-
-Status CudaGradients::ViaHost(int bucket, size_t bytes, Deadline deadline,
-                              BucketCompression::Traffic* traffic, const HostReduce& host,
-                              bool copy_in) {
-  GS_RETURN_IF_ERROR(mirror_.Reserve(bytes, "the host copy of a bucket"));
-  if (copy_in) {
-    GS_RETURN_IF_ERROR(ToHost(mirror_.get(), Bucket(bucket), bytes, deadline));
-  } else {
-    GS_RETURN_IF_ERROR(Wait(deadline));  // earlier results still being copied from mirror_
-  }
-  GS_RETURN_IF_ERROR(host(mirror_.get(), traffic));
-  return ToDevice(Bucket(bucket), mirror_.get(), bytes);
 }
 
 Status CudaGradients::ToHost(uint8_t* host, const uint8_t* dev, size_t bytes, Deadline deadline) {
@@ -306,8 +312,8 @@ StatusOr<WireCode> CudaGradients::MakeCode(const Codec& c, float* data, size_t n
 
 Status CudaGradients::ReduceCompressed(State& st, float* data, size_t n,
                                        const kernels::SeedContext& ctx, Collectives& backend,
-                                       const OpTag& tag, Deadline deadline,
-                                       BucketCompression::Traffic* traffic, bool* in_wire) {
+                                       const OpTag& tag, Deadline deadline, WireTraffic* traffic,
+                                       bool* in_wire) {
   GS_ASSIGN_OR_RETURN(WireCode code,
                       MakeCode(st.codec, data, n, reinterpret_cast<float*>(st.residual.get()),
                                st.has_residual, ctx));

@@ -286,10 +286,10 @@ int VisibleCudaDevices() {
   return count;
 }
 
-StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int device) {
+StatusOr<std::unique_ptr<BucketMemory>> MakeDeviceGradients(int device) {
   auto g = std::make_unique<CudaGradients>(device);
   GS_RETURN_IF_ERROR(g->Init());
-  return std::unique_ptr<DeviceGradients>(std::move(g));
+  return std::unique_ptr<BucketMemory>(std::move(g));
 }
 
 }  // namespace gradsync::client

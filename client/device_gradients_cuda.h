@@ -1,4 +1,4 @@
-// CudaGradients: DeviceGradients on CUDA (client/device_gradients.h), and
+// CudaGradients: BucketMemory on CUDA (client/device_gradients.h), and
 // what its two files share. device_gradients_cuda.cc holds the buckets'
 // memory: allocation, staging on the staging stream, the copies back into
 // the tensors, waits. device_exchange_cuda.cc averages a bucket: NCCL in
@@ -136,14 +136,14 @@ struct Codec {
   }
 };
 
-class CudaGradients : public DeviceGradients {
+class CudaGradients : public BucketMemory {
  public:
   explicit CudaGradients(int device) : device_(device) {}
   ~CudaGradients() override;
 
   Status Init();
 
-  int device() const override { return device_; }
+  bool device() const override { return true; }
 
   Status CheckPointer(const void* data, const std::string& what) const override;
 
@@ -152,12 +152,16 @@ class CudaGradients : public DeviceGradients {
   Status Stage(int bucket, size_t offset, const void* data, size_t count, DType dtype, bool add,
                void* stream, Staging how) override;
 
+  bool Reduces(int bucket, DType dtype, const std::string& spec,
+               const Collectives& backend) override;
+
   Status Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
                 Collectives& backend, const OpTag& tag, uint64_t seed, Deadline deadline,
-                BucketCompression::Traffic* traffic, const HostReduce& host) override;
+                WireTraffic* traffic) override;
 
-  Status ReduceOnHost(int bucket, size_t bytes, bool copy_in, Deadline deadline,
-                      BucketCompression::Traffic* traffic, const HostReduce& host) override;
+  StatusOr<uint8_t*> HostView(int bucket, size_t bytes, bool copy_in, Deadline deadline) override;
+
+  Status EndHostView(int bucket, size_t bytes) override;
 
   StatusOr<std::shared_ptr<std::vector<uint8_t>>> EncodePartition(
       int bucket, uint32_t partition, size_t offset, size_t count, const std::string& spec,
@@ -240,9 +244,8 @@ class CudaGradients : public DeviceGradients {
   Status StageCopy(int bucket, size_t offset, const void* data, size_t count, DType dtype,
                    bool add);
 
-  // The bucket goes to `host` as a pinned copy and comes back.
-  Status ViaHost(int bucket, size_t bytes, Deadline deadline, BucketCompression::Traffic* traffic,
-                 const HostReduce& host, bool copy_in = true);
+  // The bucket's state, its codec that of `spec`.
+  StatusOr<State*> StateOf(int bucket, const std::string& spec);
 
   Status ToHost(uint8_t* host, const uint8_t* dev, size_t bytes, Deadline deadline);
 
@@ -254,7 +257,7 @@ class CudaGradients : public DeviceGradients {
 
   Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
                           Collectives& backend, const OpTag& tag, Deadline deadline,
-                          BucketCompression::Traffic* traffic, bool* in_wire);
+                          WireTraffic* traffic, bool* in_wire);
 
   // The reducer's buffers on this device, and its arithmetic there.
   class Space : public ReduceSpace {

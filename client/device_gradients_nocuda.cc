@@ -2,7 +2,7 @@
 
 namespace gradsync::client {
 
-StatusOr<std::unique_ptr<DeviceGradients>> MakeDeviceGradients(int /*device*/) {
+StatusOr<std::unique_ptr<BucketMemory>> MakeDeviceGradients(int /*device*/) {
   return FailedPreconditionError(
       "gradsync was built without CUDA, so it cannot take CUDA tensors "
       "(gradient_device=cuda); rebuild with --config=cuda");

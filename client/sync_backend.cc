@@ -357,19 +357,23 @@ class AllReduceBackend : public SyncBackend {
                      Deadline deadline) override {
     return ring_.ring()->CheckLayout(layout, deadline);
   }
-  Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
-                    BucketCompression::Traffic* traffic) override {
-    if (b.dtype == DType::kF32) {
-      return compression_->Reduce(collectives(), b.id, reinterpret_cast<float*>(data), b.count, tag,
-                                  seed_, deadline, traffic);
+  Status Reduce(BucketMemory& memory, int index, const Bucket& b, const OpTag& tag,
+                Deadline deadline, WireTraffic* traffic) override {
+    const std::string spec = compression_->SpecOf(b.id);
+    if (memory.Reduces(index, b.dtype, spec, collectives())) {
+      return memory.Reduce(index, b.count, b.dtype, spec, collectives(), tag, seed_, deadline,
+                           traffic);
     }
-    return collectives().AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
-  }
-  Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b, const OpTag& tag,
-                      Deadline deadline, BucketCompression::Traffic* traffic,
-                      const DeviceGradients::HostReduce& host) override {
-    return device.Reduce(index, b.count, b.dtype, compression_->SpecOf(b.id), collectives(), tag,
-                         seed_, deadline, traffic, host);
+    GS_ASSIGN_OR_RETURN(uint8_t * data, memory.HostView(index, b.bytes(), true, deadline));
+    if (b.dtype == DType::kF32) {
+      GS_RETURN_IF_ERROR(compression_->Reduce(collectives(), b.id, reinterpret_cast<float*>(data),
+                                              b.count, tag, seed_, deadline, traffic));
+    } else {
+      *traffic = WireTraffic{b.bytes(), b.bytes(), false};
+      GS_RETURN_IF_ERROR(
+          collectives().AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline));
+    }
+    return memory.EndHostView(index, b.bytes());
   }
   uint64_t SentBytes(uint64_t) const override {
     return nccl_ ? 0 : ring_.lanes->stats().bytes_sent;  // NCCL counts none
@@ -405,23 +409,20 @@ class PsBackend : public SyncBackend {
     for (const auto& [id, spec] : specs) GS_RETURN_IF_ERROR(ps_->SetCompression(id, spec));
     return Status();
   }
-  Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
-                    BucketCompression::Traffic* traffic) override {
+  Status Reduce(BucketMemory& memory, int index, const Bucket& b, const OpTag& tag,
+                Deadline deadline, WireTraffic* traffic) override {
+    // The shards' results come back through host memory; the bucket goes
+    // there only when the pushes carry it uncompressed (else its partitions
+    // are compressed where the bucket is: EncodePartition).
+    GS_ASSIGN_OR_RETURN(uint8_t * data,
+                        memory.HostView(index, b.bytes(), ps_->PushesRaw(b.id, b.count), deadline));
     Status s = ps_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
     const PsClient::Traffic moved = ps_->last_traffic();
-    *traffic = BucketCompression::Traffic{moved.sent, moved.received, false};
-    return s;
+    *traffic = WireTraffic{moved.sent, moved.received, false};
+    GS_RETURN_IF_ERROR(s);
+    return memory.EndHostView(index, b.bytes());
   }
-  Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b, const OpTag& tag,
-                      Deadline deadline, BucketCompression::Traffic* traffic,
-                      const DeviceGradients::HostReduce& host) override {
-    (void)tag;
-    // The shards' results come back through host memory; the bucket goes
-    // there only when the pushes carry it uncompressed.
-    return device.ReduceOnHost(index, b.bytes(), ps_->PushesRaw(b.id, b.count), deadline, traffic,
-                               host);
-  }
-  SyncOp BucketOp(const BucketCompression::Traffic&) const override { return SyncOp::kPushPull; }
+  SyncOp BucketOp(const WireTraffic&) const override { return SyncOp::kPushPull; }
   uint64_t SentBytes(uint64_t wire_bytes) const override { return wire_bytes; }  // pushes
   uint64_t Resent() const override { return ps_->stats().resent; }
   bool CanReform() const override { return true; }
@@ -439,7 +440,7 @@ class PsBackend : public SyncBackend {
 StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& options,
                                                      Session* session,
                                                      BucketCompression* compression,
-                                                     DeviceGradients* device, Ring ring,
+                                                     BucketMemory* memory, Ring ring,
                                                      wire::RejectedMetrics* rejected,
                                                      std::function<bool()> stopped) {
   const int n = session->num_workers();
@@ -464,16 +465,16 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
   ps_options.rejected = rejected;
   GS_ASSIGN_OR_RETURN(
       auto ps, PsClient::Create(std::move(transport), peers, ps_options, ring.ring(), health));
-  if (device != nullptr) {
+  if (memory->device()) {
     // Compressed pushes are made on the GPU: only their bytes reach the host.
     const Millis timeout = options.op_timeout;
     ps->SetPartitionEncoder(
-        [device, compression, timeout](
+        [memory, compression, timeout](
             uint32_t bucket, uint32_t partition, size_t offset, size_t count,
             const compression::CompressContext& ctx) -> StatusOr<wire::Payload> {
           GS_ASSIGN_OR_RETURN(
               auto bytes,
-              device->EncodePartition(static_cast<int>(bucket), partition, offset, count,
+              memory->EncodePartition(static_cast<int>(bucket), partition, offset, count,
                                       compression->SpecOf(bucket), ctx, Deadline::After(timeout)));
           const uint8_t* data = bytes->data();
           const size_t size = bytes->size();
@@ -487,11 +488,11 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
 
 StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
     const SyncBackendOptions& options, Session* session, BucketCompression* compression,
-    DeviceGradients* device, wire::RejectedMetrics* ring_rejected,
-    wire::RejectedMetrics* ps_rejected, std::function<bool()> stopped, Deadline deadline) {
+    BucketMemory* memory, wire::RejectedMetrics* ring_rejected, wire::RejectedMetrics* ps_rejected,
+    std::function<bool()> stopped, Deadline deadline) {
   GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, ring_rejected, deadline));
   if (options.path == "ps") {
-    return MakePsBackend(options, session, compression, device, std::move(ring), ps_rejected,
+    return MakePsBackend(options, session, compression, memory, std::move(ring), ps_rejected,
                          std::move(stopped));
   }
   std::unique_ptr<Collectives> nccl;

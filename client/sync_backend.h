@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "client/bucket_compression.h"
+#include "client/bucket_memory.h"
 #include "client/bucketer.h"
 #include "client/client_metrics.h"
 #include "client/collectives.h"
-#include "client/device_gradients.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
 #include "client/ring_lanes.h"
@@ -64,17 +64,12 @@ class SyncBackend {
     (void)specs;
     return Status();
   }
-  // Averages bucket `b` held in host memory at `data`; `*traffic` gets the
+  // Averages bucket `b`, the `index`th of `memory`; `*traffic` gets the
   // bytes sent and received.
-  virtual Status ReduceHost(const Bucket& b, uint8_t* data, const OpTag& tag, Deadline deadline,
-                            BucketCompression::Traffic* traffic) = 0;
-  // Averages bucket `index` held by `device` (gradient_device=cuda); `host`
-  // averages a host copy where the work cannot stay on the device.
-  virtual Status ReduceDevice(DeviceGradients& device, int index, const Bucket& b, const OpTag& tag,
-                              Deadline deadline, BucketCompression::Traffic* traffic,
-                              const DeviceGradients::HostReduce& host) = 0;
+  virtual Status Reduce(BucketMemory& memory, int index, const Bucket& b, const OpTag& tag,
+                        Deadline deadline, WireTraffic* traffic) = 0;
   // The operation a bucket reduce is recorded as.
-  virtual SyncOp BucketOp(const BucketCompression::Traffic& traffic) const {
+  virtual SyncOp BucketOp(const WireTraffic& traffic) const {
     return traffic.gathered ? SyncOp::kAllGather : SyncOp::kAllReduce;
   }
   // Payload bytes this worker sent; `wire_bytes`: the bucket bytes it sent
@@ -127,13 +122,12 @@ struct SyncBackendOptions {
 };
 
 // Builds the backend `options` name over `session`. `compression`,
-// `device` (null: host gradients) and the rejected-message metrics must
-// outlive it; `stopped` tells the PS client's waits that the Communicator
-// was shut down.
+// `memory` (the buckets) and the rejected-message metrics must outlive it; `stopped` tells the PS
+// client's waits that the Communicator was shut down.
 StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
     const SyncBackendOptions& options, Session* session, BucketCompression* compression,
-    DeviceGradients* device, wire::RejectedMetrics* ring_rejected,
-    wire::RejectedMetrics* ps_rejected, std::function<bool()> stopped, Deadline deadline);
+    BucketMemory* memory, wire::RejectedMetrics* ring_rejected, wire::RejectedMetrics* ps_rejected,
+    std::function<bool()> stopped, Deadline deadline);
 
 }  // namespace gradsync::client
 
