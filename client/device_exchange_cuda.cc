@@ -4,6 +4,8 @@
 
 #include "client/device_gradients_cuda.h"
 #include "compression/registry.h"
+#include "compression/topk_compressor.h"
+#include "compression/wire_codec.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_kernels.h"
 #include "kernels/reduce_cuda.h"
@@ -30,24 +32,39 @@ StatusOr<Codec> CodecOf(const std::string& spec) {
   c.ratio = parsed.options.ratio;
   c.chunk = parsed.options.chunk;
   c.levels = parsed.options.levels;
-  if (name == "fp16" || name == "bf16") {
-    c.kind = Codec::kHalf;
-    c.half = name == "fp16" ? kernels::Float16Format::kFp16 : kernels::Float16Format::kBf16;
-  } else if (name == "topk" || name == "topk_fp16" || name == "topk_sampled" ||
-             name == "topk_sampled_fp16") {
-    // The sampled selection picks exactly the top-k set: same wire bytes.
-    c.kind = Codec::kTopK;
-    c.values = name.size() > 5 && name.substr(name.size() - 5) == "_fp16"
-                   ? kernels::SparseValueFormat::kF16
-                   : kernels::SparseValueFormat::kF32;
-  } else if (name == "randomk") {
-    c.kind = Codec::kRandomK;
-  } else if (name == "sign") {
-    c.kind = Codec::kSign;
-  } else if (name == "qsgd") {
-    c.kind = Codec::kQsgd;
-  } else {
-    c.kind = Codec::kHost;  // powersgd
+  // The family, from the one table of compressor names (the PS wire's);
+  // one without a wire family (PowerSGD) has no device form either.
+  const StatusOr<wire::Compression> known = compression::WireCompressionOf(name);
+  if (!known.ok()) {
+    c.kind = Codec::kHost;
+    return c;
+  }
+  const wire::Compression family = *known;
+  switch (family) {
+    case wire::Compression::Fp16:
+    case wire::Compression::Bf16:
+      c.kind = Codec::kHalf;
+      c.half = family == wire::Compression::Fp16 ? kernels::Float16Format::kFp16
+                                                 : kernels::Float16Format::kBf16;
+      break;
+    case wire::Compression::TopK:
+      // The sampled selection picks exactly the top-k set: same wire bytes.
+      c.kind = Codec::kTopK;
+      c.values = compression::TopKCompressor::ValuesOf(name) == compression::TopKValues::kFp16
+                     ? kernels::SparseValueFormat::kF16
+                     : kernels::SparseValueFormat::kF32;
+      break;
+    case wire::Compression::RandomK:
+      c.kind = Codec::kRandomK;
+      break;
+    case wire::Compression::Sign:
+      c.kind = Codec::kSign;
+      break;
+    case wire::Compression::Qsgd:
+      c.kind = Codec::kQsgd;
+      break;
+    default:
+      c.kind = Codec::kHost;
   }
   return c;
 }

@@ -58,6 +58,13 @@ std::string TopKCompressor::name() const {
   return values_ == TopKValues::kFp16 ? name + "_fp16" : name;
 }
 
+TopKValues TopKCompressor::ValuesOf(const std::string& name) {
+  static const std::string kSuffix = "_fp16";
+  const bool half = name.size() > kSuffix.size() &&
+                    name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+  return half ? TopKValues::kFp16 : TopKValues::kFp32;
+}
+
 size_t TopKCompressor::KeepCount(size_t n) const { return compression::KeepCount(ratio_, n); }
 
 size_t TopKCompressor::SampleSize(size_t n) const {

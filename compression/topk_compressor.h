@@ -80,6 +80,8 @@ class TopKCompressor : public Compressor, public KeepRatio {
 
   // "topk", "topk_fp16", "topk_sampled", "topk_sampled_fp16".
   std::string name() const override;
+  // The values a top-k family name sends (its "_fp16" suffix).
+  static TopKValues ValuesOf(const std::string& name);
   bool summable() const override { return false; }
   // Sets the ratio of the step's calls (warm-up).
   void BeginStep(uint64_t step) override;

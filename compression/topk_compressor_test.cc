@@ -101,6 +101,17 @@ TEST(TopKCompressorTest, NamesAndSummable) {
   }
 }
 
+TEST(TopKCompressorTest, ValuesOfEveryNameAreTheCompressorsOwn) {
+  for (TopKMethod m : {TopKMethod::kExact, TopKMethod::kSampled}) {
+    for (TopKValues v : {TopKValues::kFp32, TopKValues::kFp16}) {
+      auto c = TopKCompressor::Create(m, v, 0.01);
+      ASSERT_TRUE(c.ok());
+      EXPECT_EQ(TopKCompressor::ValuesOf((*c)->name()), v) << (*c)->name();
+    }
+  }
+  EXPECT_EQ(TopKCompressor::ValuesOf("_fp16"), TopKValues::kFp32);
+}
+
 TEST(TopKCompressorTest, RejectsBadRatios) {
   for (double r : {0.0, -0.1, 1.5, std::nan("")}) {
     EXPECT_EQ(TopKCompressor::Create(TopKMethod::kExact, TopKValues::kFp32, r).status().code(),
