@@ -68,7 +68,7 @@ def test_a_killed_rank_makes_every_other_rank_raise_in_backward(
         assert code == 0 and result is not None, job.describe(results)
         assert result["error"] is not None, result
         assert result["step"] == 3, result
-        # Named by heartbeats (200 ms x 5 in these jobs), long before the
+        # Named by heartbeats (200 ms x 15 in these jobs), long before the
         # 20 s operation deadline.
         assert "worker 3" in result["error"] or "rank 3" in result["error"], \
             result["error"]
