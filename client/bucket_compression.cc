@@ -89,10 +89,20 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
     code.dtype = c.summable_dtype();
     code.elems = code.wire_bytes / DTypeSize(code.dtype);
   }
-  const size_t wb = code.wire_bytes;
-  code.encode = [&](uint8_t* wire) { return c.Compress(data, count, ctx, wire, wb); };
-  code.decode = [&](const uint8_t* wire, float* out) {
-    return c.Decompress(wire, wb, count, ctx, out);
+  // The codec's functions capture one pointer: no allocation a bucket.
+  struct Args {
+    compression::Compressor& c;
+    float* data;
+    size_t count;
+    const compression::CompressContext& ctx;
+    size_t wire_bytes;
+  } args{c, data, count, ctx, code.wire_bytes};
+  const Args* a = &args;
+  code.encode = [a](uint8_t* wire) {
+    return a->c.Compress(a->data, a->count, a->ctx, wire, a->wire_bytes);
+  };
+  code.decode = [a](const uint8_t* wire, float* out) {
+    return a->c.Decompress(wire, a->wire_bytes, a->count, a->ctx, out);
   };
   bool in_wire = false;  // only codes with encode_divided leave it there
   return ReduceWire(code, data, count, space_, backend, tag, deadline, traffic, &in_wire);

@@ -98,13 +98,26 @@ StatusOr<CudaGradients::State*> CudaGradients::StateOf(int bucket, const std::st
   return &st;
 }
 
+namespace {
+
+// Whether a bucket of `kind` stays on the device: its codec has a device
+// form, or it goes uncompressed to a backend that takes device memory.
+bool StaysOnDevice(Codec::Kind kind, const Collectives& backend) {
+  return kind != Codec::kHost && (kind != Codec::kNone || backend.takes_device_memory());
+}
+
+// What a bucket of `dtype` is coded as: only f32 buckets are compressed.
+Codec::Kind KindOf(const Codec& codec, DType dtype) {
+  return dtype == DType::kF32 ? codec.kind : Codec::kNone;
+}
+
+}  // namespace
+
 bool CudaGradients::Reduces(int bucket, DType dtype, const std::string& spec,
                             const Collectives& backend) {
   StatusOr<State*> st = StateOf(bucket, spec);
   if (!st.ok()) return true;  // Reduce says what is wrong with the spec
-  const Codec::Kind kind = dtype == DType::kF32 ? (*st)->codec.kind : Codec::kNone;
-  if (kind == Codec::kHost) return false;
-  return kind != Codec::kNone || backend.takes_device_memory();
+  return StaysOnDevice(KindOf((*st)->codec, dtype), backend);
 }
 
 Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::string& spec,
@@ -115,8 +128,8 @@ Status CudaGradients::Reduce(int bucket, size_t count, DType dtype, const std::s
   wire_result_ = -1;
   GS_ASSIGN_OR_RETURN(State * state, StateOf(bucket, spec));
   State& st = *state;
-  const Codec::Kind kind = dtype == DType::kF32 ? st.codec.kind : Codec::kNone;
-  if (kind == Codec::kHost || (kind == Codec::kNone && !backend.takes_device_memory())) {
+  const Codec::Kind kind = KindOf(st.codec, dtype);
+  if (!StaysOnDevice(kind, backend)) {
     return InternalError("bucket " + std::to_string(bucket) +
                          " is averaged through its host view (Reduces)");
   }
@@ -339,22 +352,22 @@ Status CudaGradients::ReduceCompressed(State& st, float* data, size_t n,
 
 StatusOr<uint8_t*> CudaGradients::Space::Buffer(Slot slot, size_t bytes) {
   CudaGradients& g = *owner_;
+  // Device or pinned memory, grown to `bytes`.
+  auto reserved = [bytes](auto& buffer, const char* what) -> StatusOr<uint8_t*> {
+    GS_RETURN_IF_ERROR(buffer.Reserve(bytes, what));
+    return buffer.get();
+  };
   switch (slot) {
     case Slot::kWire:
-      GS_RETURN_IF_ERROR(g.wire_.Reserve(bytes, "compressed bytes"));
-      return g.wire_.get();
+      return reserved(g.wire_, "compressed bytes");
     case Slot::kGathered:
-      GS_RETURN_IF_ERROR(g.gathered_.Reserve(bytes, "gathered compressed bytes"));
-      return g.gathered_.get();
+      return reserved(g.gathered_, "gathered compressed bytes");
     case Slot::kScratch:
-      GS_RETURN_IF_ERROR(g.scratch_.Reserve(bytes, "decompression scratch"));
-      return g.scratch_.get();
+      return reserved(g.scratch_, "decompression scratch");
     case Slot::kHostWire:
-      GS_RETURN_IF_ERROR(g.wire_host_.Reserve(bytes, "compressed bytes"));
-      return g.wire_host_.get();
+      return reserved(g.wire_host_, "compressed bytes");
     case Slot::kHostGathered:
-      GS_RETURN_IF_ERROR(g.gathered_host_.Reserve(bytes, "gathered compressed bytes"));
-      return g.gathered_host_.get();
+      return reserved(g.gathered_host_, "gathered compressed bytes");
   }
   return InternalError("no such reduce buffer");
 }

@@ -75,6 +75,7 @@ class ReduceSpace {
     kHostWire,      // host copies for collectives that take host memory
     kHostGathered,  // only (device spaces)
   };
+  static constexpr size_t kSlots = 5;
   virtual ~ReduceSpace() = default;
   // Whether the buffers are device memory.
   virtual bool device() const = 0;
@@ -118,7 +119,7 @@ class HostReduceSpace : public ReduceSpace {
   Status Wait(Deadline) override { return Status(); }
 
  private:
-  std::vector<uint8_t> buffers_[5];
+  std::vector<uint8_t> buffers_[kSlots];
 };
 
 }  // namespace gradsync::client
