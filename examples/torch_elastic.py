@@ -12,7 +12,11 @@ after a change), the test set evaluated at the end. --kill_rank R
 --kill_step S: the worker started as rank R SIGKILLs itself before step S (to
 watch the job go on). --checkpoint_every N --checkpoint_dir D: after every
 N-th step rank 0 saves the model and optimizer to D/checkpoint.pt and all
-workers meet in a barrier (the others wait until it is written). Each worker prints JSON lines: the one that kills
+workers meet in a barrier (the others wait until it is written).
+--hold_step S --hold_workers N: before step S the workers wait (in
+barriers, up to --hold_timeout_s) until the job has N workers again, as a
+job that wants a replacement in before it goes on. Each worker prints JSON
+lines: the one that kills
 itself {"killed_at": wall clock} (--depart_rank / --depart_step: that
 worker leaves the job on purpose, gradsync.depart, and prints
 {"departed_at"}), and at the end every other one {rank,
@@ -57,6 +61,10 @@ def parse_args(argv):
     p.add_argument("--depart_rank", type=int, default=-1,
                    help="this rank leaves the job on purpose (gradsync.depart)")
     p.add_argument("--depart_step", type=int, default=-1)
+    p.add_argument("--hold_step", type=int, default=-1,
+                   help="before this step, wait until --hold_workers are in")
+    p.add_argument("--hold_workers", type=int, default=0)
+    p.add_argument("--hold_timeout_s", type=float, default=120.0)
     p.add_argument("--checkpoint_every", type=int, default=0,
                    help="> 0: rank 0 saves a checkpoint every N steps")
     p.add_argument("--checkpoint_dir", default=".")
@@ -124,6 +132,8 @@ class Trainer:
             print(json.dumps({"departed_at": time.time()}), flush=True)
             gradsync.depart("preempted")
             sys.exit(0)
+        if state.step == args.hold_step:
+            self.hold()
         loss = F.cross_entropy(state.model(x), y)
         self.opt.zero_grad()
         loss.backward()
@@ -138,6 +148,21 @@ class Trainer:
         self.losses.append(loss.item())
         if args.checkpoint_every > 0 and state.step % args.checkpoint_every == 0:
             self.checkpoint()
+
+    def hold(self):
+        """Barriers until --hold_workers are in: the barrier of the job that
+        admits a joiner raises MembershipChanged, and run() comes back here
+        with the new size."""
+        comm = gradsync.communicator()
+        deadline = time.monotonic() + self.args.hold_timeout_s
+        while comm.size < self.args.hold_workers:
+            if time.monotonic() > deadline:
+                print("hold: %d of %d workers after %.0f s; going on" %
+                      (comm.size, self.args.hold_workers,
+                       self.args.hold_timeout_s), file=sys.stderr, flush=True)
+                return
+            comm.barrier()
+            time.sleep(0.05)
 
     def checkpoint(self):
         """Rank 0 writes the state; every worker waits for it in a barrier

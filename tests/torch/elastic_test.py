@@ -19,6 +19,9 @@ SCRIPT = os.path.join(job.ROOT, "examples", "torch_elastic.py")
 STEPS = 80
 KILL_STEP = 30
 KILLED = 2
+# The restart tests: the survivors wait before this step until the restarted
+# worker is in, so it trains steps of its own however slow its start.
+HOLD = ["--hold_step=50", "--hold_workers=4"]
 
 
 def _train_and_kill(flags, servers=0, extra_env=None, script_flags=()):
@@ -103,7 +106,7 @@ def test_parameter_server_that_steps_takes_a_restarted_worker_back():
         ["--min_workers=3", "--restarts=1"], servers=2,
         extra_env={"GRADSYNC_PATH": "ps", "GRADSYNC_PS_MODE": "sync",
                    "GRADSYNC_OPTIMIZER": "momentum", "GRADSYNC_LR": "0.05",
-                   "GRADSYNC_MOMENTUM": "0.9"})
+                   "GRADSYNC_MOMENTUM": "0.9"}, script_flags=HOLD)
     assert "4 of 4 workers exited with code 0 (1 restarted)" in output, \
         output[-6000:]
     assert len(results) == 4, output[-6000:]
@@ -120,11 +123,13 @@ def test_a_restarted_worker_rejoins_with_the_live_state():
     """--restarts=1: the killed worker is started again, joins the running
     job (epoch > 0 when run() starts), takes the state of a survivor and
     ends with the same state as the 3 others. Every 20 steps rank 0 writes
-    a checkpoint and all meet in a barrier, the joiner as the others."""
+    a checkpoint and all meet in a barrier, the joiner as the others; the
+    survivors wait for it before step 50."""
     directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     killed, results, output = _train_and_kill(
         ["--min_workers=3", "--restarts=1"],
-        script_flags=["--checkpoint_every=20", "--checkpoint_dir=" + directory])
+        script_flags=HOLD + ["--checkpoint_every=20",
+                             "--checkpoint_dir=" + directory])
     assert "4 of 4 workers exited with code 0 (1 restarted)" in output, \
         output[-6000:]
     assert len(results) == 4, output[-6000:]
@@ -139,9 +144,10 @@ def test_a_restarted_worker_rejoins_with_the_live_state():
         assert r["recoveries"] >= 1 and (r["recoveries"] == 1 or
                                          not r["joined"]), r
     assert joiners[0]["recovered_at"][0] > killed["killed_at"], joiners
-    # Steps 20, ..., 80: the joiner (in after step 30) meets the others at
-    # the checkpoints of its epoch; the last one, step 80, everyone passes.
-    assert all(r["checkpoints"] >= 1 for r in results), results
+    assert "hold:" not in output, output[-6000:]
+    # Steps 20, ..., 80: the joiner (in by step 50) meets the others at
+    # the checkpoints 60 and 80.
+    assert all(r["checkpoints"] >= 2 for r in results), results
     assert max(r["checkpoints"] for r in results) >= 3, results
     saved = torch.load(os.path.join(directory, "checkpoint.pt"))
     assert saved["step"] == STEPS, saved["step"]
