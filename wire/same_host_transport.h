@@ -69,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "wire/buffer_pool.h"
 #include "wire/shm_link.h"
 #include "wire/transport.h"
 
@@ -183,9 +184,7 @@ class SameHostTransport : public Transport {
   bool stop_ = false;  // guarded by work_mu_
   std::thread writer_;
 
-  // Payload buffers come back here when the receiver lets go of them: a
-  // steady stream of messages reuses the same memory.
-  class BufferPool;
+  // Payload buffers come back here when the receiver lets go of them.
   std::shared_ptr<BufferPool> pool_;
 };
 

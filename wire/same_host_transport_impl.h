@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "wire/buffer_pool.h"
 #include "wire/same_host_transport.h"
 #include "wire/validate.h"
 
@@ -34,62 +35,6 @@ inline size_t PaddingBefore(uint64_t at, size_t size, size_t capacity) {
   if (size == 0 || size > capacity / 2 || offset + size <= capacity) return 0;
   return capacity - offset;
 }
-
-// Buffers of received payloads, kept for reuse up to a bound in bytes.
-class SameHostTransport::BufferPool : public std::enable_shared_from_this<BufferPool> {
- public:
-  explicit BufferPool(size_t max_bytes) : max_bytes_(max_bytes) {}
-
-  // A buffer of at least `n` bytes (not zeroed); it returns to the pool
-  // when the last reference goes.
-  std::shared_ptr<uint8_t> Get(size_t n) {
-    uint8_t* buffer = nullptr;
-    size_t capacity = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      // The smallest that fits and wastes at most half.
-      auto best = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->first >= n && it->first <= 2 * n + 4096 &&
-            (best == free_.end() || it->first < best->first)) {
-          best = it;
-        }
-      }
-      if (best != free_.end()) {
-        capacity = best->first;
-        buffer = best->second.release();
-        pooled_ -= capacity;
-        free_.erase(best);
-      }
-    }
-    if (buffer == nullptr) {
-      capacity = std::max<size_t>(n, 1);
-      buffer = new uint8_t[capacity];
-    }
-    std::weak_ptr<BufferPool> pool = weak_from_this();
-    return std::shared_ptr<uint8_t>(buffer, [pool, capacity](uint8_t* b) {
-      if (auto p = pool.lock()) {
-        p->Put(b, capacity);
-      } else {
-        delete[] b;
-      }
-    });
-  }
-
- private:
-  void Put(uint8_t* b, size_t capacity) {
-    std::unique_ptr<uint8_t[]> owned(b);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (pooled_ + capacity > max_bytes_) return;  // freed
-    pooled_ += capacity;
-    free_.emplace_back(capacity, std::move(owned));
-  }
-
-  const size_t max_bytes_;
-  std::mutex mu_;
-  std::vector<std::pair<size_t, std::unique_ptr<uint8_t[]>>> free_;  // guarded by mu_
-  size_t pooled_ = 0;                                                // guarded by mu_
-};
 
 struct SameHostTransport::Out {
   explicit Out(SameHostPeer p) : peer(std::move(p)) {}

@@ -1,0 +1,840 @@
+#include "wire/tcp_stream_transport.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace gradsync::wire {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x47535448;   // "GSTH": connector -> acceptor
+constexpr uint32_t kAnswerMagic = 0x47535441;  // "GSTA": acceptor -> connector
+constexpr uint32_t kFrameMagic = 0x47535431;   // "GST1": a message
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHelloFixed = 20;  // magic, version, job id, identity length
+constexpr size_t kMaxIdentity = 255;
+constexpr size_t kMaxIov = 64;
+// How long a refused or unreachable connect waits before it tries again.
+constexpr Millis kConnectRetry{20};
+// The longest a poll sleeps between looks at Shutdown and the deadlines.
+constexpr Millis kPollSlice{100};
+// Refusals logged one by one before only every kLogEvery-th is.
+constexpr uint64_t kLogFirst = 16, kLogEvery = 1024;
+
+enum Answer : uint32_t {
+  kTaken = 0,
+  kOtherJob = 1,
+  kStranger = 2,
+  kAlreadyConnected = 3,
+  kBadHello = 4
+};
+
+const char* AnswerText(uint32_t a) {
+  switch (a) {
+    case kOtherJob:
+      return "it belongs to another job";
+    case kStranger:
+      return "it does not take connections from this identity";
+    case kAlreadyConnected:
+      return "this identity is connected already";
+    case kBadHello:
+      return "the hello was malformed";
+    default:
+      return "unknown answer";
+  }
+}
+
+void Put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void Put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t Get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string ErrnoText(int e) { return std::strerror(e); }
+
+// "tcp://HOST:PORT" (HOST may be [IPv6] or *) into host and port.
+Status SplitEndpoint(const std::string& endpoint, std::string* host, std::string* port) {
+  const std::string prefix = "tcp://";
+  const size_t colon = endpoint.rfind(':');
+  if (endpoint.compare(0, prefix.size(), prefix) != 0 || colon == std::string::npos ||
+      colon <= prefix.size() || colon + 1 == endpoint.size()) {
+    return InvalidArgumentError("not a tcp://HOST:PORT endpoint: " + endpoint);
+  }
+  *host = endpoint.substr(prefix.size(), colon - prefix.size());
+  *port = endpoint.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return Status();
+}
+
+StatusOr<std::vector<addrinfo>> Resolve(const std::string& endpoint, bool passive,
+                                        std::vector<sockaddr_storage>* storage) {
+  std::string host, port;
+  GS_RETURN_IF_ERROR(SplitEndpoint(endpoint, &host, &port));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+  if (rc != 0) {
+    return NotFoundError("cannot resolve " + endpoint + ": " + gai_strerror(rc));
+  }
+  std::vector<addrinfo> out;
+  storage->reserve(16);
+  for (addrinfo* a = found; a != nullptr && out.size() < 16; a = a->ai_next) {
+    sockaddr_storage s{};
+    std::memcpy(&s, a->ai_addr, std::min<size_t>(a->ai_addrlen, sizeof(s)));
+    storage->push_back(s);
+    addrinfo copy = *a;
+    copy.ai_addr = reinterpret_cast<sockaddr*>(&storage->back());
+    copy.ai_next = nullptr;
+    copy.ai_canonname = nullptr;
+    out.push_back(copy);
+  }
+  freeaddrinfo(found);
+  if (out.empty()) return NotFoundError("no address for " + endpoint);
+  return out;
+}
+
+int PollMillis(Deadline deadline, Millis cap) {
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+      deadline.at() - std::chrono::steady_clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>((left.count() + 999) / 1000, cap.count()));
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Writes all of `n` bytes to a non-blocking `fd` by `deadline`.
+Status WriteAll(int fd, const uint8_t* data, size_t n, Deadline deadline, const std::string& what) {
+  while (n > 0) {
+    const ssize_t w = send(fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      data += w;
+      n -= static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return UnavailableError("writing to " + what + ": " + ErrnoText(errno));
+    }
+    if (deadline.Expired()) return DeadlineExceededError("writing to " + what + " timed out");
+    pollfd p{fd, POLLOUT, 0};
+    poll(&p, 1, PollMillis(deadline, kPollSlice));
+  }
+  return Status();
+}
+
+// Reads all of `n` bytes from a non-blocking `fd` by `deadline`.
+Status ReadAll(int fd, uint8_t* out, size_t n, Deadline deadline, const std::string& what) {
+  while (n > 0) {
+    const ssize_t r = recv(fd, out, n, MSG_DONTWAIT);
+    if (r > 0) {
+      out += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return UnavailableError(what + " closed the connection");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return UnavailableError("reading from " + what + ": " + ErrnoText(errno));
+    }
+    if (deadline.Expired()) return DeadlineExceededError(what + " did not answer in time");
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, PollMillis(deadline, kPollSlice));
+  }
+  return Status();
+}
+
+}  // namespace
+
+struct TcpStreamTransport::Pending {
+  Message message;
+  std::vector<uint8_t> table;  // magic, count, sizes
+  size_t total = 0;            // bytes of table and frames
+  size_t done = 0;             // bytes of them written
+  Deadline deadline = Deadline::At(SteadyTime{});
+  std::function<void(const Status&)> done_cb;
+};
+
+struct TcpStreamTransport::Conn {
+  Conn(bool out, ConnId i, std::string e) : outgoing(out), id(i), endpoint(std::move(e)) {}
+  ~Conn() {
+    const int f = fd.load();
+    if (f >= 0) close(f);
+  }
+  const bool outgoing;
+  const ConnId id;             // outgoing: Connect's handle
+  const std::string endpoint;  // outgoing: where it connects
+  std::string peer;            // inbound: the identity of its hello, once taken
+  std::atomic<int> fd{-1};     // set once; closed by the destructor only
+  std::atomic<bool> open{false};
+  std::atomic<bool> broken{false};
+
+  // Writing, guarded by mu.
+  std::mutex mu;
+  std::deque<Pending> queue;  // the front may be written in part
+
+  // Reading: Receive's thread only.
+  SteadyTime hello_by{};
+  uint8_t hello[kHelloFixed + kMaxIdentity];
+  size_t hello_got = 0;
+  enum class Stage { kPrefix, kSizes, kFrames } stage = Stage::kPrefix;
+  uint8_t prefix[8];
+  std::vector<uint8_t> sizes;
+  size_t got = 0;
+  size_t frame = 0;
+  Message reading;
+  std::vector<std::shared_ptr<uint8_t>> buffers;
+
+  std::string Name() const { return outgoing ? endpoint : "'" + peer + "'"; }
+  // "the connection to ENDPOINT" or "the connection from 'IDENTITY'".
+  std::string Described() const {
+    return std::string("the connection ") + (outgoing ? "to " : "from ") + Name();
+  }
+};
+
+TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
+    : options_(std::move(options)), pool_(std::make_shared<BufferPool>(size_t{64} << 20)) {
+  if (options_.identity.empty()) options_.identity = RandomIdentity("tcp");
+  if (options_.identity.size() > kMaxIdentity) options_.identity.resize(kMaxIdentity);
+  options_.max_frames = std::max<size_t>(options_.max_frames, 1);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  taken_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+TcpStreamTransport::~TcpStreamTransport() {
+  Shutdown();
+  if (listen_fd_.load() >= 0) close(listen_fd_.load());
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (taken_fd_ >= 0) close(taken_fd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+void TcpStreamTransport::Shutdown() {
+  if (stop_.exchange(true)) return;
+  uint64_t one = 1;
+  (void)!write(stop_fd_, &one, sizeof(one));
+  Wake();
+  if (writer_.joinable()) writer_.join();
+  if (acceptor_.joinable()) acceptor_.join();
+  std::vector<std::shared_ptr<Conn>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all = outgoing_;
+    all.insert(all.end(), inbound_.begin(), inbound_.end());
+  }
+  for (auto& c : all) {
+    if (!c) continue;
+    std::deque<Pending> failed;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      Break(*c, &failed);
+    }
+    for (Pending& p : failed) {
+      if (p.done_cb) p.done_cb(CancelledError("the transport was shut down"));
+    }
+  }
+}
+
+void TcpStreamTransport::Wake() {
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void TcpStreamTransport::Break(Conn& c, std::deque<Pending>* failed) {
+  c.broken.store(true);
+  c.open.store(false);
+  const int f = c.fd.load();
+  if (f >= 0) shutdown(f, SHUT_RDWR);
+  for (Pending& p : c.queue) failed->push_back(std::move(p));
+  c.queue.clear();
+}
+
+StatusOr<std::string> TcpStreamTransport::Listen(const std::string& endpoint) {
+  if (listen_fd_.load() >= 0) return FailedPreconditionError("this transport listens already");
+  std::vector<sockaddr_storage> storage;
+  GS_ASSIGN_OR_RETURN(std::vector<addrinfo> addrs, Resolve(endpoint, true, &storage));
+  std::string error = "no address";
+  for (const addrinfo& a : addrs) {
+    const int fd = socket(a.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = ErrnoText(errno);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a.ai_addr, a.ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      error = ErrnoText(errno);
+      close(fd);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, host, sizeof(host), port, sizeof(port),
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    listen_fd_.store(fd);
+    acceptor_ = std::thread([this, fd] { AcceptLoop(fd); });
+    const std::string h(host);
+    return "tcp://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + port;
+  }
+  return UnavailableError("cannot listen on " + endpoint + ": " + error);
+}
+
+StatusOr<ConnId> TcpStreamTransport::Connect(const std::string& endpoint) {
+  std::string host, port;
+  GS_RETURN_IF_ERROR(SplitEndpoint(endpoint, &host, &port));
+  std::lock_guard<std::mutex> lock(mu_);
+  const ConnId id = static_cast<ConnId>(outgoing_.size());
+  outgoing_.push_back(std::make_shared<Conn>(true, id, endpoint));
+  return id;
+}
+
+std::shared_ptr<TcpStreamTransport::Conn> TcpStreamTransport::ConnFor(const Route& to) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (to.kind == Route::Kind::kConnection) {
+    if (to.conn < 0 || static_cast<size_t>(to.conn) >= outgoing_.size()) return nullptr;
+    std::shared_ptr<Conn>& c = outgoing_[static_cast<size_t>(to.conn)];
+    // A connection that broke is made again for the next message.
+    if (c->broken.load()) c = std::make_shared<Conn>(true, c->id, c->endpoint);
+    return c;
+  }
+  for (const auto& c : inbound_) {
+    if (c->peer == to.identity && !c->broken.load()) return c;
+  }
+  return nullptr;
+}
+
+Status TcpStreamTransport::Send(const Route& to, Message message, Deadline deadline) {
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  Deliver(to, std::move(message), deadline, [outcome](const Status& s) {
+    std::lock_guard<std::mutex> lock(outcome->mu);
+    outcome->status = s;
+    outcome->done = true;
+    outcome->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(outcome->mu);
+  outcome->cv.wait(lock, [&] { return outcome->done; });
+  return outcome->status;
+}
+
+void TcpStreamTransport::Post(const Route& to, Message message, Deadline deadline,
+                              std::function<void(const Status&)> done) {
+  Deliver(to, std::move(message), deadline, std::move(done));
+}
+
+// Writes what the socket takes of `p` now: OK with p.done short of
+// p.total when the socket is full.
+Status TcpStreamTransport::WriteSome(int fd, Pending& p, const std::string& what) {
+  while (p.done < p.total) {
+    iovec iov[kMaxIov];
+    size_t n = 0, skip = p.done;
+    auto add = [&](const uint8_t* data, size_t size) {
+      if (n == kMaxIov) return;
+      if (skip >= size) {
+        skip -= size;
+        return;
+      }
+      iov[n].iov_base = const_cast<uint8_t*>(data + skip);
+      iov[n].iov_len = size - skip;
+      skip = 0;
+      ++n;
+    };
+    add(p.table.data(), p.table.size());
+    add(p.message.header.data(), p.message.header.size());
+    for (const Payload& payload : p.message.payloads) add(payload.data, payload.size);
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      p.done += static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status();
+    return UnavailableError("the connection to " + what +
+                            " broke: " + (w < 0 ? ErrnoText(errno) : "nothing written"));
+  }
+  return Status();
+}
+
+void TcpStreamTransport::Deliver(const Route& to, Message message, Deadline deadline,
+                                 std::function<void(const Status&)> done) {
+  auto finish = [&done](const Status& s) {
+    if (done) done(s);
+  };
+  if (stop_.load()) return finish(CancelledError("the transport was shut down"));
+  std::shared_ptr<Conn> c = ConnFor(to);
+  if (c == nullptr) {
+    return finish(UnavailableError("no connection for " + to.ToString()));
+  }
+  const size_t frames = 1 + message.payloads.size();
+  Pending p;
+  p.table.resize(8 + 8 * frames);
+  Put32(p.table.data(), kFrameMagic);
+  Put32(p.table.data() + 4, static_cast<uint32_t>(frames));
+  Put64(p.table.data() + 8, message.header.size());
+  p.total = p.table.size() + message.header.size();
+  for (size_t i = 0; i < message.payloads.size(); ++i) {
+    Put64(p.table.data() + 16 + 8 * i, message.payloads[i].size);
+    p.total += message.payloads[i].size;
+  }
+  p.message = std::move(message);
+  p.deadline = deadline;
+  std::deque<Pending> failed;
+  Status status;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->broken.load()) {
+      status = UnavailableError(c->Described() + " is closed");
+    } else if (c->open.load() && c->queue.empty()) {
+      status = WriteSome(c->fd.load(), p, c->Name());
+      if (!status.ok()) {
+        Break(*c, &failed);
+      } else if (p.done < p.total) {
+        p.done_cb = std::move(done);
+        c->queue.push_back(std::move(p));
+        Wake();
+        return;
+      }
+    } else {
+      p.done_cb = std::move(done);
+      c->queue.push_back(std::move(p));
+      Wake();
+      return;
+    }
+  }
+  for (Pending& f : failed) {
+    if (f.done_cb) f.done_cb(status);
+  }
+  finish(status);
+}
+
+Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
+  std::vector<sockaddr_storage> storage;
+  GS_ASSIGN_OR_RETURN(std::vector<addrinfo> addrs, Resolve(c.endpoint, false, &storage));
+  std::string error = "no attempt";
+  for (size_t attempt = 0;; ++attempt) {
+    if (stop_.load()) return CancelledError("the transport was shut down");
+    const addrinfo& a = addrs[attempt % addrs.size()];
+    const int fd = socket(a.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return UnavailableError("cannot make a socket: " + ErrnoText(errno));
+    int rc = connect(fd, a.ai_addr, a.ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd pf{fd, POLLOUT, 0};
+      while (!stop_.load() && !deadline.Expired() &&
+             poll(&pf, 1, PollMillis(deadline, kPollSlice)) == 0) {
+      }
+      int err = ETIMEDOUT;
+      socklen_t len = sizeof(err);
+      if (pf.revents != 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc == 0) {
+      SetNoDelay(fd);
+      uint8_t hello[kHelloFixed + kMaxIdentity];
+      Put32(hello, kHelloMagic);
+      Put32(hello + 4, kVersion);
+      Put64(hello + 8, options_.job_id);
+      Put32(hello + 16, static_cast<uint32_t>(options_.identity.size()));
+      std::memcpy(hello + kHelloFixed, options_.identity.data(), options_.identity.size());
+      const Deadline answer_by = deadline.Min(Deadline::After(options_.hello_wait));
+      const std::string what = "the peer at " + c.endpoint;
+      Status s = WriteAll(fd, hello, kHelloFixed + options_.identity.size(), answer_by, what);
+      uint8_t answer[8];
+      if (s.ok()) s = ReadAll(fd, answer, sizeof(answer), answer_by, what);
+      if (s.ok() && Get32(answer) != kAnswerMagic) {
+        s = FailedPreconditionError(what + " does not speak this protocol");
+      } else if (s.ok() && Get32(answer + 4) != kTaken) {
+        s = FailedPreconditionError(what +
+                                    " refused this connection: " + AnswerText(Get32(answer + 4)));
+      }
+      if (!s.ok()) {
+        close(fd);
+        return s;
+      }
+      c.fd.store(fd);
+      c.open.store(true);
+      return Status();
+    }
+    error = ErrnoText(errno);
+    close(fd);
+    if (deadline.Expired()) break;
+    std::this_thread::sleep_for(std::min<Millis>(kConnectRetry, deadline.Remaining()));
+  }
+  return DeadlineExceededError("cannot connect to " + c.endpoint + ": " + error);
+}
+
+void TcpStreamTransport::WriterLoop() {
+  while (!stop_.load()) {
+    std::vector<std::shared_ptr<Conn>> conns;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns = outgoing_;
+      conns.insert(conns.end(), inbound_.begin(), inbound_.end());
+    }
+    std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+    Deadline next = Deadline::After(kPollSlice);
+    std::vector<std::pair<std::function<void(const Status&)>, Status>> done;
+    for (const auto& c : conns) {
+      std::unique_lock<std::mutex> lock(c->mu);
+      if (c->queue.empty()) continue;
+      std::deque<Pending> failed;
+      Status why;
+      if (c->outgoing && !c->open.load() && !c->broken.load()) {
+        const Deadline by = c->queue.front().deadline;
+        lock.unlock();
+        Status s = Open(*c, by);
+        lock.lock();
+        if (!s.ok()) {
+          why = s;
+          Break(*c, &failed);
+        }
+      }
+      // Messages not begun whose deadline passed, wherever they wait.
+      for (auto it = c->queue.begin(); it != c->queue.end();) {
+        if (it->done == 0 && it->deadline.Expired()) {
+          done.emplace_back(std::move(it->done_cb),
+                            DeadlineExceededError("sending to " + c->Name() + " timed out"));
+          it = c->queue.erase(it);
+        } else {
+          next = next.Min(it->deadline);
+          ++it;
+        }
+      }
+      while (why.ok() && !c->queue.empty()) {
+        Pending& p = c->queue.front();
+        Status s = WriteSome(c->fd.load(), p, c->Name());
+        if (s.ok() && p.done == p.total) {
+          done.emplace_back(std::move(p.done_cb), Status());
+          c->queue.pop_front();
+          continue;
+        }
+        if (s.ok() && p.deadline.Expired()) {
+          // Part of it is on the wire: the stream cannot go on without the rest.
+          s = DeadlineExceededError("sending to " + c->Name() + " timed out mid-message");
+        }
+        if (!s.ok()) {
+          why = s;
+          Break(*c, &failed);
+          break;
+        }
+        fds.push_back({c->fd.load(), POLLOUT, 0});
+        break;
+      }
+      for (Pending& f : failed) done.emplace_back(std::move(f.done_cb), why);
+    }
+    for (auto& [cb, s] : done) {
+      if (cb) cb(s);
+    }
+    poll(fds.data(), fds.size(), PollMillis(next, kPollSlice));
+    if (fds[0].revents & POLLIN) {
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));
+    }
+  }
+}
+
+void TcpStreamTransport::AcceptLoop(int listening) {
+  std::vector<std::shared_ptr<Conn>> pending;  // no hello yet, oldest first
+  while (!stop_.load()) {
+    Deadline next = Deadline::After(kPollSlice);
+    // Connections that have not said hello: the ones past hello_wait go.
+    const SteadyTime now = std::chrono::steady_clock::now();
+    for (auto it = pending.begin(); it != pending.end();) {
+      if ((*it)->hello_by <= now) {
+        Refused("closed a connection that said no hello in " +
+                std::to_string(options_.hello_wait.count()) + " ms");
+        it = pending.erase(it);
+      } else {
+        next = next.Min(Deadline::At((*it)->hello_by));
+        ++it;
+      }
+    }
+    std::vector<pollfd> fds{{stop_fd_, POLLIN, 0}, {listening, POLLIN, 0}};
+    for (const auto& c : pending) fds.push_back({c->fd.load(), POLLIN, 0});
+    if (poll(fds.data(), fds.size(), PollMillis(next, kPollSlice)) <= 0) continue;
+    std::vector<std::shared_ptr<Conn>> hellos;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (fds[2 + i].revents != 0) hellos.push_back(pending[i]);
+    }
+    for (const auto& c : hellos) {
+      if (!ReadHello(c)) pending.erase(std::find(pending.begin(), pending.end(), c));
+    }
+    if (fds[1].revents != 0) Accept(listening, &pending);
+  }
+}
+
+void TcpStreamTransport::Refused(const std::string& what) {
+  const uint64_t n = refused_.fetch_add(1) + 1;
+  if (n <= kLogFirst || n % kLogEvery == 0) {
+    GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": " << what << " (" << n
+                    << " refused so far)";
+  }
+}
+
+void TcpStreamTransport::Accept(int listening, std::vector<std::shared_ptr<Conn>>* pending) {
+  for (;;) {
+    const int fd = accept4(listening, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    SetNoDelay(fd);
+    auto c = std::make_shared<Conn>(false, -1, "");
+    c->fd.store(fd);
+    c->hello_by = std::chrono::steady_clock::now() + options_.hello_wait;
+    if (pending->size() >= options_.max_pending) {
+      pending->erase(pending->begin());
+      Refused("closed a connection that had not said hello: " +
+              std::to_string(options_.max_pending) + " were waiting");
+    }
+    pending->push_back(std::move(c));
+  }
+}
+
+bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
+  const int fd = c->fd.load();
+  size_t want = kHelloFixed;
+  if (c->hello_got >= kHelloFixed) want += std::min<size_t>(Get32(c->hello + 16), kMaxIdentity);
+  while (c->hello_got < want) {
+    const ssize_t r = recv(fd, c->hello + c->hello_got, want - c->hello_got, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      Refused("a connection closed before its hello");
+      return false;
+    }
+    if (r < 0) return true;  // more later
+    c->hello_got += static_cast<size_t>(r);
+    if (c->hello_got == kHelloFixed) {
+      if (Get32(c->hello) != kHelloMagic || Get32(c->hello + 4) != kVersion ||
+          Get32(c->hello + 16) == 0 || Get32(c->hello + 16) > kMaxIdentity) {
+        break;  // answered below
+      }
+      want += Get32(c->hello + 16);
+    }
+  }
+  uint32_t answer = kTaken;
+  std::string identity;
+  if (c->hello_got < want || Get32(c->hello) != kHelloMagic || Get32(c->hello + 4) != kVersion) {
+    answer = kBadHello;
+  } else {
+    identity.assign(reinterpret_cast<const char*>(c->hello + kHelloFixed), Get32(c->hello + 16));
+    if (Get64(c->hello + 8) != options_.job_id) {
+      answer = kOtherJob;
+    } else if (std::find(options_.accept.begin(), options_.accept.end(), identity) ==
+               options_.accept.end()) {
+      answer = kStranger;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (answer == kTaken) {
+    inbound_.erase(std::remove_if(inbound_.begin(), inbound_.end(),
+                                  [](const auto& in) { return in->broken.load(); }),
+                   inbound_.end());
+    for (const auto& in : inbound_) {
+      if (in->peer == identity) answer = kAlreadyConnected;
+    }
+  }
+  uint8_t reply[8];
+  Put32(reply, kAnswerMagic);
+  Put32(reply + 4, answer);
+  (void)!send(fd, reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (answer != kTaken) {
+    Refused(std::string("refused a connection: ") + AnswerText(answer));
+    return false;
+  }
+  c->peer = identity;
+  c->open.store(true);
+  inbound_.push_back(c);
+  uint64_t one = 1;
+  (void)!write(taken_fd_, &one, sizeof(one));
+  return false;
+}
+
+StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
+  const int fd = c.fd.load();
+  auto broke = [&](const std::string& why) -> StatusOr<std::unique_ptr<Incoming>> {
+    std::deque<Pending> failed;
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      Break(c, &failed);
+    }
+    const Status s = UnavailableError(c.Described() + " " + why);
+    for (Pending& f : failed) {
+      if (f.done_cb) f.done_cb(s);
+    }
+    return std::unique_ptr<Incoming>();
+  };
+  auto bad = [&](const std::string& why) -> StatusOr<std::unique_ptr<Incoming>> {
+    Refused("closed " + c.Described() + ": " + why);
+    (void)broke("broke the framing");
+    return DataLossError(c.Described() + " broke the framing: " + why);
+  };
+  for (;;) {
+    uint8_t* target = nullptr;
+    size_t want = 0;
+    switch (c.stage) {
+      case Conn::Stage::kPrefix:
+        target = c.prefix;
+        want = sizeof(c.prefix);
+        break;
+      case Conn::Stage::kSizes:
+        target = c.sizes.data();
+        want = c.sizes.size();
+        break;
+      case Conn::Stage::kFrames:
+        if (c.frame == 0) {
+          target = c.reading.header.data();
+          want = c.reading.header.size();
+        } else {
+          target = c.buffers[c.frame - 1].get();
+          want = c.reading.payloads[c.frame - 1].size;
+        }
+        break;
+    }
+    while (c.got < want) {
+      const ssize_t r = recv(fd, target + c.got, want - c.got, MSG_DONTWAIT);
+      if (r > 0) {
+        c.got += static_cast<size_t>(r);
+        continue;
+      }
+      if (r == 0) return broke("was closed by the peer");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return std::unique_ptr<Incoming>();
+      return broke("broke: " + ErrnoText(errno));
+    }
+    c.got = 0;
+    switch (c.stage) {
+      case Conn::Stage::kPrefix: {
+        const uint32_t count = Get32(c.prefix + 4);
+        if (Get32(c.prefix) != kFrameMagic) return bad("a frame table without its magic");
+        if (count == 0 || count > options_.max_frames) {
+          return bad(std::to_string(count) + " frames (at most " +
+                     std::to_string(options_.max_frames) + ")");
+        }
+        c.sizes.resize(8 * size_t{count});
+        c.stage = Conn::Stage::kSizes;
+        break;
+      }
+      case Conn::Stage::kSizes: {
+        const size_t count = c.sizes.size() / 8;
+        const uint64_t header = Get64(c.sizes.data());
+        if (header == 0 || header > options_.max_header_bytes) {
+          return bad("a header of " + std::to_string(header) + " bytes");
+        }
+        uint64_t sum = header;
+        for (size_t i = 1; i < count; ++i) {
+          const uint64_t size = Get64(c.sizes.data() + 8 * i);
+          if (size > options_.max_frame_bytes || sum + size > options_.max_message_bytes) {
+            return bad("a frame of " + std::to_string(size) + " bytes");
+          }
+          sum += size;
+        }
+        c.reading = Message();
+        c.reading.header.resize(header);
+        c.buffers.clear();
+        for (size_t i = 1; i < count; ++i) {
+          const size_t size = Get64(c.sizes.data() + 8 * i);
+          c.buffers.push_back(pool_->Get(size));
+          Payload payload;
+          payload.data = c.buffers.back().get();
+          payload.size = size;
+          c.reading.payloads.push_back(payload);
+        }
+        c.frame = 0;
+        c.stage = Conn::Stage::kFrames;
+        break;
+      }
+      case Conn::Stage::kFrames:
+        if (++c.frame <= c.reading.payloads.size()) break;
+        for (size_t i = 0; i < c.buffers.size(); ++i) {
+          c.reading.payloads[i].owner = std::move(c.buffers[i]);
+        }
+        c.buffers.clear();
+        c.stage = Conn::Stage::kPrefix;
+        auto in = std::make_unique<Incoming>();
+        in->from = c.outgoing ? Route::Connection(c.id) : Route::Inbound(c.peer);
+        in->message = std::move(c.reading);
+        return in;
+    }
+  }
+}
+
+StatusOr<Incoming> TcpStreamTransport::Receive(Deadline deadline) {
+  for (;;) {
+    if (stop_.load()) return CancelledError("the transport was shut down");
+    std::vector<std::shared_ptr<Conn>> readers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto* list : {&inbound_, &outgoing_}) {
+        for (const auto& c : *list) {
+          if (c->open.load() && !c->broken.load()) readers.push_back(c);
+        }
+      }
+    }
+    // Whatever is readable now first, without a poll of its own.
+    if (!readers.empty()) {
+      const size_t start = next_reader_++ % readers.size();
+      for (size_t k = 0; k < readers.size(); ++k) {
+        GS_ASSIGN_OR_RETURN(std::unique_ptr<Incoming> in,
+                            ReadSome(*readers[(start + k) % readers.size()]));
+        if (in) return std::move(*in);
+      }
+    }
+    if (deadline.Expired()) return DeadlineExceededError("nothing received in time");
+    std::vector<pollfd> fds{{stop_fd_, POLLIN, 0}, {taken_fd_, POLLIN, 0}};
+    for (const auto& c : readers) fds.push_back({c->fd.load(), POLLIN, 0});
+    if (poll(fds.data(), fds.size(), PollMillis(deadline, kPollSlice)) <= 0) continue;
+    if (fds[0].revents != 0) return CancelledError("the transport was shut down");
+    if (fds[1].revents != 0) {  // a connection was taken: poll it too
+      uint64_t count;
+      (void)!read(taken_fd_, &count, sizeof(count));
+    }
+  }
+}
+
+Status TcpStreamTransport::Probe(const std::string& endpoint, Deadline deadline) {
+  Conn c(true, -1, endpoint);
+  return Open(c, deadline);
+}
+
+}  // namespace gradsync::wire

@@ -1,0 +1,147 @@
+// TcpStreamTransport: a Transport over plain TCP connections that the
+// calling threads read and write themselves, for a ring's neighbours on
+// other hosts when the job runs without CURVE. ZeroMQ hands every message
+// to an I/O thread on each side (one way on loopback: 47 us raw, 85 us
+// through ZmqTransport); here Send writes into the socket from the caller's
+// thread when nothing is queued before it, and Receive polls the sockets and
+// reads the message into its buffers on the receiver's thread.
+//
+// Connections:
+//   - Connect(endpoint) returns at once; a writer thread opens the TCP
+//     connection when the first message is queued (retrying a refused
+//     connect until that message's deadline), sends the hello (job id and
+//     this transport's identity) and waits for the peer's answer. A
+//     refusal fails every queued message with FailedPrecondition naming
+//     the endpoint and the reason; a connection that breaks fails them
+//     with Unavailable, and the next message connects again.
+//   - Listen binds a listening socket and starts a thread that accepts
+//     connections and reads their hellos without blocking: a connection is taken only from
+//     an identity in `accept`, for this job, one at a time per identity;
+//     anything else is answered with the reason (where the hello was read)
+//     and closed, counted in refused(). At most `max_pending` connections
+//     may be waiting to say hello, each for at most `hello_wait`; past that
+//     the oldest is closed.
+//   - Replies go back on the connection they answer: Send to
+//     Inbound(identity) writes on the connection that identity made, and
+//     what a peer sends back on a connection this transport made comes
+//     from Connection(id).
+//
+// Framing: u32 magic, u32 frame count, u64 size per frame, then the frames
+// (the header first, then the payloads), as on the same-host links. Every
+// message is checked before anything is allocated for it: the frame count,
+// each frame's size and their sum against the limits; a connection that
+// breaks the framing is closed and that Receive returns DataLoss naming
+// the peer. Received payloads go into pooled buffers (wire/buffer_pool.h).
+//
+// Without CURVE a peer's identity is what it says in its hello, as it is
+// with plain ZeroMQ; with CURVE the ring stays on ZmqTransport (sealed
+// bulk frames, docs/design/bulk_encryption.md).
+//
+// Thread-safety: Send and Post from any threads, Receive from one thread at
+// a time.
+#ifndef GRADSYNC_WIRE_TCP_STREAM_TRANSPORT_H_
+#define GRADSYNC_WIRE_TCP_STREAM_TRANSPORT_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wire/buffer_pool.h"
+#include "wire/transport.h"
+
+namespace gradsync::wire {
+
+struct TcpStreamOptions {
+  uint64_t job_id = 0;
+  std::string identity;             // presented in the hello; random when empty
+  std::vector<std::string> accept;  // identities whose connections are taken
+  size_t max_frames = 8;
+  size_t max_header_bytes = 64 << 10;
+  size_t max_frame_bytes = (size_t{1} << 30) + (64 << 10);
+  size_t max_message_bytes = (size_t{1} << 30) + (64 << 10);
+  Millis hello_wait{2000};  // an accepted connection's time to say hello
+  size_t max_pending = 16;  // accepted connections that have not, at once
+};
+
+class TcpStreamTransport : public Transport {
+ public:
+  explicit TcpStreamTransport(TcpStreamOptions options);
+  ~TcpStreamTransport() override;  // Shutdown()
+
+  const std::string& identity() const override { return options_.identity; }
+  StatusOr<std::string> Listen(const std::string& endpoint) override;
+  StatusOr<ConnId> Connect(const std::string& endpoint) override;
+  Status Send(const Route& to, Message message, Deadline deadline) override;
+  void Post(const Route& to, Message message, Deadline deadline,
+            std::function<void(const Status&)> done) override;
+  StatusOr<Incoming> Receive(Deadline deadline) override;
+  // Connects, says hello and takes the answer; closes again.
+  Status Probe(const std::string& endpoint, Deadline deadline) override;
+  void Shutdown() override;
+
+  // Connections closed unread or refused: bad hellos, strangers, other
+  // jobs, broken framing, past max_pending.
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  struct Pending;
+  struct Conn;
+
+  // The connection `to` goes over, or null.
+  std::shared_ptr<Conn> ConnFor(const Route& to);
+  // Sends or queues; `done` gets the outcome, maybe before this returns.
+  void Deliver(const Route& to, Message message, Deadline deadline,
+               std::function<void(const Status&)> done);
+  void WriterLoop();
+  // Connects `c`, says hello and takes the answer (the writer thread,
+  // without c.mu; Probe).
+  Status Open(Conn& c, Deadline deadline);
+  // Writes what the socket takes of `p` now: OK with part of it left when
+  // the socket is full. Requires the connection's mu.
+  static Status WriteSome(int fd, Pending& p, const std::string& what);
+  // Marks `c` broken and moves its queue to `failed`. Requires c.mu.
+  static void Break(Conn& c, std::deque<Pending>* failed);
+  void Wake();
+  // The acceptor thread (started by Listen): takes connections on
+  // `listening` and reads their hellos.
+  void AcceptLoop(int listening);
+  // Accepts what waits on `listening` into `pending`.
+  void Accept(int listening, std::vector<std::shared_ptr<Conn>>* pending);
+  // Reads what `c` has of its hello and answers it; false when `c` is done
+  // with (refused, or taken into inbound_).
+  bool ReadHello(const std::shared_ptr<Conn>& c);
+  // Receive's thread: reads what `c` has; a message when one is complete.
+  StatusOr<std::unique_ptr<Incoming>> ReadSome(Conn& c);
+  void Refused(const std::string& what);
+
+  TcpStreamOptions options_;
+  std::shared_ptr<BufferPool> pool_;
+  std::atomic<int> listen_fd_{-1};
+  int wake_fd_ = -1;   // eventfd: wakes the writer's poll
+  int stop_fd_ = -1;   // eventfd: set by Shutdown, ends Receive's poll
+  int taken_fd_ = -1;  // eventfd: a connection was taken (wakes Receive)
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> refusals_logged_{0};
+
+  std::mutex mu_;                                // the connection lists
+  std::vector<std::shared_ptr<Conn>> outgoing_;  // by ConnId
+  std::vector<std::shared_ptr<Conn>> inbound_;   // said hello and were taken
+  size_t next_reader_ = 0;                       // Receive's thread only
+
+  std::mutex work_mu_;
+  std::condition_variable work_cv_;
+  uint64_t work_ = 0;  // guarded by work_mu_: bumped when a message queues
+  std::thread writer_;
+  std::thread acceptor_;
+};
+
+}  // namespace gradsync::wire
+
+#endif  // GRADSYNC_WIRE_TCP_STREAM_TRANSPORT_H_
