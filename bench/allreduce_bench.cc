@@ -77,6 +77,7 @@
 #include "wire/curve.h"
 #include "wire/node_keys.h"
 #include "wire/same_host_transport.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/zmq_transport.h"
 
 extern char** environ;
@@ -85,6 +86,9 @@ namespace gradsync::bench {
 namespace {
 
 using Steady = std::chrono::steady_clock;
+// gradsync_ring: our ring as a job without CURVE runs it between hosts, over
+// TCP connections its threads read and write (wire/tcp_stream_transport.h).
+// gradsync_ring_zmq: the same ring over ZeroMQ (wire/zmq_transport.h).
 // gradsync_ring_curve: our ring with CurveZMQ (wire/curve.h) on every socket.
 // gradsync_ring_sealed: our ring as a CURVE job's data transports run it
 // with bulk_encryption: every rank its own node key, the ring's messages
@@ -95,14 +99,16 @@ using Steady = std::chrono::steady_clock;
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
 constexpr const char* kImplNames[] = {
     "gradsync_ring", "gloo_ring", "gloo_ring_chunked", "gradsync_ring_curve",
-    "openmpi_tcp",   "openmpi",   "gradsync_ring_shm", "gradsync_ring_sealed"};
-constexpr int kNumImpls = 8;
+    "openmpi_tcp",   "openmpi",   "gradsync_ring_shm", "gradsync_ring_sealed",
+    "gradsync_ring_zmq"};
+constexpr int kNumImpls = 9;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
 constexpr int kMpi = 5;
 constexpr int kOursShm = 6;
 constexpr int kOursSealed = 7;
+constexpr int kOursZmq = 8;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -157,7 +163,8 @@ Status ParseLists(const Config& config, Settings* s) {
                       config.GetString("impls",
                                        "gradsync_ring,gloo_ring,gloo_ring_chunked,"
                                        "gradsync_ring_curve,gradsync_ring_shm,"
-                                       "gradsync_ring_sealed,openmpi_tcp,openmpi"));
+                                       "gradsync_ring_sealed,gradsync_ring_zmq,openmpi_tcp,"
+                                       "openmpi"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -322,7 +329,8 @@ struct Rank {
   std::unique_ptr<gloo::BarrierAllToAll> barrier;
   // Our ring: plain, with CURVE, over shared memory (by impl index).
   struct OurRing {
-    std::unique_ptr<wire::ZmqTransport> transport;
+    std::unique_ptr<wire::TcpStreamTransport> stream;  // kOurs
+    std::unique_ptr<wire::ZmqTransport> transport;     // the others
     std::unique_ptr<wire::SameHostTransport> same_host;  // over transport (shm only)
     std::unique_ptr<client::RingCollectives> ring;
     uint64_t seq = 0;
@@ -429,10 +437,42 @@ StatusOr<std::string> SharePlan(Rank* r, const std::string& endpoint, wire::Node
   return plan[static_cast<size_t>((r->args.rank + n - 1) % n)].identity;
 }
 
-// Our ring for implementation `impl` (kOurs, kOursCurve, kOursShm or
-// kOursSealed).
+client::RingOptions OurRingOptions(const Rank& r) {
+  client::RingOptions options;
+  if (r.settings.chunk_bytes > 0) options.chunk_bytes = r.settings.chunk_bytes;
+  if (r.settings.small_bytes >= 0) options.small_bytes = r.settings.small_bytes;
+  return options;
+}
+
+// Our ring over TCP connections of its own (kOurs): identities rank-R, each
+// rank taking its left neighbour's connection.
+Status ConnectStreams(Rank* r, Rank::OurRing* ours) {
+  const int n = r->args.world;
+  auto name = [](int rank) { return "rank-" + std::to_string(rank); };
+  wire::TcpStreamOptions options;
+  options.job_id = r->args.job_id;
+  options.identity = name(r->args.rank);
+  options.accept = {name((r->args.rank + n - 1) % n)};
+  ours->stream = std::make_unique<wire::TcpStreamTransport>(options);
+  GS_ASSIGN_OR_RETURN(std::string endpoint, ours->stream->Listen("tcp://127.0.0.1:0"));
+  GS_ASSIGN_OR_RETURN(std::string right,
+                      SwapEndpoints(r, endpoint, std::string(kImplNames[kOurs]) + "_endpoint_"));
+  client::RingPeers peers;
+  peers.left_identity = options.accept[0];
+  peers.rank = r->args.rank;
+  peers.world_size = n;
+  peers.right_endpoint = right;
+  peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
+  GS_ASSIGN_OR_RETURN(ours->ring, client::RingCollectives::Create(ours->stream.get(), peers,
+                                                                  OurRingOptions(*r), nullptr));
+  return OkStatus();
+}
+
+// Our ring for implementation `impl` (kOurs, kOursZmq, kOursCurve, kOursShm
+// or kOursSealed).
 Status ConnectOurs(Rank* r, int impl) {
   Rank::OurRing& ours = r->ours[impl];
+  if (impl == kOurs) return ConnectStreams(r, &ours);
   wire::ZmqOptions zmq;
   std::shared_ptr<wire::NodeKeys> keys;
   if (impl == kOursCurve || impl == kOursSealed) {
@@ -460,9 +500,7 @@ Status ConnectOurs(Rank* r, int impl) {
   peers.world_size = r->args.world;
   peers.right_endpoint = right;
   peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
-  client::RingOptions options;
-  if (r->settings.chunk_bytes > 0) options.chunk_bytes = r->settings.chunk_bytes;
-  if (r->settings.small_bytes >= 0) options.small_bytes = r->settings.small_bytes;
+  const client::RingOptions options = OurRingOptions(*r);
   wire::Transport* ring_transport = ours.transport.get();
   if (impl == kOursShm) {
     wire::SameHostOptions links;
@@ -602,7 +640,7 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed}) {
+  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;

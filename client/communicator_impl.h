@@ -59,7 +59,7 @@ struct SyncHandle::State {
 // The Communicator's settings (Config), read once at Create.
 struct CommOptions {
   // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes,
-  // ring_order, ring_lanes), ps
+  // ring_order, ring_lanes, ring_transport), ps
   // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
@@ -90,6 +90,11 @@ struct CommOptions {
     if (o.sync.ring_order != "measured" && o.sync.ring_order != "rank") {
       return InvalidArgumentError("ring_order must be measured or rank, got '" + o.sync.ring_order +
                                   "'");
+    }
+    GS_ASSIGN_OR_RETURN(o.sync.ring_transport, config.GetString("ring_transport", "tcp"));
+    if (o.sync.ring_transport != "tcp" && o.sync.ring_transport != "zmq") {
+      return InvalidArgumentError("ring_transport must be tcp or zmq, got '" +
+                                  o.sync.ring_transport + "'");
     }
     GS_ASSIGN_OR_RETURN(std::string lanes, config.GetString("ring_lanes", "1"));
     if (lanes == "auto") {

@@ -15,6 +15,7 @@
 #include "cluster/same_host_links.h"
 #include "common/logging.h"
 #include "wire/same_host_transport.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::client {
@@ -36,16 +37,23 @@ constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 // it: its lane count and the port of each lane past the first (ports[k],
 // lane k), on the host the scheduler has for it.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
+// With TCP streams (ring_transport=tcp), stream_ports[k] is lane k's
+// stream port, lane 0 included.
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
+  int32_t streams = 0;    // the lanes are TCP streams
+  int32_t unused = 0;
   uint16_t ports[wire::kMaxLanes] = {};
+  uint16_t stream_ports[wire::kMaxLanes] = {};
 };
-static_assert(sizeof(LaneRecord) == 2 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t),
+static_assert(sizeof(LaneRecord) ==
+                  4 * sizeof(int32_t) + 2 * wire::kMaxLanes * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
 std::string LanesSetting(const LaneRecord& r) {
-  return r.automatic != 0 ? "auto" : std::to_string(r.count);
+  return std::string("ring_lanes=") + (r.automatic != 0 ? "auto" : std::to_string(r.count)) +
+         (r.streams != 0 ? " over TCP streams" : " over ZeroMQ");
 }
 
 // ring_lanes=auto: the all-reduce each lane count is timed with, and how
@@ -184,15 +192,24 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   return order;
 }
 
+// The identity lane `lane` of the node whose data transport is `identity`
+// goes under ("" stays "").
+std::string LaneName(const std::string& identity, int lane) {
+  return lane == 0 || identity.empty() ? identity : wire::LaneIdentity(identity, lane);
+}
+
 // Lanes 1 to `count` - 1 of this worker's ring beside lanes->front(), the
 // ring of `peers` in `order`: each a transport of its own (in
-// out->lane_transports) listening on a free port of this host. The workers
-// exchange their lane counts and ports over the first lane; lane counts
-// that differ fail every worker, naming one that differs.
-Status AddLanes(Session* session, int count, const RingPeers& peers, const std::vector<int>& order,
-                bool automatic, const RingOptions& ring_options, const HealthCheck& health,
-                Ring* out, std::vector<std::unique_ptr<RingCollectives>>* lanes,
-                Deadline deadline) {
+// out->lane_transports) listening on a free port of this host. With
+// `streams`, every lane, lane 0 included, is a TcpStreamTransport of its
+// own instead, taking only its left neighbour's connection, and replaces
+// the lanes over ZeroMQ. The workers exchange their lane counts and ports
+// over the first lane; lane counts or transports that differ fail every
+// worker, naming one that differs.
+Status AddLanes(Session* session, int count, bool streams, const RingPeers& peers,
+                const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
+                const HealthCheck& health, Ring* out,
+                std::vector<std::unique_ptr<RingCollectives>>* lanes, Deadline deadline) {
   const cluster::RingNeighbours next = cluster::NeighboursOf(order, peers.rank, peers.world_size);
   std::optional<wire::NodeInfo> right;
   for (const wire::NodeInfo& p : session->peers()) {
@@ -202,14 +219,31 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
   LaneRecord mine;
   mine.count = count;
   mine.automatic = automatic ? 1 : 0;
-  for (int k = 1; k < count; ++k) {
+  mine.streams = streams ? 1 : 0;
+  GS_ASSIGN_OR_RETURN(std::string listen_at, wire::ListenEndpoint(session->host(), 0));
+  auto port_of = [](const std::string& bound) {
+    return static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
+  };
+  std::vector<std::unique_ptr<wire::Transport>> stream_transports;
+  for (int k = 0; streams && k < count; ++k) {
+    wire::TcpStreamOptions o;
+    o.job_id = session->job_id();
+    o.identity = LaneName(session->data().identity(), k);
+    o.accept = {LaneName(peers.left_identity, k)};
+    o.max_frame_bytes = RingFrameBytes(ring_options);
+    o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
+    auto transport = std::make_unique<wire::TcpStreamTransport>(o);
+    GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
+    mine.stream_ports[k] = port_of(bound);
+    stream_transports.push_back(std::move(transport));
+  }
+  for (int k = 1; !streams && k < count; ++k) {
     GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
                         wire::ZmqTransport::Create(session->DataTransportOptions(
                             wire::LaneIdentity(session->data().identity(), k),
                             static_cast<int64_t>(RingFrameBytes(ring_options)))));
-    GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(session->host(), 0));
-    GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(endpoint));
-    mine.ports[k] = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
+    GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
+    mine.ports[k] = port_of(bound);
     out->lane_transports.push_back(std::move(transport));
   }
   std::vector<LaneRecord> all(static_cast<size_t>(peers.world_size));
@@ -217,14 +251,33 @@ Status AddLanes(Session* session, int count, const RingPeers& peers, const std::
                                                OpTag{0, kRingLanesBucket, 0, 0}, deadline));
   for (int q = 0; q < peers.world_size; ++q) {
     const LaneRecord& theirs = all[static_cast<size_t>(q)];
-    if (theirs.count != count || (theirs.automatic != 0) != automatic) {
-      return FailedPreconditionError(
-          "worker " + std::to_string(q) + " runs ring_lanes=" + LanesSetting(theirs) + ", worker " +
-          std::to_string(peers.rank) + " ring_lanes=" + LanesSetting(mine) +
-          ": every worker needs the same");
+    if (theirs.count != count || (theirs.automatic != 0) != automatic ||
+        (theirs.streams != 0) != streams) {
+      return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
+                                     LanesSetting(theirs) + ", worker " +
+                                     std::to_string(peers.rank) + " " + LanesSetting(mine) +
+                                     ": every worker needs the same (ring_lanes, ring_transport)");
     }
   }
   const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
+  if (streams) {
+    lanes->clear();  // the ring over ZeroMQ made the exchange; the streams take over
+    for (int k = 0; k < count; ++k) {
+      if (theirs.stream_ports[k] == 0) {
+        return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
+                                       std::to_string(k));
+      }
+      RingPeers lane = peers;
+      lane.right_endpoint =
+          "tcp://" + right->host + ":" + std::to_string(theirs.stream_ports[k]);
+      lane.left_identity = LaneName(peers.left_identity, k);
+      out->lane_transports.push_back(std::move(stream_transports[static_cast<size_t>(k)]));
+      GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
+                                                             lane, ring_options, health));
+      lanes->push_back(std::move(ring));
+    }
+    return Status();
+  }
   for (int k = 1; k < count; ++k) {
     if (theirs.ports[k] == 0) {
       return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
@@ -317,12 +370,17 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
   lanes.push_back(std::move(first));
   // Lanes where a link is TCP: not when every worker is on one host and
-  // they all share memory.
-  const bool tcp = !options.shm || cluster::WorkerHosts(session->peers()).size() > 1;
+  // they all share memory. TCP streams where no link shares memory and
+  // there is no CURVE.
+  const size_t hosts = cluster::WorkerHosts(session->peers()).size();
+  const bool tcp = !options.shm || hosts > 1;
+  const bool streams = options.ring_transport == "tcp" && !session->curve().has_value() &&
+                       (!options.shm || hosts == static_cast<size_t>(n)) &&
+                       !peers.left_identity.empty();
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
   if (n > 1 && tcp && !nccl) {
-    Status s = AddLanes(session, options.ring_lanes, peers, order, options.ring_lanes_auto,
-                        ring_options, health, &out, &lanes, deadline);
+    Status s = AddLanes(session, options.ring_lanes, streams, peers, order,
+                        options.ring_lanes_auto, ring_options, health, &out, &lanes, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;
@@ -330,6 +388,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     if (r == 0 && options.ring_lanes > 1 && !options.ring_lanes_auto) {
       GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
     }
+    if (r == 0 && streams) GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)";
   }
   out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));
   if (options.ring_lanes_auto && out.lanes->lanes() > 1) {

@@ -120,17 +120,19 @@ TEST_F(AllReduceSdkTest, WithAutoLanesTheRingChoosesACountAndTheResultsAreExact)
       << line;
 }
 
-// Workers started with different ring_lanes all fail at the start, naming
-// a worker that differs and both settings: worker 0 runs ring_lanes=1,
-// worker 1 `other`.
-void ExpectLaneSettingsRefused(LocalJob& job, const std::string& other) {
+// Workers started with different ring settings all fail at the start,
+// naming a worker that differs and both settings: worker 0 runs
+// --ring_lanes=1 (its setting reads `mine`), worker 1 `other_flag` (read
+// `other`).
+void ExpectRingSettingsRefused(LocalJob& job, const std::string& other_flag,
+                               const std::string& mine, const std::string& other) {
   job.StartScheduler(2, 0);
   job.SetJob(2, 0);
   std::vector<Subprocess*> workers;
   for (int r = 0; r < 2; ++r) {
     workers.push_back(&job.Start(
         {Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r), "--mode=train", "--steps=2",
-         "--metrics_base_port=0", "--ring_shm=false", "--ring_lanes=" + (r == 0 ? "1" : other)},
+         "--metrics_base_port=0", "--ring_shm=false", r == 0 ? "--ring_lanes=1" : other_flag},
         "worker" + std::to_string(r)));
   }
   for (int r = 0; r < 2; ++r) {
@@ -138,14 +140,45 @@ void ExpectLaneSettingsRefused(LocalJob& job, const std::string& other) {
     auto code = w->Wait(Deadline::AfterMs(60000));
     ASSERT_TRUE(code.has_value()) << w->Output();
     EXPECT_NE(*code, 0) << w->Output();
-    EXPECT_NE(w->Output().find("runs ring_lanes=" + (r == 0 ? other : "1")), std::string::npos)
+    EXPECT_NE(w->Output().find("runs " + (r == 0 ? other : mine)), std::string::npos)
         << w->Output();
     EXPECT_NE(w->Output().find("every worker needs the same"), std::string::npos) << w->Output();
   }
 }
 
+void ExpectLaneSettingsRefused(LocalJob& job, const std::string& other) {
+  ExpectRingSettingsRefused(job, "--ring_lanes=" + other, "ring_lanes=1 over TCP streams",
+                            "ring_lanes=" + other + " over TCP streams");
+}
+
 TEST_F(AllReduceSdkTest, WorkersOfDifferentLaneCountsAllFailNamingTheCounts) {
   ExpectLaneSettingsRefused(*this, "2");
+}
+
+TEST_F(AllReduceSdkTest, WorkersOfDifferentRingTransportsAllFailNamingBoth) {
+  ExpectRingSettingsRefused(*this, "--ring_transport=zmq", "ring_lanes=1 over TCP streams",
+                            "ring_lanes=1 over ZeroMQ");
+}
+
+// Without shared memory and without CURVE the ring's lanes are TCP streams
+// (wire/tcp_stream_transport.h): two lanes each, the same exact results.
+TEST_F(AllReduceSdkTest, OverTcpStreamsInTwoLanesTheSameExactResults) {
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_shm=false",
+                                  "--ring_lanes=2", "--host=localhost"});
+  ExpectTrained(workers);
+  EXPECT_NE(workers[0]->Output().find("ring over TCP streams"), std::string::npos)
+      << workers[0]->Output();
+}
+
+// A worker per host address without CURVE: the links are timed through
+// the data ports, then the ring runs over TCP streams in the measured
+// order.
+TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, "", /*own_hosts=*/true);
+  ExpectTrained(workers);
+  const std::string out = workers[0]->Output();
+  EXPECT_NE(out.find("over 4 hosts"), std::string::npos) << out;
+  EXPECT_NE(out.find("ring over TCP streams"), std::string::npos) << out;
 }
 
 TEST_F(AllReduceSdkTest, AutoLanesBesideACountAllFailNamingBoth) {
