@@ -98,8 +98,8 @@ using Steady = std::chrono::steady_clock;
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
 constexpr const char* kImplNames[] = {
-    "gradsync_ring", "gloo_ring", "gloo_ring_chunked", "gradsync_ring_curve",
-    "openmpi_tcp",   "openmpi",   "gradsync_ring_shm", "gradsync_ring_sealed",
+    "gradsync_ring",    "gloo_ring", "gloo_ring_chunked", "gradsync_ring_curve",
+    "openmpi_tcp",      "openmpi",   "gradsync_ring_shm", "gradsync_ring_sealed",
     "gradsync_ring_zmq"};
 constexpr int kNumImpls = 9;
 constexpr int kOurs = 0;
@@ -329,8 +329,8 @@ struct Rank {
   std::unique_ptr<gloo::BarrierAllToAll> barrier;
   // Our ring: plain, with CURVE, over shared memory (by impl index).
   struct OurRing {
-    std::unique_ptr<wire::TcpStreamTransport> stream;  // kOurs
-    std::unique_ptr<wire::ZmqTransport> transport;     // the others
+    std::unique_ptr<wire::TcpStreamTransport> stream;    // kOurs
+    std::unique_ptr<wire::ZmqTransport> transport;       // the others
     std::unique_ptr<wire::SameHostTransport> same_host;  // over transport (shm only)
     std::unique_ptr<client::RingCollectives> ring;
     uint64_t seq = 0;

@@ -47,8 +47,7 @@ struct LaneRecord {
   uint16_t ports[wire::kMaxLanes] = {};
   uint16_t stream_ports[wire::kMaxLanes] = {};
 };
-static_assert(sizeof(LaneRecord) ==
-                  4 * sizeof(int32_t) + 2 * wire::kMaxLanes * sizeof(uint16_t),
+static_assert(sizeof(LaneRecord) == 4 * sizeof(int32_t) + 2 * wire::kMaxLanes * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
 std::string LanesSetting(const LaneRecord& r) {
@@ -268,8 +267,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
                                        std::to_string(k));
       }
       RingPeers lane = peers;
-      lane.right_endpoint =
-          "tcp://" + right->host + ":" + std::to_string(theirs.stream_ports[k]);
+      lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.stream_ports[k]);
       lane.left_identity = LaneName(peers.left_identity, k);
       out->lane_transports.push_back(std::move(stream_transports[static_cast<size_t>(k)]));
       GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
@@ -379,8 +377,8 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
                        !peers.left_identity.empty();
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
   if (n > 1 && tcp && !nccl) {
-    Status s = AddLanes(session, options.ring_lanes, streams, peers, order,
-                        options.ring_lanes_auto, ring_options, health, &out, &lanes, deadline);
+    Status s = AddLanes(session, options.ring_lanes, streams, peers, order, options.ring_lanes_auto,
+                        ring_options, health, &out, &lanes, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;

@@ -163,8 +163,8 @@ TEST_F(AllReduceSdkTest, WorkersOfDifferentRingTransportsAllFailNamingBoth) {
 // Without shared memory and without CURVE the ring's lanes are TCP streams
 // (wire/tcp_stream_transport.h): two lanes each, the same exact results.
 TEST_F(AllReduceSdkTest, OverTcpStreamsInTwoLanesTheSameExactResults) {
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_shm=false",
-                                  "--ring_lanes=2", "--host=localhost"});
+  auto workers = StartWorkers(
+      4, {"--mode=train", "--steps=4", "--ring_shm=false", "--ring_lanes=2", "--host=localhost"});
   ExpectTrained(workers);
   EXPECT_NE(workers[0]->Output().find("ring over TCP streams"), std::string::npos)
       << workers[0]->Output();
