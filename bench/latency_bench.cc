@@ -8,11 +8,15 @@
 //                  hand-offs;
 //   shm_link       two wire::SameHostTransports over one shared-memory link
 //                  each way (the inner transports idle).
+//   tcp_stream     two wire::TcpStreamTransports, a connection each way
+//                  that the threads write and read themselves (what a ring
+//                  without CURVE between hosts runs).
 //   ring_tcp       two client::RingCollectives (ranks 0 and 1, one thread
 //                  each) over zmq_transport, back-to-back fp32 sum
 //                  all-reduces of --bytes: per operation, not one way (with
 //                  2 ranks one small all-reduce is one one-way trip per rank
 //                  plus the ring's own work: the difference is that work);
+//   ring_stream    the same over tcp_stream;
 //   ring_shm       the same over shm_link.
 //
 //   bazel run --config=opt //bench:latency_bench -- [--bytes=4096] [--rounds=20000]
@@ -37,6 +41,7 @@
 #include "common/time.h"
 #include "wire/message.h"
 #include "wire/same_host_transport.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/transport.h"
 #include "wire/zmq_transport.h"
 
@@ -129,18 +134,36 @@ StatusOr<Result> PingPong(wire::Transport& a, wire::ConnId a_to_b, wire::Transpo
   return Summarise(std::move(rtt));
 }
 
+enum class Layer { kZmq, kShm, kStream };
+
 // Two ZeroMQ transports listening on loopback (`inner`) and the ends to use:
-// those, or (shm) a SameHostTransport over each with a shared-memory link
-// each way.
+// those, or (kShm) a SameHostTransport over each with a shared-memory link
+// each way, or (kStream) two TCP stream transports instead.
 struct Pair {
   std::vector<std::unique_ptr<wire::ZmqTransport>> inner;
   std::vector<std::unique_ptr<wire::SameHostTransport>> links;
+  std::vector<std::unique_ptr<wire::TcpStreamTransport>> streams;
   std::vector<wire::Transport*> ends;
   std::vector<std::string> endpoints;
 };
 
-StatusOr<Pair> MakePair(bool shm) {
+StatusOr<Pair> MakePair(Layer layer) {
   Pair p;
+  if (layer == Layer::kStream) {
+    const std::string names[2] = {"end-0", "end-1"};
+    for (int i = 0; i < 2; ++i) {
+      wire::TcpStreamOptions o;
+      o.job_id = 1;
+      o.identity = names[i];
+      o.accept = {names[1 - i]};
+      p.streams.push_back(std::make_unique<wire::TcpStreamTransport>(o));
+      GS_ASSIGN_OR_RETURN(std::string e, p.streams.back()->Listen("tcp://127.0.0.1:0"));
+      p.endpoints.push_back(e);
+      p.ends.push_back(p.streams.back().get());
+    }
+    return p;
+  }
+  const bool shm = layer == Layer::kShm;
   for (int i = 0; i < 2; ++i) {
     GS_ASSIGN_OR_RETURN(auto t, wire::ZmqTransport::Create({}));
     GS_ASSIGN_OR_RETURN(std::string e, t->Listen("tcp://127.0.0.1:0"));
@@ -164,21 +187,26 @@ StatusOr<Pair> MakePair(bool shm) {
   return p;
 }
 
-StatusOr<Result> PingPongOver(bool shm, size_t bytes, int rounds) {
-  GS_ASSIGN_OR_RETURN(Pair p, MakePair(shm));
+StatusOr<Result> PingPongOver(Layer layer, size_t bytes, int rounds) {
+  GS_ASSIGN_OR_RETURN(Pair p, MakePair(layer));
   GS_ASSIGN_OR_RETURN(wire::ConnId a_to_b, p.ends[0]->Connect(p.endpoints[1]));
   GS_ASSIGN_OR_RETURN(wire::ConnId b_to_a, p.ends[1]->Connect(p.endpoints[0]));
   return PingPong(*p.ends[0], a_to_b, *p.ends[1], b_to_a, bytes, rounds);
 }
 
 StatusOr<Result> ZmqTransports(size_t bytes, int rounds) {
-  return PingPongOver(false, bytes, rounds);
+  return PingPongOver(Layer::kZmq, bytes, rounds);
 }
-StatusOr<Result> ShmLinks(size_t bytes, int rounds) { return PingPongOver(true, bytes, rounds); }
+StatusOr<Result> ShmLinks(size_t bytes, int rounds) {
+  return PingPongOver(Layer::kShm, bytes, rounds);
+}
+StatusOr<Result> TcpStreams(size_t bytes, int rounds) {
+  return PingPongOver(Layer::kStream, bytes, rounds);
+}
 
 // Per operation (microseconds) of rank 0, the other rank running alongside.
-StatusOr<Result> Rings(bool shm, size_t bytes, int rounds) {
-  GS_ASSIGN_OR_RETURN(Pair pair, MakePair(shm));
+StatusOr<Result> Rings(Layer layer, size_t bytes, int rounds) {
+  GS_ASSIGN_OR_RETURN(Pair pair, MakePair(layer));
   std::vector<std::unique_ptr<client::RingCollectives>> rings;
   for (int r = 0; r < 2; ++r) {
     client::RingPeers peers;
@@ -186,6 +214,8 @@ StatusOr<Result> Rings(bool shm, size_t bytes, int rounds) {
     peers.world_size = 2;
     peers.right_endpoint = pair.endpoints[static_cast<size_t>(1 - r)];
     peers.sender = wire::Sender{wire::Role::Worker, r, 1};
+    if (layer == Layer::kStream)
+      peers.left_identity = pair.ends[static_cast<size_t>(1 - r)]->identity();
     GS_ASSIGN_OR_RETURN(auto ring, client::RingCollectives::Create(
                                        pair.ends[static_cast<size_t>(r)], peers, {}, nullptr));
     rings.push_back(std::move(ring));
@@ -217,8 +247,11 @@ StatusOr<Result> Rings(bool shm, size_t bytes, int rounds) {
   return Summarise(std::move(per_op));
 }
 
-StatusOr<Result> RingTcp(size_t bytes, int rounds) { return Rings(false, bytes, rounds); }
-StatusOr<Result> RingShm(size_t bytes, int rounds) { return Rings(true, bytes, rounds); }
+StatusOr<Result> RingTcp(size_t bytes, int rounds) { return Rings(Layer::kZmq, bytes, rounds); }
+StatusOr<Result> RingStream(size_t bytes, int rounds) {
+  return Rings(Layer::kStream, bytes, rounds);
+}
+StatusOr<Result> RingShm(size_t bytes, int rounds) { return Rings(Layer::kShm, bytes, rounds); }
 
 // The ring layers are timed per operation, the others one way.
 const char* Measure(const std::string& layer) {
@@ -251,7 +284,9 @@ int Main(int argc, char** argv) {
   for (auto [name, run] :
        {std::pair<const char*, StatusOr<Result> (*)(size_t, int)>{"zmq_transport", ZmqTransports},
         {"shm_link", ShmLinks},
+        {"tcp_stream", TcpStreams},
         {"ring_tcp", RingTcp},
+        {"ring_stream", RingStream},
         {"ring_shm", RingShm}}) {
     auto got = run(n, r);
     if (!got.ok()) {
