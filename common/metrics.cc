@@ -118,11 +118,13 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                        MetricType::Counter, static_cast<double>(impostors)));
   out.push_back(Family("gradsync_auth_failures_total",
                        "Connections refused at the handshake: no, wrong or another job's "
-                       "CURVE key.",
+                       "CURVE key, or a ring TCP stream's hello (another job, an identity it "
+                       "does not take, garbage or none).",
                        MetricType::Counter, static_cast<double>(refused)));
   out.push_back(Family("gradsync_transport_dropped_total",
                        "Messages dropped as they were read, before any receiver: more "
-                       "payload frames or a larger header than any gradsync message has.",
+                       "payload frames or a larger header than any gradsync message has "
+                       "(on a ring TCP stream: a frame table out of bounds, which closes it).",
                        MetricType::Counter, static_cast<double>(dropped)));
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {

@@ -607,8 +607,11 @@ void TcpStreamTransport::AcceptLoop(int listening) {
   }
 }
 
-void TcpStreamTransport::Refused(const std::string& what) {
+void TcpStreamTransport::Refused(const std::string& what, bool at_hello) {
   const uint64_t n = refused_.fetch_add(1) + 1;
+  if (options_.refusals != nullptr) {
+    (at_hello ? options_.refusals->handshakes : options_.refusals->dropped).fetch_add(1);
+  }
   if (n <= kLogFirst || n % kLogEvery == 0) {
     GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": " << what << " (" << n
                     << " refused so far)";
@@ -705,7 +708,7 @@ StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
     return std::unique_ptr<Incoming>();
   };
   auto bad = [&](const std::string& why) -> StatusOr<std::unique_ptr<Incoming>> {
-    Refused("closed " + c.Described() + ": " + why);
+    Refused("closed " + c.Described() + ": " + why, /*at_hello=*/false);
     (void)broke("broke the framing");
     return DataLossError(c.Described() + " broke the framing: " + why);
   };

@@ -67,6 +67,10 @@ struct TcpStreamOptions {
   size_t max_message_bytes = (size_t{1} << 30) + (64 << 10);
   Millis hello_wait{2000};  // an accepted connection's time to say hello
   size_t max_pending = 16;  // accepted connections that have not, at once
+  // Where refusals are also counted (may be null): connections refused at
+  // the hello (or that said none) in `handshakes`, connections closed for
+  // a bad frame table in `dropped`.
+  std::shared_ptr<TransportRefusals> refusals;
 };
 
 class TcpStreamTransport : public Transport {
@@ -118,7 +122,9 @@ class TcpStreamTransport : public Transport {
   bool ReadHello(const std::shared_ptr<Conn>& c);
   // Receive's thread: reads what `c` has; a message when one is complete.
   StatusOr<std::unique_ptr<Incoming>> ReadSome(Conn& c);
-  void Refused(const std::string& what);
+  // Counts and logs a refusal; `at_hello`: of a connection before its
+  // hello was taken (else: a frame table).
+  void Refused(const std::string& what, bool at_hello = true);
 
   TcpStreamOptions options_;
   std::shared_ptr<BufferPool> pool_;

@@ -243,6 +243,8 @@ TEST(TcpStreamTransport, GarbageAndSilentConnectionsAreClosedAndTheNeighbourServ
   TcpStreamOptions o = Options("right", {"left"});
   o.hello_wait = Millis(300);
   o.max_pending = 4;
+  o.refusals = std::make_shared<TransportRefusals>();
+  auto refusals = o.refusals;
   Listener right(o);
   // Garbage in place of a hello.
   const int junk = RawConnect(right.endpoint);
@@ -261,13 +263,17 @@ TEST(TcpStreamTransport, GarbageAndSilentConnectionsAreClosedAndTheNeighbourServ
   auto got = right.t.Receive(Deadline::After(Millis(20000)));
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSame(m, got->message);
+  EXPECT_EQ(9u, refusals->handshakes.load());  // also counted for /metrics
+  EXPECT_EQ(0u, refusals->dropped.load());
   close(junk);
   for (int fd : silent) close(fd);
 }
 
 // A peer that said a good hello, then sends `table`.
 Status AfterHello(const std::vector<uint8_t>& table) {
-  Listener right;
+  TcpStreamOptions o = Options("right", {"left"});
+  o.refusals = std::make_shared<TransportRefusals>();
+  Listener right(o);
   const int fd = RawConnect(right.endpoint);
   std::vector<uint8_t> hello = Hello("left");
   EXPECT_EQ(static_cast<ssize_t>(hello.size()), write(fd, hello.data(), hello.size()));
@@ -275,6 +281,8 @@ Status AfterHello(const std::vector<uint8_t>& table) {
   StatusOr<Incoming> got = right.t.Receive(Deadline::After(Millis(20000)));
   close(fd);
   EXPECT_EQ(1u, right.t.refused());
+  EXPECT_EQ(1u, o.refusals->dropped.load());
+  EXPECT_EQ(0u, o.refusals->handshakes.load());
   return got.status();
 }
 

@@ -20,6 +20,7 @@
 #ifndef GRADSYNC_WIRE_TRANSPORT_H_
 #define GRADSYNC_WIRE_TRANSPORT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -129,6 +130,15 @@ class PostedSends {
     Status first;  // guarded by mu
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// What the transports of one process refused before a message reached its
+// receiver, for /metrics (cluster::TransportOptions fills it).
+struct TransportRefusals {
+  std::atomic<uint64_t> handshakes{0};     // failed handshakes (CURVE, a TCP stream hello)
+  std::atomic<uint64_t> dropped{0};        // messages dropped as they were read
+  std::atomic<uint64_t> impostors{0};      // messages under another node's identity
+  std::atomic<uint64_t> sends_dropped{0};  // sends to a peer that was not reading
 };
 
 // A random identity for a transport ("<prefix>-<16 hex digits>").

@@ -131,15 +131,6 @@ struct ZmqOptions {
   int bulk_crypto_threads = -1;
 };
 
-// What the transports of one process refused before a message reached its
-// receiver, for /metrics (cluster::TransportOptions fills it).
-struct TransportRefusals {
-  std::atomic<uint64_t> handshakes{0};     // failed handshakes (CURVE)
-  std::atomic<uint64_t> dropped{0};        // messages dropped as they were read
-  std::atomic<uint64_t> impostors{0};      // messages under another node's identity
-  std::atomic<uint64_t> sends_dropped{0};  // sends to a peer that was not reading
-};
-
 // Once per process, unless GRADSYNC_TUNE_MALLOC=0 or GLIBC_TUNABLES sets
 // malloc itself: allocations up to 32 MiB come from the heap and up to
 // 128 MiB of freed heap is kept, so that the buffers ZeroMQ allocates for
