@@ -38,6 +38,18 @@ def test_ddp_over_the_backend_equals_ddp_over_gloo_bit_for_bit(scenario):
             assert r["steps"] >= 2, r  # gradsync's buckets took over
 
 
+def test_ddp_hook_over_tcp_streams_equals_ddp_over_gloo_bit_for_bit():
+    """Without shared memory (as between hosts in a job without CURVE) the
+    ring's lanes are TCP streams (docs/design/tcp_streams.md): the same
+    bits as DDP over gloo."""
+    results = job.run_workers("ddp_hook", [WORKER, "ddp_hook"], WORKERS,
+                              extra_env={"GRADSYNC_RING_SHM": "false"})
+    for rank, (code, r, _) in results.items():
+        assert code == 0 and r is not None, job.describe(results)
+        assert r["identical"] and r["steps"] >= 2, (rank, r)
+    assert "ring over TCP streams" in results[0][2], job.describe(results)
+
+
 def test_ddp_hook_on_the_parameter_server_over_the_backend():
     # gradsync_launch's way in (GRADSYNC_* and torchrun's variables), two
     # shards: DDP's buckets go to the parameter server, DDP's own
