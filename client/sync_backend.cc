@@ -38,17 +38,13 @@ constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 // it: its lane count and the port of each lane past the first (ports[k],
 // lane k), on the host the scheduler has for it.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
-// With TCP streams (ring_transport=tcp), stream_ports[k] is lane k's
-// stream port, lane 0 included.
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
-  int32_t streams = 0;    // the lanes are TCP streams
-  int32_t unused = 0;
+  int32_t streams = 0;    // TCP streams: ports[k] is lane k's, lane 0 included
   uint16_t ports[wire::kMaxLanes] = {};
-  uint16_t stream_ports[wire::kMaxLanes] = {};
 };
-static_assert(sizeof(LaneRecord) == 4 * sizeof(int32_t) + 2 * wire::kMaxLanes * sizeof(uint16_t),
+static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
 std::string LanesSetting(const LaneRecord& r) {
@@ -245,7 +241,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     o.refusals = session->refusals();
     auto transport = std::make_unique<wire::TcpStreamTransport>(o);
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
-    mine.stream_ports[k] = port_of(bound);
+    mine.ports[k] = port_of(bound);
     stream_transports.push_back(std::move(transport));
   }
   for (int k = 1; !streams && k < count; ++k) {
@@ -274,12 +270,12 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
   if (streams) {
     lanes->clear();  // the ring over ZeroMQ made the exchange; the streams take over
     for (int k = 0; k < count; ++k) {
-      if (theirs.stream_ports[k] == 0) {
+      if (theirs.ports[k] == 0) {
         return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
                                        std::to_string(k));
       }
       RingPeers lane = peers;
-      lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.stream_ports[k]);
+      lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
       lane.left_identity = LaneName(peers.left_identity, k);
       out->lane_transports.push_back(std::move(stream_transports[static_cast<size_t>(k)]));
       GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "wire/validate.h"
 
 namespace gradsync::wire {
 namespace {
@@ -27,7 +28,10 @@ constexpr uint32_t kFrameMagic = 0x47535431;   // "GST1": a message
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHelloFixed = 20;  // magic, version, job id, identity length
 constexpr size_t kMaxIdentity = 255;
-constexpr size_t kMaxIov = 64;
+// The most frames a message may have (the header and every payload frame a
+// gradsync message can carry), and so the longest frame table.
+constexpr size_t kMaxFrames = Limits{}.max_payload_frames + 1;
+constexpr size_t kMaxIov = kMaxFrames + 1;
 // How long a refused or unreachable connect waits before it tries again.
 constexpr Millis kConnectRetry{20};
 // The longest a poll sleeps between looks at Shutdown and the deadlines.
@@ -180,9 +184,10 @@ Status ReadAll(int fd, uint8_t* out, size_t n, Deadline deadline, const std::str
 
 struct TcpStreamTransport::Pending {
   Message message;
-  std::vector<uint8_t> table;  // magic, count, sizes
-  size_t total = 0;            // bytes of table and frames
-  size_t done = 0;             // bytes of them written
+  uint8_t table[8 + 8 * kMaxFrames];  // magic, count, sizes
+  size_t table_bytes = 0;
+  size_t total = 0;  // bytes of table and frames
+  size_t done = 0;   // bytes of them written
   Deadline deadline = Deadline::At(SteadyTime{});
   std::function<void(const Status&)> done_cb;
 };
@@ -228,7 +233,7 @@ TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
     : options_(std::move(options)), pool_(std::make_shared<BufferPool>(size_t{64} << 20)) {
   if (options_.identity.empty()) options_.identity = RandomIdentity("tcp");
   if (options_.identity.size() > kMaxIdentity) options_.identity.resize(kMaxIdentity);
-  options_.max_frames = std::max<size_t>(options_.max_frames, 1);
+  options_.max_frames = std::clamp<size_t>(options_.max_frames, 1, kMaxFrames);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   taken_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -380,7 +385,7 @@ Status TcpStreamTransport::WriteSome(int fd, Pending& p, const std::string& what
       skip = 0;
       ++n;
     };
-    add(p.table.data(), p.table.size());
+    add(p.table, p.table_bytes);
     add(p.message.header.data(), p.message.header.size());
     for (const Payload& payload : p.message.payloads) add(payload.data, payload.size);
     msghdr m{};
@@ -410,14 +415,19 @@ void TcpStreamTransport::Deliver(const Route& to, Message message, Deadline dead
     return finish(UnavailableError("no connection for " + to.ToString()));
   }
   const size_t frames = 1 + message.payloads.size();
+  if (frames > options_.max_frames) {
+    return finish(InvalidArgumentError("a message of " + std::to_string(frames) +
+                                       " frames (a peer takes at most " +
+                                       std::to_string(options_.max_frames) + ")"));
+  }
   Pending p;
-  p.table.resize(8 + 8 * frames);
-  Put32(p.table.data(), kFrameMagic);
-  Put32(p.table.data() + 4, static_cast<uint32_t>(frames));
-  Put64(p.table.data() + 8, message.header.size());
-  p.total = p.table.size() + message.header.size();
+  p.table_bytes = 8 + 8 * frames;
+  Put32(p.table, kFrameMagic);
+  Put32(p.table + 4, static_cast<uint32_t>(frames));
+  Put64(p.table + 8, message.header.size());
+  p.total = p.table_bytes + message.header.size();
   for (size_t i = 0; i < message.payloads.size(); ++i) {
-    Put64(p.table.data() + 16 + 8 * i, message.payloads[i].size);
+    Put64(p.table + 16 + 8 * i, message.payloads[i].size);
     p.total += message.payloads[i].size;
   }
   p.message = std::move(message);
@@ -693,9 +703,9 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   return false;
 }
 
-StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
+StatusOr<std::optional<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
   const int fd = c.fd.load();
-  auto broke = [&](const std::string& why) -> StatusOr<std::unique_ptr<Incoming>> {
+  auto broke = [&](const std::string& why) -> StatusOr<std::optional<Incoming>> {
     std::deque<Pending> failed;
     {
       std::lock_guard<std::mutex> lock(c.mu);
@@ -705,9 +715,9 @@ StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
     for (Pending& f : failed) {
       if (f.done_cb) f.done_cb(s);
     }
-    return std::unique_ptr<Incoming>();
+    return std::optional<Incoming>();
   };
-  auto bad = [&](const std::string& why) -> StatusOr<std::unique_ptr<Incoming>> {
+  auto bad = [&](const std::string& why) -> StatusOr<std::optional<Incoming>> {
     Refused("closed " + c.Described() + ": " + why, /*at_hello=*/false);
     (void)broke("broke the framing");
     return DataLossError(c.Described() + " broke the framing: " + why);
@@ -742,7 +752,7 @@ StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
       }
       if (r == 0) return broke("was closed by the peer");
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return std::unique_ptr<Incoming>();
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return std::optional<Incoming>();
       return broke("broke: " + ErrnoText(errno));
     }
     c.got = 0;
@@ -794,7 +804,7 @@ StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
         }
         c.buffers.clear();
         c.stage = Conn::Stage::kPrefix;
-        auto in = std::make_unique<Incoming>();
+        std::optional<Incoming> in(std::in_place);
         in->from = c.outgoing ? Route::Connection(c.id) : Route::Inbound(c.peer);
         in->message = std::move(c.reading);
         return in;
@@ -803,9 +813,11 @@ StatusOr<std::unique_ptr<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
 }
 
 StatusOr<Incoming> TcpStreamTransport::Receive(Deadline deadline) {
+  std::vector<std::shared_ptr<Conn>>& readers = readers_;
+  std::vector<pollfd>& fds = poll_fds_;
   for (;;) {
     if (stop_.load()) return CancelledError("the transport was shut down");
-    std::vector<std::shared_ptr<Conn>> readers;
+    readers.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto* list : {&inbound_, &outgoing_}) {
@@ -818,13 +830,13 @@ StatusOr<Incoming> TcpStreamTransport::Receive(Deadline deadline) {
     if (!readers.empty()) {
       const size_t start = next_reader_++ % readers.size();
       for (size_t k = 0; k < readers.size(); ++k) {
-        GS_ASSIGN_OR_RETURN(std::unique_ptr<Incoming> in,
+        GS_ASSIGN_OR_RETURN(std::optional<Incoming> in,
                             ReadSome(*readers[(start + k) % readers.size()]));
         if (in) return std::move(*in);
       }
     }
     if (deadline.Expired()) return DeadlineExceededError("nothing received in time");
-    std::vector<pollfd> fds{{stop_fd_, POLLIN, 0}, {taken_fd_, POLLIN, 0}};
+    fds.assign({{stop_fd_, POLLIN, 0}, {taken_fd_, POLLIN, 0}});
     for (const auto& c : readers) fds.push_back({c->fd.load(), POLLIN, 0});
     if (poll(fds.data(), fds.size(), PollMillis(deadline, kPollSlice)) <= 0) continue;
     if (fds[0].revents != 0) return CancelledError("the transport was shut down");

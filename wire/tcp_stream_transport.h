@@ -42,12 +42,15 @@
 #ifndef GRADSYNC_WIRE_TCP_STREAM_TRANSPORT_H_
 #define GRADSYNC_WIRE_TCP_STREAM_TRANSPORT_H_
 
+#include <poll.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +64,8 @@ struct TcpStreamOptions {
   uint64_t job_id = 0;
   std::string identity;             // presented in the hello; random when empty
   std::vector<std::string> accept;  // identities whose connections are taken
+  // Frames a message may have, the header included, each way (at most 65,
+  // the header and Limits::max_payload_frames): a longer one is refused.
   size_t max_frames = 8;
   size_t max_header_bytes = 64 << 10;
   size_t max_frame_bytes = (size_t{1} << 30) + (64 << 10);
@@ -121,7 +126,7 @@ class TcpStreamTransport : public Transport {
   // with (refused, or taken into inbound_).
   bool ReadHello(const std::shared_ptr<Conn>& c);
   // Receive's thread: reads what `c` has; a message when one is complete.
-  StatusOr<std::unique_ptr<Incoming>> ReadSome(Conn& c);
+  StatusOr<std::optional<Incoming>> ReadSome(Conn& c);
   // Counts and logs a refusal; `at_hello`: of a connection before its
   // hello was taken (else: a frame table).
   void Refused(const std::string& what, bool at_hello = true);
@@ -139,7 +144,11 @@ class TcpStreamTransport : public Transport {
   std::mutex mu_;                                // the connection lists
   std::vector<std::shared_ptr<Conn>> outgoing_;  // by ConnId
   std::vector<std::shared_ptr<Conn>> inbound_;   // said hello and were taken
-  size_t next_reader_ = 0;                       // Receive's thread only
+  // Receive's thread only: where to start reading, and the connections
+  // and poll entries of its last look (kept to reuse their memory).
+  size_t next_reader_ = 0;
+  std::vector<std::shared_ptr<Conn>> readers_;
+  std::vector<pollfd> poll_fds_;
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

@@ -70,6 +70,13 @@ struct Listener {
   std::string endpoint;
 };
 
+// A listener ("right", taking "left") and "left" connected to it.
+struct Neighbours {
+  Listener right;
+  TcpStreamTransport left{Options("left", {})};
+  StatusOr<ConnId> conn = left.Connect(right.endpoint);
+};
+
 // The port of a tcp://127.0.0.1:PORT endpoint.
 int PortOf(const std::string& endpoint) {
   return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
@@ -112,9 +119,8 @@ void WaitRefused(TcpStreamTransport& t, uint64_t n) {
 }
 
 TEST(TcpStreamTransport, MessagesArriveWholeInOrderAndAreAnswered) {
-  Listener right;
-  TcpStreamTransport left(Options("left", {}));
-  auto conn = left.Connect(right.endpoint);
+  Neighbours n;
+  auto& [right, left, conn] = n;
   ASSERT_TRUE(conn.ok());
   std::vector<Message> sent;
   for (uint8_t i = 0; i < 20; ++i) {
@@ -178,9 +184,8 @@ TEST(TcpStreamTransport, ARingOfThreeConnectsAtOnce) {
 }
 
 TEST(TcpStreamTransport, LargeMessagesGoThroughTheWriterWhileTheReceiverReads) {
-  Listener right;
-  TcpStreamTransport left(Options("left", {}));
-  auto conn = left.Connect(right.endpoint);
+  Neighbours n;
+  auto& [right, left, conn] = n;
   ASSERT_TRUE(conn.ok());
   std::vector<Message> sent;
   PostedSends posted;
@@ -341,10 +346,9 @@ TEST(TcpStreamTransport, SendsThatCannotFinishEndAtTheirDeadline) {
   }
   // A peer that takes the connection and one message, then never reads:
   // 60 MiB cannot fit the socket buffers.
-  Listener right;
-  TcpStreamTransport left(Options("left", {}));
-  auto conn = left.Connect(right.endpoint);
-  std::thread reader([&] { EXPECT_TRUE(right.t.Receive(Deadline::After(Millis(20000))).ok()); });
+  Neighbours n;
+  auto& [right, left, conn] = n;
+  std::thread reader([&n] { EXPECT_TRUE(n.right.t.Receive(Deadline::After(Millis(20000))).ok()); });
   EXPECT_TRUE(
       left.Send(Route::Connection(*conn), WithPayloads({8}, 1), Deadline::After(Millis(20000)))
           .ok());
