@@ -35,9 +35,9 @@
 //   bazel run --config=opt //bench:allreduce_bench -- --quick
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
-//                  gradsync_ring_shm,gradsync_ring_sealed,
-//                  openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
-//          --bulk_crypto_threads=N (gradsync_ring_sealed; -1 by cores)
+//                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_sealed_zmq,
+//                  gradsync_ring_zmq,openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
+//          --bulk_crypto_threads=N (gradsync_ring_sealed_zmq; -1 by cores)
 //          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
 
 #include <sys/socket.h>
@@ -90,18 +90,22 @@ using Steady = std::chrono::steady_clock;
 // TCP connections its threads read and write (wire/tcp_stream_transport.h).
 // gradsync_ring_zmq: the same ring over ZeroMQ (wire/zmq_transport.h).
 // gradsync_ring_curve: our ring with CurveZMQ (wire/curve.h) on every socket.
-// gradsync_ring_sealed: our ring as a CURVE job's data transports run it
-// with bulk_encryption: every rank its own node key, the ring's messages
+// gradsync_ring_sealed: our ring as a CURVE job runs it between hosts: TCP
+// streams sealed with AES-256-GCM under keys agreed with every rank's own
+// node key (wire/tcp_stream_transport.h).
+// gradsync_ring_sealed_zmq: our ring over ZeroMQ data transports with
+// bulk_encryption (a CURVE job's parameter-server links): the messages
 // sealed with AES-256-GCM on a plain connection (wire/bulk_cipher.h).
 // gradsync_ring_shm: our ring with the neighbours' messages in shared memory
 // (wire/same_host_transport.h), as a job on one host runs it.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
-constexpr const char* kImplNames[] = {
-    "gradsync_ring",    "gloo_ring", "gloo_ring_chunked", "gradsync_ring_curve",
-    "openmpi_tcp",      "openmpi",   "gradsync_ring_shm", "gradsync_ring_sealed",
-    "gradsync_ring_zmq"};
-constexpr int kNumImpls = 9;
+constexpr const char* kImplNames[] = {"gradsync_ring",     "gloo_ring",
+                                      "gloo_ring_chunked", "gradsync_ring_curve",
+                                      "openmpi_tcp",       "openmpi",
+                                      "gradsync_ring_shm", "gradsync_ring_sealed",
+                                      "gradsync_ring_zmq", "gradsync_ring_sealed_zmq"};
+constexpr int kNumImpls = 10;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
@@ -109,6 +113,7 @@ constexpr int kMpi = 5;
 constexpr int kOursShm = 6;
 constexpr int kOursSealed = 7;
 constexpr int kOursZmq = 8;
+constexpr int kOursSealedZmq = 9;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -163,8 +168,8 @@ Status ParseLists(const Config& config, Settings* s) {
                       config.GetString("impls",
                                        "gradsync_ring,gloo_ring,gloo_ring_chunked,"
                                        "gradsync_ring_curve,gradsync_ring_shm,"
-                                       "gradsync_ring_sealed,gradsync_ring_zmq,openmpi_tcp,"
-                                       "openmpi"));
+                                       "gradsync_ring_sealed,gradsync_ring_sealed_zmq,"
+                                       "gradsync_ring_zmq,openmpi_tcp,openmpi"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -404,7 +409,7 @@ StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r,
                         std::string(got_right.begin(), got_right.end()));
 }
 
-// With node keys (kOursSealed): every rank's identity, public key and
+// With node keys (kOursSealed, kOursSealedZmq): every rank's identity, public key and
 // endpoint, through the store, become the plan of `keys`; returns the left
 // neighbour's identity.
 StatusOr<std::string> SharePlan(Rank* r, const std::string& endpoint, wire::NodeKeys* keys,
@@ -444,19 +449,28 @@ client::RingOptions OurRingOptions(const Rank& r) {
   return options;
 }
 
-// Our ring over TCP connections of its own (kOurs): identities rank-R, each
-// rank taking its left neighbour's connection.
-Status ConnectStreams(Rank* r, Rank::OurRing* ours) {
+// Our ring over TCP connections of its own (kOurs; kOursSealed: sealed,
+// with node keys): identities rank-R, each rank taking its left
+// neighbour's connection.
+Status ConnectStreams(Rank* r, int impl, Rank::OurRing* ours) {
   const int n = r->args.world;
   auto name = [](int rank) { return "rank-" + std::to_string(rank); };
   wire::TcpStreamOptions options;
   options.job_id = r->args.job_id;
   options.identity = name(r->args.rank);
   options.accept = {name((r->args.rank + n - 1) % n)};
+  std::shared_ptr<wire::NodeKeys> keys;
+  if (impl == kOursSealed) {
+    GS_ASSIGN_OR_RETURN(wire::CurveKey job, SharedKey(r, std::string(kImplNames[impl]) + "_key"));
+    GS_ASSIGN_OR_RETURN(wire::CurveKey own, wire::GenerateCurveKey());
+    keys = std::make_shared<wire::NodeKeys>(job, own);
+    options.node_keys = keys;
+  }
   ours->stream = std::make_unique<wire::TcpStreamTransport>(options);
   GS_ASSIGN_OR_RETURN(std::string endpoint, ours->stream->Listen("tcp://127.0.0.1:0"));
+  if (keys) GS_RETURN_IF_ERROR(SharePlan(r, endpoint, keys.get(), options.identity).status());
   GS_ASSIGN_OR_RETURN(std::string right,
-                      SwapEndpoints(r, endpoint, std::string(kImplNames[kOurs]) + "_endpoint_"));
+                      SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_endpoint_"));
   client::RingPeers peers;
   peers.left_identity = options.accept[0];
   peers.rank = r->args.rank;
@@ -468,17 +482,17 @@ Status ConnectStreams(Rank* r, Rank::OurRing* ours) {
   return OkStatus();
 }
 
-// Our ring for implementation `impl` (kOurs, kOursZmq, kOursCurve, kOursShm
-// or kOursSealed).
+// Our ring for implementation `impl` (kOurs, kOursSealed, kOursZmq,
+// kOursCurve, kOursShm or kOursSealedZmq).
 Status ConnectOurs(Rank* r, int impl) {
   Rank::OurRing& ours = r->ours[impl];
-  if (impl == kOurs) return ConnectStreams(r, &ours);
+  if (impl == kOurs || impl == kOursSealed) return ConnectStreams(r, impl, &ours);
   wire::ZmqOptions zmq;
   std::shared_ptr<wire::NodeKeys> keys;
-  if (impl == kOursCurve || impl == kOursSealed) {
+  if (impl == kOursCurve || impl == kOursSealedZmq) {
     GS_ASSIGN_OR_RETURN(zmq.curve, SharedKey(r, std::string(kImplNames[impl]) + "_key"));
   }
-  if (impl == kOursSealed) {
+  if (impl == kOursSealedZmq) {
     GS_ASSIGN_OR_RETURN(wire::CurveKey own, wire::GenerateCurveKey());
     keys = std::make_shared<wire::NodeKeys>(*zmq.curve, own);
     zmq.node_keys = keys;
@@ -640,7 +654,7 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq}) {
+  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;
@@ -891,6 +905,10 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     const Row* sealed = Find(rows, kOursSealed, world, bytes);
     if (ours && sealed) {
       std::printf(" | sealed/plain busbw %5.2fx", sealed->busbw() / ours->busbw());
+    }
+    const Row* sealed_zmq = Find(rows, kOursSealedZmq, world, bytes);
+    if (ours && sealed_zmq) {
+      std::printf(" | sealed-zmq/plain busbw %5.2fx", sealed_zmq->busbw() / ours->busbw());
     }
     // Over TCP our plain ring against OpenMPI's TCP; on one host our
     // shared-memory ring against OpenMPI's default (shared memory).

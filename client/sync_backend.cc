@@ -239,6 +239,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     o.max_frame_bytes = RingFrameBytes(ring_options);
     o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
     o.refusals = session->refusals();
+    o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
     auto transport = std::make_unique<wire::TcpStreamTransport>(o);
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
     mine.ports[k] = port_of(bound);
@@ -263,7 +264,8 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
       return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
                                      LanesSetting(theirs) + ", worker " +
                                      std::to_string(peers.rank) + " " + LanesSetting(mine) +
-                                     ": every worker needs the same (ring_lanes, ring_transport)");
+                                     ": every worker needs the same ring_lanes, ring_transport and "
+                                     "bulk_encryption");
     }
   }
   const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
@@ -277,6 +279,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
       RingPeers lane = peers;
       lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
       lane.left_identity = LaneName(peers.left_identity, k);
+      session->AddPeerEndpoint(right->identity, lane.right_endpoint);
       out->lane_transports.push_back(std::move(stream_transports[static_cast<size_t>(k)]));
       GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
                                                              lane, ring_options, health));
@@ -376,11 +379,13 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
   lanes.push_back(std::move(first));
   // Lanes where a link is TCP: not when every worker is on one host and
-  // they all share memory. TCP streams where no link shares memory and
-  // there is no CURVE.
+  // they all share memory. TCP streams where no link shares memory, sealed
+  // with CURVE (where bulk_encryption is on; through CurveZMQ otherwise).
   const size_t hosts = cluster::WorkerHosts(session->peers()).size();
   const bool tcp = !options.shm || hosts > 1;
-  const bool streams = options.ring_transport == "tcp" && !session->curve().has_value() &&
+  const bool curve = session->curve().has_value();
+  const bool streams = options.ring_transport == "tcp" &&
+                       (!curve || (session->bulk_encryption() && session->node_keys())) &&
                        (!options.shm || hosts == static_cast<size_t>(n)) &&
                        !peers.left_identity.empty();
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
@@ -394,7 +399,10 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     if (r == 0 && options.ring_lanes > 1 && !options.ring_lanes_auto) {
       GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
     }
-    if (r == 0 && streams) GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)";
+    if (r == 0 && streams) {
+      GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
+                   << (curve ? ", sealed under keys agreed with the node keys" : "");
+    }
   }
   out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));
   if (options.ring_lanes_auto && out.lanes->lanes() > 1) {

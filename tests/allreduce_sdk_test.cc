@@ -75,9 +75,9 @@ TEST_F(AllReduceSdkTest, FourWorkersBucketedMixedDtypesExactAverageBroadcastAndA
 }
 
 // The same steps under CURVE (every node with its own key, the ring over
-// TCP rather than shared memory) give every rank the same exact averages,
-// broadcast and accumulation: CURVE changes how the bytes travel, never
-// which bytes arrive.
+// TCP rather than shared memory: sealed TCP streams) give every rank the
+// same exact averages, broadcast and accumulation: CURVE changes how the
+// bytes travel, never which bytes arrive.
 TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResults) {
   const std::string key_file = TmpFile("sdk_curve.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
@@ -87,13 +87,17 @@ TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResults) {
     EXPECT_NE(w->Output().find("CURVE on every link"), std::string::npos) << w->Output();
     EXPECT_EQ(w->Output().find("use shared memory"), std::string::npos) << w->Output();
   }
+  EXPECT_NE(workers[0]->Output().find("ring over TCP streams (ring_transport=tcp), sealed"),
+            std::string::npos)
+      << workers[0]->Output();
 }
 
 // The same under CURVE with the ring in three lanes (client/ring_lanes.h):
-// the 4 MB bucket goes over all three, each lane a transport of its own
-// with its own CURVE and sealed connections, and every rank gets the same
-// exact results. The workers give their host by name: lanes are announced
-// under it, as data ports are.
+// the 4 MB bucket goes over all three, each lane a sealed TCP stream of its
+// own (or, with bulk_encryption=false, a ZeroMQ transport with its own
+// CURVE connections), and every rank gets the same exact results. The
+// workers give their host by name: lanes are announced under it, as data
+// ports are.
 TEST_F(AllReduceSdkTest, UnderCurveInThreeLanesTheSameExactResults) {
   const std::string key_file = TmpFile("sdk_lanes.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
@@ -101,6 +105,22 @@ TEST_F(AllReduceSdkTest, UnderCurveInThreeLanesTheSameExactResults) {
       4, {"--mode=train", "--steps=4", "--ring_lanes=3", "--host=localhost"}, key_file);
   ExpectTrained(workers);
   EXPECT_NE(workers[0]->Output().find("ring of 3 lanes"), std::string::npos)
+      << workers[0]->Output();
+  EXPECT_NE(workers[0]->Output().find("ring over TCP streams"), std::string::npos)
+      << workers[0]->Output();
+}
+
+TEST_F(AllReduceSdkTest, UnderCurveZmqInThreeLanesTheSameExactResults) {
+  const std::string key_file = TmpFile("sdk_lanes_zmq.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  auto workers = StartWorkers(4,
+                              {"--mode=train", "--steps=4", "--ring_lanes=3", "--host=localhost",
+                               "--bulk_encryption=false"},
+                              key_file);
+  ExpectTrained(workers);
+  EXPECT_NE(workers[0]->Output().find("ring of 3 lanes"), std::string::npos)
+      << workers[0]->Output();
+  EXPECT_EQ(workers[0]->Output().find("ring over TCP streams"), std::string::npos)
       << workers[0]->Output();
 }
 

@@ -51,13 +51,17 @@ std::unique_ptr<BulkKey> BulkKey::Random() {
   return k;
 }
 
-Status BulkKey::Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out) {
-  if (n > static_cast<size_t>(INT_MAX)) return InvalidArgumentError("bulk frame too large");
+Status BulkKey::Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out,
+                     const uint8_t* aad, size_t aad_n) {
+  if (n > static_cast<size_t>(INT_MAX) || aad_n > static_cast<size_t>(INT_MAX)) {
+    return InvalidArgumentError("bulk frame too large");
+  }
   uint8_t nonce[kNonceBytes];
   MakeNonce(counter, index, nonce);
   int len = 0;
   EVP_CIPHER_CTX* c = Ctx(encrypt_);
   if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
+      (aad_n > 0 && EVP_EncryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_n)) != 1) ||
       EVP_EncryptUpdate(c, out + kBulkTagBytes, &len, in, static_cast<int>(n)) != 1 ||
       EVP_EncryptFinal_ex(c, out + kBulkTagBytes + len, &len) != 1 ||
       EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kBulkTagBytes, out) != 1) {
@@ -66,8 +70,12 @@ Status BulkKey::Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t
   return OkStatus();
 }
 
-bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out) {
-  if (n < kBulkTagBytes || n - kBulkTagBytes > static_cast<size_t>(INT_MAX)) return false;
+bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out,
+                   const uint8_t* aad, size_t aad_n) {
+  if (n < kBulkTagBytes || n - kBulkTagBytes > static_cast<size_t>(INT_MAX) ||
+      aad_n > static_cast<size_t>(INT_MAX)) {
+    return false;
+  }
   uint8_t nonce[kNonceBytes];
   MakeNonce(counter, index, nonce);
   uint8_t tag[kBulkTagBytes];
@@ -75,6 +83,7 @@ bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n
   int len = 0;
   EVP_CIPHER_CTX* c = Ctx(decrypt_);
   return EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1 &&
+         (aad_n == 0 || EVP_DecryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_n)) == 1) &&
          EVP_DecryptUpdate(c, out, &len, in + kBulkTagBytes, static_cast<int>(n - kBulkTagBytes)) ==
              1 &&
          EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kBulkTagBytes, tag) == 1 &&

@@ -68,13 +68,16 @@ class BulkKey {
   const uint8_t* bytes() const { return key_.data(); }
 
   // Seals in[0, n) into out[0, kBulkTagBytes + n): tag, then ciphertext,
-  // under nonce (counter, index). `out` must not overlap `in`.
-  Status Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out);
+  // under nonce (counter, index), the tag also covering aad[0, aad_n)
+  // (sent apart). `out` must not overlap `in`.
+  Status Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out,
+              const uint8_t* aad = nullptr, size_t aad_n = 0);
   // Opens in[0, n) (tag, then ciphertext; n >= kBulkTagBytes) into
   // out[0, n - kBulkTagBytes); `out` may be in + kBulkTagBytes (in place).
-  // False when the tag does not verify (what was written to `out` is then
-  // garbage).
-  bool Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out);
+  // False when the tag does not verify over the ciphertext and aad[0,
+  // aad_n) (what was written to `out` is then garbage).
+  bool Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n, uint8_t* out,
+            const uint8_t* aad = nullptr, size_t aad_n = 0);
 
  private:
   BulkKey();

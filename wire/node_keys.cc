@@ -12,14 +12,14 @@ namespace {
 
 constexpr char kRoutingSeparator = '#';
 
+}  // namespace
+
 std::optional<std::string> DecodeKey(const std::string& z85) {
   if (z85.size() != 40) return std::nullopt;
   uint8_t binary[32];
   if (zmq_z85_decode(binary, z85.c_str()) == nullptr) return std::nullopt;
   return std::string(reinterpret_cast<const char*>(binary), sizeof(binary));
 }
-
-}  // namespace
 
 void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
   std::map<std::string, std::string> identities, keys, by_identity;

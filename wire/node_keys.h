@@ -66,6 +66,9 @@ class NodeKeys {
   std::map<std::string, std::string> extra_endpoints_;  // endpoint -> identity
 };
 
+// The 32 bytes of a Z85 CURVE key; nullopt when `z85` is not one.
+std::optional<std::string> DecodeKey(const std::string& z85);
+
 // The identity a data transport's outgoing connection presents as its
 // ZeroMQ routing id with node keys: `identity` and a random suffix that no
 // other node can guess, so no one can take its route on the peer's socket

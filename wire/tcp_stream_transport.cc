@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sodium.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -17,6 +18,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "wire/bulk_cipher.h"
 #include "wire/validate.h"
 
 namespace gradsync::wire {
@@ -25,9 +27,15 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x47535448;   // "GSTH": connector -> acceptor
 constexpr uint32_t kAnswerMagic = 0x47535441;  // "GSTA": acceptor -> connector
 constexpr uint32_t kFrameMagic = 0x47535431;   // "GST1": a message
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHelloFixed = 20;  // magic, version, job id, identity length
+constexpr uint32_t kVersion = 1;               // a plain hello
+constexpr uint32_t kSealedVersion = 2;         // a sealed one: node key and fresh key follow
+constexpr size_t kHelloFixed = 20;             // magic, version, job id, identity length
 constexpr size_t kMaxIdentity = 255;
+constexpr size_t kKeyBytes = 32;  // an X25519 key, public or secret
+// The connector's proof and the acceptor's verdict on a sealed connection:
+// a 4-byte word sealed under the direction's key with counter 0.
+constexpr size_t kProofBytes = kBulkTagBytes + 4;
+constexpr uint32_t kProofWord = 0x464f5250;  // "PROF"
 // The most frames a message may have (the header and every payload frame a
 // gradsync message can carry), and so the longest frame table.
 constexpr size_t kMaxFrames = Limits{}.max_payload_frames + 1;
@@ -44,7 +52,11 @@ enum Answer : uint32_t {
   kOtherJob = 1,
   kStranger = 2,
   kAlreadyConnected = 3,
-  kBadHello = 4
+  kBadHello = 4,
+  kWrongKey = 5,     // sealed: the plan binds the node key shown to another identity
+  kNeedsSealed = 6,  // a plain hello to a sealed acceptor
+  kNeedsPlain = 7,   // a sealed hello to a plain acceptor
+  kProve = 8,        // sealed: the acceptor's fresh key follows; prove the node key
 };
 
 const char* AnswerText(uint32_t a) {
@@ -57,6 +69,12 @@ const char* AnswerText(uint32_t a) {
       return "this identity is connected already";
     case kBadHello:
       return "the hello was malformed";
+    case kWrongKey:
+      return "the plan binds the node key shown to another identity";
+    case kNeedsSealed:
+      return "it takes only sealed connections (its job runs CURVE)";
+    case kNeedsPlain:
+      return "it takes only plain connections (its job runs without CURVE)";
     default:
       return "unknown answer";
   }
@@ -180,6 +198,87 @@ Status ReadAll(int fd, uint8_t* out, size_t n, Deadline deadline, const std::str
   return Status();
 }
 
+// An X25519 key pair made for one connection; its secret is wiped.
+struct FreshKey {
+  uint8_t pub[kKeyBytes];
+  uint8_t secret[kKeyBytes];
+  FreshKey() { crypto_box_keypair(pub, secret); }
+  ~FreshKey() { sodium_memzero(secret, sizeof(secret)); }
+  FreshKey(const FreshKey&) = delete;
+  FreshKey& operator=(const FreshKey&) = delete;
+};
+
+// This node's key pair (binary), from the node keys; nullopt when they do
+// not decode.
+struct NodeKeyPair {
+  std::string pub, secret;
+  ~NodeKeyPair() { sodium_memzero(secret.data(), secret.size()); }
+};
+std::optional<NodeKeyPair> OwnKeys(const NodeKeys& keys) {
+  auto pub = DecodeKey(keys.own().public_z85);
+  auto secret = DecodeKey(keys.own().secret_z85);
+  if (!pub || !secret) return std::nullopt;
+  NodeKeyPair out;
+  out.pub = std::move(*pub);
+  out.secret = std::move(*secret);
+  return out;
+}
+
+// The two keys of a sealed connection: one for what the connector sends,
+// one for what the acceptor sends.
+struct ConnectionKeys {
+  std::unique_ptr<BulkKey> to_acceptor, to_connector;
+};
+
+// BLAKE2b-512 over both X25519 results (the fresh keys', the node keys')
+// and the hello's facts: the node keys and fresh keys of both sides, the
+// job and the connector's identity. `own_*` are this side's secrets,
+// `peer_*` the other side's public keys. nullopt when a result is zero (a
+// key of low order) or the cipher cannot be set up.
+std::optional<ConnectionKeys> DeriveKeys(
+    const uint8_t* own_node_secret, const uint8_t* own_fresh_secret, const uint8_t* peer_node_pub,
+    const uint8_t* peer_fresh_pub, const uint8_t* connector_node, const uint8_t* acceptor_node,
+    const uint8_t* connector_fresh, const uint8_t* acceptor_fresh, uint64_t job,
+    const std::string& connector_identity) {
+  static constexpr char kContext[] = "gradsync tcp stream v2";
+  uint8_t fresh[kKeyBytes], nodes[kKeyBytes], out[2 * kKeyBytes], job_bytes[8];
+  Put64(job_bytes, job);
+  std::optional<ConnectionKeys> keys;
+  if (crypto_scalarmult(fresh, own_fresh_secret, peer_fresh_pub) == 0 &&
+      crypto_scalarmult(nodes, own_node_secret, peer_node_pub) == 0) {
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, nullptr, 0, sizeof(out));
+    crypto_generichash_update(&h, reinterpret_cast<const uint8_t*>(kContext), sizeof(kContext));
+    const uint8_t* parts[] = {fresh,         nodes,           connector_node,
+                              acceptor_node, connector_fresh, acceptor_fresh};
+    for (const uint8_t* part : parts) {
+      crypto_generichash_update(&h, part, kKeyBytes);
+    }
+    crypto_generichash_update(&h, job_bytes, sizeof(job_bytes));
+    crypto_generichash_update(&h, reinterpret_cast<const uint8_t*>(connector_identity.data()),
+                              connector_identity.size());
+    crypto_generichash_final(&h, out, sizeof(out));
+    ConnectionKeys k{BulkKey::FromBytes(out), BulkKey::FromBytes(out + kKeyBytes)};
+    if (k.to_acceptor != nullptr && k.to_connector != nullptr) keys = std::move(k);
+  }
+  sodium_memzero(fresh, sizeof(fresh));
+  sodium_memzero(nodes, sizeof(nodes));
+  sodium_memzero(out, sizeof(out));
+  return keys;
+}
+
+// A word sealed under `key` with counter 0 (the proof, the verdict).
+void SealWord(BulkKey& key, uint32_t word, uint8_t* out) {
+  uint8_t plain[4];
+  Put32(plain, word);
+  if (!key.Seal(0, 0, plain, sizeof(plain), out).ok()) std::memset(out, 0, kProofBytes);
+}
+std::optional<uint32_t> OpenWord(BulkKey& key, const uint8_t* in) {
+  uint8_t plain[4];
+  if (!key.Open(0, 0, in, kProofBytes, plain)) return std::nullopt;
+  return Get32(plain);
+}
+
 }  // namespace
 
 struct TcpStreamTransport::Pending {
@@ -188,6 +287,7 @@ struct TcpStreamTransport::Pending {
   size_t table_bytes = 0;
   size_t total = 0;  // bytes of table and frames
   size_t done = 0;   // bytes of them written
+  bool sealed = false;
   Deadline deadline = Deadline::At(SteadyTime{});
   std::function<void(const Status&)> done_cb;
 };
@@ -210,10 +310,20 @@ struct TcpStreamTransport::Conn {
   std::mutex mu;
   std::deque<Pending> queue;  // the front may be written in part
 
-  // Reading: Receive's thread only.
+  // Sealed connections: each direction's key and next message counter
+  // (set before `open`; then the sending side's under mu, the receiving
+  // side's on Receive's thread).
+  std::unique_ptr<BulkKey> send_key, receive_key;
+  uint64_t send_counter = 1, receive_counter = 1;
+
+  // Reading: Receive's thread only (the acceptor's until taken).
   SteadyTime hello_by{};
-  uint8_t hello[kHelloFixed + kMaxIdentity];
+  uint8_t hello[kHelloFixed + kMaxIdentity + 2 * kKeyBytes];
   size_t hello_got = 0;
+  bool proving = false;  // sealed: the hello was answered, the proof awaited
+  std::string claimed;   // sealed: the identity of the hello
+  uint8_t proof[kProofBytes];
+  size_t proof_got = 0;
   enum class Stage { kPrefix, kSizes, kFrames } stage = Stage::kPrefix;
   uint8_t prefix[8];
   std::vector<uint8_t> sizes;
@@ -234,6 +344,10 @@ TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
   if (options_.identity.empty()) options_.identity = RandomIdentity("tcp");
   if (options_.identity.size() > kMaxIdentity) options_.identity.resize(kMaxIdentity);
   options_.max_frames = std::clamp<size_t>(options_.max_frames, 1, kMaxFrames);
+  // Idempotent; it picks libsodium's implementations (each works without).
+  if (options_.node_keys != nullptr && sodium_init() < 0) {
+    GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": sodium_init failed";
+  }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   taken_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -368,9 +482,40 @@ void TcpStreamTransport::Post(const Route& to, Message message, Deadline deadlin
   Deliver(to, std::move(message), deadline, std::move(done));
 }
 
+Status TcpStreamTransport::Seal(Conn& c, Pending& p) {
+  const std::vector<Payload>& plain = p.message.payloads;
+  size_t bytes = 0;
+  for (const Payload& payload : plain) bytes += kBulkTagBytes + payload.size;
+  Message sealed;
+  sealed.header.resize(kBulkTagBytes + p.message.header.size());
+  std::shared_ptr<uint8_t> buffer = bytes > 0 ? pool_->Get(bytes) : nullptr;
+  // The table names the sealed frames; the header's tag covers it.
+  Put64(p.table + 8, sealed.header.size());
+  p.total = p.table_bytes + sealed.header.size() + bytes;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    Put64(p.table + 16 + 8 * i, kBulkTagBytes + plain[i].size);
+  }
+  const uint64_t counter = c.send_counter++;
+  GS_RETURN_IF_ERROR(c.send_key->Seal(counter, 0, p.message.header.data(), p.message.header.size(),
+                                      sealed.header.data(), p.table, p.table_bytes));
+  size_t at = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    uint8_t* out = buffer.get() + at;
+    GS_RETURN_IF_ERROR(
+        c.send_key->Seal(counter, static_cast<uint32_t>(i + 1), plain[i].data, plain[i].size, out));
+    sealed.payloads.push_back(Payload::Borrow(out, kBulkTagBytes + plain[i].size, buffer));
+    at += kBulkTagBytes + plain[i].size;
+  }
+  p.message = std::move(sealed);  // lets go of the caller's buffers
+  p.sealed = true;
+  return Status();
+}
+
 // Writes what the socket takes of `p` now: OK with p.done short of
 // p.total when the socket is full.
-Status TcpStreamTransport::WriteSome(int fd, Pending& p, const std::string& what) {
+Status TcpStreamTransport::WriteSome(Conn& c, Pending& p) {
+  if (c.send_key != nullptr && !p.sealed) GS_RETURN_IF_ERROR(Seal(c, p));
+  const int fd = c.fd.load();
   while (p.done < p.total) {
     iovec iov[kMaxIov];
     size_t n = 0, skip = p.done;
@@ -398,7 +543,7 @@ Status TcpStreamTransport::WriteSome(int fd, Pending& p, const std::string& what
     }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status();
-    return UnavailableError("the connection to " + what +
+    return UnavailableError(c.Described() +
                             " broke: " + (w < 0 ? ErrnoText(errno) : "nothing written"));
   }
   return Status();
@@ -439,7 +584,7 @@ void TcpStreamTransport::Deliver(const Route& to, Message message, Deadline dead
     if (c->broken.load()) {
       status = UnavailableError(c->Described() + " is closed");
     } else if (c->open.load() && c->queue.empty()) {
-      status = WriteSome(c->fd.load(), p, c->Name());
+      status = WriteSome(*c, p);
       if (!status.ok()) {
         Break(*c, &failed);
       } else if (p.done < p.total) {
@@ -459,6 +604,75 @@ void TcpStreamTransport::Deliver(const Route& to, Message message, Deadline dead
     if (f.done_cb) f.done_cb(status);
   }
   finish(status);
+}
+
+Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
+  const std::string what = "the peer at " + c.endpoint;
+  const NodeKeys* keys = options_.node_keys.get();
+  std::optional<NodeKeyPair> own;
+  std::optional<std::string> server;
+  if (keys != nullptr) {
+    own = OwnKeys(*keys);
+    if (std::optional<std::string> z85 = keys->ServerKeyAt(c.endpoint)) server = DecodeKey(*z85);
+    if (!own) return FailedPreconditionError("this node's own key does not decode");
+    if (!server) {
+      return FailedPreconditionError(
+          "no node of the plan serves " + c.endpoint +
+          ": a sealed connection needs the key of the node it connects to");
+    }
+  }
+  const FreshKey fresh;
+  uint8_t hello[kHelloFixed + kMaxIdentity + 2 * kKeyBytes];
+  const size_t id = options_.identity.size();
+  Put32(hello, kHelloMagic);
+  Put32(hello + 4, keys != nullptr ? kSealedVersion : kVersion);
+  Put64(hello + 8, options_.job_id);
+  Put32(hello + 16, static_cast<uint32_t>(id));
+  std::memcpy(hello + kHelloFixed, options_.identity.data(), id);
+  size_t n = kHelloFixed + id;
+  if (keys != nullptr) {
+    std::memcpy(hello + n, own->pub.data(), kKeyBytes);
+    std::memcpy(hello + n + kKeyBytes, fresh.pub, kKeyBytes);
+    n += 2 * kKeyBytes;
+  }
+  GS_RETURN_IF_ERROR(WriteAll(fd, hello, n, deadline, what));
+  uint8_t answer[8];
+  GS_RETURN_IF_ERROR(ReadAll(fd, answer, sizeof(answer), deadline, what));
+  const uint32_t verdict = Get32(answer + 4);
+  if (Get32(answer) != kAnswerMagic) {
+    return FailedPreconditionError(what + " does not speak this protocol");
+  }
+  if (verdict != (keys != nullptr ? kProve : kTaken)) {
+    return FailedPreconditionError(
+        what + " refused this connection: " +
+        (verdict == kTaken ? AnswerText(kNeedsPlain) : AnswerText(verdict)));
+  }
+  if (keys == nullptr) return Status();
+  // Sealed: the acceptor's fresh key; prove ours, and read its proof.
+  uint8_t theirs[kKeyBytes];
+  GS_RETURN_IF_ERROR(ReadAll(fd, theirs, sizeof(theirs), deadline, what));
+  std::optional<ConnectionKeys> k =
+      DeriveKeys(reinterpret_cast<const uint8_t*>(own->secret.data()), fresh.secret,
+                 reinterpret_cast<const uint8_t*>(server->data()), theirs,
+                 reinterpret_cast<const uint8_t*>(own->pub.data()),
+                 reinterpret_cast<const uint8_t*>(server->data()), fresh.pub, theirs,
+                 options_.job_id, options_.identity);
+  if (!k) return FailedPreconditionError(what + " answered with a key that makes no secret");
+  uint8_t proof[kProofBytes];
+  SealWord(*k->to_acceptor, kProofWord, proof);
+  GS_RETURN_IF_ERROR(WriteAll(fd, proof, sizeof(proof), deadline, what));
+  GS_RETURN_IF_ERROR(ReadAll(fd, proof, sizeof(proof), deadline, what));
+  const std::optional<uint32_t> taken = OpenWord(*k->to_connector, proof);
+  if (!taken) {
+    return FailedPreconditionError(what + " did not prove that it holds the key of " + c.endpoint +
+                                   "'s node");
+  }
+  if (*taken != kTaken) {
+    return FailedPreconditionError(what + " refused this connection: " + AnswerText(*taken));
+  }
+  c.send_key = std::move(k->to_acceptor);
+  c.receive_key = std::move(k->to_connector);
+  return Status();
 }
 
 Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
@@ -484,23 +698,7 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
     }
     if (rc == 0) {
       SetNoDelay(fd);
-      uint8_t hello[kHelloFixed + kMaxIdentity];
-      Put32(hello, kHelloMagic);
-      Put32(hello + 4, kVersion);
-      Put64(hello + 8, options_.job_id);
-      Put32(hello + 16, static_cast<uint32_t>(options_.identity.size()));
-      std::memcpy(hello + kHelloFixed, options_.identity.data(), options_.identity.size());
-      const Deadline answer_by = deadline.Min(Deadline::After(options_.hello_wait));
-      const std::string what = "the peer at " + c.endpoint;
-      Status s = WriteAll(fd, hello, kHelloFixed + options_.identity.size(), answer_by, what);
-      uint8_t answer[8];
-      if (s.ok()) s = ReadAll(fd, answer, sizeof(answer), answer_by, what);
-      if (s.ok() && Get32(answer) != kAnswerMagic) {
-        s = FailedPreconditionError(what + " does not speak this protocol");
-      } else if (s.ok() && Get32(answer + 4) != kTaken) {
-        s = FailedPreconditionError(what +
-                                    " refused this connection: " + AnswerText(Get32(answer + 4)));
-      }
+      Status s = Hello(c, fd, deadline.Min(Deadline::After(options_.hello_wait)));
       if (!s.ok()) {
         close(fd);
         return s;
@@ -556,7 +754,7 @@ void TcpStreamTransport::WriterLoop() {
       }
       while (why.ok() && !c->queue.empty()) {
         Pending& p = c->queue.front();
-        Status s = WriteSome(c->fd.load(), p, c->Name());
+        Status s = WriteSome(*c, p);
         if (s.ok() && p.done == p.total) {
           done.emplace_back(std::move(p.done_cb), Status());
           c->queue.pop_front();
@@ -617,11 +815,10 @@ void TcpStreamTransport::AcceptLoop(int listening) {
   }
 }
 
-void TcpStreamTransport::Refused(const std::string& what, bool at_hello) {
+void TcpStreamTransport::Refused(const std::string& what,
+                                 std::atomic<uint64_t> TransportRefusals::*counter) {
   const uint64_t n = refused_.fetch_add(1) + 1;
-  if (options_.refusals != nullptr) {
-    (at_hello ? options_.refusals->handshakes : options_.refusals->dropped).fetch_add(1);
-  }
+  if (options_.refusals != nullptr) ((*options_.refusals).*counter).fetch_add(1);
   if (n <= kLogFirst || n % kLogEvery == 0) {
     GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": " << what << " (" << n
                     << " refused so far)";
@@ -646,10 +843,21 @@ void TcpStreamTransport::Accept(int listening, std::vector<std::shared_ptr<Conn>
 }
 
 bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
+  if (c->proving) return ReadProof(c);
   const int fd = c->fd.load();
+  const bool sealing = options_.node_keys != nullptr;
+  // The hello's length once its fixed part is in: 0 when that part is bad.
+  auto length = [&]() -> size_t {
+    const uint32_t version = Get32(c->hello + 4), id = Get32(c->hello + 16);
+    if (Get32(c->hello) != kHelloMagic || (version != kVersion && version != kSealedVersion) ||
+        id == 0 || id > kMaxIdentity) {
+      return 0;
+    }
+    return kHelloFixed + id + (version == kSealedVersion ? 2 * kKeyBytes : 0);
+  };
   size_t want = kHelloFixed;
-  if (c->hello_got >= kHelloFixed) want += std::min<size_t>(Get32(c->hello + 16), kMaxIdentity);
-  while (c->hello_got < want) {
+  if (c->hello_got >= kHelloFixed) want = length();
+  while (want != 0 && c->hello_got < want) {
     const ssize_t r = recv(fd, c->hello + c->hello_got, want - c->hello_got, MSG_DONTWAIT);
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       Refused("a connection closed before its hello");
@@ -657,50 +865,140 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     }
     if (r < 0) return true;  // more later
     c->hello_got += static_cast<size_t>(r);
-    if (c->hello_got == kHelloFixed) {
-      if (Get32(c->hello) != kHelloMagic || Get32(c->hello + 4) != kVersion ||
-          Get32(c->hello + 16) == 0 || Get32(c->hello + 16) > kMaxIdentity) {
-        break;  // answered below
-      }
-      want += Get32(c->hello + 16);
-    }
+    if (c->hello_got == kHelloFixed) want = length();
   }
+  const uint32_t version = Get32(c->hello + 4);
   uint32_t answer = kTaken;
   std::string identity;
-  if (c->hello_got < want || Get32(c->hello) != kHelloMagic || Get32(c->hello + 4) != kVersion) {
+  std::optional<std::string> bound;  // sealed: the identity the plan binds the node key to
+  const uint8_t* node = c->hello + kHelloFixed + Get32(c->hello + 16);
+  const uint8_t* fresh = node + kKeyBytes;
+  if (want == 0) {
     answer = kBadHello;
+  } else if ((version == kSealedVersion) != sealing) {
+    answer = sealing ? kNeedsSealed : kNeedsPlain;
   } else {
     identity.assign(reinterpret_cast<const char*>(c->hello + kHelloFixed), Get32(c->hello + 16));
+    if (sealing) bound = options_.node_keys->IdentityOf(node);
     if (Get64(c->hello + 8) != options_.job_id) {
       answer = kOtherJob;
     } else if (std::find(options_.accept.begin(), options_.accept.end(), identity) ==
                options_.accept.end()) {
       answer = kStranger;
+    } else if (sealing && (!bound || !IdentityMatchesKey(identity, *bound))) {
+      answer = kWrongKey;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (answer == kTaken) {
-    inbound_.erase(std::remove_if(inbound_.begin(), inbound_.end(),
-                                  [](const auto& in) { return in->broken.load(); }),
-                   inbound_.end());
-    for (const auto& in : inbound_) {
-      if (in->peer == identity) answer = kAlreadyConnected;
+  uint8_t reply[8 + kKeyBytes];
+  size_t reply_bytes = 8;
+  if (answer == kTaken && sealing) {
+    // Answer with a fresh key and wait for the proof.
+    const FreshKey mine;
+    std::optional<NodeKeyPair> own = OwnKeys(*options_.node_keys);
+    std::optional<ConnectionKeys> k;
+    if (own) {
+      k = DeriveKeys(reinterpret_cast<const uint8_t*>(own->secret.data()), mine.secret, node, fresh,
+                     node, reinterpret_cast<const uint8_t*>(own->pub.data()), fresh, mine.pub,
+                     options_.job_id, identity);
+    }
+    if (!k) {
+      answer = kWrongKey;
+    } else {
+      answer = kProve;
+      std::memcpy(reply + 8, mine.pub, kKeyBytes);
+      reply_bytes += kKeyBytes;
+      c->send_key = std::move(k->to_connector);
+      c->receive_key = std::move(k->to_acceptor);
+      c->claimed = identity;
+      c->proving = true;
     }
   }
-  uint8_t reply[8];
   Put32(reply, kAnswerMagic);
-  Put32(reply + 4, answer);
-  (void)!send(fd, reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (answer != kTaken) {
-    Refused(std::string("refused a connection: ") + AnswerText(answer));
+  if (answer == kTaken) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answer = Take(c, identity, [&](uint32_t verdict) {
+      Put32(reply + 4, verdict);
+      (void)!send(fd, reply, 8, MSG_NOSIGNAL | MSG_DONTWAIT);
+    });
+  } else {
+    Put32(reply + 4, answer);
+    (void)!send(fd, reply, reply_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (answer == kProve) return true;
+  }
+  if (answer != kTaken) Refused(std::string("refused a connection: ") + AnswerText(answer));
+  return false;
+}
+
+bool TcpStreamTransport::ReadProof(const std::shared_ptr<Conn>& c) {
+  const int fd = c->fd.load();
+  while (c->proof_got < kProofBytes) {
+    const ssize_t r = recv(fd, c->proof + c->proof_got, kProofBytes - c->proof_got, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      Refused("a connection closed before it proved its key");
+      return false;
+    }
+    if (r < 0) return true;  // more later
+    c->proof_got += static_cast<size_t>(r);
+  }
+  if (OpenWord(*c->receive_key, c->proof) != std::optional<uint32_t>(kProofWord)) {
+    Refused("closed a connection that did not prove it holds the node key it showed");
     return false;
   }
+  uint32_t answer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    answer = Take(c, c->claimed, [&](uint32_t verdict) {
+      uint8_t sealed[kProofBytes];
+      SealWord(*c->send_key, verdict, sealed);
+      (void)!send(fd, sealed, sizeof(sealed), MSG_NOSIGNAL | MSG_DONTWAIT);
+    });
+  }
+  if (answer != kTaken) Refused(std::string("refused a connection: ") + AnswerText(answer));
+  return false;
+}
+
+uint32_t TcpStreamTransport::Take(const std::shared_ptr<Conn>& c, const std::string& identity,
+                                  const std::function<void(uint32_t)>& answer) {
+  inbound_.erase(std::remove_if(inbound_.begin(), inbound_.end(),
+                                [](const auto& in) { return in->broken.load(); }),
+                 inbound_.end());
+  for (const auto& in : inbound_) {
+    if (in->peer == identity) {
+      answer(kAlreadyConnected);
+      return kAlreadyConnected;
+    }
+  }
+  answer(kTaken);  // before any reply can be written on the connection
   c->peer = identity;
   c->open.store(true);
   inbound_.push_back(c);
   uint64_t one = 1;
   (void)!write(taken_fd_, &one, sizeof(one));
-  return false;
+  return kTaken;
+}
+
+bool TcpStreamTransport::OpenSealed(Conn& c) {
+  uint8_t table[8 + 8 * kMaxFrames];
+  std::memcpy(table, c.prefix, sizeof(c.prefix));
+  std::memcpy(table + sizeof(c.prefix), c.sizes.data(), c.sizes.size());
+  const uint64_t counter = c.receive_counter++;
+  std::vector<uint8_t>& header = c.reading.header;
+  if (!c.receive_key->Open(counter, 0, header.data(), header.size(), header.data() + kBulkTagBytes,
+                           table, sizeof(c.prefix) + c.sizes.size())) {
+    return false;
+  }
+  header.erase(header.begin(), header.begin() + kBulkTagBytes);
+  for (size_t i = 0; i < c.reading.payloads.size(); ++i) {
+    Payload& payload = c.reading.payloads[i];
+    uint8_t* frame = c.buffers[i].get();
+    if (!c.receive_key->Open(counter, static_cast<uint32_t>(i + 1), frame, payload.size,
+                             frame + kBulkTagBytes)) {
+      return false;
+    }
+    payload.data = frame + kBulkTagBytes;
+    payload.size -= kBulkTagBytes;
+  }
+  return true;
 }
 
 StatusOr<std::optional<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
@@ -718,10 +1016,12 @@ StatusOr<std::optional<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
     return std::optional<Incoming>();
   };
   auto bad = [&](const std::string& why) -> StatusOr<std::optional<Incoming>> {
-    Refused("closed " + c.Described() + ": " + why, /*at_hello=*/false);
+    Refused("closed " + c.Described() + ": " + why, &TransportRefusals::dropped);
     (void)broke("broke the framing");
     return DataLossError(c.Described() + " broke the framing: " + why);
   };
+  // Sealed: every frame carries a tag besides what it seals.
+  const size_t tag = c.receive_key != nullptr ? kBulkTagBytes : 0;
   for (;;) {
     uint8_t* target = nullptr;
     size_t want = 0;
@@ -771,16 +1071,17 @@ StatusOr<std::optional<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
       case Conn::Stage::kSizes: {
         const size_t count = c.sizes.size() / 8;
         const uint64_t header = Get64(c.sizes.data());
-        if (header == 0 || header > options_.max_header_bytes) {
+        if (header <= tag || header - tag > options_.max_header_bytes) {
           return bad("a header of " + std::to_string(header) + " bytes");
         }
-        uint64_t sum = header;
+        uint64_t sum = header - tag;
         for (size_t i = 1; i < count; ++i) {
           const uint64_t size = Get64(c.sizes.data() + 8 * i);
-          if (size > options_.max_frame_bytes || sum + size > options_.max_message_bytes) {
+          if (size < tag || size - tag > options_.max_frame_bytes ||
+              sum + (size - tag) > options_.max_message_bytes) {
             return bad("a frame of " + std::to_string(size) + " bytes");
           }
-          sum += size;
+          sum += size - tag;
         }
         c.reading = Message();
         c.reading.header.resize(header);
@@ -799,6 +1100,14 @@ StatusOr<std::optional<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {
       }
       case Conn::Stage::kFrames:
         if (++c.frame <= c.reading.payloads.size()) break;
+        if (tag != 0 && !OpenSealed(c)) {
+          Refused("closed " + c.Described() + ": a sealed message did not open",
+                  &TransportRefusals::impostors);
+          (void)broke("sent a message that did not open");
+          return DataLossError(c.Described() +
+                               " sent a message that does not open under its key (altered, "
+                               "replayed or out of order)");
+        }
         for (size_t i = 0; i < c.buffers.size(); ++i) {
           c.reading.payloads[i].owner = std::move(c.buffers[i]);
         }

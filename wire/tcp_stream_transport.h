@@ -33,9 +33,29 @@
 // breaks the framing is closed and that Receive returns DataLoss naming
 // the peer. Received payloads go into pooled buffers (wire/buffer_pool.h).
 //
-// Without CURVE a peer's identity is what it says in its hello, as it is
-// with plain ZeroMQ; with CURVE the ring stays on ZmqTransport (sealed
-// bulk frames, docs/design/bulk_encryption.md).
+// Without node keys a peer's identity is what it says in its hello, as it
+// is with plain ZeroMQ. With TcpStreamOptions::node_keys (a CURVE job,
+// docs/design/tcp_streams.md) every connection is sealed:
+//   - The hello also carries the connector's node public key and a fresh
+//     X25519 key of this connection; the acceptor takes it only when the
+//     plan binds that node key to the identity said (the connector finds
+//     the acceptor's node key by the endpoint, in the plan). It answers
+//     with a fresh key of its own; each side then derives two AES-256-GCM
+//     keys, one a direction, by BLAKE2b over both Diffie-Hellman results
+//     (the fresh keys', and the node keys') and the whole hello.
+//   - The connector proves it holds its node key with a sealed word; only
+//     then does the acceptor take the connection (a sealed verdict that
+//     proves the acceptor holds its own). A connection that does not prove
+//     its key is closed and counted, never taken under its identity.
+//   - Each message is sealed frame by frame under its direction's key with
+//     the nonce (message counter, frame index), the header's tag also
+//     covering the frame table; the counters start at 1 and only move
+//     forward, so a message that was altered, dropped, replayed or
+//     reordered does not open: the connection is closed, counted in
+//     `refusals->impostors`, and Receive returns DataLoss naming the peer.
+//   Sealing goes from the caller's buffers into pooled ones (on the thread
+//   that writes the message first: the caller's, or the writer thread's);
+//   opening is in place, on the receiving thread.
 //
 // Thread-safety: Send and Post from any threads, Receive from one thread at
 // a time.
@@ -48,6 +68,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,6 +77,7 @@
 #include <vector>
 
 #include "wire/buffer_pool.h"
+#include "wire/node_keys.h"
 #include "wire/transport.h"
 
 namespace gradsync::wire {
@@ -73,9 +95,13 @@ struct TcpStreamOptions {
   Millis hello_wait{2000};  // an accepted connection's time to say hello
   size_t max_pending = 16;  // accepted connections that have not, at once
   // Where refusals are also counted (may be null): connections refused at
-  // the hello (or that said none) in `handshakes`, connections closed for
-  // a bad frame table in `dropped`.
+  // the hello (or that said none, or proved no key) in `handshakes`,
+  // connections closed for a bad frame table in `dropped`, for a sealed
+  // message that did not open in `impostors`.
   std::shared_ptr<TransportRefusals> refusals;
+  // Set (a CURVE job): sealed connections, see above. This node's own key
+  // pair and the plan's keys.
+  std::shared_ptr<const NodeKeys> node_keys;
 };
 
 class TcpStreamTransport : public Transport {
@@ -111,9 +137,17 @@ class TcpStreamTransport : public Transport {
   // Connects `c`, says hello and takes the answer (the writer thread,
   // without c.mu; Probe).
   Status Open(Conn& c, Deadline deadline);
-  // Writes what the socket takes of `p` now: OK with part of it left when
-  // the socket is full. Requires the connection's mu.
-  static Status WriteSome(int fd, Pending& p, const std::string& what);
+  // Says hello on `fd` (connected to c.endpoint) and takes the answer; on a
+  // sealed connection also proves this node's key, checks the peer's and
+  // sets c's keys.
+  Status Hello(Conn& c, int fd, Deadline deadline);
+  // Writes what the socket takes of `p` now (sealing it first on a sealed
+  // connection): OK with part of it left when the socket is full. Requires
+  // c.mu.
+  Status WriteSome(Conn& c, Pending& p);
+  // Replaces p's frames by their sealed form under c's next counter.
+  // Requires c.mu.
+  Status Seal(Conn& c, Pending& p);
   // Marks `c` broken and moves its queue to `failed`. Requires c.mu.
   static void Break(Conn& c, std::deque<Pending>* failed);
   void Wake();
@@ -125,11 +159,22 @@ class TcpStreamTransport : public Transport {
   // Reads what `c` has of its hello and answers it; false when `c` is done
   // with (refused, or taken into inbound_).
   bool ReadHello(const std::shared_ptr<Conn>& c);
+  // A sealed connection's second step: reads what `c` has of its proof and
+  // takes or refuses it; false when `c` is done with.
+  bool ReadProof(const std::shared_ptr<Conn>& c);
+  // Takes `c` under `identity` unless that identity is connected already
+  // (requires mu_); gives `answer` the verdict before `c` can be written
+  // to, and returns it.
+  uint32_t Take(const std::shared_ptr<Conn>& c, const std::string& identity,
+                const std::function<void(uint32_t)>& answer);
   // Receive's thread: reads what `c` has; a message when one is complete.
   StatusOr<std::optional<Incoming>> ReadSome(Conn& c);
-  // Counts and logs a refusal; `at_hello`: of a connection before its
-  // hello was taken (else: a frame table).
-  void Refused(const std::string& what, bool at_hello = true);
+  // Opens c's message just read, in place, under its next counter; false
+  // when a frame does not open.
+  static bool OpenSealed(Conn& c);
+  // Counts (in `counter` of options_.refusals) and logs a refusal.
+  void Refused(const std::string& what,
+               std::atomic<uint64_t> TransportRefusals::*counter = &TransportRefusals::handshakes);
 
   TcpStreamOptions options_;
   std::shared_ptr<BufferPool> pool_;

@@ -6,7 +6,13 @@
 // connection are refused and counted while the real peer keeps being
 // served, a bad frame table ends that connection with DataLoss before
 // anything is allocated, a peer that goes away fails the sends to it, and
-// sends that cannot finish end at their deadline.
+// sends that cannot finish end at their deadline. Sealed (a CURVE job's
+// node keys): messages arrive and answers go back, no byte of a payload
+// crosses in the clear, a bit flipped, a message replayed or one dropped on
+// the path ends the connection with DataLoss, a job member showing its own
+// key under another's identity, a process showing another's key without its
+// secret and a listener without the key the plan names are refused, and a
+// plain peer and a sealed one are told the other's mode.
 #include "wire/tcp_stream_transport.h"
 
 #include <arpa/inet.h>
@@ -14,13 +20,19 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "wire/curve.h"
+#include "wire/node_keys.h"
 
 namespace gradsync::wire {
 namespace {
@@ -358,6 +370,316 @@ TEST(TcpStreamTransport, SendsThatCannotFinishEndAtTheirDeadline) {
                        Deadline::After(Millis(500)));
   EXPECT_EQ(StatusCode::kDeadlineExceeded, s.code()) << s.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+// Sealed connections: three nodes of a CURVE job, each with its key pair,
+// and every node's view of the plan (right's data port is its listener).
+struct SealedJob {
+  SealedJob() {
+    job = *GenerateCurveKey();
+    for (const char* name : {"left", "right", "mallory"}) pairs[name] = *GenerateCurveKey();
+  }
+  std::shared_ptr<NodeKeys> KeysOf(const std::string& name, int right_port,
+                                   const std::string& own = "") {
+    auto keys = std::make_shared<NodeKeys>(job, pairs[own.empty() ? name : own]);
+    std::vector<NodeInfo> plan;
+    for (const auto& [who, pair] : pairs) {
+      NodeInfo n;
+      n.identity = who;
+      n.host = "127.0.0.1";
+      n.data_port = static_cast<uint16_t>(who == "right" ? right_port : 1);
+      n.public_key = pair.public_z85;
+      plan.push_back(n);
+    }
+    keys->SetPlan(plan);
+    return keys;
+  }
+  CurveKey job;
+  std::map<std::string, CurveKey> pairs;
+};
+
+// `o` sealed with `keys`.
+TcpStreamOptions Sealed(TcpStreamOptions o, std::shared_ptr<const NodeKeys> keys) {
+  o.node_keys = std::move(keys);
+  o.refusals = std::make_shared<TransportRefusals>();
+  return o;
+}
+
+// A sealed listener "right" taking "left", and right's port for the plan.
+struct SealedRight {
+  explicit SealedRight(SealedJob& job)
+      : options(Sealed(Options("right", {"left"}), job.KeysOf("right", 0))),
+        listener(std::make_unique<Listener>(options)),
+        port(PortOf(listener->endpoint)) {}
+  TcpStreamOptions options;
+  std::unique_ptr<Listener> listener;
+  int port;
+  TcpStreamTransport& t() { return listener->t; }
+  const std::string& endpoint() { return listener->endpoint; }
+};
+
+// Forwards one connection between `to` and whoever connects to endpoint,
+// calling `tamper` on each chunk going to `to` (it may change or repeat
+// bytes) with the bytes forwarded before it.
+class Relay {
+ public:
+  Relay(const std::string& to,
+        std::function<std::vector<uint8_t>(std::vector<uint8_t>, size_t)> tamper)
+      : tamper_(std::move(tamper)) {
+    listen_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(0, bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a)));
+    EXPECT_EQ(0, listen(listen_, 1));
+    socklen_t len = sizeof(a);
+    getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    thread_ = std::thread([this, to] {
+      const int in = accept(listen_, nullptr, nullptr);
+      if (in < 0) return;
+      const int out = RawConnect(to);
+      std::thread back([in, out] { Pump(out, in, nullptr); });
+      Pump(in, out, this);
+      shutdown(out, SHUT_RDWR);
+      shutdown(in, SHUT_RDWR);
+      back.join();
+      close(in);
+      close(out);
+    });
+  }
+  ~Relay() {
+    shutdown(listen_, SHUT_RDWR);
+    thread_.join();
+    close(listen_);
+  }
+  std::string endpoint;
+  std::vector<uint8_t> seen;  // what went towards `to`, as it came
+
+ private:
+  static void Pump(int from, int to, Relay* self) {
+    std::vector<uint8_t> chunk(1 << 16);
+    size_t forwarded = 0;
+    for (;;) {
+      const ssize_t r = read(from, chunk.data(), chunk.size());
+      if (r <= 0) return;
+      std::vector<uint8_t> bytes(chunk.begin(), chunk.begin() + r);
+      if (self != nullptr) {
+        self->seen.insert(self->seen.end(), bytes.begin(), bytes.end());
+        bytes = self->tamper_(std::move(bytes), forwarded);
+      }
+      forwarded += static_cast<size_t>(r);
+      for (size_t done = 0; done < bytes.size();) {
+        const ssize_t w = send(to, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+        if (w <= 0) return;
+        done += static_cast<size_t>(w);
+      }
+    }
+  }
+  std::function<std::vector<uint8_t>(std::vector<uint8_t>, size_t)> tamper_;
+  int listen_ = -1;
+  std::thread thread_;
+};
+
+// The bytes left sends before its first message: hello (fixed part,
+// identity, node key, fresh key) and proof.
+constexpr size_t kSealedHandshake = 20 + 4 + 64 + 20;
+// A sealed message of one payload of n bytes and a 3-byte header.
+size_t SealedBytes(size_t n) { return 8 + 16 + (16 + 3) + (16 + n); }
+
+TEST(TcpStreamTransport, SealedMessagesArriveAndAnswersGoBack) {
+  SealedJob job;
+  SealedRight right(job);
+  TcpStreamTransport left(Sealed(Options("left", {}), job.KeysOf("left", right.port)));
+  auto conn = left.Connect(right.endpoint());
+  ASSERT_TRUE(conn.ok());
+  std::vector<Message> sent;
+  PostedSends posted;
+  for (uint8_t i = 0; i < 12; ++i) {
+    std::vector<size_t> sizes;
+    for (uint8_t k = 0; k < i % 4; ++k) sizes.push_back(k == 1 ? 0 : size_t{1} << (2 * i % 25));
+    sent.push_back(WithPayloads(sizes, i));
+    left.Post(Route::Connection(*conn), sent.back(), Deadline::After(Millis(60000)),
+              posted.callback());
+  }
+  for (const Message& want : sent) {
+    auto got = right.t().Receive(Deadline::After(Millis(60000)));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ("left", got->from.identity);
+    ExpectSame(want, got->message);
+  }
+  EXPECT_TRUE(posted.first_failure().ok()) << posted.first_failure().ToString();
+  Message answer = WithPayloads({100, 5}, 77);
+  ASSERT_TRUE(right.t().Send(Route::Inbound("left"), answer, Deadline::After(Millis(20000))).ok());
+  auto back = left.Receive(Deadline::After(Millis(20000)));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSame(answer, back->message);
+  EXPECT_EQ(0u, right.t().refused());
+}
+
+TEST(TcpStreamTransport, SealedBytesAreSecretAndTamperingEndsTheConnection) {
+  SealedJob job;
+  SealedRight right(job);
+  // A payload whose every 4-byte word is "SECR".
+  Message m;
+  m.header = {1, 2, 3};
+  std::vector<uint8_t> secret(4096);
+  for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>("SECR"[i % 4]);
+  m.payloads.push_back(Payload::Copy(secret.data(), secret.size()));
+  const size_t one = SealedBytes(secret.size());
+  using Tamper = std::function<std::vector<uint8_t>(std::vector<uint8_t>, size_t)>;
+  struct Case {
+    const char* what;
+    Tamper tamper;
+    int sends;
+  };
+  const std::vector<Case> cases = {
+      {"untouched", [](std::vector<uint8_t> b, size_t) { return b; }, 2},
+      {"a bit flipped in the payload",
+       [](std::vector<uint8_t> b, size_t at) {
+         const size_t target = kSealedHandshake + 200;
+         if (at <= target && target < at + b.size()) b[target - at] ^= 0x01;
+         return b;
+       },
+       1},
+      {"the frame table changed",
+       [](std::vector<uint8_t> b, size_t at) {
+         const size_t target = kSealedHandshake + 8;  // the header's size: 19 -> 18
+         if (at <= target && target < at + b.size()) b[target - at] = 18;
+         return b;
+       },
+       1},
+      // The first message again in place of the second, and the second left out.
+      {"a message replayed",
+       [one, held = std::make_shared<std::vector<uint8_t>>()](std::vector<uint8_t> b,
+                                                              size_t at) mutable {
+         std::vector<uint8_t> out;
+         for (size_t i = 0; i < b.size(); ++i) {
+           const size_t pos = at + i;
+           if (pos >= kSealedHandshake && pos < kSealedHandshake + one) held->push_back(b[i]);
+           if (pos < kSealedHandshake + one) out.push_back(b[i]);
+           if (pos == kSealedHandshake + 2 * one - 1)
+             out.insert(out.end(), held->begin(), held->end());
+         }
+         return out;
+       },
+       2},
+      {"a message dropped",
+       [one](std::vector<uint8_t> b, size_t at) {
+         std::vector<uint8_t> out;
+         for (size_t i = 0; i < b.size(); ++i) {
+           const size_t pos = at + i;
+           if (pos < kSealedHandshake || pos >= kSealedHandshake + one) out.push_back(b[i]);
+         }
+         return out;
+       },
+       2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    SealedRight right(job);
+    Relay relay(right.endpoint(), c.tamper);
+    auto keys = job.KeysOf("left", right.port);
+    keys->AddEndpoint("right", relay.endpoint);
+    TcpStreamTransport left(Sealed(Options("left", {}), keys));
+    auto conn = left.Connect(relay.endpoint);
+    for (int i = 0; i < c.sends; ++i) {
+      ASSERT_TRUE(left.Send(Route::Connection(*conn), m, Deadline::After(Millis(20000))).ok());
+    }
+    auto got = right.t().Receive(Deadline::After(Millis(20000)));
+    if (std::string(c.what) == "untouched") {
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSame(m, got->message);
+      got = right.t().Receive(Deadline::After(Millis(20000)));
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSame(m, got->message);
+      // Not one 16-byte run of the payload crossed in the clear.
+      const std::vector<uint8_t> run(secret.begin(), secret.begin() + 16);
+      EXPECT_EQ(relay.seen.end(),
+                std::search(relay.seen.begin(), relay.seen.end(), run.begin(), run.end()));
+      EXPECT_EQ(kSealedHandshake + 2 * one, relay.seen.size());
+      continue;
+    }
+    if (std::string(c.what) != "a bit flipped in the payload" &&
+        std::string(c.what) != "the frame table changed" && got.ok()) {
+      // The first message is whole; the next one is refused.
+      ExpectSame(m, got->message);
+      got = right.t().Receive(Deadline::After(Millis(20000)));
+    }
+    EXPECT_EQ(StatusCode::kDataLoss, got.status().code()) << got.status().ToString();
+    EXPECT_NE(std::string::npos, got.status().message().find("'left'")) << got.status().ToString();
+    EXPECT_EQ(1u, right.t().refused());
+    EXPECT_EQ(1u, right.options.refusals->impostors.load());  // also counted for /metrics
+  }
+}
+
+TEST(TcpStreamTransport, SealedConnectionsRefuseAnotherNodesIdentityOrKey) {
+  SealedJob job;
+  SealedRight right(job);
+  // A job member shows its own key under left's identity.
+  TcpStreamTransport mallory(Sealed(Options("left", {}), job.KeysOf("mallory", right.port)));
+  auto c1 = mallory.Connect(right.endpoint());
+  std::thread reader([&] { WaitRefused(right.t(), 1); });
+  Status s =
+      mallory.Send(Route::Connection(*c1), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
+  reader.join();
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  EXPECT_NE(std::string::npos, s.message().find("another identity")) << s.ToString();
+  // One shows left's public key without its secret: it cannot prove it.
+  CurveKey forged = job.pairs["mallory"];
+  forged.public_z85 = job.pairs["left"].public_z85;
+  job.pairs["forged"] = forged;
+  TcpStreamTransport forger(Sealed(Options("left", {}), job.KeysOf("left", right.port, "forged")));
+  job.pairs.erase("forged");
+  auto c2 = forger.Connect(right.endpoint());
+  std::thread reader2([&] { WaitRefused(right.t(), 2); });
+  s = forger.Send(Route::Connection(*c2), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
+  reader2.join();
+  EXPECT_FALSE(s.ok());
+  // Both were counted as failed handshakes; left itself is then taken.
+  EXPECT_EQ(2u, right.options.refusals->handshakes.load());
+  TcpStreamTransport left(Sealed(Options("left", {}), job.KeysOf("left", right.port)));
+  auto c3 = left.Connect(right.endpoint());
+  Message m = WithPayloads({64}, 9);
+  ASSERT_TRUE(left.Send(Route::Connection(*c3), m, Deadline::After(Millis(20000))).ok());
+  auto got = right.t().Receive(Deadline::After(Millis(20000)));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSame(m, got->message);
+  // A listener that holds another key than the plan's for its endpoint
+  // (mallory's, at right's port as left's plan has it) is not sent to.
+  Listener fake(Sealed(Options("right", {"left"}), job.KeysOf("mallory", 0)));
+  auto keys = job.KeysOf("left", right.port);
+  keys->AddEndpoint("right", fake.endpoint);
+  TcpStreamTransport fooled(Sealed(Options("left", {}), keys));
+  auto c4 = fooled.Connect(fake.endpoint);
+  std::thread reader3([&] { WaitRefused(fake.t, 1); });
+  s = fooled.Send(Route::Connection(*c4), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
+  reader3.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(fake.t.Receive(Deadline::After(Millis(100))).ok());
+}
+
+TEST(TcpStreamTransport, PlainAndSealedPeersAreToldTheOthersMode) {
+  SealedJob job;
+  SealedRight right(job);
+  TcpStreamTransport plain(Options("left", {}));
+  auto c1 = plain.Connect(right.endpoint());
+  std::thread reader([&] { WaitRefused(right.t(), 1); });
+  Status s =
+      plain.Send(Route::Connection(*c1), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
+  reader.join();
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  EXPECT_NE(std::string::npos, s.message().find("only sealed")) << s.ToString();
+
+  Listener open_right;
+  auto keys = job.KeysOf("left", PortOf(open_right.endpoint));
+  TcpStreamTransport sealed(Sealed(Options("left", {}), keys));
+  auto c2 = sealed.Connect(open_right.endpoint);
+  std::thread reader2([&] { WaitRefused(open_right.t, 1); });
+  s = sealed.Send(Route::Connection(*c2), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
+  reader2.join();
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  EXPECT_NE(std::string::npos, s.message().find("only plain")) << s.ToString();
 }
 
 TEST(TcpStreamTransport, ShutdownEndsAWaitingReceive) {
