@@ -412,10 +412,12 @@ StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r,
 // With node keys (kOursSealed, kOursSealedZmq): every rank's identity, public key and
 // endpoint, through the store, become the plan of `keys`; returns the left
 // neighbour's identity.
-StatusOr<std::string> SharePlan(Rank* r, const std::string& endpoint, wire::NodeKeys* keys,
-                                const std::string& identity) {
+StatusOr<std::string> SharePlan(Rank* r, int impl, const std::string& endpoint,
+                                wire::NodeKeys* keys, const std::string& identity) {
   const int n = r->args.world;
-  auto key = [](int rank) { return "sealed_plan_" + std::to_string(rank); };
+  auto key = [impl](int rank) {
+    return std::string(kImplNames[impl]) + "_plan_" + std::to_string(rank);
+  };
   const std::string mine = identity + "\n" + keys->own().public_z85 + "\n" + endpoint;
   std::vector<std::string> all(static_cast<size_t>(n));
   GS_RETURN_IF_ERROR(GlooCall("store", [&] {
@@ -468,7 +470,7 @@ Status ConnectStreams(Rank* r, int impl, Rank::OurRing* ours) {
   }
   ours->stream = std::make_unique<wire::TcpStreamTransport>(options);
   GS_ASSIGN_OR_RETURN(std::string endpoint, ours->stream->Listen("tcp://127.0.0.1:0"));
-  if (keys) GS_RETURN_IF_ERROR(SharePlan(r, endpoint, keys.get(), options.identity).status());
+  if (keys) GS_RETURN_IF_ERROR(SharePlan(r, impl, endpoint, keys.get(), options.identity).status());
   GS_ASSIGN_OR_RETURN(std::string right,
                       SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_endpoint_"));
   client::RingPeers peers;
@@ -504,7 +506,7 @@ Status ConnectOurs(Rank* r, int impl) {
   GS_ASSIGN_OR_RETURN(std::string endpoint, ours.transport->Listen("tcp://127.0.0.1:0"));
   std::string left_identity;
   if (keys) {
-    GS_ASSIGN_OR_RETURN(left_identity, SharePlan(r, endpoint, keys.get(), zmq.identity));
+    GS_ASSIGN_OR_RETURN(left_identity, SharePlan(r, impl, endpoint, keys.get(), zmq.identity));
   }
   GS_ASSIGN_OR_RETURN(std::string right,
                       SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_endpoint_"));
