@@ -902,7 +902,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
                      options_.job_id, identity);
     }
     if (!k) {
-      answer = kWrongKey;
+      answer = kBadHello;  // a fresh key of low order
     } else {
       answer = kProve;
       std::memcpy(reply + 8, mine.pub, kKeyBytes);

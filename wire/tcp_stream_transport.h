@@ -195,9 +195,6 @@ class TcpStreamTransport : public Transport {
   std::vector<std::shared_ptr<Conn>> readers_;
   std::vector<pollfd> poll_fds_;
 
-  std::mutex work_mu_;
-  std::condition_variable work_cv_;
-  uint64_t work_ = 0;  // guarded by work_mu_: bumped when a message queues
   std::thread writer_;
   std::thread acceptor_;
 };
