@@ -231,6 +231,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     return static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   };
   std::vector<std::unique_ptr<wire::Transport>> stream_transports;
+  bool sealed = true;  // every stream sealed (what the transports say)
   for (int k = 0; streams && k < count; ++k) {
     wire::TcpStreamOptions o;
     o.job_id = session->job_id();
@@ -241,6 +242,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     o.refusals = session->refusals();
     o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
     auto transport = std::make_unique<wire::TcpStreamTransport>(o);
+    sealed = sealed && transport->sealed();
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
     mine.ports[k] = port_of(bound);
     stream_transports.push_back(std::move(transport));
@@ -284,6 +286,10 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
       GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
                                                              lane, ring_options, health));
       lanes->push_back(std::move(ring));
+    }
+    if (peers.rank == 0) {
+      GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
+                   << (sealed ? ", sealed under keys agreed with the node keys" : ", plain");
     }
     return Status();
   }
@@ -398,10 +404,6 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     }
     if (r == 0 && options.ring_lanes > 1 && !options.ring_lanes_auto) {
       GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
-    }
-    if (r == 0 && streams) {
-      GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
-                   << (curve ? ", sealed under keys agreed with the node keys" : "");
     }
   }
   out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));

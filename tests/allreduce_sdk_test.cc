@@ -186,7 +186,8 @@ TEST_F(AllReduceSdkTest, OverTcpStreamsInTwoLanesTheSameExactResults) {
   auto workers = StartWorkers(
       4, {"--mode=train", "--steps=4", "--ring_shm=false", "--ring_lanes=2", "--host=localhost"});
   ExpectTrained(workers);
-  EXPECT_NE(workers[0]->Output().find("ring over TCP streams"), std::string::npos)
+  EXPECT_NE(workers[0]->Output().find("ring over TCP streams (ring_transport=tcp), plain"),
+            std::string::npos)
       << workers[0]->Output();
 }
 

@@ -123,6 +123,8 @@ class TcpStreamTransport : public Transport {
   // Connections closed unread or refused: bad hellos, strangers, other
   // jobs, broken framing, past max_pending.
   uint64_t refused() const { return refused_.load(); }
+  // Whether its connections are sealed (it has node keys).
+  bool sealed() const { return options_.node_keys != nullptr; }
 
  private:
   struct Pending;
