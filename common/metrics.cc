@@ -114,12 +114,14 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                        MetricType::Counter, static_cast<double>(sends_dropped)));
   out.push_back(Family("gradsync_impostors_total",
                        "Messages refused because the identity they came under is not the one "
-                       "bound to the sender's node key.",
+                       "bound to the sender's node key, or a sealed message (bulk or ring TCP "
+                       "stream) that did not open under its key.",
                        MetricType::Counter, static_cast<double>(impostors)));
   out.push_back(Family("gradsync_auth_failures_total",
                        "Connections refused at the handshake: no, wrong or another job's "
                        "CURVE key, or a ring TCP stream's hello (another job, an identity it "
-                       "does not take, garbage or none).",
+                       "does not take, a node key bound to another identity, no proof of the "
+                       "key, garbage or none).",
                        MetricType::Counter, static_cast<double>(refused)));
   out.push_back(Family("gradsync_transport_dropped_total",
                        "Messages dropped as they were read, before any receiver: more "

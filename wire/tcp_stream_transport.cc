@@ -208,20 +208,21 @@ struct FreshKey {
   FreshKey& operator=(const FreshKey&) = delete;
 };
 
-// This node's key pair (binary), from the node keys; nullopt when they do
-// not decode.
-struct NodeKeyPair {
-  std::string pub, secret;
-  ~NodeKeyPair() { sodium_memzero(secret.data(), secret.size()); }
-};
-std::optional<NodeKeyPair> OwnKeys(const NodeKeys& keys) {
-  auto pub = DecodeKey(keys.own().public_z85);
-  auto secret = DecodeKey(keys.own().secret_z85);
-  if (!pub || !secret) return std::nullopt;
-  NodeKeyPair out;
-  out.pub = std::move(*pub);
-  out.secret = std::move(*secret);
-  return out;
+enum class Got { kAll, kMore, kClosed };
+// Reads into buf[*got, want) what the non-blocking `fd` has now: kAll once
+// it is full, kMore when the socket has no more yet, kClosed when the peer
+// closed or the connection broke.
+Got ReadUpTo(int fd, uint8_t* buf, size_t* got, size_t want) {
+  while (*got < want) {
+    const ssize_t r = recv(fd, buf + *got, want - *got, MSG_DONTWAIT);
+    if (r > 0) {
+      *got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? Got::kMore : Got::kClosed;
+  }
+  return Got::kAll;
 }
 
 // The two keys of a sealed connection: one for what the connector sends,
@@ -320,8 +321,9 @@ struct TcpStreamTransport::Conn {
   SteadyTime hello_by{};
   uint8_t hello[kHelloFixed + kMaxIdentity + 2 * kKeyBytes];
   size_t hello_got = 0;
-  bool proving = false;  // sealed: the hello was answered, the proof awaited
-  std::string claimed;   // sealed: the identity of the hello
+  // Sealed, once the hello is answered (receive_key set): the identity it
+  // said, and its proof as read so far.
+  std::string claimed;
   uint8_t proof[kProofBytes];
   size_t proof_got = 0;
   enum class Stage { kPrefix, kSizes, kFrames } stage = Stage::kPrefix;
@@ -344,9 +346,17 @@ TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
   if (options_.identity.empty()) options_.identity = RandomIdentity("tcp");
   if (options_.identity.size() > kMaxIdentity) options_.identity.resize(kMaxIdentity);
   options_.max_frames = std::clamp<size_t>(options_.max_frames, 1, kMaxFrames);
-  // Idempotent; it picks libsodium's implementations (each works without).
-  if (options_.node_keys != nullptr && sodium_init() < 0) {
-    GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": sodium_init failed";
+  if (options_.node_keys != nullptr) {
+    // Idempotent; it picks libsodium's implementations (each works without).
+    if (sodium_init() < 0) {
+      GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": sodium_init failed";
+    }
+    auto pub = DecodeKey(options_.node_keys->own().public_z85);
+    auto secret = DecodeKey(options_.node_keys->own().secret_z85);
+    if (pub && secret) {
+      own_public_ = std::move(*pub);
+      own_secret_ = std::move(*secret);
+    }
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -360,6 +370,7 @@ TcpStreamTransport::~TcpStreamTransport() {
   if (wake_fd_ >= 0) close(wake_fd_);
   if (taken_fd_ >= 0) close(taken_fd_);
   if (stop_fd_ >= 0) close(stop_fd_);
+  sodium_memzero(own_secret_.data(), own_secret_.size());
 }
 
 void TcpStreamTransport::Shutdown() {
@@ -483,30 +494,32 @@ void TcpStreamTransport::Post(const Route& to, Message message, Deadline deadlin
 }
 
 Status TcpStreamTransport::Seal(Conn& c, Pending& p) {
+  const std::vector<uint8_t>& header = p.message.header;
   const std::vector<Payload>& plain = p.message.payloads;
-  size_t bytes = 0;
-  for (const Payload& payload : plain) bytes += kBulkTagBytes + payload.size;
-  Message sealed;
-  sealed.header.resize(kBulkTagBytes + p.message.header.size());
-  std::shared_ptr<uint8_t> buffer = bytes > 0 ? pool_->Get(bytes) : nullptr;
-  // The table names the sealed frames; the header's tag covers it.
-  Put64(p.table + 8, sealed.header.size());
-  p.total = p.table_bytes + sealed.header.size() + bytes;
+  // The sealed frames, back to back in one pooled buffer: the table names
+  // each, and the header's tag covers the table.
+  size_t bytes = kBulkTagBytes + header.size();
+  Put64(p.table + 8, bytes);
   for (size_t i = 0; i < plain.size(); ++i) {
     Put64(p.table + 16 + 8 * i, kBulkTagBytes + plain[i].size);
+    bytes += kBulkTagBytes + plain[i].size;
   }
+  p.total = p.table_bytes + bytes;
+  std::shared_ptr<uint8_t> buffer = pool_->Get(bytes);
   const uint64_t counter = c.send_counter++;
-  GS_RETURN_IF_ERROR(c.send_key->Seal(counter, 0, p.message.header.data(), p.message.header.size(),
-                                      sealed.header.data(), p.table, p.table_bytes));
-  size_t at = 0;
+  uint8_t* out = buffer.get();
+  GS_RETURN_IF_ERROR(
+      c.send_key->Seal(counter, 0, header.data(), header.size(), out, p.table, p.table_bytes));
+  out += kBulkTagBytes + header.size();
   for (size_t i = 0; i < plain.size(); ++i) {
-    uint8_t* out = buffer.get() + at;
     GS_RETURN_IF_ERROR(
         c.send_key->Seal(counter, static_cast<uint32_t>(i + 1), plain[i].data, plain[i].size, out));
-    sealed.payloads.push_back(Payload::Borrow(out, kBulkTagBytes + plain[i].size, buffer));
-    at += kBulkTagBytes + plain[i].size;
+    out += kBulkTagBytes + plain[i].size;
   }
-  p.message = std::move(sealed);  // lets go of the caller's buffers
+  // Written as one payload after an empty header; the caller's buffers go.
+  Message sealed;
+  sealed.payloads.push_back(Payload::Borrow(buffer.get(), bytes, buffer));
+  p.message = std::move(sealed);
   p.sealed = true;
   return Status();
 }
@@ -609,12 +622,10 @@ void TcpStreamTransport::Deliver(const Route& to, Message message, Deadline dead
 Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
   const std::string what = "the peer at " + c.endpoint;
   const NodeKeys* keys = options_.node_keys.get();
-  std::optional<NodeKeyPair> own;
   std::optional<std::string> server;
   if (keys != nullptr) {
-    own = OwnKeys(*keys);
     if (std::optional<std::string> z85 = keys->ServerKeyAt(c.endpoint)) server = DecodeKey(*z85);
-    if (!own) return FailedPreconditionError("this node's own key does not decode");
+    if (own_secret_.empty()) return FailedPreconditionError("this node's own key does not decode");
     if (!server) {
       return FailedPreconditionError(
           "no node of the plan serves " + c.endpoint +
@@ -631,7 +642,7 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
   std::memcpy(hello + kHelloFixed, options_.identity.data(), id);
   size_t n = kHelloFixed + id;
   if (keys != nullptr) {
-    std::memcpy(hello + n, own->pub.data(), kKeyBytes);
+    std::memcpy(hello + n, own_public_.data(), kKeyBytes);
     std::memcpy(hello + n + kKeyBytes, fresh.pub, kKeyBytes);
     n += 2 * kKeyBytes;
   }
@@ -652,16 +663,24 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
   uint8_t theirs[kKeyBytes];
   GS_RETURN_IF_ERROR(ReadAll(fd, theirs, sizeof(theirs), deadline, what));
   std::optional<ConnectionKeys> k =
-      DeriveKeys(reinterpret_cast<const uint8_t*>(own->secret.data()), fresh.secret,
+      DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), fresh.secret,
                  reinterpret_cast<const uint8_t*>(server->data()), theirs,
-                 reinterpret_cast<const uint8_t*>(own->pub.data()),
+                 reinterpret_cast<const uint8_t*>(own_public_.data()),
                  reinterpret_cast<const uint8_t*>(server->data()), fresh.pub, theirs,
                  options_.job_id, options_.identity);
   if (!k) return FailedPreconditionError(what + " answered with a key that makes no secret");
   uint8_t proof[kProofBytes];
   SealWord(*k->to_acceptor, kProofWord, proof);
   GS_RETURN_IF_ERROR(WriteAll(fd, proof, sizeof(proof), deadline, what));
-  GS_RETURN_IF_ERROR(ReadAll(fd, proof, sizeof(proof), deadline, what));
+  if (Status s = ReadAll(fd, proof, sizeof(proof), deadline, what); !s.ok()) {
+    if (s.code() != StatusCode::kUnavailable) return s;
+    // The acceptor closes a connection whose proof does not open.
+    return FailedPreconditionError(what +
+                                   " closed the connection at this node's proof: it holds "
+                                   "another key than the plan's for " +
+                                   c.endpoint + ", or does not know this node's (" + s.message() +
+                                   ")");
+  }
   const std::optional<uint32_t> taken = OpenWord(*k->to_connector, proof);
   if (!taken) {
     return FailedPreconditionError(what + " did not prove that it holds the key of " + c.endpoint +
@@ -843,7 +862,7 @@ void TcpStreamTransport::Accept(int listening, std::vector<std::shared_ptr<Conn>
 }
 
 bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
-  if (c->proving) return ReadProof(c);
+  if (c->receive_key != nullptr) return ReadProof(c);  // the hello was answered
   const int fd = c->fd.load();
   const bool sealing = options_.node_keys != nullptr;
   // The hello's length once its fixed part is in: 0 when that part is bad.
@@ -855,18 +874,17 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     }
     return kHelloFixed + id + (version == kSealedVersion ? 2 * kKeyBytes : 0);
   };
-  size_t want = kHelloFixed;
-  if (c->hello_got >= kHelloFixed) want = length();
-  while (want != 0 && c->hello_got < want) {
-    const ssize_t r = recv(fd, c->hello + c->hello_got, want - c->hello_got, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      Refused("a connection closed before its hello");
-      return false;
-    }
-    if (r < 0) return true;  // more later
-    c->hello_got += static_cast<size_t>(r);
-    if (c->hello_got == kHelloFixed) want = length();
+  Got got = ReadUpTo(fd, c->hello, &c->hello_got, kHelloFixed);
+  size_t want = 0;
+  if (got == Got::kAll) {
+    want = length();
+    if (want != 0) got = ReadUpTo(fd, c->hello, &c->hello_got, want);
   }
+  if (got == Got::kClosed) {
+    Refused("a connection closed before its hello");
+    return false;
+  }
+  if (got == Got::kMore) return true;
   const uint32_t version = Get32(c->hello + 4);
   uint32_t answer = kTaken;
   std::string identity;
@@ -894,11 +912,10 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   if (answer == kTaken && sealing) {
     // Answer with a fresh key and wait for the proof.
     const FreshKey mine;
-    std::optional<NodeKeyPair> own = OwnKeys(*options_.node_keys);
     std::optional<ConnectionKeys> k;
-    if (own) {
-      k = DeriveKeys(reinterpret_cast<const uint8_t*>(own->secret.data()), mine.secret, node, fresh,
-                     node, reinterpret_cast<const uint8_t*>(own->pub.data()), fresh, mine.pub,
+    if (!own_secret_.empty()) {
+      k = DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), mine.secret, node, fresh,
+                     node, reinterpret_cast<const uint8_t*>(own_public_.data()), fresh, mine.pub,
                      options_.job_id, identity);
     }
     if (!k) {
@@ -910,7 +927,6 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
       c->send_key = std::move(k->to_connector);
       c->receive_key = std::move(k->to_acceptor);
       c->claimed = identity;
-      c->proving = true;
     }
   }
   Put32(reply, kAnswerMagic);
@@ -931,15 +947,12 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
 
 bool TcpStreamTransport::ReadProof(const std::shared_ptr<Conn>& c) {
   const int fd = c->fd.load();
-  while (c->proof_got < kProofBytes) {
-    const ssize_t r = recv(fd, c->proof + c->proof_got, kProofBytes - c->proof_got, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      Refused("a connection closed before it proved its key");
-      return false;
-    }
-    if (r < 0) return true;  // more later
-    c->proof_got += static_cast<size_t>(r);
+  const Got got = ReadUpTo(fd, c->proof, &c->proof_got, kProofBytes);
+  if (got == Got::kClosed) {
+    Refused("a connection closed before it proved its key");
+    return false;
   }
+  if (got == Got::kMore) return true;
   if (OpenWord(*c->receive_key, c->proof) != std::optional<uint32_t>(kProofWord)) {
     Refused("closed a connection that did not prove it holds the node key it showed");
     return false;

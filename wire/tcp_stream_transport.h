@@ -179,6 +179,9 @@ class TcpStreamTransport : public Transport {
                std::atomic<uint64_t> TransportRefusals::*counter = &TransportRefusals::handshakes);
 
   TcpStreamOptions options_;
+  // With node keys: this node's key pair, decoded once (empty when it does
+  // not decode; the secret is wiped on destruction).
+  std::string own_public_, own_secret_;
   std::shared_ptr<BufferPool> pool_;
   std::atomic<int> listen_fd_{-1};
   int wake_fd_ = -1;   // eventfd: wakes the writer's poll

@@ -130,6 +130,19 @@ void WaitRefused(TcpStreamTransport& t, uint64_t n) {
   EXPECT_GE(t.refused(), n);
 }
 
+// `sender` connects to `endpoint` and sends one message while `acceptor`
+// receives until it has refused `refusals` connections; the send's outcome.
+Status SendRefused(TcpStreamTransport& sender, const std::string& endpoint,
+                   TcpStreamTransport& acceptor, uint64_t refusals) {
+  auto conn = sender.Connect(endpoint);
+  if (!conn.ok()) return conn.status();
+  std::thread reader([&] { WaitRefused(acceptor, refusals); });
+  Status s =
+      sender.Send(Route::Connection(*conn), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
+  reader.join();
+  return s;
+}
+
 TEST(TcpStreamTransport, MessagesArriveWholeInOrderAndAreAnswered) {
   Neighbours n;
   auto& [right, left, conn] = n;
@@ -217,20 +230,12 @@ TEST(TcpStreamTransport, LargeMessagesGoThroughTheWriterWhileTheReceiverReads) {
 TEST(TcpStreamTransport, StrangersOtherJobsAndDuplicatesAreRefusedWithTheReason) {
   Listener right;
   TcpStreamTransport stranger(Options("mallory", {}));
-  auto c1 = stranger.Connect(right.endpoint);
-  ASSERT_TRUE(c1.ok());
-  std::thread reader([&] { WaitRefused(right.t, 1); });
-  Status s =
-      stranger.Send(Route::Connection(*c1), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader.join();
+  Status s = SendRefused(stranger, right.endpoint, right.t, 1);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("does not take connections")) << s.ToString();
 
   TcpStreamTransport other_job(Options("left", {}, kJob + 1));
-  auto c2 = other_job.Connect(right.endpoint);
-  std::thread reader2([&] { WaitRefused(right.t, 2); });
-  s = other_job.Send(Route::Connection(*c2), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader2.join();
+  s = SendRefused(other_job, right.endpoint, right.t, 2);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("another job")) << s.ToString();
 
@@ -243,10 +248,7 @@ TEST(TcpStreamTransport, StrangersOtherJobsAndDuplicatesAreRefusedWithTheReason)
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSame(m, got->message);
   TcpStreamTransport twin(Options("left", {}));
-  auto c4 = twin.Connect(right.endpoint);
-  std::thread reader3([&] { WaitRefused(right.t, 3); });
-  s = twin.Send(Route::Connection(*c4), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader3.join();
+  s = SendRefused(twin, right.endpoint, right.t, 3);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("connected already")) << s.ToString();
   // The first is still served.
@@ -618,11 +620,7 @@ TEST(TcpStreamTransport, SealedConnectionsRefuseAnotherNodesIdentityOrKey) {
   SealedRight right(job);
   // A job member shows its own key under left's identity.
   TcpStreamTransport mallory(Sealed(Options("left", {}), job.KeysOf("mallory", right.port)));
-  auto c1 = mallory.Connect(right.endpoint());
-  std::thread reader([&] { WaitRefused(right.t(), 1); });
-  Status s =
-      mallory.Send(Route::Connection(*c1), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader.join();
+  Status s = SendRefused(mallory, right.endpoint(), right.t(), 1);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("another identity")) << s.ToString();
   // One shows left's public key without its secret: it cannot prove it.
@@ -631,10 +629,7 @@ TEST(TcpStreamTransport, SealedConnectionsRefuseAnotherNodesIdentityOrKey) {
   job.pairs["forged"] = forged;
   TcpStreamTransport forger(Sealed(Options("left", {}), job.KeysOf("left", right.port, "forged")));
   job.pairs.erase("forged");
-  auto c2 = forger.Connect(right.endpoint());
-  std::thread reader2([&] { WaitRefused(right.t(), 2); });
-  s = forger.Send(Route::Connection(*c2), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader2.join();
+  s = SendRefused(forger, right.endpoint(), right.t(), 2);
   EXPECT_FALSE(s.ok());
   // Both were counted as failed handshakes; left itself is then taken.
   EXPECT_EQ(2u, right.options.refusals->handshakes.load());
@@ -651,10 +646,7 @@ TEST(TcpStreamTransport, SealedConnectionsRefuseAnotherNodesIdentityOrKey) {
   auto keys = job.KeysOf("left", right.port);
   keys->AddEndpoint("right", fake.endpoint);
   TcpStreamTransport fooled(Sealed(Options("left", {}), keys));
-  auto c4 = fooled.Connect(fake.endpoint);
-  std::thread reader3([&] { WaitRefused(fake.t, 1); });
-  s = fooled.Send(Route::Connection(*c4), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader3.join();
+  s = SendRefused(fooled, fake.endpoint, fake.t, 1);
   EXPECT_FALSE(s.ok());
   EXPECT_FALSE(fake.t.Receive(Deadline::After(Millis(100))).ok());
 }
@@ -663,21 +655,14 @@ TEST(TcpStreamTransport, PlainAndSealedPeersAreToldTheOthersMode) {
   SealedJob job;
   SealedRight right(job);
   TcpStreamTransport plain(Options("left", {}));
-  auto c1 = plain.Connect(right.endpoint());
-  std::thread reader([&] { WaitRefused(right.t(), 1); });
-  Status s =
-      plain.Send(Route::Connection(*c1), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader.join();
+  Status s = SendRefused(plain, right.endpoint(), right.t(), 1);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("only sealed")) << s.ToString();
 
   Listener open_right;
   auto keys = job.KeysOf("left", PortOf(open_right.endpoint));
   TcpStreamTransport sealed(Sealed(Options("left", {}), keys));
-  auto c2 = sealed.Connect(open_right.endpoint);
-  std::thread reader2([&] { WaitRefused(open_right.t, 1); });
-  s = sealed.Send(Route::Connection(*c2), WithPayloads({8}, 1), Deadline::After(Millis(20000)));
-  reader2.join();
+  s = SendRefused(sealed, open_right.endpoint, open_right.t, 1);
   EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("only plain")) << s.ToString();
 }
