@@ -14,6 +14,7 @@
 #include "cluster/ring_order.h"
 #include "cluster/same_host_links.h"
 #include "common/logging.h"
+#include "wire/bulk_cipher.h"
 #include "wire/same_host_transport.h"
 #include "wire/tcp_stream_transport.h"
 #include "wire/zmq_transport.h"
@@ -289,7 +290,9 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     }
     if (peers.rank == 0) {
       GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
-                   << (sealed ? ", sealed under keys agreed with the node keys" : ", plain");
+                   << (sealed ? ", sealed under keys agreed with the node keys (AES-256-GCM by " +
+                                    wire::BulkCipherEngineName(wire::BulkCipherEngine::kBest) + ")"
+                              : std::string(", plain"));
     }
     return Status();
   }

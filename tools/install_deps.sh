@@ -7,7 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   bazel-bootstrap g++ git
-  libzmq3-dev cppzmq-dev libsodium-dev libssl-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libssl-dev libipsec-mb-dev
   libflatbuffers-dev flatbuffers-compiler
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev

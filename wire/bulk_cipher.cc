@@ -1,15 +1,48 @@
 #include "wire/bulk_cipher.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+#include <intel-ipsec-mb.h>
+#endif
 
 namespace gradsync::wire {
 namespace {
 
 constexpr size_t kNonceBytes = 12;
+
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+// intel-ipsec-mb's functions for this CPU, chosen once; nullptr where the
+// CPU has no AES-NI (the library's own code would then be slower than
+// OpenSSL's). Only the manager's function pointers are read after set-up
+// (the GCM calls take their state as arguments), so threads share it.
+struct IpsecMb {
+  IMB_MGR* mgr = nullptr;
+  IMB_ARCH arch = IMB_ARCH_NONE;
+};
+const IpsecMb& Ipsec() {
+  static const IpsecMb ipsec = [] {
+    IpsecMb m;
+    m.mgr = alloc_mb_mgr(0);
+    if (m.mgr == nullptr) return m;
+    init_mb_mgr_auto(m.mgr, &m.arch);
+    if (imb_get_errno(m.mgr) != 0 || m.arch < IMB_ARCH_SSE) {
+      free_mb_mgr(m.mgr);
+      m.mgr = nullptr;
+    }
+    return m;
+  }();
+  return ipsec;
+}
+gcm_key_data* Schedule(void* p) { return static_cast<gcm_key_data*>(p); }
+constexpr size_t kScheduleBytes = (sizeof(gcm_key_data) + 63) / 64 * 64;
+#endif
 
 void MakeNonce(uint64_t counter, uint32_t index, uint8_t* nonce) {
   for (int i = 0; i < 8; ++i) nonce[i] = static_cast<uint8_t>(counter >> (8 * i));
@@ -20,17 +53,61 @@ EVP_CIPHER_CTX* Ctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
 
 }  // namespace
 
+BulkCipherEngine BestBulkCipherEngine() {
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+  if (Ipsec().mgr != nullptr) return BulkCipherEngine::kIpsecMb;
+#endif
+  return BulkCipherEngine::kOpenssl;
+}
+
+std::string BulkCipherEngineName(BulkCipherEngine engine) {
+  if (engine == BulkCipherEngine::kBest) engine = BestBulkCipherEngine();
+  if (engine == BulkCipherEngine::kOpenssl) return OpenSSL_version(OPENSSL_VERSION);
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+  const char* arch = "unavailable";
+  switch (Ipsec().mgr == nullptr ? IMB_ARCH_NONE : Ipsec().arch) {
+    case IMB_ARCH_SSE: arch = "SSE"; break;
+    case IMB_ARCH_AVX: arch = "AVX"; break;
+    case IMB_ARCH_AVX2: arch = "AVX2"; break;
+    case IMB_ARCH_AVX512: arch = "AVX-512"; break;
+    default: break;
+  }
+  return std::string("intel-ipsec-mb ") + imb_get_version_str() + " on " + arch;
+#else
+  return "intel-ipsec-mb (not built in)";
+#endif
+}
+
 BulkKey::BulkKey() = default;
 
 BulkKey::~BulkKey() {
   EVP_CIPHER_CTX_free(Ctx(encrypt_));
   EVP_CIPHER_CTX_free(Ctx(decrypt_));
+  if (schedule_ != nullptr) {
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+    OPENSSL_cleanse(schedule_, kScheduleBytes);
+#endif
+    std::free(schedule_);
+  }
   OPENSSL_cleanse(key_.data(), key_.size());
 }
 
-std::unique_ptr<BulkKey> BulkKey::FromBytes(const uint8_t* bytes) {
+std::unique_ptr<BulkKey> BulkKey::FromBytes(const uint8_t* bytes, BulkCipherEngine engine) {
+  if (engine == BulkCipherEngine::kBest) engine = BestBulkCipherEngine();
   std::unique_ptr<BulkKey> k(new BulkKey());
   std::memcpy(k->key_.data(), bytes, kBulkKeyBytes);
+  k->engine_ = engine;
+  if (engine == BulkCipherEngine::kIpsecMb) {
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+    if (Ipsec().mgr == nullptr) return nullptr;
+    k->schedule_ = std::aligned_alloc(64, kScheduleBytes);
+    if (k->schedule_ == nullptr) return nullptr;
+    IMB_AES256_GCM_PRE(Ipsec().mgr, k->key_.data(), Schedule(k->schedule_));
+    return k;
+#else
+    return nullptr;
+#endif
+  }
   k->encrypt_ = EVP_CIPHER_CTX_new();
   k->decrypt_ = EVP_CIPHER_CTX_new();
   if (k->encrypt_ == nullptr || k->decrypt_ == nullptr ||
@@ -43,10 +120,10 @@ std::unique_ptr<BulkKey> BulkKey::FromBytes(const uint8_t* bytes) {
   return k;
 }
 
-std::unique_ptr<BulkKey> BulkKey::Random() {
+std::unique_ptr<BulkKey> BulkKey::Random(BulkCipherEngine engine) {
   std::array<uint8_t, kBulkKeyBytes> bytes{};
   if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) return nullptr;
-  auto k = FromBytes(bytes.data());
+  auto k = FromBytes(bytes.data(), engine);
   OPENSSL_cleanse(bytes.data(), bytes.size());
   return k;
 }
@@ -58,6 +135,18 @@ Status BulkKey::Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t
   }
   uint8_t nonce[kNonceBytes];
   MakeNonce(counter, index, nonce);
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+  if (schedule_ != nullptr) {
+    // The library checks its pointers even for empty spans.
+    static const uint8_t kNothing = 0;
+    gcm_context_data ctx;
+    IMB_AES256_GCM_ENC(Ipsec().mgr, Schedule(schedule_), &ctx, out + kBulkTagBytes,
+                       n > 0 ? in : &kNothing, n, nonce, aad_n > 0 ? aad : &kNothing, aad_n, out,
+                       kBulkTagBytes);
+    OPENSSL_cleanse(&ctx, sizeof(ctx));
+    return OkStatus();
+  }
+#endif
   int len = 0;
   EVP_CIPHER_CTX* c = Ctx(encrypt_);
   if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
@@ -80,6 +169,19 @@ bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n
   MakeNonce(counter, index, nonce);
   uint8_t tag[kBulkTagBytes];
   std::memcpy(tag, in, kBulkTagBytes);  // read once
+#ifdef GRADSYNC_HAVE_IPSEC_MB
+  if (schedule_ != nullptr) {
+    static const uint8_t kNothing = 0;
+    uint8_t computed[kBulkTagBytes];
+    gcm_context_data ctx;
+    const size_t c = n - kBulkTagBytes;
+    IMB_AES256_GCM_DEC(Ipsec().mgr, Schedule(schedule_), &ctx, c > 0 ? out : computed,
+                       c > 0 ? in + kBulkTagBytes : &kNothing, c, nonce,
+                       aad_n > 0 ? aad : &kNothing, aad_n, computed, kBulkTagBytes);
+    OPENSSL_cleanse(&ctx, sizeof(ctx));
+    return CRYPTO_memcmp(computed, tag, kBulkTagBytes) == 0;
+  }
+#endif
   int len = 0;
   EVP_CIPHER_CTX* c = Ctx(decrypt_);
   return EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1 &&
@@ -111,7 +213,7 @@ BulkKeyPool::Lease BulkKeyPool::Take() {
       return Lease(this, std::move(key));
     }
   }
-  return Lease(this, BulkKey::FromBytes(first_->bytes()));
+  return Lease(this, BulkKey::FromBytes(first_->bytes(), first_->engine()));
 }
 
 BulkKeyPool::Lease::~Lease() {

@@ -54,18 +54,35 @@ constexpr uint32_t kBulkReplyDirection = 0x80000000u;
 
 using BulkToken = std::array<uint8_t, kBulkTokenBytes>;
 
-// AES-256-GCM under one key (OpenSSL EVP).
+// The library that runs AES-256-GCM. Both write the standard's bytes, so
+// peers that use different ones read each other.
+enum class BulkCipherEngine {
+  kBest,     // intel-ipsec-mb where it is built in and the CPU has AES-NI
+  kOpenssl,  // OpenSSL's EVP (AES-NI and PCLMULQDQ on 128-bit registers)
+  kIpsecMb,  // intel-ipsec-mb (VAES and VPCLMULQDQ on AVX-512 where the CPU
+             // has them: about 4x OpenSSL 3.0 there)
+};
+// What kBest is on this machine (kOpenssl or kIpsecMb).
+BulkCipherEngine BestBulkCipherEngine();
+// "intel-ipsec-mb 1.3.0 on AVX-512", "OpenSSL 3.0.19 ...": for logs.
+std::string BulkCipherEngineName(BulkCipherEngine engine);
+
+// AES-256-GCM under one key.
 class BulkKey {
  public:
-  // A new random key; nullptr only if OpenSSL fails.
-  static std::unique_ptr<BulkKey> Random();
+  // A new random key; nullptr only if OpenSSL's generator fails or
+  // `engine` is not available here (kIpsecMb on a CPU without AES-NI or a
+  // build without the library).
+  static std::unique_ptr<BulkKey> Random(BulkCipherEngine engine = BulkCipherEngine::kBest);
   // The key of `bytes` (kBulkKeyBytes of them).
-  static std::unique_ptr<BulkKey> FromBytes(const uint8_t* bytes);
+  static std::unique_ptr<BulkKey> FromBytes(const uint8_t* bytes,
+                                            BulkCipherEngine engine = BulkCipherEngine::kBest);
   ~BulkKey();
   BulkKey(const BulkKey&) = delete;
   BulkKey& operator=(const BulkKey&) = delete;
 
   const uint8_t* bytes() const { return key_.data(); }
+  BulkCipherEngine engine() const { return engine_; }
 
   // Seals in[0, n) into out[0, kBulkTagBytes + n): tag, then ciphertext,
   // under nonce (counter, index), the tag also covering aad[0, aad_n)
@@ -82,8 +99,10 @@ class BulkKey {
  private:
   BulkKey();
   std::array<uint8_t, kBulkKeyBytes> key_{};
-  void* encrypt_ = nullptr;  // EVP_CIPHER_CTX*
+  BulkCipherEngine engine_ = BulkCipherEngine::kOpenssl;
+  void* encrypt_ = nullptr;  // EVP_CIPHER_CTX* (kOpenssl)
   void* decrypt_ = nullptr;
+  void* schedule_ = nullptr;  // gcm_key_data*, 64-byte aligned (kIpsecMb)
 };
 
 // One key's cipher contexts for the threads that seal and open under it:
@@ -92,8 +111,8 @@ class BulkKey {
 // taking one costs a lock, not a key setup).
 class BulkKeyPool {
  public:
-  // A pool of the key `bytes` (kBulkKeyBytes); nullptr only if OpenSSL
-  // fails.
+  // A pool of the key `bytes` (kBulkKeyBytes) on the best engine; nullptr
+  // only if the engine fails.
   static std::shared_ptr<BulkKeyPool> Of(const uint8_t* bytes);
   // A pool of a new random key.
   static std::shared_ptr<BulkKeyPool> Random();
@@ -108,7 +127,7 @@ class BulkKeyPool {
     Lease(Lease&&) = default;
     Lease& operator=(Lease&&) = delete;
     ~Lease();
-    // False only if OpenSSL could not make a context.
+    // False only if the engine could not make a context.
     explicit operator bool() const { return key_ != nullptr; }
     BulkKey& operator*() const { return *key_; }
     BulkKey* operator->() const { return key_.get(); }
