@@ -407,9 +407,8 @@ int Main(int argc, char** argv) {
                        [&](uint8_t* out, const uint8_t* in, size_t n, uint8_t* t, uint64_t c) {
                          ipsec->Seal(out, in, n, t, c);
                        },
-                       [&](uint8_t* out, const uint8_t* in, size_t n, const uint8_t* t, uint64_t c) {
-                         return ipsec->Open(out, in, n, t, c);
-                       }});
+                       [&](uint8_t* out, const uint8_t* in, size_t n, const uint8_t* t,
+                           uint64_t c) { return ipsec->Open(out, in, n, t, c); }});
   } else {
     std::printf("intel-ipsec-mb: this CPU has no AES-NI: not measured\n");
   }

@@ -66,11 +66,20 @@ std::string BulkCipherEngineName(BulkCipherEngine engine) {
 #ifdef GRADSYNC_HAVE_IPSEC_MB
   const char* arch = "unavailable";
   switch (Ipsec().mgr == nullptr ? IMB_ARCH_NONE : Ipsec().arch) {
-    case IMB_ARCH_SSE: arch = "SSE"; break;
-    case IMB_ARCH_AVX: arch = "AVX"; break;
-    case IMB_ARCH_AVX2: arch = "AVX2"; break;
-    case IMB_ARCH_AVX512: arch = "AVX-512"; break;
-    default: break;
+    case IMB_ARCH_SSE:
+      arch = "SSE";
+      break;
+    case IMB_ARCH_AVX:
+      arch = "AVX";
+      break;
+    case IMB_ARCH_AVX2:
+      arch = "AVX2";
+      break;
+    case IMB_ARCH_AVX512:
+      arch = "AVX-512";
+      break;
+    default:
+      break;
   }
   return std::string("intel-ipsec-mb ") + imb_get_version_str() + " on " + arch;
 #else

@@ -62,7 +62,8 @@ TEST(BulkCipherTest, EnginesOpenEachOthersFrames) {
         std::vector<uint8_t> sealed(kBulkTagBytes + n);
         ASSERT_TRUE(sealer->Seal(9, 1, plain.data(), n, sealed.data(), aad.data(), aad_n).ok());
         std::vector<uint8_t> back(n + 1);
-        ASSERT_TRUE(opener->Open(9, 1, sealed.data(), sealed.size(), back.data(), aad.data(), aad_n));
+        ASSERT_TRUE(
+            opener->Open(9, 1, sealed.data(), sealed.size(), back.data(), aad.data(), aad_n));
         EXPECT_TRUE(std::equal(plain.begin(), plain.end(), back.begin()));
         // In place, as the stream transport opens.
         std::vector<uint8_t> inplace = sealed;
@@ -70,13 +71,14 @@ TEST(BulkCipherTest, EnginesOpenEachOthersFrames) {
                                  inplace.data() + kBulkTagBytes, aad.data(), aad_n));
         EXPECT_TRUE(std::equal(plain.begin(), plain.end(), inplace.begin() + kBulkTagBytes));
         sealed[sealed.size() / 2] ^= 0x80;
-        EXPECT_FALSE(opener->Open(9, 1, sealed.data(), sealed.size(), back.data(), aad.data(), aad_n));
+        EXPECT_FALSE(
+            opener->Open(9, 1, sealed.data(), sealed.size(), back.data(), aad.data(), aad_n));
         if (aad_n > 0) {
           sealed[sealed.size() / 2] ^= 0x80;
           std::vector<uint8_t> other_aad = aad;
           other_aad[5] ^= 1;
-          EXPECT_FALSE(
-              opener->Open(9, 1, sealed.data(), sealed.size(), back.data(), other_aad.data(), aad_n));
+          EXPECT_FALSE(opener->Open(9, 1, sealed.data(), sealed.size(), back.data(),
+                                    other_aad.data(), aad_n));
           EXPECT_FALSE(opener->Open(9, 1, sealed.data(), sealed.size(), back.data()));
         }
       }
