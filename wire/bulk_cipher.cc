@@ -20,19 +20,52 @@ constexpr size_t kNonceBytes = 12;
 #ifdef GRADSYNC_HAVE_IPSEC_MB
 // intel-ipsec-mb's functions for this CPU, chosen once; nullptr where the
 // CPU has no AES-NI (the library's own code would then be slower than
-// OpenSSL's). Only the manager's function pointers are read after set-up
-// (the GCM calls take their state as arguments), so threads share it.
+// OpenSSL's). The code path is chosen here, from what the CPU has and the
+// kernel saves (libgcc's checks read XCR0; the library's own detection
+// reads only CPUID, and an AVX-512 path where the kernel does not save the
+// registers would fault). Only the manager's function pointers are read
+// after set-up (the GCM calls take their state as arguments), so threads
+// share it.
 struct IpsecMb {
   IMB_MGR* mgr = nullptr;
   IMB_ARCH arch = IMB_ARCH_NONE;
 };
+IMB_ARCH UsableArch() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("aes") || !__builtin_cpu_supports("pclmul") ||
+      !__builtin_cpu_supports("sse4.2")) {
+    return IMB_ARCH_NONE;
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    return IMB_ARCH_AVX512;
+  }
+  if (__builtin_cpu_supports("avx2")) return IMB_ARCH_AVX2;
+  if (__builtin_cpu_supports("avx")) return IMB_ARCH_AVX;
+  return IMB_ARCH_SSE;
+}
 const IpsecMb& Ipsec() {
   static const IpsecMb ipsec = [] {
     IpsecMb m;
+    m.arch = UsableArch();
+    if (m.arch == IMB_ARCH_NONE) return m;
     m.mgr = alloc_mb_mgr(0);
     if (m.mgr == nullptr) return m;
-    init_mb_mgr_auto(m.mgr, &m.arch);
-    if (imb_get_errno(m.mgr) != 0 || m.arch < IMB_ARCH_SSE) {
+    switch (m.arch) {
+      case IMB_ARCH_AVX512:
+        init_mb_mgr_avx512(m.mgr);
+        break;
+      case IMB_ARCH_AVX2:
+        init_mb_mgr_avx2(m.mgr);
+        break;
+      case IMB_ARCH_AVX:
+        init_mb_mgr_avx(m.mgr);
+        break;
+      default:
+        init_mb_mgr_sse(m.mgr);
+        break;
+    }
+    if (imb_get_errno(m.mgr) != 0) {
       free_mb_mgr(m.mgr);
       m.mgr = nullptr;
     }

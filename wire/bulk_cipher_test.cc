@@ -29,7 +29,8 @@ std::vector<BulkCipherEngine> Engines() {
 TEST(BulkCipherTest, TheBestEngineIsIpsecMbOnX86WithAesNi) {
   const BulkCipherEngine best = BestBulkCipherEngine();
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("aes")) {
+  if (__builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul") &&
+      __builtin_cpu_supports("sse4.2")) {
     EXPECT_EQ(best, BulkCipherEngine::kIpsecMb) << BulkCipherEngineName(best);
   }
 #endif
