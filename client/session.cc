@@ -19,6 +19,7 @@ wire::ZmqOptions Session::DataTransportOptions(const std::string& identity,
   o.node_keys = node_.keys;
   o.bulk_encryption = node_.bulk_encryption;
   o.bulk_crypto_threads = node_.bulk_crypto_threads;
+  o.bulk_cipher = node_.bulk_cipher;
   o.max_frame_bytes = max_frame_bytes;
   return o;
 }

@@ -81,6 +81,7 @@ class Session {
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
   bool bulk_encryption() const { return node_.bulk_encryption; }
   int bulk_crypto_threads() const { return node_.bulk_crypto_threads; }
+  wire::BulkCipherEngine bulk_cipher() const { return node_.bulk_cipher; }
   // The node key and plan with CURVE (null without): for its data transports.
   std::shared_ptr<const wire::NodeKeys> node_keys() const { return node_.keys; }
   // The settings of another data transport of this node (a parameter-server

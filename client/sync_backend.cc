@@ -242,6 +242,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
     o.refusals = session->refusals();
     o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
+    o.cipher = session->bulk_cipher();
     auto transport = std::make_unique<wire::TcpStreamTransport>(o);
     sealed = sealed && transport->sealed();
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
@@ -291,7 +292,7 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
     if (peers.rank == 0) {
       GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
                    << (sealed ? ", sealed under keys agreed with the node keys (AES-256-GCM by " +
-                                    wire::BulkCipherEngineName(wire::BulkCipherEngine::kBest) + ")"
+                                    wire::BulkCipherEngineName(session->bulk_cipher()) + ")"
                               : std::string(", plain"));
     }
     return Status();

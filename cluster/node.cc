@@ -96,6 +96,13 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   }
   node.bulk_crypto_threads = static_cast<int>(crypto_threads);
   data.bulk_crypto_threads = node.bulk_crypto_threads;
+  GS_ASSIGN_OR_RETURN(std::string cipher, config.GetString("bulk_cipher", "auto"));
+  const std::optional<wire::BulkCipherEngine> engine = wire::ParseBulkCipherSetting(cipher);
+  if (!engine) {
+    return InvalidArgumentError("bulk_cipher must be auto or openssl, got '" + cipher + "'");
+  }
+  node.bulk_cipher = *engine;
+  data.bulk_cipher = node.bulk_cipher;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(
@@ -130,9 +137,11 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers
                << " servers, "
-               << (!node.curve            ? "no CURVE"
-                   : node.bulk_encryption ? "CURVE on every link, bulk messages sealed"
-                                          : "CURVE on every link")
+               << (!node.curve ? "no CURVE"
+                   : node.bulk_encryption
+                       ? "CURVE on every link, bulk messages sealed with AES-256-GCM by " +
+                             wire::BulkCipherEngineName(node.bulk_cipher)
+                       : "CURVE on every link")
                << ")";
   GS_RETURN_IF_ERROR(node.agent->CheckReachability(PeersToReach(a.self, a.peers), deadline));
   return node;

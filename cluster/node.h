@@ -36,6 +36,8 @@ struct Node {
   bool bulk_encryption = false;
   // The setting bulk_crypto_threads (wire::ZmqOptions::bulk_crypto_threads).
   int bulk_crypto_threads = -1;
+  // The setting bulk_cipher: the library that seals (wire/bulk_cipher.h).
+  wire::BulkCipherEngine bulk_cipher = wire::BulkCipherEngine::kBest;
 };
 
 // Transport options for a socket of this process: the node's key, and

@@ -12,6 +12,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tests/local_job.h"
+#include "wire/bulk_cipher.h"
 #include "wire/curve.h"
 
 namespace gradsync {
@@ -24,8 +25,10 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
   // With `key_file`, the job runs CURVE and its ring goes over TCP. With
   // `own_hosts`, worker r gives 127.0.0.(r + 1) as its host address: to the
   // job each is a host of its own.
+  // `odd_extra` goes to the odd ranks only, after `extra`.
   std::vector<Subprocess*> StartWorkers(int n, std::vector<std::string> extra,
-                                        const std::string& key_file = "", bool own_hosts = false) {
+                                        const std::string& key_file = "", bool own_hosts = false,
+                                        std::vector<std::string> odd_extra = {}) {
     StartScheduler(n, 0,
                    key_file.empty() ? std::vector<std::string>{}
                                     : std::vector<std::string>{"--key_file=" + key_file});
@@ -41,6 +44,7 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
       std::vector<std::string> argv = {Runfile("tests/sdk_worker"), "--rank=" + std::to_string(r),
                                        "--bucket_bytes=2097152", "--metrics_base_port=0"};
       argv.insert(argv.end(), extra.begin(), extra.end());
+      if (r % 2 == 1) argv.insert(argv.end(), odd_extra.begin(), odd_extra.end());
       if (own_hosts) argv.push_back("--host=127.0.0." + std::to_string(r + 1));
       workers.push_back(&Start(argv, "worker" + std::to_string(r)));
     }
@@ -77,17 +81,40 @@ TEST_F(AllReduceSdkTest, FourWorkersBucketedMixedDtypesExactAverageBroadcastAndA
 // The same steps under CURVE (every node with its own key, the ring over
 // TCP rather than shared memory: sealed TCP streams) give every rank the
 // same exact averages, broadcast and accumulation: CURVE changes how the
-// bytes travel, never which bytes arrive.
-TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResults) {
+// bytes travel, never which bytes arrive. The odd ranks seal with OpenSSL
+// (bulk_cipher=openssl), the even ones with the library `auto` picks
+// (intel-ipsec-mb where this CPU has AES-NI): each reads the other's
+// sealed streams.
+TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResultsWithEitherCipherLibrary) {
   const std::string key_file = TmpFile("sdk_curve.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, key_file);
+  auto workers =
+      StartWorkers(4, {"--mode=train", "--steps=4"}, key_file, false, {"--bulk_cipher=openssl"});
   ExpectTrained(workers);
-  for (Subprocess* w : workers) {
-    EXPECT_NE(w->Output().find("CURVE on every link"), std::string::npos) << w->Output();
-    EXPECT_EQ(w->Output().find("use shared memory"), std::string::npos) << w->Output();
+  const std::string best =
+      "sealed with AES-256-GCM by " + wire::BulkCipherEngineName(wire::BulkCipherEngine::kBest);
+  for (size_t r = 0; r < workers.size(); ++r) {
+    const std::string out = workers[r]->Output();
+    EXPECT_NE(out.find("CURVE on every link"), std::string::npos) << out;
+    EXPECT_EQ(out.find("use shared memory"), std::string::npos) << out;
+    EXPECT_NE(out.find(r % 2 == 1 ? "sealed with AES-256-GCM by OpenSSL" : best), std::string::npos)
+        << out;
   }
   EXPECT_NE(workers[0]->Output().find("ring over TCP streams (ring_transport=tcp), sealed"),
+            std::string::npos)
+      << workers[0]->Output();
+}
+
+// A value bulk_cipher does not know stops the worker before it joins,
+// naming the setting.
+TEST_F(AllReduceSdkTest, AnUnknownCipherLibraryIsRefusedByName) {
+  const std::string key_file = TmpFile("sdk_cipher_bad.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  auto workers = StartWorkers(1, {"--mode=train", "--steps=1", "--bulk_cipher=aes-ni"}, key_file);
+  auto code = workers[0]->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.has_value()) << workers[0]->Output();
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(workers[0]->Output().find("bulk_cipher must be auto or openssl, got 'aes-ni'"),
             std::string::npos)
       << workers[0]->Output();
 }

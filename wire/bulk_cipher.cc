@@ -93,6 +93,12 @@ BulkCipherEngine BestBulkCipherEngine() {
   return BulkCipherEngine::kOpenssl;
 }
 
+std::optional<BulkCipherEngine> ParseBulkCipherSetting(const std::string& value) {
+  if (value == "auto") return BulkCipherEngine::kBest;
+  if (value == "openssl") return BulkCipherEngine::kOpenssl;
+  return std::nullopt;
+}
+
 std::string BulkCipherEngineName(BulkCipherEngine engine) {
   if (engine == BulkCipherEngine::kBest) engine = BestBulkCipherEngine();
   if (engine == BulkCipherEngine::kOpenssl) return OpenSSL_version(OPENSSL_VERSION);
@@ -237,14 +243,14 @@ bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n
          EVP_DecryptFinal_ex(c, out + len, &len) == 1;
 }
 
-std::shared_ptr<BulkKeyPool> BulkKeyPool::Of(const uint8_t* bytes) {
-  std::unique_ptr<BulkKey> first = BulkKey::FromBytes(bytes);
+std::shared_ptr<BulkKeyPool> BulkKeyPool::Of(const uint8_t* bytes, BulkCipherEngine engine) {
+  std::unique_ptr<BulkKey> first = BulkKey::FromBytes(bytes, engine);
   if (first == nullptr) return nullptr;
   return std::shared_ptr<BulkKeyPool>(new BulkKeyPool(std::move(first)));
 }
 
-std::shared_ptr<BulkKeyPool> BulkKeyPool::Random() {
-  std::unique_ptr<BulkKey> first = BulkKey::Random();
+std::shared_ptr<BulkKeyPool> BulkKeyPool::Random(BulkCipherEngine engine) {
+  std::unique_ptr<BulkKey> first = BulkKey::Random(engine);
   if (first == nullptr) return nullptr;
   return std::shared_ptr<BulkKeyPool>(new BulkKeyPool(std::move(first)));
 }

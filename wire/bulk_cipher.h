@@ -64,6 +64,9 @@ enum class BulkCipherEngine {
 };
 // What kBest is on this machine (kOpenssl or kIpsecMb).
 BulkCipherEngine BestBulkCipherEngine();
+// The setting bulk_cipher: "auto" (kBest) or "openssl" (kOpenssl); nullopt
+// for anything else.
+std::optional<BulkCipherEngine> ParseBulkCipherSetting(const std::string& value);
 // "intel-ipsec-mb 1.3.0 on AVX-512", "OpenSSL 3.0.19 ...": for logs.
 std::string BulkCipherEngineName(BulkCipherEngine engine);
 
@@ -111,11 +114,12 @@ class BulkKey {
 // taking one costs a lock, not a key setup).
 class BulkKeyPool {
  public:
-  // A pool of the key `bytes` (kBulkKeyBytes) on the best engine; nullptr
-  // only if the engine fails.
-  static std::shared_ptr<BulkKeyPool> Of(const uint8_t* bytes);
+  // A pool of the key `bytes` (kBulkKeyBytes) on `engine`; nullptr only if
+  // the engine fails or is not available here.
+  static std::shared_ptr<BulkKeyPool> Of(const uint8_t* bytes,
+                                         BulkCipherEngine engine = BulkCipherEngine::kBest);
   // A pool of a new random key.
-  static std::shared_ptr<BulkKeyPool> Random();
+  static std::shared_ptr<BulkKeyPool> Random(BulkCipherEngine engine = BulkCipherEngine::kBest);
 
   const uint8_t* bytes() const { return first_->bytes(); }
 

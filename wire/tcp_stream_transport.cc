@@ -240,7 +240,7 @@ std::optional<ConnectionKeys> DeriveKeys(
     const uint8_t* own_node_secret, const uint8_t* own_fresh_secret, const uint8_t* peer_node_pub,
     const uint8_t* peer_fresh_pub, const uint8_t* connector_node, const uint8_t* acceptor_node,
     const uint8_t* connector_fresh, const uint8_t* acceptor_fresh, uint64_t job,
-    const std::string& connector_identity) {
+    const std::string& connector_identity, BulkCipherEngine engine) {
   static constexpr char kContext[] = "gradsync tcp stream v2";
   uint8_t fresh[kKeyBytes], nodes[kKeyBytes], out[2 * kKeyBytes], job_bytes[8];
   Put64(job_bytes, job);
@@ -259,7 +259,7 @@ std::optional<ConnectionKeys> DeriveKeys(
     crypto_generichash_update(&h, reinterpret_cast<const uint8_t*>(connector_identity.data()),
                               connector_identity.size());
     crypto_generichash_final(&h, out, sizeof(out));
-    ConnectionKeys k{BulkKey::FromBytes(out), BulkKey::FromBytes(out + kKeyBytes)};
+    ConnectionKeys k{BulkKey::FromBytes(out, engine), BulkKey::FromBytes(out + kKeyBytes, engine)};
     if (k.to_acceptor != nullptr && k.to_connector != nullptr) keys = std::move(k);
   }
   sodium_memzero(fresh, sizeof(fresh));
@@ -667,7 +667,7 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
                  reinterpret_cast<const uint8_t*>(server->data()), theirs,
                  reinterpret_cast<const uint8_t*>(own_public_.data()),
                  reinterpret_cast<const uint8_t*>(server->data()), fresh.pub, theirs,
-                 options_.job_id, options_.identity);
+                 options_.job_id, options_.identity, options_.cipher);
   if (!k) return FailedPreconditionError(what + " answered with a key that makes no secret");
   uint8_t proof[kProofBytes];
   SealWord(*k->to_acceptor, kProofWord, proof);
@@ -916,7 +916,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     if (!own_secret_.empty()) {
       k = DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), mine.secret, node, fresh,
                      node, reinterpret_cast<const uint8_t*>(own_public_.data()), fresh, mine.pub,
-                     options_.job_id, identity);
+                     options_.job_id, identity, options_.cipher);
     }
     if (!k) {
       answer = kBadHello;  // a fresh key of low order

@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "wire/buffer_pool.h"
+#include "wire/bulk_cipher.h"
 #include "wire/node_keys.h"
 #include "wire/transport.h"
 
@@ -102,6 +103,8 @@ struct TcpStreamOptions {
   // Set (a CURVE job): sealed connections, see above. This node's own key
   // pair and the plan's keys.
   std::shared_ptr<const NodeKeys> node_keys;
+  // The library that seals and opens (the setting bulk_cipher).
+  BulkCipherEngine cipher = BulkCipherEngine::kBest;
 };
 
 class TcpStreamTransport : public Transport {

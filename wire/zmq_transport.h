@@ -72,6 +72,7 @@
 #include <optional>
 #include <string>
 
+#include "wire/bulk_cipher.h"
 #include "wire/curve.h"
 #include "wire/node_keys.h"
 #include "wire/transport.h"
@@ -129,6 +130,9 @@ struct ZmqOptions {
   // of few cores (the threads only take turns there). -1: 2 where the
   // process may run on 8 cores or more (its CPU affinity), else 0.
   int bulk_crypto_threads = -1;
+  // The library that seals and opens bulk messages (the setting
+  // bulk_cipher; wire/bulk_cipher.h): kBest, or kOpenssl.
+  BulkCipherEngine bulk_cipher = BulkCipherEngine::kBest;
 };
 
 // Once per process, unless GRADSYNC_TUNE_MALLOC=0 or GLIBC_TUNABLES sets

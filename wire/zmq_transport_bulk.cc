@@ -179,7 +179,7 @@ void ZmqTransport::Impl::Unpublish(const Route& to) {
 
 void ZmqTransport::Impl::StartBulk(ConnId id, const std::string& endpoint, int handshakes) {
   std::optional<BulkToken> token = RandomBulkToken();
-  std::shared_ptr<BulkKeyPool> key = BulkKeyPool::Random();
+  std::shared_ptr<BulkKeyPool> key = BulkKeyPool::Random(options_.bulk_cipher);
   if (!token || key == nullptr) {
     GS_LOG(WARNING) << "no random key for sealed bulk messages to " << endpoint
                     << ": the connection stays on CURVE";
@@ -275,7 +275,7 @@ void ZmqTransport::Impl::OnBulkControl(const std::string& identity, ConnId conn,
       bulk_refused_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    std::shared_ptr<BulkKeyPool> key = BulkKeyPool::Of(c->key.data());
+    std::shared_ptr<BulkKeyPool> key = BulkKeyPool::Of(c->key.data(), options_.bulk_cipher);
     if (key == nullptr) return;
     BulkIn& in = bulk_in_[rid];
     in.identity = identity;
