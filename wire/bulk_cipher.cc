@@ -75,6 +75,12 @@ const IpsecMb& Ipsec() {
 }
 gcm_key_data* Schedule(void* p) { return static_cast<gcm_key_data*>(p); }
 constexpr size_t kScheduleBytes = (sizeof(gcm_key_data) + 63) / 64 * 64;
+// What an empty span points at: the library checks its arguments (in every
+// build of it) and reports a bad one only through a process-wide error
+// word, so every call here passes valid ones by construction (no null
+// pointer, even for an empty span; a 16-byte tag; lengths under INT_MAX)
+// and none can fail.
+const uint8_t kNothing = 0;
 #endif
 
 void MakeNonce(uint64_t counter, uint32_t index, uint8_t* nonce) {
@@ -103,24 +109,10 @@ std::string BulkCipherEngineName(BulkCipherEngine engine) {
   if (engine == BulkCipherEngine::kBest) engine = BestBulkCipherEngine();
   if (engine == BulkCipherEngine::kOpenssl) return OpenSSL_version(OPENSSL_VERSION);
 #ifdef GRADSYNC_HAVE_IPSEC_MB
-  const char* arch = "unavailable";
-  switch (Ipsec().mgr == nullptr ? IMB_ARCH_NONE : Ipsec().arch) {
-    case IMB_ARCH_SSE:
-      arch = "SSE";
-      break;
-    case IMB_ARCH_AVX:
-      arch = "AVX";
-      break;
-    case IMB_ARCH_AVX2:
-      arch = "AVX2";
-      break;
-    case IMB_ARCH_AVX512:
-      arch = "AVX-512";
-      break;
-    default:
-      break;
-  }
-  return std::string("intel-ipsec-mb ") + imb_get_version_str() + " on " + arch;
+  const std::string name = std::string("intel-ipsec-mb ") + imb_get_version_str();
+  if (Ipsec().mgr == nullptr) return name + " (not usable on this CPU)";
+  static const char* const kArch[IMB_ARCH_NUM] = {"", "", "SSE", "AVX", "AVX2", "AVX-512"};
+  return name + " on " + kArch[Ipsec().arch];
 #else
   return "intel-ipsec-mb (not built in)";
 #endif
@@ -144,7 +136,6 @@ std::unique_ptr<BulkKey> BulkKey::FromBytes(const uint8_t* bytes, BulkCipherEngi
   if (engine == BulkCipherEngine::kBest) engine = BestBulkCipherEngine();
   std::unique_ptr<BulkKey> k(new BulkKey());
   std::memcpy(k->key_.data(), bytes, kBulkKeyBytes);
-  k->engine_ = engine;
   if (engine == BulkCipherEngine::kIpsecMb) {
 #ifdef GRADSYNC_HAVE_IPSEC_MB
     if (Ipsec().mgr == nullptr) return nullptr;
@@ -185,11 +176,6 @@ Status BulkKey::Seal(uint64_t counter, uint32_t index, const uint8_t* in, size_t
   MakeNonce(counter, index, nonce);
 #ifdef GRADSYNC_HAVE_IPSEC_MB
   if (schedule_ != nullptr) {
-    // The library checks its arguments (in every build of it) and reports a
-    // bad one only through a process-wide error word: every argument here is
-    // valid by construction (no null pointer, even for an empty span; a
-    // 16-byte tag; lengths under INT_MAX), so no call can fail.
-    static const uint8_t kNothing = 0;
     gcm_context_data ctx;
     IMB_AES256_GCM_ENC(Ipsec().mgr, Schedule(schedule_), &ctx, out + kBulkTagBytes,
                        n > 0 ? in : &kNothing, n, nonce, aad_n > 0 ? aad : &kNothing, aad_n, out,
@@ -222,7 +208,6 @@ bool BulkKey::Open(uint64_t counter, uint32_t index, const uint8_t* in, size_t n
   std::memcpy(tag, in, kBulkTagBytes);  // read once
 #ifdef GRADSYNC_HAVE_IPSEC_MB
   if (schedule_ != nullptr) {
-    static const uint8_t kNothing = 0;
     uint8_t computed[kBulkTagBytes];
     gcm_context_data ctx;
     const size_t c = n - kBulkTagBytes;

@@ -85,7 +85,9 @@ class BulkKey {
   BulkKey& operator=(const BulkKey&) = delete;
 
   const uint8_t* bytes() const { return key_.data(); }
-  BulkCipherEngine engine() const { return engine_; }
+  BulkCipherEngine engine() const {
+    return schedule_ != nullptr ? BulkCipherEngine::kIpsecMb : BulkCipherEngine::kOpenssl;
+  }
 
   // Seals in[0, n) into out[0, kBulkTagBytes + n): tag, then ciphertext,
   // under nonce (counter, index), the tag also covering aad[0, aad_n)
@@ -102,7 +104,6 @@ class BulkKey {
  private:
   BulkKey();
   std::array<uint8_t, kBulkKeyBytes> key_{};
-  BulkCipherEngine engine_ = BulkCipherEngine::kOpenssl;
   void* encrypt_ = nullptr;  // EVP_CIPHER_CTX* (kOpenssl)
   void* decrypt_ = nullptr;
   void* schedule_ = nullptr;  // gcm_key_data*, 64-byte aligned (kIpsecMb)
