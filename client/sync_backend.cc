@@ -205,17 +205,30 @@ std::string LaneName(const std::string& identity, int lane) {
   return lane == 0 || identity.empty() ? identity : wire::LaneIdentity(identity, lane);
 }
 
+// Lane k's shared-memory links: `links` (the ring neighbours on this host)
+// under the lane's identities, the right neighbour's at `right_endpoint`.
+wire::SameHostOptions LaneLinks(wire::SameHostOptions links, int lane,
+                                const std::string& right_endpoint) {
+  for (wire::SameHostPeer& p : links.peers) {
+    p.identity = LaneName(p.identity, lane);
+    if (!p.endpoint.empty()) p.endpoint = right_endpoint;
+  }
+  return links;
+}
+
 // Lanes 1 to `count` - 1 of this worker's ring beside lanes->front(), the
 // ring of `peers` in `order`: each a transport of its own (in
 // out->lane_transports) listening on a free port of this host. With
 // `streams`, every lane, lane 0 included, is a TcpStreamTransport of its
 // own instead, taking only its left neighbour's connection, and replaces
-// the lanes over ZeroMQ. The workers exchange their lane counts and ports
-// over the first lane; lane counts or transports that differ fail every
-// worker, naming one that differs.
-Status AddLanes(Session* session, int count, bool streams, const RingPeers& peers,
-                const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
-                const HealthCheck& health, Ring* out,
+// the lanes over ZeroMQ; where `links` names ring neighbours on this host,
+// each lane reaches them through shared-memory links of its own over its
+// stream. The workers exchange their lane counts and ports over the first
+// lane; lane counts or transports that differ fail every worker, naming
+// one that differs.
+Status AddLanes(Session* session, int count, bool streams, const wire::SameHostOptions& links,
+                const RingPeers& peers, const std::vector<int>& order, bool automatic,
+                const RingOptions& ring_options, const HealthCheck& health, Ring* out,
                 std::vector<std::unique_ptr<RingCollectives>>* lanes, Deadline deadline) {
   const cluster::RingNeighbours next = cluster::NeighboursOf(order, peers.rank, peers.world_size);
   std::optional<wire::NodeInfo> right;
@@ -284,10 +297,20 @@ Status AddLanes(Session* session, int count, bool streams, const RingPeers& peer
       lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
       lane.left_identity = LaneName(peers.left_identity, k);
       session->AddPeerEndpoint(right->identity, lane.right_endpoint);
-      out->lane_transports.push_back(std::move(stream_transports[static_cast<size_t>(k)]));
+      std::unique_ptr<wire::Transport> transport =
+          std::move(stream_transports[static_cast<size_t>(k)]);
+      if (!links.peers.empty()) {
+        transport = std::make_unique<wire::SameHostTransport>(
+            std::move(transport), LaneLinks(links, k, lane.right_endpoint));
+      }
+      out->lane_transports.push_back(std::move(transport));
       GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
                                                              lane, ring_options, health));
       lanes->push_back(std::move(ring));
+    }
+    if (!links.peers.empty()) {
+      GS_LOG(INFO) << "ring neighbours on this host use shared memory (" << links.peers.size()
+                   << " peer(s)), the others TCP streams";
     }
     if (peers.rank == 0) {
       GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
@@ -373,10 +396,26 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   if (options.shm) {
     links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n, order);
   }
+  // Lanes where a link is TCP: not when every worker is on one host and
+  // they all share memory. TCP streams for the links between hosts (sealed
+  // with CURVE where bulk_encryption is on; through CurveZMQ otherwise),
+  // neighbours on one host over shared memory beside them.
+  const size_t hosts = cluster::WorkerHosts(session->peers()).size();
+  const bool tcp = !options.shm || hosts > 1;
+  const bool curve = session->curve().has_value();
+  const bool nccl = options.path == "allreduce" && options.backend == "nccl";
+  const bool lanes_made = n > 1 && tcp && !nccl;
+  const bool streams = lanes_made && options.ring_transport == "tcp" &&
+                       (!curve || (session->bulk_encryption() && session->node_keys())) &&
+                       !peers.left_identity.empty();
   Ring out;
   wire::Transport* transport = &session->data();
-  out.same_host = cluster::OverSameHostLinks(transport, links,
-                                             "ring neighbours on this host use shared memory");
+  // With streams, the first ring over ZeroMQ only exchanges the lanes' ports;
+  // the streams' lanes carry the shared-memory links.
+  if (!streams) {
+    out.same_host = cluster::OverSameHostLinks(transport, links,
+                                               "ring neighbours on this host use shared memory");
+  }
   if (out.same_host != nullptr) transport = out.same_host.get();
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
@@ -388,20 +427,9 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   std::vector<std::unique_ptr<RingCollectives>> lanes;
   GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
   lanes.push_back(std::move(first));
-  // Lanes where a link is TCP: not when every worker is on one host and
-  // they all share memory. TCP streams where no link shares memory, sealed
-  // with CURVE (where bulk_encryption is on; through CurveZMQ otherwise).
-  const size_t hosts = cluster::WorkerHosts(session->peers()).size();
-  const bool tcp = !options.shm || hosts > 1;
-  const bool curve = session->curve().has_value();
-  const bool streams = options.ring_transport == "tcp" &&
-                       (!curve || (session->bulk_encryption() && session->node_keys())) &&
-                       (!options.shm || hosts == static_cast<size_t>(n)) &&
-                       !peers.left_identity.empty();
-  const bool nccl = options.path == "allreduce" && options.backend == "nccl";
-  if (n > 1 && tcp && !nccl) {
-    Status s = AddLanes(session, options.ring_lanes, streams, peers, order, options.ring_lanes_auto,
-                        ring_options, health, &out, &lanes, deadline);
+  if (lanes_made) {
+    Status s = AddLanes(session, options.ring_lanes, streams, links, peers, order,
+                        options.ring_lanes_auto, ring_options, health, &out, &lanes, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;

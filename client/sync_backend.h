@@ -113,9 +113,11 @@ struct SyncBackendOptions {
   // them all or lane 0 alone, whichever a timed all-reduce of each favours
   // when the ring is made (client/ring_lanes.h, SetActive).
   bool ring_lanes_auto = false;
-  // "tcp": without CURVE, where no ring link shares memory (shm off, or a
-  // worker per host), each lane is a TcpStreamTransport of its own
-  // (wire/tcp_stream_transport.h); "zmq": ZeroMQ always.
+  // "tcp": where the workers span more than one host (or shm is off), each
+  // lane is a TcpStreamTransport of its own (wire/tcp_stream_transport.h),
+  // sealed under CURVE with bulk encryption, and neighbours on one host
+  // reach each other through shared-memory links of the lane's own over
+  // it; "zmq": ZeroMQ always.
   std::string ring_transport = "tcp";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).

@@ -23,11 +23,11 @@ using std::chrono::steady_clock;
 class AllReduceSdkTest : public ::testing::Test, public LocalJob {
  protected:
   // With `key_file`, the job runs CURVE and its ring goes over TCP. With
-  // `own_hosts`, worker r gives 127.0.0.(r + 1) as its host address: to the
-  // job each is a host of its own.
+  // `per_host` = k, worker r gives 127.0.0.(r / k + 1) as its host address:
+  // to the job, k workers share each host.
   // `odd_extra` goes to the odd ranks only, after `extra`.
   std::vector<Subprocess*> StartWorkers(int n, std::vector<std::string> extra,
-                                        const std::string& key_file = "", bool own_hosts = false,
+                                        const std::string& key_file = "", int per_host = 0,
                                         std::vector<std::string> odd_extra = {}) {
     StartScheduler(n, 0,
                    key_file.empty() ? std::vector<std::string>{}
@@ -45,7 +45,7 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
                                        "--bucket_bytes=2097152", "--metrics_base_port=0"};
       argv.insert(argv.end(), extra.begin(), extra.end());
       if (r % 2 == 1) argv.insert(argv.end(), odd_extra.begin(), odd_extra.end());
-      if (own_hosts) argv.push_back("--host=127.0.0." + std::to_string(r + 1));
+      if (per_host > 0) argv.push_back("--host=127.0.0." + std::to_string(r / per_host + 1));
       workers.push_back(&Start(argv, "worker" + std::to_string(r)));
     }
     return workers;
@@ -63,6 +63,24 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
       EXPECT_NE(workers[r]->Output().find("broadcast ok"), std::string::npos);
       EXPECT_NE(workers[r]->Output().find("accumulation ok"), std::string::npos)
           << workers[r]->Output();
+    }
+  }
+
+  // Two workers on each of two host addresses: ring neighbours on one host
+  // exchange through shared memory, the links between the hosts are TCP
+  // streams (`sealing`: "plain", or "sealed" under CURVE). The same exact
+  // results.
+  static void ExpectSharedMemoryBesideStreams(const std::vector<Subprocess*>& workers,
+                                              const std::string& sealing) {
+    ExpectTrained(workers);
+    EXPECT_NE(workers[0]->Output().find("ring over TCP streams (ring_transport=tcp), " + sealing),
+              std::string::npos)
+        << workers[0]->Output();
+    for (Subprocess* w : workers) {
+      EXPECT_NE(w->Output().find("ring neighbours on this host use shared memory (1 peer(s)), the "
+                                 "others TCP streams"),
+                std::string::npos)
+          << w->Output();
     }
   }
 
@@ -89,7 +107,7 @@ TEST_F(AllReduceSdkTest, UnderCurveTheSameExactResultsWithEitherCipherLibrary) {
   const std::string key_file = TmpFile("sdk_curve.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
   auto workers =
-      StartWorkers(4, {"--mode=train", "--steps=4"}, key_file, false, {"--bulk_cipher=openssl"});
+      StartWorkers(4, {"--mode=train", "--steps=4"}, key_file, 0, {"--bulk_cipher=openssl"});
   ExpectTrained(workers);
   const std::string best =
       "sealed with AES-256-GCM by " + wire::BulkCipherEngineName(wire::BulkCipherEngine::kBest);
@@ -222,11 +240,28 @@ TEST_F(AllReduceSdkTest, OverTcpStreamsInTwoLanesTheSameExactResults) {
 // the data ports, then the ring runs over TCP streams in the measured
 // order.
 TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, "", /*own_hosts=*/true);
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, "", /*per_host=*/1);
   ExpectTrained(workers);
   const std::string out = workers[0]->Output();
   EXPECT_NE(out.find("over 4 hosts"), std::string::npos) << out;
   EXPECT_NE(out.find("ring over TCP streams"), std::string::npos) << out;
+}
+
+// Two workers on each of two host addresses, in two lanes, each with
+// shared-memory links of its own beside its TCP stream.
+TEST_F(AllReduceSdkTest, TwoWorkersAHostUseSharedMemoryBesideTcpStreams) {
+  ExpectSharedMemoryBesideStreams(
+      StartWorkers(4, {"--mode=train", "--steps=4", "--ring_lanes=2"}, "", /*per_host=*/2),
+      "plain");
+}
+
+// The same under CURVE: the streams between the hosts are sealed.
+TEST_F(AllReduceSdkTest, UnderCurveTwoWorkersAHostUseSharedMemoryBesideSealedStreams) {
+  const std::string key_file = TmpFile("sdk_mixed.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  ExpectSharedMemoryBesideStreams(
+      StartWorkers(4, {"--mode=train", "--steps=4", "--ring_shm=true"}, key_file, /*per_host=*/2),
+      "sealed");
 }
 
 TEST_F(AllReduceSdkTest, AutoLanesBesideACountAllFailNamingBoth) {
@@ -240,7 +275,7 @@ TEST_F(AllReduceSdkTest, AutoLanesBesideACountAllFailNamingBoth) {
 TEST_F(AllReduceSdkTest, WorkersOnFourHostsTimeTheirLinksAndTrainExactly) {
   const std::string key_file = TmpFile("sdk_order.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, key_file, /*own_hosts=*/true);
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, key_file, /*per_host=*/1);
   ExpectTrained(workers);
   const std::string out = workers[0]->Output();
   EXPECT_NE(out.find("over 4 hosts"), std::string::npos) << out;

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# All-reduce latency and busbw of a ring whose workers share hosts two by
+# two: 4 workers (bench/lanes_worker, the Communicator's direct
+# all-reduces) on two host addresses of loopback (127.0.0.1 and
+# 127.0.0.2), so that each host's two workers are ring neighbours over
+# shared memory and the two links between the hosts are TCP. The links
+# between the hosts are run over TCP streams (ring_transport=tcp, the
+# default) and over ZeroMQ (ring_transport=zmq), jobs of the two
+# alternating, REPS of each per size.
+#
+#   bazel run --config=opt //bench:mixed_ring_bench -- [SIZES] [REPS] [SECURITY]
+#   SIZES: "4096 1048576 16777216" (bytes, default); REPS: 2 (default);
+#   SECURITY: none (default) or curve (one job key; the streams sealed).
+#
+# Prints per size and transport the median over the repetitions of rank
+# 0's p50 (ms) and busbw = 2(n-1)/n x bytes / p50 (GB/s), and zmq / tcp.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -x "$here/lanes_worker" ] && [ -x "$here/../server/gradsync_server" ]; then
+  cd "$here/.."
+else
+  cd "$here/mixed_ring_bench.runfiles/gradsync"
+fi
+SIZES=${1:-"4096 1048576 16777216"}
+REPS=${2:-2}
+SECURITY=${3:-none}
+case "$SECURITY" in
+  none | curve) ;;
+  *) echo "mixed_ring_bench: SECURITY must be none or curve, not '$SECURITY'" >&2; exit 2 ;;
+esac
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+if [ "$SECURITY" = curve ]; then
+  wire/gradsync_keygen "$tmp/job.key" > /dev/null
+  keying=(GRADSYNC_KEY_FILE="$tmp/job.key")
+else
+  keying=(GRADSYNC_SECURITY=none)
+fi
+results="$tmp/results.jsonl"
+
+# One job: a scheduler and 4 workers; appends rank 0's line to $results.
+run_job() {  # TRANSPORT BYTES
+  local transport=$1 bytes=$2 iters=20 port r workers=()
+  [ "$bytes" -le 4194304 ] && iters=50
+  [ "$bytes" -le 65536 ] && iters=300
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_METRICS_BASE_PORT=0
+                GRADSYNC_SCHEDULER="127.0.0.1:$port")
+  env "${common[@]}" server/gradsync_server --role=scheduler --host=127.0.0.1 --port="$port" \
+    --num_workers=4 --metrics_port=0 > "$tmp/scheduler.log" 2>&1 &
+  pids+=($!)
+  for r in 0 1 2 3; do
+    env "${common[@]}" GRADSYNC_HOST="127.0.0.$((r / 2 + 1))" bench/lanes_worker --rank=$r \
+      --ring_transport="$transport" --bytes="$bytes" --iters="$iters" \
+      > "$tmp/worker$r.log" 2>&1 &
+    workers+=($!)
+    pids+=($!)
+  done
+  for w in "${workers[@]}"; do
+    if ! wait "$w"; then
+      echo "mixed_ring_bench: a worker failed ($transport, $bytes bytes); logs in $tmp" >&2
+      tail -5 "$tmp"/worker*.log >&2
+      exit 1
+    fi
+  done
+  wait || true  # the scheduler ends with the job
+  if ! grep -q "use shared memory" "$tmp/worker0.log"; then
+    echo "mixed_ring_bench: worker 0 used no shared memory; logs in $tmp" >&2
+    exit 1
+  fi
+  line=$(grep '^{' "$tmp/worker0.log" | tail -1)
+  echo "{\"transport\":\"$transport\",${line#\{}" >> "$results"
+}
+
+for bytes in $SIZES; do
+  for ((rep = 0; rep < REPS; rep++)); do
+    if ((rep % 2 == 0)); then order="tcp zmq"; else order="zmq tcp"; fi
+    for transport in $order; do run_job "$transport" "$bytes"; done
+  done
+  echo "$bytes bytes done" >&2
+done
+
+/usr/bin/python3 - "$results" "$SECURITY" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+security = sys.argv[2]
+print("%-6s %10s %-4s %5s %9s %10s %9s" % ("sec", "bytes", "ring", "runs", "p50_ms", "busbw_GBs",
+                                           "zmq/tcp"))
+for size in sorted({r["bytes"] for r in rows}):
+    med = {}
+    for t in ("tcp", "zmq"):
+        runs = [r for r in rows if r["bytes"] == size and r["transport"] == t]
+        p50 = statistics.median(r["p50_ms"] for r in runs)
+        n = runs[0]["workers"]
+        busbw = 2 * (n - 1) / n * size / (p50 / 1e3) / 1e9
+        med[t] = p50
+        ratio = "%.2fx" % (med["zmq"] / med["tcp"]) if t == "zmq" else ""
+        print("%-6s %10d %-4s %5d %9.3f %10.3f %9s" % (security, size, t, len(runs), p50, busbw,
+                                                      ratio))
+        print(json.dumps({"security": security, "bytes": size, "ring_transport": t,
+                          "runs": len(runs), "p50_ms": p50, "busbw_gbps": round(busbw, 3)}),
+              file=sys.stderr)
+PY
