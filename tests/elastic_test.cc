@@ -357,6 +357,26 @@ TEST_F(ElasticTest, OnFourHostsEveryEpochTimesItsLinksAJoinerIncluded) {
   }
 }
 
+// Two workers a host (127.0.0.1 and 127.0.0.2): every epoch's ring runs
+// its links between the hosts over TCP streams and those within a host
+// over shared memory, the joiner's included. Worker 0 shares a host with its
+// right neighbour in epoch 0 (worker 1) and epoch 2 (the joiner), not in
+// epoch 1.
+TEST_F(ElasticTest, TwoWorkersAHostReformSharedMemoryBesideTcpStreamsEveryEpoch) {
+  hosts_ = {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"};
+  const std::vector<std::string> outputs = KillOneOfFourAndJoin("", {}, "127.0.0.1");
+  ASSERT_EQ(outputs.size(), 4u);
+  auto count = [](const std::string& out, const std::string& line) {
+    size_t n = 0;
+    for (size_t at = out.find(line); at != std::string::npos; at = out.find(line, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(outputs[0], "ring over TCP streams (ring_transport=tcp), plain"), 3u)
+      << outputs[0];
+  EXPECT_EQ(count(outputs[0], "use shared memory (1 peer(s)), the others TCP streams"), 2u)
+      << outputs[0];
+}
+
 // The ring in two lanes (each lane a transport of its own, over TCP), under
 // CURVE: every epoch makes its lanes again, the survivors' and then the
 // joiner's (whose lane endpoints its neighbours bind to its node key), and

@@ -71,10 +71,7 @@ SameHostTransport::SameHostTransport(Transport* inner, SameHostOptions options)
   if (sends) writer_ = std::thread([this] { WriterLoop(); });
 }
 
-SameHostTransport::~SameHostTransport() {
-  Shutdown();
-  if (owned_) owned_->Shutdown();
-}
+SameHostTransport::~SameHostTransport() { Shutdown(); }
 
 void SameHostTransport::Shutdown() {
   {
@@ -93,6 +90,7 @@ void SameHostTransport::Shutdown() {
     out->queue.clear();  // releases the payloads never written
   }
   for (auto& in : ins_) in->link->Close();  // its writer goes on over the network
+  if (owned_) owned_->Shutdown();
 }
 
 size_t SameHostTransport::sending_by_shm() const {
