@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # All-reduce latency and busbw of a ring whose workers share hosts two by
 # two: 4 workers (bench/lanes_worker, the Communicator's direct
-# all-reduces) on two host addresses of loopback (127.0.0.1 and
-# 127.0.0.2), so that each host's two workers are ring neighbours over
-# shared memory and the two links between the hosts are TCP. The links
-# between the hosts are run over TCP streams (ring_transport=tcp, the
-# default) and over ZeroMQ (ring_transport=zmq), jobs of the two
-# alternating, REPS of each per size.
+# all-reduces) on two hosts, so that each host's two workers are ring
+# neighbours over shared memory and the two links between the hosts are
+# TCP. The links between the hosts are run over TCP streams
+# (ring_transport=tcp, the default) and over ZeroMQ (ring_transport=zmq),
+# jobs of the two alternating, REPS of each per size.
 #
-#   bazel run --config=opt //bench:mixed_ring_bench -- [SIZES] [REPS] [SECURITY]
+#   bazel run --config=opt //bench:mixed_ring_bench -- [SIZES] [REPS] [SECURITY] [RATE]
 #   SIZES: "4096 1048576 16777216" (bytes, default); REPS: 2 (default);
-#   SECURITY: none (default) or curve (one job key; the streams sealed).
+#   SECURITY: none (default) or curve (one job key; the streams sealed);
+#   RATE: "" (default): the hosts are two addresses of loopback (127.0.0.1
+#   and 127.0.0.2); a rate such as 10gbit: simulated hosts
+#   (tools/simhosts.sh, needs root), the scheduler on host 0 and the
+#   workers on hosts 1 and 2, each host's link shaped to RATE.
 #
 # Prints per size and transport the median over the repetitions of rank
 # 0's p50 (ms) and busbw = 2(n-1)/n x bytes / p50 (GB/s), and zmq / tcp.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-if [ -x "$here/lanes_worker" ] && [ -x "$here/../server/gradsync_server" ]; then
+if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/lanes_worker" ]; then
   cd "$here/.."
 else
   cd "$here/mixed_ring_bench.runfiles/gradsync"
@@ -24,6 +27,7 @@ fi
 SIZES=${1:-"4096 1048576 16777216"}
 REPS=${2:-2}
 SECURITY=${3:-none}
+RATE=${4:-}
 case "$SECURITY" in
   none | curve) ;;
   *) echo "mixed_ring_bench: SECURITY must be none or curve, not '$SECURITY'" >&2; exit 2 ;;
@@ -31,10 +35,26 @@ esac
 
 tmp=$(mktemp -d)
 pids=()
+name="gsmr$$"
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  if [ -n "$RATE" ]; then tools/simhosts.sh down "$name"; fi
 }
 trap cleanup EXIT
+# on HOST CMD...: runs CMD on host HOST (0: the scheduler's; 1, 2: the
+# workers'); addr HOST: its address.
+if [ -n "$RATE" ]; then
+  if ! tools/simhosts.sh check; then
+    echo "mixed_ring_bench: RATE needs network namespaces (root)" >&2
+    exit 1
+  fi
+  tools/simhosts.sh up "$name" 3 "$RATE"
+  on() { tools/simhosts.sh run "$name" "$@"; }
+  addr() { tools/simhosts.sh addr "$name" "$1"; }
+else
+  on() { shift; "$@"; }
+  addr() { echo "127.0.0.$(($1 > 0 ? $1 : 1))"; }
+fi
 if [ "$SECURITY" = curve ]; then
   wire/gradsync_keygen "$tmp/job.key" > /dev/null
   keying=(GRADSYNC_KEY_FILE="$tmp/job.key")
@@ -45,17 +65,18 @@ results="$tmp/results.jsonl"
 
 # One job: a scheduler and 4 workers; appends rank 0's line to $results.
 run_job() {  # TRANSPORT BYTES
-  local transport=$1 bytes=$2 iters=20 port r workers=()
+  local transport=$1 bytes=$2 iters=20 port r workers=() sched
   [ "$bytes" -le 4194304 ] && iters=50
   [ "$bytes" -le 65536 ] && iters=300
-  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  sched=$(addr 0)
+  port=$(on 0 /usr/bin/python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$sched")
   local common=("${keying[@]}" GRADSYNC_NUM_WORKERS=4 GRADSYNC_METRICS_BASE_PORT=0
-                GRADSYNC_SCHEDULER="127.0.0.1:$port")
-  env "${common[@]}" server/gradsync_server --role=scheduler --host=127.0.0.1 --port="$port" \
+                GRADSYNC_SCHEDULER="$sched:$port")
+  on 0 env "${common[@]}" server/gradsync_server --role=scheduler --host="$sched" --port="$port" \
     --num_workers=4 --metrics_port=0 > "$tmp/scheduler.log" 2>&1 &
   pids+=($!)
   for r in 0 1 2 3; do
-    env "${common[@]}" GRADSYNC_HOST="127.0.0.$((r / 2 + 1))" bench/lanes_worker --rank=$r \
+    on $((r / 2 + 1)) env "${common[@]}" GRADSYNC_HOST="$(addr $((r / 2 + 1)))" bench/lanes_worker --rank=$r \
       --ring_transport="$transport" --bytes="$bytes" --iters="$iters" \
       > "$tmp/worker$r.log" 2>&1 &
     workers+=($!)
@@ -85,10 +106,11 @@ for bytes in $SIZES; do
   echo "$bytes bytes done" >&2
 done
 
-/usr/bin/python3 - "$results" "$SECURITY" <<'PY'
+/usr/bin/python3 - "$results" "$SECURITY" "${RATE:-loopback}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-security = sys.argv[2]
+security, rate = sys.argv[2], sys.argv[3]
+print("links between the hosts:", rate)
 print("%-6s %10s %-4s %5s %9s %10s %9s" % ("sec", "bytes", "ring", "runs", "p50_ms", "busbw_GBs",
                                            "zmq/tcp"))
 for size in sorted({r["bytes"] for r in rows}):
@@ -102,7 +124,7 @@ for size in sorted({r["bytes"] for r in rows}):
         ratio = "%.2fx" % (med["zmq"] / med["tcp"]) if t == "zmq" else ""
         print("%-6s %10d %-4s %5d %9.3f %10.3f %9s" % (security, size, t, len(runs), p50, busbw,
                                                       ratio))
-        print(json.dumps({"security": security, "bytes": size, "ring_transport": t,
+        print(json.dumps({"rate": rate, "security": security, "bytes": size, "ring_transport": t,
                           "runs": len(runs), "p50_ms": p50, "busbw_gbps": round(busbw, 3)}),
               file=sys.stderr)
 PY
