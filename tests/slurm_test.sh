@@ -8,8 +8,9 @@
 # the allocation alone, and train with exact averages (parameter server,
 # sync). Skips (exit 0 with a line "GRADSYNC-SKIPPED: why", which
 # tools/test_summary.sh counts as skipped) without root or without Slurm
-# (slurm-wlm, munge). Then an elastic ring job under Slurm loses a worker
-# task and goes on, and one whose worker tasks restart their trainer (below).
+# (slurm-wlm, munge). Then a ring job of two tasks a node, an elastic ring
+# job under Slurm that loses a worker task and goes on, and one whose
+# worker tasks restart their trainer (below).
 set -euo pipefail
 
 for tool in slurmctld slurmd srun sinfo munged; do
@@ -116,6 +117,29 @@ for r in 0 1; do
   grep -q "worker $r step 3 ok" "$dir/srun.out" || fail "worker $r did not finish with exact averages"
 done
 echo "PASSED: scheduler on node1, shard on node2, workers 0 and 1 on node3 and node4"
+
+# Two tasks a node: `srun -N3 --ntasks-per-node=2` puts the scheduler and
+# worker 0 on node1 and two workers on each of node2 and node3. Under the
+# job key the ring's links between the nodes are sealed TCP streams and the
+# two workers of a node are neighbours over shared memory; every worker
+# gets the exact averages.
+code=0
+tools/simhosts.sh run "$name" 0 env GRADSYNC_KEY_FILE="$dir/job.key" GRADSYNC_METRICS_BASE_PORT=0 \
+  timeout 120 srun -N3 --ntasks-per-node=2 --kill-on-bad-exit=1 --label \
+  "$here/launcher/gradsync_launch" --servers=0 --server_binary="$here/server/gradsync_server" \
+  -- "$here/tests/ps_worker" --path=allreduce --mode=average --steps=4 > "$dir/pairs.out" 2>&1 ||
+  code=$?
+cat "$dir/pairs.out"
+[ "$code" -eq 0 ] || fail "srun of two tasks a node exited $code"
+for r in 0 1 2 3 4; do
+  grep -q "worker $r step 3 ok" "$dir/pairs.out" ||
+    fail "worker $r of two tasks a node did not finish with exact averages"
+done
+grep -q "ring over TCP streams (ring_transport=tcp), sealed" "$dir/pairs.out" ||
+  fail "the ring between the nodes did not run over sealed TCP streams"
+[ "$(grep -c "use shared memory (1 peer(s)), the others TCP streams" "$dir/pairs.out")" -eq 4 ] ||
+  fail "workers 1-4 did not each reach their node's other worker through shared memory"
+echo "PASSED: two tasks a node: sealed TCP streams between the nodes, shared memory within them"
 
 # expect_finals WORLD EPOCH FILE: WORLD workers of tests/elastic_worker
 # finished 400 steps in epoch EPOCH with equal parameters.
