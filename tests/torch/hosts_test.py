@@ -1,7 +1,9 @@
 """torch.distributed over gradsync across simulated hosts (network
 namespaces made by tools/simhosts.sh, torn down after): a job whose
 MASTER_ADDR is not loopback refuses clearly on every rank without the job's
-key file, and runs, encrypted, with it."""
+key file, and runs, encrypted, with it; with two ranks a host (torchrun's
+--nproc_per_node=2 on two nodes) the ranks of a host exchange through
+shared memory and the hosts over sealed TCP streams."""
 import os
 import subprocess
 
@@ -34,6 +36,18 @@ print("SUM %d %s" % (gradsync.rank(), t.item()), flush=True)
 gradsync.shutdown()
 """,
 }
+# An exact 4 MiB all-reduce through the torch.distributed backend.
+LARGE = """
+import torch, torch.distributed as dist
+import gradsync
+dist.init_process_group("gradsync")
+r, n = dist.get_rank(), dist.get_world_size()
+base = torch.arange(1 << 20, dtype=torch.float32)
+t = base + r
+dist.all_reduce(t)
+print("EXACT %d %s" % (r, torch.equal(t, base * n + n * (n - 1) // 2)), flush=True)
+dist.destroy_process_group()
+"""
 
 
 @pytest.fixture
@@ -48,16 +62,19 @@ def hosts():
         subprocess.call([SIMHOSTS, "down", name])
 
 
-def run_ranks(name, script, extra_env):
-    """Rank r on host r; [(exit code, output)] by rank."""
+def run_ranks(name, script, extra_env, per_host=1):
+    """`per_host` ranks on each of the two hosts, rank r on host
+    r // per_host; [(exit code, output)] by rank."""
     master = subprocess.check_output([SIMHOSTS, "addr", name, "0"]).decode().strip()
     procs = []
-    for rank in range(2):
-        env = job.base_env(dict(extra_env, RANK=str(rank), WORLD_SIZE="2",
-                                LOCAL_RANK="0", MASTER_ADDR=master,
+    world = 2 * per_host
+    for rank in range(world):
+        env = job.base_env(dict(extra_env, RANK=str(rank), WORLD_SIZE=str(world),
+                                LOCAL_RANK=str(rank % per_host), MASTER_ADDR=master,
                                 MASTER_PORT="29500"))
         procs.append(subprocess.Popen(
-            [SIMHOSTS, "run", name, str(rank), "/usr/bin/python3", str(script)],
+            [SIMHOSTS, "run", name, str(rank // per_host), "/usr/bin/python3",
+             str(script)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     results = []
     for p in procs:
@@ -84,3 +101,17 @@ def test_across_hosts_the_key_is_required_then_used(hosts, tmp_path, way):
     for rank, (code, out) in enumerate(ran):
         assert code == 0, out
         assert "SUM %d 3.0" % rank in out, out
+
+
+def test_two_ranks_a_host_share_memory_beside_sealed_streams(hosts, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(LARGE)
+    key = tmp_path / "job.key"
+    subprocess.check_call([KEYGEN, str(key)])
+    ran = run_ranks(hosts, script, {"GRADSYNC_KEY_FILE": str(key)}, per_host=2)
+    for rank, (code, out) in enumerate(ran):
+        assert code == 0, out
+        assert "EXACT %d True" % rank in out, out
+        assert ("use shared memory (1 peer(s)), the others TCP streams"
+                in out), out
+    assert "ring over TCP streams (ring_transport=tcp), sealed" in ran[0][1], ran[0][1]
