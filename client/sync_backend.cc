@@ -74,9 +74,12 @@ Status SessionHealth(const Session& session, wire::Role role) {
 // The ring to this worker's neighbours (its lanes), and the transports
 // under it that are not the session's own.
 struct Ring {
-  std::unique_ptr<wire::SameHostTransport> same_host;             // a neighbour is on this host
-  std::vector<std::unique_ptr<wire::Transport>> lane_transports;  // lanes 1 and up
-  std::unique_ptr<RingLanes> lanes;                               // destroyed first
+  // Lane 0's links to neighbours on this host, when the lanes are over
+  // ZeroMQ (each TCP stream lane has links of its own).
+  std::unique_ptr<wire::SameHostTransport> same_host;
+  // Lanes 1 and up over ZeroMQ; over TCP streams, every lane's transport.
+  std::vector<std::unique_ptr<wire::Transport>> lane_transports;
+  std::unique_ptr<RingLanes> lanes;  // destroyed first
   RingCollectives* ring() const { return &lanes->first(); }
   void Shutdown() {
     if (same_host) same_host->Shutdown();
