@@ -300,20 +300,14 @@ Status AddLanes(Session* session, int count, bool streams, const wire::SameHostO
       lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
       lane.left_identity = LaneName(peers.left_identity, k);
       session->AddPeerEndpoint(right->identity, lane.right_endpoint);
-      std::unique_ptr<wire::Transport> transport =
-          std::move(stream_transports[static_cast<size_t>(k)]);
-      if (!links.peers.empty()) {
-        transport = std::make_unique<wire::SameHostTransport>(
-            std::move(transport), LaneLinks(links, k, lane.right_endpoint));
-      }
-      out->lane_transports.push_back(std::move(transport));
+      out->lane_transports.push_back(cluster::OverSameHostLinks(
+          std::move(stream_transports[static_cast<size_t>(k)]),
+          LaneLinks(links, k, lane.right_endpoint),
+          "ring lane " + std::to_string(k) +
+              ": neighbours on this host use shared memory, the others TCP streams"));
       GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
                                                              lane, ring_options, health));
       lanes->push_back(std::move(ring));
-    }
-    if (!links.peers.empty()) {
-      GS_LOG(INFO) << "ring neighbours on this host use shared memory (" << links.peers.size()
-                   << " peer(s)), the others TCP streams";
     }
     if (peers.rank == 0) {
       GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"

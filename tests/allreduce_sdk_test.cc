@@ -77,9 +77,10 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
               std::string::npos)
         << workers[0]->Output();
     for (Subprocess* w : workers) {
-      EXPECT_NE(w->Output().find("ring neighbours on this host use shared memory (1 peer(s)), the "
-                                 "others TCP streams"),
-                std::string::npos)
+      EXPECT_NE(
+          w->Output().find("ring lane 0: neighbours on this host use shared memory, the others "
+                           "TCP streams (1 peer(s))"),
+          std::string::npos)
           << w->Output();
     }
   }

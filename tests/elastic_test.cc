@@ -255,6 +255,13 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     }
   }
 
+  // How often `line` occurs in `out`.
+  static size_t Occurrences(const std::string& out, const std::string& line) {
+    size_t n = 0;
+    for (size_t at = out.find(line); at != std::string::npos; at = out.find(line, at + 1)) ++n;
+    return n;
+  }
+
   std::vector<Subprocess*> shards_;
   std::vector<std::string> worker_flags_;
   std::vector<std::string> hosts_;  // worker r on hosts_[r], when set
@@ -345,13 +352,7 @@ TEST_F(ElasticTest, OnFourHostsEveryEpochTimesItsLinksAJoinerIncluded) {
   ASSERT_EQ(outputs.size(), 4u);
   // Rank 0 logs the order it took in epoch 0 and again in epoch 2 (epoch 1
   // has three hosts: rank order without timing).
-  const std::string& out = outputs[0];
-  size_t orders = 0;
-  for (size_t at = out.find(" over 4 hosts"); at != std::string::npos;
-       at = out.find(" over 4 hosts", at + 1)) {
-    ++orders;
-  }
-  EXPECT_EQ(orders, 2u) << out;
+  EXPECT_EQ(Occurrences(outputs[0], " over 4 hosts"), 2u) << outputs[0];
   for (const std::string& o : outputs) {
     EXPECT_EQ(o.find("cannot time the link"), std::string::npos) << o;
   }
@@ -366,14 +367,9 @@ TEST_F(ElasticTest, TwoWorkersAHostReformSharedMemoryBesideTcpStreamsEveryEpoch)
   hosts_ = {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"};
   const std::vector<std::string> outputs = KillOneOfFourAndJoin("", {}, "127.0.0.1");
   ASSERT_EQ(outputs.size(), 4u);
-  auto count = [](const std::string& out, const std::string& line) {
-    size_t n = 0;
-    for (size_t at = out.find(line); at != std::string::npos; at = out.find(line, at + 1)) ++n;
-    return n;
-  };
-  EXPECT_EQ(count(outputs[0], "ring over TCP streams (ring_transport=tcp), plain"), 3u)
+  EXPECT_EQ(Occurrences(outputs[0], "ring over TCP streams (ring_transport=tcp), plain"), 3u)
       << outputs[0];
-  EXPECT_EQ(count(outputs[0], "use shared memory (1 peer(s)), the others TCP streams"), 2u)
+  EXPECT_EQ(Occurrences(outputs[0], "use shared memory, the others TCP streams (1 peer(s))"), 2u)
       << outputs[0];
 }
 
@@ -388,12 +384,7 @@ TEST_F(ElasticTest, WithCurveAndTwoLanesEveryEpochMakesItsLanesTheJoinersInclude
       KillOneOfFourAndJoin(key_file, Shards{0, {}, {"--ring_lanes=2", "--ring_shm=false"}});
   ASSERT_FALSE(outputs.empty());
   // Rank 0 (worker 0 in every epoch) logs its lanes once per epoch: 0, 1, 2.
-  size_t epochs = 0;
-  for (size_t at = outputs[0].find("ring of 2 lanes"); at != std::string::npos;
-       at = outputs[0].find("ring of 2 lanes", at + 1)) {
-    ++epochs;
-  }
-  EXPECT_EQ(epochs, 3u) << outputs[0];
+  EXPECT_EQ(Occurrences(outputs[0], "ring of 2 lanes"), 3u) << outputs[0];
 }
 
 // ring_lanes=auto: every epoch (the survivors', then the joiner's) opens
@@ -402,13 +393,7 @@ TEST_F(ElasticTest, WithAutoLanesEveryEpochChoosesItsLanesAgain) {
   const std::vector<std::string> outputs =
       KillOneOfFourAndJoin("", Shards{0, {}, {"--ring_lanes=auto", "--ring_shm=false"}});
   ASSERT_FALSE(outputs.empty());
-  size_t epochs = 0;
-  const std::string line = "ring_lanes=auto: a 4 MiB all-reduce took ";
-  for (size_t at = outputs[0].find(line); at != std::string::npos;
-       at = outputs[0].find(line, at + 1)) {
-    ++epochs;
-  }
-  EXPECT_EQ(epochs, 3u) << outputs[0];
+  EXPECT_EQ(Occurrences(outputs[0], "ring_lanes=auto: a 4 MiB all-reduce took "), 3u) << outputs[0];
 }
 
 // The joiner's own node key gets into every member's plan: its ring

@@ -137,7 +137,7 @@ for r in 0 1 2 3 4; do
 done
 grep -q "ring over TCP streams (ring_transport=tcp), sealed" "$dir/pairs.out" ||
   fail "the ring between the nodes did not run over sealed TCP streams"
-[ "$(grep -c "use shared memory (1 peer(s)), the others TCP streams" "$dir/pairs.out")" -eq 4 ] ||
+[ "$(grep -c "use shared memory, the others TCP streams (1 peer(s))" "$dir/pairs.out")" -eq 4 ] ||
   fail "workers 1-4 did not each reach their node's other worker through shared memory"
 echo "PASSED: two tasks a node: sealed TCP streams between the nodes, shared memory within them"
 
