@@ -16,9 +16,11 @@ StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport, wire::ZmqTransport::Create(zmq));
   // The shards read the links of the first epoch's clients only.
   if (session.epoch() > 0) return transport;
+  wire::SameHostOptions same_host =
+      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers());
+  same_host.refusals = session.refusals();
   return cluster::OverSameHostLinks(
-      std::move(transport),
-      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers()),
+      std::move(transport), std::move(same_host),
       "parameter-server traffic with the shards on this host uses shared memory");
 }
 

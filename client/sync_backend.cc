@@ -389,6 +389,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   links.link_bytes = options.shm_link_bytes;
   links.max_frame_bytes = RingFrameBytes(options.ring);
   links.max_message_bytes = links.max_frame_bytes + wire::Limits{}.max_header_bytes;
+  links.refusals = session->refusals();
   // The scheduler passed on every node's host address and boot id.
   if (options.shm) {
     links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n, order);

@@ -94,8 +94,9 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
 std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions& options,
                                                     cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
-  return cluster::OverSameHostLinks(node.data.get(),
-                                    cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers),
+  wire::SameHostOptions same_host = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
+  same_host.refusals = node.refusals;
+  return cluster::OverSameHostLinks(node.data.get(), std::move(same_host),
                                     "workers on this host reach the shard through shared memory");
 }
 

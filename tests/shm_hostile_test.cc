@@ -134,6 +134,7 @@ class HostileWriterTest : public ::testing::Test {
     o.link_bytes = kCapacity;
     o.max_message_bytes = 1 << 20;
     o.peers.push_back(wire::SameHostPeer{"attacker", "", false, true});
+    o.refusals = refusals_;
     transport_ = std::make_unique<wire::SameHostTransport>(inner_.get(), o);
     name_ = wire::SameHostTransport::LinkName(o.job_id, "attacker", "victim");
   }
@@ -153,11 +154,13 @@ class HostileWriterTest : public ::testing::Test {
 
   void ExpectStillServing() {
     EXPECT_EQ(transport_->links_refused(), 1u);
+    EXPECT_EQ(refusals_->dropped.load(), 1u);  // the process's metric
     EXPECT_EQ(transport_->receiving_by_shm(), 0u);
     EXPECT_EQ(transport_->Receive(Deadline::AfterMs(50)).status().code(),
               StatusCode::kDeadlineExceeded);
   }
 
+  std::shared_ptr<wire::TransportRefusals> refusals_ = std::make_shared<wire::TransportRefusals>();
   wire::InProcNetwork network_;
   std::unique_ptr<wire::InProcTransport> inner_;
   std::unique_ptr<wire::SameHostTransport> transport_;

@@ -35,7 +35,7 @@
 // that is copied gets its buffer once its bytes are in the link. A bad frame
 // table, or a head word the writer publishes outside the stream
 // (wire/shm_link.h), ends that link: that Receive returns DataLoss naming
-// the peer (counted in links_refused()), and the peer is heard through the
+// the peer (counted in links_refused() and in options.refusals), and the peer is heard through the
 // inner transport only. A link to a peer whose reader publishes a bad tail
 // is given up the same way, and the peer is sent to through the network.
 //
@@ -95,6 +95,9 @@ struct SameHostOptions {
   size_t max_message_bytes = (size_t{1} << 30) + (64 << 10);
   Millis open_wait{5000};  // Connect's wait for the peer's link
   Millis alive_every{20};  // how often a reader's liveness is checked
+  // Where a link given up for a bad frame table or word is also counted, in
+  // `dropped` (may be null): a process's gradsync_transport_dropped_total.
+  std::shared_ptr<TransportRefusals> refusals;
 };
 
 class SameHostTransport : public Transport {

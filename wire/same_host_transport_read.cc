@@ -134,6 +134,7 @@ StatusOr<std::optional<Incoming>> SameHostTransport::ReadLinks() {
       GS_LOG(WARNING) << got.status().message() << "; no longer reading that link";
       in.Done();
       refused_links_.fetch_add(1);
+      if (options_.refusals != nullptr) options_.refusals->dropped.fetch_add(1);
       return got.status();
     }
     if (got->has_value()) {
