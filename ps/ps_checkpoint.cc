@@ -30,7 +30,7 @@ bool ReadSnap(ByteReader& r, Snapshot* s) {
   if (has == 0) return true;
   std::vector<float> values;
   if (!r.Floats(&values)) return false;
-  s->values = std::make_shared<const std::vector<float>>(std::move(values));
+  s->values = std::make_shared<std::vector<float>>(std::move(values));  // Snapshot
   return true;
 }
 

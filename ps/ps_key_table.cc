@@ -276,6 +276,19 @@ void KeyTable::Recycle(std::vector<float> buffer) {
   spare_.push_back(std::move(buffer));
 }
 
+Snapshot KeyTable::CopySnapshot(const std::vector<float>& values, uint64_t version) {
+  std::vector<float> copy = TakeBuffer(values.size());
+  std::copy(values.begin(), values.end(), copy.begin());
+  return MakeSnapshot(std::move(copy), version);
+}
+
+void KeyTable::Retire(Snapshot snap) {
+  // Only this table hands out references to a snapshot, so a count of one
+  // cannot grow again; the vector was made mutable (MakeSnapshot).
+  if (snap.values == nullptr || snap.values.use_count() != 1) return;
+  Recycle(std::move(const_cast<std::vector<float>&>(*snap.values)));
+}
+
 void KeyTable::OnPush(const Request& r, std::vector<float> values, std::vector<Outgoing>* out) {
   if (r.round == 0) return OnInit(r, std::move(values), out);
   KeyState& k = keys_[r.key];
@@ -314,7 +327,7 @@ void KeyTable::OnInit(const Request& r, std::vector<float> values, std::vector<O
   k.params = std::move(values);
   k.initialised = true;
   took_ = true;
-  k.results[0] = k.latest = MakeSnapshot(k.params, k.version);
+  k.results[0] = k.latest = CopySnapshot(k.params, k.version);
   Ack(r, k, out);
   AnswerHeld(r.key, k, out);
 }

@@ -207,12 +207,15 @@ struct Contribution {
   SteadyTime arrived = std::chrono::steady_clock::now();
 };
 
+// A closed round's values, shared with the answers that carry them. The
+// vector itself is never made const (only the pointer is), so that the key
+// table may take its buffer back once no answer holds it (KeyTable::Retire).
 struct Snapshot {
   std::shared_ptr<const std::vector<float>> values;
   uint64_t version = 0;
 };
 inline Snapshot MakeSnapshot(std::vector<float> values, uint64_t version) {
-  return Snapshot{std::make_shared<const std::vector<float>>(std::move(values)), version};
+  return Snapshot{std::make_shared<std::vector<float>>(std::move(values)), version};
 }
 
 struct HeldPull {
@@ -340,6 +343,10 @@ class KeyTable {
   std::vector<float> TakeBuffer(size_t n);
   // Keeps a consumed gradient's buffer for TakeBuffer, up to kSpareBytes.
   void Recycle(std::vector<float> buffer);
+  // A snapshot of `values` (copied into a kept buffer).
+  Snapshot CopySnapshot(const std::vector<float>& values, uint64_t version);
+  // Lets go of `snap`, keeping its buffer when no answer holds it any more.
+  void Retire(Snapshot snap);
 
   PsRules rules_;  // num_workers and worker_identities change with the epoch
   uint32_t epoch_ = 0;

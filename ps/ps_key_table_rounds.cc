@@ -2,6 +2,7 @@
 // they answer (ps/ps_key_table.h).
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "ps/ps_key_table_request.h"
 
@@ -63,7 +64,7 @@ void KeyTable::PushAsync(const Request& r, std::vector<float> grad, bool first_o
   optimizer_->Step(k.params.data(), grad.data(), k.params.size(), &k.slots, scale);
   Recycle(std::move(grad));
   k.version++;
-  k.latest = Snapshot{};
+  Retire(std::exchange(k.latest, Snapshot{}));
   k.taken[r.worker].Add(r.round);
   took_ = true;
   counters_->Applied(staleness);
@@ -112,11 +113,15 @@ void KeyTable::Close(KeyState& k, uint64_t round) {
   k.version++;
   if (optimizer_ != nullptr) {
     optimizer_->Step(k.params.data(), avg.data(), avg.size(), &k.slots, 1.0f);
-    k.results[round] = MakeSnapshot(k.params, k.version);
+    Recycle(std::move(avg));
+    k.results[round] = CopySnapshot(k.params, k.version);
   } else {
     k.results[round] = MakeSnapshot(std::move(avg), k.version);
   }
-  while (k.results.size() > rules_.kept_results) k.results.erase(k.results.begin());
+  while (k.results.size() > rules_.kept_results) {
+    Retire(std::move(k.results.begin()->second));
+    k.results.erase(k.results.begin());
+  }
 }
 
 void KeyTable::OnPull(const Request& r, std::vector<Outgoing>* out) {
@@ -149,7 +154,7 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
     snap = initial->second;  // round 0 answers with the initial parameters
   } else if (rules_.mode == PsMode::kAsync) {
     if (pull.round != 0 && !k.taken[pull.worker].Contains(pull.round)) return false;
-    if (!k.latest.values) k.latest = MakeSnapshot(k.params, k.version);
+    if (!k.latest.values) k.latest = CopySnapshot(k.params, k.version);
     snap = k.latest;
   } else if (rules_.mode == PsMode::kSsp) {
     if (k.closed + rules_.staleness < pull.round || k.results.empty()) return false;

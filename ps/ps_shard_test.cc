@@ -48,6 +48,42 @@ TEST(PsShardTest, SyncAnswersTheAverageOnceEveryWorkerPushed) {
   EXPECT_EQ(h.shard().stats().max_staleness, 0u);
 }
 
+// The shard reuses a closed round's buffer once no answer holds it: answers
+// a worker still holds keep their values while later rounds close and
+// buffers are taken back.
+TEST(PsShardTest, AnswersStillHeldKeepTheirValuesWhileLaterRoundsReuseBuffers) {
+  ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 1);
+  constexpr size_t kN = 4096;
+  constexpr uint64_t kRounds = 12;  // three times kept_results
+  auto values = [](uint64_t round) {
+    std::vector<float> v(kN);
+    for (size_t i = 0; i < kN; ++i) v[i] = static_cast<float>(round * kN + i);
+    return v;
+  };
+  std::vector<wire::Message> held;  // every other round's answer, kept
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    h.Push(0, round, round - 1, values(round));
+    h.Pull(0, round, kN);
+    std::optional<wire::Message> reply;
+    while ((reply = h.Next(0)).has_value() && reply->header_view()->type() == MsgType::Ack) {
+    }
+    ASSERT_TRUE(reply.has_value()) << "no answer to round " << round;
+    ASSERT_EQ(reply->header_view()->type(), MsgType::Reply) << ShardHarness::ErrorText(*reply);
+    ASSERT_EQ(reply->payloads.size(), 1u);
+    ASSERT_EQ(reply->payloads[0].size, kN * sizeof(float));
+    std::vector<float> got(kN);
+    std::memcpy(got.data(), reply->payloads[0].data, kN * sizeof(float));
+    EXPECT_EQ(got, values(round)) << "round " << round;
+    if (round % 2 == 1) held.push_back(std::move(*reply));
+  }
+  for (size_t j = 0; j < held.size(); ++j) {
+    const uint64_t round = 2 * j + 1;
+    std::vector<float> got(kN);
+    std::memcpy(got.data(), held[j].payloads[0].data, kN * sizeof(float));
+    EXPECT_EQ(got, values(round)) << "the held answer to round " << round << " changed";
+  }
+}
+
 // A worker of this host whose same-host link breaks its framing loses the
 // link (the transport gives it up); the shard counts the refusal and keeps
 // serving every worker.
