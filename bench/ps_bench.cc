@@ -9,10 +9,11 @@
 //     process, each joining the job through client::Session (the scheduler,
 //     heartbeats, reachability checks) and owning a client::PsClient on the
 //     transport the Communicator gives it for path=ps
-//     (client::MakePsClientTransport): a ZmqTransport of its own, and with
+//     (client::MakePsClientTransport): TCP streams to the shards' stream
+//     ports (--ps_transport=zmq: a ZmqTransport) of its own, and with
 //     --ps_shm (the default, as in a job) shared-memory links to the shards,
 //     which are all on this host; --ps_shm=false keeps it all on loopback
-//     TCP, like raw_zmq.
+//     TCP, like raw_zmq, as between hosts.
 //   - raw_zmq: S child processes of this binary (--raw_shard), each with a
 //     PULL socket that every worker's PUSH connects to and one bound PUSH
 //     socket per worker; a shard sends every message it receives straight
@@ -81,6 +82,7 @@
 //   flags: --quick --shards=1,2,4 --workers=1,2,3,4 --reps=N --warmup=N
 //          --rounds=N --parts=k --resend_ms=N --server_bin=PATH --keep_tmp
 //          --compression=SPEC --reply=none|fp16|bf16 --curve --ps_shm=true|false
+//          --ps_transport=tcp|zmq
 //
 // --curve runs every configuration a second time with CurveZMQ on every
 // socket of the job (wire/curve.h), right after the plain one, and prints
@@ -144,6 +146,7 @@ struct Settings {
   std::string reply = "none";
   bool curve = false;  // also run every configuration with CURVE, beside the plain one
   bool ps_shm = true;  // the workers and shards of this host share memory
+  std::string ps_transport = "tcp";  // the PS clients' transport off shared memory
 };
 
 StatusOr<std::vector<int>> IntList(const Config& config, const std::string& name,
@@ -190,6 +193,10 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.reply, config.GetString("reply", "none"));
   GS_ASSIGN_OR_RETURN(s.curve, config.GetBool("curve", false));
   GS_ASSIGN_OR_RETURN(s.ps_shm, config.GetBool("ps_shm", true));
+  GS_ASSIGN_OR_RETURN(s.ps_transport, config.GetString("ps_transport", "tcp"));
+  if (s.ps_transport != "tcp" && s.ps_transport != "zmq") {
+    return InvalidArgumentError("--ps_transport must be tcp or zmq");
+  }
   if (s.reply != "none" && s.reply != "fp16" && s.reply != "bf16") {
     return InvalidArgumentError("--reply must be none, fp16 or bf16");
   }
@@ -254,6 +261,7 @@ struct Plan {
   std::string compression, reply;
   std::string key_file;  // the job runs CURVE with it; "": plain
   bool ps_shm = true;
+  std::string ps_transport = "tcp";
   bool lossy() const { return compression != "none" || reply != "none"; }
   size_t bucket_bytes() const { return kPartitionBytes * parts * shards; }
   size_t count() const { return bucket_bytes() / sizeof(float); }
@@ -392,18 +400,14 @@ StatusOr<std::unique_ptr<client::PsClient>> MakePsClient(client::Session& sessio
   peers.rank = session.rank();
   peers.world_size = session.num_workers();
   peers.sender = wire::Sender{wire::Role::Worker, session.rank(), session.job_id()};
-  peers.server_endpoints.resize(static_cast<size_t>(session.num_servers()));
-  for (const wire::NodeInfo& p : session.peers()) {
-    if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session.num_servers()) {
-      peers.server_endpoints[static_cast<size_t>(p.rank)] = p.DataEndpoint();
-    }
-  }
   client::PsClientOptions options;
   options.partition_bytes = kPartitionBytes;
   options.resend_after = Millis(plan.resend_ms);
   options.reply_codec = plan.reply == "none" ? "" : plan.reply;
   cluster::PsLinkOptions links;
   links.enabled = plan.ps_shm;
+  links.streams = plan.ps_transport == "tcp";
+  peers.server_endpoints = client::PsShardEndpoints(session, links);
   GS_ASSIGN_OR_RETURN(auto transport, client::MakePsClientTransport(session, links));
   GS_ASSIGN_OR_RETURN(auto client, client::PsClient::Create(std::move(transport), peers, options,
                                                             nullptr, nullptr));
@@ -529,10 +533,11 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
   for (int i = 0; i < p.shards; ++i) {
     GS_ASSIGN_OR_RETURN(
         Subprocess shard,
-        Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync", "--optimizer=none",
-                           "--metrics_port=0", "--key_file=" + p.key_file,
-                           p.ps_shm ? "--ps_shm=true" : "--ps_shm=false"},
-                          env, dir + "/server" + std::to_string(i) + ".log"));
+        Subprocess::Spawn(
+            {s.server_bin, "--role=server", "--ps_mode=sync", "--optimizer=none",
+             "--metrics_port=0", "--key_file=" + p.key_file,
+             p.ps_shm ? "--ps_shm=true" : "--ps_shm=false", "--ps_transport=" + p.ps_transport},
+            env, dir + "/server" + std::to_string(i) + ".log"));
     procs->shards.push_back(std::move(shard));
   }
   return OkStatus();
@@ -634,6 +639,7 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
   p.compression = s.compression;
   p.reply = s.reply;
   p.ps_shm = s.ps_shm;
+  p.ps_transport = s.ps_transport;
   GS_ASSIGN_OR_RETURN(p.bucket, BalancedBucket(shards, s.parts));
   const std::string dir = tmp + "/s" + std::to_string(shards) + "w" + std::to_string(workers) +
                           (key_file.empty() ? "" : "-curve");

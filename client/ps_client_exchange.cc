@@ -187,8 +187,15 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   const std::vector<wire::ConnId>& lanes = c_->conns_[static_cast<size_t>(span.shard)];
   const wire::Route to = wire::Route::Connection(lanes[lane_[p] % lanes.size()]);
   // Posted: the pushes and pulls of every partition go out without waiting
-  // on each other; a send that fails is seen by the loop in Run.
-  c_->transport_->Post(to, std::move(msg), deadline_, posted_.callback());
+  // on each other; a send that fails is seen by the loop in Run. One lost
+  // with a connection that broke (a TCP stream to a shard that went away)
+  // is lost as a network may lose it: the resends send it again, to the
+  // shard restarted in its place, until the health check names a shard the
+  // job declared dead or the deadline passes.
+  auto posted = posted_.callback();
+  c_->transport_->Post(to, std::move(msg), deadline_, [posted](const Status& s) {
+    posted(s.code() == StatusCode::kUnavailable ? Status() : s);
+  });
   return Status();
 }
 

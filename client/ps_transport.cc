@@ -4,24 +4,56 @@
 
 #include "cluster/node.h"
 #include "cluster/same_host_links.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/zmq_transport.h"
 
 namespace gradsync::client {
 
+bool PsClientUsesStreams(const Session& session, const cluster::PsLinkOptions& links) {
+  return cluster::PsWorkerUsesStreams(links, session.peers(), session.curve().has_value(),
+                                      session.bulk_encryption() && session.node_keys() != nullptr);
+}
+
+std::vector<std::string> PsShardEndpoints(const Session& session,
+                                          const cluster::PsLinkOptions& links) {
+  const bool streams = PsClientUsesStreams(session, links);
+  std::vector<std::string> endpoints(static_cast<size_t>(session.num_servers()));
+  for (const wire::NodeInfo& p : session.peers()) {
+    if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session.num_servers()) {
+      endpoints[static_cast<size_t>(p.rank)] = cluster::PsShardEndpoint(p, streams);
+    }
+  }
+  return endpoints;
+}
+
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links) {
-  wire::ZmqOptions zmq = session.DataTransportOptions(
-      wire::PsClientIdentity(session.data().identity(), session.epoch()),
-      cluster::PartitionFrameBytes(links.partition_bytes));  // replies
-  GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport, wire::ZmqTransport::Create(zmq));
+  const std::string identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
+  const bool streams = PsClientUsesStreams(session, links);
+  std::unique_ptr<wire::Transport> transport;
+  if (streams) {
+    wire::TcpStreamOptions o = cluster::PsStreamOptions(links);
+    o.job_id = session.job_id();
+    o.identity = identity;
+    o.refusals = session.refusals();
+    o.node_keys = session.node_keys();  // CURVE: sealed under keys the node keys agree
+    o.cipher = session.bulk_cipher();
+    transport = std::make_unique<wire::TcpStreamTransport>(std::move(o));
+  } else {
+    wire::ZmqOptions zmq = session.DataTransportOptions(
+        identity, cluster::PartitionFrameBytes(links.partition_bytes));  // replies
+    GS_ASSIGN_OR_RETURN(transport, wire::ZmqTransport::Create(zmq));
+  }
   // The shards read the links of the first epoch's clients only.
   if (session.epoch() > 0) return transport;
   wire::SameHostOptions same_host =
-      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers());
+      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers(), streams);
   same_host.refusals = session.refusals();
   return cluster::OverSameHostLinks(
       std::move(transport), std::move(same_host),
-      "parameter-server traffic with the shards on this host uses shared memory");
+      streams ? "parameter-server traffic with the shards on this host uses shared memory, with "
+                "the others TCP streams"
+              : "parameter-server traffic with the shards on this host uses shared memory");
 }
 
 }  // namespace gradsync::client

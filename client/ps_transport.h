@@ -1,14 +1,18 @@
-// The transport a worker's PS client talks to the shards on: a ZeroMQ
-// transport of its own (identity wire::PsClientIdentity of the session's
-// data transport, which the shards answer), with the shards of this host
+// The transport a worker's PS client talks to the shards on, of its own
+// (identity wire::PsClientIdentity of the session's data transport, which
+// the shards answer): TCP streams to the shards' stream ports where every
+// shard announced one (ps_transport=tcp; sealed under the node keys with
+// CURVE and bulk_encryption), ZeroMQ otherwise; with the shards of this host
 // written to and heard through shared memory (cluster/ps_links.h). A client
 // of a later membership epoch than 0 has an identity of its own and talks
-// to every shard over the network (the shards read the first epoch's
-// links only).
+// to every shard over the network (the shards read the first epoch's links
+// only).
 #ifndef GRADSYNC_CLIENT_PS_TRANSPORT_H_
 #define GRADSYNC_CLIENT_PS_TRANSPORT_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "client/session.h"
 #include "cluster/ps_links.h"
@@ -16,6 +20,14 @@
 #include "wire/transport.h"
 
 namespace gradsync::client {
+
+// Whether the session's PS client reaches the shards over TCP streams
+// (cluster::PsWorkerUsesStreams under the session's security).
+bool PsClientUsesStreams(const Session& session, const cluster::PsLinkOptions& links);
+
+// By rank, where the session's PS client reaches each shard.
+std::vector<std::string> PsShardEndpoints(const Session& session,
+                                          const cluster::PsLinkOptions& links);
 
 // Errors: the transport's own (sockets, CURVE keys).
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(

@@ -550,13 +550,8 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
                                                      std::function<bool()> stopped) {
   const int n = session->num_workers();
   const int r = session->rank();
-  PsPeers peers{r, n, session->epoch(), {}, wire::Sender{wire::Role::Worker, r, session->job_id()}};
-  peers.server_endpoints.resize(static_cast<size_t>(session->num_servers()));
-  for (const wire::NodeInfo& p : session->peers()) {
-    if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session->num_servers()) {
-      peers.server_endpoints[static_cast<size_t>(p.rank)] = p.DataEndpoint();
-    }
-  }
+  PsPeers peers{r, n, session->epoch(), PsShardEndpoints(*session, options.ps_links),
+                wire::Sender{wire::Role::Worker, r, session->job_id()}};
   auto health = [session, stopped = std::move(stopped)]() -> Status {
     if (stopped()) return CancelledError("the communicator was shut down");
     // The shards close rounds without dead workers; a dead shard ends it.

@@ -120,6 +120,19 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   options.data_port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   options.identity = node.data->identity();
   if (node.keys) options.public_key = node.keys->own().public_z85;
+  PsLinkOptions links;
+  auto listen_streams = [&](uint16_t port, uint16_t* bound) {
+    links.stream_port = port;
+    return ListenPsStreams(links, options.host, node.curve.has_value(),
+                           node.bulk_encryption ? node.keys : nullptr, node.bulk_cipher,
+                           node.refusals, bound);
+  };
+  if (role == wire::Role::Server) {
+    // Workers of other hosts push and pull over TCP streams, at the port
+    // announced in the plan.
+    GS_ASSIGN_OR_RETURN(links, PsLinkOptions::FromConfig(config));
+    GS_ASSIGN_OR_RETURN(node.streams, listen_streams(links.stream_port, &options.stream_port));
+  }
   wire::ZmqOptions control = TransportOptions(node.curve, nullptr);
   control.node_keys = node.keys;  // probes of the peers' data ports
   control.max_frame_bytes = kControlFrameBytes;
@@ -132,6 +145,30 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
     // plan takes each epoch's peers.
     node.agent->OnNewEpoch(
         [keys = node.keys](const Assignment& next) { keys->SetPlan(next.peers); });
+  }
+  if (node.streams) {
+    // A shard restarted in its old place: the workers know the stream port
+    // of the plan, which the old process announced.
+    const wire::NodeInfo* planned = nullptr;
+    for (const wire::NodeInfo& p : a.peers) {
+      if (p.role == role && p.rank == a.self.rank) planned = &p;
+    }
+    uint16_t port = options.stream_port;
+    if (planned != nullptr && planned->stream_port != 0 && planned->stream_port != port) {
+      auto again = listen_streams(planned->stream_port, &port);
+      if (again.ok() && *again != nullptr) {
+        node.streams = std::move(*again);
+      } else {
+        GS_LOG(ERROR) << "cannot listen at the plan's TCP stream port " << planned->stream_port
+                      << " (" << (again.ok() ? "no streams" : again.status().message())
+                      << "): the workers cannot push to this shard over TCP streams; give shards "
+                         "a fixed ps_stream_port";
+      }
+    }
+    // Before this node reports its reachability, so before any worker pushes.
+    node.streams->SetAccept(a.job_id, PsClientIdentities(a.peers, a.epoch));
+    GS_LOG(INFO) << "workers of other hosts reach this shard over "
+                 << (node.streams->sealed() ? "sealed " : "") << "TCP streams at port " << port;
   }
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "

@@ -11,9 +11,11 @@
 #include <string>
 
 #include "cluster/node_agent.h"
+#include "cluster/ps_links.h"
 #include "common/config.h"
 #include "wire/curve.h"
 #include "wire/node_keys.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/transport.h"
 #include "wire/zmq_transport.h"
 
@@ -22,6 +24,10 @@ namespace gradsync::cluster {
 struct Node {
   // Listens on the node's data port (on its host address); peers connect here.
   std::unique_ptr<wire::Transport> data;
+  // A shard with ps_transport=tcp: its TCP stream listener (port
+  // ps_stream_port), where workers push and pull; it takes the workers of
+  // the plan's epoch once the shard sets them (SetAccept). Null otherwise.
+  std::unique_ptr<wire::TcpStreamTransport> streams;
   std::unique_ptr<NodeAgent> agent;
   // The job's key when the node runs CURVE (wire/curve.h); every transport
   // of the process uses it.
@@ -52,10 +58,8 @@ wire::ZmqOptions TransportOptions(const std::optional<wire::CurveKey>& curve,
 // held whole. Control sockets (the scheduler's, every node agent's) carry
 // a header frame only; a shard's and a PS client's carry a partition in at
 // most 8 bytes per fp32 element (the shard's payload limit).
+// (PartitionFrameBytes, cluster/ps_links.h).
 constexpr int64_t kControlFrameBytes = static_cast<int64_t>(wire::Limits{}.max_header_bytes);
-constexpr int64_t PartitionFrameBytes(size_t partition_bytes) {
-  return static_cast<int64_t>(2 * partition_bytes) + (int64_t{64} << 10);
-}
 
 // Where a shard keeps its node key: in its checkpoint_dir, named by the
 // address it rejoins at ("node-HOST-PORT.key", so shards may share the

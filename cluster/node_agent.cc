@@ -66,6 +66,7 @@ NodeAgent::NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport
   assignment_.self.identity = options_.identity;
   assignment_.self.boot_id = wire::BootId();
   assignment_.self.public_key = options_.public_key;
+  assignment_.self.stream_port = options_.stream_port;
   assignment_.heartbeat_interval = options_.heartbeat_interval;
   assignment_.missed_heartbeats = kDefaultMissedHeartbeats;
   last_heard_ = std::chrono::steady_clock::now();

@@ -46,6 +46,7 @@ struct NodeOptions {
   uint16_t metrics_port = 0;
   std::string identity;           // of the node's data transport
   std::string public_key;         // the node's own CURVE key; "" without CURVE
+  uint16_t stream_port = 0;       // a shard's TCP stream port; 0: none
   Millis connect_timeout{10000};  // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};

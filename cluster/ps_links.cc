@@ -21,12 +21,79 @@ StatusOr<PsLinkOptions> PsLinkOptions::FromConfig(const Config& config) {
                                 std::to_string(partition));
   }
   o.partition_bytes = static_cast<size_t>(partition);
+  GS_ASSIGN_OR_RETURN(std::string transport, config.GetString("ps_transport", "tcp"));
+  if (transport != "tcp" && transport != "zmq") {
+    return InvalidArgumentError("ps_transport must be tcp or zmq, got '" + transport + "'");
+  }
+  o.streams = transport == "tcp";
+  GS_ASSIGN_OR_RETURN(int64_t port, config.GetInt("ps_stream_port", 0));
+  if (port < 0 || port > 65535) {
+    return InvalidArgumentError("ps_stream_port must be within [0, 65535], got " +
+                                std::to_string(port));
+  }
+  o.stream_port = static_cast<uint16_t>(port);
   return o;
+}
+
+std::string PsShardEndpoint(const wire::NodeInfo& shard, bool streams) {
+  return streams ? shard.StreamEndpoint() : shard.DataEndpoint();
+}
+
+bool PsWorkerUsesStreams(const PsLinkOptions& options, const std::vector<wire::NodeInfo>& peers,
+                         bool curve, bool can_seal) {
+  if (!options.streams || (curve && !can_seal)) return false;
+  bool any = false;
+  for (const wire::NodeInfo& p : peers) {
+    if (p.role != wire::Role::Server) continue;
+    if (p.stream_port == 0) return false;
+    any = true;
+  }
+  return any;
+}
+
+std::vector<std::string> PsClientIdentities(const std::vector<wire::NodeInfo>& peers,
+                                            uint32_t epoch) {
+  std::vector<std::string> out;
+  for (const wire::NodeInfo& p : peers) {
+    if (p.role == wire::Role::Worker && !p.identity.empty()) {
+      out.push_back(wire::PsClientIdentity(p.identity, epoch));
+    }
+  }
+  return out;
+}
+
+wire::TcpStreamOptions PsStreamOptions(const PsLinkOptions& options) {
+  wire::TcpStreamOptions o;
+  o.max_frames = wire::Limits{}.max_payload_frames + 1;
+  o.max_frame_bytes = static_cast<size_t>(PartitionFrameBytes(options.partition_bytes));
+  o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
+  return o;
+}
+
+StatusOr<std::unique_ptr<wire::TcpStreamTransport>> ListenPsStreams(
+    const PsLinkOptions& options, const std::string& host, bool curve,
+    std::shared_ptr<const wire::NodeKeys> keys, wire::BulkCipherEngine cipher,
+    std::shared_ptr<wire::TransportRefusals> refusals, uint16_t* port) {
+  *port = 0;
+  if (!options.streams || (curve && keys == nullptr)) {
+    return std::unique_ptr<wire::TcpStreamTransport>();
+  }
+  wire::TcpStreamOptions o = PsStreamOptions(options);
+  o.identity = wire::RandomIdentity("shard");
+  o.accept_lanes = true;
+  o.node_keys = std::move(keys);
+  o.cipher = cipher;
+  o.refusals = std::move(refusals);
+  auto streams = std::make_unique<wire::TcpStreamTransport>(std::move(o));
+  GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(host, options.stream_port));
+  GS_ASSIGN_OR_RETURN(std::string bound, streams->Listen(endpoint));
+  *port = static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
+  return streams;
 }
 
 wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t job_id,
                                         const wire::NodeInfo& self,
-                                        const std::vector<wire::NodeInfo>& peers) {
+                                        const std::vector<wire::NodeInfo>& peers, bool streams) {
   wire::SameHostOptions out;
   out.job_id = job_id;
   out.link_bytes = options.link_bytes;
@@ -37,7 +104,7 @@ wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t j
   for (const wire::NodeInfo& p : peers) {
     if (!SharesMachine(self, p)) continue;
     if (worker && p.role == wire::Role::Server) {
-      out.peers.push_back({p.identity, p.DataEndpoint(), true, true});
+      out.peers.push_back({p.identity, PsShardEndpoint(p, streams), true, true});
     } else if (!worker && p.role == wire::Role::Worker) {
       out.peers.push_back({wire::PsClientIdentity(p.identity), "", true, true});
     }

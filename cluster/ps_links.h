@@ -5,19 +5,34 @@
 // PS clients of its host's workers. Which peers share a machine is what the
 // scheduler passed on (host address and boot id, NodeInfo::SameMachine);
 // both sides derive the same pairs from the same assignment.
+//
+// Between hosts (ps_transport=tcp), a shard also listens on a TCP stream
+// port (wire/tcp_stream_transport.h) that it announces in the plan, and a
+// worker whose shards all announce one pushes and pulls there from its own
+// threads, sealed under the node keys with CURVE (bulk_encryption), with no
+// ZeroMQ I/O thread on either side (docs/design/tcp_streams.md).
 #ifndef GRADSYNC_CLUSTER_PS_LINKS_H_
 #define GRADSYNC_CLUSTER_PS_LINKS_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "common/config.h"
 #include "common/status.h"
 #include "wire/message.h"
 #include "wire/same_host_transport.h"
+#include "wire/tcp_stream_transport.h"
 
 namespace gradsync::cluster {
+
+// The largest frame a shard's or a PS client's socket takes: a partition in
+// at most 8 bytes per fp32 element (the shard's payload limit), and a header.
+constexpr int64_t PartitionFrameBytes(size_t partition_bytes) {
+  return static_cast<int64_t>(2 * partition_bytes) + (int64_t{64} << 10);
+}
 
 struct PsLinkOptions {
   bool enabled = true;                  // ps_shm
@@ -26,9 +41,11 @@ struct PsLinkOptions {
   // codec writes more than 8 bytes per element, so no message through a
   // link is larger than 2 * partition_bytes plus a header.
   size_t partition_bytes = size_t{4} << 20;
+  bool streams = true;       // ps_transport: tcp (true) or zmq
+  uint16_t stream_port = 0;  // ps_stream_port (shards): 0, any free port
 
-  // Reads ps_shm, ps_shm_bytes (within [4096, 1 GiB]) and partition_bytes
-  // (within [4, 1 GiB]).
+  // Reads ps_shm, ps_shm_bytes (within [4096, 1 GiB]), partition_bytes
+  // (within [4, 1 GiB]), ps_transport (tcp or zmq) and ps_stream_port.
   static StatusOr<PsLinkOptions> FromConfig(const Config& config);
 };
 
@@ -36,9 +53,42 @@ struct PsLinkOptions {
 // (the assignment's nodes): for a worker, the shards of its machine (written
 // to by their data endpoints); for a shard, the PS clients of its machine's
 // workers (answered by identity). Empty when disabled or none shares it.
+// `streams`: the worker reaches the shards at their stream endpoints
+// (PsShardEndpoint).
 wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t job_id,
                                         const wire::NodeInfo& self,
-                                        const std::vector<wire::NodeInfo>& peers);
+                                        const std::vector<wire::NodeInfo>& peers,
+                                        bool streams = false);
+
+// Where a worker reaches `shard`: its stream endpoint with `streams`, its
+// data endpoint otherwise.
+std::string PsShardEndpoint(const wire::NodeInfo& shard, bool streams);
+
+// Whether a worker reaches its shards over TCP streams: ps_transport=tcp,
+// every shard among `peers` announced a stream port, and the worker runs
+// without CURVE (`curve`) or can seal (`can_seal`: bulk_encryption and node
+// keys). Otherwise over ZeroMQ (CurveZMQ with CURVE).
+bool PsWorkerUsesStreams(const PsLinkOptions& options, const std::vector<wire::NodeInfo>& peers,
+                         bool curve, bool can_seal);
+
+// The identities a shard's stream listener takes in membership epoch
+// `epoch` (with their lanes): the PS clients of the workers among `peers`.
+std::vector<std::string> PsClientIdentities(const std::vector<wire::NodeInfo>& peers,
+                                            uint32_t epoch);
+
+// The stream options of either side (sizes: a partition's push or answer).
+wire::TcpStreamOptions PsStreamOptions(const PsLinkOptions& options);
+
+// A shard's stream listener on `host` at options.stream_port (0: any free
+// port), sealed with `keys` (CURVE with bulk_encryption); null where the
+// shard takes no streams (ps_transport=zmq, or CURVE without
+// bulk_encryption: `curve` set and `keys` null). It takes nobody until
+// SetAccept names the job and its workers' PS clients (with their lanes).
+// The port it listens on in *port.
+StatusOr<std::unique_ptr<wire::TcpStreamTransport>> ListenPsStreams(
+    const PsLinkOptions& options, const std::string& host, bool curve,
+    std::shared_ptr<const wire::NodeKeys> keys, wire::BulkCipherEngine cipher,
+    std::shared_ptr<wire::TransportRefusals> refusals, uint16_t* port);
 
 }  // namespace gradsync::cluster
 

@@ -167,6 +167,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   node.info.identity = r.identity() ? r.identity()->str() : "";
   node.info.boot_id = r.boot_id() ? r.boot_id()->str() : "";
   node.info.public_key = key;
+  node.info.stream_port = r.stream_port();
   node.pid = r.pid();
   node.pid_ns = r.pid_ns() ? r.pid_ns()->str() : "";
   node.last_seen = clock_->Now();

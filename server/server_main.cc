@@ -32,6 +32,7 @@
 #include "ps/ps_shard.h"
 #include "scheduler/scheduler.h"
 #include "wire/same_host_transport.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/zmq_transport.h"
 
 extern char** environ;
@@ -114,7 +115,8 @@ std::vector<std::string> PsWorkerIdentities(const cluster::Assignment& a) {
 }
 
 // Starts the shard on `transport` (the node's data transport, or one over
-// it); workers the scheduler declares dead stop holding rounds back.
+// it) and the node's stream listener; workers the scheduler declares dead
+// stop holding rounds back.
 StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transport* transport,
                                               PsShardOptions options) {
   options.rules.num_workers = node.agent->assignment().num_workers;
@@ -122,7 +124,7 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
   options.rules.num_shards = node.agent->assignment().num_servers;
   options.rules.worker_identities = PsWorkerIdentities(node.agent->assignment());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> started,
-                      PsShard::Start(transport, options, node.agent->sender()));
+                      PsShard::Start(transport, options, node.agent->sender(), node.streams.get()));
   std::shared_ptr<PsShard> shard = std::move(started);
   std::weak_ptr<PsShard> weak = shard;
   node.agent->OnPeerDead([weak](const wire::NodeInfo& dead, const std::string&) {
@@ -133,9 +135,13 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
     if (dead.role == wire::Role::Worker) shard->WorkerDied(dead.rank);
   }
   // Elastic jobs: each membership epoch's workers, re-ranked.
-  auto start_epoch = [weak](const cluster::Assignment& next) {
+  wire::TcpStreamTransport* streams = node.streams.get();  // outlives the shard
+  auto start_epoch = [weak, streams](const cluster::Assignment& next) {
     auto s = weak.lock();
     if (!s || next.epoch == 0) return;
+    if (streams != nullptr) {
+      streams->SetAccept(next.job_id, cluster::PsClientIdentities(next.peers, next.epoch));
+    }
     s->StartEpoch(next.epoch, next.num_workers, PsWorkerIdentities(next));
   };
   node.agent->OnNewEpoch(start_epoch);

@@ -33,7 +33,8 @@ Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type, Offset<
 Offset<NodeAddress> BuildAddress(FlatBufferBuilder& fbb, const NodeInfo& n) {
   return CreateNodeAddress(fbb, n.role, n.rank, fbb.CreateString(n.host), n.data_port,
                            n.metrics_port, fbb.CreateString(n.identity),
-                           fbb.CreateString(n.boot_id), fbb.CreateString(n.public_key));
+                           fbb.CreateString(n.boot_id), fbb.CreateString(n.public_key),
+                           n.stream_port);
 }
 
 uint64_t TotalBytes(const std::vector<Payload>& payloads) {
@@ -67,6 +68,10 @@ std::string NodeInfo::Name() const {
 
 std::string NodeInfo::DataEndpoint() const {
   return "tcp://" + host + ":" + std::to_string(data_port);
+}
+
+std::string NodeInfo::StreamEndpoint() const {
+  return stream_port == 0 ? "" : "tcp://" + host + ":" + std::to_string(stream_port);
 }
 
 Body ExpectedBody(MsgType type) {
@@ -144,7 +149,7 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
                                  fbb.CreateString(me.host), me.data_port, me.metrics_port, pid,
                                  num_workers, num_servers, fbb.CreateString(me.identity),
                                  fbb.CreateString(me.boot_id), fbb.CreateString(me.public_key),
-                                 pid_ns.empty() ? 0 : fbb.CreateString(pid_ns));
+                                 pid_ns.empty() ? 0 : fbb.CreateString(pid_ns), me.stream_port);
   return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
 }
 
@@ -311,6 +316,7 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   n.identity = a.identity() ? a.identity()->str() : "";
   n.boot_id = a.boot_id() ? a.boot_id()->str() : "";
   n.public_key = a.public_key() ? a.public_key()->str() : "";
+  n.stream_port = a.stream_port();
   return n;
 }
 

@@ -64,6 +64,9 @@ struct NodeInfo {
   // Its own CURVE public key (40 Z85 characters; "" without CURVE): its
   // data port serves with it and peers admit it by it (docs/security.md).
   std::string public_key;
+  // A shard's TCP stream port (0: none): workers of other hosts push and
+  // pull there (docs/design/tcp_streams.md#parameter-server).
+  uint16_t stream_port = 0;
 
   // Whether `other` runs on the same machine: the same host address and
   // the same, known, boot id.
@@ -75,6 +78,8 @@ struct NodeInfo {
   std::string Name() const;
   // "tcp://host:data_port".
   std::string DataEndpoint() const;
+  // "tcp://host:stream_port"; "" without a stream port.
+  std::string StreamEndpoint() const;
 };
 
 // Fields of Push / Pull / Reply / Ack (see DataBody in gradsync.fbs).

@@ -31,6 +31,7 @@ NodeInfo Node(Role role, int32_t rank, const std::string& host, uint16_t data_po
   n.metrics_port = metrics_port;
   n.identity = "id-" + host;
   n.boot_id = "boot-" + host.substr(0, 1);
+  n.stream_port = static_cast<uint16_t>(data_port == 0 ? 0 : data_port + 100);
   return n;
 }
 
@@ -67,6 +68,10 @@ void ExpectAddress(const NodeAddress* a, const NodeInfo& want) {
   EXPECT_EQ(got.metrics_port, want.metrics_port);
   EXPECT_EQ(got.identity, want.identity);
   EXPECT_EQ(got.boot_id, want.boot_id);
+  EXPECT_EQ(got.stream_port, want.stream_port);
+  EXPECT_EQ(
+      got.StreamEndpoint(),
+      want.stream_port == 0 ? "" : "tcp://" + want.host + ":" + std::to_string(want.stream_port));
 }
 
 TEST(MessageTest, RegisterRoundTrip) {
@@ -89,6 +94,7 @@ TEST(MessageTest, RegisterRoundTrip) {
   EXPECT_EQ(b->num_servers(), 3);
   EXPECT_EQ(b->identity()->str(), "id-host-a");
   EXPECT_EQ(b->boot_id()->str(), "boot-h");
+  EXPECT_EQ(b->stream_port(), 5102);
   EXPECT_TRUE(msg.payloads.empty());
 }
 

@@ -28,6 +28,7 @@ void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
     if (!binary || p.identity.empty()) continue;
     identities[*binary] = p.identity;
     keys[p.DataEndpoint()] = p.public_key;
+    if (p.stream_port != 0) keys[p.StreamEndpoint()] = p.public_key;
     by_identity[p.identity] = p.public_key;
   }
   std::lock_guard<std::mutex> lock(mu_);

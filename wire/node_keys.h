@@ -45,7 +45,7 @@ class NodeKeys {
   // key is not one of the plan's.
   std::optional<std::string> IdentityOf(const uint8_t* key) const;
   // The public key (Z85) of the plan's node at `endpoint` (NodeInfo::
-  // DataEndpoint, or one added by AddEndpoint); nullopt for an endpoint
+  // DataEndpoint or StreamEndpoint, or one added by AddEndpoint); nullopt for an endpoint
   // outside the plan.
   std::optional<std::string> ServerKeyAt(const std::string& endpoint) const;
   // The node `identity` also serves `endpoint` (a ring lane's, announced by

@@ -276,6 +276,29 @@ TEST(NodeKeyFileTest, AShardsKeyIsKeptPrivateAndLoadedAgain) {
   EXPECT_NE(worker->public_z85, first->public_z85);
 }
 
+TEST(NodeKeyPlanTest, AShardsStreamEndpointIsServedUnderItsKey) {
+  NodeKeys keys(*GenerateCurveKey(), *GenerateCurveKey());
+  const CurveKey shard = *GenerateCurveKey(), worker = *GenerateCurveKey();
+  NodeInfo s;
+  s.role = Role::Server;
+  s.rank = 0;
+  s.host = "10.0.0.2";
+  s.data_port = 7000;
+  s.stream_port = 7100;
+  s.identity = "shard-0";
+  s.public_key = shard.public_z85;
+  NodeInfo w = s;
+  w.role = Role::Worker;
+  w.stream_port = 0;
+  w.data_port = 7200;
+  w.identity = "worker-0";
+  w.public_key = worker.public_z85;
+  keys.SetPlan({s, w});
+  EXPECT_EQ(keys.ServerKeyAt("tcp://10.0.0.2:7100"), std::optional<std::string>(shard.public_z85));
+  EXPECT_EQ(keys.ServerKeyAt("tcp://10.0.0.2:7000"), std::optional<std::string>(shard.public_z85));
+  EXPECT_EQ(keys.ServerKeyAt("tcp://10.0.0.2:0"), std::nullopt);  // no stream port: none
+}
+
 TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   const std::string id = RoutingIdFor("node-1/ps");
   EXPECT_NE(id, RoutingIdFor("node-1/ps"));

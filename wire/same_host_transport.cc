@@ -140,16 +140,21 @@ StatusOr<ConnId> SameHostTransport::Connect(const std::string& endpoint) {
 }
 
 StatusOr<ConnId> SameHostTransport::ConnectLane(const std::string& endpoint, int lane) {
+  if (lane == 0) return Connect(endpoint);
+  GS_ASSIGN_OR_RETURN(ConnId id, inner_->ConnectLane(endpoint, lane));
   for (auto& out : outs_) {
-    // A shared-memory link is one: its peer's lanes are the link.
-    if (out->peer.endpoint == endpoint) return Connect(endpoint);
+    // A shared-memory link is one: its peer's lanes are the link, and each
+    // lane's own connection carries that lane once the link is given up.
+    if (out->peer.endpoint != endpoint) continue;
+    out->lanes[lane].store(id);
+    break;
   }
-  return inner_->ConnectLane(endpoint, lane);
+  return id;
 }
 
 SameHostTransport::Out* SameHostTransport::OutFor(const Route& to) {
   for (auto& out : outs_) {
-    if (to.kind == Route::Kind::kConnection ? out->conn.load() == to.conn
+    if (to.kind == Route::Kind::kConnection ? out->Owns(to.conn)
                                             : out->peer.identity == to.identity) {
       return out.get();
     }

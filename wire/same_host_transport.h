@@ -113,7 +113,9 @@ class SameHostTransport : public Transport {
     return inner_->Listen(endpoint);
   }
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
-  // Lanes go to the inner transport, but for a peer over shared memory.
+  // A lane to a peer over shared memory takes the link while it is open,
+  // and the lane's own connection of the inner transport once it is given
+  // up; other lanes go to the inner transport.
   StatusOr<ConnId> ConnectLane(const std::string& endpoint, int lane) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
   void Post(const Route& to, Message message, Deadline deadline,

@@ -37,9 +37,23 @@ inline size_t PaddingBefore(uint64_t at, size_t size, size_t capacity) {
 }
 
 struct SameHostTransport::Out {
-  explicit Out(SameHostPeer p) : peer(std::move(p)) {}
+  explicit Out(SameHostPeer p) : peer(std::move(p)) {
+    for (auto& l : lanes) l.store(-1);
+  }
   const SameHostPeer peer;
   std::atomic<ConnId> conn{-1};  // set by Connect(peer.endpoint)
+  // Set by ConnectLane(peer.endpoint, k): the inner transport's connection
+  // of lane k, which carries that lane's messages once the link is given up.
+  std::atomic<ConnId> lanes[kMaxLanes];
+  // Whether `id` is this peer's: its connection or one of its lanes.
+  bool Owns(ConnId id) const {
+    if (id < 0) return false;
+    if (conn.load() == id) return true;
+    for (const auto& l : lanes) {
+      if (l.load() == id) return true;
+    }
+    return false;
+  }
   std::mutex mu;
   enum class State { kUntried, kOpen, kGone };
   State state = State::kUntried;  // guarded by mu

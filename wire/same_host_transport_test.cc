@@ -285,6 +285,43 @@ TEST(SameHostTransportTest, AfterItsReaderIsGoneAPeerIsSentToThroughTheNetwork) 
   ExpectSame(second->message, {60}, 2);
 }
 
+// A peer's lanes (a PS client's ps_lanes) take its link while it is open,
+// and each lane's own inner connection (its lane identity) once the link is
+// given up: never a second connection under the peer's one identity.
+TEST(SameHostTransportTest, APeersLanesTakeItsLinkThenEachItsOwnConnection) {
+  Pair p(4096);
+  auto lane1 = p.a->ConnectLane("inproc://b", 1);
+  auto lane2 = p.a->ConnectLane("inproc://b", 2);
+  ASSERT_TRUE(lane1.ok() && lane2.ok());
+  EXPECT_NE(*lane1, p.a_to_b);
+  EXPECT_NE(*lane1, *lane2);
+  uint8_t seed = 0;
+  for (ConnId c : {p.a_to_b, *lane1, *lane2}) {
+    ASSERT_TRUE(
+        p.a->Send(Route::Connection(c), WithPayloads({50}, seed), Deadline::AfterMs(1000)).ok());
+    ++seed;
+  }
+  for (uint8_t i = 0; i < seed; ++i) {
+    auto in = p.b->Receive(Deadline::AfterMs(3000));
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_EQ(in->from.identity, "worker-a");  // all through the link
+    ExpectSame(in->message, {50}, i);
+  }
+  EXPECT_EQ(p.b_inner->Receive(Deadline::AfterMs(50)).status().code(),
+            StatusCode::kDeadlineExceeded)
+      << "nothing went over the inner transport";
+  p.b->Shutdown();
+  for (ConnId c : {*lane1, *lane2}) {
+    ASSERT_TRUE(
+        p.a->Send(Route::Connection(c), WithPayloads({60}, seed), Deadline::AfterMs(1000)).ok());
+    auto in = p.b_inner->Receive(Deadline::AfterMs(3000));
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_EQ(in->from.identity, LaneIdentity("worker-a", c == *lane1 ? 1 : 2));
+    ExpectSame(in->message, {60}, seed);
+    ++seed;
+  }
+}
+
 // With per-node CURVE keys a message to a peer that is not connected waits
 // in the network transport for the connection (until its deadline). A Post
 // to a peer whose link reader is gone falls back to the network and must

@@ -57,7 +57,13 @@ enum Answer : uint32_t {
   kNeedsSealed = 6,  // a plain hello to a sealed acceptor
   kNeedsPlain = 7,   // a sealed hello to a plain acceptor
   kProve = 8,        // sealed: the acceptor's fresh key follows; prove the node key
+  kNotReady = 9,     // the acceptor does not know its job and peers yet
 };
+
+// Verdicts the connector waits out (connecting again until its deadline):
+// the acceptor not knowing its job yet, and an old connection under the
+// same identity that it has not yet seen break.
+bool Passing(uint32_t verdict) { return verdict == kNotReady || verdict == kAlreadyConnected; }
 
 const char* AnswerText(uint32_t a) {
   switch (a) {
@@ -75,6 +81,8 @@ const char* AnswerText(uint32_t a) {
       return "it takes only sealed connections (its job runs CURVE)";
     case kNeedsPlain:
       return "it takes only plain connections (its job runs without CURVE)";
+    case kNotReady:
+      return "it does not take connections yet (it has not joined its job)";
     default:
       return "unknown answer";
   }
@@ -294,7 +302,8 @@ struct TcpStreamTransport::Pending {
 };
 
 struct TcpStreamTransport::Conn {
-  Conn(bool out, ConnId i, std::string e) : outgoing(out), id(i), endpoint(std::move(e)) {}
+  Conn(bool out, ConnId i, std::string e, std::string says = "")
+      : outgoing(out), id(i), endpoint(std::move(e)), says(std::move(says)) {}
   ~Conn() {
     const int f = fd.load();
     if (f >= 0) close(f);
@@ -302,10 +311,13 @@ struct TcpStreamTransport::Conn {
   const bool outgoing;
   const ConnId id;             // outgoing: Connect's handle
   const std::string endpoint;  // outgoing: where it connects
+  const std::string says;      // outgoing: the identity its hello presents
   std::string peer;            // inbound: the identity of its hello, once taken
   std::atomic<int> fd{-1};     // set once; closed by the destructor only
   std::atomic<bool> open{false};
   std::atomic<bool> broken{false};
+  bool connecting = false;   // outgoing: a connector thread opens it; guarded by mu
+  std::string not_open_why;  // why it is not open yet, while connecting; guarded by mu
 
   // Writing, guarded by mu.
   std::mutex mu;
@@ -380,6 +392,11 @@ void TcpStreamTransport::Shutdown() {
   Wake();
   if (writer_.joinable()) writer_.join();
   if (acceptor_.joinable()) acceptor_.join();
+  {
+    std::lock_guard<std::mutex> lock(connectors_mu_);
+    for (Connector& c : connectors_) c.thread.join();  // Open sees stop_
+    connectors_.clear();
+  }
   std::vector<std::shared_ptr<Conn>> all;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -446,12 +463,46 @@ StatusOr<std::string> TcpStreamTransport::Listen(const std::string& endpoint) {
 }
 
 StatusOr<ConnId> TcpStreamTransport::Connect(const std::string& endpoint) {
+  return ConnectLane(endpoint, 0);
+}
+
+StatusOr<ConnId> TcpStreamTransport::ConnectLane(const std::string& endpoint, int lane) {
+  if (lane < 0 || lane >= kMaxLanes) {
+    return InvalidArgumentError("lane " + std::to_string(lane) + " is not in [0, " +
+                                std::to_string(kMaxLanes) + ")");
+  }
   std::string host, port;
   GS_RETURN_IF_ERROR(SplitEndpoint(endpoint, &host, &port));
+  std::string says = lane == 0 ? options_.identity : LaneIdentity(options_.identity, lane);
+  if (says.size() > kMaxIdentity) {
+    return InvalidArgumentError("the identity '" + says + "' is longer than " +
+                                std::to_string(kMaxIdentity) + " bytes");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const ConnId id = static_cast<ConnId>(outgoing_.size());
-  outgoing_.push_back(std::make_shared<Conn>(true, id, endpoint));
+  outgoing_.push_back(std::make_shared<Conn>(true, id, endpoint, std::move(says)));
   return id;
+}
+
+void TcpStreamTransport::SetAccept(uint64_t job_id, std::vector<std::string> identities) {
+  std::lock_guard<std::mutex> lock(accept_mu_);
+  options_.job_id = job_id;
+  options_.accept = std::move(identities);
+  accept_set_ = true;
+}
+
+uint64_t TcpStreamTransport::JobId() {
+  std::lock_guard<std::mutex> lock(accept_mu_);
+  return options_.job_id;
+}
+
+bool TcpStreamTransport::Accepts(const std::string& identity) {
+  std::lock_guard<std::mutex> lock(accept_mu_);
+  const auto listed = [&](const std::string& id) {
+    return std::find(options_.accept.begin(), options_.accept.end(), id) != options_.accept.end();
+  };
+  return listed(identity) ||
+         (options_.accept_lanes && LaneOf(identity) != 0 && listed(LaneBase(identity)));
 }
 
 std::shared_ptr<TcpStreamTransport::Conn> TcpStreamTransport::ConnFor(const Route& to) {
@@ -460,7 +511,7 @@ std::shared_ptr<TcpStreamTransport::Conn> TcpStreamTransport::ConnFor(const Rout
     if (to.conn < 0 || static_cast<size_t>(to.conn) >= outgoing_.size()) return nullptr;
     std::shared_ptr<Conn>& c = outgoing_[static_cast<size_t>(to.conn)];
     // A connection that broke is made again for the next message.
-    if (c->broken.load()) c = std::make_shared<Conn>(true, c->id, c->endpoint);
+    if (c->broken.load()) c = std::make_shared<Conn>(true, c->id, c->endpoint, c->says);
     return c;
   }
   for (const auto& c : inbound_) {
@@ -633,13 +684,14 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
     }
   }
   const FreshKey fresh;
+  const uint64_t job = JobId();
   uint8_t hello[kHelloFixed + kMaxIdentity + 2 * kKeyBytes];
-  const size_t id = options_.identity.size();
+  const size_t id = c.says.size();
   Put32(hello, kHelloMagic);
   Put32(hello + 4, keys != nullptr ? kSealedVersion : kVersion);
-  Put64(hello + 8, options_.job_id);
+  Put64(hello + 8, job);
   Put32(hello + 16, static_cast<uint32_t>(id));
-  std::memcpy(hello + kHelloFixed, options_.identity.data(), id);
+  std::memcpy(hello + kHelloFixed, c.says.data(), id);
   size_t n = kHelloFixed + id;
   if (keys != nullptr) {
     std::memcpy(hello + n, own_public_.data(), kKeyBytes);
@@ -652,6 +704,9 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
   const uint32_t verdict = Get32(answer + 4);
   if (Get32(answer) != kAnswerMagic) {
     return FailedPreconditionError(what + " does not speak this protocol");
+  }
+  if (Passing(verdict)) {
+    return UnavailableError(what + " refused this connection for now: " + AnswerText(verdict));
   }
   if (verdict != (keys != nullptr ? kProve : kTaken)) {
     return FailedPreconditionError(
@@ -666,8 +721,8 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
       DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), fresh.secret,
                  reinterpret_cast<const uint8_t*>(server->data()), theirs,
                  reinterpret_cast<const uint8_t*>(own_public_.data()),
-                 reinterpret_cast<const uint8_t*>(server->data()), fresh.pub, theirs,
-                 options_.job_id, options_.identity, options_.cipher);
+                 reinterpret_cast<const uint8_t*>(server->data()), fresh.pub, theirs, job, c.says,
+                 options_.cipher);
   if (!k) return FailedPreconditionError(what + " answered with a key that makes no secret");
   uint8_t proof[kProofBytes];
   SealWord(*k->to_acceptor, kProofWord, proof);
@@ -686,6 +741,9 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
     return FailedPreconditionError(what + " did not prove that it holds the key of " + c.endpoint +
                                    "'s node");
   }
+  if (Passing(*taken)) {
+    return UnavailableError(what + " refused this connection for now: " + AnswerText(*taken));
+  }
   if (*taken != kTaken) {
     return FailedPreconditionError(what + " refused this connection: " + AnswerText(*taken));
   }
@@ -698,6 +756,7 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
   std::vector<sockaddr_storage> storage;
   GS_ASSIGN_OR_RETURN(std::vector<addrinfo> addrs, Resolve(c.endpoint, false, &storage));
   std::string error = "no attempt";
+  std::string answered;  // the last verdict waited out
   for (size_t attempt = 0;; ++attempt) {
     if (stop_.load()) return CancelledError("the transport was shut down");
     const addrinfo& a = addrs[attempt % addrs.size()];
@@ -718,9 +777,19 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
     if (rc == 0) {
       SetNoDelay(fd);
       Status s = Hello(c, fd, deadline.Min(Deadline::After(options_.hello_wait)));
-      if (!s.ok()) {
+      if (!s.ok() && (s.code() != StatusCode::kUnavailable || deadline.Expired())) {
         close(fd);
         return s;
+      }
+      if (!s.ok()) {  // a verdict to wait out, or the peer went away mid-hello
+        close(fd);
+        answered = s.message();
+        {
+          std::lock_guard<std::mutex> lock(c.mu);
+          c.not_open_why = answered;
+        }
+        std::this_thread::sleep_for(std::min<Millis>(kConnectRetry, deadline.Remaining()));
+        continue;
       }
       c.fd.store(fd);
       c.open.store(true);
@@ -731,7 +800,36 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
     if (deadline.Expired()) break;
     std::this_thread::sleep_for(std::min<Millis>(kConnectRetry, deadline.Remaining()));
   }
-  return DeadlineExceededError("cannot connect to " + c.endpoint + ": " + error);
+  return DeadlineExceededError("cannot connect to " + c.endpoint + ": " + error +
+                               (answered.empty() ? "" : " (before: " + answered + ")"));
+}
+
+void TcpStreamTransport::StartConnector(const std::shared_ptr<Conn>& c, Deadline by) {
+  std::lock_guard<std::mutex> lock(connectors_mu_);
+  for (auto it = connectors_.begin(); it != connectors_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = connectors_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([this, c, by, done] {
+    const Status s = Open(*c, by);
+    std::deque<Pending> failed;
+    {
+      std::lock_guard<std::mutex> conn(c->mu);
+      c->connecting = false;
+      if (!s.ok()) Break(*c, &failed);
+    }
+    for (Pending& f : failed) {
+      if (f.done_cb) f.done_cb(s);
+    }
+    done->store(true);
+    Wake();  // the writer writes what waited for the connection
+  });
+  connectors_.push_back(Connector{std::move(t), std::move(done)});
 }
 
 void TcpStreamTransport::WriterLoop() {
@@ -750,28 +848,25 @@ void TcpStreamTransport::WriterLoop() {
       if (c->queue.empty()) continue;
       std::deque<Pending> failed;
       Status why;
-      if (c->outgoing && !c->open.load() && !c->broken.load()) {
-        const Deadline by = c->queue.front().deadline;
-        lock.unlock();
-        Status s = Open(*c, by);
-        lock.lock();
-        if (!s.ok()) {
-          why = s;
-          Break(*c, &failed);
-        }
+      const bool closed = c->outgoing && !c->open.load() && !c->broken.load();
+      if (closed && !c->connecting) {
+        c->connecting = true;
+        StartConnector(c, c->queue.front().deadline);
       }
       // Messages not begun whose deadline passed, wherever they wait.
       for (auto it = c->queue.begin(); it != c->queue.end();) {
         if (it->done == 0 && it->deadline.Expired()) {
+          const std::string why =
+              c->connecting && !c->not_open_why.empty() ? " (" + c->not_open_why + ")" : "";
           done.emplace_back(std::move(it->done_cb),
-                            DeadlineExceededError("sending to " + c->Name() + " timed out"));
+                            DeadlineExceededError("sending to " + c->Name() + " timed out" + why));
           it = c->queue.erase(it);
         } else {
           next = next.Min(it->deadline);
           ++it;
         }
       }
-      while (why.ok() && !c->queue.empty()) {
+      while (!closed && why.ok() && !c->queue.empty()) {
         Pending& p = c->queue.front();
         Status s = WriteSome(*c, p);
         if (s.ok() && p.done == p.total) {
@@ -887,6 +982,13 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   if (got == Got::kMore) return true;
   const uint32_t version = Get32(c->hello + 4);
   uint32_t answer = kTaken;
+  bool ready = false;
+  uint64_t job = 0;
+  {
+    std::lock_guard<std::mutex> lock(accept_mu_);
+    ready = !options_.accept.empty() || accept_set_;
+    job = options_.job_id;
+  }
   std::string identity;
   std::optional<std::string> bound;  // sealed: the identity the plan binds the node key to
   const uint8_t* node = c->hello + kHelloFixed + Get32(c->hello + 16);
@@ -898,10 +1000,11 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   } else {
     identity.assign(reinterpret_cast<const char*>(c->hello + kHelloFixed), Get32(c->hello + 16));
     if (sealing) bound = options_.node_keys->IdentityOf(node);
-    if (Get64(c->hello + 8) != options_.job_id) {
+    if (!ready) {
+      answer = kNotReady;
+    } else if (Get64(c->hello + 8) != job) {
       answer = kOtherJob;
-    } else if (std::find(options_.accept.begin(), options_.accept.end(), identity) ==
-               options_.accept.end()) {
+    } else if (!Accepts(identity)) {
       answer = kStranger;
     } else if (sealing && (!bound || !IdentityMatchesKey(identity, *bound))) {
       answer = kWrongKey;
@@ -916,7 +1019,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     if (!own_secret_.empty()) {
       k = DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), mine.secret, node, fresh,
                      node, reinterpret_cast<const uint8_t*>(own_public_.data()), fresh, mine.pub,
-                     options_.job_id, identity, options_.cipher);
+                     job, identity, options_.cipher);
     }
     if (!k) {
       answer = kBadHello;  // a fresh key of low order
@@ -940,6 +1043,11 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     Put32(reply + 4, answer);
     (void)!send(fd, reply, reply_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (answer == kProve) return true;
+  }
+  if (answer == kNotReady) {
+    // Not a refusal of the peer: it connects again (counted here only).
+    refused_.fetch_add(1);
+    return false;
   }
   if (answer != kTaken) Refused(std::string("refused a connection: ") + AnswerText(answer));
   return false;
@@ -1170,7 +1278,7 @@ StatusOr<Incoming> TcpStreamTransport::Receive(Deadline deadline) {
 }
 
 Status TcpStreamTransport::Probe(const std::string& endpoint, Deadline deadline) {
-  Conn c(true, -1, endpoint);
+  Conn c(true, -1, endpoint, options_.identity);
   return Open(c, deadline);
 }
 

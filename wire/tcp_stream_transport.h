@@ -7,10 +7,12 @@
 // reads the message into its buffers on the receiver's thread.
 //
 // Connections:
-//   - Connect(endpoint) returns at once; a writer thread opens the TCP
-//     connection when the first message is queued (retrying a refused
-//     connect until that message's deadline), sends the hello (job id and
-//     this transport's identity) and waits for the peer's answer. A
+//   - Connect(endpoint) returns at once; a thread of the connection's own
+//     opens it when the first message is queued (retrying a refused connect
+//     until that message's deadline), so that a peer that does not answer
+//     holds back no other, sends the hello (job id and this transport's
+//     identity) and waits for the peer's answer. "Not yet" and "connected
+//     already" are waited out the same way (SetAccept); any other
 //     refusal fails every queued message with FailedPrecondition naming
 //     the endpoint and the reason; a connection that breaks fails them
 //     with Unavailable, and the next message connects again.
@@ -87,6 +89,9 @@ struct TcpStreamOptions {
   uint64_t job_id = 0;
   std::string identity;             // presented in the hello; random when empty
   std::vector<std::string> accept;  // identities whose connections are taken
+  // Also take the lanes (LaneIdentity) of an identity in `accept`, each a
+  // connection of its own.
+  bool accept_lanes = false;
   // Frames a message may have, the header included, each way (at most 65,
   // the header and Limits::max_payload_frames): a longer one is refused.
   size_t max_frames = 8;
@@ -115,6 +120,9 @@ class TcpStreamTransport : public Transport {
   const std::string& identity() const override { return options_.identity; }
   StatusOr<std::string> Listen(const std::string& endpoint) override;
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
+  // A further connection to `endpoint` whose hello presents
+  // LaneIdentity(identity(), lane) (lane 0: Connect's identity).
+  StatusOr<ConnId> ConnectLane(const std::string& endpoint, int lane) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
   void Post(const Route& to, Message message, Deadline deadline,
             std::function<void(const Status&)> done) override;
@@ -123,8 +131,18 @@ class TcpStreamTransport : public Transport {
   Status Probe(const std::string& endpoint, Deadline deadline) override;
   void Shutdown() override;
 
+  // Replaces the job and the identities whose connections are taken
+  // (`job_id`, `accept`): a shard listens before it knows its job, and its
+  // workers change with the membership epoch. Connections already taken
+  // stay. Constructed with an empty `accept`, the transport answers every
+  // hello "not yet" until this is called, and connectors try again until
+  // their deadline (as they do while another connection under their
+  // identity is still taken).
+  void SetAccept(uint64_t job_id, std::vector<std::string> identities);
+
   // Connections closed unread or refused: bad hellos, strangers, other
-  // jobs, broken framing, past max_pending.
+  // jobs, broken framing, past max_pending; and those told "not yet"
+  // (SetAccept), which alone are not counted in options.refusals.
   uint64_t refused() const { return refused_.load(); }
   // Whether its connections are sealed (it has node keys).
   bool sealed() const { return options_.node_keys != nullptr; }
@@ -133,13 +151,20 @@ class TcpStreamTransport : public Transport {
   struct Pending;
   struct Conn;
 
+  // Whether a hello under `identity` may be taken (`accept`, `accept_lanes`).
+  bool Accepts(const std::string& identity);
+  // The job this transport's connections are of (options_.job_id).
+  uint64_t JobId();
   // The connection `to` goes over, or null.
   std::shared_ptr<Conn> ConnFor(const Route& to);
   // Sends or queues; `done` gets the outcome, maybe before this returns.
   void Deliver(const Route& to, Message message, Deadline deadline,
                std::function<void(const Status&)> done);
   void WriterLoop();
-  // Connects `c`, says hello and takes the answer (the writer thread,
+  // Opens `c` on a thread of its own (connecting at most until `by`), then
+  // wakes the writer; on failure fails its queue. Requires c.mu.
+  void StartConnector(const std::shared_ptr<Conn>& c, Deadline by);
+  // Connects `c`, says hello and takes the answer (a connector thread,
   // without c.mu; Probe).
   Status Open(Conn& c, Deadline deadline);
   // Says hello on `fd` (connected to c.endpoint) and takes the answer; on a
@@ -194,6 +219,8 @@ class TcpStreamTransport : public Transport {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> refusals_logged_{0};
 
+  std::mutex accept_mu_;                         // options_.accept and job_id, once listening
+  bool accept_set_ = false;                      // guarded by accept_mu_
   std::mutex mu_;                                // the connection lists
   std::vector<std::shared_ptr<Conn>> outgoing_;  // by ConnId
   std::vector<std::shared_ptr<Conn>> inbound_;   // said hello and were taken
@@ -205,6 +232,14 @@ class TcpStreamTransport : public Transport {
 
   std::thread writer_;
   std::thread acceptor_;
+  // Connections being opened, a thread each, so that one peer that does not
+  // answer holds back no other; joined once done (or at Shutdown).
+  struct Connector {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::mutex connectors_mu_;
+  std::vector<Connector> connectors_;
 };
 
 }  // namespace gradsync::wire

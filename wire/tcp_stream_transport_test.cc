@@ -130,11 +130,12 @@ void WaitRefused(TcpStreamTransport& t, uint64_t n) {
   EXPECT_GE(t.refused(), n);
 }
 
-// `sender` connects to `endpoint` and sends one message while `acceptor`
-// receives until it has refused `refusals` connections; the send's outcome.
+// `sender` connects to `endpoint` (in `lane`) and sends one message while
+// `acceptor` receives until it has refused `refusals` connections; the
+// send's outcome.
 Status SendRefused(TcpStreamTransport& sender, const std::string& endpoint,
-                   TcpStreamTransport& acceptor, uint64_t refusals) {
-  auto conn = sender.Connect(endpoint);
+                   TcpStreamTransport& acceptor, uint64_t refusals, int lane = 0) {
+  auto conn = sender.ConnectLane(endpoint, lane);
   if (!conn.ok()) return conn.status();
   std::thread reader([&] { WaitRefused(acceptor, refusals); });
   Status s =
@@ -247,15 +248,138 @@ TEST(TcpStreamTransport, StrangersOtherJobsAndDuplicatesAreRefusedWithTheReason)
   auto got = right.t.Receive(Deadline::After(Millis(20000)));
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSame(m, got->message);
+  // The twin is told so, and waits it out (the taken one may be an old
+  // connection that broke) until its deadline.
   TcpStreamTransport twin(Options("left", {}));
-  s = SendRefused(twin, right.endpoint, right.t, 3);
-  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  auto tc = twin.Connect(right.endpoint);
+  ASSERT_TRUE(tc.ok());
+  std::thread reader([&] { WaitRefused(right.t, 3); });
+  s = twin.Send(Route::Connection(*tc), WithPayloads({8}, 1), Deadline::After(Millis(1500)));
+  reader.join();
+  EXPECT_EQ(StatusCode::kDeadlineExceeded, s.code()) << s.ToString();
   EXPECT_NE(std::string::npos, s.message().find("connected already")) << s.ToString();
   // The first is still served.
   ASSERT_TRUE(left.Send(Route::Connection(*c3), m, Deadline::After(Millis(20000))).ok());
   got = right.t.Receive(Deadline::After(Millis(20000)));
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ("left", got->from.identity);
+}
+
+// A shard's listener: lanes of an accepted identity are taken, each its own
+// connection answered on itself; SetAccept changes who is taken (a new
+// membership epoch) and keeps the connections already taken.
+TEST(TcpStreamTransport, LanesOfAnAcceptedIdentityAndANewAcceptListAreTaken) {
+  TcpStreamOptions o = Options("shard", {"w0/ps"});
+  o.accept_lanes = true;
+  Listener shard(o);
+  TcpStreamTransport worker(Options("w0/ps", {}));
+  std::vector<ConnId> lanes;
+  for (int lane = 0; lane < 3; ++lane) {
+    auto c = worker.ConnectLane(shard.endpoint, lane);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    lanes.push_back(*c);
+  }
+  EXPECT_EQ(StatusCode::kInvalidArgument, worker.ConnectLane(shard.endpoint, 16).status().code());
+  for (int lane = 0; lane < 3; ++lane) {
+    Message m = WithPayloads({256}, static_cast<uint8_t>(lane));
+    ASSERT_TRUE(worker
+                    .Send(Route::Connection(lanes[static_cast<size_t>(lane)]), m,
+                          Deadline::After(Millis(20000)))
+                    .ok());
+    auto got = shard.t.Receive(Deadline::After(Millis(20000)));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(lane == 0 ? "w0/ps" : LaneIdentity("w0/ps", lane), got->from.identity);
+    ExpectSame(m, got->message);
+    // The answer comes back on that lane's own connection.
+    ASSERT_TRUE(
+        shard.t.Send(got->from, WithPayloads({8}, 50), Deadline::After(Millis(20000))).ok());
+    auto back = worker.Receive(Deadline::After(Millis(20000)));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(lanes[static_cast<size_t>(lane)], back->from.conn);
+  }
+  // Lanes are not taken where accept_lanes is off.
+  Listener ring(Options("right", {"w0/ps"}));
+  Status s = SendRefused(worker, ring.endpoint, ring.t, 1, 1);
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  // Epoch 1: "w1/ps1" is taken, "w0/ps" no longer (its connection stays).
+  shard.t.SetAccept(kJob, {"w1/ps1"});
+  TcpStreamTransport joiner(Options("w1/ps1", {}));
+  auto jc = joiner.ConnectLane(shard.endpoint, 1);
+  ASSERT_TRUE(jc.ok());
+  ASSERT_TRUE(
+      joiner.Send(Route::Connection(*jc), WithPayloads({8}, 2), Deadline::After(Millis(20000)))
+          .ok());
+  auto got = shard.t.Receive(Deadline::After(Millis(20000)));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(LaneIdentity("w1/ps1", 1), got->from.identity);
+  TcpStreamTransport old(Options("w0/ps", {}));
+  s = SendRefused(old, shard.endpoint, shard.t, 1);
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
+  EXPECT_NE(std::string::npos, s.message().find("does not take connections")) << s.ToString();
+  ASSERT_TRUE(
+      worker.Send(Route::Connection(lanes[2]), WithPayloads({8}, 3), Deadline::After(Millis(20000)))
+          .ok());
+  got = shard.t.Receive(Deadline::After(Millis(20000)));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(LaneIdentity("w0/ps", 2), got->from.identity);
+}
+
+// A listener that does not know its job yet (a shard before the plan is in,
+// or restarted at its old port) answers "not yet"; the connector tries
+// again and gets in once SetAccept names it.
+TEST(TcpStreamTransport, AConnectorWaitsOutAListenerThatDoesNotKnowItsJobYet) {
+  TcpStreamOptions o = Options("shard", {}, 0);
+  o.refusals = std::make_shared<TransportRefusals>();
+  Listener shard(o);
+  TcpStreamTransport worker(Options("w0/ps", {}));
+  auto c = worker.Connect(shard.endpoint);
+  ASSERT_TRUE(c.ok());
+  Status sent;
+  std::thread sender([&] {
+    sent =
+        worker.Send(Route::Connection(*c), WithPayloads({64}, 4), Deadline::After(Millis(60000)));
+  });
+  WaitRefused(shard.t, 2);  // told "not yet" at least twice
+  shard.t.SetAccept(kJob, {"w0/ps"});
+  auto got = shard.t.Receive(Deadline::After(Millis(60000)));
+  sender.join();
+  EXPECT_TRUE(sent.ok()) << sent.ToString();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ("w0/ps", got->from.identity);
+  ExpectSame(WithPayloads({64}, 4), got->message);
+  EXPECT_EQ(0u, o.refusals->handshakes.load()) << "\"not yet\" is no failed handshake";
+}
+
+// A peer that cannot be reached holds back no other: while the connection
+// to a port nobody listens on is retried, a message to a live peer larger
+// than its socket takes at once (the writer thread finishes it) arrives, and
+// the post to the dead port is still waiting for its deadline.
+TEST(TcpStreamTransport, APeerThatCannotBeReachedHoldsBackNoOther) {
+  Neighbours n;
+  auto& [right, left, conn] = n;
+  ASSERT_TRUE(conn.ok());
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(0, bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)));
+  socklen_t len = sizeof(a);
+  getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
+  close(probe);  // nobody listens there now
+  auto dead = left.Connect("tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  ASSERT_TRUE(dead.ok());
+  std::atomic<bool> dead_done{false};
+  left.Post(Route::Connection(*dead), WithPayloads({8}, 1), Deadline::After(Millis(60000)),
+            [&](const Status&) { dead_done.store(true); });
+  const Message big = WithPayloads({size_t{32} << 20}, 3);
+  StatusOr<Incoming> got = UnavailableError("nothing yet");
+  std::thread reader([&] { got = right.t.Receive(Deadline::After(Millis(60000))); });
+  Status sent = left.Send(Route::Connection(*conn), big, Deadline::After(Millis(60000)));
+  reader.join();
+  EXPECT_TRUE(sent.ok()) << sent.ToString();
+  EXPECT_FALSE(dead_done.load()) << "the dead port's post ended before the live peer was served";
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSame(big, got->message);
 }
 
 TEST(TcpStreamTransport, GarbageAndSilentConnectionsAreClosedAndTheNeighbourServed) {
@@ -517,6 +641,27 @@ TEST(TcpStreamTransport, SealedMessagesArriveAndAnswersGoBack) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ExpectSame(answer, back->message);
   EXPECT_EQ(0u, right.t().refused());
+}
+
+TEST(TcpStreamTransport, SealedLanesPresentTheirOwnIdentityUnderTheNodesKey) {
+  SealedJob job;
+  TcpStreamOptions o = Sealed(Options("right", {"left"}), job.KeysOf("right", 0));
+  o.accept_lanes = true;
+  Listener right(o);
+  TcpStreamTransport left(Sealed(Options("left", {}), job.KeysOf("left", PortOf(right.endpoint))));
+  auto lane = left.ConnectLane(right.endpoint, 3);
+  ASSERT_TRUE(lane.ok());
+  Message m = WithPayloads({4096}, 5);
+  ASSERT_TRUE(left.Send(Route::Connection(*lane), m, Deadline::After(Millis(20000))).ok());
+  auto got = right.t.Receive(Deadline::After(Millis(20000)));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(LaneIdentity("left", 3), got->from.identity);
+  ExpectSame(m, got->message);
+  // mallory's key cannot present left's lane.
+  TcpStreamTransport mallory(
+      Sealed(Options("left", {}), job.KeysOf("left", PortOf(right.endpoint), "mallory")));
+  Status s = SendRefused(mallory, right.endpoint, right.t, 1, 1);
+  EXPECT_EQ(StatusCode::kFailedPrecondition, s.code()) << s.ToString();
 }
 
 TEST(TcpStreamTransport, SealedBytesAreSecretAndTamperingEndsTheConnection) {
