@@ -81,6 +81,7 @@ StatusOr<std::unique_ptr<wire::TcpStreamTransport>> ListenPsStreams(
   wire::TcpStreamOptions o = PsStreamOptions(options);
   o.identity = wire::RandomIdentity("shard");
   o.accept_lanes = true;
+  o.strangers_may_wait = true;  // a new epoch's workers, before the shard has its plan
   o.node_keys = std::move(keys);
   o.cipher = cipher;
   o.refusals = std::move(refusals);

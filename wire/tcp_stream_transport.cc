@@ -53,17 +53,20 @@ enum Answer : uint32_t {
   kStranger = 2,
   kAlreadyConnected = 3,
   kBadHello = 4,
-  kWrongKey = 5,     // sealed: the plan binds the node key shown to another identity
-  kNeedsSealed = 6,  // a plain hello to a sealed acceptor
-  kNeedsPlain = 7,   // a sealed hello to a plain acceptor
-  kProve = 8,        // sealed: the acceptor's fresh key follows; prove the node key
-  kNotReady = 9,     // the acceptor does not know its job and peers yet
+  kWrongKey = 5,       // sealed: the plan binds the node key shown to another identity
+  kNeedsSealed = 6,    // a plain hello to a sealed acceptor
+  kNeedsPlain = 7,     // a sealed hello to a plain acceptor
+  kProve = 8,          // sealed: the acceptor's fresh key follows; prove the node key
+  kNotReady = 9,       // the acceptor does not know its job and peers yet
+  kNotListedYet = 10,  // strangers_may_wait: not an identity it takes, yet
 };
 
 // Verdicts the connector waits out (connecting again until its deadline):
 // the acceptor not knowing its job yet, and an old connection under the
 // same identity that it has not yet seen break.
-bool Passing(uint32_t verdict) { return verdict == kNotReady || verdict == kAlreadyConnected; }
+bool Passing(uint32_t verdict) {
+  return verdict == kNotReady || verdict == kAlreadyConnected || verdict == kNotListedYet;
+}
 
 const char* AnswerText(uint32_t a) {
   switch (a) {
@@ -83,6 +86,8 @@ const char* AnswerText(uint32_t a) {
       return "it takes only plain connections (its job runs without CURVE)";
     case kNotReady:
       return "it does not take connections yet (it has not joined its job)";
+    case kNotListedYet:
+      return "it does not take connections from this identity (yet)";
     default:
       return "unknown answer";
   }
@@ -1005,7 +1010,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     } else if (Get64(c->hello + 8) != job) {
       answer = kOtherJob;
     } else if (!Accepts(identity)) {
-      answer = kStranger;
+      answer = options_.strangers_may_wait ? kNotListedYet : kStranger;
     } else if (sealing && (!bound || !IdentityMatchesKey(identity, *bound))) {
       answer = kWrongKey;
     }

@@ -92,6 +92,10 @@ struct TcpStreamOptions {
   // Also take the lanes (LaneIdentity) of an identity in `accept`, each a
   // connection of its own.
   bool accept_lanes = false;
+  // Tell an identity not in `accept` "not yet" rather than "never", so that
+  // it tries again until its deadline: a shard's workers of a new
+  // membership epoch may connect before the shard has the epoch's plan.
+  bool strangers_may_wait = false;
   // Frames a message may have, the header included, each way (at most 65,
   // the header and Limits::max_payload_frames): a longer one is refused.
   size_t max_frames = 8;

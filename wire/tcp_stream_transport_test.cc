@@ -326,10 +326,12 @@ TEST(TcpStreamTransport, LanesOfAnAcceptedIdentityAndANewAcceptListAreTaken) {
 
 // A listener that does not know its job yet (a shard before the plan is in,
 // or restarted at its old port) answers "not yet"; the connector tries
-// again and gets in once SetAccept names it.
+// again and gets in once SetAccept names it. With strangers_may_wait, an
+// identity the list does not name yet (a new epoch's worker) waits too.
 TEST(TcpStreamTransport, AConnectorWaitsOutAListenerThatDoesNotKnowItsJobYet) {
   TcpStreamOptions o = Options("shard", {}, 0);
   o.refusals = std::make_shared<TransportRefusals>();
+  o.strangers_may_wait = true;
   Listener shard(o);
   TcpStreamTransport worker(Options("w0/ps", {}));
   auto c = worker.Connect(shard.endpoint);
@@ -348,6 +350,25 @@ TEST(TcpStreamTransport, AConnectorWaitsOutAListenerThatDoesNotKnowItsJobYet) {
   EXPECT_EQ("w0/ps", got->from.identity);
   ExpectSame(WithPayloads({64}, 4), got->message);
   EXPECT_EQ(0u, o.refusals->handshakes.load()) << "\"not yet\" is no failed handshake";
+
+  TcpStreamTransport joiner(Options("w1/ps1", {}));
+  auto jc = joiner.Connect(shard.endpoint);
+  ASSERT_TRUE(jc.ok());
+  std::thread join_sender([&] {
+    sent =
+        joiner.Send(Route::Connection(*jc), WithPayloads({32}, 6), Deadline::After(Millis(60000)));
+  });
+  const Deadline by = Deadline::After(Millis(60000));
+  while (o.refusals->handshakes.load() < 2 && !by.Expired()) {
+    (void)shard.t.Receive(Deadline::After(Millis(20)));
+  }
+  shard.t.SetAccept(kJob, {"w0/ps", "w1/ps1"});
+  got = shard.t.Receive(Deadline::After(Millis(60000)));
+  join_sender.join();
+  EXPECT_TRUE(sent.ok()) << sent.ToString();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ("w1/ps1", got->from.identity);
+  ExpectSame(WithPayloads({32}, 6), got->message);
 }
 
 // A peer that cannot be reached holds back no other: while the connection
