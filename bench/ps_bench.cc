@@ -76,7 +76,8 @@
 // those bytes uncompressed the ratio is the effective speed-up (or cost) of
 // compressing. The workers' values then vary along the bucket (rank + 1 plus
 // a ripple, so top-k has real work), and the check before timing only
-// requires finite results; the JSON lines carry "compression" and "reply".
+// requires finite results; the JSON lines carry "compression" and "reply"
+// (and every line "curve", "ps_shm" and "ps_transport").
 //
 //   bazel run --config=opt //bench:ps_bench -- --quick
 //   flags: --quick --shards=1,2,4 --workers=1,2,3,4 --reps=N --warmup=N
@@ -758,9 +759,10 @@ void PrintJson(const Settings& s, const std::vector<Row>& rows) {
         "{\"impl\":\"gradsync_ps\",\"shards\":%d,\"workers\":%d,\"bytes\":%zu,"
         "\"goodput_gbps\":%.4f,\"raw_zmq_gbps\":%.4f,\"ratio\":%.4f,"
         "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\","
-        "\"curve\":%s}\n",
+        "\"curve\":%s,\"ps_shm\":%s,\"ps_transport\":\"%s\"}\n",
         r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard(),
-        s.compression.c_str(), s.reply.c_str(), r.curve ? "true" : "false");
+        s.compression.c_str(), s.reply.c_str(), r.curve ? "true" : "false",
+        s.ps_shm ? "true" : "false", s.ps_transport.c_str());
   }
 }
 
