@@ -166,7 +166,7 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
       }
     }
     // Before this node reports its reachability, so before any worker pushes.
-    node.streams->SetAccept(a.job_id, PsClientIdentities(a.peers, a.epoch));
+    node.streams->SetAccept(a.job_id, PsClientIdentities(a.peers, a.num_workers, a.epoch));
     GS_LOG(INFO) << "workers of other hosts reach this shard over "
                  << (node.streams->sealed() ? "sealed " : "") << "TCP streams at port " << port;
   }

@@ -1,5 +1,7 @@
 #include "cluster/ps_links.h"
 
+#include <algorithm>
+
 #include "cluster/same_host_links.h"
 #include "wire/validate.h"
 
@@ -52,11 +54,12 @@ bool PsWorkerUsesStreams(const PsLinkOptions& options, const std::vector<wire::N
 }
 
 std::vector<std::string> PsClientIdentities(const std::vector<wire::NodeInfo>& peers,
-                                            uint32_t epoch) {
-  std::vector<std::string> out;
+                                            int32_t num_workers, uint32_t epoch) {
+  std::vector<std::string> out(static_cast<size_t>(std::max(0, num_workers)));
   for (const wire::NodeInfo& p : peers) {
-    if (p.role == wire::Role::Worker && !p.identity.empty()) {
-      out.push_back(wire::PsClientIdentity(p.identity, epoch));
+    if (p.role == wire::Role::Worker && !p.identity.empty() && p.rank >= 0 &&
+        p.rank < num_workers) {
+      out[static_cast<size_t>(p.rank)] = wire::PsClientIdentity(p.identity, epoch);
     }
   }
   return out;

@@ -71,10 +71,12 @@ std::string PsShardEndpoint(const wire::NodeInfo& shard, bool streams);
 bool PsWorkerUsesStreams(const PsLinkOptions& options, const std::vector<wire::NodeInfo>& peers,
                          bool curve, bool can_seal);
 
-// The identities a shard's stream listener takes in membership epoch
-// `epoch` (with their lanes): the PS clients of the workers among `peers`.
+// By rank, the identity each of the `num_workers` workers among `peers`
+// reaches the shards under in membership epoch `epoch` (its PS client;
+// "" where a worker gave none): what a shard's key tables check
+// (PsRules::worker_identities) and its stream listener takes, with lanes.
 std::vector<std::string> PsClientIdentities(const std::vector<wire::NodeInfo>& peers,
-                                            uint32_t epoch);
+                                            int32_t num_workers, uint32_t epoch);
 
 // The stream options of either side (sizes: a partition's push or answer).
 wire::TcpStreamOptions PsStreamOptions(const PsLinkOptions& options);

@@ -34,6 +34,30 @@ std::vector<wire::NodeInfo> Job() {
           Node(wire::Role::Server, 1, "10.0.0.2", "boot-b", 7100)};
 }
 
+// A worker reaches the shards at their stream endpoints only when every
+// shard announced one, and a shard takes the PS clients of the epoch's
+// workers, by rank.
+TEST(PsLinksTest, StreamsWhenEveryShardAnnouncesAPortAndTheEpochsClientsByRank) {
+  auto job = Job();
+  PsLinkOptions o;
+  EXPECT_FALSE(PsWorkerUsesStreams(o, job, false, false)) << "no shard announced a port";
+  job[4].stream_port = 7200;
+  EXPECT_FALSE(PsWorkerUsesStreams(o, job, false, false)) << "shard 1 announced none";
+  job[5].stream_port = 7200;
+  EXPECT_TRUE(PsWorkerUsesStreams(o, job, false, false));
+  EXPECT_FALSE(PsWorkerUsesStreams(o, job, true, false)) << "CURVE without sealing";
+  EXPECT_TRUE(PsWorkerUsesStreams(o, job, true, true));
+  o.streams = false;  // ps_transport=zmq
+  EXPECT_FALSE(PsWorkerUsesStreams(o, job, false, false));
+  EXPECT_EQ(PsShardEndpoint(job[5], true), "tcp://10.0.0.2:7200");
+  EXPECT_EQ(PsShardEndpoint(job[5], false), "tcp://10.0.0.2:7100");
+  job[1].identity.clear();  // a worker that gave none
+  EXPECT_EQ(PsClientIdentities(job, 4, 2),
+            (std::vector<std::string>{"w0/ps2", "", "w2/ps2", "w3/ps2"}));
+  EXPECT_EQ(PsClientIdentities(job, 4, 0),
+            (std::vector<std::string>{"w0/ps", "", "w2/ps", "w3/ps"}));
+}
+
 TEST(PsLinksTest, AWorkerWritesToTheShardsOfItsMachineByEndpoint) {
   const auto job = Job();
   const wire::SameHostOptions o = PsSameHostOptions({}, 7, job[0], job);

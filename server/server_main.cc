@@ -102,16 +102,9 @@ std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions
 }
 
 // By rank, the identity each worker of `a`'s epoch reaches the shards
-// under (PsRules::worker_identities; "" where a worker gave none).
+// under (PsRules::worker_identities, and what the stream listener takes).
 std::vector<std::string> PsWorkerIdentities(const cluster::Assignment& a) {
-  std::vector<std::string> identities(static_cast<size_t>(a.num_workers));
-  for (const wire::NodeInfo& p : a.peers) {
-    if (p.role == wire::Role::Worker && !p.identity.empty() && p.rank >= 0 &&
-        p.rank < a.num_workers) {
-      identities[static_cast<size_t>(p.rank)] = wire::PsClientIdentity(p.identity, a.epoch);
-    }
-  }
-  return identities;
+  return cluster::PsClientIdentities(a.peers, a.num_workers, a.epoch);
 }
 
 // Starts the shard on `transport` (the node's data transport, or one over
@@ -140,7 +133,7 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
     auto s = weak.lock();
     if (!s || next.epoch == 0) return;
     if (streams != nullptr) {
-      streams->SetAccept(next.job_id, cluster::PsClientIdentities(next.peers, next.epoch));
+      streams->SetAccept(next.job_id, PsWorkerIdentities(next));
     }
     s->StartEpoch(next.epoch, next.num_workers, PsWorkerIdentities(next));
   };

@@ -360,6 +360,7 @@ struct TcpStreamTransport::Conn {
 
 TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
     : options_(std::move(options)), pool_(std::make_shared<BufferPool>(size_t{64} << 20)) {
+  accept_set_ = !options_.accept.empty();  // whom to take is known from the start
   if (options_.identity.empty()) options_.identity = RandomIdentity("tcp");
   if (options_.identity.size() > kMaxIdentity) options_.identity.resize(kMaxIdentity);
   options_.max_frames = std::clamp<size_t>(options_.max_frames, 1, kMaxFrames);
@@ -491,6 +492,8 @@ StatusOr<ConnId> TcpStreamTransport::ConnectLane(const std::string& endpoint, in
 
 void TcpStreamTransport::SetAccept(uint64_t job_id, std::vector<std::string> identities) {
   std::lock_guard<std::mutex> lock(accept_mu_);
+  identities.erase(std::remove(identities.begin(), identities.end(), std::string()),
+                   identities.end());  // no hello says "", nor is "" a lane's base
   options_.job_id = job_id;
   options_.accept = std::move(identities);
   accept_set_ = true;
@@ -991,7 +994,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   uint64_t job = 0;
   {
     std::lock_guard<std::mutex> lock(accept_mu_);
-    ready = !options_.accept.empty() || accept_set_;
+    ready = accept_set_;
     job = options_.job_id;
   }
   std::string identity;
