@@ -12,11 +12,14 @@
 //      the result must equal the exact sum, or the rank exits loudly;
 //   2. time: warm-up rounds, then timed rounds. In each round every
 //      implementation runs once (interleaved, so that noise on this shared
-//      machine hits all of them alike): restore the input, Gloo barrier, a
-//      barrier on the implementation's own transport (our rings: an
-//      all-reduce of one float; OpenMPI: MPI_Barrier), time one all-reduce.
-//      Per round the time is the max over ranks; the reported latency is the
-//      median over rounds.
+//      machine hits all of them alike): restore the input, a barrier on the
+//      implementation's own transport (our rings: an all-reduce of one
+//      float; Gloo's: Gloo's barrier; OpenMPI: MPI_Barrier), time one
+//      all-reduce. With --gloo_barrier our rings' rounds start with Gloo's
+//      barrier too, as they all did before: its ranks sleep in epoll and are
+//      woken by TCP, which can leave two ranks on one core (see
+//      docs/benchmarks.md). Per round the time is the max over ranks; the
+//      reported latency is the median over rounds.
 // Rank 0 writes the medians to a file; the parent prints a table per N
 // (algbw = bytes / time, busbw = algbw * 2(N-1)/N, GB/s = 1e9 bytes/s, and
 // ours / best Gloo), whether the targets were met (against Gloo; against
@@ -40,7 +43,7 @@
 //                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_sealed_zmq,
 //                  gradsync_ring_zmq,openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
 //          --bulk_crypto_threads=N (gradsync_ring_sealed_zmq; -1 by cores)
-//          --op_timeout_s=60 --group_timeout_s=N --keep_tmp --verbose
+//          --op_timeout_s=60 --group_timeout_s=N --gloo_barrier --keep_tmp --verbose
 
 #include <sys/socket.h>
 #include <time.h>
@@ -135,7 +138,8 @@ struct Settings {
   int64_t op_timeout_s = 60;
   int64_t group_timeout_s = 0;  // 0: by plan
   bool keep_tmp = false;
-  bool verbose = false;  // also print min / p50 / p90 per row
+  bool verbose = false;       // also print min / p50 / p90 per row
+  bool gloo_barrier = false;  // our rings' rounds also start with Gloo's barrier
 };
 
 // "4K", "16M", "4096" -> bytes.
@@ -204,6 +208,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.group_timeout_s, config.GetInt("group_timeout_s", 0));
   GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
   GS_ASSIGN_OR_RETURN(s.verbose, config.GetBool("verbose", false));
+  GS_ASSIGN_OR_RETURN(s.gloo_barrier, config.GetBool("gloo_barrier", false));
   return s;
 }
 
@@ -271,9 +276,10 @@ class Impl {
   virtual ~Impl() = default;
   virtual Status Run() = 0;  // one in-place all-reduce of the bound buffer
   // Brings the ranks together on the implementation's own transport, as
-  // MPI_Barrier does for OpenMPI, after the Gloo barrier every round starts
-  // with: the timed all-reduce starts from the exits of this barrier, whose
-  // skew is the transport's own (Gloo's barrier is the Gloo impls').
+  // MPI_Barrier does for OpenMPI: the timed all-reduce starts from the exits
+  // of this barrier, whose skew is the transport's own. Without one
+  // (HasAlign false), Gloo's barrier is the implementation's own (Gloo's).
+  virtual bool HasAlign() const { return false; }
   virtual Status Align() { return Status(); }
 };
 
@@ -289,6 +295,7 @@ class OursImpl : public Impl {
                             Deadline::After(std::chrono::seconds(timeout_s_)));
   }
   // An all-reduce of one float: no rank leaves before every rank came.
+  bool HasAlign() const override { return true; }
   Status Align() override {
     client::OpTag tag;
     tag.seq = (*seq_)++;
@@ -583,10 +590,10 @@ struct Sample {
   double cpu = 0;   // process CPU seconds over the same span
 };
 
-// Runs `impl` once on fresh input, timed from the end of a barrier.
+// Runs `impl` once on fresh input, timed from the end of its barrier.
 StatusOr<Sample> TimedRun(Rank* r, Impl* impl, float* data, const float* input, size_t bytes) {
   std::memcpy(data, input, bytes);
-  GS_RETURN_IF_ERROR(Barrier(r));
+  if (r->settings.gloo_barrier || !impl->HasAlign()) GS_RETURN_IF_ERROR(Barrier(r));
   GS_RETURN_IF_ERROR(impl->Align());
   const double cpu0 = ProcessCpuSeconds();
   const auto t0 = Steady::now();
@@ -717,7 +724,7 @@ std::vector<std::string> ChildArgv(const Config& config, int rank, int world, ui
                                    "--dir=" + dir,
                                    "--results=" + dir + "/results.txt"};
   for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
-                           "small_bytes", "bulk_crypto_threads", "op_timeout_s"}) {
+                           "small_bytes", "bulk_crypto_threads", "op_timeout_s", "gloo_barrier"}) {
     auto v = config.Lookup(name);
     if (v) argv.push_back(std::string("--") + name + "=" + *v);
   }
