@@ -41,7 +41,8 @@
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
 //                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_sealed_zmq,
-//                  gradsync_ring_zmq,openmpi_tcp,openmpi --chunk_bytes=N --small_bytes=N
+//                  gradsync_ring_zmq,openmpi_tcp,openmpi,gradsync_shm_segments
+//          --chunk_bytes=N --small_bytes=N --slot_bytes=N (gradsync_shm_segments)
 //          --bulk_crypto_threads=N (gradsync_ring_sealed_zmq; -1 by cores)
 //          --op_timeout_s=60 --group_timeout_s=N --gloo_barrier --keep_tmp --verbose
 
@@ -68,6 +69,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "client/host_collectives.h"
 #include "client/ring.h"
 #include "common/config.h"
 #include "common/status.h"
@@ -102,15 +104,18 @@ using Steady = std::chrono::steady_clock;
 // bulk_encryption (a CURVE job's parameter-server links): the messages
 // sealed with AES-256-GCM on a plain connection (wire/bulk_cipher.h).
 // gradsync_ring_shm: our ring with the neighbours' messages in shared memory
-// (wire/same_host_transport.h), as a job on one host runs it.
+// (wire/same_host_transport.h).
+// gradsync_shm_segments: our all-reduce over shared-memory segments
+// (client/host_collectives.h), as a job on one host runs it.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
-constexpr const char* kImplNames[] = {"gradsync_ring",     "gloo_ring",
-                                      "gloo_ring_chunked", "gradsync_ring_curve",
-                                      "openmpi_tcp",       "openmpi",
-                                      "gradsync_ring_shm", "gradsync_ring_sealed",
-                                      "gradsync_ring_zmq", "gradsync_ring_sealed_zmq"};
-constexpr int kNumImpls = 10;
+constexpr const char* kImplNames[] = {"gradsync_ring",        "gloo_ring",
+                                      "gloo_ring_chunked",    "gradsync_ring_curve",
+                                      "openmpi_tcp",          "openmpi",
+                                      "gradsync_ring_shm",    "gradsync_ring_sealed",
+                                      "gradsync_ring_zmq",    "gradsync_ring_sealed_zmq",
+                                      "gradsync_shm_segments"};
+constexpr int kNumImpls = 11;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
@@ -119,6 +124,7 @@ constexpr int kOursShm = 6;
 constexpr int kOursSealed = 7;
 constexpr int kOursZmq = 8;
 constexpr int kOursSealedZmq = 9;
+constexpr int kOursSegments = 10;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -134,6 +140,7 @@ struct Settings {
   int64_t warmup = -1;               // -1: by size
   int64_t chunk_bytes = 0;           // 0: RingOptions default
   int64_t small_bytes = -1;          // -1: RingOptions default
+  int64_t slot_bytes = 0;            // 0: HostOptions default
   int64_t bulk_crypto_threads = -1;  // ZmqOptions::bulk_crypto_threads
   int64_t op_timeout_s = 60;
   int64_t group_timeout_s = 0;  // 0: by plan
@@ -175,7 +182,8 @@ Status ParseLists(const Config& config, Settings* s) {
                                        "gradsync_ring,gloo_ring,gloo_ring_chunked,"
                                        "gradsync_ring_curve,gradsync_ring_shm,"
                                        "gradsync_ring_sealed,gradsync_ring_sealed_zmq,"
-                                       "gradsync_ring_zmq,openmpi_tcp,openmpi"));
+                                       "gradsync_ring_zmq,openmpi_tcp,openmpi,"
+                                       "gradsync_shm_segments"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
     if (n < 2 || n > 16) return InvalidArgumentError("--ranks: '" + r + "' not in [2, 16]");
@@ -203,6 +211,7 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.warmup, config.GetInt("warmup", -1));
   GS_ASSIGN_OR_RETURN(s.chunk_bytes, config.GetInt("chunk_bytes", 0));
   GS_ASSIGN_OR_RETURN(s.small_bytes, config.GetInt("small_bytes", -1));
+  GS_ASSIGN_OR_RETURN(s.slot_bytes, config.GetInt("slot_bytes", 0));
   GS_ASSIGN_OR_RETURN(s.bulk_crypto_threads, config.GetInt("bulk_crypto_threads", -1));
   GS_ASSIGN_OR_RETURN(s.op_timeout_s, config.GetInt("op_timeout_s", 60));
   GS_ASSIGN_OR_RETURN(s.group_timeout_s, config.GetInt("group_timeout_s", 0));
@@ -285,7 +294,7 @@ class Impl {
 
 class OursImpl : public Impl {
  public:
-  OursImpl(client::RingCollectives* ring, float* data, size_t count, uint64_t* seq, int timeout_s)
+  OursImpl(client::Collectives* ring, float* data, size_t count, uint64_t* seq, int timeout_s)
       : ring_(ring), data_(data), count_(count), seq_(seq), timeout_s_(timeout_s) {}
   Status Run() override {
     client::OpTag tag;
@@ -306,7 +315,7 @@ class OursImpl : public Impl {
   }
 
  private:
-  client::RingCollectives* ring_;
+  client::Collectives* ring_;
   float* data_;
   size_t count_;
   uint64_t* seq_;
@@ -347,6 +356,10 @@ struct Rank {
     std::unique_ptr<wire::ZmqTransport> transport;       // the others
     std::unique_ptr<wire::SameHostTransport> same_host;  // over transport (shm only)
     std::unique_ptr<client::RingCollectives> ring;
+    std::unique_ptr<client::HostCollectives> host;  // over ring (segments only)
+    client::Collectives* collectives() const {
+      return host ? static_cast<client::Collectives*>(host.get()) : ring.get();
+    }
     uint64_t seq = 0;
   };
   std::map<int, OurRing> ours;
@@ -402,10 +415,12 @@ StatusOr<wire::CurveKey> SharedKey(Rank* r, const std::string& name) {
 
 // The ZeroMQ identities of this rank's left and right neighbours, through
 // the store.
-StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r,
+StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r, int impl,
                                                                   const std::string& mine) {
   const int n = r->args.world;
-  auto key = [](int rank) { return "zmq_identity_" + std::to_string(rank); };
+  auto key = [impl](int rank) {
+    return std::string(kImplNames[impl]) + "_identity_" + std::to_string(rank);
+  };
   const std::string left = key((r->args.rank + n - 1) % n), right = key((r->args.rank + 1) % n);
   std::vector<char> got_left, got_right;
   GS_RETURN_IF_ERROR(GlooCall("store", [&] {
@@ -527,10 +542,10 @@ Status ConnectOurs(Rank* r, int impl) {
   peers.sender = wire::Sender{wire::Role::Worker, r->args.rank, r->args.job_id};
   const client::RingOptions options = OurRingOptions(*r);
   wire::Transport* ring_transport = ours.transport.get();
-  if (impl == kOursShm) {
+  if (impl == kOursShm || impl == kOursSegments) {
     wire::SameHostOptions links;
     links.job_id = r->args.job_id;
-    GS_ASSIGN_OR_RETURN(auto ids, NeighbourIdentities(r, ours.transport->identity()));
+    GS_ASSIGN_OR_RETURN(auto ids, NeighbourIdentities(r, impl, ours.transport->identity()));
     if (r->args.world == 2) {
       links.peers.push_back({ids.second, right, true, true});
     } else {
@@ -543,6 +558,15 @@ Status ConnectOurs(Rank* r, int impl) {
   }
   GS_ASSIGN_OR_RETURN(ours.ring,
                       client::RingCollectives::Create(ring_transport, peers, options, nullptr));
+  if (impl == kOursSegments) {
+    client::HostPeers host{r->args.rank, r->args.world, r->args.job_id, 0};
+    client::HostOptions host_options;
+    if (r->settings.slot_bytes > 0) host_options.slot_bytes = r->settings.slot_bytes;
+    GS_ASSIGN_OR_RETURN(
+        ours.host, client::HostCollectives::Create(host, host_options, ours.ring.get(), nullptr,
+                                                   Deadline::After(std::chrono::seconds(60))));
+    if (!ours.host) return UnavailableError("the all-reduce over segments could not be set up");
+  }
   return OkStatus();
 }
 
@@ -554,7 +578,7 @@ std::vector<std::unique_ptr<Impl>> MakeImpls(Rank* r, float* data, size_t count)
   std::vector<std::unique_ptr<Impl>> impls(kNumImpls);
   const auto& on = r->settings.impl_on;
   for (auto& [impl, ours] : r->ours) {
-    impls[impl] = std::make_unique<OursImpl>(ours.ring.get(), data, count, &ours.seq,
+    impls[impl] = std::make_unique<OursImpl>(ours.collectives(), data, count, &ours.seq,
                                              static_cast<int>(r->settings.op_timeout_s));
   }
   if (on[1]) impls[1] = std::make_unique<GlooImpl<gloo::AllreduceRing<float>>>(r->ctx, data, count);
@@ -665,7 +689,8 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq}) {
+  for (int impl :
+       {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq, kOursSegments}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;
@@ -723,8 +748,9 @@ std::vector<std::string> ChildArgv(const Config& config, int rank, int world, ui
                                    "--job_id=" + std::to_string(job_id),
                                    "--dir=" + dir,
                                    "--results=" + dir + "/results.txt"};
-  for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
-                           "small_bytes", "bulk_crypto_threads", "op_timeout_s", "gloo_barrier"}) {
+  for (const char* name :
+       {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes", "small_bytes", "slot_bytes",
+        "bulk_crypto_threads", "op_timeout_s", "gloo_barrier"}) {
     auto v = config.Lookup(name);
     if (v) argv.push_back(std::string("--") + name + "=" + *v);
   }
@@ -922,8 +948,9 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
       std::printf(" | sealed-zmq/plain busbw %5.2fx", sealed_zmq->busbw() / ours->busbw());
     }
     // Over TCP our plain ring against OpenMPI's TCP; on one host our
-    // shared-memory ring against OpenMPI's default (shared memory).
-    for (auto [mine, impl] : {std::pair<int, int>{kOurs, kMpiTcp}, {kOursShm, kMpi}}) {
+    // shared-memory all-reduces against OpenMPI's default (shared memory).
+    for (auto [mine, impl] :
+         {std::pair<int, int>{kOurs, kMpiTcp}, {kOursShm, kMpi}, {kOursSegments, kMpi}}) {
       const Row* a = Find(rows, mine, world, bytes);
       const Row* mpi = Find(rows, impl, world, bytes);
       if (a && mpi) {
@@ -965,7 +992,7 @@ void PrintTargets(const std::vector<Row>& rows) {
   };
   for (const PairTarget t :
        {PairTarget{kOurs, kMpiTcp, 1.0, 3.0}, PairTarget{kOursShm, kMpi, 1.0, 3.0},
-        PairTarget{kOursSealed, kOurs, 0.7, 0}}) {
+        PairTarget{kOursSegments, kMpi, 1.0, 3.0}, PairTarget{kOursSealed, kOurs, 0.7, 0}}) {
     std::string bw, lat;
     int bw_n = 0, lat_n = 0;
     for (const Row& r : rows) {

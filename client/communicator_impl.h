@@ -59,7 +59,7 @@ struct SyncHandle::State {
 // The Communicator's settings (Config), read once at Create.
 struct CommOptions {
   // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes,
-  // ring_order, ring_lanes, ring_transport), ps
+  // ring_shm_allreduce, ring_order, ring_lanes, ring_transport), ps
   // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
@@ -86,6 +86,11 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", -1));
     GS_ASSIGN_OR_RETURN(o.sync.shm, config.GetBool("ring_shm", true));
+    GS_ASSIGN_OR_RETURN(o.sync.shm_allreduce, config.GetString("ring_shm_allreduce", "segments"));
+    if (o.sync.shm_allreduce != "segments" && o.sync.shm_allreduce != "ring") {
+      return InvalidArgumentError("ring_shm_allreduce must be segments or ring, got '" +
+                                  o.sync.shm_allreduce + "'");
+    }
     GS_ASSIGN_OR_RETURN(o.sync.ring_order, config.GetString("ring_order", "measured"));
     if (o.sync.ring_order != "measured" && o.sync.ring_order != "rank") {
       return InvalidArgumentError("ring_order must be measured or rank, got '" + o.sync.ring_order +

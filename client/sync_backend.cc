@@ -79,9 +79,20 @@ struct Ring {
   std::unique_ptr<wire::SameHostTransport> same_host;
   // Lanes 1 and up over ZeroMQ; over TCP streams, every lane's transport.
   std::vector<std::unique_ptr<wire::Transport>> lane_transports;
-  std::unique_ptr<RingLanes> lanes;  // destroyed first
+  std::unique_ptr<RingLanes> lanes;  // destroyed before the transports
+  // Every worker on one host with shared memory: the all-reduces over
+  // segments (all-gathers and broadcasts stay on `lanes`); destroyed first.
+  std::unique_ptr<HostCollectives> host;
   RingCollectives* ring() const { return &lanes->first(); }
+  // Where the collectives go.
+  Collectives& collectives() const {
+    return host ? static_cast<Collectives&>(*host) : static_cast<Collectives&>(*lanes);
+  }
+  uint64_t bytes_sent() const {
+    return lanes->stats().bytes_sent + (host ? host->stats().bytes_published : 0);
+  }
   void Shutdown() {
+    if (host) host->Shutdown();
     if (same_host) same_host->Shutdown();
     for (auto& t : lane_transports) t->Shutdown();
   }
@@ -444,6 +455,22 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
       return s;
     }
   }
+  if (n > 1 && options.shm && hosts == 1 && !nccl) {
+    HostOptions host_options;
+    host_options.enabled = options.shm_allreduce == "segments";
+    host_options.poll_interval = ring_options.poll_interval;
+    auto host = HostCollectives::Create(HostPeers{r, n, session->job_id(), session->epoch()},
+                                        host_options, out.lanes.get(), health, deadline);
+    if (!host.ok()) {
+      out.Shutdown();
+      return host.status();
+    }
+    out.host = std::move(*host);
+    if (out.host && r == 0) {
+      GS_LOG(INFO) << "every worker on this host: all-reduces through shared-memory segments "
+                      "(ring_shm_allreduce=segments)";
+    }
+  }
   return out;
 }
 
@@ -481,15 +508,13 @@ class AllReduceBackend : public SyncBackend {
     return memory.EndHostView(index, b.bytes());
   }
   uint64_t SentBytes(uint64_t) const override {
-    return nccl_ ? 0 : ring_.lanes->stats().bytes_sent;  // NCCL counts none
+    return nccl_ ? 0 : ring_.bytes_sent();  // NCCL counts none
   }
   bool CanReform() const override { return nccl_ == nullptr; }
   void CloseLinks() override { ring_.Shutdown(); }
 
  private:
-  Collectives& collectives() const {
-    return nccl_ ? *nccl_ : static_cast<Collectives&>(*ring_.lanes);
-  }
+  Collectives& collectives() const { return nccl_ ? *nccl_ : ring_.collectives(); }
 
   Ring ring_;
   std::unique_ptr<Collectives> nccl_;  // backend=nccl
@@ -504,7 +529,7 @@ class PsBackend : public SyncBackend {
 
   const char* name() const override { return ps_->name(); }
   SyncPath path() const override { return SyncPath::kPs; }
-  Collectives& direct() override { return *ring_.lanes; }
+  Collectives& direct() override { return ring_.collectives(); }
   SyncPath direct_path() const override { return SyncPath::kRing; }
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& layout,
                      Deadline deadline) override {

@@ -28,6 +28,7 @@
 #include "client/bucketer.h"
 #include "client/client_metrics.h"
 #include "client/collectives.h"
+#include "client/host_collectives.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
 #include "client/ring_lanes.h"
@@ -98,6 +99,10 @@ struct SyncBackendOptions {
   // `shm_link_bytes` each.
   bool shm = true;
   size_t shm_link_bytes = size_t{4} << 20;
+  // "segments": when every worker is on one host (and `shm`), all-reduces
+  // go through shared-memory segments (client/host_collectives.h); "ring":
+  // through the ring's links.
+  std::string shm_allreduce = "segments";
   // "measured": when the workers of the job (of the membership epoch, in an
   // elastic job) span four hosts or more, the ring goes round the hosts in
   // the order its measured links favour (cluster/ring_order.h); "rank":

@@ -18,6 +18,8 @@
 #include <fstream>
 #include <vector>
 
+#include "wire/shm_common.h"
+
 namespace gradsync::wire {
 
 namespace {
@@ -51,49 +53,15 @@ namespace {
 
 size_t HeaderBytes() { return (sizeof(ShmLink::Shared) + 4095) & ~size_t{4095}; }
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, Deadline deadline) {
-  const auto left = deadline.infinite() ? std::chrono::nanoseconds(std::chrono::milliseconds(100))
-                                        : deadline.at() - std::chrono::steady_clock::now();
-  if (left <= std::chrono::nanoseconds(0)) return;
-  const auto ns = std::min<int64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(left).count(), 100'000'000);
-  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-}
-
-// Polls before sleeping: a peer that is mid-copy or about to send is
-// usually quicker than a futex round trip. The first iterations spin; later
-// ones yield the core, so that a rank sharing it with the one it waits for
-// does not hold it up.
-template <typename Ready>
-bool Spin(Ready ready) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-  for (int i = 0;; ++i) {
-    if (ready()) return true;
-    if (i < 32) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-      continue;
-    }
-    if (std::chrono::steady_clock::now() >= until) return ready();
-    sched_yield();
-  }
-}
-
 // Until `ready`: spins, then sleeps on the futex `seq` (the other side bumps
 // it after each change) with `waiting` set so that the other side wakes it.
 template <typename Ready>
 void WaitOn(std::atomic<uint32_t>* seq, std::atomic<uint32_t>* waiting, Deadline deadline,
             Ready ready) {
-  if (Spin(ready)) return;
+  if (shm::Spin(ready)) return;
   const uint32_t seen = seq->load(std::memory_order_seq_cst);
   waiting->store(1, std::memory_order_seq_cst);
-  if (!ready()) FutexWait(seq, seen, deadline);
+  if (!ready()) shm::FutexWait(seq, seen, deadline);
   waiting->store(0, std::memory_order_relaxed);
 }
 
@@ -122,59 +90,17 @@ ShmLink::ShmLink(std::string name, bool writer, int fd, Shared* shared, size_t m
       map_bytes_(map_bytes),
       capacity_(capacity) {}
 
-namespace {
-
-// The reader holds a write lock on the file's first byte for as long as it
-// has the link open: an open file description's lock goes when its process
-// does, however it ends.
-bool LockReaderByte(int fd, int cmd) {
-  struct flock l {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  l.l_start = 0;
-  l.l_len = 1;
-  return fcntl(fd, cmd, &l) == 0 && (cmd != F_OFD_GETLK || l.l_type != F_UNLCK);
-}
-
-// A link is written to only when it is this user's own, made as Create makes
-// it: a regular object of our effective uid with mode 0600 exactly. Nobody
-// else can then map it, resize it or read what is written to it; a process
-// of the same uid can, and could as well ptrace this one.
-Status CheckOwned(const std::string& name, const struct stat& st) {
-  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 07777) != 0600) {
-    char what[96];
-    std::snprintf(what, sizeof(what), " (uid %u, mode %04o)", static_cast<unsigned>(st.st_uid),
-                  static_cast<unsigned>(st.st_mode & 07777));
-    return FailedPreconditionError("shared memory " + name + " is not this user's own link (uid " +
-                                   std::to_string(geteuid()) + ", mode 0600)" + what);
-  }
-  return OkStatus();
-}
-
-}  // namespace
-
 StatusOr<std::shared_ptr<ShmLink>> ShmLink::Create(const std::string& name, size_t capacity) {
   size_t cap = 4096;
   while (cap < capacity && cap < kMaxCapacity) cap <<= 1;
   const size_t bytes = HeaderBytes() + cap;
-  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    shm_unlink(name.c_str());  // left by a process of an earlier run
-    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  }
-  if (fd < 0) return UnavailableError("shm_open " + name + ": " + std::strerror(errno));
+  // The reader holds the lock on the first byte while it has the link open.
+  GS_ASSIGN_OR_RETURN(const int fd, shm::CreateLocked(name, bytes));
   auto fail = [&](const std::string& what, int err) {
     close(fd);
     shm_unlink(name.c_str());
     return UnavailableError(what + " " + name + ": " + std::strerror(err));
   };
-  // Exactly 0600 whatever the umask: the writer opens nothing else.
-  if (fchmod(fd, 0600) != 0) return fail("setting the mode of", errno);
-  // Reserved, not just sized: a full /dev/shm fails here with ENOSPC
-  // instead of with SIGBUS at the first write.
-  const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (reserved != 0) return fail("reserving " + std::to_string(bytes) + " bytes of", reserved);
-  if (!LockReaderByte(fd, F_OFD_SETLK)) return fail("locking", errno);
   // Every page mapped (MAP_POPULATE) and touched once now, on both sides,
   // before the link is used: otherwise the first pass over the buffer pays
   // a fault per page in each process, in the guest and, in a virtual
@@ -206,7 +132,7 @@ StatusOr<std::shared_ptr<ShmLink>> ShmLink::Open(const std::string& name) {
     close(fd);
     return UnavailableError("fstat of shared memory " + name + ": " + std::strerror(err));
   }
-  Status owned = CheckOwned(name, st);
+  Status owned = shm::CheckOwned(name, st, "link");
   if (!owned.ok()) {
     close(fd);
     return owned;
@@ -261,11 +187,11 @@ void ShmLink::Close() {
   if (writer_) {
     shared_->writer_closed.store(1);
     shared_->data_seq.fetch_add(1);
-    FutexWake(&shared_->data_seq);
+    shm::FutexWake(&shared_->data_seq);
   } else {
     shared_->reader_closed.store(1);
     shared_->space_seq.fetch_add(1);
-    FutexWake(&shared_->space_seq);
+    shm::FutexWake(&shared_->space_seq);
   }
 }
 
@@ -280,12 +206,12 @@ void ShmLink::Break() const {
   std::atomic<uint32_t>& seq = writer_ ? shared_->data_seq : shared_->space_seq;
   closed.store(1);
   seq.fetch_add(1);
-  FutexWake(&seq);
+  shm::FutexWake(&seq);
 }
 
 bool ShmLink::WriterAttached() const { return shared_->writer_attached.load() != 0; }
 
-bool ShmLink::ReaderAlive() const { return LockReaderByte(fd_, F_OFD_GETLK); }
+bool ShmLink::ReaderAlive() const { return shm::LockFirstByte(fd_, F_OFD_GETLK); }
 
 // read_ is written by the reader's thread only (under borrow_mu_, for
 // Release on other threads): that thread reads it without the lock.
@@ -334,7 +260,8 @@ void ShmLink::Publish(uint64_t head) {
   head_.store(head, std::memory_order_relaxed);
   shared_->head.store(head, std::memory_order_seq_cst);
   shared_->data_seq.fetch_add(1, std::memory_order_seq_cst);
-  if (shared_->reader_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->data_seq);
+  if (shared_->reader_waiting.load(std::memory_order_seq_cst) != 0)
+    shm::FutexWake(&shared_->data_seq);
 }
 
 size_t ShmLink::Write(const void* data, size_t n) {
@@ -362,7 +289,8 @@ void ShmLink::UpdateTailLocked() {
   tail_.store(tail, std::memory_order_relaxed);
   shared_->tail.store(tail, std::memory_order_seq_cst);
   shared_->space_seq.fetch_add(1, std::memory_order_seq_cst);
-  if (shared_->writer_waiting.load(std::memory_order_seq_cst) != 0) FutexWake(&shared_->space_seq);
+  if (shared_->writer_waiting.load(std::memory_order_seq_cst) != 0)
+    shm::FutexWake(&shared_->space_seq);
 }
 
 size_t ShmLink::Read(void* out, size_t n) {
@@ -419,7 +347,7 @@ void ShmLink::WaitReadableAny(const std::vector<ShmLink*>& links, Deadline deadl
     }
     return false;
   };
-  if (Spin(ready)) return;
+  if (shm::Spin(ready)) return;
   // One sleep on every link's sequence word at once (futex_waitv); past
   // its limit of words, a short sleep on the first ones.
   const size_t n = std::min<size_t>(links.size(), FUTEX_WAITV_MAX);
@@ -441,8 +369,8 @@ void ShmLink::WaitReadableAny(const std::vector<ShmLink*>& links, Deadline deadl
     if (syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(n), 0, &ts,
                 CLOCK_MONOTONIC) < 0 &&
         errno == ENOSYS) {
-      FutexWait(&links[0]->shared_->data_seq, static_cast<uint32_t>(waiters[0].val),
-                Deadline::At(until));
+      shm::FutexWait(&links[0]->shared_->data_seq, static_cast<uint32_t>(waiters[0].val),
+                     Deadline::At(until));
     }
   }
   for (size_t i = 0; i < n; ++i) links[i]->shared_->reader_waiting.store(0);
