@@ -1,5 +1,6 @@
 #include "wire/shm_common.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 namespace gradsync::wire::shm {
 
@@ -48,7 +50,35 @@ Status CheckOwned(const std::string& name, const struct stat& st, const char* wh
   return OkStatus();
 }
 
+int RemoveStale(const std::string& prefix, std::chrono::seconds min_age) {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  const time_t now = time(nullptr);
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const int fd = shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    if (fd < 0) continue;
+    struct stat st;
+    struct flock lock {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    lock.l_len = 1;
+    // Stale only when the lock was asked for and nobody holds it.
+    const bool stale = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                       now - st.st_ctime >= min_age.count() && fcntl(fd, F_OFD_GETLK, &lock) == 0 &&
+                       lock.l_type == F_UNLCK;
+    close(fd);
+    if (stale && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
 StatusOr<int> CreateLocked(const std::string& name, size_t bytes) {
+  static std::once_flag swept;
+  std::call_once(swept, [] { RemoveStale("gradsync-", std::chrono::seconds(60)); });
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST) {
     shm_unlink(name.c_str());  // left by a process of an earlier run

@@ -57,8 +57,16 @@ Status CheckOwned(const std::string& name, const struct stat& st, const char* wh
 // Makes `name` (shm_open O_CREAT | O_EXCL, replacing an object of an earlier
 // run), mode 0600 whatever the umask, `bytes` reserved (a full /dev/shm fails
 // here rather than with SIGBUS later) and its first byte locked. Returns the
-// descriptor; on failure nothing is left behind.
+// descriptor; on failure nothing is left behind. The first call of a process
+// also removes what dead processes left (RemoveStale("gradsync-", 60 s)).
 StatusOr<int> CreateLocked(const std::string& name, size_t bytes);
+
+// Removes the objects in /dev/shm whose names start with `prefix` that are
+// this user's, at least `min_age` old, and whose maker's lock is gone: what a
+// process killed before its peer opened (and unlinked) an object leaves
+// behind. A live maker holds its lock, so its objects stay. Returns how many
+// were removed.
+int RemoveStale(const std::string& prefix, std::chrono::seconds min_age);
 
 }  // namespace gradsync::wire::shm
 

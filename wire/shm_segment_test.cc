@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "wire/shm_common.h"
 
 namespace gradsync::wire {
 namespace {
@@ -79,6 +81,31 @@ TEST(ShmSegmentTest, AStaleObjectOfTheSameNameIsReplaced) {
   auto reader = ShmSegment::Open(Name("f"), 4096);
   ASSERT_TRUE(reader.ok());
   EXPECT_EQ((*reader)->data()[0], 0);
+}
+
+TEST(ShmSegmentTest, WhatADeadMakerLeftIsRemovedAndNothingElse) {
+  const std::string prefix = "gradsync-segtest-" + std::to_string(getpid()) + "-stale";
+  // A maker that dies with its object still named (no Unlink).
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto dead = ShmSegment::Create("/" + prefix + "-dead", 4096);
+    _exit(dead.ok() ? 0 : 1);  // exits without the destructor: the name stays
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto live = ShmSegment::Create("/" + prefix + "-live", 4096);
+  ASSERT_TRUE(live.ok());
+  const std::string other = "/gradsync-segtest-" + std::to_string(getpid()) + "-other";
+  auto kept = ShmSegment::Create(other, 4096);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(shm::RemoveStale(prefix, std::chrono::seconds(0)), 1);
+  EXPECT_EQ(ShmSegment::Open("/" + prefix + "-dead", 4096).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(ShmSegment::Open("/" + prefix + "-live", 4096).ok());
+  EXPECT_TRUE(ShmSegment::Open(other, 4096).ok());
+  // Not yet old enough: nothing goes.
+  EXPECT_EQ(shm::RemoveStale(prefix, std::chrono::seconds(3600)), 0);
 }
 
 }  // namespace
