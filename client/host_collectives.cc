@@ -21,15 +21,13 @@ constexpr size_t kControlBytes = 4096;
 constexpr size_t kSlotHeaderBytes = 4096;
 constexpr size_t kWhyBytes = 1024;
 
-enum Kind : uint32_t { kWhole = 1, kChunk = 2, kReduced = 3 };
-
 const char* KindName(uint32_t kind) {
   switch (kind) {
-    case kWhole:
+    case HostCollectives::kWhole:
       return "whole buffers";
-    case kChunk:
+    case HostCollectives::kChunk:
       return "a chunk";
-    case kReduced:
+    case HostCollectives::kReduced:
       return "reduced parts";
     default:
       return "an unknown step";
@@ -52,36 +50,26 @@ static_assert(offsetof(HostCollectives::Control, published) == HostCollectives::
 static_assert(offsetof(HostCollectives::Control, aborted) == HostCollectives::kAbortedOffset);
 static_assert(kControlBytes == HostCollectives::kSlot0Offset);
 
-// A slot's header: what the phase in the slot is (all of it compared).
-struct HostCollectives::Fingerprint {
-  uint64_t phase = 0;
-  uint64_t step = 0, seq = 0, names_hash = 0;
-  uint64_t count = 0;   // elements of the whole buffer
-  uint64_t offset = 0;  // the chunk of this phase, in elements
-  uint64_t chunk = 0;
-  uint32_t bucket = 0, dtype = 0, reduce = 0, kind = 0;
-  uint32_t epoch = 0, world = 0;
+bool HostCollectives::Fingerprint::SameOperation(const Fingerprint& o) const {
+  return step == o.step && seq == o.seq && names_hash == o.names_hash && count == o.count &&
+         offset == o.offset && chunk == o.chunk && bucket == o.bucket && dtype == o.dtype &&
+         reduce == o.reduce && kind == o.kind && epoch == o.epoch && world == o.world;
+}
 
-  bool SameOperation(const Fingerprint& o) const {
-    return step == o.step && seq == o.seq && names_hash == o.names_hash && count == o.count &&
-           offset == o.offset && chunk == o.chunk && bucket == o.bucket && dtype == o.dtype &&
-           reduce == o.reduce && kind == o.kind && epoch == o.epoch && world == o.world;
+std::string HostCollectives::Fingerprint::Describe() const {
+  const DType d = static_cast<DType>(dtype);
+  std::string s = "allreduce step " + std::to_string(step & 0xFFFFFFFFu) + " bucket " +
+                  std::to_string(bucket) + " seq " + std::to_string(seq) + " of " +
+                  std::to_string(count) + " " +
+                  (dtype <= static_cast<uint32_t>(DType::kBF16) ? DTypeName(d) : "?") + " (" +
+                  (reduce == static_cast<uint32_t>(ReduceOp::kAverage) ? "average" : "sum") +
+                  ") names-hash " + std::to_string(names_hash) + ", " + KindName(kind);
+  if (kind != kWhole) {
+    s += " [" + std::to_string(offset) + ", " + std::to_string(offset + chunk) + ")";
   }
-  std::string Describe() const {
-    const DType d = static_cast<DType>(dtype);
-    std::string s = "allreduce step " + std::to_string(step & 0xFFFFFFFFu) + " bucket " +
-                    std::to_string(bucket) + " seq " + std::to_string(seq) + " of " +
-                    std::to_string(count) + " " +
-                    (dtype <= static_cast<uint32_t>(DType::kBF16) ? DTypeName(d) : "?") + " (" +
-                    (reduce == static_cast<uint32_t>(ReduceOp::kAverage) ? "average" : "sum") +
-                    ") names-hash " + std::to_string(names_hash) + ", " + KindName(kind);
-    if (kind != kWhole) {
-      s += " [" + std::to_string(offset) + ", " + std::to_string(offset + chunk) + ")";
-    }
-    if (epoch != 0) s += ", epoch " + std::to_string(epoch);
-    return s + " of " + std::to_string(world) + " ranks";
-  }
-};
+  if (epoch != 0) s += ", epoch " + std::to_string(epoch);
+  return s + " of " + std::to_string(world) + " ranks";
+}
 static_assert(sizeof(HostCollectives::Fingerprint) <= kSlotHeaderBytes);
 
 // One all-reduce: its fingerprint, its deadline, and the waits for peers.

@@ -109,8 +109,22 @@ class HostCollectives : public Collectives {
   void Shutdown();
   HostStats stats() const;
 
-  struct Control;      // a segment's words (host_collectives.cc)
-  struct Fingerprint;  // a slot's header
+  struct Control;  // a segment's words (host_collectives.cc)
+  // What a slot holds.
+  enum Kind : uint32_t { kWhole = 1, kChunk = 2, kReduced = 3 };
+  // A slot's header: which publication it is and of what (all compared).
+  struct Fingerprint {
+    uint64_t phase = 0;
+    uint64_t step = 0, seq = 0, names_hash = 0;
+    uint64_t count = 0;   // elements of the whole buffer
+    uint64_t offset = 0;  // the chunk of this phase, in elements
+    uint64_t chunk = 0;
+    uint32_t bucket = 0, dtype = 0, reduce = 0, kind = 0;
+    uint32_t epoch = 0, world = 0;
+
+    bool SameOperation(const Fingerprint& o) const;
+    std::string Describe() const;
+  };
   // Byte offsets in a segment (for tests that play a hostile peer): the
   // owner's `published` word (u64), its `aborted` word (u32) and the header
   // of slot 0 (its first u64 the phase).

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/fuzz/byte_reader.h"
 #include "wire/shm_link.h"
 
 namespace gradsync::fuzz {
@@ -29,29 +30,7 @@ using wire::ShmLink;
 
 constexpr size_t kCapacity = 4096;
 
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool empty() const { return at_ >= size_; }
-  uint8_t Byte() { return at_ < size_ ? data_[at_++] : 0; }
-  uint64_t Word(size_t bytes) {
-    uint64_t v = 0;
-    for (size_t i = 0; i < bytes; ++i) v |= uint64_t{Byte()} << (8 * i);
-    return v;
-  }
-  // Up to `n` bytes of the input (fewer at its end).
-  const uint8_t* Take(size_t* n) {
-    *n = std::min(*n, size_ - std::min(at_, size_));
-    const uint8_t* p = data_ + std::min(at_, size_);
-    at_ += *n;
-    return p;
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t at_ = 0;
-};
+using Input = ByteReader;
 
 void Check(bool ok) {
   if (!ok) std::abort();
