@@ -294,14 +294,15 @@ class Impl {
 
 class OursImpl : public Impl {
  public:
-  OursImpl(client::Collectives* ring, float* data, size_t count, uint64_t* seq, int timeout_s)
-      : ring_(ring), data_(data), count_(count), seq_(seq), timeout_s_(timeout_s) {}
+  OursImpl(client::Collectives* collectives, float* data, size_t count, uint64_t* seq,
+           int timeout_s)
+      : collectives_(collectives), data_(data), count_(count), seq_(seq), timeout_s_(timeout_s) {}
   Status Run() override {
     client::OpTag tag;
     tag.seq = (*seq_)++;
     tag.step = tag.seq;
-    return ring_->AllReduce(data_, count_, DType::kF32, client::ReduceOp::kSum, tag,
-                            Deadline::After(std::chrono::seconds(timeout_s_)));
+    return collectives_->AllReduce(data_, count_, DType::kF32, client::ReduceOp::kSum, tag,
+                                   Deadline::After(std::chrono::seconds(timeout_s_)));
   }
   // An all-reduce of one float: no rank leaves before every rank came.
   bool HasAlign() const override { return true; }
@@ -310,12 +311,12 @@ class OursImpl : public Impl {
     tag.seq = (*seq_)++;
     tag.step = tag.seq;
     float one = 1;
-    return ring_->AllReduce(&one, 1, DType::kF32, client::ReduceOp::kSum, tag,
-                            Deadline::After(std::chrono::seconds(timeout_s_)));
+    return collectives_->AllReduce(&one, 1, DType::kF32, client::ReduceOp::kSum, tag,
+                                   Deadline::After(std::chrono::seconds(timeout_s_)));
   }
 
  private:
-  client::Collectives* ring_;
+  client::Collectives* collectives_;
   float* data_;
   size_t count_;
   uint64_t* seq_;

@@ -2,11 +2,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "common/half.h"
 #include "kernels/reduce.h"
 
 namespace gradsync::client {
+
+Status CheckReducible(DType dtype) {
+  if (dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16) return Status();
+  return InvalidArgumentError(std::string("allreduce supports f32, f16 and bf16, not ") +
+                              DTypeName(dtype));
+}
 
 void AddInto(uint8_t* dst, const uint8_t* src, size_t n, DType dtype) {
   switch (dtype) {

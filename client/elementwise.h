@@ -11,9 +11,13 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "common/status.h"
 
 namespace gradsync::client {
 
+// OK when AddInto and DivideBy take `dtype` (f32, f16, bf16); an
+// InvalidArgument naming it otherwise.
+Status CheckReducible(DType dtype);
 // dst[i] += src[i] for i < n.
 void AddInto(uint8_t* dst, const uint8_t* src, size_t n, DType dtype);
 // data[i] /= divisor for i < n.

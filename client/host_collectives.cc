@@ -77,7 +77,7 @@ class HostCollectives::Op {
  public:
   Op(HostCollectives* host, const OpTag& tag, DType dtype, size_t count, ReduceOp reduce,
      Deadline deadline)
-      : host_(host), deadline_(deadline) {
+      : host_(host), deadline_(deadline), first_(host->phase_) {
     fp_.step = tag.step;
     fp_.seq = tag.seq;
     fp_.names_hash = tag.names_hash;
@@ -101,7 +101,7 @@ class HostCollectives::Op {
     return host_->own_->mutable_data() + SlotOffset(p) + kSlotHeaderBytes;
   }
   const uint8_t* Slot(int q, uint64_t p) const {
-    return Segment(q)->data() + SlotOffset(p) + kSlotHeaderBytes;
+    return SegmentOf(q)->data() + SlotOffset(p) + kSlotHeaderBytes;
   }
 
   // Writes this rank's header of phase `p` (kind, chunk) and publishes the
@@ -145,7 +145,7 @@ class HostCollectives::Op {
     return kControlBytes +
            static_cast<size_t>(p % 2) * (kSlotHeaderBytes + host_->options_.slot_bytes);
   }
-  const wire::ShmSegment* Segment(int q) const {
+  const wire::ShmSegment* SegmentOf(int q) const {
     return q == host_->peers_.rank ? host_->own_.get()
                                    : host_->segments_[static_cast<size_t>(q)].get();
   }
@@ -153,7 +153,7 @@ class HostCollectives::Op {
   Status WaitFor(int q, uint64_t p) {
     const Control* theirs = host_->ControlOf(q);
     Control* mine = host_->MyControl();
-    const std::string who = "rank " + std::to_string(q);
+    auto who = [q] { return "rank " + std::to_string(q); };
     SteadyTime poll_at = std::chrono::steady_clock::now() + host_->options_.poll_interval;
     auto ready = [&] {
       return theirs->published.load(std::memory_order_acquire) > p ||
@@ -162,31 +162,31 @@ class HostCollectives::Op {
     for (;;) {
       const uint64_t published = theirs->published.load(std::memory_order_acquire);
       if (published > p + 2 || published < p) {
-        return AbortedError(Describe() + ": " + who + " published phase " +
-                            std::to_string(published) + " while rank " +
-                            std::to_string(host_->peers_.rank) + " waits for its phase " +
-                            std::to_string(p) + " (its shared memory was written out of turn)");
+        return OutOfTurn(Describe() + ": " + who() + " published phase " +
+                         std::to_string(published) + " while rank " +
+                         std::to_string(host_->peers_.rank) + " waits for its phase " +
+                         std::to_string(p));
       }
       if (published > p) return CheckHeader(q, p);
       if (theirs->aborted.load(std::memory_order_acquire) != 0) {
         char why[kWhyBytes];
         std::memcpy(why, theirs->why, sizeof(why));
-        return AbortedError(Describe() + ": " + who + " gave up: " +
+        return AbortedError(Describe() + ": " + who() + " gave up: " +
                             wire::Escaped(std::string(why, strnlen(why, sizeof(why)))));
       }
       if (host_->stopped_.load()) return CancelledError(Describe() + ": shut down");
       const SteadyTime now = std::chrono::steady_clock::now();
       if (now >= poll_at) {
         GS_RETURN_IF_ERROR(CheckHealth());
-        if (!Segment(q)->OwnerAlive()) {
+        if (!SegmentOf(q)->OwnerAlive()) {
           return UnavailableError(Describe() + ": worker " + std::to_string(q) +
                                   " died (its process no longer holds its shared memory)");
         }
         if (deadline_.Expired()) {
-          return DeadlineExceededError(Describe() + ": " + who + " stopped contributing; rank " +
+          return DeadlineExceededError(Describe() + ": " + who() + " stopped contributing; rank " +
                                        std::to_string(host_->peers_.rank) + " had " +
                                        std::to_string(p - first_) +
-                                       " step(s) of this operation from it before the deadline");
+                                       " phase(s) of this operation from it before the deadline");
         }
         poll_at = now + host_->options_.poll_interval;
       }
@@ -200,14 +200,20 @@ class HostCollectives::Op {
     }
   }
 
+  // A peer wrote its segment as the phases do not allow: counted as a
+  // message dropped as it was read (as a same-host link's bad frame table).
+  Status OutOfTurn(const std::string& what) {
+    if (host_->options_.refusals) host_->options_.refusals->dropped.fetch_add(1);
+    return AbortedError(what + " (its shared memory was written out of turn)");
+  }
+
   // Rank q's header of phase p, copied before it is checked.
   Status CheckHeader(int q, uint64_t p) {
     Fingerprint theirs;
-    std::memcpy(&theirs, Segment(q)->data() + SlotOffset(p), sizeof(theirs));
+    std::memcpy(&theirs, SegmentOf(q)->data() + SlotOffset(p), sizeof(theirs));
     if (theirs.phase != p) {
-      return AbortedError(Describe() + ": rank " + std::to_string(q) + "'s slot for step " +
-                          std::to_string(p) + " holds step " + std::to_string(theirs.phase) +
-                          " (its shared memory was written out of turn)");
+      return OutOfTurn(Describe() + ": rank " + std::to_string(q) + "'s slot for phase " +
+                       std::to_string(p) + " holds phase " + std::to_string(theirs.phase));
     }
     if (!theirs.SameOperation(fp_)) {
       return AbortedError("ranks disagree on collective seq " + std::to_string(fp_.seq) +
@@ -217,12 +223,10 @@ class HostCollectives::Op {
     return Status();
   }
 
- public:
-  uint64_t first_ = 0;  // the operation's first phase
-
  private:
   HostCollectives* host_;
   Deadline deadline_;
+  const uint64_t first_;  // the operation's first phase
   Fingerprint fp_;
 };
 
@@ -285,9 +289,9 @@ StatusOr<std::unique_ptr<HostCollectives>> HostCollectives::Create(const HostPee
                                                         : kFailed,
                                        0, &reason));
   if (!made) {
-    if (!options.enabled && r == 0)
-      GS_LOG(INFO) << "all-reduces go through the ring (" << reason << ")";
-    return options.enabled ? fallback(reason, own.status()) : nullptr;
+    if (options.enabled) return fallback(reason, own.status());
+    if (r == 0) GS_LOG(INFO) << "all-reduces go through the ring (" << reason << ")";
+    return std::unique_ptr<HostCollectives>();
   }
   std::vector<std::unique_ptr<wire::ShmSegment>> segments(static_cast<size_t>(n));
   Status mapped;
@@ -359,10 +363,7 @@ HostStats HostCollectives::stats() const {
 Status HostCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceOp reduce,
                                   const OpTag& tag, Deadline deadline) {
   if (!broken_.ok()) return broken_;
-  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
-    return InvalidArgumentError(std::string("allreduce supports f32, f16 and bf16, not ") +
-                                DTypeName(dtype));
-  }
+  GS_RETURN_IF_ERROR(CheckReducible(dtype));
   if (peers_.world_size == 1 || count == 0) return Status();
   Op op(this, tag, dtype, count, reduce, deadline);
   Status s = op.CheckHealth();
@@ -376,7 +377,6 @@ Status HostCollectives::Run(Op& op, uint8_t* base, size_t count, DType dtype, Re
   const int n = peers_.world_size;
   const int r = peers_.rank;
   const size_t es = DTypeSize(dtype);
-  op.first_ = phase_;
   if (count * es * static_cast<size_t>(n) <= options_.small_bytes &&
       count * es <= options_.slot_bytes) {
     const uint64_t p = phase_;
@@ -384,8 +384,9 @@ Status HostCollectives::Run(Op& op, uint8_t* base, size_t count, DType dtype, Re
     std::memcpy(op.MySlot(p), base, bytes);
     op.Publish(p, kWhole, 0, count, bytes);
     GS_RETURN_IF_ERROR(op.WaitForAll(p));
-    // In rank order, each peer's bytes read once.
-    std::memcpy(base, op.Slot(0, p), bytes);
+    // In rank order, each peer's bytes read once (rank 0's are in `base`
+    // already on rank 0).
+    if (r != 0) std::memcpy(base, op.Slot(0, p), bytes);
     for (int q = 1; q < n; ++q) AddInto(base, op.Slot(q, p), count, dtype);
     if (reduce == ReduceOp::kAverage) DivideBy(base, count, dtype, n);
     phase_ = p + 1;
@@ -402,7 +403,7 @@ Status HostCollectives::Run(Op& op, uint8_t* base, size_t count, DType dtype, Re
     // This rank's part, from every rank's chunk in rank order.
     const Span part = Segment(len, n, r);
     uint8_t* dst = chunk + part.begin * es;
-    std::memcpy(dst, op.Slot(0, p) + part.begin * es, part.size() * es);
+    if (r != 0) std::memcpy(dst, op.Slot(0, p) + part.begin * es, part.size() * es);
     for (int q = 1; q < n; ++q) {
       AddInto(dst, op.Slot(q, p) + part.begin * es, part.size(), dtype);
     }

@@ -25,7 +25,8 @@
 // Nothing read from a peer's segment is trusted: each word is read once,
 // headers are copied before they are checked, each element of a payload is
 // read once. A word outside what the phases allow, or a header of another
-// phase, fails the operation naming the peer. A header whose fingerprint
+// phase, fails the operation naming the peer (counted in refusals->dropped,
+// as a same-host link's bad frame table). A header whose fingerprint
 // (operation, step, bucket, seq, dtype, count, names hash, reduction) differs
 // from this rank's fails every rank (each sees it) with both ranks and both
 // operations. A rank that gives up publishes why in its segment, and the
@@ -52,6 +53,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/shm_segment.h"
+#include "wire/transport.h"
 
 namespace gradsync::client {
 
@@ -68,6 +70,9 @@ struct HostOptions {
   size_t slot_bytes = size_t{512} << 10;  // the largest chunk of one step
   size_t small_bytes = size_t{1} << 20;   // buffer bytes x world size for one step
   Millis poll_interval{20};               // how often a waiting rank runs `health`
+  // Where a peer's segment written out of turn is also counted, in
+  // `dropped` (may be null): a process's gradsync_transport_dropped_total.
+  std::shared_ptr<wire::TransportRefusals> refusals;
 };
 
 struct HostStats {

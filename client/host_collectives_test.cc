@@ -273,7 +273,9 @@ class HostilePeer : public ::testing::Test {
     const uint64_t job = TestJob() + 2;
     std::vector<Status> made = ring_->Run([&](int r) -> Status {
       if (r == 0) {
-        GS_ASSIGN_OR_RETURN(host_, HostCollectives::Create(HostPeers{0, 2, job, 0}, Small(),
+        HostOptions options = Small();
+        options.refusals = refusals_;
+        GS_ASSIGN_OR_RETURN(host_, HostCollectives::Create(HostPeers{0, 2, job, 0}, options,
                                                            &(*ring_)[0], nullptr, Soon()));
         return Status();
       }
@@ -300,6 +302,7 @@ class HostilePeer : public ::testing::Test {
   }
 
   std::unique_ptr<Ring> ring_;
+  std::shared_ptr<wire::TransportRefusals> refusals_ = std::make_shared<wire::TransportRefusals>();
   std::unique_ptr<HostCollectives> host_;
   std::unique_ptr<wire::ShmSegment> segment_;
 };
@@ -309,6 +312,7 @@ TEST_F(HostilePeer, APhaseOutOfTurnIsRefusedNamingThePeer) {
   Status got = Reduce();
   EXPECT_EQ(got.code(), StatusCode::kAborted) << got.ToString();
   EXPECT_NE(got.message().find("rank 1 published phase 1000"), std::string::npos) << got.message();
+  EXPECT_EQ(refusals_->dropped.load(), 1u);
 }
 
 TEST_F(HostilePeer, ASlotOfAnotherPhaseIsRefused) {
@@ -316,8 +320,9 @@ TEST_F(HostilePeer, ASlotOfAnotherPhaseIsRefused) {
   Write64(HostCollectives::kPublishedOffset, 1);
   Status got = Reduce();
   EXPECT_EQ(got.code(), StatusCode::kAborted) << got.ToString();
-  EXPECT_NE(got.message().find("rank 1's slot for step 0 holds step 77"), std::string::npos)
+  EXPECT_NE(got.message().find("rank 1's slot for phase 0 holds phase 77"), std::string::npos)
       << got.message();
+  EXPECT_EQ(refusals_->dropped.load(), 1u);
 }
 
 TEST_F(HostilePeer, AGarbledHeaderIsADisagreement) {
@@ -330,6 +335,7 @@ TEST_F(HostilePeer, AGarbledHeaderIsADisagreement) {
   Status got = Reduce();
   EXPECT_EQ(got.code(), StatusCode::kAborted) << got.ToString();
   EXPECT_NE(got.message().find("ranks disagree"), std::string::npos) << got.message();
+  EXPECT_EQ(refusals_->dropped.load(), 0u);  // a disagreement, not a broken segment
 }
 
 TEST_F(HostilePeer, AnAbortIsTakenWithItsReasonEscaped) {

@@ -93,10 +93,7 @@ Status RingCollectives::Finish(Op& op, Status result) {
 Status RingCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceOp reduce,
                                   const OpTag& tag, Deadline deadline) {
   if (!broken_.ok()) return broken_;
-  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
-    return InvalidArgumentError(std::string("allreduce supports f32, f16 and bf16, not ") +
-                                DTypeName(dtype));
-  }
+  GS_RETURN_IF_ERROR(CheckReducible(dtype));
   const int n = peers_.world_size;
   if (n == 1 || count == 0) return Status();
   Op op(this, RingOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(reduce), n,

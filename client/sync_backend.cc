@@ -459,6 +459,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     HostOptions host_options;
     host_options.enabled = options.shm_allreduce == "segments";
     host_options.poll_interval = ring_options.poll_interval;
+    host_options.refusals = session->refusals();
     auto host = HostCollectives::Create(HostPeers{r, n, session->job_id(), session->epoch()},
                                         host_options, out.lanes.get(), health, deadline);
     if (!host.ok()) {
