@@ -126,6 +126,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       if (!specs.empty()) s = (*next)->PrepareBuckets(specs);
     }
     if (s.ok()) {
+      backend_->ReleaseRetired();  // closed at the loop's start
       std::lock_guard<std::mutex> lock(mu_);
       retired_backends_.push_back(std::move(backend_));
       backend_ = std::move(*next);
@@ -140,6 +141,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
     }
     if (next.ok()) {
       (*next)->CloseLinks();
+      (*next)->ReleaseRetired();
       retired_backends_.push_back(std::move(*next));
     }
     if (s.code() != StatusCode::kMembershipChanged || deadline.Expired()) break;

@@ -255,7 +255,8 @@ class Communicator::Impl {
   wire::RejectedMetrics ps_rejected_;
   std::unique_ptr<BucketMemory> memory_;  // the buckets: host, or CUDA (gradient_device=cuda)
   std::unique_ptr<SyncBackend> backend_;  // set by Start; swapped under mu_
-  // Backends of earlier epochs: failed sends may still point into them.
+  // Backends of earlier epochs, released (SyncBackend::ReleaseRetired):
+  // failed sends may still point into what is left of them.
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time
   SteadyTime membership_changed_at_;                            // guarded by mu_

@@ -96,6 +96,15 @@ struct Ring {
     if (same_host) same_host->Shutdown();
     for (auto& t : lane_transports) t->Shutdown();
   }
+  // After Shutdown, once retired: the segments, the links and the lanes'
+  // own transports go (a payload lent out of a link keeps that link mapped
+  // until it is released); the rings stay, never used again, with the
+  // buffers that lane 0's sends on the session's transport may point into.
+  void Release() {
+    host.reset();
+    same_host.reset();
+    lane_transports.clear();
+  }
 };
 
 // This worker's ring peers, in `order` (empty: rank order).
@@ -513,6 +522,7 @@ class AllReduceBackend : public SyncBackend {
   }
   bool CanReform() const override { return nccl_ == nullptr; }
   void CloseLinks() override { ring_.Shutdown(); }
+  void ReleaseRetired() override { ring_.Release(); }
 
  private:
   Collectives& collectives() const { return nccl_ ? *nccl_ : ring_.collectives(); }
@@ -561,6 +571,7 @@ class PsBackend : public SyncBackend {
     ring_.Shutdown();
     ps_->Close();
   }
+  void ReleaseRetired() override { ring_.Release(); }
   void ResumeAt(uint64_t completed) override { ps_->ResumeAt(completed); }
 
  private:

@@ -88,6 +88,14 @@ class SyncBackend {
   // next epoch's can take their names. The backend is not used again, but
   // is kept until the Communicator goes (sends may point into it).
   virtual void CloseLinks() {}
+  // Once a backend of a later epoch took this one's place (after
+  // CloseLinks): gives back at once what no send can still point into, its
+  // shared memory (segments, links) and the transports it owns, so that a
+  // job whose membership keeps changing does not grow its workers by them.
+  // What stays until the Communicator goes is small: the ring's own
+  // buffers, which sends still queued on the session's transport (to a
+  // neighbour that died) may point into, and the parameter-server client.
+  virtual void ReleaseRetired() {}
 };
 
 struct SyncBackendOptions {

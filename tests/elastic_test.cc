@@ -255,6 +255,46 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     }
   }
 
+  // A worker joins and departs, `cycles` times over, while two workers
+  // train (the joiners on `joiner_host`, if not empty): every epoch's ring
+  // gives back its shared memory (segments, links) once the next one
+  // formed, so the two end with no more of it mapped than at step 25.
+  void JoinAndDepart(int cycles, const std::string& joiner_host) {
+    const int epochs = 2 * cycles;  // a join and a departure each
+    auto workers = StartJob(
+        2, {"--min_workers=2", "--max_workers=3"}, "50", "",
+        {"--step_sleep_ms=5", "--depart_after_steps=10", "--min_epoch=" + std::to_string(epochs)});
+    for (Subprocess* w : workers) {
+      ASSERT_TRUE(w->WaitForOutput("shared memory mapped: ", Deadline::AfterMs(60000)))
+          << w->Output();
+    }
+    for (int k = 0; k < cycles; ++k) {
+      Subprocess& joiner = StartJoiner("1000000", joiner_host);
+      ASSERT_EQ(joiner.Wait(Deadline::AfterMs(90000)), 0) << joiner.Output();
+      EXPECT_NE(joiner.Output().find("departing after step"), std::string::npos) << joiner.Output();
+    }
+    std::set<std::string> params;
+    for (Subprocess* w : workers) {
+      ASSERT_EQ(w->Wait(Deadline::AfterMs(90000)), 0) << w->Output();
+      const std::string out = w->Output();
+      EXPECT_NE(out.find(" world 2 epoch " + std::to_string(epochs) + " params "),
+                std::string::npos)
+          << out;
+      params.insert(Params(out));
+      const std::string said = "shared memory mapped: ";
+      const size_t first = out.find(said), last = out.rfind(said);
+      ASSERT_NE(first, last) << out;
+      const int at_start = std::atoi(out.c_str() + first + said.size());
+      const int at_end = std::atoi(out.c_str() + last + said.size());
+      EXPECT_GT(at_start, 0) << out;
+      EXPECT_LE(at_end, at_start) << "mapped at step 25: " << at_start << ", at the end: " << at_end
+                                  << " after " << epochs << " epochs\n"
+                                  << out;
+    }
+    EXPECT_EQ(params.size(), 1u) << "the workers' parameters differ";
+    EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
+  }
+
   // How often `line` occurs in `out`.
   static size_t Occurrences(const std::string& out, const std::string& line) {
     size_t n = 0;
@@ -402,6 +442,16 @@ TEST_F(ElasticTest, WithCurveAJoinersNodeKeyIsAdmittedByItsNeighbours) {
   const std::string key_file = TmpFile("join.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
   KillOneOfFourAndJoin(key_file);
+}
+
+// One host: each epoch's segments and links over ZeroMQ's lane.
+TEST_F(ElasticTest, WorkersThatJoinAndDepartLeaveNoSharedMemoryBehind) { JoinAndDepart(3, ""); }
+
+// The two on one host, the joiners on another: the epochs with a joiner
+// run TCP streams whose lanes carry the two's link.
+TEST_F(ElasticTest, JoinersOnAnotherHostLeaveNoStreamLinksBehind) {
+  hosts_ = {"127.0.0.1", "127.0.0.1"};
+  JoinAndDepart(2, "127.0.0.2");
 }
 
 // At max_workers a new worker is refused with the reason; the job goes on.

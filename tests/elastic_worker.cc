@@ -16,6 +16,7 @@
 //       [--step_sleep_ms=5] [--split --mark_gap_ms=N] [--server_optimizer]
 //       [--die_at_step=N --die_rank=R --die_once=PATH]
 //       [--depart_at_step=N --depart_rank=R] [--barrier_every=N]
+//       [--depart_after_steps=N] [--min_epoch=E]
 // With die_at_step, the worker started with rank R SIGKILLs itself after
 // step N, once: only if it could create PATH (a restart finds it there).
 // With depart_at_step, the worker started with rank R leaves the job after
@@ -23,9 +24,15 @@
 // worker enters a Barrier after each N-th step it completed (not after a
 // recovery; a joiner from its first completed step on) and prints "barrier
 // after step S".
+// With depart_after_steps, a worker that joined the running job leaves it
+// after its N-th completed step. With min_epoch, the workers go on past
+// --steps until they have re-formed in epoch E or later (all at the same
+// step: they re-form together).
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX" and the
-// gradient bytes synchronised before and after compression.
+// gradient bytes synchronised before and after compression; and "shared
+// memory mapped: N" (the gradsync-* objects /proc/self/maps shows) at step
+// 25 and at the end.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -149,6 +156,20 @@ bool DiesAt(const Config& config, uint64_t step) {
   return true;
 }
 
+// Mappings of gradsync's shared-memory objects (links, segments) in this
+// process, unlinked ones included.
+int SharedMemoryMapped() {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return -1;
+  int n = 0;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    if (std::strstr(line, "/dev/shm/gradsync-") != nullptr) ++n;
+  }
+  std::fclose(maps);
+  return n;
+}
+
 int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -199,13 +220,18 @@ int Main(int argc, char** argv) {
   const int64_t barrier_every = config->GetInt("barrier_every", 0).value();
   const bool departs =
       !joiner && config->GetInt("rank", -1).value() == config->GetInt("depart_rank", -2).value();
+  const int64_t depart_after = joiner ? config->GetInt("depart_after_steps", -1).value() : -1;
+  const int64_t min_epoch = config->GetInt("min_epoch", 0).value();
+  int64_t formed = c.epoch();  // the epoch of the last re-form
+  int64_t completed = 0;       // steps this worker completed
   Status joined = joiner ? MembershipChangedError("joined the running job") : Status();
   bool changed = false, first_since_join = joiner;
-  while (state.step < steps) {
+  while (state.step < steps || formed < min_epoch) {
     Status s = joined.ok() ? Step(c, tensors, data, &state, &g) : joined;
     // The barrier follows a step this worker completed, never a recovery:
     // every worker of the epoch then enters the same ones.
     const bool stepped = s.ok();
+    if (stepped) ++completed;
     if (s.ok() && changed) {
       PrintFirstStep(c, first_since_join, started);
       first_since_join = false;
@@ -216,6 +242,7 @@ int Main(int argc, char** argv) {
       std::printf("%s; now rank %d of %d\n", s.ToString().c_str(), c.rank(), c.world_size());
       std::fflush(stdout);
       s = Recover(c, &state);
+      if (s.ok()) formed = c.epoch();
     }
     if (!s.ok()) {
       std::printf("error: %s\n", s.ToString().c_str());
@@ -228,6 +255,7 @@ int Main(int argc, char** argv) {
                     c.world_size());
         std::fflush(stdout);
         s = Recover(c, &state);
+        if (s.ok()) formed = c.epoch();
         changed = true;
       }
       if (!s.ok()) {
@@ -237,7 +265,8 @@ int Main(int argc, char** argv) {
       }
       std::printf("barrier after step %llu\n", static_cast<unsigned long long>(state.step));
     }
-    if (departs && static_cast<int64_t>(state.step) == depart_at) {
+    if ((departs && static_cast<int64_t>(state.step) == depart_at) ||
+        (stepped && completed == depart_after)) {
       std::printf("departing after step %llu\n", static_cast<unsigned long long>(state.step));
       std::fflush(stdout);
       c.Depart("scaled down");
@@ -251,6 +280,7 @@ int Main(int argc, char** argv) {
     }
     if (state.step % 25 == 0) {
       std::printf("reached step %llu\n", static_cast<unsigned long long>(state.step));
+      if (state.step == 25) std::printf("shared memory mapped: %d\n", SharedMemoryMapped());
       std::fflush(stdout);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
@@ -262,6 +292,7 @@ int Main(int argc, char** argv) {
   std::printf("gradient bytes %llu, after compression %llu\n",
               static_cast<unsigned long long>(stats.bytes_reduced),
               static_cast<unsigned long long>(stats.wire_bytes));
+  std::printf("shared memory mapped: %d\n", SharedMemoryMapped());
   return 0;
 }
 
