@@ -57,6 +57,7 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
                                       return stop_;
                                     },
                                     deadline));
+  NoteWorkerEndpoints();
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
   metrics_.SetMembership(session_->epoch(), session_->num_workers());
   engine_ = std::thread([this] { EngineLoop(); });

@@ -99,6 +99,32 @@ void Communicator::Impl::ResumeAt(uint64_t completed) {
   resumed.wait();
 }
 
+namespace {
+// The data endpoints of the session's other workers.
+std::set<std::string> OtherWorkers(const Session& session) {
+  std::set<std::string> endpoints;
+  for (const wire::NodeInfo& p : session.peers()) {
+    if (p.role == wire::Role::Worker && p.rank != session.rank()) {
+      endpoints.insert(p.DataEndpoint());
+    }
+  }
+  return endpoints;
+}
+}  // namespace
+
+void Communicator::Impl::NoteWorkerEndpoints() {
+  const std::set<std::string> now = OtherWorkers(*session_);
+  worker_endpoints_.insert(now.begin(), now.end());
+}
+
+void Communicator::Impl::DisconnectDeparted() {
+  std::set<std::string> now = OtherWorkers(*session_);
+  for (const std::string& endpoint : worker_endpoints_) {
+    if (now.count(endpoint) == 0) session_->data().Disconnect(endpoint);
+  }
+  worker_endpoints_ = std::move(now);
+}
+
 Status Communicator::Impl::Reform(Deadline deadline) {
   const SteadyTime start = std::chrono::steady_clock::now();
   Status s;
@@ -112,6 +138,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       SyncBackendOptions backend = options_.sync;
       backend.cuda_device = cuda_device_;
       backend.compression_seed = CompressionSeed();
+      NoteWorkerEndpoints();
       next = MakeSyncBackend(
           backend, session_.get(), compression_.get(), memory_.get(), &ring_rejected_,
           &ps_rejected_, [] { return false; }, deadline);
@@ -127,6 +154,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
     }
     if (s.ok()) {
       backend_->ReleaseRetired();  // closed at the loop's start
+      DisconnectDeparted();
       std::lock_guard<std::mutex> lock(mu_);
       retired_backends_.push_back(std::move(backend_));
       backend_ = std::move(*next);

@@ -13,6 +13,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -235,6 +236,13 @@ class Communicator::Impl {
   // On the engine thread: the backend for the adopted epoch, swapped in.
   Status Reform(Deadline deadline);
   Status EnterJoinedEpoch(Deadline deadline);
+  // Adds the other workers' data endpoints of the session's epoch to
+  // worker_endpoints_ (before a backend of that epoch connects to them).
+  void NoteWorkerEndpoints();
+  // After a re-form: closes the data transport's connections to the
+  // workers of earlier epochs that are not in this one (a worker that
+  // joins and departs over and over would otherwise leave one each).
+  void DisconnectDeparted();
   // Queues the ring's check that every rank registered the same tensors.
   void EnqueueLayoutCheckLocked();
   void ResetStepLocked();
@@ -259,7 +267,8 @@ class Communicator::Impl {
   // failed sends may still point into what is left of them.
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time
-  SteadyTime membership_changed_at_;                            // guarded by mu_
+  std::set<std::string> worker_endpoints_;  // see NoteWorkerEndpoints; engine thread
+  SteadyTime membership_changed_at_;        // guarded by mu_
   bool change_reported_ = true;  // the last change was returned to the trainer; guarded by mu_
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only

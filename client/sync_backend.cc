@@ -571,7 +571,12 @@ class PsBackend : public SyncBackend {
     ring_.Shutdown();
     ps_->Close();
   }
-  void ReleaseRetired() override { ring_.Release(); }
+  // The client's transport is its own, shut down by Close: nothing can
+  // point into the client (its compressors' residuals among it).
+  void ReleaseRetired() override {
+    ring_.Release();
+    ps_.reset();
+  }
   void ResumeAt(uint64_t completed) override { ps_->ResumeAt(completed); }
 
  private:

@@ -258,12 +258,14 @@ class ElasticTest : public ::testing::Test, public LocalJob {
   // A worker joins and departs, `cycles` times over, while two workers
   // train (the joiners on `joiner_host`, if not empty): every epoch's ring
   // gives back its shared memory (segments, links) once the next one
-  // formed, so the two end with no more of it mapped than at step 25.
-  void JoinAndDepart(int cycles, const std::string& joiner_host) {
+  // formed, and the connections to departed workers are closed, so the
+  // two end with no more of either than at step 25.
+  void JoinAndDepart(int cycles, const std::string& joiner_host, const Shards& shards = {}) {
     const int epochs = 2 * cycles;  // a join and a departure each
     auto workers = StartJob(
         2, {"--min_workers=2", "--max_workers=3"}, "50", "",
-        {"--step_sleep_ms=5", "--depart_after_steps=10", "--min_epoch=" + std::to_string(epochs)});
+        {"--step_sleep_ms=5", "--depart_after_steps=10", "--min_epoch=" + std::to_string(epochs)},
+        shards);
     for (Subprocess* w : workers) {
       ASSERT_TRUE(w->WaitForOutput("shared memory mapped: ", Deadline::AfterMs(60000)))
           << w->Output();
@@ -290,6 +292,22 @@ class ElasticTest : public ::testing::Test, public LocalJob {
       EXPECT_LE(at_end, at_start) << "mapped at step 25: " << at_start << ", at the end: " << at_end
                                   << " after " << epochs << " epochs\n"
                                   << out;
+      // Nor a connection to a departed worker: at most one descriptor
+      // more (the last joiner's inbound connection, which may not be
+      // closed yet) and one thread (a parameter-server worker starts one
+      // at its first change: 14 then 15, after 3 cycles as after 6).
+      const std::string counts = "descriptors ";
+      int fds_start = 0, fds_end = 0, threads_start = 0, threads_end = 0;
+      ASSERT_EQ(std::sscanf(out.c_str() + out.find(counts), "descriptors %d threads %d", &fds_start,
+                            &threads_start),
+                2)
+          << out;
+      ASSERT_EQ(std::sscanf(out.c_str() + out.rfind(counts), "descriptors %d threads %d", &fds_end,
+                            &threads_end),
+                2)
+          << out;
+      EXPECT_LE(fds_end, fds_start + 1) << out;
+      EXPECT_LE(threads_end, threads_start + 1) << out;
     }
     EXPECT_EQ(params.size(), 1u) << "the workers' parameters differ";
     EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
@@ -444,8 +462,15 @@ TEST_F(ElasticTest, WithCurveAJoinersNodeKeyIsAdmittedByItsNeighbours) {
   KillOneOfFourAndJoin(key_file);
 }
 
-// One host: each epoch's segments and links over ZeroMQ's lane.
+// One host: each epoch's segments and links over ZeroMQ's lane (before:
+// 4 mappings at step 25, 31 at the end; one descriptor more a cycle).
 TEST_F(ElasticTest, WorkersThatJoinAndDepartLeaveNoSharedMemoryBehind) { JoinAndDepart(3, ""); }
+
+// The parameter server: each epoch's client (its links to the shards,
+// its compressors) goes with its ring.
+TEST_F(ElasticTest, ParameterServerWorkersThatJoinAndDepartLeaveNothingBehind) {
+  JoinAndDepart(3, "", SyncShards());
+}
 
 // The two on one host, the joiners on another: the epochs with a joiner
 // run TCP streams whose lanes carry the two's link.

@@ -31,8 +31,9 @@
 // Prints "reached step N" every 25 steps, "membership changed ..." on each
 // change, and at the end "final step S world W epoch E params HEX" and the
 // gradient bytes synchronised before and after compression; and "shared
-// memory mapped: N" (the gradsync-* objects /proc/self/maps shows) at step
-// 25 and at the end.
+// memory mapped: N" (the gradsync-* objects /proc/self/maps shows) and
+// "descriptors N threads M" at step 25 and at the end.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -170,6 +171,16 @@ int SharedMemoryMapped() {
   return n;
 }
 
+// This process's open file descriptors and threads.
+int Entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n - 2;  // . and ..
+}
+
 int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -280,7 +291,11 @@ int Main(int argc, char** argv) {
     }
     if (state.step % 25 == 0) {
       std::printf("reached step %llu\n", static_cast<unsigned long long>(state.step));
-      if (state.step == 25) std::printf("shared memory mapped: %d\n", SharedMemoryMapped());
+      if (state.step == 25) {
+        std::printf("shared memory mapped: %d\n", SharedMemoryMapped());
+        std::printf("descriptors %d threads %d\n", Entries("/proc/self/fd"),
+                    Entries("/proc/self/task"));
+      }
       std::fflush(stdout);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
@@ -293,6 +308,7 @@ int Main(int argc, char** argv) {
               static_cast<unsigned long long>(stats.bytes_reduced),
               static_cast<unsigned long long>(stats.wire_bytes));
   std::printf("shared memory mapped: %d\n", SharedMemoryMapped());
+  std::printf("descriptors %d threads %d\n", Entries("/proc/self/fd"), Entries("/proc/self/task"));
   return 0;
 }
 

@@ -110,6 +110,12 @@ class Transport {
     (void)endpoint, (void)bytes, (void)deadline;
     return UnimplementedError("this transport does not time its links");
   }
+  // Closes this transport's connections to `endpoint` (every lane), for a
+  // peer that left: sends still waiting for it end with Cancelled, and
+  // what it still queued is dropped, its payloads released. A later
+  // Connect to the endpoint opens a new connection. Does nothing where a
+  // transport's connections end only with it.
+  virtual void Disconnect(const std::string& endpoint) { (void)endpoint; }
   // Stops I/O; blocked and later calls return Cancelled. Idempotent.
   virtual void Shutdown() = 0;
 };

@@ -468,6 +468,7 @@ TEST(ZmqTransportTest, MessagesWithTooManyFramesOrTooLargeAHeaderAreDroppedAndCo
 // one message) and to one that reads.
 struct StuckAndReader {
   std::unique_ptr<ZmqTransport> stuck, reader, sender;
+  std::string stuck_at, reader_at;  // their endpoints
   StatusOr<ConnId> to_stuck = UnavailableError("unset"), to_reader = UnavailableError("unset");
 
   StuckAndReader() {
@@ -480,8 +481,10 @@ struct StuckAndReader {
     sender_options.send_hwm = 1;
     sender_options.linger_ms = 0;
     sender = std::move(ZmqTransport::Create(sender_options)).value();
-    to_stuck = sender->Connect(*stuck->Listen("tcp://127.0.0.1:0"));
-    to_reader = sender->Connect(*reader->Listen("tcp://127.0.0.1:0"));
+    stuck_at = stuck->Listen("tcp://127.0.0.1:0").value();
+    reader_at = reader->Listen("tcp://127.0.0.1:0").value();
+    to_stuck = sender->Connect(stuck_at);
+    to_reader = sender->Connect(reader_at);
   }
   // A push whose payload is all of `big`, without copying it.
   static Message BigPush(const std::shared_ptr<std::vector<uint8_t>>& big) {
@@ -520,6 +523,62 @@ TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
   EXPECT_LT(MillisSince(start), 2000);
   stop.store(true);
   for (auto& t : fillers) t.join();
+}
+
+// A peer that left: Disconnect ends what still waits for it (posted sends
+// told Cancelled, every payload let go of, those ZeroMQ had queued too),
+// and a later Connect to the endpoint (a peer started again in its place)
+// opens a new connection that works.
+TEST(ZmqTransportTest, DisconnectLetsGoOfAGonePeersSendsAndConnectOpensAnew) {
+  StuckAndReader p;
+  ASSERT_TRUE(p.to_stuck.ok() && p.to_reader.ok());
+  auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
+  std::mutex mu;
+  std::vector<Status> outcomes;
+  constexpr int kPosts = 8;
+  for (int i = 0; i < kPosts; ++i) {
+    p.sender->Post(Route::Connection(*p.to_stuck), StuckAndReader::BigPush(big),
+                   Deadline::AfterMs(600000), [&](const Status& s) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     outcomes.push_back(s);
+                   });
+  }
+  auto waiting = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return outcomes.size() < kPosts;
+  };
+  // The peer reads nothing: some of the pushes wait in the sender.
+  const auto start = Clock::now();
+  while (big.use_count() == 1 && MillisSince(start) < 10000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(waiting());
+  p.sender->Disconnect(p.stuck_at);
+  while ((waiting() || big.use_count() > 1) && MillisSince(start) < 20000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(big.use_count(), 1) << "the pushes to the gone peer still hold their payloads";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(outcomes.size(), size_t{kPosts});
+    EXPECT_EQ(outcomes.back().code(), StatusCode::kCancelled) << outcomes.back();
+    EXPECT_THAT(outcomes.back().message(), HasSubstr("connection to " + p.stuck_at));
+  }
+  // The other peer's connection is untouched.
+  ASSERT_TRUE(
+      p.sender->Send(Route::Connection(*p.to_reader), Numbered(1), Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(p.reader->Receive(Deadline::AfterMs(5000)).ok());
+  // That peer leaves and another listens in its place.
+  p.sender->Disconnect(p.reader_at);
+  p.reader->Shutdown();
+  p.reader = std::move(ZmqTransport::Create({})).value();
+  ASSERT_TRUE(p.reader->Listen(p.reader_at).ok());
+  auto again = p.sender->Connect(p.reader_at);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(*again, *p.to_reader);
+  ASSERT_TRUE(p.sender->Send(Route::Connection(*again), Numbered(2), Deadline::AfterMs(5000)).ok());
+  auto in = p.reader->Receive(Deadline::AfterMs(5000));
+  ASSERT_TRUE(in.ok()) << in.status();
 }
 
 // A receiver whose queue holds one message pauses its reads while it is

@@ -30,6 +30,9 @@ void ZmqTransport::Impl::Execute(std::unique_ptr<Command> cmd) {
     case Command::Kind::kConnect:
       DoConnect(*cmd);
       return;
+    case Command::Kind::kDisconnect:
+      DoDisconnect(*cmd);
+      return;
     case Command::Kind::kSend: {
       // Keep per-peer order: queue behind anything already waiting for it.
       auto waiting = pending_.find(RouteKey(cmd->route));
@@ -127,6 +130,44 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
   } catch (const zmq::error_t& e) {
     cmd.done.set_value({ZmqError("cannot connect to " + cmd.endpoint, e), "", -1});
   }
+}
+
+void ZmqTransport::Impl::DoDisconnect(Command& cmd) {
+  for (auto it = conn_by_endpoint_.begin(); it != conn_by_endpoint_.end();) {
+    if (it->first.first != cmd.endpoint) {
+      ++it;
+      continue;
+    }
+    const ConnId id = it->second;
+    it = conn_by_endpoint_.erase(it);
+    const std::string key = RouteKey(Route::Connection(id));
+    auto waiting = pending_.find(key);
+    if (waiting != pending_.end()) {
+      for (auto& entry : waiting->second.order) {
+        entry.cmd->Finish(
+            {CancelledError("the connection to " + cmd.endpoint + " was closed"), "", -1});
+      }
+      pending_.erase(waiting);
+    }
+    if (retry_) retry_->Forget(id);
+    auto bulk = bulk_out_.find(id);
+    if (bulk != bulk_out_.end()) {
+      if (bulk->second.socket) bulk->second.socket->set(zmq::sockopt::linger, 0);
+      bulk_out_.erase(bulk);
+    }
+    bulk_connecting_.erase(id);
+    bulk_replies_draining_.erase(id);
+    {
+      std::lock_guard<std::mutex> lock(seal_mu_);
+      sealers_.erase(key);
+    }
+    auto dealer = dealers_.find(id);
+    if (dealer != dealers_.end()) {
+      dealer->second->set(zmq::sockopt::linger, 0);  // what it queued goes now
+      dealers_.erase(dealer);
+    }
+  }
+  cmd.done.set_value({OkStatus(), cmd.endpoint, -1});
 }
 
 void ZmqTransport::Impl::CloseAll() {
@@ -267,6 +308,13 @@ StatusOr<ConnId> ZmqTransport::ConnectLane(const std::string& endpoint, int lane
   Result r = impl_->Submit(std::move(cmd));
   if (!r.status.ok()) return r.status;
   return r.conn;
+}
+
+void ZmqTransport::Disconnect(const std::string& endpoint) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kDisconnect;
+  cmd->endpoint = endpoint;
+  (void)impl_->Submit(std::move(cmd));  // Cancelled once the transport is shut down
 }
 
 namespace {

@@ -152,6 +152,7 @@ class ZmqTransport : public Transport {
   StatusOr<std::string> Listen(const std::string& endpoint) override;
   StatusOr<ConnId> Connect(const std::string& endpoint) override;
   StatusOr<ConnId> ConnectLane(const std::string& endpoint, int lane) override;
+  void Disconnect(const std::string& endpoint) override;
   Status Send(const Route& to, Message message, Deadline deadline) override;
   // Hands the message to the I/O thread without waiting for it.
   void Post(const Route& to, Message message, Deadline deadline,

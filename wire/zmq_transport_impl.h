@@ -75,7 +75,7 @@ struct SealJob {
 };
 
 struct Command {
-  enum class Kind { kListen, kConnect, kSend };
+  enum class Kind { kListen, kConnect, kDisconnect, kSend };
   Kind kind = Kind::kSend;
   std::string endpoint;
   int lane = 0;  // kConnect
@@ -312,6 +312,7 @@ class ZmqTransport::Impl {
   void Execute(std::unique_ptr<Command> cmd);
   void DoListen(Command& cmd);
   void DoConnect(Command& cmd);
+  void DoDisconnect(Command& cmd);
   // Tries to hand the message to ZeroMQ; false when it would block.
   bool TrySend(Command& cmd);
   void RetryPending();
