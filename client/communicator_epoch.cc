@@ -125,6 +125,21 @@ void Communicator::Impl::DisconnectDeparted() {
   worker_endpoints_ = std::move(now);
 }
 
+void Communicator::Impl::Retire(std::unique_ptr<SyncBackend> backend) {
+  backend->ReleaseRetired();
+  retired_backends_.push_back(std::move(backend));
+  const size_t before = retired_backends_.size();
+  retired_backends_.erase(
+      std::remove_if(retired_backends_.begin(), retired_backends_.end(),
+                     [](const std::unique_ptr<SyncBackend>& b) { return !b->SendsOut(); }),
+      retired_backends_.end());
+  if (!retired_backends_.empty()) {
+    GS_LOG(INFO) << "kept " << retired_backends_.size() << " backend(s) of earlier epochs until "
+                 << "their sends are let go of (" << before - retired_backends_.size()
+                 << " destroyed)";
+  }
+}
+
 Status Communicator::Impl::Reform(Deadline deadline) {
   const SteadyTime start = std::chrono::steady_clock::now();
   Status s;
@@ -153,24 +168,26 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       if (!specs.empty()) s = (*next)->PrepareBuckets(specs);
     }
     if (s.ok()) {
-      backend_->ReleaseRetired();  // closed at the loop's start
-      DisconnectDeparted();
-      std::lock_guard<std::mutex> lock(mu_);
-      retired_backends_.push_back(std::move(backend_));
-      backend_ = std::move(*next);
-      ResetStepLocked();
-      const auto now = std::chrono::steady_clock::now();
-      metrics_.SetMembership(epoch, session_->num_workers());
-      metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
-      GS_LOG(WARNING) << "epoch " << epoch << ": re-formed " << backend_->name() << " as worker "
-                      << session_->rank() << " of " << session_->num_workers() << " in "
-                      << std::chrono::duration<double>(now - start).count() << " s";
+      std::unique_ptr<SyncBackend> old;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        old = std::move(backend_);
+        backend_ = std::move(*next);
+        ResetStepLocked();
+        const auto now = std::chrono::steady_clock::now();
+        metrics_.SetMembership(epoch, session_->num_workers());
+        metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
+        GS_LOG(WARNING) << "epoch " << epoch << ": re-formed " << backend_->name() << " as worker "
+                        << session_->rank() << " of " << session_->num_workers() << " in "
+                        << std::chrono::duration<double>(now - start).count() << " s";
+      }
+      DisconnectDeparted();    // first: what waited for those goes
+      Retire(std::move(old));  // closed at the loop's start
       return Status();
     }
     if (next.ok()) {
       (*next)->CloseLinks();
-      (*next)->ReleaseRetired();
-      retired_backends_.push_back(std::move(*next));
+      Retire(std::move(*next));
     }
     if (s.code() != StatusCode::kMembershipChanged || deadline.Expired()) break;
   }

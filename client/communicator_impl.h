@@ -243,6 +243,10 @@ class Communicator::Impl {
   // workers of earlier epochs that are not in this one (a worker that
   // joins and departs over and over would otherwise leave one each).
   void DisconnectDeparted();
+  // Releases a backend that another took the place of (after CloseLinks)
+  // and keeps it while a send still points into it; destroys the earlier
+  // ones that no send does any more.
+  void Retire(std::unique_ptr<SyncBackend> backend);
   // Queues the ring's check that every rank registered the same tensors.
   void EnqueueLayoutCheckLocked();
   void ResetStepLocked();
@@ -263,8 +267,8 @@ class Communicator::Impl {
   wire::RejectedMetrics ps_rejected_;
   std::unique_ptr<BucketMemory> memory_;  // the buckets: host, or CUDA (gradient_device=cuda)
   std::unique_ptr<SyncBackend> backend_;  // set by Start; swapped under mu_
-  // Backends of earlier epochs, released (SyncBackend::ReleaseRetired):
-  // failed sends may still point into what is left of them.
+  // Backends of earlier epochs, released (SyncBackend::ReleaseRetired),
+  // that failed sends still pointed into when last looked at (Retire).
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time
   std::set<std::string> worker_endpoints_;  // see NoteWorkerEndpoints; engine thread

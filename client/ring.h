@@ -146,6 +146,11 @@ class RingCollectives : public Collectives {
 
   RingStats stats() const;
 
+  // Whether no send of this ring points into a buffer any more (its own,
+  // or a caller's): after a failure, one queued to a neighbour that never
+  // took it does until the transport lets go of it. Any thread.
+  bool Idle() const { return sends_out_->load() == 0; }
+
  private:
   class Op;  // one collective in flight (ring.cc)
   RingCollectives(wire::Transport* transport, const RingPeers& peers, const RingOptions& options,
@@ -193,6 +198,8 @@ class RingCollectives : public Collectives {
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0};
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, rejected_{0}, replies_dropped_{0};
   std::atomic<uint64_t> stale_{0};
+  // Sends of every operation not yet let go of: shared with their owners.
+  std::shared_ptr<std::atomic<int64_t>> sends_out_ = std::make_shared<std::atomic<int64_t>>(0);
   // Error replies posted and not yet sent: shared with the transport's
   // callbacks, which may come after the ring is gone.
   std::shared_ptr<std::atomic<int>> replies_in_flight_ = std::make_shared<std::atomic<int>>(0);

@@ -90,6 +90,33 @@ TEST(RingFaultTest, AStalledRankIsNamedByEveryOtherRankByTheDeadline) {
   }
 }
 
+// A send its neighbour never took keeps a ring from being Idle (the
+// buffer must outlive the send) until the neighbour's transport lets go of
+// it; a ring whose operations all completed is Idle.
+TEST(RingFaultTest, ARingIsIdleOnceNoSendPointsIntoABuffer) {
+  const int n = 3;
+  Ring ring(n, FastOptions());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(20000, 1.0f));
+  auto done = ring.Run([&](int r) {
+    return ring[r].AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum, Tag(1),
+                             Soon());
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(done[r].ok()) << done[r];
+    EXPECT_TRUE(ring[r].Idle()) << r;
+  }
+  auto st = ring.Run([&](int r) {
+    if (r == 1) return Status();  // never takes part
+    return ring[r].AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum, Tag(2),
+                             Deadline::After(Millis(500)));
+  });
+  EXPECT_FALSE(st[0].ok());
+  EXPECT_FALSE(ring[0].Idle()) << "rank 0's first send waits in rank 1's transport";
+  EXPECT_TRUE(ring[1].Idle());
+  ring.DropTransport(1);
+  EXPECT_TRUE(ring[0].Idle());
+}
+
 TEST(RingFaultTest, AHealthFailureEndsTheWaitAtOnce) {
   const int n = 3;
   std::atomic<bool> dead{false};

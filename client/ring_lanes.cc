@@ -30,6 +30,10 @@ RingLanes::RingLanes(std::vector<std::unique_ptr<RingCollectives>> lanes,
 
 RingLanes::~RingLanes() = default;
 
+bool RingLanes::Idle() const {
+  return std::all_of(lanes_.begin(), lanes_.end(), [](const auto& lane) { return lane->Idle(); });
+}
+
 size_t RingLanes::LanesFor(size_t bytes) const {
   return std::max<size_t>(1, std::min(active_, bytes / kMinLaneBytes));
 }

@@ -88,6 +88,8 @@ class RingLanes : public Collectives {
 
   // The lanes' counts added up.
   RingStats stats() const;
+  // Whether every lane is Idle (RingCollectives::Idle).
+  bool Idle() const;
 
  private:
   // Runs run(lane, first unit, units) on `used` lanes over `units` units

@@ -4,6 +4,7 @@
 #define GRADSYNC_CLIENT_RING_OP_H_
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -27,16 +28,19 @@ constexpr int kMaxRepliesInFlight = 64;
 
 // Counts the sends that still point into each segment of the caller's
 // buffer; a segment is overwritten only once its count is back to zero.
-// Shared with the payload owners, which may outlive the operation.
+// Shared with the payload owners, which may outlive the operation. `total`
+// counts the sends of every operation of the ring (RingCollectives::Idle).
 class RingSendHolds {
  public:
-  explicit RingSendHolds(int segments) : held_(static_cast<size_t>(segments), 0) {}
+  RingSendHolds(int segments, std::shared_ptr<std::atomic<int64_t>> total)
+      : held_(static_cast<size_t>(segments), 0), total_(std::move(total)) {}
 
   std::shared_ptr<const void> Hold(const std::shared_ptr<RingSendHolds>& self, int seg) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++held_[static_cast<size_t>(seg)];
     }
+    total_->fetch_add(1);
     return std::shared_ptr<const void>(nullptr, [self, seg](const void*) { self->Release(seg); });
   }
 
@@ -56,14 +60,18 @@ class RingSendHolds {
 
  private:
   void Release(int seg) {
-    std::lock_guard<std::mutex> lock(mu_);
-    --held_[static_cast<size_t>(seg)];
-    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --held_[static_cast<size_t>(seg)];
+      cv_.notify_all();
+    }
+    total_->fetch_sub(1);
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int> held_;
+  const std::shared_ptr<std::atomic<int64_t>> total_;
 };
 
 class RingCollectives::Op {
@@ -76,7 +84,7 @@ class RingCollectives::Op {
         dtype_(dtype),
         fingerprint_(RingFingerprint(kind, tag_, dtype, count, extra)),
         deadline_(deadline),
-        holds_(std::make_shared<RingSendHolds>(segments)) {}
+        holds_(std::make_shared<RingSendHolds>(segments, ring->sends_out_)) {}
 
   int rank() const { return ring_->peers_.rank; }
   int left() const { return ring_->RankAt(ring_->pos_ - 1); }

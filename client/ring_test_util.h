@@ -58,6 +58,12 @@ class Ring {
   static std::string Endpoint(int r) { return "inproc://rank" + std::to_string(r); }
   RingCollectives& operator[](int r) { return *rings_[r]; }
   wire::InProcNetwork& net() { return net_; }
+  // Destroys rank r's transport, and with it whatever it had received and
+  // not handed out (its ring stays, not to be used again).
+  void DropTransport(int r) {
+    transports_[r]->Shutdown();
+    transports_[r].reset();
+  }
 
   // Runs fn(rank) on one thread per rank; returns each rank's status.
   std::vector<Status> Run(const std::function<Status(int)>& fn) { return RunRanks(n_, fn); }

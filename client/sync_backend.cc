@@ -105,6 +105,7 @@ struct Ring {
     same_host.reset();
     lane_transports.clear();
   }
+  bool SendsOut() const { return lanes && !lanes->Idle(); }
 };
 
 // This worker's ring peers, in `order` (empty: rank order).
@@ -523,6 +524,7 @@ class AllReduceBackend : public SyncBackend {
   bool CanReform() const override { return nccl_ == nullptr; }
   void CloseLinks() override { ring_.Shutdown(); }
   void ReleaseRetired() override { ring_.Release(); }
+  bool SendsOut() const override { return ring_.SendsOut(); }
 
  private:
   Collectives& collectives() const { return nccl_ ? *nccl_ : ring_.collectives(); }
@@ -577,6 +579,7 @@ class PsBackend : public SyncBackend {
     ring_.Release();
     ps_.reset();
   }
+  bool SendsOut() const override { return ring_.SendsOut(); }
   void ResumeAt(uint64_t completed) override { ps_->ResumeAt(completed); }
 
  private:

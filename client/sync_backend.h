@@ -96,6 +96,9 @@ class SyncBackend {
   // buffers, which sends still queued on the session's transport (to a
   // neighbour that died) may point into, and the parameter-server client.
   virtual void ReleaseRetired() {}
+  // Whether a send still points into what ReleaseRetired left (a retired
+  // backend that says no is destroyed).
+  virtual bool SendsOut() const { return false; }
 };
 
 struct SyncBackendOptions {
