@@ -98,8 +98,9 @@ struct Ring {
   }
   // After Shutdown, once retired: the segments, the links and the lanes'
   // own transports go (a payload lent out of a link keeps that link mapped
-  // until it is released); the rings stay, never used again, with the
-  // buffers that lane 0's sends on the session's transport may point into.
+  // until it is released); the rings stay, never used again, while lane
+  // 0's sends on the session's transport may point into their buffers
+  // (SendsOut).
   void Release() {
     host.reset();
     same_host.reset();

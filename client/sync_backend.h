@@ -85,19 +85,17 @@ class SyncBackend {
   // (Communicator::AgreeOnStep); before its first bucket.
   virtual void ResumeAt(uint64_t completed) { (void)completed; }
   // Before a re-form: closes this backend's shared-memory links, so the
-  // next epoch's can take their names. The backend is not used again, but
-  // is kept until the Communicator goes (sends may point into it).
+  // next epoch's can take their names. The backend is not used again.
   virtual void CloseLinks() {}
   // Once a backend of a later epoch took this one's place (after
-  // CloseLinks): gives back at once what no send can still point into, its
-  // shared memory (segments, links) and the transports it owns, so that a
-  // job whose membership keeps changing does not grow its workers by them.
-  // What stays until the Communicator goes is small: the ring's own
-  // buffers, which sends still queued on the session's transport (to a
-  // neighbour that died) may point into, and the parameter-server client.
+  // CloseLinks): gives back at once what no send can still point into (its
+  // segments, links, own transports, the parameter-server client), so that
+  // a job whose membership keeps changing does not grow its workers. What
+  // is left, the rings and their buffers, stays while SendsOut.
   virtual void ReleaseRetired() {}
-  // Whether a send still points into what ReleaseRetired left (a retired
-  // backend that says no is destroyed).
+  // Whether a send still points into what ReleaseRetired left: one queued
+  // on the session's transport to a neighbour that has not taken it. The
+  // Communicator destroys a retired backend once this is false.
   virtual bool SendsOut() const { return false; }
 };
 
