@@ -493,6 +493,28 @@ struct StuckAndReader {
     f.num_elements = big->size();
     return MakeData(Me(), MsgType::Push, f, {Payload::Borrow(big->data(), big->size(), big)});
   }
+
+  // What posts reported, in the order they did.
+  struct Outcomes {
+    std::mutex mu;
+    std::vector<Status> all;  // guarded by mu
+    size_t size() {
+      std::lock_guard<std::mutex> lock(mu);
+      return all.size();
+    }
+  };
+  // Posts `n` pushes of all of `big` to the peer that never reads; each
+  // reports into `outcomes`.
+  void PostToStuck(int n, const std::shared_ptr<std::vector<uint8_t>>& big, Deadline deadline,
+                   Outcomes* outcomes) {
+    for (int i = 0; i < n; ++i) {
+      sender->Post(Route::Connection(*to_stuck), BigPush(big), deadline,
+                   [outcomes](const Status& s) {
+                     std::lock_guard<std::mutex> lock(outcomes->mu);
+                     outcomes->all.push_back(s);
+                   });
+    }
+  }
 };
 
 TEST(ZmqTransportTest, APeerThatStopsReadingDelaysNoOtherPeer) {
@@ -533,20 +555,10 @@ TEST(ZmqTransportTest, DisconnectLetsGoOfAGonePeersSendsAndConnectOpensAnew) {
   StuckAndReader p;
   ASSERT_TRUE(p.to_stuck.ok() && p.to_reader.ok());
   auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
-  std::mutex mu;
-  std::vector<Status> outcomes;
-  constexpr int kPosts = 8;
-  for (int i = 0; i < kPosts; ++i) {
-    p.sender->Post(Route::Connection(*p.to_stuck), StuckAndReader::BigPush(big),
-                   Deadline::AfterMs(600000), [&](const Status& s) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     outcomes.push_back(s);
-                   });
-  }
-  auto waiting = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return outcomes.size() < kPosts;
-  };
+  StuckAndReader::Outcomes outcomes;
+  constexpr size_t kPosts = 8;
+  p.PostToStuck(kPosts, big, Deadline::AfterMs(600000), &outcomes);
+  auto waiting = [&] { return outcomes.size() < kPosts; };
   // The peer reads nothing: some of the pushes wait in the sender.
   const auto start = Clock::now();
   while (big.use_count() == 1 && MillisSince(start) < 10000) {
@@ -559,10 +571,10 @@ TEST(ZmqTransportTest, DisconnectLetsGoOfAGonePeersSendsAndConnectOpensAnew) {
   }
   EXPECT_EQ(big.use_count(), 1) << "the pushes to the gone peer still hold their payloads";
   {
-    std::lock_guard<std::mutex> lock(mu);
-    ASSERT_EQ(outcomes.size(), size_t{kPosts});
-    EXPECT_EQ(outcomes.back().code(), StatusCode::kCancelled) << outcomes.back();
-    EXPECT_THAT(outcomes.back().message(), HasSubstr("connection to " + p.stuck_at));
+    std::lock_guard<std::mutex> lock(outcomes.mu);
+    ASSERT_EQ(outcomes.all.size(), kPosts);
+    EXPECT_EQ(outcomes.all.back().code(), StatusCode::kCancelled) << outcomes.all.back();
+    EXPECT_THAT(outcomes.all.back().message(), HasSubstr("connection to " + p.stuck_at));
   }
   // The other peer's connection is untouched.
   ASSERT_TRUE(
@@ -610,29 +622,19 @@ TEST(ZmqTransportTest, PostNeverWaitsAndReportsTheOutcomeLater) {
   StuckAndReader p;
   ASSERT_TRUE(p.to_stuck.ok() && p.to_reader.ok());
   auto big = std::make_shared<std::vector<uint8_t>>(size_t{8} << 20, 1);
-  std::mutex mu;
-  std::vector<Status> outcomes;
+  StuckAndReader::Outcomes posted;
   const auto start = Clock::now();
-  for (int i = 0; i < 16; ++i) {
-    p.sender->Post(Route::Connection(*p.to_stuck), StuckAndReader::BigPush(big),
-                   Deadline::AfterMs(1500), [&](const Status& s) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     outcomes.push_back(s);
-                   });
-  }
+  p.PostToStuck(16, big, Deadline::AfterMs(1500), &posted);
   EXPECT_LT(MillisSince(start), 500) << "posting waited on the peer";
   std::atomic<bool> delivered{false};
   p.sender->Post(Route::Connection(*p.to_reader), Numbered(1), Deadline::AfterMs(2000),
                  [&](const Status& s) { delivered = s.ok(); });
   ASSERT_TRUE(p.reader->Receive(Deadline::AfterMs(2000)).ok());
-  for (int i = 0; i < 300; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (outcomes.size() == 16) break;
-    }
+  for (int i = 0; i < 300 && posted.size() < 16; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(posted.mu);
+  const std::vector<Status>& outcomes = posted.all;
   ASSERT_EQ(outcomes.size(), 16u) << "every post reports once";
   EXPECT_EQ(
       std::count_if(outcomes.begin(), outcomes.end(),

@@ -139,9 +139,9 @@ void ZmqTransport::Impl::DoDisconnect(Command& cmd) {
       continue;
     }
     const ConnId id = it->second;
+    const Route route = Route::Connection(id);
     it = conn_by_endpoint_.erase(it);
-    const std::string key = RouteKey(Route::Connection(id));
-    auto waiting = pending_.find(key);
+    auto waiting = pending_.find(RouteKey(route));
     if (waiting != pending_.end()) {
       for (auto& entry : waiting->second.order) {
         entry.cmd->Finish(
@@ -152,15 +152,13 @@ void ZmqTransport::Impl::DoDisconnect(Command& cmd) {
     if (retry_) retry_->Forget(id);
     auto bulk = bulk_out_.find(id);
     if (bulk != bulk_out_.end()) {
+      DropInbox(bulk->second.replies);  // its early replies leave the shared bound
       if (bulk->second.socket) bulk->second.socket->set(zmq::sockopt::linger, 0);
       bulk_out_.erase(bulk);
     }
     bulk_connecting_.erase(id);
     bulk_replies_draining_.erase(id);
-    {
-      std::lock_guard<std::mutex> lock(seal_mu_);
-      sealers_.erase(key);
-    }
+    Unpublish(route);
     auto dealer = dealers_.find(id);
     if (dealer != dealers_.end()) {
       dealer->second->set(zmq::sockopt::linger, 0);  // what it queued goes now
