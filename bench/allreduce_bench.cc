@@ -41,7 +41,7 @@
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
 //                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_sealed_zmq,
-//                  gradsync_ring_zmq,openmpi_tcp,openmpi,gradsync_shm_segments
+//                  gradsync_ring_zmq,openmpi_tcp,openmpi,gradsync_shm_segments,gradsync_hd
 //          --chunk_bytes=N --small_bytes=N --slot_bytes=N (gradsync_shm_segments)
 //          --bulk_crypto_threads=N (gradsync_ring_sealed_zmq; -1 by cores)
 //          --op_timeout_s=60 --group_timeout_s=N --gloo_barrier --keep_tmp --verbose
@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "client/halving_doubling.h"
 #include "client/host_collectives.h"
 #include "client/ring.h"
 #include "common/config.h"
@@ -107,15 +108,19 @@ using Steady = std::chrono::steady_clock;
 // (wire/same_host_transport.h).
 // gradsync_shm_segments: our all-reduce over shared-memory segments
 // (client/host_collectives.h), as a job on one host runs it.
+// gradsync_hd: our all-reduce by halving and doubling over TCP streams, a
+// 2-rank ring with each partner (client/halving_doubling.h), as a job with
+// ring_algorithm=halving_doubling runs it between hosts (up to the ring's
+// small_bytes, gradsync_ring's small path); 4, 8, 16 ... ranks.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
-constexpr const char* kImplNames[] = {"gradsync_ring",        "gloo_ring",
-                                      "gloo_ring_chunked",    "gradsync_ring_curve",
-                                      "openmpi_tcp",          "openmpi",
-                                      "gradsync_ring_shm",    "gradsync_ring_sealed",
-                                      "gradsync_ring_zmq",    "gradsync_ring_sealed_zmq",
-                                      "gradsync_shm_segments"};
-constexpr int kNumImpls = 11;
+constexpr const char* kImplNames[] = {"gradsync_ring",         "gloo_ring",
+                                      "gloo_ring_chunked",     "gradsync_ring_curve",
+                                      "openmpi_tcp",           "openmpi",
+                                      "gradsync_ring_shm",     "gradsync_ring_sealed",
+                                      "gradsync_ring_zmq",     "gradsync_ring_sealed_zmq",
+                                      "gradsync_shm_segments", "gradsync_hd"};
+constexpr int kNumImpls = 12;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
@@ -125,6 +130,7 @@ constexpr int kOursSealed = 7;
 constexpr int kOursZmq = 8;
 constexpr int kOursSealedZmq = 9;
 constexpr int kOursSegments = 10;
+constexpr int kOursHd = 11;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -358,7 +364,12 @@ struct Rank {
     std::unique_ptr<wire::SameHostTransport> same_host;  // over transport (shm only)
     std::unique_ptr<client::RingCollectives> ring;
     std::unique_ptr<client::HostCollectives> host;  // over ring (segments only)
+    // kOursHd: a transport for each level's pair, and the all-reduce over
+    // them (beside `ring`).
+    std::vector<std::unique_ptr<wire::TcpStreamTransport>> pair_streams;
+    std::unique_ptr<client::HalvingDoubling> hd;
     client::Collectives* collectives() const {
+      if (hd) return hd.get();
       return host ? static_cast<client::Collectives*>(host.get()) : ring.get();
     }
     uint64_t seq = 0;
@@ -381,10 +392,12 @@ Status ConnectGloo(Rank* r) {
   });
 }
 
-// Publishes `mine` under this rank's `prefix` key and returns the right
-// neighbour's.
-StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine, const std::string& prefix) {
-  std::string right_key = prefix + std::to_string((r->args.rank + 1) % r->args.world);
+// Publishes `mine` under this rank's `prefix` key and returns rank `peer`'s
+// (-1: the right neighbour's).
+StatusOr<std::string> SwapEndpoints(Rank* r, const std::string& mine, const std::string& prefix,
+                                    int peer = -1) {
+  if (peer < 0) peer = (r->args.rank + 1) % r->args.world;
+  std::string right_key = prefix + std::to_string(peer);
   std::vector<char> got;
   Status s = GlooCall("store", [&] {
     r->store->set(prefix + std::to_string(r->args.rank), {mine.begin(), mine.end()});
@@ -509,11 +522,57 @@ Status ConnectStreams(Rank* r, int impl, Rank::OurRing* ours) {
   return OkStatus();
 }
 
+// kOursHd: the plain ring over TCP streams (ConnectStreams) and, beside it,
+// a 2-rank ring over TCP streams with each level's partner.
+Status ConnectHd(Rank* r, Rank::OurRing* ours) {
+  const int n = r->args.world;
+  const int rank = r->args.rank;
+  GS_RETURN_IF_ERROR(ConnectStreams(r, kOursHd, ours));
+  auto name = [](int rank, int level) {
+    return "rank-" + std::to_string(rank) + "/pair" + std::to_string(level);
+  };
+  std::vector<std::unique_ptr<client::RingCollectives>> pairs;
+  for (int k = 0; k < client::HalvingDoublingLevels(n); ++k) {
+    const int partner = client::HalvingDoublingPartner(rank, k);
+    wire::TcpStreamOptions options;
+    options.job_id = r->args.job_id;
+    options.identity = name(rank, k);
+    options.accept = {name(partner, k)};
+    ours->pair_streams.push_back(std::make_unique<wire::TcpStreamTransport>(options));
+    GS_ASSIGN_OR_RETURN(std::string endpoint,
+                        ours->pair_streams.back()->Listen("tcp://127.0.0.1:0"));
+    GS_ASSIGN_OR_RETURN(
+        std::string theirs,
+        SwapEndpoints(r, endpoint, "gradsync_hd_" + std::to_string(k) + "_", partner));
+    client::RingPeers peers;
+    peers.rank = (rank >> k) & 1;
+    peers.world_size = 2;
+    peers.job_ranks = {std::min(rank, partner), std::max(rank, partner)};
+    peers.right_endpoint = theirs;
+    peers.left_identity = options.accept[0];
+    peers.sender = wire::Sender{wire::Role::Worker, rank, r->args.job_id};
+    GS_ASSIGN_OR_RETURN(auto pair,
+                        client::RingCollectives::Create(ours->pair_streams.back().get(), peers,
+                                                        OurRingOptions(*r), nullptr));
+    pairs.push_back(std::move(pair));
+  }
+  // As a job runs it: past the ring's small_bytes (the ring below).
+  GS_ASSIGN_OR_RETURN(ours->hd,
+                      client::HalvingDoubling::Create(rank, n, std::move(pairs), ours->ring.get(),
+                                                      OurRingOptions(*r).small_bytes + 1));
+  return OkStatus();
+}
+
 // Our ring for implementation `impl` (kOurs, kOursSealed, kOursZmq,
 // kOursCurve, kOursShm or kOursSealedZmq).
 Status ConnectOurs(Rank* r, int impl) {
   Rank::OurRing& ours = r->ours[impl];
   if (impl == kOurs || impl == kOursSealed) return ConnectStreams(r, impl, &ours);
+  if (impl == kOursHd) {
+    if (client::HalvingDoublingFits(r->args.world)) return ConnectHd(r, &ours);
+    r->ours.erase(impl);  // not for this many ranks
+    return OkStatus();
+  }
   wire::ZmqOptions zmq;
   std::shared_ptr<wire::NodeKeys> keys;
   if (impl == kOursCurve || impl == kOursSealedZmq) {
@@ -690,8 +749,8 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  for (int impl :
-       {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq, kOursSegments}) {
+  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq,
+                   kOursSegments, kOursHd}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;
@@ -950,8 +1009,10 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     }
     // Over TCP our plain ring against OpenMPI's TCP; on one host our
     // shared-memory all-reduces against OpenMPI's default (shared memory).
-    for (auto [mine, impl] :
-         {std::pair<int, int>{kOurs, kMpiTcp}, {kOursShm, kMpi}, {kOursSegments, kMpi}}) {
+    for (auto [mine, impl] : {std::pair<int, int>{kOurs, kMpiTcp},
+                              {kOursHd, kMpiTcp},
+                              {kOursShm, kMpi},
+                              {kOursSegments, kMpi}}) {
       const Row* a = Find(rows, mine, world, bytes);
       const Row* mpi = Find(rows, impl, world, bytes);
       if (a && mpi) {
@@ -992,8 +1053,9 @@ void PrintTargets(const std::vector<Row>& rows) {
     double max_latency;  // ours / theirs at 4 KiB; 0: no target
   };
   for (const PairTarget t :
-       {PairTarget{kOurs, kMpiTcp, 1.0, 3.0}, PairTarget{kOursShm, kMpi, 1.0, 3.0},
-        PairTarget{kOursSegments, kMpi, 1.0, 3.0}, PairTarget{kOursSealed, kOurs, 0.7, 0}}) {
+       {PairTarget{kOurs, kMpiTcp, 1.0, 3.0}, PairTarget{kOursHd, kMpiTcp, 1.0, 3.0},
+        PairTarget{kOursShm, kMpi, 1.0, 3.0}, PairTarget{kOursSegments, kMpi, 1.0, 3.0},
+        PairTarget{kOursSealed, kOurs, 0.7, 0}}) {
     std::string bw, lat;
     int bw_n = 0, lat_n = 0;
     for (const Row& r : rows) {

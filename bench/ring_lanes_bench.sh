@@ -48,17 +48,9 @@ if ! tools/simhosts.sh check; then
   exit 1
 fi
 
-tmp=$(mktemp -d)
-name="gsrl$$"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  tools/simhosts.sh down "$name"
-}
-trap cleanup EXIT
-wire/gradsync_keygen "$tmp/job.key" > /dev/null
-tools/simhosts.sh up "$name" $((5 + SHARDS)) "$RATE" "$FLOW"
 source bench/sim_job.sh
+sim_begin gsrl
+tools/simhosts.sh up "$name" $((5 + SHARDS)) "$RATE" "$FLOW"
 results="$tmp/results.jsonl"
 port=9200
 for security in $SECURITIES; do

@@ -67,16 +67,8 @@ MODES=(
   "ps-async|1|GRADSYNC_PS_MODE=async GRADSYNC_OPTIMIZER=momentum GRADSYNC_MOMENTUM=0.5 GRADSYNC_LR=0.025|--path=ps"
 )
 
-tmp=$(mktemp -d)
-name="gssl$$"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  tools/simhosts.sh down "$name"
-}
-trap cleanup EXIT
-wire/gradsync_keygen "$tmp/job.key" > /dev/null
 source bench/sim_job.sh
+sim_begin gssl
 results="$tmp/results.jsonl"
 port=9100
 

@@ -60,7 +60,7 @@ struct SyncHandle::State {
 // The Communicator's settings (Config), read once at Create.
 struct CommOptions {
   // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes,
-  // ring_shm_allreduce, ring_order, ring_lanes, ring_transport), ps
+  // ring_shm_allreduce, ring_order, ring_lanes, ring_transport, ring_algorithm), ps
   // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
@@ -101,6 +101,11 @@ struct CommOptions {
     if (o.sync.ring_transport != "tcp" && o.sync.ring_transport != "zmq") {
       return InvalidArgumentError("ring_transport must be tcp or zmq, got '" +
                                   o.sync.ring_transport + "'");
+    }
+    GS_ASSIGN_OR_RETURN(o.sync.ring_algorithm, config.GetString("ring_algorithm", "ring"));
+    if (o.sync.ring_algorithm != "ring" && o.sync.ring_algorithm != "halving_doubling") {
+      return InvalidArgumentError("ring_algorithm must be ring or halving_doubling, got '" +
+                                  o.sync.ring_algorithm + "'");
     }
     GS_ASSIGN_OR_RETURN(std::string lanes, config.GetString("ring_lanes", "1"));
     if (lanes == "auto") {

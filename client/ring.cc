@@ -7,6 +7,20 @@
 namespace gradsync::client {
 namespace {
 
+// How a RingAbort carries `why` (Op::FromAbort turns it back into a status
+// of the same code).
+wire::ErrorCode AbortCode(const Status& why) {
+  switch (why.code()) {
+    case StatusCode::kDeadlineExceeded:
+      return wire::ErrorCode::Timeout;
+    case StatusCode::kAborted:
+    case StatusCode::kFailedPrecondition:
+      return wire::ErrorCode::Mismatch;
+    default:
+      return wire::ErrorCode::PeerDead;
+  }
+}
+
 std::string SpecText(const std::string& name, uint64_t count, wire::DType dtype) {
   return "'" + wire::Escaped(name) + "' (" + std::to_string(count) + " x " +
          DTypeName(static_cast<DType>(dtype)) + ")";
@@ -60,6 +74,10 @@ StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(wire::Transpo
                                   std::to_string(peers.world_size) + " ranks");
     }
   }
+  if (!peers.job_ranks.empty() && peers.job_ranks.size() != static_cast<size_t>(peers.world_size)) {
+    return InvalidArgumentError("a ring of " + std::to_string(peers.world_size) + " ranks with " +
+                                std::to_string(peers.job_ranks.size()) + " job ranks");
+  }
   if (options.chunk_bytes < 64) {
     return InvalidArgumentError("ring chunk_bytes must be at least 64, got " +
                                 std::to_string(options.chunk_bytes));
@@ -105,6 +123,26 @@ Status RingCollectives::AllReduce(void* data, size_t count, DType dtype, ReduceO
   return Finish(op, RunAllReduce(op, base, count, dtype, reduce));
 }
 
+Status RingCollectives::AllReduceAround(void* data, size_t count, DType dtype, const OpTag& tag,
+                                        Deadline deadline, const Between& between) {
+  if (!broken_.ok()) return broken_;
+  GS_RETURN_IF_ERROR(CheckReducible(dtype));
+  auto* base = static_cast<uint8_t*>(data);
+  if (peers_.world_size == 1 || count == 0) return between(base, count);
+  Op op(this, RingOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(ReduceOp::kSum),
+        peers_.world_size, deadline);
+  return Finish(op, RunAllReduce(op, base, count, dtype, ReduceOp::kSum, &between));
+}
+
+void RingCollectives::Abandon(const OpTag& tag, DType dtype, uint64_t count, const Status& why) {
+  if (!broken_.ok()) return;
+  broken_ = why;
+  if (peers_.world_size == 1) return;
+  Op op(this, RingOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(ReduceOp::kSum), 1,
+        Deadline::After(Millis(200)));
+  op.Fail(why, AbortCode(why), -1).IgnoreError();
+}
+
 Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
                                           ReduceOp reduce) {
   const int n = peers_.world_size;
@@ -134,7 +172,7 @@ Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, D
 }
 
 Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
-                                     ReduceOp reduce) {
+                                     ReduceOp reduce, const Between* between) {
   const int n = peers_.world_size;
   const int r = pos_;  // segments go by ring position
   const size_t es = DTypeSize(dtype);
@@ -154,7 +192,19 @@ Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType 
       uint8_t* dst = base + c.begin * es;
       AddInto(dst, msg.payloads[0].data, c.size(), dtype);
       if (s + 2 == n && reduce == ReduceOp::kAverage) DivideBy(dst, c.size(), dtype, n);
-      GS_RETURN_IF_ERROR(op.SendFromBuffer(dst, c.size(), seg));
+      // With `between`, the finished part goes on only once it has run.
+      if (s + 2 < n || between == nullptr) {
+        GS_RETURN_IF_ERROR(op.SendFromBuffer(dst, c.size(), seg));
+      }
+    }
+    if (s + 2 == n && between != nullptr) {
+      Status inner = (*between)(base + span.begin * es, span.size());
+      if (inner.code() == StatusCode::kMembershipChanged) return inner;
+      if (!inner.ok()) return op.Fail(inner, AbortCode(inner), -1);
+      for (size_t j = 0; j < NumChunks(span, ce); ++j) {
+        const Span c = Chunk(span, ce, j);
+        GS_RETURN_IF_ERROR(op.SendFromBuffer(base + c.begin * es, c.size(), seg));
+      }
     }
   }
   // All-gather: at step s, the finished segment r-s arrives and is passed on.
@@ -250,23 +300,24 @@ StatusOr<std::string> RingCollectives::ReceiveLayoutDiff(
     const wire::LayoutBody* piece = msg.header_view()->body_as_LayoutBody();
     if (piece->first() != next || (next > 0 && piece->total() != total)) {
       return op.Fail(FailedPreconditionError(
-                         op.Describe() + ": rank " + std::to_string(op.left()) +
+                         op.Describe() + ": rank " + op.Named(op.left()) +
                          " sent the layout piece from tensor #" + std::to_string(piece->first()) +
                          " of " + std::to_string(piece->total()) + ", rank " +
-                         std::to_string(peers_.rank) + " expected #" + std::to_string(next) +
-                         (next > 0 ? " of " + std::to_string(total) : "")),
+                         std::to_string(JobRank(peers_.rank)) + " expected #" +
+                         std::to_string(next) + (next > 0 ? " of " + std::to_string(total) : "")),
                      ErrorCode::Mismatch, -1);
     }
     total = piece->total();
     const size_t n = piece->tensors() ? piece->tensors()->size() : 0;
     for (size_t k = 0; k < n; ++k) {
       const auto* theirs = piece->tensors()->Get(static_cast<flatbuffers::uoffset_t>(k));
-      std::string diff = CompareSpec(next + k, theirs, mine, op.left(), peers_.rank);
+      std::string diff =
+          CompareSpec(next + k, theirs, mine, JobRank(op.left()), JobRank(peers_.rank));
       if (!diff.empty()) return diff;
     }
     next += n;
   } while (next < total);
-  return CompareSpec(total, nullptr, mine, op.left(), peers_.rank);
+  return CompareSpec(total, nullptr, mine, JobRank(op.left()), JobRank(peers_.rank));
 }
 
 Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& tensors,
@@ -290,8 +341,8 @@ Status RingCollectives::CheckLayout(const std::vector<wire::TensorSpecFields>& t
       return RunAllGather(op, 1, scratch_.data());
     }
     return op.Fail(
-        FailedPreconditionError("tensor layouts differ between rank " + std::to_string(op.left()) +
-                                " and rank " + std::to_string(peers_.rank) + ": " + diff),
+        FailedPreconditionError("tensor layouts differ between rank " + op.Named(op.left()) +
+                                " and rank " + std::to_string(JobRank(peers_.rank)) + ": " + diff),
         ErrorCode::Mismatch, -1);
   }();
   return Finish(op, s);

@@ -93,6 +93,10 @@ struct RingPeers {
   // Results do not depend on it: all-gather places blocks by rank, and
   // broadcast roots are ranks.
   std::vector<int> order;
+  // The job-wide rank of each rank of this ring (a ring of some of the
+  // job's workers: client/halving_doubling.h); empty: the same numbers.
+  // Headers name senders by job rank (`sender`), and so do messages.
+  std::vector<int> job_ranks;
 };
 
 struct RingStats {
@@ -105,6 +109,18 @@ struct RingStats {
   uint64_t replies_dropped = 0;
   // Messages of an earlier membership epoch, dropped.
   uint64_t stale = 0;
+
+  // Adds `other`'s counts (rings made of several: lanes, pairs).
+  RingStats& operator+=(const RingStats& other) {
+    messages_sent += other.messages_sent;
+    messages_received += other.messages_received;
+    bytes_sent += other.bytes_sent;
+    bytes_received += other.bytes_received;
+    rejected += other.rejected;
+    replies_dropped += other.replies_dropped;
+    stale += other.stale;
+    return *this;
+  }
 };
 
 // Returns an error when the job already knows the ring cannot finish (a
@@ -137,6 +153,27 @@ class RingCollectives : public Collectives {
   Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
                    Deadline deadline) override;
 
+  // What AllReduceAround does between its two halves: `part` (`count`
+  // elements, inside the caller's buffer) holds the sum over this ring's
+  // ranks of this rank's part, and what it holds on return is what the
+  // all-gather passes on.
+  using Between = std::function<Status(uint8_t* part, size_t count)>;
+  // A building block of other all-reduces (client/halving_doubling.h): a
+  // sum's reduce-scatter around the ring, then `between` on the part this
+  // rank holds, then the all-gather of every rank's part. Always the
+  // chunked path, whatever small_bytes says; a rank whose `between` fails
+  // fails the operation on every rank of this ring with its message.
+  Status AllReduceAround(void* data, size_t count, DType dtype, const OpTag& tag, Deadline deadline,
+                         const Between& between);
+  // Fails, on every rank of this ring, the operation `tag` this rank will
+  // not run (it failed elsewhere first): a neighbour waiting in it learns
+  // `why` at once. The ring is broken from then on.
+  void Abandon(const OpTag& tag, DType dtype, uint64_t count, const Status& why);
+  // The job-wide rank of ring rank `ring_rank` (RingPeers::job_ranks).
+  int JobRank(int ring_rank) const {
+    return peers_.job_ranks.empty() ? ring_rank : peers_.job_ranks[static_cast<size_t>(ring_rank)];
+  }
+
   // Sends this rank's tensor list to the right neighbour, in Layout pieces
   // of at most wire::kLayoutPieceBytes, and compares the left neighbour's
   // with it piece by piece (nothing of it is kept). On a difference every
@@ -155,7 +192,9 @@ class RingCollectives : public Collectives {
   class Op;  // one collective in flight (ring.cc)
   RingCollectives(wire::Transport* transport, const RingPeers& peers, const RingOptions& options,
                   HealthCheck health);
-  Status RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
+  // `between` (may be null): see AllReduceAround.
+  Status RunAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce,
+                      const Between* between = nullptr);
   Status RunAllGather(Op& op, size_t bytes, uint8_t* base);
   Status RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype, ReduceOp reduce);
   // The left neighbour's layout, received piece by piece and compared with

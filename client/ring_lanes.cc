@@ -114,14 +114,7 @@ Status RingLanes::Broadcast(void* data, size_t bytes, int root, const OpTag& tag
 RingStats RingLanes::stats() const {
   RingStats sum;
   for (const auto& lane : lanes_) {
-    const RingStats s = lane->stats();
-    sum.messages_sent += s.messages_sent;
-    sum.messages_received += s.messages_received;
-    sum.bytes_sent += s.bytes_sent;
-    sum.bytes_received += s.bytes_received;
-    sum.rejected += s.rejected;
-    sum.replies_dropped += s.replies_dropped;
-    sum.stale += s.stale;
+    sum += lane->stats();
   }
   return sum;
 }

@@ -53,7 +53,8 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
       continue;
     }
     const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
-                           v.header->sender_rank() == left() && ring_->FromLeft(in.from);
+                           v.header->sender_rank() == ring_->JobRank(left()) &&
+                           ring_->FromLeft(in.from);
     if (!from_left || v.type != want) {
       GS_RETURN_IF_ERROR(HandleOther(in, v));
       GS_RETURN_IF_ERROR(StillWaiting(soft));
@@ -89,8 +90,8 @@ void RingCollectives::Op::Refuse(const wire::Incoming& in, ErrorCode code,
   if (ring_->options_.rejected != nullptr) ring_->options_.rejected->Count(code);
   uint64_t left_out = 0;
   if (ring_->refusal_log_.Admit(in.from.ToString(), wire::ErrorCodeLabel(code), &left_out)) {
-    GS_LOG(WARNING) << "rank " << rank() << " refused a message from " << in.from.ToString() << ": "
-                    << wire::Escaped(detail) << LeftOutNote(left_out);
+    GS_LOG(WARNING) << "rank " << ring_->JobRank(rank()) << " refused a message from "
+                    << in.from.ToString() << ": " << wire::Escaped(detail) << LeftOutNote(left_out);
   }
   // Posted, never waited for: a peer that sends and never reads holds at
   // most kMaxRepliesInFlight answers, and the rest go unanswered.
@@ -121,21 +122,21 @@ Status RingCollectives::Op::HandleOther(const wire::Incoming& in, const wire::Ve
                      " refused this rank's message: " + (e->message() ? e->message()->str() : "")),
         e->code(), -1);
   }
-  if (h.sender_role() != wire::Role::Worker || h.sender_rank() != left() || from_right_conn ||
-      !ring_->FromLeft(in.from)) {
+  if (h.sender_role() != wire::Role::Worker || h.sender_rank() != ring_->JobRank(left()) ||
+      from_right_conn || !ring_->FromLeft(in.from)) {
     Refuse(in, ErrorCode::BadSender,
            std::string(wire::RoleName(h.sender_role())) + " " + std::to_string(h.sender_rank()) +
                " over " + in.from.ToString() + " is not this worker's left neighbour (rank " +
-               std::to_string(left()) + ")",
+               Named(left()) + ")",
            v.type);
     return Status();
   }
   if (v.type == MsgType::RingAbort) return FromAbort(*h.body_as_RingAbortBody());
   // The left neighbour runs a different kind of operation.
   const std::string theirs = v.type == MsgType::Layout ? "a layout check" : "a collective";
-  return Fail(AbortedError("ranks disagree: rank " + std::to_string(left()) + " sent " + theirs +
-                           " (" + wire::MsgTypeName(v.type) + ") while rank " +
-                           std::to_string(rank()) + " runs " + Describe()),
+  return Fail(AbortedError("ranks disagree: rank " + Named(left()) + " sent " + theirs + " (" +
+                           wire::MsgTypeName(v.type) + ") while rank " + Named(rank()) + " runs " +
+                           Describe()),
               ErrorCode::Mismatch, -1);
 }
 
@@ -147,17 +148,16 @@ Status RingCollectives::Op::CheckData(const wire::Header& h, size_t elems) {
                        DTypeName(dtype_) + " names-hash " + std::to_string(tag_.names_hash);
     std::string theirs = DescribeData(h);
     std::string why = mine == theirs ? " (same fields: the operation or its size differ)" : "";
-    return Fail(
-        AbortedError("ranks disagree on collective seq " + std::to_string(tag_.seq) + ": rank " +
-                     std::to_string(left()) + " sent " + theirs + ", rank " +
-                     std::to_string(rank()) + " runs " + RingOpName(kind_) + " " + mine + why),
-        ErrorCode::Mismatch, -1);
+    return Fail(AbortedError("ranks disagree on collective seq " + std::to_string(tag_.seq) +
+                             ": rank " + Named(left()) + " sent " + theirs + ", rank " +
+                             Named(rank()) + " runs " + RingOpName(kind_) + " " + mine + why),
+                ErrorCode::Mismatch, -1);
   }
   if (d->index() != received_ || d->num_elements() != elems) {
     return Fail(
-        AbortedError(Describe() + ": rank " + std::to_string(left()) + " sent message #" +
+        AbortedError(Describe() + ": rank " + Named(left()) + " sent message #" +
                      std::to_string(d->index()) + " of " + std::to_string(d->num_elements()) +
-                     " elements, rank " + std::to_string(rank()) + " expected #" +
+                     " elements, rank " + Named(rank()) + " expected #" +
                      std::to_string(received_) + " of " + std::to_string(elems)),
         ErrorCode::Mismatch, -1);
   }
@@ -219,7 +219,7 @@ Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
       continue;
     }
     // Late data of this operation is dropped: every rank is failing it.
-    if (v.type != MsgType::RingAbort || v.header->sender_rank() != left() ||
+    if (v.type != MsgType::RingAbort || v.header->sender_rank() != ring_->JobRank(left()) ||
         !ring_->FromLeft(got->from)) {
       continue;
     }
@@ -247,8 +247,8 @@ std::string RingCollectives::Op::Blame(const std::vector<Report>& reports) const
     if (fewer || further) worst = &r;
   }
   const int blamed = ring_->RankAt(ring_->PosOf(worst->origin) - 1);
-  return Describe() + ": rank " + std::to_string(blamed) + " stopped contributing; rank " +
-         std::to_string(worst->origin) + " received " + std::to_string(worst->received) +
+  return Describe() + ": rank " + Named(blamed) + " stopped contributing; rank " +
+         Named(worst->origin) + " received " + std::to_string(worst->received) +
          " message(s) of this operation from it before the deadline";
 }
 

@@ -87,6 +87,8 @@ class RingCollectives::Op {
         holds_(std::make_shared<RingSendHolds>(segments, ring->sends_out_)) {}
 
   int rank() const { return ring_->peers_.rank; }
+  // A rank of the ring as the job numbers it, for messages.
+  std::string Named(int ring_rank) const { return std::to_string(ring_->JobRank(ring_rank)); }
   int left() const { return ring_->RankAt(ring_->pos_ - 1); }
   int right() const { return ring_->RankAt(ring_->pos_ + 1); }
 
@@ -120,8 +122,8 @@ class RingCollectives::Op {
   Status SendFailure() {
     const Status first = posted_.first_failure();
     if (first.ok() || !send_failure_.ok()) return send_failure_;
-    send_failure_ = Fail(UnavailableError(Describe() + ": sending to rank " +
-                                          std::to_string(right()) + " failed: " + first.message()),
+    send_failure_ = Fail(UnavailableError(Describe() + ": sending to rank " + Named(right()) +
+                                          " failed: " + first.message()),
                          ErrorCode::Unreachable, -1);
     return send_failure_;
   }
@@ -138,7 +140,7 @@ class RingCollectives::Op {
       GS_RETURN_IF_ERROR(SendFailure());
       GS_RETURN_IF_ERROR(CheckHealth());
       if (deadline_.Expired()) {
-        return Fail(DeadlineExceededError(Describe() + ": rank " + std::to_string(right()) +
+        return Fail(DeadlineExceededError(Describe() + ": rank " + Named(right()) +
                                           " did not take this rank's messages in time"),
                     ErrorCode::Timeout, -1);
       }

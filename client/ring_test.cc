@@ -20,18 +20,6 @@
 namespace gradsync::client {
 namespace {
 
-// Integer values in [-8, 8]: every sum is exact in f32, f16 and bf16.
-float IntValue(int rank, size_t i) {
-  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8);
-}
-
-void Encode(const std::vector<float>& in, DType dtype, std::vector<uint8_t>* out) {
-  out->resize(in.size() * DTypeSize(dtype));
-  if (dtype == DType::kF32 && !in.empty()) std::memcpy(out->data(), in.data(), 4 * in.size());
-  if (dtype == DType::kF16) FloatToHalf(in.data(), out->data(), in.size());
-  if (dtype == DType::kBF16) FloatToBf16(in.data(), out->data(), in.size());
-}
-
 struct Case {
   int world;
   size_t count;

@@ -4,6 +4,7 @@
 #define GRADSYNC_CLIENT_RING_TEST_UTIL_H_
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "client/ring.h"
 #include "cluster/ring_order.h"
+#include "common/half.h"
 #include "gtest/gtest.h"
 #include "wire/inproc_transport.h"
 
@@ -80,6 +82,18 @@ inline RingOptions SmallChunks() {
   o.chunk_bytes = kChunkBytes;
   o.small_bytes = 0;  // always the chunked reduce-scatter + all-gather
   return o;
+}
+
+// Integer values in [-8, 8]: every sum is exact in f32, f16 and bf16.
+inline float IntValue(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 17) - 8);
+}
+
+inline void Encode(const std::vector<float>& in, DType dtype, std::vector<uint8_t>* out) {
+  out->resize(in.size() * DTypeSize(dtype));
+  if (dtype == DType::kF32 && !in.empty()) std::memcpy(out->data(), in.data(), 4 * in.size());
+  if (dtype == DType::kF16) FloatToHalf(in.data(), out->data(), in.size());
+  if (dtype == DType::kBF16) FloatToBf16(in.data(), out->data(), in.size());
 }
 
 inline OpTag Tag(uint64_t seq) { return OpTag{3, 1, seq, 0xabc}; }

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/halving_doubling.h"
 #include "client/nccl_factory.h"
 #include "client/ps_transport.h"
 #include "cluster/node.h"
@@ -43,14 +44,20 @@ struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
   int32_t streams = 0;    // TCP streams: ports[k] is lane k's, lane 0 included
+  // ring_algorithm=halving_doubling; with streams, pair_ports[k] is the
+  // port of its pair of level k (zero where it has none).
+  int32_t halving = 0;
   uint16_t ports[wire::kMaxLanes] = {};
+  uint16_t pair_ports[wire::kMaxPairLevels] = {};
 };
-static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t),
+static_assert(sizeof(LaneRecord) == 4 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t) +
+                                        wire::kMaxPairLevels * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
 std::string LanesSetting(const LaneRecord& r) {
   return std::string("ring_lanes=") + (r.automatic != 0 ? "auto" : std::to_string(r.count)) +
-         (r.streams != 0 ? " over TCP streams" : " over ZeroMQ");
+         (r.streams != 0 ? " over TCP streams" : " over ZeroMQ") +
+         (r.halving != 0 ? " with ring_algorithm=halving_doubling" : "");
 }
 
 // ring_lanes=auto: the all-reduce each lane count is timed with, and how
@@ -80,16 +87,23 @@ struct Ring {
   // Lanes 1 and up over ZeroMQ; over TCP streams, every lane's transport.
   std::vector<std::unique_ptr<wire::Transport>> lane_transports;
   std::unique_ptr<RingLanes> lanes;  // destroyed before the transports
+  // ring_algorithm=halving_doubling over TCP streams, 2^L workers: the
+  // all-reduces past the ring's small_bytes over pair rings (their
+  // transports in lane_transports); the rest goes to `lanes`.
+  std::unique_ptr<HalvingDoubling> halving;
   // Every worker on one host with shared memory: the all-reduces over
   // segments (all-gathers and broadcasts stay on `lanes`); destroyed first.
   std::unique_ptr<HostCollectives> host;
   RingCollectives* ring() const { return &lanes->first(); }
   // Where the collectives go.
   Collectives& collectives() const {
-    return host ? static_cast<Collectives&>(*host) : static_cast<Collectives&>(*lanes);
+    if (host) return *host;
+    if (halving) return *halving;
+    return *lanes;
   }
   uint64_t bytes_sent() const {
-    return lanes->stats().bytes_sent + (host ? host->stats().bytes_published : 0);
+    return lanes->stats().bytes_sent + (host ? host->stats().bytes_published : 0) +
+           (halving ? halving->stats().bytes_sent : 0);
   }
   void Shutdown() {
     if (host) host->Shutdown();
@@ -103,10 +117,11 @@ struct Ring {
   // (SendsOut).
   void Release() {
     host.reset();
+    halving.reset();  // its sends point into callers' buffers only
     same_host.reset();
     lane_transports.clear();
   }
-  bool SendsOut() const { return lanes && !lanes->Idle(); }
+  bool SendsOut() const { return (lanes && !lanes->Idle()) || (halving && !halving->Idle()); }
 };
 
 // This worker's ring peers, in `order` (empty: rank order).
@@ -241,6 +256,30 @@ wire::SameHostOptions LaneLinks(wire::SameHostOptions links, int lane,
   return links;
 }
 
+// The options of a TCP stream of the ring under `identity` that takes the
+// connection of `accept` alone.
+wire::TcpStreamOptions RingStreamOptions(Session* session, const RingOptions& ring_options,
+                                         const std::string& identity, const std::string& accept) {
+  wire::TcpStreamOptions o;
+  o.job_id = session->job_id();
+  o.identity = identity;
+  o.accept = {accept};
+  o.max_frame_bytes = RingFrameBytes(ring_options);
+  o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
+  o.refusals = session->refusals();
+  o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
+  o.cipher = session->bulk_cipher();
+  return o;
+}
+
+// The worker of job rank `rank` among the session's peers.
+std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
+  for (const wire::NodeInfo& p : session->peers()) {
+    if (p.role == wire::Role::Worker && p.rank == rank) return p;
+  }
+  return std::nullopt;
+}
+
 // Lanes 1 to `count` - 1 of this worker's ring beside lanes->front(), the
 // ring of `peers` in `order`: each a transport of its own (in
 // out->lane_transports) listening on a free port of this host. With
@@ -250,21 +289,27 @@ wire::SameHostOptions LaneLinks(wire::SameHostOptions links, int lane,
 // each lane reaches them through shared-memory links of its own over its
 // stream. The workers exchange their lane counts and ports over the first
 // lane; lane counts or transports that differ fail every worker, naming
-// one that differs.
-Status AddLanes(Session* session, int count, bool streams, const wire::SameHostOptions& links,
-                const RingPeers& peers, const std::vector<int>& order, bool automatic,
-                const RingOptions& ring_options, const HealthCheck& health, Ring* out,
-                std::vector<std::unique_ptr<RingCollectives>>* lanes, Deadline deadline) {
+// one that differs. With `halving` and streams, for a world that fits
+// (HalvingDoublingFits), also a TCP stream of its own for each level of
+// halving and doubling, its port exchanged with the lanes', and the 2-rank
+// ring with that level's partner over it in (*pairs)[level].
+Status AddLanes(Session* session, int count, bool streams, bool halving,
+                const wire::SameHostOptions& links, const RingPeers& peers,
+                const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
+                const HealthCheck& health, Ring* out,
+                std::vector<std::unique_ptr<RingCollectives>>* lanes,
+                std::vector<std::unique_ptr<RingCollectives>>* pairs, Deadline deadline) {
   const cluster::RingNeighbours next = cluster::NeighboursOf(order, peers.rank, peers.world_size);
-  std::optional<wire::NodeInfo> right;
-  for (const wire::NodeInfo& p : session->peers()) {
-    if (p.role == wire::Role::Worker && p.rank == next.right) right = p;
-  }
+  const std::optional<wire::NodeInfo> right = WorkerOf(session, next.right);
   if (!right) return InternalError("the ring's right neighbour is not a peer");
   LaneRecord mine;
   mine.count = count;
   mine.automatic = automatic ? 1 : 0;
   mine.streams = streams ? 1 : 0;
+  mine.halving = halving ? 1 : 0;
+  const int levels = streams && halving && HalvingDoublingFits(peers.world_size)
+                         ? HalvingDoublingLevels(peers.world_size)
+                         : 0;
   GS_ASSIGN_OR_RETURN(std::string listen_at, wire::ListenEndpoint(session->host(), 0));
   auto port_of = [](const std::string& bound) {
     return static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
@@ -272,20 +317,24 @@ Status AddLanes(Session* session, int count, bool streams, const wire::SameHostO
   std::vector<std::unique_ptr<wire::Transport>> stream_transports;
   bool sealed = true;  // every stream sealed (what the transports say)
   for (int k = 0; streams && k < count; ++k) {
-    wire::TcpStreamOptions o;
-    o.job_id = session->job_id();
-    o.identity = LaneName(session->data().identity(), k);
-    o.accept = {LaneName(peers.left_identity, k)};
-    o.max_frame_bytes = RingFrameBytes(ring_options);
-    o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
-    o.refusals = session->refusals();
-    o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
-    o.cipher = session->bulk_cipher();
-    auto transport = std::make_unique<wire::TcpStreamTransport>(o);
+    auto transport = std::make_unique<wire::TcpStreamTransport>(
+        RingStreamOptions(session, ring_options, LaneName(session->data().identity(), k),
+                          LaneName(peers.left_identity, k)));
     sealed = sealed && transport->sealed();
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
     mine.ports[k] = port_of(bound);
     stream_transports.push_back(std::move(transport));
+  }
+  std::vector<std::unique_ptr<wire::TcpStreamTransport>> pair_transports;
+  for (int k = 0; k < levels; ++k) {
+    const std::optional<wire::NodeInfo> partner =
+        WorkerOf(session, HalvingDoublingPartner(peers.rank, k));
+    if (!partner) return InternalError("a halving-and-doubling partner is not a peer");
+    pair_transports.push_back(std::make_unique<wire::TcpStreamTransport>(
+        RingStreamOptions(session, ring_options, wire::PairIdentity(session->data().identity(), k),
+                          wire::PairIdentity(partner->identity, k))));
+    GS_ASSIGN_OR_RETURN(std::string bound, pair_transports.back()->Listen(listen_at));
+    mine.pair_ports[k] = port_of(bound);
   }
   for (int k = 1; !streams && k < count; ++k) {
     GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
@@ -302,13 +351,35 @@ Status AddLanes(Session* session, int count, bool streams, const wire::SameHostO
   for (int q = 0; q < peers.world_size; ++q) {
     const LaneRecord& theirs = all[static_cast<size_t>(q)];
     if (theirs.count != count || (theirs.automatic != 0) != automatic ||
-        (theirs.streams != 0) != streams) {
+        (theirs.streams != 0) != streams || (theirs.halving != 0) != halving) {
       return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
                                      LanesSetting(theirs) + ", worker " +
                                      std::to_string(peers.rank) + " " + LanesSetting(mine) +
-                                     ": every worker needs the same ring_lanes, ring_transport and "
-                                     "bulk_encryption");
+                                     ": every worker needs the same ring_lanes, ring_transport, "
+                                     "ring_algorithm and bulk_encryption");
     }
+  }
+  for (int k = 0; k < levels; ++k) {
+    const int q = HalvingDoublingPartner(peers.rank, k);
+    const std::optional<wire::NodeInfo> partner = WorkerOf(session, q);
+    if (!partner) return InternalError("a halving-and-doubling partner is not a peer");
+    const uint16_t port = all[static_cast<size_t>(q)].pair_ports[k];
+    if (port == 0) {
+      return FailedPreconditionError(partner->Name() + " announced no port for its pair of level " +
+                                     std::to_string(k));
+    }
+    RingPeers pair = peers;
+    pair.rank = (peers.rank >> k) & 1;
+    pair.world_size = 2;
+    pair.order.clear();
+    pair.job_ranks = {std::min(peers.rank, q), std::max(peers.rank, q)};
+    pair.right_endpoint = "tcp://" + partner->host + ":" + std::to_string(port);
+    pair.left_identity = wire::PairIdentity(partner->identity, k);
+    session->AddPeerEndpoint(partner->identity, pair.right_endpoint);
+    wire::Transport* transport = pair_transports[static_cast<size_t>(k)].get();
+    out->lane_transports.push_back(std::move(pair_transports[static_cast<size_t>(k)]));
+    GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(transport, pair, ring_options, health));
+    pairs->push_back(std::move(ring));
   }
   const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
   if (streams) {
@@ -444,12 +515,14 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     GS_RETURN_IF_ERROR(SessionHealth(*session, wire::Role::Worker));
     return alarm->status();
   };
-  std::vector<std::unique_ptr<RingCollectives>> lanes;
+  std::vector<std::unique_ptr<RingCollectives>> lanes, pairs;
   GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
   lanes.push_back(std::move(first));
+  const bool halving = options.ring_algorithm == "halving_doubling";
   if (lanes_made) {
-    Status s = AddLanes(session, options.ring_lanes, streams, links, peers, order,
-                        options.ring_lanes_auto, ring_options, health, &out, &lanes, deadline);
+    Status s =
+        AddLanes(session, options.ring_lanes, streams, halving, links, peers, order,
+                 options.ring_lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;
@@ -465,6 +538,25 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
       out.Shutdown();
       return s;
     }
+  }
+  if (!pairs.empty()) {
+    auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(),
+                                        ring_options.small_bytes + 1);
+    if (!made.ok()) {
+      out.Shutdown();
+      return made.status();
+    }
+    out.halving = std::move(*made);
+    if (r == 0) {
+      GS_LOG(INFO) << "all-reduces of more than " << ring_options.small_bytes
+                   << " bytes by halving and doubling over " << HalvingDoublingLevels(n)
+                   << " pairs (ring_algorithm=halving_doubling)";
+    }
+  } else if (halving && r == 0 && n > 1) {
+    GS_LOG(INFO) << "ring_algorithm=halving_doubling needs TCP streams between hosts and a power "
+                    "of two of at least 4 workers ("
+                 << n << " here" << (streams ? "" : ", no streams")
+                 << "): all-reduces go round the ring";
   }
   if (n > 1 && options.shm && hosts == 1 && !nccl) {
     HostOptions host_options;

@@ -133,6 +133,11 @@ struct SyncBackendOptions {
   // reach each other through shared-memory links of the lane's own over
   // it; "zmq": ZeroMQ always.
   std::string ring_transport = "tcp";
+  // "ring": every all-reduce goes round the ring; "halving_doubling": with
+  // TCP streams and 2^L workers (L >= 2), all-reduces past the ring's
+  // small_bytes take recursive halving and doubling instead
+  // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1).
+  std::string ring_algorithm = "ring";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).
   cluster::PsLinkOptions ps_links;

@@ -85,6 +85,25 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
     }
   }
 
+  // Worker 3 of a mode=stall job (victim 3) is killed once it stops
+  // contributing: the others all fail naming it within 3 s.
+  static void ExpectKilledWorkerNamed(const std::vector<Subprocess*>& workers) {
+    ASSERT_TRUE(workers[3]->WaitForOutput("stops contributing", Deadline::AfterMs(60000)))
+        << workers[3]->Output();
+    workers[3]->Signal(SIGKILL);
+    const auto killed = steady_clock::now();
+    for (int r = 0; r < 3; ++r) {
+      auto code = workers[r]->Wait(Deadline::AfterMs(20000));
+      ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
+      EXPECT_EQ(*code, 3) << workers[r]->Output();
+      EXPECT_NE(workers[r]->Output().find("worker 3 died"), std::string::npos)
+          << workers[r]->Output();
+    }
+    // Declared dead after heartbeat_ms x missed_heartbeats (1 s), then seen
+    // by the waiting ranks at their next poll.
+    EXPECT_LT(std::chrono::duration<double>(steady_clock::now() - killed).count(), 3.0);
+  }
+
   // The "error after N ms" a worker printed, or -1.
   static long ErrorAfterMs(const std::string& out) {
     const size_t at = out.find("error after ");
@@ -248,6 +267,51 @@ TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
   EXPECT_NE(out.find("ring over TCP streams"), std::string::npos) << out;
 }
 
+// ring_algorithm=halving_doubling on four host addresses: the buckets
+// (2 MiB, past the ring's small_bytes) are all-reduced by halving and
+// doubling over a TCP stream with each level's partner
+// (client/halving_doubling.h); the same exact results, plain and under
+// CURVE (each pair's stream sealed under the partners' node keys).
+TEST_F(AllReduceSdkTest, ByHalvingAndDoublingTheSameExactResults) {
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"},
+                              "", /*per_host=*/1);
+  ExpectTrained(workers);
+  const std::string out = workers[0]->Output();
+  EXPECT_NE(out.find("bytes by halving and doubling over 2 pairs"), std::string::npos) << out;
+  EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), plain"), std::string::npos)
+      << out;
+}
+
+TEST_F(AllReduceSdkTest, UnderCurveByHalvingAndDoublingTheSameExactResults) {
+  const std::string key_file = TmpFile("sdk_halving.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"},
+                              key_file, /*per_host=*/1);
+  ExpectTrained(workers);
+  const std::string out = workers[0]->Output();
+  EXPECT_NE(out.find("bytes by halving and doubling over 2 pairs"), std::string::npos) << out;
+  EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), sealed"), std::string::npos)
+      << out;
+}
+
+TEST_F(AllReduceSdkTest, WorkersOfDifferentRingAlgorithmsAllFailNamingBoth) {
+  ExpectRingSettingsRefused(*this, "--ring_algorithm=halving_doubling",
+                            "ring_lanes=1 over TCP streams",
+                            "ring_lanes=1 over TCP streams with ring_algorithm=halving_doubling");
+}
+
+// A worker killed mid-job under halving and doubling: its partners and
+// everyone else name it as on the ring, within the same time.
+TEST_F(AllReduceSdkTest, ByHalvingAndDoublingAKilledWorkerIsNamedByTheOthers) {
+  auto workers = StartWorkers(4,
+                              {"--mode=stall", "--victim=3", "--victim_step=2", "--steps=5",
+                               "--op_timeout_ms=30000", "--ring_algorithm=halving_doubling"},
+                              "", /*per_host=*/1);
+  ExpectKilledWorkerNamed(workers);
+  EXPECT_NE(workers[0]->Output().find("by halving and doubling"), std::string::npos)
+      << workers[0]->Output();
+}
+
 // Two workers on each of two host addresses, in two lanes, each with
 // shared-memory links of its own beside its TCP stream.
 TEST_F(AllReduceSdkTest, TwoWorkersAHostUseSharedMemoryBesideTcpStreams) {
@@ -303,22 +367,8 @@ TEST_F(AllReduceSdkTest, RanksThatDisagreeAllFailWithinASecondNamingTheTensor) {
 }
 
 TEST_F(AllReduceSdkTest, AKilledWorkerIsNamedByTheOthers) {
-  auto workers = StartWorkers(
-      4, {"--mode=stall", "--victim=3", "--victim_step=2", "--steps=5", "--op_timeout_ms=30000"});
-  ASSERT_TRUE(workers[3]->WaitForOutput("stops contributing", Deadline::AfterMs(60000)))
-      << workers[3]->Output();
-  workers[3]->Signal(SIGKILL);
-  const auto killed = steady_clock::now();
-  for (int r = 0; r < 3; ++r) {
-    auto code = workers[r]->Wait(Deadline::AfterMs(20000));
-    ASSERT_TRUE(code.has_value()) << "worker " << r << " hangs:\n" << workers[r]->Output();
-    EXPECT_EQ(*code, 3) << workers[r]->Output();
-    EXPECT_NE(workers[r]->Output().find("worker 3 died"), std::string::npos)
-        << workers[r]->Output();
-  }
-  // Declared dead after heartbeat_ms x missed_heartbeats (1 s), then seen by
-  // the waiting ranks at their next poll.
-  EXPECT_LT(std::chrono::duration<double>(steady_clock::now() - killed).count(), 3.0);
+  ExpectKilledWorkerNamed(StartWorkers(
+      4, {"--mode=stall", "--victim=3", "--victim_step=2", "--steps=5", "--op_timeout_ms=30000"}));
 }
 
 TEST_F(AllReduceSdkTest, AWorkerThatStopsContributingIsNamedByTheDeadline) {

@@ -10,6 +10,8 @@
 #   tools/simhosts.sh run NAME I CMD...    # runs CMD on host I (in its namespace)
 #   tools/simhosts.sh shape NAME I RATE [FLOW]  # sets host I's link rate (both directions)
 #   tools/simhosts.sh link NAME I up|down  # cuts or restores host I's link
+#   tools/simhosts.sh delay NAME I DELAY   # what host I sends waits DELAY (e.g. 100us)
+#                                          # more: netem under its tbf (not with FLOW)
 #   tools/simhosts.sh pair NAME I J RATE BASE  # traffic between hosts I and J at
 #                                          # RATE, the rest of theirs at BASE
 #   tools/simhosts.sh down NAME            # deletes every namespace of NAME
@@ -44,7 +46,7 @@ addr() { echo "$SUBNET.$(($2 + 1))"; }
 # of 50 ms at the rate.
 shape_dev() {
   local ns=$1 dev=$2 rate=$3
-  "$IP" netns exec "$ns" "$TC" qdisc replace dev "$dev" root tbf rate "$rate" \
+  "$IP" netns exec "$ns" "$TC" qdisc replace dev "$dev" root handle 1: tbf rate "$rate" \
     burst 256kb latency 50ms
 }
 
@@ -144,6 +146,16 @@ case "$cmd" in
     [ "$3" = up ] || [ "$3" = down ] || die "link takes up or down"
     "$IP" -n "$(ns_bridge "$1")" link set "p$2" "$3"
     ;;
+  delay)
+    # Under the tbf of `shape` (handle 1:), or at the root of an unshaped
+    # link.
+    ns=$(ns_host "$1" "$2")
+    if "$TC" -n "$ns" qdisc show dev eth0 | grep -q "^qdisc tbf 1:"; then
+      "$TC" -n "$ns" qdisc replace dev eth0 parent 1:1 handle 10: netem delay "$3" limit 100000
+    else
+      "$TC" -n "$ns" qdisc replace dev eth0 root netem delay "$3" limit 100000
+    fi
+    ;;
   down) down "$@" ;;
   check)
     probe="gs-simhosts-probe-$$"
@@ -154,5 +166,5 @@ case "$cmd" in
     echo "simhosts: cannot create network namespaces here (needs root / CAP_NET_ADMIN)" >&2
     exit 1
     ;;
-  *) die "usage: simhosts.sh up|addr|run|shape|pair|link|down|check ..." ;;
+  *) die "usage: simhosts.sh up|addr|run|shape|pair|link|delay|down|check ..." ;;
 esac

@@ -326,6 +326,22 @@ std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch) {
 
 namespace {
 constexpr char kLaneSuffix[] = "/lane";
+constexpr char kPairSuffix[] = "/pair";
+
+// The number after the last `suffix` in `identity` when it is one below
+// `limit` (< 100) written without leading zeros; -1 otherwise.
+int NumberAfter(const std::string& identity, const char* suffix, int limit) {
+  const size_t at = identity.rfind(suffix);
+  if (at == std::string::npos) return -1;
+  const std::string number = identity.substr(at + std::strlen(suffix));
+  if (number.empty() || number.size() > 2 || (number[0] == '0' && number.size() > 1) ||
+      number.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
+  }
+  const int value = std::stoi(number);
+  return value < limit ? value : -1;
+}
+
 }  // namespace
 
 std::string LaneIdentity(const std::string& identity, int lane) {
@@ -333,15 +349,16 @@ std::string LaneIdentity(const std::string& identity, int lane) {
 }
 
 int LaneOf(const std::string& identity) {
-  const size_t at = identity.rfind(kLaneSuffix);
-  if (at == std::string::npos) return 0;
-  const std::string number = identity.substr(at + std::strlen(kLaneSuffix));
-  if (number.empty() || number.size() > 2 || number[0] == '0' ||
-      number.find_first_not_of("0123456789") != std::string::npos) {
-    return 0;
-  }
-  const int lane = std::stoi(number);
-  return lane < kMaxLanes ? lane : 0;
+  return std::max(0, NumberAfter(identity, kLaneSuffix, kMaxLanes));
+}
+
+std::string PairIdentity(const std::string& identity, int level) {
+  return identity + kPairSuffix + std::to_string(level);
+}
+
+std::string PairBase(const std::string& identity) {
+  if (NumberAfter(identity, kPairSuffix, kMaxPairLevels) < 0) return identity;
+  return identity.substr(0, identity.rfind(kPairSuffix));
 }
 
 std::string LaneBase(const std::string& identity) {

@@ -222,6 +222,14 @@ std::string LaneBase(const std::string& identity);
 // The lane of a LaneIdentity; 0 for any other identity.
 int LaneOf(const std::string& identity);
 
+// The connections of a worker's all-reduce by halving and doubling
+// (client/halving_doubling.h): level `level` (0 to kMaxPairLevels - 1)
+// presents "<identity>/pair<level>". PairBase gives the identity a pair
+// identity belongs to (`identity` when it is none).
+constexpr int kMaxPairLevels = 16;
+std::string PairIdentity(const std::string& identity, int level);
+std::string PairBase(const std::string& identity);
+
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);
 

@@ -77,7 +77,7 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
 
 bool IdentityMatchesKey(const std::string& lane_claimed, const std::string& bound) {
   if (bound.empty()) return false;
-  const std::string claimed = LaneBase(lane_claimed);
+  const std::string claimed = PairBase(LaneBase(lane_claimed));
   if (claimed == bound) return true;
   const std::string ps = PsClientIdentity(bound);
   if (claimed.compare(0, ps.size(), ps) != 0) return false;

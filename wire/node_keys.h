@@ -77,8 +77,9 @@ std::string RoutingIdFor(const std::string& identity);
 std::optional<std::string> RoutedIdentity(const std::string& routing_id);
 // Whether a message under transport identity `claimed` may come from the
 // node whose key is bound to `bound`: the node's own data identity, its
-// parameter-server client's of any epoch (PsClientIdentity) or one of its
-// ring lanes' (LaneIdentity).
+// parameter-server client's of any epoch (PsClientIdentity), one of its
+// ring lanes' (LaneIdentity) or of its halving-and-doubling pairs'
+// (PairIdentity).
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound);
 
 // The node key of a process: the key file `node_key_file` (the setting)

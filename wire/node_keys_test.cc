@@ -320,6 +320,14 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_TRUE(IdentityMatchesKey(LaneIdentity(PsClientIdentity("node-1", 3), 2), "node-1"));
   EXPECT_FALSE(IdentityMatchesKey("node-1/lane1/lane1", "node-1"));
   EXPECT_EQ(LaneBase("node-1/ps/lane3"), "node-1/ps");
+  EXPECT_TRUE(IdentityMatchesKey(PairIdentity("node-1", 0), "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/pair15", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/pair16", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/pair01", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/pair", "node-1"));
+  EXPECT_FALSE(IdentityMatchesKey("node-2/pair1", "node-1"));
+  EXPECT_EQ(PairBase("node-1/pair3"), "node-1");
+  EXPECT_EQ(PairBase("node-1/pair-3"), "node-1/pair-3");
   EXPECT_EQ(LaneBase("node-1/lane16"), "node-1/lane16");
   EXPECT_EQ(LaneOf("node-1/ps/lane3"), 3);
   EXPECT_EQ(LaneOf("node-1/ps"), 0);

@@ -1,0 +1,99 @@
+// HalvingDoubling: the all-reduce of a job of 2^L workers by recursive
+// halving and doubling (the reduce-scatter and all-gather of Rabenseifner's
+// algorithm). At level k every worker pairs with the worker whose rank
+// differs from its own in bit k, over a 2-rank ring of their own
+// (`pairs[k]`): the pair's reduce-scatter leaves each of the two with half
+// of what it held, summed over both; level k + 1 runs on that half; the
+// pair's all-gather then doubles it again. An all-reduce takes 2 L steps
+// against the ring's 2 (2^L - 1), and each worker sends and receives the
+// same bytes as on the ring (2 (n - 1) / n of the buffer each way), in
+// messages of half, a quarter, ... of it. Each element's sum is made by one
+// worker and handed to the others, so every worker ends with the same bits.
+//
+// All-reduces of at least `min_bytes` go this way; smaller ones, all-gathers
+// and broadcasts go to `others` (the ring the job has besides).
+//
+// Each pair ring checks its messages as any ring does (fingerprints, the
+// partner's identity, sizes, the deadline, `health`), and names job ranks
+// (RingPeers::job_ranks). A worker whose operation fails at level k tells
+// its partners at every level: those of the levels below wait for its
+// all-gather and get the failure through the pair ring
+// (RingCollectives::AllReduceAround); those of the levels above, which it
+// did not reach, are told with RingCollectives::Abandon. After a failure
+// every call returns the first error.
+//
+// Thread-safety: as Collectives (one operation at a time); stats() and
+// Idle() from any thread.
+#ifndef GRADSYNC_CLIENT_HALVING_DOUBLING_H_
+#define GRADSYNC_CLIENT_HALVING_DOUBLING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "client/collectives.h"
+#include "client/ring.h"
+#include "common/status.h"
+#include "common/time.h"
+
+namespace gradsync::client {
+
+// Whether `world` workers can run HalvingDoubling (a power of two, at least 4:
+// with 2 it is the ring), and its number of levels.
+bool HalvingDoublingFits(int world);
+int HalvingDoublingLevels(int world);
+// The rank worker `rank` pairs with at level `level`.
+inline int HalvingDoublingPartner(int rank, int level) { return rank ^ (1 << level); }
+
+class HalvingDoubling : public Collectives {
+ public:
+  // `pairs[k]`: a 2-rank ring of this worker and its partner at level k
+  // (job ranks in RingPeers::job_ranks), one per level. `others` must
+  // outlive this object.
+  static StatusOr<std::unique_ptr<HalvingDoubling>> Create(
+      int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
+      size_t min_bytes);
+
+  const char* name() const override { return others_->name(); }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                   Deadline deadline) override;
+  Status AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                   Deadline deadline) override {
+    return others_->AllGather(in, bytes, out, tag, deadline);
+  }
+  Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                   Deadline deadline) override {
+    return others_->Broadcast(data, bytes, root, tag, deadline);
+  }
+
+  // The pair rings' counts, summed.
+  RingStats stats() const;
+  // Whether no send of a pair ring points into a buffer any more.
+  bool Idle() const;
+
+ private:
+  HalvingDoubling(int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs,
+                  Collectives* others, size_t min_bytes)
+      : rank_(rank),
+        world_(world),
+        pairs_(std::move(pairs)),
+        others_(others),
+        min_bytes_(min_bytes) {}
+  struct Call;
+  Status Level(Call& call, size_t level, uint8_t* data, size_t count);
+
+  const int rank_;
+  const int world_;
+  const std::vector<std::unique_ptr<RingCollectives>> pairs_;
+  Collectives* const others_;
+  const size_t min_bytes_;
+  Status broken_;  // the first error; sticky
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_HALVING_DOUBLING_H_

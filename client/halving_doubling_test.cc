@@ -1,0 +1,255 @@
+#include "client/halving_doubling.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "client/ring_test_util.h"
+
+namespace gradsync::client {
+namespace {
+
+std::string PairName(int rank, int level) {
+  return "w" + std::to_string(rank) + "/pair" + std::to_string(level);
+}
+std::string PairEndpoint(int rank, int level) { return "inproc://" + PairName(rank, level); }
+
+// A job of n workers over the in-process transport: each worker's ring
+// (`others`) and its pair rings, and its HalvingDoubling.
+class Job {
+ public:
+  Job(int n, RingOptions options, size_t min_bytes) : n_(n), ring_(n, options) {
+    const int levels = HalvingDoublingLevels(n);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < levels; ++k) {
+        transports_.push_back(ring_.net().NewTransport(PairName(r, k)));
+        EXPECT_TRUE(transports_.back()->Listen(PairEndpoint(r, k)).ok());
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      std::vector<std::unique_ptr<RingCollectives>> pairs;
+      for (int k = 0; k < levels; ++k) {
+        const int partner = HalvingDoublingPartner(r, k);
+        RingPeers p;
+        p.rank = (r >> k) & 1;
+        p.world_size = 2;
+        p.job_ranks = {std::min(r, partner), std::max(r, partner)};
+        p.right_endpoint = PairEndpoint(partner, k);
+        p.left_identity = PairName(partner, k);
+        p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+        auto pair = RingCollectives::Create(transports_[static_cast<size_t>(r * levels + k)].get(),
+                                            p, options, nullptr);
+        EXPECT_TRUE(pair.ok()) << pair.status().ToString();
+        pairs.push_back(std::move(*pair));
+      }
+      auto hd = HalvingDoubling::Create(r, n, std::move(pairs), &ring_[r], min_bytes);
+      EXPECT_TRUE(hd.ok()) << hd.status().ToString();
+      hds_.push_back(std::move(*hd));
+    }
+  }
+
+  HalvingDoubling& operator[](int r) { return *hds_[static_cast<size_t>(r)]; }
+  std::vector<Status> Run(const std::function<Status(int)>& fn) { return RunRanks(n_, fn); }
+
+ private:
+  int n_;
+  Ring ring_;
+  std::vector<std::unique_ptr<wire::InProcTransport>> transports_;
+  std::vector<std::unique_ptr<HalvingDoubling>> hds_;
+};
+
+struct Case {
+  int world;
+  size_t count;
+};
+
+class HalvingDoublingSizesTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HalvingDoublingSizesTest, SumsAndAveragesAreExactForEveryDtype) {
+  const auto [n, count] = GetParam();
+  Job job(n, SmallChunks(), 0);
+  uint64_t seq = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<float> want(count, 0.0f);
+      std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        std::vector<float> mine(count);
+        for (size_t i = 0; i < count; ++i) {
+          mine[i] = IntValue(r, i);
+          want[i] += mine[i];
+        }
+        Encode(mine, dtype, &bufs[static_cast<size_t>(r)]);
+      }
+      if (op == ReduceOp::kAverage) {
+        for (float& w : want) w = (dtype == DType::kF32) ? w / n : w * (1.0f / n);
+      }
+      std::vector<uint8_t> want_bytes;
+      Encode(want, dtype, &want_bytes);
+      ++seq;
+      auto st = job.Run([&](int r) {
+        return job[r].AllReduce(bufs[static_cast<size_t>(r)].data(), count, dtype, op, Tag(seq),
+                                Soon());
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(st[r].ok()) << r << ": " << st[r].ToString();
+        // Sums of integers are exact in any order; the average is one
+        // rounding of them, as on the ring.
+        ASSERT_EQ(bufs[static_cast<size_t>(r)], want_bytes)
+            << "rank " << r << " dtype " << DTypeName(dtype)
+            << (op == ReduceOp::kSum ? " sum" : " average");
+      }
+    }
+  }
+}
+
+TEST_P(HalvingDoublingSizesTest, RandomFloatsAreCloseAndTheSameBitsOnEveryRank) {
+  const auto [n, count] = GetParam();
+  Job job(n, SmallChunks(), 0);
+  std::mt19937 gen(static_cast<uint32_t>(n * 1000 + count));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(count));
+  std::vector<double> want(count, 0.0);
+  for (auto& d : data) {
+    for (size_t i = 0; i < count; ++i) {
+      d[i] = dist(gen);
+      want[i] += d[i];
+    }
+  }
+  auto st = job.Run([&](int r) {
+    return job[r].AllReduce(data[static_cast<size_t>(r)].data(), count, DType::kF32, ReduceOp::kSum,
+                            Tag(1), Soon());
+  });
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+  for (size_t i = 0; i < count; ++i) ASSERT_NEAR(data[0][i], want[i], 1e-4) << i;
+  for (int r = 1; r < n; ++r) {
+    ASSERT_EQ(0, std::memcmp(data[static_cast<size_t>(r)].data(), data[0].data(), count * 4))
+        << "rank " << r;
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> out;
+  for (int n : {4, 8}) {
+    // Fewer elements than workers, uneven halves, one chunk, many chunks.
+    for (size_t count : {size_t{1}, size_t{3}, size_t{1023}, size_t{4097}, size_t{50001}}) {
+      out.push_back({n, count});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, HalvingDoublingSizesTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) {
+                           return "n" + std::to_string(info.param.world) + "_count" +
+                                  std::to_string(info.param.count);
+                         });
+
+TEST(HalvingDoublingTest, SmallAllReducesAndTheOtherCollectivesTakeTheRing) {
+  const int n = 4;
+  Job job(n, SmallChunks(), 64 << 10);
+  std::vector<std::vector<float>> small(n, std::vector<float>(1000, 1.0f));
+  std::vector<std::vector<float>> large(n, std::vector<float>(1 << 15, 1.0f));
+  std::vector<std::vector<int32_t>> gathered(n, std::vector<int32_t>(n, -1));
+  auto st = job.Run([&](int r) -> Status {
+    GS_RETURN_IF_ERROR(job[r].AllReduce(small[r].data(), small[r].size(), DType::kF32,
+                                        ReduceOp::kSum, Tag(1), Soon()));
+    const int32_t mine = r * 10;
+    GS_RETURN_IF_ERROR(job[r].AllGather(&mine, sizeof(mine), gathered[r].data(), Tag(2), Soon()));
+    if (job[r].stats().bytes_sent != 0) return InternalError("the pairs carried a small one");
+    GS_RETURN_IF_ERROR(job[r].AllReduce(large[r].data(), large[r].size(), DType::kF32,
+                                        ReduceOp::kSum, Tag(3), Soon()));
+    // Half, a quarter: 2 (n - 1) / n of the buffer, as on the ring.
+    const uint64_t want = 2 * (large[r].size() * 4) * (n - 1) / n;
+    if (job[r].stats().bytes_sent != want) {
+      return InternalError("the pairs sent " + std::to_string(job[r].stats().bytes_sent) +
+                           " bytes, not " + std::to_string(want));
+    }
+    return Status();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    EXPECT_EQ(small[r][999], 4.0f);
+    EXPECT_EQ(large[r][12345], 4.0f);
+    EXPECT_EQ(gathered[r], (std::vector<int32_t>{0, 10, 20, 30}));
+    EXPECT_TRUE(job[r].Idle());
+  }
+}
+
+TEST(HalvingDoublingTest, AWorkerThatDisagreesFailsEveryWorkerAtOnceNamingIt) {
+  const int n = 8;
+  Job job(n, SmallChunks(), 0);
+  std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
+  // Worker 5 all-reduces another size: its level-0 partner (4) sees it
+  // first; every other worker learns from its own partners, not from the
+  // deadline.
+  auto st = job.Run([&](int r) {
+    const size_t count = r == 5 ? 9000 : 10000;
+    return job[r].AllReduce(data[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(7), Soon());
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kAborted) << r << ": " << st[r].ToString();
+    EXPECT_NE(st[r].message().find("rank 5"), std::string::npos) << r << ": " << st[r].ToString();
+  }
+  // Broken for good, as a ring.
+  EXPECT_EQ(
+      job[0].AllReduce(data[0].data(), 10000, DType::kF32, ReduceOp::kSum, Tag(8), Soon()).code(),
+      StatusCode::kAborted);
+}
+
+TEST(HalvingDoublingTest, AMissingWorkerIsNamedByItsPartnersAtTheDeadline) {
+  const int n = 4;
+  RingOptions options = SmallChunks();
+  options.abort_grace = Millis(200);
+  Job job(n, options, 0);
+  std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
+  const Deadline deadline = Deadline::After(std::chrono::seconds(2));
+  auto st = job.Run([&](int r) {
+    if (r == 3) return Status();  // never runs it
+    return job[r].AllReduce(data[r].data(), 10000, DType::kF32, ReduceOp::kSum, Tag(1), deadline);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(st[r].ok()) << r;
+  // Its partners at levels 0 and 1 wait on it and name it.
+  for (int r : {1, 2}) {
+    EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("rank 3 stopped contributing"), std::string::npos)
+        << st[r].ToString();
+  }
+}
+
+TEST(HalvingDoublingTest, CreateRefusesWhatIsNotAPowerOfTwoOrNotItsPairs) {
+  Ring ring(4, SmallChunks());
+  EXPECT_FALSE(HalvingDoublingFits(2));
+  EXPECT_FALSE(HalvingDoublingFits(6));
+  EXPECT_TRUE(HalvingDoublingFits(4));
+  EXPECT_TRUE(HalvingDoublingFits(64));
+  EXPECT_EQ(HalvingDoubling::Create(0, 6, {}, &ring[0], 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(HalvingDoubling::Create(0, 4, {}, &ring[0], 0).status().code(),
+            StatusCode::kInvalidArgument);
+  // Two rings, but the first pairs 0 with 2 where level 0 pairs it with 1.
+  wire::InProcNetwork net;
+  auto t0 = net.NewTransport("a");
+  auto t1 = net.NewTransport("b");
+  ASSERT_TRUE(t0->Listen("inproc://a").ok());
+  ASSERT_TRUE(t1->Listen("inproc://b").ok());
+  std::vector<std::unique_ptr<RingCollectives>> pairs;
+  for (auto& [t, partner] : {std::pair{t0.get(), 2}, std::pair{t1.get(), 2}}) {
+    RingPeers p;
+    p.rank = 0;
+    p.world_size = 2;
+    p.job_ranks = {0, partner};
+    p.right_endpoint = "inproc://a";
+    p.sender = wire::Sender{wire::Role::Worker, 0, kJob};
+    auto pair = RingCollectives::Create(t, p, SmallChunks(), nullptr);
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    pairs.push_back(std::move(*pair));
+  }
+  auto made = HalvingDoubling::Create(0, 4, std::move(pairs), &ring[0], 0);
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(made.status().message().find("level 0 is not of ranks 0 and 1"), std::string::npos)
+      << made.status().ToString();
+}
+
+}  // namespace
+}  // namespace gradsync::client
