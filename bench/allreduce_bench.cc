@@ -111,7 +111,7 @@ using Steady = std::chrono::steady_clock;
 // gradsync_hd: our all-reduce by halving and doubling over TCP streams, a
 // 2-rank ring with each partner (client/halving_doubling.h), as a job with
 // ring_algorithm=halving_doubling runs it between hosts (up to the ring's
-// small_bytes, gradsync_ring's small path); 4, 8, 16 ... ranks.
+// small_bytes by recursive doubling); 4, 8, 16 ... ranks.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
 constexpr const char* kImplNames[] = {"gradsync_ring",         "gloo_ring",
@@ -556,10 +556,8 @@ Status ConnectHd(Rank* r, Rank::OurRing* ours) {
                                                         OurRingOptions(*r), nullptr));
     pairs.push_back(std::move(pair));
   }
-  // As a job runs it: past the ring's small_bytes (the ring below).
   GS_ASSIGN_OR_RETURN(ours->hd,
-                      client::HalvingDoubling::Create(rank, n, std::move(pairs), ours->ring.get(),
-                                                      OurRingOptions(*r).small_bytes + 1));
+                      client::HalvingDoubling::Create(rank, n, std::move(pairs), ours->ring.get()));
   return OkStatus();
 }
 

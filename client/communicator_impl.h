@@ -102,9 +102,10 @@ struct CommOptions {
       return InvalidArgumentError("ring_transport must be tcp or zmq, got '" +
                                   o.sync.ring_transport + "'");
     }
-    GS_ASSIGN_OR_RETURN(o.sync.ring_algorithm, config.GetString("ring_algorithm", "ring"));
-    if (o.sync.ring_algorithm != "ring" && o.sync.ring_algorithm != "halving_doubling") {
-      return InvalidArgumentError("ring_algorithm must be ring or halving_doubling, got '" +
+    GS_ASSIGN_OR_RETURN(o.sync.ring_algorithm, config.GetString("ring_algorithm", "auto"));
+    if (o.sync.ring_algorithm != "auto" && o.sync.ring_algorithm != "ring" &&
+        o.sync.ring_algorithm != "halving_doubling") {
+      return InvalidArgumentError("ring_algorithm must be auto, ring or halving_doubling, got '" +
                                   o.sync.ring_algorithm + "'");
     }
     GS_ASSIGN_OR_RETURN(std::string lanes, config.GetString("ring_lanes", "1"));

@@ -23,7 +23,7 @@ struct HalvingDoubling::Call {
 
 StatusOr<std::unique_ptr<HalvingDoubling>> HalvingDoubling::Create(
     int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
-    size_t min_bytes) {
+    size_t max_bytes) {
   if (!HalvingDoublingFits(world) || rank < 0 || rank >= world) {
     return InvalidArgumentError(
         "halving and doubling needs a power of two of at least 4 workers, "
@@ -47,18 +47,31 @@ StatusOr<std::unique_ptr<HalvingDoubling>> HalvingDoubling::Create(
     }
   }
   return std::unique_ptr<HalvingDoubling>(
-      new HalvingDoubling(rank, world, std::move(pairs), others, min_bytes));
+      new HalvingDoubling(rank, world, std::move(pairs), others, max_bytes));
 }
 
 Status HalvingDoubling::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
                                   const OpTag& tag, Deadline deadline) {
   if (!broken_.ok()) return broken_;
-  if (count * DTypeSize(dtype) < min_bytes_) {
+  if (count * DTypeSize(dtype) > max_bytes_) {
     return others_->AllReduce(data, count, dtype, op, tag, deadline);
   }
   GS_RETURN_IF_ERROR(CheckReducible(dtype));
+  if (count == 0) return Status();
   Call call{dtype, op, tag, deadline};
-  Status s = Level(call, 0, static_cast<uint8_t*>(data), count);
+  auto* base = static_cast<uint8_t*>(data);
+  Status s;
+  if (count * DTypeSize(dtype) <= pairs_[0]->options().small_bytes) {
+    // Recursive doubling: the whole buffer with each partner in turn (each
+    // pair ring takes its small path, and both partners add in rank order).
+    for (size_t k = 0; s.ok() && k < pairs_.size(); ++k) {
+      call.reached = k;
+      s = pairs_[k]->AllReduce(base, count, dtype, ReduceOp::kSum, tag, deadline);
+    }
+    if (s.ok() && op == ReduceOp::kAverage) DivideBy(base, count, dtype, world_);
+  } else {
+    s = Level(call, 0, base, count);
+  }
   if (s.ok() || s.code() == StatusCode::kMembershipChanged) return s;
   broken_ = s;
   for (size_t k = call.reached + 1; k < pairs_.size(); ++k) {

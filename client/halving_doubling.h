@@ -10,8 +10,13 @@
 // messages of half, a quarter, ... of it. Each element's sum is made by one
 // worker and handed to the others, so every worker ends with the same bits.
 //
-// All-reduces of at least `min_bytes` go this way; smaller ones, all-gathers
-// and broadcasts go to `others` (the ring the job has besides).
+// All-reduces of more than `max_bytes` go to `others` (the ring the job
+// has besides). All-reduces of at most the pair rings' small_bytes
+// (RingOptions) go by
+// recursive doubling instead, each pair ring's small path: at each level
+// the pair swaps whole buffers and both add them in rank order (the same
+// two sums, so again the same bits everywhere), log2(n) steps against the
+// ring's n - 1. All-gathers and broadcasts go to `others`.
 //
 // Each pair ring checks its messages as any ring does (fingerprints, the
 // partner's identity, sizes, the deadline, `health`), and names job ranks
@@ -53,7 +58,7 @@ class HalvingDoubling : public Collectives {
   // outlive this object.
   static StatusOr<std::unique_ptr<HalvingDoubling>> Create(
       int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
-      size_t min_bytes);
+      size_t max_bytes = SIZE_MAX);
 
   const char* name() const override { return others_->name(); }
   int rank() const override { return rank_; }
@@ -77,12 +82,12 @@ class HalvingDoubling : public Collectives {
 
  private:
   HalvingDoubling(int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs,
-                  Collectives* others, size_t min_bytes)
+                  Collectives* others, size_t max_bytes)
       : rank_(rank),
         world_(world),
         pairs_(std::move(pairs)),
         others_(others),
-        min_bytes_(min_bytes) {}
+        max_bytes_(max_bytes) {}
   struct Call;
   Status Level(Call& call, size_t level, uint8_t* data, size_t count);
 
@@ -90,7 +95,7 @@ class HalvingDoubling : public Collectives {
   const int world_;
   const std::vector<std::unique_ptr<RingCollectives>> pairs_;
   Collectives* const others_;
-  const size_t min_bytes_;
+  const size_t max_bytes_;
   Status broken_;  // the first error; sticky
 };
 

@@ -18,7 +18,8 @@ std::string PairEndpoint(int rank, int level) { return "inproc://" + PairName(ra
 // (`others`) and its pair rings, and its HalvingDoubling.
 class Job {
  public:
-  Job(int n, RingOptions options, size_t min_bytes) : n_(n), ring_(n, options) {
+  explicit Job(int n, RingOptions options = SmallChunks(), size_t max_bytes = SIZE_MAX)
+      : n_(n), ring_(n, options) {
     const int levels = HalvingDoublingLevels(n);
     for (int r = 0; r < n; ++r) {
       for (int k = 0; k < levels; ++k) {
@@ -42,7 +43,7 @@ class Job {
         EXPECT_TRUE(pair.ok()) << pair.status().ToString();
         pairs.push_back(std::move(*pair));
       }
-      auto hd = HalvingDoubling::Create(r, n, std::move(pairs), &ring_[r], min_bytes);
+      auto hd = HalvingDoubling::Create(r, n, std::move(pairs), &ring_[r], max_bytes);
       EXPECT_TRUE(hd.ok()) << hd.status().ToString();
       hds_.push_back(std::move(*hd));
     }
@@ -61,13 +62,20 @@ class Job {
 struct Case {
   int world;
   size_t count;
+  bool doubling;  // every count within small_bytes: recursive doubling
 };
+
+RingOptions OptionsOf(const Case& c) {
+  RingOptions o = SmallChunks();
+  if (c.doubling) o.small_bytes = size_t{1} << 20;
+  return o;
+}
 
 class HalvingDoublingSizesTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HalvingDoublingSizesTest, SumsAndAveragesAreExactForEveryDtype) {
-  const auto [n, count] = GetParam();
-  Job job(n, SmallChunks(), 0);
+  const auto [n, count, doubling] = GetParam();
+  Job job(n, OptionsOf(GetParam()));
   uint64_t seq = 0;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
@@ -104,8 +112,8 @@ TEST_P(HalvingDoublingSizesTest, SumsAndAveragesAreExactForEveryDtype) {
 }
 
 TEST_P(HalvingDoublingSizesTest, RandomFloatsAreCloseAndTheSameBitsOnEveryRank) {
-  const auto [n, count] = GetParam();
-  Job job(n, SmallChunks(), 0);
+  const auto [n, count, doubling] = GetParam();
+  Job job(n, OptionsOf(GetParam()));
   std::mt19937 gen(static_cast<uint32_t>(n * 1000 + count));
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(count));
@@ -133,7 +141,7 @@ std::vector<Case> Cases() {
   for (int n : {4, 8}) {
     // Fewer elements than workers, uneven halves, one chunk, many chunks.
     for (size_t count : {size_t{1}, size_t{3}, size_t{1023}, size_t{4097}, size_t{50001}}) {
-      out.push_back({n, count});
+      for (bool doubling : {false, true}) out.push_back({n, count, doubling});
     }
   }
   return out;
@@ -142,30 +150,38 @@ std::vector<Case> Cases() {
 INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, HalvingDoublingSizesTest, ::testing::ValuesIn(Cases()),
                          [](const auto& info) {
                            return "n" + std::to_string(info.param.world) + "_count" +
-                                  std::to_string(info.param.count);
+                                  std::to_string(info.param.count) +
+                                  (info.param.doubling ? "_doubling" : "_halving");
                          });
 
-TEST(HalvingDoublingTest, SmallAllReducesAndTheOtherCollectivesTakeTheRing) {
+// Up to small_bytes whole buffers with each partner (log2(n) of them);
+// past it halves, quarters, ... (2 (n - 1) / n of the buffer, as on the
+// ring); all-gathers over the ring.
+TEST(HalvingDoublingTest, EachSizeTakesItsWayAndAllGathersTakeTheRing) {
   const int n = 4;
-  Job job(n, SmallChunks(), 64 << 10);
+  RingOptions options = SmallChunks();
+  options.small_bytes = 64 << 10;
+  Job job(n, options);
   std::vector<std::vector<float>> small(n, std::vector<float>(1000, 1.0f));
   std::vector<std::vector<float>> large(n, std::vector<float>(1 << 15, 1.0f));
   std::vector<std::vector<int32_t>> gathered(n, std::vector<int32_t>(n, -1));
   auto st = job.Run([&](int r) -> Status {
+    auto expect_sent = [&](uint64_t want) -> Status {
+      const uint64_t sent = job[r].stats().bytes_sent;
+      if (sent == want) return Status();
+      return InternalError("the pairs sent " + std::to_string(sent) + ", not " +
+                           std::to_string(want));
+    };
     GS_RETURN_IF_ERROR(job[r].AllReduce(small[r].data(), small[r].size(), DType::kF32,
                                         ReduceOp::kSum, Tag(1), Soon()));
+    const uint64_t doubled = 2 * small[r].size() * 4;
+    GS_RETURN_IF_ERROR(expect_sent(doubled));
     const int32_t mine = r * 10;
     GS_RETURN_IF_ERROR(job[r].AllGather(&mine, sizeof(mine), gathered[r].data(), Tag(2), Soon()));
-    if (job[r].stats().bytes_sent != 0) return InternalError("the pairs carried a small one");
+    GS_RETURN_IF_ERROR(expect_sent(doubled));
     GS_RETURN_IF_ERROR(job[r].AllReduce(large[r].data(), large[r].size(), DType::kF32,
                                         ReduceOp::kSum, Tag(3), Soon()));
-    // Half, a quarter: 2 (n - 1) / n of the buffer, as on the ring.
-    const uint64_t want = 2 * (large[r].size() * 4) * (n - 1) / n;
-    if (job[r].stats().bytes_sent != want) {
-      return InternalError("the pairs sent " + std::to_string(job[r].stats().bytes_sent) +
-                           " bytes, not " + std::to_string(want));
-    }
-    return Status();
+    return expect_sent(doubled + 2 * (large[r].size() * 4) * (n - 1) / n);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(st[r].ok()) << st[r].ToString();
@@ -176,32 +192,51 @@ TEST(HalvingDoublingTest, SmallAllReducesAndTheOtherCollectivesTakeTheRing) {
   }
 }
 
-TEST(HalvingDoublingTest, AWorkerThatDisagreesFailsEveryWorkerAtOnceNamingIt) {
-  const int n = 8;
-  Job job(n, SmallChunks(), 0);
-  std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
-  // Worker 5 all-reduces another size: its level-0 partner (4) sees it
-  // first; every other worker learns from its own partners, not from the
-  // deadline.
+// Past max_bytes (ring_algorithm=auto) all-reduces go round the ring.
+TEST(HalvingDoublingTest, AllReducesPastMaxBytesGoRoundTheRing) {
+  const int n = 4;
+  Job job(n, SmallChunks(), 64 << 10);
+  std::vector<std::vector<float>> data(n, std::vector<float>(1 << 15, 1.0f));  // 128 KiB
   auto st = job.Run([&](int r) {
-    const size_t count = r == 5 ? 9000 : 10000;
-    return job[r].AllReduce(data[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(7), Soon());
+    return job[r].AllReduce(data[r].data(), data[r].size(), DType::kF32, ReduceOp::kAverage, Tag(1),
+                            Soon());
   });
   for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(st[r].code(), StatusCode::kAborted) << r << ": " << st[r].ToString();
-    EXPECT_NE(st[r].message().find("rank 5"), std::string::npos) << r << ": " << st[r].ToString();
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    EXPECT_EQ(data[r][777], 1.0f);
+    EXPECT_EQ(job[r].stats().bytes_sent, 0u);
   }
-  // Broken for good, as a ring.
-  EXPECT_EQ(
-      job[0].AllReduce(data[0].data(), 10000, DType::kF32, ReduceOp::kSum, Tag(8), Soon()).code(),
-      StatusCode::kAborted);
+}
+
+TEST(HalvingDoublingTest, AWorkerThatDisagreesFailsEveryWorkerAtOnceNamingIt) {
+  const int n = 8;
+  for (bool doubling : {false, true}) {
+    Job job(n, OptionsOf(Case{n, 0, doubling}));
+    std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
+    // Worker 5 all-reduces another size: its level-0 partner (4) sees it
+    // first; every other worker learns from its own partners, not from the
+    // deadline.
+    auto st = job.Run([&](int r) {
+      const size_t count = r == 5 ? 9000 : 10000;
+      return job[r].AllReduce(data[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(7), Soon());
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(st[r].code(), StatusCode::kAborted)
+          << (doubling ? "doubling " : "halving ") << r << ": " << st[r].ToString();
+      EXPECT_NE(st[r].message().find("rank 5"), std::string::npos) << r << ": " << st[r].ToString();
+    }
+    // Broken for good, as a ring.
+    EXPECT_EQ(
+        job[0].AllReduce(data[0].data(), 10000, DType::kF32, ReduceOp::kSum, Tag(8), Soon()).code(),
+        StatusCode::kAborted);
+  }
 }
 
 TEST(HalvingDoublingTest, AMissingWorkerIsNamedByItsPartnersAtTheDeadline) {
   const int n = 4;
   RingOptions options = SmallChunks();
   options.abort_grace = Millis(200);
-  Job job(n, options, 0);
+  Job job(n, options);
   std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
   const Deadline deadline = Deadline::After(std::chrono::seconds(2));
   auto st = job.Run([&](int r) {
@@ -223,9 +258,9 @@ TEST(HalvingDoublingTest, CreateRefusesWhatIsNotAPowerOfTwoOrNotItsPairs) {
   EXPECT_FALSE(HalvingDoublingFits(6));
   EXPECT_TRUE(HalvingDoublingFits(4));
   EXPECT_TRUE(HalvingDoublingFits(64));
-  EXPECT_EQ(HalvingDoubling::Create(0, 6, {}, &ring[0], 0).status().code(),
+  EXPECT_EQ(HalvingDoubling::Create(0, 6, {}, &ring[0]).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(HalvingDoubling::Create(0, 4, {}, &ring[0], 0).status().code(),
+  EXPECT_EQ(HalvingDoubling::Create(0, 4, {}, &ring[0]).status().code(),
             StatusCode::kInvalidArgument);
   // Two rings, but the first pairs 0 with 2 where level 0 pairs it with 1.
   wire::InProcNetwork net;
@@ -245,7 +280,7 @@ TEST(HalvingDoublingTest, CreateRefusesWhatIsNotAPowerOfTwoOrNotItsPairs) {
     ASSERT_TRUE(pair.ok()) << pair.status().ToString();
     pairs.push_back(std::move(*pair));
   }
-  auto made = HalvingDoubling::Create(0, 4, std::move(pairs), &ring[0], 0);
+  auto made = HalvingDoubling::Create(0, 4, std::move(pairs), &ring[0]);
   EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(made.status().message().find("level 0 is not of ranks 0 and 1"), std::string::npos)
       << made.status().ToString();

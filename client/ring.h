@@ -182,6 +182,7 @@ class RingCollectives : public Collectives {
   Status CheckLayout(const std::vector<wire::TensorSpecFields>& tensors, Deadline deadline);
 
   RingStats stats() const;
+  const RingOptions& options() const { return options_; }
 
   // Whether no send of this ring points into a buffer any more (its own,
   // or a caller's): after a failure, one queued to a neighbour that never

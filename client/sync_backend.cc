@@ -40,13 +40,19 @@ constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 // it: its lane count and the port of each lane past the first (ports[k],
 // lane k), on the host the scheduler has for it.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
+// ring_algorithm=auto: all-reduces of at most this many bytes by halving
+// and doubling, larger ones round the ring (docs/benchmarks.md: halving and
+// doubling was 1.0-2.7x the ring up to 1 MiB, and 0.90-0.92x at 4 and
+// 16 MiB where a 1 Gbit/s link was the limit).
+constexpr size_t kAutoHalvingMaxBytes = size_t{1} << 20;
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
   int32_t streams = 0;    // TCP streams: ports[k] is lane k's, lane 0 included
-  // ring_algorithm=halving_doubling; with streams, pair_ports[k] is the
-  // port of its pair of level k (zero where it has none).
-  int32_t halving = 0;
+  // ring_algorithm: 0 ring, 1 halving_doubling, 2 auto; with streams,
+  // pair_ports[k] is the port of its pair of level k (zero where it has
+  // none).
+  int32_t algorithm = 0;
   uint16_t ports[wire::kMaxLanes] = {};
   uint16_t pair_ports[wire::kMaxPairLevels] = {};
 };
@@ -54,10 +60,30 @@ static_assert(sizeof(LaneRecord) == 4 * sizeof(int32_t) + wire::kMaxLanes * size
                                         wire::kMaxPairLevels * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
+// The setting ring_algorithm, as a LaneRecord carries it.
+constexpr int32_t kAlgorithmRing = 0;
+constexpr int32_t kAlgorithmHalving = 1;
+constexpr int32_t kAlgorithmAuto = 2;
+int32_t RingAlgorithmCode(const std::string& setting) {
+  if (setting == "halving_doubling") return kAlgorithmHalving;
+  return setting == "auto" ? kAlgorithmAuto : kAlgorithmRing;
+}
+std::string RingAlgorithmName(int32_t code) {
+  switch (code) {
+    case kAlgorithmRing:
+      return "ring";
+    case kAlgorithmHalving:
+      return "halving_doubling";
+    case kAlgorithmAuto:
+      return "auto";
+  }
+  return std::to_string(code);  // a peer's word
+}
+
 std::string LanesSetting(const LaneRecord& r) {
   return std::string("ring_lanes=") + (r.automatic != 0 ? "auto" : std::to_string(r.count)) +
          (r.streams != 0 ? " over TCP streams" : " over ZeroMQ") +
-         (r.halving != 0 ? " with ring_algorithm=halving_doubling" : "");
+         ", ring_algorithm=" + RingAlgorithmName(r.algorithm);
 }
 
 // ring_lanes=auto: the all-reduce each lane count is timed with, and how
@@ -88,8 +114,8 @@ struct Ring {
   std::vector<std::unique_ptr<wire::Transport>> lane_transports;
   std::unique_ptr<RingLanes> lanes;  // destroyed before the transports
   // ring_algorithm=halving_doubling over TCP streams, 2^L workers: the
-  // all-reduces past the ring's small_bytes over pair rings (their
-  // transports in lane_transports); the rest goes to `lanes`.
+  // all-reduces over pair rings (their transports in lane_transports); the
+  // rest goes to `lanes`.
   std::unique_ptr<HalvingDoubling> halving;
   // Every worker on one host with shared memory: the all-reduces over
   // segments (all-gathers and broadcasts stay on `lanes`); destroyed first.
@@ -289,11 +315,12 @@ std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
 // each lane reaches them through shared-memory links of its own over its
 // stream. The workers exchange their lane counts and ports over the first
 // lane; lane counts or transports that differ fail every worker, naming
-// one that differs. With `halving` and streams, for a world that fits
-// (HalvingDoublingFits), also a TCP stream of its own for each level of
-// halving and doubling, its port exchanged with the lanes', and the 2-rank
-// ring with that level's partner over it in (*pairs)[level].
-Status AddLanes(Session* session, int count, bool streams, bool halving,
+// one that differs. With streams and `algorithm` other than kAlgorithmRing,
+// for a world that fits (HalvingDoublingFits), also a TCP stream of its own
+// for each level of halving and doubling, its port exchanged with the
+// lanes', and the 2-rank ring with that level's partner over it in
+// (*pairs)[level].
+Status AddLanes(Session* session, int count, bool streams, int32_t algorithm,
                 const wire::SameHostOptions& links, const RingPeers& peers,
                 const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
                 const HealthCheck& health, Ring* out,
@@ -306,8 +333,8 @@ Status AddLanes(Session* session, int count, bool streams, bool halving,
   mine.count = count;
   mine.automatic = automatic ? 1 : 0;
   mine.streams = streams ? 1 : 0;
-  mine.halving = halving ? 1 : 0;
-  const int levels = streams && halving && HalvingDoublingFits(peers.world_size)
+  mine.algorithm = algorithm;
+  const int levels = streams && algorithm != kAlgorithmRing && HalvingDoublingFits(peers.world_size)
                          ? HalvingDoublingLevels(peers.world_size)
                          : 0;
   GS_ASSIGN_OR_RETURN(std::string listen_at, wire::ListenEndpoint(session->host(), 0));
@@ -351,7 +378,7 @@ Status AddLanes(Session* session, int count, bool streams, bool halving,
   for (int q = 0; q < peers.world_size; ++q) {
     const LaneRecord& theirs = all[static_cast<size_t>(q)];
     if (theirs.count != count || (theirs.automatic != 0) != automatic ||
-        (theirs.streams != 0) != streams || (theirs.halving != 0) != halving) {
+        (theirs.streams != 0) != streams || theirs.algorithm != algorithm) {
       return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
                                      LanesSetting(theirs) + ", worker " +
                                      std::to_string(peers.rank) + " " + LanesSetting(mine) +
@@ -518,10 +545,10 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   std::vector<std::unique_ptr<RingCollectives>> lanes, pairs;
   GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
   lanes.push_back(std::move(first));
-  const bool halving = options.ring_algorithm == "halving_doubling";
+  const int32_t algorithm = RingAlgorithmCode(options.ring_algorithm);
   if (lanes_made) {
     Status s =
-        AddLanes(session, options.ring_lanes, streams, halving, links, peers, order,
+        AddLanes(session, options.ring_lanes, streams, algorithm, links, peers, order,
                  options.ring_lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
     if (!s.ok()) {
       out.Shutdown();
@@ -540,19 +567,24 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     }
   }
   if (!pairs.empty()) {
-    auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(),
-                                        ring_options.small_bytes + 1);
+    // auto: halving and doubling where it was measured faster than the
+    // ring (up to kAutoHalvingMaxBytes), the ring above.
+    const size_t max_bytes = algorithm == kAlgorithmAuto ? kAutoHalvingMaxBytes : SIZE_MAX;
+    auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(), max_bytes);
     if (!made.ok()) {
       out.Shutdown();
       return made.status();
     }
     out.halving = std::move(*made);
     if (r == 0) {
-      GS_LOG(INFO) << "all-reduces of more than " << ring_options.small_bytes
-                   << " bytes by halving and doubling over " << HalvingDoublingLevels(n)
-                   << " pairs (ring_algorithm=halving_doubling)";
+      GS_LOG(INFO) << "all-reduces by halving and doubling over " << HalvingDoublingLevels(n)
+                   << " pairs, up to " << ring_options.small_bytes << " bytes by recursive doubling"
+                   << (max_bytes == SIZE_MAX
+                           ? std::string()
+                           : ", above " + std::to_string(max_bytes) + " bytes round the ring")
+                   << " (ring_algorithm=" << options.ring_algorithm << ")";
     }
-  } else if (halving && r == 0 && n > 1) {
+  } else if (algorithm == kAlgorithmHalving && r == 0 && n > 1) {
     GS_LOG(INFO) << "ring_algorithm=halving_doubling needs TCP streams between hosts and a power "
                     "of two of at least 4 workers ("
                  << n << " here" << (streams ? "" : ", no streams")

@@ -133,11 +133,13 @@ struct SyncBackendOptions {
   // reach each other through shared-memory links of the lane's own over
   // it; "zmq": ZeroMQ always.
   std::string ring_transport = "tcp";
-  // "ring": every all-reduce goes round the ring; "halving_doubling": with
-  // TCP streams and 2^L workers (L >= 2), all-reduces past the ring's
-  // small_bytes take recursive halving and doubling instead
-  // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1).
-  std::string ring_algorithm = "ring";
+  // "halving_doubling": with TCP streams and 2^L workers (L >= 2),
+  // all-reduces go by recursive halving and doubling
+  // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1), and
+  // up to the ring's small_bytes by recursive doubling (L steps); "auto":
+  // the same up to 1 MiB, larger ones round the ring; "ring": every
+  // all-reduce round the ring.
+  std::string ring_algorithm = "auto";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).
   cluster::PsLinkOptions ps_links;

@@ -265,6 +265,10 @@ TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
   const std::string out = workers[0]->Output();
   EXPECT_NE(out.find("over 4 hosts"), std::string::npos) << out;
   EXPECT_NE(out.find("ring over TCP streams"), std::string::npos) << out;
+  // ring_algorithm=auto: the 2 MiB buckets round the ring, the smaller
+  // all-reduces by halving and doubling.
+  EXPECT_NE(out.find("above 1048576 bytes round the ring (ring_algorithm=auto)"), std::string::npos)
+      << out;
 }
 
 // ring_algorithm=halving_doubling on four host addresses: the buckets
@@ -277,7 +281,7 @@ TEST_F(AllReduceSdkTest, ByHalvingAndDoublingTheSameExactResults) {
                               "", /*per_host=*/1);
   ExpectTrained(workers);
   const std::string out = workers[0]->Output();
-  EXPECT_NE(out.find("bytes by halving and doubling over 2 pairs"), std::string::npos) << out;
+  EXPECT_NE(out.find("all-reduces by halving and doubling over 2 pairs"), std::string::npos) << out;
   EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), plain"), std::string::npos)
       << out;
 }
@@ -289,15 +293,15 @@ TEST_F(AllReduceSdkTest, UnderCurveByHalvingAndDoublingTheSameExactResults) {
                               key_file, /*per_host=*/1);
   ExpectTrained(workers);
   const std::string out = workers[0]->Output();
-  EXPECT_NE(out.find("bytes by halving and doubling over 2 pairs"), std::string::npos) << out;
+  EXPECT_NE(out.find("all-reduces by halving and doubling over 2 pairs"), std::string::npos) << out;
   EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), sealed"), std::string::npos)
       << out;
 }
 
 TEST_F(AllReduceSdkTest, WorkersOfDifferentRingAlgorithmsAllFailNamingBoth) {
   ExpectRingSettingsRefused(*this, "--ring_algorithm=halving_doubling",
-                            "ring_lanes=1 over TCP streams",
-                            "ring_lanes=1 over TCP streams with ring_algorithm=halving_doubling");
+                            "ring_lanes=1 over TCP streams, ring_algorithm=auto",
+                            "ring_lanes=1 over TCP streams, ring_algorithm=halving_doubling");
 }
 
 // A worker killed mid-job under halving and doubling: its partners and
