@@ -40,11 +40,6 @@ constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 // it: its lane count and the port of each lane past the first (ports[k],
 // lane k), on the host the scheduler has for it.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
-// ring_algorithm=auto: all-reduces of at most this many bytes by halving
-// and doubling, larger ones round the ring (docs/benchmarks.md: halving and
-// doubling was 1.0-2.7x the ring up to 1 MiB, and 0.90-0.92x at 4 and
-// 16 MiB where a 1 Gbit/s link was the limit).
-constexpr size_t kAutoHalvingMaxBytes = size_t{1} << 20;
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
@@ -567,22 +562,26 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     }
   }
   if (!pairs.empty()) {
-    // auto: halving and doubling where it was measured faster than the
-    // ring (up to kAutoHalvingMaxBytes), the ring above.
-    const size_t max_bytes = algorithm == kAlgorithmAuto ? kAutoHalvingMaxBytes : SIZE_MAX;
+    // auto: recursive doubling up to the ring's small_bytes, where it
+    // moves log2(n) buffers to the ring's n - 1 and was 1.1-2.7x faster in
+    // every run; larger all-reduces round the ring, which kept pace with
+    // halving and doubling or beat it where a link was the limit
+    // (docs/benchmarks.md, halving and doubling).
+    const size_t max_bytes = algorithm == kAlgorithmAuto ? ring_options.small_bytes : SIZE_MAX;
     auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(), max_bytes);
     if (!made.ok()) {
       out.Shutdown();
       return made.status();
     }
     out.halving = std::move(*made);
-    if (r == 0) {
+    if (r == 0 && max_bytes == SIZE_MAX) {
       GS_LOG(INFO) << "all-reduces by halving and doubling over " << HalvingDoublingLevels(n)
-                   << " pairs, up to " << ring_options.small_bytes << " bytes by recursive doubling"
-                   << (max_bytes == SIZE_MAX
-                           ? std::string()
-                           : ", above " + std::to_string(max_bytes) + " bytes round the ring")
-                   << " (ring_algorithm=" << options.ring_algorithm << ")";
+                   << " pairs, up to " << ring_options.small_bytes
+                   << " bytes by recursive doubling (ring_algorithm=halving_doubling)";
+    } else if (r == 0) {
+      GS_LOG(INFO) << "all-reduces up to " << max_bytes << " bytes by recursive doubling over "
+                   << HalvingDoublingLevels(n)
+                   << " pairs, larger ones round the ring (ring_algorithm=auto)";
     }
   } else if (algorithm == kAlgorithmHalving && r == 0 && n > 1) {
     GS_LOG(INFO) << "ring_algorithm=halving_doubling needs TCP streams between hosts and a power "

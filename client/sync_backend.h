@@ -137,8 +137,8 @@ struct SyncBackendOptions {
   // all-reduces go by recursive halving and doubling
   // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1), and
   // up to the ring's small_bytes by recursive doubling (L steps); "auto":
-  // the same up to 1 MiB, larger ones round the ring; "ring": every
-  // all-reduce round the ring.
+  // recursive doubling up to the ring's small_bytes, larger ones round the
+  // ring; "ring": every all-reduce round the ring.
   std::string ring_algorithm = "auto";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).

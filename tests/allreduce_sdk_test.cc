@@ -265,9 +265,11 @@ TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
   const std::string out = workers[0]->Output();
   EXPECT_NE(out.find("over 4 hosts"), std::string::npos) << out;
   EXPECT_NE(out.find("ring over TCP streams"), std::string::npos) << out;
-  // ring_algorithm=auto: the 2 MiB buckets round the ring, the smaller
-  // all-reduces by halving and doubling.
-  EXPECT_NE(out.find("above 1048576 bytes round the ring (ring_algorithm=auto)"), std::string::npos)
+  // ring_algorithm=auto: the 2 MiB buckets round the ring, the small
+  // all-reduces by recursive doubling.
+  EXPECT_NE(out.find("all-reduces up to 262144 bytes by recursive doubling over 2 pairs, larger "
+                     "ones round the ring (ring_algorithm=auto)"),
+            std::string::npos)
       << out;
 }
 

@@ -492,12 +492,12 @@ TEST_F(ElasticTest, JoinersOnAnotherHostLeaveNoStreamLinksBehind) {
 }
 
 // Three workers on two hosts and a joiner at a time: each epoch of four
-// all-reduces by halving and doubling (ring_algorithm=auto) over
-// connections of its own, which go with the epoch.
-TEST_F(ElasticTest, HalvingAndDoublingEpochsOfJoinersLeaveNoConnectionsBehind) {
+// all-reduces by recursive doubling (ring_algorithm=auto) over connections
+// of its own, which go with the epoch.
+TEST_F(ElasticTest, RecursiveDoublingEpochsOfJoinersLeaveNoConnectionsBehind) {
   hosts_ = {"127.0.0.1", "127.0.0.1", "127.0.0.2"};
   const std::string out = JoinAndDepart(2, "127.0.0.2", {}, 3);
-  EXPECT_EQ(Occurrences(out, "all-reduces by halving and doubling over 2 pairs"), 2u) << out;
+  EXPECT_EQ(Occurrences(out, "by recursive doubling over 2 pairs"), 2u) << out;
 }
 
 // At max_workers a new worker is refused with the reason; the job goes on.
