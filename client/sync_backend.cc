@@ -108,9 +108,9 @@ struct Ring {
   // Lanes 1 and up over ZeroMQ; over TCP streams, every lane's transport.
   std::vector<std::unique_ptr<wire::Transport>> lane_transports;
   std::unique_ptr<RingLanes> lanes;  // destroyed before the transports
-  // ring_algorithm=halving_doubling over TCP streams, 2^L workers: the
-  // all-reduces over pair rings (their transports in lane_transports); the
-  // rest goes to `lanes`.
+  // ring_algorithm=auto or halving_doubling over TCP streams, 2^L workers:
+  // the all-reduces it takes (up to small_bytes with auto) over pair rings
+  // (their transports in lane_transports); the rest goes to `lanes`.
   std::unique_ptr<HalvingDoubling> halving;
   // Every worker on one host with shared memory: the all-reduces over
   // segments (all-gathers and broadcasts stay on `lanes`); destroyed first.
