@@ -544,13 +544,12 @@ Status ConnectHd(Rank* r, Rank::OurRing* ours) {
     GS_ASSIGN_OR_RETURN(
         std::string theirs,
         SwapEndpoints(r, endpoint, "gradsync_hd_" + std::to_string(k) + "_", partner));
-    client::RingPeers peers;
-    peers.rank = (rank >> k) & 1;
-    peers.world_size = 2;
-    peers.job_ranks = {std::min(rank, partner), std::max(rank, partner)};
-    peers.right_endpoint = theirs;
-    peers.left_identity = options.accept[0];
-    peers.sender = wire::Sender{wire::Role::Worker, rank, r->args.job_id};
+    client::RingPeers job;
+    job.rank = rank;
+    job.world_size = n;
+    job.sender = wire::Sender{wire::Role::Worker, rank, r->args.job_id};
+    const client::RingPeers peers =
+        client::HalvingDoublingPairPeers(job, k, theirs, options.accept[0]);
     GS_ASSIGN_OR_RETURN(auto pair,
                         client::RingCollectives::Create(ours->pair_streams.back().get(), peers,
                                                         OurRingOptions(*r), nullptr));

@@ -1,5 +1,8 @@
 #include "client/halving_doubling.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "client/elementwise.h"
 
 namespace gradsync::client {
@@ -10,6 +13,18 @@ int HalvingDoublingLevels(int world) {
   int levels = 0;
   while ((1 << levels) < world) ++levels;
   return levels;
+}
+
+RingPeers HalvingDoublingPairPeers(RingPeers job, int level, std::string partner_endpoint,
+                                   std::string partner_identity) {
+  const int partner = HalvingDoublingPartner(job.rank, level);
+  job.job_ranks = {std::min(job.rank, partner), std::max(job.rank, partner)};
+  job.rank = (job.rank >> level) & 1;
+  job.world_size = 2;
+  job.order.clear();
+  job.right_endpoint = std::move(partner_endpoint);
+  job.left_identity = std::move(partner_identity);
+  return job;
 }
 
 // One all-reduce: what every level shares, and how deep it got.
@@ -75,7 +90,7 @@ Status HalvingDoubling::AllReduce(void* data, size_t count, DType dtype, ReduceO
   if (s.ok() || s.code() == StatusCode::kMembershipChanged) return s;
   broken_ = s;
   for (size_t k = call.reached + 1; k < pairs_.size(); ++k) {
-    pairs_[k]->Abandon(tag, dtype, 0, s);
+    pairs_[k]->Abandon(tag, s);
   }
   return s;
 }

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "client/collectives.h"
@@ -50,6 +51,11 @@ bool HalvingDoublingFits(int world);
 int HalvingDoublingLevels(int world);
 // The rank worker `rank` pairs with at level `level`.
 inline int HalvingDoublingPartner(int rank, int level) { return rank ^ (1 << level); }
+// The peers of the 2-rank ring of worker `job.rank` and its partner at
+// `level`: `job` (this worker's ring peers: sender, epoch) made a pair, the
+// partner reached at `partner_endpoint` and taken under `partner_identity`.
+RingPeers HalvingDoublingPairPeers(RingPeers job, int level, std::string partner_endpoint,
+                                   std::string partner_identity);
 
 class HalvingDoubling : public Collectives {
  public:

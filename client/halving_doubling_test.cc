@@ -31,13 +31,12 @@ class Job {
       std::vector<std::unique_ptr<RingCollectives>> pairs;
       for (int k = 0; k < levels; ++k) {
         const int partner = HalvingDoublingPartner(r, k);
-        RingPeers p;
-        p.rank = (r >> k) & 1;
-        p.world_size = 2;
-        p.job_ranks = {std::min(r, partner), std::max(r, partner)};
-        p.right_endpoint = PairEndpoint(partner, k);
-        p.left_identity = PairName(partner, k);
-        p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+        RingPeers job;
+        job.rank = r;
+        job.world_size = n;
+        job.sender = wire::Sender{wire::Role::Worker, r, kJob};
+        const RingPeers p =
+            HalvingDoublingPairPeers(job, k, PairEndpoint(partner, k), PairName(partner, k));
         auto pair = RingCollectives::Create(transports_[static_cast<size_t>(r * levels + k)].get(),
                                             p, options, nullptr);
         EXPECT_TRUE(pair.ok()) << pair.status().ToString();

@@ -134,12 +134,12 @@ Status RingCollectives::AllReduceAround(void* data, size_t count, DType dtype, c
   return Finish(op, RunAllReduce(op, base, count, dtype, ReduceOp::kSum, &between));
 }
 
-void RingCollectives::Abandon(const OpTag& tag, DType dtype, uint64_t count, const Status& why) {
+void RingCollectives::Abandon(const OpTag& tag, const Status& why) {
   if (!broken_.ok()) return;
   broken_ = why;
   if (peers_.world_size == 1) return;
-  Op op(this, RingOpKind::kAllReduce, tag, dtype, count, static_cast<uint64_t>(ReduceOp::kSum), 1,
-        Deadline::After(Millis(200)));
+  // Only its abort is sent, which a neighbour takes whatever it runs.
+  Op op(this, RingOpKind::kAllReduce, tag, DType::kU8, 0, 0, 1, Deadline::After(Millis(200)));
   op.Fail(why, AbortCode(why), -1).IgnoreError();
 }
 

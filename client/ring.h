@@ -168,7 +168,7 @@ class RingCollectives : public Collectives {
   // Fails, on every rank of this ring, the operation `tag` this rank will
   // not run (it failed elsewhere first): a neighbour waiting in it learns
   // `why` at once. The ring is broken from then on.
-  void Abandon(const OpTag& tag, DType dtype, uint64_t count, const Status& why);
+  void Abandon(const OpTag& tag, const Status& why);
   // The job-wide rank of ring rank `ring_rank` (RingPeers::job_ranks).
   int JobRank(int ring_rank) const {
     return peers_.job_ranks.empty() ? ring_rank : peers_.job_ranks[static_cast<size_t>(ring_rank)];

@@ -348,10 +348,12 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm,
     stream_transports.push_back(std::move(transport));
   }
   std::vector<std::unique_ptr<wire::TcpStreamTransport>> pair_transports;
+  std::vector<wire::NodeInfo> partners;  // by level
   for (int k = 0; k < levels; ++k) {
     const std::optional<wire::NodeInfo> partner =
         WorkerOf(session, HalvingDoublingPartner(peers.rank, k));
     if (!partner) return InternalError("a halving-and-doubling partner is not a peer");
+    partners.push_back(*partner);
     pair_transports.push_back(std::make_unique<wire::TcpStreamTransport>(
         RingStreamOptions(session, ring_options, wire::PairIdentity(session->data().identity(), k),
                           wire::PairIdentity(partner->identity, k))));
@@ -382,22 +384,16 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm,
     }
   }
   for (int k = 0; k < levels; ++k) {
-    const int q = HalvingDoublingPartner(peers.rank, k);
-    const std::optional<wire::NodeInfo> partner = WorkerOf(session, q);
-    if (!partner) return InternalError("a halving-and-doubling partner is not a peer");
-    const uint16_t port = all[static_cast<size_t>(q)].pair_ports[k];
+    const wire::NodeInfo& partner = partners[static_cast<size_t>(k)];
+    const uint16_t port = all[static_cast<size_t>(partner.rank)].pair_ports[k];
     if (port == 0) {
-      return FailedPreconditionError(partner->Name() + " announced no port for its pair of level " +
+      return FailedPreconditionError(partner.Name() + " announced no port for its pair of level " +
                                      std::to_string(k));
     }
-    RingPeers pair = peers;
-    pair.rank = (peers.rank >> k) & 1;
-    pair.world_size = 2;
-    pair.order.clear();
-    pair.job_ranks = {std::min(peers.rank, q), std::max(peers.rank, q)};
-    pair.right_endpoint = "tcp://" + partner->host + ":" + std::to_string(port);
-    pair.left_identity = wire::PairIdentity(partner->identity, k);
-    session->AddPeerEndpoint(partner->identity, pair.right_endpoint);
+    const RingPeers pair =
+        HalvingDoublingPairPeers(peers, k, "tcp://" + partner.host + ":" + std::to_string(port),
+                                 wire::PairIdentity(partner.identity, k));
+    session->AddPeerEndpoint(partner.identity, pair.right_endpoint);
     wire::Transport* transport = pair_transports[static_cast<size_t>(k)].get();
     out->lane_transports.push_back(std::move(pair_transports[static_cast<size_t>(k)]));
     GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(transport, pair, ring_options, health));

@@ -85,6 +85,21 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
     }
   }
 
+  // Four workers on four host addresses with ring_algorithm=
+  // halving_doubling (CURVE with `key_file`) train with the exact checks,
+  // their ring's streams `sealing` ("plain" or "sealed").
+  void ExpectHalvingTrained(const std::string& key_file, const std::string& sealing) {
+    auto workers =
+        StartWorkers(4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"},
+                     key_file, /*per_host=*/1);
+    ExpectTrained(workers);
+    const std::string out = workers[0]->Output();
+    EXPECT_NE(out.find("all-reduces by halving and doubling over 2 pairs"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), " + sealing), std::string::npos)
+        << out;
+  }
+
   // Worker 3 of a mode=stall job (victim 3) is killed once it stops
   // contributing: the others all fail naming it within 3 s.
   static void ExpectKilledWorkerNamed(const std::vector<Subprocess*>& workers) {
@@ -279,25 +294,13 @@ TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
 // (client/halving_doubling.h); the same exact results, plain and under
 // CURVE (each pair's stream sealed under the partners' node keys).
 TEST_F(AllReduceSdkTest, ByHalvingAndDoublingTheSameExactResults) {
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"},
-                              "", /*per_host=*/1);
-  ExpectTrained(workers);
-  const std::string out = workers[0]->Output();
-  EXPECT_NE(out.find("all-reduces by halving and doubling over 2 pairs"), std::string::npos) << out;
-  EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), plain"), std::string::npos)
-      << out;
+  ExpectHalvingTrained("", "plain");
 }
 
 TEST_F(AllReduceSdkTest, UnderCurveByHalvingAndDoublingTheSameExactResults) {
   const std::string key_file = TmpFile("sdk_halving.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"},
-                              key_file, /*per_host=*/1);
-  ExpectTrained(workers);
-  const std::string out = workers[0]->Output();
-  EXPECT_NE(out.find("all-reduces by halving and doubling over 2 pairs"), std::string::npos) << out;
-  EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), sealed"), std::string::npos)
-      << out;
+  ExpectHalvingTrained(key_file, "sealed");
 }
 
 TEST_F(AllReduceSdkTest, WorkersOfDifferentRingAlgorithmsAllFailNamingBoth) {
