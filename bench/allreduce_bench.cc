@@ -41,7 +41,8 @@
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
 //                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_sealed_zmq,
-//                  gradsync_ring_zmq,openmpi_tcp,openmpi,gradsync_shm_segments,gradsync_hd
+//                  gradsync_ring_zmq,openmpi_tcp,openmpi,gradsync_shm_segments,gradsync_hd,
+//                  gradsync_auto
 //          --chunk_bytes=N --small_bytes=N --slot_bytes=N (gradsync_shm_segments)
 //          --bulk_crypto_threads=N (gradsync_ring_sealed_zmq; -1 by cores)
 //          --op_timeout_s=60 --group_timeout_s=N --gloo_barrier --keep_tmp --verbose
@@ -112,6 +113,11 @@ using Steady = std::chrono::steady_clock;
 // 2-rank ring with each partner (client/halving_doubling.h), as a job with
 // ring_algorithm=halving_doubling runs it between hosts (up to the ring's
 // small_bytes by recursive doubling); 4, 8, 16 ... ranks.
+// gradsync_auto: as a job runs by default (ring_algorithm=auto) between
+// hosts with 4, 8, 16 ... workers: recursive doubling up to small_bytes,
+// larger sizes the way that measured faster (client/halving_doubling.h);
+// the trials of each size run before its rounds, and the way each size
+// took is printed under the table.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
 constexpr const char* kImplNames[] = {"gradsync_ring",         "gloo_ring",
@@ -119,8 +125,9 @@ constexpr const char* kImplNames[] = {"gradsync_ring",         "gloo_ring",
                                       "openmpi_tcp",           "openmpi",
                                       "gradsync_ring_shm",     "gradsync_ring_sealed",
                                       "gradsync_ring_zmq",     "gradsync_ring_sealed_zmq",
-                                      "gradsync_shm_segments", "gradsync_hd"};
-constexpr int kNumImpls = 12;
+                                      "gradsync_shm_segments", "gradsync_hd",
+                                      "gradsync_auto"};
+constexpr int kNumImpls = 13;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
@@ -131,6 +138,7 @@ constexpr int kOursZmq = 8;
 constexpr int kOursSealedZmq = 9;
 constexpr int kOursSegments = 10;
 constexpr int kOursHd = 11;
+constexpr int kOursAuto = 12;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -364,8 +372,8 @@ struct Rank {
     std::unique_ptr<wire::SameHostTransport> same_host;  // over transport (shm only)
     std::unique_ptr<client::RingCollectives> ring;
     std::unique_ptr<client::HostCollectives> host;  // over ring (segments only)
-    // kOursHd: a transport for each level's pair, and the all-reduce over
-    // them (beside `ring`).
+    // kOursHd, kOursAuto: a transport for each level's pair, and the
+    // all-reduce over them (beside `ring`).
     std::vector<std::unique_ptr<wire::TcpStreamTransport>> pair_streams;
     std::unique_ptr<client::HalvingDoubling> hd;
     client::Collectives* collectives() const {
@@ -522,12 +530,13 @@ Status ConnectStreams(Rank* r, int impl, Rank::OurRing* ours) {
   return OkStatus();
 }
 
-// kOursHd: the plain ring over TCP streams (ConnectStreams) and, beside it,
-// a 2-rank ring over TCP streams with each level's partner.
-Status ConnectHd(Rank* r, Rank::OurRing* ours) {
+// kOursHd, kOursAuto (`impl`): the plain ring over TCP streams
+// (ConnectStreams) and, beside it, a 2-rank ring over TCP streams with each
+// level's partner.
+Status ConnectHd(Rank* r, int impl, Rank::OurRing* ours) {
   const int n = r->args.world;
   const int rank = r->args.rank;
-  GS_RETURN_IF_ERROR(ConnectStreams(r, kOursHd, ours));
+  GS_RETURN_IF_ERROR(ConnectStreams(r, impl, ours));
   auto name = [](int rank, int level) {
     return "rank-" + std::to_string(rank) + "/pair" + std::to_string(level);
   };
@@ -543,7 +552,8 @@ Status ConnectHd(Rank* r, Rank::OurRing* ours) {
                         ours->pair_streams.back()->Listen("tcp://127.0.0.1:0"));
     GS_ASSIGN_OR_RETURN(
         std::string theirs,
-        SwapEndpoints(r, endpoint, "gradsync_hd_" + std::to_string(k) + "_", partner));
+        SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_" + std::to_string(k) + "_",
+                      partner));
     client::RingPeers job;
     job.rank = rank;
     job.world_size = n;
@@ -555,8 +565,9 @@ Status ConnectHd(Rank* r, Rank::OurRing* ours) {
                                                         OurRingOptions(*r), nullptr));
     pairs.push_back(std::move(pair));
   }
-  GS_ASSIGN_OR_RETURN(ours->hd,
-                      client::HalvingDoubling::Create(rank, n, std::move(pairs), ours->ring.get()));
+  GS_ASSIGN_OR_RETURN(ours->hd, client::HalvingDoubling::Create(rank, n, std::move(pairs),
+                                                                ours->ring.get(), SIZE_MAX,
+                                                                /*measure=*/impl == kOursAuto));
   return OkStatus();
 }
 
@@ -565,8 +576,8 @@ Status ConnectHd(Rank* r, Rank::OurRing* ours) {
 Status ConnectOurs(Rank* r, int impl) {
   Rank::OurRing& ours = r->ours[impl];
   if (impl == kOurs || impl == kOursSealed) return ConnectStreams(r, impl, &ours);
-  if (impl == kOursHd) {
-    if (client::HalvingDoublingFits(r->args.world)) return ConnectHd(r, &ours);
+  if (impl == kOursHd || impl == kOursAuto) {
+    if (client::HalvingDoublingFits(r->args.world)) return ConnectHd(r, impl, &ours);
     r->ours.erase(impl);  // not for this many ranks
     return OkStatus();
   }
@@ -724,8 +735,16 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
   auto impls = MakeImpls(r, data.get(), count);
   for (int k = 0; k < kNumImpls; ++k) {
     if (!impls[k]) continue;
-    GS_RETURN_IF_ERROR(TimedRun(r, impls[k].get(), data.get(), input.get(), bytes).status());
-    GS_RETURN_IF_ERROR(Verify(*r, kImplNames[k], data.get(), count));
+    // gradsync_auto: its trials of this size (and the choice) first.
+    const int untimed = k == kOursAuto ? 2 * client::HalvingDoubling::kTrials + 1 : 1;
+    for (int i = 0; i < untimed; ++i) {
+      GS_RETURN_IF_ERROR(TimedRun(r, impls[k].get(), data.get(), input.get(), bytes).status());
+      GS_RETURN_IF_ERROR(Verify(*r, kImplNames[k], data.get(), count));
+    }
+  }
+  if (results != nullptr && r->ours.count(kOursAuto) != 0) {
+    std::ofstream(r->args.results + ".auto", std::ios::app)
+        << bytes << " " << r->ours[kOursAuto].hd->ChosenFor(bytes) << "\n";
   }
   GS_ASSIGN_OR_RETURN(Samples samples, TimeAll(r, impls, data.get(), input.get(), bytes));
   if (results == nullptr) return OkStatus();
@@ -747,7 +766,7 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
   for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq,
-                   kOursSegments, kOursHd}) {
+                   kOursSegments, kOursHd, kOursAuto}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;
@@ -1008,6 +1027,7 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     // shared-memory all-reduces against OpenMPI's default (shared memory).
     for (auto [mine, impl] : {std::pair<int, int>{kOurs, kMpiTcp},
                               {kOursHd, kMpiTcp},
+                              {kOursAuto, kMpiTcp},
                               {kOursShm, kMpi},
                               {kOursSegments, kMpi}}) {
       const Row* a = Find(rows, mine, world, bytes);
@@ -1051,8 +1071,8 @@ void PrintTargets(const std::vector<Row>& rows) {
   };
   for (const PairTarget t :
        {PairTarget{kOurs, kMpiTcp, 1.0, 3.0}, PairTarget{kOursHd, kMpiTcp, 1.0, 3.0},
-        PairTarget{kOursShm, kMpi, 1.0, 3.0}, PairTarget{kOursSegments, kMpi, 1.0, 3.0},
-        PairTarget{kOursSealed, kOurs, 0.7, 0}}) {
+        PairTarget{kOursAuto, kMpiTcp, 1.0, 3.0}, PairTarget{kOursShm, kMpi, 1.0, 3.0},
+        PairTarget{kOursSegments, kMpi, 1.0, 3.0}, PairTarget{kOursSealed, kOurs, 0.7, 0}}) {
     std::string bw, lat;
     int bw_n = 0, lat_n = 0;
     for (const Row& r : rows) {
@@ -1095,6 +1115,15 @@ void PrintJson(const std::vector<Row>& rows) {
   }
 }
 
+// The way gradsync_auto took for each size (its rank 0's file, if any).
+void PrintChoices(const std::string& path) {
+  std::ifstream in(path);
+  size_t bytes = 0;
+  std::string way, line;
+  while (in >> bytes >> way) line += " " + SizeName(bytes) + " " + way + ";";
+  if (!line.empty()) std::printf("(gradsync_auto took:%s)\n", line.c_str());
+}
+
 int ParentMain(const Config& config, const Settings& s) {
   std::string tmp = (std::filesystem::temp_directory_path() / "allreduce_bench.XXXXXX").string();
   if (mkdtemp(tmp.data()) == nullptr) Die("mkdtemp " + tmp + ": " + std::strerror(errno));
@@ -1105,6 +1134,7 @@ int ParentMain(const Config& config, const Settings& s) {
     auto rows = RunGroup(config, s, tmp, world, job_id);
     if (!rows.ok()) Die(rows.status().ToString() + "\n(logs kept in " + tmp + ")");
     PrintTable(s, world, *rows);
+    PrintChoices(tmp + "/n" + std::to_string(world) + "/results.txt.auto");
     std::printf("(%d ranks took %.1f s)\n", world,
                 std::chrono::duration<double>(Steady::now() - t0).count());
     std::fflush(stdout);

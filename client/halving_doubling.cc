@@ -1,9 +1,11 @@
 #include "client/halving_doubling.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "client/elementwise.h"
+#include "common/logging.h"
 
 namespace gradsync::client {
 
@@ -38,7 +40,7 @@ struct HalvingDoubling::Call {
 
 StatusOr<std::unique_ptr<HalvingDoubling>> HalvingDoubling::Create(
     int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
-    size_t max_bytes) {
+    size_t max_bytes, bool measure) {
   if (!HalvingDoublingFits(world) || rank < 0 || rank >= world) {
     return InvalidArgumentError(
         "halving and doubling needs a power of two of at least 4 workers, "
@@ -62,15 +64,107 @@ StatusOr<std::unique_ptr<HalvingDoubling>> HalvingDoubling::Create(
     }
   }
   return std::unique_ptr<HalvingDoubling>(
-      new HalvingDoubling(rank, world, std::move(pairs), others, max_bytes));
+      new HalvingDoubling(rank, world, std::move(pairs), others, max_bytes, measure));
+}
+
+namespace {
+
+constexpr int kRingWay = 0;
+constexpr int kHalvingWay = 1;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+size_t SizeClass(size_t bytes) {
+  size_t k = 0;
+  while (k < 63 && (bytes >> (k + 1)) != 0) ++k;
+  return k;
+}
+
+}  // namespace
+
+std::string HalvingDoubling::ChosenFor(size_t bytes) const {
+  if (bytes > max_bytes_) return "ring";
+  if (bytes <= pairs_[0]->options().small_bytes) return "recursive_doubling";
+  if (!measure_) return "halving_doubling";
+  const int way = choices_[SizeClass(bytes)].way;
+  return way < 0 ? "" : way == kRingWay ? "ring" : "halving_doubling";
 }
 
 Status HalvingDoubling::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
                                   const OpTag& tag, Deadline deadline) {
   if (!broken_.ok()) return broken_;
-  if (count * DTypeSize(dtype) > max_bytes_) {
-    return others_->AllReduce(data, count, dtype, op, tag, deadline);
+  const size_t bytes = count * DTypeSize(dtype);
+  if (bytes > max_bytes_) return others_->AllReduce(data, count, dtype, op, tag, deadline);
+  if (measure_ && bytes > pairs_[0]->options().small_bytes) {
+    return Measured(choices_[SizeClass(bytes)], bytes, data, count, dtype, op, tag, deadline);
   }
+  return Halve(data, count, dtype, op, tag, deadline);
+}
+
+Status HalvingDoubling::Measured(Choice& c, size_t bytes, void* data, size_t count, DType dtype,
+                                 ReduceOp op, const OpTag& tag, Deadline deadline) {
+  if (c.way < 0 && c.tried[kRingWay] >= kTrials && c.tried[kHalvingWay] >= kTrials) {
+    GS_RETURN_IF_ERROR(Choose(c, bytes, tag, deadline));
+  }
+  if (c.way == kRingWay) return others_->AllReduce(data, count, dtype, op, tag, deadline);
+  if (c.way == kHalvingWay) return Halve(data, count, dtype, op, tag, deadline);
+  const int way = c.tried[kHalvingWay] <= c.tried[kRingWay] ? kHalvingWay : kRingWay;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = way == kRingWay ? others_->AllReduce(data, count, dtype, op, tag, deadline)
+                             : Halve(data, count, dtype, op, tag, deadline);
+  if (!s.ok()) return s;
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  // Each way's first all-reduce opens connections and fills pools: not
+  // timed.
+  if (c.tried[way] > 0) c.ms[way].push_back(ms);
+  ++c.tried[way];
+  return s;
+}
+
+Status HalvingDoubling::Choose(Choice& c, size_t bytes, const OpTag& tag, Deadline deadline) {
+  // Every worker timed both ways as often, in the same order: gathered,
+  // each trial's slowest worker and the median of those each way are the
+  // same numbers everywhere. (A worker's times only pick one of two
+  // sound ways.)
+  const size_t t = kTrials - 1;
+  std::vector<float> mine(2 * t), all(2 * t * static_cast<size_t>(world_));
+  for (int way : {kRingWay, kHalvingWay}) {
+    for (size_t i = 0; i < t; ++i) mine[way * t + i] = static_cast<float>(c.ms[way][i]);
+  }
+  OpTag choice = tag;
+  choice.bucket = kChoiceBucket;
+  GS_RETURN_IF_ERROR(
+      others_->AllGather(mine.data(), mine.size() * sizeof(float), all.data(), choice, deadline));
+  double ms[2];
+  for (int way : {kRingWay, kHalvingWay}) {
+    std::vector<double> slowest(t, 0.0);
+    for (size_t r = 0; r < static_cast<size_t>(world_); ++r) {
+      for (size_t i = 0; i < t; ++i) {
+        slowest[i] = std::max(slowest[i], static_cast<double>(all[r * 2 * t + way * t + i]));
+      }
+    }
+    ms[way] = Median(std::move(slowest));
+  }
+  c.way = ms[kHalvingWay] < kHalvingGain * ms[kRingWay] ? kHalvingWay : kRingWay;
+  if (rank_ == 0) {
+    const size_t from = size_t{1} << SizeClass(bytes);
+    GS_LOG(INFO) << "ring_algorithm=auto: all-reduces of " << from << " to " << 2 * from - 1
+                 << " bytes go "
+                 << (c.way == kRingWay ? "round the ring" : "by halving and doubling")
+                 << " (median of " << t << " trials each way, the slowest worker's time: ring "
+                 << ms[kRingWay] << " ms, halving and doubling " << ms[kHalvingWay] << " ms)";
+  }
+  return Status();
+}
+
+Status HalvingDoubling::Halve(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                              Deadline deadline) {
   GS_RETURN_IF_ERROR(CheckReducible(dtype));
   if (count == 0) return Status();
   Call call{dtype, op, tag, deadline};

@@ -18,6 +18,19 @@
 // two sums, so again the same bits everywhere), log2(n) steps against the
 // ring's n - 1. All-gathers and broadcasts go to `others`.
 //
+// With `measure` (ring_algorithm=auto), the all-reduces between small_bytes
+// and max_bytes go whichever way measured faster for their size class
+// (bytes from 2^k up to 2^(k+1)): the first kTrials of a class go by halving
+// and doubling and kTrials round `others`, by turns, each worker timing
+// all but the first of each way (which opens connections); the next
+// all-reduce of that class first gathers those times (an all-gather on
+// `others`, bucket kChoiceBucket) and takes each trial's slowest worker,
+// so that every worker takes the same way from then on: halving and
+// doubling where the median of those is under
+// kHalvingGain of the ring's, the ring otherwise. A link-bound ring keeps
+// pace with halving and doubling or beats it, a CPU-bound one (several
+// workers a host, fast links) falls behind (docs/benchmarks.md).
+//
 // Each pair ring checks its messages as any ring does (fingerprints, the
 // partner's identity, sizes, the deadline, `health`), and names job ranks
 // (RingPeers::job_ranks). A worker whose operation fails at level k tells
@@ -64,7 +77,15 @@ class HalvingDoubling : public Collectives {
   // outlive this object.
   static StatusOr<std::unique_ptr<HalvingDoubling>> Create(
       int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
-      size_t max_bytes = SIZE_MAX);
+      size_t max_bytes = SIZE_MAX, bool measure = false);
+
+  static constexpr int kTrials = 9;
+  static constexpr double kHalvingGain = 0.9;
+  static constexpr uint32_t kChoiceBucket = 0xfffffffdu;
+  // The way all-reduces of `bytes` bytes go: "ring", "recursive_doubling"
+  // (up to small_bytes), "halving_doubling", or "" while `measure` is still
+  // timing their size class.
+  std::string ChosenFor(size_t bytes) const;
 
   const char* name() const override { return others_->name(); }
   int rank() const override { return rank_; }
@@ -88,13 +109,30 @@ class HalvingDoubling : public Collectives {
 
  private:
   HalvingDoubling(int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs,
-                  Collectives* others, size_t max_bytes)
+                  Collectives* others, size_t max_bytes, bool measure)
       : rank_(rank),
         world_(world),
         pairs_(std::move(pairs)),
         others_(others),
-        max_bytes_(max_bytes) {}
+        max_bytes_(max_bytes),
+        measure_(measure) {}
   struct Call;
+  // A size class's measurements (measure_): index 0 the ring, 1 halving
+  // and doubling.
+  struct Choice {
+    int tried[2] = {0, 0};
+    std::vector<double> ms[2];  // the times of each way's trials but the first
+    int way = -1;               // chosen: 0 or 1; -1 while measuring
+  };
+  // The all-reduce by halving and doubling (or recursive doubling).
+  Status Halve(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+               Deadline deadline);
+  // Times a trial of `c` (the way it has tried least, halving first), or
+  // chooses once both ways have kTrials, then goes the chosen way.
+  Status Measured(Choice& c, size_t bytes, void* data, size_t count, DType dtype, ReduceOp op,
+                  const OpTag& tag, Deadline deadline);
+  // Chooses c's way from every worker's trials.
+  Status Choose(Choice& c, size_t bytes, const OpTag& tag, Deadline deadline);
   Status Level(Call& call, size_t level, uint8_t* data, size_t count);
 
   const int rank_;
@@ -102,7 +140,9 @@ class HalvingDoubling : public Collectives {
   const std::vector<std::unique_ptr<RingCollectives>> pairs_;
   Collectives* const others_;
   const size_t max_bytes_;
-  Status broken_;  // the first error; sticky
+  const bool measure_;
+  Choice choices_[64];  // by size class: floor(log2(bytes))
+  Status broken_;       // the first error; sticky
 };
 
 }  // namespace gradsync::client

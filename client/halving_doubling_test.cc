@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "client/ring_test_util.h"
 
@@ -14,11 +15,39 @@ std::string PairName(int rank, int level) {
 }
 std::string PairEndpoint(int rank, int level) { return "inproc://" + PairName(rank, level); }
 
+// A worker's ring, slowed: each all-reduce first waits `delay`.
+class SlowRing : public Collectives {
+ public:
+  SlowRing(Collectives* ring, Millis delay) : ring_(ring), delay_(delay) {}
+  const char* name() const override { return ring_->name(); }
+  int rank() const override { return ring_->rank(); }
+  int world_size() const override { return ring_->world_size(); }
+  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
+                   Deadline deadline) override {
+    std::this_thread::sleep_for(delay_);
+    return ring_->AllReduce(data, count, dtype, op, tag, deadline);
+  }
+  Status AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
+                   Deadline deadline) override {
+    return ring_->AllGather(in, bytes, out, tag, deadline);
+  }
+  Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
+                   Deadline deadline) override {
+    return ring_->Broadcast(data, bytes, root, tag, deadline);
+  }
+
+ private:
+  Collectives* ring_;
+  Millis delay_;
+};
+
 // A job of n workers over the in-process transport: each worker's ring
-// (`others`) and its pair rings, and its HalvingDoubling.
+// (`others`, its all-reduces slowed by `ring_delay`) and its pair rings,
+// and its HalvingDoubling (`measure`: as ring_algorithm=auto).
 class Job {
  public:
-  explicit Job(int n, RingOptions options = SmallChunks(), size_t max_bytes = SIZE_MAX)
+  explicit Job(int n, RingOptions options = SmallChunks(), size_t max_bytes = SIZE_MAX,
+               bool measure = false, Millis ring_delay = Millis{0})
       : n_(n), ring_(n, options) {
     const int levels = HalvingDoublingLevels(n);
     for (int r = 0; r < n; ++r) {
@@ -42,7 +71,9 @@ class Job {
         EXPECT_TRUE(pair.ok()) << pair.status().ToString();
         pairs.push_back(std::move(*pair));
       }
-      auto hd = HalvingDoubling::Create(r, n, std::move(pairs), &ring_[r], max_bytes);
+      slow_.push_back(std::make_unique<SlowRing>(&ring_[r], ring_delay));
+      auto hd =
+          HalvingDoubling::Create(r, n, std::move(pairs), slow_.back().get(), max_bytes, measure);
       EXPECT_TRUE(hd.ok()) << hd.status().ToString();
       hds_.push_back(std::move(*hd));
     }
@@ -55,6 +86,7 @@ class Job {
   int n_;
   Ring ring_;
   std::vector<std::unique_ptr<wire::InProcTransport>> transports_;
+  std::vector<std::unique_ptr<SlowRing>> slow_;
   std::vector<std::unique_ptr<HalvingDoubling>> hds_;
 };
 
@@ -204,6 +236,73 @@ TEST(HalvingDoublingTest, AllReducesPastMaxBytesGoRoundTheRing) {
     ASSERT_TRUE(st[r].ok()) << st[r].ToString();
     EXPECT_EQ(data[r][777], 1.0f);
     EXPECT_EQ(job[r].stats().bytes_sent, 0u);
+  }
+}
+
+// ring_algorithm=auto: the all-reduces of a size class past small_bytes go
+// by halving and doubling and round the ring by turns, kTrials each way;
+// the next one chooses, and every worker takes the same way from then on.
+// Sums are exact whichever way; each class is measured on its own, and
+// small all-reduces go by recursive doubling throughout.
+TEST(HalvingDoublingTest, MeasuredSizesTryBothWaysThenEveryWorkerTakesTheSame) {
+  const int n = 4;
+  const int trials = HalvingDoubling::kTrials;
+  RingOptions options = SmallChunks();
+  options.small_bytes = 64 << 10;
+  const size_t count = 50001;  // past small_bytes
+  const size_t bytes = count * sizeof(float);
+  Job job(n, options, SIZE_MAX, /*measure=*/true);
+  std::vector<std::string> chosen(n);
+  for (int call = 0; call < 2 * trials + 3; ++call) {
+    std::vector<std::vector<float>> data(n, std::vector<float>(count));
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) data[r][i] = IntValue(r, i);
+    }
+    const uint64_t before = job[0].stats().bytes_sent;
+    auto st = job.Run([&](int r) {
+      return job[r].AllReduce(data[r].data(), count, DType::kF32, ReduceOp::kSum,
+                              Tag(static_cast<uint64_t>(call + 1)), Soon());
+    });
+    const bool halved = job[0].stats().bytes_sent > before;
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "call " << call << " rank " << r << ": " << st[r].ToString();
+      for (size_t i : {size_t{0}, size_t{777}, count - 1}) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += IntValue(q, i);
+        ASSERT_EQ(data[r][i], want) << "call " << call << " rank " << r << " element " << i;
+      }
+      chosen[r] = job[r].ChosenFor(bytes);
+    }
+    if (call < 2 * trials) {
+      EXPECT_EQ(halved, call % 2 == 0) << "call " << call;  // halving first, by turns
+      EXPECT_EQ(chosen[0], "") << "call " << call;
+      continue;
+    }
+    ASSERT_TRUE(chosen[0] == "ring" || chosen[0] == "halving_doubling") << chosen[0];
+    for (int r = 1; r < n; ++r) EXPECT_EQ(chosen[r], chosen[0]) << "rank " << r;
+    EXPECT_EQ(halved, chosen[0] == "halving_doubling") << "call " << call;
+  }
+  EXPECT_EQ(job[0].ChosenFor(4 * bytes), "");  // another class: not measured yet
+  EXPECT_EQ(job[0].ChosenFor(1000), "recursive_doubling");
+}
+
+// A ring that takes half a second longer an all-reduce loses to halving and
+// doubling on every worker.
+TEST(HalvingDoublingTest, MeasuredSizesGoTheFasterWay) {
+  const int n = 4;
+  const size_t count = 50001;
+  Job job(n, SmallChunks(), SIZE_MAX, /*measure=*/true, Millis{500});
+  std::vector<std::vector<float>> data(n, std::vector<float>(count, 1.0f));
+  for (int call = 0; call < 2 * HalvingDoubling::kTrials + 1; ++call) {
+    auto st = job.Run([&](int r) {
+      return job[r].AllReduce(data[r].data(), count, DType::kF32, ReduceOp::kAverage,
+                              Tag(static_cast<uint64_t>(call + 1)), Soon());
+    });
+    for (int r = 0; r < n; ++r) ASSERT_TRUE(st[r].ok()) << r << ": " << st[r].ToString();
+  }
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(job[r].ChosenFor(count * sizeof(float)), "halving_doubling") << "rank " << r;
+    EXPECT_EQ(data[r][4242], 1.0f);
   }
 }
 

@@ -137,8 +137,9 @@ struct SyncBackendOptions {
   // all-reduces go by recursive halving and doubling
   // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1), and
   // up to the ring's small_bytes by recursive doubling (L steps); "auto":
-  // recursive doubling up to the ring's small_bytes, larger ones round the
-  // ring; "ring": every all-reduce round the ring.
+  // recursive doubling up to the ring's small_bytes, each larger size the
+  // way its first all-reduces measured faster (HalvingDoubling's
+  // `measure`); "ring": every all-reduce round the ring.
   std::string ring_algorithm = "auto";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).

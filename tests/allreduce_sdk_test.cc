@@ -275,15 +275,20 @@ TEST_F(AllReduceSdkTest, OverTcpStreamsInTwoLanesTheSameExactResults) {
 // the data ports, then the ring runs over TCP streams in the measured
 // order.
 TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
-  auto workers = StartWorkers(4, {"--mode=train", "--steps=4"}, "", /*per_host=*/1);
+  auto workers = StartWorkers(4, {"--mode=train", "--steps=24"}, "", /*per_host=*/1);
   ExpectTrained(workers);
   const std::string out = workers[0]->Output();
   EXPECT_NE(out.find("over 4 hosts"), std::string::npos) << out;
   EXPECT_NE(out.find("ring over TCP streams"), std::string::npos) << out;
-  // ring_algorithm=auto: the 2 MiB buckets round the ring, the small
-  // all-reduces by recursive doubling.
+  // ring_algorithm=auto: the small all-reduces by recursive doubling; each
+  // size of bucket tried both ways for its first 18 all-reduces (a step
+  // each), then the way measured faster on every worker.
   EXPECT_NE(out.find("all-reduces up to 262144 bytes by recursive doubling over 2 pairs, larger "
-                     "ones round the ring (ring_algorithm=auto)"),
+                     "ones round the ring or by halving and doubling, as each size measures "
+                     "faster (ring_algorithm=auto)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("ring_algorithm=auto: all-reduces of 2097152 to 4194303 bytes go "),
             std::string::npos)
       << out;
 }
