@@ -3,20 +3,26 @@
 # two: 4 workers (bench/lanes_worker, the Communicator's direct
 # all-reduces) on two hosts, so that each host's two workers are ring
 # neighbours over shared memory and the two links between the hosts are
-# TCP. The links between the hosts are run over TCP streams
-# (ring_transport=tcp, the default) and over ZeroMQ (ring_transport=zmq),
-# jobs of the two alternating, REPS of each per size.
+# TCP. Two settings are compared, jobs of the two alternating, REPS of
+# each per size: with COMPARE=transport (the default) the links between the
+# hosts run over TCP streams (ring_transport=tcp, the default) and over
+# ZeroMQ (ring_transport=zmq); with COMPARE=algorithm, over TCP streams,
+# every all-reduce round the ring (ring_algorithm=ring) and by halving and
+# doubling (ring_algorithm=halving_doubling: the partners of level 0 share
+# a host and memory, those of level 1 do not).
 #
-#   bazel run --config=opt //bench:mixed_ring_bench -- [SIZES] [REPS] [SECURITY] [RATE]
+#   bazel run --config=opt //bench:mixed_ring_bench -- [SIZES] [REPS] [SECURITY] [RATE] [COMPARE]
 #   SIZES: "4096 1048576 16777216" (bytes, default); REPS: 2 (default);
 #   SECURITY: none (default) or curve (one job key; the streams sealed);
 #   RATE: "" (default): the hosts are two addresses of loopback (127.0.0.1
 #   and 127.0.0.2); a rate such as 10gbit: simulated hosts
 #   (tools/simhosts.sh, needs root), the scheduler on host 0 and the
-#   workers on hosts 1 and 2, each host's link shaped to RATE.
+#   workers on hosts 1 and 2, each host's link shaped to RATE;
+#   COMPARE: transport (default) or algorithm.
 #
-# Prints per size and transport the median over the repetitions of rank
-# 0's p50 (ms) and busbw = 2(n-1)/n x bytes / p50 (GB/s), and zmq / tcp.
+# Prints per size and setting the median over the repetitions of rank
+# 0's p50 (ms) and busbw = 2(n-1)/n x bytes / p50 (GB/s), and the second
+# setting's p50 over the first's (zmq / tcp, halving_doubling / ring).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/lanes_worker" ]; then
@@ -28,9 +34,15 @@ SIZES=${1:-"4096 1048576 16777216"}
 REPS=${2:-2}
 SECURITY=${3:-none}
 RATE=${4:-}
+COMPARE=${5:-transport}
 case "$SECURITY" in
   none | curve) ;;
   *) echo "mixed_ring_bench: SECURITY must be none or curve, not '$SECURITY'" >&2; exit 2 ;;
+esac
+case "$COMPARE" in
+  transport) flag=ring_transport settings=(tcp zmq) ;;
+  algorithm) flag=ring_algorithm settings=(ring halving_doubling) ;;
+  *) echo "mixed_ring_bench: COMPARE must be transport or algorithm, not '$COMPARE'" >&2; exit 2 ;;
 esac
 
 tmp=$(mktemp -d)
@@ -63,9 +75,10 @@ else
 fi
 results="$tmp/results.jsonl"
 
-# One job: a scheduler and 4 workers; appends rank 0's line to $results.
-run_job() {  # TRANSPORT BYTES
-  local transport=$1 bytes=$2 iters=20 port r workers=() sched
+# One job: a scheduler and 4 workers, --$flag=SETTING; appends rank 0's
+# line to $results.
+run_job() {  # SETTING BYTES
+  local setting=$1 bytes=$2 iters=20 port r workers=() sched
   [ "$bytes" -le 4194304 ] && iters=50
   [ "$bytes" -le 65536 ] && iters=300
   sched=$(addr 0)
@@ -77,14 +90,14 @@ run_job() {  # TRANSPORT BYTES
   pids+=($!)
   for r in 0 1 2 3; do
     on $((r / 2 + 1)) env "${common[@]}" GRADSYNC_HOST="$(addr $((r / 2 + 1)))" bench/lanes_worker --rank=$r \
-      --ring_transport="$transport" --bytes="$bytes" --iters="$iters" \
+      --"$flag"="$setting" --bytes="$bytes" --iters="$iters" \
       > "$tmp/worker$r.log" 2>&1 &
     workers+=($!)
     pids+=($!)
   done
   for w in "${workers[@]}"; do
     if ! wait "$w"; then
-      echo "mixed_ring_bench: a worker failed ($transport, $bytes bytes); logs in $tmp" >&2
+      echo "mixed_ring_bench: a worker failed ($setting, $bytes bytes); logs in $tmp" >&2
       tail -5 "$tmp"/worker*.log >&2
       exit 1
     fi
@@ -95,36 +108,36 @@ run_job() {  # TRANSPORT BYTES
     exit 1
   fi
   line=$(grep '^{' "$tmp/worker0.log" | tail -1)
-  echo "{\"transport\":\"$transport\",${line#\{}" >> "$results"
+  echo "{\"setting\":\"$setting\",${line#\{}" >> "$results"
 }
 
 for bytes in $SIZES; do
   for ((rep = 0; rep < REPS; rep++)); do
-    if ((rep % 2 == 0)); then order="tcp zmq"; else order="zmq tcp"; fi
-    for transport in $order; do run_job "$transport" "$bytes"; done
+    if ((rep % 2 == 0)); then order="${settings[*]}"; else order="${settings[1]} ${settings[0]}"; fi
+    for setting in $order; do run_job "$setting" "$bytes"; done
   done
   echo "$bytes bytes done" >&2
 done
 
-/usr/bin/python3 - "$results" "$SECURITY" "${RATE:-loopback}" <<'PY'
+/usr/bin/python3 - "$results" "$SECURITY" "${RATE:-loopback}" "$flag" "${settings[@]}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-security, rate = sys.argv[2], sys.argv[3]
+security, rate, flag, first, second = sys.argv[2:7]
 print("links between the hosts:", rate)
-print("%-6s %10s %-4s %5s %9s %10s %9s" % ("sec", "bytes", "ring", "runs", "p50_ms", "busbw_GBs",
-                                           "zmq/tcp"))
+print("%-6s %10s %-16s %5s %9s %10s %9s" % ("sec", "bytes", flag, "runs", "p50_ms", "busbw_GBs",
+                                            "x_" + first))
 for size in sorted({r["bytes"] for r in rows}):
     med = {}
-    for t in ("tcp", "zmq"):
-        runs = [r for r in rows if r["bytes"] == size and r["transport"] == t]
+    for t in (first, second):
+        runs = [r for r in rows if r["bytes"] == size and r["setting"] == t]
         p50 = statistics.median(r["p50_ms"] for r in runs)
         n = runs[0]["workers"]
         busbw = 2 * (n - 1) / n * size / (p50 / 1e3) / 1e9
         med[t] = p50
-        ratio = "%.2fx" % (med["zmq"] / med["tcp"]) if t == "zmq" else ""
-        print("%-6s %10d %-4s %5d %9.3f %10.3f %9s" % (security, size, t, len(runs), p50, busbw,
-                                                      ratio))
-        print(json.dumps({"rate": rate, "security": security, "bytes": size, "ring_transport": t,
+        ratio = "%.2fx" % (med[second] / med[first]) if t == second else ""
+        print("%-6s %10d %-16s %5d %9.3f %10.3f %9s" % (security, size, t, len(runs), p50, busbw,
+                                                       ratio))
+        print(json.dumps({"rate": rate, "security": security, "bytes": size, flag: t,
                           "runs": len(runs), "p50_ms": p50, "busbw_gbps": round(busbw, 3)}),
               file=sys.stderr)
 PY

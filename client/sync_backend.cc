@@ -314,8 +314,9 @@ std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
 // for a world that fits (HalvingDoublingFits), also a TCP stream of its own
 // for each level of halving and doubling, its port exchanged with the
 // lanes', and the 2-rank ring with that level's partner over it in
-// (*pairs)[level].
-Status AddLanes(Session* session, int count, bool streams, int32_t algorithm,
+// (*pairs)[level]; with `shm`, a partner on this host is reached through
+// shared-memory links of the pair's own over that stream.
+Status AddLanes(Session* session, int count, bool streams, int32_t algorithm, bool shm,
                 const wire::SameHostOptions& links, const RingPeers& peers,
                 const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
                 const HealthCheck& health, Ring* out,
@@ -394,9 +395,16 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm,
         HalvingDoublingPairPeers(peers, k, "tcp://" + partner.host + ":" + std::to_string(port),
                                  wire::PairIdentity(partner.identity, k));
     session->AddPeerEndpoint(partner.identity, pair.right_endpoint);
-    wire::Transport* transport = pair_transports[static_cast<size_t>(k)].get();
-    out->lane_transports.push_back(std::move(pair_transports[static_cast<size_t>(k)]));
-    GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(transport, pair, ring_options, health));
+    wire::SameHostOptions pair_links = links;
+    pair_links.peers.clear();
+    if (shm && cluster::SharesMachine(session->self(), partner)) {
+      pair_links.peers.push_back({pair.left_identity, pair.right_endpoint, true, true});
+    }
+    out->lane_transports.push_back(cluster::OverSameHostLinks(
+        std::move(pair_transports[static_cast<size_t>(k)]), std::move(pair_links),
+        "pair of level " + std::to_string(k) + ": its partner on this host uses shared memory"));
+    GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(), pair,
+                                                           ring_options, health));
     pairs->push_back(std::move(ring));
   }
   const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
@@ -539,7 +547,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   const int32_t algorithm = RingAlgorithmCode(options.ring_algorithm);
   if (lanes_made) {
     Status s =
-        AddLanes(session, options.ring_lanes, streams, algorithm, links, peers, order,
+        AddLanes(session, options.ring_lanes, streams, algorithm, options.shm, links, peers, order,
                  options.ring_lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
     if (!s.ok()) {
       out.Shutdown();

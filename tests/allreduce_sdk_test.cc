@@ -85,19 +85,20 @@ class AllReduceSdkTest : public ::testing::Test, public LocalJob {
     }
   }
 
-  // Four workers on four host addresses with ring_algorithm=
+  // Four workers, `per_host` to a host address, with ring_algorithm=
   // halving_doubling (CURVE with `key_file`) train with the exact checks,
-  // their ring's streams `sealing` ("plain" or "sealed").
-  void ExpectHalvingTrained(const std::string& key_file, const std::string& sealing) {
-    auto workers =
-        StartWorkers(4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"},
-                     key_file, /*per_host=*/1);
+  // their ring's streams `sealing` ("plain" or "sealed"). Returns them.
+  std::vector<Subprocess*> ExpectHalvingTrained(const std::string& key_file,
+                                                const std::string& sealing, int per_host = 1) {
+    auto workers = StartWorkers(
+        4, {"--mode=train", "--steps=4", "--ring_algorithm=halving_doubling"}, key_file, per_host);
     ExpectTrained(workers);
     const std::string out = workers[0]->Output();
     EXPECT_NE(out.find("all-reduces by halving and doubling over 2 pairs"), std::string::npos)
         << out;
     EXPECT_NE(out.find("ring over TCP streams (ring_transport=tcp), " + sealing), std::string::npos)
         << out;
+    return workers;
   }
 
   // Worker 3 of a mode=stall job (victim 3) is killed once it stops
@@ -306,6 +307,19 @@ TEST_F(AllReduceSdkTest, UnderCurveByHalvingAndDoublingTheSameExactResults) {
   const std::string key_file = TmpFile("sdk_halving.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
   ExpectHalvingTrained(key_file, "sealed");
+}
+
+// Two workers on each of two host addresses: the partners of level 0 share
+// a host and exchange through shared memory, those of level 1 over TCP
+// streams; the same exact results.
+TEST_F(AllReduceSdkTest, ByHalvingAndDoublingPartnersOnOneHostShareMemory) {
+  for (Subprocess* w : ExpectHalvingTrained("", "plain", /*per_host=*/2)) {
+    EXPECT_NE(w->Output().find("pair of level 0: its partner on this host uses shared memory "
+                               "(1 peer(s))"),
+              std::string::npos)
+        << w->Output();
+    EXPECT_EQ(w->Output().find("pair of level 1:"), std::string::npos) << w->Output();
+  }
 }
 
 TEST_F(AllReduceSdkTest, WorkersOfDifferentRingAlgorithmsAllFailNamingBoth) {
