@@ -253,9 +253,11 @@ Status SameHostTransport::Deliver(const Route& to, Message message, Deadline dea
     }
     return inner_->Send(to, std::move(f.message), deadline);
   }
-  // In order: straight into the link only behind nothing queued.
-  if (out->queue.empty() && out->link->Writable() >= total) {
-    WriteSome(*out->link, f);
+  // In order: straight into the link only behind nothing queued. The
+  // padding before a payload that would wrap is not in `total`: a message
+  // that fits only without it is queued with what it has written, and the
+  // writer thread goes on from there.
+  if (out->queue.empty() && out->link->Writable() >= total && WriteSome(*out->link, f)) {
     return Status();
   }
   // Queued: a payload lent by a link this transport reads is copied, so

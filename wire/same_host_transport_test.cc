@@ -160,6 +160,32 @@ TEST(SameHostTransportTest, SendsNeverWaitForAReaderThatHasNotReadYet) {
   }
 }
 
+// A message that fits the free room but not with the padding that keeps
+// its payload from wrapping: its rest follows once the reader makes room,
+// in order, before anything sent after it.
+TEST(SameHostTransportTest, AMessageThatFitsOnlyWithoutItsPaddingArrivesWhole) {
+  Pair p(1 << 16);
+  const Route to = Route::Connection(p.a_to_b);
+  ASSERT_TRUE(p.a->Send(to, WithPayloads({20000}, 1), Deadline::AfterMs(1000)).ok());
+  {
+    auto in = p.b->Receive(Deadline::AfterMs(5000));
+    ASSERT_TRUE(in.ok()) << in.status();
+    ExpectSame(in->message, {20000}, 1);
+  }
+  // Unread: 20027 bytes of the 65536. The next one's 30027 fit beside
+  // them, but its payload starts 40081 bytes in and would wrap: 25455
+  // bytes of padding leave room for 20027 of its 30000.
+  ASSERT_TRUE(p.a->Send(to, WithPayloads({20000}, 2), Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(p.a->Send(to, WithPayloads({30000}, 3), Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(p.a->Send(to, WithPayloads({100}, 4), Deadline::AfterMs(1000)).ok());
+  const std::vector<std::vector<size_t>> sizes = {{20000}, {30000}, {100}};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    auto in = p.b->Receive(Deadline::AfterMs(5000));
+    ASSERT_TRUE(in.ok()) << in.status() << " at message " << k + 2;
+    ExpectSame(in->message, sizes[k], static_cast<uint8_t>(k + 2));
+  }
+}
+
 // Payloads lent in place stay intact while the receiver holds a few; past
 // half the link they are copied, and once let go of, the link is whole again.
 TEST(SameHostTransportTest, HeldPayloadsStayIntactAndTheLinkComesBack) {
