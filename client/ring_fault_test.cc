@@ -410,21 +410,110 @@ TEST(RingFaultTest, AGarbageFloodHoldsNoWaitPastItsDeadlineOrAFailedHealthCheck)
   }
 }
 
-// A transport whose answers to inbound peers never leave, as ZeroMQ's for
-// a peer that never reads: Send waits out its deadline, and a posted one
-// reports only when the transport goes.
-class StuckAnswers : public wire::Transport {
+// A transport that hands everything to `inner`; the faulty ones below
+// change one thing.
+class Forwarding : public wire::Transport {
  public:
-  explicit StuckAnswers(wire::Transport* inner) : inner_(inner) {}
-  ~StuckAnswers() override {
-    for (auto& done : held_) done(DeadlineExceededError("never sent"));
-  }
+  explicit Forwarding(wire::Transport* inner) : inner_(inner) {}
   const std::string& identity() const override { return inner_->identity(); }
   StatusOr<std::string> Listen(const std::string& endpoint) override {
     return inner_->Listen(endpoint);
   }
   StatusOr<wire::ConnId> Connect(const std::string& endpoint) override {
     return inner_->Connect(endpoint);
+  }
+  Status Send(const wire::Route& to, wire::Message m, Deadline deadline) override {
+    return inner_->Send(to, std::move(m), deadline);
+  }
+  void Post(const wire::Route& to, wire::Message m, Deadline deadline,
+            std::function<void(const Status&)> done) override {
+    inner_->Post(to, std::move(m), deadline, std::move(done));
+  }
+  StatusOr<wire::Incoming> Receive(Deadline deadline) override { return inner_->Receive(deadline); }
+  Status Probe(const std::string& endpoint, Deadline deadline) override {
+    return inner_->Probe(endpoint, deadline);
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ protected:
+  wire::Transport* const inner_;
+};
+
+// A transport that loses the `lose`-th message it receives, as a same-host
+// link whose framing broke: Receive returns DataLoss instead of it.
+class LosesAMessage : public Forwarding {
+ public:
+  LosesAMessage(wire::Transport* inner, int lose) : Forwarding(inner), lose_(lose) {}
+  StatusOr<wire::Incoming> Receive(Deadline deadline) override {
+    auto got = inner_->Receive(deadline);
+    if (got.ok() && ++received_ == lose_) {
+      return DataLossError("the same-host link from w1 carries a bad frame table");
+    }
+    return got;
+  }
+
+ private:
+  const int lose_;
+  int received_ = 0;
+};
+
+// Rank 2's transport loses a message of its left neighbour's: rank 2 fails
+// with DataLoss, tells its right neighbour, and ends (its transport goes,
+// and what it held of rank 1's sends with it); ranks 3 and 0 hear of the
+// loss through the ring's abort and rank 1 fails too, long before the 30 s
+// deadline.
+TEST(RingFaultTest, AMessageItsTransportLostFailsEveryRankAtOnce) {
+  const int n = 4;
+  wire::InProcNetwork net;
+  std::vector<std::unique_ptr<wire::InProcTransport>> inproc;
+  for (int r = 0; r < n; ++r) {
+    inproc.push_back(net.NewTransport("w" + std::to_string(r)));
+    ASSERT_TRUE(inproc[r]->Listen(Ring::Endpoint(r)).ok());
+  }
+  LosesAMessage loses(inproc[2].get(), 3);
+  std::vector<std::unique_ptr<RingCollectives>> ring;
+  for (int r = 0; r < n; ++r) {
+    RingPeers p;
+    p.rank = r;
+    p.world_size = n;
+    p.right_endpoint = Ring::Endpoint((r + 1) % n);
+    p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+    p.left_identity = "w" + std::to_string((r + n - 1) % n);
+    wire::Transport* t = r == 2 ? static_cast<wire::Transport*>(&loses) : inproc[r].get();
+    auto made = RingCollectives::Create(t, p, FastOptions(), nullptr);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    ring.push_back(std::move(*made));
+  }
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(20000, 1.0f));
+  const auto start = steady_clock::now();
+  std::vector<Status> st(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      st[r] = ring[r]->AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum,
+                                 Tag(1), Deadline::After(std::chrono::seconds(30)));
+      if (r == 2) inproc[2].reset();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(SecondsSince(start), 10.0);
+  EXPECT_EQ(st[2].code(), StatusCode::kDataLoss) << st[2].ToString();
+  for (int r : {3, 0}) {
+    EXPECT_NE(st[r].message().find("bad frame table"), std::string::npos)
+        << "rank " << r << ": " << st[r].ToString();
+  }
+  EXPECT_FALSE(st[1].ok());
+  ring.clear();
+}
+
+// A transport whose answers to inbound peers never leave, as ZeroMQ's for
+// a peer that never reads: Send waits out its deadline, and a posted one
+// reports only when the transport goes.
+class StuckAnswers : public Forwarding {
+ public:
+  explicit StuckAnswers(wire::Transport* inner) : Forwarding(inner) {}
+  ~StuckAnswers() override {
+    for (auto& done : held_) done(DeadlineExceededError("never sent"));
   }
   Status Send(const wire::Route& to, wire::Message m, Deadline deadline) override {
     if (to.kind == wire::Route::Kind::kConnection) return inner_->Send(to, std::move(m), deadline);
@@ -440,14 +529,8 @@ class StuckAnswers : public wire::Transport {
       held_.push_back(std::move(done));
     }
   }
-  StatusOr<wire::Incoming> Receive(Deadline deadline) override { return inner_->Receive(deadline); }
-  Status Probe(const std::string& endpoint, Deadline deadline) override {
-    return inner_->Probe(endpoint, deadline);
-  }
-  void Shutdown() override { inner_->Shutdown(); }
 
  private:
-  wire::Transport* const inner_;
   std::mutex mu_;
   std::vector<std::function<void(const Status&)>> held_;
 };

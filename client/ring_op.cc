@@ -41,7 +41,13 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     const Deadline poll = soft.Min(Deadline::After(ring_->options_.poll_interval));
     StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
     if (!got.ok()) {
-      if (got.status().code() != StatusCode::kDeadlineExceeded) return got.status();
+      // The transport lost what a peer sent (a link or connection that broke
+      // its framing): the neighbours hear of it now, not at their deadline.
+      // Shut down (Cancelled): this worker is leaving, as the job learns.
+      if (got.status().code() == StatusCode::kCancelled) return got.status();
+      if (got.status().code() != StatusCode::kDeadlineExceeded) {
+        return Fail(got.status(), RingAbortCode(got.status()), -1);
+      }
       GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }
@@ -183,6 +189,18 @@ void RingCollectives::Op::SendAbort(const wire::RingAbortFields& fields) {
              wire::MakeRingAbort(ring_->peers_.sender, fields, tag_.step, tag_.seq),
              Deadline::After(Millis(200)))
       .IgnoreError();
+}
+
+ErrorCode RingAbortCode(const Status& why) {
+  switch (why.code()) {
+    case StatusCode::kDeadlineExceeded:
+      return ErrorCode::Timeout;
+    case StatusCode::kAborted:
+    case StatusCode::kFailedPrecondition:
+      return ErrorCode::Mismatch;
+    default:
+      return ErrorCode::PeerDead;
+  }
 }
 
 Status RingCollectives::Op::FromAbort(const wire::RingAbortBody& a) {

@@ -26,6 +26,10 @@ using wire::MsgType;
 // Error replies to refused messages posted and not yet sent (or failed).
 constexpr int kMaxRepliesInFlight = 64;
 
+// How a RingAbort carries `why` (Op::FromAbort turns it back into a status
+// of the same code).
+ErrorCode RingAbortCode(const Status& why);
+
 // Counts the sends that still point into each segment of the caller's
 // buffer; a segment is overwritten only once its count is back to zero.
 // Shared with the payload owners, which may outlive the operation. `total`
