@@ -75,13 +75,21 @@ Status Communicator::Impl::EnterJoinedEpoch(Deadline deadline) {
 }
 
 void Communicator::Impl::Shutdown(const std::string& departing) {
+  std::string leaving = departing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
+    // Shut down after a failure of its own (a trainer that ends on the
+    // error): this worker leaves as one that departs, so that the job hears
+    // of it at once rather than at its operations' deadlines.
+    if (leaving.empty() && !failed_.ok() && failed_.code() != StatusCode::kCancelled &&
+        failed_.code() != StatusCode::kMembershipChanged) {
+      leaving = "its communicator failed: " + failed_.ToString();
+    }
   }
   // The scheduler first: the others re-form while this one winds down.
-  if (!departing.empty()) session_->Leave(departing, /*departing=*/true);
+  if (!leaving.empty()) session_->Leave(leaving, /*departing=*/true);
   cv_.notify_all();  // the engine thread leaves once its queue is empty
   Fail(CancelledError("the communicator was shut down"));
   // An operation in flight ends at its deadline, or at once when the

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -419,6 +420,34 @@ TEST_F(AllReduceSdkTest, AWorkerThatStopsContributingIsNamedByTheDeadline) {
 // queued (the right neighbour has stopped): once the call has returned, the
 // caller's buffer is the caller's, and nothing reads it again, over ZeroMQ
 // (one ring, or three lanes) or over the same-host shared-memory link.
+// Workers 1 and 3 start at once with a 1 s deadline and fail (0 and 2 wait
+// for the go file), then end: having failed, they leave as departing, and
+// the scheduler takes them for dead at once, naming the failure (a worker
+// whose failure its neighbours did not hear of through the ring would
+// otherwise be waited for until their deadline); 0 and 2 then fail.
+TEST_F(AllReduceSdkTest, AWorkerThatEndsOnItsFailureIsNamedAtOnce) {
+  const std::string go = TmpFile("sdk_go");
+  auto workers =
+      StartWorkers(4, {"--mode=direct", "--steps=3", "--go_file=" + go, "--op_timeout_ms=60000"},
+                   "", 0, {"--go_file=", "--op_timeout_ms=1000"});
+  for (int r : {1, 3}) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(30000));
+    ASSERT_TRUE(code.has_value()) << "worker " << r << " still running:\n" << workers[r]->Output();
+    EXPECT_EQ(*code, 3) << workers[r]->Output();
+  }
+  // The scheduler took the leaver for dead, naming why (and tells 0 and 2).
+  ASSERT_TRUE(scheduler_->WaitForOutput("is dead: it left the job (its communicator failed: ",
+                                        Deadline::AfterMs(10000)))
+      << scheduler_->Output();
+  { std::ofstream(go) << "go\n"; }
+  for (int r : {0, 2}) {
+    auto code = workers[r]->Wait(Deadline::AfterMs(20000));
+    ASSERT_TRUE(code.has_value()) << "worker " << r << " waits for its deadline:\n"
+                                  << workers[r]->Output();
+    EXPECT_EQ(*code, 3) << workers[r]->Output();
+  }
+}
+
 TEST_F(AllReduceSdkTest, AFailedDirectCallNeverReadsTheCallersBufferAfterReturning) {
   for (const std::string way : {"zmq", "shm", "lanes"}) {
     SCOPED_TRACE(way);

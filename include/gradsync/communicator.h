@@ -206,6 +206,9 @@ class Communicator {
 
   CommunicatorStats stats() const;
   // Leaves the job; pending operations fail with Cancelled. Idempotent.
+  // After a failure of this communicator's own (not Cancelled nor
+  // kMembershipChanged) it leaves as Depart does, naming the failure: the
+  // other workers hear of it at once instead of at their deadlines.
   void Shutdown();
   // Leaves a running elastic job on purpose before its end (a node about to
   // be preempted, a job scaled down): the scheduler removes this worker at
