@@ -565,9 +565,9 @@ Status ConnectHd(Rank* r, int impl, Rank::OurRing* ours) {
                                                         OurRingOptions(*r), nullptr));
     pairs.push_back(std::move(pair));
   }
-  GS_ASSIGN_OR_RETURN(ours->hd, client::HalvingDoubling::Create(rank, n, std::move(pairs),
-                                                                ours->ring.get(), SIZE_MAX,
-                                                                /*measure=*/impl == kOursAuto));
+  GS_ASSIGN_OR_RETURN(ours->hd,
+                      client::HalvingDoubling::Create(rank, n, std::move(pairs), ours->ring.get(),
+                                                      /*measure=*/impl == kOursAuto));
   return OkStatus();
 }
 

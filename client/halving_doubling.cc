@@ -40,7 +40,7 @@ struct HalvingDoubling::Call {
 
 StatusOr<std::unique_ptr<HalvingDoubling>> HalvingDoubling::Create(
     int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
-    size_t max_bytes, bool measure) {
+    bool measure) {
   if (!HalvingDoublingFits(world) || rank < 0 || rank >= world) {
     return InvalidArgumentError(
         "halving and doubling needs a power of two of at least 4 workers, "
@@ -64,7 +64,7 @@ StatusOr<std::unique_ptr<HalvingDoubling>> HalvingDoubling::Create(
     }
   }
   return std::unique_ptr<HalvingDoubling>(
-      new HalvingDoubling(rank, world, std::move(pairs), others, max_bytes, measure));
+      new HalvingDoubling(rank, world, std::move(pairs), others, measure));
 }
 
 namespace {
@@ -88,7 +88,6 @@ size_t SizeClass(size_t bytes) {
 }  // namespace
 
 std::string HalvingDoubling::ChosenFor(size_t bytes) const {
-  if (bytes > max_bytes_) return "ring";
   if (bytes <= pairs_[0]->options().small_bytes) return "recursive_doubling";
   if (!measure_) return "halving_doubling";
   const int way = choices_[SizeClass(bytes)].way;
@@ -99,7 +98,6 @@ Status HalvingDoubling::AllReduce(void* data, size_t count, DType dtype, ReduceO
                                   const OpTag& tag, Deadline deadline) {
   if (!broken_.ok()) return broken_;
   const size_t bytes = count * DTypeSize(dtype);
-  if (bytes > max_bytes_) return others_->AllReduce(data, count, dtype, op, tag, deadline);
   if (measure_ && bytes > pairs_[0]->options().small_bytes) {
     return Measured(choices_[SizeClass(bytes)], bytes, data, count, dtype, op, tag, deadline);
   }
@@ -108,12 +106,13 @@ Status HalvingDoubling::AllReduce(void* data, size_t count, DType dtype, ReduceO
 
 Status HalvingDoubling::Measured(Choice& c, size_t bytes, void* data, size_t count, DType dtype,
                                  ReduceOp op, const OpTag& tag, Deadline deadline) {
-  if (c.way < 0 && c.tried[kRingWay] >= kTrials && c.tried[kHalvingWay] >= kTrials) {
+  const size_t trials = kTrials;
+  if (c.way < 0 && c.ms[kRingWay].size() == trials && c.ms[kHalvingWay].size() == trials) {
     GS_RETURN_IF_ERROR(Choose(c, bytes, tag, deadline));
   }
   if (c.way == kRingWay) return others_->AllReduce(data, count, dtype, op, tag, deadline);
   if (c.way == kHalvingWay) return Halve(data, count, dtype, op, tag, deadline);
-  const int way = c.tried[kHalvingWay] <= c.tried[kRingWay] ? kHalvingWay : kRingWay;
+  const int way = c.ms[kHalvingWay].size() <= c.ms[kRingWay].size() ? kHalvingWay : kRingWay;
   const auto start = std::chrono::steady_clock::now();
   Status s = way == kRingWay ? others_->AllReduce(data, count, dtype, op, tag, deadline)
                              : Halve(data, count, dtype, op, tag, deadline);
@@ -122,8 +121,7 @@ Status HalvingDoubling::Measured(Choice& c, size_t bytes, void* data, size_t cou
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   // Each way's first all-reduce opens connections and fills pools: not
   // timed.
-  if (c.tried[way] > 0) c.ms[way].push_back(ms);
-  ++c.tried[way];
+  c.ms[way].push_back(c.ms[way].empty() ? 0.0 : ms);
   return s;
 }
 
@@ -135,7 +133,7 @@ Status HalvingDoubling::Choose(Choice& c, size_t bytes, const OpTag& tag, Deadli
   const size_t t = kTrials - 1;
   std::vector<float> mine(2 * t), all(2 * t * static_cast<size_t>(world_));
   for (int way : {kRingWay, kHalvingWay}) {
-    for (size_t i = 0; i < t; ++i) mine[way * t + i] = static_cast<float>(c.ms[way][i]);
+    for (size_t i = 0; i < t; ++i) mine[way * t + i] = static_cast<float>(c.ms[way][i + 1]);
   }
   OpTag choice = tag;
   choice.bucket = kChoiceBucket;

@@ -10,16 +10,15 @@
 // messages of half, a quarter, ... of it. Each element's sum is made by one
 // worker and handed to the others, so every worker ends with the same bits.
 //
-// All-reduces of more than `max_bytes` go to `others` (the ring the job
-// has besides). All-reduces of at most the pair rings' small_bytes
-// (RingOptions) go by
+// All-reduces of at most the pair rings' small_bytes (RingOptions) go by
 // recursive doubling instead, each pair ring's small path: at each level
 // the pair swaps whole buffers and both add them in rank order (the same
 // two sums, so again the same bits everywhere), log2(n) steps against the
-// ring's n - 1. All-gathers and broadcasts go to `others`.
+// ring's n - 1. All-gathers and broadcasts go to `others` (the ring the job
+// has besides).
 //
-// With `measure` (ring_algorithm=auto), the all-reduces between small_bytes
-// and max_bytes go whichever way measured faster for their size class
+// With `measure` (ring_algorithm=auto), the all-reduces above small_bytes
+// go whichever way measured faster for their size class
 // (bytes from 2^k up to 2^(k+1)): the first kTrials of a class go by halving
 // and doubling and kTrials round `others`, by turns, each worker timing
 // all but the first of each way (which opens connections); the next
@@ -77,14 +76,14 @@ class HalvingDoubling : public Collectives {
   // outlive this object.
   static StatusOr<std::unique_ptr<HalvingDoubling>> Create(
       int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs, Collectives* others,
-      size_t max_bytes = SIZE_MAX, bool measure = false);
+      bool measure = false);
 
   static constexpr int kTrials = 9;
   static constexpr double kHalvingGain = 0.9;
   static constexpr uint32_t kChoiceBucket = 0xfffffffdu;
-  // The way all-reduces of `bytes` bytes go: "ring", "recursive_doubling"
-  // (up to small_bytes), "halving_doubling", or "" while `measure` is still
-  // timing their size class.
+  // The way all-reduces of `bytes` bytes go: "recursive_doubling" (up to
+  // small_bytes), "ring", "halving_doubling", or "" while `measure` is
+  // still timing their size class.
   std::string ChosenFor(size_t bytes) const;
 
   const char* name() const override { return others_->name(); }
@@ -109,19 +108,13 @@ class HalvingDoubling : public Collectives {
 
  private:
   HalvingDoubling(int rank, int world, std::vector<std::unique_ptr<RingCollectives>> pairs,
-                  Collectives* others, size_t max_bytes, bool measure)
-      : rank_(rank),
-        world_(world),
-        pairs_(std::move(pairs)),
-        others_(others),
-        max_bytes_(max_bytes),
-        measure_(measure) {}
+                  Collectives* others, bool measure)
+      : rank_(rank), world_(world), pairs_(std::move(pairs)), others_(others), measure_(measure) {}
   struct Call;
   // A size class's measurements (measure_): index 0 the ring, 1 halving
   // and doubling.
   struct Choice {
-    int tried[2] = {0, 0};
-    std::vector<double> ms[2];  // the times of each way's trials but the first
+    std::vector<double> ms[2];  // each way's trials, in ms (the first untimed: 0)
     int way = -1;               // chosen: 0 or 1; -1 while measuring
   };
   // The all-reduce by halving and doubling (or recursive doubling).
@@ -139,7 +132,6 @@ class HalvingDoubling : public Collectives {
   const int world_;
   const std::vector<std::unique_ptr<RingCollectives>> pairs_;
   Collectives* const others_;
-  const size_t max_bytes_;
   const bool measure_;
   Choice choices_[64];  // by size class: floor(log2(bytes))
   Status broken_;       // the first error; sticky

@@ -46,8 +46,8 @@ class SlowRing : public Collectives {
 // and its HalvingDoubling (`measure`: as ring_algorithm=auto).
 class Job {
  public:
-  explicit Job(int n, RingOptions options = SmallChunks(), size_t max_bytes = SIZE_MAX,
-               bool measure = false, Millis ring_delay = Millis{0})
+  explicit Job(int n, RingOptions options = SmallChunks(), bool measure = false,
+               Millis ring_delay = Millis{0})
       : n_(n), ring_(n, options) {
     const int levels = HalvingDoublingLevels(n);
     for (int r = 0; r < n; ++r) {
@@ -72,8 +72,7 @@ class Job {
         pairs.push_back(std::move(*pair));
       }
       slow_.push_back(std::make_unique<SlowRing>(&ring_[r], ring_delay));
-      auto hd =
-          HalvingDoubling::Create(r, n, std::move(pairs), slow_.back().get(), max_bytes, measure);
+      auto hd = HalvingDoubling::Create(r, n, std::move(pairs), slow_.back().get(), measure);
       EXPECT_TRUE(hd.ok()) << hd.status().ToString();
       hds_.push_back(std::move(*hd));
     }
@@ -223,22 +222,6 @@ TEST(HalvingDoublingTest, EachSizeTakesItsWayAndAllGathersTakeTheRing) {
   }
 }
 
-// Past max_bytes (ring_algorithm=auto) all-reduces go round the ring.
-TEST(HalvingDoublingTest, AllReducesPastMaxBytesGoRoundTheRing) {
-  const int n = 4;
-  Job job(n, SmallChunks(), 64 << 10);
-  std::vector<std::vector<float>> data(n, std::vector<float>(1 << 15, 1.0f));  // 128 KiB
-  auto st = job.Run([&](int r) {
-    return job[r].AllReduce(data[r].data(), data[r].size(), DType::kF32, ReduceOp::kAverage, Tag(1),
-                            Soon());
-  });
-  for (int r = 0; r < n; ++r) {
-    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
-    EXPECT_EQ(data[r][777], 1.0f);
-    EXPECT_EQ(job[r].stats().bytes_sent, 0u);
-  }
-}
-
 // ring_algorithm=auto: the all-reduces of a size class past small_bytes go
 // by halving and doubling and round the ring by turns, kTrials each way;
 // the next one chooses, and every worker takes the same way from then on.
@@ -251,7 +234,7 @@ TEST(HalvingDoublingTest, MeasuredSizesTryBothWaysThenEveryWorkerTakesTheSame) {
   options.small_bytes = 64 << 10;
   const size_t count = 50001;  // past small_bytes
   const size_t bytes = count * sizeof(float);
-  Job job(n, options, SIZE_MAX, /*measure=*/true);
+  Job job(n, options, /*measure=*/true);
   std::vector<std::string> chosen(n);
   for (int call = 0; call < 2 * trials + 3; ++call) {
     std::vector<std::vector<float>> data(n, std::vector<float>(count));
@@ -291,7 +274,7 @@ TEST(HalvingDoublingTest, MeasuredSizesTryBothWaysThenEveryWorkerTakesTheSame) {
 TEST(HalvingDoublingTest, MeasuredSizesGoTheFasterWay) {
   const int n = 4;
   const size_t count = 50001;
-  Job job(n, SmallChunks(), SIZE_MAX, /*measure=*/true, Millis{500});
+  Job job(n, SmallChunks(), /*measure=*/true, Millis{500});
   std::vector<std::vector<float>> data(n, std::vector<float>(count, 1.0f));
   for (int call = 0; call < 2 * HalvingDoubling::kTrials + 1; ++call) {
     auto st = job.Run([&](int r) {

@@ -109,8 +109,9 @@ struct Ring {
   std::vector<std::unique_ptr<wire::Transport>> lane_transports;
   std::unique_ptr<RingLanes> lanes;  // destroyed before the transports
   // ring_algorithm=auto or halving_doubling over TCP streams, 2^L workers:
-  // the all-reduces it takes (up to small_bytes with auto) over pair rings
-  // (their transports in lane_transports); the rest goes to `lanes`.
+  // every all-reduce (with auto, those above small_bytes round `lanes` where
+  // that measured faster) over pair rings (their transports in
+  // lane_transports); all-gathers and broadcasts go to `lanes`.
   std::unique_ptr<HalvingDoubling> halving;
   // Every worker on one host with shared memory: the all-reduces over
   // segments (all-gathers and broadcasts stay on `lanes`); destroyed first.
@@ -573,7 +574,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     // beat it, or by halving and doubling where the ring's steps cost CPU
     // time (docs/benchmarks.md, halving and doubling).
     const bool measure = algorithm == kAlgorithmAuto;
-    auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(), SIZE_MAX, measure);
+    auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(), measure);
     if (!made.ok()) {
       out.Shutdown();
       return made.status();
