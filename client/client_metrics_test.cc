@@ -14,9 +14,10 @@ TEST(ClientMetricsTest, FailureReasons) {
   EXPECT_EQ(ReasonOf(FailedPreconditionError("layouts differ"), SyncPath::kRing),
             FailureReason::kMismatch);
   EXPECT_EQ(ReasonOf(AbortedError("shard refused"), SyncPath::kPs), FailureReason::kRejected);
-  EXPECT_EQ(
-      ReasonOf(UnavailableError("worker 3 died (declared dead by the scheduler)"), SyncPath::kRing),
-      FailureReason::kPeerDead);
+  EXPECT_EQ(ReasonOf(UnavailableError(
+                         "worker 3 died (declared dead by the scheduler: no message for 1 s)"),
+                     SyncPath::kRing),
+            FailureReason::kPeerDead);
   EXPECT_EQ(ReasonOf(UnavailableError("sending to rank 2 failed"), SyncPath::kRing),
             FailureReason::kUnavailable);
   EXPECT_EQ(ReasonOf(InvalidArgumentError("dtype"), SyncPath::kPs), FailureReason::kOther);

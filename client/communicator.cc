@@ -76,6 +76,7 @@ Status Communicator::Impl::EnterJoinedEpoch(Deadline deadline) {
 
 void Communicator::Impl::Shutdown(const std::string& departing) {
   std::string leaving = departing;
+  wire::ErrorCode failure = wire::ErrorCode::Unknown;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
@@ -86,10 +87,11 @@ void Communicator::Impl::Shutdown(const std::string& departing) {
     if (leaving.empty() && !failed_.ok() && failed_.code() != StatusCode::kCancelled &&
         failed_.code() != StatusCode::kMembershipChanged) {
       leaving = "its communicator failed: " + failed_.ToString();
+      failure = wire::FailureCode(failed_);
     }
   }
   // The scheduler first: the others re-form while this one winds down.
-  if (!leaving.empty()) session_->Leave(leaving, /*departing=*/true);
+  if (!leaving.empty()) session_->Leave(leaving, /*departing=*/true, failure);
   cv_.notify_all();  // the engine thread leaves once its queue is empty
   Fail(CancelledError("the communicator was shut down"));
   // An operation in flight ends at its deadline, or at once when the

@@ -137,7 +137,7 @@ class HostCollectives::Op {
     if (!host_->health_) return Status();
     Status health = host_->health_();
     if (health.ok() || health.code() == StatusCode::kMembershipChanged) return health;
-    return UnavailableError(Describe() + " cannot finish: " + health.message());
+    return CannotFinish(Describe(), health);
   }
 
  private:

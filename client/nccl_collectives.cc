@@ -91,10 +91,7 @@ std::string FieldDiffs(const NcclCallRecord& other, const NcclCallRecord& base) 
 Status SessionHealth(const Session& session) {
   const Status job = session.job_status();
   if (!job.ok()) return job.WithPrefix("the job ended");
-  for (const wire::NodeInfo& peer : session.dead_peers()) {
-    if (peer.role == wire::Role::Worker) return UnavailableError(peer.Name() + " died");
-  }
-  return OkStatus();
+  return session.PeerDeathStatus(wire::Role::Worker);
 }
 
 bool ReducibleByNccl(DType dtype) {

@@ -126,7 +126,7 @@ void RingCollectives::Abandon(const OpTag& tag, const Status& why) {
   if (peers_.world_size == 1) return;
   // Only its abort is sent, which a neighbour takes whatever it runs.
   Op op(this, RingOpKind::kAllReduce, tag, DType::kU8, 0, 0, 1, Deadline::After(Millis(200)));
-  op.Fail(why, RingAbortCode(why), -1).IgnoreError();
+  op.Fail(why, wire::FailureCode(why), -1).IgnoreError();
 }
 
 Status RingCollectives::RunSmallAllReduce(Op& op, uint8_t* base, size_t count, DType dtype,
@@ -186,7 +186,7 @@ Status RingCollectives::RunAllReduce(Op& op, uint8_t* base, size_t count, DType 
     if (s + 2 == n && between != nullptr) {
       Status inner = (*between)(base + span.begin * es, span.size());
       if (inner.code() == StatusCode::kMembershipChanged) return inner;
-      if (!inner.ok()) return op.Fail(inner, RingAbortCode(inner), -1);
+      if (!inner.ok()) return op.Fail(inner, wire::FailureCode(inner), -1);
       for (size_t j = 0; j < NumChunks(span, ce); ++j) {
         const Span c = Chunk(span, ce, j);
         GS_RETURN_IF_ERROR(op.SendFromBuffer(base + c.begin * es, c.size(), seg));

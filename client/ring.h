@@ -126,6 +126,14 @@ struct RingStats {
 // Returns an error when the job already knows the ring cannot finish (a
 // worker died, the job failed); OK otherwise.
 using HealthCheck = std::function<Status()>;
+// What an operation `what` that cannot finish returns for the job's ill
+// `health`: a peer that departed on its deadline reads as DeadlineExceeded
+// (NodeAgent::PeerDeathStatus), anything else as Unavailable.
+inline Status CannotFinish(const std::string& what, const Status& health) {
+  const std::string message = what + " cannot finish: " + health.message();
+  return health.code() == StatusCode::kDeadlineExceeded ? DeadlineExceededError(message)
+                                                        : UnavailableError(message);
+}
 
 // The largest frame a ring with `options` sends or takes: a chunk, a small
 // all-reduce's whole buffer, or a header. A worker's data port refuses

@@ -46,7 +46,7 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
       // Shut down (Cancelled): this worker is leaving, as the job learns.
       if (got.status().code() == StatusCode::kCancelled) return got.status();
       if (got.status().code() != StatusCode::kDeadlineExceeded) {
-        return Fail(got.status(), RingAbortCode(got.status()), -1);
+        return Fail(got.status(), wire::FailureCode(got.status()), -1);
       }
       GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
@@ -191,18 +191,6 @@ void RingCollectives::Op::SendAbort(const wire::RingAbortFields& fields) {
       .IgnoreError();
 }
 
-ErrorCode RingAbortCode(const Status& why) {
-  switch (why.code()) {
-    case StatusCode::kDeadlineExceeded:
-      return ErrorCode::Timeout;
-    case StatusCode::kAborted:
-    case StatusCode::kFailedPrecondition:
-      return ErrorCode::Mismatch;
-    default:
-      return ErrorCode::PeerDead;
-  }
-}
-
 Status RingCollectives::Op::FromAbort(const wire::RingAbortBody& a) {
   const std::string msg = a.message() ? a.message()->str() : "";
   // Pass it on unless it has been all the way round.
@@ -210,11 +198,10 @@ Status RingCollectives::Op::FromAbort(const wire::RingAbortBody& a) {
     SendAbort({a.origin_rank(), a.blamed_rank(), a.received(), a.timed_out(), a.code(), msg});
   }
   if (a.timed_out()) return TimedOut(Report{a.origin_rank(), a.received()});
-  if (a.code() == ErrorCode::Mismatch) {
-    return kind_ == RingOpKind::kLayout ? FailedPreconditionError(msg) : AbortedError(msg);
+  if (a.code() == ErrorCode::Mismatch && kind_ == RingOpKind::kLayout) {
+    return FailedPreconditionError(msg);
   }
-  if (a.code() == ErrorCode::Timeout) return DeadlineExceededError(msg);
-  return UnavailableError(msg);
+  return wire::FailureStatus(a.code(), msg);
 }
 
 Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {

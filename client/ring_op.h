@@ -26,10 +26,6 @@ using wire::MsgType;
 // Error replies to refused messages posted and not yet sent (or failed).
 constexpr int kMaxRepliesInFlight = 64;
 
-// How a RingAbort carries `why` (Op::FromAbort turns it back into a status
-// of the same code).
-ErrorCode RingAbortCode(const Status& why);
-
 // Counts the sends that still point into each segment of the caller's
 // buffer; a segment is overwritten only once its count is back to zero.
 // Shared with the payload owners, which may outlive the operation. `total`
@@ -163,8 +159,8 @@ class RingCollectives::Op {
     if (!ring_->health_) return Status();
     Status health = ring_->health_();
     if (health.ok() || health.code() == StatusCode::kMembershipChanged) return health;
-    return Fail(UnavailableError(Describe() + " cannot finish: " + health.message()),
-                ErrorCode::PeerDead, -1);
+    const Status why = CannotFinish(Describe(), health);
+    return Fail(why, wire::FailureCode(why), -1);
   }
   std::string Describe() const {
     const uint32_t epoch = ring_->peers_.epoch;

@@ -69,6 +69,7 @@ class Session {
                                              Deadline deadline);
   // Workers and servers the scheduler declared dead so far.
   std::vector<wire::NodeInfo> dead_peers() const { return node_.agent->dead_peers(); }
+  Status PeerDeathStatus(wire::Role role) const { return node_.agent->PeerDeathStatus(role); }
   // OK while the job runs; why it ended otherwise.
   Status job_status() const { return node_.agent->job_status(); }
   // The data transport, listening on this worker's data port.
@@ -98,8 +99,9 @@ class Session {
   std::shared_ptr<wire::TransportRefusals> refusals() const { return node_.refusals; }
   // Leaves the job on purpose (done, or failing) so nobody waits for us.
   // `departing`: before the job's end (NodeAgent::Leave).
-  void Leave(const std::string& reason, bool departing = false) {
-    node_.agent->Leave(reason, departing);
+  void Leave(const std::string& reason, bool departing = false,
+             wire::ErrorCode failure = wire::ErrorCode::Unknown) {
+    node_.agent->Leave(reason, departing, failure);
   }
 
  private:

@@ -91,12 +91,7 @@ constexpr double kAutoLanesGain = 1.25;
 Status SessionHealth(const Session& session, wire::Role role) {
   GS_RETURN_IF_ERROR(session.job_status());
   GS_RETURN_IF_ERROR(session.MembershipStatus());
-  for (const wire::NodeInfo& dead : session.dead_peers()) {
-    if (dead.role == role) {
-      return UnavailableError(dead.Name() + " died (declared dead by the scheduler)");
-    }
-  }
-  return Status();
+  return session.PeerDeathStatus(role);
 }
 
 // The ring to this worker's neighbours (its lanes), and the transports

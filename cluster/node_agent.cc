@@ -344,7 +344,7 @@ void NodeAgent::Dispatch(const wire::Header& h) {
         dead.role = d->role();
         dead.rank = d->rank();
         why = d->reason() ? d->reason()->str() : "";
-        dead_.push_back(dead);
+        dead_.push_back({dead, why, d->failure()});
         callbacks = dead_callbacks_;
         GS_LOG(WARNING) << "scheduler reports " << dead.Name() << " dead: " << why;
         break;
@@ -473,7 +473,20 @@ Status NodeAgent::WaitForJobEnd(Deadline deadline) {
 
 std::vector<wire::NodeInfo> NodeAgent::dead_peers() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return dead_;
+  std::vector<wire::NodeInfo> nodes;
+  for (const Death& d : dead_) nodes.push_back(d.node);
+  return nodes;
+}
+
+Status NodeAgent::PeerDeathStatus(wire::Role role) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Death& d : dead_) {
+    if (d.node.role != role) continue;
+    return wire::FailureStatus(
+        d.failure == wire::ErrorCode::Unknown ? wire::ErrorCode::PeerDead : d.failure,
+        d.node.Name() + " died (declared dead by the scheduler: " + d.why + ")");
+  }
+  return Status();
 }
 
 void NodeAgent::OnNewEpoch(EpochCallback callback) {
@@ -486,13 +499,14 @@ void NodeAgent::OnPeerDead(DeadCallback callback) {
   dead_callbacks_.push_back(std::move(callback));
 }
 
-void NodeAgent::Leave(const std::string& reason, bool departing) {
+void NodeAgent::Leave(const std::string& reason, bool departing, wire::ErrorCode failure) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (left_) return;
     left_ = true;
   }
-  Send(wire::MakeLeave(sender(), reason, departing), Deadline::AfterMs(1000)).IgnoreError();
+  Send(wire::MakeLeave(sender(), reason, departing, failure), Deadline::AfterMs(1000))
+      .IgnoreError();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

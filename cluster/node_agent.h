@@ -113,6 +113,12 @@ class NodeAgent {
   // Blocks until job_status() is not OK, or the deadline.
   Status WaitForJobEnd(Deadline deadline);
   std::vector<wire::NodeInfo> dead_peers() const;
+  // OK while the scheduler has declared no node of `role` dead; otherwise
+  // why the first one is: Unavailable, or for a worker that departed on a
+  // failure of its own, that failure's kind (wire::FailureStatus: a peer's
+  // deadline reads as DeadlineExceeded here too). The message names the
+  // node and gives the scheduler's reason.
+  Status PeerDeathStatus(wire::Role role) const;
   // Elastic jobs: the newest assignment the scheduler sent (assignment()
   // until a worker is lost; later epochs carry fewer workers, re-ranked).
   Assignment latest() const;
@@ -131,7 +137,10 @@ class NodeAgent {
   // Tells the scheduler this node leaves on purpose, then stops the agent.
   // `departing`: a worker leaving a running elastic job before its end
   // (LeaveBody.departing); otherwise it is done.
-  void Leave(const std::string& reason, bool departing = false);
+  // `failure`: the kind of failure a departing worker leaves on
+  // (wire::FailureCode), Unknown for none.
+  void Leave(const std::string& reason, bool departing = false,
+             wire::ErrorCode failure = wire::ErrorCode::Unknown);
 
  private:
   NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport> transport);
@@ -175,12 +184,17 @@ class NodeAgent {
   std::optional<std::vector<uint8_t>> nccl_id_;       // guarded by mu_
   Assignment latest_;                                 // guarded by mu_
   uint32_t epoch_released_ = 0;                       // guarded by mu_
-  std::vector<wire::NodeInfo> dead_;                  // guarded by mu_
-  std::vector<DeadCallback> dead_callbacks_;          // guarded by mu_
-  std::vector<EpochCallback> epoch_callbacks_;        // guarded by mu_
-  SteadyTime last_heard_;                             // guarded by mu_
-  bool left_ = false;                                 // guarded by mu_
-  bool stop_ = false;                                 // guarded by mu_
+  struct Death {
+    wire::NodeInfo node;
+    std::string why;
+    wire::ErrorCode failure = wire::ErrorCode::Unknown;
+  };
+  std::vector<Death> dead_;                     // guarded by mu_
+  std::vector<DeadCallback> dead_callbacks_;    // guarded by mu_
+  std::vector<EpochCallback> epoch_callbacks_;  // guarded by mu_
+  SteadyTime last_heard_;                       // guarded by mu_
+  bool left_ = false;                           // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
   std::thread thread_;
   RefusalLog refusal_log_;
 };

@@ -257,7 +257,7 @@ void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
       node.alive) {
     // Before the job's end: an elastic job goes on without it at once,
     // another fails as when a worker dies.
-    MarkDead(node, "it left the job (" + reason + ")");
+    MarkDead(node, "it left the job (" + reason + ")", body.failure());
     node.left = true;
     return;
   }
@@ -369,7 +369,7 @@ void Scheduler::DeclareDead(Node& node, Millis silent) {
                      ")");
 }
 
-void Scheduler::MarkDead(Node& node, const std::string& why) {
+void Scheduler::MarkDead(Node& node, const std::string& why, wire::ErrorCode failure) {
   if (membership_.elastic() && node.info.role == Role::Worker && phase_ == Phase::kRunning) {
     RemoveWorker(node, why);
     return;
@@ -382,7 +382,7 @@ void Scheduler::MarkDead(Node& node, const std::string& why) {
   UpdateLiveGauges();
   if (phase_ == Phase::kRendezvous) return;
   const wire::NodeInfo info = node.info;
-  Broadcast([&] { return wire::MakeNodeDead(sender(), info, why); });
+  Broadcast([&] { return wire::MakeNodeDead(sender(), info, why, failure); });
   std::vector<BarrierKey> broken;
   for (const auto& kv : barriers_) {
     if (InGroup(node, kv.first.first)) broken.push_back(kv.first);

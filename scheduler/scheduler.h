@@ -152,7 +152,10 @@ class Scheduler {
   void TakeExits();
   void DeclareDead(Node& node, Millis silent);
   // Declares `node` dead for `why`: recorded, and every node is told.
-  void MarkDead(Node& node, const std::string& why);
+  // `failure`: a worker that departed on its own failure says its kind,
+  // passed on in NodeDead (Unknown for any other death).
+  void MarkDead(Node& node, const std::string& why,
+                wire::ErrorCode failure = wire::ErrorCode::Unknown);
   void FailJob(const std::string& why);
   // Elastic jobs: `node` (a worker) is out; the survivors start a new epoch,
   // or the job waits for workers.

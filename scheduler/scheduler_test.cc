@@ -245,7 +245,34 @@ TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
   }
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0].Name(), "worker 2");
+  const Status death = agents[1]->PeerDeathStatus(wire::Role::Worker);
+  EXPECT_EQ(death.code(), StatusCode::kUnavailable) << death;
+  EXPECT_NE(death.message().find("worker 2 died (declared dead by the scheduler: "),
+            std::string::npos)
+      << death;
+  EXPECT_TRUE(agents[1]->PeerDeathStatus(wire::Role::Server).ok());
   EXPECT_EQ(metrics_.heartbeat_timeouts[static_cast<int>(wire::Role::Worker)]->Value(), 1);
+}
+
+// A worker that departs on a failure of its own says what kind: the others
+// read its death as that kind (a deadline as DeadlineExceeded), with why.
+TEST_F(SchedulerTest, AWorkerThatDepartsOnItsFailureIsDeadWithItsFailuresKind) {
+  auto agents = RunningJob(3, Millis(5000));
+  ASSERT_EQ(agents.size(), 4u);
+  EXPECT_TRUE(agents[0]->PeerDeathStatus(wire::Role::Worker).ok());
+  agents[1]->Leave("its communicator failed: deadline_exceeded: rank 2 stopped contributing",
+                   /*departing=*/true, wire::ErrorCode::Timeout);
+  Status death;
+  for (Deadline d = Deadline::AfterMs(5000); death.ok() && !d.Expired();) {
+    std::this_thread::sleep_for(Millis(10));
+    death = agents[0]->PeerDeathStatus(wire::Role::Worker);
+  }
+  EXPECT_EQ(death.code(), StatusCode::kDeadlineExceeded) << death;
+  EXPECT_NE(
+      death.message().find("worker 1 died (declared dead by the scheduler: it left the job (its "
+                           "communicator failed: deadline_exceeded: rank 2 stopped contributing))"),
+      std::string::npos)
+      << death;
 }
 
 TEST_F(SchedulerTest, ASilentServerThatRejoinsAtItsAddressKeepsItsRankAndTheJobGoesOn) {

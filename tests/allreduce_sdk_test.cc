@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -440,11 +441,17 @@ TEST_F(AllReduceSdkTest, AWorkerThatEndsOnItsFailureIsNamedAtOnce) {
                                         Deadline::AfterMs(10000)))
       << scheduler_->Output();
   { std::ofstream(go) << "go\n"; }
+  // Their operation fails as the leaver's did (its deadline), naming it and
+  // its reason.
+  const std::regex as_the_leaver(
+      R"(took \d+ ms: deadline_exceeded: .*worker [13] died \(declared dead by the scheduler: )"
+      R"(it left the job \(its communicator failed: deadline_exceeded: )");
   for (int r : {0, 2}) {
     auto code = workers[r]->Wait(Deadline::AfterMs(20000));
     ASSERT_TRUE(code.has_value()) << "worker " << r << " waits for its deadline:\n"
                                   << workers[r]->Output();
     EXPECT_EQ(*code, 3) << workers[r]->Output();
+    EXPECT_TRUE(std::regex_search(workers[r]->Output(), as_the_leaver)) << workers[r]->Output();
   }
 }
 

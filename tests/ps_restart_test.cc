@@ -256,7 +256,7 @@ TEST_F(PsRestartTest, AShardThatDoesNotComeBackFailsTheJobNamingIt) {
   const JobResult lost = Run("lost", Fault::kSigkillForGood, 1);
   EXPECT_EQ(lost.stopped_exit, 128 + SIGKILL);
   for (int r = 0; r < kWorkers; ++r) {
-    EXPECT_NE(lost.workers[r].find("server 1 died (declared dead by the scheduler)"),
+    EXPECT_NE(lost.workers[r].find("server 1 died (declared dead by the scheduler: no message for"),
               std::string::npos)
         << lost.workers[r];
     EXPECT_EQ(lost.workers[r].find("params"), std::string::npos) << lost.workers[r];

@@ -180,9 +180,10 @@ Message MakeHeartbeat(const Sender& from) {
   return Finish(fbb, from, MsgType::Heartbeat, CreateHeartbeatBody(fbb).Union());
 }
 
-Message MakeLeave(const Sender& from, const std::string& reason, bool departing) {
+Message MakeLeave(const Sender& from, const std::string& reason, bool departing,
+                  ErrorCode failure) {
   FlatBufferBuilder fbb(128);
-  auto body = CreateLeaveBody(fbb, fbb.CreateString(reason), departing);
+  auto body = CreateLeaveBody(fbb, fbb.CreateString(reason), departing, failure);
   return Finish(fbb, from, MsgType::Leave, body.Union());
 }
 
@@ -204,10 +205,34 @@ Message MakeError(const Sender& from, ErrorCode code, const std::string& message
   return Finish(fbb, from, MsgType::Error, body.Union());
 }
 
-Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason) {
+Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason,
+                     ErrorCode failure) {
   FlatBufferBuilder fbb(128);
-  auto body = CreateNodeDeadBody(fbb, dead.role, dead.rank, fbb.CreateString(reason));
+  auto body = CreateNodeDeadBody(fbb, dead.role, dead.rank, fbb.CreateString(reason), failure);
   return Finish(fbb, from, MsgType::NodeDead, body.Union());
+}
+
+ErrorCode FailureCode(const Status& why) {
+  switch (why.code()) {
+    case StatusCode::kDeadlineExceeded:
+      return ErrorCode::Timeout;
+    case StatusCode::kAborted:
+    case StatusCode::kFailedPrecondition:
+      return ErrorCode::Mismatch;
+    default:
+      return ErrorCode::PeerDead;
+  }
+}
+
+Status FailureStatus(ErrorCode code, const std::string& message) {
+  switch (code) {
+    case ErrorCode::Timeout:
+      return DeadlineExceededError(message);
+    case ErrorCode::Mismatch:
+      return AbortedError(message);
+    default:
+      return UnavailableError(message);
+  }
 }
 
 Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& results) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "wire/gradsync_generated.h"
 
 namespace gradsync::wire {
@@ -147,7 +148,8 @@ Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers
                            uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats,
                            const EpochFields& epoch);
 Message MakeHeartbeat(const Sender& from);
-Message MakeLeave(const Sender& from, const std::string& reason, bool departing = false);
+Message MakeLeave(const Sender& from, const std::string& reason, bool departing = false,
+                  ErrorCode failure = ErrorCode::Unknown);
 Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group);
 // Barrier ids from here up are an elastic job's epoch barriers (this plus
 // the epoch, group Workers): every survivor enters one before it re-forms.
@@ -167,7 +169,14 @@ Message MakeError(const Sender& from, ErrorCode code, const std::string& message
 // (0) for anyone else, so that a peer outside the job learns nothing of it
 // from a refusal.
 Sender AnswerAs(const Sender& self, bool member);
-Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason);
+Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason,
+                     ErrorCode failure = ErrorCode::Unknown);
+// The kind of a failure as one peer tells others (a ring's abort, a worker
+// that departs on its failure): Timeout for a deadline, Mismatch for peers
+// that disagree, PeerDead for anything else; and the Status it reads as
+// there (a peer's Unknown or other code reads as Unavailable).
+ErrorCode FailureCode(const Status& why);
+Status FailureStatus(ErrorCode code, const std::string& message);
 struct ReachOutcome {
   NodeInfo peer;
   bool ok = false;

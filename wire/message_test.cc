@@ -160,6 +160,13 @@ TEST(MessageTest, LeaveRoundTrip) {
   ASSERT_NE(h, nullptr);
   ExpectCommon(*h, MsgType::Leave, from);
   EXPECT_EQ(h->body_as_LeaveBody()->reason()->str(), "done after 10 epochs");
+  EXPECT_FALSE(h->body_as_LeaveBody()->departing());
+  EXPECT_EQ(h->body_as_LeaveBody()->failure(), ErrorCode::Unknown);
+  Message failed = MakeLeave(from, "its communicator failed", true, ErrorCode::Timeout);
+  h = Accepted(failed, MsgType::Leave);
+  ASSERT_NE(h, nullptr);
+  EXPECT_TRUE(h->body_as_LeaveBody()->departing());
+  EXPECT_EQ(h->body_as_LeaveBody()->failure(), ErrorCode::Timeout);
 }
 
 TEST(MessageTest, BarrierAndReleaseRoundTrip) {
@@ -202,6 +209,24 @@ TEST(MessageTest, NodeDeadRoundTrip) {
   EXPECT_EQ(b->role(), Role::Server);
   EXPECT_EQ(b->rank(), 3);
   EXPECT_EQ(b->reason()->str(), "missed 5 heartbeats");
+  EXPECT_EQ(b->failure(), ErrorCode::Unknown);
+  Message departed =
+      MakeNodeDead(from, Node(Role::Worker, 1, "w1", 1, 2), "it left", ErrorCode::Mismatch);
+  h = Accepted(departed, MsgType::NodeDead);
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->body_as_NodeDeadBody()->failure(), ErrorCode::Mismatch);
+}
+
+// How one peer's failure reads at another: each kind back as the status
+// it came from (a layout's FailedPrecondition is the ring's to restore).
+TEST(MessageTest, AFailureReadsAsItsKindAtThePeer) {
+  EXPECT_EQ(FailureStatus(FailureCode(DeadlineExceededError("d")), "m").code(),
+            StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(FailureStatus(FailureCode(AbortedError("a")), "m").code(), StatusCode::kAborted);
+  EXPECT_EQ(FailureCode(FailedPreconditionError("f")), ErrorCode::Mismatch);
+  EXPECT_EQ(FailureStatus(FailureCode(InternalError("i")), "m").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(FailureStatus(ErrorCode::Unknown, "m").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(FailureStatus(ErrorCode::Timeout, "why").message(), "why");
 }
 
 TEST(MessageTest, ReachReportRoundTrip) {

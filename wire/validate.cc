@@ -124,9 +124,11 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
     }
     case Body::NodeDeadBody:
       if (!InRange(h.body_as_NodeDeadBody()->role())) return bad_enum("role");
+      if (!InRange(h.body_as_NodeDeadBody()->failure())) return bad_enum("failure");
       if (!StringOk(h.body_as_NodeDeadBody()->reason(), limits)) return too_long();
       break;
     case Body::LeaveBody:
+      if (!InRange(h.body_as_LeaveBody()->failure())) return bad_enum("failure");
       if (!StringOk(h.body_as_LeaveBody()->reason(), limits)) return too_long();
       break;
     case Body::ReachReportBody: {

@@ -389,6 +389,16 @@ TEST(ValidateTest, BodyEnumsOutOfRange) {
       {"dead role", MsgType::NodeDead,
        [&](FlatBufferBuilder& fbb) { return CreateNodeDeadBody(fbb, bad_role).Union(); },
        "NodeDead.role is out of range"},
+      {"dead failure", MsgType::NodeDead,
+       [](FlatBufferBuilder& fbb) {
+         return CreateNodeDeadBody(fbb, Role::Worker, 1, 0, static_cast<ErrorCode>(99)).Union();
+       },
+       "NodeDead.failure is out of range"},
+      {"leave failure", MsgType::Leave,
+       [](FlatBufferBuilder& fbb) {
+         return CreateLeaveBody(fbb, 0, true, static_cast<ErrorCode>(99)).Union();
+       },
+       "Leave.failure is out of range"},
       {"phase", MsgType::JobState,
        [](FlatBufferBuilder& fbb) {
          return CreateJobStateBody(fbb, static_cast<JobPhase>(99)).Union();
