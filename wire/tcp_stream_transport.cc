@@ -787,6 +787,11 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
       Status s = Hello(c, fd, deadline.Min(Deadline::After(options_.hello_wait)));
       if (!s.ok() && (s.code() != StatusCode::kUnavailable || deadline.Expired())) {
         close(fd);
+        // The deadline passed in this hello: the verdict waited out before
+        // is what the caller needs to hear.
+        if (s.code() == StatusCode::kDeadlineExceeded && !answered.empty()) {
+          return DeadlineExceededError(s.message() + " (before: " + answered + ")");
+        }
         return s;
       }
       if (!s.ok()) {  // a verdict to wait out, or the peer went away mid-hello
