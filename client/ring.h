@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,10 @@ class RingCollectives : public Collectives {
   }
   int PosOf(int rank) const;
   Status broken_;  // the first error; sticky
+  // A message of the left neighbour's read while this rank waited for its
+  // own sends to go out (Op::Peek), for the next Op::Receive to take
+  // first; at most one, so messages keep their order.
+  std::optional<wire::Incoming> held_;
   // Whether `from` is a job member's route: the connection to the right
   // neighbour, or the left neighbour's own. Only members get the job id on
   // an Error.

@@ -2,7 +2,9 @@
 // fails in time with the same explanation, and bad messages are refused.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -439,6 +441,57 @@ class Forwarding : public wire::Transport {
   wire::Transport* const inner_;
 };
 
+// n ranks over in-process transports, each ring over its rank's
+// transport or a wrapper of it.
+struct InProcRing {
+  explicit InProcRing(int n) : n(n) {
+    for (int r = 0; r < n; ++r) {
+      inproc.push_back(net.NewTransport("w" + std::to_string(r)));
+      EXPECT_TRUE(inproc[r]->Listen(Ring::Endpoint(r)).ok());
+    }
+  }
+  // `over[r]`, where given and not null, carries rank r's ring.
+  void Form(const std::vector<wire::Transport*>& over = {}) {
+    for (int r = 0; r < n; ++r) {
+      RingPeers p;
+      p.rank = r;
+      p.world_size = n;
+      p.right_endpoint = Ring::Endpoint((r + 1) % n);
+      p.sender = wire::Sender{wire::Role::Worker, r, kJob};
+      p.left_identity = "w" + std::to_string((r + n - 1) % n);
+      wire::Transport* t = r < static_cast<int>(over.size()) && over[r] != nullptr
+                               ? over[r]
+                               : static_cast<wire::Transport*>(inproc[r].get());
+      auto made = RingCollectives::Create(t, p, FastOptions(), nullptr);
+      ASSERT_TRUE(made.ok()) << made.status().ToString();
+      ring.push_back(std::move(*made));
+    }
+  }
+
+  // Every rank all-reduces `count` ones at once (Tag(1)) by `deadline(r)`;
+  // `after(r)` runs on rank r's thread once its all-reduce returned.
+  std::vector<Status> AllReduceAtOnce(size_t count, const std::function<Deadline(int)>& deadline,
+                                      const std::function<void(int)>& after = nullptr) {
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(count, 1.0f));
+    std::vector<Status> st(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        st[r] = ring[r]->AllReduce(bufs[r].data(), count, DType::kF32, ReduceOp::kSum, Tag(1),
+                                   deadline(r));
+        if (after) after(r);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return st;
+  }
+
+  const int n;
+  wire::InProcNetwork net;
+  std::vector<std::unique_ptr<wire::InProcTransport>> inproc;
+  std::vector<std::unique_ptr<RingCollectives>> ring;
+};
+
 // A transport that loses the `lose`-th message it receives, as a same-host
 // link whose framing broke: Receive returns DataLoss instead of it.
 class LosesAMessage : public Forwarding {
@@ -464,38 +517,17 @@ class LosesAMessage : public Forwarding {
 // deadline.
 TEST(RingFaultTest, AMessageItsTransportLostFailsEveryRankAtOnce) {
   const int n = 4;
-  wire::InProcNetwork net;
-  std::vector<std::unique_ptr<wire::InProcTransport>> inproc;
-  for (int r = 0; r < n; ++r) {
-    inproc.push_back(net.NewTransport("w" + std::to_string(r)));
-    ASSERT_TRUE(inproc[r]->Listen(Ring::Endpoint(r)).ok());
-  }
+  InProcRing rings(n);
+  auto& inproc = rings.inproc;
+  auto& ring = rings.ring;
   LosesAMessage loses(inproc[2].get(), 3);
-  std::vector<std::unique_ptr<RingCollectives>> ring;
-  for (int r = 0; r < n; ++r) {
-    RingPeers p;
-    p.rank = r;
-    p.world_size = n;
-    p.right_endpoint = Ring::Endpoint((r + 1) % n);
-    p.sender = wire::Sender{wire::Role::Worker, r, kJob};
-    p.left_identity = "w" + std::to_string((r + n - 1) % n);
-    wire::Transport* t = r == 2 ? static_cast<wire::Transport*>(&loses) : inproc[r].get();
-    auto made = RingCollectives::Create(t, p, FastOptions(), nullptr);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    ring.push_back(std::move(*made));
-  }
-  std::vector<std::vector<float>> bufs(n, std::vector<float>(20000, 1.0f));
+  rings.Form({nullptr, nullptr, &loses});
   const auto start = steady_clock::now();
-  std::vector<Status> st(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      st[r] = ring[r]->AllReduce(bufs[r].data(), bufs[r].size(), DType::kF32, ReduceOp::kSum,
-                                 Tag(1), Deadline::After(std::chrono::seconds(30)));
-      if (r == 2) inproc[2].reset();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<Status> st = rings.AllReduceAtOnce(
+      20000, [](int) { return Deadline::After(std::chrono::seconds(30)); },
+      [&](int r) {
+        if (r == 2) inproc[2].reset();
+      });
   EXPECT_LT(SecondsSince(start), 10.0);
   EXPECT_EQ(st[2].code(), StatusCode::kDataLoss) << st[2].ToString();
   for (int r : {3, 0}) {
@@ -506,33 +538,38 @@ TEST(RingFaultTest, AMessageItsTransportLostFailsEveryRankAtOnce) {
   ring.clear();
 }
 
-// A transport whose answers to inbound peers never leave, as ZeroMQ's for
-// a peer that never reads: Send waits out its deadline, and a posted one
-// reports only when the transport goes.
-class StuckAnswers : public Forwarding {
+// A transport whose messages over routes of `kind` never leave: to inbound
+// peers, as ZeroMQ's answers to a peer that never reads; to the right
+// neighbour, as to one that failed and reads nothing. Send waits out its
+// deadline; a posted message is kept, its payloads held, and reported
+// only when the transport goes.
+class NeverLeave : public Forwarding {
  public:
-  explicit StuckAnswers(wire::Transport* inner) : Forwarding(inner) {}
-  ~StuckAnswers() override {
-    for (auto& done : held_) done(DeadlineExceededError("never sent"));
+  NeverLeave(wire::Transport* inner, wire::Route::Kind kind) : Forwarding(inner), kind_(kind) {}
+  ~NeverLeave() override {
+    for (auto& done : done_) done(DeadlineExceededError("never sent"));
   }
   Status Send(const wire::Route& to, wire::Message m, Deadline deadline) override {
-    if (to.kind == wire::Route::Kind::kConnection) return inner_->Send(to, std::move(m), deadline);
+    if (to.kind != kind_) return inner_->Send(to, std::move(m), deadline);
     std::this_thread::sleep_until(deadline.at());
     return DeadlineExceededError("the peer is not reading");
   }
   void Post(const wire::Route& to, wire::Message m, Deadline deadline,
             std::function<void(const Status&)> done) override {
-    if (to.kind == wire::Route::Kind::kConnection) {
+    if (to.kind != kind_) {
       inner_->Post(to, std::move(m), deadline, std::move(done));
-    } else if (done) {
-      std::lock_guard<std::mutex> lock(mu_);
-      held_.push_back(std::move(done));
+      return;
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.push_back(std::move(m));
+    if (done) done_.push_back(std::move(done));
   }
 
  private:
+  const wire::Route::Kind kind_;
   std::mutex mu_;
-  std::vector<std::function<void(const Status&)>> held_;
+  std::vector<wire::Message> kept_;
+  std::vector<std::function<void(const Status&)>> done_;
 };
 
 // 2,000 garbage messages wait for rank 1 from a peer that reads none of its
@@ -540,27 +577,11 @@ class StuckAnswers : public Forwarding {
 // rest go unanswered, counted), so the all-reduce behind them finishes at
 // once and right.
 TEST(RingFaultTest, RefusalsNeverWaitOnAPeerThatDoesNotRead) {
-  wire::InProcNetwork net;
-  std::vector<std::unique_ptr<wire::InProcTransport>> inproc;
-  for (int r = 0; r < 2; ++r) {
-    inproc.push_back(net.NewTransport("w" + std::to_string(r)));
-    ASSERT_TRUE(inproc[r]->Listen(Ring::Endpoint(r)).ok());
-  }
-  StuckAnswers stuck(inproc[1].get());
-  std::vector<std::unique_ptr<RingCollectives>> ring;
-  for (int r = 0; r < 2; ++r) {
-    RingPeers p;
-    p.rank = r;
-    p.world_size = 2;
-    p.right_endpoint = Ring::Endpoint(1 - r);
-    p.sender = wire::Sender{wire::Role::Worker, r, kJob};
-    p.left_identity = "w" + std::to_string(1 - r);
-    wire::Transport* t = r == 1 ? static_cast<wire::Transport*>(&stuck) : inproc[0].get();
-    auto made = RingCollectives::Create(t, p, FastOptions(), nullptr);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    ring.push_back(std::move(*made));
-  }
-  auto intruder = net.NewTransport("intruder");
+  InProcRing rings(2);
+  auto& ring = rings.ring;
+  NeverLeave stuck(rings.inproc[1].get(), wire::Route::Kind::kInbound);
+  rings.Form({nullptr, &stuck});
+  auto intruder = rings.net.NewTransport("intruder");
   auto conn = intruder->Connect(Ring::Endpoint(1));
   ASSERT_TRUE(conn.ok());
   wire::Message garbage;
@@ -584,6 +605,114 @@ TEST(RingFaultTest, RefusalsNeverWaitOnAPeerThatDoesNotRead) {
   for (size_t i = 0; i < 3000; ++i) ASSERT_EQ(bufs[1][i], static_cast<float>(2 * i + 1));
   EXPECT_EQ(ring[1]->stats().rejected, 2000u);
   EXPECT_EQ(ring[1]->stats().replies_dropped, 2000u - 64u);
+  ring.clear();
+}
+
+// Rank 0's sends are never taken: rank 0 has all it needs from rank 1 and
+// waits for its own segment's sends to go out before the all-gather, while
+// rank 1, given nothing, times out. Rank 0 hears of it through the ring's
+// abort (read while it waits), long before its own 60 s deadline, and
+// blames itself, as rank 1 does.
+TEST(RingFaultTest, ARankWhoseSendsAreNeverTakenHearsTheRingsAbortWhileItWaits) {
+  const int n = 2;
+  InProcRing rings(n);
+  auto& ring = rings.ring;
+  NeverLeave never(rings.inproc[0].get(), wire::Route::Kind::kConnection);
+  rings.Form({&never});
+  const auto start = steady_clock::now();
+  const std::vector<Status> st = rings.AllReduceAtOnce(
+      20000, [](int r) { return Deadline::After(std::chrono::seconds(r == 0 ? 60 : 1)); });
+  EXPECT_LT(SecondsSince(start), 20.0);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << "rank " << r << ": " << st[r];
+    EXPECT_NE(st[r].message().find("rank 0 stopped contributing"), std::string::npos)
+        << "rank " << r << ": " << st[r];
+  }
+  ring.clear();
+}
+
+// A transport whose sends to its right neighbour go at once (a copy) but
+// hold the caller's buffer a while longer, as a busy link does: the rank
+// waits for its sends while its left neighbour runs ahead into the next
+// all-reduce, and what it reads meanwhile is taken in order.
+class SlowToRelease : public Forwarding {
+ public:
+  explicit SlowToRelease(wire::Transport* inner)
+      : Forwarding(inner), releaser_([this] { Run(); }) {}
+  ~SlowToRelease() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    releaser_.join();
+  }
+  void Post(const wire::Route& to, wire::Message m, Deadline deadline,
+            std::function<void(const Status&)> done) override {
+    if (to.kind != wire::Route::Kind::kConnection) {
+      inner_->Post(to, std::move(m), deadline, std::move(done));
+      return;
+    }
+    wire::Message copy;
+    copy.header = m.header;
+    for (const wire::Payload& p : m.payloads)
+      copy.payloads.push_back(wire::Payload::Copy(p.data, p.size));
+    inner_->Post(to, std::move(copy), deadline, std::move(done));
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.push_back({steady_clock::now() + std::chrono::milliseconds(60), std::move(m)});
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !held_.empty(); });
+      if (held_.empty()) return;
+      const auto until = held_.front().first;
+      cv_.wait_until(lock, until, [&] { return stop_; });
+      held_.pop_front();  // its payloads let go of the caller's buffer
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::deque<std::pair<steady_clock::time_point, wire::Message>> held_;
+  std::thread releaser_;
+};
+
+TEST(RingFaultTest, WhatARankReadsWhileItsSendsAreHeldIsTakenInOrder) {
+  const int n = 3, kOps = 8;
+  const size_t count = 3000;
+  InProcRing rings(n);
+  auto& ring = rings.ring;
+  SlowToRelease slow(rings.inproc[0].get());
+  rings.Form({&slow});
+  std::vector<Status> st(n);
+  std::vector<std::vector<std::vector<float>>> bufs(
+      n, std::vector<std::vector<float>>(kOps, std::vector<float>(count)));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      for (int op = 0; op < kOps && st[r].ok(); ++op) {
+        for (size_t i = 0; i < count; ++i) bufs[r][op][i] = IntValue(r + op, i);
+        st[r] = ring[r]->AllReduce(bufs[r][op].data(), count, DType::kF32, ReduceOp::kSum,
+                                   Tag(static_cast<uint64_t>(op + 1)), Soon());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    for (int op = 0; op < kOps; ++op) {
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += IntValue(q + op, i);
+        ASSERT_EQ(bufs[r][op][i], want) << "rank " << r << " op " << op << " element " << i;
+      }
+    }
+  }
   ring.clear();
 }
 

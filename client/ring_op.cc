@@ -34,20 +34,51 @@ Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
   return SendMessage(std::move(msg));
 }
 
+StatusOr<wire::Incoming> RingCollectives::Op::Next(Deadline until) {
+  if (ring_->held_) {
+    wire::Incoming in = std::move(*ring_->held_);
+    ring_->held_.reset();
+    return in;
+  }
+  return ring_->transport_->Receive(until);
+}
+
+Status RingCollectives::Op::TransportFailure(const Status& why) {
+  if (why.code() == StatusCode::kDeadlineExceeded) return Status();
+  // Shut down (Cancelled): this worker is leaving, as the job learns.
+  if (why.code() == StatusCode::kCancelled) return why;
+  // The transport lost what a peer sent (a link or connection that broke its
+  // framing): the neighbours hear of it now, not at their deadline.
+  return Fail(why, wire::FailureCode(why), -1);
+}
+
+Status RingCollectives::Op::Peek() {
+  if (ring_->held_) return Status();
+  StatusOr<wire::Incoming> got = ring_->transport_->Receive(Deadline::After(Millis(0)));
+  if (!got.ok()) return TransportFailure(got.status());
+  wire::Verdict v = wire::Validate(got->message, ring_->policy_);
+  if (Stale(v)) {
+    ring_->stale_.fetch_add(1, std::memory_order_relaxed);
+    return Status();
+  }
+  const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
+                         v.header->sender_rank() == ring_->JobRank(left()) &&
+                         ring_->FromLeft(got->from);
+  if (from_left && (v.type == MsgType::RingData || v.type == MsgType::Layout)) {
+    ring_->held_ = std::move(*got);  // read again, and checked, by Receive
+    return Status();
+  }
+  return HandleOther(*got, v);
+}
+
 StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
   GS_RETURN_IF_ERROR(Begin());
   const Deadline soft = Deadline::At(deadline_.at() - ring_->options_.abort_grace);
   for (;;) {
     const Deadline poll = soft.Min(Deadline::After(ring_->options_.poll_interval));
-    StatusOr<wire::Incoming> got = ring_->transport_->Receive(poll);
+    StatusOr<wire::Incoming> got = Next(poll);
     if (!got.ok()) {
-      // The transport lost what a peer sent (a link or connection that broke
-      // its framing): the neighbours hear of it now, not at their deadline.
-      // Shut down (Cancelled): this worker is leaving, as the job learns.
-      if (got.status().code() == StatusCode::kCancelled) return got.status();
-      if (got.status().code() != StatusCode::kDeadlineExceeded) {
-        return Fail(got.status(), wire::FailureCode(got.status()), -1);
-      }
+      GS_RETURN_IF_ERROR(TransportFailure(got.status()));
       GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }

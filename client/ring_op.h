@@ -131,14 +131,23 @@ class RingCollectives::Op {
   // The next message of this operation from the left: a RingData of `elems`
   // elements (its single payload frame), or a Layout when `want` says so.
   StatusOr<Message> Receive(MsgType want, size_t elems);
+  // While this rank's sends are held (a right neighbour that takes nothing,
+  // having failed), the ring's abort comes from the left: reads one waiting
+  // message, if any and none is held yet. An abort or anything else a
+  // Receive would fail on fails the operation now; the left neighbour's
+  // RingData or Layout (this operation's, or the next one's when it is
+  // ahead) is held for the next Receive; a stale or refused one is dropped.
+  Status Peek();
 
-  // Waits until no send points into `seg`, checking `health` meanwhile.
+  // Waits until no send points into `seg`, checking `health` and what the
+  // left neighbour sent (Peek) meanwhile.
   Status WaitReleased(int seg) {
     for (;;) {
       const Deadline slice = deadline_.Min(Deadline::After(ring_->options_.poll_interval));
       if (holds_->WaitReleased(seg, slice)) return Status();
       GS_RETURN_IF_ERROR(SendFailure());
       GS_RETURN_IF_ERROR(CheckHealth());
+      GS_RETURN_IF_ERROR(Peek());
       if (deadline_.Expired()) {
         return Fail(DeadlineExceededError(Describe() + ": rank " + Named(right()) +
                                           " did not take this rank's messages in time"),
@@ -171,6 +180,11 @@ class RingCollectives::Op {
 
  private:
   Status SendPayload(wire::Payload payload, size_t elems);
+  // The held message if there is one, else the transport's next by `until`.
+  StatusOr<wire::Incoming> Next(Deadline until);
+  // What a transport's failure to give a message means for the operation:
+  // a deadline is waited out by the caller, the rest fails it.
+  Status TransportFailure(const Status& why);
   // Between two messages of a wait, whatever they were (a flood of them
   // must not hold it): fails once a send failed, the job is unhealthy, or
   // `soft` (the deadline less abort_grace) has passed.
