@@ -57,14 +57,8 @@ Status RingCollectives::Op::Peek() {
   StatusOr<wire::Incoming> got = ring_->transport_->Receive(Deadline::After(Millis(0)));
   if (!got.ok()) return TransportFailure(got.status());
   wire::Verdict v = wire::Validate(got->message, ring_->policy_);
-  if (Stale(v)) {
-    ring_->stale_.fetch_add(1, std::memory_order_relaxed);
-    return Status();
-  }
-  const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
-                         v.header->sender_rank() == ring_->JobRank(left()) &&
-                         ring_->FromLeft(got->from);
-  if (from_left && (v.type == MsgType::RingData || v.type == MsgType::Layout)) {
+  if (Stale(v)) return Status();
+  if (FromLeft(*got, v) && (v.type == MsgType::RingData || v.type == MsgType::Layout)) {
     ring_->held_ = std::move(*got);  // read again, and checked, by Receive
     return Status();
   }
@@ -85,14 +79,10 @@ StatusOr<Message> RingCollectives::Op::Receive(MsgType want, size_t elems) {
     wire::Incoming in = std::move(*got);
     wire::Verdict v = wire::Validate(in.message, ring_->policy_);
     if (Stale(v)) {
-      ring_->stale_.fetch_add(1, std::memory_order_relaxed);
       GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
     }
-    const bool from_left = v.ok() && v.header->sender_role() == wire::Role::Worker &&
-                           v.header->sender_rank() == ring_->JobRank(left()) &&
-                           ring_->FromLeft(in.from);
-    if (!from_left || v.type != want) {
+    if (!FromLeft(in, v) || v.type != want) {
       GS_RETURN_IF_ERROR(HandleOther(in, v));
       GS_RETURN_IF_ERROR(StillWaiting(soft));
       continue;
@@ -255,10 +245,7 @@ Status RingCollectives::Op::TimedOut(std::optional<Report> from_left) {
       continue;
     }
     // Late data of this operation is dropped: every rank is failing it.
-    if (v.type != MsgType::RingAbort || v.header->sender_rank() != ring_->JobRank(left()) ||
-        !ring_->FromLeft(got->from)) {
-      continue;
-    }
+    if (v.type != MsgType::RingAbort || !FromLeft(*got, v)) continue;
     const auto* a = v.header->body_as_RingAbortBody();
     if (!a->timed_out()) return FromAbort(*a);
     if (a->origin_rank() == rank()) continue;

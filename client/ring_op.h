@@ -200,11 +200,20 @@ class RingCollectives::Op {
     tag.step |= static_cast<uint64_t>(epoch) << 32;
     return tag;
   }
-  // A RingData or RingAbort of an earlier membership epoch.
-  bool Stale(const wire::Verdict& v) const {
-    return v.ok() && ring_->peers_.epoch > 0 &&
-           (v.type == MsgType::RingData || v.type == MsgType::RingAbort) &&
-           (v.header->step() >> 32) < ring_->peers_.epoch;
+  // Whether `v` is a RingData or RingAbort of an earlier membership epoch,
+  // to be dropped; counted (stale).
+  bool Stale(const wire::Verdict& v) {
+    const bool stale = v.ok() && ring_->peers_.epoch > 0 &&
+                       (v.type == MsgType::RingData || v.type == MsgType::RingAbort) &&
+                       (v.header->step() >> 32) < ring_->peers_.epoch;
+    if (stale) ring_->stale_.fetch_add(1, std::memory_order_relaxed);
+    return stale;
+  }
+  // Whether `in` (verdict `v`) comes from the left neighbour: its job rank,
+  // over its route.
+  bool FromLeft(const wire::Incoming& in, const wire::Verdict& v) const {
+    return v.ok() && v.header->sender_role() == wire::Role::Worker &&
+           v.header->sender_rank() == ring_->JobRank(left()) && ring_->FromLeft(in.from);
   }
   Status CheckData(const wire::Header& h, size_t elems);
   Status FromAbort(const wire::RingAbortBody& abort);

@@ -765,6 +765,7 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
   GS_ASSIGN_OR_RETURN(std::vector<addrinfo> addrs, Resolve(c.endpoint, false, &storage));
   std::string error = "no attempt";
   std::string answered;  // the last verdict waited out
+  auto before = [&] { return answered.empty() ? "" : " (before: " + answered + ")"; };
   for (size_t attempt = 0;; ++attempt) {
     if (stop_.load()) return CancelledError("the transport was shut down");
     const addrinfo& a = addrs[attempt % addrs.size()];
@@ -789,8 +790,8 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
         close(fd);
         // The deadline passed in this hello: the verdict waited out before
         // is what the caller needs to hear.
-        if (s.code() == StatusCode::kDeadlineExceeded && !answered.empty()) {
-          return DeadlineExceededError(s.message() + " (before: " + answered + ")");
+        if (s.code() == StatusCode::kDeadlineExceeded) {
+          return DeadlineExceededError(s.message() + before());
         }
         return s;
       }
@@ -813,8 +814,7 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
     if (deadline.Expired()) break;
     std::this_thread::sleep_for(std::min<Millis>(kConnectRetry, deadline.Remaining()));
   }
-  return DeadlineExceededError("cannot connect to " + c.endpoint + ": " + error +
-                               (answered.empty() ? "" : " (before: " + answered + ")"));
+  return DeadlineExceededError("cannot connect to " + c.endpoint + ": " + error + before());
 }
 
 void TcpStreamTransport::StartConnector(const std::shared_ptr<Conn>& c, Deadline by) {
