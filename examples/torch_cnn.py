@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Data-parallel training of a small CNN on Fashion-MNIST with PyTorch, its
 gradients synchronised by torch DDP (gloo) or by gradsync.
 
-    gradsync_launch --workers=4 -- /usr/bin/python3 examples/torch_cnn.py --comm=hook
+    gradsync_launch --workers=4 -- .venv/bin/python examples/torch_cnn.py --comm=hook
     torchrun --nproc_per_node=4 examples/torch_cnn.py --comm=optimizer
 
 --comm chooses the communication:

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Elastic data-parallel training of examples/torch_cnn.py's CNN on
 Fashion-MNIST with gradsync.torch.elastic: a lost worker costs the others
 one step, not the job.
 
     gradsync_launch --workers=4 --min_workers=3 -- \\
-        /usr/bin/python3 examples/torch_elastic.py --kill_rank=2 --kill_step=40
+        .venv/bin/python examples/torch_elastic.py --kill_rank=2 --kill_step=40
 
 DistributedOptimizer over SGD with momentum, gradients clipped to
 --clip, an ElasticSampler over the training set (re-dealt among the workers

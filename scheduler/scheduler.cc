@@ -201,8 +201,10 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
            MsgType::Barrier);
     return;
   }
+  const BarrierKey key{b.group(), b.barrier_id()};
   for (const auto& [id, n] : nodes_) {
-    if (!n.alive && !n.removed && InGroup(n, b.group())) {
+    if (n.removed || !InGroup(n, b.group())) continue;
+    if (!n.alive) {
       ReplyError(node.identity, ErrorCode::PeerDead,
                  "barrier " + std::to_string(b.barrier_id()) + " of " +
                      wire::EnumNameGroup(b.group()) + " cannot complete: " + n.info.Name() +
@@ -210,11 +212,14 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
                  MsgType::Barrier);
       return;
     }
+    if (n.left && key.second < wire::kEpochBarrierBase) {
+      ReplyError(node.identity, ErrorCode::PeerDead, LeftBarrierText(key, n), MsgType::Barrier);
+      return;
+    }
   }
   // A node waits in one barrier at a time: entering this one leaves any
   // other, so the barriers held are at most one per node, whatever ids
   // the nodes send.
-  BarrierKey key{b.group(), b.barrier_id()};
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     if (it->first != key) it->second.erase(node.identity);
     it = it->second.empty() && it->first != key ? barriers_.erase(it) : std::next(it);
@@ -223,11 +228,28 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
   TryRelease(key);
 }
 
+// A user's barrier waits for every member of its group: one that left the
+// job without entering it (its process ended normally) never will, so the
+// barrier fails naming it rather than letting the others through. Epoch
+// barriers count the members still in the job.
+std::string Scheduler::LeftBarrierText(const BarrierKey& key, const Node& left) const {
+  return "barrier " + std::to_string(key.second) + " of " + wire::EnumNameGroup(key.first) +
+         " cannot complete: " + left.info.Name() + " left the job without entering it";
+}
+
 void Scheduler::TryRelease(const BarrierKey& key) {
   auto it = barriers_.find(key);
   if (it == barriers_.end()) return;
   for (const auto& [id, n] : nodes_) {
-    if (n.alive && !n.left && InGroup(n, key.first) && !it->second.count(id)) return;
+    if (!InGroup(n, key.first) || it->second.count(id)) continue;
+    if (n.left && !n.removed && key.second < wire::kEpochBarrierBase) {
+      for (const std::string& waiting : it->second) {
+        ReplyError(waiting, ErrorCode::PeerDead, LeftBarrierText(key, n), MsgType::Barrier);
+      }
+      barriers_.erase(it);
+      return;
+    }
+    if (n.alive && !n.left) return;
   }
   if (HoldsEpochBarrier(key)) return;
   EpochBarrierReleased(key);  // counted before anyone is released

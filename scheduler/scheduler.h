@@ -143,6 +143,7 @@ class Scheduler {
   void FinishReachability(const std::string& timeout_note);
   void OnBarrier(Node& node, const wire::BarrierBody& b);
   void TryRelease(const BarrierKey& key);
+  std::string LeftBarrierText(const BarrierKey& key, const Node& left) const;
   void OnNcclOffer(Node& node, const wire::NcclIdBody& body);
   void OnLeave(Node& node, const wire::LeaveBody& body);
   void Tick();

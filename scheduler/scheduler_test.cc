@@ -254,6 +254,26 @@ TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
   EXPECT_EQ(metrics_.heartbeat_timeouts[static_cast<int>(wire::Role::Worker)]->Value(), 1);
 }
 
+// A worker whose process ends normally without entering a barrier the
+// others wait in never will: the barrier fails naming it, for those
+// waiting and for those that enter it later, instead of letting them pass.
+TEST_F(SchedulerTest, ABarrierFailsNamingAWorkerThatLeftWithoutEnteringIt) {
+  auto agents = RunningJob(3, Millis(5000));
+  ASSERT_EQ(agents.size(), 4u);  // three workers and a server
+  Status waiting;
+  std::thread t(
+      [&] { waiting = agents[0]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(10000)); });
+  agents[2]->Leave("finished");
+  t.join();
+  EXPECT_FALSE(waiting.ok());
+  EXPECT_NE(waiting.message().find("cannot complete: worker 2 left the job without entering it"),
+            std::string::npos)
+      << waiting;
+  const Status later = agents[1]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(10000));
+  EXPECT_NE(later.message().find("worker 2 left the job without entering it"), std::string::npos)
+      << later;
+}
+
 // A worker that departs on a failure of its own says what kind: the others
 // read its death as that kind (a deadline as DeadlineExceeded), with why.
 TEST_F(SchedulerTest, AWorkerThatDepartsOnItsFailureIsDeadWithItsFailuresKind) {

@@ -15,7 +15,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev
   iproute2 slurm-wlm munge
   clang-14 libclang-rt-14-dev clang-format-14
-  prometheus python3 python3-torch python3-numpy python3-pytest
+  prometheus python3 python3-numpy python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
   dataset-fashion-mnist
 )

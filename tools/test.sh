@@ -15,20 +15,32 @@ start=$(date +%s)
 
 echo "test.sh: [1/5] dependencies"
 tools/install_deps.sh
+# The project's venv (torch 2.13.0 from pip) runs every torch test;
+# GRADSYNC_PYTHON names another interpreter with torch (a GPU machine's).
+python=${GRADSYNC_PYTHON:-$(tools/venv.sh)}
 format_rc=0
 tools/format.sh || format_rc=$?
 
 # With a GPU (and nvcc) the suite builds with --config=cuda and runs the
-# gpu-tagged tests too; the torch GPU test looks for an interpreter whose
-# torch has CUDA (GRADSYNC_PYTHON names one) and fails if it finds none.
-filters=(--test_tag_filters=-gpu)
+# gpu-tagged tests too; the torch GPU test needs GRADSYNC_PYTHON's torch to
+# have CUDA and fails if it has not.
+# HOME: pip's own settings for the fresh-venv install test.
+filters=(--test_tag_filters=-gpu --test_env=GRADSYNC_PYTHON="$python" --test_env=HOME)
+# --config=cuda takes nvcc, the CUDA runtime and NCCL from /usr/local/cuda
+# (third_party/cuda.BUILD): without one of them the CUDA targets are not
+# built, and the summary says which is missing.
+cuda=/usr/local/cuda
+cuda_missing=""
+[ -x $cuda/bin/nvcc ] || cuda_missing="$cuda_missing $cuda/bin/nvcc"
+[ -f $cuda/include/nccl.h ] || cuda_missing="$cuda_missing $cuda/include/nccl.h"
+ls $cuda/lib64/libnccl.so* >/dev/null 2>&1 || cuda_missing="$cuda_missing $cuda/lib64/libnccl.so"
 gpu="no GPU: gpu-tagged tests are skipped"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then
-  if [ -x /usr/local/cuda/bin/nvcc ]; then
-    filters=(--config=cuda --test_env=GRADSYNC_PYTHON)
+  if [ -z "$cuda_missing" ]; then
+    filters=(--config=cuda --test_env=GRADSYNC_PYTHON="$python" --test_env=HOME)
     gpu="GPU present: --config=cuda, gpu-tagged tests included"
   else
-    gpu="GPU present but no /usr/local/cuda/bin/nvcc: gpu-tagged tests are skipped"
+    gpu="GPU present but no${cuda_missing}: gpu-tagged tests are skipped"
   fi
 fi
 log=$(mktemp "${TMPDIR:-/tmp}/gradsync_test.XXXXXX")
@@ -42,11 +54,11 @@ set -e
 cuda_rc=0
 if [ "${filters[0]}" = "--config=cuda" ]; then
   echo "test.sh: [3/5] every CUDA target was built by the run above"
-elif [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "test.sh: [3/5] nvcc found: compiling and linking every CUDA target (--config=cuda)"
+elif [ -z "$cuda_missing" ]; then
+  echo "test.sh: [3/5] nvcc and NCCL found: compiling and linking every CUDA target (--config=cuda)"
   bazel build --config=cuda //... || cuda_rc=$?
 else
-  echo "test.sh: [3/5] no nvcc: CUDA targets not compiled"
+  echo "test.sh: [3/5] CUDA targets not compiled: no${cuda_missing}"
 fi
 
 # The packages whose code runs on several threads, under each sanitizer

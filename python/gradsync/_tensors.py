@@ -125,11 +125,10 @@ def allgather_tensor(comm, tensor):
     return out
 
 
-def sparse_average(comm, tensor):
-    """The average over the workers of a sparse COO `tensor` (same size on
+def sparse_sum(comm, tensor):
+    """The sum over the workers of a sparse COO `tensor` (same size on
     every rank, any number of entries): every rank's indices and values are
-    gathered, summed and divided by the world size. A new coalesced tensor
-    on the input's device."""
+    gathered and summed. A new coalesced tensor on the input's device."""
     local = tensor.detach().to("cpu").coalesce()
     indices, values = local.indices(), local.values()
     counts = allgather_tensor(comm, torch.tensor([indices.shape[1]]))[:, 0]
@@ -145,4 +144,10 @@ def sparse_average(comm, tensor):
     summed = torch.sparse_coo_tensor(
         torch.cat([i for i, _ in pieces], 1), torch.cat([v for _, v in pieces]),
         local.shape).coalesce()
-    return (summed / comm.size).to(tensor.device)
+    return summed.to(tensor.device)
+
+
+def sparse_average(comm, tensor):
+    """The average over the workers of a sparse COO `tensor`, as
+    sparse_sum."""
+    return sparse_sum(comm, tensor) / comm.size

@@ -6,6 +6,7 @@ exit 0, hold bit-equal parameters and optimizer state and learn as the
 non-elastic job does. And the ElasticSampler alone: re-dealt mid-epoch it
 trains every sample of the epoch once."""
 import os
+import sys
 import tempfile
 
 import pytest
@@ -27,7 +28,7 @@ HOLD = ["--hold_step=50", "--hold_workers=4"]
 def _train_and_kill(flags, servers=0, extra_env=None, script_flags=()):
     """The job with launcher `flags`; (killed line, result lines, output)."""
     code, output = job.launch(
-        ["/usr/bin/python3", SCRIPT, "--max_steps=%d" % STEPS,
+        [sys.executable, SCRIPT, "--max_steps=%d" % STEPS,
          "--kill_rank=%d" % KILLED, "--kill_step=%d" % KILL_STEP] +
         list(script_flags),
         workers=4, servers=servers, timeout_s=240, extra_env=extra_env,
@@ -69,7 +70,7 @@ def test_a_departing_worker_is_let_go_and_the_others_finish_alike():
     """gradsync.depart() (a preemption notice): the worker leaves on
     purpose, exits 0, and the 3 others go on at once in epoch 1."""
     code, output = job.launch(
-        ["/usr/bin/python3", SCRIPT, "--max_steps=%d" % STEPS,
+        [sys.executable, SCRIPT, "--max_steps=%d" % STEPS,
          "--depart_rank=%d" % KILLED, "--depart_step=%d" % KILL_STEP],
         workers=4, servers=0, timeout_s=240, flags=["--min_workers=3"])
     assert code == 0, output[-6000:]

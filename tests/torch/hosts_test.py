@@ -6,6 +6,7 @@ key file, and runs, encrypted, with it; with two ranks a host (torchrun's
 shared memory and the hosts over sealed TCP streams."""
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -73,7 +74,7 @@ def run_ranks(name, script, extra_env, per_host=1):
                                 LOCAL_RANK=str(rank % per_host), MASTER_ADDR=master,
                                 MASTER_PORT="29500"))
         procs.append(subprocess.Popen(
-            [SIMHOSTS, "run", name, str(rank // per_host), "/usr/bin/python3",
+            [SIMHOSTS, "run", name, str(rank // per_host), sys.executable,
              str(script)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     results = []

@@ -5,6 +5,7 @@ the ring, and with DistributedOptimizer on the synchronous parameter server
 hosting the scheduler."""
 import os
 import subprocess
+import sys
 
 import job
 
@@ -27,7 +28,7 @@ def torchrun(argv):
     """Runs `argv` under torchrun with 4 processes; (exit code, output)."""
     # --redirects/--tee: this torchrun reads its default "0" (no
     # redirection) as no value under Python 3.11 and fails.
-    command = ["/usr/bin/python3", "-m", "torch.distributed.run",
+    command = [sys.executable, "-m", "torch.distributed.run",
                "--nproc_per_node=4", "--master_port=%d" % job.master_port(),
                "--redirects=1", "--tee=1"] + argv
     done = subprocess.run(command, env=job.base_env(), stdout=subprocess.PIPE,
@@ -41,7 +42,7 @@ def train(comm, servers, settings, under_torchrun=False):
     if under_torchrun:
         code, output = torchrun(argv)
     else:
-        code, output = job.launch(["/usr/bin/python3"] + argv, workers=4,
+        code, output = job.launch([sys.executable] + argv, workers=4,
                                   servers=servers, timeout_s=240)
     assert code == 0, output[-6000:]
     lines = job.json_lines(output)
