@@ -1,4 +1,5 @@
-"""libFuzzer targets compiled by clang++-14 through a genrule.
+"""libFuzzer targets compiled by clang++ (14, or the newest found: Debian
+13 has 19) through a genrule.
 
 Bazel's C++ toolchain here is gcc, which has no libFuzzer, so a fuzzer is
 built the way cuda.bzl builds .cu files: one genrule that calls the compiler
@@ -6,7 +7,7 @@ on every source it needs (the code under test is compiled with coverage
 instrumentation too), with ASan and UBSan, any UB fatal.
 """
 
-CLANG = "/usr/bin/clang++-14"
+CLANG = "$$(ls /usr/bin/clang++-14 /usr/bin/clang++-[0-9][0-9] 2>/dev/null | head -n 1)"
 FUZZ_FLAGS = " ".join([
     "-std=c++17",
     "-O1",

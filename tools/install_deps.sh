@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages gradsync builds and runs with. Idempotent:
+# Installs the Debian 12 or 13 packages gradsync builds and runs with
+# (torch comes from pip, into the project's venv: tools/venv.sh). Idempotent:
 # it asks apt only when a package is missing. It prints one line per phase;
 # apt's own output goes to a log file (INSTALL_DEPS_LOG, default
 # $TMPDIR/gradsync_install_deps.log), whose path is printed on failure.
 set -euo pipefail
+
+# clang for the fuzzers and clang-format for the format check: 14 on Debian
+# 12; Debian 13 has no 14, so 19 there (tools/format.sh then skips the check:
+# another clang-format formats differently).
+debian=$(cut -d. -f1 /etc/debian_version 2>/dev/null || echo 12)
+llvm=14
+case "$debian" in
+  [0-9]*) [ "$debian" -ge 13 ] && llvm=19 ;;
+  trixie*|forky*|sid*) llvm=19 ;;
+esac
 
 PACKAGES=(
   bazel-bootstrap g++ git
@@ -14,7 +25,7 @@ PACKAGES=(
   libeigen3-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
   iproute2 slurm-wlm munge
-  clang-14 libclang-rt-14-dev clang-format-14
+  "clang-$llvm" "libclang-rt-$llvm-dev" "clang-format-$llvm"
   prometheus python3 python3-numpy python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
   dataset-fashion-mnist

@@ -22,8 +22,8 @@ format_rc=0
 tools/format.sh || format_rc=$?
 
 # With a GPU (and nvcc) the suite builds with --config=cuda and runs the
-# gpu-tagged tests too; the torch GPU test needs GRADSYNC_PYTHON's torch to
-# have CUDA and fails if it has not.
+# gpu-tagged tests too; the torch GPU test looks for a torch with CUDA
+# (GRADSYNC_PYTHON first) and fails if it finds none.
 # HOME: pip's own settings for the fresh-venv install test.
 filters=(--test_tag_filters=-gpu --test_env=GRADSYNC_PYTHON="$python" --test_env=HOME)
 # --config=cuda takes nvcc, the CUDA runtime and NCCL from /usr/local/cuda
@@ -102,6 +102,9 @@ summarize() {
 summarize "$log"
 if [ "$format_rc" -eq 0 ]; then
   total_passed=$((total_passed + 1))
+elif [ "$format_rc" -eq 2 ]; then
+  echo "skipped: format (no clang-format-14 on this machine)"
+  total_skipped=$((total_skipped + 1))
 else
   echo "failed: format (tools/format.sh lists the files; tools/format.sh --fix formats them)"
   total_failed=$((total_failed + 1))
@@ -110,4 +113,5 @@ summarize --config asan "${san_logs[0]}" "${SANITIZED[@]}"
 summarize --config tsan "${san_logs[1]}" "${SANITIZED[@]}"
 echo "${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
 [ "$summary_rc" -ne 0 ] || rm -f "$log" "${san_logs[@]}"
-[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$summary_rc" -eq 0 ] && [ "$format_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$summary_rc" -eq 0 ] &&
+  { [ "$format_rc" -eq 0 ] || [ "$format_rc" -eq 2 ]; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes the project's Python environment: a venv (GRADSYNC_VENV, default
-# .venv in the checkout) with torch 2.13.0 (CPU), numpy and pytest from pip,
+# .venv in the checkout) with torch 2.13.0 (CPU), numpy, pytest and
+# expecttest (which torch's own distributed tests import) from pip,
 # made with GRADSYNC_VENV_PYTHON (default: the python3 first on PATH).
 # Idempotent: a venv whose torch is already 2.13.0 is kept as it is. With
 # --gradsync it also pip-installs the gradsync package (python/, built with
@@ -38,7 +39,7 @@ python=$venv/bin/python
 have_torch() {
   [ -x "$python" ] && "$python" - "$TORCH_VERSION" <<'EOF' >/dev/null 2>&1
 import sys
-import numpy, pytest, torch
+import expecttest, numpy, pytest, torch
 sys.exit(torch.__version__.split("+")[0] != sys.argv[1])
 EOF
 }
@@ -50,7 +51,7 @@ else
       "$base" -m venv "$venv"
   step "installing torch==$TORCH_VERSION (CPU), numpy and pytest" \
       "$python" -m pip install -q --disable-pip-version-check \
-      "torch==$TORCH_VERSION" numpy pytest setuptools wheel
+      "torch==$TORCH_VERSION" numpy pytest expecttest setuptools wheel
   have_torch || { echo "venv: torch $TORCH_VERSION does not import in $venv" >&2; exit 1; }
 fi
 if [ "$with_gradsync" = 1 ]; then
