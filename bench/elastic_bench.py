@@ -104,7 +104,7 @@ def run_gradsync(args, path):
     if demo:
         command += demo_command(args) + ["--mode=" + path]
     else:
-        command += ["/usr/bin/python3", os.path.join(ROOT, "examples", "torch_elastic.py"),
+        command += [sys.executable, os.path.join(ROOT, "examples", "torch_elastic.py"),
                     "--epochs=%d" % args.epochs, "--kill_rank=%d" % KILLED,
                     "--kill_step=%d" % args.kill_step]
     killed, results, output = execute("gradsync", command, args, extra_env)
@@ -127,7 +127,7 @@ def run_gradsync(args, path):
 
 def run_torchrun(args):
     with tempfile.TemporaryDirectory() as tmp:
-        command = ["/usr/bin/python3", "-m", "torch.distributed.run",
+        command = [sys.executable, "-m", "torch.distributed.run",
                    "--nnodes=1", "--nproc_per_node=%d" % WORKERS,
                    "--max_restarts=1", "--rdzv_backend=c10d",
                    "--rdzv_endpoint=127.0.0.1:%d" % job.free_port(),

@@ -13,7 +13,10 @@ only to find its peers):
                   (2 shards)
   ddp-gradsync    DDP over the "gradsync" torch.distributed backend, no hook
   ddp-gradsync-fp16  DDP over that backend with the fp16 comm hook
-The repetitions interleave the configurations. Prints a table and one JSON
+  fsdp-gloo       FSDP2 (fully_shard) over gloo
+  fsdp-gradsync   FSDP2 over the "gradsync" backend (ratios against fsdp-gloo)
+The repetitions interleave the configurations. Workers run the interpreter
+this script runs under (the project's venv: bench/torch_python.sh). Prints a table and one JSON
 line per configuration: {"impl","comm","settings","servers","epochs",
 "epoch_s","cpu_epoch_s","samples_per_s","test_accuracy","wall_ratio",
 "cpu_ratio","accuracy_delta","reps"}, medians over the repetitions;
@@ -38,7 +41,11 @@ CONFIGS = [
     ("optimizer-ps", "optimizer", ["path=ps"], 2),
     ("ddp-gradsync", "ddp-gradsync", [], 0),
     ("ddp-gradsync-fp16", "ddp-gradsync-hook", ["compression=fp16"], 0),
+    ("fsdp-gloo", "fsdp-gloo", [], 0),
+    ("fsdp-gradsync", "fsdp-gradsync", [], 0),
 ]
+# The configuration a row's ratios are to (ddp-gloo where not named).
+REFERENCE = {"fsdp-gradsync": "fsdp-gloo"}
 WORKERS = 4
 
 
@@ -51,7 +58,7 @@ def built(path):
 def run(comm, settings, servers, args):
     command = [built("launcher/gradsync_launch"), "--workers=%d" % WORKERS,
                "--servers=%d" % servers, "--metrics_port=0", "--",
-               "/usr/bin/python3", os.path.join(ROOT, "examples", "torch_cnn.py"),
+               sys.executable, os.path.join(ROOT, "examples", "torch_cnn.py"),
                "--comm=" + comm, "--epochs=%d" % args.epochs,
                "--seed=%d" % args.seed]
     command += ["--max_steps=%d" % args.max_steps] if args.max_steps else []
@@ -90,17 +97,22 @@ def main():
     p.add_argument("--max_steps", type=int, default=0,
                    help="> 0: that many steps per worker (a quick look)")
     p.add_argument("--timeout_s", type=int, default=1200)
+    p.add_argument("--only", default="",
+                   help="comma-separated configurations (default: all)")
     args = p.parse_args()
-    runs = {c[0]: [] for c in CONFIGS}
+    chosen = [c for c in CONFIGS if not args.only or c[0] in
+              args.only.split(",")]
+    runs = {c[0]: [] for c in chosen}
     for rep in range(args.reps):
-        for impl, comm, settings, servers in CONFIGS:
+        for impl, comm, settings, servers in chosen:
             runs[impl].append(run(comm, settings, servers, args))
             print("rep %d %-15s %s" % (rep, impl, json.dumps(runs[impl][-1])),
                   file=sys.stderr, flush=True)
-    rows, reference = [], None
-    for impl, comm, settings, servers in CONFIGS:
+    rows, by_impl = [], {}
+    for impl, comm, settings, servers in chosen:
+        reference = by_impl.get(REFERENCE.get(impl, CONFIGS[0][0]))
         rows.append(summary(impl, comm, settings, servers, runs[impl], reference))
-        reference = reference or rows[0]
+        by_impl[impl] = rows[-1]
     print("%-15s %8s %8s %10s %9s %10s %9s %9s" % (
         "impl", "epoch_s", "cpu_s", "samples/s", "test_acc", "wall_ratio",
         "cpu_ratio", "acc_delta"))

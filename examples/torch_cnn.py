@@ -11,6 +11,8 @@ gradients synchronised by torch DDP (gloo) or by gradsync.
   ddp-gradsync       DistributedDataParallel over the "gradsync" backend
   ddp-gradsync-hook  the same with gradsync's comm hook on that group
   optimizer  gradsync.torch.DistributedOptimizer, no torch.distributed
+  fsdp-gloo      FSDP2 (fully_shard on each layer and the model) over gloo
+  fsdp-gradsync  FSDP2 over the "gradsync" backend
 gradsync settings come from the GRADSYNC_* environment and from repeated
 --setting=name=value (path=ps, compression=fp16, ...).
 
@@ -81,7 +83,8 @@ def load(data_dir, split):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--comm", choices=["ddp-gloo", "hook", "optimizer",
-                                      "ddp-gradsync", "ddp-gradsync-hook"],
+                                      "ddp-gradsync", "ddp-gradsync-hook",
+                                      "fsdp-gloo", "fsdp-gradsync"],
                    default="hook")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=64, help="per worker")
@@ -112,9 +115,9 @@ def parse_args(argv):
 
 def join(args):
     """Joins the job; returns (rank, size, sum_counts)."""
-    if args.comm == "ddp-gloo" and gradsync.torchrun_job():
+    if args.comm in ("ddp-gloo", "fsdp-gloo") and gradsync.torchrun_job():
         torch.distributed.init_process_group("gloo")
-    elif args.comm.startswith("ddp-gradsync"):
+    elif args.comm.endswith("gradsync") or args.comm == "ddp-gradsync-hook":
         gradsync.init(**args.settings)
         torch.distributed.init_process_group("gradsync")
     else:
@@ -135,6 +138,16 @@ def wrap(args, model):
         gst.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, gst.DistributedOptimizer(
             sgd, named_parameters=model.named_parameters())
+    if args.comm.startswith("fsdp"):
+        from torch.distributed.fsdp import fully_shard
+        for tensor in model.state_dict().values():  # rank 0's parameters
+            torch.distributed.broadcast(tensor, 0)
+        for layer in model.children():
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        fully_shard(model)
+        return model, torch.optim.SGD(model.parameters(), lr=args.lr,
+                                      momentum=args.momentum)
     ddp = torch.nn.parallel.DistributedDataParallel(model)  # on model's device
     if args.comm in ("hook", "ddp-gradsync-hook"):
         ddp.register_comm_hook(gst.HookState(), gst.allreduce_hook)

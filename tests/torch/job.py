@@ -1,5 +1,5 @@
 """Real multi-process gradsync jobs for the Python tests: N worker processes
-of /usr/bin/python3 on loopback, joined either as torchrun joins them (its
+of the test interpreter (the venv) on loopback, joined either as torchrun joins them (its
 environment; rank 0 hosts the scheduler) or through a gradsync_server
 scheduler process (and shards), as gradsync_launch runs them."""
 import json
