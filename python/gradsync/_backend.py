@@ -326,16 +326,21 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._submit("all_gather_into_tensor_coalesced", run, outputs)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        for outputs, t in zip(output_lists, input_tensors):
+        """output_lists[r][i] becomes rank r's input_tensors[i]."""
+        self._check_count(output_lists, "all_gather_coalesced")
+        for t in input_tensors:
             self._dense(t, "all_gather_coalesced")
-            self._check_count(outputs, "all_gather_coalesced")
+        for outputs in output_lists:
+            if len(outputs) != len(input_tensors):
+                self._refuse("all_gather_coalesced", "%d outputs per rank for "
+                             "%d inputs" % (len(outputs), len(input_tensors)))
 
         def run():
-            for outputs, t in zip(output_lists, input_tensors):
+            for i, t in enumerate(input_tensors):
                 gathered = _tensors.allgather_tensor(self.comm, t)
                 with torch.no_grad():
-                    for out, part in zip(outputs, gathered):
-                        out.copy_(part)
+                    for r, outputs in enumerate(output_lists):
+                        outputs[i].copy_(gathered[r])
         return self._submit("all_gather_coalesced", run, output_lists)
 
     # reduce_scatter -------------------------------------------------------
@@ -526,10 +531,18 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self._not_supported("recv", "gradsync has collectives only, no "
                             "point-to-point transfer")
 
+    def shutdown(self):
+        """dist.destroy_process_group's call: closes a subgroup."""
+        self.close()
+
     def close(self):
         """Leaves this subgroup's communicator (and stops its scheduler on
-        the group's first rank). The default group closes with
+        the group's first rank, after waiting up to 5 s for the other
+        members to leave). The default group closes with
         gradsync.shutdown()."""
+        with _subgroups_lock:
+            if self in _subgroups:
+                _subgroups.remove(self)
         if self._owned:
             comm, self._owned = self.comm, False
             comm.close()

@@ -22,6 +22,13 @@ if "TEMP_DIR" not in os.environ:
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="conformance.")
 
 import gradsync  # noqa: E402,F401  registers the backend (in every rank)
+from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+# torch's tests run DDP and subgroup cases only for the backends named in
+# these sets (read when the module below is imported): gradsync does both.
+if os.environ["BACKEND"] == "gradsync":
+    for feature in ("ddp", "subgroup"):
+        DistTestCases.backend_feature[feature].add("gradsync")
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest, TestDistBackend)
 

@@ -77,7 +77,7 @@ def run(backend, names, world_size, timeout_s, log):
                    [os.path.join(HERE, os.pardir, os.pardir, "python"), HERE,
                     os.environ.get("PYTHONPATH", "")]))
     env.pop("TEMP_DIR", None)
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
             "-W", "ignore::DeprecationWarning", "--junitxml", junit] + \
         ["%s::%s::%s" % (MODULE, CLASS, n) for n in names]
     with open(log, "w") as out:
@@ -147,6 +147,8 @@ def compare(args):
 
 def only(args):
     names = read_names(args.only)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     log = os.path.join(args.out or tempfile.mkdtemp(), args.backend + ".log")
     outcome = run(args.backend, names, args.world_size, args.timeout_s, log)
     failed = [n for n in names if outcome[n] != "passed"]

@@ -34,6 +34,7 @@ def test_subgroups_and_a_groups_timeout():
         assert r["gathered"] == ([1.0, 3.0] if rank % 2 else [0.0, 2.0]), (rank, r)
         assert r["broadcast"] == (3.0 if rank % 2 else 2.0), (rank, r)
         assert r["world_sum"] == 4.0, (rank, r)
+        assert r["after_destroy"] == 4.0, (rank, r)
     error = results[0]["timeout_error"]
     assert error is not None and "rank 1" in error, results[0]
     assert "all_reduce on rank 0 of 2" in error, error

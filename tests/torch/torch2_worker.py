@@ -71,7 +71,14 @@ def groups():
         except dist.DistBackendError as e:
             out["timeout_error"] = str(e)[:600]
         out["timeout_s"] = time.monotonic() - start
-    dist.barrier(group=pairs[1]) if rank >= 2 else None
+    if rank >= 2:
+        dist.barrier(group=pairs[1])
+    # Destroying subgroups closes their communicators; the world goes on.
+    dist.destroy_process_group(odd if rank % 2 else even)
+    dist.destroy_process_group(sub)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after_destroy"] = t.item()
     report(**out)
 
 
