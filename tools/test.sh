@@ -9,9 +9,32 @@
 # a sanitizer's lines name it: "failed: tsan //wire:foo (FAILED)"): tests
 # that cannot run here (no GPU, not root for network namespaces, no Slurm)
 # count as skipped.
+#
+#   tools/test.sh --fast   the inner loop: the small and medium unit tests
+#                          beside the code (not tests/, no sanitizers, no
+#                          CUDA build), with the same closing line
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+
+if [ "${1:-}" = "--fast" ]; then
+  echo "test.sh --fast: [1/3] dependencies"
+  tools/install_deps.sh
+  python=${GRADSYNC_PYTHON:-$(tools/venv.sh)}
+  mapfile -t fast < <(bazel query 'attr(size, "small|medium", tests(//...) except tests(//tests/...)) except attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
+  log=$(mktemp "${TMPDIR:-/tmp}/gradsync_test_fast.XXXXXX")
+  echo "test.sh --fast: [2/3] ${#fast[@]} small and medium unit tests (bazel's output also in $log)"
+  set +e
+  bazel test "${fast[@]}" --test_env=GRADSYNC_PYTHON="$python" --test_env=HOME \
+    --test_output=errors --show_progress_rate_limit=15 2>&1 | tee "$log"
+  set -e
+  echo "test.sh --fast: [3/3] results"
+  echo "fast tier took $(( $(date +%s) - start )) s"
+  rc=0
+  tools/test_summary.sh "$log" "${fast[@]}" || rc=1
+  [ "$rc" -ne 0 ] || rm -f "$log"
+  exit "$rc"
+fi
 
 echo "test.sh: [1/5] dependencies"
 tools/install_deps.sh
