@@ -78,9 +78,10 @@ def _failed(what, rank, size, error):
     if isinstance(error, GradsyncBackendError):
         return error
     code = getattr(error, "code", "unknown")
+    kind = "timeout at the deadline: " if code == "deadline_exceeded" else ""
     return GradsyncBackendError(
-        "gradsync: %s on rank %d of %d failed: %s" % (what, rank, size, error),
-        code)
+        "gradsync: %s on rank %d of %d failed: %s%s"
+        % (what, rank, size, kind, error), code)
 
 
 class _Work(torch._C._distributed_c10d.Work):
@@ -598,7 +599,12 @@ def _join(store, rank, size, timeout):
     `size` ranks: the one already joined, or a new one found through
     `store`."""
     if gradsync.is_initialized():
+        # A default group made again (destroy_process_group, then
+        # init_process_group) keeps the job and takes the new timeout for
+        # the waits it bounds from here (barrier, and every call's own).
         comm = gradsync.communicator()
+        if "GRADSYNC_OP_TIMEOUT_MS" not in os.environ:
+            comm.set_timeout_ms(_timeout_ms(timeout))
     else:
         settings = {}
         if "GRADSYNC_OP_TIMEOUT_MS" not in os.environ:

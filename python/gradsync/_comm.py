@@ -28,6 +28,7 @@ class Communicator:
         op_timeout = int(settings.get(
             "op_timeout_ms",
             os.environ.get("GRADSYNC_OP_TIMEOUT_MS", _DEFAULT_OP_TIMEOUT_MS)))
+        self.op_timeout_ms = op_timeout
         self.timeout_ms = op_timeout + _WAIT_SLACK_MS
         self.settings = dict(settings)
         # CUDA gradients (gradient_device=cuda): tensors stay on the GPU.
@@ -136,8 +137,17 @@ class Communicator:
     def synchronize(self):
         self._call("synchronize", self.timeout_ms)
 
+    def set_timeout_ms(self, op_timeout_ms):
+        """The deadline of later barriers, and of every later call as this
+        process waits for it (gradsync's own op_timeout_ms, which names a
+        missing rank, stays as it was set)."""
+        self.op_timeout_ms = int(op_timeout_ms)
+        self.timeout_ms = self.op_timeout_ms + _WAIT_SLACK_MS
+
     def barrier(self):
-        self._call("barrier", self.timeout_ms)
+        """Every worker's; fails at op_timeout_ms (a barrier has no rank
+        of its own to name: the scheduler holds it)."""
+        self._call("barrier", self.op_timeout_ms)
 
     def broadcast(self, address, count, dtype, root):
         self._call("broadcast", address, count, dtype, root, self.timeout_ms)

@@ -2,7 +2,8 @@
 backend, or for gradsync and gloo side by side, and counts them by kind.
 
     .venv/bin/python tests/torch/conformance_run.py --compare --out=DIR
-        every test for gloo, then for gradsync; DIR/<backend>.txt lists each
+        every test for gloo (--reuse_gloo: the outcomes an earlier run left
+        in DIR), then for gradsync; DIR/<backend>.txt lists each
         test's outcome, DIR/summary.txt the counts per kind, and gradsync's
         failures among what gloo passes
     .venv/bin/python tests/torch/conformance_run.py --backend=gradsync \\
@@ -112,10 +113,15 @@ def compare(args):
     names = all_tests(args.world_size)
     results = {}
     for backend in ("gloo", "gradsync"):
+        listed = os.path.join(args.out, backend + ".txt")
+        if backend == "gloo" and args.reuse_gloo and os.path.exists(listed):
+            with open(listed) as f:  # an earlier run's outcomes
+                results[backend] = {n: o for o, _, n in
+                                    (line.split() for line in f)}
+            continue
         results[backend] = run(backend, names, args.world_size, args.timeout_s,
                                os.path.join(args.out, backend + ".log"))
-        write_outcomes(os.path.join(args.out, backend + ".txt"),
-                       results[backend])
+        write_outcomes(listed, results[backend])
     lines = ["world size %d, %d tests" % (args.world_size, len(names))]
     counted = collections.Counter()
     for name in names:
@@ -168,6 +174,9 @@ def main():
     parser.add_argument("--world_size", type=int, default=3)
     parser.add_argument("--only", help="a file of test names to run")
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--reuse_gloo", action="store_true",
+                        help="--compare takes gloo's outcomes from an "
+                             "earlier run's OUT/gloo.txt")
     parser.add_argument("--out", help="the folder for logs and lists")
     parser.add_argument("--timeout_s", type=int, default=4 * 3600)
     args = parser.parse_args()
