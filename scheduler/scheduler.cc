@@ -202,6 +202,10 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
     return;
   }
   const BarrierKey key{b.group(), b.barrier_id()};
+  if (auto broken = broken_barriers_.find(key); broken != broken_barriers_.end()) {
+    ReplyError(node.identity, ErrorCode::PeerDead, broken->second, MsgType::Barrier);
+    return;
+  }
   for (const auto& [id, n] : nodes_) {
     if (n.removed || !InGroup(n, b.group())) continue;
     if (!n.alive) {
@@ -213,7 +217,9 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
       return;
     }
     if (n.left && key.second < wire::kEpochBarrierBase) {
-      ReplyError(node.identity, ErrorCode::PeerDead, LeftBarrierText(key, n), MsgType::Barrier);
+      const std::string why = LeftBarrierText(key, n);
+      RememberBroken(key, why);
+      ReplyError(node.identity, ErrorCode::PeerDead, why, MsgType::Barrier);
       return;
     }
   }
@@ -237,16 +243,24 @@ std::string Scheduler::LeftBarrierText(const BarrierKey& key, const Node& left) 
          " cannot complete: " + left.info.Name() + " left the job without entering it";
 }
 
+void Scheduler::RememberBroken(const BarrierKey& key, const std::string& why) {
+  broken_barriers_[key] = why;
+  if (broken_barriers_.size() > kMaxBrokenBarriers)
+    broken_barriers_.erase(broken_barriers_.begin());
+}
+
 void Scheduler::TryRelease(const BarrierKey& key) {
   auto it = barriers_.find(key);
   if (it == barriers_.end()) return;
   for (const auto& [id, n] : nodes_) {
     if (!InGroup(n, key.first) || it->second.count(id)) continue;
     if (n.left && !n.removed && key.second < wire::kEpochBarrierBase) {
+      const std::string why = LeftBarrierText(key, n);
       for (const std::string& waiting : it->second) {
-        ReplyError(waiting, ErrorCode::PeerDead, LeftBarrierText(key, n), MsgType::Barrier);
+        ReplyError(waiting, ErrorCode::PeerDead, why, MsgType::Barrier);
       }
       barriers_.erase(it);
+      RememberBroken(key, why);
       return;
     }
     if (n.alive && !n.left) return;

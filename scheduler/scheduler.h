@@ -144,6 +144,7 @@ class Scheduler {
   void OnBarrier(Node& node, const wire::BarrierBody& b);
   void TryRelease(const BarrierKey& key);
   std::string LeftBarrierText(const BarrierKey& key, const Node& left) const;
+  void RememberBroken(const BarrierKey& key, const std::string& why);
   void OnNcclOffer(Node& node, const wire::NcclIdBody& body);
   void OnLeave(Node& node, const wire::LeaveBody& body);
   void Tick();
@@ -217,6 +218,11 @@ class Scheduler {
   // Workers waiting to join at max_workers, by identity (OnJoinRequest).
   std::map<std::string, Node> waiting_joiners_;
   std::map<BarrierKey, std::set<std::string>> barriers_;
+  // User barriers that failed because a member left without entering
+  // them, and why: a member entering one later hears the same (the last
+  // kMaxBrokenBarriers).
+  std::map<BarrierKey, std::string> broken_barriers_;
+  static constexpr size_t kMaxBrokenBarriers = 64;
   std::vector<uint8_t> nccl_id_;
   std::set<std::string> nccl_waiters_;
   std::vector<std::string> unreachable_;  // "worker 1 (...) cannot reach ..."

@@ -269,6 +269,9 @@ TEST_F(SchedulerTest, ABarrierFailsNamingAWorkerThatLeftWithoutEnteringIt) {
   EXPECT_NE(waiting.message().find("cannot complete: worker 2 left the job without entering it"),
             std::string::npos)
       << waiting;
+  // Worker 0 leaves after its barrier failed; worker 1, entering it later,
+  // hears of worker 2, which never entered it.
+  agents[0]->Leave("failed");
   const Status later = agents[1]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(10000));
   EXPECT_NE(later.message().find("worker 2 left the job without entering it"), std::string::npos)
       << later;

@@ -137,7 +137,13 @@ def barrier_exit():
         report(error=None)
     except dist.DistBackendError as e:
         report(error=str(e)[:600], seconds=time.monotonic() - start)
-    os._exit(0)
+    if rank == 0:
+        # Rank 0 hosts the scheduler: it stops once the others have left
+        # (each after its own barrier failed), not before.
+        try:
+            gradsync.shutdown(timeout_s=60)
+        except gradsync.GradsyncError as e:  # the job failed, as it should
+            print("shutdown: %s" % e, flush=True)
 
 
 def ddp_options():
