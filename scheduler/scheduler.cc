@@ -216,12 +216,6 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
                  MsgType::Barrier);
       return;
     }
-    if (n.left && key.second < wire::kEpochBarrierBase) {
-      const std::string why = LeftBarrierText(key, n);
-      RememberBroken(key, why);
-      ReplyError(node.identity, ErrorCode::PeerDead, why, MsgType::Barrier);
-      return;
-    }
   }
   // A node waits in one barrier at a time: entering this one leaves any
   // other, so the barriers held are at most one per node, whatever ids
@@ -252,19 +246,27 @@ void Scheduler::RememberBroken(const BarrierKey& key, const std::string& why) {
 void Scheduler::TryRelease(const BarrierKey& key) {
   auto it = barriers_.find(key);
   if (it == barriers_.end()) return;
+  const bool user = key.second < wire::kEpochBarrierBase;
+  const Node* gone = nullptr;  // the lowest rank that left without entering
+  bool awaited = false;
   for (const auto& [id, n] : nodes_) {
     if (!InGroup(n, key.first) || it->second.count(id)) continue;
-    if (n.left && !n.removed && key.second < wire::kEpochBarrierBase) {
-      const std::string why = LeftBarrierText(key, n);
-      for (const std::string& waiting : it->second) {
-        ReplyError(waiting, ErrorCode::PeerDead, why, MsgType::Barrier);
-      }
-      barriers_.erase(it);
-      RememberBroken(key, why);
-      return;
+    if (user && n.left && !n.removed) {
+      if (gone == nullptr || n.info.rank < gone->info.rank) gone = &n;
+    } else if (n.alive && !n.left) {
+      awaited = true;
     }
-    if (n.alive && !n.left) return;
   }
+  if (gone != nullptr) {
+    const std::string why = LeftBarrierText(key, *gone);
+    for (const std::string& waiting : it->second) {
+      ReplyError(waiting, ErrorCode::PeerDead, why, MsgType::Barrier);
+    }
+    barriers_.erase(it);
+    RememberBroken(key, why);
+    return;
+  }
+  if (awaited) return;
   if (HoldsEpochBarrier(key)) return;
   EpochBarrierReleased(key);  // counted before anyone is released
   for (const std::string& id : it->second) {
