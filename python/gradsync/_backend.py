@@ -354,7 +354,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._submit(
             "reduce_scatter",
             lambda: self._reduce_scatter(output, torch.stack(
-                [t.detach().to("cpu") for t in inputs]), op), outputs)
+                [t.detach().to("cpu") for t in inputs]), op, owned=True),
+            outputs)
 
     def _reduce_scatter_base(self, output, input_tensor, opts=None):
         op = _op_of(opts)
@@ -377,8 +378,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                     (self._size,) + tuple(o.shape)), op)
         return self._submit("reduce_scatter_tensor_coalesced", run, outputs)
 
-    def _reduce_scatter(self, output, stacked, op):
-        whole = stacked.clone()
+    def _reduce_scatter(self, output, stacked, op, owned=False):
+        """`stacked` (group size, *output.shape) reduced over the group;
+        this rank's row into `output`. `owned`: `stacked` is a copy made
+        for this call, reduced in place."""
+        whole = stacked if owned else stacked.clone()
         self._allreduce(whole, op)
         with torch.no_grad():
             output.copy_(whole[self._rank])
@@ -471,25 +475,23 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._submit("all_to_all_single", run, [output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        """input_tensors[j] goes to rank j's output_tensors[this rank]: one
+        gather of every rank's inputs laid end to end."""
         self._check_count(output_tensors, "all_to_all")
         self._check_count(input_tensors, "all_to_all")
         for t in input_tensors:
             self._dense(t, "all_to_all")
+        if not _same_numel(input_tensors + output_tensors):
+            self._refuse("all_to_all", "takes tensors of one size on every "
+                         "rank", NotImplementedError)
 
         def run():
-            for j in range(self._size):
-                # Round j: every rank sends its tensor for rank j; rank j keeps
-                # what it gathers.
-                gathered = _tensors.allgather_tensor(
-                    self.comm, input_tensors[j].detach().to("cpu")
-                    .reshape(-1)) if _same_numel(input_tensors) else None
-                if gathered is None:
-                    raise GradsyncError("all_to_all takes tensors of one size "
-                                        "per rank", "unimplemented")
-                if j == self._rank:
-                    with torch.no_grad():
-                        for r, out in enumerate(output_tensors):
-                            out.copy_(gathered[r].reshape(out.shape))
+            local = torch.stack([t.detach().to("cpu").reshape(-1)
+                                 for t in input_tensors])
+            every = _tensors.allgather_tensor(self.comm, local)
+            with torch.no_grad():
+                for r, out in enumerate(output_tensors):
+                    out.copy_(every[r, self._rank].reshape(out.shape))
         return self._submit("all_to_all", run, output_tensors)
 
     # torch 2.13's names for the single-tensor forms ---------------------

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gradsync
 import gradsync.torch as gst
-from worker import Bag, batch, die_now, mlp, report
+from worker import Bag, batch, die_now, embedding_steps, mlp, report
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64,
           torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -192,19 +192,7 @@ def sparse_hook():
     ours = DistributedDataParallel(Bag(True))
     ours.register_comm_hook(gst.HookState(), gst.allreduce_hook)
     dense = DistributedDataParallel(Bag(False), process_group=gloo_group)
-    worst, sparse_seen = 0.0, False
-    for step in range(4):
-        torch.manual_seed(100 + 10 * step + rank)
-        ids = torch.randint(0, 50, (6, 4))
-        for model in (ours, dense):
-            model.zero_grad()
-            model(ids).sum().backward()
-        grad = ours.module.embedding.weight.grad
-        sparse_seen |= grad.is_sparse
-        worst = max(worst, (grad.to_dense() - dense.module.embedding.weight.grad)
-                    .abs().max().item())
-        worst = max(worst, (ours.module.head.weight.grad -
-                            dense.module.head.weight.grad).abs().max().item())
+    worst, sparse_seen = embedding_steps(ours, dense, 4, rank)
     report(max_difference=worst, sparse=sparse_seen)
     dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import gradsync  # noqa: F401  registers the backend
-from worker import CLASSES, FEATURES, Bag, batch, mlp, report
+from worker import CLASSES, FEATURES, Bag, batch, embedding_steps, mlp, report
 
 WORLD = 4
 
@@ -177,18 +177,7 @@ def ddp_options():
         out[name] = identical
     ours = DistributedDataParallel(Bag(True))
     theirs = DistributedDataParallel(Bag(True), process_group=gloo)
-    diff, sparse = 0.0, False
-    for step in range(3):
-        torch.manual_seed(100 + 10 * step + rank)
-        ids = torch.randint(0, 50, (6, 4))
-        for model in (ours, theirs):
-            model.zero_grad()
-            model(ids).sum().backward()
-        a, b = ours.module.embedding.weight.grad, theirs.module.embedding.weight.grad
-        sparse |= a.is_sparse
-        diff = max(diff, (a.to_dense() - b.to_dense()).abs().max().item(),
-                   (ours.module.head.weight.grad -
-                    theirs.module.head.weight.grad).abs().max().item())
+    diff, sparse = embedding_steps(ours, theirs, 3, rank)
     out["sparse"], out["sparse_difference"] = sparse, diff
     report(**out)
     dist.destroy_process_group()

@@ -51,6 +51,26 @@ class Bag(torch.nn.Module):
         return self.head(self.embedding(ids).mean(1))
 
 
+def embedding_steps(ours, theirs, steps, rank):
+    """`steps` backward passes of two Bag models on the same ids: the
+    largest difference between their embedding (as dense) and head
+    gradients, and whether ours's embedding gradient was sparse."""
+    worst, sparse = 0.0, False
+    for step in range(steps):
+        torch.manual_seed(100 + 10 * step + rank)
+        ids = torch.randint(0, 50, (6, 4))
+        for model in (ours, theirs):
+            model.zero_grad()
+            model(ids).sum().backward()
+        a = ours.module.embedding.weight.grad
+        b = theirs.module.embedding.weight.grad
+        sparse |= a.is_sparse
+        worst = max(worst, (a.to_dense() - b.to_dense()).abs().max().item(),
+                    (ours.module.head.weight.grad -
+                     theirs.module.head.weight.grad).abs().max().item())
+    return worst, sparse
+
+
 def batch(step, rank, rows, integer=False):
     """This rank's rows of step `step`'s batch."""
     torch.manual_seed(1000 + 10 * step + rank)
