@@ -1,6 +1,10 @@
 #include "wire/node_keys.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+
+#include <algorithm>
 
 #include "common/private_files.h"
 #include "wire/transport.h"
@@ -11,6 +15,29 @@ namespace gradsync::wire {
 namespace {
 
 constexpr char kRoutingSeparator = '#';
+
+// The numeric addresses of `host` (itself when numeric; else what it
+// resolves to), IPv4 mapped into IPv6 given as IPv4.
+std::vector<std::string> AddressesOf(const std::string& host) {
+  std::vector<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char numeric[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, numeric, sizeof(numeric), nullptr, 0,
+                    NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    std::string h(numeric);
+    if (h.compare(0, 7, "::ffff:") == 0 && h.find('.') != std::string::npos) h = h.substr(7);
+    if (std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
+  }
+  freeaddrinfo(found);
+  return out;
+}
 
 }  // namespace
 
@@ -23,9 +50,17 @@ std::optional<std::string> DecodeKey(const std::string& z85) {
 
 void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
   std::map<std::string, std::string> identities, keys, by_identity;
+  std::map<std::string, std::vector<std::string>> by_address;
+  std::vector<std::string> own_addresses;
   for (const NodeInfo& p : peers) {
     auto binary = DecodeKey(p.public_key);
     if (!binary || p.identity.empty()) continue;
+    const std::vector<std::string> addresses = AddressesOf(p.host);
+    if (p.public_key == own_.public_z85) own_addresses = addresses;
+    for (const std::string& address : addresses) {
+      std::vector<std::string>& at = by_address[address];
+      if (std::find(at.begin(), at.end(), *binary) == at.end()) at.push_back(*binary);
+    }
     identities[*binary] = p.identity;
     keys[p.DataEndpoint()] = p.public_key;
     if (p.stream_port != 0) keys[p.StreamEndpoint()] = p.public_key;
@@ -35,6 +70,24 @@ void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
   identity_by_key_.swap(identities);
   key_by_endpoint_.swap(keys);
   key_by_identity_.swap(by_identity);
+  keys_by_address_.swap(by_address);
+  own_addresses_.swap(own_addresses);
+}
+
+std::vector<std::string> NodeKeys::OwnAddresses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return own_addresses_;
+}
+
+bool NodeKeys::HasPlan() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !identity_by_key_.empty();
+}
+
+std::vector<std::string> NodeKeys::KeysAt(const std::string& address) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = keys_by_address_.find(address);
+  return it == keys_by_address_.end() ? std::vector<std::string>() : it->second;
 }
 
 void NodeKeys::AddEndpoint(const std::string& identity, const std::string& endpoint) {

@@ -55,15 +55,27 @@ class NodeKeys {
   // (the lowest endpoint goes first).
   static constexpr size_t kMaxExtraEndpoints = 1024;
   void AddEndpoint(const std::string& identity, const std::string& endpoint);
+  // Whether a plan was set with at least one node in it.
+  bool HasPlan() const;
+  // The public keys (32 bytes each) of the plan's nodes at the numeric
+  // address `address` (their host, resolved when the plan was set); empty
+  // when no node of the plan is there.
+  std::vector<std::string> KeysAt(const std::string& address) const;
+  // The numeric addresses of this node's own host in the plan (where its
+  // connections must come from for its peers to take them); empty when
+  // the plan does not have this node.
+  std::vector<std::string> OwnAddresses() const;
 
  private:
   const CurveKey job_;
   const CurveKey own_;
   mutable std::mutex mu_;
-  std::map<std::string, std::string> identity_by_key_;  // binary key -> identity
-  std::map<std::string, std::string> key_by_endpoint_;  // endpoint -> Z85 key
-  std::map<std::string, std::string> key_by_identity_;  // identity -> Z85 key
-  std::map<std::string, std::string> extra_endpoints_;  // endpoint -> identity
+  std::map<std::string, std::string> identity_by_key_;               // binary key -> identity
+  std::map<std::string, std::string> key_by_endpoint_;               // endpoint -> Z85 key
+  std::map<std::string, std::string> key_by_identity_;               // identity -> Z85 key
+  std::map<std::string, std::string> extra_endpoints_;               // endpoint -> identity
+  std::map<std::string, std::vector<std::string>> keys_by_address_;  // numeric -> binary keys
+  std::vector<std::string> own_addresses_;
 };
 
 // The 32 bytes of a Z85 CURVE key; nullopt when `z85` is not one.

@@ -19,6 +19,7 @@
 
 #include "common/logging.h"
 #include "wire/bulk_cipher.h"
+#include "wire/noise.h"
 #include "wire/validate.h"
 
 namespace gradsync::wire {
@@ -28,10 +29,17 @@ constexpr uint32_t kHelloMagic = 0x47535448;   // "GSTH": connector -> acceptor
 constexpr uint32_t kAnswerMagic = 0x47535441;  // "GSTA": acceptor -> connector
 constexpr uint32_t kFrameMagic = 0x47535431;   // "GST1": a message
 constexpr uint32_t kVersion = 1;               // a plain hello
-constexpr uint32_t kSealedVersion = 2;         // a sealed one: node key and fresh key follow
-constexpr size_t kHelloFixed = 20;             // magic, version, job id, identity length
+// A sealed one: Noise KK's first message follows (docs/design/tcp_streams.md).
+constexpr uint32_t kSealedVersion = 3;
+// Magic, version, job id, then the length of the identity (plain) or of
+// Noise's first message (sealed).
+constexpr size_t kHelloFixed = 20;
 constexpr size_t kMaxIdentity = 255;
 constexpr size_t kKeyBytes = 32;  // an X25519 key, public or secret
+// Noise's first message: the connector's ephemeral key and its identity
+// sealed; the second: the acceptor's ephemeral key and the verdict sealed.
+constexpr size_t kMaxFirst = noise::kMessageOverhead + kMaxIdentity;
+constexpr size_t kSecond = noise::kMessageOverhead + 4;
 // The connector's proof and the acceptor's verdict on a sealed connection:
 // a 4-byte word sealed under the direction's key with counter 0.
 constexpr size_t kProofBytes = kBulkTagBytes + 4;
@@ -59,6 +67,7 @@ enum Answer : uint32_t {
   kProve = 8,          // sealed: the acceptor's fresh key follows; prove the node key
   kNotReady = 9,       // the acceptor does not know its job and peers yet
   kNotListedYet = 10,  // strangers_may_wait: not an identity it takes, yet
+  kNoKeyOpens = 11,    // sealed: no plan node at the connector's address has its key
 };
 
 // Verdicts the connector waits out (connecting again until its deadline):
@@ -88,6 +97,9 @@ const char* AnswerText(uint32_t a) {
       return "it does not take connections yet (it has not joined its job)";
     case kNotListedYet:
       return "it does not take connections from this identity (yet)";
+    case kNoKeyOpens:
+      return "the hello opens under the key of no node of its plan at this address (another "
+             "job, another plan, or not the key the plan has for this node)";
     default:
       return "unknown answer";
   }
@@ -111,6 +123,16 @@ uint64_t Get64(const uint8_t* p) {
 }
 
 std::string ErrnoText(int e) { return std::strerror(e); }
+
+// The numeric address of `a` ("10.0.0.2", "fd00::2"); an IPv4 address
+// mapped into IPv6 is given as IPv4.
+std::string NumericAddress(const sockaddr* a, socklen_t len) {
+  char host[NI_MAXHOST];
+  if (getnameinfo(a, len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return "";
+  std::string h(host);
+  if (h.compare(0, 7, "::ffff:") == 0 && h.find('.') != std::string::npos) h = h.substr(7);
+  return h;
+}
 
 // "tcp://HOST:PORT" (HOST may be [IPv6] or *) into host and port.
 Status SplitEndpoint(const std::string& endpoint, std::string* host, std::string* port) {
@@ -211,16 +233,6 @@ Status ReadAll(int fd, uint8_t* out, size_t n, Deadline deadline, const std::str
   return Status();
 }
 
-// An X25519 key pair made for one connection; its secret is wiped.
-struct FreshKey {
-  uint8_t pub[kKeyBytes];
-  uint8_t secret[kKeyBytes];
-  FreshKey() { crypto_box_keypair(pub, secret); }
-  ~FreshKey() { sodium_memzero(secret, sizeof(secret)); }
-  FreshKey(const FreshKey&) = delete;
-  FreshKey& operator=(const FreshKey&) = delete;
-};
-
 enum class Got { kAll, kMore, kClosed };
 // Reads into buf[*got, want) what the non-blocking `fd` has now: kAll once
 // it is full, kMore when the socket has no more yet, kClosed when the peer
@@ -244,41 +256,39 @@ struct ConnectionKeys {
   std::unique_ptr<BulkKey> to_acceptor, to_connector;
 };
 
-// BLAKE2b-512 over both X25519 results (the fresh keys', the node keys')
-// and the hello's facts: the node keys and fresh keys of both sides, the
-// job and the connector's identity. `own_*` are this side's secrets,
-// `peer_*` the other side's public keys. nullopt when a result is zero (a
-// key of low order) or the cipher cannot be set up.
-std::optional<ConnectionKeys> DeriveKeys(
-    const uint8_t* own_node_secret, const uint8_t* own_fresh_secret, const uint8_t* peer_node_pub,
-    const uint8_t* peer_fresh_pub, const uint8_t* connector_node, const uint8_t* acceptor_node,
-    const uint8_t* connector_fresh, const uint8_t* acceptor_fresh, uint64_t job,
-    const std::string& connector_identity, BulkCipherEngine engine) {
-  static constexpr char kContext[] = "gradsync tcp stream v2";
-  uint8_t fresh[kKeyBytes], nodes[kKeyBytes], out[2 * kKeyBytes], job_bytes[8];
-  Put64(job_bytes, job);
-  std::optional<ConnectionKeys> keys;
-  if (crypto_scalarmult(fresh, own_fresh_secret, peer_fresh_pub) == 0 &&
-      crypto_scalarmult(nodes, own_node_secret, peer_node_pub) == 0) {
-    crypto_generichash_state h;
-    crypto_generichash_init(&h, nullptr, 0, sizeof(out));
-    crypto_generichash_update(&h, reinterpret_cast<const uint8_t*>(kContext), sizeof(kContext));
-    const uint8_t* parts[] = {fresh,         nodes,           connector_node,
-                              acceptor_node, connector_fresh, acceptor_fresh};
-    for (const uint8_t* part : parts) {
-      crypto_generichash_update(&h, part, kKeyBytes);
-    }
-    crypto_generichash_update(&h, job_bytes, sizeof(job_bytes));
-    crypto_generichash_update(&h, reinterpret_cast<const uint8_t*>(connector_identity.data()),
-                              connector_identity.size());
-    crypto_generichash_final(&h, out, sizeof(out));
-    ConnectionKeys k{BulkKey::FromBytes(out, engine), BulkKey::FromBytes(out + kKeyBytes, engine)};
-    if (k.to_acceptor != nullptr && k.to_connector != nullptr) keys = std::move(k);
-  }
-  sodium_memzero(fresh, sizeof(fresh));
-  sodium_memzero(nodes, sizeof(nodes));
-  sodium_memzero(out, sizeof(out));
+// What both sides of a sealed connection mix into Noise's handshake before
+// the first message: the protocol, its version and the job.
+std::vector<uint8_t> Prologue(uint64_t job) {
+  static constexpr char kContext[] = "gradsync tcp stream";
+  std::vector<uint8_t> p(kContext, kContext + sizeof(kContext));
+  p.resize(p.size() + 12);
+  Put32(p.data() + sizeof(kContext), kSealedVersion);
+  Put64(p.data() + sizeof(kContext) + 4, job);
+  return p;
+}
+
+// The transport keys of a finished handshake; nullopt if the cipher cannot
+// be set up.
+std::optional<ConnectionKeys> SplitKeys(noise::HandshakeKK& hs, BulkCipherEngine engine) {
+  noise::SecretBytes k(2 * noise::kKeyBytes);
+  if (k.data() == nullptr) return std::nullopt;
+  hs.Split(k.data(), k.data() + noise::kKeyBytes);
+  ConnectionKeys keys{BulkKey::FromBytes(k.data(), engine),
+                      BulkKey::FromBytes(k.data() + noise::kKeyBytes, engine)};
+  if (keys.to_acceptor == nullptr || keys.to_connector == nullptr) return std::nullopt;
   return keys;
+}
+
+// Noise's REKEY of `key` in place; false if the cipher fails.
+bool RekeyBulk(std::unique_ptr<BulkKey>* key, BulkCipherEngine engine) {
+  noise::SecretBytes k(noise::kKeyBytes);
+  if (k.data() == nullptr) return false;
+  std::memcpy(k.data(), (*key)->bytes(), noise::kKeyBytes);
+  if (!noise::Rekey(k.data())) return false;
+  std::unique_ptr<BulkKey> next = BulkKey::FromBytes(k.data(), engine);
+  if (next == nullptr) return false;
+  *key = std::move(next);
+  return true;
 }
 
 // A word sealed under `key` with counter 0 (the proof, the verdict).
@@ -333,10 +343,15 @@ struct TcpStreamTransport::Conn {
   // side's on Receive's thread).
   std::unique_ptr<BulkKey> send_key, receive_key;
   uint64_t send_counter = 1, receive_counter = 1;
+  // Messages and sealed bytes under each direction's key since it was made
+  // or last rekeyed.
+  uint64_t sent_under_key = 0, sent_bytes_under_key = 0;
+  uint64_t received_under_key = 0, received_bytes_under_key = 0;
 
   // Reading: Receive's thread only (the acceptor's until taken).
+  std::string source;  // inbound: the peer's address, numeric
   SteadyTime hello_by{};
-  uint8_t hello[kHelloFixed + kMaxIdentity + 2 * kKeyBytes];
+  uint8_t hello[kHelloFixed + kMaxFirst];
   size_t hello_got = 0;
   // Sealed, once the hello is answered (receive_key set): the identity it
   // said, and its proof as read so far.
@@ -369,11 +384,15 @@ TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
     if (sodium_init() < 0) {
       GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": sodium_init failed";
     }
-    auto pub = DecodeKey(options_.node_keys->own().public_z85);
-    auto secret = DecodeKey(options_.node_keys->own().secret_z85);
-    if (pub && secret) {
-      own_public_ = std::move(*pub);
-      own_secret_ = std::move(*secret);
+    std::optional<std::string> secret = DecodeKey(options_.node_keys->own().secret_z85);
+    if (secret) {
+      own_secret_ = std::make_unique<noise::SecretBytes>(kKeyBytes);
+      if (own_secret_->data() != nullptr) {
+        std::memcpy(own_secret_->data(), secret->data(), kKeyBytes);
+      } else {
+        own_secret_.reset();
+      }
+      sodium_memzero(secret->data(), secret->size());
     }
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -388,7 +407,6 @@ TcpStreamTransport::~TcpStreamTransport() {
   if (wake_fd_ >= 0) close(wake_fd_);
   if (taken_fd_ >= 0) close(taken_fd_);
   if (stop_fd_ >= 0) close(stop_fd_);
-  sodium_memzero(own_secret_.data(), own_secret_.size());
 }
 
 void TcpStreamTransport::Shutdown() {
@@ -466,6 +484,26 @@ StatusOr<std::string> TcpStreamTransport::Listen(const std::string& endpoint) {
     return "tcp://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + port;
   }
   return UnavailableError("cannot listen on " + endpoint + ": " + error);
+}
+
+void TcpStreamTransport::BindToOwnHost(int fd, int family) {
+  for (const std::string& address : options_.node_keys->OwnAddresses()) {
+    addrinfo hints{};
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(address.c_str(), "0", &hints, &found) != 0) continue;
+    const int rc = bind(fd, found->ai_addr, found->ai_addrlen);
+    const int err = errno;
+    freeaddrinfo(found);
+    if (rc == 0) return;
+    if (!bind_warned_.exchange(true)) {
+      GS_LOG(WARNING) << "tcp stream transport " << options_.identity
+                      << ": cannot connect from this node's address in the plan, " << address
+                      << " (" << ErrnoText(err) << "): peers take connections only from it";
+    }
+  }
 }
 
 StatusOr<ConnId> TcpStreamTransport::Connect(const std::string& endpoint) {
@@ -574,6 +612,15 @@ Status TcpStreamTransport::Seal(Conn& c, Pending& p) {
     GS_RETURN_IF_ERROR(
         c.send_key->Seal(counter, static_cast<uint32_t>(i + 1), plain[i].data, plain[i].size, out));
     out += kBulkTagBytes + plain[i].size;
+  }
+  // Noise's REKEY once a direction's key has sealed its share.
+  c.sent_bytes_under_key += bytes;
+  if (++c.sent_under_key >= options_.rekey_messages ||
+      c.sent_bytes_under_key >= options_.rekey_bytes) {
+    if (!RekeyBulk(&c.send_key, options_.cipher)) {
+      return InternalError("the key of " + c.Described() + " cannot be renewed");
+    }
+    c.sent_under_key = c.sent_bytes_under_key = 0;
   }
   // Written as one payload after an empty header; the caller's buffers go.
   Message sealed;
@@ -684,70 +731,96 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
   std::optional<std::string> server;
   if (keys != nullptr) {
     if (std::optional<std::string> z85 = keys->ServerKeyAt(c.endpoint)) server = DecodeKey(*z85);
-    if (own_secret_.empty()) return FailedPreconditionError("this node's own key does not decode");
+    if (own_secret_ == nullptr) {
+      return FailedPreconditionError("this node's own key does not decode");
+    }
     if (!server) {
       return FailedPreconditionError(
           "no node of the plan serves " + c.endpoint +
           ": a sealed connection needs the key of the node it connects to");
     }
   }
-  const FreshKey fresh;
   const uint64_t job = JobId();
-  uint8_t hello[kHelloFixed + kMaxIdentity + 2 * kKeyBytes];
-  const size_t id = c.says.size();
-  Put32(hello, kHelloMagic);
-  Put32(hello + 4, keys != nullptr ? kSealedVersion : kVersion);
-  Put64(hello + 8, job);
-  Put32(hello + 16, static_cast<uint32_t>(id));
-  std::memcpy(hello + kHelloFixed, c.says.data(), id);
-  size_t n = kHelloFixed + id;
-  if (keys != nullptr) {
-    std::memcpy(hello + n, own_public_.data(), kKeyBytes);
-    std::memcpy(hello + n + kKeyBytes, fresh.pub, kKeyBytes);
-    n += 2 * kKeyBytes;
+  std::vector<uint8_t> hello;
+  hello.reserve(kHelloFixed + kMaxFirst);
+  hello.resize(kHelloFixed);
+  Put32(hello.data(), kHelloMagic);
+  Put32(hello.data() + 4, keys != nullptr ? kSealedVersion : kVersion);
+  Put64(hello.data() + 8, job);
+  std::optional<noise::HandshakeKK> hs;
+  if (keys == nullptr) {
+    hello.resize(kHelloFixed + c.says.size());
+    std::memcpy(hello.data() + kHelloFixed, c.says.data(), c.says.size());
+  } else {
+    // Noise KK's first message: the identity, sealed to the acceptor's key.
+    const std::vector<uint8_t> prologue = Prologue(job);
+    hs.emplace(true, own_secret_->data(), reinterpret_cast<const uint8_t*>(server->data()),
+               prologue.data(), prologue.size());
+    if (!hs->WriteMessage(reinterpret_cast<const uint8_t*>(c.says.data()), c.says.size(), &hello)) {
+      return FailedPreconditionError("the key of " + c.endpoint + "'s node makes no secret");
+    }
   }
-  GS_RETURN_IF_ERROR(WriteAll(fd, hello, n, deadline, what));
+  Put32(hello.data() + 16, static_cast<uint32_t>(hello.size() - kHelloFixed));
+  GS_RETURN_IF_ERROR(WriteAll(fd, hello.data(), hello.size(), deadline, what));
   uint8_t answer[8];
   GS_RETURN_IF_ERROR(ReadAll(fd, answer, sizeof(answer), deadline, what));
   const uint32_t verdict = Get32(answer + 4);
+  if (keys == nullptr) {
+    if (Get32(answer) != kAnswerMagic) {
+      return FailedPreconditionError(what + " does not speak this protocol");
+    }
+    if (Passing(verdict)) {
+      return UnavailableError(what + " refused this connection for now: " + AnswerText(verdict));
+    }
+    if (verdict != kTaken) {
+      return FailedPreconditionError(
+          what + " refused this connection: " +
+          (verdict == kProve ? AnswerText(kNeedsSealed) : AnswerText(verdict)));
+    }
+    return Status();
+  }
+  // Sealed. An answer in clear may come from anyone on the path: it is
+  // waited out (tried again until the deadline), never final.
   if (Get32(answer) != kAnswerMagic) {
-    return FailedPreconditionError(what + " does not speak this protocol");
+    return UnavailableError(what + " does not speak this protocol");
   }
-  if (Passing(verdict)) {
-    return UnavailableError(what + " refused this connection for now: " + AnswerText(verdict));
+  if (verdict != kProve) {
+    return UnavailableError(what + " refused this connection (in clear): " +
+                            (verdict == kTaken ? AnswerText(kNeedsPlain) : AnswerText(verdict)));
   }
-  if (verdict != (keys != nullptr ? kProve : kTaken)) {
-    return FailedPreconditionError(
-        what + " refused this connection: " +
-        (verdict == kTaken ? AnswerText(kNeedsPlain) : AnswerText(verdict)));
+  // Noise's second message: the acceptor's verdict, which only the holder
+  // of the key the plan has for c.endpoint can seal.
+  uint8_t second[kSecond];
+  GS_RETURN_IF_ERROR(ReadAll(fd, second, sizeof(second), deadline, what));
+  std::vector<uint8_t> word;
+  if (!hs->ReadMessage(second, sizeof(second), &word) || word.size() != 4) {
+    return FailedPreconditionError(what + " did not prove that it holds the key of " + c.endpoint +
+                                   "'s node");
   }
-  if (keys == nullptr) return Status();
-  // Sealed: the acceptor's fresh key; prove ours, and read its proof.
-  uint8_t theirs[kKeyBytes];
-  GS_RETURN_IF_ERROR(ReadAll(fd, theirs, sizeof(theirs), deadline, what));
-  std::optional<ConnectionKeys> k =
-      DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), fresh.secret,
-                 reinterpret_cast<const uint8_t*>(server->data()), theirs,
-                 reinterpret_cast<const uint8_t*>(own_public_.data()),
-                 reinterpret_cast<const uint8_t*>(server->data()), fresh.pub, theirs, job, c.says,
-                 options_.cipher);
-  if (!k) return FailedPreconditionError(what + " answered with a key that makes no secret");
+  const uint32_t said = Get32(word.data());
+  if (Passing(said)) {
+    return UnavailableError(what + " refused this connection for now: " + AnswerText(said));
+  }
+  if (said != kProve) {
+    return FailedPreconditionError(what + " refused this connection: " + AnswerText(said));
+  }
+  std::optional<ConnectionKeys> k = SplitKeys(*hs, options_.cipher);
+  if (!k) return InternalError("the cipher for " + c.endpoint + " cannot be set up");
+  // The proof: a first transport message, which needs this node's own
+  // secret (Noise's se), not only the acceptor's.
   uint8_t proof[kProofBytes];
   SealWord(*k->to_acceptor, kProofWord, proof);
   GS_RETURN_IF_ERROR(WriteAll(fd, proof, sizeof(proof), deadline, what));
   if (Status s = ReadAll(fd, proof, sizeof(proof), deadline, what); !s.ok()) {
     if (s.code() != StatusCode::kUnavailable) return s;
-    // The acceptor closes a connection whose proof does not open.
-    return FailedPreconditionError(what +
-                                   " closed the connection at this node's proof: it holds "
-                                   "another key than the plan's for " +
-                                   c.endpoint + ", or does not know this node's (" + s.message() +
-                                   ")");
+    // Closed before its verdict (it may have been shutting down, or its
+    // slot was taken): tried again until the deadline.
+    return UnavailableError(what + " closed the connection at this node's proof (" + s.message() +
+                            ")");
   }
   const std::optional<uint32_t> taken = OpenWord(*k->to_connector, proof);
   if (!taken) {
-    return FailedPreconditionError(what + " did not prove that it holds the key of " + c.endpoint +
-                                   "'s node");
+    return FailedPreconditionError(what + " sent a verdict that does not open under its key");
   }
   if (Passing(*taken)) {
     return UnavailableError(what + " refused this connection for now: " + AnswerText(*taken));
@@ -771,6 +844,7 @@ Status TcpStreamTransport::Open(Conn& c, Deadline deadline) {
     const addrinfo& a = addrs[attempt % addrs.size()];
     const int fd = socket(a.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return UnavailableError("cannot make a socket: " + ErrnoText(errno));
+    if (options_.node_keys != nullptr) BindToOwnHost(fd, a.ai_family);
     int rc = connect(fd, a.ai_addr, a.ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd pf{fd, POLLOUT, 0};
@@ -866,9 +940,11 @@ void TcpStreamTransport::WriterLoop() {
         c->connecting = true;
         StartConnector(c, c->queue.front().deadline);
       }
-      // Messages not begun whose deadline passed, wherever they wait.
+      // Messages not begun whose deadline passed, wherever they wait. One
+      // sealed already holds its counter: it is written or the connection
+      // breaks (below), never dropped.
       for (auto it = c->queue.begin(); it != c->queue.end();) {
-        if (it->done == 0 && it->deadline.Expired()) {
+        if (it->done == 0 && !it->sealed && it->deadline.Expired()) {
           const std::string why =
               c->connecting && !c->not_open_why.empty() ? " (" + c->not_open_why + ")" : "";
           done.emplace_back(std::move(it->done_cb),
@@ -888,8 +964,10 @@ void TcpStreamTransport::WriterLoop() {
           continue;
         }
         if (s.ok() && p.deadline.Expired()) {
-          // Part of it is on the wire: the stream cannot go on without the rest.
-          s = DeadlineExceededError("sending to " + c->Name() + " timed out mid-message");
+          // Part of it is on the wire, or it is sealed: the stream cannot
+          // go on without it.
+          s = DeadlineExceededError("sending to " + c->Name() + " timed out " +
+                                    (p.done > 0 ? "mid-message" : "after it was sealed"));
         }
         if (!s.ok()) {
           why = s;
@@ -954,16 +1032,32 @@ void TcpStreamTransport::Refused(const std::string& what,
 
 void TcpStreamTransport::Accept(int listening, std::vector<std::shared_ptr<Conn>>* pending) {
   for (;;) {
-    const int fd = accept4(listening, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof(from);
+    const int fd = accept4(listening, reinterpret_cast<sockaddr*>(&from), &from_len,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
-    SetNoDelay(fd);
     auto c = std::make_shared<Conn>(false, -1, "");
     c->fd.store(fd);
+    c->source = NumericAddress(reinterpret_cast<const sockaddr*>(&from), from_len);
+    if (options_.node_keys != nullptr && options_.node_keys->HasPlan() &&
+        options_.node_keys->KeysAt(c->source).empty()) {
+      // Sealed: only plan nodes can say a hello that opens; nothing from
+      // elsewhere is read.
+      Refused("closed a connection from " + c->source + ": no node of the plan is at that address");
+      continue;
+    }
+    SetNoDelay(fd);
     c->hello_by = std::chrono::steady_clock::now() + options_.hello_wait;
     if (pending->size() >= options_.max_pending) {
-      pending->erase(pending->begin());
+      // The oldest that has not passed its hello goes; one that has (a plan
+      // node proving its key) is never closed for a newcomer.
+      auto oldest = std::find_if(pending->begin(), pending->end(),
+                                 [](const auto& p) { return p->receive_key == nullptr; });
       Refused("closed a connection that had not said hello: " +
               std::to_string(options_.max_pending) + " were waiting");
+      if (oldest == pending->end()) continue;  // the newcomer goes
+      pending->erase(oldest);
     }
     pending->push_back(std::move(c));
   }
@@ -975,12 +1069,13 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   const bool sealing = options_.node_keys != nullptr;
   // The hello's length once its fixed part is in: 0 when that part is bad.
   auto length = [&]() -> size_t {
-    const uint32_t version = Get32(c->hello + 4), id = Get32(c->hello + 16);
+    const uint32_t version = Get32(c->hello + 4), n = Get32(c->hello + 16);
     if (Get32(c->hello) != kHelloMagic || (version != kVersion && version != kSealedVersion) ||
-        id == 0 || id > kMaxIdentity) {
+        n == 0 || n > (version == kSealedVersion ? kMaxFirst : kMaxIdentity) ||
+        (version == kSealedVersion && n <= noise::kMessageOverhead)) {
       return 0;
     }
-    return kHelloFixed + id + (version == kSealedVersion ? 2 * kKeyBytes : 0);
+    return kHelloFixed + n;
   };
   Got got = ReadUpTo(fd, c->hello, &c->hello_got, kHelloFixed);
   size_t want = 0;
@@ -1002,51 +1097,73 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     ready = accept_set_;
     job = options_.job_id;
   }
+  const uint8_t* body = c->hello + kHelloFixed;
+  const size_t body_bytes = want - kHelloFixed;
   std::string identity;
-  std::optional<std::string> bound;  // sealed: the identity the plan binds the node key to
-  const uint8_t* node = c->hello + kHelloFixed + Get32(c->hello + 16);
-  const uint8_t* fresh = node + kKeyBytes;
+  std::optional<noise::HandshakeKK> hs;  // sealed: the one the first message opened under
+  std::optional<std::string> bound;      // sealed: the identity bound to the connector's key
   if (want == 0) {
     answer = kBadHello;
   } else if ((version == kSealedVersion) != sealing) {
     answer = sealing ? kNeedsSealed : kNeedsPlain;
+  } else if (!ready) {
+    answer = kNotReady;
+  } else if (Get64(c->hello + 8) != job) {
+    answer = kOtherJob;
+  } else if (!sealing) {
+    identity.assign(reinterpret_cast<const char*>(body), body_bytes);
   } else {
-    identity.assign(reinterpret_cast<const char*>(c->hello + kHelloFixed), Get32(c->hello + 16));
-    if (sealing) bound = options_.node_keys->IdentityOf(node);
-    if (!ready) {
-      answer = kNotReady;
-    } else if (Get64(c->hello + 8) != job) {
-      answer = kOtherJob;
-    } else if (!Accepts(identity)) {
+    // Noise KK: the responder must know the initiator's key, which the
+    // hello does not say. It is the key of a plan node at the connector's
+    // address under which the first message opens.
+    const std::vector<uint8_t> prologue = Prologue(job);
+    std::vector<uint8_t> payload;
+    for (const std::string& key : options_.node_keys->KeysAt(c->source)) {
+      hs.emplace(false, own_secret_->data(), reinterpret_cast<const uint8_t*>(key.data()),
+                 prologue.data(), prologue.size());
+      if (hs->ReadMessage(body, body_bytes, &payload)) {
+        bound = options_.node_keys->IdentityOf(reinterpret_cast<const uint8_t*>(key.data()));
+        break;
+      }
+      hs.reset();
+    }
+    if (!hs || !bound) {
+      answer = kNoKeyOpens;
+    } else {
+      identity.assign(payload.begin(), payload.end());
+    }
+  }
+  if (answer == kTaken) {
+    if (!Accepts(identity)) {
       answer = options_.strangers_may_wait ? kNotListedYet : kStranger;
-    } else if (sealing && (!bound || !IdentityMatchesKey(identity, *bound))) {
+    } else if (sealing && !IdentityMatchesKey(identity, *bound)) {
       answer = kWrongKey;
     }
   }
-  uint8_t reply[8 + kKeyBytes];
-  size_t reply_bytes = 8;
-  if (answer == kTaken && sealing) {
-    // Answer with a fresh key and wait for the proof.
-    const FreshKey mine;
+  uint8_t reply[8];
+  Put32(reply, kAnswerMagic);
+  if (hs) {
+    // Noise's second message carries the verdict, sealed; a connection
+    // that may be taken then proves its key (ReadProof).
+    const uint32_t verdict = answer == kTaken ? kProve : answer;
+    uint8_t word[4];
+    Put32(word, verdict);
+    std::vector<uint8_t> out(reply, reply + 8);
+    Put32(out.data() + 4, kProve);
     std::optional<ConnectionKeys> k;
-    if (!own_secret_.empty()) {
-      k = DeriveKeys(reinterpret_cast<const uint8_t*>(own_secret_.data()), mine.secret, node, fresh,
-                     node, reinterpret_cast<const uint8_t*>(own_public_.data()), fresh, mine.pub,
-                     job, identity, options_.cipher);
-    }
+    if (hs->WriteMessage(word, sizeof(word), &out)) k = SplitKeys(*hs, options_.cipher);
     if (!k) {
-      answer = kBadHello;  // a fresh key of low order
-    } else {
-      answer = kProve;
-      std::memcpy(reply + 8, mine.pub, kKeyBytes);
-      reply_bytes += kKeyBytes;
+      Refused("refused a connection: its handshake makes no secret");
+      return false;
+    }
+    (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (verdict == kProve) {
       c->send_key = std::move(k->to_connector);
       c->receive_key = std::move(k->to_acceptor);
       c->claimed = identity;
+      return true;
     }
-  }
-  Put32(reply, kAnswerMagic);
-  if (answer == kTaken) {
+  } else if (answer == kTaken) {
     std::lock_guard<std::mutex> lock(mu_);
     answer = Take(c, identity, [&](uint32_t verdict) {
       Put32(reply + 4, verdict);
@@ -1054,8 +1171,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     });
   } else {
     Put32(reply + 4, answer);
-    (void)!send(fd, reply, reply_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (answer == kProve) return true;
+    (void)!send(fd, reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
   if (answer == kNotReady) {
     // Not a refusal of the peer: it connects again (counted here only).
@@ -1111,7 +1227,7 @@ uint32_t TcpStreamTransport::Take(const std::shared_ptr<Conn>& c, const std::str
   return kTaken;
 }
 
-bool TcpStreamTransport::OpenSealed(Conn& c) {
+bool TcpStreamTransport::OpenSealed(Conn& c) const {
   uint8_t table[8 + 8 * kMaxFrames];
   std::memcpy(table, c.prefix, sizeof(c.prefix));
   std::memcpy(table + sizeof(c.prefix), c.sizes.data(), c.sizes.size());
@@ -1131,6 +1247,15 @@ bool TcpStreamTransport::OpenSealed(Conn& c) {
     }
     payload.data = frame + kBulkTagBytes;
     payload.size -= kBulkTagBytes;
+  }
+  // The sender renews its key after the same message (Seal).
+  uint64_t bytes = kBulkTagBytes + header.size();
+  for (const Payload& payload : c.reading.payloads) bytes += kBulkTagBytes + payload.size;
+  c.received_bytes_under_key += bytes;
+  if (++c.received_under_key >= options_.rekey_messages ||
+      c.received_bytes_under_key >= options_.rekey_bytes) {
+    if (!RekeyBulk(&c.receive_key, options_.cipher)) return false;
+    c.received_under_key = c.received_bytes_under_key = 0;
   }
   return true;
 }

@@ -22,7 +22,7 @@
 //     anything else is answered with the reason (where the hello was read)
 //     and closed, counted in refused(). At most `max_pending` connections
 //     may be waiting to say hello, each for at most `hello_wait`; past that
-//     the oldest is closed.
+//     the oldest that has not passed its hello is closed (or the newcomer).
 //   - Replies go back on the connection they answer: Send to
 //     Inbound(identity) writes on the connection that identity made, and
 //     what a peer sends back on a connection this transport made comes
@@ -38,23 +38,27 @@
 // Without node keys a peer's identity is what it says in its hello, as it
 // is with plain ZeroMQ. With TcpStreamOptions::node_keys (a CURVE job,
 // docs/design/tcp_streams.md) every connection is sealed:
-//   - The hello also carries the connector's node public key and a fresh
-//     X25519 key of this connection; the acceptor takes it only when the
-//     plan binds that node key to the identity said (the connector finds
-//     the acceptor's node key by the endpoint, in the plan). It answers
-//     with a fresh key of its own; each side then derives two AES-256-GCM
-//     keys, one a direction, by BLAKE2b over both Diffie-Hellman results
-//     (the fresh keys', and the node keys') and the whole hello.
-//   - The connector proves it holds its node key with a sealed word; only
-//     then does the acceptor take the connection (a sealed verdict that
-//     proves the acceptor holds its own). A connection that does not prove
-//     its key is closed and counted, never taken under its identity.
+//   - The hello is Noise_KK_25519_AESGCM_BLAKE2b's first message
+//     (wire/noise.h) to the key the plan has for the endpoint, its payload
+//     the identity. The acceptor opens it under the key of a plan node at
+//     the connection's source address (a source with none is closed before
+//     reading; connectors bind to their own plan address) and takes it
+//     further only when the plan binds that key to the identity said. Its
+//     answer is Noise's second message, the verdict sealed.
+//   - Split gives one AES-256-GCM key a direction. The connector proves it
+//     holds its node key with a sealed word; only then does the acceptor
+//     take the connection (and its sealed verdict comes back). A
+//     connection that does not prove its key is closed and counted, never
+//     taken under its identity. Answers in clear and closes mid-handshake
+//     are waited out until the deadline; sealed refusals are final.
 //   - Each message is sealed frame by frame under its direction's key with
 //     the nonce (message counter, frame index), the header's tag also
 //     covering the frame table; the counters start at 1 and only move
 //     forward, so a message that was altered, dropped, replayed or
 //     reordered does not open: the connection is closed, counted in
 //     `refusals->impostors`, and Receive returns DataLoss naming the peer.
+//     A sealed message is written or its connection breaks, never dropped.
+//     Keys are renewed (Noise's REKEY) every rekey_messages or rekey_bytes.
 //   Sealing goes from the caller's buffers into pooled ones (on the thread
 //   that writes the message first: the caller's, or the writer thread's);
 //   opening is in place, on the receiving thread.
@@ -81,6 +85,7 @@
 #include "wire/buffer_pool.h"
 #include "wire/bulk_cipher.h"
 #include "wire/node_keys.h"
+#include "wire/noise.h"
 #include "wire/transport.h"
 
 namespace gradsync::wire {
@@ -114,6 +119,11 @@ struct TcpStreamOptions {
   std::shared_ptr<const NodeKeys> node_keys;
   // The library that seals and opens (the setting bulk_cipher).
   BulkCipherEngine cipher = BulkCipherEngine::kBest;
+  // Sealed: each direction's key is renewed (Noise's REKEY) after this many
+  // messages or sealed bytes under it, whichever comes first. Both ends
+  // must use the same; only tests lower them.
+  uint64_t rekey_messages = uint64_t{1} << 24;
+  uint64_t rekey_bytes = uint64_t{256} << 30;
 };
 
 class TcpStreamTransport : public Transport {
@@ -168,6 +178,9 @@ class TcpStreamTransport : public Transport {
   // Opens `c` on a thread of its own (connecting at most until `by`), then
   // wakes the writer; on failure fails its queue. Requires c.mu.
   void StartConnector(const std::shared_ptr<Conn>& c, Deadline by);
+  // Sealed: binds `fd` (of `family`) to this node's address in the plan,
+  // where its peers take connections from.
+  void BindToOwnHost(int fd, int family);
   // Connects `c`, says hello and takes the answer (a connector thread,
   // without c.mu; Probe).
   Status Open(Conn& c, Deadline deadline);
@@ -205,15 +218,15 @@ class TcpStreamTransport : public Transport {
   StatusOr<std::optional<Incoming>> ReadSome(Conn& c);
   // Opens c's message just read, in place, under its next counter; false
   // when a frame does not open.
-  static bool OpenSealed(Conn& c);
+  bool OpenSealed(Conn& c) const;
   // Counts (in `counter` of options_.refusals) and logs a refusal.
   void Refused(const std::string& what,
                std::atomic<uint64_t> TransportRefusals::*counter = &TransportRefusals::handshakes);
 
   TcpStreamOptions options_;
-  // With node keys: this node's key pair, decoded once (empty when it does
-  // not decode; the secret is wiped on destruction).
-  std::string own_public_, own_secret_;
+  // With node keys: this node's secret key, decoded once into locked memory
+  // (null when it does not decode).
+  std::unique_ptr<noise::SecretBytes> own_secret_;
   std::shared_ptr<BufferPool> pool_;
   std::atomic<int> listen_fd_{-1};
   int wake_fd_ = -1;   // eventfd: wakes the writer's poll
@@ -222,6 +235,7 @@ class TcpStreamTransport : public Transport {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> refusals_logged_{0};
+  std::atomic<bool> bind_warned_{false};
 
   std::mutex accept_mu_;                         // options_.accept and job_id, once listening
   bool accept_set_ = false;                      // guarded by accept_mu_

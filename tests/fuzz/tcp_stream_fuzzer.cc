@@ -3,8 +3,9 @@
 // transport listening on loopback, plain or sealed (a CURVE job's node keys,
 // taking "left"), connects to it with a raw socket and writes the input's
 // bytes in the chunks it says: after a good hello from "left" (plain: the
-// frames that follow are read as messages; sealed: the hello carries left's
-// real node key and a fresh key, so what follows is read as its proof) or
+// frames that follow are read as messages; sealed: the hello is Noise KK's
+// first message as left writes it, with left's key, so what follows is read
+// as its proof) or
 // as they are (a hello of the input's own). The transport must never crash,
 // hand out a message outside its bounds, or keep a connection the input
 // cannot prove (a sealed one hands out no message: nothing here can seal
@@ -29,6 +30,7 @@
 
 #include "wire/curve.h"
 #include "wire/node_keys.h"
+#include "wire/noise.h"
 #include "wire/tcp_stream_transport.h"
 
 namespace gradsync::fuzz {
@@ -59,10 +61,11 @@ struct Keys {
       p.data_port = 1;
     }
     right->SetPlan(plan);
-    left_public = *wire::DecodeKey(left_pair->public_z85);
+    left_secret = *wire::DecodeKey(left_pair->secret_z85);
+    right_public = *wire::DecodeKey(right_pair->public_z85);
   }
   std::shared_ptr<wire::NodeKeys> right;
-  std::string left_public;
+  std::string left_secret, right_public;
 };
 
 void Put32(std::vector<uint8_t>* b, uint32_t v) {
@@ -72,17 +75,27 @@ void Put32(std::vector<uint8_t>* b, uint32_t v) {
 std::vector<uint8_t> GoodHello(bool sealed, const Keys& keys) {
   std::vector<uint8_t> b;
   Put32(&b, 0x47535448);
-  Put32(&b, sealed ? 2 : 1);
+  Put32(&b, sealed ? 3 : 1);
   Put32(&b, static_cast<uint32_t>(kJob));
   Put32(&b, static_cast<uint32_t>(kJob >> 32));
-  Put32(&b, 4);
-  b.insert(b.end(), {'l', 'e', 'f', 't'});
-  if (sealed) {
-    b.insert(b.end(), keys.left_public.begin(), keys.left_public.end());
-    uint8_t pub[32], secret[32];
-    crypto_box_keypair(pub, secret);
-    b.insert(b.end(), pub, pub + sizeof(pub));
+  if (!sealed) {
+    Put32(&b, 4);
+    b.insert(b.end(), {'l', 'e', 'f', 't'});
+    return b;
   }
+  // The prologue: protocol, version, job.
+  const char context[] = "gradsync tcp stream";
+  std::vector<uint8_t> prologue(context, context + sizeof(context));
+  Put32(&prologue, 3);
+  Put32(&prologue, static_cast<uint32_t>(kJob));
+  Put32(&prologue, static_cast<uint32_t>(kJob >> 32));
+  wire::noise::HandshakeKK hs(true, reinterpret_cast<const uint8_t*>(keys.left_secret.data()),
+                              reinterpret_cast<const uint8_t*>(keys.right_public.data()),
+                              prologue.data(), prologue.size());
+  std::vector<uint8_t> first;
+  Check(hs.WriteMessage(reinterpret_cast<const uint8_t*>("left"), 4, &first));
+  Put32(&b, static_cast<uint32_t>(first.size()));
+  b.insert(b.end(), first.begin(), first.end());
   return b;
 }
 
