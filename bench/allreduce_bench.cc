@@ -432,7 +432,7 @@ StatusOr<wire::CurveKey> SharedKey(Rank* r, const std::string& name) {
   }));
   if (got.size() != 80) return DataLossError("the shared CURVE key is not 80 characters");
   return wire::CurveKey{std::string(got.begin(), got.begin() + 40),
-                        std::string(got.begin() + 40, got.end())};
+                        std::string(got.begin() + 40, got.end()), "", ""};
 }
 
 // The ZeroMQ identities of this rank's left and right neighbours, through

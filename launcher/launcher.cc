@@ -194,12 +194,17 @@ Status Launcher::Prepare() {
   const bool curve = options_.security == "curve" ||
                      (options_.security == "auto" && !IsLoopbackHost(options_.host));
   security_ = {{"GRADSYNC_SECURITY", curve ? "curve" : "none"}};
+  member_security_ = security_;
   if (curve) {
+    // The scheduler's copy (with its own secret key) and the members'.
     const std::string path = options_.log_dir + "/job.key";
-    GS_ASSIGN_OR_RETURN(wire::CurveKey key, wire::GenerateCurveKey());
+    const std::string members = options_.log_dir + "/job.members.key";
+    GS_ASSIGN_OR_RETURN(wire::CurveKey key, wire::GenerateJobKey());
     GS_RETURN_IF_ERROR(wire::WriteKeyFile(path, key));
+    GS_RETURN_IF_ERROR(wire::WriteKeyFile(members, wire::MembersCopy(key)));
     security_.emplace_back("GRADSYNC_KEY_FILE", path);
-    Say("CURVE with a new job key in " + path);
+    member_security_.emplace_back("GRADSYNC_KEY_FILE", members);
+    Say("CURVE with a new job key in " + path + " (the members' copy: " + members + ")");
   }
   return OkStatus();
 }
@@ -292,7 +297,7 @@ Status Launcher::StartNodes() {
       {"GRADSYNC_SCHEDULER", scheduler_address_},
       {"GRADSYNC_NUM_WORKERS", std::to_string(options_.workers)},
       {"GRADSYNC_NUM_SERVERS", std::to_string(options_.servers)}};
-  job.insert(job.end(), security_.begin(), security_.end());
+  job.insert(job.end(), member_security_.begin(), member_security_.end());
   Say("scheduler at " + scheduler_address_ + ", starting " + std::to_string(options_.servers) +
       " servers and " + std::to_string(options_.workers) + " workers");
   for (int s = 0; s < options_.servers; ++s) {

@@ -155,7 +155,8 @@ class Launcher {
   std::FILE* out_;
   std::string scheduler_address_;
   // GRADSYNC_SECURITY and, with CURVE, GRADSYNC_KEY_FILE for every process.
-  std::vector<std::pair<std::string, std::string>> security_;
+  std::vector<std::pair<std::string, std::string>> security_;         // the scheduler's
+  std::vector<std::pair<std::string, std::string>> member_security_;  // every other process's
   std::vector<std::unique_ptr<Process>> processes_;
   int lost_workers_ = 0;
   int restarted_ = 0;

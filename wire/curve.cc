@@ -29,14 +29,50 @@ StatusOr<CurveKey> GenerateCurveKey() {
   if (zmq_curve_keypair(pub, sec) != 0) {
     return UnavailableError("cannot make a CURVE key pair: libzmq has no CURVE support");
   }
-  return CurveKey{pub, sec};
+  return CurveKey{pub, sec, "", ""};
+}
+
+StatusOr<CurveKey> GenerateJobKey() {
+  GS_ASSIGN_OR_RETURN(CurveKey job, GenerateCurveKey());
+  GS_ASSIGN_OR_RETURN(CurveKey scheduler, GenerateCurveKey());
+  job.scheduler_public_z85 = scheduler.public_z85;
+  job.scheduler_secret_z85 = scheduler.secret_z85;
+  return job;
+}
+
+CurveKey MembersCopy(CurveKey job) {
+  job.scheduler_secret_z85.clear();
+  return job;
+}
+
+StatusOr<CurveKey> SchedulerServerKey(const CurveKey& job) {
+  if (!job.scheduler_secret_z85.empty()) {
+    return CurveKey{job.scheduler_public_z85, job.scheduler_secret_z85, "", ""};
+  }
+  if (!job.scheduler_public_z85.empty()) {
+    return FailedPreconditionError(
+        "this key file is a members' copy (it holds the scheduler's public key, not its secret "
+        "key): the scheduler needs the copy that gradsync_keygen wrote with the scheduler's "
+        "secret key");
+  }
+  return CurveKey{job.public_z85, job.secret_z85, "", ""};
+}
+
+std::string SchedulerPublicKey(const CurveKey& job) {
+  return job.scheduler_public_z85.empty() ? job.public_z85 : job.scheduler_public_z85;
 }
 
 Status WriteKeyFile(const std::string& path, const CurveKey& key) {
   auto created = CreatePrivateFile(path, O_EXCL);
   if (!created.ok()) return created.status().WithPrefix("key file");
   const int fd = *created;
-  const std::string text = "public " + key.public_z85 + "\nsecret " + key.secret_z85 + "\n";
+  std::string text = "public " + key.public_z85 + "\nsecret " + key.secret_z85 + "\n";
+  if (!key.scheduler_public_z85.empty()) {
+    text += "scheduler-public " + key.scheduler_public_z85 + "\n";
+  }
+  if (!key.scheduler_secret_z85.empty()) {
+    text += "scheduler-secret " + key.scheduler_secret_z85 + "\n";
+  }
   const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   const bool closed = close(fd) == 0;
   if (!ok || !closed) return UnavailableError("cannot write key file " + path);
@@ -61,11 +97,27 @@ StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
   while (in >> word >> value) {
     if (word == "public") key.public_z85 = value;
     if (word == "secret") key.secret_z85 = value;
+    if (word == "scheduler-public") key.scheduler_public_z85 = value;
+    if (word == "scheduler-secret") key.scheduler_secret_z85 = value;
   }
   if (!IsZ85Key(key.public_z85) || !IsZ85Key(key.secret_z85)) {
     return InvalidArgumentError("key_file " + path +
                                 " does not hold a 'public' and a 'secret' CURVE key (40 Z85 "
                                 "characters each)");
+  }
+  if ((!key.scheduler_public_z85.empty() && !IsZ85Key(key.scheduler_public_z85)) ||
+      (!key.scheduler_secret_z85.empty() && !IsZ85Key(key.scheduler_secret_z85))) {
+    return InvalidArgumentError("key_file " + path + ": a scheduler key is not 40 Z85 characters");
+  }
+  if (!key.scheduler_secret_z85.empty()) {
+    char derived[41];
+    if (key.scheduler_public_z85.empty() ||
+        zmq_curve_public(derived, key.scheduler_secret_z85.c_str()) != 0 ||
+        key.scheduler_public_z85 != derived) {
+      return InvalidArgumentError("key_file " + path +
+                                  ": its 'scheduler-secret' is not the secret key of its "
+                                  "'scheduler-public'");
+    }
   }
   return key;
 }

@@ -1,14 +1,24 @@
 // CurveZMQ for a job: the job's key pair, kept in a key file that every
-// process of the job reads, admits a process to the job: the scheduler's
-// socket runs CURVE with it (server: its secret key; clients: its public
-// key as the server key and the pair as their own) and a ZAP handler admits
-// only clients whose key is the job's. A peer with no key, another key or
-// another job's key fails the handshake and is counted. Between the nodes
-// of a job each node's own key pair is used instead (wire/node_keys.h).
+// process of the job reads, admits a process to the job: clients of the
+// scheduler's socket present it as their own pair, and the scheduler's ZAP
+// handler admits only clients whose key is the job's. The scheduler serves
+// with a key pair of its own, whose public key the key file also holds:
+// every node pins it (the scheduler's server key), so a member, which holds
+// the job's pair, cannot serve as the scheduler. Only the scheduler's copy
+// of the file holds the scheduler's secret key; the members' copy
+// (MembersCopy, `gradsync_keygen --members FILE OUT`) does not. A peer with
+// no key, another key or another job's key fails the handshake and is
+// counted. Between the nodes of a job each node's own key pair is used
+// instead (wire/node_keys.h).
 
-// Key file: two lines, "public <40 Z85 chars>" and "secret <40 Z85 chars>";
-// a regular file, not a symbolic link, owned by the user the process runs
-// as, that only its owner may read (mode 0600 or stricter).
+// Key file: lines "public <40 Z85 chars>" and "secret <40 Z85 chars>" (the
+// job's pair), "scheduler-public <40>" and, in the scheduler's copy,
+// "scheduler-secret <40>"; a regular file, not a symbolic link, owned by
+// the user the process runs as, that only its owner may read (mode 0600 or
+// stricter). A file of the two first lines alone (an older build's) still
+// works, the scheduler then serving with the job's pair, which every member
+// holds: such a job has no protection against a member posing as its
+// scheduler.
 //
 // Settings (flags or GRADSYNC_ variables): security=auto|curve|none (auto),
 // key_file (GRADSYNC_KEY_FILE). auto: CURVE when a key file is given;
@@ -33,7 +43,24 @@ namespace gradsync::wire {
 struct CurveKey {
   std::string public_z85;  // 40 characters
   std::string secret_z85;  // 40 characters
+  // A job key's: the scheduler's own pair (see above); "" when the file has
+  // none (the secret: in every copy but the scheduler's).
+  std::string scheduler_public_z85;
+  std::string scheduler_secret_z85;
 };
+
+// A new job key: the job's pair and the scheduler's.
+StatusOr<CurveKey> GenerateJobKey();
+// `job` without the scheduler's secret key: what every process but the
+// scheduler is given.
+CurveKey MembersCopy(CurveKey job);
+// The pair the scheduler serves with: the scheduler's own, or the job's
+// for a key file without one. FailedPrecondition for a members' copy (it
+// has the scheduler's public key but not its secret).
+StatusOr<CurveKey> SchedulerServerKey(const CurveKey& job);
+// The server key a node expects of the scheduler: the pinned scheduler key,
+// or the job's for a key file without one.
+std::string SchedulerPublicKey(const CurveKey& job);
 
 // Whether `z85` is a CURVE key (40 Z85 characters).
 bool IsCurvePublicKey(const std::string& z85);

@@ -60,6 +60,40 @@ TEST(CurveKeyFileTest, AKeyFileOfAnotherUserIsRefused) {
   EXPECT_NE(read.status().message().find("owned by uid 65534"), std::string::npos) << read.status();
 }
 
+// A job key: the scheduler's copy serves with the scheduler's pair, the
+// members' copy pins its public key and cannot serve, an older file serves
+// with the job's pair; a scheduler secret of another pair is refused.
+TEST(CurveKeyFileTest, TheSchedulersKeyIsItsOwnAndPinnedByTheMembersCopy) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const CurveKey job = *GenerateJobKey();
+  ASSERT_NE(job.scheduler_public_z85, job.public_z85);
+  ASSERT_TRUE(WriteKeyFile(dir + "/full.key", job).ok());
+  ASSERT_TRUE(WriteKeyFile(dir + "/members.key", MembersCopy(job)).ok());
+  auto full = ReadKeyFile(dir + "/full.key");
+  auto members = ReadKeyFile(dir + "/members.key");
+  ASSERT_TRUE(full.ok() && members.ok());
+  EXPECT_EQ(full->scheduler_secret_z85, job.scheduler_secret_z85);
+  EXPECT_EQ(members->scheduler_secret_z85, "");
+  EXPECT_EQ(SchedulerPublicKey(*members), job.scheduler_public_z85);
+  auto serving = SchedulerServerKey(*full);
+  ASSERT_TRUE(serving.ok());
+  EXPECT_EQ(serving->public_z85, job.scheduler_public_z85);
+  EXPECT_EQ(serving->secret_z85, job.scheduler_secret_z85);
+  auto refused = SchedulerServerKey(*members);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("members' copy"), std::string::npos);
+  const CurveKey older{job.public_z85, job.secret_z85, "", ""};
+  EXPECT_EQ(SchedulerPublicKey(older), job.public_z85);
+  EXPECT_EQ(SchedulerServerKey(older)->secret_z85, job.secret_z85);
+  CurveKey mixed = job;
+  mixed.scheduler_secret_z85 = GenerateCurveKey()->secret_z85;
+  ASSERT_TRUE(WriteKeyFile(dir + "/mixed.key", mixed).ok());
+  auto bad = ReadKeyFile(dir + "/mixed.key");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("is not the secret key"), std::string::npos)
+      << bad.status();
+}
+
 TEST(ListenEndpointTest, BindsTheResolvedNumericAddress) {
   EXPECT_EQ(*ListenEndpoint("localhost", 5000), "tcp://127.0.0.1:5000");
   EXPECT_EQ(*ListenEndpoint("127.0.0.7", 0), "tcp://127.0.0.7:0");

@@ -72,7 +72,7 @@ Status ApplyCurveServer(zmq::socket_t& socket, const CurveKey& key) {
 }
 
 void ApplyCurveClient(zmq::socket_t& socket, const CurveKey& key) {
-  SetKey(socket, ZMQ_CURVE_SERVERKEY, key.public_z85);
+  SetKey(socket, ZMQ_CURVE_SERVERKEY, SchedulerPublicKey(key));
   SetKey(socket, ZMQ_CURVE_PUBLICKEY, key.public_z85);
   SetKey(socket, ZMQ_CURVE_SECRETKEY, key.secret_z85);
 }

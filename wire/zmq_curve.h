@@ -30,8 +30,8 @@ namespace gradsync::wire {
 // when libzmq cannot enforce it (built without its draft options): such a
 // socket would admit everyone once the handler is gone.
 Status ApplyCurveServer(zmq::socket_t& socket, const CurveKey& key);
-// A connecting (DEALER) socket: CURVE client of a server holding the job's
-// key, with the job's key pair as its own.
+// A connecting (DEALER) socket: CURVE client of the scheduler (its pinned
+// key, SchedulerPublicKey), with the job's key pair as its own.
 void ApplyCurveClient(zmq::socket_t& socket, const CurveKey& key);
 // A connecting socket with its own pair `own`, talking only to a server
 // whose public key is `server_public_z85` (the handshake fails otherwise).

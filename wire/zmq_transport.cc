@@ -83,8 +83,12 @@ void ZmqTransport::Impl::DoListen(Command& cmd) {
         }
         zap_ = std::move(*zap);
       }
-      Status watched = ApplyCurveServer(
-          *router, options_.node_keys ? options_.node_keys->own() : *options_.curve);
+      // A data transport serves with its node's key; the scheduler's (no
+      // node keys) with the scheduler's own.
+      StatusOr<CurveKey> serving = options_.node_keys
+                                       ? StatusOr<CurveKey>(options_.node_keys->own())
+                                       : SchedulerServerKey(*options_.curve);
+      Status watched = serving.ok() ? ApplyCurveServer(*router, *serving) : serving.status();
       if (watched.ok()) watched = MonitorHandshakes(*router);
       if (!watched.ok()) {
         cmd.done.set_value({watched, "", -1});
@@ -431,7 +435,8 @@ Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
           (impl_->curve() && event != ZMQ_EVENT_CONNECT_RETRIED)) {
         return UnavailableError(endpoint +
                                 " refused the handshake: it does not run CURVE "
-                                "with this job's key (security, key_file)");
+                                "with this job's key (security, key_file), or does not hold "
+                                "the scheduler key that key_file pins");
       }
       if (event != ZMQ_EVENT_CONNECT_RETRIED) {
         return UnavailableError(endpoint + " answered but is not a gradsync (ZeroMQ) peer");
