@@ -133,6 +133,19 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
     GS_ASSIGN_OR_RETURN(links, PsLinkOptions::FromConfig(config));
     GS_ASSIGN_OR_RETURN(node.streams, listen_streams(links.stream_port, &options.stream_port));
   }
+  if (node.keys) {
+    // Proves to the scheduler that this node holds its node key.
+    wire::NodeInfo facts;
+    facts.role = role;
+    facts.rank = options.rank;
+    facts.host = options.host;
+    facts.data_port = options.data_port;
+    facts.stream_port = options.stream_port;
+    facts.identity = options.identity;
+    facts.public_key = options.public_key;
+    options.key_proof =
+        wire::RegistrationProof(node.keys->own(), wire::SchedulerPublicKey(*node.curve), facts);
+  }
   wire::ZmqOptions control = TransportOptions(node.curve, nullptr);
   control.node_keys = node.keys;  // probes of the peers' data ports
   control.max_frame_bytes = kControlFrameBytes;

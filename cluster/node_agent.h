@@ -44,9 +44,12 @@ struct NodeOptions {
   std::string host = "127.0.0.1";  // how peers reach this node
   uint16_t data_port = 0;          // the node's bound data port
   uint16_t metrics_port = 0;
-  std::string identity;           // of the node's data transport
-  std::string public_key;         // the node's own CURVE key; "" without CURVE
-  uint16_t stream_port = 0;       // a shard's TCP stream port; 0: none
+  std::string identity;      // of the node's data transport
+  std::string public_key;    // the node's own CURVE key; "" without CURVE
+  uint16_t stream_port = 0;  // a shard's TCP stream port; 0: none
+  // With CURVE: proof that this node holds its node key
+  // (wire::RegistrationProof over the facts above).
+  std::string key_proof;
   Millis connect_timeout{10000};  // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};

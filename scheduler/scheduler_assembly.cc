@@ -9,6 +9,7 @@
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_text.h"
 #include "wire/curve.h"
+#include "wire/node_keys.h"
 
 namespace gradsync::server {
 
@@ -78,6 +79,24 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
     return Refusal{ErrorCode::WrongKey,
                    "a node of a CURVE job registers with its data "
                    "identity and its own public key (40 Z85 characters)"};
+  }
+  wire::NodeInfo facts;
+  facts.role = r.role();
+  facts.rank = r.requested_rank();
+  facts.host = r.host() ? r.host()->str() : "";
+  facts.data_port = r.data_port();
+  facts.stream_port = r.stream_port();
+  facts.identity = data_identity;
+  facts.public_key = key;
+  const std::string proof =
+      r.key_proof()
+          ? std::string(reinterpret_cast<const char*>(r.key_proof()->data()), r.key_proof()->size())
+          : "";
+  StatusOr<wire::CurveKey> serving = wire::SchedulerServerKey(*options_.curve);
+  if (!serving.ok() || !wire::CheckRegistrationProof(serving->secret_z85, facts, proof)) {
+    return Refusal{ErrorCode::WrongKey,
+                   "the registration does not prove that the node holds the secret key of the "
+                   "public key it registers with"};
   }
   if (!replaces.empty()) {
     const Node& old = nodes_.at(replaces);

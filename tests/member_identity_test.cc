@@ -6,7 +6,8 @@
 // parameter-server identity and pushes and pulls as worker 0; (2) it
 // connects to worker 0's data port as worker 2 (worker 0's left neighbour in
 // the ring) and aborts the ring in its name; (3) it claims to be the shard
-// restarted, with its own key, while the shard is silent; (4) under its own
+// restarted while the shard is silent, with its own key, then with the
+// shard's public key, which it cannot prove it holds; (4) under its own
 // identity, once the workers finished, it floods the shard with keys outside
 // the job's plan. Each is refused and counted, the shard ends with the
 // plan's keys only, and every worker ends with the parameters, bit for bit,
@@ -31,6 +32,7 @@
 #include "tests/local_job.h"
 #include "wire/curve.h"
 #include "wire/message.h"
+#include "wire/node_keys.h"
 #include "wire/validate.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"
@@ -277,19 +279,47 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     me.host = shard_.address.substr(0, shard_.address.rfind(':'));
     me.data_port = static_cast<uint16_t>(std::stoi(shard_.address.substr(me.host.size() + 1)));
     me.identity = "member-claiming-server-0";
-    me.public_key = worker_keys_[1].public_z85;
     shard.Signal(SIGSTOP);
     std::this_thread::sleep_for(std::chrono::milliseconds(8 * kHeartbeatMs));
-    ASSERT_TRUE(
-        t->Send(wire::Route::Connection(*conn),
-                wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
-                                   static_cast<uint32_t>(getpid()), kProtocolVersion, kWorkers, 1),
-                Deadline::AfterMs(5000))
-            .ok());
+    // Its own key, proved (it holds worker 1's secret): not the shard's key.
+    me.public_key = worker_keys_[1].public_z85;
+    EXPECT_EQ(
+        wire::ErrorCode::WrongKey,
+        Claim(*t, *conn, me,
+              wire::RegistrationProof(worker_keys_[1], wire::SchedulerPublicKey(job_key_), me)));
+    EXPECT_TRUE(
+        scheduler_->WaitForOutput("registered with another node key", Deadline::AfterMs(5000)));
+    // The shard's own public key (every member knows it from the plan),
+    // with a proof the member can make: under its own secret.
+    auto shard_key = wire::ReadKeyFile(checkpoint_dir_ + "/node-" + me.host + "-" +
+                                       std::to_string(me.data_port) + ".key");
+    ASSERT_TRUE(shard_key.ok()) << shard_key.status();
+    me.public_key = shard_key->public_z85;
+    wire::CurveKey forged = worker_keys_[1];
+    forged.public_z85 = shard_key->public_z85;
+    EXPECT_EQ(wire::ErrorCode::WrongKey,
+              Claim(*t, *conn, me,
+                    wire::RegistrationProof(forged, wire::SchedulerPublicKey(job_key_), me)));
+    EXPECT_TRUE(scheduler_->WaitForOutput("does not prove that the node holds the secret key",
+                                          Deadline::AfterMs(5000)));
+    shard.Signal(SIGCONT);
+    t->Shutdown();
+  }
+
+  // Registers as `me` with `proof`; the scheduler's refusal (nullopt: none,
+  // or a rank assignment, which fails the test).
+  std::optional<wire::ErrorCode> Claim(wire::Transport& t, wire::ConnId conn,
+                                       const wire::NodeInfo& me, const std::string& proof) {
+    EXPECT_TRUE(t.Send(wire::Route::Connection(conn),
+                       wire::MakeRegister(wire::Sender{wire::Role::Server, -1, 0}, me, kBuildId,
+                                          static_cast<uint32_t>(getpid()), kProtocolVersion,
+                                          kWorkers, 1, "", proof),
+                       Deadline::AfterMs(5000))
+                    .ok());
     std::optional<wire::ErrorCode> answer;
     bool assigned = false;
     for (Deadline d = Deadline::AfterMs(10000); !answer && !assigned && !d.Expired();) {
-      auto in = t->Receive(d);
+      auto in = t.Receive(d);
       if (!in.ok()) break;
       wire::Verdict v = wire::Validate(
           in->message,
@@ -298,12 +328,8 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
       assigned = v.type == wire::MsgType::RankAssignment;
       if (v.type == wire::MsgType::Error) answer = v.header->body_as_ErrorBody()->code();
     }
-    shard.Signal(SIGCONT);
-    t->Shutdown();
-    EXPECT_FALSE(assigned) << "the scheduler gave the shard's place to another key";
-    EXPECT_EQ(answer, std::optional<wire::ErrorCode>(wire::ErrorCode::WrongKey));
-    EXPECT_TRUE(
-        scheduler_->WaitForOutput("registered with another node key", Deadline::AfterMs(5000)));
+    EXPECT_FALSE(assigned) << "the scheduler gave the shard's place to " << me.public_key;
+    return answer;
   }
 
   std::string job_file_;

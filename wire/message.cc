@@ -143,13 +143,17 @@ std::string ErrorCodeLabel(ErrorCode code) {
 
 Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& build_id,
                      uint32_t pid, uint32_t protocol_version, int32_t num_workers,
-                     int32_t num_servers, const std::string& pid_ns) {
+                     int32_t num_servers, const std::string& pid_ns, const std::string& key_proof) {
   FlatBufferBuilder fbb(256);
-  auto body = CreateRegisterBody(fbb, me.role, me.rank, fbb.CreateString(build_id),
-                                 fbb.CreateString(me.host), me.data_port, me.metrics_port, pid,
-                                 num_workers, num_servers, fbb.CreateString(me.identity),
-                                 fbb.CreateString(me.boot_id), fbb.CreateString(me.public_key),
-                                 pid_ns.empty() ? 0 : fbb.CreateString(pid_ns), me.stream_port);
+  auto proof =
+      key_proof.empty()
+          ? 0
+          : fbb.CreateVector(reinterpret_cast<const uint8_t*>(key_proof.data()), key_proof.size());
+  auto body = CreateRegisterBody(
+      fbb, me.role, me.rank, fbb.CreateString(build_id), fbb.CreateString(me.host), me.data_port,
+      me.metrics_port, pid, num_workers, num_servers, fbb.CreateString(me.identity),
+      fbb.CreateString(me.boot_id), fbb.CreateString(me.public_key),
+      pid_ns.empty() ? 0 : fbb.CreateString(pid_ns), me.stream_port, proof);
   return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
 }
 

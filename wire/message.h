@@ -131,9 +131,11 @@ std::string ErrorCodeLabel(ErrorCode code);
 
 // `num_workers`/`num_servers`: the job size this node expects (-1: unknown).
 // `pid_ns`: the namespace of `pid` (wire::PidNamespace), "" when unknown.
+// `key_proof`: with CURVE, RegistrationProof (wire/node_keys.h).
 Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& build_id,
                      uint32_t pid, uint32_t protocol_version, int32_t num_workers = -1,
-                     int32_t num_servers = -1, const std::string& pid_ns = "");
+                     int32_t num_servers = -1, const std::string& pid_ns = "",
+                     const std::string& key_proof = "");
 Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
                            int32_t num_servers, const std::vector<NodeInfo>& peers,
                            uint32_t heartbeat_interval_ms, uint32_t missed_heartbeats);

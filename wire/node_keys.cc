@@ -1,6 +1,7 @@
 #include "wire/node_keys.h"
 
 #include <netdb.h>
+#include <sodium.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -138,6 +139,65 @@ bool IdentityMatchesKey(const std::string& lane_claimed, const std::string& boun
   const std::string epoch = claimed.substr(ps.size());
   return epoch.empty() || (epoch.size() <= 10 && epoch[0] != '0' &&
                            epoch.find_first_not_of("0123456789") == std::string::npos);
+}
+
+namespace {
+
+// BLAKE2b-256 of the registration's facts, each length-prefixed.
+void RegistrationFacts(const NodeInfo& me, uint8_t* out) {
+  std::string t = "gradsync registration v1";
+  auto add = [&t](const std::string& s) {
+    const uint32_t n = static_cast<uint32_t>(s.size());
+    t.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    t += s;
+  };
+  add(std::to_string(static_cast<int>(me.role)));
+  add(std::to_string(me.rank));
+  add(me.host);
+  add(std::to_string(me.data_port));
+  add(std::to_string(me.stream_port));
+  add(me.identity);
+  add(me.public_key);
+  crypto_generichash(out, 32, reinterpret_cast<const uint8_t*>(t.data()), t.size(), nullptr, 0);
+}
+
+}  // namespace
+
+std::string RegistrationProof(const CurveKey& node, const std::string& scheduler_public_z85,
+                              const NodeInfo& me) {
+  const std::optional<std::string> secret = DecodeKey(node.secret_z85);
+  const std::optional<std::string> server = DecodeKey(scheduler_public_z85);
+  if (!secret || !server || sodium_init() < 0) return "";
+  uint8_t facts[32];
+  RegistrationFacts(me, facts);
+  std::string out(kRegistrationProofBytes, '\0');
+  uint8_t* p = reinterpret_cast<uint8_t*>(out.data());
+  randombytes_buf(p, crypto_box_NONCEBYTES);
+  const bool ok = crypto_box_easy(p + crypto_box_NONCEBYTES, facts, sizeof(facts), p,
+                                  reinterpret_cast<const uint8_t*>(server->data()),
+                                  reinterpret_cast<const uint8_t*>(secret->data())) == 0;
+  std::string wipe = *secret;
+  sodium_memzero(wipe.data(), wipe.size());
+  return ok ? out : "";
+}
+
+bool CheckRegistrationProof(const std::string& scheduler_secret_z85, const NodeInfo& facts,
+                            const std::string& proof) {
+  const std::optional<std::string> secret = DecodeKey(scheduler_secret_z85);
+  const std::optional<std::string> node = DecodeKey(facts.public_key);
+  if (!secret || !node || proof.size() != kRegistrationProofBytes || sodium_init() < 0) {
+    return false;
+  }
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(proof.data());
+  uint8_t opened[32], want[32];
+  const bool opens = crypto_box_open_easy(opened, p + crypto_box_NONCEBYTES,
+                                          kRegistrationProofBytes - crypto_box_NONCEBYTES, p,
+                                          reinterpret_cast<const uint8_t*>(node->data()),
+                                          reinterpret_cast<const uint8_t*>(secret->data())) == 0;
+  RegistrationFacts(facts, want);
+  std::string wipe = *secret;
+  sodium_memzero(wipe.data(), wipe.size());
+  return opens && sodium_memcmp(opened, want, sizeof(want)) == 0;
 }
 
 StatusOr<CurveKey> LoadNodeKey(const std::string& node_key_file, const std::string& keep_at) {

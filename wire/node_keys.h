@@ -94,6 +94,22 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id);
 // (PairIdentity).
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound);
 
+// Registration (docs/security.md#per-node-identity): a node proves to the
+// scheduler that it holds the secret key of the public key it registers
+// with. The proof is a NaCl crypto_box (libsodium: X25519, XSalsa20-
+// Poly1305) from the node's key pair to the scheduler's public key
+// (SchedulerPublicKey) of a BLAKE2b hash of the registration's facts (role,
+// requested rank, host, ports, data identity, public key): only the holder
+// of the node's secret or of the scheduler's can make one that opens, and
+// it opens only for these facts. kRegistrationProofBytes long.
+constexpr size_t kRegistrationProofBytes = 24 + 16 + 32;  // nonce, tag, hash
+std::string RegistrationProof(const CurveKey& node, const std::string& scheduler_public_z85,
+                              const NodeInfo& me);
+// Whether `proof` opens under the scheduler's secret key and the facts'
+// public key and matches the facts.
+bool CheckRegistrationProof(const std::string& scheduler_secret_z85, const NodeInfo& facts,
+                            const std::string& proof);
+
 // The node key of a process: the key file `node_key_file` (the setting)
 // when given; else, with `keep_at` empty, a new pair in memory (a worker);
 // else the key kept in the file `keep_at` (0600, in a 0700 directory),
