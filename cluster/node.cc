@@ -153,11 +153,11 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   GS_ASSIGN_OR_RETURN(node.agent, NodeAgent::Join(options, std::move(agent_transport), deadline));
   const Assignment& a = node.agent->assignment();
   if (node.keys) {
-    node.keys->SetPlan(a.peers);
+    node.keys->SetPlan(a.peers, a.epoch);
     // A joiner of an elastic job connects with its own key: every node's
     // plan takes each epoch's peers.
     node.agent->OnNewEpoch(
-        [keys = node.keys](const Assignment& next) { keys->SetPlan(next.peers); });
+        [keys = node.keys](const Assignment& next) { keys->SetPlan(next.peers, next.epoch); });
   }
   if (node.streams) {
     // A shard restarted in its old place: the workers know the stream port

@@ -124,6 +124,9 @@ class Scheduler {
   // `replaces`: set to the identity of the server a registration replaces.
   std::optional<Refusal> CheckRegistration(const wire::RegisterBody& r,
                                            std::string* replaces) const;
+  // A registration whose data or stream port is already a live node's, on
+  // its host.
+  std::optional<Refusal> CheckEndpoints(const wire::RegisterBody& r) const;
   std::optional<Refusal> CheckRejoin(const wire::RegisterBody& r, std::string* replaces) const;
   // With CURVE: the node's own public key is given and bound to no other
   // node (`replaces`: the node a restarted server takes the place of, whose

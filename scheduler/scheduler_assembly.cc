@@ -116,6 +116,22 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
   return std::nullopt;
 }
 
+// No two live nodes share an endpoint: a plan binds each to one node's key.
+std::optional<Scheduler::Refusal> Scheduler::CheckEndpoints(const wire::RegisterBody& r) const {
+  const std::string host = r.host() ? r.host()->str() : "";
+  const uint16_t ports[] = {r.data_port(), r.stream_port()};
+  for (const auto& [id, n] : nodes_) {
+    if (!n.alive || n.info.host != host) continue;
+    for (const uint16_t port : ports) {
+      if (port != 0 && (port == n.info.data_port || port == n.info.stream_port)) {
+        return Refusal{ErrorCode::BadSender, host + ":" + std::to_string(port) +
+                                                 " is already an endpoint of " + n.info.Name()};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 // A server of the running job restarted: it registers with the address the
 // workers know it by.
 std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBody& r,
@@ -166,7 +182,17 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
     return;  // a resent registration
   }
   std::string replaces;
-  std::optional<Refusal> refusal = CheckRegistration(r, &replaces);
+  std::optional<Refusal> refusal;
+  const std::string data_identity = r.identity() ? r.identity()->str() : "";
+  if (!data_identity.empty() && !wire::IsDataIdentity(data_identity)) {
+    // Derived identities ("<identity>/ps<epoch>", lanes, pairs) are made
+    // from a node's data identity; none may be registered as one.
+    refusal = Refusal{ErrorCode::BadSender,
+                      "a data identity is 1 to 64 letters, digits, '.', '_' or '-' (derived "
+                      "identities such as '<identity>/ps<epoch>' are not registered)"};
+  }
+  if (!refusal) refusal = CheckRegistration(r, &replaces);
+  if (!refusal && replaces.empty()) refusal = CheckEndpoints(r);
   if (!refusal) refusal = CheckNodeKey(r, replaces);
   if (refusal) {
     Refuse(identity, refusal->code, refusal->text, MsgType::Register);

@@ -202,6 +202,33 @@ TEST_F(SchedulerTest, TakenAndOutOfRangeRanksAreRefused) {
   EXPECT_EQ(metrics_.rejected.counter(wire::ErrorCode::JobFull).Value(), 1);
 }
 
+// A plan binds each endpoint to one node's key: a second node at a live
+// node's data or stream port is refused, naming it.
+TEST_F(SchedulerTest, ANodeAtAnotherLiveNodesEndpointIsRefused) {
+  elastic_ = ElasticOptions{1, Millis(5000), 4};
+  auto agents = RunningJob(2, Millis(0));
+  ASSERT_EQ(agents.size(), 3u);
+  const wire::NodeInfo first = agents[0]->assignment().self;
+  cluster::NodeOptions same_data = Options(wire::Role::Worker, -1);
+  same_data.num_workers = 2;
+  same_data.data_port = first.data_port;
+  auto refused = cluster::NodeAgent::Join(same_data, NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(":" + std::to_string(first.data_port) +
+                                            " is already an endpoint of worker 0"),
+            std::string::npos)
+      << refused.status();
+  cluster::NodeOptions stream_there = Options(wire::Role::Worker, -1);
+  stream_there.num_workers = 2;
+  stream_there.stream_port = first.data_port;
+  refused = cluster::NodeAgent::Join(stream_there, NewTransport(), Deadline::AfterMs(5000));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("is already an endpoint of worker 0"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(agents[0]->latest().epoch, 0u);
+}
+
 TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
   StartScheduler(3, 0);
   std::vector<cluster::NodeOptions> options;
@@ -452,6 +479,28 @@ TEST_F(SchedulerTest, AJoinerIsRankedLastInANewEpochAndTheJoinIsCounted) {
                                             "max_workers 3"),
             std::string::npos)
       << refused.status();
+}
+
+// A joiner registered under another worker's next parameter-server
+// identity would match that worker's key on the shards in the next epoch:
+// derived identities are not data identities, and are refused.
+TEST_F(SchedulerTest, AJoinerUnderAnotherWorkersDerivedIdentityIsRefused) {
+  elastic_ = ElasticOptions{1, Millis(5000), 3};
+  auto agents = RunningJob(2, Millis(0));
+  ASSERT_EQ(agents.size(), 3u);
+  const std::string victim = agents[0]->assignment().self.identity;
+  for (const std::string& identity :
+       {wire::PsClientIdentity(victim, 1), wire::LaneIdentity(victim, 1), victim + "#x"}) {
+    cluster::NodeOptions o = Options(wire::Role::Worker, -1);
+    o.num_workers = 2;
+    ListenData(o);
+    o.identity = identity;
+    auto joiner = cluster::NodeAgent::Join(o, NewTransport(), Deadline::AfterMs(5000));
+    ASSERT_FALSE(joiner.ok()) << identity;
+    EXPECT_NE(joiner.status().message().find("a data identity is"), std::string::npos)
+        << joiner.status();
+  }
+  EXPECT_EQ(agents[0]->latest().epoch, 0u);  // no membership change
 }
 
 TEST_F(SchedulerTest, MinWorkersOutsideOneToNumWorkersIsRefused) {

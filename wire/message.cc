@@ -353,6 +353,16 @@ std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch) {
   return data_identity + "/ps" + (epoch > 0 ? std::to_string(epoch) : "");
 }
 
+bool IsDataIdentity(const std::string& identity) {
+  if (identity.empty() || identity.size() > 64) return false;
+  for (const char c : identity) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 namespace {
 constexpr char kLaneSuffix[] = "/lane";
 constexpr char kPairSuffix[] = "/pair";

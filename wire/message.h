@@ -221,6 +221,10 @@ std::vector<Message> MakeLayoutPieces(const Sender& from,
 // epoch 0, "<identity>/ps<epoch>" in a later one (each epoch's client is a
 // new peer to the shards, with links of its own).
 std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch = 0);
+// Whether `identity` may be a node's data identity: 1 to 64 characters of
+// letters, digits, '.', '_' and '-' (so no derived identity, which has a
+// '/', and no routing id, which has a '#', is one).
+bool IsDataIdentity(const std::string& identity);
 // Lanes: further connections of one node to one peer, each a TCP
 // connection of its own (client/ring_lanes.h, the parameter-server
 // client's ps_lanes). Lane `lane` (1 to kMaxLanes - 1) presents the identity

@@ -465,5 +465,18 @@ TEST(EscapedTest, PeerTextCannotForgeLogLines) {
   EXPECT_EQ(Escaped(static_cast<const flatbuffers::String*>(nullptr)), "");
 }
 
+TEST(Identities, ADataIdentityIsNoDerivedIdentityOrRoutingId) {
+  EXPECT_TRUE(IsDataIdentity("node-0123abcd"));
+  EXPECT_TRUE(IsDataIdentity("w_1.A"));
+  EXPECT_TRUE(IsDataIdentity(std::string(64, 'a')));
+  EXPECT_FALSE(IsDataIdentity(std::string(65, 'a')));
+  EXPECT_FALSE(IsDataIdentity(""));
+  EXPECT_FALSE(IsDataIdentity(PsClientIdentity("node-1", 2)));
+  EXPECT_FALSE(IsDataIdentity(LaneIdentity("node-1", 1)));
+  EXPECT_FALSE(IsDataIdentity(PairIdentity("node-1", 1)));
+  EXPECT_FALSE(IsDataIdentity("node-1#abc"));
+  EXPECT_FALSE(IsDataIdentity(std::string("node\0x", 6)));
+}
+
 }  // namespace
 }  // namespace gradsync::wire

@@ -49,7 +49,7 @@ std::optional<std::string> DecodeKey(const std::string& z85) {
   return std::string(reinterpret_cast<const char*>(binary), sizeof(binary));
 }
 
-void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
+void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers, uint32_t epoch) {
   std::map<std::string, std::string> identities, keys, by_identity;
   std::map<std::string, std::vector<std::string>> by_address;
   std::vector<std::string> own_addresses;
@@ -73,6 +73,12 @@ void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers) {
   key_by_identity_.swap(by_identity);
   keys_by_address_.swap(by_address);
   own_addresses_.swap(own_addresses);
+  epoch_ = epoch;
+}
+
+uint32_t NodeKeys::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_;
 }
 
 std::vector<std::string> NodeKeys::OwnAddresses() const {
@@ -129,16 +135,11 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
   return routing_id.substr(0, at);
 }
 
-bool IdentityMatchesKey(const std::string& lane_claimed, const std::string& bound) {
+bool IdentityMatchesKey(const std::string& lane_claimed, const std::string& bound, uint32_t epoch) {
   if (bound.empty()) return false;
   const std::string claimed = PairBase(LaneBase(lane_claimed));
-  if (claimed == bound) return true;
-  const std::string ps = PsClientIdentity(bound);
-  if (claimed.compare(0, ps.size(), ps) != 0) return false;
-  // "/ps" alone (epoch 0) or followed by a later epoch's number.
-  const std::string epoch = claimed.substr(ps.size());
-  return epoch.empty() || (epoch.size() <= 10 && epoch[0] != '0' &&
-                           epoch.find_first_not_of("0123456789") == std::string::npos);
+  return claimed == bound || claimed == PsClientIdentity(bound, epoch) ||
+         (epoch < UINT32_MAX && claimed == PsClientIdentity(bound, epoch + 1));
 }
 
 namespace {

@@ -39,8 +39,11 @@ class NodeKeys {
   const CurveKey& own() const { return own_; }
 
   // Replaces the plan with `peers` (those without an identity or a valid
-  // public key are left out: nobody is admitted by them).
-  void SetPlan(const std::vector<NodeInfo>& peers);
+  // public key are left out: nobody is admitted by them), the plan of
+  // membership epoch `epoch`.
+  void SetPlan(const std::vector<NodeInfo>& peers, uint32_t epoch = 0);
+  // The membership epoch of the plan.
+  uint32_t epoch() const;
   // The identity bound to the 32-byte public key `key`; nullopt when the
   // key is not one of the plan's.
   std::optional<std::string> IdentityOf(const uint8_t* key) const;
@@ -76,6 +79,7 @@ class NodeKeys {
   std::map<std::string, std::string> extra_endpoints_;               // endpoint -> identity
   std::map<std::string, std::vector<std::string>> keys_by_address_;  // numeric -> binary keys
   std::vector<std::string> own_addresses_;
+  uint32_t epoch_ = 0;
 };
 
 // The 32 bytes of a Z85 CURVE key; nullopt when `z85` is not one.
@@ -88,11 +92,13 @@ std::optional<std::string> DecodeKey(const std::string& z85);
 std::string RoutingIdFor(const std::string& identity);
 std::optional<std::string> RoutedIdentity(const std::string& routing_id);
 // Whether a message under transport identity `claimed` may come from the
-// node whose key is bound to `bound`: the node's own data identity, its
-// parameter-server client's of any epoch (PsClientIdentity), one of its
-// ring lanes' (LaneIdentity) or of its halving-and-doubling pairs'
-// (PairIdentity).
-bool IdentityMatchesKey(const std::string& claimed, const std::string& bound);
+// node whose key is bound to `bound`, in membership epoch `epoch`: the
+// node's own data identity, its parameter-server client's of this epoch or
+// the next (PsClientIdentity; a worker may have the next plan first), one
+// of their ring lanes' (LaneIdentity) or of its halving-and-doubling
+// pairs' (PairIdentity). Compared exactly: a node has at most two
+// parameter-server identities at a time.
+bool IdentityMatchesKey(const std::string& claimed, const std::string& bound, uint32_t epoch);
 
 // Registration (docs/security.md#per-node-identity): a node proves to the
 // scheduler that it holds the secret key of the public key it registers

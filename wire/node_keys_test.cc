@@ -304,37 +304,43 @@ TEST(RoutingIdTest, TheIdentityComesBackFromTheRoutingId) {
   EXPECT_NE(id, RoutingIdFor("node-1/ps"));
   EXPECT_EQ(RoutedIdentity(id), std::optional<std::string>("node-1/ps"));
   EXPECT_EQ(RoutedIdentity("node-1"), std::nullopt);
-  EXPECT_TRUE(IdentityMatchesKey("node-1/ps", "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey("node-1/ps3", "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey(PsClientIdentity("node-1", 12), "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/ps03", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/psx", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/ps12345678901", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-12/ps", "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity("node-1", 1), "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey("node-1/lane15", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/lane16", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/lane0", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/lane01", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-2/lane1", "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity(PsClientIdentity("node-1", 3), 2), "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/lane1/lane1", "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/ps", "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/ps1", "node-1", 0));  // the next epoch's
+  EXPECT_FALSE(IdentityMatchesKey("node-1/ps3", "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/ps3", "node-1", 3));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/ps", "node-1", 3));  // an ended epoch's
+  EXPECT_TRUE(IdentityMatchesKey(PsClientIdentity("node-1", 12), "node-1", 12));
+  EXPECT_TRUE(IdentityMatchesKey(PsClientIdentity("node-1", 13), "node-1", 12));
+  EXPECT_FALSE(IdentityMatchesKey(PsClientIdentity("node-1", 14), "node-1", 12));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/ps03", "node-1", 3));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/psx", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/ps12345678901", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-12/ps", "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity("node-1", 1), "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/lane15", "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity(PsClientIdentity("node-1", 2), 3), "node-1", 2));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane16", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane0", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane01", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-2/lane1", "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey(LaneIdentity(PsClientIdentity("node-1", 3), 2), "node-1", 3));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/lane1/lane1", "node-1", 0));
   EXPECT_EQ(LaneBase("node-1/ps/lane3"), "node-1/ps");
-  EXPECT_TRUE(IdentityMatchesKey(PairIdentity("node-1", 0), "node-1"));
-  EXPECT_TRUE(IdentityMatchesKey("node-1/pair15", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/pair16", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/pair01", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1/pair", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-2/pair1", "node-1"));
+  EXPECT_TRUE(IdentityMatchesKey(PairIdentity("node-1", 0), "node-1", 0));
+  EXPECT_TRUE(IdentityMatchesKey("node-1/pair15", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/pair16", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/pair01", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1/pair", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-2/pair1", "node-1", 0));
   EXPECT_EQ(PairBase("node-1/pair3"), "node-1");
   EXPECT_EQ(PairBase("node-1/pair-3"), "node-1/pair-3");
   EXPECT_EQ(LaneBase("node-1/lane16"), "node-1/lane16");
   EXPECT_EQ(LaneOf("node-1/ps/lane3"), 3);
   EXPECT_EQ(LaneOf("node-1/ps"), 0);
   EXPECT_EQ(LaneOf("node-1/lane07"), 0);
-  EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1"));
-  EXPECT_FALSE(IdentityMatchesKey("node-1", ""));
+  EXPECT_TRUE(IdentityMatchesKey("node-1", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-2", "node-1", 0));
+  EXPECT_FALSE(IdentityMatchesKey("node-1", "", 0));
 }
 
 // Sealed bulk messages (wire/bulk_cipher.h): message `i` of a stream, a

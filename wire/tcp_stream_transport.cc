@@ -1136,7 +1136,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
   if (answer == kTaken) {
     if (!Accepts(identity)) {
       answer = options_.strangers_may_wait ? kNotListedYet : kStranger;
-    } else if (sealing && !IdentityMatchesKey(identity, *bound)) {
+    } else if (sealing && !IdentityMatchesKey(identity, *bound, options_.node_keys->epoch())) {
       answer = kWrongKey;
     }
   }

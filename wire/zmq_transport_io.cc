@@ -312,7 +312,7 @@ std::optional<std::string> ZmqTransport::Impl::Authenticate(
                          : nullptr;
   const std::string bound = user != nullptr ? user : "";
   const std::optional<std::string> claimed = RoutedIdentity(routing_id);
-  if (claimed && IdentityMatchesKey(*claimed, bound)) {
+  if (claimed && IdentityMatchesKey(*claimed, bound, options_.node_keys->epoch())) {
     std::string& latest = routing_ids_[*claimed];
     if (latest != routing_id) latest = routing_id;  // a new connection: rarely
     return claimed;
