@@ -5,6 +5,8 @@ scheduler process (and shards), as gradsync_launch runs them."""
 import json
 import os
 import random
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -73,6 +75,8 @@ def base_env(extra=None):
     env = dict(os.environ)
     env.update(PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1",
                PYTHONDONTWRITEBYTECODE="1",
+               # A worker killed at its deadline prints its Python stacks.
+               PYTHONFAULTHANDLER="1",
                GRADSYNC_METRICS_BASE_PORT="0",
                GRADSYNC_HEARTBEAT_MS=str(HEARTBEAT_MS),
                GRADSYNC_MISSED_HEARTBEATS=str(MISSED_HEARTBEATS))
@@ -145,6 +149,7 @@ class Job:
                 code = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 code = None
+                _dump_stacks(proc, log)
             log.seek(0)
             text = log.read()
             found = [json.loads(line[len("RESULT "):])
@@ -160,6 +165,28 @@ class Job:
                 proc.wait()
         for _, _, log in self.procs:
             log.close()
+
+
+def _dump_stacks(proc, log):
+    """Writes into `log` where a worker past its deadline waits: every
+    thread's native stack (gdb, where installed) and Python stack
+    (faulthandler, on the SIGABRT that ends it)."""
+    log.write("\n--- past its deadline (pid %d): its stacks ---\n" % proc.pid)
+    log.flush()
+    gdb = shutil.which("gdb")
+    if gdb:
+        try:
+            subprocess.run([gdb, "-p", str(proc.pid), "-batch", "-nx",
+                            "-ex", "thread apply all bt 30"],
+                           stdout=log, stderr=subprocess.STDOUT, timeout=60)
+        except subprocess.TimeoutExpired:
+            log.write("(gdb took longer than 60 s)\n")
+    log.flush()
+    proc.send_signal(signal.SIGABRT)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def run_workers(tag, argv, workers=4, torchrun=True, servers=0,
