@@ -1110,6 +1110,8 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     answer = kNotReady;
   } else if (Get64(c->hello + 8) != job) {
     answer = kOtherJob;
+  } else if (sealing && own_secret_ == nullptr) {
+    answer = kNoKeyOpens;  // this node's own key does not decode: nothing opens
   } else if (!sealing) {
     identity.assign(reinterpret_cast<const char*>(body), body_bytes);
   } else {
