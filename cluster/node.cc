@@ -135,16 +135,10 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   }
   if (node.keys) {
     // Proves to the scheduler that this node holds its node key.
-    wire::NodeInfo facts;
-    facts.role = role;
-    facts.rank = options.rank;
-    facts.host = options.host;
-    facts.data_port = options.data_port;
-    facts.stream_port = options.stream_port;
-    facts.identity = options.identity;
-    facts.public_key = options.public_key;
-    options.key_proof =
-        wire::RegistrationProof(node.keys->own(), wire::SchedulerPublicKey(*node.curve), facts);
+    options.prove = [own = node.keys->own(),
+                     scheduler = wire::SchedulerPublicKey(*node.curve)](const wire::NodeInfo& me) {
+      return wire::RegistrationProof(own, scheduler, me);
+    };
   }
   wire::ZmqOptions control = TransportOptions(node.curve, nullptr);
   control.node_keys = node.keys;  // probes of the peers' data ports

@@ -102,10 +102,11 @@ Status NodeAgent::Register(Deadline deadline) {
   GS_ASSIGN_OR_RETURN(scheduler_conn_, transport_->Connect(scheduler_endpoint_));
   uint32_t version = options_.protocol_version ? options_.protocol_version : kProtocolVersion;
   std::string build = options_.build_id.empty() ? kBuildId : options_.build_id;
-  return Send(wire::MakeRegister(sender(), assignment_.self, build, static_cast<uint32_t>(getpid()),
-                                 version, options_.num_workers, options_.num_servers,
-                                 wire::PidNamespace(), options_.key_proof),
-              deadline);
+  return Send(
+      wire::MakeRegister(sender(), assignment_.self, build, static_cast<uint32_t>(getpid()),
+                         version, options_.num_workers, options_.num_servers, wire::PidNamespace(),
+                         options_.prove ? options_.prove(assignment_.self) : ""),
+      deadline);
 }
 
 void NodeAgent::LogRejected(const wire::Verdict& v) {

@@ -47,9 +47,9 @@ struct NodeOptions {
   std::string identity;      // of the node's data transport
   std::string public_key;    // the node's own CURVE key; "" without CURVE
   uint16_t stream_port = 0;  // a shard's TCP stream port; 0: none
-  // With CURVE: proof that this node holds its node key
-  // (wire::RegistrationProof over the facts above).
-  std::string key_proof;
+  // With CURVE: the proof that this node holds its node key, of the node
+  // it registers as (wire::RegistrationProof).
+  std::function<std::string(const wire::NodeInfo&)> prove;
   Millis connect_timeout{10000};  // to reach the scheduler at all
   Millis rendezvous_timeout{120000};
   Millis heartbeat_interval{500};

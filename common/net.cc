@@ -10,19 +10,22 @@
 
 namespace gradsync {
 
-namespace {
-
-std::string Numeric(const sockaddr* sa) {
+std::string NumericAddress(const sockaddr* sa) {
+  if (sa->sa_family != AF_INET && sa->sa_family != AF_INET6) return "";
   char text[INET6_ADDRSTRLEN] = {};
+  const in6_addr* v6 = &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+  if (sa->sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(v6)) {
+    in_addr v4;
+    std::memcpy(&v4, v6->s6_addr + 12, sizeof(v4));
+    return inet_ntop(AF_INET, &v4, text, sizeof(text)) == nullptr ? "" : text;
+  }
   const void* where =
       sa->sa_family == AF_INET
           ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr)
-          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+          : static_cast<const void*>(v6);
   if (inet_ntop(sa->sa_family, where, text, sizeof(text)) == nullptr) return "";
   return text;
 }
-
-}  // namespace
 
 StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) {
   addrinfo hints;
@@ -37,7 +40,7 @@ StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) {
   std::vector<std::string> addresses;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
-    const std::string numeric = Numeric(a->ai_addr);
+    const std::string numeric = NumericAddress(a->ai_addr);
     if (numeric.empty()) continue;
     if (std::find(addresses.begin(), addresses.end(), numeric) == addresses.end()) {
       addresses.push_back(numeric);

@@ -12,6 +12,8 @@
 #ifndef GRADSYNC_COMMON_NET_H_
 #define GRADSYNC_COMMON_NET_H_
 
+#include <sys/socket.h>
+
 #include <string>
 #include <vector>
 
@@ -23,6 +25,11 @@ namespace gradsync {
 // resolves to for TCP, in the resolver's order, without repeats.
 // NotFound naming the host when it does not resolve.
 StatusOr<std::vector<std::string>> ResolveHost(const std::string& host);
+
+// The numeric address of an AF_INET or AF_INET6 socket address ("10.0.0.2",
+// "fd00::2"; an IPv4 address mapped into IPv6 as IPv4); "" for another
+// family.
+std::string NumericAddress(const sockaddr* address);
 
 // Whether the numeric address `address` is loopback: 127.0.0.0/8, ::1, or
 // an IPv4-mapped 127.0.0.0/8 (::ffff:127.x.y.z). False for anything that is

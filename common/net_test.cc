@@ -1,5 +1,8 @@
 #include "common/net.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "gtest/gtest.h"
 
 namespace gradsync {
@@ -45,6 +48,22 @@ TEST(NetTest, BindAddressIsTheResolvedNumericAddress) {
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   EXPECT_NE(none.status().message().find("127.0.0.1.invalid"), std::string::npos);
+}
+
+TEST(NetTest, ASocketAddressReadsAsItsNumericAddressMappedIPv4AsIPv4) {
+  sockaddr_in v4{};
+  v4.sin_family = AF_INET;
+  inet_pton(AF_INET, "10.1.2.3", &v4.sin_addr);
+  EXPECT_EQ(NumericAddress(reinterpret_cast<const sockaddr*>(&v4)), "10.1.2.3");
+  sockaddr_in6 v6{};
+  v6.sin6_family = AF_INET6;
+  inet_pton(AF_INET6, "::ffff:127.0.0.2", &v6.sin6_addr);
+  EXPECT_EQ(NumericAddress(reinterpret_cast<const sockaddr*>(&v6)), "127.0.0.2");
+  inet_pton(AF_INET6, "fd00::2", &v6.sin6_addr);
+  EXPECT_EQ(NumericAddress(reinterpret_cast<const sockaddr*>(&v6)), "fd00::2");
+  sockaddr other{};
+  other.sa_family = AF_UNIX;
+  EXPECT_EQ(NumericAddress(&other), "");
 }
 
 TEST(NetTest, ResolveListsEachAddressOnce) {

@@ -80,20 +80,13 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
                    "a node of a CURVE job registers with its data "
                    "identity and its own public key (40 Z85 characters)"};
   }
-  wire::NodeInfo facts;
-  facts.role = r.role();
-  facts.rank = r.requested_rank();
-  facts.host = r.host() ? r.host()->str() : "";
-  facts.data_port = r.data_port();
-  facts.stream_port = r.stream_port();
-  facts.identity = data_identity;
-  facts.public_key = key;
   const std::string proof =
       r.key_proof()
           ? std::string(reinterpret_cast<const char*>(r.key_proof()->data()), r.key_proof()->size())
           : "";
   StatusOr<wire::CurveKey> serving = wire::SchedulerServerKey(*options_.curve);
-  if (!serving.ok() || !wire::CheckRegistrationProof(serving->secret_z85, facts, proof)) {
+  if (!serving.ok() ||
+      !wire::CheckRegistrationProof(serving->secret_z85, wire::RegisteredNode(r), proof)) {
     return Refusal{ErrorCode::WrongKey,
                    "the registration does not prove that the node holds the secret key of the "
                    "public key it registers with"};
@@ -204,15 +197,7 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   }
   Node node;
   node.identity = identity;
-  node.info.role = r.role();
-  node.info.rank = r.requested_rank();
-  node.info.host = r.host() ? r.host()->str() : "";
-  node.info.data_port = r.data_port();
-  node.info.metrics_port = r.metrics_port();
-  node.info.identity = r.identity() ? r.identity()->str() : "";
-  node.info.boot_id = r.boot_id() ? r.boot_id()->str() : "";
-  node.info.public_key = key;
-  node.info.stream_port = r.stream_port();
+  node.info = wire::RegisteredNode(r);
   node.pid = r.pid();
   node.pid_ns = r.pid_ns() ? r.pid_ns()->str() : "";
   node.last_seen = clock_->Now();

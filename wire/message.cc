@@ -349,6 +349,20 @@ NodeInfo ToNodeInfo(const NodeAddress& a) {
   return n;
 }
 
+NodeInfo RegisteredNode(const RegisterBody& r) {
+  NodeInfo n;
+  n.role = r.role();
+  n.rank = r.requested_rank();
+  n.host = r.host() ? r.host()->str() : "";
+  n.data_port = r.data_port();
+  n.metrics_port = r.metrics_port();
+  n.identity = r.identity() ? r.identity()->str() : "";
+  n.boot_id = r.boot_id() ? r.boot_id()->str() : "";
+  n.public_key = r.public_key() ? r.public_key()->str() : "";
+  n.stream_port = r.stream_port();
+  return n;
+}
+
 std::string PsClientIdentity(const std::string& data_identity, uint32_t epoch) {
   return data_identity + "/ps" + (epoch > 0 ? std::to_string(epoch) : "");
 }

@@ -245,6 +245,9 @@ constexpr int kMaxPairLevels = 16;
 std::string PairIdentity(const std::string& identity, int level);
 std::string PairBase(const std::string& identity);
 
+// What a registration says of its node, as a NodeInfo (its requested rank
+// as rank).
+NodeInfo RegisteredNode(const RegisterBody& r);
 // Reads a NodeAddress table into a NodeInfo.
 NodeInfo ToNodeInfo(const NodeAddress& address);
 

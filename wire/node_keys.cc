@@ -1,12 +1,11 @@
 #include "wire/node_keys.h"
 
-#include <netdb.h>
 #include <sodium.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 
+#include "common/net.h"
 #include "common/private_files.h"
 #include "wire/transport.h"
 #include "zmq.h"
@@ -16,29 +15,6 @@ namespace gradsync::wire {
 namespace {
 
 constexpr char kRoutingSeparator = '#';
-
-// The numeric addresses of `host` (itself when numeric; else what it
-// resolves to), IPv4 mapped into IPv6 given as IPv4.
-std::vector<std::string> AddressesOf(const std::string& host) {
-  std::vector<std::string> out;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return out;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    char numeric[NI_MAXHOST];
-    if (getnameinfo(a->ai_addr, a->ai_addrlen, numeric, sizeof(numeric), nullptr, 0,
-                    NI_NUMERICHOST) != 0) {
-      continue;
-    }
-    std::string h(numeric);
-    if (h.compare(0, 7, "::ffff:") == 0 && h.find('.') != std::string::npos) h = h.substr(7);
-    if (std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
-  }
-  freeaddrinfo(found);
-  return out;
-}
 
 }  // namespace
 
@@ -56,7 +32,9 @@ void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers, uint32_t epoch) {
   for (const NodeInfo& p : peers) {
     auto binary = DecodeKey(p.public_key);
     if (!binary || p.identity.empty()) continue;
-    const std::vector<std::string> addresses = AddressesOf(p.host);
+    StatusOr<std::vector<std::string>> resolved = ResolveHost(p.host);
+    const std::vector<std::string> addresses =
+        resolved.ok() ? *resolved : std::vector<std::string>();
     if (p.public_key == own_.public_z85) own_addresses = addresses;
     for (const std::string& address : addresses) {
       std::vector<std::string>& at = by_address[address];
@@ -162,42 +140,48 @@ void RegistrationFacts(const NodeInfo& me, uint8_t* out) {
   crypto_generichash(out, 32, reinterpret_cast<const uint8_t*>(t.data()), t.size(), nullptr, 0);
 }
 
+// A decoded secret key, wiped when it goes.
+struct DecodedSecret {
+  explicit DecodedSecret(const std::string& z85) : key(DecodeKey(z85)) {}
+  ~DecodedSecret() {
+    if (key) sodium_memzero(key->data(), key->size());
+  }
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(key->data()); }
+  std::optional<std::string> key;
+};
+
 }  // namespace
 
 std::string RegistrationProof(const CurveKey& node, const std::string& scheduler_public_z85,
                               const NodeInfo& me) {
-  const std::optional<std::string> secret = DecodeKey(node.secret_z85);
+  const DecodedSecret secret(node.secret_z85);
   const std::optional<std::string> server = DecodeKey(scheduler_public_z85);
-  if (!secret || !server || sodium_init() < 0) return "";
+  if (!secret.key || !server || sodium_init() < 0) return "";
   uint8_t facts[32];
   RegistrationFacts(me, facts);
   std::string out(kRegistrationProofBytes, '\0');
   uint8_t* p = reinterpret_cast<uint8_t*>(out.data());
   randombytes_buf(p, crypto_box_NONCEBYTES);
-  const bool ok = crypto_box_easy(p + crypto_box_NONCEBYTES, facts, sizeof(facts), p,
-                                  reinterpret_cast<const uint8_t*>(server->data()),
-                                  reinterpret_cast<const uint8_t*>(secret->data())) == 0;
-  std::string wipe = *secret;
-  sodium_memzero(wipe.data(), wipe.size());
+  const bool ok =
+      crypto_box_easy(p + crypto_box_NONCEBYTES, facts, sizeof(facts), p,
+                      reinterpret_cast<const uint8_t*>(server->data()), secret.data()) == 0;
   return ok ? out : "";
 }
 
 bool CheckRegistrationProof(const std::string& scheduler_secret_z85, const NodeInfo& facts,
                             const std::string& proof) {
-  const std::optional<std::string> secret = DecodeKey(scheduler_secret_z85);
+  const DecodedSecret secret(scheduler_secret_z85);
   const std::optional<std::string> node = DecodeKey(facts.public_key);
-  if (!secret || !node || proof.size() != kRegistrationProofBytes || sodium_init() < 0) {
+  if (!secret.key || !node || proof.size() != kRegistrationProofBytes || sodium_init() < 0) {
     return false;
   }
   const uint8_t* p = reinterpret_cast<const uint8_t*>(proof.data());
   uint8_t opened[32], want[32];
-  const bool opens = crypto_box_open_easy(opened, p + crypto_box_NONCEBYTES,
-                                          kRegistrationProofBytes - crypto_box_NONCEBYTES, p,
-                                          reinterpret_cast<const uint8_t*>(node->data()),
-                                          reinterpret_cast<const uint8_t*>(secret->data())) == 0;
+  const bool opens =
+      crypto_box_open_easy(opened, p + crypto_box_NONCEBYTES,
+                           kRegistrationProofBytes - crypto_box_NONCEBYTES, p,
+                           reinterpret_cast<const uint8_t*>(node->data()), secret.data()) == 0;
   RegistrationFacts(facts, want);
-  std::string wipe = *secret;
-  sodium_memzero(wipe.data(), wipe.size());
   return opens && sodium_memcmp(opened, want, sizeof(want)) == 0;
 }
 

@@ -64,6 +64,16 @@ bool Gcm(bool seal, const uint8_t* key, uint64_t nonce, const uint8_t* ad, size_
   return ok;
 }
 
+// HKDF(chaining_key, input, 2) of the spec with HMAC-BLAKE2b: out[0, 64)
+// and out[64, 128), the temporary key in out[128, 192).
+void Hkdf2(const uint8_t* chaining_key, const uint8_t* input, size_t n, uint8_t* out) {
+  uint8_t* temp = out + 2 * kHashBytes;
+  const uint8_t one = 1, two = 2;
+  Hmac(chaining_key, input, n, nullptr, 0, temp);
+  Hmac(temp, &one, 1, nullptr, 0, out);
+  Hmac(temp, out, kHashBytes, &two, 1, out + kHashBytes);
+}
+
 }  // namespace
 
 SecretBytes::SecretBytes(size_t n) : size_(n) {
@@ -147,16 +157,8 @@ bool CipherState::DecryptWithAd(const uint8_t* ad, size_t ad_n, const uint8_t* i
 
 bool CipherState::Rekey() { return has_key_ && noise::Rekey(key_.data()); }
 
-void Hkdf2(const uint8_t* chaining_key, const uint8_t* input, size_t n, uint8_t* out1,
-           uint8_t* out2) {
-  SecretBytes temp(kHashBytes);
-  const uint8_t one = 1, two = 2;
-  Hmac(chaining_key, input, n, nullptr, 0, temp.data());
-  Hmac(temp.data(), &one, 1, nullptr, 0, out1);
-  Hmac(temp.data(), out1, kHashBytes, &two, 1, out2);
-}
-
-SymmetricState::SymmetricState(const char* protocol_name) : ck_(kHashBytes) {
+SymmetricState::SymmetricState(const char* protocol_name)
+    : ck_(kHashBytes), scratch_(3 * kHashBytes) {
   const size_t n = std::strlen(protocol_name);
   std::memset(h_, 0, sizeof(h_));
   if (n <= kHashBytes) {
@@ -169,10 +171,9 @@ SymmetricState::SymmetricState(const char* protocol_name) : ck_(kHashBytes) {
 }
 
 void SymmetricState::MixKey(const uint8_t* input, size_t n) {
-  SecretBytes out(2 * kHashBytes);
-  Hkdf2(ck_.data(), input, n, out.data(), out.data() + kHashBytes);
-  std::memcpy(ck_.data(), out.data(), kHashBytes);
-  cipher_.InitializeKey(out.data() + kHashBytes);  // its first 32 bytes (HASHLEN 64)
+  Hkdf2(ck_.data(), input, n, scratch_.data());
+  std::memcpy(ck_.data(), scratch_.data(), kHashBytes);
+  cipher_.InitializeKey(scratch_.data() + kHashBytes);  // its first 32 bytes (HASHLEN 64)
 }
 
 void SymmetricState::MixHash(const uint8_t* data, size_t n) {
@@ -197,16 +198,15 @@ bool SymmetricState::DecryptAndHash(const uint8_t* in, size_t n, std::vector<uin
 }
 
 void SymmetricState::Split(uint8_t* first, uint8_t* second) {
-  SecretBytes out(2 * kHashBytes);
-  Hkdf2(ck_.data(), nullptr, 0, out.data(), out.data() + kHashBytes);
-  std::memcpy(first, out.data(), kKeyBytes);
-  std::memcpy(second, out.data() + kHashBytes, kKeyBytes);
+  Hkdf2(ck_.data(), nullptr, 0, scratch_.data());
+  std::memcpy(first, scratch_.data(), kKeyBytes);
+  std::memcpy(second, scratch_.data() + kHashBytes, kKeyBytes);
 }
 
 HandshakeKK::HandshakeKK(bool initiator, const uint8_t* static_secret, const uint8_t* remote_static,
                          const uint8_t* prologue, size_t prologue_n,
                          const uint8_t* ephemeral_secret)
-    : initiator_(initiator), symmetric_(kProtocolName), s_(kDhBytes), e_(kDhBytes) {
+    : initiator_(initiator), symmetric_(kProtocolName), s_(kDhBytes), e_(kDhBytes), dh_(kDhBytes) {
   std::memcpy(s_.data(), static_secret, kDhBytes);
   std::memcpy(rs_, remote_static, kDhBytes);
   std::memset(re_, 0, sizeof(re_));
@@ -224,9 +224,8 @@ HandshakeKK::HandshakeKK(bool initiator, const uint8_t* static_secret, const uin
 }
 
 bool HandshakeKK::Dh(const uint8_t* secret, const uint8_t* pub) {
-  SecretBytes shared(kDhBytes);
-  if (crypto_scalarmult(shared.data(), secret, pub) != 0) return false;  // all zero
-  symmetric_.MixKey(shared.data(), kDhBytes);
+  if (crypto_scalarmult(dh_.data(), secret, pub) != 0) return false;  // all zero
+  symmetric_.MixKey(dh_.data(), kDhBytes);
   return true;
 }
 

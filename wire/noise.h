@@ -108,14 +108,11 @@ class SymmetricState {
 
  private:
   SecretBytes ck_;
+  // HKDF's temporary key and two outputs: made once, not per MixKey.
+  SecretBytes scratch_;
   uint8_t h_[kHashBytes];
   CipherState cipher_;
 };
-
-// HKDF(chaining_key, input, 2) of the spec with HMAC-BLAKE2b: out1 and out2
-// (kHashBytes each).
-void Hkdf2(const uint8_t* chaining_key, const uint8_t* input, size_t n, uint8_t* out1,
-           uint8_t* out2);
 
 // One side of a Noise_KK_25519_AESGCM_BLAKE2b handshake.
 class HandshakeKK {
@@ -148,7 +145,7 @@ class HandshakeKK {
   const bool initiator_;
   int step_ = 0;  // messages done
   SymmetricState symmetric_;
-  SecretBytes s_, e_;  // secrets
+  SecretBytes s_, e_, dh_;  // secrets, and a DH result's room
   uint8_t e_pub_[kDhBytes], rs_[kDhBytes], re_[kDhBytes];
   bool fixed_ephemeral_ = false;
 };

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/net.h"
 #include "wire/bulk_cipher.h"
 #include "wire/noise.h"
 #include "wire/validate.h"
@@ -123,16 +124,6 @@ uint64_t Get64(const uint8_t* p) {
 }
 
 std::string ErrnoText(int e) { return std::strerror(e); }
-
-// The numeric address of `a` ("10.0.0.2", "fd00::2"); an IPv4 address
-// mapped into IPv6 is given as IPv4.
-std::string NumericAddress(const sockaddr* a, socklen_t len) {
-  char host[NI_MAXHOST];
-  if (getnameinfo(a, len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return "";
-  std::string h(host);
-  if (h.compare(0, 7, "::ffff:") == 0 && h.find('.') != std::string::npos) h = h.substr(7);
-  return h;
-}
 
 // "tcp://HOST:PORT" (HOST may be [IPv6] or *) into host and port.
 Status SplitEndpoint(const std::string& endpoint, std::string* host, std::string* port) {
@@ -256,17 +247,6 @@ struct ConnectionKeys {
   std::unique_ptr<BulkKey> to_acceptor, to_connector;
 };
 
-// What both sides of a sealed connection mix into Noise's handshake before
-// the first message: the protocol, its version and the job.
-std::vector<uint8_t> Prologue(uint64_t job) {
-  static constexpr char kContext[] = "gradsync tcp stream";
-  std::vector<uint8_t> p(kContext, kContext + sizeof(kContext));
-  p.resize(p.size() + 12);
-  Put32(p.data() + sizeof(kContext), kSealedVersion);
-  Put64(p.data() + sizeof(kContext) + 4, job);
-  return p;
-}
-
 // The transport keys of a finished handshake; nullopt if the cipher cannot
 // be set up.
 std::optional<ConnectionKeys> SplitKeys(noise::HandshakeKK& hs, BulkCipherEngine engine) {
@@ -279,13 +259,20 @@ std::optional<ConnectionKeys> SplitKeys(noise::HandshakeKK& hs, BulkCipherEngine
   return keys;
 }
 
-// Noise's REKEY of `key` in place; false if the cipher fails.
-bool RekeyBulk(std::unique_ptr<BulkKey>* key, BulkCipherEngine engine) {
+// Counts a message of `bytes` sealed or opened under `key` and renews the
+// key (Noise's REKEY) once `messages` or `sealed` reach their bounds; both
+// ends count the same messages, so they renew at the same one. False if
+// the cipher fails.
+bool CountAndRenew(std::unique_ptr<BulkKey>* key, uint64_t* messages, uint64_t* sealed,
+                   uint64_t bytes, const TcpStreamOptions& o) {
+  *sealed += bytes;
+  if (++*messages < o.rekey_messages && *sealed < o.rekey_bytes) return true;
+  *messages = *sealed = 0;
   noise::SecretBytes k(noise::kKeyBytes);
   if (k.data() == nullptr) return false;
   std::memcpy(k.data(), (*key)->bytes(), noise::kKeyBytes);
   if (!noise::Rekey(k.data())) return false;
-  std::unique_ptr<BulkKey> next = BulkKey::FromBytes(k.data(), engine);
+  std::unique_ptr<BulkKey> next = BulkKey::FromBytes(k.data(), o.cipher);
   if (next == nullptr) return false;
   *key = std::move(next);
   return true;
@@ -304,6 +291,15 @@ std::optional<uint32_t> OpenWord(BulkKey& key, const uint8_t* in) {
 }
 
 }  // namespace
+
+std::vector<uint8_t> SealedStreamPrologue(uint64_t job) {
+  static constexpr char kContext[] = "gradsync tcp stream";
+  std::vector<uint8_t> p(kContext, kContext + sizeof(kContext));
+  p.resize(p.size() + 12);
+  Put32(p.data() + sizeof(kContext), kSealedVersion);
+  Put64(p.data() + sizeof(kContext) + 4, job);
+  return p;
+}
 
 struct TcpStreamTransport::Pending {
   Message message;
@@ -613,14 +609,8 @@ Status TcpStreamTransport::Seal(Conn& c, Pending& p) {
         c.send_key->Seal(counter, static_cast<uint32_t>(i + 1), plain[i].data, plain[i].size, out));
     out += kBulkTagBytes + plain[i].size;
   }
-  // Noise's REKEY once a direction's key has sealed its share.
-  c.sent_bytes_under_key += bytes;
-  if (++c.sent_under_key >= options_.rekey_messages ||
-      c.sent_bytes_under_key >= options_.rekey_bytes) {
-    if (!RekeyBulk(&c.send_key, options_.cipher)) {
-      return InternalError("the key of " + c.Described() + " cannot be renewed");
-    }
-    c.sent_under_key = c.sent_bytes_under_key = 0;
+  if (!CountAndRenew(&c.send_key, &c.sent_under_key, &c.sent_bytes_under_key, bytes, options_)) {
+    return InternalError("the key of " + c.Described() + " cannot be renewed");
   }
   // Written as one payload after an empty header; the caller's buffers go.
   Message sealed;
@@ -753,7 +743,7 @@ Status TcpStreamTransport::Hello(Conn& c, int fd, Deadline deadline) {
     std::memcpy(hello.data() + kHelloFixed, c.says.data(), c.says.size());
   } else {
     // Noise KK's first message: the identity, sealed to the acceptor's key.
-    const std::vector<uint8_t> prologue = Prologue(job);
+    const std::vector<uint8_t> prologue = SealedStreamPrologue(job);
     hs.emplace(true, own_secret_->data(), reinterpret_cast<const uint8_t*>(server->data()),
                prologue.data(), prologue.size());
     if (!hs->WriteMessage(reinterpret_cast<const uint8_t*>(c.says.data()), c.says.size(), &hello)) {
@@ -1039,7 +1029,7 @@ void TcpStreamTransport::Accept(int listening, std::vector<std::shared_ptr<Conn>
     if (fd < 0) return;
     auto c = std::make_shared<Conn>(false, -1, "");
     c->fd.store(fd);
-    c->source = NumericAddress(reinterpret_cast<const sockaddr*>(&from), from_len);
+    c->source = NumericAddress(reinterpret_cast<const sockaddr*>(&from));
     if (options_.node_keys != nullptr && options_.node_keys->HasPlan() &&
         options_.node_keys->KeysAt(c->source).empty()) {
       // Sealed: only plan nodes can say a hello that opens; nothing from
@@ -1118,7 +1108,7 @@ bool TcpStreamTransport::ReadHello(const std::shared_ptr<Conn>& c) {
     // Noise KK: the responder must know the initiator's key, which the
     // hello does not say. It is the key of a plan node at the connector's
     // address under which the first message opens.
-    const std::vector<uint8_t> prologue = Prologue(job);
+    const std::vector<uint8_t> prologue = SealedStreamPrologue(job);
     std::vector<uint8_t> payload;
     for (const std::string& key : options_.node_keys->KeysAt(c->source)) {
       hs.emplace(false, own_secret_->data(), reinterpret_cast<const uint8_t*>(key.data()),
@@ -1250,16 +1240,10 @@ bool TcpStreamTransport::OpenSealed(Conn& c) const {
     payload.data = frame + kBulkTagBytes;
     payload.size -= kBulkTagBytes;
   }
-  // The sender renews its key after the same message (Seal).
   uint64_t bytes = kBulkTagBytes + header.size();
   for (const Payload& payload : c.reading.payloads) bytes += kBulkTagBytes + payload.size;
-  c.received_bytes_under_key += bytes;
-  if (++c.received_under_key >= options_.rekey_messages ||
-      c.received_bytes_under_key >= options_.rekey_bytes) {
-    if (!RekeyBulk(&c.receive_key, options_.cipher)) return false;
-    c.received_under_key = c.received_bytes_under_key = 0;
-  }
-  return true;
+  return CountAndRenew(&c.receive_key, &c.received_under_key, &c.received_bytes_under_key, bytes,
+                       options_);
 }
 
 StatusOr<std::optional<Incoming>> TcpStreamTransport::ReadSome(Conn& c) {

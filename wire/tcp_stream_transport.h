@@ -126,6 +126,11 @@ struct TcpStreamOptions {
   uint64_t rekey_bytes = uint64_t{256} << 30;
 };
 
+// What both sides of a sealed connection mix into Noise's handshake before
+// its first message: "gradsync tcp stream" and its NUL, the hello's version
+// (u32) and the job id (u64), little endian.
+std::vector<uint8_t> SealedStreamPrologue(uint64_t job);
+
 class TcpStreamTransport : public Transport {
  public:
   explicit TcpStreamTransport(TcpStreamOptions options);

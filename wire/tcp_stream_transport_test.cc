@@ -860,12 +860,7 @@ TEST(TcpStreamTransport, AThiefOfANodesKeyCannotPoseAsAnotherNodeToIt) {
   const std::string right_secret = Binary(job.pairs["right"].secret_z85);
   const std::string right_pub = Binary(job.pairs["right"].public_z85);
   const std::string left_pub = Binary(job.pairs["left"].public_z85);
-  // The prologue both sides mix in: protocol, version 3, job.
-  std::vector<uint8_t> prologue;
-  const char context[] = "gradsync tcp stream";
-  prologue.assign(context, context + sizeof(context));
-  Put32(&prologue, 3);
-  Put64(&prologue, kJob);
+  const std::vector<uint8_t> prologue = SealedStreamPrologue(kJob);
   noise::SymmetricState st(noise::kProtocolName);
   st.MixHash(prologue.data(), prologue.size());
   st.MixHash(Bytes(left_pub), 32);

@@ -83,12 +83,7 @@ std::vector<uint8_t> GoodHello(bool sealed, const Keys& keys) {
     b.insert(b.end(), {'l', 'e', 'f', 't'});
     return b;
   }
-  // The prologue: protocol, version, job.
-  const char context[] = "gradsync tcp stream";
-  std::vector<uint8_t> prologue(context, context + sizeof(context));
-  Put32(&prologue, 3);
-  Put32(&prologue, static_cast<uint32_t>(kJob));
-  Put32(&prologue, static_cast<uint32_t>(kJob >> 32));
+  const std::vector<uint8_t> prologue = wire::SealedStreamPrologue(kJob);
   wire::noise::HandshakeKK hs(true, reinterpret_cast<const uint8_t*>(keys.left_secret.data()),
                               reinterpret_cast<const uint8_t*>(keys.right_public.data()),
                               prologue.data(), prologue.size());
