@@ -40,11 +40,9 @@
 //   bazel run --config=opt //bench:allreduce_bench -- --quick
 //   flags: --quick --ranks=2,4 --sizes=4K,1M,... --iters=N --warmup=N
 //          --impls=gradsync_ring,gloo_ring,gloo_ring_chunked,gradsync_ring_curve,
-//                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_sealed_zmq,
-//                  gradsync_ring_zmq,openmpi_tcp,openmpi,gradsync_shm_segments,gradsync_hd,
-//                  gradsync_auto
+//                  gradsync_ring_shm,gradsync_ring_sealed,gradsync_ring_zmq,openmpi_tcp,
+//                  openmpi,gradsync_shm_segments,gradsync_hd,gradsync_auto
 //          --chunk_bytes=N --small_bytes=N --slot_bytes=N (gradsync_shm_segments)
-//          --bulk_crypto_threads=N (gradsync_ring_sealed_zmq; -1 by cores)
 //          --op_timeout_s=60 --group_timeout_s=N --gloo_barrier --keep_tmp --verbose
 
 #include <sys/socket.h>
@@ -97,14 +95,12 @@ namespace {
 using Steady = std::chrono::steady_clock;
 // gradsync_ring: our ring as a job without CURVE runs it between hosts, over
 // TCP connections its threads read and write (wire/tcp_stream_transport.h).
-// gradsync_ring_zmq: the same ring over ZeroMQ (wire/zmq_transport.h).
-// gradsync_ring_curve: our ring with CurveZMQ (wire/curve.h) on every socket.
+// gradsync_ring_zmq: the same ring over ZeroMQ (wire/zmq_transport.h), the
+// transport under the shared-memory links of a job on one host.
+// gradsync_ring_curve: that ring with CurveZMQ (wire/curve.h) on every socket.
 // gradsync_ring_sealed: our ring as a CURVE job runs it between hosts: TCP
 // streams sealed with AES-256-GCM under keys agreed with every rank's own
 // node key (wire/tcp_stream_transport.h).
-// gradsync_ring_sealed_zmq: our ring over ZeroMQ data transports with
-// bulk_encryption (a CURVE job's parameter-server links): the messages
-// sealed with AES-256-GCM on a plain connection (wire/bulk_cipher.h).
 // gradsync_ring_shm: our ring with the neighbours' messages in shared memory
 // (wire/same_host_transport.h).
 // gradsync_shm_segments: our all-reduce over shared-memory segments
@@ -120,14 +116,13 @@ using Steady = std::chrono::steady_clock;
 // took is printed under the table.
 // openmpi_tcp / openmpi: MPI_Allreduce under mpirun (bench/mpi_allreduce.cc),
 // TCP only (--mca btl self,tcp) and OpenMPI's default (shared memory).
-constexpr const char* kImplNames[] = {"gradsync_ring",         "gloo_ring",
-                                      "gloo_ring_chunked",     "gradsync_ring_curve",
-                                      "openmpi_tcp",           "openmpi",
-                                      "gradsync_ring_shm",     "gradsync_ring_sealed",
-                                      "gradsync_ring_zmq",     "gradsync_ring_sealed_zmq",
-                                      "gradsync_shm_segments", "gradsync_hd",
-                                      "gradsync_auto"};
-constexpr int kNumImpls = 13;
+constexpr const char* kImplNames[] = {"gradsync_ring",     "gloo_ring",
+                                      "gloo_ring_chunked", "gradsync_ring_curve",
+                                      "openmpi_tcp",       "openmpi",
+                                      "gradsync_ring_shm", "gradsync_ring_sealed",
+                                      "gradsync_ring_zmq", "gradsync_shm_segments",
+                                      "gradsync_hd",       "gradsync_auto"};
+constexpr int kNumImpls = 12;
 constexpr int kOurs = 0;
 constexpr int kOursCurve = 3;
 constexpr int kMpiTcp = 4;
@@ -135,10 +130,9 @@ constexpr int kMpi = 5;
 constexpr int kOursShm = 6;
 constexpr int kOursSealed = 7;
 constexpr int kOursZmq = 8;
-constexpr int kOursSealedZmq = 9;
-constexpr int kOursSegments = 10;
-constexpr int kOursHd = 11;
-constexpr int kOursAuto = 12;
+constexpr int kOursSegments = 9;
+constexpr int kOursHd = 10;
+constexpr int kOursAuto = 11;
 constexpr int kExitFailed = 3;    // a child's exit code when something failed
 constexpr int kExitWrongSum = 4;  // ... when an implementation computed a wrong sum
 
@@ -149,13 +143,12 @@ struct Settings {
   bool quick = false;
   std::vector<int> ranks;
   std::vector<size_t> sizes;
-  std::vector<bool> impl_on;         // by index into kImplNames
-  int64_t iters = 0;                 // 0: by size
-  int64_t warmup = -1;               // -1: by size
-  int64_t chunk_bytes = 0;           // 0: RingOptions default
-  int64_t small_bytes = -1;          // -1: RingOptions default
-  int64_t slot_bytes = 0;            // 0: HostOptions default
-  int64_t bulk_crypto_threads = -1;  // ZmqOptions::bulk_crypto_threads
+  std::vector<bool> impl_on;  // by index into kImplNames
+  int64_t iters = 0;          // 0: by size
+  int64_t warmup = -1;        // -1: by size
+  int64_t chunk_bytes = 0;    // 0: RingOptions default
+  int64_t small_bytes = -1;   // -1: RingOptions default
+  int64_t slot_bytes = 0;     // 0: HostOptions default
   int64_t op_timeout_s = 60;
   int64_t group_timeout_s = 0;  // 0: by plan
   bool keep_tmp = false;
@@ -195,8 +188,8 @@ Status ParseLists(const Config& config, Settings* s) {
                       config.GetString("impls",
                                        "gradsync_ring,gloo_ring,gloo_ring_chunked,"
                                        "gradsync_ring_curve,gradsync_ring_shm,"
-                                       "gradsync_ring_sealed,gradsync_ring_sealed_zmq,"
-                                       "gradsync_ring_zmq,openmpi_tcp,openmpi,"
+                                       "gradsync_ring_sealed,gradsync_ring_zmq,"
+                                       "openmpi_tcp,openmpi,"
                                        "gradsync_shm_segments"));
   for (const auto& r : Split(ranks)) {
     int n = std::atoi(r.c_str());
@@ -226,7 +219,6 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.chunk_bytes, config.GetInt("chunk_bytes", 0));
   GS_ASSIGN_OR_RETURN(s.small_bytes, config.GetInt("small_bytes", -1));
   GS_ASSIGN_OR_RETURN(s.slot_bytes, config.GetInt("slot_bytes", 0));
-  GS_ASSIGN_OR_RETURN(s.bulk_crypto_threads, config.GetInt("bulk_crypto_threads", -1));
   GS_ASSIGN_OR_RETURN(s.op_timeout_s, config.GetInt("op_timeout_s", 60));
   GS_ASSIGN_OR_RETURN(s.group_timeout_s, config.GetInt("group_timeout_s", 0));
   GS_ASSIGN_OR_RETURN(s.keep_tmp, config.GetBool("keep_tmp", false));
@@ -455,7 +447,7 @@ StatusOr<std::pair<std::string, std::string>> NeighbourIdentities(Rank* r, int i
                         std::string(got_right.begin(), got_right.end()));
 }
 
-// With node keys (kOursSealed, kOursSealedZmq): every rank's identity, public key and
+// With node keys (kOursSealed): every rank's identity, public key and
 // endpoint, through the store, become the plan of `keys`; returns the left
 // neighbour's identity.
 StatusOr<std::string> SharePlan(Rank* r, int impl, const std::string& endpoint,
@@ -572,7 +564,7 @@ Status ConnectHd(Rank* r, int impl, Rank::OurRing* ours) {
 }
 
 // Our ring for implementation `impl` (kOurs, kOursSealed, kOursZmq,
-// kOursCurve, kOursShm or kOursSealedZmq).
+// kOursCurve or kOursShm).
 Status ConnectOurs(Rank* r, int impl) {
   Rank::OurRing& ours = r->ours[impl];
   if (impl == kOurs || impl == kOursSealed) return ConnectStreams(r, impl, &ours);
@@ -582,28 +574,14 @@ Status ConnectOurs(Rank* r, int impl) {
     return OkStatus();
   }
   wire::ZmqOptions zmq;
-  std::shared_ptr<wire::NodeKeys> keys;
-  if (impl == kOursCurve || impl == kOursSealedZmq) {
+  if (impl == kOursCurve) {
     GS_ASSIGN_OR_RETURN(zmq.curve, SharedKey(r, std::string(kImplNames[impl]) + "_key"));
-  }
-  if (impl == kOursSealedZmq) {
-    GS_ASSIGN_OR_RETURN(wire::CurveKey own, wire::GenerateCurveKey());
-    keys = std::make_shared<wire::NodeKeys>(*zmq.curve, own);
-    zmq.node_keys = keys;
-    zmq.identity = "rank-" + std::to_string(r->args.rank);
-    zmq.bulk_encryption = true;
-    zmq.bulk_crypto_threads = static_cast<int>(r->settings.bulk_crypto_threads);
   }
   GS_ASSIGN_OR_RETURN(ours.transport, wire::ZmqTransport::Create(zmq));
   GS_ASSIGN_OR_RETURN(std::string endpoint, ours.transport->Listen("tcp://127.0.0.1:0"));
-  std::string left_identity;
-  if (keys) {
-    GS_ASSIGN_OR_RETURN(left_identity, SharePlan(r, impl, endpoint, keys.get(), zmq.identity));
-  }
   GS_ASSIGN_OR_RETURN(std::string right,
                       SwapEndpoints(r, endpoint, std::string(kImplNames[impl]) + "_endpoint_"));
   client::RingPeers peers;
-  peers.left_identity = left_identity;
   peers.rank = r->args.rank;
   peers.world_size = r->args.world;
   peers.right_endpoint = right;
@@ -765,8 +743,8 @@ Status RunSize(Rank* r, size_t bytes, std::ofstream* results) {
 
 Status RunChild(Rank* r) {
   GS_RETURN_IF_ERROR(ConnectGloo(r));
-  for (int impl : {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSealedZmq,
-                   kOursSegments, kOursHd, kOursAuto}) {
+  for (int impl :
+       {kOurs, kOursCurve, kOursShm, kOursSealed, kOursZmq, kOursSegments, kOursHd, kOursAuto}) {
     if (r->settings.impl_on[impl]) GS_RETURN_IF_ERROR(ConnectOurs(r, impl));
   }
   std::ofstream results;
@@ -824,9 +802,8 @@ std::vector<std::string> ChildArgv(const Config& config, int rank, int world, ui
                                    "--job_id=" + std::to_string(job_id),
                                    "--dir=" + dir,
                                    "--results=" + dir + "/results.txt"};
-  for (const char* name :
-       {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes", "small_bytes", "slot_bytes",
-        "bulk_crypto_threads", "op_timeout_s", "gloo_barrier"}) {
+  for (const char* name : {"quick", "sizes", "iters", "warmup", "impls", "chunk_bytes",
+                           "small_bytes", "slot_bytes", "op_timeout_s", "gloo_barrier"}) {
     auto v = config.Lookup(name);
     if (v) argv.push_back(std::string("--") + name + "=" + *v);
   }
@@ -1018,10 +995,6 @@ void PrintTable(const Settings& s, int world, const std::vector<Row>& rows) {
     const Row* sealed = Find(rows, kOursSealed, world, bytes);
     if (ours && sealed) {
       std::printf(" | sealed/plain busbw %5.2fx", sealed->busbw() / ours->busbw());
-    }
-    const Row* sealed_zmq = Find(rows, kOursSealedZmq, world, bytes);
-    if (ours && sealed_zmq) {
-      std::printf(" | sealed-zmq/plain busbw %5.2fx", sealed_zmq->busbw() / ours->busbw());
     }
     // Over TCP our plain ring against OpenMPI's TCP; on one host our
     // shared-memory all-reduces against OpenMPI's default (shared memory).

@@ -2,7 +2,7 @@
 // the same bytes in the same run: the primitive CurveZMQ seals every frame
 // with (XSalsa20-Poly1305, libsodium's crypto_secretbox, which is what
 // crypto_box_afternm runs) against the AEADs a bulk-frame scheme could use
-// (docs/design/bulk_encryption.md): libsodium's ChaCha20-Poly1305 (IETF)
+// (docs/design/tcp_streams.md): libsodium's ChaCha20-Poly1305 (IETF)
 // and AES-256-GCM, OpenSSL's AES-256-GCM (EVP; AES-NI and carry-less
 // multiply on 128-bit registers in OpenSSL 3.0) and intel-ipsec-mb's (the
 // engine sealed links use where the CPU has AES-NI: vector AES and

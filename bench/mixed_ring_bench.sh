@@ -3,13 +3,10 @@
 # two: 4 workers (bench/lanes_worker, the Communicator's direct
 # all-reduces) on two hosts, so that each host's two workers are ring
 # neighbours over shared memory and the two links between the hosts are
-# TCP. Two settings are compared, jobs of the two alternating, REPS of
-# each per size: with COMPARE=transport (the default) the links between the
-# hosts run over TCP streams (ring_transport=tcp, the default) and over
-# ZeroMQ (ring_transport=zmq); with COMPARE=algorithm, over TCP streams,
-# every all-reduce round the ring (ring_algorithm=ring) and by halving and
-# doubling (ring_algorithm=halving_doubling: the partners of level 0 share
-# a host and memory, those of level 1 do not).
+# TCP streams. Two settings are compared, jobs of the two alternating, REPS
+# of each per size: every all-reduce round the ring (ring_algorithm=ring)
+# and by halving and doubling (ring_algorithm=halving_doubling: the
+# partners of level 0 share a host and memory, those of level 1 do not).
 #
 #   bazel run --config=opt //bench:mixed_ring_bench -- [SIZES] [REPS] [SECURITY] [RATE] [COMPARE]
 #   SIZES: "4096 1048576 16777216" (bytes, default); REPS: 2 (default);
@@ -18,11 +15,11 @@
 #   and 127.0.0.2); a rate such as 10gbit: simulated hosts
 #   (tools/simhosts.sh, needs root), the scheduler on host 0 and the
 #   workers on hosts 1 and 2, each host's link shaped to RATE;
-#   COMPARE: transport (default) or algorithm.
+#   COMPARE: algorithm (default; the only comparison).
 #
 # Prints per size and setting the median over the repetitions of rank
 # 0's p50 (ms) and busbw = 2(n-1)/n x bytes / p50 (GB/s), and the second
-# setting's p50 over the first's (zmq / tcp, halving_doubling / ring).
+# setting's p50 over the first's (halving_doubling / ring).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -x "$here/../tools/simhosts.sh" ] && [ -x "$here/lanes_worker" ]; then
@@ -34,15 +31,14 @@ SIZES=${1:-"4096 1048576 16777216"}
 REPS=${2:-2}
 SECURITY=${3:-none}
 RATE=${4:-}
-COMPARE=${5:-transport}
+COMPARE=${5:-algorithm}
 case "$SECURITY" in
   none | curve) ;;
   *) echo "mixed_ring_bench: SECURITY must be none or curve, not '$SECURITY'" >&2; exit 2 ;;
 esac
 case "$COMPARE" in
-  transport) flag=ring_transport settings=(tcp zmq) ;;
   algorithm) flag=ring_algorithm settings=(ring halving_doubling) ;;
-  *) echo "mixed_ring_bench: COMPARE must be transport or algorithm, not '$COMPARE'" >&2; exit 2 ;;
+  *) echo "mixed_ring_bench: COMPARE must be algorithm, not '$COMPARE'" >&2; exit 2 ;;
 esac
 
 tmp=$(mktemp -d)

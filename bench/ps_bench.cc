@@ -10,7 +10,7 @@
 //     heartbeats, reachability checks) and owning a client::PsClient on the
 //     transport the Communicator gives it for path=ps
 //     (client::MakePsClientTransport): TCP streams to the shards' stream
-//     ports (--ps_transport=zmq: a ZmqTransport) of its own, and with
+//     ports of its own, and with
 //     --ps_shm (the default, as in a job) shared-memory links to the shards,
 //     which are all on this host; --ps_shm=false keeps it all on loopback
 //     TCP, like raw_zmq, as between hosts.
@@ -77,13 +77,12 @@
 // compressing. The workers' values then vary along the bucket (rank + 1 plus
 // a ripple, so top-k has real work), and the check before timing only
 // requires finite results; the JSON lines carry "compression" and "reply"
-// (and every line "curve", "ps_shm" and "ps_transport").
+// (and every line "curve" and "ps_shm").
 //
 //   bazel run --config=opt //bench:ps_bench -- --quick
 //   flags: --quick --shards=1,2,4 --workers=1,2,3,4 --reps=N --warmup=N
 //          --rounds=N --parts=k --resend_ms=N --server_bin=PATH --keep_tmp
 //          --compression=SPEC --reply=none|fp16|bf16 --curve --ps_shm=true|false
-//          --ps_transport=tcp|zmq
 //
 // --curve runs every configuration a second time with CurveZMQ on every
 // socket of the job (wire/curve.h), right after the plain one, and prints
@@ -147,7 +146,6 @@ struct Settings {
   std::string reply = "none";
   bool curve = false;  // also run every configuration with CURVE, beside the plain one
   bool ps_shm = true;  // the workers and shards of this host share memory
-  std::string ps_transport = "tcp";  // the PS clients' transport off shared memory
 };
 
 StatusOr<std::vector<int>> IntList(const Config& config, const std::string& name,
@@ -194,10 +192,6 @@ StatusOr<Settings> ParseSettings(const Config& config) {
   GS_ASSIGN_OR_RETURN(s.reply, config.GetString("reply", "none"));
   GS_ASSIGN_OR_RETURN(s.curve, config.GetBool("curve", false));
   GS_ASSIGN_OR_RETURN(s.ps_shm, config.GetBool("ps_shm", true));
-  GS_ASSIGN_OR_RETURN(s.ps_transport, config.GetString("ps_transport", "tcp"));
-  if (s.ps_transport != "tcp" && s.ps_transport != "zmq") {
-    return InvalidArgumentError("--ps_transport must be tcp or zmq");
-  }
   if (s.reply != "none" && s.reply != "fp16" && s.reply != "bf16") {
     return InvalidArgumentError("--reply must be none, fp16 or bf16");
   }
@@ -262,7 +256,6 @@ struct Plan {
   std::string compression, reply;
   std::string key_file;  // the job runs CURVE with it; "": plain
   bool ps_shm = true;
-  std::string ps_transport = "tcp";
   bool lossy() const { return compression != "none" || reply != "none"; }
   size_t bucket_bytes() const { return kPartitionBytes * parts * shards; }
   size_t count() const { return bucket_bytes() / sizeof(float); }
@@ -407,8 +400,7 @@ StatusOr<std::unique_ptr<client::PsClient>> MakePsClient(client::Session& sessio
   options.reply_codec = plan.reply == "none" ? "" : plan.reply;
   cluster::PsLinkOptions links;
   links.enabled = plan.ps_shm;
-  links.streams = plan.ps_transport == "tcp";
-  peers.server_endpoints = client::PsShardEndpoints(session, links);
+  peers.server_endpoints = client::PsShardEndpoints(session);
   GS_ASSIGN_OR_RETURN(auto transport, client::MakePsClientTransport(session, links));
   GS_ASSIGN_OR_RETURN(auto client, client::PsClient::Create(std::move(transport), peers, options,
                                                             nullptr, nullptr));
@@ -534,11 +526,10 @@ Status StartPs(const Settings& s, const Plan& p, const std::string& dir, Procs* 
   for (int i = 0; i < p.shards; ++i) {
     GS_ASSIGN_OR_RETURN(
         Subprocess shard,
-        Subprocess::Spawn(
-            {s.server_bin, "--role=server", "--ps_mode=sync", "--optimizer=none",
-             "--metrics_port=0", "--key_file=" + p.key_file,
-             p.ps_shm ? "--ps_shm=true" : "--ps_shm=false", "--ps_transport=" + p.ps_transport},
-            env, dir + "/server" + std::to_string(i) + ".log"));
+        Subprocess::Spawn({s.server_bin, "--role=server", "--ps_mode=sync", "--optimizer=none",
+                           "--metrics_port=0", "--key_file=" + p.key_file,
+                           p.ps_shm ? "--ps_shm=true" : "--ps_shm=false"},
+                          env, dir + "/server" + std::to_string(i) + ".log"));
     procs->shards.push_back(std::move(shard));
   }
   return OkStatus();
@@ -640,7 +631,6 @@ StatusOr<Row> RunConfig(const Settings& s, int shards, int workers, const std::s
   p.compression = s.compression;
   p.reply = s.reply;
   p.ps_shm = s.ps_shm;
-  p.ps_transport = s.ps_transport;
   GS_ASSIGN_OR_RETURN(p.bucket, BalancedBucket(shards, s.parts));
   const std::string dir = tmp + "/s" + std::to_string(shards) + "w" + std::to_string(workers) +
                           (key_file.empty() ? "" : "-curve");
@@ -759,10 +749,10 @@ void PrintJson(const Settings& s, const std::vector<Row>& rows) {
         "{\"impl\":\"gradsync_ps\",\"shards\":%d,\"workers\":%d,\"bytes\":%zu,"
         "\"goodput_gbps\":%.4f,\"raw_zmq_gbps\":%.4f,\"ratio\":%.4f,"
         "\"per_shard_gbps\":%.4f,\"compression\":\"%s\",\"reply\":\"%s\","
-        "\"curve\":%s,\"ps_shm\":%s,\"ps_transport\":\"%s\"}\n",
+        "\"curve\":%s,\"ps_shm\":%s}\n",
         r.shards, r.workers, r.bytes, r.ps[1], r.raw[1], r.ratio(), r.per_shard(),
         s.compression.c_str(), s.reply.c_str(), r.curve ? "true" : "false",
-        s.ps_shm ? "true" : "false", s.ps_transport.c_str());
+        s.ps_shm ? "true" : "false");
   }
 }
 

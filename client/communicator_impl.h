@@ -60,7 +60,7 @@ struct SyncHandle::State {
 // The Communicator's settings (Config), read once at Create.
 struct CommOptions {
   // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes,
-  // ring_shm_allreduce, ring_order, ring_lanes, ring_transport, ring_algorithm), ps
+  // ring_shm_allreduce, ring_order, ring_lanes, ring_algorithm), ps
   // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
@@ -96,11 +96,6 @@ struct CommOptions {
     if (o.sync.ring_order != "measured" && o.sync.ring_order != "rank") {
       return InvalidArgumentError("ring_order must be measured or rank, got '" + o.sync.ring_order +
                                   "'");
-    }
-    GS_ASSIGN_OR_RETURN(o.sync.ring_transport, config.GetString("ring_transport", "tcp"));
-    if (o.sync.ring_transport != "tcp" && o.sync.ring_transport != "zmq") {
-      return InvalidArgumentError("ring_transport must be tcp or zmq, got '" +
-                                  o.sync.ring_transport + "'");
     }
     GS_ASSIGN_OR_RETURN(o.sync.ring_algorithm, config.GetString("ring_algorithm", "auto"));
     if (o.sync.ring_algorithm != "auto" && o.sync.ring_algorithm != "ring" &&

@@ -5,22 +5,14 @@
 #include "cluster/node.h"
 #include "cluster/same_host_links.h"
 #include "wire/tcp_stream_transport.h"
-#include "wire/zmq_transport.h"
 
 namespace gradsync::client {
 
-bool PsClientUsesStreams(const Session& session, const cluster::PsLinkOptions& links) {
-  return cluster::PsWorkerUsesStreams(links, session.peers(), session.curve().has_value(),
-                                      session.bulk_encryption() && session.node_keys() != nullptr);
-}
-
-std::vector<std::string> PsShardEndpoints(const Session& session,
-                                          const cluster::PsLinkOptions& links) {
-  const bool streams = PsClientUsesStreams(session, links);
+std::vector<std::string> PsShardEndpoints(const Session& session) {
   std::vector<std::string> endpoints(static_cast<size_t>(session.num_servers()));
   for (const wire::NodeInfo& p : session.peers()) {
     if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session.num_servers()) {
-      endpoints[static_cast<size_t>(p.rank)] = cluster::PsShardEndpoint(p, streams);
+      endpoints[static_cast<size_t>(p.rank)] = cluster::PsShardEndpoint(p);
     }
   }
   return endpoints;
@@ -29,31 +21,24 @@ std::vector<std::string> PsShardEndpoints(const Session& session,
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links) {
   const std::string identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
-  const bool streams = PsClientUsesStreams(session, links);
-  std::unique_ptr<wire::Transport> transport;
-  if (streams) {
-    wire::TcpStreamOptions o = cluster::PsStreamOptions(links);
-    o.job_id = session.job_id();
-    o.identity = identity;
-    o.refusals = session.refusals();
-    o.node_keys = session.node_keys();  // CURVE: sealed under keys the node keys agree
-    o.cipher = session.bulk_cipher();
-    transport = std::make_unique<wire::TcpStreamTransport>(std::move(o));
-  } else {
-    wire::ZmqOptions zmq = session.DataTransportOptions(
-        identity, cluster::PartitionFrameBytes(links.partition_bytes));  // replies
-    GS_ASSIGN_OR_RETURN(transport, wire::ZmqTransport::Create(zmq));
-  }
+  GS_RETURN_IF_ERROR(cluster::CheckShardStreamPorts(session.peers()));
+  wire::TcpStreamOptions o = cluster::PsStreamOptions(links);
+  o.job_id = session.job_id();
+  o.identity = identity;
+  o.refusals = session.refusals();
+  o.node_keys = session.node_keys();  // CURVE: sealed under keys the node keys agree
+  o.cipher = session.bulk_cipher();
+  std::unique_ptr<wire::Transport> transport =
+      std::make_unique<wire::TcpStreamTransport>(std::move(o));
   // The shards read the links of the first epoch's clients only.
   if (session.epoch() > 0) return transport;
   wire::SameHostOptions same_host =
-      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers(), streams);
+      cluster::PsSameHostOptions(links, session.job_id(), session.self(), session.peers());
   same_host.refusals = session.refusals();
   return cluster::OverSameHostLinks(
       std::move(transport), std::move(same_host),
-      streams ? "parameter-server traffic with the shards on this host uses shared memory, with "
-                "the others TCP streams"
-              : "parameter-server traffic with the shards on this host uses shared memory");
+      "parameter-server traffic with the shards on this host uses shared memory, with the "
+      "others TCP streams");
 }
 
 }  // namespace gradsync::client

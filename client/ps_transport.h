@@ -1,8 +1,7 @@
 // The transport a worker's PS client talks to the shards on, of its own
 // (identity wire::PsClientIdentity of the session's data transport, which
-// the shards answer): TCP streams to the shards' stream ports where every
-// shard announced one (ps_transport=tcp; sealed under the node keys with
-// CURVE and bulk_encryption), ZeroMQ otherwise; with the shards of this host
+// the shards answer): TCP streams to the shards' stream ports (sealed under
+// the node keys with CURVE); with the shards of this host
 // written to and heard through shared memory (cluster/ps_links.h). A client
 // of a later membership epoch than 0 has an identity of its own and talks
 // to every shard over the network (the shards read the first epoch's links
@@ -21,15 +20,11 @@
 
 namespace gradsync::client {
 
-// Whether the session's PS client reaches the shards over TCP streams
-// (cluster::PsWorkerUsesStreams under the session's security).
-bool PsClientUsesStreams(const Session& session, const cluster::PsLinkOptions& links);
+// By rank, where the session's PS client reaches each shard (its stream
+// endpoint).
+std::vector<std::string> PsShardEndpoints(const Session& session);
 
-// By rank, where the session's PS client reaches each shard.
-std::vector<std::string> PsShardEndpoints(const Session& session,
-                                          const cluster::PsLinkOptions& links);
-
-// Errors: the transport's own (sockets, CURVE keys).
+// Errors: a shard that announced no stream port; the transport's own.
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links);
 

@@ -12,18 +12,6 @@ StatusOr<std::unique_ptr<Session>> Session::Join(const Config& config, Deadline 
 
 Session::~Session() { node_.agent->Leave("session closed"); }
 
-wire::ZmqOptions Session::DataTransportOptions(const std::string& identity,
-                                               int64_t max_frame_bytes) const {
-  wire::ZmqOptions o = cluster::TransportOptions(node_.curve, node_.refusals);
-  o.identity = identity;
-  o.node_keys = node_.keys;
-  o.bulk_encryption = node_.bulk_encryption;
-  o.bulk_crypto_threads = node_.bulk_crypto_threads;
-  o.bulk_cipher = node_.bulk_cipher;
-  o.max_frame_bytes = max_frame_bytes;
-  return o;
-}
-
 Status Session::Barrier(Deadline deadline) {
   return node_.agent->Barrier(wire::Group::Workers, epoch(), deadline);
 }

@@ -80,16 +80,9 @@ class Session {
   const wire::NodeInfo& self() const { return node_.agent->assignment().self; }
   // The job's CURVE key, when the job runs CURVE.
   const std::optional<wire::CurveKey>& curve() const { return node_.curve; }
-  bool bulk_encryption() const { return node_.bulk_encryption; }
-  int bulk_crypto_threads() const { return node_.bulk_crypto_threads; }
   wire::BulkCipherEngine bulk_cipher() const { return node_.bulk_cipher; }
   // The node key and plan with CURVE (null without): for its data transports.
   std::shared_ptr<const wire::NodeKeys> node_keys() const { return node_.keys; }
-  // The settings of another data transport of this node (a parameter-server
-  // client's, a ring lane's) under `identity`: this node's CURVE keys,
-  // sealed bulk messages and refusal counts; frames past `max_frame_bytes`
-  // refused unread.
-  wire::ZmqOptions DataTransportOptions(const std::string& identity, int64_t max_frame_bytes) const;
   // With CURVE: the peer `identity` also serves `endpoint` (its ring lane),
   // under its own key (wire::NodeKeys::AddEndpoint). Nothing without.
   void AddPeerEndpoint(const std::string& identity, const std::string& endpoint) {

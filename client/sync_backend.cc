@@ -18,7 +18,6 @@
 #include "wire/bulk_cipher.h"
 #include "wire/same_host_transport.h"
 #include "wire/tcp_stream_transport.h"
-#include "wire/zmq_transport.h"
 
 namespace gradsync::client {
 namespace {
@@ -37,21 +36,19 @@ constexpr std::chrono::microseconds kProbeFloor(1000);
 constexpr double kLongestProbeMicros = 3.6e9;
 constexpr uint32_t kRingProbeBucket = 0xffffffffu;
 // The bucket id of the ring lanes' exchange, and what each worker puts in
-// it: its lane count and the port of each lane past the first (ports[k],
-// lane k), on the host the scheduler has for it.
+// it: its lane count and the port of each lane's TCP stream (ports[k], lane
+// k), on the host the scheduler has for it.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
-  int32_t streams = 0;    // TCP streams: ports[k] is lane k's, lane 0 included
-  // ring_algorithm: 0 ring, 1 halving_doubling, 2 auto; with streams,
-  // pair_ports[k] is the port of its pair of level k (zero where it has
-  // none).
+  // ring_algorithm: 0 ring, 1 halving_doubling, 2 auto; pair_ports[k] is
+  // the port of its pair of level k (zero where it has none).
   int32_t algorithm = 0;
   uint16_t ports[wire::kMaxLanes] = {};
   uint16_t pair_ports[wire::kMaxPairLevels] = {};
 };
-static_assert(sizeof(LaneRecord) == 4 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t) +
+static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t) +
                                         wire::kMaxPairLevels * sizeof(uint16_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
@@ -77,7 +74,6 @@ std::string RingAlgorithmName(int32_t code) {
 
 std::string LanesSetting(const LaneRecord& r) {
   return std::string("ring_lanes=") + (r.automatic != 0 ? "auto" : std::to_string(r.count)) +
-         (r.streams != 0 ? " over TCP streams" : " over ZeroMQ") +
          ", ring_algorithm=" + RingAlgorithmName(r.algorithm);
 }
 
@@ -297,22 +293,21 @@ std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
   return std::nullopt;
 }
 
-// Lanes 1 to `count` - 1 of this worker's ring beside lanes->front(), the
-// ring of `peers` in `order`: each a transport of its own (in
-// out->lane_transports) listening on a free port of this host. With
-// `streams`, every lane, lane 0 included, is a TcpStreamTransport of its
-// own instead, taking only its left neighbour's connection, and replaces
-// the lanes over ZeroMQ; where `links` names ring neighbours on this host,
-// each lane reaches them through shared-memory links of its own over its
-// stream. The workers exchange their lane counts and ports over the first
-// lane; lane counts or transports that differ fail every worker, naming
-// one that differs. With streams and `algorithm` other than kAlgorithmRing,
+// The `count` lanes of this worker's ring of `peers` in `order`, which
+// replace lanes->front() (the ring over the session's data transport that
+// exchanges their ports): each a TcpStreamTransport of its own (in
+// out->lane_transports) listening on a free port of this host and taking
+// only its left neighbour's connection; where `links` names ring
+// neighbours on this host, each lane reaches them through shared-memory
+// links of its own over its stream. Lane counts or algorithms that differ
+// fail every worker, naming one that differs. With `algorithm` other than
+// kAlgorithmRing,
 // for a world that fits (HalvingDoublingFits), also a TCP stream of its own
 // for each level of halving and doubling, its port exchanged with the
 // lanes', and the 2-rank ring with that level's partner over it in
 // (*pairs)[level]; with `shm`, a partner on this host is reached through
 // shared-memory links of the pair's own over that stream.
-Status AddLanes(Session* session, int count, bool streams, int32_t algorithm, bool shm,
+Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
                 const wire::SameHostOptions& links, const RingPeers& peers,
                 const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
                 const HealthCheck& health, Ring* out,
@@ -324,9 +319,8 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm, bo
   LaneRecord mine;
   mine.count = count;
   mine.automatic = automatic ? 1 : 0;
-  mine.streams = streams ? 1 : 0;
   mine.algorithm = algorithm;
-  const int levels = streams && algorithm != kAlgorithmRing && HalvingDoublingFits(peers.world_size)
+  const int levels = algorithm != kAlgorithmRing && HalvingDoublingFits(peers.world_size)
                          ? HalvingDoublingLevels(peers.world_size)
                          : 0;
   GS_ASSIGN_OR_RETURN(std::string listen_at, wire::ListenEndpoint(session->host(), 0));
@@ -335,7 +329,7 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm, bo
   };
   std::vector<std::unique_ptr<wire::Transport>> stream_transports;
   bool sealed = true;  // every stream sealed (what the transports say)
-  for (int k = 0; streams && k < count; ++k) {
+  for (int k = 0; k < count; ++k) {
     auto transport = std::make_unique<wire::TcpStreamTransport>(
         RingStreamOptions(session, ring_options, LaneName(session->data().identity(), k),
                           LaneName(peers.left_identity, k)));
@@ -357,27 +351,18 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm, bo
     GS_ASSIGN_OR_RETURN(std::string bound, pair_transports.back()->Listen(listen_at));
     mine.pair_ports[k] = port_of(bound);
   }
-  for (int k = 1; !streams && k < count; ++k) {
-    GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
-                        wire::ZmqTransport::Create(session->DataTransportOptions(
-                            wire::LaneIdentity(session->data().identity(), k),
-                            static_cast<int64_t>(RingFrameBytes(ring_options)))));
-    GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
-    mine.ports[k] = port_of(bound);
-    out->lane_transports.push_back(std::move(transport));
-  }
   std::vector<LaneRecord> all(static_cast<size_t>(peers.world_size));
   GS_RETURN_IF_ERROR(lanes->front()->AllGather(&mine, sizeof(mine), all.data(),
                                                OpTag{0, kRingLanesBucket, 0, 0}, deadline));
   for (int q = 0; q < peers.world_size; ++q) {
     const LaneRecord& theirs = all[static_cast<size_t>(q)];
     if (theirs.count != count || (theirs.automatic != 0) != automatic ||
-        (theirs.streams != 0) != streams || theirs.algorithm != algorithm) {
+        theirs.algorithm != algorithm) {
       return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
                                      LanesSetting(theirs) + ", worker " +
                                      std::to_string(peers.rank) + " " + LanesSetting(mine) +
-                                     ": every worker needs the same ring_lanes, ring_transport, "
-                                     "ring_algorithm and bulk_encryption");
+                                     ": every worker needs the same ring_lanes and "
+                                     "ring_algorithm");
     }
   }
   for (int k = 0; k < levels; ++k) {
@@ -404,50 +389,30 @@ Status AddLanes(Session* session, int count, bool streams, int32_t algorithm, bo
     pairs->push_back(std::move(ring));
   }
   const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
-  if (streams) {
-    lanes->clear();  // the ring over ZeroMQ made the exchange; the streams take over
-    for (int k = 0; k < count; ++k) {
-      if (theirs.ports[k] == 0) {
-        return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
-                                       std::to_string(k));
-      }
-      RingPeers lane = peers;
-      lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
-      lane.left_identity = LaneName(peers.left_identity, k);
-      session->AddPeerEndpoint(right->identity, lane.right_endpoint);
-      out->lane_transports.push_back(cluster::OverSameHostLinks(
-          std::move(stream_transports[static_cast<size_t>(k)]),
-          LaneLinks(links, k, lane.right_endpoint),
-          "ring lane " + std::to_string(k) +
-              ": neighbours on this host use shared memory, the others TCP streams"));
-      GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(),
-                                                             lane, ring_options, health));
-      lanes->push_back(std::move(ring));
-    }
-    if (peers.rank == 0) {
-      GS_LOG(INFO) << "ring over TCP streams (ring_transport=tcp)"
-                   << (sealed ? ", sealed under keys agreed with the node keys (AES-256-GCM by " +
-                                    wire::BulkCipherEngineName(session->bulk_cipher()) + ")"
-                              : std::string(", plain"));
-    }
-    return Status();
-  }
-  for (int k = 1; k < count; ++k) {
+  lanes->clear();  // the ring over ZeroMQ made the exchange; the streams take over
+  for (int k = 0; k < count; ++k) {
     if (theirs.ports[k] == 0) {
       return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
                                      std::to_string(k));
     }
-    // On the right neighbour's host as the scheduler knows it, under its key.
-    const std::string endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
-    session->AddPeerEndpoint(right->identity, endpoint);
     RingPeers lane = peers;
-    lane.right_endpoint = endpoint;
-    lane.left_identity =
-        peers.left_identity.empty() ? "" : wire::LaneIdentity(peers.left_identity, k);
-    GS_ASSIGN_OR_RETURN(
-        auto ring, RingCollectives::Create(out->lane_transports[static_cast<size_t>(k - 1)].get(),
-                                           lane, ring_options, health));
+    lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
+    lane.left_identity = LaneName(peers.left_identity, k);
+    session->AddPeerEndpoint(right->identity, lane.right_endpoint);
+    out->lane_transports.push_back(cluster::OverSameHostLinks(
+        std::move(stream_transports[static_cast<size_t>(k)]),
+        LaneLinks(links, k, lane.right_endpoint),
+        "ring lane " + std::to_string(k) +
+            ": neighbours on this host use shared memory, the others TCP streams"));
+    GS_ASSIGN_OR_RETURN(auto ring, RingCollectives::Create(out->lane_transports.back().get(), lane,
+                                                           ring_options, health));
     lanes->push_back(std::move(ring));
+  }
+  if (peers.rank == 0) {
+    GS_LOG(INFO) << "ring over TCP streams"
+                 << (sealed ? ", sealed under keys agreed with the node keys (AES-256-GCM by " +
+                                  wire::BulkCipherEngineName(session->bulk_cipher()) + ")"
+                            : std::string(", plain"));
   }
   return Status();
 }
@@ -511,21 +476,16 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   }
   // Lanes where a link is TCP: not when every worker is on one host and
   // they all share memory. TCP streams for the links between hosts (sealed
-  // with CURVE where bulk_encryption is on; through CurveZMQ otherwise),
-  // neighbours on one host over shared memory beside them.
+  // with CURVE), neighbours on one host over shared memory beside them.
   const size_t hosts = cluster::WorkerHosts(session->peers()).size();
   const bool tcp = !options.shm || hosts > 1;
-  const bool curve = session->curve().has_value();
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
-  const bool lanes_made = n > 1 && tcp && !nccl;
-  const bool streams = lanes_made && options.ring_transport == "tcp" &&
-                       (!curve || (session->bulk_encryption() && session->node_keys())) &&
-                       !peers.left_identity.empty();
+  const bool lanes_made = n > 1 && tcp && !nccl && !peers.left_identity.empty();
   Ring out;
   wire::Transport* transport = &session->data();
-  // With streams, the first ring over ZeroMQ only exchanges the lanes' ports;
+  // With lanes, the first ring over ZeroMQ only exchanges the lanes' ports;
   // the streams' lanes carry the shared-memory links.
-  if (!streams) {
+  if (!lanes_made) {
     out.same_host = cluster::OverSameHostLinks(transport, links,
                                                "ring neighbours on this host use shared memory");
   }
@@ -543,7 +503,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   const int32_t algorithm = RingAlgorithmCode(options.ring_algorithm);
   if (lanes_made) {
     Status s =
-        AddLanes(session, options.ring_lanes, streams, algorithm, options.shm, links, peers, order,
+        AddLanes(session, options.ring_lanes, algorithm, options.shm, links, peers, order,
                  options.ring_lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
     if (!s.ok()) {
       out.Shutdown();
@@ -588,7 +548,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   } else if (algorithm == kAlgorithmHalving && r == 0 && n > 1) {
     GS_LOG(INFO) << "ring_algorithm=halving_doubling needs TCP streams between hosts and a power "
                     "of two of at least 4 workers ("
-                 << n << " here" << (streams ? "" : ", no streams")
+                 << n << " here" << (lanes_made ? "" : ", no streams")
                  << "): all-reduces go round the ring";
   }
   if (n > 1 && options.shm && hosts == 1 && !nccl) {
@@ -721,7 +681,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
                                                      std::function<bool()> stopped) {
   const int n = session->num_workers();
   const int r = session->rank();
-  PsPeers peers{r, n, session->epoch(), PsShardEndpoints(*session, options.ps_links),
+  PsPeers peers{r, n, session->epoch(), PsShardEndpoints(*session),
                 wire::Sender{wire::Role::Worker, r, session->job_id()}};
   auto health = [session, stopped = std::move(stopped)]() -> Status {
     if (stopped()) return CancelledError("the communicator was shut down");

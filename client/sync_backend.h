@@ -117,9 +117,12 @@ struct SyncBackendOptions {
   // the order its measured links favour (cluster/ring_order.h); "rank":
   // always rank order.
   std::string ring_order = "measured";
-  // The ring's lanes (client/ring_lanes.h): each lane past the first is a
-  // transport of its own on a free port of the worker's host, whose
-  // port the workers exchange over the first. Used by the ring backend
+  // The ring's lanes (client/ring_lanes.h): each lane is a TCP stream of
+  // its own (wire/tcp_stream_transport.h, sealed under CURVE) on a free
+  // port of the worker's host, whose ports the workers exchange over a
+  // first ring on the session's data transport; neighbours on one host
+  // reach each other through shared-memory links of the lane's own over
+  // its stream. Used by the ring backend
   // and the direct collectives of the ps path when the workers span two
   // hosts or more, or ring neighbours do not share memory (shm off).
   int ring_lanes = 1;
@@ -127,12 +130,6 @@ struct SyncBackendOptions {
   // them all or lane 0 alone, whichever a timed all-reduce of each favours
   // when the ring is made (client/ring_lanes.h, SetActive).
   bool ring_lanes_auto = false;
-  // "tcp": where the workers span more than one host (or shm is off), each
-  // lane is a TcpStreamTransport of its own (wire/tcp_stream_transport.h),
-  // sealed under CURVE with bulk encryption, and neighbours on one host
-  // reach each other through shared-memory links of the lane's own over
-  // it; "zmq": ZeroMQ always.
-  std::string ring_transport = "tcp";
   // "halving_doubling": with TCP streams and 2^L workers (L >= 2),
   // all-reduces go by recursive halving and doubling
   // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1), and

@@ -76,33 +76,16 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
     GS_ASSIGN_OR_RETURN(node.keys,
                         NodeKeysFromConfig(config, role, *node.curve, options.host, data_port));
   }
-  GS_ASSIGN_OR_RETURN(bool bulk, config.GetBool("bulk_encryption", true));
-  node.bulk_encryption = bulk && node.keys != nullptr;
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
   data.max_frame_bytes = max_frame_bytes;
   data.node_keys = node.keys;
-  data.bulk_encryption = node.bulk_encryption;
-  GS_ASSIGN_OR_RETURN(int64_t bulk_offset, config.GetInt("bulk_port_offset", 0));
-  if (bulk_offset < 0 || bulk_offset > 65535) {
-    return InvalidArgumentError("bulk_port_offset must be in [0, 65535], got " +
-                                std::to_string(bulk_offset));
-  }
-  data.bulk_port_offset = static_cast<int>(bulk_offset);
-  GS_ASSIGN_OR_RETURN(int64_t crypto_threads, config.GetInt("bulk_crypto_threads", -1));
-  if (crypto_threads < -1 || crypto_threads > 64) {
-    return InvalidArgumentError("bulk_crypto_threads must be in [-1, 64], got " +
-                                std::to_string(crypto_threads));
-  }
-  node.bulk_crypto_threads = static_cast<int>(crypto_threads);
-  data.bulk_crypto_threads = node.bulk_crypto_threads;
   GS_ASSIGN_OR_RETURN(std::string cipher, config.GetString("bulk_cipher", "auto"));
   const std::optional<wire::BulkCipherEngine> engine = wire::ParseBulkCipherSetting(cipher);
   if (!engine) {
     return InvalidArgumentError("bulk_cipher must be auto or openssl, got '" + cipher + "'");
   }
   node.bulk_cipher = *engine;
-  data.bulk_cipher = node.bulk_cipher;
   if (role == wire::Role::Server) {
     // A shard's data port takes pushes and pulls only.
     GS_ASSIGN_OR_RETURN(
@@ -123,8 +106,7 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   PsLinkOptions links;
   auto listen_streams = [&](uint16_t port, uint16_t* bound) {
     links.stream_port = port;
-    return ListenPsStreams(links, options.host, node.curve.has_value(),
-                           node.bulk_encryption ? node.keys : nullptr, node.bulk_cipher,
+    return ListenPsStreams(links, options.host, options.identity, node.keys, node.bulk_cipher,
                            node.refusals, bound);
   };
   if (role == wire::Role::Server) {
@@ -182,10 +164,8 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
                << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers
                << " servers, "
                << (!node.curve ? "no CURVE"
-                   : node.bulk_encryption
-                       ? "CURVE on every link, bulk messages sealed with AES-256-GCM by " +
-                             wire::BulkCipherEngineName(node.bulk_cipher)
-                       : "CURVE on every link")
+                               : "CURVE on every link, TCP streams sealed with AES-256-GCM by " +
+                                     wire::BulkCipherEngineName(node.bulk_cipher) + " (Noise KK)")
                << ")";
   GS_RETURN_IF_ERROR(node.agent->CheckReachability(PeersToReach(a.self, a.peers), deadline));
   return node;

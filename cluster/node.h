@@ -24,9 +24,9 @@ namespace gradsync::cluster {
 struct Node {
   // Listens on the node's data port (on its host address); peers connect here.
   std::unique_ptr<wire::Transport> data;
-  // A shard with ps_transport=tcp: its TCP stream listener (port
-  // ps_stream_port), where workers push and pull; it takes the workers of
-  // the plan's epoch once the shard sets them (SetAccept). Null otherwise.
+  // A shard's TCP stream listener (port ps_stream_port), where workers push
+  // and pull; it takes the workers of the plan's epoch once the shard sets
+  // them (SetAccept). Null for a worker.
   std::unique_ptr<wire::TcpStreamTransport> streams;
   std::unique_ptr<NodeAgent> agent;
   // The job's key when the node runs CURVE (wire/curve.h); every transport
@@ -37,12 +37,8 @@ struct Node {
   std::shared_ptr<wire::NodeKeys> keys;
   // What the node's listening socket refused: handshakes, dropped messages.
   std::shared_ptr<wire::TransportRefusals> refusals;
-  // With CURVE: the setting bulk_encryption (its data transports seal bulk
-  // messages with AES-256-GCM on a plain connection; wire/bulk_cipher.h).
-  bool bulk_encryption = false;
-  // The setting bulk_crypto_threads (wire::ZmqOptions::bulk_crypto_threads).
-  int bulk_crypto_threads = -1;
-  // The setting bulk_cipher: the library that seals (wire/bulk_cipher.h).
+  // The setting bulk_cipher: the library that seals the TCP streams
+  // (wire/bulk_cipher.h).
   wire::BulkCipherEngine bulk_cipher = wire::BulkCipherEngine::kBest;
 };
 

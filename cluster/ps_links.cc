@@ -23,11 +23,6 @@ StatusOr<PsLinkOptions> PsLinkOptions::FromConfig(const Config& config) {
                                 std::to_string(partition));
   }
   o.partition_bytes = static_cast<size_t>(partition);
-  GS_ASSIGN_OR_RETURN(std::string transport, config.GetString("ps_transport", "tcp"));
-  if (transport != "tcp" && transport != "zmq") {
-    return InvalidArgumentError("ps_transport must be tcp or zmq, got '" + transport + "'");
-  }
-  o.streams = transport == "tcp";
   GS_ASSIGN_OR_RETURN(int64_t port, config.GetInt("ps_stream_port", 0));
   if (port < 0 || port > 65535) {
     return InvalidArgumentError("ps_stream_port must be within [0, 65535], got " +
@@ -37,20 +32,17 @@ StatusOr<PsLinkOptions> PsLinkOptions::FromConfig(const Config& config) {
   return o;
 }
 
-std::string PsShardEndpoint(const wire::NodeInfo& shard, bool streams) {
-  return streams ? shard.StreamEndpoint() : shard.DataEndpoint();
-}
+std::string PsShardEndpoint(const wire::NodeInfo& shard) { return shard.StreamEndpoint(); }
 
-bool PsWorkerUsesStreams(const PsLinkOptions& options, const std::vector<wire::NodeInfo>& peers,
-                         bool curve, bool can_seal) {
-  if (!options.streams || (curve && !can_seal)) return false;
-  bool any = false;
+Status CheckShardStreamPorts(const std::vector<wire::NodeInfo>& peers) {
   for (const wire::NodeInfo& p : peers) {
-    if (p.role != wire::Role::Server) continue;
-    if (p.stream_port == 0) return false;
-    any = true;
+    if (p.role == wire::Role::Server && p.stream_port == 0) {
+      return FailedPreconditionError(p.Name() +
+                                     " announced no TCP stream port: workers push "
+                                     "and pull over TCP streams only");
+    }
   }
-  return any;
+  return OkStatus();
 }
 
 std::vector<std::string> PsClientIdentities(const std::vector<wire::NodeInfo>& peers,
@@ -74,15 +66,12 @@ wire::TcpStreamOptions PsStreamOptions(const PsLinkOptions& options) {
 }
 
 StatusOr<std::unique_ptr<wire::TcpStreamTransport>> ListenPsStreams(
-    const PsLinkOptions& options, const std::string& host, bool curve,
+    const PsLinkOptions& options, const std::string& host, const std::string& identity,
     std::shared_ptr<const wire::NodeKeys> keys, wire::BulkCipherEngine cipher,
     std::shared_ptr<wire::TransportRefusals> refusals, uint16_t* port) {
   *port = 0;
-  if (!options.streams || (curve && keys == nullptr)) {
-    return std::unique_ptr<wire::TcpStreamTransport>();
-  }
   wire::TcpStreamOptions o = PsStreamOptions(options);
-  o.identity = wire::RandomIdentity("shard");
+  o.identity = identity;
   o.accept_lanes = true;
   o.strangers_may_wait = true;  // a new epoch's workers, before the shard has its plan
   o.node_keys = std::move(keys);
@@ -97,7 +86,7 @@ StatusOr<std::unique_ptr<wire::TcpStreamTransport>> ListenPsStreams(
 
 wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t job_id,
                                         const wire::NodeInfo& self,
-                                        const std::vector<wire::NodeInfo>& peers, bool streams) {
+                                        const std::vector<wire::NodeInfo>& peers) {
   wire::SameHostOptions out;
   out.job_id = job_id;
   out.link_bytes = options.link_bytes;
@@ -108,7 +97,7 @@ wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t j
   for (const wire::NodeInfo& p : peers) {
     if (!SharesMachine(self, p)) continue;
     if (worker && p.role == wire::Role::Server) {
-      out.peers.push_back({p.identity, PsShardEndpoint(p, streams), true, true});
+      out.peers.push_back({p.identity, PsShardEndpoint(p), true, true});
     } else if (!worker && p.role == wire::Role::Worker) {
       out.peers.push_back({wire::PsClientIdentity(p.identity), "", true, true});
     }

@@ -6,11 +6,11 @@
 // scheduler passed on (host address and boot id, NodeInfo::SameMachine);
 // both sides derive the same pairs from the same assignment.
 //
-// Between hosts (ps_transport=tcp), a shard also listens on a TCP stream
-// port (wire/tcp_stream_transport.h) that it announces in the plan, and a
-// worker whose shards all announce one pushes and pulls there from its own
-// threads, sealed under the node keys with CURVE (bulk_encryption), with no
-// ZeroMQ I/O thread on either side (docs/design/tcp_streams.md).
+// Between hosts, a shard listens on a TCP stream port
+// (wire/tcp_stream_transport.h) that it announces in the plan, and workers
+// push and pull there from their own threads, sealed under the node keys
+// with CURVE, with no ZeroMQ I/O thread on either side
+// (docs/design/tcp_streams.md).
 #ifndef GRADSYNC_CLUSTER_PS_LINKS_H_
 #define GRADSYNC_CLUSTER_PS_LINKS_H_
 
@@ -41,11 +41,10 @@ struct PsLinkOptions {
   // codec writes more than 8 bytes per element, so no message through a
   // link is larger than 2 * partition_bytes plus a header.
   size_t partition_bytes = size_t{4} << 20;
-  bool streams = true;       // ps_transport: tcp (true) or zmq
   uint16_t stream_port = 0;  // ps_stream_port (shards): 0, any free port
 
   // Reads ps_shm, ps_shm_bytes (within [4096, 1 GiB]), partition_bytes
-  // (within [4, 1 GiB]), ps_transport (tcp or zmq) and ps_stream_port.
+  // (within [4, 1 GiB]) and ps_stream_port.
   static StatusOr<PsLinkOptions> FromConfig(const Config& config);
 };
 
@@ -53,23 +52,16 @@ struct PsLinkOptions {
 // (the assignment's nodes): for a worker, the shards of its machine (written
 // to by their data endpoints); for a shard, the PS clients of its machine's
 // workers (answered by identity). Empty when disabled or none shares it.
-// `streams`: the worker reaches the shards at their stream endpoints
-// (PsShardEndpoint).
 wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t job_id,
                                         const wire::NodeInfo& self,
-                                        const std::vector<wire::NodeInfo>& peers,
-                                        bool streams = false);
+                                        const std::vector<wire::NodeInfo>& peers);
 
-// Where a worker reaches `shard`: its stream endpoint with `streams`, its
-// data endpoint otherwise.
-std::string PsShardEndpoint(const wire::NodeInfo& shard, bool streams);
+// Where a worker reaches `shard`: its stream endpoint.
+std::string PsShardEndpoint(const wire::NodeInfo& shard);
 
-// Whether a worker reaches its shards over TCP streams: ps_transport=tcp,
-// every shard among `peers` announced a stream port, and the worker runs
-// without CURVE (`curve`) or can seal (`can_seal`: bulk_encryption and node
-// keys). Otherwise over ZeroMQ (CurveZMQ with CURVE).
-bool PsWorkerUsesStreams(const PsLinkOptions& options, const std::vector<wire::NodeInfo>& peers,
-                         bool curve, bool can_seal);
+// OK when every shard among `peers` announced a stream port; else which
+// did not.
+Status CheckShardStreamPorts(const std::vector<wire::NodeInfo>& peers);
 
 // By rank, the identity each of the `num_workers` workers among `peers`
 // reaches the shards under in membership epoch `epoch` (its PS client;
@@ -82,13 +74,12 @@ std::vector<std::string> PsClientIdentities(const std::vector<wire::NodeInfo>& p
 wire::TcpStreamOptions PsStreamOptions(const PsLinkOptions& options);
 
 // A shard's stream listener on `host` at options.stream_port (0: any free
-// port), sealed with `keys` (CURVE with bulk_encryption); null where the
-// shard takes no streams (ps_transport=zmq, or CURVE without
-// bulk_encryption: `curve` set and `keys` null). It takes nobody until
-// SetAccept names the job and its workers' PS clients (with their lanes).
-// The port it listens on in *port.
+// port), under the shard's `identity` (the plan's, which names its
+// shared-memory links), sealed with `keys` (CURVE), plain without. It takes
+// nobody until SetAccept names the job and its workers' PS clients (with
+// their lanes). The port it listens on in *port.
 StatusOr<std::unique_ptr<wire::TcpStreamTransport>> ListenPsStreams(
-    const PsLinkOptions& options, const std::string& host, bool curve,
+    const PsLinkOptions& options, const std::string& host, const std::string& identity,
     std::shared_ptr<const wire::NodeKeys> keys, wire::BulkCipherEngine cipher,
     std::shared_ptr<wire::TransportRefusals> refusals, uint16_t* port);
 

@@ -34,23 +34,22 @@ std::vector<wire::NodeInfo> Job() {
           Node(wire::Role::Server, 1, "10.0.0.2", "boot-b", 7100)};
 }
 
-// A worker reaches the shards at their stream endpoints only when every
-// shard announced one, and a shard takes the PS clients of the epoch's
+// A worker reaches the shards at their stream endpoints, and fails naming a
+// shard that announced none; a shard takes the PS clients of the epoch's
 // workers, by rank.
-TEST(PsLinksTest, StreamsWhenEveryShardAnnouncesAPortAndTheEpochsClientsByRank) {
+TEST(PsLinksTest, StreamsOfEveryShardAndTheEpochsClientsByRank) {
   auto job = Job();
-  PsLinkOptions o;
-  EXPECT_FALSE(PsWorkerUsesStreams(o, job, false, false)) << "no shard announced a port";
+  Status none = CheckShardStreamPorts(job);
+  EXPECT_EQ(none.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.message().find("server 0 announced no TCP stream port"), std::string::npos)
+      << none;
   job[4].stream_port = 7200;
-  EXPECT_FALSE(PsWorkerUsesStreams(o, job, false, false)) << "shard 1 announced none";
+  none = CheckShardStreamPorts(job);
+  EXPECT_NE(none.message().find("server 1 announced no TCP stream port"), std::string::npos)
+      << none;
   job[5].stream_port = 7200;
-  EXPECT_TRUE(PsWorkerUsesStreams(o, job, false, false));
-  EXPECT_FALSE(PsWorkerUsesStreams(o, job, true, false)) << "CURVE without sealing";
-  EXPECT_TRUE(PsWorkerUsesStreams(o, job, true, true));
-  o.streams = false;  // ps_transport=zmq
-  EXPECT_FALSE(PsWorkerUsesStreams(o, job, false, false));
-  EXPECT_EQ(PsShardEndpoint(job[5], true), "tcp://10.0.0.2:7200");
-  EXPECT_EQ(PsShardEndpoint(job[5], false), "tcp://10.0.0.2:7100");
+  EXPECT_TRUE(CheckShardStreamPorts(job).ok());
+  EXPECT_EQ(PsShardEndpoint(job[5]), "tcp://10.0.0.2:7200");
   job[1].identity.clear();  // a worker that gave none
   EXPECT_EQ(PsClientIdentities(job, 4, 2),
             (std::vector<std::string>{"w0/ps2", "", "w2/ps2", "w3/ps2"}));
@@ -59,12 +58,13 @@ TEST(PsLinksTest, StreamsWhenEveryShardAnnouncesAPortAndTheEpochsClientsByRank) 
 }
 
 TEST(PsLinksTest, AWorkerWritesToTheShardsOfItsMachineByEndpoint) {
-  const auto job = Job();
+  auto job = Job();
+  job[4].stream_port = 7200;
   const wire::SameHostOptions o = PsSameHostOptions({}, 7, job[0], job);
   EXPECT_EQ(o.job_id, 7u);
   ASSERT_EQ(o.peers.size(), 1u);
   EXPECT_EQ(o.peers[0].identity, "s0");
-  EXPECT_EQ(o.peers[0].endpoint, job[4].DataEndpoint());
+  EXPECT_EQ(o.peers[0].endpoint, "tcp://10.0.0.1:7200");
   EXPECT_TRUE(o.peers[0].send);
   EXPECT_TRUE(o.peers[0].receive);
 }

@@ -436,8 +436,7 @@ TEST_F(ElasticTest, TwoWorkersAHostReformSharedMemoryBesideTcpStreamsEveryEpoch)
   hosts_ = {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"};
   const std::vector<std::string> outputs = KillOneOfFourAndJoin("", {}, "127.0.0.1");
   ASSERT_EQ(outputs.size(), 4u);
-  EXPECT_EQ(Occurrences(outputs[0], "ring over TCP streams (ring_transport=tcp), plain"), 3u)
-      << outputs[0];
+  EXPECT_EQ(Occurrences(outputs[0], "ring over TCP streams, plain"), 3u) << outputs[0];
   EXPECT_EQ(Occurrences(outputs[0], "use shared memory, the others TCP streams (1 peer(s))"), 2u)
       << outputs[0];
 }

@@ -33,13 +33,17 @@ inline double PeakRssMiB(pid_t pid) {
   return -1;
 }
 
-// A TCP connection to 127.0.0.1:<port of address>; -1 if refused.
+// A TCP connection to "ip:port" (127.0.0.1 where the host is not a
+// numeric address); -1 if refused.
 inline int ConnectTo(const std::string& address) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + address.rfind(':') + 1)));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const size_t colon = address.rfind(':');
+  a.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + colon + 1)));
+  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr) != 1) {
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     close(fd);
     return -1;

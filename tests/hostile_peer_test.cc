@@ -7,6 +7,7 @@
 // gradsync_messages_rejected_total. A flood run (tests/flood.h) holds the
 // job to its operation deadlines and the servers' peak RSS to a bound.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,15 +57,98 @@ double AuthFailures(const std::string& exposition) {
   return Sum(exposition, "gradsync_auth_failures_total ");
 }
 
-enum class Attack { kNone, kForge, kFlood };
+enum class Attack { kNone, kForge, kFlood, kMultipart };
+
+// Every TCP port process `pid` listens on (IPv4), with its address
+// ("127.0.0.1:port"; a wildcard address as 127.0.0.1).
+std::vector<std::string> ListeningAddresses(pid_t pid) {
+  std::set<std::string> inodes;
+  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+  if (DIR* dir = opendir(fds.c_str())) {
+    while (dirent* e = readdir(dir)) {
+      char link[128];
+      const ssize_t n = readlink((fds + "/" + e->d_name).c_str(), link, sizeof(link) - 1);
+      if (n <= 0) continue;
+      const std::string target(link, static_cast<size_t>(n));
+      if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+    }
+    closedir(dir);
+  }
+  std::vector<std::string> out;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the column names
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    in >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
+        inode;
+    if (state != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
+    const uint32_t ip = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));
+    const int port = std::stoi(local.substr(9), nullptr, 16);
+    char host[INET_ADDRSTRLEN] = "127.0.0.1";
+    if (ip != 0) {
+      in_addr a{};
+      a.s_addr = ip;  // as the kernel prints it: network order, read as a host word
+      inet_ntop(AF_INET, &a, host, sizeof(host));
+    }
+    out.push_back(std::string(host) + ":" + std::to_string(port));
+  }
+  return out;
+}
+
+// A stranger with no key at `address`: a ZeroMQ greeting (ZMTP 3.0, the
+// NULL mechanism) and a READY, then 64 KiB frames that each say another
+// follows (the MORE flag), never the last, over and over; on a closed
+// connection it connects again. libzmq holds every frame of a multipart
+// message until its last, so a socket that takes a stranger's frames grows
+// by all of them. Stops at `stop` or after kMultipartBytes.
+constexpr uint64_t kMultipartBytes = uint64_t{64} << 20;
+void EndlessMultipart(const std::string& address, const std::atomic<bool>& stop,
+                      std::atomic<uint64_t>& sent) {
+  std::string hello(64, '\0');
+  hello[0] = '\xff';
+  hello[9] = '\x7f';
+  hello[10] = 3;  // ZMTP 3.0
+  std::memcpy(&hello[12], "NULL", 4);
+  const std::string body =
+      std::string("\x05READY\x0bSocket-Type") + std::string("\0\0\0\x06", 4) + "DEALER";
+  hello += std::string("\x04") + static_cast<char>(body.size()) + body;
+  std::string frame(9 + 65536, 'x');
+  frame[0] = 0x03;  // MORE | LONG
+  const uint64_t size = 65536;
+  for (int b = 0; b < 8; ++b) frame[1 + b] = static_cast<char>(size >> (8 * (7 - b)));
+  uint64_t mine = 0;
+  while (!stop.load() && mine < kMultipartBytes) {
+    const int fd = ConnectTo(address);
+    if (fd < 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    timeval t{0, 100000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof(t));
+    bool open =
+        send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size());
+    while (open && !stop.load() && mine < kMultipartBytes) {
+      const ssize_t n = send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+      if (n > 0) mine += static_cast<uint64_t>(n);
+      open = n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+      if (n < 0 && open) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  sent += mine;
+}
 
 class HostilePeerTest : public ::testing::Test, public LocalJob {
  protected:
   struct Result {
-    std::vector<std::string> params;   // each worker's "params H"
-    double rejected = 0;               // by the shards and the scheduler
-    double auth_failures = 0;          // refused handshakes, same processes
-    std::vector<double> peak_rss_mib;  // VmHWM: the scheduler, then each shard
+    std::vector<std::string> params;          // each worker's "params H"
+    double rejected = 0;                      // by the shards and the scheduler
+    double auth_failures = 0;                 // refused handshakes, same processes
+    std::vector<double> peak_rss_mib;         // VmHWM: the scheduler, then each shard
+    std::vector<double> worker_peak_rss_mib;  // VmHWM: each worker
   };
 
   // With CURVE: a peer with no key, one with another job's key, and one
@@ -102,8 +188,10 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   }
 
   // `key_file`: the job runs CURVE with it ("": not).
+  // `two_hosts`: half the workers on 127.0.0.2 (another host to the plan:
+  // the ring between the hosts runs over TCP streams).
   Result RunJob(const std::string& tag, Attack attack, const std::string& key_file = "",
-                int steps = 25) {
+                int steps = 25, bool two_hosts = false) {
     const bool forge = attack == Attack::kForge;
     tag_ = tag;
     const int scheduler_metrics = FreePort();
@@ -126,19 +214,25 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
           {Runfile("tests/ps_worker"), "--rank=" + std::to_string(r), "--path=ps", "--mode=train",
            "--optimizer=momentum", "--steps=" + std::to_string(steps), "--slow_ms=20",
            "--metrics_base_port=0", "--op_timeout_ms=" + std::to_string(kOpTimeoutMs),
-           "--bucket_bytes=2097152", "--partition_bytes=262144"},
+           "--bucket_bytes=2097152", "--partition_bytes=262144",
+           std::string("--host=") + (two_hosts && r >= kWorkers / 2 ? "127.0.0.2" : "127.0.0.1")},
           "worker" + std::to_string(r)));
     }
     Result result;
     // The peak resident sets, sampled while the job runs: the scheduler and
     // the shards exit with the job, and a process gone has none to read.
     std::vector<double> peaks(static_cast<size_t>(kServers) + 1, -1);
+    std::vector<double> worker_peaks(static_cast<size_t>(kWorkers), -1);
     std::atomic<bool> sampling{true};
     auto sample = [&] {
       peaks[0] = std::max(peaks[0], PeakRssMiB(scheduler_->pid()));
       for (int s = 0; s < kServers; ++s) {
         double& peak = peaks[static_cast<size_t>(s) + 1];
         peak = std::max(peak, PeakRssMiB(nodes_[s]->pid()));
+      }
+      for (int r = 0; r < kWorkers; ++r) {
+        double& peak = worker_peaks[static_cast<size_t>(r)];
+        peak = std::max(peak, PeakRssMiB(workers[r]->pid()));
       }
     };
     std::thread sampler([&] {
@@ -148,7 +242,27 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       }
     });
     std::unique_ptr<Flood> flood;
-    if (attack == Attack::kFlood) {
+    std::atomic<bool> stop_multipart{false};
+    std::atomic<uint64_t> multipart_sent{0};
+    std::vector<std::thread> multipart;
+    if (attack == Attack::kMultipart) {
+      // Every port of every process of the job, once every worker's
+      // communicator is up (its lanes and streams listen).
+      ReadJob();
+      for (int r = 0; r < kWorkers; ++r) {
+        EXPECT_TRUE(workers[r]->WaitForOutput("joined, backend", Deadline::AfterMs(60000)))
+            << workers[r]->Output();
+      }
+      std::vector<pid_t> pids = {scheduler_->pid()};
+      for (const auto& node : nodes_) pids.push_back(node->pid());
+      for (pid_t pid : pids) {
+        for (const std::string& address : ListeningAddresses(pid)) {
+          ports_attacked_.push_back(address);
+          multipart.emplace_back(
+              [&, address] { EndlessMultipart(address, stop_multipart, multipart_sent); });
+        }
+      }
+    } else if (attack == Attack::kFlood) {
       ReadJob();
       std::vector<std::string> targets = servers_;
       targets.push_back(address_);
@@ -187,6 +301,9 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
       EXPECT_NE(at, std::string::npos) << out;
       if (at != std::string::npos) result.params.push_back(out.substr(at + key.size(), 16));
     }
+    stop_multipart = true;
+    for (std::thread& t : multipart) t.join();
+    multipart_sent_ = multipart_sent.load();
     if (flood) {
       flood->Stop();
       EXPECT_EQ(flood->garbage_connected(), Flood::kGarbageSockets);
@@ -202,9 +319,13 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     sampler.join();
     sample();  // the last word of those still there
     result.peak_rss_mib = peaks;
+    result.worker_peak_rss_mib = worker_peaks;
     std::printf("%s: peak RSS (VmHWM) scheduler %.1f MiB", tag.c_str(), result.peak_rss_mib[0]);
     for (int s = 0; s < kServers; ++s) {
       std::printf(", server%d %.1f MiB", s, result.peak_rss_mib[static_cast<size_t>(s) + 1]);
+    }
+    for (int r = 0; r < kWorkers; ++r) {
+      std::printf(", worker%d %.1f MiB", r, worker_peaks[static_cast<size_t>(r)]);
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -351,6 +472,8 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   uint64_t job_ = 0;
   std::vector<std::string> servers_, workers_;
   int refused_ = 0;
+  std::vector<std::string> ports_attacked_;  // Attack::kMultipart's targets
+  uint64_t multipart_sent_ = 0;              // what they took of it
 };
 
 TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndCounted) {
@@ -464,6 +587,38 @@ TEST_F(HostilePeerTest, AFloodOfGarbageHugeFramesAndAPeerThatNeverReadsLeavesThe
     // Not one 64 MiB frame was held whole.
     EXPECT_LT(mib - clean.peak_rss_mib[p], 64) << "process " << p << " (0: the scheduler)";
   }
+}
+
+// A stranger with no key sends endless multipart messages (every frame
+// "more follows") to every port every process of a CURVE job listens on:
+// the scheduler's, the shards' data and stream ports, the workers' data
+// ports, their ring lanes' streams between two hosts, the metrics ports.
+// No socket a stranger reaches takes a frame before a handshake, so no
+// process grows past the same job's without the stranger, and the job ends
+// bit-equal.
+TEST_F(HostilePeerTest, EndlessMultipartMessagesToEveryPortGrowNoProcess) {
+  const std::string key_file = TmpFile("multipart.key");
+  ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
+  const Result clean = RunJob("clean", Attack::kNone, key_file, 25, /*two_hosts=*/true);
+  const Result attacked = RunJob("multipart", Attack::kMultipart, key_file, 25, true);
+  ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
+  EXPECT_EQ(attacked.params, clean.params);
+  // The scheduler, 2 shards (data, stream), 4 workers (data, 1 lane each
+  // at least): 11 ports or more, besides the metrics ports.
+  EXPECT_GE(ports_attacked_.size(), 11u);
+  EXPECT_GT(multipart_sent_, 0u);
+  std::printf("multipart: %zu ports, %.1f MiB written to them\n", ports_attacked_.size(),
+              static_cast<double>(multipart_sent_) / (1 << 20));
+  auto check = [](const std::vector<double>& before, const std::vector<double>& after,
+                  const std::string& who) {
+    ASSERT_EQ(before.size(), after.size());
+    for (size_t p = 0; p < after.size(); ++p) {
+      EXPECT_GT(after[p], 0) << who << " " << p;
+      EXPECT_LT(after[p] - before[p], 32) << who << " " << p << " took a stranger's frames";
+    }
+  };
+  check(clean.peak_rss_mib, attacked.peak_rss_mib, "scheduler (0) or shard (1+)");
+  check(clean.worker_peak_rss_mib, attacked.worker_peak_rss_mib, "worker");
 }
 
 }  // namespace

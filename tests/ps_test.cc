@@ -131,11 +131,6 @@ class PsTest : public ::testing::Test, public LocalJob {
   std::vector<std::string> server_hosts_;
 };
 
-std::vector<std::string> With(std::vector<std::string> flags, const std::string& more) {
-  flags.push_back(more);
-  return flags;
-}
-
 TEST_F(PsTest, SyncGivesTheAllReduceAverageForOneToFourWorkersAndShards) {
   const std::pair<int, int> jobs[] = {{1, 1}, {2, 4}, {3, 2}, {4, 3}};
   for (auto [workers, servers] : jobs) {
@@ -185,24 +180,21 @@ TEST_F(PsTest, SyncInThreeLanesIsSyncBitForBit) {
 // Shard 1 on another host (a second loopback address) is reached over TCP
 // streams, shard 0 on the workers' host through shared memory beside them;
 // with CURVE the streams are sealed. The same parameters, bit for bit, as
-// with every worker on ZeroMQ.
+// with both shards on the workers' host (shared memory only).
 TEST_F(PsTest, AShardOfAnotherHostTakesTcpStreamsBitForBit) {
   const std::string key_file = TmpFile("ps_streams.key");
   ASSERT_TRUE(wire::WriteKeyFile(key_file, *wire::GenerateCurveKey()).ok());
   const std::vector<std::string> shard = {"--ps_mode=sync", "--optimizer=momentum", "--lr=0.1"};
   const std::vector<std::string> worker = {"--path=ps", "--mode=train", "--steps=6",
                                            "--optimizer=momentum", "--ps_lanes=2"};
+  JobOutput local = Run(3, 2, shard, worker);
   server_hosts_ = {"127.0.0.1", "127.0.0.2"};
-  JobOutput zmq = Run(3, 2, With(shard, "--ps_transport=zmq"), With(worker, "--ps_transport=zmq"));
   JobOutput tcp = Run(3, 2, shard, worker);
   JobOutput sealed = Run(3, 2, shard, worker, key_file);
   server_hosts_.clear();
-  const std::string params = Agreed(zmq, "params");
+  const std::string params = Agreed(local, "params");
   EXPECT_EQ(Agreed(tcp, "params"), params);
   EXPECT_EQ(Agreed(sealed, "params"), params);
-  for (const std::string& s : zmq.servers) {
-    EXPECT_EQ(s.find("TCP streams"), std::string::npos) << s;
-  }
   EXPECT_NE(tcp.servers[1].find("workers of other hosts reach this shard over TCP streams at port"),
             std::string::npos)
       << tcp.servers[1];

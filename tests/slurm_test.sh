@@ -135,7 +135,7 @@ for r in 0 1 2 3 4; do
   grep -q "worker $r step 3 ok" "$dir/pairs.out" ||
     fail "worker $r of two tasks a node did not finish with exact averages"
 done
-grep -q "ring over TCP streams (ring_transport=tcp), sealed" "$dir/pairs.out" ||
+grep -q "ring over TCP streams, sealed" "$dir/pairs.out" ||
   fail "the ring between the nodes did not run over sealed TCP streams"
 [ "$(grep -c "use shared memory, the others TCP streams (1 peer(s))" "$dir/pairs.out")" -eq 4 ] ||
   fail "workers 1-4 did not each reach their node's other worker through shared memory"

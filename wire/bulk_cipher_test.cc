@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -133,96 +132,6 @@ INSTANTIATE_TEST_SUITE_P(Engines, BulkCipherEngineTest,
                          [](const testing::TestParamInfo<BulkCipherEngine>& info) {
                            return info.param == BulkCipherEngine::kOpenssl ? "OpenSSL" : "IpsecMb";
                          });
-
-// Threads that seal and open under one pool at once each get a context of
-// the same key: what one seals, another (or a pool of the same bytes) opens.
-TEST(BulkCipherTest, APoolsContextsSealAndOpenUnderOneKeyOnManyThreads) {
-  auto pool = BulkKeyPool::Random();
-  ASSERT_NE(pool, nullptr);
-  auto same = BulkKeyPool::Of(pool->bytes());
-  auto other = BulkKeyPool::Random();
-  ASSERT_NE(same, nullptr);
-  ASSERT_NE(other, nullptr);
-  constexpr int kThreads = 4;
-  constexpr size_t kBytes = 65536;
-  std::vector<std::vector<uint8_t>> sealed(kThreads, std::vector<uint8_t>(kBulkTagBytes + kBytes));
-  std::vector<int> opened(kThreads, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      const std::vector<uint8_t> plain = Bytes(kBytes, static_cast<uint8_t>(t));
-      for (int round = 0; round < 50; ++round) {
-        {
-          BulkKeyPool::Lease key = pool->Take();
-          if (!key || !key->Seal(round, t, plain.data(), kBytes, sealed[t].data()).ok()) return;
-        }
-        std::vector<uint8_t> back(kBytes);
-        BulkKeyPool::Lease opener = (round % 2 ? same : pool)->Take();
-        if (opener && opener->Open(round, t, sealed[t].data(), sealed[t].size(), back.data()) &&
-            back == plain) {
-          ++opened[t];
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t) {
-    EXPECT_EQ(opened[t], 50) << "thread " << t;
-    std::vector<uint8_t> back(kBytes);
-    EXPECT_FALSE(other->Take()->Open(49, t, sealed[t].data(), sealed[t].size(), back.data()));
-  }
-}
-
-TEST(BulkCipherTest, TokensAndKeysAreFreshAndRoutingIdsReadable) {
-  auto a = RandomBulkToken();
-  auto b = RandomBulkToken();
-  ASSERT_TRUE(a && b);
-  EXPECT_NE(*a, *b);
-  EXPECT_EQ(BulkRoutingId(*a).size(), 5 + 2 * kBulkTokenBytes);
-  EXPECT_EQ(BulkRoutingId(*a).rfind("bulk-", 0), 0u);
-  auto k1 = BulkKey::Random();
-  auto k2 = BulkKey::Random();
-  EXPECT_NE(std::memcmp(k1->bytes(), k2->bytes(), kBulkKeyBytes), 0);
-}
-
-TEST(BulkCipherTest, ControlMessagesRoundTripAndBadOnesAreRefused) {
-  BulkControl hello;
-  hello.kind = 'H';
-  hello.token = *RandomBulkToken();
-  hello.key[0] = 9;
-  const std::string h = EncodeBulkControl(hello);
-  auto parsed = ParseBulkControl(reinterpret_cast<const uint8_t*>(h.data()), h.size());
-  ASSERT_TRUE(parsed);
-  EXPECT_EQ(parsed->kind, 'H');
-  EXPECT_EQ(parsed->token, hello.token);
-  EXPECT_EQ(parsed->key, hello.key);
-  BulkControl answer;
-  answer.kind = 'A';
-  answer.token = hello.token;
-  answer.port = 40123;
-  const std::string a = EncodeBulkControl(answer);
-  parsed = ParseBulkControl(reinterpret_cast<const uint8_t*>(a.data()), a.size());
-  ASSERT_TRUE(parsed);
-  EXPECT_EQ(parsed->port, 40123);
-  BulkControl go;
-  go.kind = 'S';
-  go.token = hello.token;
-  const std::string s = EncodeBulkControl(go);
-  parsed = ParseBulkControl(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  ASSERT_TRUE(parsed);
-  EXPECT_EQ(parsed->kind, 'S');
-  auto refused = [](std::string bytes) {
-    return !ParseBulkControl(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  };
-  EXPECT_TRUE(refused(""));
-  EXPECT_TRUE(refused(h.substr(0, h.size() - 1)));  // a key cut short
-  EXPECT_TRUE(refused(h + "x"));
-  EXPECT_TRUE(refused(a + "x"));
-  EXPECT_TRUE(refused(s + "x"));
-  EXPECT_TRUE(refused("X" + s.substr(1)));  // unknown kind
-  answer.port = 0;
-  EXPECT_TRUE(refused(EncodeBulkControl(answer)));
-}
 
 }  // namespace
 }  // namespace gradsync::wire

@@ -49,7 +49,7 @@ void HandshakeRetry::Service(const zmq::pollitem_t* items) {
   const SteadyTime now = std::chrono::steady_clock::now();
   size_t i = 0;
   for (auto& [id, w] : watched_) {
-    if (items[i++].revents & ZMQ_POLLIN) ReadEvents(id, w);
+    if (items[i++].revents & ZMQ_POLLIN) ReadEvents(w);
     if (w.due && *w.due <= now) Reconnect(w);
   }
 }
@@ -66,7 +66,7 @@ long HandshakeRetry::NextDueMs() const {
 }
 
 // Event frames: 2 bytes event, 4 bytes value; then the endpoint.
-void HandshakeRetry::ReadEvents(int64_t id, Watched& w) {
+void HandshakeRetry::ReadEvents(Watched& w) {
   for (;;) {
     std::vector<zmq::message_t> frames;
     try {
@@ -81,7 +81,6 @@ void HandshakeRetry::ReadEvents(int64_t id, Watched& w) {
     std::memcpy(&event, frames[0].data(), sizeof(event));
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       w.backoff = first_;
-      if (on_handshake_) on_handshake_(id);
       continue;
     }
     if (!w.due) w.due = std::chrono::steady_clock::now() + w.backoff;

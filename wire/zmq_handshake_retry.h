@@ -19,7 +19,6 @@
 #define GRADSYNC_WIRE_ZMQ_HANDSHAKE_RETRY_H_
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,11 +50,6 @@ class HandshakeRetry {
   long NextDueMs() const;
   // Connections made again so far.
   uint64_t reconnects() const { return reconnects_; }
-  // Called (from Service) with the id of each watched socket whose
-  // handshake succeeded: its first, and each after a reconnection.
-  void OnHandshake(std::function<void(int64_t id)> callback) {
-    on_handshake_ = std::move(callback);
-  }
 
  private:
   struct Watched {
@@ -65,7 +59,7 @@ class HandshakeRetry {
     Millis backoff{0};
     std::optional<SteadyTime> due;  // set after a refused handshake
   };
-  void ReadEvents(int64_t id, Watched& w);
+  void ReadEvents(Watched& w);
   void Reconnect(Watched& w);
 
   zmq::context_t& context_;
@@ -73,7 +67,6 @@ class HandshakeRetry {
   std::map<int64_t, Watched> watched_;
   uint64_t next_monitor_ = 0;
   uint64_t reconnects_ = 0;
-  std::function<void(int64_t id)> on_handshake_;
 };
 
 }  // namespace gradsync::wire

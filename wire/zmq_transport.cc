@@ -130,7 +130,6 @@ void ZmqTransport::Impl::DoConnect(Command& cmd) {
     dealers_[id] = std::move(dealer);
     conn_by_endpoint_[{cmd.endpoint, cmd.lane}] = id;
     cmd.done.set_value({OkStatus(), cmd.endpoint, id});
-    if (node && options_.bulk_encryption) StartBulk(id, cmd.endpoint);
   } catch (const zmq::error_t& e) {
     cmd.done.set_value({ZmqError("cannot connect to " + cmd.endpoint, e), "", -1});
   }
@@ -154,15 +153,6 @@ void ZmqTransport::Impl::DoDisconnect(Command& cmd) {
       pending_.erase(waiting);
     }
     if (retry_) retry_->Forget(id);
-    auto bulk = bulk_out_.find(id);
-    if (bulk != bulk_out_.end()) {
-      DropInbox(bulk->second.replies);  // its early replies leave the shared bound
-      if (bulk->second.socket) bulk->second.socket->set(zmq::sockopt::linger, 0);
-      bulk_out_.erase(bulk);
-    }
-    bulk_connecting_.erase(id);
-    bulk_replies_draining_.erase(id);
-    Unpublish(route);
     auto dealer = dealers_.find(id);
     if (dealer != dealers_.end()) {
       dealer->second->set(zmq::sockopt::linger, 0);  // what it queued goes now
@@ -186,13 +176,6 @@ void ZmqTransport::Impl::CloseAll() {
   monitor_.reset();
   router_.reset();
   retry_.reset();
-  bulk_out_.clear();
-  bulk_in_.clear();
-  {
-    std::lock_guard<std::mutex> lock(seal_mu_);
-    sealers_.clear();
-  }
-  bulk_router_.reset();
   dealers_.clear();
 }
 
@@ -210,7 +193,6 @@ Status ZmqTransport::Impl::RetryRefusedHandshakes(ConnId id, zmq::socket_t& deal
   if (!retry_) {
     retry_ = std::make_unique<HandshakeRetry>(context_, Millis(options_.reconnect_ivl_ms),
                                               Millis(options_.reconnect_ivl_max_ms));
-    retry_->OnHandshake([this](int64_t conn) { OnBulkHandshake(conn); });
   }
   dealer.set(zmq::sockopt::immediate, 1);
   return retry_->Watch(id, dealer, endpoint);
@@ -280,10 +262,6 @@ uint64_t ZmqTransport::dropped() const { return impl_->dropped(); }
 uint64_t ZmqTransport::impostors() const { return impl_->impostors(); }
 uint64_t ZmqTransport::retry_steps() const { return impl_->retry_steps(); }
 uint64_t ZmqTransport::dropped_sends() const { return impl_->dropped_sends(); }
-uint64_t ZmqTransport::bulk_sent() const { return impl_->bulk_sent(); }
-uint64_t ZmqTransport::bulk_received() const { return impl_->bulk_received(); }
-uint64_t ZmqTransport::bulk_refused() const { return impl_->bulk_refused(); }
-std::string ZmqTransport::bulk_endpoint() const { return impl_->bulk_endpoint(); }
 
 StatusOr<std::string> ZmqTransport::Listen(const std::string& endpoint) {
   auto cmd = std::make_unique<Command>();
@@ -332,7 +310,6 @@ std::unique_ptr<Command> SendCommand(const Route& to, Message message, Deadline 
 
 Status ZmqTransport::Send(const Route& to, Message message, Deadline deadline) {
   auto cmd = SendCommand(to, std::move(message), deadline);
-  impl_->PreSeal(*cmd, /*here=*/true);
   return impl_->Submit(std::move(cmd)).status;
 }
 
@@ -340,7 +317,6 @@ void ZmqTransport::Post(const Route& to, Message message, Deadline deadline,
                         std::function<void(const Status&)> done) {
   auto cmd = SendCommand(to, std::move(message), deadline);
   cmd->posted = done ? std::move(done) : [](const Status&) {};
-  impl_->PreSeal(*cmd, /*here=*/false);
   impl_->Post(std::move(cmd));
 }
 

@@ -28,24 +28,6 @@
 //   waits in the transport, until its deadline, for a handshake that
 //   succeeded (ZMQ_IMMEDIATE): Send to such a connection returns once the
 //   message is handed to a connection that is up.
-// - With ZmqOptions::bulk_encryption (and node keys), sealed bulk messages
-//   (wire/bulk_cipher.h, docs/design/bulk_encryption.md): each outgoing
-//   connection to a plan node hands the peer a fresh AES-256-GCM key and a
-//   token over the CURVE connection; a peer with bulk_encryption answers
-//   with the port of its plain bulk socket (on the host the connection
-//   reached); once that connection is up, the sender sends 'S' and from
-//   then on every message of the connection travels there, each frame sealed under the key with the
-//   message's counter. The receiver takes a sealed message only under a token it handed out, opened
-//   under that token's key with a counter above the last, as coming from the identity that received
-//   the token (sealed messages that overtake the 'S' wait for it, bounded like the incoming queue);
-//   anything else is dropped, counted (bulk_refused) and reported to on_impostor. A peer without
-//   bulk_encryption never answers and the connection stays on CURVE, as does one whose hello
-//   comes while 4096 tokens are handed out (counted in bulk_refused). Replies to such a sender (on
-//   the listening socket) go back sealed on its bulk connection once the receiver's 'R' has gone
-//   over CURVE behind the replies before it.
-//   Posted messages are sealed on the transport's crypto threads, and received ones opened
-//   there while they wait in the incoming queue (the I/O thread opens only the header, which
-//   carries the counter); see ZmqOptions::bulk_crypto_threads.
 // - Payload frames are sent zero-copy (zmq_msg_init_data with a free
 //   callback that releases Payload::owner).
 // - A message of more than max_payload_frames payload frames, or whose
@@ -72,7 +54,6 @@
 #include <optional>
 #include <string>
 
-#include "wire/bulk_cipher.h"
 #include "wire/curve.h"
 #include "wire/node_keys.h"
 #include "wire/transport.h"
@@ -104,10 +85,8 @@ struct ZmqOptions {
   // Set (with curve): per-node identity, see above. Shared with the node
   // that updates its plan.
   std::shared_ptr<const NodeKeys> node_keys;
-  // Called for each message whose identity is not the one bound to its
-  // sender's key, or sealed message refused, with the route and why: on the
-  // I/O thread, or on the thread in Receive for a sealed message whose
-  // payloads do not open (they are opened after its header).
+  // Called (on the I/O thread) for each message whose identity is not the
+  // one bound to its sender's key, with the route and why.
   std::function<void(const std::string& peer, const std::string& why)> on_impostor;
   // Called (on the I/O thread) for each message dropped as it was read,
   // with the route it came on and why.
@@ -115,24 +94,6 @@ struct ZmqOptions {
   // Called (on the I/O thread) for each send failed at once because its peer
   // had max_pending_sends_per_peer sends waiting (it is not reading).
   std::function<void(const std::string& peer)> on_send_dropped;
-  // With node_keys: sealed bulk messages (see above). A connection whose
-  // peer's bulk port does not take its bulk connection within
-  // bulk_connect_timeout_ms (a firewall) stays on CURVE, with a warning.
-  bool bulk_encryption = false;
-  int bulk_connect_timeout_ms = 5000;
-  // The bulk port: 0, any free port of the listening address; else the
-  // listening port plus this (for firewalls). A port that cannot be bound
-  // leaves peers on CURVE, with one warning.
-  int bulk_port_offset = 0;
-  // Threads that seal posted messages and open received ones, side by
-  // side (started with the first sealed message). 0: callers of Post seal
-  // their own messages and the I/O thread opens, which is faster on a host
-  // of few cores (the threads only take turns there). -1: 2 where the
-  // process may run on 8 cores or more (its CPU affinity), else 0.
-  int bulk_crypto_threads = -1;
-  // The library that seals and opens bulk messages (the setting
-  // bulk_cipher; wire/bulk_cipher.h): kBest, or kOpenssl.
-  BulkCipherEngine bulk_cipher = BulkCipherEngine::kBest;
 };
 
 // Once per process, unless GRADSYNC_TUNE_MALLOC=0 or GLIBC_TUNABLES sets
@@ -178,14 +139,6 @@ class ZmqTransport : public Transport {
   uint64_t retry_steps() const;
   // Sends dropped because their peer had max_pending_sends_per_peer waiting.
   uint64_t dropped_sends() const;
-  // Sealed bulk messages sent and taken, and those refused (on the bulk
-  // port under no token this node handed out, or that did not open), and
-  // hellos refused because 4096 tokens were out.
-  uint64_t bulk_sent() const;
-  uint64_t bulk_received() const;
-  uint64_t bulk_refused() const;
-  // The bulk port's endpoint once a peer was handed a token; else empty.
-  std::string bulk_endpoint() const;
 
   class Impl;
 

@@ -29,21 +29,13 @@ void ZmqTransport::Impl::IoLoop() {
     const short in = room ? ZMQ_POLLIN : 0;
     if (router_) items.push_back({router_->handle(), 0, in, 0});
     if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
-    if (bulk_router_) items.push_back({bulk_router_->handle(), 0, in, 0});
     std::vector<ConnId> ids;
     for (auto& [id, sock] : dealers_) {
       items.push_back({sock->handle(), 0, in, 0});
       ids.push_back(id);
     }
-    std::vector<ConnId> bulk_ids;  // sealed replies come back on these
-    for (auto& [id, out] : bulk_out_) {
-      if (!out.socket) continue;
-      items.push_back({out.socket->handle(), 0, in, 0});
-      bulk_ids.push_back(id);
-    }
     const size_t retry_at = items.size();
     long timeout_ms = pending_.empty() && room ? -1 : 1;
-    if (!bulk_connecting_.empty() && (timeout_ms < 0 || timeout_ms > 5)) timeout_ms = 5;
     if (retry_) {
       retry_->AddPollItems(&items);
       const long due = retry_->NextDueMs();
@@ -69,22 +61,13 @@ void ZmqTransport::Impl::IoLoop() {
       if (items[next].revents & ZMQ_POLLIN) ReadMonitor();
       ++next;
     }
-    if (bulk_router_) {
-      if (items[next].revents & ZMQ_POLLIN) ReadBulk();
-      ++next;
-    }
     for (ConnId id : ids) {
       Route route = Route::Connection(id);
       if ((items[next++].revents & ZMQ_POLLIN) && dealers_.count(id)) {
         ReadSocket(*dealers_[id], &route);
       }
     }
-    for (ConnId id : bulk_ids) {
-      if (items[next++].revents & ZMQ_POLLIN) ReadBulkReplies(id);
-    }
     if (retry_) retry_->Service(&items[retry_at]);
-    if (!bulk_draining_.empty() || !bulk_replies_draining_.empty()) DrainBulk();
-    if (!bulk_connecting_.empty()) CheckBulkConnections();
     RetryPending();
   }
   CloseAll();
@@ -92,19 +75,6 @@ void ZmqTransport::Impl::IoLoop() {
 
 bool ZmqTransport::Impl::TrySend(Command& cmd) {
   const Route& to = cmd.route;
-  if (to.kind == Route::Kind::kConnection && cmd.control.empty()) {
-    auto bulk = bulk_out_.find(to.conn);
-    if (bulk != bulk_out_.end() && bulk->second.state == BulkOut::State::kOn) {
-      BulkOut& b = bulk->second;
-      if (!(b.socket->get(zmq::sockopt::events) & ZMQ_POLLOUT)) return false;
-      return TrySendSealed(cmd, *b.socket, "", b.way);
-    }
-  }
-  if (to.kind == Route::Kind::kInbound && cmd.control.empty()) {
-    if (BulkIn* b = SealedRepliesTo(to.identity)) {
-      return TrySendSealed(cmd, *bulk_router_, bulk_token_of_[to.identity], b->replies);
-    }
-  }
   zmq::socket_t* socket = nullptr;
   std::string routing_id = to.identity;
   if (to.kind == Route::Kind::kInbound) {
@@ -129,28 +99,6 @@ bool ZmqTransport::Impl::TrySend(Command& cmd) {
   try {
     if (to.kind == Route::Kind::kInbound) {
       if (!socket->send(zmq::buffer(routing_id), more)) return false;
-    }
-    if (!cmd.control.empty()) {
-      if (!socket->send(zmq::message_t(), more)) return false;
-      socket->send(zmq::buffer(cmd.control), zmq::send_flags::none);
-      if (cmd.control[0] == 'S' && to.kind == Route::Kind::kConnection) {
-        auto bulk = bulk_out_.find(to.conn);
-        if (bulk != bulk_out_.end()) {
-          bulk->second.state = BulkOut::State::kOn;
-          bulk->second.way = std::make_shared<SealWay>(bulk->second.key, 0);
-          Publish(to, bulk->second.way);
-        }
-      }
-      if (cmd.control[0] == 'R' && to.kind == Route::Kind::kInbound) {
-        auto token = bulk_token_of_.find(to.identity);
-        if (token != bulk_token_of_.end() && bulk_in_.count(token->second) > 0) {
-          BulkIn& in = bulk_in_[token->second];
-          in.replies = std::make_shared<SealWay>(in.key, kBulkReplyDirection);
-          Publish(to, in.replies);
-        }
-      }
-      cmd.Finish({OkStatus(), "", -1});
-      return true;
     }
     auto header_flags = m.payloads.empty() ? zmq::send_flags::dontwait : more;
     if (!socket->send(zmq::message_t(m.header.data(), m.header.size()), header_flags)) {
@@ -224,8 +172,7 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     }
     if (!got) return;
     if (!fixed_route && AnswerEcho(socket, frames)) continue;
-    Queued q;
-    Incoming& in = q.in;
+    Incoming in;
     size_t first = 0;
     if (fixed_route) {
       in.from = *fixed_route;
@@ -237,13 +184,6 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     } else {
       in.from = Route::Inbound(frames[0].to_string());
       first = 1;
-    }
-    // An empty first frame (no gradsync header is empty): a control message
-    // of the sealed bulk path, from an authenticated peer only.
-    if (frames.size() == first + 2 && frames[first].size() == 0 &&
-        (fixed_route || options_.node_keys)) {
-      OnBulkControl(in.from.identity, fixed_route ? fixed_route->conn : -1, frames[first + 1]);
-      continue;
     }
     const size_t payloads = frames.size() > first ? frames.size() - first - 1 : 0;
     if (payloads > options_.max_payload_frames ||
@@ -270,7 +210,7 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     }
     // The queue has room (checked above) and only this thread pushes.
     queued_bytes_.fetch_add(in.message.header.size() + in.message.PayloadBytes());
-    incoming_.Push(std::move(q), Deadline::Infinite()).IgnoreError();
+    incoming_.Push(std::move(in), Deadline::Infinite()).IgnoreError();
   }
 }
 

@@ -115,4 +115,4 @@ def test_two_ranks_a_host_share_memory_beside_sealed_streams(hosts, tmp_path):
         assert "EXACT %d True" % rank in out, out
         assert ("use shared memory, the others TCP streams (1 peer(s))"
                 in out), out
-    assert "ring over TCP streams (ring_transport=tcp), sealed" in ran[0][1], ran[0][1]
+    assert "ring over TCP streams, sealed" in ran[0][1], ran[0][1]
