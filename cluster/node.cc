@@ -87,15 +87,13 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   }
   node.bulk_cipher = *engine;
   if (role == wire::Role::Server) {
-    // A shard's data port takes pushes and pulls only.
-    GS_ASSIGN_OR_RETURN(
-        int64_t partition,
-        config.GetInt("partition_bytes", static_cast<int64_t>(kDefaultPartitionBytes)));
-    if (partition < 1 || partition > (int64_t{1} << 30)) {
-      return InvalidArgumentError("partition_bytes must be in [1, 2^30], got " +
-                                  std::to_string(partition));
-    }
-    data.max_frame_bytes = PartitionFrameBytes(static_cast<size_t>(partition));
+    // A shard's data port is its address and what the workers' reachability
+    // checks reach; pushes and pulls go to its stream port. Nobody reads
+    // what a member sends there: the I/O thread holds one control-sized
+    // message at most, and ZeroMQ's high-water marks push back.
+    data.max_frame_bytes = kControlFrameBytes;
+    data.max_queued_incoming = 1;
+    data.max_queued_incoming_bytes = size_t{64} << 10;
   }
   GS_ASSIGN_OR_RETURN(node.data, wire::ZmqTransport::Create(std::move(data)));
   GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(options.host, data_port));
@@ -160,9 +158,9 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
                  << (node.streams->sealed() ? "sealed " : "") << "TCP streams at port " << port;
   }
   SetLogTag(a.self.Name());
-  GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (data port "
-               << options.data_port << ", " << a.num_workers << " workers, " << a.num_servers
-               << " servers, "
+  GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (identity "
+               << options.identity << ", data port " << options.data_port << ", " << a.num_workers
+               << " workers, " << a.num_servers << " servers, "
                << (!node.curve ? "no CURVE"
                                : "CURVE on every link, TCP streams sealed with AES-256-GCM by " +
                                      wire::BulkCipherEngineName(node.bulk_cipher) + " (Noise KK)")

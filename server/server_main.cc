@@ -89,15 +89,15 @@ int RunScheduler(const Config& config, const std::atomic<bool>& stop) {
   return 0;
 }
 
-// The shard's transport: the node's data transport, with the workers of
-// this host heard and answered through shared memory (null: none are, or
-// ps_shm=false).
+// The shard's transport: the node's TCP stream listener, with the workers
+// of this host heard and answered through shared memory (null: none are, or
+// ps_shm=false). Parameter-server traffic never goes over ZeroMQ.
 std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions& options,
                                                     cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
   wire::SameHostOptions same_host = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
   same_host.refusals = node.refusals;
-  return cluster::OverSameHostLinks(node.data.get(), std::move(same_host),
+  return cluster::OverSameHostLinks(node.streams.get(), std::move(same_host),
                                     "workers on this host reach the shard through shared memory");
 }
 
@@ -107,9 +107,8 @@ std::vector<std::string> PsWorkerIdentities(const cluster::Assignment& a) {
   return cluster::PsClientIdentities(a.peers, a.num_workers, a.epoch);
 }
 
-// Starts the shard on `transport` (the node's data transport, or one over
-// it) and the node's stream listener; workers the scheduler declares dead
-// stop holding rounds back.
+// Starts the shard on `transport` (the node's stream listener, or one over
+// it); workers the scheduler declares dead stop holding rounds back.
 StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transport* transport,
                                               PsShardOptions options) {
   options.rules.num_workers = node.agent->assignment().num_workers;
@@ -117,7 +116,7 @@ StatusOr<std::shared_ptr<PsShard>> StartShard(cluster::Node& node, wire::Transpo
   options.rules.num_shards = node.agent->assignment().num_servers;
   options.rules.worker_identities = PsWorkerIdentities(node.agent->assignment());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<PsShard> started,
-                      PsShard::Start(transport, options, node.agent->sender(), node.streams.get()));
+                      PsShard::Start(transport, options, node.agent->sender()));
   std::shared_ptr<PsShard> shard = std::move(started);
   std::weak_ptr<PsShard> weak = shard;
   node.agent->OnPeerDead([weak](const wire::NodeInfo& dead, const std::string&) {
@@ -197,7 +196,9 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   metrics.AddTransportRefusals(node->refusals);
   // Outlives the shard.
   std::unique_ptr<wire::SameHostTransport> links = ShardLinks(*link_options, *node);
-  auto shard = StartShard(*node, links ? links.get() : node->data.get(), *ps_options);
+  wire::Transport* transport = node->streams.get();
+  if (links) transport = links.get();
+  auto shard = StartShard(*node, transport, *ps_options);
   if (!shard.ok()) return Fail(shard.status(), 1);
   const bool checkpoints = !ps_options->checkpoint_dir.empty();
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -35,6 +35,7 @@
 #include "tests/local_job.h"
 #include "wire/curve.h"
 #include "wire/message.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/validate.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"
@@ -357,8 +358,9 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     ASSERT_EQ(workers_.size(), workers) << log;
   }
 
-  // Sends `msg` to `address` and expects an Error back.
-  void ExpectRefused(wire::ZmqTransport& t, const std::string& address, wire::Message msg,
+  // Sends `msg` to `address` and expects an Error back: a refusal (counted
+  // in refused_), or Busy, "send it again" (counted in busy_).
+  void ExpectRefused(wire::Transport& t, const std::string& address, wire::Message msg,
                      const std::string& what) {
     auto conn = t.Connect("tcp://" + address);
     ASSERT_TRUE(conn.ok()) << conn.status();
@@ -371,7 +373,7 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
           in->message, wire::Policy::Accepting(
                            {wire::MsgType::Error, wire::MsgType::Ack, wire::MsgType::Reply}));
       if (v.ok() && v.type == wire::MsgType::Error) {
-        ++refused_;
+        ++(v.header->body_as_ErrorBody()->code() == wire::ErrorCode::Busy ? busy_ : refused_);
         return;
       }
     }
@@ -390,23 +392,60 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
                           {wire::Payload::Copy(junk.data(), junk.size())}, round, round);
   }
 
+  // From the nodes' logs: each worker's identity, by rank, and each shard's
+  // stream port ("host:port"), by rank.
+  void ReadIdentities() {
+    worker_identities_.assign(kWorkers, "");
+    shard_streams_.assign(kServers, "");
+    for (const auto& node : nodes_) {
+      const std::string out = node->Output();
+      std::smatch m;
+      if (std::regex_search(out, m, std::regex(R"(as worker (\d+) \(identity ([^,]+),)"))) {
+        worker_identities_.at(std::stoul(m[1].str())) = m[2].str();
+      } else if (std::regex_search(out, m, std::regex(R"(as server (\d+) )"))) {
+        const size_t rank = std::stoul(m[1].str());
+        std::smatch p;
+        ASSERT_TRUE(std::regex_search(out, p, std::regex(R"(TCP streams at port (\d+))"))) << out;
+        shard_streams_.at(rank) = "127.0.0.1:" + p[1].str();
+      }
+    }
+  }
+
+  // A forger's connection to the shards' stream ports under a lane of
+  // worker `rank`'s parameter-server client (a job without CURVE checks no
+  // key: anyone who learns an identity may claim it).
+  std::unique_ptr<wire::TcpStreamTransport> AsWorker(int rank) {
+    wire::TcpStreamOptions o;
+    o.job_id = job_;
+    o.identity = wire::LaneIdentity(
+        wire::PsClientIdentity(worker_identities_.at(static_cast<size_t>(rank))), 9);
+    return std::make_unique<wire::TcpStreamTransport>(std::move(o));
+  }
+
   void Forge() {
     ReadJob();
+    for (const auto& node : nodes_) {
+      ASSERT_TRUE(node->WaitForOutput("joined job", Deadline::AfterMs(30000))) << node->Output();
+    }
+    ReadIdentities();
     auto t = std::move(wire::ZmqTransport::Create({})).value();
-    for (const std::string& shard : servers_) {
+    for (const std::string& shard : shard_streams_) {
       // Seen live: ended a shard with std::bad_alloc.
-      ExpectRefused(*t, shard, Push(1, 0, 1, uint64_t{1} << 40, "topk:ratio=0.01", 64),
+      ExpectRefused(*AsWorker(1), shard, Push(1, 0, 1, uint64_t{1} << 40, "topk:ratio=0.01", 64),
                     "a 2^40-element top-k push");
       // A closed round, impersonating a worker, over another connection.
-      ExpectRefused(*t, shard, Push(2, 0, 1, 4, "", 16), "a push for a closed round");
+      ExpectRefused(*AsWorker(2), shard, Push(2, 0, 1, 4, "", 16), "a push for a closed round");
+      // A pull under worker 0's identity, which a job without CURVE cannot
+      // tell from worker 0's: of a key nobody pushed yet, it is told to
+      // push first (Busy), as worker 0 would be.
       wire::DataFields pull;
       pull.num_elements = 4;
       pull.round = 3;
-      ExpectRefused(*t, shard,
+      ExpectRefused(*AsWorker(0), shard,
                     wire::MakeData(wire::Sender{wire::Role::Worker, 0, job_}, wire::MsgType::Pull,
                                    pull, {}, 3, 3),
                     "a forged pull");
-      ExpectRefused(*t, shard, Push(3, 0, 2, 1, "", 4096),
+      ExpectRefused(*AsWorker(3), shard, Push(3, 0, 2, 1, "", 4096),
                     "a push whose payload disagrees with its element count");
     }
     // A ring message of another type with a short payload, to each worker.
@@ -472,8 +511,10 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
   uint64_t job_ = 0;
   std::vector<std::string> servers_, workers_;
   int refused_ = 0;
-  std::vector<std::string> ports_attacked_;  // Attack::kMultipart's targets
-  uint64_t multipart_sent_ = 0;              // what they took of it
+  int busy_ = 0;
+  std::vector<std::string> worker_identities_, shard_streams_;  // ReadIdentities
+  std::vector<std::string> ports_attacked_;                     // Attack::kMultipart's targets
+  uint64_t multipart_sent_ = 0;                                 // what they took of it
 };
 
 TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndCounted) {
@@ -481,7 +522,8 @@ TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndC
   const Result attacked = RunJob("forged", Attack::kForge);
   ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(attacked.params, clean.params);
-  EXPECT_EQ(refused_, 4 * kServers + 1);
+  EXPECT_EQ(refused_, 3 * kServers + 1);
+  EXPECT_EQ(busy_, kServers);
   // Every refusal the forger saw, plus none unaccounted for on the shards
   // and the scheduler (the workers' ring refusals are their own metric).
   EXPECT_GE(attacked.rejected, refused_);

@@ -2,13 +2,14 @@
 // optimizer and a checkpoint_dir, 3 workers of tests/ps_worker), and a job
 // member beside it: a process that holds the job's key and worker 1's own
 // node key, as a member that turned hostile would. It tries to take other
-// members' places: (1) it connects to the shard under worker 0's
-// parameter-server identity and pushes and pulls as worker 0; (2) it
+// members' places: (1) it connects to the shard's stream port under worker
+// 0's parameter-server identity to push as worker 0; (2) it
 // connects to worker 0's data port as worker 2 (worker 0's left neighbour in
 // the ring) and aborts the ring in its name; (3) it claims to be the shard
 // restarted while the shard is silent, with its own key, then with the
 // shard's public key, which it cannot prove it holds; (4) under its own
-// identity, once the workers finished, it floods the shard with keys outside
+// identity, once the workers finished, it floods the shard (over a sealed
+// stream of its own) with keys outside
 // the job's plan. Each is refused and counted, the shard ends with the
 // plan's keys only, and every worker ends with the parameters, bit for bit,
 // of the same job without it. (A connection that finds another key than the
@@ -33,6 +34,7 @@
 #include "wire/curve.h"
 #include "wire/message.h"
 #include "wire/node_keys.h"
+#include "wire/tcp_stream_transport.h"
 #include "wire/validate.h"
 #include "wire/zmq_transport.h"
 #include "zmq.hpp"
@@ -93,7 +95,7 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     }
     if (attack) {
       ReadJob();
-      PushAndPullAsWorker0();
+      PushAndPullAsWorker0(shard);
       AbortTheRingAsWorker2(*workers[0]);
       ClaimTheSilentShard(shard);
     }
@@ -195,35 +197,81 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
         ->public_z85;
   }
 
-  // (1) Under worker 0's parameter-server identity, as the member's
-  // transport would present it and as a bare routing id.
-  void PushAndPullAsWorker0() {
-    const std::string shard_key = ShardKey();
-    const std::string as = wire::PsClientIdentity(workers_[0].identity);
-    for (const std::string& routing_id : {as + "#0123456789abcdef", as}) {
-      zmq::socket_t& s = Connect(shard_.address, shard_key, routing_id);
-      for (uint64_t round = 1; round <= 2; ++round) {
-        SendOn(s, AsWorker(0, wire::MsgType::Push, round));
-        SendOn(s, AsWorker(0, wire::MsgType::Pull, round));
-      }
-    }
-    double impostors = 0;
-    for (Deadline d = Deadline::AfterMs(20000); impostors < 8 && !d.Expired();) {
-      impostors = Sum(Scrape(shard_metrics_), "gradsync_impostors_total ");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    EXPECT_EQ(impostors, 8) << "the shard took messages sent as worker 0 by another member";
+  // The shard's stream endpoint ("tcp://host:port"), from its log.
+  static std::string ShardStreams(const Subprocess& shard) {
+    EXPECT_TRUE(shard.WaitForOutput("TCP streams at port", Deadline::AfterMs(30000)));
+    std::smatch m;
+    const std::string log = shard.Output();
+    if (!std::regex_search(log, m, std::regex(R"(TCP streams at port (\d+))"))) return "";
+    return "tcp://127.0.0.1:" + m[1].str();
   }
 
-  // (4) Under its own parameter-server identity (worker 1's), over a
-  // connection of its own, once the workers finished: for each of
+  // The member's sealed TCP streams (worker 1's node key) under `identity`,
+  // with the plan every member has: itself and the shard, with their keys.
+  std::unique_ptr<wire::TcpStreamTransport> MemberStreams(const std::string& identity,
+                                                          const std::string& shard_streams) {
+    auto node_info = [](const Peer& p, wire::Role role, int32_t rank, const std::string& key) {
+      wire::NodeInfo n;
+      n.role = role;
+      n.rank = rank;
+      n.identity = p.identity;
+      n.host = p.address.substr(0, p.address.rfind(':'));
+      n.data_port = static_cast<uint16_t>(std::stoi(p.address.substr(n.host.size() + 1)));
+      n.public_key = key;
+      return n;
+    };
+    wire::NodeInfo shard = node_info(shard_, wire::Role::Server, 0, ShardKey());
+    shard.stream_port =
+        static_cast<uint16_t>(std::stoi(shard_streams.substr(shard_streams.rfind(':') + 1)));
+    auto keys = std::make_shared<wire::NodeKeys>(job_key_, worker_keys_[1]);
+    keys->SetPlan(
+        {node_info(workers_[1], wire::Role::Worker, 1, worker_keys_[1].public_z85), shard});
+    wire::TcpStreamOptions o;
+    o.job_id = job_;
+    o.identity = identity;
+    o.node_keys = std::move(keys);
+    return std::make_unique<wire::TcpStreamTransport>(std::move(o));
+  }
+
+  // (1) At the shard's stream port, under worker 0's parameter-server
+  // identity and under a lane of it: the handshake shows worker 1's key,
+  // bound to another identity, and the shard refuses the connection
+  // (counted in gradsync_auth_failures_total): nothing sent reaches it.
+  void PushAndPullAsWorker0(const Subprocess& shard) {
+    const std::string streams = ShardStreams(shard);
+    ASSERT_FALSE(streams.empty()) << shard.Output();
+    const double before = Sum(Scrape(shard_metrics_), "gradsync_auth_failures_total ");
+    const std::string as = wire::PsClientIdentity(workers_[0].identity);
+    for (const std::string& identity : {as, wire::LaneIdentity(as, 1)}) {
+      auto t = MemberStreams(identity, streams);
+      auto conn = t->Connect(streams);
+      ASSERT_TRUE(conn.ok()) << conn.status();
+      const Status sent = t->Send(wire::Route::Connection(*conn),
+                                  AsWorker(0, wire::MsgType::Push, 1), Deadline::AfterMs(10000));
+      EXPECT_FALSE(sent.ok()) << "the shard took a connection under " << identity;
+      t->Shutdown();
+    }
+    double refused = 0;
+    for (Deadline d = Deadline::AfterMs(20000); refused < 2 && !d.Expired();) {
+      refused = Sum(Scrape(shard_metrics_), "gradsync_auth_failures_total ") - before;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_GE(refused, 2) << "the shard took a connection as worker 0 from another member";
+  }
+
+  // (4) Under its own parameter-server identity (worker 1's, a lane of its
+  // own), over a sealed stream, once the workers finished: for each of
   // kForgedKeys keys outside the plan, a pull of its
   // initial parameters and a push of round 1. Each is answered Busy and
   // counted (early pulls, unplanned pushes); none may leave a key behind
   // (checked at the end of the job).
   void FloodKeysOutsideThePlan(const Subprocess& shard) {
-    zmq::socket_t& s = Connect(shard_.address, ShardKey(),
-                               wire::PsClientIdentity(workers_[1].identity) + "#fedcba9876543210");
+    const std::string streams = ShardStreams(shard);
+    ASSERT_FALSE(streams.empty()) << shard.Output();
+    auto t =
+        MemberStreams(wire::LaneIdentity(wire::PsClientIdentity(workers_[1].identity), 9), streams);
+    auto conn = t->Connect(streams);
+    ASSERT_TRUE(conn.ok()) << conn.status();
     auto waited = [&] {
       const std::string text = Scrape(shard_metrics_);
       return Sum(text, "gradsync_server_early_pulls_total ") +
@@ -232,11 +280,14 @@ class MemberIdentityTest : public ::testing::Test, public LocalJob {
     const double before = waited();
     const double rss_before = PeakRssMiB(shard.pid());
     for (uint32_t i = 0; i < kForgedKeys; ++i) {
-      SendOn(s, AsWorker(1, wire::MsgType::Pull, 0, 1000 + i));
-      SendOn(s, AsWorker(1, wire::MsgType::Push, 1, 1000 + i));
+      for (wire::Message m : {AsWorker(1, wire::MsgType::Pull, 0, 1000 + i),
+                              AsWorker(1, wire::MsgType::Push, 1, 1000 + i)}) {
+        ASSERT_TRUE(
+            t->Send(wire::Route::Connection(*conn), std::move(m), Deadline::AfterMs(10000)).ok());
+      }
     }
-    // The answers go to worker 1's parameter-server route, which may be
-    // worker 1's shared-memory link: they are counted on the shard instead.
+    // The answers come back on the member's connection (it does not read
+    // them): they are counted on the shard.
     double counted = 0;
     for (Deadline d = Deadline::AfterMs(20000); counted < 2 * kForgedKeys && !d.Expired();) {
       counted = waited() - before;
