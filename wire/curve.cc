@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "common/net.h"
@@ -11,6 +12,33 @@
 #include "zmq.h"
 
 namespace gradsync::wire {
+
+void CurveKey::Wipe() noexcept {
+  for (std::string* secret : {&secret_z85, &scheduler_secret_z85}) {
+    explicit_bzero(secret->data(), secret->size());
+    secret->clear();
+  }
+}
+
+CurveKey& CurveKey::operator=(const CurveKey& other) {
+  if (this == &other) return *this;
+  Wipe();
+  public_z85 = other.public_z85;
+  secret_z85 = other.secret_z85;
+  scheduler_public_z85 = other.scheduler_public_z85;
+  scheduler_secret_z85 = other.scheduler_secret_z85;
+  return *this;
+}
+
+CurveKey& CurveKey::operator=(CurveKey&& other) noexcept {
+  if (this == &other) return *this;
+  Wipe();
+  public_z85 = std::move(other.public_z85);
+  secret_z85 = std::move(other.secret_z85);
+  scheduler_public_z85 = std::move(other.scheduler_public_z85);
+  scheduler_secret_z85 = std::move(other.scheduler_secret_z85);
+  return *this;
+}
 
 namespace {
 

@@ -47,6 +47,16 @@ struct CurveKey {
   // none (the secret: in every copy but the scheduler's).
   std::string scheduler_public_z85;
   std::string scheduler_secret_z85;
+
+  // Every copy wipes its secrets when it goes or is assigned over (the
+  // bytes, then the strings are emptied; their buffers stay theirs).
+  CurveKey() = default;
+  CurveKey(const CurveKey&) = default;
+  CurveKey(CurveKey&&) = default;
+  CurveKey& operator=(const CurveKey& other);
+  CurveKey& operator=(CurveKey&& other) noexcept;
+  ~CurveKey() { Wipe(); }
+  void Wipe() noexcept;
 };
 
 // A new job key: the job's pair and the scheduler's.

@@ -94,6 +94,24 @@ TEST(CurveKeyFileTest, TheSchedulersKeyIsItsOwnAndPinnedByTheMembersCopy) {
       << bad.status();
 }
 
+// A key's secrets are wiped in place (what its destructor and assignments
+// do), not only let go: the bytes its strings held are zero (the buffers
+// stay the strings'), and the public halves stay.
+TEST(CurveKeyTest, ItsSecretsAreWipedInPlace) {
+  CurveKey key = *GenerateJobKey();
+  ASSERT_EQ(key.secret_z85.size(), 40u);
+  ASSERT_EQ(key.scheduler_secret_z85.size(), 40u);
+  const char* secret = key.secret_z85.data();
+  const char* scheduler = key.scheduler_secret_z85.data();
+  const std::string public_z85 = key.public_z85;
+  key.Wipe();
+  EXPECT_TRUE(key.secret_z85.empty());
+  EXPECT_TRUE(key.scheduler_secret_z85.empty());
+  EXPECT_EQ(std::string(secret, 40), std::string(40, '\0'));
+  EXPECT_EQ(std::string(scheduler, 40), std::string(40, '\0'));
+  EXPECT_EQ(key.public_z85, public_z85);
+}
+
 TEST(ListenEndpointTest, BindsTheResolvedNumericAddress) {
   EXPECT_EQ(*ListenEndpoint("localhost", 5000), "tcp://127.0.0.1:5000");
   EXPECT_EQ(*ListenEndpoint("127.0.0.7", 0), "tcp://127.0.0.7:0");

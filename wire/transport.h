@@ -6,9 +6,15 @@
 // identity) and can be answered on it; a message on an outgoing connection
 // comes from that Connection.
 //
-// Implementations: ZmqTransport (ROUTER + DEALERs over TCP, zmq_transport.h)
-// and InProcTransport (in memory, for ranks-as-threads tests,
-// inproc_transport.h). Both have the same semantics:
+// Implementations: ZmqTransport (ROUTER + DEALERs over TCP,
+// zmq_transport.h: the scheduler's port and the node agents' connections to
+// it, and each node's data port), TcpStreamTransport (one TCP connection a
+// peer, sealed by Noise KK under CURVE, tcp_stream_transport.h: the ring's
+// lanes, the halving-and-doubling pairs and the parameter server between
+// hosts), SameHostTransport (shared-memory links to the peers of this
+// machine over another transport, same_host_transport.h) and
+// InProcTransport (in memory, for ranks-as-threads tests,
+// inproc_transport.h). All have the same semantics:
 //   - Send blocks until the message is handed to the network, or the deadline
 //     passes; sending to an identity that is not connected fails at once
 //     with Unavailable (nothing is dropped silently).
