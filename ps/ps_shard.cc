@@ -69,10 +69,8 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   return o;
 }
 
-PsShard::PsShard(wire::Transport* transport, wire::Transport* streams,
-                 const PsShardOptions& options, wire::Sender self)
+PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self)
     : transport_(transport),
-      streams_(streams),
       options_(options),
       self_(self),
       optimizer_(MakeOptimizer(options.optimizer)),
@@ -89,10 +87,10 @@ PsShard::PsShard(wire::Transport* transport, wire::Transport* streams,
 }
 
 StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
-                                                  const PsShardOptions& options, wire::Sender self,
-                                                  wire::Transport* streams) {
+                                                  const PsShardOptions& options,
+                                                  wire::Sender self) {
   if (options.rules.num_workers < 1) return InvalidArgumentError("a shard needs workers");
-  std::unique_ptr<PsShard> shard(new PsShard(transport, streams, options, self));
+  std::unique_ptr<PsShard> shard(new PsShard(transport, options, self));
   for (int i = 0; i < options.threads; ++i) {
     shard->key_threads_.push_back(std::make_unique<KeyThread>(
         i, options.rules, shard->optimizer_.get(), self, &shard->counters_, &shard->codec_));
@@ -101,9 +99,7 @@ StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
   for (auto& t : shard->key_threads_) {
     t->thread = std::thread([s = shard.get(), k = t.get()] { s->KeyLoop(k); });
   }
-  for (wire::Transport* t : {transport, streams}) {
-    if (t != nullptr) shard->receivers_.emplace_back([s = shard.get(), t] { s->ReceiveLoop(t); });
-  }
+  shard->receiver_ = std::thread([s = shard.get()] { s->ReceiveLoop(); });
   return shard;
 }
 
@@ -120,9 +116,7 @@ void PsShard::Shutdown() {
     std::lock_guard<std::mutex> lock(bytes_mu_);  // a receiver waiting for room sees stop_
   }
   room_.notify_all();
-  for (std::thread& r : receivers_) {
-    if (r.joinable()) r.join();
-  }
+  if (receiver_.joinable()) receiver_.join();
   std::lock_guard<std::mutex> checkpoint(checkpoint_mu_);  // lets one in progress finish
   for (auto& t : key_threads_) t->queue.Close();
   for (auto& t : key_threads_) {
@@ -153,11 +147,6 @@ void PsShard::StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::s
     started_epoch_.store(epoch, std::memory_order_release);
     num_workers_ = num_workers;
     worker_identities_ = std::move(identities);
-    for (auto it = on_streams_.begin(); it != on_streams_.end();) {
-      const bool kept = std::find(worker_identities_.begin(), worker_identities_.end(),
-                                  wire::LaneBase(*it)) != worker_identities_.end();
-      it = kept ? std::next(it) : on_streams_.erase(it);
-    }
     dead_.clear();
     ++dead_epoch_;
     if (options_.metrics != nullptr) options_.metrics->SetWorkers(num_workers, 0);
@@ -206,9 +195,9 @@ void PsShard::CatchUpDeaths(KeyThread* t) {
   Emit(std::move(record), std::move(out));
 }
 
-void PsShard::ReceiveLoop(wire::Transport* from) {
+void PsShard::ReceiveLoop() {
   while (!stop_.load()) {
-    auto in = from->Receive(Deadline::AfterMs(100));
+    auto in = transport_->Receive(Deadline::AfterMs(100));
     if (!in.ok()) {
       if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
       if (in.status().code() == StatusCode::kDataLoss) {
@@ -221,21 +210,11 @@ void PsShard::ReceiveLoop(wire::Transport* from) {
       if (!stop_.load()) GS_LOG(WARNING) << "shard stops receiving: " << in.status();
       return;
     }
-    Dispatch(std::move(*in), from);
+    Dispatch(std::move(*in));
   }
 }
 
-wire::Transport* PsShard::TransportTo(const wire::Route& to) {
-  if (streams_ == nullptr || to.kind != wire::Route::Kind::kInbound) return transport_;
-  std::lock_guard<std::mutex> lock(mu_);
-  return on_streams_.count(to.identity) != 0 ? streams_ : transport_;
-}
-
-void PsShard::Dispatch(wire::Incoming in, wire::Transport* from) {
-  if (from == streams_ && in.from.kind == wire::Route::Kind::kInbound) {
-    std::lock_guard<std::mutex> lock(mu_);
-    on_streams_.insert(in.from.identity);
-  }
+void PsShard::Dispatch(wire::Incoming in) {
   wire::Verdict v = wire::Validate(in.message, policy_);
   if (!v.ok()) {
     counters_.Rejected(v.code);
@@ -359,8 +338,8 @@ void PsShard::Emit(std::optional<JournalRecord> record, std::vector<Outgoing> ou
 // Posted: a peer that does not read holds back only its own replies, never
 // the key thread that answers everyone else.
 void PsShard::Send(const wire::Route& to, wire::Message msg) {
-  TransportTo(to)->Post(to, std::move(msg), Deadline::After(options_.send_timeout),
-                        LogSendFailure(reply_failures_, to.ToString(), "shard reply"));
+  transport_->Post(to, std::move(msg), Deadline::After(options_.send_timeout),
+                   LogSendFailure(reply_failures_, to.ToString(), "shard reply"));
 }
 
 }  // namespace gradsync::server

@@ -107,12 +107,9 @@ class PsShard {
   // Restores from options.checkpoint_dir (if set) and starts serving on
   // `transport`, which must be listening, must outlive the shard, and is
   // read by the shard only. `self` names the shard in headers; its rank and
-  // job id name the checkpoint. `streams` (may be null; the same terms): a
-  // second transport the shard also reads, the workers' TCP streams; an
-  // answer goes back on the transport its peer's last message came in on.
+  // job id name the checkpoint.
   static StatusOr<std::unique_ptr<PsShard>> Start(wire::Transport* transport,
-                                                  const PsShardOptions& options, wire::Sender self,
-                                                  wire::Transport* streams = nullptr);
+                                                  const PsShardOptions& options, wire::Sender self);
   ~PsShard();  // Shutdown()
 
   // The worker of rank `rank` was declared dead: rounds stop waiting for it.
@@ -156,8 +153,7 @@ class PsShard {
     uint32_t epoch_seen = 0;  // the membership epoch this table is in
   };
 
-  PsShard(wire::Transport* transport, wire::Transport* streams, const PsShardOptions& options,
-          wire::Sender self);
+  PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self);
   Status Restore();
   void Load(ShardState saved);
   Status ApplyRecord(const JournalRecord& record);
@@ -166,10 +162,8 @@ class PsShard {
   Status Save(const ShardState& state);
   // Records a checkpoint's outcome in checkpoint_stats_; returns `s`.
   Status Finish(Status s, SteadyTime began);
-  void ReceiveLoop(wire::Transport* from);
-  void Dispatch(wire::Incoming in, wire::Transport* from);
-  // The transport answers to `to` go on: streams_ for a peer heard on it.
-  wire::Transport* TransportTo(const wire::Route& to);
+  void ReceiveLoop();
+  void Dispatch(wire::Incoming in);
   void KeyLoop(KeyThread* t);
   // Takes `bytes` from `peer` (the identity of its inbound route; a peer's
   // lanes share one share) into the key threads' queues, waiting for room;
@@ -188,7 +182,6 @@ class PsShard {
   wire::Sender AnswerAs(const wire::Route& to) const;
 
   wire::Transport* const transport_;
-  wire::Transport* const streams_;  // may be null
   const PsShardOptions options_;
   const wire::Sender self_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -196,11 +189,7 @@ class PsShard {
   ShardCounters counters_;
   JobCodec codec_;  // the job's compressor, shared by the key tables
   std::vector<std::unique_ptr<KeyThread>> key_threads_;
-  std::vector<std::thread> receivers_;  // one a transport
-  // The inbound identities heard on streams_ (PS clients of the epoch's
-  // workers and their lanes: the listener takes no others); guarded by
-  // mu_, pruned at each epoch.
-  std::set<std::string> on_streams_;
+  std::thread receiver_;
   std::atomic<bool> stop_{false};
   // Replies that could not be sent, logged a few per peer and reason.
   std::shared_ptr<RefusalLog> reply_failures_ = std::make_shared<RefusalLog>();

@@ -101,17 +101,15 @@ class PsRestartTest : public ::testing::Test, public LocalJob {
   }
 
   std::vector<std::string> WorkerArgv(int rank) {
-    return {Runfile("tests/ps_worker"),
-            "--rank=" + std::to_string(rank),
-            "--path=ps",
-            "--mode=train",
-            "--optimizer=momentum",
-            "--steps=" + std::to_string(kSteps),
-            "--size_divisor=100",
-            "--first_bucket_bytes=8192",
-            "--bucket_bytes=16384",
-            "--partition_bytes=4096",
-            "--ps_resend_ms=200"};
+    return {Runfile("tests/ps_worker"), "--rank=" + std::to_string(rank), "--path=ps",
+            "--mode=train", "--optimizer=momentum", "--steps=" + std::to_string(kSteps),
+            "--size_divisor=100", "--first_bucket_bytes=8192", "--bucket_bytes=16384",
+            "--partition_bytes=4096", "--ps_resend_ms=200",
+            // Rank r sleeps 8 r ms a step: the steps after kStopAtStep take
+            // 2 s or more, so that a stop this test makes after it sees
+            // step kStopAtStep (its thread perhaps held up on a loaded
+            // machine) lands before the job's end.
+            "--slow_ms=8"};
   }
 
   // Runs the whole job; with a fault, stops shard `victim` once worker 0 is
