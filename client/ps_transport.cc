@@ -12,7 +12,7 @@ std::vector<std::string> PsShardEndpoints(const Session& session) {
   std::vector<std::string> endpoints(static_cast<size_t>(session.num_servers()));
   for (const wire::NodeInfo& p : session.peers()) {
     if (p.role == wire::Role::Server && p.rank >= 0 && p.rank < session.num_servers()) {
-      endpoints[static_cast<size_t>(p.rank)] = cluster::PsShardEndpoint(p);
+      endpoints[static_cast<size_t>(p.rank)] = p.StreamEndpoint();
     }
   }
   return endpoints;

@@ -88,9 +88,9 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   node.bulk_cipher = *engine;
   if (role == wire::Role::Server) {
     // A shard's data port is its address and what the workers' reachability
-    // checks reach; pushes and pulls go to its stream port. Nobody reads
-    // what a member sends there: the I/O thread holds one control-sized
-    // message at most, and ZeroMQ's high-water marks push back.
+    // checks reach; pushes and pulls go to its stream port. What a peer
+    // sends there is refused (server/server_main.cc): one control-sized
+    // message waits at most, and ZeroMQ's high-water marks push back.
     data.max_frame_bytes = kControlFrameBytes;
     data.max_queued_incoming = 1;
     data.max_queued_incoming_bytes = size_t{64} << 10;

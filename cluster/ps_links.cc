@@ -32,8 +32,6 @@ StatusOr<PsLinkOptions> PsLinkOptions::FromConfig(const Config& config) {
   return o;
 }
 
-std::string PsShardEndpoint(const wire::NodeInfo& shard) { return shard.StreamEndpoint(); }
-
 Status CheckShardStreamPorts(const std::vector<wire::NodeInfo>& peers) {
   for (const wire::NodeInfo& p : peers) {
     if (p.role == wire::Role::Server && p.stream_port == 0) {
@@ -97,7 +95,7 @@ wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t j
   for (const wire::NodeInfo& p : peers) {
     if (!SharesMachine(self, p)) continue;
     if (worker && p.role == wire::Role::Server) {
-      out.peers.push_back({p.identity, PsShardEndpoint(p), true, true});
+      out.peers.push_back({p.identity, p.StreamEndpoint(), true, true});
     } else if (!worker && p.role == wire::Role::Worker) {
       out.peers.push_back({wire::PsClientIdentity(p.identity), "", true, true});
     }

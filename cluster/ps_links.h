@@ -56,9 +56,6 @@ wire::SameHostOptions PsSameHostOptions(const PsLinkOptions& options, uint64_t j
                                         const wire::NodeInfo& self,
                                         const std::vector<wire::NodeInfo>& peers);
 
-// Where a worker reaches `shard`: its stream endpoint.
-std::string PsShardEndpoint(const wire::NodeInfo& shard);
-
 // OK when every shard among `peers` announced a stream port; else which
 // did not.
 Status CheckShardStreamPorts(const std::vector<wire::NodeInfo>& peers);

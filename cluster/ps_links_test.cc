@@ -49,7 +49,7 @@ TEST(PsLinksTest, StreamsOfEveryShardAndTheEpochsClientsByRank) {
       << none;
   job[5].stream_port = 7200;
   EXPECT_TRUE(CheckShardStreamPorts(job).ok());
-  EXPECT_EQ(PsShardEndpoint(job[5]), "tcp://10.0.0.2:7200");
+  EXPECT_EQ(job[5].StreamEndpoint(), "tcp://10.0.0.2:7200");
   job[1].identity.clear();  // a worker that gave none
   EXPECT_EQ(PsClientIdentities(job, 4, 2),
             (std::vector<std::string>{"w0/ps2", "", "w2/ps2", "w3/ps2"}));

@@ -17,10 +17,12 @@
 // bad flags.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cluster/node.h"
 #include "cluster/ps_links.h"
@@ -31,8 +33,10 @@
 #include "common/signals.h"
 #include "ps/ps_shard.h"
 #include "scheduler/scheduler.h"
+#include "wire/message.h"
 #include "wire/same_host_transport.h"
 #include "wire/tcp_stream_transport.h"
+#include "wire/validate.h"
 #include "wire/zmq_transport.h"
 
 extern char** environ;
@@ -99,6 +103,34 @@ std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions
   same_host.refusals = node.refusals;
   return cluster::OverSameHostLinks(node.streams.get(), std::move(same_host),
                                     "workers on this host reach the shard through shared memory");
+}
+
+// The shard's ZeroMQ data port takes no parameter-server traffic: each
+// message a peer sends there is refused, answered where its header allows
+// and counted, until `done`.
+void RefuseDataPort(wire::Transport& data, wire::Sender self, ShardMetrics& metrics,
+                    const std::atomic<bool>& done) {
+  wire::Policy nothing = wire::Policy::Accepting({});
+  nothing.job_id = self.job_id;
+  while (!done.load()) {
+    auto in = data.Receive(Deadline::AfterMs(100));
+    if (!in.ok()) {
+      if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+      return;
+    }
+    wire::Verdict v = wire::Validate(in->message, nothing);
+    metrics.rejected.Count(v.code);
+    if (!v.ShouldAnswer()) continue;
+    if (v.code == wire::ErrorCode::WrongType) {
+      v.detail =
+          "this shard takes pushes and pulls at its TCP stream port (the plan's stream_port), "
+          "not at its data port";
+    }
+    data.Post(in->from,
+              wire::MakeError(wire::AnswerAs(self, false), v.code, v.detail,
+                              v.type_known ? v.type : wire::MsgType::Error),
+              Deadline::AfterMs(1000), nullptr);
+  }
 }
 
 // By rank, the identity each worker of `a`'s epoch reaches the shards
@@ -200,6 +232,9 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   if (links) transport = links.get();
   auto shard = StartShard(*node, transport, *ps_options);
   if (!shard.ok()) return Fail(shard.status(), 1);
+  std::atomic<bool> refusing_done{false};
+  std::thread refuser(
+      [&] { RefuseDataPort(*node->data, node->agent->sender(), shard_metrics, refusing_done); });
   const bool checkpoints = !ps_options->checkpoint_dir.empty();
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(*interval_s));
@@ -221,6 +256,8 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   }
   if (checkpoints) CheckpointNow(**shard, stop.load() ? "on exit (signal)" : "on exit");
   (*shard)->Shutdown();
+  refusing_done.store(true);
+  refuser.join();
   LogShardStats((*shard)->stats());
   node->agent->Leave(stop.load() ? "stopped by signal" : "job ended");
   if (!end.ok() && end.code() != StatusCode::kAborted) return Fail(end, 1);

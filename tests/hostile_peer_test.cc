@@ -429,6 +429,10 @@ class HostilePeerTest : public ::testing::Test, public LocalJob {
     }
     ReadIdentities();
     auto t = std::move(wire::ZmqTransport::Create({})).value();
+    for (const std::string& data_port : servers_) {
+      ExpectRefused(*t, data_port, Push(1, 0, 1, 4, "", 16),
+                    "a push to a shard's data port (a shard takes pushes at its stream port)");
+    }
     for (const std::string& shard : shard_streams_) {
       // Seen live: ended a shard with std::bad_alloc.
       ExpectRefused(*AsWorker(1), shard, Push(1, 0, 1, uint64_t{1} << 40, "topk:ratio=0.01", 64),
@@ -522,7 +526,7 @@ TEST_F(HostilePeerTest, TheJobFinishesBitEqualAndEveryForgedMessageIsRefusedAndC
   const Result attacked = RunJob("forged", Attack::kForge);
   ASSERT_EQ(clean.params.size(), static_cast<size_t>(kWorkers));
   EXPECT_EQ(attacked.params, clean.params);
-  EXPECT_EQ(refused_, 3 * kServers + 1);
+  EXPECT_EQ(refused_, 4 * kServers + 1);
   EXPECT_EQ(busy_, kServers);
   // Every refusal the forger saw, plus none unaccounted for on the shards
   // and the scheduler (the workers' ring refusals are their own metric).

@@ -335,31 +335,36 @@ std::vector<Message> MakeLayoutPieces(const Sender& from,
   return pieces;
 }
 
-NodeInfo ToNodeInfo(const NodeAddress& a) {
+namespace {
+
+// A node's fields of a NodeAddress or a RegisterBody (they share their
+// names), but its rank.
+template <typename Table>
+NodeInfo NodeFields(const Table& t) {
+  auto text = [](const flatbuffers::String* s) { return s ? s->str() : std::string(); };
   NodeInfo n;
-  n.role = a.role();
+  n.role = t.role();
+  n.host = text(t.host());
+  n.data_port = t.data_port();
+  n.metrics_port = t.metrics_port();
+  n.identity = text(t.identity());
+  n.boot_id = text(t.boot_id());
+  n.public_key = text(t.public_key());
+  n.stream_port = t.stream_port();
+  return n;
+}
+
+}  // namespace
+
+NodeInfo ToNodeInfo(const NodeAddress& a) {
+  NodeInfo n = NodeFields(a);
   n.rank = a.rank();
-  n.host = a.host() ? a.host()->str() : "";
-  n.data_port = a.data_port();
-  n.metrics_port = a.metrics_port();
-  n.identity = a.identity() ? a.identity()->str() : "";
-  n.boot_id = a.boot_id() ? a.boot_id()->str() : "";
-  n.public_key = a.public_key() ? a.public_key()->str() : "";
-  n.stream_port = a.stream_port();
   return n;
 }
 
 NodeInfo RegisteredNode(const RegisterBody& r) {
-  NodeInfo n;
-  n.role = r.role();
+  NodeInfo n = NodeFields(r);
   n.rank = r.requested_rank();
-  n.host = r.host() ? r.host()->str() : "";
-  n.data_port = r.data_port();
-  n.metrics_port = r.metrics_port();
-  n.identity = r.identity() ? r.identity()->str() : "";
-  n.boot_id = r.boot_id() ? r.boot_id()->str() : "";
-  n.public_key = r.public_key() ? r.public_key()->str() : "";
-  n.stream_port = r.stream_port();
   return n;
 }
 
