@@ -23,6 +23,7 @@
 #include "client/cuda_device.h"
 #include "client/device_gradients.h"
 #include "client/elementwise.h"
+#include "client/embedding_client.h"
 #include "client/ps_client.h"
 #include "client/ring.h"
 #include "client/session.h"
@@ -207,6 +208,12 @@ class Communicator::Impl {
   // of `staged_bytes` that the caller's data is copied into and out of.
   Status RunOnEngine(SyncOp label, size_t staged_bytes,
                      std::function<Status(Collectives&, uint64_t seq, uint8_t* staged)> op);
+  // Communicator::PullRows / PushRows (client/communicator_embeddings.cc).
+  Status PullRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, uint64_t step,
+                  float* out, Deadline deadline);
+  Status PushRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, const float* grads,
+                  uint64_t step, Deadline deadline);
+  EmbeddingClientStats embedding_stats() const;
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     CommunicatorStats s = stats_;  // backend_ is swapped under mu_
@@ -255,11 +262,19 @@ class Communicator::Impl {
   // Each bucket's compressor spec (BucketCompression::SpecOf); after
   // FinalizeLocked.
   std::vector<std::pair<uint32_t, std::string>> BucketSpecsLocked();
+  // The embedding client of the session's epoch, made on first use and
+  // again in a new epoch. Requires embedding_mu_.
+  StatusOr<EmbeddingClient*> EmbeddingsLocked(Deadline deadline);
   // Records one operation of the engine thread, and the retries since the last.
   void Record(SyncOp op, SyncPath path, SteadyTime start, const Status& s);
 
   std::unique_ptr<Session> session_;
   const CommOptions options_;
+  // The sparse embedding tables' client (null until PullRows or PushRows),
+  // and the counts of the clients before it; guarded by embedding_mu_.
+  mutable std::mutex embedding_mu_;
+  std::unique_ptr<EmbeddingClient> embeddings_;
+  EmbeddingClientStats embedding_stats_;
   int cuda_device_ = 0;                             // cuda_device resolved at Start (cuda_device.h)
   std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
   ProcessMetrics process_metrics_{"worker"};

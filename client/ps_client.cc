@@ -21,8 +21,9 @@ StatusOr<PsClientOptions> PsClientOptions::FromConfig(const Config& config) {
   GS_ASSIGN_OR_RETURN(int64_t resend, config.GetInt("ps_resend_ms", 1000));
   GS_ASSIGN_OR_RETURN(std::string reply, config.GetString("ps_reply_compression", "none"));
   GS_ASSIGN_OR_RETURN(int64_t lanes, config.GetInt("ps_lanes", 2));
-  if (lanes < 1 || lanes > wire::kMaxLanes) {
-    return InvalidArgumentError("ps_lanes must be in [1, " + std::to_string(wire::kMaxLanes) +
+  // The last lane is the embedding client's (client/ps_transport.h).
+  if (lanes < 1 || lanes > wire::kMaxLanes - 1) {
+    return InvalidArgumentError("ps_lanes must be in [1, " + std::to_string(wire::kMaxLanes - 1) +
                                 "], got " + std::to_string(lanes));
   }
   o.lanes = static_cast<int>(lanes);

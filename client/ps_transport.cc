@@ -18,9 +18,12 @@ std::vector<std::string> PsShardEndpoints(const Session& session) {
   return endpoints;
 }
 
-StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
-    Session& session, const cluster::PsLinkOptions& links) {
-  const std::string identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
+namespace {
+
+// TCP streams to the shards under `identity` (sealed with CURVE).
+StatusOr<std::unique_ptr<wire::Transport>> StreamsToShards(Session& session,
+                                                           const cluster::PsLinkOptions& links,
+                                                           const std::string& identity) {
   GS_RETURN_IF_ERROR(cluster::CheckShardStreamPorts(session.peers()));
   wire::TcpStreamOptions o = cluster::PsStreamOptions(links);
   o.job_id = session.job_id();
@@ -28,8 +31,24 @@ StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
   o.refusals = session.refusals();
   o.node_keys = session.node_keys();  // CURVE: sealed under keys the node keys agree
   o.cipher = session.bulk_cipher();
-  std::unique_ptr<wire::Transport> transport =
-      std::make_unique<wire::TcpStreamTransport>(std::move(o));
+  return std::unique_ptr<wire::Transport>(std::make_unique<wire::TcpStreamTransport>(std::move(o)));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<wire::Transport>> MakeEmbeddingTransport(
+    Session& session, const cluster::PsLinkOptions& links) {
+  return StreamsToShards(
+      session, links,
+      wire::LaneIdentity(wire::PsClientIdentity(session.data().identity(), session.epoch()),
+                         kEmbeddingLane));
+}
+
+StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
+    Session& session, const cluster::PsLinkOptions& links) {
+  const std::string identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
+                      StreamsToShards(session, links, identity));
   // The shards read the links of the first epoch's clients only.
   if (session.epoch() > 0) return transport;
   wire::SameHostOptions same_host =

@@ -28,6 +28,17 @@ std::vector<std::string> PsShardEndpoints(const Session& session);
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links);
 
+// The lane of the PS client's identity the embedding client goes under
+// (the last: PsClientOptions::lanes stay below it).
+constexpr int kEmbeddingLane = wire::kMaxLanes - 1;
+
+// The transport of a worker's embedding client (client/embedding_client.h):
+// TCP streams to every shard (sealed with CURVE; loopback to a shard of the
+// same host) under lane kEmbeddingLane of its PS client's identity, which
+// the shards take as that worker's.
+StatusOr<std::unique_ptr<wire::Transport>> MakeEmbeddingTransport(
+    Session& session, const cluster::PsLinkOptions& links);
+
 }  // namespace gradsync::client
 
 #endif  // GRADSYNC_CLIENT_PS_TRANSPORT_H_

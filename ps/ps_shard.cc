@@ -1,6 +1,7 @@
 #include "ps/ps_shard.h"
 
 #include <algorithm>
+#include <future>
 #include <iterator>
 
 #include "common/logging.h"
@@ -37,6 +38,15 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
                       config.GetInt("ps_max_queued_bytes_per_peer",
                                     static_cast<int64_t>(o.max_queued_bytes_per_peer)));
   GS_ASSIGN_OR_RETURN(o.optimizer, OptimizerOptions::FromConfig(config));
+  GS_ASSIGN_OR_RETURN(o.embeddings.table, EmbeddingOptions::FromConfig(config));
+  GS_ASSIGN_OR_RETURN(
+      int64_t embedding_bytes,
+      config.GetInt("embedding_max_bytes", static_cast<int64_t>(o.embedding_max_bytes)));
+  if (embedding_bytes < (int64_t{1} << 20)) {
+    return InvalidArgumentError("embedding_max_bytes must be at least 1 MiB, got " +
+                                std::to_string(embedding_bytes));
+  }
+  o.embedding_max_bytes = static_cast<size_t>(embedding_bytes);
   if (partition < 4 || partition > (int64_t{1} << 30)) {
     return InvalidArgumentError("partition_bytes must be in [4, 2^30], got " +
                                 std::to_string(partition));
@@ -65,6 +75,8 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
                                 " needs a server-side optimizer (optimizer=sgd|momentum|adam)");
   }
   o.rules.staleness = o.rules.mode == PsMode::kSsp ? static_cast<uint64_t>(staleness) : 0;
+  o.embeddings.mode = o.rules.mode;
+  o.embeddings.staleness = o.rules.staleness;
   o.threads = static_cast<int>(threads);
   return o;
 }
@@ -74,8 +86,11 @@ PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire
       options_(options),
       self_(self),
       optimizer_(MakeOptimizer(options.optimizer)),
-      policy_(wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull})),
+      policy_(
+          wire::Policy::Accepting({wire::MsgType::Push, wire::MsgType::Pull,
+                                   wire::MsgType::EmbeddingPull, wire::MsgType::EmbeddingPush})),
       codec_(options.rules.compression, options.rules.compression_overrides),
+      embedding_budget_(options.embedding_max_bytes),
       num_workers_(options.rules.num_workers),
       worker_identities_(options.rules.worker_identities) {
   policy_.job_id = self.job_id;
@@ -93,7 +108,8 @@ StatusOr<std::unique_ptr<PsShard>> PsShard::Start(wire::Transport* transport,
   std::unique_ptr<PsShard> shard(new PsShard(transport, options, self));
   for (int i = 0; i < options.threads; ++i) {
     shard->key_threads_.push_back(std::make_unique<KeyThread>(
-        i, options.rules, shard->optimizer_.get(), self, &shard->counters_, &shard->codec_));
+        i, options.rules, shard->optimizer_.get(), self, &shard->counters_, &shard->codec_,
+        options.embeddings, &shard->embedding_budget_));
   }
   if (!options.checkpoint_dir.empty()) GS_RETURN_IF_ERROR(shard->Restore());
   for (auto& t : shard->key_threads_) {
@@ -168,6 +184,7 @@ void PsShard::CatchUpEpoch(KeyThread* t) {
     workers = num_workers_;
     identities = worker_identities_;
   }
+  t->embeddings.StartEpoch(epoch, workers, identities);
   t->table.StartEpoch(epoch, workers, std::move(identities));
 }
 
@@ -187,6 +204,7 @@ void PsShard::CatchUpDeaths(KeyThread* t) {
   }
   std::vector<Outgoing> out;
   t->table.SetDead(dead, &out);
+  t->embeddings.SetDead(dead, &out);
   JournalRecord record;
   record.kind = JournalRecord::Kind::kDead;
   record.thread = static_cast<uint32_t>(t->index);
@@ -239,19 +257,41 @@ void PsShard::Dispatch(wire::Incoming in) {
                          v.type));
     return;
   }
+  // A key, and an embedding table, is always on the same thread.
   const wire::DataBody* d = v.header->body_as_DataBody();
-  const uint64_t key = PartitionKey(d->bucket(), d->partition());
+  const wire::EmbeddingBody* e = v.header->body_as_EmbeddingBody();
+  const uint64_t key = d != nullptr ? PartitionKey(d->bucket(), d->partition()) : e->table();
   KeyThread& t = *key_threads_[key % key_threads_.size()];
   // A full queue pushes back on the transport; the key threads keep
   // draining it until Shutdown closes it.
   if (ShardMetrics* m = options_.metrics) {
-    (v.type == wire::MsgType::Push ? m->pushes : m->pulls)->Increment();
+    if (d != nullptr) (v.type == wire::MsgType::Push ? m->pushes : m->pulls)->Increment();
     m->queue_depth->Set(static_cast<double>(queued_.fetch_add(1) + 1));
   }
   Work work;
   work.in = std::make_unique<wire::Incoming>(std::move(in));
   work.bytes = bytes;
   t.queue.Push(std::move(work), Deadline::Infinite()).IgnoreError();
+}
+
+StatusOr<EmbeddingServiceStats> PsShard::EmbeddingStats() {
+  std::vector<std::future<EmbeddingServiceStats>> parts;
+  for (auto& t : key_threads_) {
+    auto promise = std::make_shared<std::promise<EmbeddingServiceStats>>();
+    parts.push_back(promise->get_future());
+    Work work;
+    work.visit = [promise](const KeyThread& thread) {
+      promise->set_value(thread.embeddings.stats());
+    };
+    if (!t->queue.Push(std::move(work), Deadline::Infinite()).ok()) {
+      return CancelledError("the shard is shut down");
+    }
+  }
+  EmbeddingServiceStats sum;
+  for (auto& part : parts) {
+    sum += part.get();
+  }
+  return sum;
 }
 
 bool PsShard::Admit(const std::string& route, size_t bytes) {
@@ -287,7 +327,7 @@ void PsShard::KeyLoop(KeyThread* t) {
     CatchUpEpoch(t);  // before the deaths: those of a new epoch name its ranks
     CatchUpDeaths(t);
     if (work->visit) {
-      work->visit(t->table);
+      work->visit(*t);
       continue;
     }
     if (work->in == nullptr) continue;  // a wake-up for CatchUpDeaths
@@ -301,6 +341,12 @@ void PsShard::KeyLoop(KeyThread* t) {
     {
       wire::Incoming& in = *work->in;
       const wire::Header& h = *in.message.header_view();
+      if (h.body_type() == wire::Body::EmbeddingBody) {
+        // Embedding rows are not journalled (docs/design/embeddings.md).
+        t->embeddings.Handle(in.from, h, in.message, &out);
+        Emit(std::nullopt, std::move(out));
+        continue;
+      }
       // The journal keeps what the table took: the fp32 values, so a
       // compressed push is journalled decompressed.
       std::vector<float> decoded;

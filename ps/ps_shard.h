@@ -63,6 +63,7 @@
 #include "common/refusal_log.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "ps/embedding_service.h"
 #include "ps/optimizer.h"
 #include "ps/ps_checkpoint.h"
 #include "ps/ps_journal.h"
@@ -83,6 +84,11 @@ struct PsShardOptions {
   // its messages are answered with Busy and not taken, so one peer that
   // floods the shard cannot hold back the others'. PS clients send again.
   size_t max_queued_bytes_per_peer = size_t{64} << 20;
+  // Sparse embedding tables (ps/embedding_service.h): their settings, and
+  // the bytes the rows of every table of the shard may take
+  // (embedding_max_bytes).
+  EmbeddingServiceOptions embeddings;
+  size_t embedding_max_bytes = size_t{1} << 30;
   // Tests: runs on a key thread before each message it takes off its queue.
   std::function<void()> before_handle;
   ShardMetrics* metrics = nullptr;  // where to export; may be null; outlives the shard
@@ -121,6 +127,11 @@ class PsShard {
   // knows the first epoch's workers only.
   void StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::string> identities);
   PsShardStats stats() const { return counters_.Snapshot(); }
+  // The embedding tables' counters, summed over the key threads (taken on
+  // them between messages). Cancelled after Shutdown.
+  StatusOr<EmbeddingServiceStats> EmbeddingStats();
+  // The rows' bytes of every embedding table (under embedding_max_bytes).
+  size_t embedding_bytes() const { return embedding_budget_.used(); }
   // Writes a checkpoint of every key now and blocks until it is durable; the
   // key threads pause only to copy their keys. One at a time.
   // FailedPrecondition without checkpoint_dir, Cancelled after Shutdown.
@@ -136,17 +147,23 @@ class PsShard {
   void Shutdown();
 
  private:
+  struct KeyThread;
   struct Work {
     std::unique_ptr<wire::Incoming> in;  // null: a visit, or a wake-up after a death
     size_t bytes = 0;                    // of `in`, counted in queued_bytes_ and peer_bytes_
-    std::function<void(const KeyTable&)> visit;  // runs on the key's thread
+    std::function<void(const KeyThread&)> visit;  // runs on the key's thread
   };
   struct KeyThread {
     KeyThread(int i, const PsRules& rules, const Optimizer* optimizer, wire::Sender self,
-              ShardCounters* counters, JobCodec* codec)
-        : index(i), table(rules, optimizer, self, counters, codec), queue(4096) {}
+              ShardCounters* counters, JobCodec* codec, const EmbeddingServiceOptions& embedding,
+              MemoryBudget* budget)
+        : index(i),
+          table(rules, optimizer, self, counters, codec),
+          embeddings(embedding, budget, self, rules.num_workers, rules.worker_identities),
+          queue(4096) {}
     const int index;
     KeyTable table;
+    EmbeddingService embeddings;  // the embedding tables whose id falls on this thread
     BlockingQueue<Work> queue;
     std::thread thread;
     uint64_t dead_seen = 0;   // the shard's dead_epoch_ this table has taken
@@ -187,7 +204,8 @@ class PsShard {
   std::unique_ptr<Optimizer> optimizer_;
   wire::Policy policy_;
   ShardCounters counters_;
-  JobCodec codec_;  // the job's compressor, shared by the key tables
+  JobCodec codec_;                 // the job's compressor, shared by the key tables
+  MemoryBudget embedding_budget_;  // every embedding table's rows
   std::vector<std::unique_ptr<KeyThread>> key_threads_;
   std::thread receiver_;
   std::atomic<bool> stop_{false};

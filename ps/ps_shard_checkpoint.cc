@@ -133,11 +133,11 @@ StatusOr<ShardState> PsShard::TakeSnapshot(uint64_t journal_start) {
   for (auto& t : key_threads_) {
     auto promise = std::make_shared<std::promise<Copy>>();
     copies.push_back(promise->get_future());
-    auto visit = [promise](const KeyTable& table) {
-      promise->set_value(Copy{table.SaveKeys(), table.dead()});
+    auto visit = [promise](const KeyThread& thread) {
+      promise->set_value(Copy{thread.table.SaveKeys(), thread.table.dead()});
     };
     if (!t->thread.joinable()) {  // Restore, before Start runs the threads
-      visit(t->table);
+      visit(*t);
       continue;
     }
     Work work;

@@ -110,6 +110,11 @@ Body ExpectedBody(MsgType type) {
       return Body::RingAbortBody;
     case MsgType::Layout:
       return Body::LayoutBody;
+    case MsgType::EmbeddingPull:
+    case MsgType::EmbeddingPush:
+    case MsgType::EmbeddingRows:
+    case MsgType::EmbeddingAck:
+      return Body::EmbeddingBody;
   }
   return Body::NONE;
 }
@@ -279,6 +284,16 @@ Message MakeRingData(const Sender& from, const RingDataFields& f, std::vector<Pa
   auto body = CreateRingDataBody(fbb, f.bucket, f.index, f.dtype, f.num_elements,
                                  TotalBytes(payloads), f.names_hash, f.op_fingerprint);
   Message msg = Finish(fbb, from, MsgType::RingData, body.Union(), step, seq);
+  msg.payloads = std::move(payloads);
+  return msg;
+}
+
+Message MakeEmbedding(const Sender& from, MsgType type, const EmbeddingFields& f,
+                      std::vector<Payload> payloads, uint64_t seq) {
+  FlatBufferBuilder fbb(96);
+  auto body = CreateEmbeddingBody(fbb, f.table, f.dim, f.num_ids, f.round, f.epoch,
+                                  TotalBytes(payloads), f.part, f.parts);
+  Message msg = Finish(fbb, from, type, body.Union(), f.round, seq);
   msg.payloads = std::move(payloads);
   return msg;
 }

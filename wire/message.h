@@ -105,6 +105,18 @@ struct RingDataFields {
   uint64_t op_fingerprint = 0;
 };
 
+// Fields of EmbeddingPull / EmbeddingPush / EmbeddingRows / EmbeddingAck
+// (see EmbeddingBody in gradsync.fbs).
+struct EmbeddingFields {
+  uint32_t table = 0;
+  uint32_t dim = 0;
+  uint64_t num_ids = 0;
+  uint64_t round = 0;
+  uint32_t epoch = 0;
+  uint32_t part = 0;
+  uint32_t parts = 1;
+};
+
 // Fields of RingAbort (see gradsync.fbs).
 struct RingAbortFields {
   int32_t origin_rank = -1;
@@ -195,6 +207,11 @@ Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
 // A RingData of the collective `seq` carrying `payloads` (one frame).
 Message MakeRingData(const Sender& from, const RingDataFields& fields,
                      std::vector<Payload> payloads, uint64_t step, uint64_t seq);
+
+// An embedding message of `type` carrying `payloads` (EmbeddingBody says
+// which); Header.step is the round, Header.seq `seq`.
+Message MakeEmbedding(const Sender& from, MsgType type, const EmbeddingFields& fields,
+                      std::vector<Payload> payloads, uint64_t seq);
 
 Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
                       uint64_t seq = 0);

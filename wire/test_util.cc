@@ -46,6 +46,26 @@ Message SampleData(MsgType type) {
   return MakeData(TestSender(), type, f, std::move(payloads), /*step=*/9, /*seq=*/10);
 }
 
+// A push of 2 ids of 3 elements, a pull of them, their rows, an ack.
+Message SampleEmbedding(MsgType type) {
+  EmbeddingFields f;
+  f.table = 7;
+  f.dim = 3;
+  f.num_ids = type == MsgType::EmbeddingAck ? 0 : 2;
+  f.round = 11;
+  f.epoch = 1;
+  std::vector<Payload> payloads;
+  const uint64_t ids[2] = {5, uint64_t{1} << 40};
+  const float rows[6] = {1.0f, -2.0f, 0.5f, 0.25f, 3.0f, -1.0f};
+  if (type == MsgType::EmbeddingPull || type == MsgType::EmbeddingPush) {
+    payloads.push_back(Payload::Copy(ids, sizeof(ids)));
+  }
+  if (type == MsgType::EmbeddingPush || type == MsgType::EmbeddingRows) {
+    payloads.push_back(Payload::Copy(rows, sizeof(rows)));
+  }
+  return MakeEmbedding(TestSender(), type, f, std::move(payloads), /*seq=*/10);
+}
+
 Message SampleRingData() {
   RingDataFields f;
   f.bucket = 5;
@@ -174,6 +194,13 @@ void DumpBody(std::ostream& os, const Header& h) {
          << " total=" << h.body_as_LayoutBody()->total();
       break;
     }
+    case Body::EmbeddingBody: {
+      const EmbeddingBody* b = h.body_as_EmbeddingBody();
+      os << "table=" << b->table() << " dim=" << b->dim() << " num_ids=" << b->num_ids()
+         << " round=" << b->round() << " epoch=" << b->epoch() << " wire_bytes=" << b->wire_bytes()
+         << " part=" << b->part() << " parts=" << b->parts();
+      break;
+    }
     default:
       os << "body_type=" << static_cast<int>(h.body_type());
       break;
@@ -253,6 +280,11 @@ Message SampleMessage(MsgType type) {
     case MsgType::Layout:
       return MakeLayout(from, {{"fc1.weight", 200704, DType::F32}, {"fc1.bias", 256, DType::BF16}},
                         0, 2);
+    case MsgType::EmbeddingPull:
+    case MsgType::EmbeddingPush:
+    case MsgType::EmbeddingRows:
+    case MsgType::EmbeddingAck:
+      return SampleEmbedding(type);
   }
   return MakeHeartbeat(from);
 }

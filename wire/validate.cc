@@ -208,6 +208,52 @@ Verdict CheckSizes(const std::string& name, uint64_t wire_bytes, std::optional<u
   return Verdict();
 }
 
+// An embedding message's frames against its ids and rows: a pull the ids
+// (8 bytes each), a push the ids and their rows (4 bytes an element), rows
+// the rows, an ack nothing. Every product is checked against the limit
+// before it is formed.
+Verdict CheckEmbeddingPayload(const EmbeddingBody& b, const Message& msg, const Limits& limits,
+                              MsgType t) {
+  const std::string name = MsgTypeName(t);
+  const uint64_t max = limits.max_payload_bytes;
+  const uint64_t ids = b.num_ids();
+  const uint64_t dim = b.dim();
+  if (b.wire_bytes() != msg.PayloadBytes()) {
+    return Reject(ErrorCode::SizeMismatch,
+                  name + " says wire_bytes=" + std::to_string(b.wire_bytes()) +
+                      " but its payload frames hold " + std::to_string(msg.PayloadBytes()) +
+                      " bytes",
+                  t);
+  }
+  if (ids > max / 8 || (dim > 0 && ids > max / 4 / dim)) {
+    return Reject(ErrorCode::Oversized,
+                  name + " of " + std::to_string(ids) + " ids of " + std::to_string(dim) +
+                      " elements exceeds the payload limit of " + std::to_string(max) + " bytes",
+                  t);
+  }
+  std::vector<uint64_t> want;
+  if (t == MsgType::EmbeddingPull) want = {ids * 8};
+  if (t == MsgType::EmbeddingPush) want = {ids * 8, ids * dim * 4};
+  if (t == MsgType::EmbeddingRows) want = {ids * dim * 4};
+  if ((t == MsgType::EmbeddingPush || t == MsgType::EmbeddingRows) && dim == 0) {
+    return Reject(ErrorCode::SizeMismatch, name + " of rows of 0 elements", t);
+  }
+  bool same = msg.payloads.size() == want.size();
+  for (size_t i = 0; same && i < want.size(); ++i) same = msg.payloads[i].size == want[i];
+  if (!same) {
+    std::string sizes;
+    for (const Payload& p : msg.payloads)
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(p.size);
+    std::string expected;
+    for (uint64_t w : want) expected += (expected.empty() ? "" : ", ") + std::to_string(w);
+    return Reject(ErrorCode::SizeMismatch,
+                  name + " of " + std::to_string(ids) + " ids of " + std::to_string(dim) +
+                      " elements needs frames of [" + expected + "] bytes, got [" + sizes + "]",
+                  t);
+  }
+  return Verdict();
+}
+
 // Payload frames against what the header says they hold.
 Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) {
   const MsgType t = h.type();
@@ -225,6 +271,9 @@ Verdict CheckPayload(const Header& h, const Message& msg, const Limits& limits) 
                   name + " payload of " + std::to_string(bytes) + " bytes exceeds the limit of " +
                       std::to_string(limits.max_payload_bytes),
                   t);
+  }
+  if (h.body_type() == Body::EmbeddingBody) {
+    return CheckEmbeddingPayload(*h.body_as_EmbeddingBody(), msg, limits, t);
   }
   const bool carries = t == MsgType::Push || t == MsgType::Reply || t == MsgType::RingData;
   if (!carries) {

@@ -194,6 +194,26 @@ class Communicator {
   Status AllReduce(void* data, size_t num_elements, DType dtype, ReduceOp op, Deadline deadline);
   Status AllGather(const void* in, size_t bytes, void* out, Deadline deadline);
 
+  // Sparse embedding tables on the parameter servers (num_servers > 0,
+  // docs/guides/embeddings.md), whatever `path` the dense gradients take.
+  // A table is named by an id of the job's choosing and has rows of `dim`
+  // floats, keyed by 64-bit ids with no vocabulary size; a row is created
+  // on the shards when first pushed (after embedding_admit_after pushes)
+  // and reads as its deterministic initializer before.
+  //
+  // PullRows: out[i * dim, (i + 1) * dim) = the row of ids[i] (duplicates
+  // fetched once) as of training step `step`: with ps_mode=sync after every
+  // worker's push of the steps before it. PushRows: the gradient rows
+  // grads[i * dim, ...) of ids[i] for `step` (duplicates summed); every
+  // worker pushes every step (n may be 0), and the shards apply each
+  // step's rows, averaged over the workers, with the row-wise optimizer
+  // (embedding_optimizer). Errors as AllReduce's; FailedPrecondition
+  // without servers.
+  Status PullRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, uint64_t step,
+                  float* out, Deadline deadline);
+  Status PushRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, const float* grads,
+                  uint64_t step, Deadline deadline);
+
   // Where an elastic job's survivors resume after a membership change: the
   // most steps any of them completed (`completed_steps` of each) and the
   // lowest rank that completed that many, whose state the others adopt.

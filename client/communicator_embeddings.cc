@@ -1,0 +1,84 @@
+// The Communicator's sparse embedding rows (PullRows, PushRows): an
+// EmbeddingClient (client/embedding_client.h) of the session's membership
+// epoch, on a transport of its own to the shards.
+#include <utility>
+
+#include "client/communicator_impl.h"
+#include "client/ps_transport.h"
+
+namespace gradsync::client {
+
+namespace {
+
+EmbeddingClientStats& operator+=(EmbeddingClientStats& sum, const EmbeddingClientStats& s) {
+  sum.pulled_rows += s.pulled_rows;
+  sum.asked_rows += s.asked_rows;
+  sum.pushed_rows += s.pushed_rows;
+  sum.resent += s.resent;
+  return sum;
+}
+
+}  // namespace
+
+StatusOr<EmbeddingClient*> Communicator::Impl::EmbeddingsLocked(Deadline deadline) {
+  GS_RETURN_IF_ERROR(EnsureEpoch(deadline));
+  if (embeddings_ != nullptr && embeddings_->epoch() == session_->epoch()) return embeddings_.get();
+  if (embeddings_ != nullptr) {
+    embedding_stats_ += embeddings_->stats();
+    embeddings_.reset();
+  }
+  if (session_->num_servers() == 0) {
+    return FailedPreconditionError(
+        "embedding rows live on the parameter servers: the job has none (num_servers=0)");
+  }
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
+                      MakeEmbeddingTransport(*session_, options_.sync.ps_links));
+  EmbeddingPeers peers{session_->rank(), session_->num_workers(), session_->epoch(),
+                       PsShardEndpoints(*session_),
+                       wire::Sender{wire::Role::Worker, session_->rank(), session_->job_id()}};
+  EmbeddingClientOptions options;
+  options.resend_after = options_.sync.ps.resend_after;
+  options.max_message_bytes = options_.sync.ps_links.partition_bytes;
+  Session* session = session_.get();
+  auto health = [session]() -> Status {
+    GS_RETURN_IF_ERROR(session->job_status());
+    GS_RETURN_IF_ERROR(session->MembershipStatus());
+    return session->PeerDeathStatus(wire::Role::Server);
+  };
+  GS_ASSIGN_OR_RETURN(embeddings_, EmbeddingClient::Create(std::move(transport), std::move(peers),
+                                                           options, std::move(health)));
+  return embeddings_.get();
+}
+
+Status Communicator::Impl::PullRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                                    uint64_t step, float* out, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(embedding_mu_);
+  GS_ASSIGN_OR_RETURN(EmbeddingClient * client, EmbeddingsLocked(deadline));
+  return Classify(client->Pull(table, dim, ids, n, step, out, deadline));
+}
+
+Status Communicator::Impl::PushRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                                    const float* grads, uint64_t step, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(embedding_mu_);
+  GS_ASSIGN_OR_RETURN(EmbeddingClient * client, EmbeddingsLocked(deadline));
+  return Classify(client->Push(table, dim, ids, n, grads, step, deadline));
+}
+
+EmbeddingClientStats Communicator::Impl::embedding_stats() const {
+  std::lock_guard<std::mutex> lock(embedding_mu_);
+  EmbeddingClientStats s = embedding_stats_;
+  if (embeddings_ != nullptr) s += embeddings_->stats();
+  return s;
+}
+
+Status Communicator::PullRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                              uint64_t step, float* out, Deadline deadline) {
+  return impl_->PullRows(table, dim, ids, n, step, out, deadline);
+}
+
+Status Communicator::PushRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                              const float* grads, uint64_t step, Deadline deadline) {
+  return impl_->PushRows(table, dim, ids, n, grads, step, deadline);
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,256 @@
+#include "client/embedding_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <utility>
+
+#include "wire/validate.h"
+
+namespace gradsync::client {
+
+namespace {
+
+using wire::MsgType;
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The unique ids of ids[0, n) in first-seen order, and for each id its
+// index among them.
+struct Unique {
+  std::vector<uint64_t> ids;
+  std::vector<size_t> index;
+};
+
+Unique Dedup(const uint64_t* ids, size_t n) {
+  Unique u;
+  u.index.resize(n);
+  std::unordered_map<uint64_t, size_t> seen;
+  seen.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, fresh] = seen.try_emplace(ids[i], u.ids.size());
+    if (fresh) u.ids.push_back(ids[i]);
+    u.index[i] = it->second;
+  }
+  return u;
+}
+
+wire::Payload PayloadOf(const std::shared_ptr<std::vector<uint8_t>>& bytes) {
+  return wire::Payload::Borrow(bytes->data(), bytes->size(), bytes);
+}
+
+}  // namespace
+
+int EmbeddingClient::ShardOf(uint64_t id, int num_shards) {
+  return num_shards <= 1 ? 0 : static_cast<int>(Mix(id) % static_cast<uint64_t>(num_shards));
+}
+
+StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
+    std::unique_ptr<wire::Transport> transport, EmbeddingPeers peers,
+    EmbeddingClientOptions options, Health health) {
+  if (peers.shards.empty()) return FailedPreconditionError("the job has no parameter servers");
+  std::unique_ptr<EmbeddingClient> c(
+      new EmbeddingClient(std::move(transport), std::move(peers), options, std::move(health)));
+  for (size_t s = 0; s < c->peers_.shards.size(); ++s) {
+    if (c->peers_.shards[s].empty()) {
+      return FailedPreconditionError("server " + std::to_string(s) + " gave no endpoint");
+    }
+    GS_ASSIGN_OR_RETURN(wire::ConnId id, c->transport_->Connect(c->peers_.shards[s]));
+    c->conns_.push_back(id);
+  }
+  return c;
+}
+
+EmbeddingClient::~EmbeddingClient() { Close(); }
+
+void EmbeddingClient::Close() {
+  if (transport_) transport_->Shutdown();
+}
+
+size_t EmbeddingClient::IdsPerMessage(uint32_t dim, bool rows) const {
+  const size_t per_id = sizeof(uint64_t) + (rows ? dim * sizeof(float) : 0);
+  return std::max<size_t>(1, options_.max_message_bytes / per_id);
+}
+
+void EmbeddingClient::SendOne(Request& r) {
+  r.sent = std::chrono::steady_clock::now();
+  r.busy = false;
+  wire::Message copy = r.message;  // kept for a resend; the payloads are shared
+  transport_->Post(wire::Route::Connection(conns_[static_cast<size_t>(r.shard)]), std::move(copy),
+                   Deadline::After(options_.resend_after), nullptr);
+}
+
+Status EmbeddingClient::Exchange(std::vector<Request>& requests, Deadline deadline) {
+  for (Request& r : requests) SendOne(r);
+  wire::Policy policy =
+      wire::Policy::Accepting({MsgType::EmbeddingRows, MsgType::EmbeddingAck, MsgType::Error});
+  policy.job_id = peers_.sender.job_id;
+  size_t left = requests.size();
+  while (left > 0) {
+    GS_RETURN_IF_ERROR(health_());
+    const SteadyTime now = std::chrono::steady_clock::now();
+    for (Request& r : requests) {
+      if (!r.done && now - r.sent >= options_.resend_after) {
+        ++stats_.resent;
+        SendOne(r);
+      }
+    }
+    if (deadline.Expired()) {
+      std::string missing;
+      for (const Request& r : requests) {
+        if (!r.done)
+          missing += (missing.empty() ? "server " : ", server ") + std::to_string(r.shard);
+      }
+      return DeadlineExceededError("embedding rows: no answer from " + missing);
+    }
+    auto in = transport_->Receive(deadline.Min(Deadline::After(Millis(50))));
+    if (!in.ok()) {
+      if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+      if (in.status().code() == StatusCode::kCancelled) return in.status();
+      continue;  // a connection that broke: its requests are sent again
+    }
+    const wire::Verdict v = wire::Validate(in->message, policy);
+    if (!v.ok()) continue;
+    const wire::Header& h = *v.header;
+    Request* r = nullptr;
+    for (Request& q : requests) {
+      if (!q.done && q.seq == h.seq() && in->from.kind == wire::Route::Kind::kConnection &&
+          in->from.conn == conns_[static_cast<size_t>(q.shard)]) {
+        r = &q;
+      }
+    }
+    if (r == nullptr) continue;  // an answer to a request already answered
+    if (h.type() == MsgType::Error) {
+      const wire::ErrorBody& e = *h.body_as_ErrorBody();
+      if (e.code() == wire::ErrorCode::Busy) {
+        // Sent again once resend_after has passed.
+        continue;
+      }
+      failed_ = AbortedError("server " + std::to_string(r->shard) + ": " +
+                             (e.message() ? e.message()->str() : std::string()));
+      return failed_;
+    }
+    const wire::MsgType want = r->message.header_view()->type() == MsgType::EmbeddingPull
+                                   ? MsgType::EmbeddingRows
+                                   : MsgType::EmbeddingAck;
+    if (h.type() != want ||
+        (want == MsgType::EmbeddingRows && h.body_as_EmbeddingBody()->num_ids() != r->ids)) {
+      continue;  // not this request's answer: what a shard would never send
+    }
+    r->done = true;
+    r->answer = std::move(in->message);
+    --left;
+  }
+  return Status();
+}
+
+Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                             uint64_t round, float* out, Deadline deadline) {
+  GS_RETURN_IF_ERROR(failed_);
+  if (dim == 0) return InvalidArgumentError("embedding rows of 0 elements");
+  if (IdsPerMessage(dim, true) == 1 &&
+      sizeof(uint64_t) + dim * sizeof(float) > options_.max_message_bytes) {
+    return InvalidArgumentError("a row of " + std::to_string(dim) +
+                                " elements is larger than a message (partition_bytes)");
+  }
+  const Unique u = Dedup(ids, n);
+  const int shards = static_cast<int>(conns_.size());
+  std::vector<std::vector<size_t>> of(static_cast<size_t>(shards));  // unique indices by shard
+  for (size_t i = 0; i < u.ids.size(); ++i) of[ShardOf(u.ids[i], shards)].push_back(i);
+  std::vector<Request> requests;
+  std::vector<std::vector<size_t>> spans;  // by request: the unique indices it asks for
+  const size_t per = IdsPerMessage(dim, true);
+  for (int s = 0; s < shards; ++s) {
+    const std::vector<size_t>& mine = of[static_cast<size_t>(s)];
+    for (size_t at = 0; at < mine.size(); at += per) {
+      const size_t count = std::min(per, mine.size() - at);
+      auto bytes = std::make_shared<std::vector<uint8_t>>(count * sizeof(uint64_t));
+      for (size_t k = 0; k < count; ++k) {
+        std::memcpy(bytes->data() + k * sizeof(uint64_t), &u.ids[mine[at + k]], sizeof(uint64_t));
+      }
+      Request r;
+      r.shard = s;
+      r.seq = next_seq_++;
+      r.ids = count;
+      r.message =
+          wire::MakeEmbedding(peers_.sender, MsgType::EmbeddingPull,
+                              wire::EmbeddingFields{table, dim, count, round, peers_.epoch, 0, 1},
+                              {PayloadOf(bytes)}, r.seq);
+      requests.push_back(std::move(r));
+      spans.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(at),
+                         mine.begin() + static_cast<std::ptrdiff_t>(at + count));
+    }
+  }
+  GS_RETURN_IF_ERROR(Exchange(requests, deadline));
+  const size_t row = dim * sizeof(float);
+  std::vector<float> rows(u.ids.size() * dim);
+  for (size_t q = 0; q < requests.size(); ++q) {
+    const wire::Payload& got = requests[q].answer.payloads[0];
+    for (size_t k = 0; k < spans[q].size(); ++k) {
+      std::memcpy(rows.data() + spans[q][k] * dim, got.data + k * row, row);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) std::memcpy(out + i * dim, rows.data() + u.index[i] * dim, row);
+  stats_.pulled_rows += u.ids.size();
+  stats_.asked_rows += n;
+  return Status();
+}
+
+Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                             const float* grads, uint64_t round, Deadline deadline) {
+  GS_RETURN_IF_ERROR(failed_);
+  if (dim == 0) return InvalidArgumentError("embedding rows of 0 elements");
+  if (sizeof(uint64_t) + dim * sizeof(float) > options_.max_message_bytes) {
+    return InvalidArgumentError("a row of " + std::to_string(dim) +
+                                " elements is larger than a message (partition_bytes)");
+  }
+  const Unique u = Dedup(ids, n);
+  std::vector<float> sums(u.ids.size() * dim, 0.0f);
+  for (size_t i = 0; i < n; ++i) {
+    float* to = sums.data() + u.index[i] * dim;
+    const float* from = grads + i * dim;
+    for (uint32_t j = 0; j < dim; ++j) to[j] += from[j];
+  }
+  const int shards = static_cast<int>(conns_.size());
+  std::vector<std::vector<size_t>> of(static_cast<size_t>(shards));
+  for (size_t i = 0; i < u.ids.size(); ++i) of[ShardOf(u.ids[i], shards)].push_back(i);
+  std::vector<Request> requests;
+  const size_t per = IdsPerMessage(dim, true);
+  for (int s = 0; s < shards; ++s) {
+    const std::vector<size_t>& mine = of[static_cast<size_t>(s)];
+    // Every shard hears of the round, in one part at least.
+    const size_t parts = std::max<size_t>(1, (mine.size() + per - 1) / per);
+    for (size_t p = 0; p < parts; ++p) {
+      const size_t at = p * per;
+      const size_t count = std::min(per, mine.size() - std::min(at, mine.size()));
+      auto id_bytes = std::make_shared<std::vector<uint8_t>>(count * sizeof(uint64_t));
+      auto row_bytes = std::make_shared<std::vector<uint8_t>>(count * dim * sizeof(float));
+      for (size_t k = 0; k < count; ++k) {
+        const size_t i = mine[at + k];
+        std::memcpy(id_bytes->data() + k * sizeof(uint64_t), &u.ids[i], sizeof(uint64_t));
+        std::memcpy(row_bytes->data() + k * dim * sizeof(float), sums.data() + i * dim,
+                    dim * sizeof(float));
+      }
+      Request r;
+      r.shard = s;
+      r.seq = next_seq_++;
+      r.message = wire::MakeEmbedding(
+          peers_.sender, MsgType::EmbeddingPush,
+          wire::EmbeddingFields{table, dim, count, round, peers_.epoch, static_cast<uint32_t>(p),
+                                static_cast<uint32_t>(parts)},
+          {PayloadOf(id_bytes), PayloadOf(row_bytes)}, r.seq);
+      requests.push_back(std::move(r));
+    }
+  }
+  GS_RETURN_IF_ERROR(Exchange(requests, deadline));
+  stats_.pushed_rows += u.ids.size();
+  return Status();
+}
+
+}  // namespace gradsync::client

@@ -1,0 +1,123 @@
+// EmbeddingClient: a worker's side of the sparse embedding tables on the
+// parameter-server shards (ps/embedding_service.h,
+// docs/design/embeddings.md).
+//
+// Row `id` of every table lives on shard ShardOf(id, num_shards) (a hash of
+// the id, so that consecutive ids spread). Pull de-duplicates the ids it is
+// given, asks each shard for its unique ids only and scatters the rows back
+// in the order asked; Push sums the gradient rows of each unique id and
+// sends one row each. A push goes to every shard, empty where none of its
+// ids falls, so that each shard's sync rounds close. Messages stay within
+// max_message_bytes: a shard's share is cut into parts (a push says how
+// many, so that the shard closes the worker's round after the last).
+//
+// Every request is answered: rows (pull), an ack (push), or an Error. One
+// that is not answered within resend_after is sent again (the shard applies
+// a push once per round and part); Busy is sent again after resend_after.
+//
+// Errors: InvalidArgument (dim 0, or a row larger than a message; nothing
+// sent), Aborted (a shard's Error, its message), DeadlineExceeded (naming the
+// shards that did not answer), the health check's failure. After an Aborted
+// or a transport failure every later call returns it again.
+//
+// Thread-safety: one call at a time.
+#ifndef GRADSYNC_CLIENT_EMBEDDING_CLIENT_H_
+#define GRADSYNC_CLIENT_EMBEDDING_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "wire/message.h"
+#include "wire/transport.h"
+
+namespace gradsync::client {
+
+struct EmbeddingPeers {
+  int rank = 0;
+  int num_workers = 1;
+  uint32_t epoch = 0;
+  std::vector<std::string> shards;  // by rank, where each listens
+  wire::Sender sender;
+};
+
+struct EmbeddingClientOptions {
+  Millis resend_after{1000};
+  // The largest payload of one message (the shards' partition_bytes).
+  size_t max_message_bytes = size_t{4} << 20;
+};
+
+struct EmbeddingClientStats {
+  uint64_t pulled_rows = 0;  // unique rows pulled
+  uint64_t asked_rows = 0;   // rows asked for, duplicates included
+  uint64_t pushed_rows = 0;  // unique gradient rows pushed
+  uint64_t resent = 0;       // requests sent again
+};
+
+class EmbeddingClient {
+ public:
+  using Health = std::function<Status()>;
+
+  // Connects `transport` (its own, not listening) to every shard.
+  static StatusOr<std::unique_ptr<EmbeddingClient>> Create(
+      std::unique_ptr<wire::Transport> transport, EmbeddingPeers peers,
+      EmbeddingClientOptions options, Health health);
+  ~EmbeddingClient();
+
+  // The shard of row `id` among `num_shards`.
+  static int ShardOf(uint64_t id, int num_shards);
+
+  // out[i * dim, (i + 1) * dim) = the row of ids[i] of `table` (width `dim`)
+  // as of `round` (sync: after every push of the rounds before it).
+  Status Pull(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, uint64_t round,
+              float* out, Deadline deadline);
+  // Pushes the gradient rows grads[i * dim, (i + 1) * dim) of ids[i] for
+  // `round`; returns once every shard acknowledged.
+  Status Push(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, const float* grads,
+              uint64_t round, Deadline deadline);
+
+  EmbeddingClientStats stats() const { return stats_; }
+  uint32_t epoch() const { return peers_.epoch; }
+  void Close();
+
+ private:
+  struct Request {
+    int shard = 0;
+    wire::Message message;  // kept to send again
+    uint64_t seq = 0;
+    uint64_t ids = 0;  // a pull's: rows expected
+    bool done = false;
+    wire::Message answer;
+    SteadyTime sent;
+    bool busy = false;
+  };
+
+  EmbeddingClient(std::unique_ptr<wire::Transport> transport, EmbeddingPeers peers,
+                  EmbeddingClientOptions options, Health health)
+      : transport_(std::move(transport)),
+        peers_(std::move(peers)),
+        options_(options),
+        health_(std::move(health)) {}
+  // Sends every request and waits for all their answers.
+  Status Exchange(std::vector<Request>& requests, Deadline deadline);
+  void SendOne(Request& r);
+  // The ids of one message at most, for rows of `dim`.
+  size_t IdsPerMessage(uint32_t dim, bool rows) const;
+
+  std::unique_ptr<wire::Transport> transport_;
+  const EmbeddingPeers peers_;
+  const EmbeddingClientOptions options_;
+  const Health health_;
+  std::vector<wire::ConnId> conns_;  // by shard
+  uint64_t next_seq_ = 1;
+  Status failed_;
+  EmbeddingClientStats stats_;
+};
+
+}  // namespace gradsync::client
+
+#endif  // GRADSYNC_CLIENT_EMBEDDING_CLIENT_H_

@@ -1,0 +1,369 @@
+#include "ps/embedding_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+namespace gradsync::server {
+
+namespace {
+
+using wire::ErrorCode;
+using wire::MsgType;
+
+// How far ahead of the last closed round a sync push may be: a worker
+// pushes round r, then waits for round r to close before it pulls r + 1.
+constexpr uint64_t kRoundsAhead = 2;
+// The messages one worker's push of a round to a shard may be cut into.
+constexpr uint32_t kMaxParts = 4096;
+// The pulls a table holds at most, per worker of the epoch.
+constexpr size_t kHeldPullsPerWorker = 16;
+
+// A sync round that has not closed: the pushes taken into it.
+struct Round {
+  std::map<int32_t, std::set<uint32_t>> parts;  // by rank, the parts taken
+  std::set<int32_t> pushed;                     // ranks whose every part was taken
+  std::vector<uint64_t> ids;
+  std::vector<float> grads;
+  size_t bytes = 0;  // of ids and grads, in round_bytes_
+};
+
+std::vector<uint64_t> IdsOf(const wire::Payload& frame) {
+  std::vector<uint64_t> ids(frame.size / sizeof(uint64_t));
+  if (!ids.empty()) std::memcpy(ids.data(), frame.data, ids.size() * sizeof(uint64_t));
+  return ids;
+}
+
+}  // namespace
+
+EmbeddingTableStats& operator+=(EmbeddingTableStats& sum, const EmbeddingTableStats& s) {
+  sum.rows += s.rows;
+  sum.pulled += s.pulled;
+  sum.pushed += s.pushed;
+  sum.admitted += s.admitted;
+  sum.not_admitted += s.not_admitted;
+  sum.evicted_idle += s.evicted_idle;
+  sum.evicted_memory += s.evicted_memory;
+  sum.refused_memory += s.refused_memory;
+  sum.refused_nonfinite += s.refused_nonfinite;
+  sum.steps += s.steps;
+  return sum;
+}
+
+EmbeddingServiceStats& operator+=(EmbeddingServiceStats& sum, const EmbeddingServiceStats& s) {
+  sum.rows += s.rows;
+  sum.tables += s.tables;
+  sum.refused += s.refused;
+  sum.held_pulls += s.held_pulls;
+  sum.rounds += s.rounds;
+  return sum;
+}
+
+struct EmbeddingService::Table {
+  Table(uint32_t id, uint32_t dim, const EmbeddingOptions& options, MemoryBudget* budget)
+      : rows(id, dim, options, budget) {}
+  EmbeddingTable rows;
+  uint64_t closed = 0;                // sync: rounds 0 .. closed - 1 have closed
+  std::map<uint64_t, Round> open;     // sync: rounds with pushes, not closed
+  std::map<int32_t, int64_t> pushed;  // ssp: each rank's latest round pushed
+  std::vector<HeldPull> held;
+};
+
+EmbeddingService::EmbeddingService(const EmbeddingServiceOptions& options, MemoryBudget* budget,
+                                   wire::Sender self, int32_t num_workers,
+                                   std::vector<std::string> worker_identities)
+    : options_(options),
+      budget_(budget),
+      self_(self),
+      num_workers_(num_workers),
+      worker_identities_(std::move(worker_identities)) {}
+
+EmbeddingService::~EmbeddingService() = default;
+
+void EmbeddingService::Refuse(const wire::Route& from, const wire::Header& h, ErrorCode code,
+                              const std::string& why, std::vector<Outgoing>* out) {
+  ++refused_;
+  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
+  const std::string what = std::string(wire::MsgTypeName(h.type())) + " of table " +
+                           std::to_string(b.table()) + " round " + std::to_string(b.round());
+  out->push_back(
+      {from, wire::MakeError(wire::AnswerAs(self_, IsJobWorker(worker_identities_, from)), code,
+                             what + ": " + why, h.type())});
+}
+
+int32_t EmbeddingService::LiveWorkers() const {
+  int32_t live = 0;
+  for (int32_t r = 0; r < num_workers_; ++r) live += dead_.count(r) == 0 ? 1 : 0;
+  return live;
+}
+
+EmbeddingService::Table* EmbeddingService::TableFor(const wire::Route& from, const wire::Header& h,
+                                                    std::vector<Outgoing>* out) {
+  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
+  auto it = tables_.find(b.table());
+  if (it != tables_.end()) {
+    if (b.dim() != it->second->rows.dim()) {
+      Refuse(from, h, ErrorCode::Mismatch,
+             "rows of " + std::to_string(b.dim()) + " elements, the table's are " +
+                 std::to_string(it->second->rows.dim()),
+             out);
+      return nullptr;
+    }
+    return it->second.get();
+  }
+  if (b.dim() == 0 || b.dim() > options_.table.max_dim) {
+    Refuse(from, h, ErrorCode::SizeMismatch,
+           "a row width of " + std::to_string(b.dim()) + " elements, not within [1, " +
+               std::to_string(options_.table.max_dim) + "]",
+           out);
+    return nullptr;
+  }
+  if (tables_.size() >= options_.max_tables) {
+    Refuse(from, h, ErrorCode::Oversized,
+           "more than " + std::to_string(options_.max_tables) + " tables on this shard thread",
+           out);
+    return nullptr;
+  }
+  auto made = std::make_unique<Table>(b.table(), b.dim(), options_.table, budget_);
+  Table* t = made.get();
+  tables_.emplace(b.table(), std::move(made));
+  return t;
+}
+
+void EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
+                              const wire::Message& msg, std::vector<Outgoing>* out) {
+  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
+  const int32_t rank = h.sender_rank();
+  if (h.sender_role() != wire::Role::Worker || rank < 0 || rank >= num_workers_) {
+    Refuse(from, h, ErrorCode::BadSender,
+           "from a sender that is no worker of this epoch's " + std::to_string(num_workers_), out);
+    return;
+  }
+  const size_t r = static_cast<size_t>(rank);
+  if (r < worker_identities_.size() && !worker_identities_[r].empty() &&
+      (from.kind != wire::Route::Kind::kInbound ||
+       wire::LaneBase(from.identity) != worker_identities_[r])) {
+    Refuse(from, h, ErrorCode::BadSender,
+           "under worker " + std::to_string(rank) + "'s rank from another identity", out);
+    return;
+  }
+  if (b.epoch() < epoch_) {
+    Refuse(from, h, ErrorCode::BadSequence,
+           "of membership epoch " + std::to_string(b.epoch()) + ", the job is in epoch " +
+               std::to_string(epoch_),
+           out);
+    return;
+  }
+  if (b.epoch() > epoch_) {
+    Refuse(from, h, ErrorCode::Busy,
+           "of membership epoch " + std::to_string(b.epoch()) +
+               ", which this shard has not "
+               "started yet: send it again",
+           out);
+    return;
+  }
+  Table* t = TableFor(from, h, out);
+  if (t == nullptr) return;
+  if (h.type() == MsgType::EmbeddingPull) {
+    Pull(*t, from, h, msg, out);
+  } else {
+    Push(*t, from, h, msg, out);
+  }
+}
+
+bool EmbeddingService::Ready(const Table& t, uint64_t round) const {
+  switch (options_.mode) {
+    case PsMode::kSync:
+      return round <= t.closed;
+    case PsMode::kAsync:
+      return true;
+    case PsMode::kSsp:
+      return static_cast<int64_t>(round) - 1 - static_cast<int64_t>(options_.staleness) <=
+             static_cast<int64_t>(PushedByAll(t));
+  }
+  return true;
+}
+
+uint64_t EmbeddingService::PushedByAll(const Table& t) const {
+  int64_t low = std::numeric_limits<int64_t>::max();
+  for (int32_t r = 0; r < num_workers_; ++r) {
+    if (dead_.count(r) != 0) continue;
+    auto it = t.pushed.find(r);
+    low = std::min(low, it == t.pushed.end() ? int64_t{-1} : it->second);
+  }
+  return static_cast<uint64_t>(low);  // -1 (nobody pushed) reads as far below any round
+}
+
+void EmbeddingService::Answer(Table& t, const wire::Route& to, uint64_t round, uint64_t seq,
+                              const std::vector<uint64_t>& ids, std::vector<Outgoing>* out) {
+  const uint32_t dim = t.rows.dim();
+  auto rows = std::make_shared<std::vector<float>>(ids.size() * dim);
+  t.rows.Pull(ids.data(), ids.size(), round, rows->data());
+  wire::EmbeddingFields f{t.rows.id(), dim, ids.size(), round, epoch_};
+  std::vector<wire::Payload> payloads;
+  payloads.push_back(wire::Payload::Borrow(rows->data(), rows->size() * sizeof(float), rows));
+  out->push_back({to, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingRows, f,
+                                          std::move(payloads), seq)});
+}
+
+void EmbeddingService::Pull(Table& t, const wire::Route& from, const wire::Header& h,
+                            const wire::Message& msg, std::vector<Outgoing>* out) {
+  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
+  std::vector<uint64_t> ids = IdsOf(msg.payloads[0]);
+  if (Ready(t, b.round())) {
+    Answer(t, from, b.round(), h.seq(), ids, out);
+    return;
+  }
+  // Held pulls are bounded: a worker waits for one round at a time.
+  if (options_.mode == PsMode::kSync && b.round() > t.closed + kRoundsAhead) {
+    Refuse(from, h, ErrorCode::BadSequence,
+           "is more than " + std::to_string(kRoundsAhead) +
+               " rounds ahead of the last closed one (" + std::to_string(t.closed) + ")",
+           out);
+    return;
+  }
+  if (t.held.size() >= kHeldPullsPerWorker * static_cast<size_t>(std::max(1, num_workers_))) {
+    Refuse(from, h, ErrorCode::Busy,
+           std::to_string(t.held.size()) + " pulls wait for their rounds already: send it again",
+           out);
+    return;
+  }
+  ++held_pulls_;
+  t.held.push_back(HeldPull{from, b.round(), h.seq(), std::move(ids)});
+}
+
+void EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Header& h,
+                            const wire::Message& msg, std::vector<Outgoing>* out) {
+  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
+  const int32_t rank = h.sender_rank();
+  const uint64_t round = b.round();
+  const uint32_t dim = t.rows.dim();
+  const size_t n = static_cast<size_t>(b.num_ids());
+  auto ack = [&] {
+    wire::EmbeddingFields f{t.rows.id(), dim, 0, round, epoch_};
+    out->push_back({from, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingAck, f,
+                                              {}, h.seq())});
+  };
+  if (options_.mode == PsMode::kSync) {
+    if (round < t.closed) {  // a resend of a round that closed
+      ack();
+      return;
+    }
+    if (round >= t.closed + kRoundsAhead) {
+      Refuse(from, h, ErrorCode::BadSequence,
+             "is more than " + std::to_string(kRoundsAhead - 1) +
+                 " round(s) ahead of the last closed one (" + std::to_string(t.closed) + ")",
+             out);
+      return;
+    }
+    if (b.parts() == 0 || b.parts() > kMaxParts || b.part() >= b.parts()) {
+      Refuse(from, h, ErrorCode::BadSequence,
+             "is part " + std::to_string(b.part()) + " of " + std::to_string(b.parts()) +
+                 " (at most " + std::to_string(kMaxParts) + " parts)",
+             out);
+      return;
+    }
+    const size_t bytes = n * (sizeof(uint64_t) + dim * sizeof(float));
+    if (round_bytes_ + bytes > options_.max_round_bytes) {
+      Refuse(from, h, ErrorCode::Oversized,
+             "would take the rounds that have not closed past " +
+                 std::to_string(options_.max_round_bytes) + " bytes",
+             out);
+      return;
+    }
+    Round& open = t.open[round];
+    std::set<uint32_t>& taken = open.parts[rank];
+    if (!open.pushed.count(rank) && taken.insert(b.part()).second) {
+      round_bytes_ += bytes;
+      open.bytes += bytes;
+      if (taken.size() >= b.parts()) open.pushed.insert(rank);
+      const size_t at = open.ids.size();
+      open.ids.resize(at + n);
+      open.grads.resize((at + n) * dim);
+      if (n > 0) {
+        std::memcpy(open.ids.data() + at, msg.payloads[0].data, n * sizeof(uint64_t));
+        std::memcpy(open.grads.data() + at * dim, msg.payloads[1].data, n * dim * sizeof(float));
+      }
+    }
+    ack();
+    Progress(t, out);
+    return;
+  }
+  std::vector<uint64_t> ids = IdsOf(msg.payloads[0]);
+  std::vector<float> grads(n * dim);
+  if (n > 0) std::memcpy(grads.data(), msg.payloads[1].data, grads.size() * sizeof(float));
+  t.rows.Apply(ids.data(), n, grads.data(), round);
+  int64_t& latest = t.pushed.try_emplace(rank, -1).first->second;
+  latest = std::max(latest, static_cast<int64_t>(round));
+  ack();
+  Progress(t, out);
+}
+
+void EmbeddingService::Progress(Table& t, std::vector<Outgoing>* out) {
+  if (options_.mode == PsMode::kSync) {
+    const int32_t live = LiveWorkers();
+    for (;;) {
+      auto it = t.open.find(t.closed);
+      if (it == t.open.end()) break;
+      Round& round = it->second;
+      int32_t pushed_live = 0;
+      for (int32_t r : round.pushed) pushed_live += dead_.count(r) == 0 ? 1 : 0;
+      if (pushed_live < live) break;
+      const float scale = 1.0f / static_cast<float>(round.pushed.size());
+      for (float& g : round.grads) g *= scale;
+      t.rows.Apply(round.ids.data(), round.ids.size(), round.grads.data(), t.closed);
+      round_bytes_ -= round.bytes;
+      t.open.erase(it);
+      ++t.closed;
+      ++rounds_;
+    }
+  }
+  auto waiting = std::move(t.held);
+  t.held.clear();
+  for (HeldPull& p : waiting) {
+    if (Ready(t, p.round)) {
+      Answer(t, p.from, p.round, p.seq, p.ids, out);
+    } else {
+      t.held.push_back(std::move(p));
+    }
+  }
+}
+
+void EmbeddingService::SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out) {
+  dead_ = dead;
+  for (auto& [id, t] : tables_) Progress(*t, out);
+}
+
+void EmbeddingService::StartEpoch(uint32_t epoch, int32_t num_workers,
+                                  std::vector<std::string> identities) {
+  if (epoch <= epoch_) return;
+  epoch_ = epoch;
+  num_workers_ = num_workers;
+  worker_identities_ = std::move(identities);
+  dead_.clear();
+  round_bytes_ = 0;
+  for (auto& [id, t] : tables_) {
+    t->open.clear();  // the rounds that did not close are pushed again
+    t->pushed.clear();
+    t->held.clear();  // their workers' pulls are sent again
+  }
+}
+
+EmbeddingServiceStats EmbeddingService::stats() const {
+  EmbeddingServiceStats s;
+  s.tables = tables_.size();
+  s.refused = refused_;
+  s.held_pulls = held_pulls_;
+  s.rounds = rounds_;
+  for (const auto& [id, t] : tables_) s.rows += t->rows.stats();
+  return s;
+}
+
+std::map<uint32_t, EmbeddingTableStats> EmbeddingService::TableStats() const {
+  std::map<uint32_t, EmbeddingTableStats> out;
+  for (const auto& [id, t] : tables_) out[id] = t->rows.stats();
+  return out;
+}
+
+}  // namespace gradsync::server

@@ -1,0 +1,150 @@
+// EmbeddingTable: one sparse embedding table's rows on a parameter-server
+// shard (docs/design/embeddings.md).
+//
+// Rows are keyed by 64-bit ids, with no pre-sized vocabulary: a row gets
+// storage the first time its id is admitted, and reads as its initializer
+// before that. Every row has the table's fixed width `dim`.
+//
+// Initializer: row `id` of table `table` is InitRow(seed, table, id): each
+// element uniform in [-scale, scale), drawn from a counter-based hash of
+// (seed, table, id, element), so every shard, every run and every reference
+// computes the same row.
+//
+// Row-wise optimizers (the optimizer state lives beside the row, created
+// with it; rows that a step does not touch do not change), as PyTorch's
+// with a sparse gradient, duplicate ids of one step summed first:
+//   sgd:      p -= lr * g                                    (torch.optim.SGD)
+//   adagrad:  s += g^2; p -= lr * g / (sqrt(s) + eps)        (torch.optim.Adagrad,
+//             lr_decay 0, initial_accumulator_value 0)
+//   adam:     t += 1 per step of the table; m += (g - m)(1 - b1);
+//             v += (g^2 - v)(1 - b2);
+//             p -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+//                                                              (torch.optim.SparseAdam)
+// One Apply is one optimizer step: Adam's t counts Apply calls, whether or
+// not they touch a row (SparseAdam's step count).
+//
+// Admission (admit_after = N >= 1): an id gets a row only once it has been
+// pushed N times (counted in a fixed-size count-min sketch, so counting
+// unseen ids takes no memory per id). Until then pulls read the
+// initializer and its gradients are dropped (counted).
+//
+// Eviction: a row not touched (pulled or pushed) for more than `idle_steps`
+// steps of the table's clock (the largest step a push or pull named) goes
+// (counted); a row is also evicted, least recently touched first, when a new
+// row would take the shard's rows past MemoryBudget's limit (counted). If the
+// table has no row to give up (other tables hold the memory), the new id is
+// not admitted (counted) and reads as its initializer. An evicted row reads
+// as its initializer again, and its id must be admitted anew.
+//
+// Bad input: a gradient row with a NaN or an infinity is refused (counted)
+// and changes nothing; the rest of the push is applied.
+//
+// Thread-safety: a table belongs to one thread at a time; a MemoryBudget is
+// shared by the tables of one shard and is thread-safe.
+#ifndef GRADSYNC_PS_EMBEDDING_TABLE_H_
+#define GRADSYNC_PS_EMBEDDING_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+
+namespace gradsync::server {
+
+enum class RowOptimizerKind { kSgd, kAdagrad, kAdam };
+
+struct EmbeddingOptions {
+  RowOptimizerKind optimizer = RowOptimizerKind::kAdagrad;
+  float lr = 0.01f;
+  float eps = 1e-10f;  // adagrad's default; adam's is usually 1e-8
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  uint64_t seed = 0;        // of the initializer
+  float init_scale = 0.0f;  // 0: 1 / sqrt(dim)
+  uint32_t admit_after = 1;
+  uint64_t idle_steps = 0;  // 0: rows never expire
+  uint32_t max_dim = 4096;  // widest row a table may declare
+
+  // Reads embedding_optimizer=sgd|adagrad|adam (adagrad), embedding_lr
+  // (0.01), embedding_eps (1e-10 for adagrad, 1e-8 for adam), beta1, beta2,
+  // embedding_seed (0), embedding_init_scale (0: 1 / sqrt(dim)),
+  // embedding_admit_after (1), embedding_idle_steps (0: never).
+  // InvalidArgument naming a bad setting.
+  static StatusOr<EmbeddingOptions> FromConfig(const Config& config);
+};
+
+const char* RowOptimizerName(RowOptimizerKind kind);
+
+// Element j of row `id` of table `table` for `dim` elements at `scale`:
+// out[0, dim).
+void InitRow(uint64_t seed, uint32_t table, uint64_t id, float scale, float* out, size_t dim);
+
+// The bytes every table of a shard may hold in rows (their values, optimizer
+// state and bookkeeping, counted per row by EmbeddingTable::RowBytes).
+// Thread-safe.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(size_t limit) : limit_(limit) {}
+  // Takes `bytes` if they fit under the limit.
+  bool TryTake(size_t bytes);
+  void Give(size_t bytes);
+  size_t used() const { return used_.load(); }
+  size_t limit() const { return limit_; }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+struct EmbeddingTableStats {
+  uint64_t rows = 0;               // rows with storage now
+  uint64_t pulled = 0;             // rows read by pulls
+  uint64_t pushed = 0;             // gradient rows applied
+  uint64_t admitted = 0;           // ids given a row
+  uint64_t not_admitted = 0;       // gradient rows dropped: id seen fewer than admit_after times
+  uint64_t evicted_idle = 0;       // rows evicted after idle_steps
+  uint64_t evicted_memory = 0;     // rows evicted for a new row under the budget
+  uint64_t refused_memory = 0;     // ids not admitted: no row to give up
+  uint64_t refused_nonfinite = 0;  // gradient rows with a NaN or an infinity
+  uint64_t steps = 0;              // Apply calls
+};
+
+class EmbeddingTable {
+ public:
+  // `budget` (shared by the shard's tables) outlives the table.
+  EmbeddingTable(uint32_t table, uint32_t dim, const EmbeddingOptions& options,
+                 MemoryBudget* budget);
+  ~EmbeddingTable();  // gives its rows' bytes back to the budget
+
+  uint32_t id() const { return table_; }
+  uint32_t dim() const { return dim_; }
+  // What one row costs the budget: its values and optimizer state (floats),
+  // and a fixed allowance for its id, clock and index entries.
+  size_t RowBytes() const;
+
+  // Writes the rows of ids[0, n) to out[0, n * dim), as of now (the
+  // initializer for ids without a row); touches their rows at `step`.
+  void Pull(const uint64_t* ids, size_t n, uint64_t step, float* out);
+  // One optimizer step over the gradient rows grads[i * dim, (i + 1) * dim)
+  // of ids[i], i < n (duplicate ids summed first), at `step` of the table's
+  // clock: admits, evicts, refuses and applies as above.
+  void Apply(const uint64_t* ids, size_t n, const float* grads, uint64_t step);
+
+  EmbeddingTableStats stats() const;
+
+ private:
+  struct Impl;
+  const uint32_t table_;
+  const uint32_t dim_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradsync::server
+
+#endif  // GRADSYNC_PS_EMBEDDING_TABLE_H_
