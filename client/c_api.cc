@@ -332,6 +332,30 @@ int gs_allgather(gs_comm* comm, const void* in, size_t bytes, void* out, int64_t
   });
 }
 
+int gs_pull_rows(gs_comm* comm, uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                 uint64_t step, float* out, int64_t timeout_ms) {
+  return Guard("gs_pull_rows", [&]() -> Status {
+    GS_RETURN_IF_ERROR(CheckComm(comm));
+    if (n > 0) {
+      GS_RETURN_IF_ERROR(NotNull(ids, "ids"));
+      GS_RETURN_IF_ERROR(NotNull(out, "out"));
+    }
+    return comm->comm->PullRows(table, dim, ids, n, step, out, ToDeadline(timeout_ms));
+  });
+}
+
+int gs_push_rows(gs_comm* comm, uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                 const float* grads, uint64_t step, int64_t timeout_ms) {
+  return Guard("gs_push_rows", [&]() -> Status {
+    GS_RETURN_IF_ERROR(CheckComm(comm));
+    if (n > 0) {
+      GS_RETURN_IF_ERROR(NotNull(ids, "ids"));
+      GS_RETURN_IF_ERROR(NotNull(grads, "grads"));
+    }
+    return comm->comm->PushRows(table, dim, ids, n, grads, step, ToDeadline(timeout_ms));
+  });
+}
+
 int gs_get_stats(const gs_comm* comm, gs_stats* out) {
   return Guard("gs_get_stats", [&]() -> Status {
     GS_RETURN_IF_ERROR(CheckComm(comm));

@@ -5,8 +5,9 @@
 namespace gradsync::client {
 
 const char* SyncOpLabel(SyncOp op) {
-  static const char* const kNames[kNumSyncOps] = {
-      "push", "pull", "push_pull", "allreduce", "allgather", "broadcast", "barrier"};
+  static const char* const kNames[kNumSyncOps] = {"push",      "pull",      "push_pull",
+                                                  "allreduce", "allgather", "broadcast",
+                                                  "barrier",   "pull_rows", "push_rows"};
   return kNames[static_cast<int>(op)];
 }
 

@@ -16,7 +16,8 @@
 //   gradsync_client_join_seconds                   a worker that joined a running
 //                                                  job: from its start to its
 //                                                  first completed step
-// op: push, pull, push_pull, allreduce, allgather, broadcast, barrier;
+// op: push, pull, push_pull, allreduce, allgather, broadcast, barrier,
+// pull_rows, push_rows (the sparse embedding tables' rows, path ps);
 // path: ring, nccl, ps; direction: sent, received. raw / wire of `sent` is
 // the compression ratio.
 //
@@ -36,8 +37,18 @@
 
 namespace gradsync::client {
 
-enum class SyncOp { kPush, kPull, kPushPull, kAllReduce, kAllGather, kBroadcast, kBarrier };
-constexpr int kNumSyncOps = 7;
+enum class SyncOp {
+  kPush,
+  kPull,
+  kPushPull,
+  kAllReduce,
+  kAllGather,
+  kBroadcast,
+  kBarrier,
+  kPullRows,
+  kPushRows
+};
+constexpr int kNumSyncOps = 9;
 enum class SyncPath { kRing, kNccl, kPs };
 constexpr int kNumSyncPaths = 3;
 enum class FailureReason { kTimeout, kPeerDead, kMismatch, kRejected, kUnavailable, kOther };

@@ -52,16 +52,32 @@ StatusOr<EmbeddingClient*> Communicator::Impl::EmbeddingsLocked(Deadline deadlin
 
 Status Communicator::Impl::PullRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
                                     uint64_t step, float* out, Deadline deadline) {
+  const SteadyTime start = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(embedding_mu_);
-  GS_ASSIGN_OR_RETURN(EmbeddingClient * client, EmbeddingsLocked(deadline));
-  return Classify(client->Pull(table, dim, ids, n, step, out, deadline));
+  Status s = EmbeddingsLocked(deadline).status();
+  if (s.ok()) s = Classify(embeddings_->Pull(table, dim, ids, n, step, out, deadline));
+  RecordRows(SyncOp::kPullRows, start, s);
+  return s;
 }
 
 Status Communicator::Impl::PushRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
                                     const float* grads, uint64_t step, Deadline deadline) {
+  const SteadyTime start = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(embedding_mu_);
-  GS_ASSIGN_OR_RETURN(EmbeddingClient * client, EmbeddingsLocked(deadline));
-  return Classify(client->Push(table, dim, ids, n, grads, step, deadline));
+  Status s = EmbeddingsLocked(deadline).status();
+  if (s.ok()) s = Classify(embeddings_->Push(table, dim, ids, n, grads, step, deadline));
+  RecordRows(SyncOp::kPushRows, start, s);
+  return s;
+}
+
+void Communicator::Impl::RecordRows(SyncOp op, SteadyTime start, const Status& s) {
+  metrics_.Record(op, SyncPath::kPs,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  s);
+  const uint64_t resent =
+      embedding_stats_.resent + (embeddings_ != nullptr ? embeddings_->stats().resent : 0);
+  metrics_.Retried(resent - embedding_resent_seen_);
+  embedding_resent_seen_ = resent;
 }
 
 EmbeddingClientStats Communicator::Impl::embedding_stats() const {

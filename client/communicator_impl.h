@@ -214,6 +214,8 @@ class Communicator::Impl {
   Status PushRows(uint32_t table, uint32_t dim, const uint64_t* ids, size_t n, const float* grads,
                   uint64_t step, Deadline deadline);
   EmbeddingClientStats embedding_stats() const;
+  // One PullRows or PushRows into the metrics (embedding_mu_ held).
+  void RecordRows(SyncOp op, SteadyTime start, const Status& s);
   CommunicatorStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     CommunicatorStats s = stats_;  // backend_ is swapped under mu_
@@ -275,6 +277,7 @@ class Communicator::Impl {
   mutable std::mutex embedding_mu_;
   std::unique_ptr<EmbeddingClient> embeddings_;
   EmbeddingClientStats embedding_stats_;
+  uint64_t embedding_resent_seen_ = 0;              // of embedding_stats().resent, in the metrics
   int cuda_device_ = 0;                             // cuda_device resolved at Start (cuda_device.h)
   std::unique_ptr<BucketCompression> compression_;  // engine thread after Finalize
   ProcessMetrics process_metrics_{"worker"};

@@ -43,6 +43,8 @@ REQUIRED_PANELS = (
     "Server queue depth",
     "Failures by reason",
     "Checkpoint age",
+    "Embedding memory per shard",
+    "Embedding pull and push latency",
 )
 
 # Words that may stand where a metric name could, but are not one.

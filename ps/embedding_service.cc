@@ -89,7 +89,7 @@ void EmbeddingService::Refuse(const wire::Route& from, const wire::Header& h, Er
                            std::to_string(b.table()) + " round " + std::to_string(b.round());
   out->push_back(
       {from, wire::MakeError(wire::AnswerAs(self_, IsJobWorker(worker_identities_, from)), code,
-                             what + ": " + why, h.type())});
+                             what + ": " + why, h.type(), h.seq())});
 }
 
 int32_t EmbeddingService::LiveWorkers() const {
@@ -265,16 +265,18 @@ void EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Heade
       return;
     }
     const size_t bytes = n * (sizeof(uint64_t) + dim * sizeof(float));
-    if (round_bytes_ + bytes > options_.max_round_bytes) {
-      Refuse(from, h, ErrorCode::Oversized,
-             "would take the rounds that have not closed past " +
-                 std::to_string(options_.max_round_bytes) + " bytes",
-             out);
-      return;
-    }
     Round& open = t.open[round];
     std::set<uint32_t>& taken = open.parts[rank];
-    if (!open.pushed.count(rank) && taken.insert(b.part()).second) {
+    // A part taken before (a resend after a lost ack) is acknowledged again.
+    if (!open.pushed.count(rank) && !taken.count(b.part())) {
+      if (round_bytes_ + bytes > options_.max_round_bytes) {
+        Refuse(from, h, ErrorCode::Oversized,
+               "would take the rounds that have not closed past " +
+                   std::to_string(options_.max_round_bytes) + " bytes",
+               out);
+        return;
+      }
+      taken.insert(b.part());
       round_bytes_ += bytes;
       open.bytes += bytes;
       if (taken.size() >= b.parts()) open.pushed.insert(rank);

@@ -14,6 +14,17 @@
 //   gradsync_server_checkpoint_duration_seconds
 //   gradsync_server_last_checkpoint_timestamp_seconds  (Unix time; 0: never)
 //   gradsync_messages_rejected_total{component="shard",reason}
+// and of the sparse embedding tables (EmbeddingMetrics, summed over the
+// shard's tables: table ids come from workers, so they are no label):
+//   gradsync_server_embedding_tables, _rows, _bytes, _max_bytes
+//   gradsync_server_embedding_rows_pulled_total, _rows_pushed_total
+//   gradsync_server_embedding_rows_admitted_total
+//   gradsync_server_embedding_rows_not_admitted_total  gradient rows of ids
+//       seen fewer than embedding_admit_after times, dropped
+//   gradsync_server_embedding_rows_evicted_total{reason="idle"|"memory"}
+//   gradsync_server_embedding_rows_refused_total{reason="memory"|"nonfinite"}
+//   gradsync_server_embedding_refused_messages_total  answered with an Error
+//   gradsync_server_embedding_rounds_completed_total
 // Rounds are per key; the labels never name a worker or a key.
 //
 // Thread-safety: every member is thread-safe (prometheus-cpp).
@@ -24,6 +35,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "ps/embedding_table.h"
 #include "wire/rejected_metrics.h"
 
 namespace gradsync::server {
@@ -51,6 +63,36 @@ struct ShardMetrics {
   prometheus::Histogram* checkpoint_duration = nullptr;
   prometheus::Gauge* last_checkpoint = nullptr;
   wire::RejectedMetrics rejected;
+};
+
+// The embedding tables' metrics, set from snapshots of the shard's counters
+// (PsShard::EmbeddingStats) by one thread.
+class EmbeddingMetrics {
+ public:
+  EmbeddingMetrics(prometheus::Registry& registry, size_t max_bytes);
+  // `rows` summed over every table, `tables` of them, `refused` messages,
+  // `rounds` closed, `bytes` held: the counters move by what grew since
+  // the last call.
+  void Set(const EmbeddingTableStats& rows, uint64_t tables, uint64_t refused, uint64_t rounds,
+           size_t bytes);
+
+ private:
+  prometheus::Gauge* tables_;
+  prometheus::Gauge* rows_;
+  prometheus::Gauge* bytes_;
+  prometheus::Counter* pulled_;
+  prometheus::Counter* pushed_;
+  prometheus::Counter* admitted_;
+  prometheus::Counter* not_admitted_;
+  prometheus::Counter* evicted_idle_;
+  prometheus::Counter* evicted_memory_;
+  prometheus::Counter* refused_memory_;
+  prometheus::Counter* refused_nonfinite_;
+  prometheus::Counter* refused_messages_;
+  prometheus::Counter* rounds_;
+  EmbeddingTableStats last_;
+  uint64_t last_refused_ = 0;
+  uint64_t last_rounds_ = 0;
 };
 
 }  // namespace gradsync::server

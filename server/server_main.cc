@@ -202,6 +202,26 @@ void LogShardStats(const PsShardStats& s) {
                << " ms";
 }
 
+// The embedding tables' counters into their metrics (a snapshot waits for
+// each key thread's current message).
+void ExportEmbeddingStats(PsShard& shard, EmbeddingMetrics& metrics) {
+  StatusOr<EmbeddingServiceStats> s = shard.EmbeddingStats();
+  if (!s.ok()) return;
+  metrics.Set(s->rows, s->tables, s->refused, s->rounds, shard.embedding_bytes());
+}
+
+void LogEmbeddingStats(PsShard& shard) {
+  StatusOr<EmbeddingServiceStats> s = shard.EmbeddingStats();
+  if (!s.ok() || s->tables == 0) return;
+  GS_LOG(INFO) << "embedding stats: tables " << s->tables << ", rows " << s->rows.rows << " ("
+               << shard.embedding_bytes() << " bytes), pulled " << s->rows.pulled << ", pushed "
+               << s->rows.pushed << ", admitted " << s->rows.admitted << ", not admitted "
+               << s->rows.not_admitted << ", evicted idle " << s->rows.evicted_idle
+               << ", evicted for memory " << s->rows.evicted_memory << ", refused for memory "
+               << s->rows.refused_memory << ", non-finite " << s->rows.refused_nonfinite
+               << ", refused messages " << s->refused << ", rounds " << s->rounds;
+}
+
 int RunServer(const Config& config, const std::atomic<bool>& stop) {
   SetLogTag("server");
   auto options = cluster::NodeOptions::FromConfig(config);
@@ -223,6 +243,7 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   if (UnknownFlags(config)) return 2;
   ShardMetrics shard_metrics(metrics.registry());
   ps_options->metrics = &shard_metrics;
+  EmbeddingMetrics embedding_metrics(metrics.registry(), ps_options->embedding_max_bytes);
   auto node = cluster::StartNode(config, wire::Role::Server, Deadline::AfterMs(180000));
   if (!node.ok()) return Fail(node.status(), 1);
   metrics.AddTransportRefusals(node->refusals);
@@ -245,16 +266,22 @@ int RunServer(const Config& config, const std::atomic<bool>& stop) {
   GS_LOG(INFO) << "ready";
   Status end;
   SteadyTime next_checkpoint = std::chrono::steady_clock::now() + interval;
+  SteadyTime next_export = std::chrono::steady_clock::now();
   while (!stop.load()) {
     end = node->agent->WaitForJobEnd(Deadline::AfterMs(100));
     if (end.ok()) end = (*shard)->health();
     if (!end.ok()) break;
+    if (std::chrono::steady_clock::now() >= next_export) {
+      ExportEmbeddingStats(**shard, embedding_metrics);
+      next_export = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
     if (checkpoints && std::chrono::steady_clock::now() >= next_checkpoint) {
       CheckpointNow(**shard, "periodically");
       next_checkpoint = std::chrono::steady_clock::now() + interval;
     }
   }
   if (checkpoints) CheckpointNow(**shard, stop.load() ? "on exit (signal)" : "on exit");
+  LogEmbeddingStats(**shard);
   (*shard)->Shutdown();
   refusing_done.store(true);
   refuser.join();

@@ -208,10 +208,10 @@ Sender AnswerAs(const Sender& self, bool member) {
 }
 
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
-                  MsgType in_reply_to) {
+                  MsgType in_reply_to, uint64_t seq) {
   FlatBufferBuilder fbb(128 + message.size());
   auto body = CreateErrorBody(fbb, code, fbb.CreateString(message), in_reply_to);
-  return Finish(fbb, from, MsgType::Error, body.Union());
+  return Finish(fbb, from, MsgType::Error, body.Union(), /*step=*/0, seq);
 }
 
 Message MakeNodeDead(const Sender& from, const NodeInfo& dead, const std::string& reason,

@@ -176,8 +176,10 @@ constexpr uint32_t kMaxBarrierEpoch = (1u << 30) - 1;
 constexpr uint64_t UserBarrierId(uint32_t epoch, uint64_t n) {
   return (static_cast<uint64_t>(epoch) << 32) | n;
 }
+// An Error answering a message of type `in_reply_to`; `seq` repeats the
+// request's Header.seq where its sender matches answers by it.
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,
-                  MsgType in_reply_to);
+                  MsgType in_reply_to, uint64_t seq = 0);
 // The sender to put on an answer to a peer: `self` for a member of the job
 // (registered, or the route of a known member), `self` without the job id
 // (0) for anyone else, so that a peer outside the job learns nothing of it

@@ -221,6 +221,17 @@ int gs_allreduce(gs_comm* comm, void* data, size_t count, int dtype, int op, int
  * `in`. */
 int gs_allgather(gs_comm* comm, const void* in, size_t bytes, void* out, int64_t timeout_ms);
 
+/* Sparse embedding tables on the parameter servers (Communicator::PullRows
+ * and PushRows): rows of `dim` floats of table `table`, keyed by 64-bit
+ * ids. gs_pull_rows writes the row of ids[i] to out[i * dim, (i + 1) * dim)
+ * as of training step `step`; gs_push_rows pushes the gradient rows
+ * grads[i * dim, ...) of ids[i] for `step` (every worker pushes every step,
+ * n may be 0). GS_FAILED_PRECONDITION in a job without servers. */
+int gs_pull_rows(gs_comm* comm, uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                 uint64_t step, float* out, int64_t timeout_ms);
+int gs_push_rows(gs_comm* comm, uint32_t table, uint32_t dim, const uint64_t* ids, size_t n,
+                 const float* grads, uint64_t step, int64_t timeout_ms);
+
 /* Copies the communicator's counters into *out. */
 int gs_get_stats(const gs_comm* comm, gs_stats* out);
 

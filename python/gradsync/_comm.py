@@ -160,6 +160,20 @@ class Communicator:
         self._call("allgather", in_address, nbytes, out_address,
                    self.timeout_ms)
 
+    def pull_rows(self, table, dim, ids_address, n, step, out_address):
+        """Rows of embedding table `table` (width `dim`) on the parameter
+        servers: the n uint64 ids at `ids_address`, their rows (float32,
+        n x dim) written to `out_address` as of training step `step`
+        (Communicator::PullRows)."""
+        self._call("pull_rows", table, dim, ids_address, n, step, out_address,
+                   self.timeout_ms)
+
+    def push_rows(self, table, dim, ids_address, n, grads_address, step):
+        """Pushes the gradient rows (float32, n x dim) of the n uint64 ids
+        for training step `step` (Communicator::PushRows)."""
+        self._call("push_rows", table, dim, ids_address, n, grads_address, step,
+                   self.timeout_ms)
+
     def stats(self):
         """{"steps", "buckets_reduced", "bytes_reduced", "last_sync_seconds"}."""
         out = _lib.stats_struct()

@@ -26,11 +26,13 @@ import torch.distributed as dist
 
 import gradsync
 from gradsync import _tensors
+from gradsync._embedding import ShardedEmbeddingBag
 from gradsync._hook import HookState, allreduce_hook
 from gradsync._optimizer import DistributedOptimizer
 from gradsync._lib import GradsyncError, MembershipChanged
 
 __all__ = ["HookState", "allreduce_hook", "DistributedOptimizer",
+           "ShardedEmbeddingBag",
            "broadcast_parameters", "broadcast_optimizer_state", "allreduce",
            "init_process_group", "GradsyncError", "MembershipChanged",
            "elastic"]

@@ -1,0 +1,129 @@
+"""ShardedEmbeddingBag: an nn.EmbeddingBag whose table lives on gradsync's
+parameter servers (docs/embeddings.md).
+
+Each training forward is one step of the table: it pulls the rows of the
+batch's unique ids (as of that step: in ps_mode=sync after every worker's
+push of the steps before it), bags them like nn.EmbeddingBag, and the
+backward pass pushes one summed gradient row per unique id for that step.
+The shards apply each step's rows, averaged over the workers, with the
+row-wise optimizer of the job (embedding_optimizer, embedding_lr, ...): the
+module has no parameters of its own, so the dense optimizer and DDP never
+see the table.
+"""
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+import gradsync
+
+_MODES = ("sum", "mean", "max")
+_UINT32_MAX = (1 << 32) - 1
+# Tables numbered in the order a process makes them (the same on every
+# rank of a job whose ranks run the same script).
+_next_table = itertools.count()
+
+
+class ShardedEmbeddingBag(torch.nn.Module):
+    """nn.EmbeddingBag(num_embeddings, embedding_dim, mode=mode) on the
+    parameter servers.
+
+    num_embeddings: None (any 64-bit id: the table grows as ids appear) or
+      the vocabulary size, which ids are then checked against (ValueError).
+    embedding_dim: the row width.
+    mode: "sum", "mean" or "max", as nn.EmbeddingBag's.
+    table: the table's id in the job (default: the order this process made
+      its ShardedEmbeddingBags in, 0, 1, ...); every rank must give one
+      table the same id and width.
+    comm: a gradsync Communicator (default: gradsync.communicator(), the
+      one the "gradsync" process group joined).
+
+    forward(input, offsets=None, per_sample_weights=None) takes what
+    nn.EmbeddingBag's does (int64 ids, 1-D with offsets or 2-D bags of one
+    length). In training mode with gradients enabled, a forward is a step:
+    its backward must run (once) before the next training forward, and every
+    worker makes the same number of steps. In eval mode, or under
+    torch.no_grad(), a forward reads the rows as of now and makes no step.
+    Pulls and pushes raise GradsyncError as every gradsync call does."""
+
+    def __init__(self, num_embeddings=None, embedding_dim=None, mode="mean",
+                 table=None, comm=None):
+        super().__init__()
+        if embedding_dim is None or int(embedding_dim) < 1:
+            raise ValueError("embedding_dim must be a positive integer, got %r"
+                             % (embedding_dim,))
+        if num_embeddings is not None and int(num_embeddings) < 1:
+            raise ValueError("num_embeddings must be None or positive, got %r"
+                             % (num_embeddings,))
+        if mode not in _MODES:
+            raise ValueError("mode must be one of %s, got %r" % (_MODES, mode))
+        self.num_embeddings = None if num_embeddings is None else int(num_embeddings)
+        self.embedding_dim = int(embedding_dim)
+        self.mode = mode
+        self.table = next(_next_table) if table is None else int(table)
+        if not 0 <= self.table <= _UINT32_MAX:
+            raise ValueError("table must be in [0, 2^32), got %d" % self.table)
+        self._comm = comm
+        self.step = 0  # the next training forward's step
+        self._pending = None  # the step whose push has not run yet
+
+    def extra_repr(self):
+        return "%s, %d, mode=%r, table=%d" % (
+            self.num_embeddings, self.embedding_dim, self.mode, self.table)
+
+    def _communicator(self):
+        return self._comm if self._comm is not None else gradsync.communicator()
+
+    def _check_ids(self, ids):
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError("ids must be int64 or int32, got %s" % ids.dtype)
+        if self.num_embeddings is not None and ids.numel() > 0:
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.num_embeddings:
+                raise ValueError("ids must be in [0, %d): got %d .. %d"
+                                 % (self.num_embeddings, low, high))
+
+    def pull(self, ids, step=None):
+        """The rows (float32, len(ids) x embedding_dim) of the 1-D int64
+        `ids` as of `step` (default: now)."""
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        rows = torch.empty(ids.numel(), self.embedding_dim, dtype=torch.float32)
+        self._communicator().pull_rows(
+            self.table, self.embedding_dim, ids.data_ptr(), ids.numel(),
+            self.step if step is None else step, rows.data_ptr())
+        return rows
+
+    def _push(self, ids, grad, step):
+        grad = grad.to(torch.float32).contiguous()
+        self._communicator().push_rows(self.table, self.embedding_dim,
+                                       ids.data_ptr(), ids.numel(),
+                                       grad.data_ptr(), step)
+        self._pending = None
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        if input.device.type != "cpu":
+            raise ValueError("ShardedEmbeddingBag takes ids on the CPU, got %s"
+                             % input.device)
+        self._check_ids(input)
+        training = self.training and torch.is_grad_enabled()
+        if training and self._pending is not None:
+            raise RuntimeError(
+                "table %d: the backward pass of step %d has not run yet; each "
+                "training forward is a step, its backward once before the "
+                "next" % (self.table, self._pending))
+        unique, inverse = torch.unique(input.reshape(-1).to(torch.int64),
+                                       sorted=False, return_inverse=True)
+        step = self.step
+        rows = self.pull(unique, step)
+        if training:
+            self.step += 1
+            self._pending = step
+            if unique.numel() == 0:
+                self._push(unique, rows, step)
+            else:
+                rows.requires_grad_(True)
+                rows.register_hook(
+                    lambda grad: self._push(unique, grad, step))
+        return F.embedding_bag(inverse.reshape(input.shape), rows, offsets,
+                               mode=self.mode,
+                               per_sample_weights=per_sample_weights)

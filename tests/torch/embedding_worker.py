@@ -1,0 +1,155 @@
+"""One worker of a tests/torch embedding job (embedding_test.py): a hybrid
+model, a ShardedEmbeddingBag on the parameter servers and a dense head
+under DDP over the "gradsync" backend, trained on this rank's share of
+each step's batch. Rank 0 also trains the one-process reference on the
+whole batch: nn.EmbeddingBag(sparse=True) started from the shards'
+initializer (computed here from its formula, ps/embedding_table.h) with
+the same row-wise optimizer. Prints "RESULT <json>"."""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import gradsync
+import gradsync.torch as gst
+
+VOCAB, DIM, BAGS, BAG_LEN = 4000, 16, 8, 5
+DENSE_LR = 0.1
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def report(**fields):
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+def splitmix64(x):
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def init_rows(seed, table, ids, scale, dim):
+    """The shards' initializer, rows of `ids` (ps/embedding_table.h)."""
+    salt = np.uint64(0x656D62496E697421)
+    key = splitmix64(splitmix64(splitmix64(np.uint64(seed) ^ salt) ^
+                                np.uint64(table)) ^ ids.astype(np.uint64))
+    with np.errstate(over="ignore"):
+        bits = splitmix64(key[:, None] + np.arange(dim, dtype=np.uint64)[None, :])
+    u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)
+    return np.float32(scale) * (np.float32(2.0) * u - np.float32(1.0))
+
+
+def global_batch(step, world):
+    """Step `step`'s whole batch: BAGS bags of BAG_LEN ids per rank, ids
+    skewed towards small ones (with repeats inside a batch), and labels."""
+    g = torch.Generator().manual_seed(7000 + step)
+    ids = (torch.rand(world * BAGS, BAG_LEN, generator=g) ** 3 * VOCAB).long()
+    labels = (torch.rand(world * BAGS, 1, generator=g) < 0.3).float()
+    return ids, labels
+
+
+def head():
+    torch.manual_seed(3)
+    return torch.nn.Linear(DIM, 1)
+
+
+def row_optimizer(name, params):
+    lr = float(os.environ["GRADSYNC_EMBEDDING_LR"])
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=1e-10)
+    if name == "adam":
+        return torch.optim.SparseAdam(params, lr=lr, eps=1e-8)
+    return torch.optim.SGD(params, lr=lr)
+
+
+def reference(steps, world, optimizer):
+    """The one-process model on the whole batch: (rows, head weight)."""
+    scale = float(os.environ["GRADSYNC_EMBEDDING_INIT_SCALE"])
+    bag = torch.nn.EmbeddingBag(VOCAB, DIM, mode="mean", sparse=True)
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(
+            init_rows(0, 0, np.arange(VOCAB), scale, DIM)))
+    dense = head()
+    rows_opt = row_optimizer(optimizer, bag.parameters())
+    dense_opt = torch.optim.SGD(dense.parameters(), lr=DENSE_LR)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for step in range(steps):
+        ids, labels = global_batch(step, world)
+        rows_opt.zero_grad()
+        dense_opt.zero_grad()
+        loss_fn(dense(bag(ids)), labels).backward()
+        rows_opt.step()
+        dense_opt.step()
+    return bag.weight.detach(), dense.weight.detach()
+
+
+def train(steps, optimizer):
+    dist.init_process_group("gradsync")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bag = gst.ShardedEmbeddingBag(None, DIM, mode="mean")
+    dense = DistributedDataParallel(head())
+    dense_opt = torch.optim.SGD(dense.parameters(), lr=DENSE_LR)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for step in range(steps):
+        ids, labels = global_batch(step, world)
+        mine = slice(rank * BAGS, (rank + 1) * BAGS)
+        dense_opt.zero_grad()
+        loss_fn(dense(bag(ids[mine])), labels[mine]).backward()
+        dense_opt.step()
+    bag.eval()
+    with torch.no_grad():
+        rows = bag.pull(torch.arange(VOCAB))
+    fields = {"steps": bag.step}
+    if rank == 0:
+        want_rows, want_head = reference(steps, world, optimizer)
+        scale = float(os.environ["GRADSYNC_EMBEDDING_INIT_SCALE"])
+        start = torch.from_numpy(init_rows(0, 0, np.arange(VOCAB), scale, DIM))
+        fields.update(
+            rows_difference=(rows - want_rows).abs().max().item(),
+            head_difference=(dense.module.weight.detach() -
+                             want_head).abs().max().item(),
+            rows_moved=(want_rows - start).abs().max().item(),
+            rows_changed=int(((want_rows - start).abs().sum(1) > 0).sum()))
+    dist.barrier()
+    dist.destroy_process_group()
+    return fields
+
+
+def wrong_width():
+    """A table used at another width: the shards refuse it, naming both."""
+    dist.init_process_group("gradsync")
+    wide = gst.ShardedEmbeddingBag(None, 8, table=5)
+    wide.pull(torch.arange(10))
+    narrow = gst.ShardedEmbeddingBag(None, 4, table=5)
+    try:
+        narrow.pull(torch.arange(10))
+        error = None
+    except gradsync.GradsyncError as e:
+        error = str(e)
+    out_of_range = None
+    try:
+        gst.ShardedEmbeddingBag(100, 4, table=6)(torch.tensor([[3, 100]]))
+    except ValueError as e:
+        out_of_range = str(e)
+    return {"error": error, "out_of_range": out_of_range}
+
+
+def main():
+    scenario = sys.argv[1]
+    if scenario == "train":
+        fields = train(int(os.environ.get("STEPS", "200")),
+                       os.environ["GRADSYNC_EMBEDDING_OPTIMIZER"])
+    else:
+        fields = wrong_width()
+    report(**fields)
+    gradsync.shutdown()
+
+
+if __name__ == "__main__":
+    main()
