@@ -195,7 +195,7 @@ class Communicator {
   Status AllGather(const void* in, size_t bytes, void* out, Deadline deadline);
 
   // Sparse embedding tables on the parameter servers (num_servers > 0,
-  // docs/guides/embeddings.md), whatever `path` the dense gradients take.
+  // docs/embeddings.md), whatever `path` the dense gradients take.
   // A table is named by an id of the job's choosing and has rows of `dim`
   // floats, keyed by 64-bit ids with no vocabulary size; a row is created
   // on the shards when first pushed (after embedding_admit_after pushes)

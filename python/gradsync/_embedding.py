@@ -65,7 +65,9 @@ class ShardedEmbeddingBag(torch.nn.Module):
             raise ValueError("table must be in [0, 2^32), got %d" % self.table)
         self._comm = comm
         self.step = 0  # the next training forward's step
-        self._pending = None  # the step whose push has not run yet
+        self._pending = None  # the step whose backward has not run yet
+        self._pushing = None  # the Completion of the push in flight
+        self._executor = None
 
     def extra_repr(self):
         return "%s, %d, mode=%r, table=%d" % (
@@ -83,9 +85,18 @@ class ShardedEmbeddingBag(torch.nn.Module):
                 raise ValueError("ids must be in [0, %d): got %d .. %d"
                                  % (self.num_embeddings, low, high))
 
+    def wait(self):
+        """Waits for the push in flight (the last backward's) to be taken by
+        every shard; raises its GradsyncError if it failed. Every pull waits
+        for it first."""
+        pushing, self._pushing = self._pushing, None
+        if pushing is not None:
+            pushing.wait()
+
     def pull(self, ids, step=None):
         """The rows (float32, len(ids) x embedding_dim) of the 1-D int64
         `ids` as of `step` (default: now)."""
+        self.wait()
         ids = ids.reshape(-1).to(torch.int64).contiguous()
         rows = torch.empty(ids.numel(), self.embedding_dim, dtype=torch.float32)
         self._communicator().pull_rows(
@@ -94,10 +105,19 @@ class ShardedEmbeddingBag(torch.nn.Module):
         return rows
 
     def _push(self, ids, grad, step):
-        grad = grad.to(torch.float32).contiguous()
-        self._communicator().push_rows(self.table, self.embedding_dim,
-                                       ids.data_ptr(), ids.numel(),
-                                       grad.data_ptr(), step)
+        """Hands the push of `step` to this table's thread: the backward
+        pass goes on while the shards take it (ctypes releases the GIL),
+        and the next pull waits for it."""
+        grad = grad.detach().to(torch.float32).contiguous()
+        comm = self._communicator()
+        if self._executor is None:
+            from gradsync._executor import SerialExecutor
+            self._executor = SerialExecutor("gradsync-table%d" % self.table)
+
+        def push():
+            comm.push_rows(self.table, self.embedding_dim, ids.data_ptr(),
+                           ids.numel(), grad.data_ptr(), step)
+        self._pushing = self._executor.submit(push)
         self._pending = None
 
     def forward(self, input, offsets=None, per_sample_weights=None):

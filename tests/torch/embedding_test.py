@@ -2,6 +2,7 @@
 under DDP over the "gradsync" backend) and 2 parameter-server shards
 holding the table, against one process on the whole batch."""
 import os
+import sys
 
 import pytest
 
@@ -35,3 +36,26 @@ def test_a_table_at_another_width_is_refused_naming_both():
         assert r["error"] is not None, (rank, r)
         assert "rows of 4 elements, the table's are 8" in r["error"], r
         assert "ids must be in [0, 100): got 3 .. 100" in r["out_of_range"], r
+
+
+CTR = os.path.join(job.ROOT, "examples", "torch_ctr.py")
+
+
+def ctr(comm, servers):
+    env = {"OMP_NUM_THREADS": "1", "GRADSYNC_EMBEDDING_OPTIMIZER": "adagrad",
+           "GRADSYNC_EMBEDDING_LR": "0.05"}
+    code, out = job.launch([sys.executable, CTR, "--comm=" + comm, "--vocab=200000",
+                            "--steps=150", "--eval_samples=20000"],
+                           workers=2, servers=servers, timeout_s=240, extra_env=env)
+    assert code == 0, out[-4000:]
+    found = [r for r in job.json_lines(out) if r.get("comm") == comm]
+    assert len(found) == 1, out[-4000:]
+    return found[0]
+
+
+def test_the_ctr_example_learns_as_the_tables_in_every_worker_do():
+    ours, anchor = ctr("gradsync", 2), ctr("ddp-gloo", 0)
+    assert ours["best_auc"] == anchor["best_auc"], (ours, anchor)  # the same data
+    # It learned (0.5 is a guess) and agrees with the anchor.
+    assert ours["auc"] > 0.65 and anchor["auc"] > 0.65, (ours, anchor)
+    assert abs(ours["auc"] - anchor["auc"]) <= 0.002, (ours, anchor)
