@@ -21,13 +21,34 @@ constexpr uint32_t kMaxParts = 4096;
 constexpr size_t kHeldPullsPerWorker = 16;
 
 // A sync round that has not closed: the pushes taken into it.
+// One part of one worker's push of a round.
+struct Part {
+  std::vector<uint64_t> ids;
+  std::vector<float> grads;
+};
+
+// A sync round that has not closed: the pushes taken into it, by (rank,
+// part), so that a round sums its gradients in one order whatever order
+// they came in (every run, and every copy of a shard, computes the same).
 struct Round {
   std::map<int32_t, std::set<uint32_t>> parts;  // by rank, the parts taken
   std::set<int32_t> pushed;                     // ranks whose every part was taken
-  std::vector<uint64_t> ids;
-  std::vector<float> grads;
+  std::map<std::pair<int32_t, uint32_t>, Part> taken;
   size_t bytes = 0;  // of ids and grads, in round_bytes_
 };
+
+// The ids and gradients of every part of `round`, in (rank, part) order.
+void Gather(const Round& round, uint32_t dim, std::vector<uint64_t>* ids,
+            std::vector<float>* grads) {
+  size_t n = 0;
+  for (const auto& [key, part] : round.taken) n += part.ids.size();
+  ids->reserve(n);
+  grads->reserve(n * dim);
+  for (const auto& [key, part] : round.taken) {
+    ids->insert(ids->end(), part.ids.begin(), part.ids.end());
+    grads->insert(grads->end(), part.grads.begin(), part.grads.end());
+  }
+}
 
 std::vector<uint64_t> IdsOf(const wire::Payload& frame) {
   std::vector<uint64_t> ids(frame.size / sizeof(uint64_t));
@@ -280,12 +301,12 @@ void EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Heade
       round_bytes_ += bytes;
       open.bytes += bytes;
       if (taken.size() >= b.parts()) open.pushed.insert(rank);
-      const size_t at = open.ids.size();
-      open.ids.resize(at + n);
-      open.grads.resize((at + n) * dim);
+      Part& part = open.taken[{rank, b.part()}];
+      part.ids.resize(n);
+      part.grads.resize(n * dim);
       if (n > 0) {
-        std::memcpy(open.ids.data() + at, msg.payloads[0].data, n * sizeof(uint64_t));
-        std::memcpy(open.grads.data() + at * dim, msg.payloads[1].data, n * dim * sizeof(float));
+        std::memcpy(part.ids.data(), msg.payloads[0].data, n * sizeof(uint64_t));
+        std::memcpy(part.grads.data(), msg.payloads[1].data, n * dim * sizeof(float));
       }
     }
     ack();
@@ -313,8 +334,11 @@ void EmbeddingService::Progress(Table& t, std::vector<Outgoing>* out) {
       for (int32_t r : round.pushed) pushed_live += dead_.count(r) == 0 ? 1 : 0;
       if (pushed_live < live) break;
       const float scale = 1.0f / static_cast<float>(round.pushed.size());
-      for (float& g : round.grads) g *= scale;
-      t.rows.Apply(round.ids.data(), round.ids.size(), round.grads.data(), t.closed);
+      std::vector<uint64_t> ids;
+      std::vector<float> grads;
+      Gather(round, t.rows.dim(), &ids, &grads);
+      for (float& g : grads) g *= scale;
+      t.rows.Apply(ids.data(), ids.size(), grads.data(), t.closed);
       round_bytes_ -= round.bytes;
       t.open.erase(it);
       ++t.closed;

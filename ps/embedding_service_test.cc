@@ -230,6 +230,38 @@ TEST(EmbeddingServiceTest, SyncHoldsPullUntilEveryWorkerPushed) {
   EXPECT_EQ(h.service().stats().rows.steps, 1u);
 }
 
+// Gradients whose sums round differently in another order.
+std::vector<float> Uneven(size_t num_ids, uint32_t seed) {
+  std::vector<float> g(num_ids * kDim);
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& v : g) {
+    x = x * 1664525u + 1013904223u;
+    // Full mantissas at magnitudes from 1/3 to 30: sums round.
+    v = (static_cast<float>(x >> 8) * 0x1p-24f * 2.0f - 1.0f) * float(1 + (x & 31)) / 3.0f;
+  }
+  return g;
+}
+
+TEST(EmbeddingServiceTest, SyncSumsARoundInRankOrderWhateverTheArrival) {
+  std::vector<float> rows[2];
+  for (int order = 0; order < 2; ++order) {
+    // Rows that start near 0 and take the whole step: the sums show.
+    EmbeddingServiceOptions o = Options(PsMode::kSync, 1.0f);
+    o.table.init_scale = 1e-20f;
+    Harness h(o, 2, kTwo);
+    const std::vector<uint64_t> ids = {4, 9, 4};  // a duplicate within and across workers
+    for (uint64_t round = 0; round < 3; ++round) {
+      const int first = (order + static_cast<int>(round)) % 2;
+      const int second = 1 - first;
+      h.Push(first, ids, Uneven(3, 7 * round + first), round, 10 * round + 1);
+      h.Push(second, ids, Uneven(3, 7 * round + second), round, 10 * round + 2);
+      h.Take();
+    }
+    rows[order] = h.Read({4, 9}, 3);
+  }
+  EXPECT_TRUE(BitEqual(rows[0], rows[1]));
+}
+
 TEST(EmbeddingServiceTest, SyncResendOfClosedRoundIsAckedNotApplied) {
   Harness h(Options(PsMode::kSync), 2, kTwo);
   h.Push(0, kIds, Grads(2, 1.0f), 0, 1);
