@@ -233,15 +233,75 @@ void InitRow(uint64_t seed, uint32_t table, uint64_t id, float scale, float* out
   }
 }
 
-bool MemoryBudget::TryTake(size_t bytes) {
-  size_t used = used_.load(std::memory_order_relaxed);
+MemoryBudget::MemoryBudget(size_t limit)
+    : limit_(limit),
+      share_used_(new std::atomic<size_t>[kMaxShares]),
+      joined_(new std::atomic<bool>[kMaxShares]) {
+  for (int i = 0; i < kMaxShares; ++i) {
+    share_used_[i].store(0);
+    joined_[i].store(false);
+  }
+}
+
+int MemoryBudget::Join() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < kMaxShares; ++i) {
+    if (joined_[i].load()) continue;
+    share_used_[i].store(0);
+    joined_[i].store(true);
+    joined_count_.fetch_add(1);
+    if (i >= high_.load()) high_.store(i + 1);
+    return i;
+  }
+  return -1;
+}
+
+void MemoryBudget::Leave(int share) {
+  if (share < 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  joined_[share].store(false);
+  joined_count_.fetch_sub(1);
+}
+
+size_t MemoryBudget::used(int share) const {
+  return share < 0 ? 0 : share_used_[share].load(std::memory_order_relaxed);
+}
+
+size_t MemoryBudget::FairShare() const {
+  const int n = joined_count_.load(std::memory_order_relaxed);
+  return n <= 1 ? limit_ : limit_ / static_cast<size_t>(n);
+}
+
+bool MemoryBudget::TryTake(size_t bytes, int share) {
+  // What the other shares still lack of their guarantee stays free.
+  size_t reserve = 0;
+  if (share >= 0) {
+    const size_t fair = FairShare();
+    const int high = high_.load(std::memory_order_relaxed);
+    for (int i = 0; i < high; ++i) {
+      if (i == share || !joined_[i].load(std::memory_order_relaxed)) continue;
+      const size_t u = share_used_[i].load(std::memory_order_relaxed);
+      if (u < fair) reserve += fair - u;
+    }
+  }
+  reserve = std::min(reserve, limit_);
+  size_t now = used_.load(std::memory_order_relaxed);
   do {
-    if (bytes > limit_ || used > limit_ - bytes) return false;
-  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    if (bytes > limit_ - reserve || now > limit_ - reserve - bytes) {
+      if (share >= 0 && used(share) + bytes <= FairShare()) {
+        pressed_.store(true, std::memory_order_relaxed);
+      }
+      return false;
+    }
+  } while (!used_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+  if (share >= 0) share_used_[share].fetch_add(bytes, std::memory_order_relaxed);
   return true;
 }
 
-void MemoryBudget::Give(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+void MemoryBudget::Give(size_t bytes, int share) {
+  if (share >= 0) share_used_[share].fetch_sub(bytes, std::memory_order_relaxed);
+  used_.fetch_sub(bytes, std::memory_order_relaxed);
+}
 
 // Rows live in slots of a chunked arena: block b holds slots
 // [b * rows_per_block, (b + 1) * rows_per_block), each `stride` floats (the
@@ -276,7 +336,8 @@ struct EmbeddingTable::Impl {
         scale(o.init_scale > 0.0f
                   ? o.init_scale
                   : 1.0f / std::sqrt(static_cast<float>(std::max<uint32_t>(dim, 1)))),
-        budget(budget) {
+        budget(budget),
+        share(budget->Join()) {
     // admit_after 0 (only possible without FromConfig) admits at once, as 1
     // does; counts saturate at 255, so a larger value is taken as 255.
     admit_after = std::min(std::max<uint32_t>(o.admit_after, 1), kMaxAdmitAfter);
@@ -337,7 +398,18 @@ struct EmbeddingTable::Impl {
     Unlink(slot);
     index.erase(Info(slot).id);
     free_slots.push_back(slot);
-    budget->Give(row_bytes);
+    budget->Give(row_bytes, share);
+  }
+
+  // Gives back down to the table's share when a table within its own was
+  // refused memory (MemoryBudget::pressed).
+  void GiveBackBorrowed() {
+    if (!budget->pressed() || budget->used(share) <= budget->FairShare()) return;
+    while (head != kNoSlot && budget->used(share) > budget->FairShare()) {
+      Evict(head);
+      stats.evicted_memory++;
+    }
+    budget->Relieve();
   }
 
   void EvictIdle() {
@@ -366,8 +438,12 @@ struct EmbeddingTable::Impl {
   // when the table has no row left to give up. The new row is initialised,
   // its optimizer state zeroed, and it goes to the back of the LRU list.
   uint32_t Admit(uint64_t id) {
-    while (!budget->TryTake(row_bytes)) {
-      if (head == kNoSlot) return kNoSlot;
+    while (!budget->TryTake(row_bytes, share)) {
+      // Within its share, a table keeps its rows: the memory is borrowed by
+      // others, who give it back at their next step.
+      if (head == kNoSlot || budget->used(share) + row_bytes <= budget->FairShare()) {
+        return kNoSlot;
+      }
       Evict(head);
       stats.evicted_memory++;
     }
@@ -376,7 +452,7 @@ struct EmbeddingTable::Impl {
       slot = free_slots.back();
       free_slots.pop_back();
     } else if (slots_made == kNoSlot) {
-      budget->Give(row_bytes);  // 2^32 - 1 slots: no index left to give.
+      budget->Give(row_bytes, share);  // 2^32 - 1 slots: no index left to give.
       return kNoSlot;
     } else {
       slot = slots_made++;
@@ -451,6 +527,7 @@ struct EmbeddingTable::Impl {
   const size_t row_bytes;
   const float scale;
   MemoryBudget* const budget;
+  const int share;  // of the budget
   uint32_t admit_after = 1;
 
   std::unordered_map<uint64_t, uint32_t> index;  // id -> slot
@@ -478,7 +555,10 @@ EmbeddingTable::EmbeddingTable(uint32_t table, uint32_t dim, const EmbeddingOpti
                                MemoryBudget* budget)
     : table_(table), dim_(dim), impl_(std::make_unique<Impl>(table, dim, options, budget)) {}
 
-EmbeddingTable::~EmbeddingTable() { impl_->budget->Give(impl_->index.size() * impl_->row_bytes); }
+EmbeddingTable::~EmbeddingTable() {
+  impl_->budget->Give(impl_->index.size() * impl_->row_bytes, impl_->share);
+  impl_->budget->Leave(impl_->share);
+}
 
 size_t EmbeddingTable::RowBytes() const { return impl_->row_bytes; }
 
@@ -502,6 +582,7 @@ void EmbeddingTable::Apply(const uint64_t* ids, size_t n, const float* grads, ui
   Impl& t = *impl_;
   t.clock = std::max(t.clock, step);
   t.EvictIdle();
+  t.GiveBackBorrowed();
   t.SumDuplicates(ids, n, grads);
   t.stats.steps++;
   const AdamStep adam =

@@ -30,11 +30,15 @@
 //
 // Eviction: a row not touched (pulled or pushed) for more than `idle_steps`
 // steps of the table's clock (the largest step a push or pull named) goes
-// (counted); a row is also evicted, least recently touched first, when a new
-// row would take the shard's rows past MemoryBudget's limit (counted). If the
-// table has no row to give up (other tables hold the memory), the new id is
-// not admitted (counted) and reads as its initializer. An evicted row reads
-// as its initializer again, and its id must be admitted anew.
+// (counted). Memory: each table of a shard is guaranteed an equal share of
+// MemoryBudget's limit (all of it while it is alone). A new row that does
+// not fit evicts the table's own least recently touched row first
+// (counted); a new row within the table's share that does not fit (a table
+// that filled the budget before this one joined still holds it) is not
+// admitted (counted, read as its initializer), and the tables over their
+// share give back down to it at their next step (counted as evictions). So
+// a flood of ids into one table never evicts another table's rows. An evicted row reads as its
+// initializer again, and its id must be admitted anew.
 //
 // Bad input: a gradient row with a NaN or an infinity is refused (counted)
 // and changes nothing; the rest of the push is applied.
@@ -48,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -86,20 +91,48 @@ const char* RowOptimizerName(RowOptimizerKind kind);
 void InitRow(uint64_t seed, uint32_t table, uint64_t id, float scale, float* out, size_t dim);
 
 // The bytes every table of a shard may hold in rows (their values, optimizer
-// state and bookkeeping, counted per row by EmbeddingTable::RowBytes).
-// Thread-safe.
+// state and bookkeeping, counted per row by EmbeddingTable::RowBytes), and
+// each table's share of them. Every table that joined is guaranteed an
+// equal share (limit / tables): the part of a share its table does not use
+// stays free for it, so a table alone may fill the whole budget, and one of
+// several never takes another's share. A table that holds more than its
+// share (it filled the budget before others joined) gives back when one of
+// them is refused within its share (pressed()). Thread-safe.
 class MemoryBudget {
  public:
-  explicit MemoryBudget(size_t limit) : limit_(limit) {}
-  // Takes `bytes` if they fit under the limit.
-  bool TryTake(size_t bytes);
-  void Give(size_t bytes);
+  static constexpr int kMaxShares = 1024;
+
+  explicit MemoryBudget(size_t limit);
+  // A share for one table; -1 once kMaxShares tables hold one (such a table
+  // takes bytes without a guarantee).
+  int Join();
+  // Ends `share` (its bytes given back first).
+  void Leave(int share);
+  // Takes `bytes` for `share` if they fit under the limit less what the
+  // other shares still lack of their guarantee; share -1 keeps no
+  // guarantee for others. A share refused within its guarantee marks the
+  // budget pressed, so that the shares that borrowed give back.
+  bool TryTake(size_t bytes, int share = -1);
+  void Give(size_t bytes, int share = -1);
   size_t used() const { return used_.load(); }
+  size_t used(int share) const;
   size_t limit() const { return limit_; }
+  // limit / the shares joined (limit while none did).
+  size_t FairShare() const;
+  // Whether a share was refused within its guarantee since the last
+  // Relieve().
+  bool pressed() const { return pressed_.load(std::memory_order_relaxed); }
+  void Relieve() { pressed_.store(false, std::memory_order_relaxed); }
 
  private:
   const size_t limit_;
   std::atomic<size_t> used_{0};
+  std::mutex mu_;  // Join and Leave
+  std::atomic<int> joined_count_{0};
+  std::atomic<int> high_{0};  // shares [0, high_) may be joined
+  std::atomic<bool> pressed_{false};
+  std::unique_ptr<std::atomic<size_t>[]> share_used_;
+  std::unique_ptr<std::atomic<bool>[]> joined_;
 };
 
 struct EmbeddingTableStats {

@@ -423,36 +423,72 @@ TEST(EmbeddingTableTest, KeepsTheMostRecentRowsWithinTheBudget) {
   }
 }
 
-TEST(EmbeddingTableTest, ATableCannotTakeRowsFromAnother) {
+TEST(EmbeddingTableTest, AFloodIntoOneTableLeavesAnotherItsShare) {
+  constexpr size_t kRows = 8;
+  const EmbeddingOptions o = Options(RowOptimizerKind::kSgd);
+  MemoryBudget budget(kRows * (kDim * 4 + 64));
+  EmbeddingTable a(1, kDim, o, &budget);
+  EmbeddingTable b(2, kDim, o, &budget);
+  const size_t row = a.RowBytes();
+  ASSERT_EQ(budget.FairShare(), kRows / 2 * row);
+  const std::vector<float> g(kDim, 1.0f);
+  PushOne(&a, 0, g, 1);
+  // b floods: it keeps to its share (a's unused part stays free for a)
+  // and evicts its own rows.
+  for (uint64_t id = 100; id < 200; ++id) PushOne(&b, id, g, 1);
+  EXPECT_EQ(b.stats().rows, kRows / 2);
+  EXPECT_EQ(b.stats().evicted_memory, 100u - kRows / 2);
+  EXPECT_LE(budget.used(), budget.limit());
+  // a's share is there for it: no row of a evicted, none refused.
+  for (uint64_t id = 1; id < kRows / 2; ++id) PushOne(&a, id, g, 2);
+  EXPECT_EQ(a.stats().rows, kRows / 2);
+  EXPECT_EQ(a.stats().evicted_memory, 0u);
+  EXPECT_EQ(a.stats().refused_memory, 0u);
+  EXPECT_EQ(b.stats().rows, kRows / 2);
+  EXPECT_EQ(budget.used(), budget.limit());
+  // Past its share a gives up its own rows, not b's.
+  PushOne(&a, 50, g, 3);
+  EXPECT_EQ(a.stats().rows, kRows / 2);
+  EXPECT_EQ(a.stats().evicted_memory, 1u);
+  EXPECT_EQ(b.stats().rows, kRows / 2);
+}
+
+TEST(EmbeddingTableTest, ATableThatBorrowedGivesBackAtItsNextStep) {
   constexpr size_t kRows = 8;
   const EmbeddingOptions o = Options(RowOptimizerKind::kSgd);
   MemoryBudget budget(kRows * (kDim * 4 + 64));
   auto a = std::make_unique<EmbeddingTable>(1, kDim, o, &budget);
-  EmbeddingTable b(2, kDim, o, &budget);
   const std::vector<float> g(kDim, 1.0f);
   for (uint64_t id = 0; id < kRows; ++id) PushOne(a.get(), id, g, 1);
-  ASSERT_EQ(a->stats().rows, kRows);
+  ASSERT_EQ(a->stats().rows, kRows);  // alone, a may fill the budget
   ASSERT_EQ(budget.used(), budget.limit());
   std::vector<std::vector<float>> before;
   for (uint64_t id = 0; id < kRows; ++id) before.push_back(PullOne(a.get(), id, 1));
 
+  EmbeddingTable b(2, kDim, o, &budget);  // joins: each is owed half
   const std::vector<uint64_t> ids = {100, 101, 102};
   const std::vector<float> grads(ids.size() * kDim, 1.0f);
   b.Apply(ids.data(), ids.size(), grads.data(), 2);
-  EXPECT_EQ(b.stats().refused_memory, 3u);
+  EXPECT_EQ(b.stats().refused_memory, 3u);  // a still holds it: counted
   EXPECT_EQ(b.stats().rows, 0u);
-  EXPECT_EQ(b.stats().pushed, 0u);
   ExpectRowsEqual(PullOne(&b, 100, 2), Init(o, 2, 100), "refused id");
-  EXPECT_EQ(a->stats().rows, kRows);
-  EXPECT_EQ(a->stats().evicted_memory, 0u);
-  for (uint64_t id = 0; id < kRows; ++id) {
-    ExpectRowsEqual(PullOne(a.get(), id, 2), before[id], "a's row " + std::to_string(id));
-  }
+  EXPECT_TRUE(budget.pressed());
 
-  a.reset();  // its bytes come back, and b can admit
-  EXPECT_EQ(budget.used(), 0u);
-  b.Apply(ids.data(), ids.size(), grads.data(), 3);
+  // a's next step gives back down to its share, least recently used first.
+  PushOne(a.get(), 7, g, 3);
+  EXPECT_EQ(a->stats().rows, kRows / 2);
+  EXPECT_EQ(a->stats().evicted_memory, kRows / 2);
+  EXPECT_FALSE(budget.pressed());
+  for (uint64_t id = kRows / 2; id < kRows - 1; ++id) {
+    ExpectRowsEqual(PullOne(a.get(), id, 3), before[id], "a's row " + std::to_string(id));
+  }
+  b.Apply(ids.data(), ids.size(), grads.data(), 4);
   EXPECT_EQ(b.stats().rows, 3u);
+  EXPECT_EQ(a->stats().rows, kRows / 2);
+
+  a.reset();  // its bytes and its share come back
+  EXPECT_EQ(budget.used(), 3 * b.RowBytes());
+  EXPECT_EQ(budget.FairShare(), budget.limit());
 }
 
 TEST(EmbeddingTableTest, RefusesGradientRowsWithNaNOrInfinity) {

@@ -59,3 +59,59 @@ def test_the_ctr_example_learns_as_the_tables_in_every_worker_do():
     # It learned (0.5 is a guess) and agrees with the anchor.
     assert ours["auc"] > 0.65 and anchor["auc"] > 0.65, (ours, anchor)
     assert abs(ours["auc"] - anchor["auc"]) <= 0.002, (ours, anchor)
+
+
+def peak_rss_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmHWM for pid %d" % pid)
+
+
+def flood_job(flood_ids, max_bytes):
+    """The flood scenario; returns (worker 0's RESULT, each shard's peak
+    RSS in MB and its closing "embedding stats" log line)."""
+    env = {"GRADSYNC_PS_MODE": "sync", "GRADSYNC_EMBEDDING_OPTIMIZER": "adagrad",
+           "GRADSYNC_EMBEDDING_LR": "0.05", "GRADSYNC_EMBEDDING_MAX_BYTES": str(max_bytes),
+           "FLOOD_IDS": str(flood_ids), "STEPS": "30"}
+    j = job.Job("flood%d" % flood_ids, env)
+    try:
+        j.start_scheduler(WORKERS, SERVERS)
+        j.start_workers([WORKER, "flood"], WORKERS)
+        results = j.wait_workers(240)
+        for rank, (code, result, _) in results.items():
+            assert code == 0 and result is not None, job.describe(results)
+        shards = [(name, proc, log) for name, proc, log in j.procs if name.startswith("server")]
+        rss = [peak_rss_mb(proc.pid) for _, proc, _ in shards]
+        for _, proc, _ in shards:
+            proc.wait(60)  # released when the workers left
+        stats = []
+        for _, _, log in shards:
+            log.seek(0)
+            stats.append([l for l in log.read().splitlines() if "embedding stats" in l][-1])
+        return results[0][1], rss, stats
+    finally:
+        j.stop()
+
+
+def stat(line, name):
+    """The number after `name` in a shard's "embedding stats" line."""
+    return int(line.split(name + " ")[1].split(",")[0].split(" ")[0])
+
+
+def test_a_flood_of_new_ids_keeps_every_shard_within_its_bound_and_loses_nothing_else():
+    bound = 8 << 20
+    calm, calm_rss, calm_stats = flood_job(0, bound)
+    flooded, flood_rss, flood_stats = flood_job(50000, bound)  # 1.5M new ids in all
+    # The other table's rows are those of the job without the flood, bit for bit.
+    assert flooded["rows_digest"] == calm["rows_digest"], (calm, flooded)
+    for line in flood_stats:
+        assert int(line.split(" bytes)")[0].split("(")[-1]) <= bound, line
+        assert stat(line, "evicted for memory") > 0, line
+    for line in calm_stats:
+        assert stat(line, "evicted for memory") == 0, line
+    print("peak RSS MB without / with the flood:", calm_rss, flood_rss)
+    for calm_mb, flood_mb in zip(calm_rss, flood_rss):
+        # The rows' bound, and at most one round of the flood in flight.
+        assert flood_mb <= calm_mb + bound / 2 ** 20 + 48, (calm_rss, flood_rss)

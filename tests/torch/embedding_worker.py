@@ -5,6 +5,7 @@ each step's batch. Rank 0 also trains the one-process reference on the
 whole batch: nn.EmbeddingBag(sparse=True) started from the shards'
 initializer (computed here from its formula, ps/embedding_table.h) with
 the same row-wise optimizer. Prints "RESULT <json>"."""
+import hashlib
 import json
 import os
 import sys
@@ -140,11 +141,41 @@ def wrong_width():
     return {"error": error, "out_of_range": out_of_range}
 
 
+def flood(steps, flood_ids):
+    """Table 0 trains on 500 ids from both ranks; on table 1, rank 1 pushes
+    `flood_ids` ids never seen before every step (rank 0 pushes nothing
+    there). Returns table 0's rows (their sum, and a digest of their bits)."""
+    dist.init_process_group("gradsync")
+    rank = dist.get_rank()
+    hot = gst.ShardedEmbeddingBag(None, DIM, mode="sum", table=0)
+    cold = gst.ShardedEmbeddingBag(None, DIM, mode="sum", table=1)
+    weights = torch.linspace(-1.0, 1.0, DIM)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        ids = torch.randint(0, 500, (BAGS, BAG_LEN), generator=g)
+        (hot(ids) * weights).sum().backward()
+        if rank == 1 and flood_ids:
+            fresh = torch.arange(flood_ids) + (1 << 40) + step * flood_ids
+            (cold(fresh.reshape(-1, 1)) * weights).sum().backward()
+        else:  # an empty bag pushes its (empty) step at once
+            cold(torch.zeros(0, 1, dtype=torch.int64))
+    hot.eval()
+    cold.wait()
+    with torch.no_grad():
+        rows = hot.pull(torch.arange(500))
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rows_sum": rows.double().sum().item(),
+            "rows_digest": hashlib.sha256(rows.numpy().tobytes()).hexdigest()}
+
+
 def main():
     scenario = sys.argv[1]
     if scenario == "train":
         fields = train(int(os.environ.get("STEPS", "200")),
                        os.environ["GRADSYNC_EMBEDDING_OPTIMIZER"])
+    elif scenario == "flood":
+        fields = flood(int(os.environ.get("STEPS", "30")), int(os.environ["FLOOD_IDS"]))
     else:
         fields = wrong_width()
     report(**fields)
