@@ -39,14 +39,25 @@ StatusOr<EmbeddingClient*> Communicator::Impl::EmbeddingsLocked(Deadline deadlin
   EmbeddingClientOptions options;
   options.resend_after = options_.sync.ps.resend_after;
   options.max_message_bytes = options_.sync.ps_links.partition_bytes;
+  options.replicas = options_.embedding_replicas;
   Session* session = session_.get();
-  auto health = [session]() -> Status {
+  const bool replicated = options.replicas > 1;
+  auto health = [session, replicated]() -> Status {
     GS_RETURN_IF_ERROR(session->job_status());
     GS_RETURN_IF_ERROR(session->MembershipStatus());
-    return session->PeerDeathStatus(wire::Role::Server);
+    // With copies, a dead shard is dropped (EmbeddingClient::DeadShards).
+    return replicated ? Status() : session->PeerDeathStatus(wire::Role::Server);
   };
-  GS_ASSIGN_OR_RETURN(embeddings_, EmbeddingClient::Create(std::move(transport), std::move(peers),
-                                                           options, std::move(health)));
+  auto dead_shards = [session]() {
+    std::vector<int> dead;
+    for (const wire::NodeInfo& n : session->dead_peers()) {
+      if (n.role == wire::Role::Server) dead.push_back(n.rank);
+    }
+    return dead;
+  };
+  GS_ASSIGN_OR_RETURN(embeddings_,
+                      EmbeddingClient::Create(std::move(transport), std::move(peers), options,
+                                              std::move(health), std::move(dead_shards)));
   return embeddings_.get();
 }
 

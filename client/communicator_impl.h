@@ -71,6 +71,7 @@ struct CommOptions {
   int64_t metrics_base_port = 0;
   int64_t local_rank = -1;        // -1: the worker's rank
   uint64_t compression_seed = 0;  // 0: the job id
+  int embedding_replicas = 1;     // holders of each embedding partition
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
     CommOptions o;
@@ -121,6 +122,12 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(o.metrics_base_port,
                         config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
     GS_ASSIGN_OR_RETURN(o.local_rank, config.GetInt("local_rank", -1));
+    GS_ASSIGN_OR_RETURN(int64_t replicas, config.GetInt("embedding_replicas", 1));
+    if (replicas < 1 || replicas > 2) {
+      return InvalidArgumentError("embedding_replicas must be 1 or 2, got " +
+                                  std::to_string(replicas));
+    }
+    o.embedding_replicas = static_cast<int>(replicas);
     GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));
     o.compression_seed = static_cast<uint64_t>(seed);
     if (o.sync.path != "allreduce" && o.sync.path != "ps") {

@@ -53,10 +53,16 @@ int EmbeddingClient::ShardOf(uint64_t id, int num_shards) {
 
 StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
     std::unique_ptr<wire::Transport> transport, EmbeddingPeers peers,
-    EmbeddingClientOptions options, Health health) {
+    EmbeddingClientOptions options, Health health, DeadShards dead_shards) {
   if (peers.shards.empty()) return FailedPreconditionError("the job has no parameter servers");
-  std::unique_ptr<EmbeddingClient> c(
-      new EmbeddingClient(std::move(transport), std::move(peers), options, std::move(health)));
+  if (options.replicas < 1 || options.replicas > 2 ||
+      options.replicas > static_cast<int>(peers.shards.size())) {
+    return InvalidArgumentError("embedding_replicas must be 1 or 2 and at most the servers (" +
+                                std::to_string(peers.shards.size()) + "), got " +
+                                std::to_string(options.replicas));
+  }
+  std::unique_ptr<EmbeddingClient> c(new EmbeddingClient(
+      std::move(transport), std::move(peers), options, std::move(health), std::move(dead_shards)));
   for (size_t s = 0; s < c->peers_.shards.size(); ++s) {
     if (c->peers_.shards[s].empty()) {
       return FailedPreconditionError("server " + std::to_string(s) + " gave no endpoint");
@@ -71,6 +77,62 @@ EmbeddingClient::~EmbeddingClient() { Close(); }
 
 void EmbeddingClient::Close() {
   if (transport_) transport_->Shutdown();
+}
+
+int EmbeddingClient::Holder(uint32_t partition, int k) const {
+  return static_cast<int>((partition + static_cast<uint32_t>(k)) % conns_.size());
+}
+
+int EmbeddingClient::LiveHolder(uint32_t partition, int k, const std::vector<bool>& dead) const {
+  for (; k < options_.replicas; ++k) {
+    const int s = Holder(partition, k);
+    if (!dead[static_cast<size_t>(s)]) return s;
+  }
+  return -1;
+}
+
+std::vector<bool> EmbeddingClient::Dead() const {
+  std::vector<bool> dead(conns_.size(), false);
+  if (dead_shards_) {
+    for (int s : dead_shards_()) {
+      if (s >= 0 && static_cast<size_t>(s) < dead.size()) dead[static_cast<size_t>(s)] = true;
+    }
+  }
+  return dead;
+}
+
+Status EmbeddingClient::Lost(uint32_t partition) const {
+  std::string holders;
+  for (int k = 0; k < options_.replicas; ++k) {
+    holders += (k == 0 ? "server " : " and server ") + std::to_string(Holder(partition, k));
+  }
+  return UnavailableError("embedding rows of partition " + std::to_string(partition) +
+                          ": every shard that holds them died (" + holders + ")");
+}
+
+StatusOr<size_t> EmbeddingClient::DropDead(std::vector<Request>& requests) {
+  const std::vector<bool> dead = Dead();
+  size_t ended = 0;
+  for (Request& r : requests) {
+    if (r.done || !dead[static_cast<size_t>(r.shard)]) continue;
+    int k = 0;
+    while (Holder(r.partition, k) != r.shard) ++k;
+    const int next = LiveHolder(r.partition, k + 1, dead);
+    if (r.message.header_view()->type() == MsgType::EmbeddingPull) {
+      if (next < 0) return Lost(r.partition);
+      r.shard = next;  // the copy answers in its place
+      SendOne(r);
+      continue;
+    }
+    // A push: every live holder has a request of its own.
+    bool held = false;
+    for (int j = 0; j < options_.replicas; ++j)
+      held |= !dead[static_cast<size_t>(Holder(r.partition, j))];
+    if (!held) return Lost(r.partition);
+    r.done = true;
+    ++ended;
+  }
+  return ended;
 }
 
 size_t EmbeddingClient::IdsPerMessage(uint32_t dim, bool rows) const {
@@ -94,6 +156,9 @@ Status EmbeddingClient::Exchange(std::vector<Request>& requests, Deadline deadli
   size_t left = requests.size();
   while (left > 0) {
     GS_RETURN_IF_ERROR(health_());
+    GS_ASSIGN_OR_RETURN(size_t dropped, DropDead(requests));
+    left -= dropped;
+    if (left == 0) break;
     const SteadyTime now = std::chrono::steady_clock::now();
     for (Request& r : requests) {
       if (!r.done && now - r.sent >= options_.resend_after) {
@@ -161,13 +226,17 @@ Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, 
   }
   const Unique u = Dedup(ids, n);
   const int shards = static_cast<int>(conns_.size());
-  std::vector<std::vector<size_t>> of(static_cast<size_t>(shards));  // unique indices by shard
+  std::vector<std::vector<size_t>> of(static_cast<size_t>(shards));  // unique indices by partition
   for (size_t i = 0; i < u.ids.size(); ++i) of[ShardOf(u.ids[i], shards)].push_back(i);
   std::vector<Request> requests;
   std::vector<std::vector<size_t>> spans;  // by request: the unique indices it asks for
   const size_t per = IdsPerMessage(dim, true);
+  const std::vector<bool> dead = Dead();
   for (int s = 0; s < shards; ++s) {
     const std::vector<size_t>& mine = of[static_cast<size_t>(s)];
+    const uint32_t partition = static_cast<uint32_t>(s);
+    const int reader = mine.empty() ? s : LiveHolder(partition, 0, dead);
+    if (reader < 0) return Lost(partition);
     for (size_t at = 0; at < mine.size(); at += per) {
       const size_t count = std::min(per, mine.size() - at);
       auto bytes = std::make_shared<std::vector<uint8_t>>(count * sizeof(uint64_t));
@@ -175,13 +244,14 @@ Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, 
         std::memcpy(bytes->data() + k * sizeof(uint64_t), &u.ids[mine[at + k]], sizeof(uint64_t));
       }
       Request r;
-      r.shard = s;
+      r.shard = reader;
+      r.partition = partition;
       r.seq = next_seq_++;
       r.ids = count;
-      r.message =
-          wire::MakeEmbedding(peers_.sender, MsgType::EmbeddingPull,
-                              wire::EmbeddingFields{table, dim, count, round, peers_.epoch, 0, 1},
-                              {PayloadOf(bytes)}, r.seq);
+      r.message = wire::MakeEmbedding(
+          peers_.sender, MsgType::EmbeddingPull,
+          wire::EmbeddingFields{table, dim, count, round, peers_.epoch, 0, 1, partition},
+          {PayloadOf(bytes)}, r.seq);
       requests.push_back(std::move(r));
       spans.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(at),
                          mine.begin() + static_cast<std::ptrdiff_t>(at + count));
@@ -222,9 +292,12 @@ Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, 
   for (size_t i = 0; i < u.ids.size(); ++i) of[ShardOf(u.ids[i], shards)].push_back(i);
   std::vector<Request> requests;
   const size_t per = IdsPerMessage(dim, true);
+  const std::vector<bool> dead = Dead();
   for (int s = 0; s < shards; ++s) {
     const std::vector<size_t>& mine = of[static_cast<size_t>(s)];
-    // Every shard hears of the round, in one part at least.
+    const uint32_t partition = static_cast<uint32_t>(s);
+    if (LiveHolder(partition, 0, dead) < 0) return Lost(partition);
+    // Every holder hears of the round, in one part at least.
     const size_t parts = std::max<size_t>(1, (mine.size() + per - 1) / per);
     for (size_t p = 0; p < parts; ++p) {
       const size_t at = p * per;
@@ -237,15 +310,20 @@ Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, 
         std::memcpy(row_bytes->data() + k * dim * sizeof(float), sums.data() + i * dim,
                     dim * sizeof(float));
       }
-      Request r;
-      r.shard = s;
-      r.seq = next_seq_++;
-      r.message = wire::MakeEmbedding(
-          peers_.sender, MsgType::EmbeddingPush,
-          wire::EmbeddingFields{table, dim, count, round, peers_.epoch, static_cast<uint32_t>(p),
-                                static_cast<uint32_t>(parts)},
-          {PayloadOf(id_bytes), PayloadOf(row_bytes)}, r.seq);
-      requests.push_back(std::move(r));
+      for (int k = 0; k < options_.replicas; ++k) {
+        const int holder = Holder(partition, k);
+        if (dead[static_cast<size_t>(holder)]) continue;
+        Request r;
+        r.shard = holder;
+        r.partition = partition;
+        r.seq = next_seq_++;
+        r.message = wire::MakeEmbedding(
+            peers_.sender, MsgType::EmbeddingPush,
+            wire::EmbeddingFields{table, dim, count, round, peers_.epoch, static_cast<uint32_t>(p),
+                                  static_cast<uint32_t>(parts), partition},
+            {PayloadOf(id_bytes), PayloadOf(row_bytes)}, r.seq);
+        requests.push_back(std::move(r));
+      }
     }
   }
   GS_RETURN_IF_ERROR(Exchange(requests, deadline));

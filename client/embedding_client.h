@@ -2,8 +2,18 @@
 // parameter-server shards (ps/embedding_service.h,
 // docs/design/embeddings.md).
 //
-// Row `id` of every table lives on shard ShardOf(id, num_shards) (a hash of
-// the id, so that consecutive ids spread). Pull de-duplicates the ids it is
+// Row `id` of every table lives in partition ShardOf(id, num_shards) (a
+// hash of the id, so that consecutive ids spread), held by shard p and,
+// with replicas = 2, copied on shard p + 1 (mod the shards).
+//
+// Replicas: a push goes to every live holder of its partition and is done
+// once each acknowledged; a pull reads from the first live holder. A shard
+// the job declares dead (dead_shards) is dropped at once: its pushes are
+// done with the other holder's acknowledgement, its pulls are sent to the
+// other holder; a partition with no live holder fails the call (Unavailable,
+// naming its servers). Every holder takes every push, so each holds every
+// acknowledged push, and their sync rounds sum in one order: the copies
+// agree bit for bit. Pull de-duplicates the ids it is
 // given, asks each shard for its unique ids only and scatters the rows back
 // in the order asked; Push sums the gradient rows of each unique id and
 // sends one row each. A push goes to every shard, empty where none of its
@@ -49,6 +59,8 @@ struct EmbeddingClientOptions {
   Millis resend_after{1000};
   // The largest payload of one message (the shards' partition_bytes).
   size_t max_message_bytes = size_t{4} << 20;
+  // Holders of each partition: 1, or 2 (at most the shards).
+  int replicas = 1;
 };
 
 struct EmbeddingClientStats {
@@ -61,11 +73,13 @@ struct EmbeddingClientStats {
 class EmbeddingClient {
  public:
   using Health = std::function<Status()>;
+  // The shards (by rank) the job declared dead.
+  using DeadShards = std::function<std::vector<int>()>;
 
   // Connects `transport` (its own, not listening) to every shard.
   static StatusOr<std::unique_ptr<EmbeddingClient>> Create(
       std::unique_ptr<wire::Transport> transport, EmbeddingPeers peers,
-      EmbeddingClientOptions options, Health health);
+      EmbeddingClientOptions options, Health health, DeadShards dead_shards);
   ~EmbeddingClient();
 
   // The shard of row `id` among `num_shards`.
@@ -87,6 +101,7 @@ class EmbeddingClient {
  private:
   struct Request {
     int shard = 0;
+    uint32_t partition = 0;
     wire::Message message;  // kept to send again
     uint64_t seq = 0;
     uint64_t ids = 0;  // a pull's: rows expected
@@ -97,11 +112,24 @@ class EmbeddingClient {
   };
 
   EmbeddingClient(std::unique_ptr<wire::Transport> transport, EmbeddingPeers peers,
-                  EmbeddingClientOptions options, Health health)
+                  EmbeddingClientOptions options, Health health, DeadShards dead_shards)
       : transport_(std::move(transport)),
         peers_(std::move(peers)),
         options_(options),
-        health_(std::move(health)) {}
+        health_(std::move(health)),
+        dead_shards_(std::move(dead_shards)) {}
+  // Holder k (0: the partition's own shard) of `partition`.
+  int Holder(uint32_t partition, int k) const;
+  // The first live holder of `partition` at or after holder k; -1 if none.
+  int LiveHolder(uint32_t partition, int k, const std::vector<bool>& dead) const;
+  // Whether each shard is dead now.
+  std::vector<bool> Dead() const;
+  // Unavailable naming `partition`'s holders.
+  Status Lost(uint32_t partition) const;
+  // Drops requests to shards that died: a push is done (another holder
+  // takes it), a pull goes to the next live holder. Returns how many
+  // requests ended; an error when a partition has no live holder left.
+  StatusOr<size_t> DropDead(std::vector<Request>& requests);
   // Sends every request and waits for all their answers.
   Status Exchange(std::vector<Request>& requests, Deadline deadline);
   void SendOne(Request& r);
@@ -112,6 +140,7 @@ class EmbeddingClient {
   const EmbeddingPeers peers_;
   const EmbeddingClientOptions options_;
   const Health health_;
+  const DeadShards dead_shards_;
   std::vector<wire::ConnId> conns_;  // by shard
   uint64_t next_seq_ = 1;
   Status failed_;

@@ -82,8 +82,10 @@ EmbeddingServiceStats& operator+=(EmbeddingServiceStats& sum, const EmbeddingSer
 }
 
 struct EmbeddingService::Table {
-  Table(uint32_t id, uint32_t dim, const EmbeddingOptions& options, MemoryBudget* budget)
-      : rows(id, dim, options, budget) {}
+  Table(uint32_t id, uint32_t partition, uint32_t dim, const EmbeddingOptions& options,
+        MemoryBudget* budget)
+      : partition(partition), rows(id, dim, options, budget) {}
+  const uint32_t partition;
   EmbeddingTable rows;
   uint64_t closed = 0;                // sync: rounds 0 .. closed - 1 have closed
   std::map<uint64_t, Round> open;     // sync: rounds with pushes, not closed
@@ -122,7 +124,7 @@ int32_t EmbeddingService::LiveWorkers() const {
 EmbeddingService::Table* EmbeddingService::TableFor(const wire::Route& from, const wire::Header& h,
                                                     std::vector<Outgoing>* out) {
   const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
-  auto it = tables_.find(b.table());
+  auto it = tables_.find({b.table(), b.partition()});
   if (it != tables_.end()) {
     if (b.dim() != it->second->rows.dim()) {
       Refuse(from, h, ErrorCode::Mismatch,
@@ -142,13 +144,14 @@ EmbeddingService::Table* EmbeddingService::TableFor(const wire::Route& from, con
   }
   if (tables_.size() >= options_.max_tables) {
     Refuse(from, h, ErrorCode::Oversized,
-           "more than " + std::to_string(options_.max_tables) + " tables on this shard thread",
+           "more than " + std::to_string(options_.max_tables) +
+               " tables (and partitions) on this shard thread",
            out);
     return nullptr;
   }
-  auto made = std::make_unique<Table>(b.table(), b.dim(), options_.table, budget_);
+  auto made = std::make_unique<Table>(b.table(), b.partition(), b.dim(), options_.table, budget_);
   Table* t = made.get();
-  tables_.emplace(b.table(), std::move(made));
+  tables_.emplace(std::make_pair(b.table(), b.partition()), std::move(made));
   return t;
 }
 
@@ -221,7 +224,7 @@ void EmbeddingService::Answer(Table& t, const wire::Route& to, uint64_t round, u
   const uint32_t dim = t.rows.dim();
   auto rows = std::make_shared<std::vector<float>>(ids.size() * dim);
   t.rows.Pull(ids.data(), ids.size(), round, rows->data());
-  wire::EmbeddingFields f{t.rows.id(), dim, ids.size(), round, epoch_};
+  wire::EmbeddingFields f{t.rows.id(), dim, ids.size(), round, epoch_, 0, 1, t.partition};
   std::vector<wire::Payload> payloads;
   payloads.push_back(wire::Payload::Borrow(rows->data(), rows->size() * sizeof(float), rows));
   out->push_back({to, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingRows, f,
@@ -262,7 +265,7 @@ void EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Heade
   const uint32_t dim = t.rows.dim();
   const size_t n = static_cast<size_t>(b.num_ids());
   auto ack = [&] {
-    wire::EmbeddingFields f{t.rows.id(), dim, 0, round, epoch_};
+    wire::EmbeddingFields f{t.rows.id(), dim, 0, round, epoch_, 0, 1, t.partition};
     out->push_back({from, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingAck, f,
                                               {}, h.seq())});
   };
@@ -388,7 +391,7 @@ EmbeddingServiceStats EmbeddingService::stats() const {
 
 std::map<uint32_t, EmbeddingTableStats> EmbeddingService::TableStats() const {
   std::map<uint32_t, EmbeddingTableStats> out;
-  for (const auto& [id, t] : tables_) out[id] = t->rows.stats();
+  for (const auto& [key, t] : tables_) out[key.first] += t->rows.stats();
   return out;
 }
 

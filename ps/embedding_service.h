@@ -87,7 +87,7 @@ class EmbeddingService {
   void StartEpoch(uint32_t epoch, int32_t num_workers, std::vector<std::string> identities);
 
   EmbeddingServiceStats stats() const;
-  // The stats of each table by id.
+  // The stats of each table by id (its partitions summed).
   std::map<uint32_t, EmbeddingTableStats> TableStats() const;
 
  private:
@@ -126,7 +126,9 @@ class EmbeddingService {
   int32_t num_workers_;
   std::vector<std::string> worker_identities_;
   std::set<int32_t> dead_;
-  std::map<uint32_t, std::unique_ptr<Table>> tables_;
+  // By (table, partition): a shard holds its own partition of a table and,
+  // with replicas, the copy of another shard's.
+  std::map<std::pair<uint32_t, uint32_t>, std::unique_ptr<Table>> tables_;
   uint64_t refused_ = 0;
   uint64_t held_pulls_ = 0;
   uint64_t rounds_ = 0;

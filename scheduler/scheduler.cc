@@ -325,7 +325,10 @@ void Scheduler::OnLeave(Node& node, const wire::LeaveBody& body) {
 }
 
 void Scheduler::WatchProcess(const Node& node) {
-  if (node.info.role != Role::Worker) return;  // a server may restart within its grace
+  // A server may restart within its grace; without one, its exit is its
+  // death (its copies take over, where embedding rows have them).
+  if (node.info.role == Role::Server && options_.server_grace.count() > 0) return;
+  if (node.info.role != Role::Worker && node.info.role != Role::Server) return;
   if (exits_.Watch(node.identity, node.pid, node.info.boot_id, node.pid_ns)) {
     GS_LOG(INFO) << node.info.Name() << " runs on this machine: its exit (pid " << node.pid
                  << ") is seen at once";

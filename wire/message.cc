@@ -292,7 +292,7 @@ Message MakeEmbedding(const Sender& from, MsgType type, const EmbeddingFields& f
                       std::vector<Payload> payloads, uint64_t seq) {
   FlatBufferBuilder fbb(96);
   auto body = CreateEmbeddingBody(fbb, f.table, f.dim, f.num_ids, f.round, f.epoch,
-                                  TotalBytes(payloads), f.part, f.parts);
+                                  TotalBytes(payloads), f.part, f.parts, f.partition);
   Message msg = Finish(fbb, from, type, body.Union(), f.round, seq);
   msg.payloads = std::move(payloads);
   return msg;

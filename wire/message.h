@@ -115,6 +115,7 @@ struct EmbeddingFields {
   uint32_t epoch = 0;
   uint32_t part = 0;
   uint32_t parts = 1;
+  uint32_t partition = 0;
 };
 
 // Fields of RingAbort (see gradsync.fbs).

@@ -1,8 +1,12 @@
-"""gradsync.torch.ShardedEmbeddingBag in real jobs: 2 workers (a dense head
-under DDP over the "gradsync" backend) and 2 parameter-server shards
-holding the table, against one process on the whole batch."""
+"""gradsync.torch.ShardedEmbeddingBag in real jobs of 2 workers and 2 or 3
+parameter-server shards: against one process on the whole batch (a dense
+head under DDP over the "gradsync" backend), refusals, a flood of new ids,
+a shard killed under replicas, and the CTR example against DDP."""
 import os
+import re
+import signal
 import sys
+import time
 
 import pytest
 
@@ -61,12 +65,16 @@ def test_the_ctr_example_learns_as_the_tables_in_every_worker_do():
     assert abs(ours["auc"] - anchor["auc"]) <= 0.002, (ours, anchor)
 
 
-def peak_rss_mb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    raise AssertionError("no VmHWM for pid %d" % pid)
+def wait_peak_rss_mb(proc, timeout_s):
+    """Waits for `proc` to exit; its peak RSS in MB (its rusage)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_maxrss / 1024.0
+        time.sleep(0.02)
+    raise AssertionError("pid %d did not exit in %d s" % (proc.pid, timeout_s))
 
 
 def flood_job(flood_ids, max_bytes):
@@ -83,9 +91,8 @@ def flood_job(flood_ids, max_bytes):
         for rank, (code, result, _) in results.items():
             assert code == 0 and result is not None, job.describe(results)
         shards = [(name, proc, log) for name, proc, log in j.procs if name.startswith("server")]
-        rss = [peak_rss_mb(proc.pid) for _, proc, _ in shards]
-        for _, proc, _ in shards:
-            proc.wait(60)  # released when the workers left
+        # Released when the workers left.
+        rss = [wait_peak_rss_mb(proc, 60) for _, proc, _ in shards]
         stats = []
         for _, _, log in shards:
             log.seek(0)
@@ -115,3 +122,49 @@ def test_a_flood_of_new_ids_keeps_every_shard_within_its_bound_and_loses_nothing
     for calm_mb, flood_mb in zip(calm_rss, flood_rss):
         # The rows' bound, and at most one round of the flood in flight.
         assert flood_mb <= calm_mb + bound / 2 ** 20 + 48, (calm_rss, flood_rss)
+
+
+def replica_job(kill):
+    """The replicas scenario on 3 shards holding each partition twice;
+    with `kill`, the second shard process started is SIGKILLed when worker
+    0 prints MARK."""
+    env = {"GRADSYNC_PS_MODE": "sync", "GRADSYNC_EMBEDDING_OPTIMIZER": "adagrad",
+           "GRADSYNC_EMBEDDING_LR": "0.05", "GRADSYNC_EMBEDDING_REPLICAS": "2",
+           "STEPS": "60"}
+    j = job.Job("replicas_kill%d" % kill, env)
+    try:
+        j.start_scheduler(WORKERS, 3)
+        j.start_workers([WORKER, "replicas"], WORKERS)
+        if kill:
+            worker0 = [log for name, _, log in j.procs if name == "worker0"][0]
+            shard1 = [proc for name, proc, _ in j.procs if name == "server1"][0]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                worker0.seek(0)
+                if "MARK" in worker0.read():
+                    break
+                time.sleep(0.005)
+            shard1.send_signal(signal.SIGKILL)
+        results = j.wait_workers(180)
+        for rank, (code, result, _) in results.items():
+            assert code == 0 and result is not None, job.describe(results)
+        return {rank: r for rank, (_, r, _) in results.items()}, results
+    finally:
+        j.stop()
+
+
+def test_a_killed_shard_loses_no_acknowledged_push_and_training_goes_on_within_1_s():
+    whole, _ = replica_job(kill=False)
+    killed, raw = replica_job(kill=True)
+    for rank in range(WORKERS):
+        assert killed[rank]["steps"] == 60, killed
+        # Every acknowledged push is in the copies: the rows of the job
+        # without the kill, bit for bit.
+        assert killed[rank]["rows_digest"] == whole[rank]["rows_digest"], (whole, killed)
+        assert killed[rank]["longest_step_s"] < 1.0, killed
+        # (The killed process's shard rank is the scheduler's to give.)
+        assert re.search(r"scheduler reports server \d dead: its process \(pid \d+\) exited",
+                         raw[rank][2]), raw[rank][2][-3000:]
+    print("longest step after the kill (s):",
+          [killed[r]["longest_step_s"] for r in range(WORKERS)],
+          "without:", [whole[r]["longest_step_s"] for r in range(WORKERS)])

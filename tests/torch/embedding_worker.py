@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -169,11 +170,42 @@ def flood(steps, flood_ids):
             "rows_digest": hashlib.sha256(rows.numpy().tobytes()).hexdigest()}
 
 
+def replicas(steps, mark_at):
+    """Table 0 trains on 500 ids for `steps` steps, a little apart; rank 0
+    prints "MARK" after step `mark_at` (a test kills a shard then). Returns
+    the rows' digest, and the longest step after the mark."""
+    dist.init_process_group("gradsync")
+    rank = dist.get_rank()
+    hot = gst.ShardedEmbeddingBag(None, DIM, mode="sum", table=0)
+    weights = torch.linspace(-1.0, 1.0, DIM)
+    longest = 0.0
+    for step in range(steps):
+        started = time.monotonic()
+        g = torch.Generator().manual_seed(100 * step + rank)
+        ids = torch.randint(0, 500, (BAGS, BAG_LEN), generator=g)
+        (hot(ids) * weights).sum().backward()
+        hot.wait()
+        if step > mark_at:
+            longest = max(longest, time.monotonic() - started)
+        if rank == 0 and step == mark_at:
+            print("MARK", flush=True)
+        time.sleep(0.03)
+    hot.eval()
+    with torch.no_grad():
+        rows = hot.pull(torch.arange(500))
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rows_digest": hashlib.sha256(rows.numpy().tobytes()).hexdigest(),
+            "longest_step_s": longest, "steps": hot.step}
+
+
 def main():
     scenario = sys.argv[1]
     if scenario == "train":
         fields = train(int(os.environ.get("STEPS", "200")),
                        os.environ["GRADSYNC_EMBEDDING_OPTIMIZER"])
+    elif scenario == "replicas":
+        fields = replicas(int(os.environ.get("STEPS", "60")), 20)
     elif scenario == "flood":
         fields = flood(int(os.environ.get("STEPS", "30")), int(os.environ["FLOOD_IDS"]))
     else:
