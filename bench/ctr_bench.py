@@ -6,7 +6,7 @@ all-gathered), run after run alternating, same data and model.
     bazel build --config=opt //launcher:gradsync_launch //server:gradsync_server \\
         //python:libgradsync.so
     .venv/bin/python bench/ctr_bench.py [--workers=4] [--servers=2] [--reps=3]
-        [--vocab=2000000] [--tables=2] [--steps=300] [--skip_anchor]
+        [--vocab=2000000] [--tables=2] [--steps=300] [--ps_mode=sync] [--skip_anchor]
 
 Both run with OMP_NUM_THREADS=1 (as torchrun sets it for several
 processes a node). Prints each run's samples/s, AUC and peak RSS of rank
@@ -25,7 +25,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 def run(comm, args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"),
                GRADSYNC_EMBEDDING_OPTIMIZER="adagrad", GRADSYNC_EMBEDDING_LR=str(args.emb_lr),
-               GRADSYNC_METRICS_BASE_PORT="0")
+               GRADSYNC_METRICS_BASE_PORT="0", GRADSYNC_PS_MODE=args.ps_mode)
     servers = args.servers if comm == "gradsync" else 0
     command = [os.path.join(ROOT, "bazel-bin/launcher/gradsync_launch"),
                "--workers=%d" % args.workers, "--servers=%d" % servers, "--metrics_port=0", "--",
@@ -54,6 +54,9 @@ def main():
     ap.add_argument("--tables", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--emb_lr", type=float, default=0.05)
+    ap.add_argument("--ps_mode", default="sync", choices=["sync", "async", "ssp"],
+                    help="the shards' mode for the tables (ssp: staleness 0 unless "
+                         "GRADSYNC_STALENESS is set)")
     ap.add_argument("--skip_anchor", action="store_true",
                     help="gradsync only (a table the anchor's workers cannot hold)")
     args = ap.parse_args()
@@ -66,7 +69,8 @@ def main():
             print("rep %d %-9s %10.0f samples/s  auc %.4f (best %.4f)  rank 0 rss %7.0f MB"
                   % (rep, comm, r["samples_per_s"], r["auc"], r["best_auc"], r["peak_rss_mb"]),
                   flush=True)
-    summary = {"bench": "ctr", "workers": args.workers, "servers": args.servers,
+    summary = {"bench": "ctr", "ps_mode": args.ps_mode, "workers": args.workers,
+               "servers": args.servers,
                "vocab": args.vocab, "tables": args.tables, "steps": args.steps}
     for comm in comms:
         key = comm.replace("-", "_")

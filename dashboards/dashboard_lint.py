@@ -44,7 +44,7 @@ REQUIRED_PANELS = (
     "Failures by reason",
     "Checkpoint age",
     "Embedding memory per shard",
-    "Embedding pull and push latency",
+    "Embedding pulls and pushes",
 )
 
 # Words that may stand where a metric name could, but are not one.

@@ -21,7 +21,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -94,14 +96,26 @@ std::vector<uint8_t> GoodHello(bool sealed, const Keys& keys) {
   return b;
 }
 
+// A connection to the listener at `endpoint`. A loaded machine may have no
+// local port free for a moment (EADDRNOTAVAIL: the suite's other tests hold
+// them, many in TIME_WAIT): that is waited out, anything else aborts.
 int ConnectTo(const std::string& endpoint) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(std::stoi(endpoint.substr(endpoint.rfind(':') + 1))));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  Check(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  return fd;
+  for (int attempt = 0;; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    Check(fd >= 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+    const int error = errno;
+    close(fd);
+    if ((error != EADDRNOTAVAIL && error != EINTR && error != EAGAIN) || attempt == 5000) {
+      std::fprintf(stderr, "connect to %s: %s\n", endpoint.c_str(), std::strerror(error));
+      std::abort();
+    }
+    usleep(1000);
+  }
 }
 
 // Whether the transport closed `fd` (reads and drops its answers).

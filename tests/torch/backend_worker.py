@@ -23,6 +23,18 @@ OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
        "max": dist.ReduceOp.MAX, "product": dist.ReduceOp.PRODUCT}
 
 
+def end_without_freeing_gloo():
+    """Ends a scenario that made a gloo group, before its objects are freed:
+    torch 2.13's ~ProcessGroupGloo joins its run-loop thread with the GIL
+    held, while that thread may wait for the GIL to free its last work, so
+    freeing them deadlocks now and then. gradsync leaves the job as it does
+    at exit, and the process ends."""
+    gradsync.shutdown(timeout_s=60)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def values(dtype, rank, n=37):
     """Small integers (exact in every dtype): rank-dependent, some zeros."""
     torch.manual_seed(50 + rank)
@@ -129,6 +141,7 @@ def collectives():
     report(mismatches=mismatches, checked=checked + 2, gloo=against_gloo,
            backend=dist.get_backend(), completed=work.is_completed())
     dist.destroy_process_group()
+    end_without_freeing_gloo()
 
 
 def ddp_vs_gloo(hook, view=False):
@@ -159,6 +172,7 @@ def ddp_vs_gloo(hook, view=False):
     report(identical=identical, backend=dist.get_backend(),
            steps=gradsync.communicator().stats()["steps"])
     dist.destroy_process_group()
+    end_without_freeing_gloo()
 
 
 def killed(hook):
@@ -195,6 +209,7 @@ def sparse_hook():
     worst, sparse_seen = embedding_steps(ours, dense, 4, rank)
     report(max_difference=worst, sparse=sparse_seen)
     dist.destroy_process_group()
+    end_without_freeing_gloo()
 
 
 def two_hooked_models():
@@ -220,6 +235,7 @@ def two_hooked_models():
                              zip(gloo.parameters(), ours.parameters()))
     report(identical=identical)
     dist.destroy_process_group()
+    end_without_freeing_gloo()
 
 
 SCENARIOS = {
