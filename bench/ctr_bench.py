@@ -26,6 +26,10 @@ def run(comm, args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"),
                GRADSYNC_EMBEDDING_OPTIMIZER="adagrad", GRADSYNC_EMBEDDING_LR=str(args.emb_lr),
                GRADSYNC_METRICS_BASE_PORT="0", GRADSYNC_PS_MODE=args.ps_mode)
+    if args.ps_mode != "sync":
+        # The shards refuse async and ssp without a dense optimizer, which
+        # this job (dense keys all-reduced, not on the shards) never uses.
+        env.setdefault("GRADSYNC_OPTIMIZER", "sgd")
     servers = args.servers if comm == "gradsync" else 0
     command = [os.path.join(ROOT, "bazel-bin/launcher/gradsync_launch"),
                "--workers=%d" % args.workers, "--servers=%d" % servers, "--metrics_port=0", "--",
