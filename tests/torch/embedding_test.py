@@ -7,6 +7,7 @@ import re
 import signal
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -77,16 +78,58 @@ def wait_peak_rss_mb(proc, timeout_s):
     raise AssertionError("pid %d did not exit in %d s" % (proc.pid, timeout_s))
 
 
+def scrape(port):
+    """{sample name with labels: value} of a shard's /metrics, or {}."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("gradsync_server_embedding"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def exported_the_flood(m, bound):
+    """Whether a shard's scrape shows the flood's evictions within `bound`."""
+    return (m.get("gradsync_server_embedding_tables") == 2 and
+            0 < m.get("gradsync_server_embedding_bytes", 0) <= bound and
+            m.get("gradsync_server_embedding_max_bytes") == bound and
+            m.get('gradsync_server_embedding_rows_evicted_total{reason="memory"}', 0) > 0 and
+            m.get("gradsync_server_embedding_rows_pushed_total", 0) > 0)
+
+
 def flood_job(flood_ids, max_bytes):
     """The flood scenario; returns (worker 0's RESULT, each shard's peak
-    RSS in MB and its closing "embedding stats" log line)."""
+    RSS in MB and its closing "embedding stats" log line, and the
+    embedding metrics each shard exported while the workers ran, the last
+    scrape that had any)."""
     env = {"GRADSYNC_PS_MODE": "sync", "GRADSYNC_EMBEDDING_OPTIMIZER": "adagrad",
            "GRADSYNC_EMBEDDING_LR": "0.05", "GRADSYNC_EMBEDDING_MAX_BYTES": str(max_bytes),
            "FLOOD_IDS": str(flood_ids), "STEPS": "30"}
+    hold = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "flood%d.done" % flood_ids)
+    if os.path.exists(hold):
+        os.remove(hold)
+    if flood_ids:
+        env["HOLD_FILE"] = hold  # the workers wait for the metrics to be read
     j = job.Job("flood%d" % flood_ids, env)
     try:
-        j.start_scheduler(WORKERS, SERVERS)
+        j.start_scheduler(WORKERS, SERVERS, server_metrics=True)
         j.start_workers([WORKER, "flood"], WORKERS)
+        metrics = [{} for _ in range(SERVERS)]
+        workers = [proc for name, proc, _ in j.procs if name.startswith("worker")]
+        deadline = time.monotonic() + 120
+        while flood_ids and time.monotonic() < deadline and \
+                any(proc.poll() is None for proc in workers):
+            for s, port in enumerate(j.server_metrics_ports):
+                metrics[s] = scrape(port) or metrics[s]
+            if all(exported_the_flood(m, max_bytes) for m in metrics):
+                break
+            time.sleep(0.1)
+        open(hold, "w").close()
         results = j.wait_workers(240)
         for rank, (code, result, _) in results.items():
             assert code == 0 and result is not None, job.describe(results)
@@ -97,7 +140,7 @@ def flood_job(flood_ids, max_bytes):
         for _, _, log in shards:
             log.seek(0)
             stats.append([l for l in log.read().splitlines() if "embedding stats" in l][-1])
-        return results[0][1], rss, stats
+        return results[0][1], rss, stats, metrics
     finally:
         j.stop()
 
@@ -109,8 +152,9 @@ def stat(line, name):
 
 def test_a_flood_of_new_ids_keeps_every_shard_within_its_bound_and_loses_nothing_else():
     bound = 8 << 20
-    calm, calm_rss, calm_stats = flood_job(0, bound)
-    flooded, flood_rss, flood_stats = flood_job(50000, bound)  # 1.5M new ids in all
+    calm, calm_rss, calm_stats, _ = flood_job(0, bound)
+    # 1.5M new ids in all.
+    flooded, flood_rss, flood_stats, metrics = flood_job(50000, bound)
     # The other table's rows are those of the job without the flood, bit for bit.
     assert flooded["rows_digest"] == calm["rows_digest"], (calm, flooded)
     for line in flood_stats:
@@ -118,6 +162,9 @@ def test_a_flood_of_new_ids_keeps_every_shard_within_its_bound_and_loses_nothing
         assert stat(line, "evicted for memory") > 0, line
     for line in calm_stats:
         assert stat(line, "evicted for memory") == 0, line
+    # The shards exported it as it happened (every second).
+    for m in metrics:
+        assert exported_the_flood(m, bound), m
     print("peak RSS MB without / with the flood:", calm_rss, flood_rss)
     for calm_mb, flood_mb in zip(calm_rss, flood_rss):
         # The rows' bound, and at most one round of the flood in flight.

@@ -109,8 +109,10 @@ class Job:
         self.procs.append((name, proc, log))
         return proc
 
-    def start_scheduler(self, workers, servers):
-        """A gradsync_server scheduler; sets GRADSYNC_* for later nodes."""
+    def start_scheduler(self, workers, servers, server_metrics=False):
+        """A gradsync_server scheduler; sets GRADSYNC_* for later nodes.
+        With `server_metrics`, each shard serves /metrics on a free port
+        (self.server_metrics_ports, by start order)."""
         port = free_port()
         env = base_env(self.extra_env)
         self.spawn("scheduler", [SERVER, "--role=scheduler", "--port=%d" % port,
@@ -120,9 +122,13 @@ class Job:
         self.env.update(GRADSYNC_SCHEDULER="127.0.0.1:%d" % port,
                         GRADSYNC_NUM_WORKERS=str(workers),
                         GRADSYNC_NUM_SERVERS=str(servers))
+        self.server_metrics_ports = []
         for s in range(servers):
+            port = free_port() if server_metrics else 0
+            if server_metrics:
+                self.server_metrics_ports.append(port)
             self.spawn("server%d" % s, [SERVER, "--role=server",
-                                        "--metrics_port=0"],
+                                        "--metrics_port=%d" % port],
                        base_env(self.env))
 
     def start_workers(self, argv, workers, torchrun=False):
