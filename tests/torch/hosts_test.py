@@ -116,3 +116,55 @@ def test_two_ranks_a_host_share_memory_beside_sealed_streams(hosts, tmp_path):
         assert ("use shared memory, the others TCP streams (1 peer(s))"
                 in out), out
     assert "ring over TCP streams, sealed" in ran[0][1], ran[0][1]
+
+
+# Embedding rows on a shard of the other host (sealed streams), pulled and
+# pushed by both ranks for 5 sync steps of fixed gradients.
+EMBEDDING = """
+import hashlib, torch
+import gradsync, gradsync.torch as gst
+gradsync.init(num_servers=1)  # the scheduler at MASTER_PORT + 1, where the shard joins
+bag = gst.ShardedEmbeddingBag(None, 8, mode="sum")
+ids = torch.tensor([[1, 2, 3, 1 << 40]])
+start = bag.pull(ids.reshape(-1))
+for step in range(5):
+    bag(ids).sum().backward()
+bag.eval()
+rows = bag.pull(ids.reshape(-1))
+print("ROWS %d %s %.6f" % (gradsync.rank(), hashlib.sha256(rows.numpy().tobytes()).hexdigest(),
+                           (start - rows).abs().max().item()), flush=True)
+gradsync.shutdown()
+"""
+
+
+def test_embedding_rows_on_a_shard_of_another_host(hosts, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(EMBEDDING)
+    key = tmp_path / "job.key"
+    subprocess.check_call([KEYGEN, str(key)])
+    master = subprocess.check_output([SIMHOSTS, "addr", hosts, "0"]).decode().strip()
+    shard_host = subprocess.check_output([SIMHOSTS, "addr", hosts, "1"]).decode().strip()
+    env = {"GRADSYNC_KEY_FILE": str(key), "GRADSYNC_EMBEDDING_OPTIMIZER": "sgd",
+           "GRADSYNC_EMBEDDING_LR": "0.5"}
+    # The shard joins the scheduler rank 0 hosts (MASTER_PORT + 1).
+    shard = subprocess.Popen(
+        [SIMHOSTS, "run", hosts, "1", job.SERVER, "--role=server", "--metrics_port=0",
+         "--scheduler=%s:29501" % master, "--host=" + shard_host],
+        env=job.base_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        ran = run_ranks(hosts, script, env)
+    finally:
+        try:
+            shard_out, _ = shard.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            shard.kill()
+            shard_out, _ = shard.communicate()
+    lines = []
+    for rank, (code, out) in enumerate(ran):
+        assert code == 0, out + "\n--- shard\n" + shard_out.decode("utf-8", "replace")
+        lines.append([l for l in out.splitlines() if l.startswith("ROWS %d " % rank)][0])
+    digests = [l.split()[2] for l in lines]
+    print("\n".join(lines))
+    assert digests[0] == digests[1], lines  # both read the same rows
+    # 5 steps of lr 0.5 x the gradient (1 in each element, on both ranks).
+    assert abs(float(lines[0].split()[3]) - 2.5) < 1e-4, lines
