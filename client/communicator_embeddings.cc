@@ -15,6 +15,7 @@ EmbeddingClientStats& operator+=(EmbeddingClientStats& sum, const EmbeddingClien
   sum.asked_rows += s.asked_rows;
   sum.pushed_rows += s.pushed_rows;
   sum.resent += s.resent;
+  sum.rejected += s.rejected;
   return sum;
 }
 
@@ -40,6 +41,7 @@ StatusOr<EmbeddingClient*> Communicator::Impl::EmbeddingsLocked(Deadline deadlin
   options.resend_after = options_.sync.ps.resend_after;
   options.max_message_bytes = options_.sync.ps_links.partition_bytes;
   options.replicas = options_.embedding_replicas;
+  options.rejected = &ps_rejected_;
   Session* session = session_.get();
   const bool replicated = options.replicas > 1;
   auto health = [session, replicated]() -> Status {

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 #include <utility>
 
+#include "common/id_dedup.h"
+#include "common/seeded_random.h"
 #include "wire/validate.h"
 
 namespace gradsync::client {
@@ -13,30 +14,21 @@ namespace {
 
 using wire::MsgType;
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // The unique ids of ids[0, n) in first-seen order, and for each id its
 // index among them.
 struct Unique {
   std::vector<uint64_t> ids;
-  std::vector<size_t> index;
+  std::vector<uint32_t> index;
 };
 
-Unique Dedup(const uint64_t* ids, size_t n) {
+Unique Dedup(IdDedup& dedup, const uint64_t* ids, size_t n) {
   Unique u;
   u.index.resize(n);
-  std::unordered_map<uint64_t, size_t> seen;
-  seen.reserve(n);
+  dedup.Reset(n);
   for (size_t i = 0; i < n; ++i) {
-    auto [it, fresh] = seen.try_emplace(ids[i], u.ids.size());
+    bool fresh;
+    u.index[i] = dedup.FindOrInsert(ids[i], static_cast<uint32_t>(u.ids.size()), &fresh);
     if (fresh) u.ids.push_back(ids[i]);
-    u.index[i] = it->second;
   }
   return u;
 }
@@ -48,7 +40,12 @@ wire::Payload PayloadOf(const std::shared_ptr<std::vector<uint8_t>>& bytes) {
 }  // namespace
 
 int EmbeddingClient::ShardOf(uint64_t id, int num_shards) {
-  return num_shards <= 1 ? 0 : static_cast<int>(Mix(id) % static_cast<uint64_t>(num_shards));
+  // Salted, so that a shard's ids are not all alike in the bits the shard's
+  // own tables hash them by (SplitMix64 of the id, ps/embedding_table.cc).
+  constexpr uint64_t kPlacementSalt = 0x656D62506C616365ull;  // "embPlace"
+  return num_shards <= 1 ? 0
+                         : static_cast<int>(SplitMix64(id ^ kPlacementSalt) %
+                                            static_cast<uint64_t>(num_shards));
 }
 
 StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
@@ -77,6 +74,11 @@ EmbeddingClient::~EmbeddingClient() { Close(); }
 
 void EmbeddingClient::Close() {
   if (transport_) transport_->Shutdown();
+}
+
+void EmbeddingClient::Rejected(wire::ErrorCode code) {
+  ++stats_.rejected;
+  if (options_.rejected != nullptr) options_.rejected->Count(code);
 }
 
 int EmbeddingClient::Holder(uint32_t partition, int k) const {
@@ -181,7 +183,10 @@ Status EmbeddingClient::Exchange(std::vector<Request>& requests, Deadline deadli
       continue;  // a connection that broke: its requests are sent again
     }
     const wire::Verdict v = wire::Validate(in->message, policy);
-    if (!v.ok()) continue;
+    if (!v.ok()) {
+      Rejected(v.code);  // what no shard of the job sends: counted, not taken
+      continue;
+    }
     const wire::Header& h = *v.header;
     Request* r = nullptr;
     for (Request& q : requests) {
@@ -206,7 +211,9 @@ Status EmbeddingClient::Exchange(std::vector<Request>& requests, Deadline deadli
                                    : MsgType::EmbeddingAck;
     if (h.type() != want ||
         (want == MsgType::EmbeddingRows && h.body_as_EmbeddingBody()->num_ids() != r->ids)) {
-      continue;  // not this request's answer: what a shard would never send
+      // Not this request's answer: what a shard would never send.
+      Rejected(h.type() != want ? wire::ErrorCode::WrongType : wire::ErrorCode::SizeMismatch);
+      continue;
     }
     r->done = true;
     r->answer = std::move(in->message);
@@ -224,7 +231,7 @@ Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, 
     return InvalidArgumentError("a row of " + std::to_string(dim) +
                                 " elements is larger than a message (partition_bytes)");
   }
-  const Unique u = Dedup(ids, n);
+  const Unique u = Dedup(dedup_, ids, n);
   const int shards = static_cast<int>(conns_.size());
   std::vector<std::vector<size_t>> of(static_cast<size_t>(shards));  // unique indices by partition
   for (size_t i = 0; i < u.ids.size(); ++i) of[ShardOf(u.ids[i], shards)].push_back(i);
@@ -266,7 +273,8 @@ Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, 
       std::memcpy(rows.data() + spans[q][k] * dim, got.data + k * row, row);
     }
   }
-  for (size_t i = 0; i < n; ++i) std::memcpy(out + i * dim, rows.data() + u.index[i] * dim, row);
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(out + i * dim, rows.data() + size_t{u.index[i]} * dim, row);
   stats_.pulled_rows += u.ids.size();
   stats_.asked_rows += n;
   return Status();
@@ -280,10 +288,10 @@ Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, 
     return InvalidArgumentError("a row of " + std::to_string(dim) +
                                 " elements is larger than a message (partition_bytes)");
   }
-  const Unique u = Dedup(ids, n);
+  const Unique u = Dedup(dedup_, ids, n);
   std::vector<float> sums(u.ids.size() * dim, 0.0f);
   for (size_t i = 0; i < n; ++i) {
-    float* to = sums.data() + u.index[i] * dim;
+    float* to = sums.data() + size_t{u.index[i]} * dim;
     const float* from = grads + i * dim;
     for (uint32_t j = 0; j < dim; ++j) to[j] += from[j];
   }

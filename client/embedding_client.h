@@ -40,9 +40,11 @@
 #include <string>
 #include <vector>
 
+#include "common/id_dedup.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "wire/message.h"
+#include "wire/rejected_metrics.h"
 #include "wire/transport.h"
 
 namespace gradsync::client {
@@ -61,6 +63,7 @@ struct EmbeddingClientOptions {
   size_t max_message_bytes = size_t{4} << 20;
   // Holders of each partition: 1, or 2 (at most the shards).
   int replicas = 1;
+  wire::RejectedMetrics* rejected = nullptr;  // refused answers by reason; may be null
 };
 
 struct EmbeddingClientStats {
@@ -68,6 +71,7 @@ struct EmbeddingClientStats {
   uint64_t asked_rows = 0;   // rows asked for, duplicates included
   uint64_t pushed_rows = 0;  // unique gradient rows pushed
   uint64_t resent = 0;       // requests sent again
+  uint64_t rejected = 0;     // answers refused: failed verification, or not the request's kind
 };
 
 class EmbeddingClient {
@@ -122,6 +126,8 @@ class EmbeddingClient {
   int Holder(uint32_t partition, int k) const;
   // The first live holder of `partition` at or after holder k; -1 if none.
   int LiveHolder(uint32_t partition, int k, const std::vector<bool>& dead) const;
+  // Counts an answer refused for `code`.
+  void Rejected(wire::ErrorCode code);
   // Whether each shard is dead now.
   std::vector<bool> Dead() const;
   // Unavailable naming `partition`'s holders.
@@ -142,6 +148,7 @@ class EmbeddingClient {
   const Health health_;
   const DeadShards dead_shards_;
   std::vector<wire::ConnId> conns_;  // by shard
+  IdDedup dedup_;                    // Pull's and Push's scratch
   uint64_t next_seq_ = 1;
   Status failed_;
   EmbeddingClientStats stats_;

@@ -37,8 +37,9 @@ struct Round {
   size_t bytes = 0;  // of ids and grads, in round_bytes_
 };
 
-// The ids and gradients of every part of `round`, in (rank, part) order.
-void Gather(const Round& round, uint32_t dim, std::vector<uint64_t>* ids,
+// The ids and the gradients times `scale` of every part of `round`, in
+// (rank, part) order.
+void Gather(const Round& round, uint32_t dim, float scale, std::vector<uint64_t>* ids,
             std::vector<float>* grads) {
   size_t n = 0;
   for (const auto& [key, part] : round.taken) n += part.ids.size();
@@ -46,7 +47,7 @@ void Gather(const Round& round, uint32_t dim, std::vector<uint64_t>* ids,
   grads->reserve(n * dim);
   for (const auto& [key, part] : round.taken) {
     ids->insert(ids->end(), part.ids.begin(), part.ids.end());
-    grads->insert(grads->end(), part.grads.begin(), part.grads.end());
+    for (float g : part.grads) grads->push_back(g * scale);
   }
 }
 
@@ -339,8 +340,7 @@ void EmbeddingService::Progress(Table& t, std::vector<Outgoing>* out) {
       const float scale = 1.0f / static_cast<float>(round.pushed.size());
       std::vector<uint64_t> ids;
       std::vector<float> grads;
-      Gather(round, t.rows.dim(), &ids, &grads);
-      for (float& g : grads) g *= scale;
+      Gather(round, t.rows.dim(), scale, &ids, &grads);
       t.rows.Apply(ids.data(), ids.size(), grads.data(), t.closed);
       round_bytes_ -= round.bytes;
       t.open.erase(it);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/id_dedup.h"
 #include "common/seeded_random.h"
 
 namespace gradsync::server {
@@ -126,54 +127,6 @@ void AdamUpdate(float* __restrict p, float* __restrict m, float* __restrict v,
     p[j] = p[j] + k.neg_step_size * (m_new / (std::sqrt(v_new) + k.eps));
   }
 }
-
-// The id -> unique-row map Apply sums duplicate ids with: open addressing
-// with linear probing over a power-of-two table. An entry is live when its
-// stamp equals the current generation, so starting a new push costs nothing
-// and the table is only reallocated when a push has more ids than it fits.
-class DedupIndex {
- public:
-  // Forgets every id and makes room for `n` of them.
-  void Reset(size_t n) {
-    if (n * 2 > keys_.size()) {
-      size_t capacity = 16;
-      while (capacity < n * 2) capacity *= 2;
-      keys_.assign(capacity, 0);
-      values_.assign(capacity, 0);
-      stamps_.assign(capacity, 0);
-      generation_ = 0;
-    }
-    if (++generation_ == 0) {
-      std::fill(stamps_.begin(), stamps_.end(), 0);
-      generation_ = 1;
-    }
-  }
-
-  // The value of `id`, after inserting it with `value` if it was absent
-  // (*inserted says which).
-  uint32_t FindOrInsert(uint64_t id, uint32_t value, bool* inserted) {
-    const size_t mask = keys_.size() - 1;
-    for (size_t i = SplitMix64(id) & mask;; i = (i + 1) & mask) {
-      if (stamps_[i] != generation_) {
-        stamps_[i] = generation_;
-        keys_[i] = id;
-        values_[i] = value;
-        *inserted = true;
-        return value;
-      }
-      if (keys_[i] == id) {
-        *inserted = false;
-        return values_[i];
-      }
-    }
-  }
-
- private:
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> values_;
-  std::vector<uint32_t> stamps_;
-  uint32_t generation_ = 0;
-};
 
 }  // namespace
 
@@ -544,7 +497,7 @@ struct EmbeddingTable::Impl {
   uint64_t sketch_key = 0;
 
   // Apply's scratch, kept between calls.
-  DedupIndex dedup;
+  IdDedup dedup;
   std::vector<uint64_t> unique_ids;
   std::vector<float> summed;
 
