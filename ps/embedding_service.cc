@@ -88,9 +88,10 @@ struct EmbeddingService::Table {
       : partition(partition), rows(id, dim, options, budget) {}
   const uint32_t partition;
   EmbeddingTable rows;
-  uint64_t closed = 0;                // sync: rounds 0 .. closed - 1 have closed
-  std::map<uint64_t, Round> open;     // sync: rounds with pushes, not closed
-  std::map<int32_t, int64_t> pushed;  // ssp: each rank's latest round pushed
+  uint64_t closed = 0;             // sync: rounds 0 .. closed - 1 have closed
+  std::map<uint64_t, Round> open;  // sync: rounds with pushes, not closed
+  // async and ssp: each rank's latest round and part applied.
+  std::map<int32_t, std::pair<int64_t, uint32_t>> applied;
   std::vector<HeldPull> held;
 };
 
@@ -122,48 +123,54 @@ int32_t EmbeddingService::LiveWorkers() const {
   return live;
 }
 
-EmbeddingService::Table* EmbeddingService::TableFor(const wire::Route& from, const wire::Header& h,
-                                                    std::vector<Outgoing>* out) {
-  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
-  auto it = tables_.find({b.table(), b.partition()});
+EmbeddingService::Table* EmbeddingService::Find(uint32_t table, uint32_t partition, uint32_t dim,
+                                                ErrorCode* code, std::string* why) {
+  auto it = tables_.find({table, partition});
   if (it != tables_.end()) {
-    if (b.dim() != it->second->rows.dim()) {
-      Refuse(from, h, ErrorCode::Mismatch,
-             "rows of " + std::to_string(b.dim()) + " elements, the table's are " +
-                 std::to_string(it->second->rows.dim()),
-             out);
+    if (dim != it->second->rows.dim()) {
+      *code = ErrorCode::Mismatch;
+      *why = "rows of " + std::to_string(dim) + " elements, the table's are " +
+             std::to_string(it->second->rows.dim());
       return nullptr;
     }
     return it->second.get();
   }
-  if (b.dim() == 0 || b.dim() > options_.table.max_dim) {
-    Refuse(from, h, ErrorCode::SizeMismatch,
-           "a row width of " + std::to_string(b.dim()) + " elements, not within [1, " +
-               std::to_string(options_.table.max_dim) + "]",
-           out);
+  if (dim == 0 || dim > options_.table.max_dim) {
+    *code = ErrorCode::SizeMismatch;
+    *why = "a row width of " + std::to_string(dim) + " elements, not within [1, " +
+           std::to_string(options_.table.max_dim) + "]";
     return nullptr;
   }
   if (tables_.size() >= options_.max_tables) {
-    Refuse(from, h, ErrorCode::Oversized,
-           "more than " + std::to_string(options_.max_tables) +
-               " tables (and partitions) on this shard thread",
-           out);
+    *code = ErrorCode::Oversized;
+    *why = "more than " + std::to_string(options_.max_tables) +
+           " tables (and partitions) on this shard thread";
     return nullptr;
   }
-  auto made = std::make_unique<Table>(b.table(), b.partition(), b.dim(), options_.table, budget_);
+  auto made = std::make_unique<Table>(table, partition, dim, options_.table, budget_);
   Table* t = made.get();
-  tables_.emplace(std::make_pair(b.table(), b.partition()), std::move(made));
+  tables_.emplace(std::make_pair(table, partition), std::move(made));
   return t;
 }
 
-void EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
+EmbeddingService::Table* EmbeddingService::TableFor(const wire::Route& from, const wire::Header& h,
+                                                    std::vector<Outgoing>* out) {
+  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
+  ErrorCode code = ErrorCode::Malformed;
+  std::string why;
+  Table* t = Find(b.table(), b.partition(), b.dim(), &code, &why);
+  if (t == nullptr) Refuse(from, h, code, why, out);
+  return t;
+}
+
+bool EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
                               const wire::Message& msg, std::vector<Outgoing>* out) {
   const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
   const int32_t rank = h.sender_rank();
   if (h.sender_role() != wire::Role::Worker || rank < 0 || rank >= num_workers_) {
     Refuse(from, h, ErrorCode::BadSender,
            "from a sender that is no worker of this epoch's " + std::to_string(num_workers_), out);
-    return;
+    return false;
   }
   const size_t r = static_cast<size_t>(rank);
   if (r < worker_identities_.size() && !worker_identities_[r].empty() &&
@@ -171,14 +178,14 @@ void EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
        wire::LaneBase(from.identity) != worker_identities_[r])) {
     Refuse(from, h, ErrorCode::BadSender,
            "under worker " + std::to_string(rank) + "'s rank from another identity", out);
-    return;
+    return false;
   }
   if (b.epoch() < epoch_) {
     Refuse(from, h, ErrorCode::BadSequence,
            "of membership epoch " + std::to_string(b.epoch()) + ", the job is in epoch " +
                std::to_string(epoch_),
            out);
-    return;
+    return false;
   }
   if (b.epoch() > epoch_) {
     Refuse(from, h, ErrorCode::Busy,
@@ -186,15 +193,15 @@ void EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
                ", which this shard has not "
                "started yet: send it again",
            out);
-    return;
+    return false;
   }
   Table* t = TableFor(from, h, out);
-  if (t == nullptr) return;
+  if (t == nullptr) return false;
   if (h.type() == MsgType::EmbeddingPull) {
     Pull(*t, from, h, msg, out);
-  } else {
-    Push(*t, from, h, msg, out);
+    return false;
   }
+  return Push(*t, from, h, msg, out);
 }
 
 bool EmbeddingService::Ready(const Table& t, uint64_t round) const {
@@ -214,8 +221,8 @@ uint64_t EmbeddingService::PushedByAll(const Table& t) const {
   int64_t low = std::numeric_limits<int64_t>::max();
   for (int32_t r = 0; r < num_workers_; ++r) {
     if (dead_.count(r) != 0) continue;
-    auto it = t.pushed.find(r);
-    low = std::min(low, it == t.pushed.end() ? int64_t{-1} : it->second);
+    auto it = t.applied.find(r);
+    low = std::min(low, it == t.applied.end() ? int64_t{-1} : it->second.first);
   }
   return static_cast<uint64_t>(low);  // -1 (nobody pushed) reads as far below any round
 }
@@ -258,73 +265,95 @@ void EmbeddingService::Pull(Table& t, const wire::Route& from, const wire::Heade
   t.held.push_back(HeldPull{from, b.round(), h.seq(), std::move(ids)});
 }
 
-void EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Header& h,
+EmbeddingService::Take EmbeddingService::TakePush(Table& t, int32_t rank, uint64_t round,
+                                                  uint32_t part, uint32_t parts, size_t n,
+                                                  const uint64_t* ids, const float* grads,
+                                                  bool replay, ErrorCode* code, std::string* why) {
+  const uint32_t dim = t.rows.dim();
+  if (options_.mode != PsMode::kSync) {
+    auto [last, made] = t.applied.try_emplace(rank, std::make_pair(int64_t{-1}, uint32_t{0}));
+    const std::pair<int64_t, uint32_t> now{static_cast<int64_t>(round), part};
+    // A worker's parts come in order: in a replay, one at or before the
+    // latest the checkpoint holds was applied before it.
+    if (replay && !made && now <= last->second) return Take::kDuplicate;
+    t.rows.Apply(ids, n, grads, round);
+    last->second = std::max(last->second, now);
+    return Take::kTaken;
+  }
+  if (round < t.closed) return Take::kDuplicate;  // a resend of a round that closed
+  if (round >= t.closed + kRoundsAhead) {
+    *code = ErrorCode::BadSequence;
+    *why = "is more than " + std::to_string(kRoundsAhead - 1) +
+           " round(s) ahead of the last closed one (" + std::to_string(t.closed) + ")";
+    return Take::kRefused;
+  }
+  if (parts == 0 || parts > kMaxParts || part >= parts) {
+    *code = ErrorCode::BadSequence;
+    *why = "is part " + std::to_string(part) + " of " + std::to_string(parts) + " (at most " +
+           std::to_string(kMaxParts) + " parts)";
+    return Take::kRefused;
+  }
+  const size_t bytes = n * (sizeof(uint64_t) + dim * sizeof(float));
+  Round& open = t.open[round];
+  std::set<uint32_t>& taken = open.parts[rank];
+  // A part taken before (a resend after a lost ack) is acknowledged again.
+  if (open.pushed.count(rank) || taken.count(part)) return Take::kDuplicate;
+  if (round_bytes_ + bytes > options_.max_round_bytes) {
+    *code = ErrorCode::Oversized;
+    *why = "would take the rounds that have not closed past " +
+           std::to_string(options_.max_round_bytes) + " bytes";
+    return Take::kRefused;
+  }
+  taken.insert(part);
+  round_bytes_ += bytes;
+  open.bytes += bytes;
+  if (taken.size() >= parts) open.pushed.insert(rank);
+  Part& p = open.taken[{rank, part}];
+  p.ids.assign(ids, ids + n);
+  p.grads.assign(grads, grads + n * dim);
+  return Take::kTaken;
+}
+
+bool EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Header& h,
                             const wire::Message& msg, std::vector<Outgoing>* out) {
   const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
-  const int32_t rank = h.sender_rank();
-  const uint64_t round = b.round();
   const uint32_t dim = t.rows.dim();
   const size_t n = static_cast<size_t>(b.num_ids());
-  auto ack = [&] {
-    wire::EmbeddingFields f{t.rows.id(), dim, 0, round, epoch_, 0, 1, t.partition};
-    out->push_back({from, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingAck, f,
-                                              {}, h.seq())});
-  };
-  if (options_.mode == PsMode::kSync) {
-    if (round < t.closed) {  // a resend of a round that closed
-      ack();
-      return;
-    }
-    if (round >= t.closed + kRoundsAhead) {
-      Refuse(from, h, ErrorCode::BadSequence,
-             "is more than " + std::to_string(kRoundsAhead - 1) +
-                 " round(s) ahead of the last closed one (" + std::to_string(t.closed) + ")",
-             out);
-      return;
-    }
-    if (b.parts() == 0 || b.parts() > kMaxParts || b.part() >= b.parts()) {
-      Refuse(from, h, ErrorCode::BadSequence,
-             "is part " + std::to_string(b.part()) + " of " + std::to_string(b.parts()) +
-                 " (at most " + std::to_string(kMaxParts) + " parts)",
-             out);
-      return;
-    }
-    const size_t bytes = n * (sizeof(uint64_t) + dim * sizeof(float));
-    Round& open = t.open[round];
-    std::set<uint32_t>& taken = open.parts[rank];
-    // A part taken before (a resend after a lost ack) is acknowledged again.
-    if (!open.pushed.count(rank) && !taken.count(b.part())) {
-      if (round_bytes_ + bytes > options_.max_round_bytes) {
-        Refuse(from, h, ErrorCode::Oversized,
-               "would take the rounds that have not closed past " +
-                   std::to_string(options_.max_round_bytes) + " bytes",
-               out);
-        return;
-      }
-      taken.insert(b.part());
-      round_bytes_ += bytes;
-      open.bytes += bytes;
-      if (taken.size() >= b.parts()) open.pushed.insert(rank);
-      Part& part = open.taken[{rank, b.part()}];
-      part.ids.resize(n);
-      part.grads.resize(n * dim);
-      if (n > 0) {
-        std::memcpy(part.ids.data(), msg.payloads[0].data, n * sizeof(uint64_t));
-        std::memcpy(part.grads.data(), msg.payloads[1].data, n * dim * sizeof(float));
-      }
-    }
-    ack();
-    Progress(t, out);
-    return;
-  }
+  // The frames are copied out once (the verifier checked their sizes).
   std::vector<uint64_t> ids = IdsOf(msg.payloads[0]);
   std::vector<float> grads(n * dim);
   if (n > 0) std::memcpy(grads.data(), msg.payloads[1].data, grads.size() * sizeof(float));
-  t.rows.Apply(ids.data(), n, grads.data(), round);
-  int64_t& latest = t.pushed.try_emplace(rank, -1).first->second;
-  latest = std::max(latest, static_cast<int64_t>(round));
-  ack();
-  Progress(t, out);
+  ErrorCode code = ErrorCode::Malformed;
+  std::string why;
+  const Take took = TakePush(t, h.sender_rank(), b.round(), b.part(), b.parts(), n, ids.data(),
+                             grads.data(), false, &code, &why);
+  if (took == Take::kRefused) {
+    Refuse(from, h, code, why, out);
+    return false;
+  }
+  wire::EmbeddingFields f{t.rows.id(), dim, 0, b.round(), epoch_, 0, 1, t.partition};
+  out->push_back({from, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingAck, f,
+                                            {}, h.seq())});
+  if (took == Take::kTaken) Progress(t, out);
+  return took == Take::kTaken;
+}
+
+Status EmbeddingService::Replay(const EmbeddingPushRecord& p) {
+  const std::string what = "a journalled push of table " + std::to_string(p.table) + " round " +
+                           std::to_string(p.round) + " by worker " + std::to_string(p.rank);
+  if (p.rank < 0 || p.rank >= num_workers_) {
+    return InvalidArgumentError(what + ": no worker of " + std::to_string(num_workers_));
+  }
+  ErrorCode code = ErrorCode::Malformed;
+  std::string why;
+  Table* t = Find(p.table, p.partition, p.dim, &code, &why);
+  if (t != nullptr && TakePush(*t, p.rank, p.round, p.part, p.parts, p.num_ids, p.ids, p.grads,
+                               true, &code, &why) != Take::kRefused) {
+    std::vector<Outgoing> none;  // nobody waits yet
+    Progress(*t, &none);
+    return OkStatus();
+  }
+  return InvalidArgumentError(what + ": " + why);
 }
 
 void EmbeddingService::Progress(Table& t, std::vector<Outgoing>* out) {
@@ -374,9 +403,90 @@ void EmbeddingService::StartEpoch(uint32_t epoch, int32_t num_workers,
   round_bytes_ = 0;
   for (auto& [id, t] : tables_) {
     t->open.clear();  // the rounds that did not close are pushed again
-    t->pushed.clear();
+    t->applied.clear();
     t->held.clear();  // their workers' pulls are sent again
   }
+}
+
+std::vector<EmbeddingPartState> EmbeddingService::Save() const {
+  std::vector<EmbeddingPartState> saved;
+  for (const auto& [key, t] : tables_) {
+    EmbeddingPartState s;
+    s.table = key.first;
+    s.partition = key.second;
+    s.dim = t->rows.dim();
+    s.optimizer = options_.table.optimizer;
+    s.rows = t->rows.Save();
+    s.closed = t->closed;
+    for (const auto& [round, r] : t->open) {
+      EmbeddingPartState::OpenRound o;
+      o.round = round;
+      o.pushed = r.pushed;
+      for (const auto& [at, part] : r.taken) {
+        o.parts.push_back({at.first, at.second, part.ids, part.grads});
+      }
+      s.open.push_back(std::move(o));
+    }
+    s.applied = t->applied;
+    saved.push_back(std::move(s));
+  }
+  return saved;
+}
+
+Status EmbeddingService::Restore(const EmbeddingPartState& saved) {
+  const std::string what = "saved embedding table " + std::to_string(saved.table) + " partition " +
+                           std::to_string(saved.partition) + ": ";
+  if (saved.optimizer != options_.table.optimizer) {
+    return InvalidArgumentError(
+        what + "holds embedding_optimizer=" + RowOptimizerName(saved.optimizer) +
+        " state, this shard runs " + RowOptimizerName(options_.table.optimizer));
+  }
+  if (tables_.count({saved.table, saved.partition}) != 0) {
+    return InvalidArgumentError(what + "restored twice");
+  }
+  auto in_range = [&](int32_t rank) { return rank >= 0 && rank < num_workers_; };
+  size_t bytes = 0;
+  for (const auto& o : saved.open) {
+    if (o.round < saved.closed) return InvalidArgumentError(what + "an open round that closed");
+    for (int32_t r : o.pushed) {
+      if (!in_range(r)) return InvalidArgumentError(what + "rank " + std::to_string(r));
+    }
+    for (const auto& p : o.parts) {
+      if (!in_range(p.rank)) return InvalidArgumentError(what + "rank " + std::to_string(p.rank));
+      if (p.grads.size() != p.ids.size() * saved.dim) {
+        return InvalidArgumentError(what + "a part's gradients do not match its ids");
+      }
+      bytes += p.ids.size() * (sizeof(uint64_t) + saved.dim * sizeof(float));
+    }
+  }
+  for (const auto& [rank, last] : saved.applied) {
+    if (!in_range(rank)) return InvalidArgumentError(what + "rank " + std::to_string(rank));
+  }
+  ErrorCode code = ErrorCode::Malformed;
+  std::string why;
+  Table* t = Find(saved.table, saved.partition, saved.dim, &code, &why);
+  if (t == nullptr) return InvalidArgumentError(what + why);
+  if (Status s = t->rows.Restore(saved.rows); !s.ok()) {
+    tables_.erase({saved.table, saved.partition});
+    return s;
+  }
+  t->closed = saved.closed;
+  for (const auto& o : saved.open) {
+    Round& r = t->open[o.round];
+    r.pushed = o.pushed;
+    for (const auto& p : o.parts) {
+      r.parts[p.rank].insert(p.part);
+      r.taken[{p.rank, p.part}] = Part{p.ids, p.grads};
+    }
+  }
+  for (auto& [round, r] : t->open) {
+    for (const auto& [at, part] : r.taken) {
+      r.bytes += part.ids.size() * (sizeof(uint64_t) + saved.dim * sizeof(float));
+    }
+  }
+  round_bytes_ += bytes;
+  t->applied = saved.applied;
+  return OkStatus();
 }
 
 EmbeddingServiceStats EmbeddingService::stats() const {

@@ -68,6 +68,47 @@ struct EmbeddingServiceStats {
   uint64_t rounds = 0;      // sync rounds closed
 };
 
+// One table partition of a service as Save copies it, for a checkpoint:
+// its rows, and the sync rounds that had not closed (held pulls are not
+// kept: workers send them again).
+struct EmbeddingPartState {
+  struct Part {
+    int32_t rank = 0;
+    uint32_t part = 0;
+    std::vector<uint64_t> ids;
+    std::vector<float> grads;  // ids.size() * dim
+  };
+  struct OpenRound {
+    uint64_t round = 0;
+    std::set<int32_t> pushed;  // ranks whose every part was taken
+    std::vector<Part> parts;   // in (rank, part) order
+  };
+  uint32_t table = 0;
+  uint32_t partition = 0;
+  uint32_t dim = 0;
+  RowOptimizerKind optimizer = RowOptimizerKind::kAdagrad;
+  EmbeddingRowsState rows;
+  uint64_t closed = 0;  // sync
+  std::vector<OpenRound> open;
+  // async and ssp: each rank's latest round and part applied.
+  std::map<int32_t, std::pair<int64_t, uint32_t>> applied;
+};
+
+// A push a service took (into a round, or applied): what the journal keeps
+// (ps/ps_journal.h), and what Replay takes back.
+struct EmbeddingPushRecord {
+  uint32_t table = 0;
+  uint32_t partition = 0;
+  uint32_t dim = 0;
+  int32_t rank = 0;
+  uint64_t round = 0;
+  uint32_t part = 0;
+  uint32_t parts = 1;
+  uint64_t num_ids = 0;
+  const uint64_t* ids = nullptr;  // num_ids
+  const float* grads = nullptr;   // num_ids * dim
+};
+
 EmbeddingTableStats& operator+=(EmbeddingTableStats& sum, const EmbeddingTableStats& s);
 EmbeddingServiceStats& operator+=(EmbeddingServiceStats& sum, const EmbeddingServiceStats& s);
 
@@ -78,9 +119,23 @@ class EmbeddingService {
   ~EmbeddingService();
 
   // Handles a verified EmbeddingPull or EmbeddingPush from `from`; answers
-  // go into `out`.
-  void Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
+  // go into `out`. True when it took a push that changes the service's
+  // state (new to its round, or applied): `msg`'s ids and rows are then
+  // what the journal must keep.
+  bool Handle(const wire::Route& from, const wire::Header& h, const wire::Message& msg,
               std::vector<Outgoing>* out);
+  // Takes a journalled push again, as Handle took it, answering nothing; a
+  // push the state holds already (it came before the checkpoint the state
+  // was restored from) changes nothing. InvalidArgument for a push this
+  // service could not have taken.
+  Status Replay(const EmbeddingPushRecord& push);
+
+  // Every table partition's state.
+  std::vector<EmbeddingPartState> Save() const;
+  // Adds a saved partition (one not held yet). InvalidArgument, adding
+  // nothing, when it contradicts this service (another row optimizer, a
+  // rank out of range, sizes that disagree).
+  Status Restore(const EmbeddingPartState& saved);
   // The workers of rank in `dead` died: rounds close without them.
   void SetDead(const std::set<int32_t>& dead, std::vector<Outgoing>* out);
   // Membership epoch `epoch` begins (as KeyTable::StartEpoch).
@@ -106,8 +161,18 @@ class EmbeddingService {
   Table* TableFor(const wire::Route& from, const wire::Header& h, std::vector<Outgoing>* out);
   void Pull(Table& t, const wire::Route& from, const wire::Header& h, const wire::Message& msg,
             std::vector<Outgoing>* out);
-  void Push(Table& t, const wire::Route& from, const wire::Header& h, const wire::Message& msg,
+  bool Push(Table& t, const wire::Route& from, const wire::Header& h, const wire::Message& msg,
             std::vector<Outgoing>* out);
+  // A table partition for `table`, `partition`, `dim`, created if new;
+  // null with `why` when it cannot be.
+  Table* Find(uint32_t table, uint32_t partition, uint32_t dim, wire::ErrorCode* code,
+              std::string* why);
+  // What Push and Replay do with one part of a push: Taken (state
+  // changed), Duplicate (taken before), or Refused (`code`, `why`).
+  enum class Take { kTaken, kDuplicate, kRefused };
+  Take TakePush(Table& t, int32_t rank, uint64_t round, uint32_t part, uint32_t parts, size_t n,
+                const uint64_t* ids, const float* grads, bool replay, wire::ErrorCode* code,
+                std::string* why);
   // Whether a pull of `round` may be answered now.
   bool Ready(const Table& t, uint64_t round) const;
   void Answer(Table& t, const wire::Route& to, uint64_t round, uint64_t seq,

@@ -169,6 +169,9 @@ class Harness {
     return answers[0];
   }
 
+  // Whether the last message sent changed the service (Handle's answer).
+  bool took() const { return took_; }
+
   // Rows of `ids` as a pull of `round` by worker 0 reads them (answered at once).
   std::vector<float> Read(const std::vector<uint64_t>& ids, uint64_t round) {
     Pull(0, ids, round, 999);
@@ -186,7 +189,7 @@ class Harness {
     if (from.empty()) {
       from = rank >= 0 && static_cast<size_t>(rank) < identities_.size() ? identities_[rank] : "x";
     }
-    service_.Handle(wire::Route::Inbound(from), *v.header, msg, &out_);
+    took_ = service_.Handle(wire::Route::Inbound(from), *v.header, msg, &out_);
   }
 
   MemoryBudget budget_;
@@ -194,6 +197,7 @@ class Harness {
   std::vector<std::string> identities_;
   uint32_t epoch_ = 0;
   std::vector<Outgoing> out_;
+  bool took_ = false;
 };
 
 const std::vector<std::string> kTwo = {"w0", "w1"};
@@ -467,6 +471,150 @@ TEST(EmbeddingServiceTest, PartsCloseRoundOnlyWhenAllTaken) {
   EXPECT_TRUE(BitEqual(a[1].rows, Stepped(InitRows(kIds), g, 0.5f)));
   EXPECT_EQ(h.service().stats().rounds, 1u);
   EXPECT_EQ(h.service().stats().rows.pushed, 2u);
+}
+
+// Pushes of a 3-worker sync job as the journal would keep them.
+struct Journalled {
+  int32_t rank;
+  uint64_t round;
+  std::vector<uint64_t> ids;
+  std::vector<float> grads;
+  EmbeddingPushRecord Record() const {
+    return EmbeddingPushRecord{kTable, 0, kDim,       rank,       round,
+                               0,      1, ids.size(), ids.data(), grads.data()};
+  }
+};
+
+const std::vector<std::string> kThree = {"w0", "w1", "w2"};
+
+EmbeddingServiceOptions AdamOptions(PsMode mode) {
+  EmbeddingServiceOptions o = Options(mode, 0.1f);
+  o.table.optimizer = RowOptimizerKind::kAdam;
+  o.table.eps = 1e-8f;
+  o.table.admit_after = 2;
+  return o;
+}
+
+// Three workers' pushes of rounds [0, rounds): worker w pushes ids w..w+3 and
+// 5, its gradients of value round + w.
+std::vector<Journalled> Schedule(uint64_t rounds) {
+  std::vector<Journalled> pushes;
+  for (uint64_t r = 0; r < rounds; ++r) {
+    for (int32_t w = 0; w < 3; ++w) {
+      std::vector<uint64_t> ids = {static_cast<uint64_t>(w), static_cast<uint64_t>(w) + 3, 5};
+      pushes.push_back({w, r, ids, Grads(ids.size(), 0.25f * static_cast<float>(r + w + 1))});
+    }
+  }
+  return pushes;
+}
+
+TEST(EmbeddingServiceTest, HandleSaysWhichPushesTheJournalMustKeep) {
+  Harness h(Options(PsMode::kSync), 2, kTwo);
+  h.Pull(0, kIds, 0, 1);
+  EXPECT_FALSE(h.took());
+  h.Push(0, kIds, Grads(2, 1.0f), 0, 2);
+  EXPECT_TRUE(h.took());
+  h.Push(0, kIds, Grads(2, 1.0f), 0, 3);  // a resend
+  EXPECT_FALSE(h.took());
+  h.Push(1, kIds, Grads(2, 1.0f), 5, 4);  // refused: too far ahead
+  EXPECT_FALSE(h.took());
+  Harness a(Options(PsMode::kAsync), 1, {"w0"});
+  a.Push(0, kIds, Grads(2, 1.0f), 0, 1);
+  EXPECT_TRUE(a.took());
+}
+
+// A service restored from Save, with a round open, goes on as the saved one.
+TEST(EmbeddingServiceTest, ARestoredServiceClosesTheOpenRoundAsTheSavedOne) {
+  Harness a(AdamOptions(PsMode::kSync), 3, kThree), b(AdamOptions(PsMode::kSync), 3, kThree);
+  const std::vector<Journalled> pushes = Schedule(4);
+  // Rounds 0 and 1, and round 2 of workers 0 and 1 only.
+  for (size_t i = 0; i < 8; ++i) {
+    a.Push(pushes[i].rank, pushes[i].ids, pushes[i].grads, pushes[i].round, i + 1);
+  }
+  a.Take();
+  const std::vector<EmbeddingPartState> saved = a.service().Save();
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].closed, 2u);
+  ASSERT_EQ(saved[0].open.size(), 1u);
+  EXPECT_EQ(saved[0].open[0].pushed, (std::set<int32_t>{0, 1}));
+  ASSERT_TRUE(b.service().Restore(saved[0]).ok());
+  EXPECT_NE(b.service().Restore(saved[0]).message().find("restored twice"), std::string::npos);
+  // Worker 1's resend of round 2 is a duplicate in the copy too.
+  b.Push(1, pushes[7].ids, pushes[7].grads, 2, 50);
+  EXPECT_FALSE(b.took());
+  for (size_t i = 8; i < pushes.size(); ++i) {
+    a.Push(pushes[i].rank, pushes[i].ids, pushes[i].grads, pushes[i].round, i + 1);
+    b.Push(pushes[i].rank, pushes[i].ids, pushes[i].grads, pushes[i].round, i + 1);
+  }
+  a.Take();
+  b.Take();
+  const std::vector<uint64_t> all = {0, 1, 2, 3, 4, 5, 6};
+  EXPECT_TRUE(BitEqual(b.Read(all, 4), a.Read(all, 4)));
+  EXPECT_EQ(b.service().stats().rows.steps, a.service().stats().rows.steps);
+  EXPECT_EQ(b.service().stats().rows.rows, a.service().stats().rows.rows);
+}
+
+TEST(EmbeddingServiceTest, ARestoreOfAnotherOptimizerOrRankIsRefusedNamingIt) {
+  Harness a(AdamOptions(PsMode::kSync), 3, kThree);
+  a.Push(2, kIds, Grads(2, 1.0f), 0, 1);
+  std::vector<EmbeddingPartState> saved = a.service().Save();
+  ASSERT_EQ(saved.size(), 1u);
+  Harness sgd(Options(PsMode::kSync), 3, kThree);
+  EXPECT_NE(sgd.service().Restore(saved[0]).message().find(
+                "holds embedding_optimizer=adam state, this shard runs sgd"),
+            std::string::npos)
+      << sgd.service().Restore(saved[0]);
+  Harness two(AdamOptions(PsMode::kSync), 2, kTwo);
+  EXPECT_NE(two.service().Restore(saved[0]).message().find("rank 2"), std::string::npos);
+  EXPECT_EQ(two.service().stats().tables, 0u);
+}
+
+// Replaying the journal of a run gives its rows; replaying a push the
+// state holds already changes nothing, in every mode.
+TEST(EmbeddingServiceTest, AReplayedJournalGivesTheRowsOnceWhateverIsReplayedTwice) {
+  for (PsMode mode : {PsMode::kSync, PsMode::kAsync, PsMode::kSsp}) {
+    SCOPED_TRACE(PsModeName(mode));
+    EmbeddingServiceOptions o = AdamOptions(mode);
+    o.staleness = 1;
+    Harness live(o, 3, kThree), replayed(o, 3, kThree);
+    const std::vector<Journalled> pushes = Schedule(5);
+    for (size_t i = 0; i < pushes.size(); ++i) {
+      live.Push(pushes[i].rank, pushes[i].ids, pushes[i].grads, pushes[i].round, i + 1);
+      ASSERT_TRUE(live.took());
+    }
+    live.Take();
+    // A checkpoint after the first 7 pushes, then the journal from push 5:
+    // pushes 5 and 6 are in both.
+    for (size_t i = 0; i < 7; ++i) ASSERT_TRUE(replayed.service().Replay(pushes[i].Record()).ok());
+    const std::vector<EmbeddingPartState> saved = replayed.service().Save();
+    Harness restored(o, 3, kThree);
+    ASSERT_TRUE(restored.service().Restore(saved[0]).ok());
+    for (size_t i = 5; i < pushes.size(); ++i) {
+      ASSERT_TRUE(restored.service().Replay(pushes[i].Record()).ok());
+    }
+    const std::vector<uint64_t> all = {0, 1, 2, 3, 4, 5, 6};
+    EXPECT_TRUE(BitEqual(restored.Read(all, 5), live.Read(all, 5)));
+    EXPECT_EQ(restored.service().stats().rows.steps, live.service().stats().rows.steps);
+  }
+}
+
+TEST(EmbeddingServiceTest, AReplayThisServiceCouldNotHaveTakenIsRefused) {
+  Harness h(Options(PsMode::kSync), 2, kTwo);
+  const std::vector<uint64_t> ids = {1};
+  const std::vector<float> g(kDim, 1.0f);
+  EmbeddingPushRecord r{kTable, 0, kDim, 2, 0, 0, 1, 1, ids.data(), g.data()};
+  EXPECT_NE(h.service().Replay(r).message().find("no worker of 2"), std::string::npos);
+  r.rank = 0;
+  r.round = 9;
+  EXPECT_NE(h.service().Replay(r).message().find("ahead of the last closed one"),
+            std::string::npos);
+  r.round = 0;
+  r.dim = 4;
+  EXPECT_NE(h.service().Replay(r).message().find("rows of 4 elements, the table's are 8"),
+            std::string::npos);
+  r.table = kTable + 1;
+  r.dim = 0;
+  EXPECT_NE(h.service().Replay(r).message().find("a row width of 0"), std::string::npos);
 }
 
 TEST(EmbeddingServiceTest, NonFiniteRowRefusedRestApplied) {

@@ -264,6 +264,12 @@ void MemoryBudget::Give(size_t bytes, int share) {
 // slot goes on the free list for the next admitted row. Beside its floats a
 // slot has its id, last-touch step and links in an intrusive doubly-linked
 // list over slot indices, least recently touched first (the LRU list).
+size_t FloatsPerRow(RowOptimizerKind optimizer, uint32_t dim) {
+  return size_t{dim} * (optimizer == RowOptimizerKind::kSgd       ? 1
+                        : optimizer == RowOptimizerKind::kAdagrad ? 2
+                                                                  : 3);
+}
+
 struct EmbeddingTable::Impl {
   struct SlotInfo {
     uint64_t id;
@@ -280,9 +286,7 @@ struct EmbeddingTable::Impl {
       : options(o),
         table(table),
         dim(dim),
-        stride(dim * (o.optimizer == RowOptimizerKind::kSgd       ? size_t{1}
-                      : o.optimizer == RowOptimizerKind::kAdagrad ? size_t{2}
-                                                                  : size_t{3})),
+        stride(FloatsPerRow(o.optimizer, dim)),
         row_bytes(stride * sizeof(float) + kRowAllowance),
         // A table of rows of no elements (dim 0) keeps its bookkeeping; its
         // scale is never used.
@@ -312,6 +316,12 @@ struct EmbeddingTable::Impl {
     return blocks[slot >> block_shift].rows.get() + (slot & block_mask) * stride;
   }
   SlotInfo& Info(uint32_t slot) { return blocks[slot >> block_shift].info[slot & block_mask]; }
+  const float* Row(uint32_t slot) const {
+    return blocks[slot >> block_shift].rows.get() + (slot & block_mask) * stride;
+  }
+  const SlotInfo& Info(uint32_t slot) const {
+    return blocks[slot >> block_shift].info[slot & block_mask];
+  }
 
   void Unlink(uint32_t slot) {
     SlotInfo& s = Info(slot);
@@ -566,6 +576,68 @@ void EmbeddingTable::Apply(const uint64_t* ids, size_t n, const float* grads, ui
     t.Touch(slot);
     t.stats.pushed++;
   }
+}
+
+size_t SketchCounters() { return kSketchDepth * kSketchWidth; }
+
+EmbeddingRowsState EmbeddingTable::Save() const {
+  const Impl& t = *impl_;
+  EmbeddingRowsState s;
+  s.clock = t.clock;
+  s.stats = stats();
+  s.ids.reserve(t.index.size());
+  s.touched.reserve(t.index.size());
+  s.slots.reserve(t.index.size() * t.stride);
+  for (uint32_t slot = t.head; slot != kNoSlot; slot = t.Info(slot).next) {
+    s.ids.push_back(t.Info(slot).id);
+    s.touched.push_back(t.Info(slot).last_touch);
+    const float* row = t.Row(slot);
+    s.slots.insert(s.slots.end(), row, row + t.stride);
+  }
+  s.sketch = t.sketch;
+  return s;
+}
+
+Status EmbeddingTable::Restore(const EmbeddingRowsState& saved) {
+  Impl& t = *impl_;
+  const std::string what = "embedding table " + std::to_string(table_) + ": ";
+  if (!t.index.empty()) return InvalidArgumentError(what + "restored over rows it holds");
+  const size_t n = saved.ids.size();
+  if (saved.touched.size() != n || saved.slots.size() != n * t.stride) {
+    return InvalidArgumentError(what + "saved rows of " + std::to_string(saved.slots.size()) +
+                                " floats for " + std::to_string(n) + " ids, a row has " +
+                                std::to_string(t.stride));
+  }
+  if (saved.sketch.size() != t.sketch.size()) {
+    return InvalidArgumentError(what + "a saved admission sketch of " +
+                                std::to_string(saved.sketch.size()) +
+                                " counters, this table's has " + std::to_string(t.sketch.size()));
+  }
+  {
+    std::unordered_map<uint64_t, uint32_t> seen;
+    seen.reserve(n);
+    for (uint64_t id : saved.ids) {
+      if (!seen.emplace(id, 0).second) {
+        return InvalidArgumentError(what + "row " + std::to_string(id) + " is saved twice");
+      }
+    }
+  }
+  t.stats = saved.stats;
+  t.stats.rows = 0;
+  t.sketch = saved.sketch;
+  for (size_t i = 0; i < n; ++i) {
+    t.clock = saved.touched[i];
+    const uint64_t admitted = t.stats.admitted;
+    const uint32_t slot = t.Admit(saved.ids[i]);
+    t.stats.admitted = admitted;
+    if (slot == kNoSlot) {  // no budget left and no row of its own to give
+      t.stats.evicted_memory++;
+      continue;
+    }
+    std::copy_n(saved.slots.data() + i * t.stride, t.stride, t.Row(slot));
+  }
+  t.clock = saved.clock;
+  return OkStatus();
 }
 
 EmbeddingTableStats EmbeddingTable::stats() const {

@@ -148,6 +148,24 @@ struct EmbeddingTableStats {
   uint64_t steps = 0;              // Apply calls
 };
 
+// A table's rows as EmbeddingTable::Save copies them, for a checkpoint
+// (ps/ps_checkpoint.h).
+struct EmbeddingRowsState {
+  uint64_t clock = 0;
+  EmbeddingTableStats stats;      // its counters (rows: ids.size())
+  std::vector<uint64_t> ids;      // least recently touched first
+  std::vector<uint64_t> touched;  // each row's last touch
+  // Each row's values, then its optimizer state (Adagrad's sum of squares,
+  // Adam's m and v): FloatsPerRow(optimizer, dim) floats a row.
+  std::vector<float> slots;
+  std::vector<uint8_t> sketch;  // the admission counts; empty when admit_after is 1
+};
+
+// The floats a row of `dim` elements keeps under `optimizer`.
+size_t FloatsPerRow(RowOptimizerKind optimizer, uint32_t dim);
+// The admission sketch's counters (EmbeddingRowsState::sketch).
+size_t SketchCounters();
+
 class EmbeddingTable {
  public:
   // `budget` (shared by the shard's tables) outlives the table.
@@ -170,6 +188,15 @@ class EmbeddingTable {
   void Apply(const uint64_t* ids, size_t n, const float* grads, uint64_t step);
 
   EmbeddingTableStats stats() const;
+
+  // A copy of every row, its state and the table's clock, counters and
+  // sketch.
+  EmbeddingRowsState Save() const;
+  // Loads `saved` into this table, which must hold no rows yet. Rows that
+  // do not fit the budget now go least recently touched first (counted as
+  // memory evictions). InvalidArgument, loading nothing, when `saved`
+  // contradicts itself or this table (sizes, a repeated id).
+  Status Restore(const EmbeddingRowsState& saved);
 
  private:
   struct Impl;

@@ -562,6 +562,111 @@ TEST(EmbeddingTableTest, ARowOfNoElementsKeepsItsBookkeeping) {
   EXPECT_EQ(budget.used(), 128u);
 }
 
+// Drives `table` through `steps` steps of a fixed, seeded schedule (pulls
+// and pushes of overlapping, repeated ids), from step `from`.
+void Drive(EmbeddingTable* table, uint64_t from, uint64_t steps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<uint64_t> id(0, 40);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (uint64_t step = from; step < from + steps; ++step) {
+    std::vector<uint64_t> ids(12);
+    for (uint64_t& x : ids) x = id(rng);
+    std::vector<float> rows(ids.size() * kDim), grads(ids.size() * kDim);
+    table->Pull(ids.data(), ids.size(), step, rows.data());
+    for (float& x : grads) x = g(rng);
+    table->Apply(ids.data(), ids.size(), grads.data(), step);
+  }
+}
+
+std::vector<float> AllRows(EmbeddingTable* table, uint64_t step) {
+  std::vector<uint64_t> ids(41);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  std::vector<float> rows(ids.size() * kDim);
+  table->Pull(ids.data(), ids.size(), step, rows.data());
+  return rows;
+}
+
+class SaveRestoreTest : public ::testing::TestWithParam<RowOptimizerKind> {};
+
+// A table restored from a save goes on as the saved one does, bit for bit:
+// its rows, optimizer state (Adam's step count too), LRU order, clock and
+// admission counts, and its counters.
+TEST_P(SaveRestoreTest, ARestoredTableGoesOnBitForBit) {
+  EmbeddingOptions o = Options(GetParam());
+  o.admit_after = 2;
+  o.idle_steps = 6;
+  const size_t row_bytes = FloatsPerRow(o.optimizer, kDim) * sizeof(float) + 64;
+  // Room for 24 of the 41 ids: the memory bound evicts too.
+  MemoryBudget budget_a(24 * row_bytes), budget_b(24 * row_bytes);
+  EmbeddingTable a(3, kDim, o, &budget_a);
+  Drive(&a, 1, 30, 5);
+  const EmbeddingRowsState saved = a.Save();
+  EXPECT_EQ(saved.ids.size(), a.stats().rows);
+  EXPECT_EQ(saved.sketch.size(), SketchCounters());
+  EmbeddingTable b(3, kDim, o, &budget_b);
+  ASSERT_TRUE(b.Restore(saved).ok());
+  EXPECT_EQ(budget_b.used(), budget_a.used());
+  Drive(&a, 31, 30, 6);
+  Drive(&b, 31, 30, 6);
+  ExpectRowsEqual(AllRows(&b, 61), AllRows(&a, 61), "after the restore");
+  const EmbeddingTableStats sa = a.stats(), sb = b.stats();
+  EXPECT_EQ(sb.rows, sa.rows);
+  EXPECT_EQ(sb.steps, sa.steps);
+  EXPECT_EQ(sb.admitted, sa.admitted);
+  EXPECT_EQ(sb.not_admitted, sa.not_admitted);
+  EXPECT_EQ(sb.evicted_idle, sa.evicted_idle);
+  EXPECT_EQ(sb.evicted_memory, sa.evicted_memory);
+  EXPECT_EQ(sb.pulled, sa.pulled);
+  EXPECT_GT(sa.evicted_idle + sa.evicted_memory, 0u);
+  EXPECT_GT(sa.not_admitted, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOptimizer, SaveRestoreTest,
+                         ::testing::Values(RowOptimizerKind::kSgd, RowOptimizerKind::kAdagrad,
+                                           RowOptimizerKind::kAdam));
+
+TEST(EmbeddingTableTest, ARestoreIntoASmallerBudgetKeepsTheMostRecentRows) {
+  const EmbeddingOptions o = Options(RowOptimizerKind::kSgd);
+  MemoryBudget big(kBigBudget);
+  EmbeddingTable a(0, kDim, o, &big);
+  const std::vector<float> g(kDim, 1.0f);
+  for (uint64_t id = 0; id < 10; ++id) PushOne(&a, id, g, id + 1);
+  MemoryBudget small(4 * a.RowBytes());
+  EmbeddingTable b(0, kDim, o, &small);
+  ASSERT_TRUE(b.Restore(a.Save()).ok());
+  EXPECT_EQ(b.stats().rows, 4u);
+  EXPECT_EQ(b.stats().evicted_memory, 6u);
+  EXPECT_LE(small.used(), small.limit());
+  for (uint64_t id = 0; id < 10; ++id) {
+    EXPECT_EQ(BitEqual(PullOne(&b, id, 11), PullOne(&a, id, 11)), id >= 6) << "id " << id;
+  }
+}
+
+TEST(EmbeddingTableTest, ARestoreThatContradictsItselfLoadsNothing) {
+  const EmbeddingOptions o = Options(RowOptimizerKind::kAdagrad);
+  MemoryBudget budget(kBigBudget);
+  EmbeddingTable a(0, kDim, o, &budget);
+  PushOne(&a, 1, std::vector<float>(kDim, 1.0f), 1);
+  PushOne(&a, 2, std::vector<float>(kDim, 1.0f), 2);
+  EmbeddingRowsState twice = a.Save();
+  twice.ids[1] = twice.ids[0];
+  EmbeddingRowsState short_rows = a.Save();
+  short_rows.slots.pop_back();
+  EmbeddingRowsState sketch = a.Save();
+  sketch.sketch.resize(10);
+  MemoryBudget other(kBigBudget);
+  EmbeddingTable b(0, kDim, o, &other);
+  EXPECT_NE(b.Restore(twice).message().find("row 1 is saved twice"), std::string::npos);
+  EXPECT_NE(b.Restore(short_rows).message().find("saved rows of 31 floats for 2 ids"),
+            std::string::npos)
+      << b.Restore(short_rows);
+  EXPECT_NE(b.Restore(sketch).message().find("admission sketch"), std::string::npos);
+  EXPECT_EQ(b.stats().rows, 0u);
+  EXPECT_EQ(other.used(), 0u);
+  ASSERT_TRUE(b.Restore(a.Save()).ok());
+  EXPECT_NE(b.Restore(a.Save()).message().find("restored over rows it holds"), std::string::npos);
+}
+
 TEST(MemoryBudgetTest, NeverGoesPastItsLimitUnderContention) {
   MemoryBudget budget(1000);
   std::vector<std::thread> threads;

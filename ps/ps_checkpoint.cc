@@ -196,7 +196,148 @@ Status Corrupt(const std::string& name, const std::string& what) {
   return DataLossError("checkpoint " + name + " is damaged: " + what);
 }
 
-StatusOr<ShardState> DecodeBody(ByteReader& r, ShardState st, const std::string& name) {
+void WriteU64s(ByteWriter& w, const std::vector<uint64_t>& v) {
+  for (uint64_t x : v) w.U64(x);
+}
+
+bool ReadU64s(ByteReader& r, uint64_t n, std::vector<uint64_t>* v) {
+  if (n > r.left() / sizeof(uint64_t)) return false;
+  v->resize(n);
+  for (uint64_t& x : *v) r.U64(&x);
+  return true;
+}
+
+// A u64 count, then that many u64s.
+bool ReadCountedU64s(ByteReader& r, std::vector<uint64_t>* v) {
+  uint64_t n;
+  return r.U64(&n) && ReadU64s(r, n, v);
+}
+
+void EncodeEmbedding(ByteWriter& w, const EmbeddingPartState& e) {
+  w.U32(e.table);
+  w.U32(e.partition);
+  w.U32(e.dim);
+  w.U8(static_cast<uint8_t>(e.optimizer));
+  const EmbeddingRowsState& rows = e.rows;
+  w.U64(rows.clock);
+  const EmbeddingTableStats& c = rows.stats;
+  for (uint64_t v : {c.pulled, c.pushed, c.admitted, c.not_admitted, c.evicted_idle,
+                     c.evicted_memory, c.refused_memory, c.refused_nonfinite, c.steps}) {
+    w.U64(v);
+  }
+  w.U64(rows.ids.size());
+  WriteU64s(w, rows.ids);
+  WriteU64s(w, rows.touched);
+  w.Floats(rows.slots);
+  w.U64(rows.sketch.size());
+  for (uint8_t v : rows.sketch) w.U8(v);
+  w.U64(e.closed);
+  w.U32(static_cast<uint32_t>(e.open.size()));
+  for (const auto& o : e.open) {
+    w.U64(o.round);
+    w.U32(static_cast<uint32_t>(o.pushed.size()));
+    for (int32_t r : o.pushed) w.I32(r);
+    w.U32(static_cast<uint32_t>(o.parts.size()));
+    for (const auto& p : o.parts) {
+      w.I32(p.rank);
+      w.U32(p.part);
+      w.U64(p.ids.size());
+      WriteU64s(w, p.ids);
+      w.Floats(p.grads);
+    }
+  }
+  w.U32(static_cast<uint32_t>(e.applied.size()));
+  for (const auto& [rank, last] : e.applied) {
+    w.I32(rank);
+    w.U64(static_cast<uint64_t>(last.first));
+    w.U32(last.second);
+  }
+}
+
+// Reads one partition; every count is bounded by the bytes left before
+// anything is allocated, and every size checked against the width.
+bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
+  uint8_t optimizer;
+  if (!r.U32(&e->table) || !r.U32(&e->partition) || !r.U32(&e->dim) || !r.U8(&optimizer)) {
+    *why = "truncated";
+    return false;
+  }
+  if (e->dim == 0 || e->dim > (1u << 20) ||
+      optimizer > static_cast<uint8_t>(RowOptimizerKind::kAdam)) {
+    *why = "a width or row optimizer out of range";
+    return false;
+  }
+  e->optimizer = static_cast<RowOptimizerKind>(optimizer);
+  EmbeddingRowsState& rows = e->rows;
+  EmbeddingTableStats& c = rows.stats;
+  uint64_t n = 0, sketch = 0;
+  bool ok = r.U64(&rows.clock);
+  for (uint64_t* v : {&c.pulled, &c.pushed, &c.admitted, &c.not_admitted, &c.evicted_idle,
+                      &c.evicted_memory, &c.refused_memory, &c.refused_nonfinite, &c.steps}) {
+    ok = ok && r.U64(v);
+  }
+  ok = ok && r.U64(&n) && n <= r.left() / 16 && ReadU64s(r, n, &rows.ids) &&
+       ReadU64s(r, n, &rows.touched) && r.Floats(&rows.slots);
+  if (!ok || rows.slots.size() != n * FloatsPerRow(e->optimizer, e->dim)) {
+    *why = "its rows are truncated or of another size";
+    return false;
+  }
+  if (!r.U64(&sketch) || (sketch != 0 && sketch != SketchCounters()) || sketch > r.left()) {
+    *why = "its admission sketch is truncated or of another size";
+    return false;
+  }
+  rows.sketch.resize(sketch);
+  for (uint8_t& v : rows.sketch) r.U8(&v);
+  uint32_t rounds;
+  if (!r.U64(&e->closed) || !r.Count(&rounds, 16)) {
+    *why = "its rounds are truncated";
+    return false;
+  }
+  e->open.resize(rounds);
+  for (auto& o : e->open) {
+    uint32_t pushed, parts;
+    if (!r.U64(&o.round) || !r.Count(&pushed, 4)) {
+      *why = "an open round is truncated";
+      return false;
+    }
+    for (uint32_t i = 0; i < pushed; ++i) {
+      int32_t rank;
+      r.I32(&rank);
+      o.pushed.insert(rank);
+    }
+    if (!r.Count(&parts, 24)) {
+      *why = "an open round is truncated";
+      return false;
+    }
+    o.parts.resize(parts);
+    for (auto& p : o.parts) {
+      if (!r.I32(&p.rank) || !r.U32(&p.part) || !ReadCountedU64s(r, &p.ids) ||
+          !r.Floats(&p.grads) || p.grads.size() != p.ids.size() * e->dim) {
+        *why =
+            "a part of open round " + std::to_string(o.round) + " is truncated or of another size";
+        return false;
+      }
+    }
+  }
+  uint32_t applied;
+  if (!r.Count(&applied, 16)) {
+    *why = "its applied pushes are truncated";
+    return false;
+  }
+  for (uint32_t i = 0; i < applied; ++i) {
+    int32_t rank;
+    uint64_t round;
+    uint32_t part;
+    r.I32(&rank);
+    r.U64(&round);
+    r.U32(&part);
+    e->applied[rank] = {static_cast<int64_t>(round), part};
+  }
+  return true;
+}
+
+StatusOr<ShardState> DecodeBody(ByteReader& r, ShardState st, uint32_t format,
+                                const std::string& name) {
   uint32_t threads;
   if (!r.U64(&st.journal_start) || !r.Count(&threads, 4) || threads == 0) {
     return Corrupt(name, "the body is truncated");
@@ -231,8 +372,21 @@ StatusOr<ShardState> DecodeBody(ByteReader& r, ShardState st, const std::string&
     }
     st.keys.emplace_hint(st.keys.end(), key, std::move(k));
   }
+  if (format >= 2) {
+    uint32_t parts;
+    if (!r.Count(&parts, 64)) return Corrupt(name, "the embedding table count is implausible");
+    st.embeddings.resize(parts);
+    for (uint32_t i = 0; i < parts; ++i) {
+      std::string why;
+      if (!DecodeEmbedding(r, &st.embeddings[i], &why)) {
+        return Corrupt(name, "embedding table partition " + std::to_string(i) + " (table " +
+                                 std::to_string(st.embeddings[i].table) + "): " + why);
+      }
+    }
+  }
   if (r.left() != 0) {
-    return Corrupt(name, std::to_string(r.left()) + " bytes follow the last key");
+    return Corrupt(name, std::to_string(r.left()) + " bytes follow the last " +
+                             (format >= 2 ? "embedding table" : "key"));
   }
   return st;
 }
@@ -280,6 +434,8 @@ std::string EncodeCheckpoint(const ShardState& st) {
   }
   w.U64(st.keys.size());
   for (const auto& [key, k] : st.keys) EncodeKey(w, key, k);
+  w.U32(static_cast<uint32_t>(st.embeddings.size()));
+  for (const auto& e : st.embeddings) EncodeEmbedding(w, e);
 
   std::string out(kMagic, sizeof(kMagic));
   ByteWriter h(&out);
@@ -325,8 +481,8 @@ StatusOr<ShardState> DecodeCheckpoint(const std::string& bytes, const Checkpoint
   h.U64(&body_size);
   h.U32(&body_crc);
   h.U32(&header_crc);
-  if (format != kCheckpointFormat) {
-    return Corrupt(name, "format version " + std::to_string(format) + ", this build reads " +
+  if (format != 1 && format != kCheckpointFormat) {
+    return Corrupt(name, "format version " + std::to_string(format) + ", this build reads 1 to " +
                              std::to_string(kCheckpointFormat));
   }
   const uint32_t header_want = Crc32(0, bytes.data(), kCheckpointHeaderBytes - 4);
@@ -373,7 +529,7 @@ StatusOr<ShardState> DecodeCheckpoint(const std::string& bytes, const Checkpoint
   }
   if (!differs.empty()) return InvalidArgumentError("checkpoint " + name + " " + differs);
   ByteReader body(bytes.data() + kCheckpointHeaderBytes, body_size);
-  return DecodeBody(body, std::move(st), name);
+  return DecodeBody(body, std::move(st), format, name);
 }
 
 std::string CheckpointPath(const std::string& dir, int32_t rank) {

@@ -17,8 +17,19 @@
 //     open rounds (u32 count; round u64, contributions u32, each worker i32,
 //     version u64, gradient), results (u32 count; round u64, snapshot),
 //     latest (snapshot), taken rounds (u32 count; worker i32, floor u64,
-//     rounds above u32 count, each u64). A float vector is a u64 count and
-//     the floats; a snapshot is version u64, has values u8, [float vector].
+//     rounds above u32 count, each u64); then (format 2) the embedding
+//     table partitions (u32 count), each: table u32, partition u32, width
+//     u32, row optimizer u8, clock u64, nine counters u64 (pulled, pushed,
+//     admitted, not admitted, evicted idle, evicted for memory, refused for
+//     memory, refused non-finite, steps), rows u64 count, their ids u64s,
+//     last touches u64s (least recently touched first), their floats
+//     (float vector), the admission sketch (u64 count, u8 counters); closed
+//     u64, open rounds (u32 count; round u64, pushed ranks u32 count of i32,
+//     parts u32 count of rank i32, part u32, ids u64 count and u64s,
+//     gradients float vector), applied (u32 count; rank i32, round u64,
+//     part u32). A float vector is a u64 count and the floats; a snapshot
+//     is version u64, has values u8, [float vector]. Format 1 files (no
+//     embedding section) are read as holding no embedding tables.
 //
 // WriteCheckpoint writes <dir>/shard-<rank>.ckpt.tmp, fsyncs it, renames it
 // over shard-<rank>.ckpt and fsyncs the directory: the file is always one
@@ -48,12 +59,13 @@
 #include <vector>
 
 #include "common/status.h"
+#include "ps/embedding_service.h"
 #include "ps/optimizer.h"
 #include "ps/ps_key_table.h"
 
 namespace gradsync::server {
 
-constexpr uint32_t kCheckpointFormat = 1;
+constexpr uint32_t kCheckpointFormat = 2;
 constexpr size_t kCheckpointHeaderBytes = 48;
 
 struct ShardState {
@@ -67,6 +79,7 @@ struct ShardState {
   // keys with PartitionKey(bucket, partition) % dead.size() == i.
   std::vector<std::set<int32_t>> dead;
   std::map<KeyTable::Key, KeyState> keys;  // held pulls are not saved
+  std::vector<EmbeddingPartState> embeddings;
 };
 
 // What a checkpoint must match to be loaded.

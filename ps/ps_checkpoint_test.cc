@@ -32,7 +32,48 @@ class StateMaker {
       if (Int(0, 1)) d.insert(Int(0, kWorkers - 1));
     }
     for (int i = 0; i < keys; ++i) st.keys[{rng_() % 50, rng_() % 8}] = Key();
+    for (int i = 0, parts = Int(0, 2); i < parts; ++i) st.embeddings.push_back(Embedding());
     return st;
+  }
+
+  // An embedding table partition; with `sketch`, its admission counters.
+  EmbeddingPartState Embedding(bool sketch = false) {
+    EmbeddingPartState e;
+    e.table = rng_() % 9;
+    e.partition = rng_() % 4;
+    e.dim = Int(1, 6);
+    e.optimizer = static_cast<RowOptimizerKind>(Int(0, 2));
+    EmbeddingRowsState& rows = e.rows;
+    rows.clock = rng_() % 1000;
+    rows.stats.pulled = rng_() % 100;
+    rows.stats.steps = rng_() % 100;
+    rows.stats.evicted_memory = rng_() % 100;
+    for (int i = 0, n = Int(0, 5); i < n; ++i) {
+      rows.ids.push_back(rng_());
+      rows.touched.push_back(rng_() % 1000);
+    }
+    rows.slots = Floats(rows.ids.size() * FloatsPerRow(e.optimizer, e.dim));
+    if (sketch) {
+      rows.sketch.resize(SketchCounters());
+      for (uint8_t& c : rows.sketch) c = static_cast<uint8_t>(rng_());
+    }
+    e.closed = rng_() % 50;
+    for (int r = 0, rounds = Int(0, 2); r < rounds; ++r) {
+      EmbeddingPartState::OpenRound o;
+      o.round = e.closed + static_cast<uint64_t>(r);
+      if (Int(0, 1)) o.pushed.insert(Int(0, kWorkers - 1));
+      for (int k = 0, parts = Int(0, 3); k < parts; ++k) {
+        EmbeddingPartState::Part p;
+        p.rank = Int(0, kWorkers - 1);
+        p.part = static_cast<uint32_t>(k);
+        for (int i = 0, n = Int(0, 3); i < n; ++i) p.ids.push_back(rng_());
+        p.grads = Floats(p.ids.size() * e.dim);
+        o.parts.push_back(std::move(p));
+      }
+      e.open.push_back(std::move(o));
+    }
+    if (Int(0, 1)) e.applied[Int(0, kWorkers - 1)] = {Int(-1, 40), rng_() % 3};
+    return e;
   }
 
  private:
@@ -138,7 +179,41 @@ void ExpectKeyEq(const KeyState& a, const KeyState& b) {
   }
 }
 
+void ExpectEmbeddingEq(const EmbeddingPartState& a, const EmbeddingPartState& b) {
+  EXPECT_EQ(a.table, b.table);
+  EXPECT_EQ(a.partition, b.partition);
+  EXPECT_EQ(a.dim, b.dim);
+  EXPECT_EQ(a.optimizer, b.optimizer);
+  EXPECT_EQ(a.rows.clock, b.rows.clock);
+  EXPECT_EQ(a.rows.stats.pulled, b.rows.stats.pulled);
+  EXPECT_EQ(a.rows.stats.steps, b.rows.stats.steps);
+  EXPECT_EQ(a.rows.stats.evicted_memory, b.rows.stats.evicted_memory);
+  EXPECT_EQ(a.rows.ids, b.rows.ids);
+  EXPECT_EQ(a.rows.touched, b.rows.touched);
+  EXPECT_TRUE(SameBits(a.rows.slots, b.rows.slots));
+  EXPECT_EQ(a.rows.sketch, b.rows.sketch);
+  EXPECT_EQ(a.closed, b.closed);
+  ASSERT_EQ(a.open.size(), b.open.size());
+  for (size_t r = 0; r < a.open.size(); ++r) {
+    EXPECT_EQ(a.open[r].round, b.open[r].round);
+    EXPECT_EQ(a.open[r].pushed, b.open[r].pushed);
+    ASSERT_EQ(a.open[r].parts.size(), b.open[r].parts.size());
+    for (size_t k = 0; k < a.open[r].parts.size(); ++k) {
+      EXPECT_EQ(a.open[r].parts[k].rank, b.open[r].parts[k].rank);
+      EXPECT_EQ(a.open[r].parts[k].part, b.open[r].parts[k].part);
+      EXPECT_EQ(a.open[r].parts[k].ids, b.open[r].parts[k].ids);
+      EXPECT_TRUE(SameBits(a.open[r].parts[k].grads, b.open[r].parts[k].grads));
+    }
+  }
+  EXPECT_EQ(a.applied, b.applied);
+}
+
 void ExpectStateEq(const ShardState& a, const ShardState& b) {
+  ASSERT_EQ(a.embeddings.size(), b.embeddings.size());
+  for (size_t i = 0; i < a.embeddings.size(); ++i) {
+    SCOPED_TRACE("embedding partition " + std::to_string(i));
+    ExpectEmbeddingEq(a.embeddings[i], b.embeddings[i]);
+  }
   EXPECT_EQ(a.job_id, b.job_id);
   EXPECT_EQ(a.rank, b.rank);
   EXPECT_EQ(a.mode, b.mode);
@@ -172,6 +247,72 @@ TEST(PsCheckpointTest, RandomStatesRoundTripBitForBit) {
     ExpectStateEq(st, *back);
     EXPECT_EQ(EncodeCheckpoint(*back), bytes);
   }
+}
+
+TEST(PsCheckpointTest, EmbeddingTablesWithTheirSketchRoundTrip) {
+  StateMaker maker(99);
+  ShardState st = maker.Make(2);
+  st.embeddings.push_back(maker.Embedding(/*sketch=*/true));
+  const std::string bytes = EncodeCheckpoint(st);
+  auto back = DecodeCheckpoint(bytes, ExpectOf(st), "mem");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectStateEq(st, *back);
+}
+
+// A checkpoint of format 1 (before embedding tables) reads as one without
+// tables: the same bytes less the embedding count, renumbered and
+// re-checksummed.
+TEST(PsCheckpointTest, AFormatOneCheckpointReadsWithNoEmbeddingTables) {
+  ShardState st = StateMaker(31).Make(4);
+  st.embeddings.clear();
+  std::string bytes = EncodeCheckpoint(st);
+  bytes.resize(bytes.size() - 4);  // the u32 count of embedding partitions, 0
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>(v >> (8 * i));
+  };
+  const size_t body = bytes.size() - kCheckpointHeaderBytes;
+  put32(8, 1);  // the format
+  for (int i = 0; i < 8; ++i) bytes[32 + i] = static_cast<char>(uint64_t{body} >> (8 * i));
+  put32(40, Crc32(0, bytes.data() + kCheckpointHeaderBytes, body));
+  put32(44, Crc32(0, bytes.data(), kCheckpointHeaderBytes - 4));
+  auto back = DecodeCheckpoint(bytes, ExpectOf(st), "old");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectStateEq(st, *back);
+  put32(8, 9);
+  put32(44, Crc32(0, bytes.data(), kCheckpointHeaderBytes - 4));
+  auto newer = DecodeCheckpoint(bytes, ExpectOf(st), "new");
+  EXPECT_NE(newer.status().message().find("format version 9, this build reads 1 to 2"),
+            std::string::npos)
+      << newer.status();
+}
+
+TEST(PsCheckpointTest, AnEmbeddingTableThatContradictsItselfIsRejected) {
+  StateMaker maker(8);
+  ShardState st = maker.Make(0);
+  EmbeddingPartState e;
+  e.table = 5;
+  e.dim = 4;
+  e.optimizer = RowOptimizerKind::kAdam;
+  e.rows.ids = {1, 2};
+  e.rows.touched = {0, 0};
+  e.rows.slots.assign(2 * 4 * 2, 0.0f);  // Adam keeps three floats an element
+  st.embeddings = {e};
+  auto back = DecodeCheckpoint(EncodeCheckpoint(st), ExpectOf(st), "c");
+  ASSERT_EQ(back.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(back.status().message().find("(table 5): its rows are truncated or of another size"),
+            std::string::npos)
+      << back.status();
+  e.rows.slots.assign(2 * 4 * 3, 0.0f);
+  e.rows.sketch.assign(100, 1);  // not the sketch's size
+  st.embeddings = {e};
+  back = DecodeCheckpoint(EncodeCheckpoint(st), ExpectOf(st), "c");
+  EXPECT_NE(back.status().message().find("admission sketch"), std::string::npos) << back.status();
+  e.rows.sketch.clear();
+  e.open.push_back({3, {}, {{0, 0, {7}, {1.0f}}}});  // one gradient for a row of 4
+  st.embeddings = {e};
+  back = DecodeCheckpoint(EncodeCheckpoint(st), ExpectOf(st), "c");
+  EXPECT_NE(back.status().message().find("a part of open round 3"), std::string::npos)
+      << back.status();
 }
 
 TEST(PsCheckpointTest, EveryTruncationIsRejected) {

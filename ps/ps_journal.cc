@@ -53,6 +53,23 @@ bool DecodeRecord(const char* body, size_t size, JournalRecord* rec) {
            r.left() == rec->num_elements * sizeof(float) &&
            r.FloatsOf(rec->num_elements, &rec->values);
   }
+  if (kind == static_cast<uint8_t>(JournalRecord::Kind::kEmbeddingPush)) {
+    rec->kind = JournalRecord::Kind::kEmbeddingPush;
+    uint64_t n = 0;
+    if (!r.U32(&rec->table) || !r.U32(&rec->partition) || !r.U32(&rec->dim) ||
+        !r.I32(&rec->worker) || !r.U64(&rec->round) || !r.U32(&rec->part) || !r.U32(&rec->parts) ||
+        !r.U64(&n)) {
+      return false;
+    }
+    // Each id takes 8 bytes and dim floats: bounded by what is left before
+    // anything is allocated.
+    const uint64_t per_id = sizeof(uint64_t) + uint64_t{rec->dim} * sizeof(float);
+    if (n > r.left() / per_id || r.left() != n * per_id) return false;
+    rec->num_elements = n;
+    rec->ids.resize(n);
+    for (uint64_t& id : rec->ids) r.U64(&id);
+    return r.FloatsOf(n * rec->dim, &rec->values);
+  }
   if (kind != static_cast<uint8_t>(JournalRecord::Kind::kDead)) return false;
   rec->kind = JournalRecord::Kind::kDead;
   uint32_t n;
@@ -320,6 +337,15 @@ void Journal::Write(const JournalRecord& rec) {
     w.U64(rec.round);
     w.U64(rec.version);
     w.U64(rec.num_elements);
+  } else if (rec.kind == JournalRecord::Kind::kEmbeddingPush) {
+    w.U32(rec.table);
+    w.U32(rec.partition);
+    w.U32(rec.dim);
+    w.I32(rec.worker);
+    w.U64(rec.round);
+    w.U32(rec.part);
+    w.U32(rec.parts);
+    w.U64(rec.num_elements);
   } else {
     w.U32(rec.thread);
     w.U32(rec.threads);
@@ -327,8 +353,12 @@ void Journal::Write(const JournalRecord& rec) {
     for (int32_t r : rec.dead) w.I32(r);
   }
   // The values exactly as the key table copied them: frames in order, cut
-  // or zero-padded to num_elements floats.
-  const size_t want = rec.kind == JournalRecord::Kind::kPush ? rec.num_elements * 4 : 0;
+  // or zero-padded to num_elements floats (an embedding push: its ids and
+  // their rows).
+  const size_t want = rec.kind == JournalRecord::Kind::kPush ? rec.num_elements * 4
+                      : rec.kind == JournalRecord::Kind::kEmbeddingPush
+                          ? rec.num_elements * (sizeof(uint64_t) + size_t{rec.dim} * sizeof(float))
+                          : 0;
   const size_t start = buffer_.size();
   ByteWriter out(&buffer_);
   out.U32(static_cast<uint32_t>(head.size() + want));

@@ -18,6 +18,10 @@
 //     version u64, num_elements u64, num_elements f32 values;
 //   dead (kind 2): key thread u32, key threads u32, count u32, worker i32s:
 //     from here on the key thread's workers declared dead.
+//   embedding push (kind 3): table u32, partition u32, row width u32,
+//     worker i32, round u64, part u32, parts u32, number of ids u64, the
+//     ids (u64 each), then ids x width f32 gradients: a push an
+//     EmbeddingService took (ps/embedding_service.h).
 // Integers little-endian, floats as their IEEE-754 bits.
 //
 // A checkpoint rotates the journal first (Rotate: a new segment for
@@ -58,9 +62,10 @@
 namespace gradsync::server {
 
 struct JournalRecord {
-  enum class Kind : uint8_t { kPush = 1, kDead = 2 };
+  enum class Kind : uint8_t { kPush = 1, kDead = 2, kEmbeddingPush = 3 };
   Kind kind = Kind::kPush;
-  // kPush
+  // kPush (and kEmbeddingPush: partition, worker, round; num_elements is
+  // the number of ids, payloads the ids' frame then the gradients')
   uint32_t bucket = 0;
   uint32_t partition = 0;
   int32_t worker = 0;
@@ -69,6 +74,12 @@ struct JournalRecord {
   uint64_t num_elements = 0;
   std::vector<wire::Payload> payloads;  // written: num_elements f32 as received
   std::vector<float> values;            // read back
+  // kEmbeddingPush
+  uint32_t table = 0;
+  uint32_t dim = 0;
+  uint32_t part = 0;
+  uint32_t parts = 1;
+  std::vector<uint64_t> ids;  // read back; values: their gradients
   // kDead
   uint32_t thread = 0;
   uint32_t threads = 1;

@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "gtest/gtest.h"
+#include "ps/ps_checkpoint.h"
 
 namespace gradsync::server {
 namespace {
@@ -135,6 +136,68 @@ TEST(PsJournalTest, RecordsComeBackInOrderAndAnswersLeaveInOrder) {
                  {float(i), -float(i), 0.5f * float(i)});
     }
   }
+}
+
+TEST(PsJournalTest, EmbeddingPushesComeBackWithTheirIdsAndRows) {
+  const std::string dir = TempDir("embedding");
+  Sent sent;
+  auto j = OpenJournal(dir, 0, &sent);
+  const std::vector<uint64_t> ids = {7, 1ull << 60, 7};
+  const std::vector<float> grads = {1, 2, 3, 4, 5, 6};  // rows of 2
+  JournalRecord r;
+  r.kind = JournalRecord::Kind::kEmbeddingPush;
+  r.table = 9;
+  r.partition = 2;
+  r.dim = 2;
+  r.worker = 3;
+  r.round = 41;
+  r.part = 1;
+  r.parts = 2;
+  r.num_elements = ids.size();
+  r.payloads.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
+  r.payloads.push_back(wire::Payload::Copy(grads.data(), grads.size() * sizeof(float)));
+  JournalRecord empty = r;
+  empty.num_elements = 0;
+  empty.payloads.clear();
+  j->Append(std::move(r), {});
+  j->Append(std::move(empty), {});
+  j->Append(Push(1, 0, 1, {1.5f}), {});
+  j->Shutdown();
+  ASSERT_TRUE(j->health().ok());
+  auto back = ReadBack(dir, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 3u);
+  const JournalRecord& e = (*back)[0];
+  EXPECT_EQ(e.kind, JournalRecord::Kind::kEmbeddingPush);
+  EXPECT_EQ(e.table, 9u);
+  EXPECT_EQ(e.partition, 2u);
+  EXPECT_EQ(e.dim, 2u);
+  EXPECT_EQ(e.worker, 3);
+  EXPECT_EQ(e.round, 41u);
+  EXPECT_EQ(e.part, 1u);
+  EXPECT_EQ(e.parts, 2u);
+  EXPECT_EQ(e.ids, ids);
+  EXPECT_EQ(e.values, grads);
+  EXPECT_TRUE((*back)[1].ids.empty());
+  EXPECT_TRUE((*back)[1].values.empty());
+  ExpectPush((*back)[2], 1, 0, 1, {1.5f});
+
+  // A record whose count of ids claims more than its bytes is damage, not
+  // an allocation.
+  const std::string path = JournalSegmentPath(dir, kRank, 0);
+  std::string bytes = Slurp(path);
+  const size_t count_at = 40 + 8 + 1 + 4 * 3 + 4 + 8 + 4 + 4;  // header, length+CRC, kind, fields
+  for (int i = 0; i < 8; ++i) bytes[count_at + i] = static_cast<char>(i == 7 ? 0x7f : 0xff);
+  uint32_t len = 0;
+  for (int i = 0; i < 4; ++i) len |= uint32_t{static_cast<uint8_t>(bytes[40 + i])} << (8 * i);
+  const uint32_t crc = Crc32(0, bytes.data() + 48, len);  // a good CRC over the bad count
+  for (int i = 0; i < 4; ++i) bytes[44 + i] = static_cast<char>(crc >> (8 * i));
+  Spit(path, bytes);
+  auto damaged = ReadBack(dir, 0);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("does not parse"), std::string::npos)
+      << damaged.status();
 }
 
 TEST(PsJournalTest, RotateStartsASegmentAndDropBeforeDeletesTheOldOnes) {

@@ -342,9 +342,21 @@ void PsShard::KeyLoop(KeyThread* t) {
       wire::Incoming& in = *work->in;
       const wire::Header& h = *in.message.header_view();
       if (h.body_type() == wire::Body::EmbeddingBody) {
-        // Embedding rows are not journalled (docs/design/embeddings.md).
-        t->embeddings.Handle(in.from, h, in.message, &out);
-        Emit(std::nullopt, std::move(out));
+        if (t->embeddings.Handle(in.from, h, in.message, &out) && journal_) {
+          const wire::EmbeddingBody& e = *h.body_as_EmbeddingBody();
+          record = JournalRecord{};
+          record->kind = JournalRecord::Kind::kEmbeddingPush;
+          record->table = e.table();
+          record->partition = e.partition();
+          record->dim = e.dim();
+          record->worker = h.sender_rank();
+          record->round = e.round();
+          record->part = e.part();
+          record->parts = e.parts();
+          record->num_elements = e.num_ids();
+          record->payloads = std::move(in.message.payloads);  // the ids, then the rows
+        }
+        Emit(std::move(record), std::move(out));
         continue;
       }
       // The journal keeps what the table took: the fp32 values, so a

@@ -172,7 +172,7 @@ class PsShard {
 
   PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self);
   Status Restore();
-  void Load(ShardState saved);
+  Status Load(ShardState saved);
   Status ApplyRecord(const JournalRecord& record);
   ShardState StateHeader(uint64_t journal_start) const;
   StatusOr<ShardState> TakeSnapshot(uint64_t journal_start);

@@ -14,14 +14,20 @@ size_t ThreadOf(const KeyTable::Key& key, size_t threads) {
   return PartitionKey(key.first, key.second) % threads;
 }
 
-std::string Describe(const std::map<KeyTable::Key, KeyState>& keys) {
-  uint64_t closed = 0, version = 0;
-  for (const auto& [key, k] : keys) {
+std::string Describe(const ShardState& st) {
+  uint64_t closed = 0, version = 0, rows = 0;
+  for (const auto& [key, k] : st.keys) {
     closed = std::max(closed, k.closed);
     version = std::max(version, k.version);
   }
-  return std::to_string(keys.size()) + " keys, rounds closed up to " + std::to_string(closed) +
-         ", versions up to " + std::to_string(version);
+  for (const auto& e : st.embeddings) rows += e.rows.ids.size();
+  std::string out = std::to_string(st.keys.size()) + " keys, rounds closed up to " +
+                    std::to_string(closed) + ", versions up to " + std::to_string(version);
+  if (!st.embeddings.empty()) {
+    out += ", " + std::to_string(st.embeddings.size()) + " embedding table partitions of " +
+           std::to_string(rows) + " rows";
+  }
+  return out;
 }
 
 }  // namespace
@@ -37,8 +43,8 @@ Status PsShard::Restore() {
   std::string restored;
   if (saved.ok()) {
     const uint64_t start = saved->journal_start;
-    restored = Describe(saved->keys) + " from " + path;
-    Load(std::move(*saved));
+    restored = Describe(*saved) + " from " + path;
+    GS_RETURN_IF_ERROR(Load(std::move(*saved)));
     GS_ASSIGN_OR_RETURN(JournalReplay replay,
                         ReplayJournal(dir, self_.rank, self_.job_id, start,
                                       [this](const JournalRecord& r) { return ApplyRecord(r); }));
@@ -63,13 +69,21 @@ Status PsShard::Restore() {
   GS_ASSIGN_OR_RETURN(ShardState state, TakeSnapshot(next));
   GS_RETURN_IF_ERROR(Finish(Save(state), began));
   if (!restored.empty()) {
-    GS_LOG(INFO) << "restored checkpoint: " << restored << "; now " << Describe(state.keys);
+    GS_LOG(INFO) << "restored checkpoint: " << restored << "; now " << Describe(state);
   }
   return OkStatus();
 }
 
-void PsShard::Load(ShardState saved) {
+Status PsShard::Load(ShardState saved) {
   const size_t n = key_threads_.size();
+  // An embedding table is on the thread of its id (Dispatch).
+  for (const EmbeddingPartState& e : saved.embeddings) {
+    Status s = key_threads_[e.table % n]->embeddings.Restore(e);
+    if (!s.ok()) {
+      return InvalidArgumentError(
+          "checkpoint " + CheckpointPath(options_.checkpoint_dir, self_.rank) + ": " + s.message());
+    }
+  }
   std::vector<std::map<KeyTable::Key, KeyState>> parts(n);
   for (auto& [key, k] : saved.keys) parts[ThreadOf(key, n)].emplace(key, std::move(k));
   std::set<int32_t> all_dead;
@@ -78,10 +92,13 @@ void PsShard::Load(ShardState saved) {
   for (size_t i = 0; i < n; ++i) {
     KeyTable& table = key_threads_[i]->table;
     table.RestoreKeys(std::move(parts[i]));
-    table.SetDead(saved.dead.size() == n ? saved.dead[i] : all_dead, &none);
+    const std::set<int32_t>& dead = saved.dead.size() == n ? saved.dead[i] : all_dead;
+    table.SetDead(dead, &none);
+    key_threads_[i]->embeddings.SetDead(dead, &none);
   }
   std::lock_guard<std::mutex> lock(mu_);
   dead_ = all_dead;
+  return OkStatus();
 }
 
 // A dead record applies to the keys of the thread that wrote it; with
@@ -92,6 +109,12 @@ Status PsShard::ApplyRecord(const JournalRecord& r) {
     const KeyTable::Key key{r.bucket, r.partition};
     return key_threads_[ThreadOf(key, n)]->table.Replay(key, r.worker, r.round, r.version,
                                                         r.values);
+  }
+  if (r.kind == JournalRecord::Kind::kEmbeddingPush) {
+    const EmbeddingPushRecord push{r.table,      r.partition,    r.dim,   r.worker,
+                                   r.round,      r.part,         r.parts, r.ids.size(),
+                                   r.ids.data(), r.values.data()};
+    return key_threads_[r.table % n]->embeddings.Replay(push);
   }
   for (int32_t w : r.dead) {
     if (w < 0 || w >= options_.rules.num_workers) {
@@ -106,6 +129,7 @@ Status PsShard::ApplyRecord(const JournalRecord& r) {
     std::set<int32_t> dead = table.dead();
     dead.insert(r.dead.begin(), r.dead.end());
     table.SetDead(dead, &none);
+    key_threads_[i]->embeddings.SetDead(dead, &none);
   }
   std::lock_guard<std::mutex> lock(mu_);
   dead_.insert(r.dead.begin(), r.dead.end());
@@ -128,13 +152,18 @@ ShardState PsShard::StateHeader(uint64_t journal_start) const {
 // run, the tables are read directly.
 StatusOr<ShardState> PsShard::TakeSnapshot(uint64_t journal_start) {
   ShardState st = StateHeader(journal_start);
-  using Copy = std::pair<std::map<KeyTable::Key, KeyState>, std::set<int32_t>>;
+  struct Copy {
+    std::map<KeyTable::Key, KeyState> keys;
+    std::set<int32_t> dead;
+    std::vector<EmbeddingPartState> embeddings;
+  };
   std::vector<std::future<Copy>> copies;
   for (auto& t : key_threads_) {
     auto promise = std::make_shared<std::promise<Copy>>();
     copies.push_back(promise->get_future());
     auto visit = [promise](const KeyThread& thread) {
-      promise->set_value(Copy{thread.table.SaveKeys(), thread.table.dead()});
+      promise->set_value(
+          Copy{thread.table.SaveKeys(), thread.table.dead(), thread.embeddings.Save()});
     };
     if (!t->thread.joinable()) {  // Restore, before Start runs the threads
       visit(*t);
@@ -148,8 +177,9 @@ StatusOr<ShardState> PsShard::TakeSnapshot(uint64_t journal_start) {
   }
   for (size_t i = 0; i < copies.size(); ++i) {
     Copy c = copies[i].get();
-    st.dead[i] = std::move(c.second);
-    st.keys.merge(c.first);
+    st.dead[i] = std::move(c.dead);
+    st.keys.merge(c.keys);
+    for (auto& e : c.embeddings) st.embeddings.push_back(std::move(e));
   }
   return st;
 }

@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_PS_PS_SHARD_HARNESS_H_
 #define GRADSYNC_PS_PS_SHARD_HARNESS_H_
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -108,6 +109,40 @@ class ShardHarness {
     Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Pull, f, {},
                            static_cast<uint64_t>(epoch) << 32, round));
   }
+  // Worker w's push of gradient rows `grads` of `ids` to embedding table
+  // `table` (rows of `dim`) for `round`.
+  void PushRows(int w, uint32_t table, uint32_t dim, uint64_t round,
+                const std::vector<uint64_t>& ids, const std::vector<float>& grads,
+                uint64_t seq = 1) {
+    wire::EmbeddingFields f{table, dim, ids.size(), round, 0, 0, 1, 0};
+    std::vector<wire::Payload> p;
+    p.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
+    p.push_back(wire::Payload::Copy(grads.data(), grads.size() * sizeof(float)));
+    Send(w, wire::MakeEmbedding(Sender(w), MsgType::EmbeddingPush, f, std::move(p), seq));
+  }
+  void PullRows(int w, uint32_t table, uint32_t dim, uint64_t round,
+                const std::vector<uint64_t>& ids, uint64_t seq = 1) {
+    wire::EmbeddingFields f{table, dim, ids.size(), round, 0, 0, 1, 0};
+    std::vector<wire::Payload> p;
+    p.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
+    Send(w, wire::MakeEmbedding(Sender(w), MsgType::EmbeddingPull, f, std::move(p), seq));
+  }
+  // The rows of the next EmbeddingRows worker w receives (skipping acks).
+  std::vector<float> Rows(int w) {
+    for (;;) {
+      auto m = Next(w);
+      EXPECT_TRUE(m.has_value()) << "no rows";
+      if (!m) return {};
+      const MsgType type = m->header_view()->type();
+      if (type == MsgType::EmbeddingAck) continue;
+      EXPECT_EQ(type, MsgType::EmbeddingRows) << ErrorText(*m);
+      if (type != MsgType::EmbeddingRows) return {};
+      std::vector<float> out(m->payloads[0].size / sizeof(float));
+      std::memcpy(out.data(), m->payloads[0].data, out.size() * sizeof(float));
+      return out;
+    }
+  }
+
   // The next message worker w receives, or nullopt after `ms`.
   std::optional<wire::Message> Next(int w, int ms = 3000) {
     auto in = workers_[w]->Receive(Deadline::AfterMs(ms));

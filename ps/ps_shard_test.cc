@@ -757,6 +757,67 @@ TEST(PsShardCheckpointTest, RestartsFromCheckpointAndJournalContinueBitForBit) {
   }
 }
 
+// The rows of embedding table 4 that worker 0 reads after each round of a
+// 2-worker job (Adam, ids admitted on their second push); with `dir`, the
+// shard checkpoints at the rounds of `checkpoint_at` and restarts at those
+// of `restart_at`, both between the two workers' pushes of the round.
+std::vector<std::vector<float>> EmbeddingTrajectory(PsMode mode, int rounds,
+                                                    const std::string& dir = "",
+                                                    std::set<int> checkpoint_at = {},
+                                                    std::set<int> restart_at = {}) {
+  constexpr uint32_t kTable = 4, kWidth = 8;
+  ShardHarness h(mode, mode == PsMode::kSync ? OptimizerKind::kNone : OptimizerKind::kSgd, 2, 1,
+                 dir);
+  EmbeddingOptions& o = h.options().embeddings.table;
+  o.optimizer = RowOptimizerKind::kAdam;
+  o.lr = 0.01f;
+  o.eps = 1e-8f;
+  o.admit_after = 2;
+  o.seed = 5;
+  h.Restart();
+  const std::vector<uint64_t> all = {0, 1, 2, 3, 7, 100, 101, 102};
+  std::vector<std::vector<float>> out;
+  for (int r = 0; r < rounds; ++r) {
+    const uint64_t round = static_cast<uint64_t>(r);
+    for (int w = 0; w < 2; ++w) {
+      const std::vector<uint64_t> ids = {static_cast<uint64_t>(w), static_cast<uint64_t>(w) + 2, 7,
+                                         100 + round % 3};
+      std::vector<float> grads(ids.size() * kWidth);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        grads[i] = std::sin(0.37f * static_cast<float>(i + 5 * r + 11 * w));
+      }
+      h.PushRows(w, kTable, kWidth, round, ids, grads, 100 + round);
+      EXPECT_EQ(h.NextType(w), MsgType::EmbeddingAck) << "round " << r << " worker " << w;
+      if (w == 1) continue;
+      if (checkpoint_at.count(r)) {
+        EXPECT_TRUE(h.shard().Checkpoint().ok());
+      }
+      if (restart_at.count(r)) h.Restart();
+    }
+    h.PullRows(0, kTable, kWidth, round + 1, all, 200 + round);
+    out.push_back(h.Rows(0));
+  }
+  return out;
+}
+
+TEST(PsShardCheckpointTest, EmbeddingRowsAndOpenRoundsSurviveRestartsBitForBit) {
+  for (PsMode mode : {PsMode::kSync, PsMode::kAsync}) {
+    SCOPED_TRACE(PsModeName(mode));
+    const auto clean = EmbeddingTrajectory(mode, 12);
+    // Restarts right after a checkpoint (worker 0's push of the round in
+    // it, worker 1's not yet), between checkpoints (the journal alone
+    // holds the round), and with no checkpoint but the initial one.
+    const auto restarted = EmbeddingTrajectory(
+        mode, 12, TempDir(std::string("rows_") + PsModeName(mode)), {3, 6}, {2, 6, 9, 10});
+    ASSERT_EQ(restarted.size(), clean.size());
+    for (size_t r = 0; r < clean.size(); ++r) {
+      ASSERT_EQ(clean[r].size(), 8u * 8u);
+      ASSERT_EQ(std::memcmp(clean[r].data(), restarted[r].data(), clean[r].size() * 4), 0)
+          << "round " << r;
+    }
+  }
+}
+
 TEST(PsShardCheckpointTest, ACheckpointCountsAndIsReadableWithItsJournalStart) {
   const std::string dir = TempDir("stats");
   ShardHarness h(PsMode::kSync, OptimizerKind::kNone, 1, 0, dir);

@@ -109,27 +109,31 @@ class Job:
         self.procs.append((name, proc, log))
         return proc
 
-    def start_scheduler(self, workers, servers, server_metrics=False):
+    def start_scheduler(self, workers, servers, server_metrics=False,
+                        scheduler_flags=(), server_flags=None):
         """A gradsync_server scheduler; sets GRADSYNC_* for later nodes.
         With `server_metrics`, each shard serves /metrics on a free port
-        (self.server_metrics_ports, by start order)."""
+        (self.server_metrics_ports, by start order). `server_flags(s)`:
+        more flags for shard s. self.server_argv: each shard's command."""
         port = free_port()
         env = base_env(self.extra_env)
         self.spawn("scheduler", [SERVER, "--role=scheduler", "--port=%d" % port,
                                  "--num_workers=%d" % workers,
                                  "--num_servers=%d" % servers,
-                                 "--metrics_port=0"], env)
+                                 "--metrics_port=0"] + list(scheduler_flags), env)
         self.env.update(GRADSYNC_SCHEDULER="127.0.0.1:%d" % port,
                         GRADSYNC_NUM_WORKERS=str(workers),
                         GRADSYNC_NUM_SERVERS=str(servers))
         self.server_metrics_ports = []
+        self.server_argv = []
         for s in range(servers):
             port = free_port() if server_metrics else 0
             if server_metrics:
                 self.server_metrics_ports.append(port)
-            self.spawn("server%d" % s, [SERVER, "--role=server",
-                                        "--metrics_port=%d" % port],
-                       base_env(self.env))
+            argv = [SERVER, "--role=server", "--metrics_port=%d" % port]
+            argv += list(server_flags(s)) if server_flags else []
+            self.server_argv.append(argv)
+            self.spawn("server%d" % s, argv, base_env(self.env))
 
     def start_workers(self, argv, workers, torchrun=False):
         port = master_port()
