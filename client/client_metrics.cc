@@ -127,6 +127,14 @@ ClientMetrics::ClientMetrics(prometheus::Registry& registry) {
                    "completed step (0 otherwise).")
                .Register(registry)
                .Add({});
+  replication_lag_ =
+      &prometheus::BuildHistogram()
+           .Name("gradsync_client_embedding_replication_lag_seconds")
+           .Help(
+               "embedding_replicas: from the first holder's acknowledgement of a pushed part to "
+               "the last's (the push is done at the last).")
+           .Register(registry)
+           .Add({}, LatencyBuckets());
 }
 
 void ClientMetrics::Record(SyncOp op, SyncPath path, double seconds, const Status& s) {

@@ -16,6 +16,10 @@
 //   gradsync_client_join_seconds                   a worker that joined a running
 //                                                  job: from its start to its
 //                                                  first completed step
+//   gradsync_client_embedding_replication_lag_seconds  histogram: with
+//                                                  embedding_replicas, from the
+//                                                  first holder's ack of a pushed
+//                                                  part to the last's
 // op: push, pull, push_pull, allreduce, allgather, broadcast, barrier,
 // pull_rows, push_rows (the sparse embedding tables' rows, path ps);
 // path: ring, nccl, ps; direction: sent, received. raw / wire of `sent` is
@@ -86,6 +90,7 @@ class ClientMetrics {
   void Recovered(double seconds) { recovery_->Observe(seconds); }
   void Joined(double seconds) { join_->Set(seconds); }
   prometheus::Histogram& recovery() { return *recovery_; }  // for tests
+  prometheus::Histogram& replication_lag() { return *replication_lag_; }
 
   // For tests.
   prometheus::Histogram& latency(SyncOp op, SyncPath path) {
@@ -109,6 +114,7 @@ class ClientMetrics {
   prometheus::Gauge* epoch_ = nullptr;
   prometheus::Histogram* recovery_ = nullptr;
   prometheus::Gauge* join_ = nullptr;
+  prometheus::Histogram* replication_lag_ = nullptr;
 };
 
 }  // namespace gradsync::client

@@ -42,6 +42,7 @@ StatusOr<EmbeddingClient*> Communicator::Impl::EmbeddingsLocked(Deadline deadlin
   options.max_message_bytes = options_.sync.ps_links.partition_bytes;
   options.replicas = options_.embedding_replicas;
   options.rejected = &ps_rejected_;
+  options.replication_lag = &metrics_.replication_lag();
   Session* session = session_.get();
   const bool replicated = options.replicas > 1;
   auto health = [session, replicated]() -> Status {

@@ -216,6 +216,8 @@ Status EmbeddingClient::Exchange(std::vector<Request>& requests, Deadline deadli
       continue;
     }
     r->done = true;
+    r->answered = true;
+    r->answered_at = std::chrono::steady_clock::now();
     r->answer = std::move(in->message);
     --left;
   }
@@ -324,6 +326,7 @@ Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, 
         Request r;
         r.shard = holder;
         r.partition = partition;
+        r.part = static_cast<uint32_t>(p);
         r.seq = next_seq_++;
         r.message = wire::MakeEmbedding(
             peers_.sender, MsgType::EmbeddingPush,
@@ -335,8 +338,31 @@ Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, 
     }
   }
   GS_RETURN_IF_ERROR(Exchange(requests, deadline));
+  RecordReplicationLag(requests);
   stats_.pushed_rows += u.ids.size();
   return Status();
+}
+
+void EmbeddingClient::RecordReplicationLag(const std::vector<Request>& requests) const {
+  if (options_.replicas < 2 || options_.replication_lag == nullptr) return;
+  // The holders' requests of one part are side by side.
+  for (size_t i = 0; i < requests.size();) {
+    size_t j = i;
+    SteadyTime first = SteadyTime::max(), last = SteadyTime::min();
+    int answered = 0;
+    for (; j < requests.size() && requests[j].partition == requests[i].partition &&
+           requests[j].part == requests[i].part;
+         ++j) {
+      if (!requests[j].answered) continue;
+      ++answered;
+      first = std::min(first, requests[j].answered_at);
+      last = std::max(last, requests[j].answered_at);
+    }
+    if (answered > 1) {
+      options_.replication_lag->Observe(std::chrono::duration<double>(last - first).count());
+    }
+    i = j;
+  }
 }
 
 }  // namespace gradsync::client

@@ -43,6 +43,7 @@
 #include "common/id_dedup.h"
 #include "common/status.h"
 #include "common/time.h"
+#include "prometheus/histogram.h"
 #include "wire/message.h"
 #include "wire/rejected_metrics.h"
 #include "wire/transport.h"
@@ -64,6 +65,9 @@ struct EmbeddingClientOptions {
   // Holders of each partition: 1, or 2 (at most the shards).
   int replicas = 1;
   wire::RejectedMetrics* rejected = nullptr;  // refused answers by reason; may be null
+  // With replicas: each replicated push message's replication lag, from
+  // the first holder's acknowledgement to the last's; may be null.
+  prometheus::Histogram* replication_lag = nullptr;
 };
 
 struct EmbeddingClientStats {
@@ -108,10 +112,13 @@ class EmbeddingClient {
     uint32_t partition = 0;
     wire::Message message;  // kept to send again
     uint64_t seq = 0;
-    uint64_t ids = 0;  // a pull's: rows expected
+    uint64_t ids = 0;   // a pull's: rows expected
+    uint32_t part = 0;  // a push's part of its partition
     bool done = false;
+    bool answered = false;  // done by an answer (not dropped with a dead shard)
     wire::Message answer;
     SteadyTime sent;
+    SteadyTime answered_at;
     bool busy = false;
   };
 
@@ -139,6 +146,9 @@ class EmbeddingClient {
   // Sends every request and waits for all their answers.
   Status Exchange(std::vector<Request>& requests, Deadline deadline);
   void SendOne(Request& r);
+  // Observes the replication lag of each part pushed to more than one
+  // holder that answered.
+  void RecordReplicationLag(const std::vector<Request>& requests) const;
   // The ids of one message at most, for rows of `dim`.
   size_t IdsPerMessage(uint32_t dim, bool rows) const;
 

@@ -45,6 +45,7 @@ REQUIRED_PANELS = (
     "Checkpoint age",
     "Embedding memory per shard",
     "Embedding pulls and pushes",
+    "Embedding replication lag",
 )
 
 # Words that may stand where a metric name could, but are not one.

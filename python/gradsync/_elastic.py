@@ -113,6 +113,12 @@ class State:
             setattr(self, name, int(value))
         self._counters = ["step", "epoch", "batch"] + sorted(counters)
         self._on_reset = []
+        from gradsync._embedding import ShardedEmbeddingBag
+        # The model's tables on the parameter servers: their steps are
+        # counters too.
+        self._tables = [m for m in model.modules()
+                        if isinstance(m, ShardedEmbeddingBag)]
+        self._table_steps = [0] * len(self._tables)
 
     def on_reset(self, callback):
         """Registers callback(state), called after each membership change
@@ -129,6 +135,8 @@ class State:
         self.batch += 1
         if self.sampler is not None:
             self.sampler.record_batch()
+        for table in self._tables:
+            table._commit()
 
     def next_epoch(self):
         """Ends the epoch: `epoch` + 1, `batch` 0, the sampler's next epoch."""
@@ -174,6 +182,7 @@ class State:
 
     def _fetch_counters(self, root):
         values = [getattr(self, name) for name in self._counters]
+        values += [table._committed for table in self._tables]
         values.append(self.sampler.processed if self.sampler is not None else 0)
         values.append(int(bool(self.optimizer.state)))
         counters = torch.tensor(values, dtype=torch.int64)
@@ -183,15 +192,21 @@ class State:
     def _store_counters(self, counters):
         for name, value in zip(self._counters, counters):
             setattr(self, name, value)
+        at = len(self._counters)
+        self._table_steps = counters[at:at + len(self._tables)]
+        at += len(self._tables)
         if self.sampler is not None:
             self.sampler.epoch = self.epoch
-            self.sampler.processed = counters[len(self._counters)]
+            self.sampler.processed = counters[at]
 
     def reset(self):
         """After sync(): the sampler takes this worker's new rank and size,
-        a DistributedOptimizer forgets the failed step, on_reset runs."""
+        a DistributedOptimizer forgets the failed step, the model's
+        ShardedEmbeddingBags go on at the root's step, on_reset runs."""
         if self.sampler is not None:
             self.sampler.reset(self.comm.rank, self.comm.size)
+        for table, step in zip(self._tables, self._table_steps):
+            table._resume(step)
         registry = getattr(self.optimizer, "_gs", None)
         if registry is not None:
             registry.abandon_step()

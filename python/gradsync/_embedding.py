@@ -44,7 +44,12 @@ class ShardedEmbeddingBag(torch.nn.Module):
     its backward must run (once) before the next training forward, and every
     worker makes the same number of steps. In eval mode, or under
     torch.no_grad(), a forward reads the rows as of now and makes no step.
-    Pulls and pushes raise GradsyncError as every gradsync call does."""
+    Pulls and pushes raise GradsyncError as every gradsync call does.
+
+    In an elastic job (gradsync.torch.elastic) the State finds the
+    module in its model: commit() marks its steps completed, and after a
+    membership change every worker goes on at the step the state's root
+    had completed."""
 
     def __init__(self, num_embeddings=None, embedding_dim=None, mode="mean",
                  table=None, comm=None):
@@ -68,6 +73,8 @@ class ShardedEmbeddingBag(torch.nn.Module):
         self._pending = None  # the step whose backward has not run yet
         self._pushing = None  # the Completion of the push in flight
         self._executor = None
+        self._committed = 0  # self.step at the last elastic State.commit()
+        self._last_push = None  # (ids, grad, step) of the latest push
 
     def extra_repr(self):
         return "%s, %d, mode=%r, table=%d" % (
@@ -119,6 +126,38 @@ class ShardedEmbeddingBag(torch.nn.Module):
                            ids.numel(), grad.data_ptr(), step)
         self._pushing = self._executor.submit(push)
         self._pending = None
+        self._last_push = (ids, grad, step)
+
+    def _commit(self):
+        """elastic.State.commit(): the steps made so far are completed."""
+        self._committed = self.step
+
+    def _resume(self, step):
+        """elastic.State.reset(), on every worker of a new membership epoch:
+        goes on at `step` (the steps the state's root had completed). The
+        step before it is pushed again, this worker's own push of it if it
+        made one, an empty one otherwise: a shard drops the sync rounds that
+        had not closed when the membership changed, and this round's next
+        pull waits for that one. A round that had closed takes the push as a
+        resend, changing nothing."""
+        pushing, self._pushing = self._pushing, None
+        if pushing is not None:
+            try:
+                pushing.wait()
+            except gradsync.GradsyncError:
+                pass  # of the epoch that ended
+        self._executor = None  # its error, if any, was the old epoch's
+        self._pending = None
+        self.step = self._committed = int(step)
+        if self.step == 0:
+            return
+        last = self._last_push
+        if last is not None and last[2] == self.step - 1:
+            ids, grad = last[0], last[1]
+        else:
+            ids = torch.empty(0, dtype=torch.int64)
+            grad = torch.empty(0, self.embedding_dim, dtype=torch.float32)
+        self._push(ids, grad, self.step - 1)
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         if input.device.type != "cpu":

@@ -8,6 +8,7 @@ the same row-wise optimizer. Prints "RESULT <json>"."""
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -197,14 +198,110 @@ def replicas(steps, mark_at):
     hot.eval()
     with torch.no_grad():
         rows = hot.pull(torch.arange(500))
+    lag = own_metric("gradsync_client_embedding_replication_lag_seconds_count")
     dist.barrier()
     dist.destroy_process_group()
     return {"rows_digest": hashlib.sha256(rows.numpy().tobytes()).hexdigest(),
-            "longest_step_s": longest, "steps": hot.step}
+            "longest_step_s": longest, "steps": hot.step, "replication_lags": lag}
+
+
+def own_metric(name):
+    """The value of sample `name` on this worker's /metrics (None when the
+    job serves none: GRADSYNC_METRICS_BASE_PORT 0)."""
+    import urllib.request
+    base = int(os.environ.get("GRADSYNC_METRICS_BASE_PORT", "0"))
+    if base == 0:
+        return None
+    port = base + int(os.environ.get("LOCAL_RANK", "0"))
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+class SlowPush:
+    """A communicator whose push of table rows for step `step` waits
+    `delay_s` first (a worker held up: its push of the step the others
+    completed arrives after a membership change)."""
+
+    def __init__(self, comm, step, delay_s):
+        self._comm, self._step, self._delay_s = comm, step, delay_s
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def push_rows(self, table, dim, ids, n, grads, step):
+        if step == self._step:
+            time.sleep(self._delay_s)
+        return self._comm.push_rows(table, dim, ids, n, grads, step)
+
+
+def elastic_job(steps, kill_rank, kill_step, kill_at, slow_rank):
+    """An elastic job (gradsync_launch --min_workers): the table beside a
+    dense head under DistributedOptimizer, in elastic.run. The worker
+    started as `kill_rank` SIGKILLs itself in step `kill_step`: with
+    kill_at "push", right after its backward pass handed the step's push
+    to its thread; with "start", before the step, once its push of the
+    step before was taken. The worker started as `slow_rank` (-1: none)
+    sends its push of step kill_step - 1 two seconds late. Prints the
+    result as JSON (the launcher prefixes it with the worker)."""
+    from gradsync.torch import elastic
+    gradsync.init()
+    comm = gradsync.communicator()
+    first_rank, joined = comm.rank, comm.epoch > 0
+    tables_comm = SlowPush(comm, kill_step - 1, 2.0) if first_rank == slow_rank else None
+    table = gst.ShardedEmbeddingBag(None, DIM, mode="sum", table=0, comm=tables_comm)
+    dense = head()
+    model = torch.nn.ModuleDict({"table": table, "head": dense})
+    opt = gst.DistributedOptimizer(torch.optim.SGD(dense.parameters(), lr=DENSE_LR),
+                                   named_parameters=dense.named_parameters())
+    state = elastic.State(model, opt)
+    recovered_at = []
+    losses = []
+    state.on_reset(lambda s: recovered_at.append(s.step))
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    @elastic.run
+    def loop(state):
+        while state.step < steps:
+            dies = first_rank == kill_rank and not joined and state.step == kill_step
+            if dies and kill_at == "start":
+                table.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+            # This rank's bags of the step, whatever the job's size now.
+            g = torch.Generator().manual_seed(1000 * state.step + comm.rank)
+            ids = (torch.rand(BAGS, BAG_LEN, generator=g) ** 3 * VOCAB).long()
+            labels = (ids[:, :1] % 3 == 0).float()
+            opt.zero_grad()
+            loss = loss_fn(dense(table(ids)), labels)
+            loss.backward()
+            if dies and kill_at == "push":
+                os.kill(os.getpid(), signal.SIGKILL)
+            opt.step()
+            state.commit()
+            losses.append(loss.item())
+    loop(state)
+    table.eval()
+    with torch.no_grad():
+        rows = table.pull(torch.arange(VOCAB))
+    digest = hashlib.sha256(rows.numpy().tobytes())
+    digest.update(dense.weight.detach().numpy().tobytes())
+    print(json.dumps({
+        "rank": comm.rank, "steps": state.step, "table_step": table.step,
+        "workers": comm.size, "membership_epoch": comm.epoch,
+        "recovered_at": recovered_at, "state_sha256": digest.hexdigest(),
+        "first_loss": sum(losses[:10]) / 10, "last_loss": sum(losses[-10:]) / 10}),
+        flush=True)
 
 
 def main():
     scenario = sys.argv[1]
+    if scenario == "elastic":
+        elastic_job(int(os.environ.get("STEPS", "60")), 2, 20, os.environ["KILL_AT"],
+                    int(os.environ.get("SLOW_RANK", "-1")))
+        gradsync.shutdown()
+        return
     if scenario == "train":
         fields = train(int(os.environ.get("STEPS", "200")),
                        os.environ["GRADSYNC_EMBEDDING_OPTIMIZER"])
