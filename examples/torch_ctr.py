@@ -27,7 +27,9 @@ the MLP. Each worker trains --steps steps of --batch samples of its own
 stream. Rank 0 evaluates --eval_samples held-out samples and prints one
 JSON line: comm, auc, best_auc, log_loss, best_log_loss, samples_per_s (all
 workers, steps after the first --warmup), step_p50_ms, workers, steps,
-batch, tables, vocab, dim, peak_rss_mb (rank 0).
+batch, tables, vocab, dim, prefetch, peak_rss_mb (rank 0). With --prefetch
+(gradsync) each step's rows are pulled during the optimizer step of the
+step before (ShardedEmbeddingBag.prefetch).
 """
 import argparse
 import json
@@ -133,6 +135,11 @@ class Local(torch.nn.Module):
     def forward(self, ids):
         return self.dense(torch.cat([b(ids[:, t:t + 1]) for t, b in enumerate(self.bags)], 1))
 
+    def prefetch(self, ids):
+        """Starts the pulls of the next batch's rows (after the backward pass)."""
+        for t, b in enumerate(self.bags):
+            b.prefetch(ids[:, t:t + 1])
+
 
 class Sharded(torch.nn.Module):
     """gradsync's: the tables on the shards, the MLP under DDP."""
@@ -146,6 +153,11 @@ class Sharded(torch.nn.Module):
 
     def forward(self, ids):
         return self.dense(torch.cat([b(ids[:, t:t + 1]) for t, b in enumerate(self.bags)], 1))
+
+    def prefetch(self, ids):
+        """Starts the pulls of the next batch's rows (after the backward pass)."""
+        for t, b in enumerate(self.bags):
+            b.prefetch(ids[:, t:t + 1])
 
 
 def main():
@@ -161,7 +173,11 @@ def main():
     ap.add_argument("--emb_lr", type=float, default=0.05)
     ap.add_argument("--dense_lr", type=float, default=0.05)
     ap.add_argument("--eval_samples", type=int, default=50000)
+    ap.add_argument("--prefetch", action="store_true",
+                    help="gradsync: pull the next batch's rows during the optimizer step")
     args = ap.parse_args()
+    if args.prefetch and args.comm != "gradsync":
+        sys.exit("torch_ctr.py: --prefetch is for --comm=gradsync")
 
     if args.comm == "gradsync":
         import gradsync  # registers the backend
@@ -188,19 +204,27 @@ def main():
     step_s = []
     dist.barrier()
     start = None
+    batch = hidden.batch(rng, args.batch)
     for step in range(args.steps):
         if step == args.warmup:
             dist.barrier()
             start = time.monotonic()
-        ids, clicked, _ = hidden.batch(rng, args.batch)
+        ids, clicked, _ = batch
         t0 = time.monotonic()
         for o in opts:
             o.zero_grad()
         loss = loss_fn(model(torch.from_numpy(ids)), torch.from_numpy(clicked))
         loss.backward()
+        # The next batch, made here so that its rows can be prefetched
+        # during the optimizer step (its making is not in the step's time).
+        t1 = time.monotonic()
+        batch = hidden.batch(rng, args.batch)
+        made_s = time.monotonic() - t1
+        if args.prefetch and step + 1 < args.steps:
+            model.prefetch(torch.from_numpy(batch[0]))
         for o in opts:
             o.step()
-        step_s.append(time.monotonic() - t0)
+        step_s.append(time.monotonic() - t0 - made_s)
         if rank == 0 and step % 50 == 0:
             print("step %d loss %.4f" % (step, loss.item()), file=sys.stderr, flush=True)
     dist.barrier()
@@ -221,7 +245,7 @@ def main():
             "samples_per_s": world * args.batch * (args.steps - args.warmup) / wall,
             "step_p50_ms": float(np.median(step_s[args.warmup:]) * 1000), "workers": world,
             "steps": args.steps, "batch": args.batch, "tables": args.tables,
-            "vocab": args.vocab, "dim": args.dim,
+            "vocab": args.vocab, "dim": args.dim, "prefetch": args.prefetch,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     dist.barrier()
     dist.destroy_process_group()

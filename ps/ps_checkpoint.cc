@@ -257,7 +257,7 @@ void EncodeEmbedding(ByteWriter& w, const EmbeddingPartState& e) {
 // Reads one partition; every count is bounded by the bytes left before
 // anything is allocated, and every size checked against the width.
 bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
-  uint8_t optimizer;
+  uint8_t optimizer = 0;
   if (!r.U32(&e->table) || !r.U32(&e->partition) || !r.U32(&e->dim) || !r.U8(&optimizer)) {
     *why = "truncated";
     return false;
@@ -288,20 +288,20 @@ bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
   }
   rows.sketch.resize(sketch);
   for (uint8_t& v : rows.sketch) r.U8(&v);
-  uint32_t rounds;
+  uint32_t rounds = 0;
   if (!r.U64(&e->closed) || !r.Count(&rounds, 16)) {
     *why = "its rounds are truncated";
     return false;
   }
   e->open.resize(rounds);
   for (auto& o : e->open) {
-    uint32_t pushed, parts;
+    uint32_t pushed = 0, parts = 0;
     if (!r.U64(&o.round) || !r.Count(&pushed, 4)) {
       *why = "an open round is truncated";
       return false;
     }
     for (uint32_t i = 0; i < pushed; ++i) {
-      int32_t rank;
+      int32_t rank = 0;
       r.I32(&rank);
       o.pushed.insert(rank);
     }
@@ -319,15 +319,15 @@ bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
       }
     }
   }
-  uint32_t applied;
+  uint32_t applied = 0;
   if (!r.Count(&applied, 16)) {
     *why = "its applied pushes are truncated";
     return false;
   }
   for (uint32_t i = 0; i < applied; ++i) {
-    int32_t rank;
-    uint64_t round;
-    uint32_t part;
+    int32_t rank = 0;
+    uint64_t round = 0;
+    uint32_t part = 0;
     r.I32(&rank);
     r.U64(&round);
     r.U32(&part);

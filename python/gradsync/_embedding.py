@@ -11,6 +11,7 @@ module has no parameters of its own, so the dense optimizer and DDP never
 see the table.
 """
 import itertools
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,9 @@ _UINT32_MAX = (1 << 32) - 1
 # Tables numbered in the order a process makes them (the same on every
 # rank of a job whose ranks run the same script).
 _next_table = itertools.count()
+# Every ShardedEmbeddingBag of this process: a prefetch waits for all their
+# pushes in flight.
+_tables = weakref.WeakSet()
 
 
 class ShardedEmbeddingBag(torch.nn.Module):
@@ -75,6 +79,9 @@ class ShardedEmbeddingBag(torch.nn.Module):
         self._executor = None
         self._committed = 0  # self.step at the last elastic State.commit()
         self._last_push = None  # (ids, grad, step) of the latest push
+        self._prefetched = None  # (input, step, unique, inverse, rows, Completion)
+        self.prefetch_hits = 0  # forwards that took their rows from a prefetch
+        _tables.add(self)
 
     def extra_repr(self):
         return "%s, %d, mode=%r, table=%d" % (
@@ -100,6 +107,66 @@ class ShardedEmbeddingBag(torch.nn.Module):
         if pushing is not None:
             pushing.wait()
 
+    def prefetch(self, input):
+        """Starts pulling the rows of `input`, the ids of the next forward
+        (as forward takes them), on this table's thread: the rest of the
+        step (the optimizer, the next batch) goes on meanwhile, and the next
+        forward with the same ids takes the rows without asking again. Call
+        it after the backward pass of the current step (or before the
+        first): the pull is of the next step and waits for every table's
+        push in flight first, so that in ps_mode=sync it holds back no push
+        its round needs. The rows are those the forward would pull itself,
+        bit for bit; a forward with other ids drops the prefetch."""
+        if input.device.type != "cpu":
+            raise ValueError("ShardedEmbeddingBag takes ids on the CPU, got %s"
+                             % input.device)
+        self._check_ids(input)
+        if self._pending is not None:
+            raise RuntimeError(
+                "table %d: prefetch before the backward pass of step %d; call "
+                "it after the backward pass" % (self.table, self._pending))
+        self._drop_prefetch()
+        unique, inverse = torch.unique(input.reshape(-1).to(torch.int64),
+                                       sorted=False, return_inverse=True)
+        rows = torch.empty(unique.numel(), self.embedding_dim, dtype=torch.float32)
+        pushes = [t._pushing for t in list(_tables) if t._pushing is not None]
+        comm, step = self._communicator(), self.step
+
+        def pull():
+            for push in pushes:
+                push.wait()
+            comm.pull_rows(self.table, self.embedding_dim, unique.data_ptr(),
+                           unique.numel(), step, rows.data_ptr())
+        self._prefetched = (input, step, unique, inverse, rows,
+                            self._thread().submit(pull))
+
+    def _drop_prefetch(self):
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            prefetched[5].wait()
+
+    def _take_prefetch(self, input):
+        """(unique, inverse, rows) of the prefetch of `input` for this
+        step, or None (a prefetch of other ids is dropped)."""
+        prefetched = self._prefetched
+        if prefetched is None:
+            return None
+        ids, step = prefetched[0], prefetched[1]
+        if step != self.step or not (ids is input or (
+                ids.shape == input.shape and torch.equal(ids, input))):
+            self._drop_prefetch()
+            return None
+        self._prefetched = None
+        prefetched[5].wait()
+        self.prefetch_hits += 1
+        return prefetched[2], prefetched[3], prefetched[4]
+
+    def _thread(self):
+        if self._executor is None:
+            from gradsync._executor import SerialExecutor
+            self._executor = SerialExecutor("gradsync-table%d" % self.table)
+        return self._executor
+
     def pull(self, ids, step=None):
         """The rows (float32, len(ids) x embedding_dim) of the 1-D int64
         `ids` as of `step` (default: now)."""
@@ -117,14 +184,11 @@ class ShardedEmbeddingBag(torch.nn.Module):
         and the next pull waits for it."""
         grad = grad.detach().to(torch.float32).contiguous()
         comm = self._communicator()
-        if self._executor is None:
-            from gradsync._executor import SerialExecutor
-            self._executor = SerialExecutor("gradsync-table%d" % self.table)
 
         def push():
             comm.push_rows(self.table, self.embedding_dim, ids.data_ptr(),
                            ids.numel(), grad.data_ptr(), step)
-        self._pushing = self._executor.submit(push)
+        self._pushing = self._thread().submit(push)
         self._pending = None
         self._last_push = (ids, grad, step)
 
@@ -141,11 +205,13 @@ class ShardedEmbeddingBag(torch.nn.Module):
         pull waits for that one. A round that had closed takes the push as a
         resend, changing nothing."""
         pushing, self._pushing = self._pushing, None
-        if pushing is not None:
-            try:
-                pushing.wait()
-            except gradsync.GradsyncError:
-                pass  # of the epoch that ended
+        for done in (pushing, self._prefetched and self._prefetched[5]):
+            if done:
+                try:
+                    done.wait()
+                except gradsync.GradsyncError:
+                    pass  # of the epoch that ended
+        self._prefetched = None
         self._executor = None  # its error, if any, was the old epoch's
         self._pending = None
         self.step = self._committed = int(step)
@@ -170,10 +236,14 @@ class ShardedEmbeddingBag(torch.nn.Module):
                 "table %d: the backward pass of step %d has not run yet; each "
                 "training forward is a step, its backward once before the "
                 "next" % (self.table, self._pending))
-        unique, inverse = torch.unique(input.reshape(-1).to(torch.int64),
-                                       sorted=False, return_inverse=True)
         step = self.step
-        rows = self.pull(unique, step)
+        prefetched = self._take_prefetch(input)
+        if prefetched is not None:
+            unique, inverse, rows = prefetched
+        else:
+            unique, inverse = torch.unique(input.reshape(-1).to(torch.int64),
+                                           sorted=False, return_inverse=True)
+            rows = self.pull(unique, step)
         if training:
             self.step += 1
             self._pending = step

@@ -16,16 +16,20 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 WORKERS, SERVERS, STEPS = 2, 2, 200
 
 
-@pytest.mark.parametrize("optimizer,lr", [("adagrad", "0.05"),
-                                          ("adam", "0.01")])
-def test_sync_rows_equal_one_process_after_200_steps(optimizer, lr):
+@pytest.mark.parametrize("optimizer,lr,prefetch", [("adagrad", "0.05", False),
+                                                   ("adam", "0.01", True)])
+def test_sync_rows_equal_one_process_after_200_steps(optimizer, lr, prefetch):
+    """With `prefetch`, each step's rows are pulled after the step before's
+    backward pass (ShardedEmbeddingBag.prefetch) and taken by the forward."""
     env = {"GRADSYNC_PS_MODE": "sync", "GRADSYNC_EMBEDDING_OPTIMIZER": optimizer,
            "GRADSYNC_EMBEDDING_LR": lr, "GRADSYNC_EMBEDDING_INIT_SCALE": "0.1",
-           "STEPS": str(STEPS)}
+           "STEPS": str(STEPS), "PREFETCH": "1" if prefetch else "0"}
     results = job.run_ok(WORKER, "train", WORKERS, torchrun=False,
                          servers=SERVERS, timeout_s=240, extra_env=env)
     r = results[0]
     assert all(v["steps"] == STEPS for v in results.values()), results
+    assert all(v["prefetch_hits"] == (STEPS - 1 if prefetch else 0)
+               for v in results.values()), results
     # The steps moved many rows a long way; both sides agree to float noise.
     assert r["rows_changed"] > 1000 and r["rows_moved"] > 0.05, r
     assert r["rows_difference"] <= 1e-5, r
@@ -44,11 +48,11 @@ def test_a_table_at_another_width_is_refused_naming_both():
 CTR = os.path.join(job.ROOT, "examples", "torch_ctr.py")
 
 
-def ctr(comm, servers):
+def ctr(comm, servers, flags=()):
     env = {"OMP_NUM_THREADS": "1", "GRADSYNC_EMBEDDING_OPTIMIZER": "adagrad",
            "GRADSYNC_EMBEDDING_LR": "0.05"}
     code, out = job.launch([sys.executable, CTR, "--comm=" + comm, "--vocab=200000",
-                            "--steps=150", "--eval_samples=20000"],
+                            "--steps=150", "--eval_samples=20000"] + list(flags),
                            workers=2, servers=servers, timeout_s=240, extra_env=env)
     assert code == 0, out[-4000:]
     found = [r for r in job.json_lines(out) if r.get("comm") == comm]
@@ -57,7 +61,9 @@ def ctr(comm, servers):
 
 
 def test_the_ctr_example_learns_as_the_tables_in_every_worker_do():
-    ours, anchor = ctr("gradsync", 2), ctr("ddp-gloo", 0)
+    """The example's two tables prefetch each step's rows (sync shards)."""
+    ours, anchor = ctr("gradsync", 2, ["--prefetch"]), ctr("ddp-gloo", 0)
+    assert ours["prefetch"], ours
     assert ours["best_auc"] == anchor["best_auc"], (ours, anchor)  # the same data
     # It learned (0.5 is a guess) and agrees with the anchor.
     assert ours["auc"] > 0.65 and anchor["auc"] > 0.65, (ours, anchor)

@@ -99,16 +99,19 @@ def train(steps, optimizer):
     dense = DistributedDataParallel(head())
     dense_opt = torch.optim.SGD(dense.parameters(), lr=DENSE_LR)
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    prefetch = os.environ.get("PREFETCH") == "1"
+    mine = slice(rank * BAGS, (rank + 1) * BAGS)
     for step in range(steps):
         ids, labels = global_batch(step, world)
-        mine = slice(rank * BAGS, (rank + 1) * BAGS)
         dense_opt.zero_grad()
         loss_fn(dense(bag(ids[mine])), labels[mine]).backward()
+        if prefetch and step + 1 < steps:
+            bag.prefetch(global_batch(step + 1, world)[0][mine])
         dense_opt.step()
     bag.eval()
     with torch.no_grad():
         rows = bag.pull(torch.arange(VOCAB))
-    fields = {"steps": bag.step}
+    fields = {"steps": bag.step, "prefetch_hits": bag.prefetch_hits}
     if rank == 0:
         want_rows, want_head = reference(steps, world, optimizer)
         scale = float(os.environ["GRADSYNC_EMBEDDING_INIT_SCALE"])
