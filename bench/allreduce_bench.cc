@@ -415,7 +415,8 @@ StatusOr<wire::CurveKey> SharedKey(Rank* r, const std::string& name) {
   if (r->args.rank == 0) {
     GS_ASSIGN_OR_RETURN(key, wire::GenerateCurveKey());
   }
-  const std::string mine = key.public_z85 + key.secret_z85;
+  const std::string mine =
+      key.public_z85 + std::string(key.secret_z85.data(), key.secret_z85.size());
   std::vector<char> got;
   GS_RETURN_IF_ERROR(GlooCall("store", [&] {
     if (r->args.rank == 0) r->store->set(name, {mine.begin(), mine.end()});
@@ -424,7 +425,7 @@ StatusOr<wire::CurveKey> SharedKey(Rank* r, const std::string& name) {
   }));
   if (got.size() != 80) return DataLossError("the shared CURVE key is not 80 characters");
   return wire::CurveKey{std::string(got.begin(), got.begin() + 40),
-                        std::string(got.begin() + 40, got.end()), "", ""};
+                        wire::SecretString(got.begin() + 40, got.end()), "", ""};
 }
 
 // The ZeroMQ identities of this rank's left and right neighbours, through

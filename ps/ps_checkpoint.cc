@@ -256,7 +256,12 @@ void EncodeEmbedding(ByteWriter& w, const EmbeddingPartState& e) {
 
 // Reads one partition; every count is bounded by the bytes left before
 // anything is allocated, and every size checked against the width.
-bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
+bool DecodeEmbedding(ByteReader& r, int32_t num_workers, EmbeddingPartState* e, std::string* why) {
+  auto worker = [&](int32_t rank) {
+    if (rank >= 0 && rank < num_workers) return true;
+    *why = "worker " + std::to_string(rank) + " is out of range";
+    return false;
+  };
   uint8_t optimizer = 0;
   if (!r.U32(&e->table) || !r.U32(&e->partition) || !r.U32(&e->dim) || !r.U8(&optimizer)) {
     *why = "truncated";
@@ -303,6 +308,7 @@ bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
     for (uint32_t i = 0; i < pushed; ++i) {
       int32_t rank = 0;
       r.I32(&rank);
+      if (!worker(rank)) return false;
       o.pushed.insert(rank);
     }
     if (!r.Count(&parts, 24)) {
@@ -317,6 +323,7 @@ bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
             "a part of open round " + std::to_string(o.round) + " is truncated or of another size";
         return false;
       }
+      if (!worker(p.rank)) return false;
     }
   }
   uint32_t applied = 0;
@@ -331,6 +338,7 @@ bool DecodeEmbedding(ByteReader& r, EmbeddingPartState* e, std::string* why) {
     r.I32(&rank);
     r.U64(&round);
     r.U32(&part);
+    if (!worker(rank)) return false;
     e->applied[rank] = {static_cast<int64_t>(round), part};
   }
   return true;
@@ -378,7 +386,7 @@ StatusOr<ShardState> DecodeBody(ByteReader& r, ShardState st, uint32_t format,
     st.embeddings.resize(parts);
     for (uint32_t i = 0; i < parts; ++i) {
       std::string why;
-      if (!DecodeEmbedding(r, &st.embeddings[i], &why)) {
+      if (!DecodeEmbedding(r, st.num_workers, &st.embeddings[i], &why)) {
         return Corrupt(name, "embedding table partition " + std::to_string(i) + " (table " +
                                  std::to_string(st.embeddings[i].table) + "): " + why);
       }

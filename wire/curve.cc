@@ -1,11 +1,14 @@
 #include "wire/curve.h"
 
 #include <fcntl.h>
+#include <sodium.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <sstream>
+#include <string_view>
 
 #include "common/net.h"
 #include "common/private_files.h"
@@ -14,8 +17,8 @@
 namespace gradsync::wire {
 
 void CurveKey::Wipe() noexcept {
-  for (std::string* secret : {&secret_z85, &scheduler_secret_z85}) {
-    explicit_bzero(secret->data(), secret->size());
+  for (SecretString* secret : {&secret_z85, &scheduler_secret_z85}) {
+    sodium_memzero(secret->data(), secret->size());
     secret->clear();
   }
 }
@@ -42,10 +45,13 @@ CurveKey& CurveKey::operator=(CurveKey&& other) noexcept {
 
 namespace {
 
-bool IsZ85Key(const std::string& s) {
+template <class S>
+bool IsZ85Key(const S& s) {
   if (s.size() != 40) return false;
   uint8_t binary[32];
-  return zmq_z85_decode(binary, s.c_str()) != nullptr;
+  const bool ok = zmq_z85_decode(binary, s.c_str()) != nullptr;
+  sodium_memzero(binary, sizeof(binary));
+  return ok;
 }
 
 }  // namespace
@@ -57,7 +63,9 @@ StatusOr<CurveKey> GenerateCurveKey() {
   if (zmq_curve_keypair(pub, sec) != 0) {
     return UnavailableError("cannot make a CURVE key pair: libzmq has no CURVE support");
   }
-  return CurveKey{pub, sec, "", ""};
+  CurveKey key{pub, sec, "", ""};
+  sodium_memzero(sec, sizeof(sec));
+  return key;
 }
 
 StatusOr<CurveKey> GenerateJobKey() {
@@ -75,7 +83,7 @@ CurveKey MembersCopy(CurveKey job) {
 
 StatusOr<CurveKey> SchedulerServerKey(const CurveKey& job) {
   if (!job.scheduler_secret_z85.empty()) {
-    return CurveKey{job.scheduler_public_z85, job.scheduler_secret_z85, "", ""};
+    return CurveKey{job.scheduler_public_z85, job.scheduler_secret_z85, "", {}};
   }
   if (!job.scheduler_public_z85.empty()) {
     return FailedPreconditionError(
@@ -83,7 +91,7 @@ StatusOr<CurveKey> SchedulerServerKey(const CurveKey& job) {
         "key): the scheduler needs the copy that gradsync_keygen wrote with the scheduler's "
         "secret key");
   }
-  return CurveKey{job.public_z85, job.secret_z85, "", ""};
+  return CurveKey{job.public_z85, job.secret_z85, "", {}};
 }
 
 std::string SchedulerPublicKey(const CurveKey& job) {
@@ -94,12 +102,15 @@ Status WriteKeyFile(const std::string& path, const CurveKey& key) {
   auto created = CreatePrivateFile(path, O_EXCL);
   if (!created.ok()) return created.status().WithPrefix("key file");
   const int fd = *created;
-  std::string text = "public " + key.public_z85 + "\nsecret " + key.secret_z85 + "\n";
+  SecretString text;
+  text.reserve(256);
+  text.append("public ").append(key.public_z85).append("\nsecret ");
+  text.append(key.secret_z85).append("\n");
   if (!key.scheduler_public_z85.empty()) {
-    text += "scheduler-public " + key.scheduler_public_z85 + "\n";
+    text.append("scheduler-public ").append(key.scheduler_public_z85).append("\n");
   }
   if (!key.scheduler_secret_z85.empty()) {
-    text += "scheduler-secret " + key.scheduler_secret_z85 + "\n";
+    text.append("scheduler-secret ").append(key.scheduler_secret_z85).append("\n");
   }
   const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   const bool closed = close(fd) == 0;
@@ -110,23 +121,39 @@ Status WriteKeyFile(const std::string& path, const CurveKey& key) {
 StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
   auto fd = OpenPrivateFile(path, "key_file");
   if (!fd.ok()) return InvalidArgumentError(fd.status().message());
-  std::string text;
+  SecretString text;
+  text.reserve(4096);
   char buf[512];
   ssize_t n;
   while (text.size() < 4096 && (n = read(*fd, buf, sizeof(buf))) != 0) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
-    text.append(buf, static_cast<size_t>(n));
+    text.append(buf,
+                static_cast<size_t>(std::min<size_t>(static_cast<size_t>(n), 4096 - text.size())));
   }
+  sodium_memzero(buf, sizeof(buf));
   close(*fd);
-  std::istringstream in(text);
-  std::string word, value;
+  // Lines "<word> <value>" (blanks around them ignored); views into `text`.
   CurveKey key;
-  while (in >> word >> value) {
-    if (word == "public") key.public_z85 = value;
-    if (word == "secret") key.secret_z85 = value;
-    if (word == "scheduler-public") key.scheduler_public_z85 = value;
-    if (word == "scheduler-secret") key.scheduler_secret_z85 = value;
+  const std::string_view all(text);
+  for (size_t at = 0; at < all.size();) {
+    size_t end = all.find('\n', at);
+    if (end == std::string_view::npos) end = all.size();
+    std::string_view line = all.substr(at, end - at);
+    at = end + 1;
+    auto trim = [](std::string_view v) {
+      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+      return v;
+    };
+    line = trim(line);
+    const size_t space = line.find_first_of(" \t");
+    if (space == std::string_view::npos) continue;
+    const std::string_view word = line.substr(0, space), value = trim(line.substr(space));
+    if (word == "public") key.public_z85 = std::string(value);
+    if (word == "secret") key.secret_z85.assign(value.data(), value.size());
+    if (word == "scheduler-public") key.scheduler_public_z85 = std::string(value);
+    if (word == "scheduler-secret") key.scheduler_secret_z85.assign(value.data(), value.size());
   }
   if (!IsZ85Key(key.public_z85) || !IsZ85Key(key.secret_z85)) {
     return InvalidArgumentError("key_file " + path +

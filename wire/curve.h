@@ -37,19 +37,21 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "wire/secret_string.h"
 
 namespace gradsync::wire {
 
 struct CurveKey {
-  std::string public_z85;  // 40 characters
-  std::string secret_z85;  // 40 characters
+  std::string public_z85;   // 40 characters
+  SecretString secret_z85;  // 40 characters
   // A job key's: the scheduler's own pair (see above); "" when the file has
   // none (the secret: in every copy but the scheduler's).
   std::string scheduler_public_z85;
-  std::string scheduler_secret_z85;
+  SecretString scheduler_secret_z85;
 
-  // Every copy wipes its secrets when it goes or is assigned over (the
-  // bytes, then the strings are emptied; their buffers stay theirs).
+  // The secrets live in libsodium's guarded heap (wire/secret_string.h:
+  // locked, out of core dumps, zeroed when freed), and every copy wipes
+  // them when it goes or is assigned over.
   CurveKey() = default;
   CurveKey(const CurveKey&) = default;
   CurveKey(CurveKey&&) = default;
@@ -80,7 +82,8 @@ StatusOr<CurveKey> GenerateCurveKey();
 Status WriteKeyFile(const std::string& path, const CurveKey& key);
 // Reads a key file, refusing (InvalidArgument naming the path and the
 // problem) a symbolic link, a file of another user, one others may read,
-// or one that is malformed.
+// or one that is malformed. The file's bytes pass through secret memory
+// only (and a stack buffer, wiped).
 StatusOr<CurveKey> ReadKeyFile(const std::string& path);
 
 // The key this process's sockets use, from the settings above and the host

@@ -5,7 +5,10 @@
 
 #include <unistd.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "common/config.h"
@@ -110,6 +113,49 @@ TEST(CurveKeyTest, ItsSecretsAreWipedInPlace) {
   EXPECT_EQ(std::string(secret, 40), std::string(40, '\0'));
   EXPECT_EQ(std::string(scheduler, 40), std::string(40, '\0'));
   EXPECT_EQ(key.public_z85, public_z85);
+}
+
+// The kernel's flags (VmFlags in /proc/self/smaps) of the mapping that
+// holds `address`; "" when none does.
+std::string VmFlagsOf(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &begin, &end) == 2 &&
+        line.find(':') != std::string::npos && line.find("-") < line.find(' ')) {
+      inside = begin <= at && at < end;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// Secret keys live in libsodium's guarded heap: their pages are marked to
+// stay out of core dumps (dd), and they stay there when the key is copied
+// or read from its file; an ordinary string's are not.
+TEST(CurveKeyTest, ItsSecretsAreKeptOutOfCoreDumps) {
+  const CurveKey key = *GenerateJobKey();
+  const CurveKey copy = key;
+  char dir[] = "/tmp/curve_test_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/job.key";
+  ASSERT_TRUE(WriteKeyFile(path, key).ok());
+  const CurveKey read = *ReadKeyFile(path);
+  ASSERT_EQ(read.secret_z85, key.secret_z85);
+  for (const char* secret :
+       {key.secret_z85.data(), key.scheduler_secret_z85.data(), copy.secret_z85.data(),
+        read.secret_z85.data(), read.scheduler_secret_z85.data()}) {
+    const std::string flags = VmFlagsOf(secret);
+    ASSERT_FALSE(flags.empty()) << "no mapping holds the secret";
+    EXPECT_NE(flags.find(" dd"), std::string::npos) << flags;
+  }
+  const std::string plain(40, 'x');
+  EXPECT_EQ(VmFlagsOf(plain.data()).find(" dd"), std::string::npos) << VmFlagsOf(plain.data());
+  std::remove(path.c_str());
+  rmdir(dir);
 }
 
 TEST(ListenEndpointTest, BindsTheResolvedNumericAddress) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/net.h"
 #include "common/private_files.h"
@@ -18,11 +19,31 @@ constexpr char kRoutingSeparator = '#';
 
 }  // namespace
 
-std::optional<std::string> DecodeKey(const std::string& z85) {
-  if (z85.size() != 40) return std::nullopt;
+namespace {
+
+// Decodes 40 Z85 characters into out[0, 32); the text's copy is wiped.
+bool DecodeZ85(std::string_view z85, uint8_t* out) {
+  if (z85.size() != 40) return false;
+  char text[41];
+  std::memcpy(text, z85.data(), 40);
+  text[40] = '\0';
+  const bool ok = zmq_z85_decode(out, text) != nullptr;
+  sodium_memzero(text, sizeof(text));
+  return ok;
+}
+
+}  // namespace
+
+std::optional<std::string> DecodeKey(std::string_view z85) {
   uint8_t binary[32];
-  if (zmq_z85_decode(binary, z85.c_str()) == nullptr) return std::nullopt;
+  if (!DecodeZ85(z85, binary)) return std::nullopt;
   return std::string(reinterpret_cast<const char*>(binary), sizeof(binary));
+}
+
+std::optional<SecretString> DecodeSecretKey(std::string_view z85) {
+  SecretString out(32, '\0');
+  if (!DecodeZ85(z85, reinterpret_cast<uint8_t*>(out.data()))) return std::nullopt;
+  return out;
 }
 
 void NodeKeys::SetPlan(const std::vector<NodeInfo>& peers, uint32_t epoch) {
@@ -140,14 +161,11 @@ void RegistrationFacts(const NodeInfo& me, uint8_t* out) {
   crypto_generichash(out, 32, reinterpret_cast<const uint8_t*>(t.data()), t.size(), nullptr, 0);
 }
 
-// A decoded secret key, wiped when it goes.
+// A decoded secret key, in secret memory.
 struct DecodedSecret {
-  explicit DecodedSecret(const std::string& z85) : key(DecodeKey(z85)) {}
-  ~DecodedSecret() {
-    if (key) sodium_memzero(key->data(), key->size());
-  }
+  explicit DecodedSecret(std::string_view z85) : key(DecodeSecretKey(z85)) {}
   const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(key->data()); }
-  std::optional<std::string> key;
+  std::optional<SecretString> key;
 };
 
 }  // namespace
@@ -168,7 +186,7 @@ std::string RegistrationProof(const CurveKey& node, const std::string& scheduler
   return ok ? out : "";
 }
 
-bool CheckRegistrationProof(const std::string& scheduler_secret_z85, const NodeInfo& facts,
+bool CheckRegistrationProof(std::string_view scheduler_secret_z85, const NodeInfo& facts,
                             const std::string& proof) {
   const DecodedSecret secret(scheduler_secret_z85);
   const std::optional<std::string> node = DecodeKey(facts.public_key);

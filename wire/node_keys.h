@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -83,7 +84,9 @@ class NodeKeys {
 };
 
 // The 32 bytes of a Z85 CURVE key; nullopt when `z85` is not one.
-std::optional<std::string> DecodeKey(const std::string& z85);
+std::optional<std::string> DecodeKey(std::string_view z85);
+// The same for a secret key, into secret memory (wire/secret_string.h).
+std::optional<SecretString> DecodeSecretKey(std::string_view z85);
 
 // The identity a data transport's outgoing connection presents as its
 // ZeroMQ routing id with node keys: `identity` and a random suffix that no
@@ -113,7 +116,7 @@ std::string RegistrationProof(const CurveKey& node, const std::string& scheduler
                               const NodeInfo& me);
 // Whether `proof` opens under the scheduler's secret key and the facts'
 // public key and matches the facts.
-bool CheckRegistrationProof(const std::string& scheduler_secret_z85, const NodeInfo& facts,
+bool CheckRegistrationProof(std::string_view scheduler_secret_z85, const NodeInfo& facts,
                             const std::string& proof);
 
 // The node key of a process: the key file `node_key_file` (the setting)

@@ -380,7 +380,7 @@ TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
     if (sodium_init() < 0) {
       GS_LOG(WARNING) << "tcp stream transport " << options_.identity << ": sodium_init failed";
     }
-    std::optional<std::string> secret = DecodeKey(options_.node_keys->own().secret_z85);
+    std::optional<SecretString> secret = DecodeSecretKey(options_.node_keys->own().secret_z85);
     if (secret) {
       own_secret_ = std::make_unique<noise::SecretBytes>(kKeyBytes);
       if (own_secret_->data() != nullptr) {
@@ -388,7 +388,6 @@ TcpStreamTransport::TcpStreamTransport(TcpStreamOptions options)
       } else {
         own_secret_.reset();
       }
-      sodium_memzero(secret->data(), secret->size());
     }
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -553,7 +554,7 @@ struct SealedJob {
 };
 
 // The 32 bytes of a Z85 key.
-std::string Binary(const std::string& z85) { return *DecodeKey(z85); }
+std::string Binary(std::string_view z85) { return *DecodeKey(z85); }
 const uint8_t* Bytes(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
 
 // `o` sealed with `keys`.

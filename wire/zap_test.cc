@@ -12,6 +12,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -23,7 +24,7 @@
 namespace gradsync::wire {
 namespace {
 
-void SetKey(zmq::socket_t& socket, int option, const std::string& z85) {
+void SetKey(zmq::socket_t& socket, int option, std::string_view z85) {
   ASSERT_EQ(zmq_setsockopt(socket.handle(), option, z85.data(), z85.size()), 0);
 }
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "common/logging.h"
@@ -12,7 +13,7 @@ namespace gradsync::wire {
 
 namespace {
 
-void SetKey(zmq::socket_t& socket, int option, const std::string& z85) {
+void SetKey(zmq::socket_t& socket, int option, std::string_view z85) {
   zmq_setsockopt(socket.handle(), option, z85.data(), z85.size());  // 40 Z85 characters
 }
 

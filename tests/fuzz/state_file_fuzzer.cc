@@ -2,7 +2,8 @@
 // decoder (DecodeCheckpoint, ps/ps_checkpoint.h) and the journal replay
 // (ReplayJournal, ps/ps_journal.h). Each input builds a valid file from
 // a seed (a checkpoint of a few keys with every part filled in, or a journal
-// segment of push and dead records), damages it as the input says, and
+// segment of push, embedding push and dead records; checkpoints with
+// embedding tables), damages it as the input says, and
 // optionally mends its CRCs (so damage to the body reaches the parsers, not
 // only the CRC check), then decodes it. A decoder must refuse with DataLoss,
 // FailedPrecondition or InvalidArgument or return a state that is whole:
@@ -55,6 +56,7 @@ class Builder {
       if (Int(0, 1)) d.insert(Worker());
     }
     for (int i = 0, n = Int(0, 3); i < n; ++i) st.keys[{Int(0, 9), Int(0, 3)}] = Key();
+    for (int i = 0, n = Int(0, 2); i < n; ++i) st.embeddings.push_back(Embedding());
     return st;
   }
 
@@ -99,6 +101,32 @@ class Builder {
     t.above.insert(Flaw() ? t.floor : t.floor + 2);
     return k;
   }
+  // An embedding table partition (no admission sketch: the fuzzer's files
+  // stay small).
+  server::EmbeddingPartState Embedding() {
+    server::EmbeddingPartState e;
+    e.table = Int(0, 9);
+    e.partition = Int(0, 2);
+    e.dim = Int(1, 3);
+    e.optimizer = static_cast<server::RowOptimizerKind>(Int(0, 2));
+    const size_t rows = Int(0, 3);
+    for (size_t i = 0; i < rows; ++i) {
+      e.rows.ids.push_back(Int(0, 99));
+      e.rows.touched.push_back(Int(0, 9));
+    }
+    e.rows.slots = Floats(rows * server::FloatsPerRow(e.optimizer, e.dim));
+    e.rows.stats.steps = Int(0, 9);
+    e.closed = Int(0, 5);
+    if (Int(0, 1)) {
+      server::EmbeddingPartState::OpenRound o;
+      o.round = e.closed;
+      o.pushed.insert(Worker());
+      o.parts.push_back({Worker(), 0, {Int(0, 99)}, Floats(e.dim)});
+      e.open.push_back(std::move(o));
+    }
+    if (Int(0, 1)) e.applied[Worker()] = {Int(0, 5), 0};
+    return e;
+  }
   static void Put(std::string* out, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
   }
@@ -115,7 +143,19 @@ class Builder {
   }
   void Record(std::string* out) {
     std::string body;
-    if (Int(0, 2) > 0) {
+    if (Int(0, 3) == 0) {  // an embedding push
+      const uint32_t n = Int(0, 3), dim = Int(1, 3);
+      Put(&body, 3, 1);
+      Put(&body, Int(0, 9), 4);
+      Put(&body, Int(0, 2), 4);
+      Put(&body, dim, 4);
+      Put(&body, static_cast<uint32_t>(Worker()), 4);
+      Put(&body, Int(0, 5), 8);
+      Put(&body, 0, 4);
+      Put(&body, 1, 4);
+      Put(&body, n, 8);
+      body.append(8 * n + 4 * Size(n * dim), '\x01');
+    } else if (Int(0, 2) > 0) {
       const uint32_t n = Int(0, 5);
       Put(&body, 1, 1);
       Put(&body, Int(0, 3), 4);
@@ -212,6 +252,16 @@ void DecodeCheckpoint(const std::string& bytes) {
       }
     }
   }
+  for (const auto& e : st->embeddings) {
+    const size_t n = e.rows.ids.size();
+    Check(e.rows.touched.size() == n &&
+          e.rows.slots.size() == n * server::FloatsPerRow(e.optimizer, e.dim));
+    for (const auto& o : e.open) {
+      for (const auto& part : o.parts) {
+        Check(part.rank >= 0 && part.rank < 3 && part.grads.size() == part.ids.size() * e.dim);
+      }
+    }
+  }
   Check(server::DecodeCheckpoint(server::EncodeCheckpoint(*st), expect, "again").ok());
 }
 
@@ -238,6 +288,8 @@ void Replay(const std::string& last, const std::string& first) {
   auto replay = server::ReplayJournal(Dir(), 1, 77, 4, [](const server::JournalRecord& r) {
     if (r.kind == server::JournalRecord::Kind::kPush) {
       Check(r.values.size() == r.num_elements);
+    } else if (r.kind == server::JournalRecord::Kind::kEmbeddingPush) {
+      Check(r.ids.size() == r.num_elements && r.values.size() == r.ids.size() * r.dim);
     } else {
       Check(r.threads > 0 && r.thread < r.threads);
     }
