@@ -254,7 +254,7 @@ void PsShard::Dispatch(wire::Incoming in) {
                          "more than " + std::to_string(options_.max_queued_bytes_per_peer) +
                              " bytes of this peer's messages wait already; send it "
                              "again later",
-                         v.type));
+                         v.type, v.header->seq()));
     return;
   }
   // A key, and an embedding table, is always on the same thread.
