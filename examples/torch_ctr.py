@@ -135,11 +135,6 @@ class Local(torch.nn.Module):
     def forward(self, ids):
         return self.dense(torch.cat([b(ids[:, t:t + 1]) for t, b in enumerate(self.bags)], 1))
 
-    def prefetch(self, ids):
-        """Starts the pulls of the next batch's rows (after the backward pass)."""
-        for t, b in enumerate(self.bags):
-            b.prefetch(ids[:, t:t + 1])
-
 
 class Sharded(torch.nn.Module):
     """gradsync's: the tables on the shards, the MLP under DDP."""

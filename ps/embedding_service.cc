@@ -51,6 +51,9 @@ void Gather(const Round& round, uint32_t dim, float scale, std::vector<uint64_t>
   }
 }
 
+// What one part of `n` ids of rows of `dim` holds in an open round.
+size_t PartBytes(size_t n, uint32_t dim) { return n * (sizeof(uint64_t) + dim * sizeof(float)); }
+
 std::vector<uint64_t> IdsOf(const wire::Payload& frame) {
   std::vector<uint64_t> ids(frame.size / sizeof(uint64_t));
   if (!ids.empty()) std::memcpy(ids.data(), frame.data, ids.size() * sizeof(uint64_t));
@@ -267,16 +270,26 @@ void EmbeddingService::Pull(Table& t, const wire::Route& from, const wire::Heade
 
 EmbeddingService::Take EmbeddingService::TakePush(Table& t, int32_t rank, uint64_t round,
                                                   uint32_t part, uint32_t parts, size_t n,
-                                                  const uint64_t* ids, const float* grads,
-                                                  bool replay, ErrorCode* code, std::string* why) {
+                                                  const void* ids, const void* grads, bool replay,
+                                                  ErrorCode* code, std::string* why) {
   const uint32_t dim = t.rows.dim();
+  // `ids` and `grads` may be a frame's bytes, of any alignment: each is
+  // copied once, into the round or into the scratch Apply reads.
+  auto copy_into = [&](std::vector<uint64_t>* to_ids, std::vector<float>* to_grads) {
+    to_ids->resize(n);
+    to_grads->resize(n * dim);
+    if (n == 0) return;
+    std::memcpy(to_ids->data(), ids, n * sizeof(uint64_t));
+    std::memcpy(to_grads->data(), grads, n * dim * sizeof(float));
+  };
   if (options_.mode != PsMode::kSync) {
     auto [last, made] = t.applied.try_emplace(rank, std::make_pair(int64_t{-1}, uint32_t{0}));
     const std::pair<int64_t, uint32_t> now{static_cast<int64_t>(round), part};
     // A worker's parts come in order: in a replay, one at or before the
     // latest the checkpoint holds was applied before it.
     if (replay && !made && now <= last->second) return Take::kDuplicate;
-    t.rows.Apply(ids, n, grads, round);
+    copy_into(&scratch_ids_, &scratch_grads_);
+    t.rows.Apply(scratch_ids_.data(), n, scratch_grads_.data(), round);
     last->second = std::max(last->second, now);
     return Take::kTaken;
   }
@@ -293,7 +306,7 @@ EmbeddingService::Take EmbeddingService::TakePush(Table& t, int32_t rank, uint64
            std::to_string(kMaxParts) + " parts)";
     return Take::kRefused;
   }
-  const size_t bytes = n * (sizeof(uint64_t) + dim * sizeof(float));
+  const size_t bytes = PartBytes(n, dim);
   Round& open = t.open[round];
   std::set<uint32_t>& taken = open.parts[rank];
   // A part taken before (a resend after a lost ack) is acknowledged again.
@@ -309,29 +322,24 @@ EmbeddingService::Take EmbeddingService::TakePush(Table& t, int32_t rank, uint64
   open.bytes += bytes;
   if (taken.size() >= parts) open.pushed.insert(rank);
   Part& p = open.taken[{rank, part}];
-  p.ids.assign(ids, ids + n);
-  p.grads.assign(grads, grads + n * dim);
+  copy_into(&p.ids, &p.grads);
   return Take::kTaken;
 }
 
 bool EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Header& h,
                             const wire::Message& msg, std::vector<Outgoing>* out) {
   const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
-  const uint32_t dim = t.rows.dim();
-  const size_t n = static_cast<size_t>(b.num_ids());
-  // The frames are copied out once (the verifier checked their sizes).
-  std::vector<uint64_t> ids = IdsOf(msg.payloads[0]);
-  std::vector<float> grads(n * dim);
-  if (n > 0) std::memcpy(grads.data(), msg.payloads[1].data, grads.size() * sizeof(float));
   ErrorCode code = ErrorCode::Malformed;
   std::string why;
-  const Take took = TakePush(t, h.sender_rank(), b.round(), b.part(), b.parts(), n, ids.data(),
-                             grads.data(), false, &code, &why);
+  // The verifier checked the frames' sizes against num_ids and the width.
+  const Take took =
+      TakePush(t, h.sender_rank(), b.round(), b.part(), b.parts(), static_cast<size_t>(b.num_ids()),
+               msg.payloads[0].data, msg.payloads[1].data, false, &code, &why);
   if (took == Take::kRefused) {
     Refuse(from, h, code, why, out);
     return false;
   }
-  wire::EmbeddingFields f{t.rows.id(), dim, 0, b.round(), epoch_, 0, 1, t.partition};
+  wire::EmbeddingFields f{t.rows.id(), t.rows.dim(), 0, b.round(), epoch_, 0, 1, t.partition};
   out->push_back({from, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingAck, f,
                                             {}, h.seq())});
   if (took == Take::kTaken) Progress(t, out);
@@ -445,7 +453,6 @@ Status EmbeddingService::Restore(const EmbeddingPartState& saved) {
     return InvalidArgumentError(what + "restored twice");
   }
   auto in_range = [&](int32_t rank) { return rank >= 0 && rank < num_workers_; };
-  size_t bytes = 0;
   for (const auto& o : saved.open) {
     if (o.round < saved.closed) return InvalidArgumentError(what + "an open round that closed");
     for (int32_t r : o.pushed) {
@@ -456,7 +463,6 @@ Status EmbeddingService::Restore(const EmbeddingPartState& saved) {
       if (p.grads.size() != p.ids.size() * saved.dim) {
         return InvalidArgumentError(what + "a part's gradients do not match its ids");
       }
-      bytes += p.ids.size() * (sizeof(uint64_t) + saved.dim * sizeof(float));
     }
   }
   for (const auto& [rank, last] : saved.applied) {
@@ -477,14 +483,10 @@ Status EmbeddingService::Restore(const EmbeddingPartState& saved) {
     for (const auto& p : o.parts) {
       r.parts[p.rank].insert(p.part);
       r.taken[{p.rank, p.part}] = Part{p.ids, p.grads};
+      r.bytes += PartBytes(p.ids.size(), saved.dim);
     }
+    round_bytes_ += r.bytes;
   }
-  for (auto& [round, r] : t->open) {
-    for (const auto& [at, part] : r.taken) {
-      r.bytes += part.ids.size() * (sizeof(uint64_t) + saved.dim * sizeof(float));
-    }
-  }
-  round_bytes_ += bytes;
   t->applied = saved.applied;
   return OkStatus();
 }

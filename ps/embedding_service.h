@@ -170,8 +170,9 @@ class EmbeddingService {
   // What Push and Replay do with one part of a push: Taken (state
   // changed), Duplicate (taken before), or Refused (`code`, `why`).
   enum class Take { kTaken, kDuplicate, kRefused };
+  // `ids` (n u64s) and `grads` (n x width f32s) need no alignment.
   Take TakePush(Table& t, int32_t rank, uint64_t round, uint32_t part, uint32_t parts, size_t n,
-                const uint64_t* ids, const float* grads, bool replay, wire::ErrorCode* code,
+                const void* ids, const void* grads, bool replay, wire::ErrorCode* code,
                 std::string* why);
   // Whether a pull of `round` may be answered now.
   bool Ready(const Table& t, uint64_t round) const;
@@ -198,6 +199,10 @@ class EmbeddingService {
   uint64_t held_pulls_ = 0;
   uint64_t rounds_ = 0;
   size_t round_bytes_ = 0;  // held by open rounds
+  // An async or ssp push's ids and gradients, copied out of its frames
+  // for Apply; kept between pushes.
+  std::vector<uint64_t> scratch_ids_;
+  std::vector<float> scratch_grads_;
 };
 
 }  // namespace gradsync::server

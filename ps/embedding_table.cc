@@ -130,6 +130,12 @@ void AdamUpdate(float* __restrict p, float* __restrict m, float* __restrict v,
 
 }  // namespace
 
+size_t FloatsPerRow(RowOptimizerKind optimizer, uint32_t dim) {
+  return size_t{dim} * (optimizer == RowOptimizerKind::kSgd       ? 1
+                        : optimizer == RowOptimizerKind::kAdagrad ? 2
+                                                                  : 3);
+}
+
 const char* RowOptimizerName(RowOptimizerKind kind) {
   switch (kind) {
     case RowOptimizerKind::kSgd:
@@ -264,12 +270,6 @@ void MemoryBudget::Give(size_t bytes, int share) {
 // slot goes on the free list for the next admitted row. Beside its floats a
 // slot has its id, last-touch step and links in an intrusive doubly-linked
 // list over slot indices, least recently touched first (the LRU list).
-size_t FloatsPerRow(RowOptimizerKind optimizer, uint32_t dim) {
-  return size_t{dim} * (optimizer == RowOptimizerKind::kSgd       ? 1
-                        : optimizer == RowOptimizerKind::kAdagrad ? 2
-                                                                  : 3);
-}
-
 struct EmbeddingTable::Impl {
   struct SlotInfo {
     uint64_t id;
@@ -613,20 +613,18 @@ Status EmbeddingTable::Restore(const EmbeddingRowsState& saved) {
                                 std::to_string(saved.sketch.size()) +
                                 " counters, this table's has " + std::to_string(t.sketch.size()));
   }
-  {
-    std::unordered_map<uint64_t, uint32_t> seen;
-    seen.reserve(n);
-    for (uint64_t id : saved.ids) {
-      if (!seen.emplace(id, 0).second) {
-        return InvalidArgumentError(what + "row " + std::to_string(id) + " is saved twice");
-      }
-    }
+  t.dedup.Reset(n);  // Apply's scratch: the table holds no rows, so no Apply runs now
+  for (uint64_t id : saved.ids) {
+    bool fresh;
+    t.dedup.FindOrInsert(id, 0, &fresh);
+    if (!fresh) return InvalidArgumentError(what + "row " + std::to_string(id) + " is saved twice");
   }
   t.stats = saved.stats;
   t.stats.rows = 0;
   t.sketch = saved.sketch;
   for (size_t i = 0; i < n; ++i) {
     t.clock = saved.touched[i];
+    // Admit counts an admission; the saved counters hold this row's already.
     const uint64_t admitted = t.stats.admitted;
     const uint32_t slot = t.Admit(saved.ids[i]);
     t.stats.admitted = admitted;

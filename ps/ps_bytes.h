@@ -31,6 +31,10 @@ class ByteWriter {
   void U64(uint64_t v) {
     for (int i = 0; i < 8; ++i) U8(static_cast<uint8_t>(v >> (8 * i)));
   }
+  // The u64s (no count).
+  void U64s(const std::vector<uint64_t>& v) {
+    for (uint64_t x : v) U64(x);
+  }
   // A u64 count, then the floats.
   void Floats(const std::vector<float>& v) {
     U64(v.size());
@@ -77,6 +81,18 @@ class ByteReader {
     if (n > 0) std::memcpy(v->data(), p_, n * sizeof(float));
     p_ += n * sizeof(float);
     return true;
+  }
+  // `n` u64s (no count).
+  bool U64sOf(uint64_t n, std::vector<uint64_t>* v) {
+    if (n > left() / sizeof(uint64_t)) return false;
+    v->resize(n);
+    for (uint64_t& x : *v) U64(&x);
+    return true;
+  }
+  // A u64 count, then that many u64s.
+  bool U64s(std::vector<uint64_t>* v) {
+    uint64_t n;
+    return U64(&n) && U64sOf(n, v);
   }
   // What ByteWriter::Floats wrote.
   bool Floats(std::vector<float>* v) {

@@ -196,23 +196,6 @@ Status Corrupt(const std::string& name, const std::string& what) {
   return DataLossError("checkpoint " + name + " is damaged: " + what);
 }
 
-void WriteU64s(ByteWriter& w, const std::vector<uint64_t>& v) {
-  for (uint64_t x : v) w.U64(x);
-}
-
-bool ReadU64s(ByteReader& r, uint64_t n, std::vector<uint64_t>* v) {
-  if (n > r.left() / sizeof(uint64_t)) return false;
-  v->resize(n);
-  for (uint64_t& x : *v) r.U64(&x);
-  return true;
-}
-
-// A u64 count, then that many u64s.
-bool ReadCountedU64s(ByteReader& r, std::vector<uint64_t>* v) {
-  uint64_t n;
-  return r.U64(&n) && ReadU64s(r, n, v);
-}
-
 void EncodeEmbedding(ByteWriter& w, const EmbeddingPartState& e) {
   w.U32(e.table);
   w.U32(e.partition);
@@ -226,8 +209,8 @@ void EncodeEmbedding(ByteWriter& w, const EmbeddingPartState& e) {
     w.U64(v);
   }
   w.U64(rows.ids.size());
-  WriteU64s(w, rows.ids);
-  WriteU64s(w, rows.touched);
+  w.U64s(rows.ids);
+  w.U64s(rows.touched);
   w.Floats(rows.slots);
   w.U64(rows.sketch.size());
   for (uint8_t v : rows.sketch) w.U8(v);
@@ -242,7 +225,7 @@ void EncodeEmbedding(ByteWriter& w, const EmbeddingPartState& e) {
       w.I32(p.rank);
       w.U32(p.part);
       w.U64(p.ids.size());
-      WriteU64s(w, p.ids);
+      w.U64s(p.ids);
       w.Floats(p.grads);
     }
   }
@@ -281,8 +264,8 @@ bool DecodeEmbedding(ByteReader& r, int32_t num_workers, EmbeddingPartState* e, 
                       &c.evicted_memory, &c.refused_memory, &c.refused_nonfinite, &c.steps}) {
     ok = ok && r.U64(v);
   }
-  ok = ok && r.U64(&n) && n <= r.left() / 16 && ReadU64s(r, n, &rows.ids) &&
-       ReadU64s(r, n, &rows.touched) && r.Floats(&rows.slots);
+  ok = ok && r.U64(&n) && n <= r.left() / 16 && r.U64sOf(n, &rows.ids) &&
+       r.U64sOf(n, &rows.touched) && r.Floats(&rows.slots);
   if (!ok || rows.slots.size() != n * FloatsPerRow(e->optimizer, e->dim)) {
     *why = "its rows are truncated or of another size";
     return false;
@@ -317,8 +300,8 @@ bool DecodeEmbedding(ByteReader& r, int32_t num_workers, EmbeddingPartState* e, 
     }
     o.parts.resize(parts);
     for (auto& p : o.parts) {
-      if (!r.I32(&p.rank) || !r.U32(&p.part) || !ReadCountedU64s(r, &p.ids) ||
-          !r.Floats(&p.grads) || p.grads.size() != p.ids.size() * e->dim) {
+      if (!r.I32(&p.rank) || !r.U32(&p.part) || !r.U64s(&p.ids) || !r.Floats(&p.grads) ||
+          p.grads.size() != p.ids.size() * e->dim) {
         *why =
             "a part of open round " + std::to_string(o.round) + " is truncated or of another size";
         return false;

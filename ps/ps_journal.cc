@@ -66,9 +66,7 @@ bool DecodeRecord(const char* body, size_t size, JournalRecord* rec) {
     const uint64_t per_id = sizeof(uint64_t) + uint64_t{rec->dim} * sizeof(float);
     if (n > r.left() / per_id || r.left() != n * per_id) return false;
     rec->num_elements = n;
-    rec->ids.resize(n);
-    for (uint64_t& id : rec->ids) r.U64(&id);
-    return r.FloatsOf(n * rec->dim, &rec->values);
+    return r.U64sOf(n, &rec->ids) && r.FloatsOf(n * rec->dim, &rec->values);
   }
   if (kind != static_cast<uint8_t>(JournalRecord::Kind::kDead)) return false;
   rec->kind = JournalRecord::Kind::kDead;

@@ -81,6 +81,12 @@ StatusOr<PsShardOptions> PsShardOptions::FromConfig(const Config& config) {
   return o;
 }
 
+size_t ThreadOfKey(const KeyTable::Key& key, size_t threads) {
+  return PartitionKey(key.first, key.second) % threads;
+}
+
+size_t ThreadOfTable(uint32_t table, size_t threads) { return table % threads; }
+
 PsShard::PsShard(wire::Transport* transport, const PsShardOptions& options, wire::Sender self)
     : transport_(transport),
       options_(options),
@@ -259,9 +265,10 @@ void PsShard::Dispatch(wire::Incoming in) {
   }
   // A key, and an embedding table, is always on the same thread.
   const wire::DataBody* d = v.header->body_as_DataBody();
-  const wire::EmbeddingBody* e = v.header->body_as_EmbeddingBody();
-  const uint64_t key = d != nullptr ? PartitionKey(d->bucket(), d->partition()) : e->table();
-  KeyThread& t = *key_threads_[key % key_threads_.size()];
+  const size_t n = key_threads_.size();
+  KeyThread& t =
+      *key_threads_[d != nullptr ? ThreadOfKey({d->bucket(), d->partition()}, n)
+                                 : ThreadOfTable(v.header->body_as_EmbeddingBody()->table(), n)];
   // A full queue pushes back on the transport; the key threads keep
   // draining it until Shutdown closes it.
   if (ShardMetrics* m = options_.metrics) {

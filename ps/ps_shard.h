@@ -108,6 +108,12 @@ struct CheckpointStats {
   uint64_t last_keys = 0;
 };
 
+// The key thread (of `threads`) that holds dense key `key`, and the one
+// that holds every partition of embedding table `table`: messages go to
+// it, and a checkpoint's state is loaded into it.
+size_t ThreadOfKey(const KeyTable::Key& key, size_t threads);
+size_t ThreadOfTable(uint32_t table, size_t threads);
+
 class PsShard {
  public:
   // Restores from options.checkpoint_dir (if set) and starts serving on

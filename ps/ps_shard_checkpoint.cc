@@ -4,15 +4,10 @@
 #include <future>
 
 #include "common/logging.h"
-#include "common/placement.h"
 #include "ps/ps_shard.h"
 
 namespace gradsync::server {
 namespace {
-
-size_t ThreadOf(const KeyTable::Key& key, size_t threads) {
-  return PartitionKey(key.first, key.second) % threads;
-}
 
 std::string Describe(const ShardState& st) {
   uint64_t closed = 0, version = 0, rows = 0;
@@ -76,16 +71,15 @@ Status PsShard::Restore() {
 
 Status PsShard::Load(ShardState saved) {
   const size_t n = key_threads_.size();
-  // An embedding table is on the thread of its id (Dispatch).
   for (const EmbeddingPartState& e : saved.embeddings) {
-    Status s = key_threads_[e.table % n]->embeddings.Restore(e);
+    Status s = key_threads_[ThreadOfTable(e.table, n)]->embeddings.Restore(e);
     if (!s.ok()) {
       return InvalidArgumentError(
           "checkpoint " + CheckpointPath(options_.checkpoint_dir, self_.rank) + ": " + s.message());
     }
   }
   std::vector<std::map<KeyTable::Key, KeyState>> parts(n);
-  for (auto& [key, k] : saved.keys) parts[ThreadOf(key, n)].emplace(key, std::move(k));
+  for (auto& [key, k] : saved.keys) parts[ThreadOfKey(key, n)].emplace(key, std::move(k));
   std::set<int32_t> all_dead;
   for (const auto& d : saved.dead) all_dead.insert(d.begin(), d.end());
   std::vector<Outgoing> none;  // nobody waits yet
@@ -107,14 +101,14 @@ Status PsShard::ApplyRecord(const JournalRecord& r) {
   const size_t n = key_threads_.size();
   if (r.kind == JournalRecord::Kind::kPush) {
     const KeyTable::Key key{r.bucket, r.partition};
-    return key_threads_[ThreadOf(key, n)]->table.Replay(key, r.worker, r.round, r.version,
-                                                        r.values);
+    return key_threads_[ThreadOfKey(key, n)]->table.Replay(key, r.worker, r.round, r.version,
+                                                           r.values);
   }
   if (r.kind == JournalRecord::Kind::kEmbeddingPush) {
     const EmbeddingPushRecord push{r.table,      r.partition,    r.dim,   r.worker,
                                    r.round,      r.part,         r.parts, r.ids.size(),
                                    r.ids.data(), r.values.data()};
-    return key_threads_[r.table % n]->embeddings.Replay(push);
+    return key_threads_[ThreadOfTable(r.table, n)]->embeddings.Replay(push);
   }
   for (int32_t w : r.dead) {
     if (w < 0 || w >= options_.rules.num_workers) {

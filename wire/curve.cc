@@ -45,16 +45,24 @@ CurveKey& CurveKey::operator=(CurveKey&& other) noexcept {
 
 namespace {
 
-template <class S>
-bool IsZ85Key(const S& s) {
-  if (s.size() != 40) return false;
+bool IsZ85Key(std::string_view s) {
   uint8_t binary[32];
-  const bool ok = zmq_z85_decode(binary, s.c_str()) != nullptr;
+  const bool ok = DecodeZ85Key(s, binary);
   sodium_memzero(binary, sizeof(binary));
   return ok;
 }
 
 }  // namespace
+
+bool DecodeZ85Key(std::string_view z85, uint8_t* out) {
+  if (z85.size() != 40) return false;
+  char text[41];  // zmq_z85_decode reads a NUL-terminated string
+  std::memcpy(text, z85.data(), 40);
+  text[40] = '\0';
+  const bool ok = zmq_z85_decode(out, text) != nullptr;
+  sodium_memzero(text, sizeof(text));
+  return ok;
+}
 
 bool IsCurvePublicKey(const std::string& z85) { return IsZ85Key(z85); }
 
@@ -128,25 +136,23 @@ StatusOr<CurveKey> ReadKeyFile(const std::string& path) {
   while (text.size() < 4096 && (n = read(*fd, buf, sizeof(buf))) != 0) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
-    text.append(buf,
-                static_cast<size_t>(std::min<size_t>(static_cast<size_t>(n), 4096 - text.size())));
+    text.append(buf, std::min<size_t>(static_cast<size_t>(n), 4096 - text.size()));
   }
   sodium_memzero(buf, sizeof(buf));
   close(*fd);
   // Lines "<word> <value>" (blanks around them ignored); views into `text`.
   CurveKey key;
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+    while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+    return v;
+  };
   const std::string_view all(text);
   for (size_t at = 0; at < all.size();) {
     size_t end = all.find('\n', at);
     if (end == std::string_view::npos) end = all.size();
-    std::string_view line = all.substr(at, end - at);
+    std::string_view line = trim(all.substr(at, end - at));
     at = end + 1;
-    auto trim = [](std::string_view v) {
-      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
-      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
-      return v;
-    };
-    line = trim(line);
     const size_t space = line.find_first_of(" \t");
     if (space == std::string_view::npos) continue;
     const std::string_view word = line.substr(0, space), value = trim(line.substr(space));

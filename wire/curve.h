@@ -32,8 +32,10 @@
 #ifndef GRADSYNC_WIRE_CURVE_H_
 #define GRADSYNC_WIRE_CURVE_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/config.h"
 #include "common/status.h"
@@ -74,6 +76,9 @@ StatusOr<CurveKey> SchedulerServerKey(const CurveKey& job);
 // or the job's for a key file without one.
 std::string SchedulerPublicKey(const CurveKey& job);
 
+// Decodes the 40 Z85 characters of a CURVE key into out[0, 32); false
+// when `z85` is not one. The characters' copy it makes is wiped.
+bool DecodeZ85Key(std::string_view z85, uint8_t* out);
 // Whether `z85` is a CURVE key (40 Z85 characters).
 bool IsCurvePublicKey(const std::string& z85);
 // A new key pair (libzmq's zmq_curve_keypair).

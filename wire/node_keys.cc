@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/net.h"
 #include "common/private_files.h"
@@ -19,30 +18,15 @@ constexpr char kRoutingSeparator = '#';
 
 }  // namespace
 
-namespace {
-
-// Decodes 40 Z85 characters into out[0, 32); the text's copy is wiped.
-bool DecodeZ85(std::string_view z85, uint8_t* out) {
-  if (z85.size() != 40) return false;
-  char text[41];
-  std::memcpy(text, z85.data(), 40);
-  text[40] = '\0';
-  const bool ok = zmq_z85_decode(out, text) != nullptr;
-  sodium_memzero(text, sizeof(text));
-  return ok;
-}
-
-}  // namespace
-
 std::optional<std::string> DecodeKey(std::string_view z85) {
   uint8_t binary[32];
-  if (!DecodeZ85(z85, binary)) return std::nullopt;
+  if (!DecodeZ85Key(z85, binary)) return std::nullopt;
   return std::string(reinterpret_cast<const char*>(binary), sizeof(binary));
 }
 
 std::optional<SecretString> DecodeSecretKey(std::string_view z85) {
   SecretString out(32, '\0');
-  if (!DecodeZ85(z85, reinterpret_cast<uint8_t*>(out.data()))) return std::nullopt;
+  if (!DecodeZ85Key(z85, reinterpret_cast<uint8_t*>(out.data()))) return std::nullopt;
   return out;
 }
 

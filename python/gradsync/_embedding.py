@@ -10,6 +10,7 @@ row-wise optimizer of the job (embedding_optimizer, embedding_lr, ...): the
 module has no parameters of its own, so the dense optimizer and DDP never
 see the table.
 """
+import collections
 import itertools
 import weakref
 
@@ -26,6 +27,9 @@ _next_table = itertools.count()
 # Every ShardedEmbeddingBag of this process: a prefetch waits for all their
 # pushes in flight.
 _tables = weakref.WeakSet()
+# A pull started by prefetch(): the ids it was given, the step, the unique
+# ids with the inverse indices, the rows being filled and the Completion.
+_Prefetch = collections.namedtuple("_Prefetch", "input step unique inverse rows done")
 
 
 class ShardedEmbeddingBag(torch.nn.Module):
@@ -79,7 +83,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
         self._executor = None
         self._committed = 0  # self.step at the last elastic State.commit()
         self._last_push = None  # (ids, grad, step) of the latest push
-        self._prefetched = None  # (input, step, unique, inverse, rows, Completion)
+        self._prefetched = None  # the _Prefetch in flight
         self.prefetch_hits = 0  # forwards that took their rows from a prefetch
         _tables.add(self)
 
@@ -137,29 +141,28 @@ class ShardedEmbeddingBag(torch.nn.Module):
                 push.wait()
             comm.pull_rows(self.table, self.embedding_dim, unique.data_ptr(),
                            unique.numel(), step, rows.data_ptr())
-        self._prefetched = (input, step, unique, inverse, rows,
-                            self._thread().submit(pull))
+        self._prefetched = _Prefetch(input, step, unique, inverse, rows,
+                                     self._thread().submit(pull))
 
     def _drop_prefetch(self):
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None:
-            prefetched[5].wait()
+            prefetched.done.wait()
 
     def _take_prefetch(self, input):
-        """(unique, inverse, rows) of the prefetch of `input` for this
-        step, or None (a prefetch of other ids is dropped)."""
-        prefetched = self._prefetched
-        if prefetched is None:
+        """The _Prefetch of `input` for this step, its rows in, or None (a
+        prefetch of other ids is dropped)."""
+        p = self._prefetched
+        if p is None:
             return None
-        ids, step = prefetched[0], prefetched[1]
-        if step != self.step or not (ids is input or (
-                ids.shape == input.shape and torch.equal(ids, input))):
+        if p.step != self.step or not (p.input is input or (
+                p.input.shape == input.shape and torch.equal(p.input, input))):
             self._drop_prefetch()
             return None
         self._prefetched = None
-        prefetched[5].wait()
+        p.done.wait()
         self.prefetch_hits += 1
-        return prefetched[2], prefetched[3], prefetched[4]
+        return p
 
     def _thread(self):
         if self._executor is None:
@@ -205,13 +208,13 @@ class ShardedEmbeddingBag(torch.nn.Module):
         pull waits for that one. A round that had closed takes the push as a
         resend, changing nothing."""
         pushing, self._pushing = self._pushing, None
-        for done in (pushing, self._prefetched and self._prefetched[5]):
+        prefetched, self._prefetched = self._prefetched, None
+        for done in (pushing, prefetched and prefetched.done):
             if done:
                 try:
                     done.wait()
                 except gradsync.GradsyncError:
                     pass  # of the epoch that ended
-        self._prefetched = None
         self._executor = None  # its error, if any, was the old epoch's
         self._pending = None
         self.step = self._committed = int(step)
@@ -239,7 +242,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
         step = self.step
         prefetched = self._take_prefetch(input)
         if prefetched is not None:
-            unique, inverse, rows = prefetched
+            unique, inverse, rows = prefetched.unique, prefetched.inverse, prefetched.rows
         else:
             unique, inverse = torch.unique(input.reshape(-1).to(torch.int64),
                                            sorted=False, return_inverse=True)
