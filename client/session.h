@@ -64,6 +64,13 @@ class Session {
   // Blocks until every live worker has called Barrier the same number of
   // times; fails naming the dead worker if one died.
   Status Barrier(Deadline deadline);
+  // An all-gather through the scheduler among the adopted epoch's workers
+  // (counted with Barrier): every worker's part, in rank order, its rank
+  // the scheduler's (NodeAgent::Gather).
+  StatusOr<std::vector<wire::GatherPartFields>> Gather(const wire::GatherPartFields& mine,
+                                                       Deadline deadline) {
+    return node_.agent->Gather(epoch(), mine, deadline);
+  }
   // Rank 0 passes its NCCL unique id, the others nullopt; all get rank 0's.
   StatusOr<std::vector<uint8_t>> ShareNcclId(std::optional<std::vector<uint8_t>> mine,
                                              Deadline deadline);

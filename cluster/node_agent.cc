@@ -57,7 +57,7 @@ NodeAgent::NodeAgent(const NodeOptions& options, std::unique_ptr<wire::Transport
   scheduler_endpoint_ = "tcp://" + options_.scheduler;
   policy_ = wire::Policy::Accepting({MsgType::RankAssignment, MsgType::Heartbeat,
                                      MsgType::BarrierRelease, MsgType::Error, MsgType::NodeDead,
-                                     MsgType::JobState, MsgType::NcclId});
+                                     MsgType::JobState, MsgType::NcclId, MsgType::Gathered});
   assignment_.self.role = options_.role;
   assignment_.self.rank = options_.rank;
   assignment_.self.host = options_.host;
@@ -362,6 +362,14 @@ void NodeAgent::Dispatch(const wire::Header& h) {
       case MsgType::RankAssignment:
         OnEpoch(h);
         break;
+      case MsgType::Gathered: {
+        const auto* g = h.body_as_GatherBody();
+        if (g->barrier_id() > gathered_id_) {
+          gathered_id_ = g->barrier_id();
+          gathered_ = wire::ReadGathered(*g);
+        }
+        break;
+      }
       case MsgType::NcclId: {
         const auto* id = h.body_as_NcclIdBody()->id();
         nccl_id_ = std::vector<uint8_t>(id->begin(), id->end());
@@ -377,7 +385,7 @@ void NodeAgent::Dispatch(const wire::Header& h) {
 
 void NodeAgent::HandleError(const wire::ErrorBody& e) {
   std::string text = e.message() ? e.message()->str() : "";
-  if (e.in_reply_to() == MsgType::Barrier) {
+  if (e.in_reply_to() == MsgType::Barrier || e.in_reply_to() == MsgType::Gather) {
     barrier_error_ = AbortedError("barrier failed: " + text);
     return;
   }
@@ -419,33 +427,53 @@ Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers, De
       "the scheduler to confirm that every node reaches its peers");
 }
 
-Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) {
-  uint64_t n, id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
-    n = ++barrier_called_[{group, epoch}];
-    // Epoch 0 numbers as before epochs existed (n alone); every id stays
-    // below the epoch barriers' and grows with the epoch.
-    if (n > wire::kMaxBarriersPerEpoch || epoch > wire::kMaxBarrierEpoch) {
-      return OutOfRangeError("barrier " + std::to_string(n) + " of epoch " + std::to_string(epoch) +
-                             ": past the barriers an id can number");
-    }
-    id = wire::UserBarrierId(epoch, n);
+StatusOr<uint64_t> NodeAgent::NextBarrierId(wire::Group group, uint32_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
+  const uint64_t n = ++barrier_called_[{group, epoch}];
+  // Epoch 0 numbers as before epochs existed (n alone); every id stays
+  // below the epoch barriers' and grows with the epoch.
+  if (n > wire::kMaxBarriersPerEpoch || epoch > wire::kMaxBarrierEpoch) {
+    return OutOfRangeError("barrier " + std::to_string(n) + " of epoch " + std::to_string(epoch) +
+                           ": past the barriers an id can number");
   }
-  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
+  return wire::UserBarrierId(epoch, n);
+}
+
+Status NodeAgent::WaitForBarrier(wire::Group group, uint32_t epoch, uint64_t id,
+                                 const std::function<bool()>& released, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto done = [&] {
-    return barrier_released_[group] >= id || !barrier_error_.ok() || latest_.epoch > epoch;
-  };
+  auto done = [&] { return released() || !barrier_error_.ok() || latest_.epoch > epoch; };
   GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
-                             "barrier " + std::to_string(n) + " of epoch " + std::to_string(epoch) +
-                                 " of " + wire::EnumNameGroup(group)));
-  if (barrier_released_[group] >= id) return OkStatus();
+                             "barrier " + std::to_string(id & wire::kMaxBarriersPerEpoch) +
+                                 " of epoch " + std::to_string(epoch) + " of " +
+                                 wire::EnumNameGroup(group)));
+  if (released()) return OkStatus();
   if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
   Status error = barrier_error_;
   barrier_error_ = OkStatus();
   return error;
+}
+
+Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) {
+  GS_ASSIGN_OR_RETURN(const uint64_t id, NextBarrierId(group, epoch));
+  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
+  // Called with mu_ held (WaitForBarrier).
+  return WaitForBarrier(
+      group, epoch, id, [&] { return barrier_released_[group] >= id; }, deadline);
+}
+
+StatusOr<std::vector<wire::GatherPartFields>> NodeAgent::Gather(
+    uint32_t epoch, const wire::GatherPartFields& mine, Deadline deadline) {
+  GS_ASSIGN_OR_RETURN(const uint64_t id, NextBarrierId(wire::Group::Workers, epoch));
+  GS_RETURN_IF_ERROR(Send(wire::MakeGather(sender(), id, mine), deadline));
+  GS_RETURN_IF_ERROR(WaitForBarrier(
+      wire::Group::Workers, epoch, id, [&] { return gathered_id_ >= id; }, deadline));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (gathered_id_ != id) {
+    return AbortedError("gather " + std::to_string(id) + " was overtaken by a later one");
+  }
+  return gathered_;
 }
 
 StatusOr<std::vector<uint8_t>> NodeAgent::ShareNcclId(std::optional<std::vector<uint8_t>> mine,

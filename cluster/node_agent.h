@@ -106,6 +106,13 @@ class NodeAgent {
   // epoch it joined in). Fails if a member is dead; MembershipChanged when
   // a later epoch starts meanwhile.
   Status Barrier(wire::Group group, uint32_t epoch, Deadline deadline);
+  // A barrier of the workers (counted with Barrier's) that carries a part
+  // from each: every live worker's part, in rank order, each under the
+  // rank the scheduler bound to its sender. The scheduler refuses ports
+  // that another node listens at on this node's host.
+  StatusOr<std::vector<wire::GatherPartFields>> Gather(uint32_t epoch,
+                                                       const wire::GatherPartFields& mine,
+                                                       Deadline deadline);
   // Worker rank 0 passes its NCCL unique id; the others pass nullopt and get
   // rank 0's id.
   StatusOr<std::vector<uint8_t>> ShareNcclId(std::optional<std::vector<uint8_t>> mine,
@@ -165,6 +172,12 @@ class NodeAgent {
   // A line for a message that failed verification, rate-limited.
   void LogRejected(const wire::Verdict& v);
   // Waits on cv_ until `done` or the job fails or the deadline passes.
+  // The id of this node's next barrier or gather of `group` in `epoch`.
+  StatusOr<uint64_t> NextBarrierId(wire::Group group, uint32_t epoch);
+  // Waits (taking mu_) until `released` (called under mu_), a barrier
+  // error, a later epoch or the deadline.
+  Status WaitForBarrier(wire::Group group, uint32_t epoch, uint64_t id,
+                        const std::function<bool()>& released, Deadline deadline);
   Status WaitFor(std::unique_lock<std::mutex>& lock, Deadline deadline,
                  const std::function<bool()>& done, const std::string& what);
 
@@ -185,6 +198,9 @@ class NodeAgent {
   std::map<wire::Group, uint64_t> barrier_released_;  // guarded by mu_
   Status barrier_error_;                              // guarded by mu_
   std::optional<std::vector<uint8_t>> nccl_id_;       // guarded by mu_
+  // The last gather released: its barrier id and parts; guarded by mu_.
+  uint64_t gathered_id_ = 0;
+  std::vector<wire::GatherPartFields> gathered_;
   Assignment latest_;                                 // guarded by mu_
   uint32_t epoch_released_ = 0;                       // guarded by mu_
   struct Death {

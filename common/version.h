@@ -10,7 +10,9 @@ namespace gradsync {
 // 3: RingData has its own body, the codec string is the one encoding
 //    field, and RegisterBody and NodeAddress carry the node's own CURVE
 //    public key.
-constexpr uint32_t kProtocolVersion = 3;
+// 4: Gather and Gathered (the workers' all-gathers through the
+//    scheduler: ring lanes' and pairs' ports, link times).
+constexpr uint32_t kProtocolVersion = 4;
 // The release this binary was built from; peers of another build are refused.
 constexpr const char* kBuildId = "gradsync-0.1.0";
 

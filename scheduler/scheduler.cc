@@ -6,6 +6,7 @@
 #include "common/version.h"
 #include "scheduler/scheduler_text.h"
 #include "wire/curve.h"
+#include "wire/validate.h"
 
 namespace gradsync::server {
 namespace {
@@ -73,7 +74,8 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<wire::Transport> 
       membership_(options_.num_workers, options_.elastic) {
   policy_ = wire::Policy::Accepting({MsgType::Register, MsgType::Heartbeat, MsgType::Leave,
                                      MsgType::Barrier, MsgType::ReachReport, MsgType::Error,
-                                     MsgType::NcclIdOffer, MsgType::NcclIdRequest});
+                                     MsgType::NcclIdOffer, MsgType::NcclIdRequest,
+                                     MsgType::Gather});
   if (metrics_) {
     metrics_->expected_nodes[static_cast<int>(Role::Worker)]->Set(options_.num_workers);
     metrics_->expected_nodes[static_cast<int>(Role::Server)]->Set(options_.num_servers);
@@ -161,6 +163,9 @@ void Scheduler::Dispatch(Node& node, const wire::Header& h) {
     case MsgType::Barrier:
       OnBarrier(node, *h.body_as_BarrierBody());
       break;
+    case MsgType::Gather:
+      OnGather(node, *h.body_as_GatherBody());
+      break;
     case MsgType::ReachReport:
       OnReachReport(node, *h.body_as_ReachReportBody());
       break;
@@ -201,31 +206,151 @@ void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
            MsgType::Barrier);
     return;
   }
-  const BarrierKey key{b.group(), b.barrier_id()};
+  EnterBarrier(node, BarrierKey{b.group(), b.barrier_id()}, MsgType::Barrier);
+}
+
+void Scheduler::OnGather(Node& node, const wire::GatherBody& b) {
+  if (node.info.role != Role::Worker) {
+    Refuse(node.identity, ErrorCode::BadSender,
+           node.info.Name() + " is not a worker: only workers gather", MsgType::Gather);
+    return;
+  }
+  wire::GatherPartFields part;
+  if (b.ports()) part.ports.assign(b.ports()->begin(), b.ports()->end());
+  if (b.data()) part.data.assign(b.data()->begin(), b.data()->end());
+  const std::string clash = PortClash(node, part.ports);
+  if (!clash.empty()) {
+    Refuse(node.identity, ErrorCode::BadSender, clash, MsgType::Gather);
+    return;
+  }
+  const BarrierKey key{wire::Group::Workers, b.barrier_id()};
+  gather_parts_[key][node.identity] = std::move(part);
+  EnterBarrier(node, key, MsgType::Gather);
+}
+
+std::string Scheduler::PortClash(const Node& node, const std::vector<uint16_t>& ports) const {
+  const std::string where = " on " + PeerText(node.info.host);
+  for (size_t i = 0; i < ports.size(); ++i) {
+    const uint16_t p = ports[i];
+    if (p == 0) return node.info.Name() + " announced port 0";
+    for (size_t j = 0; j < i; ++j) {
+      if (ports[j] == p) return node.info.Name() + " announced port " + std::to_string(p) + " twice";
+    }
+    for (const auto& [id, n] : nodes_) {
+      if (n.removed || n.left || !n.alive || n.info.host != node.info.host) continue;
+      if (p == n.info.data_port || p == n.info.stream_port || p == n.info.metrics_port) {
+        return node.info.Name() + " announced port " + std::to_string(p) + where + ", which is " +
+               n.info.Name() + "'s";
+      }
+    }
+    for (const auto& [key, parts] : gather_parts_) {
+      for (const auto& [id, part] : parts) {
+        auto other = nodes_.find(id);
+        if (id == node.identity || other == nodes_.end() ||
+            other->second.info.host != node.info.host) {
+          continue;
+        }
+        if (std::find(part.ports.begin(), part.ports.end(), p) != part.ports.end()) {
+          return node.info.Name() + " announced port " + std::to_string(p) + where +
+                 ", which " + other->second.info.Name() + " announced";
+        }
+      }
+    }
+  }
+  return "";
+}
+
+void Scheduler::EnterBarrier(Node& node, const BarrierKey& key, MsgType type) {
   if (auto broken = broken_barriers_.find(key); broken != broken_barriers_.end()) {
-    ReplyError(node.identity, ErrorCode::PeerDead, broken->second, MsgType::Barrier);
+    ReplyError(node.identity, ErrorCode::PeerDead, broken->second, type);
     return;
   }
   for (const auto& [id, n] : nodes_) {
-    if (n.removed || !InGroup(n, b.group())) continue;
+    if (n.removed || !InGroup(n, key.first)) continue;
     if (!n.alive) {
       ReplyError(node.identity, ErrorCode::PeerDead,
-                 "barrier " + std::to_string(b.barrier_id()) + " of " +
-                     wire::EnumNameGroup(b.group()) + " cannot complete: " + n.info.Name() +
+                 "barrier " + std::to_string(key.second) + " of " +
+                     wire::EnumNameGroup(key.first) + " cannot complete: " + n.info.Name() +
                      " is dead",
-                 MsgType::Barrier);
+                 type);
       return;
     }
   }
   // A node waits in one barrier at a time: entering this one leaves any
-  // other, so the barriers held are at most one per node, whatever ids
-  // the nodes send.
+  // other, so the barriers held (and parts gathered) are at most one per
+  // node, whatever ids the nodes send.
   for (auto it = barriers_.begin(); it != barriers_.end();) {
-    if (it->first != key) it->second.erase(node.identity);
-    it = it->second.empty() && it->first != key ? barriers_.erase(it) : std::next(it);
+    if (it->first != key) {
+      it->second.erase(node.identity);
+      if (auto g = gather_parts_.find(it->first); g != gather_parts_.end()) {
+        g->second.erase(node.identity);
+        if (g->second.empty()) gather_parts_.erase(g);
+      }
+    }
+    if (it->second.empty() && it->first != key) {
+      gather_parts_.erase(it->first);
+      it = barriers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (type == MsgType::Barrier) {
+    // A Barrier under a gather's id leaves no part behind.
+    if (auto g = gather_parts_.find(key); g != gather_parts_.end()) {
+      g->second.erase(node.identity);
+      if (g->second.empty()) gather_parts_.erase(g);
+    }
   }
   barriers_[key].insert(node.identity);
   TryRelease(key);
+}
+
+void Scheduler::DropBarrier(const BarrierKey& key) {
+  barriers_.erase(key);
+  gather_parts_.erase(key);
+}
+
+void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>& members) {
+  const auto parts = gather_parts_.find(key);
+  std::string why;
+  std::vector<wire::GatherPartFields> all;
+  const uint32_t epoch = static_cast<uint32_t>(key.second >> 32);
+  if (epoch != membership_.epoch()) {
+    why = "gather " + std::to_string(key.second) + " is of membership epoch " +
+          std::to_string(epoch) + ", the job is at " + std::to_string(membership_.epoch());
+  }
+  for (const std::string& id : members) {
+    if (!why.empty()) break;
+    const wire::GatherPartFields* part = nullptr;
+    if (parts != gather_parts_.end()) {
+      auto found = parts->second.find(id);
+      if (found != parts->second.end()) part = &found->second;
+    }
+    if (part == nullptr) {
+      why = "workers disagree on barrier " + std::to_string(key.second) + ": " +
+            nodes_[id].info.Name() + " entered it as a barrier, others as a gather";
+      break;
+    }
+    all.push_back(*part);
+    all.back().rank = nodes_[id].info.rank;
+  }
+  std::sort(all.begin(), all.end(),
+            [](const wire::GatherPartFields& a, const wire::GatherPartFields& b) {
+              return a.rank < b.rank;
+            });
+  wire::Message answer = wire::MakeGathered(sender(), key.second, all);
+  if (why.empty() && answer.header.size() > wire::Limits{}.max_header_bytes) {
+    why = "the parts of gather " + std::to_string(key.second) + " hold " +
+          std::to_string(answer.header.size()) + " bytes, more than one message carries (" +
+          std::to_string(wire::Limits{}.max_header_bytes) + ")";
+  }
+  for (const std::string& id : members) {
+    if (why.empty()) {
+      Reply(id, wire::MakeGathered(sender(), key.second, all));
+    } else {
+      ReplyError(id, ErrorCode::Mismatch, why, MsgType::Gather);
+    }
+  }
 }
 
 // A user's barrier waits for every member of its group: one that left the
@@ -259,20 +384,23 @@ void Scheduler::TryRelease(const BarrierKey& key) {
   }
   if (gone != nullptr) {
     const std::string why = LeftBarrierText(key, *gone);
-    for (const std::string& waiting : it->second) {
-      ReplyError(waiting, ErrorCode::PeerDead, why, MsgType::Barrier);
-    }
-    barriers_.erase(it);
+    const MsgType type = gather_parts_.count(key) ? MsgType::Gather : MsgType::Barrier;
+    for (const std::string& waiting : it->second) ReplyError(waiting, ErrorCode::PeerDead, why, type);
+    DropBarrier(key);
     RememberBroken(key, why);
     return;
   }
   if (awaited) return;
   if (HoldsEpochBarrier(key)) return;
   EpochBarrierReleased(key);  // counted before anyone is released
-  for (const std::string& id : it->second) {
-    Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
+  if (gather_parts_.count(key)) {
+    ReleaseGather(key, it->second);
+  } else {
+    for (const std::string& id : it->second) {
+      Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
+    }
   }
-  barriers_.erase(it);
+  DropBarrier(key);
   if (metrics_) metrics_->barriers_completed->Increment();
 }
 
@@ -429,13 +557,14 @@ void Scheduler::MarkDead(Node& node, const std::string& why, wire::ErrorCode fai
     if (InGroup(node, kv.first.first)) broken.push_back(kv.first);
   }
   for (const BarrierKey& k : broken) {
+    const MsgType type = gather_parts_.count(k) ? MsgType::Gather : MsgType::Barrier;
     for (const std::string& id : barriers_[k]) {
       ReplyError(
           id, ErrorCode::PeerDead,
           "barrier " + std::to_string(k.second) + " cannot complete: " + info.Name() + " is dead",
-          MsgType::Barrier);
+          type);
     }
-    barriers_.erase(k);
+    DropBarrier(k);
   }
 }
 

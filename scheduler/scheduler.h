@@ -145,6 +145,17 @@ class Scheduler {
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
   void FinishReachability(const std::string& timeout_note);
   void OnBarrier(Node& node, const wire::BarrierBody& b);
+  // A worker's part of an all-gather (a barrier that carries one); its
+  // ports are refused where another node listens on its host.
+  void OnGather(Node& node, const wire::GatherBody& b);
+  // Why `node` may not announce `ports` ("" when it may).
+  std::string PortClash(const Node& node, const std::vector<uint16_t>& ports) const;
+  // `node` enters barrier `key` (a Gather, when `type` says so).
+  void EnterBarrier(Node& node, const BarrierKey& key, wire::MsgType type);
+  // Forgets barrier `key` and any parts gathered for it.
+  void DropBarrier(const BarrierKey& key);
+  // Releases gather `key` (every member's part in): Gathered to each.
+  void ReleaseGather(const BarrierKey& key, const std::set<std::string>& members);
   void TryRelease(const BarrierKey& key);
   std::string LeftBarrierText(const BarrierKey& key, const Node& left) const;
   void RememberBroken(const BarrierKey& key, const std::string& why);
@@ -221,6 +232,8 @@ class Scheduler {
   // Workers waiting to join at max_workers, by identity (OnJoinRequest).
   std::map<std::string, Node> waiting_joiners_;
   std::map<BarrierKey, std::set<std::string>> barriers_;
+  // The parts of the gathers among barriers_, by sender identity.
+  std::map<BarrierKey, std::map<std::string, wire::GatherPartFields>> gather_parts_;
   // User barriers that failed because a member left without entering
   // them, and why: a member entering one later hears the same (the last
   // kMaxBrokenBarriers).

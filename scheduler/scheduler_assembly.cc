@@ -338,6 +338,7 @@ void Scheduler::Rejoin(const std::string& old_identity, const std::string& ident
   nodes_[identity] = node;
   std::replace(order_.begin(), order_.end(), old_identity, identity);
   for (auto& [key, waiting] : barriers_) waiting.erase(old_identity);
+  for (auto& [key, parts] : gather_parts_) parts.erase(old_identity);
   if (metrics_) metrics_->registrations->Increment();
   UpdateLiveGauges();
   GS_LOG(INFO) << node.info.Name() << " rejoined the job: pid " << node.pid << " on "

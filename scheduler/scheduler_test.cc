@@ -281,6 +281,73 @@ TEST_F(SchedulerTest, BarrierWaitsForAllAndFailsNamingADeadWorker) {
   EXPECT_EQ(metrics_.heartbeat_timeouts[static_cast<int>(wire::Role::Worker)]->Value(), 1);
 }
 
+// Lane and pair ports travel through the scheduler, not through the
+// members: every worker gets every part, under the rank the scheduler bound
+// to its sender, and a port another node listens at on that host is refused.
+TEST_F(SchedulerTest, AGatherGivesEveryPartUnderItsSendersRankAndRefusesTakenPorts) {
+  auto agents = RunningJob(3, Millis(5000));
+  ASSERT_EQ(agents.size(), 4u);  // three workers and a server
+  std::vector<StatusOr<std::vector<wire::GatherPartFields>>> got(3, InternalError("none"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      wire::GatherPartFields mine;
+      mine.rank = 7;  // the sender's word on its rank is not taken
+      mine.ports = {static_cast<uint16_t>(3000 + 2 * r), static_cast<uint16_t>(3001 + 2 * r)};
+      mine.data = {static_cast<uint8_t>(10 + r)};
+      got[static_cast<size_t>(r)] = agents[static_cast<size_t>(r)]->Gather(0, mine,
+                                                                           Deadline::AfterMs(5000));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(got[static_cast<size_t>(r)].ok()) << got[static_cast<size_t>(r)].status();
+    const auto& parts = *got[static_cast<size_t>(r)];
+    ASSERT_EQ(parts.size(), 3u);
+    for (int q = 0; q < 3; ++q) {
+      EXPECT_EQ(parts[static_cast<size_t>(q)].rank, q);
+      EXPECT_EQ(parts[static_cast<size_t>(q)].ports,
+                (std::vector<uint16_t>{static_cast<uint16_t>(3000 + 2 * q),
+                                       static_cast<uint16_t>(3001 + 2 * q)}));
+      EXPECT_EQ(parts[static_cast<size_t>(q)].data,
+                std::vector<uint8_t>{static_cast<uint8_t>(10 + q)});
+    }
+  }
+  // Worker 0 announces the shard's data port: refused at once, naming it.
+  wire::GatherPartFields taken;
+  taken.ports = {options_.back().data_port};
+  const auto refused = agents[0]->Gather(0, taken, Deadline::AfterMs(5000));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("which is server 0's"), std::string::npos)
+      << refused.status();
+}
+
+TEST_F(SchedulerTest, APortAnotherWorkerAnnouncedInTheGatherIsRefused) {
+  auto agents = RunningJob(2, Millis(5000));
+  ASSERT_EQ(agents.size(), 3u);
+  // Both announce port 4100: whichever comes second is refused naming the
+  // first, and the first waits for a part that never comes.
+  wire::GatherPartFields same;
+  same.ports = {4100};
+  std::vector<Status> out(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      out[static_cast<size_t>(r)] =
+          agents[static_cast<size_t>(r)]->Gather(0, same, Deadline::AfterMs(3000)).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  int refused = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::string& m = out[static_cast<size_t>(r)].message();
+    EXPECT_FALSE(out[static_cast<size_t>(r)].ok());
+    const std::string other = "which worker " + std::to_string(1 - r) + " announced";
+    if (m.find("announced port 4100 on 127.0.0.1, " + other) != std::string::npos) ++refused;
+  }
+  EXPECT_EQ(refused, 1) << out[0] << " / " << out[1];
+}
+
 // A worker whose process ends normally without entering a barrier the
 // others wait in never will: the barrier fails naming it, for those
 // waiting and for those that enter it later, instead of letting them pass.

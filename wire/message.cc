@@ -99,6 +99,9 @@ Body ExpectedBody(MsgType type) {
     case MsgType::NcclIdRequest:
     case MsgType::NcclId:
       return Body::NcclIdBody;
+    case MsgType::Gather:
+    case MsgType::Gathered:
+      return Body::GatherBody;
     case MsgType::Push:
     case MsgType::Pull:
     case MsgType::Reply:
@@ -259,6 +262,45 @@ Message MakeJobState(const Sender& from, JobPhase phase, const std::string& mess
   FlatBufferBuilder fbb(128 + message.size());
   auto body = CreateJobStateBody(fbb, phase, fbb.CreateString(message));
   return Finish(fbb, from, MsgType::JobState, body.Union());
+}
+
+Message MakeGather(const Sender& from, uint64_t barrier_id, const GatherPartFields& part) {
+  FlatBufferBuilder fbb(128 + part.data.size() + 2 * part.ports.size());
+  auto ports = fbb.CreateVector(part.ports);
+  auto data = fbb.CreateVector(part.data);
+  auto body = CreateGatherBody(fbb, barrier_id, ports, data);
+  return Finish(fbb, from, MsgType::Gather, body.Union());
+}
+
+Message MakeGathered(const Sender& from, uint64_t barrier_id,
+                     const std::vector<GatherPartFields>& parts) {
+  size_t bytes = 128;
+  for (const GatherPartFields& p : parts) bytes += 32 + p.data.size() + 2 * p.ports.size();
+  FlatBufferBuilder fbb(bytes);
+  std::vector<flatbuffers::Offset<GatherPart>> made;
+  made.reserve(parts.size());
+  for (const GatherPartFields& p : parts) {
+    auto ports = fbb.CreateVector(p.ports);
+    auto data = fbb.CreateVector(p.data);
+    made.push_back(CreateGatherPart(fbb, p.rank, ports, data));
+  }
+  auto list = fbb.CreateVector(made);
+  auto body = CreateGatherBody(fbb, barrier_id, 0, 0, list);
+  return Finish(fbb, from, MsgType::Gathered, body.Union());
+}
+
+std::vector<GatherPartFields> ReadGathered(const GatherBody& body) {
+  std::vector<GatherPartFields> out;
+  if (body.parts() == nullptr) return out;
+  out.reserve(body.parts()->size());
+  for (const GatherPart* p : *body.parts()) {
+    GatherPartFields f;
+    f.rank = p->rank();
+    if (p->ports()) f.ports.assign(p->ports()->begin(), p->ports()->end());
+    if (p->data()) f.data.assign(p->data()->begin(), p->data()->end());
+    out.push_back(std::move(f));
+  }
+  return out;
 }
 
 Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>& id) {

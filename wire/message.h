@@ -177,6 +177,22 @@ constexpr uint32_t kMaxBarrierEpoch = (1u << 30) - 1;
 constexpr uint64_t UserBarrierId(uint32_t epoch, uint64_t n) {
   return (static_cast<uint64_t>(epoch) << 32) | n;
 }
+// An all-gather through the scheduler (Gather, Gathered): one worker's
+// part, at most kMaxGatherPorts ports and kMaxGatherBytes of data.
+constexpr size_t kMaxGatherPorts = 40;
+constexpr size_t kMaxGatherBytes = 8192;
+struct GatherPartFields {
+  int32_t rank = -1;  // Gathered: the rank the scheduler bound to its sender
+  std::vector<uint16_t> ports;
+  std::vector<uint8_t> data;
+};
+// A worker's part of gather `barrier_id` (numbered as its barriers are).
+Message MakeGather(const Sender& from, uint64_t barrier_id, const GatherPartFields& part);
+// The scheduler's answer: every part, in rank order.
+Message MakeGathered(const Sender& from, uint64_t barrier_id,
+                     const std::vector<GatherPartFields>& parts);
+// The parts of a (validated) Gathered body.
+std::vector<GatherPartFields> ReadGathered(const GatherBody& body);
 // An Error answering a message of type `in_reply_to`; `seq` repeats the
 // request's Header.seq where its sender matches answers by it.
 Message MakeError(const Sender& from, ErrorCode code, const std::string& message,

@@ -201,6 +201,19 @@ void DumpBody(std::ostream& os, const Header& h) {
          << " part=" << b->part() << " parts=" << b->parts();
       break;
     }
+    case Body::GatherBody: {
+      const GatherBody* b = h.body_as_GatherBody();
+      os << "barrier_id=" << b->barrier_id() << " ports=" << (b->ports() ? b->ports()->size() : 0)
+         << " data=" << (b->data() ? b->data()->size() : 0)
+         << " parts=" << (b->parts() ? b->parts()->size() : 0);
+      if (b->parts()) {
+        for (const GatherPart* p : *b->parts()) {
+          os << " [rank=" << p->rank() << " ports=" << (p->ports() ? p->ports()->size() : 0)
+             << " data=" << (p->data() ? p->data()->size() : 0) << "]";
+        }
+      }
+      break;
+    }
     default:
       os << "body_type=" << static_cast<int>(h.body_type());
       break;
@@ -285,6 +298,10 @@ Message SampleMessage(MsgType type) {
     case MsgType::EmbeddingRows:
     case MsgType::EmbeddingAck:
       return SampleEmbedding(type);
+    case MsgType::Gather:
+      return MakeGather(from, 23, {-1, {40001, 40002}, {1, 2, 3}});
+    case MsgType::Gathered:
+      return MakeGathered(from, 23, {{0, {40001}, {1}}, {1, {40003, 40004}, {}}});
   }
   return MakeHeartbeat(from);
 }

@@ -160,6 +160,39 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       }
       break;
     }
+    case Body::GatherBody: {
+      const auto* b = h.body_as_GatherBody();
+      auto part_ok = [](const flatbuffers::Vector<uint16_t>* ports,
+                        const flatbuffers::Vector<uint8_t>* data) {
+        return (ports == nullptr || ports->size() <= kMaxGatherPorts) &&
+               (data == nullptr || data->size() <= kMaxGatherBytes);
+      };
+      if (!part_ok(b->ports(), b->data())) {
+        return Reject(ErrorCode::Oversized,
+                      "a gather part of more than " + std::to_string(kMaxGatherPorts) +
+                          " ports or " + std::to_string(kMaxGatherBytes) + " bytes",
+                      t);
+      }
+      const size_t parts = b->parts() ? b->parts()->size() : 0;
+      const bool request = t == MsgType::Gather;
+      if ((request && parts != 0) ||
+          (!request && ((b->ports() && b->ports()->size() != 0) ||
+                        (b->data() && b->data()->size() != 0)))) {
+        return Reject(ErrorCode::Malformed,
+                      request ? "a Gather carries no parts" : "a Gathered carries parts only", t);
+      }
+      if (parts > limits.max_peers) {
+        return Reject(ErrorCode::Oversized, "gather of " + std::to_string(parts) + " parts", t);
+      }
+      if (b->parts()) {
+        for (const GatherPart* p : *b->parts()) {
+          if (!part_ok(p->ports(), p->data())) {
+            return Reject(ErrorCode::Oversized, "a gathered part is too large", t);
+          }
+        }
+      }
+      break;
+    }
     case Body::DataBody:
       if (!InRange(h.body_as_DataBody()->dtype())) return bad_enum("dtype");
       if (!StringOk(h.body_as_DataBody()->codec(), limits)) return too_long();
