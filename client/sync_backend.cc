@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "client/halving_doubling.h"
+#include "client/link_probe.h"
 #include "client/nccl_factory.h"
 #include "client/ps_transport.h"
 #include "cluster/node.h"
@@ -34,22 +36,20 @@ constexpr int kProbePasses = 3;
 // more than the links do.
 constexpr std::chrono::microseconds kProbeFloor(1000);
 constexpr double kLongestProbeMicros = 3.6e9;
-constexpr uint32_t kRingProbeBucket = 0xffffffffu;
-// The bucket id of the ring lanes' exchange, and what each worker puts in
-// it: its lane count and the port of each lane's TCP stream (ports[k], lane
-// k), on the host the scheduler has for it.
+// ring_order=measured times the links of at most this many hosts: every
+// worker gets every row (h x h times) in one message from the scheduler.
+constexpr size_t kMostMeasuredHosts = 64;
+// The bucket id of ring_lanes=auto's timed all-reduces.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
+// What each worker says of its ring in the gather of its streams' ports
+// (the part's data; its ports are the lanes', lane k k-th, then the
+// pairs', level k k-th, on the host the scheduler has for it).
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
-  // ring_algorithm: 0 ring, 1 halving_doubling, 2 auto; pair_ports[k] is
-  // the port of its pair of level k (zero where it has none).
-  int32_t algorithm = 0;
-  uint16_t ports[wire::kMaxLanes] = {};
-  uint16_t pair_ports[wire::kMaxPairLevels] = {};
+  int32_t algorithm = 0;  // ring_algorithm: 0 ring, 1 halving_doubling, 2 auto
 };
-static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t) + wire::kMaxLanes * sizeof(uint16_t) +
-                                        wire::kMaxPairLevels * sizeof(uint16_t),
+static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
 // The setting ring_algorithm, as a LaneRecord carries it.
@@ -93,10 +93,7 @@ Status SessionHealth(const Session& session, wire::Role role) {
 // The ring to this worker's neighbours (its lanes), and the transports
 // under it that are not the session's own.
 struct Ring {
-  // Lane 0's links to neighbours on this host, when the lanes are over
-  // ZeroMQ (each TCP stream lane has links of its own).
-  std::unique_ptr<wire::SameHostTransport> same_host;
-  // Lanes 1 and up over ZeroMQ; over TCP streams, every lane's transport.
+  // Every lane's and pair's TCP stream (with its shared-memory links).
   std::vector<std::unique_ptr<wire::Transport>> lane_transports;
   std::unique_ptr<RingLanes> lanes;  // destroyed before the transports
   // ring_algorithm=auto or halving_doubling over TCP streams, 2^L workers:
@@ -120,18 +117,14 @@ struct Ring {
   }
   void Shutdown() {
     if (host) host->Shutdown();
-    if (same_host) same_host->Shutdown();
     for (auto& t : lane_transports) t->Shutdown();
   }
-  // After Shutdown, once retired: the segments, the links and the lanes'
-  // own transports go (a payload lent out of a link keeps that link mapped
-  // until it is released); the rings stay, never used again, while lane
-  // 0's sends on the session's transport may point into their buffers
-  // (SendsOut).
+  // After Shutdown, once retired (SendsOut false): the segments, the links
+  // and the lanes' transports go (a payload lent out of a link keeps that
+  // link mapped until it is released); the rings stay, never used again.
   void Release() {
     host.reset();
     halving.reset();  // its sends point into callers' buffers only
-    same_host.reset();
     lane_transports.clear();
   }
   bool SendsOut() const { return (lanes && !lanes->Idle()) || (halving && !halving->Idle()); }
@@ -156,23 +149,56 @@ RingPeers PeersInOrder(Session* session, const std::vector<int>& order) {
   return peers;
 }
 
+// The options of a TCP stream of the ring under `identity` that takes the
+// connections of `accept` alone.
+wire::TcpStreamOptions RingStreamOptions(Session* session, const RingOptions& ring_options,
+                                         const std::string& identity,
+                                         std::vector<std::string> accept) {
+  wire::TcpStreamOptions o;
+  o.job_id = session->job_id();
+  o.identity = identity;
+  o.accept = std::move(accept);
+  o.max_frame_bytes = RingFrameBytes(ring_options);
+  o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
+  o.refusals = session->refusals();
+  o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
+  o.cipher = session->bulk_cipher();
+  return o;
+}
+
+// The part of rank `rank` among a gather's (nullptr if none).
+const wire::GatherPartFields* PartOf(const std::vector<wire::GatherPartFields>& parts, int rank) {
+  for (const wire::GatherPartFields& p : parts) {
+    if (p.rank == rank) return &p;
+  }
+  return nullptr;
+}
+
 // The ring order from measured links (cluster/ring_order.h); empty: rank
-// order. Each host's lowest rank times its links to the other hosts' (in
-// turn, host h + 1, h + 2, ...); the rows go round a ring in rank order,
-// and a barrier keeps that ring's last messages from meeting the next
-// ring's. Every worker derives the same order from the same rows. An
-// elastic job measures again in each epoch (its barriers count per epoch,
-// so a worker that joined takes part as the others do).
+// order. Each host's lowest rank answers link-timing echoes at a stream
+// port of its own (client/link_probe.h), announced through the scheduler,
+// and times its links to the other hosts' (in turn, host h + 1, h + 2,
+// ...); the rows go to every worker through the scheduler, whose gather
+// also waits for every probe to end. Every worker derives the same order
+// from the same rows. An elastic job measures again in each epoch (its
+// gathers count per epoch, so a worker that joined takes part as the
+// others do).
 StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOptions& options,
                                          Deadline deadline) {
   const std::vector<wire::NodeInfo> peers = session->peers();
   const std::vector<std::vector<int>> hosts = cluster::WorkerHosts(peers);
-  const int n = session->num_workers();
   const size_t h_count = hosts.size();
   if (options.ring_order != "measured" || h_count < 4) {
     return std::vector<int>{};
   }
   const int r = session->rank();
+  if (h_count > kMostMeasuredHosts) {
+    if (r == 0) {
+      GS_LOG(INFO) << "ring in rank order over " << h_count << " hosts (ring_order=measured times "
+                   << "the links of at most " << kMostMeasuredHosts << ")";
+    }
+    return std::vector<int>{};
+  }
   std::vector<const wire::NodeInfo*> first(h_count, nullptr);
   size_t mine = 0;
   for (size_t h = 0; h < h_count; ++h) {
@@ -181,10 +207,27 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
       if (p.role == wire::Role::Worker && p.rank == hosts[h][0]) first[h] = &p;
     }
   }
+  const bool prober = hosts[mine][0] == r && first[mine] != nullptr;
+  const std::string own = session->self().identity;
+  // Half the largest frame a ring stream takes.
+  const size_t bytes = std::min(kRingProbeBytes, RingFrameBytes(options.ring) / 2);
+  std::unique_ptr<LinkEcho> echo;
+  wire::GatherPartFields part;
+  if (prober) {
+    std::vector<std::string> probers;
+    for (size_t h = 0; h < h_count; ++h) {
+      if (h != mine && first[h] != nullptr) probers.push_back(wire::ProbeIdentity(first[h]->identity));
+    }
+    GS_ASSIGN_OR_RETURN(std::string at, wire::ListenEndpoint(session->host(), 0));
+    GS_ASSIGN_OR_RETURN(echo, LinkEcho::Listen(RingStreamOptions(session, options.ring,
+                                                                 wire::ProbeIdentity(own), probers),
+                                               at));
+    part.ports = {echo->port()};
+  }
+  GS_ASSIGN_OR_RETURN(const std::vector<wire::GatherPartFields> echoes,
+                      session->Gather(part, deadline));
   std::vector<double> row(h_count, 0.0);
-  if (hosts[mine][0] == r) {
-    // Half the largest frame a worker's data port takes.
-    const size_t bytes = std::min(kRingProbeBytes, RingFrameBytes(options.ring) / 2);
+  if (prober) {
     // kProbePasses passes over the links, each link's time the fastest of
     // all: a burst of load (peers still starting, another host's probe)
     // rarely lasts through every pass.
@@ -194,8 +237,15 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
         GS_RETURN_IF_ERROR(SessionHealth(*session, wire::Role::Worker));
         const size_t h = (mine + k) % h_count;
         if (first[h] == nullptr || failed[h]) continue;
-        auto timing = session->data().MeasureLink(first[h]->DataEndpoint(), bytes,
-                                                  deadline.Min(Deadline::After(kProbeTimeout)));
+        const wire::GatherPartFields* theirs = PartOf(echoes, first[h]->rank);
+        StatusOr<LinkTiming> timing = FailedPreconditionError("it announced no echo port");
+        if (theirs != nullptr && theirs->ports.size() == 1) {
+          const std::string endpoint =
+              "tcp://" + first[h]->host + ":" + std::to_string(theirs->ports[0]);
+          session->AddPeerEndpoint(first[h]->identity, endpoint);
+          timing = TimeLink(RingStreamOptions(session, options.ring, wire::ProbeIdentity(own), {}),
+                            endpoint, bytes, deadline.Min(Deadline::After(kProbeTimeout)));
+        }
         if (!timing.ok()) {
           GS_LOG(WARNING) << "cannot time the link to " << first[h]->Name() << " ("
                           << timing.status().message()
@@ -209,23 +259,20 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
       }
     }
   }
-  // The rows of every worker (zeros for all but each host's first).
-  std::vector<double> rows(row.size() * static_cast<size_t>(n));
-  {
-    RingOptions ring_options = options.ring;
-    ring_options.rejected = nullptr;
-    GS_ASSIGN_OR_RETURN(
-        auto ring,
-        RingCollectives::Create(&session->data(), PeersInOrder(session, {}), ring_options,
-                                [session] { return SessionHealth(*session, wire::Role::Worker); }));
-    GS_RETURN_IF_ERROR(ring->AllGather(row.data(), row.size() * sizeof(double), rows.data(),
-                                       OpTag{0, kRingProbeBucket, 0, 0}, deadline));
+  // The rows of each host's first worker (the others give none).
+  wire::GatherPartFields times;
+  if (prober) {
+    times.data.resize(h_count * sizeof(double));
+    std::memcpy(times.data.data(), row.data(), times.data.size());
   }
-  GS_RETURN_IF_ERROR(session->Barrier(deadline));
-  std::vector<std::vector<double>> cost(h_count);
+  GS_ASSIGN_OR_RETURN(const std::vector<wire::GatherPartFields> rows,
+                      session->Gather(times, deadline));
+  echo.reset();  // every prober gave its row: no probe is left
+  std::vector<std::vector<double>> cost(h_count, std::vector<double>(h_count, 0.0));
   for (size_t h = 0; h < h_count; ++h) {
-    const double* from = rows.data() + static_cast<size_t>(hosts[h][0]) * h_count;
-    cost[h].assign(from, from + h_count);
+    const wire::GatherPartFields* theirs = PartOf(rows, hosts[h][0]);
+    if (theirs == nullptr || theirs->data.size() != h_count * sizeof(double)) continue;
+    std::memcpy(cost[h].data(), theirs->data.data(), theirs->data.size());
     // A peer's row is its word only: what no probe could give (not a
     // number, not positive, past an hour) counts as not measured.
     for (double& v : cost[h]) {
@@ -269,22 +316,6 @@ wire::SameHostOptions LaneLinks(wire::SameHostOptions links, int lane,
   return links;
 }
 
-// The options of a TCP stream of the ring under `identity` that takes the
-// connection of `accept` alone.
-wire::TcpStreamOptions RingStreamOptions(Session* session, const RingOptions& ring_options,
-                                         const std::string& identity, const std::string& accept) {
-  wire::TcpStreamOptions o;
-  o.job_id = session->job_id();
-  o.identity = identity;
-  o.accept = {accept};
-  o.max_frame_bytes = RingFrameBytes(ring_options);
-  o.max_message_bytes = o.max_frame_bytes + wire::Limits{}.max_header_bytes;
-  o.refusals = session->refusals();
-  o.node_keys = session->node_keys();  // CURVE: sealed under keys the node keys agree
-  o.cipher = session->bulk_cipher();
-  return o;
-}
-
 // The worker of job rank `rank` among the session's peers.
 std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
   for (const wire::NodeInfo& p : session->peers()) {
@@ -293,20 +324,20 @@ std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
   return std::nullopt;
 }
 
-// The `count` lanes of this worker's ring of `peers` in `order`, which
-// replace lanes->front() (the ring over the session's data transport that
-// exchanges their ports): each a TcpStreamTransport of its own (in
-// out->lane_transports) listening on a free port of this host and taking
-// only its left neighbour's connection; where `links` names ring
-// neighbours on this host, each lane reaches them through shared-memory
-// links of its own over its stream. Lane counts or algorithms that differ
-// fail every worker, naming one that differs. With `algorithm` other than
-// kAlgorithmRing,
-// for a world that fits (HalvingDoublingFits), also a TCP stream of its own
-// for each level of halving and doubling, its port exchanged with the
-// lanes', and the 2-rank ring with that level's partner over it in
-// (*pairs)[level]; with `shm`, a partner on this host is reached through
-// shared-memory links of the pair's own over that stream.
+// The `count` lanes of this worker's ring of `peers` in `order`, in
+// *lanes: each a TcpStreamTransport of its own (in out->lane_transports)
+// listening on a free port of this host and taking only its left
+// neighbour's connection; where `links` names ring neighbours on this
+// host, each lane reaches them through shared-memory links of its own over
+// its stream. The ports go to the scheduler, which checks that no other
+// node listens at them and hands every worker's to all (Session::Gather):
+// no member forwards another's. Lane counts or algorithms that differ fail
+// every worker, naming one that differs. With `algorithm` other than
+// kAlgorithmRing, for a world that fits (HalvingDoublingFits), also a TCP
+// stream of its own for each level of halving and doubling, its port
+// gathered with the lanes', and the 2-rank ring with that level's partner
+// over it in (*pairs)[level]; with `shm`, a partner on this host is
+// reached through shared-memory links of the pair's own over that stream.
 Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
                 const wire::SameHostOptions& links, const RingPeers& peers,
                 const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
@@ -327,15 +358,18 @@ Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
   auto port_of = [](const std::string& bound) {
     return static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
   };
+  const std::string own = session->self().identity;
+  wire::GatherPartFields part;
+  part.data.resize(sizeof(mine));
+  std::memcpy(part.data.data(), &mine, sizeof(mine));
   std::vector<std::unique_ptr<wire::Transport>> stream_transports;
   bool sealed = true;  // every stream sealed (what the transports say)
   for (int k = 0; k < count; ++k) {
-    auto transport = std::make_unique<wire::TcpStreamTransport>(
-        RingStreamOptions(session, ring_options, LaneName(session->data().identity(), k),
-                          LaneName(peers.left_identity, k)));
+    auto transport = std::make_unique<wire::TcpStreamTransport>(RingStreamOptions(
+        session, ring_options, LaneName(own, k), {LaneName(peers.left_identity, k)}));
     sealed = sealed && transport->sealed();
     GS_ASSIGN_OR_RETURN(std::string bound, transport->Listen(listen_at));
-    mine.ports[k] = port_of(bound);
+    part.ports.push_back(port_of(bound));
     stream_transports.push_back(std::move(transport));
   }
   std::vector<std::unique_ptr<wire::TcpStreamTransport>> pair_transports;
@@ -346,32 +380,38 @@ Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
     if (!partner) return InternalError("a halving-and-doubling partner is not a peer");
     partners.push_back(*partner);
     pair_transports.push_back(std::make_unique<wire::TcpStreamTransport>(
-        RingStreamOptions(session, ring_options, wire::PairIdentity(session->data().identity(), k),
-                          wire::PairIdentity(partner->identity, k))));
+        RingStreamOptions(session, ring_options, wire::PairIdentity(own, k),
+                          {wire::PairIdentity(partner->identity, k)})));
     GS_ASSIGN_OR_RETURN(std::string bound, pair_transports.back()->Listen(listen_at));
-    mine.pair_ports[k] = port_of(bound);
+    part.ports.push_back(port_of(bound));
   }
-  std::vector<LaneRecord> all(static_cast<size_t>(peers.world_size));
-  GS_RETURN_IF_ERROR(lanes->front()->AllGather(&mine, sizeof(mine), all.data(),
-                                               OpTag{0, kRingLanesBucket, 0, 0}, deadline));
+  GS_ASSIGN_OR_RETURN(const std::vector<wire::GatherPartFields> all,
+                      session->Gather(part, deadline));
   for (int q = 0; q < peers.world_size; ++q) {
-    const LaneRecord& theirs = all[static_cast<size_t>(q)];
-    if (theirs.count != count || (theirs.automatic != 0) != automatic ||
-        theirs.algorithm != algorithm) {
+    const wire::GatherPartFields* theirs = PartOf(all, q);
+    LaneRecord record;
+    if (theirs == nullptr || theirs->data.size() != sizeof(record)) {
+      return FailedPreconditionError("worker " + std::to_string(q) +
+                                     " announced no lanes of its ring");
+    }
+    std::memcpy(&record, theirs->data.data(), sizeof(record));
+    if (record.count != count || (record.automatic != 0) != automatic ||
+        record.algorithm != algorithm) {
       return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
-                                     LanesSetting(theirs) + ", worker " +
+                                     LanesSetting(record) + ", worker " +
                                      std::to_string(peers.rank) + " " + LanesSetting(mine) +
                                      ": every worker needs the same ring_lanes and "
                                      "ring_algorithm");
     }
+    if (theirs->ports.size() != static_cast<size_t>(count + levels)) {
+      return FailedPreconditionError("worker " + std::to_string(q) + " announced " +
+                                     std::to_string(theirs->ports.size()) + " stream ports, not " +
+                                     std::to_string(count + levels));
+    }
   }
   for (int k = 0; k < levels; ++k) {
     const wire::NodeInfo& partner = partners[static_cast<size_t>(k)];
-    const uint16_t port = all[static_cast<size_t>(partner.rank)].pair_ports[k];
-    if (port == 0) {
-      return FailedPreconditionError(partner.Name() + " announced no port for its pair of level " +
-                                     std::to_string(k));
-    }
+    const uint16_t port = PartOf(all, partner.rank)->ports[static_cast<size_t>(count + k)];
     const RingPeers pair =
         HalvingDoublingPairPeers(peers, k, "tcp://" + partner.host + ":" + std::to_string(port),
                                  wire::PairIdentity(partner.identity, k));
@@ -388,15 +428,11 @@ Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
                                                            ring_options, health));
     pairs->push_back(std::move(ring));
   }
-  const LaneRecord& theirs = all[static_cast<size_t>(right->rank)];
-  lanes->clear();  // the ring over ZeroMQ made the exchange; the streams take over
+  const std::vector<uint16_t>& theirs = PartOf(all, right->rank)->ports;
   for (int k = 0; k < count; ++k) {
-    if (theirs.ports[k] == 0) {
-      return FailedPreconditionError(right->Name() + " announced no port for ring lane " +
-                                     std::to_string(k));
-    }
     RingPeers lane = peers;
-    lane.right_endpoint = "tcp://" + right->host + ":" + std::to_string(theirs.ports[k]);
+    lane.right_endpoint =
+        "tcp://" + right->host + ":" + std::to_string(theirs[static_cast<size_t>(k)]);
     lane.left_identity = LaneName(peers.left_identity, k);
     session->AddPeerEndpoint(right->identity, lane.right_endpoint);
     out->lane_transports.push_back(cluster::OverSameHostLinks(
@@ -474,22 +510,12 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   if (options.shm) {
     links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n, order);
   }
-  // Lanes where a link is TCP: not when every worker is on one host and
-  // they all share memory. TCP streams for the links between hosts (sealed
-  // with CURVE), neighbours on one host over shared memory beside them.
+  // The ring's lanes are TCP streams of their own (sealed with CURVE),
+  // neighbours on this host over shared memory beside them. Beside NCCL
+  // one lane checks the layout and gathers the device records.
   const size_t hosts = cluster::WorkerHosts(session->peers()).size();
-  const bool tcp = !options.shm || hosts > 1;
   const bool nccl = options.path == "allreduce" && options.backend == "nccl";
-  const bool lanes_made = n > 1 && tcp && !nccl && !peers.left_identity.empty();
   Ring out;
-  wire::Transport* transport = &session->data();
-  // With lanes, the first ring over ZeroMQ only exchanges the lanes' ports;
-  // the streams' lanes carry the shared-memory links.
-  if (!lanes_made) {
-    out.same_host = cluster::OverSameHostLinks(transport, links,
-                                               "ring neighbours on this host use shared memory");
-  }
-  if (out.same_host != nullptr) transport = out.same_host.get();
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
   auto alarm = std::make_shared<LaneAlarm>();
@@ -498,23 +524,29 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     return alarm->status();
   };
   std::vector<std::unique_ptr<RingCollectives>> lanes, pairs;
-  GS_ASSIGN_OR_RETURN(auto first, RingCollectives::Create(transport, peers, ring_options, health));
-  lanes.push_back(std::move(first));
-  const int32_t algorithm = RingAlgorithmCode(options.ring_algorithm);
-  if (lanes_made) {
-    Status s =
-        AddLanes(session, options.ring_lanes, algorithm, options.shm, links, peers, order,
-                 options.ring_lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
+  const int32_t algorithm = nccl ? kAlgorithmRing : RingAlgorithmCode(options.ring_algorithm);
+  const int lane_count = nccl ? 1 : options.ring_lanes;
+  const bool lanes_auto = !nccl && options.ring_lanes_auto;
+  if (n > 1) {
+    Status s = AddLanes(session, lane_count, algorithm, options.shm, links, peers, order,
+                        lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;
     }
-    if (r == 0 && options.ring_lanes > 1 && !options.ring_lanes_auto) {
-      GS_LOG(INFO) << "ring of " << options.ring_lanes << " lanes (a transport each)";
+    if (r == 0 && lane_count > 1 && !lanes_auto) {
+      GS_LOG(INFO) << "ring of " << lane_count << " lanes (a transport each)";
     }
+  } else {
+    // A ring of one sends nothing: a stream that never listens.
+    out.lane_transports.push_back(std::make_unique<wire::TcpStreamTransport>(
+        RingStreamOptions(session, ring_options, session->self().identity, {})));
+    GS_ASSIGN_OR_RETURN(auto one, RingCollectives::Create(out.lane_transports.back().get(), peers,
+                                                          ring_options, health));
+    lanes.push_back(std::move(one));
   }
   out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));
-  if (options.ring_lanes_auto && out.lanes->lanes() > 1) {
+  if (lanes_auto && out.lanes->lanes() > 1) {
     Status s = ChooseLanes(*out.lanes, r, deadline);
     if (!s.ok()) {
       out.Shutdown();
@@ -546,10 +578,9 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
                       "size measures faster (ring_algorithm=auto)";
     }
   } else if (algorithm == kAlgorithmHalving && r == 0 && n > 1) {
-    GS_LOG(INFO) << "ring_algorithm=halving_doubling needs TCP streams between hosts and a power "
-                    "of two of at least 4 workers ("
-                 << n << " here" << (lanes_made ? "" : ", no streams")
-                 << "): all-reduces go round the ring";
+    GS_LOG(INFO) << "ring_algorithm=halving_doubling needs a power of two of at least 4 "
+                    "workers ("
+                 << n << " here): all-reduces go round the ring";
   }
   if (n > 1 && options.shm && hosts == 1 && !nccl) {
     HostOptions host_options;

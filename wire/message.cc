@@ -442,6 +442,7 @@ bool IsDataIdentity(const std::string& identity) {
 namespace {
 constexpr char kLaneSuffix[] = "/lane";
 constexpr char kPairSuffix[] = "/pair";
+constexpr char kProbeSuffix[] = "/probe";
 
 // The number after the last `suffix` in `identity` when it is one below
 // `limit` (< 100) written without leading zeros; -1 otherwise.
@@ -474,6 +475,16 @@ std::string PairIdentity(const std::string& identity, int level) {
 std::string PairBase(const std::string& identity) {
   if (NumberAfter(identity, kPairSuffix, kMaxPairLevels) < 0) return identity;
   return identity.substr(0, identity.rfind(kPairSuffix));
+}
+
+std::string ProbeIdentity(const std::string& identity) { return identity + kProbeSuffix; }
+
+std::string ProbeBase(const std::string& identity) {
+  const size_t n = sizeof(kProbeSuffix) - 1;
+  if (identity.size() <= n || identity.compare(identity.size() - n, n, kProbeSuffix) != 0) {
+    return identity;
+  }
+  return identity.substr(0, identity.size() - n);
 }
 
 std::string LaneBase(const std::string& identity) {

@@ -280,6 +280,10 @@ int LaneOf(const std::string& identity);
 constexpr int kMaxPairLevels = 16;
 std::string PairIdentity(const std::string& identity, int level);
 std::string PairBase(const std::string& identity);
+// A worker's link-timing echoes for the ring order (client/link_probe.h)
+// present "<identity>/probe"; ProbeBase gives the identity it belongs to.
+std::string ProbeIdentity(const std::string& identity);
+std::string ProbeBase(const std::string& identity);
 
 // What a registration says of its node, as a NodeInfo (its requested rank
 // as rank).

@@ -120,7 +120,7 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id) {
 
 bool IdentityMatchesKey(const std::string& lane_claimed, const std::string& bound, uint32_t epoch) {
   if (bound.empty()) return false;
-  const std::string claimed = PairBase(LaneBase(lane_claimed));
+  const std::string claimed = ProbeBase(PairBase(LaneBase(lane_claimed)));
   return claimed == bound || claimed == PsClientIdentity(bound, epoch) ||
          (epoch < UINT32_MAX && claimed == PsClientIdentity(bound, epoch + 1));
 }

@@ -99,7 +99,8 @@ std::optional<std::string> RoutedIdentity(const std::string& routing_id);
 // node's own data identity, its parameter-server client's of this epoch or
 // the next (PsClientIdentity; a worker may have the next plan first), one
 // of their ring lanes' (LaneIdentity) or of its halving-and-doubling
-// pairs' (PairIdentity). Compared exactly: a node has at most two
+// pairs' (PairIdentity), or its link-timing echoes' (ProbeIdentity).
+// Compared exactly: a node has at most two
 // parameter-server identities at a time.
 bool IdentityMatchesKey(const std::string& claimed, const std::string& bound, uint32_t epoch);
 
