@@ -418,8 +418,7 @@ class WorkerThread {
                                      {"num_workers", std::to_string(p.workers)},
                                      {"num_servers", std::to_string(p.shards)},
                                      {"key_file", p.key_file}});
-    GS_ASSIGN_OR_RETURN(session_, client::Session::Join(config, Deadline::After(kOpTimeout),
-                                                        cluster::kControlFrameBytes));
+    GS_ASSIGN_OR_RETURN(session_, client::Session::Join(config, Deadline::After(kOpTimeout)));
     GS_ASSIGN_OR_RETURN(ps_, MakePsClient(*session_, p));
     GS_RETURN_IF_ERROR(raw_.Connect(sh_->raw, w_));
     std::fill(data_.begin(), data_.end(), static_cast<float>(session_->rank() + 1));

@@ -57,7 +57,6 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
                                       return stop_;
                                     },
                                     deadline));
-  NoteWorkerEndpoints();
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
   metrics_.SetMembership(session_->epoch(), session_->num_workers());
   engine_ = std::thread([this] { EngineLoop(); });
@@ -264,7 +263,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& confi
   GS_ASSIGN_OR_RETURN(auto compression, BucketCompression::FromConfig(config));
   // The data port takes the ring's messages only.
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
-                      Session::Join(config, deadline, RingFrameBytes(options.sync.ring)));
+                      Session::Join(config, deadline));
   auto impl =
       std::make_unique<Impl>(std::move(session), std::move(options), std::move(compression));
   GS_RETURN_IF_ERROR(impl->Start(deadline, started));

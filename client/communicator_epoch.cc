@@ -99,32 +99,6 @@ void Communicator::Impl::ResumeAt(uint64_t completed) {
   resumed.wait();
 }
 
-namespace {
-// The data endpoints of the session's other workers.
-std::set<std::string> OtherWorkers(const Session& session) {
-  std::set<std::string> endpoints;
-  for (const wire::NodeInfo& p : session.peers()) {
-    if (p.role == wire::Role::Worker && p.rank != session.rank()) {
-      endpoints.insert(p.DataEndpoint());
-    }
-  }
-  return endpoints;
-}
-}  // namespace
-
-void Communicator::Impl::NoteWorkerEndpoints() {
-  const std::set<std::string> now = OtherWorkers(*session_);
-  worker_endpoints_.insert(now.begin(), now.end());
-}
-
-void Communicator::Impl::DisconnectDeparted() {
-  std::set<std::string> now = OtherWorkers(*session_);
-  for (const std::string& endpoint : worker_endpoints_) {
-    if (now.count(endpoint) == 0) session_->data().Disconnect(endpoint);
-  }
-  worker_endpoints_ = std::move(now);
-}
-
 void Communicator::Impl::Retire(std::unique_ptr<SyncBackend> backend) {
   backend->ReleaseRetired();
   retired_backends_.push_back(std::move(backend));
@@ -153,7 +127,6 @@ Status Communicator::Impl::Reform(Deadline deadline) {
       SyncBackendOptions backend = options_.sync;
       backend.cuda_device = cuda_device_;
       backend.compression_seed = CompressionSeed();
-      NoteWorkerEndpoints();
       next = MakeSyncBackend(
           backend, session_.get(), compression_.get(), memory_.get(), &ring_rejected_,
           &ps_rejected_, [] { return false; }, deadline);
@@ -181,7 +154,6 @@ Status Communicator::Impl::Reform(Deadline deadline) {
                         << session_->rank() << " of " << session_->num_workers() << " in "
                         << std::chrono::duration<double>(now - start).count() << " s";
       }
-      DisconnectDeparted();    // first: what waited for those goes
       Retire(std::move(old));  // closed at the loop's start
       return Status();
     }

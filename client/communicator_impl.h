@@ -253,13 +253,6 @@ class Communicator::Impl {
   // On the engine thread: the backend for the adopted epoch, swapped in.
   Status Reform(Deadline deadline);
   Status EnterJoinedEpoch(Deadline deadline);
-  // Adds the other workers' data endpoints of the session's epoch to
-  // worker_endpoints_ (before a backend of that epoch connects to them).
-  void NoteWorkerEndpoints();
-  // After a re-form: closes the data transport's connections to the
-  // workers of earlier epochs that are not in this one (a worker that
-  // joins and departs over and over would otherwise leave one each).
-  void DisconnectDeparted();
   // Releases a backend that another took the place of (after CloseLinks)
   // and keeps it while a send still points into it; destroys the earlier
   // ones that no send does any more.
@@ -297,7 +290,6 @@ class Communicator::Impl {
   // that failed sends still pointed into when last looked at (Retire).
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time
-  std::set<std::string> worker_endpoints_;  // see NoteWorkerEndpoints; engine thread
   SteadyTime membership_changed_at_;        // guarded by mu_
   bool change_reported_ = true;  // the last change was returned to the trainer; guarded by mu_
   std::thread engine_;

@@ -2,11 +2,8 @@
 
 namespace gradsync::client {
 
-StatusOr<std::unique_ptr<Session>> Session::Join(const Config& config, Deadline deadline,
-                                                 size_t max_frame_bytes) {
-  GS_ASSIGN_OR_RETURN(cluster::Node node,
-                      cluster::StartNode(config, wire::Role::Worker, deadline,
-                                         static_cast<int64_t>(max_frame_bytes)));
+StatusOr<std::unique_ptr<Session>> Session::Join(const Config& config, Deadline deadline) {
+  GS_ASSIGN_OR_RETURN(cluster::Node node, cluster::StartNode(config, wire::Role::Worker, deadline));
   return std::unique_ptr<Session>(new Session(std::move(node)));
 }
 

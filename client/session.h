@@ -32,9 +32,7 @@ namespace gradsync::client {
 
 class Session {
  public:
-  // The data port refuses frames larger than `max_frame_bytes` unread.
-  static StatusOr<std::unique_ptr<Session>> Join(const Config& config, Deadline deadline,
-                                                 size_t max_frame_bytes);
+  static StatusOr<std::unique_ptr<Session>> Join(const Config& config, Deadline deadline);
   ~Session();
 
   // Of the epoch this session adopted (the rendezvous's until a loss).
@@ -79,7 +77,8 @@ class Session {
   Status PeerDeathStatus(wire::Role role) const { return node_.agent->PeerDeathStatus(role); }
   // OK while the job runs; why it ended otherwise.
   Status job_status() const { return node_.agent->job_status(); }
-  // The data transport, listening on this worker's data port.
+  // The data transport, listening on this worker's data port (the node's
+  // address, which peers' reachability checks reach; nothing reads it).
   wire::Transport& data() { return *node_.data; }
   // The address peers reach this node at (the `host` setting).
   const std::string& host() const { return node_.agent->assignment().self.host; }

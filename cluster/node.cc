@@ -65,8 +65,7 @@ StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& confi
   return std::make_shared<wire::NodeKeys>(job, own);
 }
 
-StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline,
-                         int64_t max_frame_bytes) {
+StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline) {
   GS_ASSIGN_OR_RETURN(NodeOptions options, NodeOptions::FromConfig(config));
   GS_ASSIGN_OR_RETURN(int64_t data_port, config.GetInt("data_port", 0));
   options.role = role;
@@ -78,7 +77,6 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   }
   node.refusals = std::make_shared<wire::TransportRefusals>();
   wire::ZmqOptions data = TransportOptions(node.curve, node.refusals);
-  data.max_frame_bytes = max_frame_bytes;
   data.node_keys = node.keys;
   GS_ASSIGN_OR_RETURN(std::string cipher, config.GetString("bulk_cipher", "auto"));
   const std::optional<wire::BulkCipherEngine> engine = wire::ParseBulkCipherSetting(cipher);
@@ -86,15 +84,15 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
     return InvalidArgumentError("bulk_cipher must be auto or openssl, got '" + cipher + "'");
   }
   node.bulk_cipher = *engine;
-  if (role == wire::Role::Server) {
-    // A shard's data port is its address and what the workers' reachability
-    // checks reach; pushes and pulls go to its stream port. What a peer
-    // sends there is refused (server/server_main.cc): one control-sized
-    // message waits at most, and ZeroMQ's high-water marks push back.
-    data.max_frame_bytes = kControlFrameBytes;
-    data.max_queued_incoming = 1;
-    data.max_queued_incoming_bytes = size_t{64} << 10;
-  }
+  // A node's data port is its address and what its peers' reachability
+  // checks reach: the ring, the parameter-server traffic and the ring
+  // order's link timing go over TCP streams of their own. What a peer
+  // sends there is not read (a shard refuses it, server/server_main.cc):
+  // one control-sized message waits at most, and ZeroMQ's high-water marks
+  // push back.
+  data.max_frame_bytes = kControlFrameBytes;
+  data.max_queued_incoming = 1;
+  data.max_queued_incoming_bytes = size_t{64} << 10;
   GS_ASSIGN_OR_RETURN(node.data, wire::ZmqTransport::Create(std::move(data)));
   GS_ASSIGN_OR_RETURN(std::string endpoint, wire::ListenEndpoint(options.host, data_port));
   GS_ASSIGN_OR_RETURN(std::string bound, node.data->Listen(endpoint));

@@ -73,12 +73,10 @@ StatusOr<std::shared_ptr<wire::NodeKeys>> NodeKeysFromConfig(const Config& confi
                                                              int64_t data_port);
 
 // Reads the node settings from `config` (NodeOptions::FromConfig plus
-// data_port, 0 = any free port), binds, joins and checks reachability.
-// The data port refuses frames larger than `max_frame_bytes` unread (a
-// shard: its partition's frame, whatever is given). Errors name the
-// scheduler address or the unreachable peers.
-StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline,
-                         int64_t max_frame_bytes = kControlFrameBytes);
+// data_port, 0 = any free port), binds, joins and checks reachability. The
+// data port takes control-sized frames only (kControlFrameBytes). Errors
+// name the scheduler address or the unreachable peers.
+StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadline);
 
 }  // namespace gradsync::cluster
 

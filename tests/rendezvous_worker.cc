@@ -27,7 +27,7 @@ int Main(int argc, char** argv) {
   const bool nccl = config->GetBool("nccl_id", false).value();
   SetLogTag("worker");
   auto session =
-      client::Session::Join(*config, Deadline::AfterMs(60000), cluster::kControlFrameBytes);
+      client::Session::Join(*config, Deadline::AfterMs(60000));
   if (!session.ok()) {
     GS_LOG(ERROR) << "join failed: " << session.status().message();
     return 1;

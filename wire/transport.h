@@ -65,12 +65,6 @@ struct Incoming {
   Message message;
 };
 
-// MeasureLink's answer.
-struct LinkTiming {
-  std::chrono::microseconds empty{0};  // round trip of an empty message
-  std::chrono::microseconds full{0};   // round trip of a message of the probe's bytes
-};
-
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -106,16 +100,6 @@ class Transport {
   // Checks that a peer listens at `endpoint`: OK once a connection and
   // protocol handshake succeed, DeadlineExceeded naming the endpoint if not.
   virtual Status Probe(const std::string& endpoint, Deadline deadline) = 0;
-  // How long the link to the peer listening at `endpoint` takes: the round
-  // trip of an empty message and of one carrying `bytes` (at most the
-  // peer's largest frame; the fastest of a few tries), each echoed by the
-  // peer's transport (never delivered to its Receive). Unimplemented where
-  // the transport has no links to time (in-process).
-  virtual StatusOr<LinkTiming> MeasureLink(const std::string& endpoint, size_t bytes,
-                                           Deadline deadline) {
-    (void)endpoint, (void)bytes, (void)deadline;
-    return UnimplementedError("this transport does not time its links");
-  }
   // Closes this transport's connections to `endpoint` (every lane), for a
   // peer that left: sends still waiting for it end with Cancelled, and
   // what it still queued is dropped, its payloads released. A later

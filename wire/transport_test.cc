@@ -292,27 +292,6 @@ TEST_P(TransportTest, ProbeFindsListenerAndNamesAnUnreachableEndpoint) {
   EXPECT_LT(took, 1500);
 }
 
-TEST_P(TransportTest, MeasureLinkTimesTheLinkAndDeliversNothing) {
-  auto timing = client_->MeasureLink(endpoint_, 1 << 20, Deadline::AfterMs(10000));
-  if (GetParam().name == std::string("InProc")) {
-    EXPECT_EQ(timing.status().code(), StatusCode::kUnimplemented) << timing.status();
-    return;
-  }
-  ASSERT_TRUE(timing.ok()) << timing.status();
-  EXPECT_GT(timing->full.count(), 0);
-  EXPECT_GT(timing->empty.count(), 0);
-  EXPECT_FALSE(server_->Receive(Deadline::AfterMs(300)).ok());
-  // The transport still carries messages both ways after it.
-  ASSERT_TRUE(client_
-                  ->Send(Route::Connection(*client_->Connect(endpoint_)), MakeHeartbeat(Me()),
-                         Deadline::AfterMs(5000))
-                  .ok());
-  EXPECT_TRUE(server_->Receive(Deadline::AfterMs(5000)).ok());
-  const std::string dead = factory_->DeadEndpoint();
-  EXPECT_EQ(client_->MeasureLink(dead, 1024, Deadline::AfterMs(300)).status().code(),
-            StatusCode::kDeadlineExceeded);
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Transports, TransportTest,
     ::testing::Values(Kind{"Zmq", [] { return std::unique_ptr<Factory>(new ZmqFactory); }},

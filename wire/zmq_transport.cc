@@ -324,59 +324,6 @@ StatusOr<Incoming> ZmqTransport::Receive(Deadline deadline) { return impl_->Rece
 
 void ZmqTransport::Shutdown() { impl_->Shutdown(); }
 
-StatusOr<LinkTiming> ZmqTransport::MeasureLink(const std::string& endpoint, size_t bytes,
-                                               Deadline deadline) {
-  using Clock = std::chrono::steady_clock;
-  try {
-    zmq::socket_t dealer(impl_->context(), zmq::socket_type::dealer);
-    dealer.set(zmq::sockopt::linger, 0);
-    const bool node = impl_->ApplyClientKeys(dealer, endpoint);
-    dealer.set(zmq::sockopt::routing_id,
-               node ? RoutingIdFor(impl_->identity()) : RandomIdentity("echo"));
-    dealer.connect(endpoint);
-    const std::vector<uint8_t> payload(bytes, 0);
-    uint64_t next_id = impl_->NextProbeId();
-    // One round trip: its time, once the answer with this id is back.
-    auto round_trip = [&](bool full) -> StatusOr<std::chrono::microseconds> {
-      std::string request(kEchoRequestBytes, kEchoRequest);
-      const uint64_t id = ++next_id;
-      std::memcpy(&request[1], &id, sizeof(id));
-      const Clock::time_point start = Clock::now();
-      dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
-      dealer.send(zmq::buffer(request), full ? zmq::send_flags::sndmore : zmq::send_flags::none);
-      if (full) dealer.send(zmq::buffer(payload.data(), payload.size()), zmq::send_flags::none);
-      while (!deadline.Expired()) {
-        zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::min<Millis>(deadline.Remaining(), Millis(100)));
-        if (!(item.revents & ZMQ_POLLIN)) continue;
-        std::vector<zmq::message_t> frames;
-        if (!zmq::recv_multipart(dealer, std::back_inserter(frames))) continue;
-        if (frames.size() != 2 || frames[0].size() != 0 || frames[1].size() != kEchoRequestBytes ||
-            frames[1].data<char>()[0] != kEchoAnswer ||
-            std::memcmp(frames[1].data<char>() + 1, &id, sizeof(id)) != 0) {
-          continue;  // an answer to an earlier request, late
-        }
-        return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
-      }
-      return DeadlineExceededError("no answer from " + endpoint +
-                                   " to a link-timing echo within the deadline");
-    };
-    // The first round trip also opens the connection: not counted. Of the
-    // rest, the fastest of each kind (a busy host slows some).
-    GS_RETURN_IF_ERROR(round_trip(false).status());
-    LinkTiming timing{std::chrono::microseconds::max(), std::chrono::microseconds::max()};
-    for (int i = 0; i < kEchoRounds; ++i) {
-      GS_ASSIGN_OR_RETURN(auto empty, round_trip(false));
-      GS_ASSIGN_OR_RETURN(auto full, round_trip(true));
-      timing.empty = std::min(timing.empty, empty);
-      timing.full = std::min(timing.full, full);
-    }
-    return timing;
-  } catch (const zmq::error_t& e) {
-    return ZmqError("cannot time the link to " + endpoint, e);
-  }
-}
-
 Status ZmqTransport::Probe(const std::string& endpoint, Deadline deadline) {
   const std::string monitor_addr =
       "inproc://gradsync-probe-" + std::to_string(impl_->NextProbeId());

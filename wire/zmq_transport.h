@@ -120,10 +120,6 @@ class ZmqTransport : public Transport {
             std::function<void(const Status&)> done) override;
   StatusOr<Incoming> Receive(Deadline deadline) override;
   Status Probe(const std::string& endpoint, Deadline deadline) override;
-  // Times the link from a socket of its own (the caller's thread), under
-  // this node's keys; the peer's I/O thread answers as it reads.
-  StatusOr<LinkTiming> MeasureLink(const std::string& endpoint, size_t bytes,
-                                   Deadline deadline) override;
   void Shutdown() override;
   // Handshakes refused on the listening socket (no, wrong or another job's
   // CURVE key, or not ZeroMQ at all).

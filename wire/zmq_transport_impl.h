@@ -91,12 +91,6 @@ inline Status ListenClosedError() {
 // names it (a peer may get it a little before this node does).
 constexpr Millis kZapHold(10000);
 
-// Link-timing echo (ZmqTransport::MeasureLink): an empty frame, then 'E' and
-// an 8-byte id, then at most one payload frame; the answer is 'e' and the id.
-constexpr char kEchoRequest = 'E';
-constexpr char kEchoAnswer = 'e';
-constexpr size_t kEchoRequestBytes = 9;
-constexpr int kEchoRounds = 3;  // round trips of each kind timed
 
 inline Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
@@ -253,9 +247,6 @@ class ZmqTransport::Impl {
   Status MonitorHandshakes(zmq::socket_t& router);
   void ReadMonitor();
 
-  // A link-timing echo request read on the router (MeasureLink's): answered
-  // at once and true; false for any other message.
-  bool AnswerEcho(zmq::socket_t& router, const std::vector<zmq::message_t>& frames);
 
   ZmqOptions options_;
   zmq::context_t context_{1};

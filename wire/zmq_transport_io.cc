@@ -171,7 +171,6 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
       return;
     }
     if (!got) return;
-    if (!fixed_route && AnswerEcho(socket, frames)) continue;
     Incoming in;
     size_t first = 0;
     if (fixed_route) {
@@ -212,34 +211,6 @@ void ZmqTransport::Impl::ReadSocket(zmq::socket_t& socket, const Route* fixed_ro
     queued_bytes_.fetch_add(in.message.header.size() + in.message.PayloadBytes());
     incoming_.Push(std::move(in), Deadline::Infinite()).IgnoreError();
   }
-}
-
-bool ZmqTransport::Impl::AnswerEcho(zmq::socket_t& router,
-                                    const std::vector<zmq::message_t>& frames) {
-  // routing id, empty, 'E' + id (8) [, payload]
-  if (frames.size() < 3 || frames.size() > 4 || frames[1].size() != 0 ||
-      frames[2].size() != kEchoRequestBytes || frames[2].data<char>()[0] != kEchoRequest) {
-    return false;
-  }
-  if (options_.node_keys) {
-    // Any job member may time its link (its key got it through the
-    // handshake); the echo goes back on that connection only, and the
-    // node's own route stays where it was.
-    const char* user = zmq_msg_gets(const_cast<zmq::message_t&>(frames[2]).handle(), "User-Id");
-    if (user == nullptr || *user == '\0') return true;
-  }
-  std::string answer(frames[2].data<char>(), frames[2].size());
-  answer[0] = kEchoAnswer;
-  const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
-  try {
-    // A peer that does not read its answers loses them: nothing waits here.
-    if (router.send(zmq::buffer(frames[0].data(), frames[0].size()), more)) {
-      router.send(zmq::message_t(), more);
-      router.send(zmq::buffer(answer), zmq::send_flags::dontwait);
-    }
-  } catch (const zmq::error_t&) {
-  }
-  return true;
 }
 
 std::optional<std::string> ZmqTransport::Impl::Authenticate(
