@@ -262,8 +262,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Create(const Config& confi
   GS_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromConfig(config));
   GS_ASSIGN_OR_RETURN(auto compression, BucketCompression::FromConfig(config));
   // The data port takes the ring's messages only.
-  GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
-                      Session::Join(config, deadline));
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Join(config, deadline));
   auto impl =
       std::make_unique<Impl>(std::move(session), std::move(options), std::move(compression));
   GS_RETURN_IF_ERROR(impl->Start(deadline, started));

@@ -290,7 +290,7 @@ class Communicator::Impl {
   // that failed sends still pointed into when last looked at (Retire).
   std::vector<std::unique_ptr<SyncBackend>> retired_backends_;  // engine thread only
   std::mutex reform_mu_;                                        // one re-form at a time
-  SteadyTime membership_changed_at_;        // guarded by mu_
+  SteadyTime membership_changed_at_;                            // guarded by mu_
   bool change_reported_ = true;  // the last change was returned to the trainer; guarded by mu_
   std::thread engine_;
   uint64_t seq_ = 0;          // engine thread only

@@ -40,13 +40,13 @@ StatusOr<std::unique_ptr<wire::Transport>> MakeEmbeddingTransport(
     Session& session, const cluster::PsLinkOptions& links) {
   return StreamsToShards(
       session, links,
-      wire::LaneIdentity(wire::PsClientIdentity(session.data().identity(), session.epoch()),
+      wire::LaneIdentity(wire::PsClientIdentity(session.self().identity, session.epoch()),
                          kEmbeddingLane));
 }
 
 StatusOr<std::unique_ptr<wire::Transport>> MakePsClientTransport(
     Session& session, const cluster::PsLinkOptions& links) {
-  const std::string identity = wire::PsClientIdentity(session.data().identity(), session.epoch());
+  const std::string identity = wire::PsClientIdentity(session.self().identity, session.epoch());
   GS_ASSIGN_OR_RETURN(std::unique_ptr<wire::Transport> transport,
                       StreamsToShards(session, links, identity));
   // The shards read the links of the first epoch's clients only.

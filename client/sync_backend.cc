@@ -216,12 +216,13 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   if (prober) {
     std::vector<std::string> probers;
     for (size_t h = 0; h < h_count; ++h) {
-      if (h != mine && first[h] != nullptr) probers.push_back(wire::ProbeIdentity(first[h]->identity));
+      if (h != mine && first[h] != nullptr)
+        probers.push_back(wire::ProbeIdentity(first[h]->identity));
     }
     GS_ASSIGN_OR_RETURN(std::string at, wire::ListenEndpoint(session->host(), 0));
-    GS_ASSIGN_OR_RETURN(echo, LinkEcho::Listen(RingStreamOptions(session, options.ring,
-                                                                 wire::ProbeIdentity(own), probers),
-                                               at));
+    GS_ASSIGN_OR_RETURN(
+        echo, LinkEcho::Listen(
+                  RingStreamOptions(session, options.ring, wire::ProbeIdentity(own), probers), at));
     part.ports = {echo->port()};
   }
   GS_ASSIGN_OR_RETURN(const std::vector<wire::GatherPartFields> echoes,
@@ -524,9 +525,13 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     return alarm->status();
   };
   std::vector<std::unique_ptr<RingCollectives>> lanes, pairs;
-  const int32_t algorithm = nccl ? kAlgorithmRing : RingAlgorithmCode(options.ring_algorithm);
-  const int lane_count = nccl ? 1 : options.ring_lanes;
-  const bool lanes_auto = !nccl && options.ring_lanes_auto;
+  // One lane, round the ring, beside NCCL and where every worker is on one
+  // host with shared memory (the links carry the data there; the stream
+  // only what a link gives up).
+  const bool one_lane = nccl || (options.shm && hosts == 1);
+  const int32_t algorithm = one_lane ? kAlgorithmRing : RingAlgorithmCode(options.ring_algorithm);
+  const int lane_count = one_lane ? 1 : options.ring_lanes;
+  const bool lanes_auto = !one_lane && options.ring_lanes_auto;
   if (n > 1) {
     Status s = AddLanes(session, lane_count, algorithm, options.shm, links, peers, order,
                         lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
@@ -577,10 +582,12 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
                    << " pairs, larger ones round the ring or by halving and doubling, as each "
                       "size measures faster (ring_algorithm=auto)";
     }
-  } else if (algorithm == kAlgorithmHalving && r == 0 && n > 1) {
-    GS_LOG(INFO) << "ring_algorithm=halving_doubling needs a power of two of at least 4 "
-                    "workers ("
-                 << n << " here): all-reduces go round the ring";
+  } else if (RingAlgorithmCode(options.ring_algorithm) == kAlgorithmHalving && !nccl && r == 0 &&
+             n > 1) {
+    GS_LOG(INFO) << "ring_algorithm=halving_doubling needs a power of two of at least 4 workers, "
+                    "not all on one host with ring_shm ("
+                 << n << " here, on " << hosts << (hosts == 1 ? " host" : " hosts")
+                 << "): all-reduces go round the ring";
   }
   if (n > 1 && options.shm && hosts == 1 && !nccl) {
     HostOptions host_options;

@@ -157,7 +157,7 @@ StatusOr<Node> StartNode(const Config& config, wire::Role role, Deadline deadlin
   }
   SetLogTag(a.self.Name());
   GS_LOG(INFO) << "joined job " << a.job_id << " as " << a.self.Name() << " (identity "
-               << options.identity << ", data port " << options.data_port << ", " << a.num_workers
+               << a.self.identity << ", data port " << options.data_port << ", " << a.num_workers
                << " workers, " << a.num_servers << " servers, "
                << (!node.curve ? "no CURVE"
                                : "CURVE on every link, TCP streams sealed with AES-256-GCM by " +

@@ -215,6 +215,11 @@ Assignment NodeAgent::ReadAssignment(uint64_t job_id, const wire::RankAssignment
   out.missed_heartbeats = a.missed_heartbeats();
   out.peers.clear();
   for (const wire::NodeAddress* p : *a.peers()) out.peers.push_back(wire::ToNodeInfo(*p));
+  // The scheduler gave this node its data identity (ImpossibleAssignment
+  // checked that the peers name it).
+  for (const wire::NodeInfo& p : out.peers) {
+    if (p.role == out.self.role && p.rank == out.self.rank) out.self.identity = p.identity;
+  }
   out.epoch = a.epoch();
   out.change = wire::Escaped(a.change(), 1024);
   out.elastic = a.elastic();
@@ -463,8 +468,9 @@ Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) 
       group, epoch, id, [&] { return barrier_released_[group] >= id; }, deadline);
 }
 
-StatusOr<std::vector<wire::GatherPartFields>> NodeAgent::Gather(
-    uint32_t epoch, const wire::GatherPartFields& mine, Deadline deadline) {
+StatusOr<std::vector<wire::GatherPartFields>> NodeAgent::Gather(uint32_t epoch,
+                                                                const wire::GatherPartFields& mine,
+                                                                Deadline deadline) {
   GS_ASSIGN_OR_RETURN(const uint64_t id, NextBarrierId(wire::Group::Workers, epoch));
   GS_RETURN_IF_ERROR(Send(wire::MakeGather(sender(), id, mine), deadline));
   GS_RETURN_IF_ERROR(WaitForBarrier(

@@ -201,8 +201,8 @@ class NodeAgent {
   // The last gather released: its barrier id and parts; guarded by mu_.
   uint64_t gathered_id_ = 0;
   std::vector<wire::GatherPartFields> gathered_;
-  Assignment latest_;                                 // guarded by mu_
-  uint32_t epoch_released_ = 0;                       // guarded by mu_
+  Assignment latest_;            // guarded by mu_
+  uint32_t epoch_released_ = 0;  // guarded by mu_
   struct Death {
     wire::NodeInfo node;
     std::string why;

@@ -72,10 +72,10 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<wire::Transport> 
       metrics_(metrics),
       clock_(clock),
       membership_(options_.num_workers, options_.elastic) {
-  policy_ = wire::Policy::Accepting({MsgType::Register, MsgType::Heartbeat, MsgType::Leave,
-                                     MsgType::Barrier, MsgType::ReachReport, MsgType::Error,
-                                     MsgType::NcclIdOffer, MsgType::NcclIdRequest,
-                                     MsgType::Gather});
+  policy_ =
+      wire::Policy::Accepting({MsgType::Register, MsgType::Heartbeat, MsgType::Leave,
+                               MsgType::Barrier, MsgType::ReachReport, MsgType::Error,
+                               MsgType::NcclIdOffer, MsgType::NcclIdRequest, MsgType::Gather});
   if (metrics_) {
     metrics_->expected_nodes[static_cast<int>(Role::Worker)]->Set(options_.num_workers);
     metrics_->expected_nodes[static_cast<int>(Role::Server)]->Set(options_.num_servers);
@@ -234,7 +234,8 @@ std::string Scheduler::PortClash(const Node& node, const std::vector<uint16_t>& 
     const uint16_t p = ports[i];
     if (p == 0) return node.info.Name() + " announced port 0";
     for (size_t j = 0; j < i; ++j) {
-      if (ports[j] == p) return node.info.Name() + " announced port " + std::to_string(p) + " twice";
+      if (ports[j] == p)
+        return node.info.Name() + " announced port " + std::to_string(p) + " twice";
     }
     for (const auto& [id, n] : nodes_) {
       if (n.removed || n.left || !n.alive || n.info.host != node.info.host) continue;
@@ -251,8 +252,8 @@ std::string Scheduler::PortClash(const Node& node, const std::vector<uint16_t>& 
           continue;
         }
         if (std::find(part.ports.begin(), part.ports.end(), p) != part.ports.end()) {
-          return node.info.Name() + " announced port " + std::to_string(p) + where +
-                 ", which " + other->second.info.Name() + " announced";
+          return node.info.Name() + " announced port " + std::to_string(p) + where + ", which " +
+                 other->second.info.Name() + " announced";
         }
       }
     }
@@ -269,9 +270,8 @@ void Scheduler::EnterBarrier(Node& node, const BarrierKey& key, MsgType type) {
     if (n.removed || !InGroup(n, key.first)) continue;
     if (!n.alive) {
       ReplyError(node.identity, ErrorCode::PeerDead,
-                 "barrier " + std::to_string(key.second) + " of " +
-                     wire::EnumNameGroup(key.first) + " cannot complete: " + n.info.Name() +
-                     " is dead",
+                 "barrier " + std::to_string(key.second) + " of " + wire::EnumNameGroup(key.first) +
+                     " cannot complete: " + n.info.Name() + " is dead",
                  type);
       return;
     }
@@ -385,7 +385,8 @@ void Scheduler::TryRelease(const BarrierKey& key) {
   if (gone != nullptr) {
     const std::string why = LeftBarrierText(key, *gone);
     const MsgType type = gather_parts_.count(key) ? MsgType::Gather : MsgType::Barrier;
-    for (const std::string& waiting : it->second) ReplyError(waiting, ErrorCode::PeerDead, why, type);
+    for (const std::string& waiting : it->second)
+      ReplyError(waiting, ErrorCode::PeerDead, why, type);
     DropBarrier(key);
     RememberBroken(key, why);
     return;

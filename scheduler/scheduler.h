@@ -141,6 +141,9 @@ class Scheduler {
   void Rejoin(const std::string& old_identity, const std::string& identity,
               const PendingRejoin& claim);
   void AssignRanks();
+  // A new node's data identity: "worker-" or "server-" and 64 random bits
+  // (wire::RandomIdentity), no live or waiting node's.
+  std::string MintIdentity(wire::Role role);
   void SendAssignment(const std::string& identity);
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
   void FinishReachability(const std::string& timeout_note);
@@ -225,7 +228,6 @@ class Scheduler {
     std::string old_identity;
     uint32_t pid = 0;
     uint16_t metrics_port = 0;
-    std::string data_identity;
     std::string boot_id;
   };
   std::map<std::string, PendingRejoin> rejoins_;

@@ -74,11 +74,9 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
                                                           const std::string& replaces) const {
   if (!options_.curve) return std::nullopt;
   const std::string key = r.public_key() ? r.public_key()->str() : "";
-  const std::string data_identity = r.identity() ? r.identity()->str() : "";
-  if (!wire::IsCurvePublicKey(key) || data_identity.empty()) {
+  if (!wire::IsCurvePublicKey(key)) {
     return Refusal{ErrorCode::WrongKey,
-                   "a node of a CURVE job registers with its data "
-                   "identity and its own public key (40 Z85 characters)"};
+                   "a node of a CURVE job registers with its own public key (40 Z85 characters)"};
   }
   const std::string proof =
       r.key_proof()
@@ -101,9 +99,8 @@ std::optional<Scheduler::Refusal> Scheduler::CheckNodeKey(const wire::RegisterBo
                        "or node_key_file)"};
   }
   for (const auto& [id, n] : nodes_) {
-    if (n.info.public_key == key || n.info.identity == data_identity) {
-      return Refusal{ErrorCode::WrongKey,
-                     "that node key or data identity is already bound to " + n.info.Name()};
+    if (n.info.public_key == key) {
+      return Refusal{ErrorCode::WrongKey, "that node key is already bound to " + n.info.Name()};
     }
   }
   return std::nullopt;
@@ -163,6 +160,16 @@ std::optional<Scheduler::Refusal> Scheduler::CheckRejoin(const wire::RegisterBod
                      address + " is not one of them)"};
 }
 
+std::string Scheduler::MintIdentity(Role role) {
+  for (;;) {
+    std::string id = wire::RandomIdentity(role == Role::Server ? "server" : "worker");
+    bool taken = false;
+    for (const auto& [conn, n] : nodes_) taken = taken || n.info.identity == id;
+    for (const auto& [conn, n] : waiting_joiners_) taken = taken || n.info.identity == id;
+    if (!taken) return id;
+  }
+}
+
 void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody& r) {
   const std::string key = r.public_key() ? r.public_key()->str() : "";
   auto known = nodes_.find(identity);
@@ -198,6 +205,11 @@ void Scheduler::OnRegister(const std::string& identity, const wire::RegisterBody
   Node node;
   node.identity = identity;
   node.info = wire::RegisteredNode(r);
+  // The node's data identity is the scheduler's to give, in one grammar
+  // (wire::IsDataIdentity): what the node asked for is not taken, and the
+  // derived identities (PS clients, lanes, pairs, probes) are made from
+  // this one.
+  node.info.identity = MintIdentity(node.info.role);
   node.pid = r.pid();
   node.pid_ns = r.pid_ns() ? r.pid_ns()->str() : "";
   node.last_seen = clock_->Now();
@@ -269,7 +281,6 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
   if (old.left || clock_->Now() - old.last_seen > 2 * options_.heartbeat_interval) {
     Rejoin(old_identity, identity,
            PendingRejoin{old_identity, r.pid(), r.metrics_port(),
-                         r.identity() ? r.identity()->str() : "",
                          r.boot_id() ? r.boot_id()->str() : ""});
     return;
   }
@@ -282,8 +293,7 @@ void Scheduler::ClaimRejoin(const std::string& old_identity, const std::string& 
     }
   }
   rejoins_[identity] =
-      PendingRejoin{old_identity, r.pid(), r.metrics_port(),
-                    r.identity() ? r.identity()->str() : "", r.boot_id() ? r.boot_id()->str() : ""};
+      PendingRejoin{old_identity, r.pid(), r.metrics_port(), r.boot_id() ? r.boot_id()->str() : ""};
 }
 
 // The old process of a pending claim spoke: it is alive, the claim is false.
@@ -330,7 +340,7 @@ void Scheduler::Rejoin(const std::string& old_identity, const std::string& ident
   node.identity = identity;
   node.pid = claim.pid;
   node.info.metrics_port = claim.metrics_port;
-  node.info.identity = claim.data_identity;
+  // A restarted server keeps the data identity the workers know it by.
   node.info.boot_id = claim.boot_id;
   node.last_seen = clock_->Now();
   node.left = node.missing = node.reported = false;

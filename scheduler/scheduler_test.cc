@@ -295,8 +295,8 @@ TEST_F(SchedulerTest, AGatherGivesEveryPartUnderItsSendersRankAndRefusesTakenPor
       mine.rank = 7;  // the sender's word on its rank is not taken
       mine.ports = {static_cast<uint16_t>(3000 + 2 * r), static_cast<uint16_t>(3001 + 2 * r)};
       mine.data = {static_cast<uint8_t>(10 + r)};
-      got[static_cast<size_t>(r)] = agents[static_cast<size_t>(r)]->Gather(0, mine,
-                                                                           Deadline::AfterMs(5000));
+      got[static_cast<size_t>(r)] =
+          agents[static_cast<size_t>(r)]->Gather(0, mine, Deadline::AfterMs(5000));
     });
   }
   for (auto& t : threads) t.join();
@@ -568,6 +568,34 @@ TEST_F(SchedulerTest, AJoinerUnderAnotherWorkersDerivedIdentityIsRefused) {
         << joiner.status();
   }
   EXPECT_EQ(agents[0]->latest().epoch, 0u);  // no membership change
+}
+
+// Every data identity is the scheduler's: what a node asks for is not
+// taken, so no member picks its own (nor another's) and derived identities
+// come from one grammar.
+TEST_F(SchedulerTest, TheSchedulerMintsEveryDataIdentity) {
+  StartScheduler(3, 0);
+  std::vector<cluster::NodeOptions> options;
+  for (int r = 0; r < 3; ++r) {
+    options.push_back(Options(wire::Role::Worker, r));
+    options.back().identity = "the-same-for-all";
+  }
+  auto agents = JoinAll(options);
+  std::set<std::string> seen;
+  for (auto& a : agents) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    const std::string id = (*a)->assignment().self.identity;
+    EXPECT_TRUE(wire::IsDataIdentity(id)) << id;
+    EXPECT_EQ(id.rfind("worker-", 0), 0u) << id;
+    seen.insert(id);
+    for (const wire::NodeInfo& p : (*a)->assignment().peers) {
+      if (p.rank == (*a)->assignment().self.rank) {
+        EXPECT_EQ(p.identity, id);
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen.count("the-same-for-all"), 0u);
 }
 
 TEST_F(SchedulerTest, MinWorkersOutsideOneToNumWorkersIsRefused) {

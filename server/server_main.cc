@@ -100,6 +100,7 @@ std::unique_ptr<wire::SameHostTransport> ShardLinks(const cluster::PsLinkOptions
                                                     cluster::Node& node) {
   const cluster::Assignment& a = node.agent->assignment();
   wire::SameHostOptions same_host = cluster::PsSameHostOptions(options, a.job_id, a.self, a.peers);
+  same_host.identity = a.self.identity;  // the scheduler's name for this shard
   same_host.refusals = node.refusals;
   return cluster::OverSameHostLinks(node.streams.get(), std::move(same_host),
                                     "workers on this host reach the shard through shared memory");

@@ -217,7 +217,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
       params.insert(Params(out));
     }
     for (Subprocess* w : {workers[0], workers[2], workers[3]}) {
-      EXPECT_NE(w->Output().find("membership_changed: membership changed: worker node-"),
+      EXPECT_NE(w->Output().find("membership_changed: membership changed: worker worker-"),
                 std::string::npos)
           << w->Output();
       EXPECT_NE(w->Output().find(" joined (pid " + std::to_string(joiner.pid())), std::string::npos)
@@ -229,7 +229,7 @@ class ElasticTest : public ::testing::Test, public LocalJob {
     EXPECT_FALSE(params.begin()->empty());
     EXPECT_EQ(scheduler_->Wait(Deadline::AfterMs(10000)), 0) << scheduler_->Output();
     EXPECT_NE(scheduler_->Output().find("epoch 2 starts with 4 workers: membership changed: "
-                                        "worker node-"),
+                                        "worker worker-"),
               std::string::npos)
         << scheduler_->Output();
     if (shards.count > 0) ExpectEveryRoundClosedOnce(400);

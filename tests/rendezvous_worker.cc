@@ -26,8 +26,7 @@ int Main(int argc, char** argv) {
   const int64_t hold_ms = config->GetInt("hold_ms", 0).value();
   const bool nccl = config->GetBool("nccl_id", false).value();
   SetLogTag("worker");
-  auto session =
-      client::Session::Join(*config, Deadline::AfterMs(60000));
+  auto session = client::Session::Join(*config, Deadline::AfterMs(60000));
   if (!session.ok()) {
     GS_LOG(ERROR) << "join failed: " << session.status().message();
     return 1;

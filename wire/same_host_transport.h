@@ -85,6 +85,9 @@ struct SameHostPeer {
 
 struct SameHostOptions {
   uint64_t job_id = 0;
+  // The identity this transport's links go by (their names, what peers
+  // know it as); "": the inner transport's.
+  std::string identity;
   std::vector<SameHostPeer> peers;
   size_t link_bytes = size_t{16} << 20;  // each link this transport reads
   size_t max_frames = 8;
@@ -108,7 +111,9 @@ class SameHostTransport : public Transport {
   SameHostTransport(std::unique_ptr<Transport> inner, SameHostOptions options);
   ~SameHostTransport() override;  // Shutdown()
 
-  const std::string& identity() const override { return inner_->identity(); }
+  const std::string& identity() const override {
+    return options_.identity.empty() ? inner_->identity() : options_.identity;
+  }
   StatusOr<std::string> Listen(const std::string& endpoint) override {
     return inner_->Listen(endpoint);
   }

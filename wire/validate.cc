@@ -175,9 +175,8 @@ Verdict CheckBody(const Header& h, const Limits& limits) {
       }
       const size_t parts = b->parts() ? b->parts()->size() : 0;
       const bool request = t == MsgType::Gather;
-      if ((request && parts != 0) ||
-          (!request && ((b->ports() && b->ports()->size() != 0) ||
-                        (b->data() && b->data()->size() != 0)))) {
+      if ((request && parts != 0) || (!request && ((b->ports() && b->ports()->size() != 0) ||
+                                                   (b->data() && b->data()->size() != 0)))) {
         return Reject(ErrorCode::Malformed,
                       request ? "a Gather carries no parts" : "a Gathered carries parts only", t);
       }

@@ -91,7 +91,6 @@ inline Status ListenClosedError() {
 // names it (a peer may get it a little before this node does).
 constexpr Millis kZapHold(10000);
 
-
 inline Status ZmqError(const std::string& what, const zmq::error_t& e) {
   return UnavailableError(what + ": " + e.what());
 }
@@ -246,7 +245,6 @@ class ZmqTransport::Impl {
   // Watches the listening socket's handshakes (CURVE only).
   Status MonitorHandshakes(zmq::socket_t& router);
   void ReadMonitor();
-
 
   ZmqOptions options_;
   zmq::context_t context_{1};
