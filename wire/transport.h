@@ -9,9 +9,9 @@
 // Implementations: ZmqTransport (ROUTER + DEALERs over TCP,
 // zmq_transport.h: the scheduler's port and the node agents' connections to
 // it, and each node's data port), TcpStreamTransport (one TCP connection a
-// peer, sealed by Noise KK under CURVE, tcp_stream_transport.h: the ring's
-// lanes, the halving-and-doubling pairs and the parameter server between
-// hosts), SameHostTransport (shared-memory links to the peers of this
+// peer, sealed by Noise KK under CURVE, tcp_stream_transport.h: every
+// byte of data between nodes: the ring's lanes, the halving-and-doubling
+// pairs, the ring order's link probes and the parameter server), SameHostTransport (shared-memory links to the peers of this
 // machine over another transport, same_host_transport.h) and
 // InProcTransport (in memory, for ranks-as-threads tests,
 // inproc_transport.h). All have the same semantics:
