@@ -52,7 +52,7 @@ wire::Message NextMessage(FuzzedDataProvider& in, int node, const FuzzNode& me) 
                                                                  : in.ConsumeIntegral<uint64_t>();
   const wire::Sender from{in.ConsumeBool() ? Role::Worker : Role::Server,
                           in.ConsumeIntegralInRange<int>(-1, 3), job};
-  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 8)) {
     case 0: {
       const wire::NodeInfo n = Info(in, node);
       return wire::MakeRegister(from, n, in.ConsumeBool() ? std::string(kBuildId) : "other",
@@ -84,6 +84,16 @@ wire::Message NextMessage(FuzzedDataProvider& in, int node, const FuzzNode& me) 
     case 6:
       return wire::MakeError(from, wire::ErrorCode::Malformed, in.ConsumeRandomLengthString(16),
                              MsgType::Heartbeat);
+    case 7: {
+      // A gather part: ports that may be another node's (1000 + node) or
+      // repeat, and bytes.
+      wire::GatherPartFields part;
+      for (size_t i = in.ConsumeIntegralInRange<size_t>(0, 4); i > 0; --i) {
+        part.ports.push_back(static_cast<uint16_t>(in.ConsumeIntegralInRange<int>(0, 1004)));
+      }
+      part.data = in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange(0, 64));
+      return wire::MakeGather(from, in.ConsumeIntegralInRange<uint64_t>(0, 3), part);
+    }
     default:
       return wire::MakeJobState(from, wire::JobPhase::Failed, in.ConsumeRandomLengthString(16));
   }
