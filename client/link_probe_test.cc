@@ -50,14 +50,23 @@ wire::TcpStreamOptions Options(const std::string& identity, std::vector<std::str
   return o;
 }
 
+// a's echo, taking b's probes only, and where it listens.
+struct Echo {
+  explicit Echo(Job& job)
+      : echo(LinkEcho::Listen(
+            Options(wire::ProbeIdentity("a"), {wire::ProbeIdentity("b")}, job.KeysOf("a")),
+            "tcp://127.0.0.1:0")),
+        endpoint(echo.ok() ? "tcp://127.0.0.1:" + std::to_string((*echo)->port()) : "") {}
+  StatusOr<std::unique_ptr<LinkEcho>> echo;
+  std::string endpoint;
+};
+
 TEST(LinkProbeTest, APlanMemberTimesItsLinkOverASealedStream) {
   Job job;
-  auto echo = LinkEcho::Listen(
-      Options(wire::ProbeIdentity("a"), {wire::ProbeIdentity("b")}, job.KeysOf("a")),
-      "tcp://127.0.0.1:0");
-  ASSERT_TRUE(echo.ok()) << echo.status();
-  EXPECT_TRUE((*echo)->sealed());
-  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string((*echo)->port());
+  Echo a(job);
+  ASSERT_TRUE(a.echo.ok()) << a.echo.status();
+  EXPECT_TRUE((*a.echo)->sealed());
+  const std::string& endpoint = a.endpoint;
   auto keys = job.KeysOf("b");
   keys->AddEndpoint("a", endpoint);
   auto timing = TimeLink(Options(wire::ProbeIdentity("b"), {}, keys), endpoint, size_t{512} << 10,
@@ -71,11 +80,9 @@ TEST(LinkProbeTest, APlanMemberTimesItsLinkOverASealedStream) {
 // stranger to the job get no answer: their connections are refused.
 TEST(LinkProbeTest, OnlyTheProbersTheEchoTakesAreAnswered) {
   Job job;
-  auto echo = LinkEcho::Listen(
-      Options(wire::ProbeIdentity("a"), {wire::ProbeIdentity("b")}, job.KeysOf("a")),
-      "tcp://127.0.0.1:0");
-  ASSERT_TRUE(echo.ok()) << echo.status();
-  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string((*echo)->port());
+  Echo a(job);
+  ASSERT_TRUE(a.echo.ok()) << a.echo.status();
+  const std::string& endpoint = a.endpoint;
   auto member = job.KeysOf("m");
   member->AddEndpoint("a", endpoint);
   auto refused = TimeLink(Options(wire::ProbeIdentity("m"), {}, member), endpoint, 1024,

@@ -228,6 +228,16 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
   GS_ASSIGN_OR_RETURN(const std::vector<wire::GatherPartFields> echoes,
                       session->Gather(part, deadline));
   std::vector<double> row(h_count, 0.0);
+  // Each other host's echo endpoint ("" where it announced none), bound to
+  // its first worker's key.
+  std::vector<std::string> echo_at(h_count);
+  for (size_t h = 0; prober && h < h_count; ++h) {
+    const wire::GatherPartFields* theirs =
+        first[h] == nullptr ? nullptr : PartOf(echoes, first[h]->rank);
+    if (h == mine || theirs == nullptr || theirs->ports.size() != 1) continue;
+    echo_at[h] = "tcp://" + first[h]->host + ":" + std::to_string(theirs->ports[0]);
+    session->AddPeerEndpoint(first[h]->identity, echo_at[h]);
+  }
   if (prober) {
     // kProbePasses passes over the links, each link's time the fastest of
     // all: a burst of load (peers still starting, another host's probe)
@@ -238,14 +248,10 @@ StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOpti
         GS_RETURN_IF_ERROR(SessionHealth(*session, wire::Role::Worker));
         const size_t h = (mine + k) % h_count;
         if (first[h] == nullptr || failed[h]) continue;
-        const wire::GatherPartFields* theirs = PartOf(echoes, first[h]->rank);
         StatusOr<LinkTiming> timing = FailedPreconditionError("it announced no echo port");
-        if (theirs != nullptr && theirs->ports.size() == 1) {
-          const std::string endpoint =
-              "tcp://" + first[h]->host + ":" + std::to_string(theirs->ports[0]);
-          session->AddPeerEndpoint(first[h]->identity, endpoint);
+        if (!echo_at[h].empty()) {
           timing = TimeLink(RingStreamOptions(session, options.ring, wire::ProbeIdentity(own), {}),
-                            endpoint, bytes, deadline.Min(Deadline::After(kProbeTimeout)));
+                            echo_at[h], bytes, deadline.Min(Deadline::After(kProbeTimeout)));
         }
         if (!timing.ok()) {
           GS_LOG(WARNING) << "cannot time the link to " << first[h]->Name() << " ("

@@ -338,7 +338,8 @@ void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>
             [](const wire::GatherPartFields& a, const wire::GatherPartFields& b) {
               return a.rank < b.rank;
             });
-  wire::Message answer = wire::MakeGathered(sender(), key.second, all);
+  // Built once: every member gets a copy of the same header.
+  const wire::Message answer = wire::MakeGathered(sender(), key.second, all);
   if (why.empty() && answer.header.size() > wire::Limits{}.max_header_bytes) {
     why = "the parts of gather " + std::to_string(key.second) + " hold " +
           std::to_string(answer.header.size()) + " bytes, more than one message carries (" +
@@ -346,7 +347,7 @@ void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>
   }
   for (const std::string& id : members) {
     if (why.empty()) {
-      Reply(id, wire::MakeGathered(sender(), key.second, all));
+      Reply(id, answer);
     } else {
       ReplyError(id, ErrorCode::Mismatch, why, MsgType::Gather);
     }

@@ -11,10 +11,11 @@
 // it, and each node's data port), TcpStreamTransport (one TCP connection a
 // peer, sealed by Noise KK under CURVE, tcp_stream_transport.h: every
 // byte of data between nodes: the ring's lanes, the halving-and-doubling
-// pairs, the ring order's link probes and the parameter server), SameHostTransport (shared-memory
-// links to the peers of this machine over another transport, same_host_transport.h) and
-// InProcTransport (in memory, for ranks-as-threads tests,
-// inproc_transport.h). All have the same semantics:
+// pairs, the ring order's link probes and the parameter server),
+// SameHostTransport (shared-memory links to the peers of this machine over
+// another transport, same_host_transport.h) and InProcTransport (in memory,
+// for ranks-as-threads tests, inproc_transport.h). All have the same
+// semantics:
 //   - Send blocks until the message is handed to the network, or the deadline
 //     passes; sending to an identity that is not connected fails at once
 //     with Unavailable (nothing is dropped silently).
