@@ -120,6 +120,11 @@ StatusOr<size_t> EmbeddingClient::DropDead(std::vector<Request>& requests) {
     int k = 0;
     while (Holder(r.partition, k) != r.shard) ++k;
     const int next = LiveHolder(r.partition, k + 1, dead);
+    if (r.message.header_view()->type() == MsgType::EmbeddingPull && r.ids == 0) {
+      r.done = true;  // it read nothing: the other holders' answers stand
+      ++ended;
+      continue;
+    }
     if (r.message.header_view()->type() == MsgType::EmbeddingPull) {
       if (next < 0) return Lost(r.partition);
       r.shard = next;  // the copy answers in its place
@@ -241,35 +246,45 @@ Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, 
   std::vector<std::vector<size_t>> spans;  // by request: the unique indices it asks for
   const size_t per = IdsPerMessage(dim, true);
   const std::vector<bool> dead = Dead();
+  auto ask = [&](int shard, uint32_t partition, const size_t* from, size_t count) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(count * sizeof(uint64_t));
+    for (size_t k = 0; k < count; ++k) {
+      std::memcpy(bytes->data() + k * sizeof(uint64_t), &u.ids[from[k]], sizeof(uint64_t));
+    }
+    Request r;
+    r.shard = shard;
+    r.partition = partition;
+    r.seq = next_seq_++;
+    r.ids = count;
+    r.message = wire::MakeEmbedding(
+        peers_.sender, MsgType::EmbeddingPull,
+        wire::EmbeddingFields{table, dim, count, round, peers_.epoch, 0, 1, partition},
+        {PayloadOf(bytes)}, r.seq);
+    requests.push_back(std::move(r));
+    spans.emplace_back(from, from + count);
+  };
   for (int s = 0; s < shards; ++s) {
     const std::vector<size_t>& mine = of[static_cast<size_t>(s)];
     const uint32_t partition = static_cast<uint32_t>(s);
-    const int reader = mine.empty() ? s : LiveHolder(partition, 0, dead);
-    if (reader < 0) return Lost(partition);
+    const int reader = LiveHolder(partition, 0, dead);
+    if (reader < 0 && !mine.empty()) return Lost(partition);
     for (size_t at = 0; at < mine.size(); at += per) {
-      const size_t count = std::min(per, mine.size() - at);
-      auto bytes = std::make_shared<std::vector<uint8_t>>(count * sizeof(uint64_t));
-      for (size_t k = 0; k < count; ++k) {
-        std::memcpy(bytes->data() + k * sizeof(uint64_t), &u.ids[mine[at + k]], sizeof(uint64_t));
-      }
-      Request r;
-      r.shard = reader;
-      r.partition = partition;
-      r.seq = next_seq_++;
-      r.ids = count;
-      r.message = wire::MakeEmbedding(
-          peers_.sender, MsgType::EmbeddingPull,
-          wire::EmbeddingFields{table, dim, count, round, peers_.epoch, 0, 1, partition},
-          {PayloadOf(bytes)}, r.seq);
-      requests.push_back(std::move(r));
-      spans.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(at),
-                         mine.begin() + static_cast<std::ptrdiff_t>(at + count));
+      ask(reader, partition, mine.data() + at, std::min(per, mine.size() - at));
+    }
+    // Every live holder that reads nothing is asked for no rows: its answer
+    // waits, as the reader's does, for the rounds before `round`, so that the
+    // next push (which goes to every holder) is never too far ahead of one.
+    for (int k = 0; k < options_.replicas; ++k) {
+      const int holder = Holder(partition, k);
+      if (dead[static_cast<size_t>(holder)] || (holder == reader && !mine.empty())) continue;
+      ask(holder, partition, nullptr, 0);
     }
   }
   GS_RETURN_IF_ERROR(Exchange(requests, deadline));
   const size_t row = dim * sizeof(float);
   std::vector<float> rows(u.ids.size() * dim);
   for (size_t q = 0; q < requests.size(); ++q) {
+    if (spans[q].empty()) continue;
     const wire::Payload& got = requests[q].answer.payloads[0];
     for (size_t k = 0; k < spans[q].size(); ++k) {
       std::memcpy(rows.data() + spans[q][k] * dim, got.data + k * row, row);

@@ -17,7 +17,11 @@
 // given, asks each shard for its unique ids only and scatters the rows back
 // in the order asked; Push sums the gradient rows of each unique id and
 // sends one row each. A push goes to every shard, empty where none of its
-// ids falls, so that each shard's sync rounds close. Messages stay within
+// ids falls, so that each shard's sync rounds close; a pull asks every live
+// holder, for no rows where it reads none there, so that it returns only
+// once each holder it will push to took the rounds before it (sync) or
+// within the staleness (ssp): a worker whose ids miss a shard is paced by
+// it as the others are. Messages stay within
 // max_message_bytes: a shard's share is cut into parts (a push says how
 // many, so that the shard closes the worker's round after the last).
 //

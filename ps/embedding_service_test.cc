@@ -234,6 +234,27 @@ TEST(EmbeddingServiceTest, SyncHoldsPullUntilEveryWorkerPushed) {
   EXPECT_EQ(h.service().stats().rows.steps, 1u);
 }
 
+// A worker whose ids miss this shard still asks it, for no rows: the answer
+// waits for the round before, which keeps the worker's next (empty) push
+// within a round of the last closed one.
+TEST(EmbeddingServiceTest, SyncHoldsAPullOfNoRowsUntilTheRoundBeforeCloses) {
+  Harness h(Options(PsMode::kSync), 2, kTwo);
+  h.Push(0, {}, {}, 0, 1);
+  h.TakeOne(MsgType::EmbeddingAck, 1);
+  h.Pull(0, {}, 1, 2);
+  EXPECT_TRUE(h.Take().empty());
+  h.Push(1, kIds, Grads(2, 1.0f), 0, 3);
+  std::vector<Answer> a = h.Take();
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[1].type, MsgType::EmbeddingRows);
+  EXPECT_EQ(a[1].seq, 2u);
+  EXPECT_EQ(a[1].round, 1u);
+  EXPECT_TRUE(a[1].rows.empty());
+  // Now round 1's push is within a round of the last closed one.
+  h.Push(0, {}, {}, 1, 4);
+  h.TakeOne(MsgType::EmbeddingAck, 4);
+}
+
 // Gradients whose sums round differently in another order.
 std::vector<float> Uneven(size_t num_ids, uint32_t seed) {
   std::vector<float> g(num_ids * kDim);

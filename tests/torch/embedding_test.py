@@ -4,6 +4,7 @@ head under DDP over the "gradsync" backend), refusals, a flood of new ids,
 and the CTR example against DDP. Faults are in embedding_fault_test.py."""
 import os
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -43,6 +44,13 @@ def test_a_table_at_another_width_is_refused_naming_both():
         assert r["error"] is not None, (rank, r)
         assert "rows of 4 elements, the table's are 8" in r["error"], r
         assert "ids must be in [0, 100): got 3 .. 100" in r["out_of_range"], r
+
+
+def test_a_worker_that_pushes_nothing_waits_for_the_rounds_before_at_every_shard():
+    marks = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    results = job.run_ok(WORKER, "behind", WORKERS, torchrun=False,
+                         servers=SERVERS, extra_env={"MARKS": marks})
+    assert all(r["steps"] == 6 for r in results.values()), results
 
 
 CTR = os.path.join(job.ROOT, "examples", "torch_ctr.py")

@@ -178,6 +178,32 @@ def flood(steps, flood_ids):
             "rows_digest": hashlib.sha256(rows.numpy().tobytes()).hexdigest()}
 
 
+def behind(steps, marks):
+    """Rank 0's bags are empty (its pushes of the table are empty); rank 1
+    holds its first push back until rank 0 marks step 3 (a file in `marks`)
+    or 3 s pass. Rank 0 waits for each round before it at every shard, so
+    it is never a round too far ahead. Returns the steps made."""
+    dist.init_process_group("gradsync")
+    rank = dist.get_rank()
+    table = gst.ShardedEmbeddingBag(None, DIM, mode="sum", table=7)
+    weights = torch.linspace(-1.0, 1.0, DIM)
+    for step in range(steps):
+        if rank == 0:
+            open(os.path.join(marks, "step%d" % step), "w").close()
+            table(torch.zeros(0, 1, dtype=torch.int64))
+            continue
+        out = (table(torch.arange(40).reshape(-1, 2) + 40 * step) * weights).sum()
+        deadline = time.monotonic() + 3
+        while step == 0 and not os.path.exists(os.path.join(marks, "step3")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        out.backward()
+    table.wait()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"steps": table.step}
+
+
 def replicas(steps, mark_at):
     """Table 0 trains on 500 ids for `steps` steps, a little apart; rank 0
     prints "MARK" after step `mark_at` (a test kills a shard then). Returns
@@ -310,6 +336,8 @@ def main():
                        os.environ["GRADSYNC_EMBEDDING_OPTIMIZER"])
     elif scenario == "replicas":
         fields = replicas(int(os.environ.get("STEPS", "60")), 20)
+    elif scenario == "behind":
+        fields = behind(6, os.environ["MARKS"])
     elif scenario == "flood":
         fields = flood(int(os.environ.get("STEPS", "30")), int(os.environ["FLOOD_IDS"]))
     else:
