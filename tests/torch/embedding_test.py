@@ -59,9 +59,16 @@ CTR = os.path.join(job.ROOT, "examples", "torch_ctr.py")
 def ctr(comm, servers, flags=()):
     env = {"OMP_NUM_THREADS": "1", "GRADSYNC_EMBEDDING_OPTIMIZER": "adagrad",
            "GRADSYNC_EMBEDDING_LR": "0.05"}
-    code, out = job.launch([sys.executable, CTR, "--comm=" + comm, "--vocab=200000",
-                            "--steps=150", "--eval_samples=20000"] + list(flags),
-                           workers=2, servers=servers, timeout_s=240, extra_env=env)
+    argv = [sys.executable, CTR, "--comm=" + comm, "--vocab=200000", "--steps=150",
+            "--eval_samples=20000"] + list(flags)
+    code, out = job.launch(argv, workers=2, servers=servers, timeout_s=240, extra_env=env)
+    if code != 0 and comm == "ddp-gloo" and "killed by signal" in out:
+        # The anchor runs no gradsync code (torch's DDP over gloo alone);
+        # its sparse all-reduce has crashed a worker with a corrupted heap
+        # ("malloc(): unaligned tcache chunk detected"). Said, and run again
+        # once: the anchor is the reference, not what is tested.
+        print("the ddp-gloo anchor crashed; running it again:", out[-2000:])
+        code, out = job.launch(argv, workers=2, servers=servers, timeout_s=240, extra_env=env)
     assert code == 0, out[-4000:]
     found = [r for r in job.json_lines(out) if r.get("comm") == comm]
     assert len(found) == 1, out[-4000:]
