@@ -36,6 +36,7 @@ struct OpTag {
   uint32_t bucket = 0;      // bucket id
   uint64_t seq = 0;         // collectives issued so far on this communicator
   uint64_t names_hash = 0;  // hash of the names of the tensors in the bucket
+  uint32_t epoch = 0;       // membership epoch (set by the backend that runs it)
 };
 
 class Collectives {

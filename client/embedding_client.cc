@@ -256,10 +256,10 @@ Status EmbeddingClient::Pull(uint32_t table, uint32_t dim, const uint64_t* ids, 
     r.partition = partition;
     r.seq = next_seq_++;
     r.ids = count;
-    r.message = wire::MakeEmbedding(
-        peers_.sender, MsgType::EmbeddingPull,
-        wire::EmbeddingFields{table, dim, count, round, peers_.epoch, 0, 1, partition},
-        {PayloadOf(bytes)}, r.seq);
+    r.message =
+        wire::MakeEmbedding(peers_.sender, MsgType::EmbeddingPull,
+                            wire::EmbeddingFields{table, dim, count, round, 0, 1, partition},
+                            {PayloadOf(bytes)}, r.seq, peers_.epoch);
     requests.push_back(std::move(r));
     spans.emplace_back(from, from + count);
   };
@@ -345,9 +345,9 @@ Status EmbeddingClient::Push(uint32_t table, uint32_t dim, const uint64_t* ids, 
         r.seq = next_seq_++;
         r.message = wire::MakeEmbedding(
             peers_.sender, MsgType::EmbeddingPush,
-            wire::EmbeddingFields{table, dim, count, round, peers_.epoch, static_cast<uint32_t>(p),
+            wire::EmbeddingFields{table, dim, count, round, static_cast<uint32_t>(p),
                                   static_cast<uint32_t>(parts), partition},
-            {PayloadOf(id_bytes), PayloadOf(row_bytes)}, r.seq);
+            {PayloadOf(id_bytes), PayloadOf(row_bytes)}, r.seq, peers_.epoch);
         requests.push_back(std::move(r));
       }
     }

@@ -22,7 +22,7 @@ wire::Message EchoMessage(uint64_t id, const std::vector<uint8_t>& bytes) {
   f.num_elements = bytes.size();
   std::vector<wire::Payload> payloads;
   payloads.push_back(wire::Payload::Borrow(bytes.data(), bytes.size(), nullptr));
-  return wire::MakeRingData(wire::Sender{}, f, std::move(payloads), 0, id);
+  return wire::MakeRingData(wire::Sender{}, f, std::move(payloads), /*step=*/0, /*epoch=*/0);
 }
 
 // The number of an echo request or answer; nullopt for anything else.

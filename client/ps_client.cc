@@ -116,7 +116,7 @@ Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, c
     }
   }
   OpTag in_epoch = tag;
-  in_epoch.step |= static_cast<uint64_t>(peers_.epoch) << 32;
+  in_epoch.epoch = peers_.epoch;
   Exchange exchange(this, tag.bucket, static_cast<uint8_t*>(data), b.next_round, in_epoch,
                     deadline);
   Status s = exchange.Run(std::move(plan), &b);

@@ -29,7 +29,7 @@
 // are rounded, the shards keep fp32).
 //
 // Membership epochs (elastic jobs): a client serves one epoch (PsPeers::epoch),
-// whose number its messages carry in the upper 32 bits of their header step.
+// whose number its messages carry in their header's epoch.
 // In a later epoch than 0 nothing is pushed before ResumeAt names the step
 // the job goes on from: bucket rounds continue from it (round r is step r),
 // so a round the shards closed before the change is not applied again.

@@ -164,7 +164,7 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   f.num_elements = span.count;
   f.names_hash = tag_.names_hash;
   f.round = round_;
-  f.version = version;
+  f.base_version = version;
   std::vector<wire::Payload> payloads;
   if (type == MsgType::Push && part.compressed) {
     payloads.push_back(*part.compressed);
@@ -182,8 +182,8 @@ Status PsClient::Exchange::Send(size_t p, MsgType type, uint64_t version) {
   } else {
     c_->pulls_++;
   }
-  wire::Message msg =
-      wire::MakeData(c_->peers_.sender, type, f, std::move(payloads), tag_.step, ++c_->seq_);
+  wire::Message msg = wire::MakeData(c_->peers_.sender, type, f, std::move(payloads), tag_.step,
+                                     ++c_->seq_, tag_.epoch);
   const std::vector<wire::ConnId>& lanes = c_->conns_[static_cast<size_t>(span.shard)];
   const wire::Route to = wire::Route::Connection(lanes[lane_[p] % lanes.size()]);
   // Posted: the pushes and pulls of every partition go out without waiting
@@ -248,7 +248,7 @@ Status PsClient::Exchange::OnMessage(wire::Incoming in) {
                         std::to_string(span.count) + " " + want);
   }
   part.replied = true;
-  part.version = d->version();
+  part.version = d->key_version();
   part.reply = std::move(in.message);
   --remaining_;
   return Status();

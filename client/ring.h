@@ -83,8 +83,9 @@ struct RingPeers {
   // The transport identity of the left neighbour (wire::NodeInfo::identity):
   // only messages under it are taken as the left neighbour's. "": any.
   std::string left_identity;
-  // An elastic job's membership epoch (0 before any loss). The ring's steps
-  // carry it in their upper 32 bits, and a RingData or RingAbort of an
+  // An elastic job's membership epoch (0 before any loss). The ring's
+  // messages carry it in their header (and its collectives' fingerprints
+  // include it), and a RingData or RingAbort of an
   // earlier epoch (sent before a loss, and late) is dropped unanswered,
   // counted in RingStats::stale.
   uint32_t epoch = 0;

@@ -13,7 +13,7 @@ namespace {
 std::string DescribeData(const wire::Header& h) {
   const auto* d = h.body_as_RingDataBody();
   return "step " + std::to_string(h.step()) + " bucket " + std::to_string(d->bucket()) + " seq " +
-         std::to_string(h.seq()) + " " + wire::EnumNameDType(d->dtype()) + " names-hash " +
+         std::to_string(d->collective()) + " " + wire::EnumNameDType(d->dtype()) + " names-hash " +
          std::to_string(d->names_hash());
 }
 
@@ -22,6 +22,7 @@ std::string DescribeData(const wire::Header& h) {
 Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
   wire::RingDataFields f;
   f.bucket = tag_.bucket;
+  f.collective = tag_.seq;
   f.index = sent_;
   f.dtype = static_cast<wire::DType>(dtype_);
   f.num_elements = elems;
@@ -30,7 +31,7 @@ Status RingCollectives::Op::SendPayload(wire::Payload payload, size_t elems) {
   std::vector<wire::Payload> payloads;
   payloads.push_back(std::move(payload));
   Message msg =
-      wire::MakeRingData(ring_->peers_.sender, f, std::move(payloads), tag_.step, tag_.seq);
+      wire::MakeRingData(ring_->peers_.sender, f, std::move(payloads), tag_.step, tag_.epoch);
   return SendMessage(std::move(msg));
 }
 
@@ -204,10 +205,11 @@ Status RingCollectives::Op::Fail(Status why, ErrorCode code, int blamed) {
   return why;
 }
 
-void RingCollectives::Op::SendAbort(const wire::RingAbortFields& fields) {
+void RingCollectives::Op::SendAbort(wire::RingAbortFields fields) {
+  fields.collective = tag_.seq;
   ring_->transport_
       ->Send(wire::Route::Connection(ring_->right_),
-             wire::MakeRingAbort(ring_->peers_.sender, fields, tag_.step, tag_.seq),
+             wire::MakeRingAbort(ring_->peers_.sender, fields, tag_.step, tag_.epoch),
              Deadline::After(Millis(200)))
       .IgnoreError();
 }

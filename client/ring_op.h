@@ -174,8 +174,8 @@ class RingCollectives::Op {
   std::string Describe() const {
     const uint32_t epoch = ring_->peers_.epoch;
     return std::string(RingOpName(kind_)) + (epoch ? " epoch " + std::to_string(epoch) : "") +
-           " step " + std::to_string(tag_.step & 0xFFFFFFFFu) + " bucket " +
-           std::to_string(tag_.bucket) + " seq " + std::to_string(tag_.seq);
+           " step " + std::to_string(tag_.step) + " bucket " + std::to_string(tag_.bucket) +
+           " seq " + std::to_string(tag_.seq);
   }
 
  private:
@@ -195,9 +195,9 @@ class RingCollectives::Op {
   }
   // Handles a message that is not the expected one; OK means "keep waiting".
   Status HandleOther(const wire::Incoming& in, const wire::Verdict& v);
-  // `tag` with the membership epoch in the upper 32 bits of its step.
+  // `tag` of membership epoch `epoch`.
   static OpTag InEpoch(OpTag tag, uint32_t epoch) {
-    tag.step |= static_cast<uint64_t>(epoch) << 32;
+    tag.epoch = epoch;
     return tag;
   }
   // Whether `v` is a RingData or RingAbort of an earlier membership epoch,
@@ -205,7 +205,7 @@ class RingCollectives::Op {
   bool Stale(const wire::Verdict& v) {
     const bool stale = v.ok() && ring_->peers_.epoch > 0 &&
                        (v.type == MsgType::RingData || v.type == MsgType::RingAbort) &&
-                       (v.header->step() >> 32) < ring_->peers_.epoch;
+                       v.header->epoch() < ring_->peers_.epoch;
     if (stale) ring_->stale_.fetch_add(1, std::memory_order_relaxed);
     return stale;
   }
@@ -237,7 +237,7 @@ class RingCollectives::Op {
     }
   }
   // Best effort: a RingAbort to the right neighbour.
-  void SendAbort(const wire::RingAbortFields& fields);
+  void SendAbort(wire::RingAbortFields fields);  // of this collective
 
   RingCollectives* const ring_;
   const RingOpKind kind_;

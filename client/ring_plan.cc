@@ -30,7 +30,7 @@ const char* RingOpName(RingOpKind kind) {
 uint64_t RingFingerprint(RingOpKind kind, const OpTag& tag, DType dtype, uint64_t count,
                          uint64_t extra) {
   uint64_t h = Mix(0x6772616473796e63ULL, static_cast<uint64_t>(kind));
-  for (uint64_t v : {tag.step, uint64_t{tag.bucket}, tag.seq, tag.names_hash,
+  for (uint64_t v : {tag.step, uint64_t{tag.bucket}, tag.seq, tag.names_hash, uint64_t{tag.epoch},
                      static_cast<uint64_t>(dtype), count, extra}) {
     h = Mix(h, v);
   }

@@ -242,6 +242,9 @@ void NodeAgent::OnEpoch(const wire::Header& h) {
   for (auto it = barrier_called_.begin(); it != barrier_called_.end();) {
     it = it->first.second < latest_.epoch ? barrier_called_.erase(it) : std::next(it);
   }
+  for (auto it = barrier_released_.begin(); it != barrier_released_.end();) {
+    it = it->first.second < latest_.epoch ? barrier_released_.erase(it) : std::next(it);
+  }
   for (const EpochCallback& cb : epoch_callbacks_) cb(latest_);
   if (latest_.self.role == wire::Role::Worker) {
     GS_LOG(WARNING) << "epoch " << latest_.epoch << ": now worker " << latest_.self.rank << " of "
@@ -263,8 +266,8 @@ Assignment NodeAgent::latest() const {
 }
 
 Status NodeAgent::EpochBarrier(uint32_t epoch, Deadline deadline) {
-  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier,
-                                            wire::kEpochBarrierBase + epoch, wire::Group::Workers),
+  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, wire::kMembershipBarrier,
+                                            wire::Group::Workers, epoch),
                           deadline));
   std::unique_lock<std::mutex> lock(mu_);
   GS_RETURN_IF_ERROR(WaitFor(
@@ -331,14 +334,12 @@ void NodeAgent::Dispatch(const wire::Header& h) {
     switch (h.type()) {
       case MsgType::BarrierRelease: {
         const auto* b = h.body_as_BarrierBody();
-        if (b->barrier_id() >= wire::kEpochBarrierBase) {
-          const uint64_t epoch = b->barrier_id() - wire::kEpochBarrierBase;
-          if (epoch <= latest_.epoch) {
-            epoch_released_ = std::max(epoch_released_, static_cast<uint32_t>(epoch));
-          }
+        if (b->barrier_id() == wire::kMembershipBarrier) {
+          if (h.epoch() <= latest_.epoch) epoch_released_ = std::max(epoch_released_, h.epoch());
           break;
         }
-        uint64_t& released = barrier_released_[b->group()];
+        if (h.epoch() < latest_.epoch) break;  // of an epoch that ended
+        uint64_t& released = barrier_released_[{b->group(), h.epoch()}];
         released = std::max(released, b->barrier_id());
         break;
       }
@@ -369,8 +370,9 @@ void NodeAgent::Dispatch(const wire::Header& h) {
         break;
       case MsgType::Gathered: {
         const auto* g = h.body_as_GatherBody();
-        if (g->barrier_id() > gathered_id_) {
-          gathered_id_ = g->barrier_id();
+        const std::pair<uint32_t, uint64_t> at{h.epoch(), g->barrier_id()};
+        if (at > gathered_at_) {
+          gathered_at_ = at;
           gathered_ = wire::ReadGathered(*g);
         }
         break;
@@ -435,14 +437,7 @@ Status NodeAgent::CheckReachability(const std::vector<wire::NodeInfo>& peers, De
 StatusOr<uint64_t> NodeAgent::NextBarrierId(wire::Group group, uint32_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
-  const uint64_t n = ++barrier_called_[{group, epoch}];
-  // Epoch 0 numbers as before epochs existed (n alone); every id stays
-  // below the epoch barriers' and grows with the epoch.
-  if (n > wire::kMaxBarriersPerEpoch || epoch > wire::kMaxBarrierEpoch) {
-    return OutOfRangeError("barrier " + std::to_string(n) + " of epoch " + std::to_string(epoch) +
-                           ": past the barriers an id can number");
-  }
-  return wire::UserBarrierId(epoch, n);
+  return ++barrier_called_[{group, epoch}];
 }
 
 Status NodeAgent::WaitForBarrier(wire::Group group, uint32_t epoch, uint64_t id,
@@ -450,9 +445,8 @@ Status NodeAgent::WaitForBarrier(wire::Group group, uint32_t epoch, uint64_t id,
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return released() || !barrier_error_.ok() || latest_.epoch > epoch; };
   GS_RETURN_IF_ERROR(WaitFor(lock, deadline, done,
-                             "barrier " + std::to_string(id & wire::kMaxBarriersPerEpoch) +
-                                 " of epoch " + std::to_string(epoch) + " of " +
-                                 wire::EnumNameGroup(group)));
+                             "barrier " + std::to_string(id) + " of epoch " +
+                                 std::to_string(epoch) + " of " + wire::EnumNameGroup(group)));
   if (released()) return OkStatus();
   if (latest_.epoch > epoch) return MembershipChangedError(latest_.change);
   Status error = barrier_error_;
@@ -462,21 +456,27 @@ Status NodeAgent::WaitForBarrier(wire::Group group, uint32_t epoch, uint64_t id,
 
 Status NodeAgent::Barrier(wire::Group group, uint32_t epoch, Deadline deadline) {
   GS_ASSIGN_OR_RETURN(const uint64_t id, NextBarrierId(group, epoch));
-  GS_RETURN_IF_ERROR(Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group), deadline));
+  GS_RETURN_IF_ERROR(
+      Send(wire::MakeBarrier(sender(), MsgType::Barrier, id, group, epoch), deadline));
   // Called with mu_ held (WaitForBarrier).
   return WaitForBarrier(
-      group, epoch, id, [&] { return barrier_released_[group] >= id; }, deadline);
+      group, epoch, id,
+      [&] {
+        return barrier_released_[{group, epoch}] >= id;
+      },
+      deadline);
 }
 
 StatusOr<std::vector<wire::GatherPartFields>> NodeAgent::Gather(uint32_t epoch,
                                                                 const wire::GatherPartFields& mine,
                                                                 Deadline deadline) {
   GS_ASSIGN_OR_RETURN(const uint64_t id, NextBarrierId(wire::Group::Workers, epoch));
-  GS_RETURN_IF_ERROR(Send(wire::MakeGather(sender(), id, mine), deadline));
+  GS_RETURN_IF_ERROR(Send(wire::MakeGather(sender(), id, mine, epoch), deadline));
+  const std::pair<uint32_t, uint64_t> at{epoch, id};
   GS_RETURN_IF_ERROR(WaitForBarrier(
-      wire::Group::Workers, epoch, id, [&] { return gathered_id_ >= id; }, deadline));
+      wire::Group::Workers, epoch, id, [&] { return gathered_at_ >= at; }, deadline));
   std::lock_guard<std::mutex> lock(mu_);
-  if (gathered_id_ != id) {
+  if (gathered_at_ != at) {
     return AbortedError("gather " + std::to_string(id) + " was overtaken by a later one");
   }
   return gathered_;

@@ -195,11 +195,13 @@ class NodeAgent {
   // Barriers called per group and epoch (the current epoch's and any
   // later's only); guarded by mu_.
   std::map<std::pair<wire::Group, uint32_t>, uint64_t> barrier_called_;
-  std::map<wire::Group, uint64_t> barrier_released_;  // guarded by mu_
-  Status barrier_error_;                              // guarded by mu_
-  std::optional<std::vector<uint8_t>> nccl_id_;       // guarded by mu_
-  // The last gather released: its barrier id and parts; guarded by mu_.
-  uint64_t gathered_id_ = 0;
+  // The highest barrier released per group and epoch; guarded by mu_.
+  std::map<std::pair<wire::Group, uint32_t>, uint64_t> barrier_released_;
+  Status barrier_error_;                         // guarded by mu_
+  std::optional<std::vector<uint8_t>> nccl_id_;  // guarded by mu_
+  // The last gather released: its (epoch, barrier id) and parts; guarded by
+  // mu_.
+  std::pair<uint32_t, uint64_t> gathered_at_{0, 0};
   std::vector<wire::GatherPartFields> gathered_;
   Assignment latest_;            // guarded by mu_
   uint32_t epoch_released_ = 0;  // guarded by mu_

@@ -12,7 +12,13 @@ namespace gradsync {
 //    public key.
 // 4: Gather and Gathered (the workers' all-gathers through the
 //    scheduler: ring lanes' and pairs' ports, link times).
-constexpr uint32_t kProtocolVersion = 4;
+// 5: one field, one meaning: Header.epoch (the membership epoch, no longer
+//    in Header.step's upper half or EmbeddingBody), barrier ids counted per
+//    epoch (0: the epoch's membership barrier), the ring collective's number
+//    in RingDataBody/RingAbortBody.collective (Header.seq is a request's
+//    number only), DataBody.version split into base_version (requests) and
+//    key_version (answers).
+constexpr uint32_t kProtocolVersion = 5;
 // The release this binary was built from; peers of another build are refused.
 constexpr const char* kBuildId = "gradsync-0.1.0";
 

@@ -168,7 +168,6 @@ EmbeddingService::Table* EmbeddingService::TableFor(const wire::Route& from, con
 
 bool EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
                               const wire::Message& msg, std::vector<Outgoing>* out) {
-  const wire::EmbeddingBody& b = *h.body_as_EmbeddingBody();
   const int32_t rank = h.sender_rank();
   if (h.sender_role() != wire::Role::Worker || rank < 0 || rank >= num_workers_) {
     Refuse(from, h, ErrorCode::BadSender,
@@ -183,16 +182,16 @@ bool EmbeddingService::Handle(const wire::Route& from, const wire::Header& h,
            "under worker " + std::to_string(rank) + "'s rank from another identity", out);
     return false;
   }
-  if (b.epoch() < epoch_) {
+  if (h.epoch() < epoch_) {
     Refuse(from, h, ErrorCode::BadSequence,
-           "of membership epoch " + std::to_string(b.epoch()) + ", the job is in epoch " +
+           "of membership epoch " + std::to_string(h.epoch()) + ", the job is in epoch " +
                std::to_string(epoch_),
            out);
     return false;
   }
-  if (b.epoch() > epoch_) {
+  if (h.epoch() > epoch_) {
     Refuse(from, h, ErrorCode::Busy,
-           "of membership epoch " + std::to_string(b.epoch()) +
+           "of membership epoch " + std::to_string(h.epoch()) +
                ", which this shard has not "
                "started yet: send it again",
            out);
@@ -235,11 +234,11 @@ void EmbeddingService::Answer(Table& t, const wire::Route& to, uint64_t round, u
   const uint32_t dim = t.rows.dim();
   auto rows = std::make_shared<std::vector<float>>(ids.size() * dim);
   t.rows.Pull(ids.data(), ids.size(), round, rows->data());
-  wire::EmbeddingFields f{t.rows.id(), dim, ids.size(), round, epoch_, 0, 1, t.partition};
+  wire::EmbeddingFields f{t.rows.id(), dim, ids.size(), round, 0, 1, t.partition};
   std::vector<wire::Payload> payloads;
   payloads.push_back(wire::Payload::Borrow(rows->data(), rows->size() * sizeof(float), rows));
   out->push_back({to, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingRows, f,
-                                          std::move(payloads), seq)});
+                                          std::move(payloads), seq, epoch_)});
 }
 
 void EmbeddingService::Pull(Table& t, const wire::Route& from, const wire::Header& h,
@@ -339,9 +338,9 @@ bool EmbeddingService::Push(Table& t, const wire::Route& from, const wire::Heade
     Refuse(from, h, code, why, out);
     return false;
   }
-  wire::EmbeddingFields f{t.rows.id(), t.rows.dim(), 0, b.round(), epoch_, 0, 1, t.partition};
+  wire::EmbeddingFields f{t.rows.id(), t.rows.dim(), 0, b.round(), 0, 1, t.partition};
   out->push_back({from, wire::MakeEmbedding(wire::AnswerAs(self_, true), MsgType::EmbeddingAck, f,
-                                            {}, h.seq())});
+                                            {}, h.seq(), epoch_)});
   if (took == Take::kTaken) Progress(t, out);
   return took == Take::kTaken;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -89,15 +90,17 @@ class Harness {
     service_.StartEpoch(epoch, num_workers, std::move(identities));
   }
 
-  // The fields of a message of the harness's epoch; tests change the rest.
+  // The fields of a message; tests change the rest.
   wire::EmbeddingFields Fields(uint64_t round) const {
     wire::EmbeddingFields f;
     f.table = kTable;
     f.dim = kDim;
     f.round = round;
-    f.epoch = epoch_;
     return f;
   }
+  // The membership epoch the next messages say they are of (default: the
+  // harness's).
+  void SendAsEpoch(uint32_t epoch) { send_epoch_ = epoch; }
 
   // Worker `rank`'s pull, from `identity` ("": the rank's own).
   void Pull(int32_t rank, const std::vector<uint64_t>& ids, wire::EmbeddingFields f, uint64_t seq,
@@ -106,7 +109,8 @@ class Harness {
     std::vector<wire::Payload> p;
     p.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
     Send(rank, identity,
-         wire::MakeEmbedding(Worker(rank), MsgType::EmbeddingPull, f, std::move(p), seq));
+         wire::MakeEmbedding(Worker(rank), MsgType::EmbeddingPull, f, std::move(p), seq,
+                             send_epoch_.value_or(epoch_)));
   }
   void Pull(int32_t rank, const std::vector<uint64_t>& ids, uint64_t round, uint64_t seq) {
     Pull(rank, ids, Fields(round), seq);
@@ -118,7 +122,8 @@ class Harness {
     p.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
     p.push_back(wire::Payload::Copy(grads.data(), grads.size() * sizeof(float)));
     Send(rank, identity,
-         wire::MakeEmbedding(Worker(rank), MsgType::EmbeddingPush, f, std::move(p), seq));
+         wire::MakeEmbedding(Worker(rank), MsgType::EmbeddingPush, f, std::move(p), seq,
+                             send_epoch_.value_or(epoch_)));
   }
   void Push(int32_t rank, const std::vector<uint64_t>& ids, const std::vector<float>& grads,
             uint64_t round, uint64_t seq) {
@@ -147,7 +152,7 @@ class Harness {
       } else {
         const wire::EmbeddingBody& b = *v.header->body_as_EmbeddingBody();
         a.round = b.round();
-        a.epoch = b.epoch();
+        a.epoch = v.header->epoch();
         if (a.type == MsgType::EmbeddingRows) {
           a.rows.resize(o.message.payloads[0].size / sizeof(float));
           std::memcpy(a.rows.data(), o.message.payloads[0].data, a.rows.size() * sizeof(float));
@@ -196,6 +201,7 @@ class Harness {
   EmbeddingService service_;
   std::vector<std::string> identities_;
   uint32_t epoch_ = 0;
+  std::optional<uint32_t> send_epoch_;
   std::vector<Outgoing> out_;
   bool took_ = false;
 };
@@ -403,13 +409,11 @@ TEST(EmbeddingServiceTest, RefusesBadWidths) {
 TEST(EmbeddingServiceTest, RefusesOtherEpochs) {
   Harness h(Options(PsMode::kSync), 2, kTwo);
   h.StartEpoch(1, 2, kTwo);
-  wire::EmbeddingFields old = h.Fields(0);
-  old.epoch = 0;
-  h.Push(0, kIds, Grads(2, 1.0f), old, 1);
+  h.SendAsEpoch(0);
+  h.Push(0, kIds, Grads(2, 1.0f), 0, 1);
   ExpectRefused(h, 1, ErrorCode::BadSequence);
-  wire::EmbeddingFields later = h.Fields(0);
-  later.epoch = 2;
-  h.Pull(0, kIds, later, 2);
+  h.SendAsEpoch(2);
+  h.Pull(0, kIds, 0, 2);
   ExpectRefused(h, 2, ErrorCode::Busy);
   EXPECT_EQ(h.service().stats().refused, 2u);
 }

@@ -42,9 +42,10 @@ bool KeyTable::Handle(const wire::Route& from, const wire::Header& h, const wire
             {d.bucket(), d.partition()},
             d.num_elements(),
             d.round(),
-            d.version(),
+            d.base_version(),
             h.step(),
             h.seq(),
+            h.epoch(),
             d.dtype(),
             d.codec() != nullptr ? d.codec()->str() : std::string()};
   if (!OfThisEpoch(r, out) || !Admit(r, h.sender_role(), d, msg, out)) return false;
@@ -85,7 +86,7 @@ void KeyTable::DropIfEmpty(const Key& key) {
 }
 
 bool KeyTable::OfThisEpoch(const Request& r, std::vector<Outgoing>* out) {
-  const auto epoch = static_cast<uint32_t>(r.step >> 32);
+  const uint32_t epoch = r.epoch;
   if (epoch == epoch_) return true;
   counters_->OtherEpoch();
   const std::string epochs =
@@ -243,8 +244,8 @@ Status KeyTable::Replay(const Key& key, int32_t worker, uint64_t round, uint64_t
                          " elements, the key holds " + std::to_string(held) + ", the job has " +
                          std::to_string(rules_.num_workers) + " workers");
   }
-  Request r{wire::Route{},    MsgType::Push, worker, key, values.size(), round, version, 0, 0,
-            wire::DType::F32, std::string()};
+  Request r{wire::Route{}, MsgType::Push,    worker,       key, values.size(), round, version, 0, 0,
+            epoch_,        wire::DType::F32, std::string()};
   std::vector<Outgoing> answers;
   OnPush(r, values, &answers);
   for (const Outgoing& o : answers) {
@@ -346,8 +347,8 @@ void KeyTable::Ack(const Request& r, const KeyState& k, std::vector<Outgoing>* o
   f.partition = r.key.second;
   f.num_elements = r.num_elements;
   f.round = r.round;
-  f.version = k.version;
-  out->push_back({r.from, wire::MakeData(self_, MsgType::Ack, f, {}, r.step, r.seq)});
+  f.key_version = k.version;
+  out->push_back({r.from, wire::MakeData(self_, MsgType::Ack, f, {}, r.step, r.seq, epoch_)});
 }
 
 void KeyTable::Reject(const Request& r, ErrorCode code, const std::string& why,

@@ -3,21 +3,22 @@
 // The table turns verified Push and Pull messages into Ack, Reply and Error
 // messages; it does no I/O and takes no locks, so it is tested directly.
 //
-// Protocol (DataBody fields; header step and seq are echoed in answers):
+// Protocol (DataBody fields; header step and seq are echoed in answers, the
+// header's epoch is the table's):
 //   Push  round 0:   initial parameters (server-side optimizer only), taken
-//                    from worker 0 only; version ignored.
+//                    from worker 0 only; base_version ignored.
 //   Push  round r>0: a worker's gradient for round r, computed from the
-//                    parameters of `version` (the version of the Reply it
-//                    last got for this key): fp32, or compressed by the
+//                    parameters of `base_version` (the key_version of the
+//                    Reply it last got for this key): fp32, or compressed by the
 //                    compressor its codec names (compression/wire_codec.h),
 //                    which the table decompresses; the sum and the optimizer
-//                    run in fp32 either way. Answered with an Ack (version =
-//                    the key's version) once recorded; a push seen before is
+//                    run in fp32 either way. Answered with an Ack (key_version
+//                    = the key's version) once recorded; a push seen before is
 //                    acknowledged again and not applied twice.
 //   Pull  round 0:   answered with the initial parameters once worker 0
 //                    pushed them.
 //   Pull  round r:   answered with a Reply (payload: num_elements fp32,
-//                    version: the version of those values) when the rules
+//                    key_version: the version of those values) when the rules
 //                    allow; held until then. A pull whose codec is "fp16" or
 //                    "bf16" gets the values in that encoding (half the
 //                    bytes; encoded once per result and codec).
@@ -53,7 +54,7 @@
 // parameters). Neither counts in rejected: an honest worker meets them too.
 //
 // Membership epochs (elastic jobs, scheduler/membership.h): every message
-// carries its epoch in the upper 32 bits of its header step. StartEpoch
+// carries its epoch in its header's epoch. StartEpoch
 // takes the next epoch's workers (re-ranked densely; a joiner last): rounds
 // that did not close are dropped, with the pulls held for them (the workers
 // redo them, numbered as before: round r is their step r), no worker is

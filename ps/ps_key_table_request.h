@@ -14,7 +14,8 @@ struct KeyTable::Request {
   wire::MsgType type;
   int32_t worker;
   Key key;
-  uint64_t num_elements, round, version, step, seq;
+  uint64_t num_elements, round, version, step, seq;  // version: the push's or pull's base
+  uint32_t epoch;
   wire::DType dtype;
   std::string codec;  // "": uncompressed
 

@@ -179,11 +179,11 @@ bool KeyTable::Answer(const Key& key, KeyState& k, const HeldPull& pull,
   f.partition = key.second;
   f.num_elements = k.num_elements;
   f.round = pull.round;
-  f.version = snap.version;
+  f.key_version = snap.version;
   f.codec = pull.codec;
   out->push_back(
       {pull.to, wire::MakeData(self_, MsgType::Reply, f, {ReplyPayload(k, snap, pull.codec)},
-                               pull.step, pull.seq)});
+                               pull.step, pull.seq, epoch_)});
   counters_->Add(counters_->replies);
   return true;
 }

@@ -376,7 +376,7 @@ void PsShard::KeyLoop(KeyThread* t) {
         record->partition = d.partition();
         record->worker = h.sender_rank();
         record->round = d.round();
-        record->version = d.version();
+        record->version = d.base_version();
         record->num_elements = d.num_elements();
         if (decoded.empty()) {
           record->payloads = std::move(in.message.payloads);

@@ -71,10 +71,10 @@ class ShardHarness {
     f.partition = partition;
     f.num_elements = v.size();
     f.round = round;
-    f.version = version;
+    f.base_version = version;
     Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Push, f,
-                           {wire::Payload::Copy(v.data(), v.size() * 4)},
-                           static_cast<uint64_t>(epoch) << 32, round));
+                           {wire::Payload::Copy(v.data(), v.size() * 4)}, /*step=*/0,
+                           /*seq=*/round, epoch));
   }
   // A push of `v` compressed by `spec`, as a PS client sends it.
   void PushCompressed(int w, uint64_t round, uint64_t version, const std::vector<float>& v,
@@ -88,7 +88,7 @@ class ShardHarness {
     f.partition = partition;
     f.num_elements = v.size();
     f.round = round;
-    f.version = version;
+    f.base_version = version;
     auto payload = (*encoder)->Encode(v.data(), v.size(), Context(round, partition, bucket), &f);
     ASSERT_TRUE(payload.ok()) << payload.status();
     Send(w, wire::MakeData(Sender(w), MsgType::Push, f, {*payload}, round, round));
@@ -106,26 +106,26 @@ class ShardHarness {
     f.num_elements = n;
     f.round = round;
     f.codec = codec;
-    Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Pull, f, {},
-                           static_cast<uint64_t>(epoch) << 32, round));
+    Send(w, wire::MakeData(Sender(as_rank == -2 ? w : as_rank), MsgType::Pull, f, {}, /*step=*/0,
+                           /*seq=*/round, epoch));
   }
   // Worker w's push of gradient rows `grads` of `ids` to embedding table
   // `table` (rows of `dim`) for `round`.
   void PushRows(int w, uint32_t table, uint32_t dim, uint64_t round,
                 const std::vector<uint64_t>& ids, const std::vector<float>& grads,
                 uint64_t seq = 1) {
-    wire::EmbeddingFields f{table, dim, ids.size(), round, 0, 0, 1, 0};
+    wire::EmbeddingFields f{table, dim, ids.size(), round, 0, 1, 0};
     std::vector<wire::Payload> p;
     p.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
     p.push_back(wire::Payload::Copy(grads.data(), grads.size() * sizeof(float)));
-    Send(w, wire::MakeEmbedding(Sender(w), MsgType::EmbeddingPush, f, std::move(p), seq));
+    Send(w, wire::MakeEmbedding(Sender(w), MsgType::EmbeddingPush, f, std::move(p), seq, 0));
   }
   void PullRows(int w, uint32_t table, uint32_t dim, uint64_t round,
                 const std::vector<uint64_t>& ids, uint64_t seq = 1) {
-    wire::EmbeddingFields f{table, dim, ids.size(), round, 0, 0, 1, 0};
+    wire::EmbeddingFields f{table, dim, ids.size(), round, 0, 1, 0};
     std::vector<wire::Payload> p;
     p.push_back(wire::Payload::Copy(ids.data(), ids.size() * sizeof(uint64_t)));
-    Send(w, wire::MakeEmbedding(Sender(w), MsgType::EmbeddingPull, f, std::move(p), seq));
+    Send(w, wire::MakeEmbedding(Sender(w), MsgType::EmbeddingPull, f, std::move(p), seq, 0));
   }
   // The rows of the next EmbeddingRows worker w receives (skipping acks).
   std::vector<float> Rows(int w) {
@@ -165,7 +165,7 @@ class ShardHarness {
       EXPECT_EQ(h->type(), MsgType::Reply) << ErrorText(*m);
       if (h->type() != MsgType::Reply) return {};
       const wire::DataBody* d = h->body_as_DataBody();
-      if (version) *version = d->version();
+      if (version) *version = d->key_version();
       std::vector<float> out(d->num_elements());
       compression::PayloadDecoder decoder;
       wire::ErrorCode code;

@@ -161,10 +161,10 @@ void Scheduler::Dispatch(Node& node, const wire::Header& h) {
       OnLeave(node, *h.body_as_LeaveBody());
       break;
     case MsgType::Barrier:
-      OnBarrier(node, *h.body_as_BarrierBody());
+      OnBarrier(node, h.epoch(), *h.body_as_BarrierBody());
       break;
     case MsgType::Gather:
-      OnGather(node, *h.body_as_GatherBody());
+      OnGather(node, h.epoch(), *h.body_as_GatherBody());
       break;
     case MsgType::ReachReport:
       OnReachReport(node, *h.body_as_ReachReportBody());
@@ -199,17 +199,17 @@ bool Scheduler::InGroup(const Node& node, wire::Group group) const {
   return (group == wire::Group::Workers) == (node.info.role == Role::Worker);
 }
 
-void Scheduler::OnBarrier(Node& node, const wire::BarrierBody& b) {
+void Scheduler::OnBarrier(Node& node, uint32_t epoch, const wire::BarrierBody& b) {
   if (!InGroup(node, b.group())) {
     Refuse(node.identity, ErrorCode::BadSender,
            node.info.Name() + " is not a member of group " + wire::EnumNameGroup(b.group()),
            MsgType::Barrier);
     return;
   }
-  EnterBarrier(node, BarrierKey{b.group(), b.barrier_id()}, MsgType::Barrier);
+  EnterBarrier(node, BarrierKey{b.group(), epoch, b.barrier_id()}, MsgType::Barrier);
 }
 
-void Scheduler::OnGather(Node& node, const wire::GatherBody& b) {
+void Scheduler::OnGather(Node& node, uint32_t epoch, const wire::GatherBody& b) {
   if (node.info.role != Role::Worker) {
     Refuse(node.identity, ErrorCode::BadSender,
            node.info.Name() + " is not a worker: only workers gather", MsgType::Gather);
@@ -223,7 +223,7 @@ void Scheduler::OnGather(Node& node, const wire::GatherBody& b) {
     Refuse(node.identity, ErrorCode::BadSender, clash, MsgType::Gather);
     return;
   }
-  const BarrierKey key{wire::Group::Workers, b.barrier_id()};
+  const BarrierKey key{wire::Group::Workers, epoch, b.barrier_id()};
   gather_parts_[key][node.identity] = std::move(part);
   EnterBarrier(node, key, MsgType::Gather);
 }
@@ -267,10 +267,10 @@ void Scheduler::EnterBarrier(Node& node, const BarrierKey& key, MsgType type) {
     return;
   }
   for (const auto& [id, n] : nodes_) {
-    if (n.removed || !InGroup(n, key.first)) continue;
+    if (n.removed || !InGroup(n, key.group)) continue;
     if (!n.alive) {
       ReplyError(node.identity, ErrorCode::PeerDead,
-                 "barrier " + std::to_string(key.second) + " of " + wire::EnumNameGroup(key.first) +
+                 "barrier " + std::to_string(key.id) + " of " + wire::EnumNameGroup(key.group) +
                      " cannot complete: " + n.info.Name() + " is dead",
                  type);
       return;
@@ -314,10 +314,9 @@ void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>
   const auto parts = gather_parts_.find(key);
   std::string why;
   std::vector<wire::GatherPartFields> all;
-  const uint32_t epoch = static_cast<uint32_t>(key.second >> 32);
-  if (epoch != membership_.epoch()) {
-    why = "gather " + std::to_string(key.second) + " is of membership epoch " +
-          std::to_string(epoch) + ", the job is at " + std::to_string(membership_.epoch());
+  if (key.epoch != membership_.epoch()) {
+    why = "gather " + std::to_string(key.id) + " is of membership epoch " +
+          std::to_string(key.epoch) + ", the job is at " + std::to_string(membership_.epoch());
   }
   for (const std::string& id : members) {
     if (!why.empty()) break;
@@ -327,7 +326,7 @@ void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>
       if (found != parts->second.end()) part = &found->second;
     }
     if (part == nullptr) {
-      why = "workers disagree on barrier " + std::to_string(key.second) + ": " +
+      why = "workers disagree on barrier " + std::to_string(key.id) + ": " +
             nodes_[id].info.Name() + " entered it as a barrier, others as a gather";
       break;
     }
@@ -339,9 +338,9 @@ void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>
               return a.rank < b.rank;
             });
   // Built once: every member gets a copy of the same header.
-  const wire::Message answer = wire::MakeGathered(sender(), key.second, all);
+  const wire::Message answer = wire::MakeGathered(sender(), key.id, all, key.epoch);
   if (why.empty() && answer.header.size() > wire::Limits{}.max_header_bytes) {
-    why = "the parts of gather " + std::to_string(key.second) + " hold " +
+    why = "the parts of gather " + std::to_string(key.id) + " hold " +
           std::to_string(answer.header.size()) + " bytes, more than one message carries (" +
           std::to_string(wire::Limits{}.max_header_bytes) + ")";
   }
@@ -359,7 +358,7 @@ void Scheduler::ReleaseGather(const BarrierKey& key, const std::set<std::string>
 // barrier fails naming it rather than letting the others through. Epoch
 // barriers count the members still in the job.
 std::string Scheduler::LeftBarrierText(const BarrierKey& key, const Node& left) const {
-  return "barrier " + std::to_string(key.second) + " of " + wire::EnumNameGroup(key.first) +
+  return "barrier " + std::to_string(key.id) + " of " + wire::EnumNameGroup(key.group) +
          " cannot complete: " + left.info.Name() + " left the job without entering it";
 }
 
@@ -372,11 +371,11 @@ void Scheduler::RememberBroken(const BarrierKey& key, const std::string& why) {
 void Scheduler::TryRelease(const BarrierKey& key) {
   auto it = barriers_.find(key);
   if (it == barriers_.end()) return;
-  const bool user = key.second < wire::kEpochBarrierBase;
+  const bool user = key.id != wire::kMembershipBarrier;
   const Node* gone = nullptr;  // the lowest rank that left without entering
   bool awaited = false;
   for (const auto& [id, n] : nodes_) {
-    if (!InGroup(n, key.first) || it->second.count(id)) continue;
+    if (!InGroup(n, key.group) || it->second.count(id)) continue;
     if (user && n.left && !n.removed) {
       if (gone == nullptr || n.info.rank < gone->info.rank) gone = &n;
     } else if (n.alive && !n.left) {
@@ -399,7 +398,7 @@ void Scheduler::TryRelease(const BarrierKey& key) {
     ReleaseGather(key, it->second);
   } else {
     for (const std::string& id : it->second) {
-      Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.second, key.first));
+      Reply(id, wire::MakeBarrier(sender(), MsgType::BarrierRelease, key.id, key.group, key.epoch));
     }
   }
   DropBarrier(key);
@@ -556,14 +555,14 @@ void Scheduler::MarkDead(Node& node, const std::string& why, wire::ErrorCode fai
   Broadcast([&] { return wire::MakeNodeDead(sender(), info, why, failure); });
   std::vector<BarrierKey> broken;
   for (const auto& kv : barriers_) {
-    if (InGroup(node, kv.first.first)) broken.push_back(kv.first);
+    if (InGroup(node, kv.first.group)) broken.push_back(kv.first);
   }
   for (const BarrierKey& k : broken) {
     const MsgType type = gather_parts_.count(k) ? MsgType::Gather : MsgType::Barrier;
     for (const std::string& id : barriers_[k]) {
       ReplyError(
           id, ErrorCode::PeerDead,
-          "barrier " + std::to_string(k.second) + " cannot complete: " + info.Name() + " is dead",
+          "barrier " + std::to_string(k.id) + " cannot complete: " + info.Name() + " is dead",
           type);
     }
     DropBarrier(k);

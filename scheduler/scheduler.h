@@ -26,7 +26,7 @@
 // worker declared dead while the job runs ends the membership epoch instead
 // of the job. It is told to nobody as dead but the servers; the survivors
 // get new assignments (epoch, dense rank, world size, peers without it),
-// enter the epoch barrier (wire::kEpochBarrierBase + epoch) and go on. A
+// enter the epoch's membership barrier (wire::kMembershipBarrier) and go on. A
 // removed worker that speaks again is refused, told why. Below min_workers
 // the job waits up to elastic_timeout, then fails naming the lost workers.
 // A worker that registers while an elastic job runs joins it (refused once
@@ -45,6 +45,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -110,7 +111,20 @@ class Scheduler {
     bool removed = false;  // lost by an elastic job: out of every later epoch
     std::string removed_why;
   };
-  using BarrierKey = std::pair<wire::Group, uint64_t>;
+  // A barrier: its group, membership epoch and id in the epoch
+  // (wire::kMembershipBarrier: the epoch's membership barrier).
+  struct BarrierKey {
+    wire::Group group = wire::Group::Workers;
+    uint32_t epoch = 0;
+    uint64_t id = 0;
+    bool operator<(const BarrierKey& o) const {
+      return std::tie(group, epoch, id) < std::tie(o.group, o.epoch, o.id);
+    }
+    bool operator==(const BarrierKey& o) const {
+      return group == o.group && epoch == o.epoch && id == o.id;
+    }
+    bool operator!=(const BarrierKey& o) const { return !(*this == o); }
+  };
 
   void Handle(wire::Incoming in);
   // Why a registration is refused.
@@ -147,10 +161,10 @@ class Scheduler {
   void SendAssignment(const std::string& identity);
   void OnReachReport(Node& node, const wire::ReachReportBody& report);
   void FinishReachability(const std::string& timeout_note);
-  void OnBarrier(Node& node, const wire::BarrierBody& b);
+  void OnBarrier(Node& node, uint32_t epoch, const wire::BarrierBody& b);
   // A worker's part of an all-gather (a barrier that carries one); its
   // ports are refused where another node listens on its host.
-  void OnGather(Node& node, const wire::GatherBody& b);
+  void OnGather(Node& node, uint32_t epoch, const wire::GatherBody& b);
   // Why `node` may not announce `ports` ("" when it may).
   std::string PortClash(const Node& node, const std::vector<uint16_t>& ports) const;
   // `node` enters barrier `key` (a Gather, when `type` says so).

@@ -158,12 +158,13 @@ void Scheduler::StartEpoch(const std::map<std::string, int32_t>& ranks, Membersh
 // is never released: its workers learn of the later epoch from their
 // assignments and leave it.
 bool Scheduler::HoldsEpochBarrier(const BarrierKey& key) const {
-  if (key.second < wire::kEpochBarrierBase) return false;
-  return key.second != wire::kEpochBarrierBase + membership_.epoch() || membership_.below_min();
+  if (key.id != wire::kMembershipBarrier) return false;
+  return key.epoch != membership_.epoch() || membership_.below_min();
 }
 
 void Scheduler::EpochBarrierReleased(const BarrierKey& key) {
-  if (key.second != wire::kEpochBarrierBase + membership_.epoch() || membership_.epoch() == 0) {
+  if (key.id != wire::kMembershipBarrier || key.epoch != membership_.epoch() ||
+      membership_.epoch() == 0) {
     return;
   }
   const double seconds =

@@ -95,9 +95,10 @@ TEST_F(SchedulerRefusalTest, AnUnregisteredPeerIsNotToldTheJobId) {
                           wire::ErrorCode::NotRegistered);
   ExpectErrorWithoutJobId(AnswerTo(wire::MakeHeartbeat({wire::Role::Worker, 0, 12345})),
                           wire::ErrorCode::WrongJob);
-  ExpectErrorWithoutJobId(AnswerTo(wire::MakeBarrier({wire::Role::Worker, 0, 12345},
-                                                     wire::MsgType::Barrier, 1, wire::Group::All)),
-                          wire::ErrorCode::WrongJob);
+  ExpectErrorWithoutJobId(
+      AnswerTo(wire::MakeBarrier({wire::Role::Worker, 0, 12345}, wire::MsgType::Barrier, 1,
+                                 wire::Group::All, 0)),
+      wire::ErrorCode::WrongJob);
   EXPECT_TRUE(agent_->job_status().ok()) << "the job's own node was disturbed";
 }
 

@@ -472,6 +472,16 @@ TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWork
   ASSERT_EQ(agents.size(), 4u);
   EXPECT_TRUE(agents[0]->latest().elastic);
   const std::string lost_identity = agents[1]->assignment().self.identity;
+  {  // barrier 1 of epoch 0, by all three
+    std::vector<std::thread> in;
+    for (size_t r : {1, 2}) {
+      in.emplace_back([&, r] {
+        EXPECT_TRUE(agents[r]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(5000)).ok());
+      });
+    }
+    EXPECT_TRUE(agents[0]->Barrier(wire::Group::Workers, 0, Deadline::AfterMs(5000)).ok());
+    for (std::thread& t : in) t.join();
+  }
   raw_[1]->Shutdown();  // worker 1 dies without a word
   ASSERT_TRUE(
       WaitUntil([&] { return agents[0]->latest().epoch == 1 && agents[2]->latest().epoch == 1; }));
@@ -492,6 +502,12 @@ TEST_F(SchedulerTest, AnElasticJobReranksTheSurvivorsOfALossAndFailsBelowMinWork
   std::thread other([&] { EXPECT_TRUE(agents[2]->EpochBarrier(1, Deadline::AfterMs(5000)).ok()); });
   EXPECT_TRUE(agents[0]->EpochBarrier(1, Deadline::AfterMs(5000)).ok());
   other.join();
+  // The survivors' first barrier of epoch 1 is barrier 1 of epoch 1: the
+  // release of epoch 0's barrier 1 does not count for it, so worker 0 waits
+  // there alone until worker 2 enters it.
+  const Status alone = agents[0]->Barrier(wire::Group::Workers, 1, Deadline::AfterMs(300));
+  EXPECT_EQ(alone.code(), StatusCode::kDeadlineExceeded) << alone;
+  EXPECT_TRUE(agents[2]->Barrier(wire::Group::Workers, 1, Deadline::AfterMs(5000)).ok());
   EXPECT_EQ(metrics_.membership_changes[0]->Value(), 1);
   EXPECT_EQ(metrics_.world_size->Value(), 2);
   EXPECT_EQ(metrics_.epoch->Value(), 1);

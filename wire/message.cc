@@ -13,11 +13,13 @@ using flatbuffers::FlatBufferBuilder;
 using flatbuffers::Offset;
 
 Message Finish(FlatBufferBuilder& fbb, const Sender& from, MsgType type, Offset<void> body,
-               uint64_t step = 0, uint64_t seq = 0, uint32_t protocol_version = kProtocolVersion) {
+               uint64_t step = 0, uint64_t seq = 0, uint32_t epoch = 0,
+               uint32_t protocol_version = kProtocolVersion) {
   HeaderBuilder hb(fbb);
   hb.add_job_id(from.job_id);
   hb.add_step(step);
   hb.add_seq(seq);
+  hb.add_epoch(epoch);
   hb.add_body(body);
   hb.add_protocol_version(protocol_version);
   hb.add_sender_rank(from.rank);
@@ -162,7 +164,7 @@ Message MakeRegister(const Sender& from, const NodeInfo& me, const std::string& 
       me.metrics_port, pid, num_workers, num_servers, fbb.CreateString(me.identity),
       fbb.CreateString(me.boot_id), fbb.CreateString(me.public_key),
       pid_ns.empty() ? 0 : fbb.CreateString(pid_ns), me.stream_port, proof);
-  return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, protocol_version);
+  return Finish(fbb, from, MsgType::Register, body.Union(), 0, 0, 0, protocol_version);
 }
 
 Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers,
@@ -199,9 +201,10 @@ Message MakeLeave(const Sender& from, const std::string& reason, bool departing,
   return Finish(fbb, from, MsgType::Leave, body.Union());
 }
 
-Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group) {
+Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group,
+                    uint32_t epoch) {
   FlatBufferBuilder fbb(64);
-  return Finish(fbb, from, type, CreateBarrierBody(fbb, barrier_id, group).Union());
+  return Finish(fbb, from, type, CreateBarrierBody(fbb, barrier_id, group).Union(), 0, 0, epoch);
 }
 
 Sender AnswerAs(const Sender& self, bool member) {
@@ -264,16 +267,17 @@ Message MakeJobState(const Sender& from, JobPhase phase, const std::string& mess
   return Finish(fbb, from, MsgType::JobState, body.Union());
 }
 
-Message MakeGather(const Sender& from, uint64_t barrier_id, const GatherPartFields& part) {
+Message MakeGather(const Sender& from, uint64_t barrier_id, const GatherPartFields& part,
+                   uint32_t epoch) {
   FlatBufferBuilder fbb(128 + part.data.size() + 2 * part.ports.size());
   auto ports = fbb.CreateVector(part.ports);
   auto data = fbb.CreateVector(part.data);
   auto body = CreateGatherBody(fbb, barrier_id, ports, data);
-  return Finish(fbb, from, MsgType::Gather, body.Union());
+  return Finish(fbb, from, MsgType::Gather, body.Union(), 0, 0, epoch);
 }
 
 Message MakeGathered(const Sender& from, uint64_t barrier_id,
-                     const std::vector<GatherPartFields>& parts) {
+                     const std::vector<GatherPartFields>& parts, uint32_t epoch) {
   size_t bytes = 128;
   for (const GatherPartFields& p : parts) bytes += 32 + p.data.size() + 2 * p.ports.size();
   FlatBufferBuilder fbb(bytes);
@@ -286,7 +290,7 @@ Message MakeGathered(const Sender& from, uint64_t barrier_id,
   }
   auto list = fbb.CreateVector(made);
   auto body = CreateGatherBody(fbb, barrier_id, 0, 0, list);
-  return Finish(fbb, from, MsgType::Gathered, body.Union());
+  return Finish(fbb, from, MsgType::Gathered, body.Union(), 0, 0, epoch);
 }
 
 std::vector<GatherPartFields> ReadGathered(const GatherBody& body) {
@@ -310,42 +314,43 @@ Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>&
 }
 
 Message MakeData(const Sender& from, MsgType type, const DataFields& f,
-                 std::vector<Payload> payloads, uint64_t step, uint64_t seq) {
+                 std::vector<Payload> payloads, uint64_t step, uint64_t seq, uint32_t epoch) {
   FlatBufferBuilder fbb(128);
   auto codec = f.codec.empty() ? 0 : fbb.CreateString(f.codec);
-  auto body = CreateDataBody(fbb, f.bucket, f.partition, f.dtype, f.num_elements,
-                             TotalBytes(payloads), f.names_hash, f.round, f.version, codec);
-  Message msg = Finish(fbb, from, type, body.Union(), step, seq);
+  auto body =
+      CreateDataBody(fbb, f.bucket, f.partition, f.dtype, f.num_elements, TotalBytes(payloads),
+                     f.names_hash, f.round, f.base_version, f.key_version, codec);
+  Message msg = Finish(fbb, from, type, body.Union(), step, seq, epoch);
   msg.payloads = std::move(payloads);
   return msg;
 }
 
 Message MakeRingData(const Sender& from, const RingDataFields& f, std::vector<Payload> payloads,
-                     uint64_t step, uint64_t seq) {
+                     uint64_t step, uint32_t epoch) {
   FlatBufferBuilder fbb(128);
-  auto body = CreateRingDataBody(fbb, f.bucket, f.index, f.dtype, f.num_elements,
+  auto body = CreateRingDataBody(fbb, f.bucket, f.collective, f.index, f.dtype, f.num_elements,
                                  TotalBytes(payloads), f.names_hash, f.op_fingerprint);
-  Message msg = Finish(fbb, from, MsgType::RingData, body.Union(), step, seq);
+  Message msg = Finish(fbb, from, MsgType::RingData, body.Union(), step, 0, epoch);
   msg.payloads = std::move(payloads);
   return msg;
 }
 
 Message MakeEmbedding(const Sender& from, MsgType type, const EmbeddingFields& f,
-                      std::vector<Payload> payloads, uint64_t seq) {
+                      std::vector<Payload> payloads, uint64_t seq, uint32_t epoch) {
   FlatBufferBuilder fbb(96);
-  auto body = CreateEmbeddingBody(fbb, f.table, f.dim, f.num_ids, f.round, f.epoch,
-                                  TotalBytes(payloads), f.part, f.parts, f.partition);
-  Message msg = Finish(fbb, from, type, body.Union(), f.round, seq);
+  auto body = CreateEmbeddingBody(fbb, f.table, f.dim, f.num_ids, f.round, TotalBytes(payloads),
+                                  f.part, f.parts, f.partition);
+  Message msg = Finish(fbb, from, type, body.Union(), 0, seq, epoch);
   msg.payloads = std::move(payloads);
   return msg;
 }
 
-Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t step, uint64_t seq) {
+Message MakeRingAbort(const Sender& from, const RingAbortFields& f, uint64_t step, uint32_t epoch) {
   FlatBufferBuilder fbb(256);
   auto message = fbb.CreateString(f.message);
-  auto body = CreateRingAbortBody(fbb, f.origin_rank, f.blamed_rank, f.received, f.timed_out,
-                                  f.code, message);
-  return Finish(fbb, from, MsgType::RingAbort, body.Union(), step, seq);
+  auto body = CreateRingAbortBody(fbb, f.collective, f.origin_rank, f.blamed_rank, f.received,
+                                  f.timed_out, f.code, message);
+  return Finish(fbb, from, MsgType::RingAbort, body.Union(), step, 0, epoch);
 }
 
 Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece, uint64_t first,

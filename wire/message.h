@@ -91,13 +91,15 @@ struct DataFields {
   uint64_t num_elements = 0;
   uint64_t names_hash = 0;
   uint64_t round = 0;
-  uint64_t version = 0;
-  std::string codec;  // "": uncompressed
+  uint64_t base_version = 0;  // Push, Pull
+  uint64_t key_version = 0;   // Reply, Ack
+  std::string codec;          // "": uncompressed
 };
 
 // Fields of RingData (see RingDataBody in gradsync.fbs).
 struct RingDataFields {
   uint32_t bucket = 0;
+  uint64_t collective = 0;
   uint64_t index = 0;
   DType dtype = DType::F32;
   uint64_t num_elements = 0;
@@ -112,7 +114,6 @@ struct EmbeddingFields {
   uint32_t dim = 0;
   uint64_t num_ids = 0;
   uint64_t round = 0;
-  uint32_t epoch = 0;
   uint32_t part = 0;
   uint32_t parts = 1;
   uint32_t partition = 0;
@@ -126,6 +127,7 @@ struct RingAbortFields {
   bool timed_out = false;
   ErrorCode code = ErrorCode::Unknown;
   std::string message;
+  uint64_t collective = 0;
 };
 
 // One registered tensor, as Layout carries it.
@@ -165,18 +167,13 @@ Message MakeRankAssignment(const Sender& from, int32_t rank, int32_t num_workers
 Message MakeHeartbeat(const Sender& from);
 Message MakeLeave(const Sender& from, const std::string& reason, bool departing = false,
                   ErrorCode failure = ErrorCode::Unknown);
-Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group);
-// Barrier ids from here up are an elastic job's epoch barriers (this plus
-// the epoch, group Workers): every survivor enters one before it re-forms.
-constexpr uint64_t kEpochBarrierBase = uint64_t{1} << 62;
-// Below it, the n-th barrier a node calls in membership epoch e is
-// (e << 32) | n: a worker that joins in epoch e counts from 1 as the
-// others do, and epoch 0's ids are the plain count.
-constexpr uint64_t kMaxBarriersPerEpoch = 0xFFFFFFFFu;
-constexpr uint32_t kMaxBarrierEpoch = (1u << 30) - 1;
-constexpr uint64_t UserBarrierId(uint32_t epoch, uint64_t n) {
-  return (static_cast<uint64_t>(epoch) << 32) | n;
-}
+// Barrier `barrier_id` of `group` in membership epoch `epoch`: a node's
+// n-th barrier (or gather) of the group in the epoch is n, from 1; barrier
+// kMembershipBarrier of an epoch is the one every worker of an elastic job
+// enters before it re-forms in it (group Workers).
+Message MakeBarrier(const Sender& from, MsgType type, uint64_t barrier_id, Group group,
+                    uint32_t epoch);
+constexpr uint64_t kMembershipBarrier = 0;
 // An all-gather through the scheduler (Gather, Gathered): one worker's
 // part, at most kMaxGatherPorts ports and kMaxGatherBytes of data.
 constexpr size_t kMaxGatherPorts = 40;
@@ -187,10 +184,11 @@ struct GatherPartFields {
   std::vector<uint8_t> data;
 };
 // A worker's part of gather `barrier_id` (numbered as its barriers are).
-Message MakeGather(const Sender& from, uint64_t barrier_id, const GatherPartFields& part);
+Message MakeGather(const Sender& from, uint64_t barrier_id, const GatherPartFields& part,
+                   uint32_t epoch);
 // The scheduler's answer: every part, in rank order.
 Message MakeGathered(const Sender& from, uint64_t barrier_id,
-                     const std::vector<GatherPartFields>& parts);
+                     const std::vector<GatherPartFields>& parts, uint32_t epoch);
 // The parts of a (validated) Gathered body.
 std::vector<GatherPartFields> ReadGathered(const GatherBody& body);
 // An Error answering a message of type `in_reply_to`; `seq` repeats the
@@ -219,21 +217,24 @@ Message MakeReachReport(const Sender& from, const std::vector<ReachOutcome>& res
 Message MakeJobState(const Sender& from, JobPhase phase, const std::string& message);
 // NcclIdOffer / NcclId carry the id; NcclIdRequest carries an empty one.
 Message MakeNcclId(const Sender& from, MsgType type, const std::vector<uint8_t>& id);
-// Push / Pull / Reply / Ack; Push and Reply carry `payloads`, and
+// Push / Pull / Reply / Ack of training step `step`, request `seq`, in
+// membership epoch `epoch`; Push and Reply carry `payloads`, and
 // `wire_bytes` is their total size.
 Message MakeData(const Sender& from, MsgType type, const DataFields& fields,
-                 std::vector<Payload> payloads, uint64_t step = 0, uint64_t seq = 0);
-// A RingData of the collective `seq` carrying `payloads` (one frame).
+                 std::vector<Payload> payloads, uint64_t step = 0, uint64_t seq = 0,
+                 uint32_t epoch = 0);
+// A RingData of training step `step` in membership epoch `epoch` carrying
+// `payloads` (one frame).
 Message MakeRingData(const Sender& from, const RingDataFields& fields,
-                     std::vector<Payload> payloads, uint64_t step, uint64_t seq);
+                     std::vector<Payload> payloads, uint64_t step, uint32_t epoch);
 
 // An embedding message of `type` carrying `payloads` (EmbeddingBody says
-// which); Header.step is the round, Header.seq `seq`.
+// which), request `seq`, in membership epoch `epoch`.
 Message MakeEmbedding(const Sender& from, MsgType type, const EmbeddingFields& fields,
-                      std::vector<Payload> payloads, uint64_t seq);
+                      std::vector<Payload> payloads, uint64_t seq, uint32_t epoch);
 
 Message MakeRingAbort(const Sender& from, const RingAbortFields& fields, uint64_t step = 0,
-                      uint64_t seq = 0);
+                      uint32_t epoch = 0);
 // One Layout piece: `piece`, tensors #first .. of a layout of `total`.
 Message MakeLayout(const Sender& from, const std::vector<TensorSpecFields>& piece, uint64_t first,
                    uint64_t total);

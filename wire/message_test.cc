@@ -173,7 +173,7 @@ TEST(MessageTest, BarrierAndReleaseRoundTrip) {
   const Sender from = From(Role::Server, 1, 5);
   for (MsgType type : {MsgType::Barrier, MsgType::BarrierRelease}) {
     for (Group group : {Group::All, Group::Workers, Group::Servers}) {
-      Message msg = MakeBarrier(from, type, 123456789012ULL, group);
+      Message msg = MakeBarrier(from, type, 123456789012ULL, group, 7);
       const Header* h = Accepted(msg, type);
       ASSERT_NE(h, nullptr);
       ExpectCommon(*h, type, from);
@@ -181,6 +181,7 @@ TEST(MessageTest, BarrierAndReleaseRoundTrip) {
       ASSERT_NE(b, nullptr);
       EXPECT_EQ(b->barrier_id(), 123456789012ULL);
       EXPECT_EQ(b->group(), group);
+      EXPECT_EQ(h->epoch(), 7u);
     }
   }
 }
@@ -290,16 +291,18 @@ TEST(MessageTest, DataRoundTripWithPayloads) {
   f.num_elements = 5;
   f.names_hash = 0x0123456789abcdefULL;
   f.round = 77;
-  f.version = 78;
+  f.base_version = 78;
+  f.key_version = 79;
   auto owned = std::make_shared<std::vector<uint8_t>>(std::vector<uint8_t>{1, 2, 3, 4, 5, 6});
   const uint8_t tail[4] = {7, 8, 9, 10};
   for (MsgType type : {MsgType::Push, MsgType::Reply}) {
     std::vector<Payload> payloads = {Payload::Borrow(owned->data(), owned->size(), owned),
                                      Payload::Copy(tail, sizeof(tail))};
-    Message msg = MakeData(from, type, f, std::move(payloads), 1000, 1001);
+    Message msg = MakeData(from, type, f, std::move(payloads), 1000, 1001, 3);
     const Header* h = Accepted(msg, type);
     ASSERT_NE(h, nullptr);
     ExpectCommon(*h, type, from, 1000, 1001);
+    EXPECT_EQ(h->epoch(), 3u);
     const DataBody* b = h->body_as_DataBody();
     ASSERT_NE(b, nullptr);
     EXPECT_EQ(b->bucket(), 4u);
@@ -310,7 +313,8 @@ TEST(MessageTest, DataRoundTripWithPayloads) {
     EXPECT_EQ(b->wire_bytes(), 10u);
     EXPECT_EQ(b->names_hash(), 0x0123456789abcdefULL);
     EXPECT_EQ(b->round(), 77u);
-    EXPECT_EQ(b->version(), 78u);
+    EXPECT_EQ(b->base_version(), 78u);
+    EXPECT_EQ(b->key_version(), 79u);
     ASSERT_EQ(msg.payloads.size(), 2u);
     EXPECT_EQ(msg.PayloadBytes(), 10u);
     EXPECT_EQ(msg.payloads[0].data, owned->data());  // borrowed, not copied
@@ -323,19 +327,22 @@ TEST(MessageTest, RingDataRoundTrip) {
   const Sender from = From(Role::Worker, 2, 5);
   RingDataFields f;
   f.bucket = 6;
+  f.collective = 41;
   f.index = uint64_t{1} << 33;
   f.dtype = DType::F16;
   f.num_elements = 2;
   f.names_hash = 0x0123456789abcdefULL;
   f.op_fingerprint = 0xfedcba9876543210ULL;
   const uint8_t bytes[4] = {1, 2, 3, 4};
-  Message msg = MakeRingData(from, f, {Payload::Copy(bytes, sizeof(bytes))}, 40, 41);
+  Message msg = MakeRingData(from, f, {Payload::Copy(bytes, sizeof(bytes))}, 40, 2);
   const Header* h = Accepted(msg, MsgType::RingData);
   ASSERT_NE(h, nullptr);
-  ExpectCommon(*h, MsgType::RingData, from, 40, 41);
+  ExpectCommon(*h, MsgType::RingData, from, 40, 0);  // seq: a request's only
+  EXPECT_EQ(h->epoch(), 2u);
   const RingDataBody* b = h->body_as_RingDataBody();
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->bucket(), 6u);
+  EXPECT_EQ(b->collective(), 41u);
   EXPECT_EQ(b->index(), uint64_t{1} << 33);
   EXPECT_EQ(b->dtype(), DType::F16);
   EXPECT_EQ(b->num_elements(), 2u);

@@ -40,10 +40,12 @@ Message SampleData(MsgType type) {
   f.num_elements = 6;
   f.names_hash = 0xfeedfacecafebeefULL;
   f.round = 11;
-  f.version = 12;
+  const bool request = type == MsgType::Push || type == MsgType::Pull;
+  (request ? f.base_version : f.key_version) = 12;
   std::vector<Payload> payloads;
   if (type == MsgType::Push || type == MsgType::Reply) payloads = SamplePayloads();
-  return MakeData(TestSender(), type, f, std::move(payloads), /*step=*/9, /*seq=*/10);
+  return MakeData(TestSender(), type, f, std::move(payloads), /*step=*/9, /*seq=*/10,
+                  /*epoch=*/1);
 }
 
 // A push of 2 ids of 3 elements, a pull of them, their rows, an ack.
@@ -53,7 +55,6 @@ Message SampleEmbedding(MsgType type) {
   f.dim = 3;
   f.num_ids = type == MsgType::EmbeddingAck ? 0 : 2;
   f.round = 11;
-  f.epoch = 1;
   std::vector<Payload> payloads;
   const uint64_t ids[2] = {5, uint64_t{1} << 40};
   const float rows[6] = {1.0f, -2.0f, 0.5f, 0.25f, 3.0f, -1.0f};
@@ -63,18 +64,19 @@ Message SampleEmbedding(MsgType type) {
   if (type == MsgType::EmbeddingPush || type == MsgType::EmbeddingRows) {
     payloads.push_back(Payload::Copy(rows, sizeof(rows)));
   }
-  return MakeEmbedding(TestSender(), type, f, std::move(payloads), /*seq=*/10);
+  return MakeEmbedding(TestSender(), type, f, std::move(payloads), /*seq=*/10, /*epoch=*/1);
 }
 
 Message SampleRingData() {
   RingDataFields f;
   f.bucket = 5;
+  f.collective = 10;
   f.index = 2;
   f.dtype = DType::F32;
   f.num_elements = 6;
   f.names_hash = 0xfeedfacecafebeefULL;
   f.op_fingerprint = 0x0123456789abcdefULL;
-  return MakeRingData(TestSender(), f, SamplePayloads(), /*step=*/9, /*seq=*/10);
+  return MakeRingData(TestSender(), f, SamplePayloads(), /*step=*/9, /*epoch=*/1);
 }
 
 void DumpAddress(std::ostream& os, const NodeAddress* a) {
@@ -163,12 +165,13 @@ void DumpBody(std::ostream& os, const Header& h) {
       os << "bucket=" << b->bucket() << " partition=" << b->partition()
          << " dtype=" << static_cast<int>(b->dtype()) << " num_elements=" << b->num_elements()
          << " wire_bytes=" << b->wire_bytes() << " names_hash=" << b->names_hash()
-         << " round=" << b->round() << " version=" << b->version() << " codec=" << Str(b->codec());
+         << " round=" << b->round() << " base_version=" << b->base_version()
+         << " key_version=" << b->key_version() << " codec=" << Str(b->codec());
       break;
     }
     case Body::RingDataBody: {
       const auto* b = h.body_as_RingDataBody();
-      os << "bucket=" << b->bucket() << " index=" << b->index()
+      os << "bucket=" << b->bucket() << " collective=" << b->collective() << " index=" << b->index()
          << " dtype=" << static_cast<int>(b->dtype()) << " num_elements=" << b->num_elements()
          << " wire_bytes=" << b->wire_bytes() << " names_hash=" << b->names_hash()
          << " op_fingerprint=" << b->op_fingerprint();
@@ -176,9 +179,10 @@ void DumpBody(std::ostream& os, const Header& h) {
     }
     case Body::RingAbortBody: {
       const auto* b = h.body_as_RingAbortBody();
-      os << "origin_rank=" << b->origin_rank() << " blamed_rank=" << b->blamed_rank()
-         << " received=" << b->received() << " timed_out=" << b->timed_out()
-         << " code=" << static_cast<int>(b->code()) << " message=" << Str(b->message());
+      os << "collective=" << b->collective() << " origin_rank=" << b->origin_rank()
+         << " blamed_rank=" << b->blamed_rank() << " received=" << b->received()
+         << " timed_out=" << b->timed_out() << " code=" << static_cast<int>(b->code())
+         << " message=" << Str(b->message());
       break;
     }
     case Body::LayoutBody: {
@@ -197,8 +201,8 @@ void DumpBody(std::ostream& os, const Header& h) {
     case Body::EmbeddingBody: {
       const EmbeddingBody* b = h.body_as_EmbeddingBody();
       os << "table=" << b->table() << " dim=" << b->dim() << " num_ids=" << b->num_ids()
-         << " round=" << b->round() << " epoch=" << b->epoch() << " wire_bytes=" << b->wire_bytes()
-         << " part=" << b->part() << " parts=" << b->parts();
+         << " round=" << b->round() << " wire_bytes=" << b->wire_bytes() << " part=" << b->part()
+         << " parts=" << b->parts();
       break;
     }
     case Body::GatherBody: {
@@ -258,7 +262,7 @@ Message SampleMessage(MsgType type) {
       return MakeLeave(from, "training finished");
     case MsgType::Barrier:
     case MsgType::BarrierRelease:
-      return MakeBarrier(from, type, 17, Group::Workers);
+      return MakeBarrier(from, type, 17, Group::Workers, /*epoch=*/1);
     case MsgType::Error:
       return MakeError(from, ErrorCode::RankTaken, "rank 3 is taken", MsgType::Register);
     case MsgType::NodeDead:
@@ -282,13 +286,14 @@ Message SampleMessage(MsgType type) {
       return SampleRingData();
     case MsgType::RingAbort: {
       RingAbortFields f;
+      f.collective = 10;
       f.origin_rank = 2;
       f.blamed_rank = 1;
       f.received = 7;
       f.timed_out = true;
       f.code = ErrorCode::Timeout;
       f.message = "rank 2 got nothing from rank 1 for 5 s";
-      return MakeRingAbort(from, f, /*step=*/9, /*seq=*/10);
+      return MakeRingAbort(from, f, /*step=*/9, /*epoch=*/1);
     }
     case MsgType::Layout:
       return MakeLayout(from, {{"fc1.weight", 200704, DType::F32}, {"fc1.bias", 256, DType::BF16}},
@@ -299,9 +304,9 @@ Message SampleMessage(MsgType type) {
     case MsgType::EmbeddingAck:
       return SampleEmbedding(type);
     case MsgType::Gather:
-      return MakeGather(from, 23, {-1, {40001, 40002}, {1, 2, 3}});
+      return MakeGather(from, 23, {-1, {40001, 40002}, {1, 2, 3}}, /*epoch=*/1);
     case MsgType::Gathered:
-      return MakeGathered(from, 23, {{0, {40001}, {1}}, {1, {40003, 40004}, {}}});
+      return MakeGathered(from, 23, {{0, {40001}, {1}}, {1, {40003, 40004}, {}}}, /*epoch=*/1);
   }
   return MakeHeartbeat(from);
 }
@@ -311,7 +316,7 @@ std::string DumpHeader(const Header& h) {
   os << "type=" << static_cast<int>(h.type()) << " protocol_version=" << h.protocol_version()
      << " job_id=" << h.job_id() << " sender_role=" << static_cast<int>(h.sender_role())
      << " sender_rank=" << h.sender_rank() << " step=" << h.step() << " seq=" << h.seq()
-     << " body_type=" << static_cast<int>(h.body_type()) << " ";
+     << " epoch=" << h.epoch() << " body_type=" << static_cast<int>(h.body_type()) << " ";
   DumpBody(os, h);
   return os.str();
 }

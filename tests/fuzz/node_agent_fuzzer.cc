@@ -67,7 +67,8 @@ wire::Message NextMessage(FuzzedDataProvider& in) {
     }
     case 5:
       return wire::MakeBarrier(from, MsgType::BarrierRelease, in.ConsumeIntegral<uint64_t>(),
-                               static_cast<wire::Group>(in.ConsumeIntegralInRange<int>(0, 2)));
+                               static_cast<wire::Group>(in.ConsumeIntegralInRange<int>(0, 2)),
+                               in.ConsumeIntegralInRange<uint32_t>(0, 2));
     default:
       return wire::MakeNcclId(from, MsgType::NcclId,
                               in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange(0, 200)));

@@ -52,7 +52,7 @@ bool Answer(FuzzedDataProvider& in, const wire::Verdict& request, int shard,
   f.dtype = wire::DType::F32;
   f.num_elements = asked->num_elements();
   f.round = asked->round();
-  f.version = asked->version() + 1;
+  f.key_version = asked->base_version() + 1;
   f.names_hash = asked->names_hash();
   f.codec = reply_codec;
   size_t bytes = f.num_elements * (reply_codec.empty() ? 4 : 2);

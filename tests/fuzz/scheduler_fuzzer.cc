@@ -64,7 +64,8 @@ wire::Message NextMessage(FuzzedDataProvider& in, int node, const FuzzNode& me) 
       return wire::MakeHeartbeat(from);
     case 2:
       return wire::MakeBarrier(from, MsgType::Barrier, in.ConsumeIntegralInRange<uint64_t>(0, 3),
-                               static_cast<wire::Group>(in.ConsumeIntegralInRange<int>(0, 2)));
+                               static_cast<wire::Group>(in.ConsumeIntegralInRange<int>(0, 2)),
+                               in.ConsumeIntegralInRange<uint32_t>(0, 1));
     case 3: {
       std::vector<wire::ReachOutcome> results(in.ConsumeIntegralInRange<size_t>(0, 3));
       for (auto& r : results) {
@@ -92,7 +93,8 @@ wire::Message NextMessage(FuzzedDataProvider& in, int node, const FuzzNode& me) 
         part.ports.push_back(static_cast<uint16_t>(in.ConsumeIntegralInRange<int>(0, 1004)));
       }
       part.data = in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange(0, 64));
-      return wire::MakeGather(from, in.ConsumeIntegralInRange<uint64_t>(0, 3), part);
+      return wire::MakeGather(from, in.ConsumeIntegralInRange<uint64_t>(0, 3), part,
+                              in.ConsumeIntegralInRange<uint32_t>(0, 1));
     }
     default:
       return wire::MakeJobState(from, wire::JobPhase::Failed, in.ConsumeRandomLengthString(16));

@@ -73,7 +73,7 @@ wire::Message NextMessage(FuzzedDataProvider& in) {
   f.num_elements = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 48)
                                     : uint64_t{1} << in.ConsumeIntegralInRange<int>(0, 62);
   f.round = in.ConsumeIntegralInRange<uint64_t>(0, 6);
-  f.version = in.ConsumeIntegralInRange<uint64_t>(0, 6);
+  f.base_version = in.ConsumeIntegralInRange<uint64_t>(0, 6);
   f.dtype = in.ConsumeBool() ? wire::DType::F32
                              : static_cast<wire::DType>(in.ConsumeIntegralInRange<int>(0, 3));
   if (in.ConsumeBool()) f.codec = in.PickValueInArray(kCodecs);
