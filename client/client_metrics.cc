@@ -115,6 +115,12 @@ ClientMetrics::ClientMetrics(prometheus::Registry& registry) {
                 .Help("This worker's membership epoch (0 until an elastic job loses a worker).")
                 .Register(registry)
                 .Add({});
+  collectives_ = &prometheus::BuildGauge()
+                      .Name("gradsync_client_collectives")
+                      .Help(
+                          "1 under the labels that say how this epoch's collectives go: path, "
+                          "algorithm, lanes, ring order, same-host all-reduces.")
+                      .Register(registry);
   recovery_ = &prometheus::BuildHistogram()
                    .Name("gradsync_client_recovery_seconds")
                    .Help("From a membership change to the ring re-formed for the new epoch.")
@@ -154,6 +160,15 @@ void ClientMetrics::Traffic(uint64_t raw_sent, uint64_t wire_sent, uint64_t raw_
   wire_sent_->Increment(static_cast<double>(wire_sent));
   raw_received_->Increment(static_cast<double>(raw_received));
   wire_received_->Increment(static_cast<double>(wire_received));
+}
+
+void ClientMetrics::SetCollectives(const std::map<std::string, std::string>& labels) {
+  std::lock_guard<std::mutex> lock(collectives_mu_);
+  prometheus::Gauge* now = &collectives_->Add(labels);
+  if (collectives_now_ != nullptr && collectives_now_ != now)
+    collectives_->Remove(collectives_now_);
+  collectives_now_ = now;
+  now->Set(1);
 }
 
 }  // namespace gradsync::client

@@ -11,6 +11,9 @@
 //   gradsync_client_last_completed_step            steps synchronised
 //   gradsync_client_world_size                     workers in this worker's epoch
 //   gradsync_client_membership_epoch               its membership epoch (elastic jobs)
+//   gradsync_client_collectives{path,algorithm,lanes,order,same_host}  1: how
+//                                                  this epoch's collectives go
+//                                                  (client/collective_plan.h)
 //   gradsync_client_recovery_seconds               histogram: from a membership
 //                                                  change to the re-formed ring
 //   gradsync_client_join_seconds                   a worker that joined a running
@@ -31,10 +34,13 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
 #include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -87,6 +93,9 @@ class ClientMetrics {
     epoch_->Set(static_cast<double>(epoch));
     world_size_->Set(static_cast<double>(world_size));
   }
+  // The plan's labels (CollectivePlan::Labels) on gradsync_client_collectives,
+  // in place of the last epoch's.
+  void SetCollectives(const std::map<std::string, std::string>& labels);
   void Recovered(double seconds) { recovery_->Observe(seconds); }
   void Joined(double seconds) { join_->Set(seconds); }
   prometheus::Histogram& recovery() { return *recovery_; }  // for tests
@@ -112,6 +121,9 @@ class ClientMetrics {
   prometheus::Gauge* last_step_ = nullptr;
   prometheus::Gauge* world_size_ = nullptr;
   prometheus::Gauge* epoch_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* collectives_ = nullptr;
+  prometheus::Gauge* collectives_now_ = nullptr;  // guarded by collectives_mu_
+  std::mutex collectives_mu_;
   prometheus::Histogram* recovery_ = nullptr;
   prometheus::Gauge* join_ = nullptr;
   prometheus::Histogram* replication_lag_ = nullptr;

@@ -32,7 +32,7 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
         session_->host(),
         options_.metrics_base_port + (options_.local_rank >= 0 ? options_.local_rank : r));
   }
-  if (options_.cuda_gradients || options_.sync.backend == "nccl") {
+  if (options_.cuda_gradients || options_.sync.collectives.way == SyncWay::kNccl) {
     GS_ASSIGN_OR_RETURN(cuda_device_, ResolveCudaDevice(options_.sync.cuda_device,
                                                         options_.local_rank, VisibleCudaDevices()));
   }
@@ -59,6 +59,7 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
                                     deadline));
   bucketer_ = Bucketer(options_.first_bucket_bytes, options_.bucket_bytes);
   metrics_.SetMembership(session_->epoch(), session_->num_workers());
+  metrics_.SetCollectives(backend_->plan().Labels());
   engine_ = std::thread([this] { EngineLoop(); });
   return Status();
 }

@@ -149,6 +149,7 @@ Status Communicator::Impl::Reform(Deadline deadline) {
         ResetStepLocked();
         const auto now = std::chrono::steady_clock::now();
         metrics_.SetMembership(epoch, session_->num_workers());
+        metrics_.SetCollectives(backend_->plan().Labels());
         metrics_.Recovered(std::chrono::duration<double>(now - membership_changed_at_).count());
         GS_LOG(WARNING) << "epoch " << epoch << ": re-formed " << backend_->name() << " as worker "
                         << session_->rank() << " of " << session_->num_workers() << " in "

@@ -60,8 +60,8 @@ struct SyncHandle::State {
 
 // The Communicator's settings (Config), read once at Create.
 struct CommOptions {
-  // path, backend, ring (ring_chunk_bytes, ring_shm, ring_shm_bytes,
-  // ring_shm_allreduce, ring_order, ring_lanes, ring_algorithm), ps
+  // collectives (path, backend, ring_shm, ring_shm_allreduce, ring_order,
+  // ring_lanes, ring_algorithm), ring (ring_chunk_bytes), ring_shm_bytes, ps
   // (and ps_shm, ps_shm_bytes),
   // cuda_device, op_timeout; compression_seed is set at Start.
   SyncBackendOptions sync;
@@ -75,8 +75,7 @@ struct CommOptions {
 
   static StatusOr<CommOptions> FromConfig(const Config& config) {
     CommOptions o;
-    GS_ASSIGN_OR_RETURN(o.sync.path, config.GetString("path", "allreduce"));
-    GS_ASSIGN_OR_RETURN(o.sync.backend, config.GetString("backend", "ring"));
+    GS_ASSIGN_OR_RETURN(o.sync.collectives, CollectiveSettings::FromConfig(config));
     GS_ASSIGN_OR_RETURN(std::string gradient_device, config.GetString("gradient_device", "cpu"));
     if (gradient_device != "cpu" && gradient_device != "cuda") {
       return InvalidArgumentError("gradient_device must be cpu or cuda, got '" + gradient_device +
@@ -88,36 +87,6 @@ struct CommOptions {
     GS_ASSIGN_OR_RETURN(int64_t timeout, config.GetInt("op_timeout_ms", 60000));
     GS_ASSIGN_OR_RETURN(int64_t chunk, config.GetInt("ring_chunk_bytes", 1 << 20));
     GS_ASSIGN_OR_RETURN(int64_t device, config.GetInt("cuda_device", -1));
-    GS_ASSIGN_OR_RETURN(o.sync.shm, config.GetBool("ring_shm", true));
-    GS_ASSIGN_OR_RETURN(o.sync.shm_allreduce, config.GetString("ring_shm_allreduce", "segments"));
-    if (o.sync.shm_allreduce != "segments" && o.sync.shm_allreduce != "ring") {
-      return InvalidArgumentError("ring_shm_allreduce must be segments or ring, got '" +
-                                  o.sync.shm_allreduce + "'");
-    }
-    GS_ASSIGN_OR_RETURN(o.sync.ring_order, config.GetString("ring_order", "measured"));
-    if (o.sync.ring_order != "measured" && o.sync.ring_order != "rank") {
-      return InvalidArgumentError("ring_order must be measured or rank, got '" + o.sync.ring_order +
-                                  "'");
-    }
-    GS_ASSIGN_OR_RETURN(o.sync.ring_algorithm, config.GetString("ring_algorithm", "auto"));
-    if (o.sync.ring_algorithm != "auto" && o.sync.ring_algorithm != "ring" &&
-        o.sync.ring_algorithm != "halving_doubling") {
-      return InvalidArgumentError("ring_algorithm must be auto, ring or halving_doubling, got '" +
-                                  o.sync.ring_algorithm + "'");
-    }
-    GS_ASSIGN_OR_RETURN(std::string lanes, config.GetString("ring_lanes", "1"));
-    if (lanes == "auto") {
-      o.sync.ring_lanes = kAutoRingLanes;
-      o.sync.ring_lanes_auto = true;
-    } else {
-      GS_ASSIGN_OR_RETURN(int64_t count, config.GetInt("ring_lanes", 1));
-      if (count < 1 || count > wire::kMaxLanes) {
-        return InvalidArgumentError("ring_lanes must be auto or in [1, " +
-                                    std::to_string(wire::kMaxLanes) + "], got " +
-                                    std::to_string(count));
-      }
-      o.sync.ring_lanes = static_cast<int>(count);
-    }
     GS_ASSIGN_OR_RETURN(int64_t shm_bytes, config.GetInt("ring_shm_bytes", 16 << 20));
     GS_ASSIGN_OR_RETURN(o.metrics_base_port,
                         config.GetInt("metrics_base_port", kWorkerMetricsBasePort));
@@ -130,12 +99,6 @@ struct CommOptions {
     o.embedding_replicas = static_cast<int>(replicas);
     GS_ASSIGN_OR_RETURN(int64_t seed, config.GetInt("compression_seed", 0));
     o.compression_seed = static_cast<uint64_t>(seed);
-    if (o.sync.path != "allreduce" && o.sync.path != "ps") {
-      return InvalidArgumentError("path must be allreduce or ps, got '" + o.sync.path + "'");
-    }
-    if (o.sync.backend != "ring" && o.sync.backend != "nccl") {
-      return InvalidArgumentError("backend must be ring or nccl, got '" + o.sync.backend + "'");
-    }
     if (device < -1 || device > 1023) {
       return InvalidArgumentError("cuda_device must be a device index (or -1: the local rank)");
     }
@@ -151,7 +114,7 @@ struct CommOptions {
     o.sync.op_timeout = Millis(timeout);
     o.sync.ring.chunk_bytes = static_cast<size_t>(chunk);
     o.sync.cuda_device = static_cast<int>(device);
-    if (o.sync.path == "ps") {
+    if (o.sync.collectives.way == SyncWay::kPs) {
       GS_ASSIGN_OR_RETURN(o.sync.ps, PsClientOptions::FromConfig(config));
       GS_ASSIGN_OR_RETURN(o.sync.ps_links, cluster::PsLinkOptions::FromConfig(config));
     }

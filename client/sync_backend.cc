@@ -36,9 +36,6 @@ constexpr int kProbePasses = 3;
 // more than the links do.
 constexpr std::chrono::microseconds kProbeFloor(1000);
 constexpr double kLongestProbeMicros = 3.6e9;
-// ring_order=measured times the links of at most this many hosts: every
-// worker gets every row (h x h times) in one message from the scheduler.
-constexpr size_t kMostMeasuredHosts = 64;
 // The bucket id of ring_lanes=auto's timed all-reduces.
 constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
 // What each worker says of its ring in the gather of its streams' ports
@@ -47,34 +44,17 @@ constexpr uint32_t kRingLanesBucket = 0xfffffffeu;
 struct LaneRecord {
   int32_t count = 0;
   int32_t automatic = 0;  // ring_lanes=auto
-  int32_t algorithm = 0;  // ring_algorithm: 0 ring, 1 halving_doubling, 2 auto
+  int32_t algorithm = 0;  // RingAlgorithm as asked (CollectivePlan::asked)
 };
 static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
-// The setting ring_algorithm, as a LaneRecord carries it.
-constexpr int32_t kAlgorithmRing = 0;
-constexpr int32_t kAlgorithmHalving = 1;
-constexpr int32_t kAlgorithmAuto = 2;
-int32_t RingAlgorithmCode(const std::string& setting) {
-  if (setting == "halving_doubling") return kAlgorithmHalving;
-  return setting == "auto" ? kAlgorithmAuto : kAlgorithmRing;
-}
-std::string RingAlgorithmName(int32_t code) {
-  switch (code) {
-    case kAlgorithmRing:
-      return "ring";
-    case kAlgorithmHalving:
-      return "halving_doubling";
-    case kAlgorithmAuto:
-      return "auto";
-  }
-  return std::to_string(code);  // a peer's word
-}
-
 std::string LanesSetting(const LaneRecord& r) {
+  const bool known = r.algorithm >= 0 && r.algorithm <= 2;  // else a peer's word
   return std::string("ring_lanes=") + (r.automatic != 0 ? "auto" : std::to_string(r.count)) +
-         ", ring_algorithm=" + RingAlgorithmName(r.algorithm);
+         ", ring_algorithm=" +
+         (known ? RingAlgorithmName(static_cast<RingAlgorithm>(r.algorithm))
+                : std::to_string(r.algorithm));
 }
 
 // ring_lanes=auto: the all-reduce each lane count is timed with, and how
@@ -184,21 +164,12 @@ const wire::GatherPartFields* PartOf(const std::vector<wire::GatherPartFields>& 
 // gathers count per epoch, so a worker that joined takes part as the
 // others do).
 StatusOr<std::vector<int>> MeasuredOrder(Session* session, const SyncBackendOptions& options,
-                                         Deadline deadline) {
+                                         const CollectivePlan& plan, Deadline deadline) {
+  if (!plan.measured_order) return std::vector<int>{};
   const std::vector<wire::NodeInfo> peers = session->peers();
   const std::vector<std::vector<int>> hosts = cluster::WorkerHosts(peers);
   const size_t h_count = hosts.size();
-  if (options.ring_order != "measured" || h_count < 4) {
-    return std::vector<int>{};
-  }
   const int r = session->rank();
-  if (h_count > kMostMeasuredHosts) {
-    if (r == 0) {
-      GS_LOG(INFO) << "ring in rank order over " << h_count << " hosts (ring_order=measured times "
-                   << "the links of at most " << kMostMeasuredHosts << ")";
-    }
-    return std::vector<int>{};
-  }
   std::vector<const wire::NodeInfo*> first(h_count, nullptr);
   size_t mine = 0;
   for (size_t h = 0; h < h_count; ++h) {
@@ -339,28 +310,29 @@ std::optional<wire::NodeInfo> WorkerOf(Session* session, int rank) {
 // its stream. The ports go to the scheduler, which checks that no other
 // node listens at them and hands every worker's to all (Session::Gather):
 // no member forwards another's. Lane counts or algorithms that differ fail
-// every worker, naming one that differs. With `algorithm` other than
-// kAlgorithmRing, for a world that fits (HalvingDoublingFits), also a TCP
+// every worker, naming one that differs. Where the plan's algorithm is not
+// the ring's (a world that fits HalvingDoublingFits), also a TCP
 // stream of its own for each level of halving and doubling, its port
 // gathered with the lanes', and the 2-rank ring with that level's partner
 // over it in (*pairs)[level]; with `shm`, a partner on this host is
 // reached through shared-memory links of the pair's own over that stream.
-Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
-                const wire::SameHostOptions& links, const RingPeers& peers,
-                const std::vector<int>& order, bool automatic, const RingOptions& ring_options,
-                const HealthCheck& health, Ring* out,
+Status AddLanes(Session* session, const CollectivePlan& plan, const wire::SameHostOptions& links,
+                const RingPeers& peers, const std::vector<int>& order,
+                const RingOptions& ring_options, const HealthCheck& health, Ring* out,
                 std::vector<std::unique_ptr<RingCollectives>>* lanes,
                 std::vector<std::unique_ptr<RingCollectives>>* pairs, Deadline deadline) {
   const cluster::RingNeighbours next = cluster::NeighboursOf(order, peers.rank, peers.world_size);
   const std::optional<wire::NodeInfo> right = WorkerOf(session, next.right);
   if (!right) return InternalError("the ring's right neighbour is not a peer");
   LaneRecord mine;
+  const int count = plan.lanes;
+  const bool automatic = plan.lanes_auto;
+  const bool shm = plan.shm;
   mine.count = count;
   mine.automatic = automatic ? 1 : 0;
-  mine.algorithm = algorithm;
-  const int levels = algorithm != kAlgorithmRing && HalvingDoublingFits(peers.world_size)
-                         ? HalvingDoublingLevels(peers.world_size)
-                         : 0;
+  mine.algorithm = static_cast<int32_t>(plan.asked);
+  const int levels =
+      plan.algorithm != RingAlgorithm::kRing ? HalvingDoublingLevels(peers.world_size) : 0;
   GS_ASSIGN_OR_RETURN(std::string listen_at, wire::ListenEndpoint(session->host(), 0));
   auto port_of = [](const std::string& bound) {
     return static_cast<uint16_t>(std::stoi(bound.substr(bound.rfind(':') + 1)));
@@ -403,7 +375,7 @@ Status AddLanes(Session* session, int count, int32_t algorithm, bool shm,
     }
     std::memcpy(&record, theirs->data.data(), sizeof(record));
     if (record.count != count || (record.automatic != 0) != automatic ||
-        record.algorithm != algorithm) {
+        record.algorithm != mine.algorithm) {
       return FailedPreconditionError("worker " + std::to_string(q) + " runs " +
                                      LanesSetting(record) + ", worker " +
                                      std::to_string(peers.rank) + " " + LanesSetting(mine) +
@@ -502,10 +474,11 @@ Status ChooseLanes(RingLanes& lanes, int rank, Deadline deadline) {
 }
 
 StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
-                        wire::RejectedMetrics* rejected, Deadline deadline) {
+                        const CollectivePlan& plan, wire::RejectedMetrics* rejected,
+                        Deadline deadline) {
   const int n = session->num_workers();
   const int r = session->rank();
-  GS_ASSIGN_OR_RETURN(std::vector<int> order, MeasuredOrder(session, options, deadline));
+  GS_ASSIGN_OR_RETURN(std::vector<int> order, MeasuredOrder(session, options, plan, deadline));
   RingPeers peers = PeersInOrder(session, order);
   wire::SameHostOptions links;
   links.job_id = session->job_id();
@@ -514,14 +487,12 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
   links.max_message_bytes = links.max_frame_bytes + wire::Limits{}.max_header_bytes;
   links.refusals = session->refusals();
   // The scheduler passed on every node's host address and boot id.
-  if (options.shm) {
+  if (plan.shm) {
     links = cluster::RingSameHostOptions(links, session->self(), session->peers(), r, n, order);
   }
   // The ring's lanes are TCP streams of their own (sealed with CURVE),
   // neighbours on this host over shared memory beside them. Beside NCCL
   // one lane checks the layout and gathers the device records.
-  const size_t hosts = cluster::WorkerHosts(session->peers()).size();
-  const bool nccl = options.path == "allreduce" && options.backend == "nccl";
   Ring out;
   RingOptions ring_options = options.ring;
   ring_options.rejected = rejected;
@@ -531,22 +502,12 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     return alarm->status();
   };
   std::vector<std::unique_ptr<RingCollectives>> lanes, pairs;
-  // One lane, round the ring, beside NCCL and where every worker is on one
-  // host with shared memory (the links carry the data there; the stream
-  // only what a link gives up).
-  const bool one_lane = nccl || (options.shm && hosts == 1);
-  const int32_t algorithm = one_lane ? kAlgorithmRing : RingAlgorithmCode(options.ring_algorithm);
-  const int lane_count = one_lane ? 1 : options.ring_lanes;
-  const bool lanes_auto = !one_lane && options.ring_lanes_auto;
   if (n > 1) {
-    Status s = AddLanes(session, lane_count, algorithm, options.shm, links, peers, order,
-                        lanes_auto, ring_options, health, &out, &lanes, &pairs, deadline);
+    Status s = AddLanes(session, plan, links, peers, order, ring_options, health, &out, &lanes,
+                        &pairs, deadline);
     if (!s.ok()) {
       out.Shutdown();
       return s;
-    }
-    if (r == 0 && lane_count > 1 && !lanes_auto) {
-      GS_LOG(INFO) << "ring of " << lane_count << " lanes (a transport each)";
     }
   } else {
     // A ring of one sends nothing: a stream that never listens.
@@ -557,7 +518,7 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     lanes.push_back(std::move(one));
   }
   out.lanes = std::make_unique<RingLanes>(std::move(lanes), std::move(alarm));
-  if (lanes_auto && out.lanes->lanes() > 1) {
+  if (plan.lanes_auto && out.lanes->lanes() > 1) {
     Status s = ChooseLanes(*out.lanes, r, deadline);
     if (!s.ok()) {
       out.Shutdown();
@@ -571,33 +532,17 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
     // round a link-bound ring, which kept pace with halving and doubling or
     // beat it, or by halving and doubling where the ring's steps cost CPU
     // time (docs/benchmarks.md, halving and doubling).
-    const bool measure = algorithm == kAlgorithmAuto;
+    const bool measure = plan.algorithm == RingAlgorithm::kAuto;
     auto made = HalvingDoubling::Create(r, n, std::move(pairs), out.lanes.get(), measure);
     if (!made.ok()) {
       out.Shutdown();
       return made.status();
     }
     out.halving = std::move(*made);
-    if (r == 0 && !measure) {
-      GS_LOG(INFO) << "all-reduces by halving and doubling over " << HalvingDoublingLevels(n)
-                   << " pairs, up to " << ring_options.small_bytes
-                   << " bytes by recursive doubling (ring_algorithm=halving_doubling)";
-    } else if (r == 0) {
-      GS_LOG(INFO) << "all-reduces up to " << ring_options.small_bytes
-                   << " bytes by recursive doubling over " << HalvingDoublingLevels(n)
-                   << " pairs, larger ones round the ring or by halving and doubling, as each "
-                      "size measures faster (ring_algorithm=auto)";
-    }
-  } else if (RingAlgorithmCode(options.ring_algorithm) == kAlgorithmHalving && !nccl && r == 0 &&
-             n > 1) {
-    GS_LOG(INFO) << "ring_algorithm=halving_doubling needs a power of two of at least 4 workers, "
-                    "not all on one host with ring_shm ("
-                 << n << " here, on " << hosts << (hosts == 1 ? " host" : " hosts")
-                 << "): all-reduces go round the ring";
   }
-  if (n > 1 && options.shm && hosts == 1 && !nccl) {
+  if (plan.same_host) {
     HostOptions host_options;
-    host_options.enabled = options.shm_allreduce == "segments";
+    host_options.enabled = plan.segments;
     host_options.poll_interval = ring_options.poll_interval;
     host_options.refusals = session->refusals();
     auto host = HostCollectives::Create(HostPeers{r, n, session->job_id(), session->epoch()},
@@ -607,10 +552,6 @@ StatusOr<Ring> MakeRing(Session* session, const SyncBackendOptions& options,
       return host.status();
     }
     out.host = std::move(*host);
-    if (out.host && r == 0) {
-      GS_LOG(INFO) << "every worker on this host: all-reduces through shared-memory segments "
-                      "(ring_shm_allreduce=segments)";
-    }
   }
   return out;
 }
@@ -765,18 +706,25 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
     const SyncBackendOptions& options, Session* session, BucketCompression* compression,
     BucketMemory* memory, wire::RejectedMetrics* ring_rejected, wire::RejectedMetrics* ps_rejected,
     std::function<bool()> stopped, Deadline deadline) {
-  GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, ring_rejected, deadline));
-  if (options.path == "ps") {
-    return MakePsBackend(options, session, compression, memory, std::move(ring), ps_rejected,
-                         std::move(stopped));
+  const JobShape shape{session->num_workers(), cluster::WorkerHosts(session->peers()).size()};
+  CollectivePlan plan = PlanCollectives(options.collectives, shape);
+  if (session->rank() == 0) GS_LOG(INFO) << plan.Describe();
+  GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, plan, ring_rejected, deadline));
+  std::unique_ptr<SyncBackend> backend;
+  if (plan.way == SyncWay::kPs) {
+    GS_ASSIGN_OR_RETURN(backend, MakePsBackend(options, session, compression, memory,
+                                               std::move(ring), ps_rejected, std::move(stopped)));
+  } else {
+    std::unique_ptr<Collectives> nccl;
+    if (plan.way == SyncWay::kNccl) {
+      GS_ASSIGN_OR_RETURN(nccl,
+                          MakeNcclCollectives(session, options.cuda_device, ring.ring(), deadline));
+    }
+    backend.reset(new AllReduceBackend(std::move(ring), std::move(nccl), compression,
+                                       options.compression_seed));
   }
-  std::unique_ptr<Collectives> nccl;
-  if (options.backend == "nccl") {
-    GS_ASSIGN_OR_RETURN(nccl,
-                        MakeNcclCollectives(session, options.cuda_device, ring.ring(), deadline));
-  }
-  return std::unique_ptr<SyncBackend>(new AllReduceBackend(std::move(ring), std::move(nccl),
-                                                           compression, options.compression_seed));
+  backend->set_plan(std::move(plan));
+  return backend;
 }
 
 }  // namespace gradsync::client

@@ -21,12 +21,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client/bucket_compression.h"
 #include "client/bucket_memory.h"
 #include "client/bucketer.h"
 #include "client/client_metrics.h"
+#include "client/collective_plan.h"
 #include "client/collectives.h"
 #include "client/host_collectives.h"
 #include "client/ps_client.h"
@@ -40,9 +42,6 @@
 #include "wire/rejected_metrics.h"
 
 namespace gradsync::client {
-
-// The lanes ring_lanes=auto opens and chooses among (all, or the first).
-constexpr int kAutoRingLanes = 4;
 
 class SyncBackend {
  public:
@@ -97,47 +96,23 @@ class SyncBackend {
   // on the session's transport to a neighbour that has not taken it. The
   // Communicator destroys a retired backend once this is false.
   virtual bool SendsOut() const { return false; }
+
+  // What MakeSyncBackend built this backend to (client/collective_plan.h).
+  const CollectivePlan& plan() const { return plan_; }
+  void set_plan(CollectivePlan plan) { plan_ = std::move(plan); }
+
+ private:
+  CollectivePlan plan_;
 };
 
 struct SyncBackendOptions {
-  std::string path;     // allreduce | ps
-  std::string backend;  // ring | nccl (path=allreduce)
+  // The all-reduce settings (client/collective_plan.h): MakeSyncBackend
+  // plans the collectives from them and the job's shape, once per epoch.
+  CollectiveSettings collectives;
   RingOptions ring;
-  // Ring neighbours on this host (the same host address) exchange their
-  // messages through shared memory (wire/same_host_transport.h), links of
-  // `shm_link_bytes` each.
-  bool shm = true;
+  // The shared-memory links between ring neighbours on one host
+  // (wire/same_host_transport.h, collectives.shm): `shm_link_bytes` each.
   size_t shm_link_bytes = size_t{4} << 20;
-  // "segments": when every worker is on one host (and `shm`), all-reduces
-  // go through shared-memory segments (client/host_collectives.h); "ring":
-  // through the ring's links.
-  std::string shm_allreduce = "segments";
-  // "measured": when the workers of the job (of the membership epoch, in an
-  // elastic job) span four hosts or more, the ring goes round the hosts in
-  // the order its measured links favour (cluster/ring_order.h); "rank":
-  // always rank order.
-  std::string ring_order = "measured";
-  // The ring's lanes (client/ring_lanes.h): each lane is a TCP stream of
-  // its own (wire/tcp_stream_transport.h, sealed under CURVE) on a free
-  // port of the worker's host, whose ports the workers exchange over a
-  // first ring on the session's data transport; neighbours on one host
-  // reach each other through shared-memory links of the lane's own over
-  // its stream. Used by the ring backend
-  // and the direct collectives of the ps path when the workers span two
-  // hosts or more, or ring neighbours do not share memory (shm off).
-  int ring_lanes = 1;
-  // ring_lanes=auto: kAutoRingLanes lanes are opened, and the ring uses
-  // them all or lane 0 alone, whichever a timed all-reduce of each favours
-  // when the ring is made (client/ring_lanes.h, SetActive).
-  bool ring_lanes_auto = false;
-  // "halving_doubling": with TCP streams and 2^L workers (L >= 2),
-  // all-reduces go by recursive halving and doubling
-  // (client/halving_doubling.h), 2 L steps to the ring's 2 (2^L - 1), and
-  // up to the ring's small_bytes by recursive doubling (L steps); "auto":
-  // recursive doubling up to the ring's small_bytes, each larger size the
-  // way its first all-reduces measured faster (HalvingDoubling's
-  // `measure`); "ring": every all-reduce round the ring.
-  std::string ring_algorithm = "auto";
   PsClientOptions ps;
   // Parameter-server traffic to shards on this host (cluster/ps_links.h).
   cluster::PsLinkOptions ps_links;
@@ -146,7 +121,10 @@ struct SyncBackendOptions {
   uint64_t compression_seed = 0;  // the compressors' job-wide seed
 };
 
-// Builds the backend `options` name over `session`. `compression`,
+// The one choice point: plans the collectives from `options.collectives`
+// and the shape of `session`'s epoch (PlanCollectives; worker 0 logs the
+// plan in one line), then builds the backend the plan names over
+// `session`. `compression`,
 // `memory` (the buckets) and the rejected-message metrics must outlive it; `stopped` tells the PS
 // client's waits that the Communicator was shut down.
 StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(

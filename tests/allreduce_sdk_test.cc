@@ -262,9 +262,10 @@ TEST_F(AllReduceSdkTest, WorkersOnFourHostsWithoutCurveRunOverTcpStreams) {
   // ring_algorithm=auto: the small all-reduces by recursive doubling; each
   // size of bucket tried both ways for its first 18 all-reduces (a step
   // each), then the way measured faster on every worker.
-  EXPECT_NE(out.find("all-reduces up to 262144 bytes by recursive doubling over 2 pairs, larger "
-                     "ones round the ring or by halving and doubling, as each size measures "
-                     "faster (ring_algorithm=auto)"),
+  EXPECT_NE(out.find("collectives: buckets round the ring; 4 workers on 4 hosts; ring of 1 lane "
+                     "in measured host order, shared memory between neighbours on a host; small "
+                     "all-reduces by recursive doubling over 2 pairs, larger ones round the ring "
+                     "or by halving and doubling as each size measures faster"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("ring_algorithm=auto: all-reduces of 2097152 to 4194303 bytes go "),

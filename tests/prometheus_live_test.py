@@ -264,6 +264,17 @@ def main():
                            "process_resident_memory_bytes", "process_open_fds",
                            "process_start_time_seconds"):
                 failures.check(family in text, "%s: no %s" % (name, family))
+            if name.startswith("worker"):
+                # The one plan of the epoch: the PS path, both workers on one
+                # host over shared-memory segments, one lane in rank order.
+                plan = [line for line in text.splitlines()
+                        if line.startswith("gradsync_client_collectives{")]
+                failures.check(
+                    len(plan) == 1 and plan[0].endswith(" 1") and all(
+                        label in plan[0] for label in
+                        ('path="ps"', 'algorithm="ring"', 'lanes="1"', 'order="rank"',
+                         'same_host="segments"')),
+                    "%s: gradsync_client_collectives %s" % (name, plan))
 
         up = api(prom, "query_range", query="up", start=start, end=end, step=SCRAPE_S)
         seen = {r["metric"]["instance"] for r in up["result"]
