@@ -402,8 +402,8 @@ StatusOr<std::unique_ptr<client::PsClient>> MakePsClient(client::Session& sessio
   links.enabled = plan.ps_shm;
   peers.server_endpoints = client::PsShardEndpoints(session);
   GS_ASSIGN_OR_RETURN(auto transport, client::MakePsClientTransport(session, links));
-  GS_ASSIGN_OR_RETURN(auto client, client::PsClient::Create(std::move(transport), peers, options,
-                                                            nullptr, nullptr));
+  GS_ASSIGN_OR_RETURN(auto client,
+                      client::PsClient::Create(std::move(transport), peers, options, nullptr));
   GS_RETURN_IF_ERROR(client->SetCompression(plan.bucket, plan.compression));
   return client;
 }
@@ -442,8 +442,7 @@ class WorkerThread {
     client::OpTag tag;
     tag.bucket = sh_->plan.bucket;
     tag.seq = tag.step = ++seq_;
-    return ps_->AllReduce(data_.data(), data_.size(), DType::kF32, client::ReduceOp::kAverage, tag,
-                          Deadline::After(kOpTimeout));
+    return ps_->PushPull(data_.data(), data_.size(), DType::kF32, tag, Deadline::After(kOpTimeout));
   }
 
   // One round of each; the ps result must be the average of rank + 1.

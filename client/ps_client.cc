@@ -41,11 +41,10 @@ StatusOr<PsClientOptions> PsClientOptions::FromConfig(const Config& config) {
 }
 
 PsClient::PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
-                   const PsClientOptions& options, Collectives* fallback, Health health)
+                   const PsClientOptions& options, Health health)
     : transport_(std::move(transport)),
       peers_(peers),
       options_(options),
-      fallback_(fallback),
       health_(std::move(health)),
       policy_(wire::Policy::Accepting({MsgType::Ack, MsgType::Reply, MsgType::Error})) {
   policy_.job_id = peers.sender.job_id;
@@ -56,14 +55,14 @@ PsClient::PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& pe
 StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Transport> transport,
                                                      const PsPeers& peers,
                                                      const PsClientOptions& options,
-                                                     Collectives* fallback, Health health) {
+                                                     Health health) {
   if (peers.server_endpoints.empty()) {
     return FailedPreconditionError(
         "path=ps needs server shards, and the job has none "
         "(num_servers=0)");
   }
   std::unique_ptr<PsClient> c(
-      new PsClient(std::move(transport), peers, options, fallback, std::move(health)));
+      new PsClient(std::move(transport), peers, options, std::move(health)));
   for (const std::string& endpoint : peers.server_endpoints) {
     std::vector<wire::ConnId> lanes;
     for (int lane = 0; lane < std::max(1, options.lanes); ++lane) {
@@ -77,14 +76,10 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::unique_ptr<wire::Trans
 
 PsClient::~PsClient() { transport_->Shutdown(); }
 
-Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
-                           Deadline deadline) {
-  if (tag.bucket == kDirectOpBucket) {
-    if (fallback_ == nullptr) return UnimplementedError("no collectives for direct operations");
-    return fallback_->AllReduce(data, count, dtype, op, tag, deadline);
-  }
+Status PsClient::PushPull(void* data, size_t count, DType dtype, const OpTag& tag,
+                          Deadline deadline) {
   if (!broken_.ok()) return broken_;
-  if (dtype != DType::kF32 || op != ReduceOp::kAverage) {
+  if (dtype != DType::kF32) {
     return InvalidArgumentError(std::string("the parameter-server path averages f32 buckets "
                                             "only; bucket ") +
                                 std::to_string(tag.bucket) + " is " + DTypeName(dtype));
@@ -127,18 +122,6 @@ Status PsClient::AllReduce(void* data, size_t count, DType dtype, ReduceOp op, c
   }
   b.next_round++;
   return Status();
-}
-
-Status PsClient::AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
-                           Deadline deadline) {
-  if (fallback_ == nullptr) return UnimplementedError("no collectives for AllGather");
-  return fallback_->AllGather(in, bytes, out, tag, deadline);
-}
-
-Status PsClient::Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
-                           Deadline deadline) {
-  if (fallback_ == nullptr) return UnimplementedError("no collectives for Broadcast");
-  return fallback_->Broadcast(data, bytes, root, tag, deadline);
 }
 
 Status PsClient::SetCompression(uint32_t bucket, const std::string& spec) {

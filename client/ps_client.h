@@ -1,7 +1,9 @@
-// PsClient: the parameter-server path of the Communicator (path=ps), behind
-// the Collectives interface its comm engine calls.
+// PsClient: the parameter-server path of the Communicator (path=ps): a
+// bucket's push and pull (PushPull), which the PS backend
+// (client/sync_backend.cc) calls for each bucket. It is no Collectives: the
+// job's direct collectives, broadcasts and all-gathers go round the ring.
 //
-// AllReduce(bucket, kAverage) cuts the bucket into partitions of
+// PushPull(bucket) cuts the bucket into partitions of
 // `partition_bytes` (common/placement.h), pushes each partition to its shard
 // (payload frames point into the caller's buffer: zero-copy), pulls the
 // round's result back and writes it into the buffer:
@@ -9,14 +11,12 @@
 //     receives the average of every live worker's gradient for the round,
 //     exactly what the all-reduce path gives.
 //   - a server-side optimizer (optimizer=sgd|momentum|adam): the buffer
-//     receives the new parameters, not a gradient. The first AllReduce of
+//     receives the new parameters, not a gradient. The first PushPull of
 //     each bucket initialises the shards: its buffer must hold the initial
 //     parameters; worker 0 pushes them (round 0) and every worker receives
-//     worker 0's values back (a broadcast). Every later AllReduce of the
+//     worker 0's values back (a broadcast). Every later PushPull of the
 //     bucket pushes a gradient computed from the parameters it last received.
-// Only f32 buckets travel to the shards. Broadcast, AllGather and the
-// Communicator's direct AllReduce (tag.bucket == kDirectOpBucket) go to the
-// `fallback` collectives (the ring).
+// Only f32 buckets travel to the shards.
 //
 // Compression (SetCompression): each partition of a gradient push is
 // compressed on its own, by a compressor instance of its own (so with its own
@@ -76,9 +76,6 @@
 
 namespace gradsync::client {
 
-// The bucket id the Communicator gives its direct collectives.
-constexpr uint32_t kDirectOpBucket = 0xFFFFFFFFu;
-
 struct PsClientOptions {
   size_t partition_bytes = size_t{4} << 20;
   bool server_optimizer = false;  // optimizer != none
@@ -114,28 +111,27 @@ struct PsClientStats {
   uint64_t busy = 0;      // messages a shard did not take yet (Busy): sent again
 };
 
-class PsClient : public Collectives {
+class PsClient {
  public:
   using Health = std::function<Status()>;
 
   // Connects `transport` (this client's own, read by nobody else) to every
-  // shard. `fallback` must outlive the client; `health` may be null.
+  // shard. `health` may be null.
   static StatusOr<std::unique_ptr<PsClient>> Create(std::unique_ptr<wire::Transport> transport,
                                                     const PsPeers& peers,
-                                                    const PsClientOptions& options,
-                                                    Collectives* fallback, Health health);
-  ~PsClient() override;  // shuts the transport down
+                                                    const PsClientOptions& options, Health health);
+  ~PsClient();  // shuts the transport down
 
-  const char* name() const override { return "ps"; }
-  int rank() const override { return peers_.rank; }
-  int world_size() const override { return peers_.world_size; }
+  const char* name() const { return "ps"; }
+  int rank() const { return peers_.rank; }
+  int world_size() const { return peers_.world_size; }
 
-  Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, const OpTag& tag,
-                   Deadline deadline) override;
-  Status AllGather(const void* in, size_t bytes, void* out, const OpTag& tag,
-                   Deadline deadline) override;
-  Status Broadcast(void* data, size_t bytes, int root, const OpTag& tag,
-                   Deadline deadline) override;
+  // Bucket `tag.bucket`'s round: pushes `data` (count f32: a gradient, or
+  // the initial parameters in the first round with a server-side optimizer)
+  // and writes the round's result from the shards into it (above).
+  // InvalidArgument for a dtype other than f32 or a bucket whose size
+  // changed.
+  Status PushPull(void* data, size_t count, DType dtype, const OpTag& tag, Deadline deadline);
 
   PsClientStats stats() const;
 
@@ -143,14 +139,14 @@ class PsClient : public Collectives {
   // `completed` (Communicator::AgreeOnStep): each bucket's first round is
   // completed + 1 (round 0, the shards' initial parameters, when completed
   // is 0 and the shards step), from the parameters of version `completed`.
-  // Before the first AllReduce of the epoch; ignored in epoch 0.
+  // Before the first PushPull of the epoch; ignored in epoch 0.
   void ResumeAt(uint64_t completed);
   // Shuts the transport down (its same-host links too); later calls fail.
   void Close();
 
   // Compresses the gradient pushes of `bucket` with `spec` (see
   // compression/registry.h; "none": uncompressed). Before the bucket's
-  // first AllReduce. InvalidArgument for a spec the shards cannot decode.
+  // first PushPull. InvalidArgument for a spec the shards cannot decode.
   Status SetCompression(uint32_t bucket, const std::string& spec);
 
   // Compresses partition `partition` of bucket `bucket` (its `count`
@@ -162,9 +158,9 @@ class PsClient : public Collectives {
   // Compressed pushes are made by `encoder` (the CUDA gradients' device
   // compression) instead of on the host, except those of a top-k bucket of
   // several partitions (its budget is shared over the bucket: chosen here,
-  // so that both make the same selection). Before the first AllReduce.
+  // so that both make the same selection). Before the first PushPull.
   void SetPartitionEncoder(PartitionEncoder encoder) { partition_encoder_ = std::move(encoder); }
-  // Whether the next AllReduce of `bucket` (of `count` elements) reads the
+  // Whether the next PushPull of `bucket` (of `count` elements) reads the
   // caller's buffer to push: uncompressed, the round that initialises the
   // shards, or a top-k whose budget is shared over several partitions
   // (chosen on the whole bucket, here, not by the partition encoder).
@@ -172,7 +168,7 @@ class PsClient : public Collectives {
   // only receives the result.
   bool PushesRaw(uint32_t bucket, size_t count) const;
 
-  // The payload bytes the last AllReduce pushed and received.
+  // The payload bytes the last PushPull pushed and received.
   struct Traffic {
     size_t sent = 0;
     size_t received = 0;
@@ -190,11 +186,11 @@ class PsClient : public Collectives {
     std::vector<uint32_t> keys;  // scratch of a top-k budget shared over partitions
     bool shared_budget = false;  // the spec's top-k shares its budget over partitions
   };
-  class Exchange;  // one AllReduce in flight (ps_client.cc)
+  class Exchange;  // one PushPull in flight (ps_client.cc)
 
   PsClient(std::unique_ptr<wire::Transport> transport, const PsPeers& peers,
-           const PsClientOptions& options, Collectives* fallback, Health health);
-  // The round of a bucket's first AllReduce in this client.
+           const PsClientOptions& options, Health health);
+  // The round of a bucket's first PushPull in this client.
   uint64_t FirstRound() const;
   // A received message refused: counted, and exported by reason.
   void CountRejected(wire::ErrorCode code);
@@ -202,7 +198,6 @@ class PsClient : public Collectives {
   std::unique_ptr<wire::Transport> transport_;
   const PsPeers peers_;
   const PsClientOptions options_;
-  Collectives* const fallback_;
   const Health health_;
   wire::Policy policy_;
   std::vector<std::vector<wire::ConnId>> conns_;  // per shard, per lane

@@ -1,4 +1,4 @@
-// PsClient::Exchange: one AllReduce's pushes, pulls, resends and answers.
+// PsClient::Exchange: one PushPull's pushes, pulls, resends and answers.
 #include "client/ps_client_exchange.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// PsClient::Exchange: one AllReduce of the parameter-server client in flight
+// PsClient::Exchange: one PushPull of the parameter-server client in flight
 // (pushes and pulls of every partition, resends, answers), and the holds
 // its sends keep on the caller's buffer. Internal to client/ps_client.cc and
 // ps_client_exchange.cc.
@@ -45,7 +45,7 @@ class PsSendHolds {
   int held_ = 0;
 };
 
-// One AllReduce: pushes and pulls for every partition, resends, answers.
+// One PushPull: pushes and pulls for every partition, resends, answers.
 class PsClient::Exchange {
  public:
   Exchange(PsClient* client, uint32_t bucket, uint8_t* data, uint64_t round, const OpTag& tag,

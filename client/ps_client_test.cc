@@ -152,7 +152,7 @@ class PsJob {
       peers.sender = wire::Sender{wire::Role::Worker, w, kJob};
       std::unique_ptr<wire::Transport> t = net_.NewTransport("worker" + std::to_string(w));
       if (spec.make_hook) t = std::make_unique<HookTransport>(std::move(t), spec.make_hook());
-      auto c = PsClient::Create(std::move(t), peers, co, nullptr, nullptr);
+      auto c = PsClient::Create(std::move(t), peers, co, nullptr);
       EXPECT_TRUE(c.ok()) << c.status();
       clients_.push_back(std::move(*c));
     }
@@ -212,9 +212,8 @@ void ExpectExactAverages(PsJob& job, int workers, int rounds) {
           want[i] /= static_cast<float>(workers);
         }
         OpTag tag{static_cast<uint64_t>(round), b, 0, 0};
-        ASSERT_TRUE(c.AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kAverage, tag,
-                                Deadline::AfterMs(10000))
-                        .ok());
+        ASSERT_TRUE(
+            c.PushPull(data.data(), data.size(), DType::kF32, tag, Deadline::AfterMs(10000)).ok());
         ASSERT_EQ(data, want) << "rank " << rank << " round " << round << " bucket " << b;
       }
     }
@@ -314,14 +313,12 @@ TEST(PsClientTest, WithAServerOptimizerTheFirstCallSharesWorkerZerosParameters) 
   job.Run([&](int rank, PsClient& c) {
     std::vector<float> p(50);
     for (size_t i = 0; i < p.size(); ++i) p[i] = rank == 0 ? static_cast<float>(i) : -99.0f;
-    ASSERT_TRUE(c.AllReduce(p.data(), p.size(), DType::kF32, ReduceOp::kAverage, {0, 4, 0, 0},
-                            Deadline::AfterMs(10000))
-                    .ok());
+    ASSERT_TRUE(
+        c.PushPull(p.data(), p.size(), DType::kF32, {0, 4, 0, 0}, Deadline::AfterMs(10000)).ok());
     for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(p[i], static_cast<float>(i));
     std::vector<float> g(50, static_cast<float>(rank * 2 + 1));  // average 2
-    ASSERT_TRUE(c.AllReduce(g.data(), g.size(), DType::kF32, ReduceOp::kAverage, {1, 4, 1, 0},
-                            Deadline::AfterMs(10000))
-                    .ok());
+    ASSERT_TRUE(
+        c.PushPull(g.data(), g.size(), DType::kF32, {1, 4, 1, 0}, Deadline::AfterMs(10000)).ok());
     for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], static_cast<float>(i) - 0.5f);
   });
 }
@@ -331,41 +328,30 @@ TEST(PsClientTest, AShardErrorFailsTheCallWithTheShardsMessageAndStaysFailed) {
   spec.client_thinks_optimizer = true;
   PsJob job(spec);
   std::vector<float> p(10, 1.0f);
-  Status s = job.client(0).AllReduce(p.data(), p.size(), DType::kF32, ReduceOp::kAverage,
-                                     {0, 0, 0, 0}, Deadline::AfterMs(5000));
+  Status s = job.client(0).PushPull(p.data(), p.size(), DType::kF32, {0, 0, 0, 0},
+                                    Deadline::AfterMs(5000));
   EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
   EXPECT_NE(s.message().find("server 0 refused"), std::string::npos) << s;
   EXPECT_NE(s.message().find("takes no initial parameters"), std::string::npos) << s;
-  Status again = job.client(0).AllReduce(p.data(), p.size(), DType::kF32, ReduceOp::kAverage,
-                                         {1, 0, 1, 0}, Deadline::AfterMs(5000));
+  Status again = job.client(0).PushPull(p.data(), p.size(), DType::kF32, {1, 0, 1, 0},
+                                        Deadline::AfterMs(5000));
   EXPECT_EQ(again.message(), s.message());
 }
 
-TEST(PsClientTest, RefusesOtherDtypesAndChangedSizesAndSendsDirectOpsElsewhere) {
+TEST(PsClientTest, RefusesOtherDtypesAndChangedSizes) {
   PsJob job(Spec(1, 1));
   std::vector<uint16_t> half(8);
   EXPECT_EQ(job.client(0)
-                .AllReduce(half.data(), 8, DType::kF16, ReduceOp::kAverage, {0, 0, 0, 0},
-                           Deadline::AfterMs(1000))
+                .PushPull(half.data(), 8, DType::kF16, {0, 0, 0, 0}, Deadline::AfterMs(1000))
                 .code(),
             StatusCode::kInvalidArgument);
   std::vector<float> f(8, 1.0f);
-  ASSERT_TRUE(job.client(0)
-                  .AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage, {0, 1, 0, 0},
-                             Deadline::AfterMs(5000))
-                  .ok());
+  ASSERT_TRUE(
+      job.client(0).PushPull(f.data(), 8, DType::kF32, {0, 1, 0, 0}, Deadline::AfterMs(5000)).ok());
   EXPECT_EQ(job.client(0)
-                .AllReduce(f.data(), 7, DType::kF32, ReduceOp::kAverage, {1, 1, 1, 0},
-                           Deadline::AfterMs(5000))
+                .PushPull(f.data(), 7, DType::kF32, {1, 1, 1, 0}, Deadline::AfterMs(5000))
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(job.client(0).Broadcast(f.data(), 32, 0, {}, Deadline::AfterMs(100)).code(),
-            StatusCode::kUnimplemented);
-  EXPECT_EQ(job.client(0)
-                .AllReduce(f.data(), 8, DType::kF32, ReduceOp::kSum, {0, kDirectOpBucket, 2, 0},
-                           Deadline::AfterMs(100))
-                .code(),
-            StatusCode::kUnimplemented);
 }
 
 // What the shards must compute from compressed pushes: each worker's
@@ -480,9 +466,7 @@ TEST(PsClientTest, CompressedPushesAverageWhatEveryWorkersCompressorSent) {
       for (int round = 0; round < rounds; ++round) {
         std::vector<float> g = Gradient(rank, round, n);
         OpTag tag{static_cast<uint64_t>(round), 2, static_cast<uint64_t>(round), 0};
-        ASSERT_TRUE(
-            c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag, Deadline::AfterMs(10000))
-                .ok());
+        ASSERT_TRUE(c.PushPull(g.data(), n, DType::kF32, tag, Deadline::AfterMs(10000)).ok());
         ASSERT_EQ(g, want[static_cast<size_t>(round)]) << "rank " << rank << " round " << round;
       }
       traffic[static_cast<size_t>(rank)] = c.last_traffic();
@@ -519,9 +503,7 @@ TEST(PsClientTest, ASharedTopKBudgetIsChosenOnTheWholeBucketDespiteAPartitionEnc
       EXPECT_TRUE(c.PushesRaw(2, n));  // the device hands over the bucket itself
       std::vector<float> g = Gradient(rank, round, n);
       OpTag tag{static_cast<uint64_t>(round), 2, static_cast<uint64_t>(round), 0};
-      ASSERT_TRUE(
-          c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag, Deadline::AfterMs(10000))
-              .ok());
+      ASSERT_TRUE(c.PushPull(g.data(), n, DType::kF32, tag, Deadline::AfterMs(10000)).ok());
       ASSERT_EQ(g, want[static_cast<size_t>(round)]) << "rank " << rank << " round " << round;
     }
   });
@@ -547,9 +529,7 @@ TEST(PsClientTest, RepliesInFp16AreTheRoundedAverage) {
       ASSERT_TRUE(fp16->Decompress(bytes.data(), bytes.size(), n, {}, want.data()).ok());
       OpTag tag{static_cast<uint64_t>(round), 0, static_cast<uint64_t>(round), 0};
       const uint64_t resent = c.stats().resent;
-      ASSERT_TRUE(
-          c.AllReduce(g.data(), n, DType::kF32, ReduceOp::kAverage, tag, Deadline::AfterMs(10000))
-              .ok());
+      ASSERT_TRUE(c.PushPull(g.data(), n, DType::kF32, tag, Deadline::AfterMs(10000)).ok());
       ASSERT_EQ(g, want) << "rank " << rank << " round " << round;
       EXPECT_EQ(c.last_traffic().received, 2 * n);
       // The pushes went uncompressed (a loaded machine may also resend one
@@ -573,10 +553,8 @@ TEST(PsClientTest, SetCompressionRefusesWhatTheShardsCannotDecode) {
         << s;
   }
   std::vector<float> f(8, 1.0f);
-  ASSERT_TRUE(job.client(0)
-                  .AllReduce(f.data(), 8, DType::kF32, ReduceOp::kAverage, {0, 1, 0, 0},
-                             Deadline::AfterMs(5000))
-                  .ok());
+  ASSERT_TRUE(
+      job.client(0).PushPull(f.data(), 8, DType::kF32, {0, 1, 0, 0}, Deadline::AfterMs(5000)).ok());
   EXPECT_EQ(job.client(0).SetCompression(1, "fp16").code(), StatusCode::kFailedPrecondition);
   EXPECT_FALSE(
       PsClientOptions::FromConfig(Config::FromMap({{"ps_reply_compression", "topk"}})).ok());
@@ -593,8 +571,8 @@ uint64_t MaxStaleness(PsMode mode, uint64_t s, int rounds) {
     std::vector<float> p(40, 1.0f);
     for (int round = 0; round <= rounds; ++round) {
       if (round > 0) std::fill(p.begin(), p.end(), 0.01f * static_cast<float>(rank + 1));
-      ASSERT_TRUE(c.AllReduce(p.data(), p.size(), DType::kF32, ReduceOp::kAverage,
-                              {static_cast<uint64_t>(round), 0, 0, 0}, Deadline::AfterMs(20000))
+      ASSERT_TRUE(c.PushPull(p.data(), p.size(), DType::kF32,
+                             {static_cast<uint64_t>(round), 0, 0, 0}, Deadline::AfterMs(20000))
                       .ok());
       std::this_thread::sleep_for(std::chrono::milliseconds(1 + 4 * rank));
     }

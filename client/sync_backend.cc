@@ -630,7 +630,7 @@ class PsBackend : public SyncBackend {
     // are compressed where the bucket is: EncodePartition).
     GS_ASSIGN_OR_RETURN(uint8_t * data,
                         memory.HostView(index, b.bytes(), ps_->PushesRaw(b.id, b.count), deadline));
-    Status s = ps_->AllReduce(data, b.count, b.dtype, ReduceOp::kAverage, tag, deadline);
+    Status s = ps_->PushPull(data, b.count, b.dtype, tag, deadline);
     const PsClient::Traffic moved = ps_->last_traffic();
     *traffic = WireTraffic{moved.sent, moved.received, false};
     GS_RETURN_IF_ERROR(s);
@@ -679,8 +679,7 @@ StatusOr<std::unique_ptr<SyncBackend>> MakePsBackend(const SyncBackendOptions& o
                       MakePsClientTransport(*session, options.ps_links));
   PsClientOptions ps_options = options.ps;
   ps_options.rejected = rejected;
-  GS_ASSIGN_OR_RETURN(
-      auto ps, PsClient::Create(std::move(transport), peers, ps_options, ring.ring(), health));
+  GS_ASSIGN_OR_RETURN(auto ps, PsClient::Create(std::move(transport), peers, ps_options, health));
   if (memory->device()) {
     // Compressed pushes are made on the GPU: only their bytes reach the host.
     const Millis timeout = options.op_timeout;

@@ -113,8 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.poll_interval = Millis(1);
   options.server_optimizer = in.ConsumeBool();
   options.reply_codec = kReplyCodecs[in.ConsumeIntegralInRange<int>(0, 2)];
-  auto client =
-      client::PsClient::Create(net.NewTransport("worker0"), peers, options, nullptr, nullptr);
+  auto client = client::PsClient::Create(net.NewTransport("worker0"), peers, options, nullptr);
   if (!client.ok()) std::abort();
   if (in.ConsumeBool() && !(*client)->SetCompression(0, "topk:ratio=0.25").ok()) std::abort();
 
@@ -124,8 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (uint64_t step = 0; step < 2; ++step) {
       const client::OpTag tag{step, 0, step, 5};
       (*client)
-          ->AllReduce(buf.data(), kCount, DType::kF32, client::ReduceOp::kAverage, tag,
-                      Deadline::AfterMs(40))
+          ->PushPull(buf.data(), kCount, DType::kF32, tag, Deadline::AfterMs(40))
           .IgnoreError();
     }
     done = true;
