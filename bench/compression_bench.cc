@@ -11,7 +11,7 @@
 //   {"compressor","op","threads","gelem_s","memcpy_gelem_s","elements"}
 //
 // PowerSGD ("powersgd:rank=R", not a Compressor) has one op, "reduce": a
-// single rank's Reduce with the all-reduces left out (both matrix products,
+// single rank's Begin, Middle and Finish with the all-reduces left out (both matrix products,
 // the orthogonalisation, the residual and the rebuilt bucket).
 //
 // Usage: compression_bench [--quick] [--elements=N[,N...]] [--reps=R]
@@ -196,8 +196,10 @@ Row BenchPowerSgd(const std::string& spec, int threads, const Flags& flags,
   }
   std::vector<uint64_t> steps(threads, 0);
   auto reduce = [&](int t) {
-    Check(psgd[t]->Reduce(work[t].data(), work[t].size(), CompressContext{42, steps[t]++, 3}, 1,
-                          [](float*, size_t) { return Status(); }));
+    PowerSgd& p = *psgd[t];
+    p.Begin(work[t].data(), work[t].size(), CompressContext{42, steps[t]++, 3});
+    p.Middle();
+    p.Finish(work[t].data(), 1);
   };
   auto copy = [&](int t) {
     std::memcpy(out->data() + n * t / threads, in.data() + n * t / threads,

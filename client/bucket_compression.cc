@@ -108,6 +108,25 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
   return ReduceWire(code, data, count, space_, backend, tag, deadline, traffic, &in_wire);
 }
 
+namespace {
+
+// The rest of a PowerSGD reduction that `p` began (its first factor `f`):
+// each factor summed through `backend` under `tag` in turn, then the
+// average into `data`.
+Status SumFactors(compression::PowerSgd& p, compression::PowerSgd::Factor f, float* data,
+                  Collectives& backend, const OpTag& tag, Deadline deadline) {
+  if (f.count == 0) return Status();
+  GS_RETURN_IF_ERROR(
+      backend.AllReduce(f.data, f.count, DType::kF32, ReduceOp::kSum, tag, deadline));
+  const compression::PowerSgd::Factor q = p.Middle();
+  GS_RETURN_IF_ERROR(
+      backend.AllReduce(q.data, q.count, DType::kF32, ReduceOp::kSum, tag, deadline));
+  p.Finish(data, backend.world_size());
+  return Status();
+}
+
+}  // namespace
+
 Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::PowerSgd& p,
                                          float* data, size_t count, const OpTag& tag,
                                          const compression::CompressContext& ctx, Deadline deadline,
@@ -118,10 +137,7 @@ Status BucketCompression::ReducePowerSgd(Collectives& backend, compression::Powe
   const size_t bytes = p.WireBytes(count);
   *traffic = Traffic{bytes, bytes, false};
   // Both factors travel under the bucket's tag, one after the other.
-  auto sum = [&](float* factor, size_t elems) {
-    return backend.AllReduce(factor, elems, DType::kF32, ReduceOp::kSum, tag, deadline);
-  };
-  return p.Reduce(data, count, ctx, backend.world_size(), sum);
+  return SumFactors(p, p.Begin(data, count, ctx), data, backend, tag, deadline);
 }
 
 Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compression::PowerSgd& p,
@@ -134,9 +150,6 @@ Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compressio
   if (!*done) return Status();
   // Every factor, and then the vectors, travel under the bucket's tag, one
   // after the other, in bucket order on every rank.
-  auto sum = [&](float* values, size_t elems) {
-    return backend.AllReduce(values, elems, DType::kF32, ReduceOp::kSum, tag, deadline);
-  };
   size_t bytes = 0;
   scratch_.clear();
   for (size_t i = 0; i < layout.size(); ++i) {
@@ -146,8 +159,9 @@ Status BucketCompression::ReducePowerSgdTensors(Collectives& backend, compressio
       continue;
     }
     const compression::PowerSgdShape shape{t.rows, t.cols};
-    GS_RETURN_IF_ERROR(p.ReduceTensor(data + t.offset, shape, ctx, static_cast<uint32_t>(i),
-                                      backend.world_size(), sum));
+    float* at = data + t.offset;
+    GS_RETURN_IF_ERROR(SumFactors(p, p.BeginTensor(at, shape, ctx, static_cast<uint32_t>(i)), at,
+                                  backend, tag, deadline));
     bytes += (t.rows + t.cols) * p.RankForMatrix(shape) * sizeof(float);
   }
   if (!scratch_.empty()) {

@@ -202,11 +202,16 @@ TEST_P(PowerSgdBucketTest, SameBitsOnEveryRankAsStandalonePowerSgd) {
     auto st = ring.Run([&](int r) {
       return bcs[r]->Reduce(ring[r], 5, data[r].data(), count, tag, /*seed=*/7, Soon(), &wire[r]);
     });
-    auto ref_st = reference_ring.Run([&](int r) {
-      auto sum = [&](float* v, size_t n) {
-        return reference_ring[r].AllReduce(v, n, DType::kF32, ReduceOp::kSum, tag, Soon());
+    auto ref_st = reference_ring.Run([&](int r) -> Status {
+      compression::PowerSgd& p = *reference[r];
+      auto sum = [&](compression::PowerSgd::Factor f) {
+        return reference_ring[r].AllReduce(f.data, f.count, DType::kF32, ReduceOp::kSum, tag,
+                                           Soon());
       };
-      return reference[r]->Reduce(want[r].data(), count, {7, step, 5}, kWorld, sum);
+      GS_RETURN_IF_ERROR(sum(p.Begin(want[r].data(), count, {7, step, 5})));
+      GS_RETURN_IF_ERROR(sum(p.Middle()));
+      p.Finish(want[r].data(), kWorld);
+      return Status();
     });
     for (int r = 0; r < kWorld; ++r) {
       ASSERT_TRUE(st[r].ok()) << st[r].ToString();

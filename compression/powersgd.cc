@@ -198,38 +198,51 @@ void PowerSgd::LoadM(const float* g, size_t n, PowerSgdShape s, const BucketStat
   std::fill(m_.begin() + static_cast<std::ptrdiff_t>(n), m_.end(), 0.0f);
 }
 
-Status PowerSgd::Reduce(float* data, size_t n, const CompressContext& ctx, int world_size,
-                        const SumFn& sum) {
-  if (n == 0) return OkStatus();
-  return ReduceAs(data, n, PowerSgdShapeOf(n), RankFor(n), ctx, kWholeBucket, world_size, sum);
+PowerSgd::Factor PowerSgd::Begin(const float* data, size_t n, const CompressContext& ctx) {
+  round_ = Round{};
+  if (n == 0) return Factor{};
+  return BeginAs(data, n, PowerSgdShapeOf(n), RankFor(n), ctx, kWholeBucket);
 }
 
 size_t PowerSgd::RankForMatrix(PowerSgdShape s) const {
   return std::min({static_cast<size_t>(rank_), s.rows, s.cols});
 }
 
-Status PowerSgd::ReduceTensor(float* data, PowerSgdShape shape, const CompressContext& ctx,
-                              uint32_t tensor, int world_size, const SumFn& sum) {
+PowerSgd::Factor PowerSgd::BeginTensor(const float* data, PowerSgdShape shape,
+                                       const CompressContext& ctx, uint32_t tensor) {
+  round_ = Round{};
   const size_t n = shape.rows * shape.cols;
-  if (n == 0) return OkStatus();
-  return ReduceAs(data, n, shape, RankForMatrix(shape), ctx, tensor, world_size, sum);
+  if (n == 0) return Factor{};
+  return BeginAs(data, n, shape, RankForMatrix(shape), ctx, tensor);
 }
 
-Status PowerSgd::ReduceAs(float* data, size_t n, PowerSgdShape s, size_t r,
-                          const CompressContext& ctx, uint32_t tensor, int world_size,
-                          const SumFn& sum) {
+PowerSgd::Factor PowerSgd::BeginAs(const float* data, size_t n, PowerSgdShape s, size_t r,
+                                   const CompressContext& ctx, uint32_t tensor) {
   BucketState& state = StateFor(n, s, r, ctx, tensor);
   LoadM(data, n, s, state);
   MultiplyMQ(m_, state.q, s, r, &p_);
-  GS_RETURN_IF_ERROR(sum(p_.data(), p_.size()));
-  OrthonormaliseColumns(p_.data(), s.rows, r, StreamKey(ctx, kFillSalt));
+  round_ = Round{&state, s, n, r, StreamKey(ctx, kFillSalt)};
+  return Factor{p_.data(), p_.size()};
+}
+
+PowerSgd::Factor PowerSgd::Middle() {
+  if (round_.state == nullptr) return Factor{};
+  const PowerSgdShape s = round_.shape;
+  const size_t r = round_.r, n = round_.n;
+  OrthonormaliseColumns(p_.data(), s.rows, r, round_.fill_key);
   MultiplyMtP(m_, p_, s, r, &q_);
   // The residual from this rank's own factor, before Q is summed.
   residual_.resize(s.rows * s.cols);
   for (size_t i = 0; i < s.rows; ++i) LowRankRow(p_, q_, s, r, i, &residual_[i * s.cols]);
   for (size_t i = 0; i < n; ++i) residual_[i] = m_[i] - residual_[i];
   residual_.resize(n);
-  GS_RETURN_IF_ERROR(sum(q_.data(), q_.size()));
+  return Factor{q_.data(), q_.size()};
+}
+
+void PowerSgd::Finish(float* data, int world_size) {
+  if (round_.state == nullptr) return;
+  const PowerSgdShape s = round_.shape;
+  const size_t r = round_.r, n = round_.n;
   const float world = static_cast<float>(world_size);
   for (float& v : q_) v /= world;
   // The average: full rows straight into data, the last through m_.
@@ -238,9 +251,9 @@ Status PowerSgd::ReduceAs(float* data, size_t n, PowerSgdShape s, size_t r,
   LowRankRow(p_, q_, s, r, last, m_.data());
   std::copy(m_.begin(), m_.begin() + static_cast<std::ptrdiff_t>(n - last * s.cols),
             data + last * s.cols);
-  state.residual.swap(residual_);
-  state.q.swap(q_);
-  return OkStatus();
+  round_.state->residual.swap(residual_);
+  round_.state->q.swap(q_);
+  round_ = Round{};
 }
 
 }  // namespace gradsync::compression

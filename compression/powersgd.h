@@ -90,10 +90,6 @@ class PowerSgd {
   static constexpr int kDefaultRank = 4;
   static constexpr int kMaxRank = 64;
 
-  // Sums data[0, count) over all ranks in place; every rank gets the same
-  // bits.
-  using SumFn = std::function<Status(float* data, size_t count)>;
-
   // From a spec "powersgd[:rank=R][,ef=1]". InvalidArgument, naming the
   // spec, for another name, another key, R out of range, or ef=0.
   static StatusOr<std::unique_ptr<PowerSgd>> Create(const std::string& spec);
@@ -108,20 +104,36 @@ class PowerSgd {
   // Bytes one rank sends (and receives) for a bucket of n floats.
   size_t WireBytes(size_t n) const;
 
-  // Replaces data[0, n) of bucket ctx.bucket_id by the rank-r average over
-  // all `world_size` ranks, calling `sum` twice (for P, then Q). Every rank
-  // calls it with the same n, ctx and world_size. n = 0 does nothing.
-  Status Reduce(float* data, size_t n, const CompressContext& ctx, int world_size,
-                const SumFn& sum);
-
-  // The same for one tensor of a bucket with a shape of its own: `data`
-  // holds shape.rows x shape.cols floats, row-major (a tensor of shape
+  // One reduction goes in three steps, and between them the caller sums
+  // the factor the step gave over every rank, in place (every rank gets the
+  // same bits):
+  //   Factor p = Begin(data, n, ctx);    // or BeginTensor
+  //   ... sum p.data[0, p.count) over the ranks ...
+  //   Factor q = Middle();
+  //   ... sum q over the ranks ...
+  //   Finish(data, world_size);          // data[0, n): the rank-r average
+  // Every rank makes the same calls with the same n, ctx and world_size.
+  // One reduction at a time; one abandoned after Begin or Middle (a sum
+  // that failed) changes nothing: the next Begin starts afresh. A factor of
+  // count 0 (n = 0) needs no sum, and Finish then does nothing.
+  struct Factor {
+    float* data = nullptr;
+    size_t count = 0;
+  };
+  // Of data[0, n) of bucket ctx.bucket_id, viewed as PowerSgdShapeOf(n).
+  Factor Begin(const float* data, size_t n, const CompressContext& ctx);
+  // Of one tensor of a bucket with a shape of its own: `data` holds
+  // shape.rows x shape.cols floats, row-major (a tensor of shape
   // [d0, d1, ...] is d0 x (d1 * ...)), with rank r = min(rank(), rows,
-  // cols), and its
-  // own residual and Q, keyed by (ctx.bucket_id, tensor). The first Q is
-  // drawn from the seed, the bucket and the tensor index.
-  Status ReduceTensor(float* data, PowerSgdShape shape, const CompressContext& ctx, uint32_t tensor,
-                      int world_size, const SumFn& sum);
+  // cols), and its own residual and Q, keyed by (ctx.bucket_id, tensor). The
+  // first Q is drawn from the seed, the bucket and the tensor index.
+  Factor BeginTensor(const float* data, PowerSgdShape shape, const CompressContext& ctx,
+                     uint32_t tensor);
+  // After P was summed: orthonormalises it and gives this rank's Q.
+  Factor Middle();
+  // After Q was summed: writes the average into data[0, n) and keeps the
+  // new residual and Q.
+  void Finish(float* data, int world_size);
   // min(rank(), rows, cols).
   size_t RankForMatrix(PowerSgdShape s) const;
 
@@ -143,16 +155,26 @@ class PowerSgd {
   BucketState& StateFor(size_t n, PowerSgdShape s, size_t r, const CompressContext& ctx,
                         uint32_t tensor);
   void LoadM(const float* g, size_t n, PowerSgdShape s, const BucketState& state);
-  // One Reduce of n floats viewed as s (n <= rows x cols, zero padded).
-  Status ReduceAs(float* data, size_t n, PowerSgdShape s, size_t r, const CompressContext& ctx,
-                  uint32_t tensor, int world_size, const SumFn& sum);
+  // Begin of n floats viewed as s (n <= rows x cols, zero padded).
+  Factor BeginAs(const float* data, size_t n, PowerSgdShape s, size_t r, const CompressContext& ctx,
+                 uint32_t tensor);
+
+  // The reduction between Begin and Finish.
+  struct Round {
+    BucketState* state = nullptr;  // null: none (or n = 0)
+    PowerSgdShape shape;
+    size_t n = 0;
+    size_t r = 0;
+    uint64_t fill_key = 0;
+  };
 
   const int rank_;
   std::unordered_map<uint64_t, BucketState> buckets_;
   std::vector<float> m_;         // rows x cols, row-major: g + e, zero padded
   std::vector<float> p_;         // rows x r, column-major
   std::vector<float> q_;         // cols x r, column-major
-  std::vector<float> residual_;  // the new residual until Reduce succeeds
+  std::vector<float> residual_;  // the new residual until Finish
+  Round round_;
 };
 
 }  // namespace gradsync::compression

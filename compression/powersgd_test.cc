@@ -21,13 +21,36 @@ using testing_util::Gaussian;
 
 constexpr uint64_t kSeed = 42;
 
+// Sums data[0, count) over all ranks in place, as the ring does.
+using SumFn = std::function<Status(float* data, size_t count)>;
+
+// A PowerSgd reduction of data[0, n) of the bucket with `sum` between its
+// steps; and of one tensor (PowerSgd::BeginTensor).
+Status Finish(PowerSgd& p, PowerSgd::Factor f, float* data, int world_size, const SumFn& sum) {
+  if (f.count > 0) {
+    GS_RETURN_IF_ERROR(sum(f.data, f.count));
+    const PowerSgd::Factor q = p.Middle();
+    GS_RETURN_IF_ERROR(sum(q.data, q.count));
+  }
+  p.Finish(data, world_size);
+  return OkStatus();
+}
+Status Reduce(PowerSgd& p, float* data, size_t n, const CompressContext& ctx, int world_size,
+              const SumFn& sum) {
+  return Finish(p, p.Begin(data, n, ctx), data, world_size, sum);
+}
+Status ReduceTensor(PowerSgd& p, float* data, PowerSgdShape shape, const CompressContext& ctx,
+                    uint32_t tensor, int world_size, const SumFn& sum) {
+  return Finish(p, p.BeginTensor(data, shape, ctx, tensor), data, world_size, sum);
+}
+
 class Ranks {
  public:
   explicit Ranks(int n) : n_(n), slots_(static_cast<size_t>(n)) {}
 
   int size() const { return n_; }
 
-  PowerSgd::SumFn SumFor(int rank) {
+  SumFn SumFor(int rank) {
     return [this, rank](float* data, size_t count) {
       slots_[static_cast<size_t>(rank)].assign(data, data + count);
       Wait();
@@ -80,8 +103,9 @@ struct Job {
     std::vector<Status> st(static_cast<size_t>(ranks.size()));
     ranks.Run([&](int r) {
       std::vector<float>& d = (*data)[static_cast<size_t>(r)];
-      st[static_cast<size_t>(r)] = psgd[static_cast<size_t>(r)]->Reduce(
-          d.data(), d.size(), CompressContext{kSeed, step, 0}, ranks.size(), ranks.SumFor(r));
+      st[static_cast<size_t>(r)] =
+          Reduce(*psgd[static_cast<size_t>(r)], d.data(), d.size(), CompressContext{kSeed, step, 0},
+                 ranks.size(), ranks.SumFor(r));
     });
     for (const Status& s : st) ASSERT_TRUE(s.ok()) << s;
   }
@@ -277,9 +301,9 @@ TEST(PowerSgdTest, ContributionPlusResidualIsTheInput) {
     std::vector<float> old_e(n, 0.0f);
     for (uint64_t step = 0; step < 5; ++step) {
       std::vector<float> g = Gaussian(n, 1.0f, 200 + static_cast<uint32_t>(step)), out = g;
-      ASSERT_TRUE(p.Reduce(out.data(), n, {kSeed, step, 3}, 1, [](float*, size_t) {
-                     return Status();
-                   }).ok());
+      ASSERT_TRUE(Reduce(p, out.data(), n, {kSeed, step, 3}, 1, [](float*, size_t) {
+                    return Status();
+                  }).ok());
       const std::vector<float>& e = *p.Residual(3);
       for (size_t i = 0; i < n; ++i) {
         const float m = g[i] + old_e[i];
@@ -294,11 +318,11 @@ TEST(PowerSgdTest, CountChangeStartsAfresh) {
   PowerSgd used(4), fresh(4);
   auto identity = [](float*, size_t) { return Status(); };
   std::vector<float> big = Gaussian(1000, 1.0f, 5);
-  ASSERT_TRUE(used.Reduce(big.data(), big.size(), {kSeed, 0, 1}, 1, identity).ok());
+  ASSERT_TRUE(Reduce(used, big.data(), big.size(), {kSeed, 0, 1}, 1, identity).ok());
   ASSERT_EQ(used.Residual(1)->size(), 1000u);
   std::vector<float> a = Gaussian(500, 1.0f, 6), b = a;
-  ASSERT_TRUE(used.Reduce(a.data(), a.size(), {kSeed, 1, 1}, 1, identity).ok());
-  ASSERT_TRUE(fresh.Reduce(b.data(), b.size(), {kSeed, 1, 1}, 1, identity).ok());
+  ASSERT_TRUE(Reduce(used, a.data(), a.size(), {kSeed, 1, 1}, 1, identity).ok());
+  ASSERT_TRUE(Reduce(fresh, b.data(), b.size(), {kSeed, 1, 1}, 1, identity).ok());
   EXPECT_EQ(a, b);
   EXPECT_EQ(*used.Residual(1), *fresh.Residual(1));
 }
@@ -329,12 +353,12 @@ TEST(PowerSgdTest, FailedSumLeavesDataAndStateAlone) {
   PowerSgd p(2);
   auto identity = [](float*, size_t) { return Status(); };
   std::vector<float> g = Gaussian(300, 1.0f, 8);
-  ASSERT_TRUE(p.Reduce(g.data(), g.size(), {kSeed, 0, 0}, 1, identity).ok());
+  ASSERT_TRUE(Reduce(p, g.data(), g.size(), {kSeed, 0, 0}, 1, identity).ok());
   const std::vector<float> residual = *p.Residual(0);
   for (int fail_at : {1, 2}) {
     std::vector<float> data = Gaussian(300, 1.0f, 9), before = data;
     int calls = 0;
-    Status s = p.Reduce(data.data(), data.size(), {kSeed, 1, 0}, 1, [&](float*, size_t) {
+    Status s = Reduce(p, data.data(), data.size(), {kSeed, 1, 0}, 1, [&](float*, size_t) {
       return ++calls == fail_at ? UnavailableError("peer died") : Status();
     });
     EXPECT_EQ(s.code(), StatusCode::kUnavailable);
@@ -407,9 +431,9 @@ TEST(PowerSgdTensorTest, EachTensorIsItsOwnMatrix) {
     ranks.Run([&](int r) {
       const CompressContext ctx{kSeed, step, 7};
       ASSERT_TRUE(
-          p[r]->ReduceTensor(out_wide[r].data(), wide, ctx, 0, kWorld, ranks.SumFor(r)).ok());
+          ReduceTensor(*p[r], out_wide[r].data(), wide, ctx, 0, kWorld, ranks.SumFor(r)).ok());
       ASSERT_TRUE(
-          p[r]->ReduceTensor(out_tall[r].data(), tall, ctx, 1, kWorld, ranks.SumFor(r)).ok());
+          ReduceTensor(*p[r], out_tall[r].data(), tall, ctx, 1, kWorld, ranks.SumFor(r)).ok());
     });
     for (size_t i = 0; i < g_wide.size(); ++i) {
       ASSERT_NEAR(out_wide[0][i], g_wide[i], 1e-3 * (1 + std::fabs(g_wide[i]))) << step << " " << i;
