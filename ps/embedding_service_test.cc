@@ -155,7 +155,9 @@ class Harness {
         a.epoch = v.header->epoch();
         if (a.type == MsgType::EmbeddingRows) {
           a.rows.resize(o.message.payloads[0].size / sizeof(float));
-          std::memcpy(a.rows.data(), o.message.payloads[0].data, a.rows.size() * sizeof(float));
+          if (!a.rows.empty()) {  // a pull of no rows has an empty frame
+            std::memcpy(a.rows.data(), o.message.payloads[0].data, a.rows.size() * sizeof(float));
+          }
         }
       }
       answers.push_back(std::move(a));
