@@ -5,18 +5,6 @@
 
 namespace gradsync::client {
 
-const char* SyncWayName(SyncWay way) {
-  switch (way) {
-    case SyncWay::kRing:
-      return "ring";
-    case SyncWay::kNccl:
-      return "nccl";
-    case SyncWay::kPs:
-      return "ps";
-  }
-  return "ring";
-}
-
 const char* RingAlgorithmName(RingAlgorithm algorithm) {
   switch (algorithm) {
     case RingAlgorithm::kRing:
@@ -57,7 +45,7 @@ StatusOr<CollectiveSettings> CollectiveSettings::FromConfig(const Config& config
                       Choice("path", config.GetString("path", "allreduce"), {"allreduce", "ps"}));
   GS_ASSIGN_OR_RETURN(const int backend,
                       Choice("backend", config.GetString("backend", "ring"), {"ring", "nccl"}));
-  s.way = path == 1 ? SyncWay::kPs : backend == 1 ? SyncWay::kNccl : SyncWay::kRing;
+  s.way = path == 1 ? SyncPath::kPs : backend == 1 ? SyncPath::kNccl : SyncPath::kRing;
   GS_ASSIGN_OR_RETURN(s.shm, config.GetBool("ring_shm", true));
   GS_ASSIGN_OR_RETURN(
       const int shm_allreduce,
@@ -93,7 +81,7 @@ CollectivePlan PlanCollectives(const CollectiveSettings& s, const JobShape& shap
   p.way = s.way;
   p.shape = shape;
   p.shm = s.shm;
-  const bool nccl = s.way == SyncWay::kNccl;
+  const bool nccl = s.way == SyncPath::kNccl;
   const bool one_host = shape.hosts <= 1;
   p.order_asked = s.measured_order;
   p.measured_order =
@@ -112,9 +100,9 @@ CollectivePlan PlanCollectives(const CollectiveSettings& s, const JobShape& shap
 
 std::string CollectivePlan::Describe() const {
   std::string line = std::string("collectives: ") +
-                     (way == SyncWay::kPs     ? "buckets to the parameter servers"
-                      : way == SyncWay::kNccl ? "buckets through NCCL"
-                                              : "buckets round the ring") +
+                     (way == SyncPath::kPs     ? "buckets to the parameter servers"
+                      : way == SyncPath::kNccl ? "buckets through NCCL"
+                                               : "buckets round the ring") +
                      "; " + std::to_string(shape.workers) + " workers on " +
                      std::to_string(shape.hosts) + (shape.hosts == 1 ? " host" : " hosts") +
                      "; ring of " +
@@ -126,7 +114,7 @@ std::string CollectivePlan::Describe() const {
                                 std::to_string(kMostMeasuredHosts) + " hosts)"
                           : "") +
                      (shm ? ", shared memory between neighbours on a host" : "");
-  if (way == SyncWay::kNccl) return line;
+  if (way == SyncPath::kNccl) return line;
   if (same_host) {
     line += segments ? "; all-reduces through shared-memory segments"
                      : "; all-reduces round the ring (ring_shm_allreduce=ring)";
@@ -151,7 +139,7 @@ std::string CollectivePlan::Describe() const {
 }
 
 std::map<std::string, std::string> CollectivePlan::Labels() const {
-  return {{"path", SyncWayName(way)},
+  return {{"path", SyncPathLabel(way)},
           {"algorithm", RingAlgorithmName(algorithm)},
           {"lanes", lanes_auto ? "auto" : std::to_string(lanes)},
           {"order", measured_order ? "measured" : "rank"},

@@ -22,14 +22,12 @@
 #include <map>
 #include <string>
 
+#include "client/client_metrics.h"
 #include "common/config.h"
 #include "common/status.h"
 
 namespace gradsync::client {
 
-// Where buckets go: round the workers' ring (path=allreduce, backend=ring),
-// to NCCL (backend=nccl), or to the parameter-server shards (path=ps).
-enum class SyncWay { kRing, kNccl, kPs };
 // ring_algorithm. The values go over the wire (the workers compare theirs
 // when the ring is made).
 enum class RingAlgorithm : int32_t { kRing = 0, kHalvingDoubling = 1, kAuto = 2 };
@@ -40,11 +38,13 @@ constexpr int kAutoRingLanes = 4;
 constexpr size_t kLeastMeasuredHosts = 4;
 constexpr size_t kMostMeasuredHosts = 64;
 
-const char* SyncWayName(SyncWay way);                    // ring, nccl, ps
 const char* RingAlgorithmName(RingAlgorithm algorithm);  // ring, halving_doubling, auto
 
 struct CollectiveSettings {
-  SyncWay way = SyncWay::kRing;
+  // Where buckets go (client/client_metrics.h): round the workers' ring
+  // (path=allreduce, backend=ring), to NCCL (backend=nccl), or to the
+  // parameter-server shards (path=ps).
+  SyncPath way = SyncPath::kRing;
   // ring_shm: ring neighbours on one host exchange their messages through
   // shared memory (wire/same_host_transport.h).
   bool shm = true;
@@ -72,7 +72,7 @@ struct JobShape {
 };
 
 struct CollectivePlan {
-  SyncWay way = SyncWay::kRing;
+  SyncPath way = SyncPath::kRing;
   JobShape shape;
   bool shm = true;  // ring neighbours on one host over shared memory
   // The ring goes round the hosts in the measured order (else rank order;

@@ -22,7 +22,7 @@ std::string Refusal(std::map<std::string, std::string> flags) {
 
 TEST(CollectivePlanTest, ReadsEverySettingOnceIntoWhatItMeans) {
   const CollectiveSettings d = Read({});
-  EXPECT_EQ(d.way, SyncWay::kRing);
+  EXPECT_EQ(d.way, SyncPath::kRing);
   EXPECT_TRUE(d.shm && d.shm_segments && d.measured_order);
   EXPECT_EQ(d.lanes, 1);
   EXPECT_FALSE(d.lanes_auto);
@@ -33,12 +33,12 @@ TEST(CollectivePlanTest, ReadsEverySettingOnceIntoWhatItMeans) {
                                      {"ring_order", "rank"},
                                      {"ring_lanes", "auto"},
                                      {"ring_algorithm", "halving_doubling"}});
-  EXPECT_EQ(s.way, SyncWay::kPs);
+  EXPECT_EQ(s.way, SyncPath::kPs);
   EXPECT_FALSE(s.shm || s.shm_segments || s.measured_order);
   EXPECT_EQ(s.lanes, kAutoRingLanes);
   EXPECT_TRUE(s.lanes_auto);
   EXPECT_EQ(s.algorithm, RingAlgorithm::kHalvingDoubling);
-  EXPECT_EQ(Read({{"backend", "nccl"}}).way, SyncWay::kNccl);
+  EXPECT_EQ(Read({{"backend", "nccl"}}).way, SyncPath::kNccl);
   EXPECT_EQ(Read({{"ring_lanes", "3"}}).lanes, 3);
 }
 
@@ -81,7 +81,7 @@ TEST(CollectivePlanTest, HalvingAndDoublingOnlyWherePowersOfTwoOfAtLeastFourSpan
   EXPECT_NE(six.Describe().find("needs a power of two of at least 4 workers"), std::string::npos)
       << six.Describe();
   EXPECT_EQ(PlanCollectives(s, {2, 2}).algorithm, RingAlgorithm::kRing);
-  s.way = SyncWay::kNccl;  // the ring beside NCCL: one lane, round the ring
+  s.way = SyncPath::kNccl;  // the ring beside NCCL: one lane, round the ring
   const CollectivePlan nccl = PlanCollectives(s, {8, 2});
   EXPECT_EQ(nccl.algorithm, RingAlgorithm::kRing);
   EXPECT_EQ(nccl.lanes, 1);

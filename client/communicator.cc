@@ -32,7 +32,7 @@ Status Communicator::Impl::Start(Deadline deadline, SteadyTime started) {
         session_->host(),
         options_.metrics_base_port + (options_.local_rank >= 0 ? options_.local_rank : r));
   }
-  if (options_.cuda_gradients || options_.sync.collectives.way == SyncWay::kNccl) {
+  if (options_.cuda_gradients || options_.sync.collectives.way == SyncPath::kNccl) {
     GS_ASSIGN_OR_RETURN(cuda_device_, ResolveCudaDevice(options_.sync.cuda_device,
                                                         options_.local_rank, VisibleCudaDevices()));
   }

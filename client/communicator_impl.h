@@ -114,7 +114,7 @@ struct CommOptions {
     o.sync.op_timeout = Millis(timeout);
     o.sync.ring.chunk_bytes = static_cast<size_t>(chunk);
     o.sync.cuda_device = static_cast<int>(device);
-    if (o.sync.collectives.way == SyncWay::kPs) {
+    if (o.sync.collectives.way == SyncPath::kPs) {
       GS_ASSIGN_OR_RETURN(o.sync.ps, PsClientOptions::FromConfig(config));
       GS_ASSIGN_OR_RETURN(o.sync.ps_links, cluster::PsLinkOptions::FromConfig(config));
     }

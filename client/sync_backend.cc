@@ -50,7 +50,8 @@ static_assert(sizeof(LaneRecord) == 3 * sizeof(int32_t),
               "a LaneRecord goes over the wire as it is: no padding");
 
 std::string LanesSetting(const LaneRecord& r) {
-  const bool known = r.algorithm >= 0 && r.algorithm <= 2;  // else a peer's word
+  const bool known = r.algorithm >= 0 &&
+                     r.algorithm <= static_cast<int32_t>(RingAlgorithm::kAuto);  // else a peer's
   return std::string("ring_lanes=") + (r.automatic != 0 ? "auto" : std::to_string(r.count)) +
          ", ring_algorithm=" +
          (known ? RingAlgorithmName(static_cast<RingAlgorithm>(r.algorithm))
@@ -710,12 +711,12 @@ StatusOr<std::unique_ptr<SyncBackend>> MakeSyncBackend(
   if (session->rank() == 0) GS_LOG(INFO) << plan.Describe();
   GS_ASSIGN_OR_RETURN(Ring ring, MakeRing(session, options, plan, ring_rejected, deadline));
   std::unique_ptr<SyncBackend> backend;
-  if (plan.way == SyncWay::kPs) {
+  if (plan.way == SyncPath::kPs) {
     GS_ASSIGN_OR_RETURN(backend, MakePsBackend(options, session, compression, memory,
                                                std::move(ring), ps_rejected, std::move(stopped)));
   } else {
     std::unique_ptr<Collectives> nccl;
-    if (plan.way == SyncWay::kNccl) {
+    if (plan.way == SyncPath::kNccl) {
       GS_ASSIGN_OR_RETURN(nccl,
                           MakeNcclCollectives(session, options.cuda_device, ring.ring(), deadline));
     }
