@@ -6,6 +6,38 @@
 #include "client/elementwise.h"
 
 namespace gradsync::client {
+namespace {
+
+// A host compressor's code of one bucket, data[0, count).
+class CompressorCodec final : public BucketCodec {
+ public:
+  CompressorCodec(compression::Compressor& c, float* data, size_t count,
+                  const compression::CompressContext& ctx)
+      : c_(c), data_(data), count_(count), ctx_(ctx) {
+    shape_.wire_bytes = c.WireBytes(count);
+    shape_.summable = c.summable();
+    if (shape_.summable) {
+      shape_.dtype = c.summable_dtype();
+      shape_.elems = shape_.wire_bytes / DTypeSize(shape_.dtype);
+    }
+  }
+  Shape shape() const override { return shape_; }
+  Status Encode(uint8_t* wire) override {
+    return c_.Compress(data_, count_, ctx_, wire, shape_.wire_bytes);
+  }
+  Status Decode(const uint8_t* wire, float* out) override {
+    return c_.Decompress(wire, shape_.wire_bytes, count_, ctx_, out);
+  }
+
+ private:
+  compression::Compressor& c_;
+  float* const data_;
+  const size_t count_;
+  const compression::CompressContext& ctx_;
+  Shape shape_;
+};
+
+}  // namespace
 
 StatusOr<std::unique_ptr<BucketCompression>> BucketCompression::FromConfig(const Config& config) {
   std::unique_ptr<BucketCompression> bc(new BucketCompression());
@@ -82,29 +114,8 @@ Status BucketCompression::Reduce(Collectives& backend, uint32_t bucket, float* d
   }
   compression::Compressor& c = *it->second;
   c.BeginStep(tag.step);  // every rank the same step: the same wire size
-  WireCode code;
-  code.wire_bytes = c.WireBytes(count);
-  code.summable = c.summable();
-  if (code.summable) {
-    code.dtype = c.summable_dtype();
-    code.elems = code.wire_bytes / DTypeSize(code.dtype);
-  }
-  // The codec's functions capture one pointer: no allocation a bucket.
-  struct Args {
-    compression::Compressor& c;
-    float* data;
-    size_t count;
-    const compression::CompressContext& ctx;
-    size_t wire_bytes;
-  } args{c, data, count, ctx, code.wire_bytes};
-  const Args* a = &args;
-  code.encode = [a](uint8_t* wire) {
-    return a->c.Compress(a->data, a->count, a->ctx, wire, a->wire_bytes);
-  };
-  code.decode = [a](const uint8_t* wire, float* out) {
-    return a->c.Decompress(wire, a->wire_bytes, a->count, a->ctx, out);
-  };
-  bool in_wire = false;  // only codes with encode_divided leave it there
+  CompressorCodec code(c, data, count, ctx);
+  bool in_wire = false;  // only codes with EncodeDivided leave it there
   return ReduceWire(code, data, count, space_, backend, tag, deadline, traffic, &in_wire);
 }
 

@@ -89,6 +89,125 @@ Status CheckSparse(const uint8_t* wire, size_t k, size_t n, int rank) {
 
 }  // namespace
 
+// What a device codec makes of data[0, n) (client/wire_reduce.h): the
+// kernels of its kind on the gradients' stream. Filled by MakeCode.
+class DeviceCodec final : public BucketCodec {
+ public:
+  Shape shape() const override { return shape_; }
+
+  Status Encode(uint8_t* w) override {
+    switch (c_.kind) {
+      case Codec::kHalf: {
+        auto* wire = reinterpret_cast<uint16_t*>(w);
+        if (c_.ef)
+          return kernels::EfFloat16Cuda(c_.half, data_, residual_, has_, n_, wire, stream_);
+        return c_.half == kernels::Float16Format::kFp16
+                   ? kernels::FloatToHalfCuda(data_, wire, n_, stream_)
+                   : kernels::FloatToBf16Cuda(data_, wire, n_, stream_);
+      }
+      case Codec::kRandomK: {
+        auto* values = reinterpret_cast<float*>(w);
+        if (c_.ef) {
+          return kernels::EfRandomKCuda(data_, residual_, has_, n_, idx_, k_, scale_, values,
+                                        stream_);
+        }
+        return kernels::GatherCuda(data_, idx_, k_, values, stream_);
+      }
+      case Codec::kTopK: {
+        auto* idx = reinterpret_cast<int32_t*>(w);
+        if (c_.ef) {
+          return kernels::EfTopKCuda(data_, residual_, has_, n_, k_, c_.values, idx, w + 4 * k_,
+                                     workspace_, ws_, stream_);
+        }
+        return kernels::TopKCuda(data_, n_, k_, c_.values, idx, w + 4 * k_, workspace_, ws_,
+                                 stream_);
+      }
+      case Codec::kSign: {
+        auto* scales = reinterpret_cast<float*>(w);
+        uint8_t* bits = w + 4 * chunks_;
+        if (c_.ef) {
+          return kernels::EfSignCuda(data_, residual_, has_, n_, c_.chunk, scales, bits, stream_);
+        }
+        return kernels::SignEncodeCuda(data_, n_, c_.chunk, scales, bits, stream_);
+      }
+      case Codec::kQsgd: {
+        auto* norms = reinterpret_cast<float*>(w);
+        auto* q = reinterpret_cast<int8_t*>(w + 4 * chunks_);
+        if (c_.ef) {
+          return kernels::EfQsgdCuda(data_, residual_, has_, n_, c_.chunk, c_.levels, key_, norms,
+                                     q, stream_);
+        }
+        return kernels::QsgdEncodeCuda(data_, n_, c_.chunk, c_.levels, key_, norms, q, stream_);
+      }
+      default:
+        return InternalError("no device form for this compressor");
+    }
+  }
+
+  bool EncodesDivided() const override { return c_.ResultInWire(); }
+  Status EncodeDivided(uint8_t* w, float divisor) override {
+    if (!c_.ResultInWire()) return BucketCodec::EncodeDivided(w, divisor);
+    return kernels::DividedToHalfCuda(data_, divisor, reinterpret_cast<uint16_t*>(w), n_, stream_);
+  }
+
+  Status Check(const uint8_t* w, int rank) const override {
+    if (c_.kind == Codec::kTopK) return CheckSparse(w, k_, n_, rank);
+    if (c_.kind != Codec::kQsgd) return Status();  // every bit pattern decodes
+    const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks_);
+    for (size_t i = 0; i < n_; ++i) {
+      if (q[i] > c_.levels || q[i] < -c_.levels) {
+        return InvalidArgumentError("qsgd bytes of rank " + std::to_string(rank) + ": level " +
+                                    std::to_string(q[i]) + " at " + std::to_string(i) +
+                                    " exceeds " + std::to_string(c_.levels));
+      }
+    }
+    return Status();
+  }
+
+  Status Decode(const uint8_t* w, float* out) override {
+    switch (c_.kind) {
+      case Codec::kHalf: {
+        auto* wire = reinterpret_cast<const uint16_t*>(w);
+        return c_.half == kernels::Float16Format::kFp16
+                   ? kernels::HalfToFloatCuda(wire, out, n_, stream_)
+                   : kernels::Bf16ToFloatCuda(wire, out, n_, stream_);
+      }
+      case Codec::kRandomK:
+        return kernels::ScatterCuda(reinterpret_cast<const float*>(w), idx_, k_, scale_, n_, out,
+                                    stream_);
+      case Codec::kTopK:
+        return kernels::SparseDecompressCuda(reinterpret_cast<const int32_t*>(w), w + 4 * k_,
+                                             c_.values, k_, n_, out, stream_);
+      case Codec::kSign:
+        return kernels::SignDecodeCuda(reinterpret_cast<const float*>(w), w + 4 * chunks_, n_,
+                                       c_.chunk, out, stream_);
+      case Codec::kQsgd:
+        return kernels::QsgdDecodeCuda(reinterpret_cast<const float*>(w),
+                                       reinterpret_cast<const int8_t*>(w + 4 * chunks_), n_,
+                                       c_.chunk, c_.levels, out, stream_);
+      default:
+        return InternalError("no device form for this compressor");
+    }
+  }
+
+ private:
+  friend class CudaGradients;
+  Codec c_;
+  Shape shape_;
+  float* data_ = nullptr;
+  size_t n_ = 0;
+  float* residual_ = nullptr;
+  bool has_ = false;
+  cudaStream_t stream_ = nullptr;
+  size_t chunks_ = 0;              // sign and qsgd: scales or norms
+  size_t k_ = 0;                   // top-k and random-k: values kept
+  const uint32_t* idx_ = nullptr;  // random-k: the indices, on the device
+  float scale_ = 1.0f;             // random-k
+  uint8_t* workspace_ = nullptr;   // top-k
+  size_t ws_ = 0;
+  uint64_t key_ = 0;  // qsgd
+};
+
 StatusOr<CudaGradients::State*> CudaGradients::StateOf(int bucket, const std::string& spec) {
   State& st = *state_.at(static_cast<size_t>(bucket));
   if (st.spec != spec) {
@@ -184,16 +303,17 @@ StatusOr<std::shared_ptr<std::vector<uint8_t>>> CudaGradients::EncodePartition(
   }
   if (st.codec.ef) GS_RETURN_IF_ERROR(st.residual.Reserve(count * sizeof(float), "a residual"));
   auto* data = reinterpret_cast<float*>(Bucket(bucket)) + offset;
-  GS_ASSIGN_OR_RETURN(
-      WireCode code,
-      MakeCode(st.codec, data, count, reinterpret_cast<float*>(st.residual.get()), st.has_residual,
-               kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}));
-  GS_RETURN_IF_ERROR(wire_.Reserve(code.wire_bytes + 4, "compressed bytes"));
-  GS_RETURN_IF_ERROR(code.encode(wire_.get()));
+  DeviceCodec code;
+  GS_RETURN_IF_ERROR(MakeCode(st.codec, data, count, reinterpret_cast<float*>(st.residual.get()),
+                              st.has_residual,
+                              kernels::SeedContext{ctx.seed, ctx.step, ctx.bucket_id}, &code));
+  const size_t wire_bytes = code.shape().wire_bytes;
+  GS_RETURN_IF_ERROR(wire_.Reserve(wire_bytes + 4, "compressed bytes"));
+  GS_RETURN_IF_ERROR(code.Encode(wire_.get()));
   if (st.codec.ef) st.has_residual = true;
-  auto bytes = std::make_shared<std::vector<uint8_t>>(code.wire_bytes);
-  GS_RETURN_IF_ERROR(wire_host_.Reserve(code.wire_bytes + 4, "compressed bytes"));
-  GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), code.wire_bytes, deadline));
+  auto bytes = std::make_shared<std::vector<uint8_t>>(wire_bytes);
+  GS_RETURN_IF_ERROR(wire_host_.Reserve(wire_bytes + 4, "compressed bytes"));
+  GS_RETURN_IF_ERROR(ToHost(wire_host_.get(), wire_.get(), wire_bytes, deadline));
   if (!bytes->empty()) std::memcpy(bytes->data(), wire_host_.get(), bytes->size());
   return bytes;
 }
@@ -209,132 +329,62 @@ Status CudaGradients::ToDevice(uint8_t* dev, const uint8_t* host, size_t bytes) 
               "copying to the GPU");
 }
 
-StatusOr<WireCode> CudaGradients::MakeCode(const Codec& c, float* data, size_t n, float* residual,
-                                           bool has, const kernels::SeedContext& ctx) {
-  const size_t chunks = c.chunk > 0 ? kernels::NumChunks(n, c.chunk) : 0;
-  const cudaStream_t stream = stream_;
-  WireCode code;
+Status CudaGradients::MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
+                               const kernels::SeedContext& ctx, DeviceCodec* code) {
+  *code = DeviceCodec();
+  code->c_ = c;
+  code->data_ = data;
+  code->n_ = n;
+  code->residual_ = residual;
+  code->has_ = has;
+  code->stream_ = stream_;
+  code->chunks_ = c.chunk > 0 ? kernels::NumChunks(n, c.chunk) : 0;
+  BucketCodec::Shape& shape = code->shape_;
   switch (c.kind) {
-    case Codec::kHalf: {
-      const bool fp16 = c.half == kernels::Float16Format::kFp16;
-      code.summable = true;
-      code.dtype = fp16 ? DType::kF16 : DType::kBF16;
-      code.elems = n;
-      code.wire_bytes = 2 * n;
-      code.encode = [=](uint8_t* w) {
-        auto* wire = reinterpret_cast<uint16_t*>(w);
-        if (c.ef) return kernels::EfFloat16Cuda(c.half, data, residual, has, n, wire, stream);
-        return fp16 ? kernels::FloatToHalfCuda(data, wire, n, stream)
-                    : kernels::FloatToBf16Cuda(data, wire, n, stream);
-      };
-      if (c.ResultInWire()) {
-        code.encode_divided = [=](uint8_t* w, float divisor) {
-          return kernels::DividedToHalfCuda(data, divisor, reinterpret_cast<uint16_t*>(w), n,
-                                            stream);
-        };
-      }
-      code.decode = [=](const uint8_t* w, float* out) {
-        auto* wire = reinterpret_cast<const uint16_t*>(w);
-        return fp16 ? kernels::HalfToFloatCuda(wire, out, n, stream)
-                    : kernels::Bf16ToFloatCuda(wire, out, n, stream);
-      };
-      return code;
-    }
+    case Codec::kHalf:
+      shape.summable = true;
+      shape.dtype = c.half == kernels::Float16Format::kFp16 ? DType::kF16 : DType::kBF16;
+      shape.elems = n;
+      shape.wire_bytes = 2 * n;
+      return Status();
     case Codec::kRandomK: {
       // Every rank draws the same indices from the context, on the host.
       // Unbiased (n / k) alone; with error feedback the dropped part is
       // carried instead (compression/registry.cc), so the scale is 1.
       const size_t k = kernels::SparseKeepCount(c.ratio, n);
       const std::vector<uint32_t> indices = kernels::RandomKIndicesCpu(ctx, n, k);
-      const float scale = c.ef ? 1.0f : kernels::RandomKScale(n, k);
       GS_RETURN_IF_ERROR(indices_.Reserve(4 * k + 4, "random-k indices"));
       auto* idx = reinterpret_cast<uint32_t*>(indices_.get());
       // From pageable memory: staged before the call returns.
       GS_RETURN_IF_ERROR(
-          Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice, stream),
+          Cuda(cudaMemcpyAsync(idx, indices.data(), 4 * k, cudaMemcpyHostToDevice, stream_),
                "copying random-k indices to the GPU"));
-      code.summable = true;
-      code.dtype = DType::kF32;
-      code.elems = k;
-      code.wire_bytes = 4 * k;
-      code.encode = [=](uint8_t* w) {
-        auto* values = reinterpret_cast<float*>(w);
-        if (c.ef)
-          return kernels::EfRandomKCuda(data, residual, has, n, idx, k, scale, values, stream);
-        return kernels::GatherCuda(data, idx, k, values, stream);
-      };
-      code.decode = [=](const uint8_t* w, float* out) {
-        return kernels::ScatterCuda(reinterpret_cast<const float*>(w), idx, k, scale, n, out,
-                                    stream);
-      };
-      return code;
+      code->k_ = k;
+      code->idx_ = idx;
+      code->scale_ = c.ef ? 1.0f : kernels::RandomKScale(n, k);
+      shape.summable = true;
+      shape.dtype = DType::kF32;
+      shape.elems = k;
+      shape.wire_bytes = 4 * k;
+      return Status();
     }
     case Codec::kTopK: {
       const size_t k = kernels::SparseKeepCount(c.ratio, n);
       const size_t vb = c.values == kernels::SparseValueFormat::kF16 ? 2 : 4;
-      const size_t ws = kernels::TopKWorkspaceBytes(n);
-      GS_RETURN_IF_ERROR(workspace_.Reserve(ws, "the top-k workspace"));
-      uint8_t* workspace = workspace_.get();
-      code.wire_bytes = k * (4 + vb);
-      code.encode = [=](uint8_t* w) {
-        auto* idx = reinterpret_cast<int32_t*>(w);
-        if (c.ef) {
-          return kernels::EfTopKCuda(data, residual, has, n, k, c.values, idx, w + 4 * k, workspace,
-                                     ws, stream);
-        }
-        return kernels::TopKCuda(data, n, k, c.values, idx, w + 4 * k, workspace, ws, stream);
-      };
-      code.check = [=](const uint8_t* w, int rank) { return CheckSparse(w, k, n, rank); };
-      code.decode = [=](const uint8_t* w, float* out) {
-        return kernels::SparseDecompressCuda(reinterpret_cast<const int32_t*>(w), w + 4 * k,
-                                             c.values, k, n, out, stream);
-      };
-      return code;
+      code->ws_ = kernels::TopKWorkspaceBytes(n);
+      GS_RETURN_IF_ERROR(workspace_.Reserve(code->ws_, "the top-k workspace"));
+      code->workspace_ = workspace_.get();
+      code->k_ = k;
+      shape.wire_bytes = k * (4 + vb);
+      return Status();
     }
-    case Codec::kSign: {
-      code.wire_bytes = 4 * chunks + (n + 7) / 8;  // every bit pattern decodes
-      code.encode = [=](uint8_t* w) {
-        auto* scales = reinterpret_cast<float*>(w);
-        uint8_t* bits = w + 4 * chunks;
-        if (c.ef) return kernels::EfSignCuda(data, residual, has, n, c.chunk, scales, bits, stream);
-        return kernels::SignEncodeCuda(data, n, c.chunk, scales, bits, stream);
-      };
-      code.decode = [=](const uint8_t* w, float* out) {
-        return kernels::SignDecodeCuda(reinterpret_cast<const float*>(w), w + 4 * chunks, n,
-                                       c.chunk, out, stream);
-      };
-      return code;
-    }
-    case Codec::kQsgd: {
-      const uint64_t key = kernels::QsgdKey(ctx);
-      code.wire_bytes = 4 * chunks + n;
-      code.encode = [=](uint8_t* w) {
-        auto* norms = reinterpret_cast<float*>(w);
-        auto* q = reinterpret_cast<int8_t*>(w + 4 * chunks);
-        if (c.ef) {
-          return kernels::EfQsgdCuda(data, residual, has, n, c.chunk, c.levels, key, norms, q,
-                                     stream);
-        }
-        return kernels::QsgdEncodeCuda(data, n, c.chunk, c.levels, key, norms, q, stream);
-      };
-      code.check = [=](const uint8_t* w, int rank) -> Status {
-        const auto* q = reinterpret_cast<const int8_t*>(w + 4 * chunks);
-        for (size_t i = 0; i < n; ++i) {
-          if (q[i] > c.levels || q[i] < -c.levels) {
-            return InvalidArgumentError("qsgd bytes of rank " + std::to_string(rank) + ": level " +
-                                        std::to_string(q[i]) + " at " + std::to_string(i) +
-                                        " exceeds " + std::to_string(c.levels));
-          }
-        }
-        return Status();
-      };
-      code.decode = [=](const uint8_t* w, float* out) {
-        return kernels::QsgdDecodeCuda(reinterpret_cast<const float*>(w),
-                                       reinterpret_cast<const int8_t*>(w + 4 * chunks), n, c.chunk,
-                                       c.levels, out, stream);
-      };
-      return code;
-    }
+    case Codec::kSign:
+      shape.wire_bytes = 4 * code->chunks_ + (n + 7) / 8;
+      return Status();
+    case Codec::kQsgd:
+      code->key_ = kernels::QsgdKey(ctx);
+      shape.wire_bytes = 4 * code->chunks_ + n;
+      return Status();
     default:
       return InternalError("no device form for this compressor");
   }
@@ -344,9 +394,9 @@ Status CudaGradients::ReduceCompressed(State& st, float* data, size_t n,
                                        const kernels::SeedContext& ctx, Collectives& backend,
                                        const OpTag& tag, Deadline deadline, WireTraffic* traffic,
                                        bool* in_wire) {
-  GS_ASSIGN_OR_RETURN(WireCode code,
-                      MakeCode(st.codec, data, n, reinterpret_cast<float*>(st.residual.get()),
-                               st.has_residual, ctx));
+  DeviceCodec code;
+  GS_RETURN_IF_ERROR(MakeCode(st.codec, data, n, reinterpret_cast<float*>(st.residual.get()),
+                              st.has_residual, ctx, &code));
   return ReduceWire(code, data, n, space_, backend, tag, deadline, traffic, in_wire);
 }
 

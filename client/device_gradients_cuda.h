@@ -136,6 +136,8 @@ struct Codec {
   }
 };
 
+class DeviceCodec;  // device_exchange_cuda.cc
+
 class CudaGradients : public BucketMemory {
  public:
   explicit CudaGradients(int device) : device_(device) {}
@@ -251,9 +253,10 @@ class CudaGradients : public BucketMemory {
 
   Status ToDevice(uint8_t* dev, const uint8_t* host, size_t bytes);
 
-  // What a codec makes of data[0, n) on this device (client/wire_reduce.h).
-  StatusOr<WireCode> MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
-                              const kernels::SeedContext& ctx);
+  // *code = what codec `c` makes of data[0, n) on this device
+  // (client/wire_reduce.h).
+  Status MakeCode(const Codec& c, float* data, size_t n, float* residual, bool has,
+                  const kernels::SeedContext& ctx, DeviceCodec* code);
 
   Status ReduceCompressed(State& st, float* data, size_t n, const kernels::SeedContext& ctx,
                           Collectives& backend, const OpTag& tag, Deadline deadline,

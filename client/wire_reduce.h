@@ -2,14 +2,14 @@
 // summable codes) or all-gather and decode each rank's bytes in rank order,
 // then divide by the world size. Host buckets (BucketCompression, with the
 // CPU compressors) and CUDA buckets (CudaGradients, with the device
-// kernels) both run it; they differ only in their WireCode (what the bytes
-// are) and their ReduceSpace (where the buffers live and how they are
+// kernels) both run it; they differ only in their BucketCodec (what the
+// bytes are) and their ReduceSpace (where the buffers live and how they are
 // added, divided and copied).
 //
 // A space whose memory the collectives cannot take (GPU memory and the CPU
 // ring) crosses through host buffers of the space: the wire bytes go to the
 // host, through the collective, and back; gathered bytes are checked
-// (WireCode::check) on the host before the device reads them.
+// (BucketCodec::Check) on the host before the device reads them.
 //
 // Thread-safety: none; one reduction at a time per space.
 #ifndef GRADSYNC_CLIENT_WIRE_REDUCE_H_
@@ -17,7 +17,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "client/collectives.h"
@@ -37,27 +36,38 @@ struct WireTraffic {
 };
 
 // What a codec makes of one bucket's values, data[0, n): the bytes that
-// travel and how they are combined and decoded. The functions read and
-// write memory of the space the reduction runs in.
-struct WireCode {
+// travel and how they are combined and decoded. Made once per reduction by
+// whoever holds the bucket (its compressor's host form, or the device
+// kernels); the reducer only calls it. The methods read and write memory of
+// the space the reduction runs in.
+class BucketCodec {
+ public:
   // Summable: `elems` values of `dtype` travel and the collective sums them;
   // otherwise `wire_bytes` opaque bytes are gathered from every rank.
-  bool summable = false;
-  DType dtype = DType::kU8;
-  size_t elems = 0;
-  size_t wire_bytes = 0;
+  struct Shape {
+    bool summable = false;
+    DType dtype = DType::kU8;
+    size_t elems = 0;
+    size_t wire_bytes = 0;
+  };
+  virtual ~BucketCodec() = default;
+  virtual Shape shape() const = 0;
   // wire[0, wire_bytes) = the code of data (and of the residual, with error
   // feedback).
-  std::function<Status(uint8_t* wire)> encode;
-  // Where set (summable codes only): the code of data / divisor, data
-  // unchanged, in one pass; the reduced wire values are then the result
-  // (ReduceWire leaves them in the wire buffer, *in_wire says so).
-  std::function<Status(uint8_t* wire, float divisor)> encode_divided;
+  virtual Status Encode(uint8_t* wire) = 0;
+  // Whether EncodeDivided is there (summable codes only).
+  virtual bool EncodesDivided() const { return false; }
+  // The code of data / divisor, data unchanged, in one pass; the reduced
+  // wire values are then the result (ReduceWire leaves them in the wire
+  // buffer, *in_wire says so).
+  virtual Status EncodeDivided(uint8_t*, float) {
+    return InternalError("this codec does not divide as it encodes");
+  }
   // Vets rank `rank`'s bytes in host memory before the space's memory gets
-  // them; null: decode checks them itself.
-  std::function<Status(const uint8_t* host_wire, int rank)> check;
+  // them. OK by default: the codec's Decode checks them itself.
+  virtual Status Check(const uint8_t*, int) const { return Status(); }
   // out[0, n) = the values `wire` encodes.
-  std::function<Status(const uint8_t* wire, float* out)> decode;
+  virtual Status Decode(const uint8_t* wire, float* out) = 0;
 };
 
 // Whether a summable code whose wire values are `summed` has the bucket
@@ -99,8 +109,8 @@ class ReduceSpace {
 
 // Averages data[0, n) (f32, memory of `space`) over the ranks of `backend`
 // with `code`. `*in_wire`: the result was left in the kWire buffer as
-// `code.dtype` values (WireCode::encode_divided) rather than in `data`.
-Status ReduceWire(const WireCode& code, float* data, size_t n, ReduceSpace& space,
+// `code.shape().dtype` values (BucketCodec::EncodeDivided) rather than in `data`.
+Status ReduceWire(BucketCodec& code, float* data, size_t n, ReduceSpace& space,
                   Collectives& backend, const OpTag& tag, Deadline deadline, WireTraffic* traffic,
                   bool* in_wire);
 

@@ -21,22 +21,22 @@ std::vector<float> Values(int r) {
 }
 
 // The values themselves, summed as f32 by the collective.
-WireCode PlainCode(float* data) {
-  WireCode code;
-  code.summable = true;
-  code.dtype = DType::kF32;
-  code.elems = kN;
-  code.wire_bytes = kN * sizeof(float);
-  code.encode = [data](uint8_t* wire) {
-    std::memcpy(wire, data, kN * sizeof(float));
+class PlainCode final : public BucketCodec {
+ public:
+  explicit PlainCode(float* data) : data_(data) {}
+  Shape shape() const override { return {true, DType::kF32, kN, kN * sizeof(float)}; }
+  Status Encode(uint8_t* wire) override {
+    std::memcpy(wire, data_, kN * sizeof(float));
     return Status();
-  };
-  code.decode = [](const uint8_t* wire, float* out) {
+  }
+  Status Decode(const uint8_t* wire, float* out) override {
     std::memcpy(out, wire, kN * sizeof(float));
     return Status();
-  };
-  return code;
-}
+  }
+
+ private:
+  float* data_;
+};
 
 TEST(WireReduceTest, SummableCodeAveragesAndCountsWhatItSent) {
   Ring ring(kWorld);
@@ -46,8 +46,9 @@ TEST(WireReduceTest, SummableCodeAveragesAndCountsWhatItSent) {
     data[r] = Values(r);
     HostReduceSpace space;
     bool in_wire = true;
-    Status s = ReduceWire(PlainCode(data[r].data()), data[r].data(), kN, space, ring[r], Tag(1),
-                          Soon(), &traffic[r], &in_wire);
+    PlainCode code(data[r].data());
+    Status s =
+        ReduceWire(code, data[r].data(), kN, space, ring[r], Tag(1), Soon(), &traffic[r], &in_wire);
     EXPECT_FALSE(in_wire);
     return s;
   });
@@ -65,6 +66,26 @@ TEST(WireReduceTest, SummableCodeAveragesAndCountsWhatItSent) {
   }
 }
 
+// fp16 that divides as it encodes; only EncodeDivided may run.
+class DividedHalves final : public BucketCodec {
+ public:
+  explicit DividedHalves(const float* values) : values_(values) {}
+  Shape shape() const override { return {true, DType::kF16, kN, 2 * kN}; }
+  Status Encode(uint8_t*) override { return InternalError("EncodeDivided is the one to run"); }
+  bool EncodesDivided() const override { return true; }
+  Status EncodeDivided(uint8_t* wire, float divisor) override {
+    for (size_t i = 0; i < kN; ++i) {
+      const uint16_t h = FloatToHalf(values_[i] / divisor);
+      std::memcpy(wire + 2 * i, &h, 2);
+    }
+    return Status();
+  }
+  Status Decode(const uint8_t*, float*) override { return InternalError("nothing to decode"); }
+
+ private:
+  const float* values_;
+};
+
 TEST(WireReduceTest, DividedEncodingLeavesTheAverageInTheWire) {
   Ring ring(kWorld);
   std::vector<std::vector<float>> data(kWorld);
@@ -72,20 +93,7 @@ TEST(WireReduceTest, DividedEncodingLeavesTheAverageInTheWire) {
   auto statuses = ring.Run([&](int r) {
     data[r] = Values(r);
     float* values = data[r].data();
-    WireCode code;
-    code.summable = true;
-    code.dtype = DType::kF16;
-    code.elems = kN;
-    code.wire_bytes = 2 * kN;
-    code.encode = [](uint8_t*) { return InternalError("encode_divided is the one to run"); };
-    code.encode_divided = [values](uint8_t* wire, float divisor) {
-      for (size_t i = 0; i < kN; ++i) {
-        const uint16_t h = FloatToHalf(values[i] / divisor);
-        std::memcpy(wire + 2 * i, &h, 2);
-      }
-      return Status();
-    };
-    code.decode = [](const uint8_t*, float*) { return InternalError("nothing to decode"); };
+    DividedHalves code(values);
     HostReduceSpace space;
     bool in_wire = false;
     WireTraffic traffic;
@@ -109,27 +117,33 @@ TEST(WireReduceTest, DividedEncodingLeavesTheAverageInTheWire) {
 
 // Three bytes a rank, unaligned in the gathered buffer: each rank's own
 // byte, a marker and its rank; a rank's bytes whose marker is not 0x5a are
-// refused by `check`.
-WireCode TinyCode(int rank, uint8_t marker, std::vector<int>* decoded_ranks) {
-  WireCode code;
-  code.wire_bytes = 3;
-  code.encode = [rank, marker](uint8_t* wire) {
-    wire[0] = static_cast<uint8_t>(10 + rank);
-    wire[1] = marker;
-    wire[2] = static_cast<uint8_t>(rank);
+// refused by Check.
+class TinyCode final : public BucketCodec {
+ public:
+  TinyCode(int rank, uint8_t marker, std::vector<int>* decoded_ranks)
+      : rank_(rank), marker_(marker), decoded_ranks_(decoded_ranks) {}
+  Shape shape() const override { return {false, DType::kU8, 0, 3}; }
+  Status Encode(uint8_t* wire) override {
+    wire[0] = static_cast<uint8_t>(10 + rank_);
+    wire[1] = marker_;
+    wire[2] = static_cast<uint8_t>(rank_);
     return Status();
-  };
-  code.check = [](const uint8_t* wire, int r) {
+  }
+  Status Check(const uint8_t* wire, int r) const override {
     if (wire[1] != 0x5a) return InvalidArgumentError("bytes of rank " + std::to_string(r));
     return Status();
-  };
-  code.decode = [decoded_ranks](const uint8_t* wire, float* out) {
-    decoded_ranks->push_back(wire[2]);
+  }
+  Status Decode(const uint8_t* wire, float* out) override {
+    decoded_ranks_->push_back(wire[2]);
     for (size_t i = 0; i < kN; ++i) out[i] = static_cast<float>(wire[0]);
     return Status();
-  };
-  return code;
-}
+  }
+
+ private:
+  const int rank_;
+  const uint8_t marker_;
+  std::vector<int>* decoded_ranks_;
+};
 
 TEST(WireReduceTest, GatheredCodeDecodesEveryRankInRankOrder) {
   Ring ring(kWorld);
@@ -139,8 +153,9 @@ TEST(WireReduceTest, GatheredCodeDecodesEveryRankInRankOrder) {
   auto statuses = ring.Run([&](int r) {
     HostReduceSpace space;
     bool in_wire = false;
-    return ReduceWire(TinyCode(r, 0x5a, &decoded[r]), data[r].data(), kN, space, ring[r], Tag(1),
-                      Soon(), &traffic[r], &in_wire);
+    TinyCode code(r, 0x5a, &decoded[r]);
+    return ReduceWire(code, data[r].data(), kN, space, ring[r], Tag(1), Soon(), &traffic[r],
+                      &in_wire);
   });
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(statuses[r].ok()) << statuses[r].ToString();
@@ -160,7 +175,7 @@ TEST(WireReduceTest, EveryRankRefusesBadBytesBeforeDecodingAny) {
     HostReduceSpace space;
     bool in_wire = false;
     WireTraffic traffic;
-    WireCode code = TinyCode(r, r == 1 ? 0x00 : 0x5a, &decoded[r]);
+    TinyCode code(r, r == 1 ? 0x00 : 0x5a, &decoded[r]);
     return ReduceWire(code, data[r].data(), kN, space, ring[r], Tag(1), Soon(), &traffic, &in_wire);
   });
   for (int r = 0; r < kWorld; ++r) {
