@@ -21,7 +21,6 @@ class CompressorCodec final : public BucketCodec {
       shape_.elems = shape_.wire_bytes / DTypeSize(shape_.dtype);
     }
   }
-  Shape shape() const override { return shape_; }
   Status Encode(uint8_t* wire) override {
     return c_.Compress(data_, count_, ctx_, wire, shape_.wire_bytes);
   }
@@ -34,7 +33,6 @@ class CompressorCodec final : public BucketCodec {
   float* const data_;
   const size_t count_;
   const compression::CompressContext& ctx_;
-  Shape shape_;
 };
 
 }  // namespace

@@ -93,8 +93,6 @@ Status CheckSparse(const uint8_t* wire, size_t k, size_t n, int rank) {
 // kernels of its kind on the gradients' stream. Filled by MakeCode.
 class DeviceCodec final : public BucketCodec {
  public:
-  Shape shape() const override { return shape_; }
-
   Status Encode(uint8_t* w) override {
     switch (c_.kind) {
       case Codec::kHalf: {
@@ -193,7 +191,6 @@ class DeviceCodec final : public BucketCodec {
  private:
   friend class CudaGradients;
   Codec c_;
-  Shape shape_;
   float* data_ = nullptr;
   size_t n_ = 0;
   float* residual_ = nullptr;

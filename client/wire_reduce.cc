@@ -11,22 +11,22 @@ using Slot = ReduceSpace::Slot;
 
 // Sums the code's values at `wire` over the ranks, through host copies
 // where the collectives cannot take the space's memory.
-Status SumWire(const BucketCodec::Shape& code, uint8_t* wire, size_t wb, ReduceSpace& space,
+Status SumWire(const BucketCodec::Shape& shape, uint8_t* wire, size_t wb, ReduceSpace& space,
                Collectives& backend, const OpTag& tag, Deadline deadline) {
   if (!space.device() || backend.takes_device_memory()) {
     GS_RETURN_IF_ERROR(space.Wait(deadline));
-    return backend.AllReduce(wire, code.elems, code.dtype, ReduceOp::kSum, tag, deadline);
+    return backend.AllReduce(wire, shape.elems, shape.dtype, ReduceOp::kSum, tag, deadline);
   }
   GS_ASSIGN_OR_RETURN(uint8_t * host, space.Buffer(Slot::kHostWire, wb + 4));
   GS_RETURN_IF_ERROR(space.ToHost(host, wire, wb, deadline));
   GS_RETURN_IF_ERROR(
-      backend.AllReduce(host, code.elems, code.dtype, ReduceOp::kSum, tag, deadline));
+      backend.AllReduce(host, shape.elems, shape.dtype, ReduceOp::kSum, tag, deadline));
   return space.ToDevice(wire, host, wb);
 }
 
 // gathered[r * wb, (r + 1) * wb) = rank r's code, for every rank; each
 // checked on the host before a device space gets it.
-Status GatherWire(BucketCodec& code, const uint8_t* wire, size_t wb, uint8_t* gathered,
+Status GatherWire(const BucketCodec& code, const uint8_t* wire, size_t wb, uint8_t* gathered,
                   ReduceSpace& space, Collectives& backend, const OpTag& tag, Deadline deadline) {
   const size_t world = static_cast<size_t>(backend.world_size());
   const bool direct = !space.device() || backend.takes_device_memory();
@@ -52,7 +52,7 @@ Status GatherWire(BucketCodec& code, const uint8_t* wire, size_t wb, uint8_t* ga
 Status ReduceSummable(BucketCodec& code, float* data, size_t n, ReduceSpace& space,
                       Collectives& backend, const OpTag& tag, Deadline deadline,
                       WireTraffic* traffic, bool* in_wire) {
-  const BucketCodec::Shape shape = code.shape();
+  const BucketCodec::Shape& shape = code.shape();
   const size_t wb = shape.elems * DTypeSize(shape.dtype);
   const int world = backend.world_size();
   GS_ASSIGN_OR_RETURN(uint8_t * wire, space.Buffer(Slot::kWire, wb + 4));

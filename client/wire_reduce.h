@@ -51,7 +51,7 @@ class BucketCodec {
     size_t wire_bytes = 0;
   };
   virtual ~BucketCodec() = default;
-  virtual Shape shape() const = 0;
+  const Shape& shape() const { return shape_; }
   // wire[0, wire_bytes) = the code of data (and of the residual, with error
   // feedback).
   virtual Status Encode(uint8_t* wire) = 0;
@@ -68,6 +68,9 @@ class BucketCodec {
   virtual Status Check(const uint8_t*, int) const { return Status(); }
   // out[0, n) = the values `wire` encodes.
   virtual Status Decode(const uint8_t* wire, float* out) = 0;
+
+ protected:
+  Shape shape_;  // set by the codec before the reducer gets it
 };
 
 // Whether a summable code whose wire values are `summed` has the bucket

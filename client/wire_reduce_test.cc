@@ -23,8 +23,9 @@ std::vector<float> Values(int r) {
 // The values themselves, summed as f32 by the collective.
 class PlainCode final : public BucketCodec {
  public:
-  explicit PlainCode(float* data) : data_(data) {}
-  Shape shape() const override { return {true, DType::kF32, kN, kN * sizeof(float)}; }
+  explicit PlainCode(float* data) : data_(data) {
+    shape_ = {true, DType::kF32, kN, kN * sizeof(float)};
+  }
   Status Encode(uint8_t* wire) override {
     std::memcpy(wire, data_, kN * sizeof(float));
     return Status();
@@ -69,8 +70,9 @@ TEST(WireReduceTest, SummableCodeAveragesAndCountsWhatItSent) {
 // fp16 that divides as it encodes; only EncodeDivided may run.
 class DividedHalves final : public BucketCodec {
  public:
-  explicit DividedHalves(const float* values) : values_(values) {}
-  Shape shape() const override { return {true, DType::kF16, kN, 2 * kN}; }
+  explicit DividedHalves(const float* values) : values_(values) {
+    shape_ = {true, DType::kF16, kN, 2 * kN};
+  }
   Status Encode(uint8_t*) override { return InternalError("EncodeDivided is the one to run"); }
   bool EncodesDivided() const override { return true; }
   Status EncodeDivided(uint8_t* wire, float divisor) override {
@@ -121,8 +123,9 @@ TEST(WireReduceTest, DividedEncodingLeavesTheAverageInTheWire) {
 class TinyCode final : public BucketCodec {
  public:
   TinyCode(int rank, uint8_t marker, std::vector<int>* decoded_ranks)
-      : rank_(rank), marker_(marker), decoded_ranks_(decoded_ranks) {}
-  Shape shape() const override { return {false, DType::kU8, 0, 3}; }
+      : rank_(rank), marker_(marker), decoded_ranks_(decoded_ranks) {
+    shape_ = {false, DType::kU8, 0, 3};
+  }
   Status Encode(uint8_t* wire) override {
     wire[0] = static_cast<uint8_t>(10 + rank_);
     wire[1] = marker_;
